@@ -1,0 +1,1 @@
+"""Built-in scenario files (YAML data): concrete batches replayed through the backends."""

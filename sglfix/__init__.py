@@ -1,0 +1,47 @@
+"""sglfix: revert historical attention-metadata fixes and replay scenarios to see which one matters.
+
+The public names keep sglang's ``source_patcher`` call shapes, so a caller can swap one import:
+``from sglfix import apply_patches_from_config, CodePatcher``. Imports are lazy: ``sglfix list``
+must not pay for torch or for the backends.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "apply_patches_from_config": "sglfix.patcher",
+    "CodePatcher": "sglfix.patcher",
+    "patch_function": "sglfix.patcher",
+    "PatchState": "sglfix.patcher",
+    "EditSpec": "sglfix.spec",
+    "PatchSpec": "sglfix.spec",
+    "PatchConfig": "sglfix.spec",
+    "PatchApplicationError": "sglfix.errors",
+    "SglfixError": "sglfix.errors",
+    "ConfigError": "sglfix.errors",
+    "maybe_revert_pr_fix": "sglfix.envtoggle",
+    "load_registry": "sglfix.registry",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .envtoggle import maybe_revert_pr_fix
+    from .errors import ConfigError, PatchApplicationError, SglfixError
+    from .patcher import CodePatcher, PatchState, apply_patches_from_config, patch_function
+    from .registry import load_registry
+    from .spec import EditSpec, PatchConfig, PatchSpec
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'sglfix' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,252 @@
+"""Patch engine: every target kind, exact restore, atomicity, LIFO stacking, refusals, fence."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from patch_fixtures import targets as T
+from sglfix import CodePatcher, EditSpec, PatchApplicationError, PatchSpec, apply_patches_from_config
+from sglfix import patcher
+from sglfix.errors import ConfigError, PatchStateError, TargetError
+from sglfix.patcher import apply_specs, patch_function
+
+A = ("patch_fixtures",)
+M = "patch_fixtures.targets"
+
+
+def spec(target, match, replacement=None, **kw):
+    if replacement is not None:
+        kw["replacement"] = replacement
+    return PatchSpec(target=f"{M}.{target}", edits=(EditSpec(match=match, **kw),))
+
+
+CASES = [
+    # target, match, replacement, probe, value before, value after
+    ("plain", "total = total * SCALE", "total = total * 100", lambda: T.plain(1), 9, 300),
+    ("Child.greet", 'return word + "-child"', 'return word + "-patched"', lambda: T.Child().greet(), "base-child", "base-patched"),
+    ("Child.double", "return x * 2", "return x * 20", lambda: T.Child.double(2), 4, 40),
+    ("Child.tagged", "return (cls.__name__, x)", "return (cls.__name__, -x)", lambda: T.Child.tagged(3), ("Child", 3), ("Child", -3)),
+    ("Child.size", "return value", "return value * 10", lambda: T.Child().size, 4, 40),
+    ("Child.Inner.depth", "result = level + 1", "result = level + 50", lambda: T.Child.Inner().depth(), 2, 51),
+    ("counter", "return x + step", "return x + step * 2", lambda: T.counter(1), 6, 11),
+    ("decorated", "y = x - 1", "y = x - 10", lambda: T.decorated(1), 0, -9),
+    ("fetch", "value = x * 3", "value = x * 30", lambda: asyncio.run(T.fetch(1)), 3, 30),
+    ("gen", "yield i", "yield -i", lambda: list(T.gen(3)), [0, 1, 2], [0, -1, -2]),
+]
+
+
+@pytest.mark.parametrize("target,match,replacement,probe,before,after", CASES, ids=[c[0] for c in CASES])
+def test_every_kind_patches_and_restores_exactly(target, match, replacement, probe, before, after):
+    from sglfix.targets import resolve_target
+
+    fn = resolve_target(f"{M}.{target}", allowed_prefixes=A).function
+    original = fn.__code__
+    assert probe() == before
+    (state,) = apply_specs([spec(target, match, replacement)], allowed_prefixes=A)
+    assert probe() == after
+    assert fn.__code__ is not original
+    state.restore()
+    assert fn.__code__ is original
+    assert probe() == before
+
+
+def test_defaults_and_decorator_state_survive():
+    calls = T.decorated.calls
+    with CodePatcher(patches=[spec("decorated", "y = x - 1", "y = x - 2")], allowed_prefixes=A):
+        assert T.decorated(5) == 3
+        assert T.decorated.calls == calls + 1  # the wrapper still runs once: not re-decorated
+    with CodePatcher(patches=[spec("plain", "total = x + y", "total = x + y + 1")], allowed_prefixes=A):
+        assert T.plain(1) == (1 + 2 + 1) * 3  # default y=2 kept
+
+
+def test_closure_keeps_its_cells_even_when_the_edit_drops_a_reference():
+    with CodePatcher(patches=[spec("counter", "seen.append(x)", "pass")], allowed_prefixes=A):
+        assert T.counter(1) == 6
+    assert T.counter(2) == 7
+
+
+def test_prepend_append_and_multiline_reindent():
+    with CodePatcher(patches=[spec("plain", "return total", prepend="total = -total")], allowed_prefixes=A):
+        assert T.plain(1) == -9
+    with CodePatcher(patches=[spec("plain", "total = x + y", append="if total > 2:\n    total = 100")], allowed_prefixes=A):
+        assert T.plain(1) == 300
+        assert T.plain(0, 1) == 3
+
+
+def test_preamble_goes_after_the_signature():
+    s = PatchSpec(target=f"{M}.plain", edits=(EditSpec(match="return total", replacement="return total + EXTRA"),),
+                  preamble="EXTRA = 1000")
+    with CodePatcher(patches=[s], allowed_prefixes=A):
+        assert T.plain(1) == 1009
+
+
+def test_not_found_names_target_file_line_and_closest_window_diff():
+    with pytest.raises(PatchApplicationError) as info:
+        apply_specs([spec("plain", "total = total * SCALAR", "x")], allowed_prefixes=A)
+    text = str(info.value)
+    first = text.splitlines()[0]
+    assert f"{M}.plain" in first and "not found" in first
+    assert "targets.py:" in first
+    assert "closest at" in text and "+total = total * SCALE" in text and "-total = total * SCALAR" in text
+
+
+def test_found_several_times_lists_every_position():
+    with pytest.raises(PatchApplicationError) as info:
+        apply_specs([spec("repeated", "x = x + 1", "x = x + 2")], allowed_prefixes=A)
+    first = str(info.value).splitlines()[0]
+    assert "found 2 times" in first
+    assert first.count("targets.py:") == 2
+
+
+@pytest.mark.parametrize("fail_at", range(4))
+def test_atomic_failure_at_each_position_leaves_everything_as_it_was(monkeypatch, fail_at):
+    names = ["plain", "Child.double", "counter", "fetch"]
+    specs = [
+        spec("plain", "total = total * SCALE", "total = 0"),
+        spec("Child.double", "return x * 2", "return 0"),
+        spec("counter", "return x + step", "return 0"),
+        spec("fetch", "value = x * 3", "value = 0"),
+    ]
+    from sglfix.targets import resolve_target
+
+    fns = [resolve_target(f"{M}.{n}", allowed_prefixes=A).function for n in names]
+    codes = [f.__code__ for f in fns]
+    real_install = patcher._install
+    count = {"n": 0}
+
+    def flaky(item):
+        if count["n"] == fail_at:
+            raise RuntimeError("injected")
+        count["n"] += 1
+        return real_install(item)
+
+    monkeypatch.setattr(patcher, "_install", flaky)
+    with pytest.raises(RuntimeError, match="injected"):
+        apply_specs(specs, allowed_prefixes=A)
+    assert [f.__code__ for f in fns] == codes
+    assert all(f.__code__ is c for f, c in zip(fns, codes))
+    assert not patcher._STACKS
+
+
+def test_a_bad_later_patch_applies_nothing():
+    before = T.plain.__code__
+    with pytest.raises(PatchApplicationError):
+        apply_specs([spec("plain", "total = total * SCALE", "total = 0"), spec("Child.double", "nope", "x")],
+                    allowed_prefixes=A)
+    assert T.plain.__code__ is before and T.plain(1) == 9
+
+
+def test_lifo_stacking_edits_the_patched_source_and_restores_in_reverse():
+    original = T.plain.__code__
+    (first,) = apply_specs([spec("plain", "total = total * SCALE", "total = total * 10")], allowed_prefixes=A)
+    (second,) = apply_specs([spec("plain", "total = total * 10", "total = total * 20")], allowed_prefixes=A)
+    assert T.plain(1) == 60
+    with pytest.raises(PatchStateError, match="last in, first out"):
+        first.restore()
+    assert T.plain(1) == 60
+    second.restore()
+    assert T.plain(1) == 30
+    first.restore()
+    assert T.plain.__code__ is original
+
+
+def test_refusals_name_what_the_target_is():
+    cases = {
+        "square": "lambda", "c_function": "builtin/C function", "builtin_len": "builtin/C function",
+        "partial_plain": "functools.partial", "not_callable": "not a function", "Child": "a class",
+    }
+    for name, words in cases.items():
+        with pytest.raises(TargetError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            apply_specs([spec(name, "x", "y")], allowed_prefixes=A)
+
+
+def test_triton_kernel_is_refused():
+    pytest.importorskip("triton")
+    import triton
+    import triton.language as tl
+    import types
+
+    mod = types.ModuleType("patch_fixtures.kern")
+
+    @triton.jit
+    def kernel(x_ptr):
+        tl.store(x_ptr, 1)
+
+    mod.kernel = kernel
+    sys.modules[mod.__name__] = mod
+    try:
+        with pytest.raises(TargetError, match="triton.jit kernel"):
+            apply_specs([PatchSpec(target="patch_fixtures.kern.kernel", edits=(EditSpec(match="x", replacement="y"),))],
+                        allowed_prefixes=A)
+    finally:
+        del sys.modules[mod.__name__]
+
+
+@pytest.mark.parametrize("target", ["os.path.join", "subprocess.run", "builtins.print", "sglfix.patcher.apply_specs",
+                                    "sglfix.cli.main", "json.dumps"])
+def test_fence_refuses_before_importing(target):
+    with pytest.raises(TargetError, match="protected|outside the allowed"):
+        apply_specs([PatchSpec(target=target, edits=(EditSpec(match="x", replacement="y"),))])
+    with pytest.raises(TargetError, match="protected"):
+        apply_specs([PatchSpec(target="os.getcwd", edits=(EditSpec(match="x", replacement="y"),))],
+                    allowed_prefixes=("os",))
+
+
+def test_outside_prefix_module_is_not_imported():
+    assert "patch_fixtures.never_imported" not in sys.modules
+    with pytest.raises(TargetError, match="outside the allowed"):
+        apply_specs([PatchSpec(target="patch_fixtures.never_imported.f", edits=(EditSpec(match="x", replacement="y"),))])
+    assert "patch_fixtures.never_imported" not in sys.modules
+
+
+def test_unknown_attribute_suggests_the_nearest():
+    with pytest.raises(TargetError, match="did you mean 'plain'"):
+        apply_specs([spec("plian", "x", "y")], allowed_prefixes=A)
+
+
+def test_sglang_call_shapes():
+    yaml_text = f"""
+patches:
+  - target: {M}.plain
+    edits:
+      - match: |
+          total = total * SCALE
+        replacement: |
+          total = total * 7
+"""
+    states = apply_patches_from_config(yaml_text, allowed_prefixes=A)
+    assert T.plain(1) == 21
+    assert "total = total * 7" in states[0].source_after
+    for s in reversed(states):
+        s.restore()
+    assert T.plain(1) == 9
+    state = patch_function(target=T.plain, edits=[EditSpec(match="return total", replacement="return -total")],
+                           allowed_prefixes=A)
+    assert T.plain(1) == -9
+    state.restore()
+    with CodePatcher(patches=[{"target": f"{M}.plain", "edits": [{"match": "return total", "replacement": "return 0"}]}],
+                     allowed_prefixes=A):
+        assert T.plain(1) == 0
+    assert T.plain(1) == 9
+
+
+def test_edit_that_breaks_the_syntax_is_refused_with_a_file_line():
+    with pytest.raises(PatchApplicationError, match=r"does not parse .*line \d+"):
+        apply_specs([spec("plain", "return total", "return (total")], allowed_prefixes=A)
+
+
+def test_edit_that_adds_a_closure_variable_is_refused():
+    with pytest.raises(PatchApplicationError, match="closure variables"):
+        apply_specs([spec("counter", "return x + step", "return (lambda: x + step)()")], allowed_prefixes=A)
+
+
+def test_spec_validation_in_python():
+    with pytest.raises(ConfigError, match="only one of"):
+        EditSpec(match="a", replacement="b", append="c")
+    with pytest.raises(ConfigError, match="empty"):
+        EditSpec(match="   ")
+    with pytest.raises(ConfigError, match="dotted path"):
+        PatchSpec(target="nodots", edits=(EditSpec(match="a"),))
