@@ -53,7 +53,10 @@ def parse_env_value(value: str | None, *, registry: Registry | None = None) -> l
     try:
         return parse_toggle_ids(tokens, registry=registry, what=ENV_VAR)
     except ConfigError as exc:
-        raise ConfigError(f"{ENV_VAR}: {exc}") from None
+        message = str(exc)
+        if "registered:" not in message:
+            message += f"; registered: {known}"
+        raise ConfigError(f"{ENV_VAR}: {message}") from None
 
 
 def selected_from_env(environ: dict | None = None, *, registry: Registry | None = None) -> list[Selection]:

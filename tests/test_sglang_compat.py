@@ -91,7 +91,7 @@ def fake(extracted: sw.ExtractedWheel):
 
 
 @pytest.fixture(scope="session")
-def toggles_dir(extracted: sw.ExtractedWheel, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sglang_toggles(extracted: sw.ExtractedWheel, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The six YAMLs as sglfix toggle files: metadata + sglang's ``patches:`` text unchanged."""
     directory = tmp_path_factory.mktemp("sglang-toggles")
     for pr, text in extracted.yamls.items():
@@ -257,12 +257,12 @@ def test_sglfix_is_atomic_where_sglang_is_not(extracted: sw.ExtractedWheel, fake
 # --------------------------------------------------------------------------- doctor
 
 
-def _doctor(extracted: sw.ExtractedWheel, toggles_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+def _doctor(extracted: sw.ExtractedWheel, sglang_toggles: Path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
         [sys.executable, "-m", "sglfix", "doctor", "--source", str(extracted.root),
-         "--toggles", str(toggles_dir), *extra],
+         "--toggles", str(sglang_toggles), *extra],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     # exit code 1 is also what an uncaught exception gives: make sure it is doctor's verdict
@@ -270,8 +270,8 @@ def _doctor(extracted: sw.ExtractedWheel, toggles_dir: Path, *extra: str) -> sub
     return proc
 
 
-def test_doctor_json_reports_exactly_the_drifted_reverts(extracted: sw.ExtractedWheel, toggles_dir: Path):
-    proc = _doctor(extracted, toggles_dir, "--json")
+def test_doctor_json_reports_exactly_the_drifted_reverts(extracted: sw.ExtractedWheel, sglang_toggles: Path):
+    proc = _doctor(extracted, sglang_toggles, "--json")
     assert proc.returncode == 1, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     report = json.loads(proc.stdout)
     assert report.get("mode", "static") == "static"   # --source: files are read, not imported
@@ -285,8 +285,8 @@ def test_doctor_json_reports_exactly_the_drifted_reverts(extracted: sw.Extracted
         assert item.get("targets", extracted.targets(pr)) == extracted.targets(pr)
 
 
-def test_doctor_plain_output_names_the_drifted_reverts(extracted: sw.ExtractedWheel, toggles_dir: Path):
-    proc = _doctor(extracted, toggles_dir)
+def test_doctor_plain_output_names_the_drifted_reverts(extracted: sw.ExtractedWheel, sglang_toggles: Path):
+    proc = _doctor(extracted, sglang_toggles)
     assert proc.returncode == 1, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     text = proc.stdout + proc.stderr
     for pr in DRIFTED:

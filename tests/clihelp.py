@@ -1,0 +1,35 @@
+"""Run the CLI in-process or as a real subprocess, capturing exit code and output."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+def run_cli(*args: str, env: dict | None = None, cwd: str | None = None, timeout: float = 120) -> Result:
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (fixtures, full_env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run([sys.executable, "-m", "sglfix", *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd, timeout=timeout)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def assert_one_line_error(result: Result, *needles: str) -> str:
+    assert result.code == 2, (result.code, result.out, result.err)
+    lines = [line for line in result.err.splitlines() if line.strip()]
+    assert len(lines) == 1, result.err
+    assert "Traceback" not in result.err and "Traceback" not in result.out
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]

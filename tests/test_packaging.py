@@ -1,0 +1,82 @@
+"""README and CI agree; a non-editable install into a fresh virtualenv works from anywhere."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_command(marker: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    m = re.search(rf"<!-- {marker} -->\s*```bash\n(.+?)\n```", text, re.S)
+    assert m, f"README has no {marker} block"
+    lines = m.group(1).strip().splitlines()
+    assert len(lines) == 1, f"the {marker} must be one command line"
+    return lines[0]
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    command = _readme_command("test-command")
+    ci_lines = [line for line in (ROOT / ".ci/run").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    assert command in ci_lines, f".ci/run must contain the README test command verbatim:\n{command}"
+    main = _readme_command("main-command")
+    assert main.startswith("python3 -m venv .venv") and "sglfix " in main
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(out), str(ROOT)], check=True, timeout=300)
+    (found,) = out.glob("sglfix-*.whl")
+    return found
+
+
+def test_wheel_holds_only_sglfix_with_its_yaml_data(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"sglfix", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
+    for d in ("toggles", "scenarios"):
+        src = sorted(p.name for p in (ROOT / d).glob("*.yaml"))
+        got = sorted(n.split("/")[-1] for n in names if n.startswith(f"sglfix/{d}/") and n.endswith(".yaml"))
+        assert got == src
+    src_backends = sorted(str(p.relative_to(ROOT / "backends")) for p in (ROOT / "backends").rglob("*.py"))
+    got_backends = sorted(n[len("sglfix/backends/"):] for n in names if n.startswith("sglfix/backends/") and n.endswith(".py"))
+    assert got_backends == src_backends, "every backends/ module must be listed in pyproject's packages"
+    assert not any(n.startswith("backends/") for n in names)
+
+
+def test_fresh_virtualenv_install_works_from_any_directory(tmp_path, wheel):
+    venv = tmp_path / "venv"
+    # System site packages stand in for the already-downloaded heavy wheels (torch, triton);
+    # sglfix itself is installed non-editable into the venv.
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    py = venv / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, timeout=600)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLFIX_TOGGLES_DIR")}
+    exe = venv / "bin" / "sglfix"
+    out = subprocess.run([str(exe), "list", "--json"], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    data = json.loads(out.stdout)
+    assert str(venv) in data["directory"], data["directory"]
+    assert len(data["toggles"]) == len(list((ROOT / "toggles").glob("*.yaml")))
+    out = subprocess.run([str(py), "-m", "sglfix", "doctor"], cwd=elsewhere, capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    where = subprocess.run([str(py), "-c", "import sglfix, sglfix.backends; print(sglfix.__file__, sglfix.backends.__file__)"],
+                           cwd=elsewhere, capture_output=True, text=True, env=env, timeout=120)
+    assert where.returncode == 0, where.stderr
+    assert all(str(venv) in p for p in where.stdout.split())
