@@ -206,19 +206,27 @@ def env_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -
         out.print(f"  {item['id']}  {item['summary']}  ({', '.join(item['targets'])})")
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    import click
+def _click_exception_type() -> type:
+    # Newer typer vendors click as typer._click and no longer installs click itself.
+    try:
+        from typer._click.exceptions import ClickException
+    except ImportError:  # pragma: no cover - older typer on top of click
+        from click.exceptions import ClickException
+    return ClickException
 
+
+def main(argv: Optional[list[str]] = None) -> None:
+    usage_error = _click_exception_type()
     args = list(sys.argv[1:] if argv is None else argv)
     OPTS.debug = "--debug" in args or os.environ.get("SGLFIX_DEBUG") == "1"
     try:
         code = app(args=args, prog_name="sglfix", standalone_mode=False)
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         code = exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         err.print("sglfix: aborted")
         code = 1
-    except click.ClickException as exc:
+    except usage_error as exc:
         if OPTS.debug:
             traceback.print_exc()
         err.print(f"sglfix: error: {exc.format_message()} (see --help)", markup=False)
