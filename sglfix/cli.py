@@ -26,7 +26,9 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
 )
-out = Console(highlight=False, soft_wrap=True)
+# Wide when piped, so names are not cut in logs and CI output.
+_WIDTH = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "0") or 0) or 200
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -204,6 +206,158 @@ def env_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -
     out.print(f"{ENV_VAR}={value!r} reverts:")
     for item in data["selected"]:
         out.print(f"  {item['id']}  {item['summary']}  ({', '.join(item['targets'])})")
+
+
+_VERDICT_STYLE = {"PASS": "green", "SKIP": "dim", "SYNC": "yellow", "DIVERGE": "red", "NAN": "red",
+                  "INVARIANT": "magenta", "CRASH": "bold red", "TIMEOUT": "bold red", "FAULT": "bold red"}
+
+
+def _load_selected(scenario_globs: List[str], scenario_files: List[str], backend: Optional[str]):
+    """Built-in scenarios, or only the given files when --scenario-file is used."""
+    from .scenario import load_scenarios, select_scenarios
+
+    scenarios = load_scenarios(scenario_files, builtin=not scenario_files)
+    return select_scenarios(scenarios, globs=scenario_globs, backend=backend)
+
+
+def _execute(cells, *, device: str, jobs: int, timeout: float):
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .matrix import run_cells
+
+    start = time.perf_counter()
+    with Progress(TextColumn("[bold]cells"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.description}"), console=err, transient=True,
+                  disable=not err.is_terminal) as progress:
+        task = progress.add_task("", total=len(cells))
+
+        def tick(result):
+            progress.update(task, advance=1, description=f"{result.scenario} {result.verdict}")
+
+        results = run_cells(cells, device=device, jobs=jobs, timeout=timeout, on_result=tick)
+    return results, time.perf_counter() - start
+
+
+def _default_jobs(device: str, jobs: Optional[int]) -> int:
+    if jobs is not None:
+        if jobs < 1:
+            raise SglfixError("--jobs must be at least 1")
+        return jobs
+    return 1 if device == "cuda" else max(1, min(2, os.cpu_count() or 1))
+
+
+def _write_json(path: Optional[str], data: dict) -> None:
+    if path is None:
+        return
+    if path == "-":
+        _emit_json(data)
+        return
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")
+
+
+@app.command("scenarios")
+def scenarios_cmd(
+    scenario: List[str] = typer.Option([], "--scenario", "-s", metavar="GLOB", help="Only scenarios whose name matches (repeatable)."),
+    scenario_file: List[str] = typer.Option([], "--scenario-file", metavar="PATH", help="Scenario YAML file (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List scenarios (built-in, or from --scenario-file) after grid expansion."""
+    chosen = _load_selected(scenario, scenario_file, None)
+    if as_json:
+        _emit_json({"scenarios": [s.to_json() for s in chosen]})
+        return
+    table = Table("name", "mode", "graph", "bs", "page", "dtype", "gpu_only", "builder")
+    for s in chosen:
+        table.add_row(s.name, s.mode, f"cg{list(s.capture_bs)}" if s.cuda_graph else "eager",
+                      str(s.batch_size), str(s.page_size), s.model.dtype, str(s.gpu_only), s.builder)
+    out.print(table)
+
+
+@app.command("run")
+def run_cmd(
+    revert: List[str] = typer.Option([], "--revert", "-r", metavar="ID", help="Revert this toggle or part (repeatable; comma lists too)."),
+    scenario: List[str] = typer.Option([], "--scenario", "-s", metavar="GLOB", help="Only scenarios whose name matches (repeatable)."),
+    scenario_file: List[str] = typer.Option([], "--scenario-file", metavar="PATH", help="Scenario YAML file (repeatable)."),
+    backend: Optional[str] = typer.Option(None, "--backend", metavar="NAME", help="Only scenarios of this backend."),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes (default: 1 on CUDA, 2 on CPU)."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds per cell before TIMEOUT."),
+    json_file: Optional[str] = typer.Option(None, "--json", metavar="FILE", help="Write the report as JSON (- for stdout)."),
+) -> None:
+    """Run scenarios with the given fixes reverted (through SGLANG_DEBUG_REVERT_PR in the workers)."""
+    from .matrix import Cell, canonical, report, resolve_device
+
+    registry = _registry()
+    ids = canonical([i.strip() for r in revert for i in r.split(",")], registry)
+    chosen = _load_selected(scenario, scenario_file, backend)
+    dev = resolve_device(device)
+    cells = [Cell(s, ids) for s in chosen]
+    results, wall = _execute(cells, device=dev, jobs=_default_jobs(dev, jobs), timeout=timeout)
+    data = report(command=["sglfix", *sys.argv[1:]], device=dev, results=results, wall_s=wall)
+    _write_json(json_file, data)
+    if json_file != "-":
+        table = Table("scenario", "toggles", "verdict", "key figure", title=f"sglfix run on {dev} ({wall:.1f} s)")
+        for r in results:
+            style = _VERDICT_STYLE.get(r.verdict, "")
+            table.add_row(r.scenario, ",".join(r.toggles) or "-", f"[{style}]{r.verdict}[/]", r.key_figure)
+        out.print(table)
+    if results and all(r.verdict == "SKIP" for r in results):
+        raise typer.Exit(125)
+    if any(r.verdict != "PASS" for r in results):
+        raise typer.Exit(1)
+
+
+@app.command("matrix")
+def matrix_cmd(
+    parts: bool = typer.Option(False, "--parts", help="Also revert each part of each toggle alone."),
+    scenario: List[str] = typer.Option([], "--scenario", "-s", metavar="GLOB", help="Only scenarios whose name matches (repeatable)."),
+    scenario_file: List[str] = typer.Option([], "--scenario-file", metavar="PATH", help="Scenario YAML file (repeatable)."),
+    backend: Optional[str] = typer.Option(None, "--backend", metavar="NAME", help="Only scenarios of this backend."),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes (default: 1 on CUDA, 2 on CPU)."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Seconds per cell before TIMEOUT."),
+    json_file: Optional[str] = typer.Option(None, "--json", metavar="FILE", help="Write the report as JSON (- for stdout)."),
+) -> None:
+    """Baseline plus each registered toggle (and part) over the scenarios: the toggle x scenario grid."""
+    from .matrix import Cell, check_expectations, plan_matrix, report, resolve_device
+
+    registry = _registry()
+    chosen = _load_selected(scenario, scenario_file, backend)
+    dev = resolve_device(device)
+    sets = plan_matrix(registry, chosen, parts=parts)
+    cells = [Cell(s, t) for t in sets for s in chosen]
+    results, wall = _execute(cells, device=dev, jobs=_default_jobs(dev, jobs), timeout=timeout)
+    checks, stray = check_expectations(registry, results, device=dev)
+    data = report(command=["sglfix", *sys.argv[1:]], device=dev, results=results, wall_s=wall, checks=checks, stray=stray)
+    _write_json(json_file, data)
+    if json_file != "-":
+        grid: dict[tuple, dict[str, str]] = {}
+        for r in results:
+            grid.setdefault(tuple(r.toggles), {})[r.scenario] = r.verdict
+        table = Table("scenario", *[",".join(t) or "baseline" for t in sets],
+                      title=f"sglfix matrix on {dev}: {len(results)} cells in {wall:.1f} s")
+        for s in chosen:
+            row = []
+            for t in sets:
+                v = grid.get(tuple(t), {}).get(s.name, "?")
+                row.append(f"[{_VERDICT_STYLE.get(v, '')}]{v}[/]")
+            table.add_row(s.name, *row)
+        out.print(table)
+        for t in sets[1:]:
+            bad = [f"{n} ({v})" for n, v in grid.get(tuple(t), {}).items() if v != "PASS"]
+            out.print(f"[bold]{','.join(t)}[/]: " + (f"diverges on {len(bad)}: " + ", ".join(bad) if bad else "no effect on these scenarios"))
+        for c in checks:
+            mark = "[green]met[/]  " if c.met else "[red]UNMET[/]"
+            out.print(f"{mark} expect revert {','.join(c.revert)} on {c.scenario} -> {'|'.join(c.wanted)}"
+                      + ("" if c.met else f"; got {sorted(set(c.got.values()))}"))
+        for s in stray:
+            out.print(f"[red]unexpected[/] {','.join(s['toggles']) or 'baseline'} on {s['scenario']}: {s['verdict']} ({s['why']})")
+    if stray or any(not c.met for c in checks):
+        raise typer.Exit(1)
 
 
 def _click_exception_type() -> type:

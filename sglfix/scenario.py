@@ -8,6 +8,7 @@ scenario is named ``base@key=value,...``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import fnmatch
 import itertools
 from dataclasses import asdict, dataclass, field
@@ -229,15 +230,17 @@ def _parse_one(node: Any, *, where: str, name_override: str | None = None, line:
 
 
 def _label(value: Any) -> str:
-    if value is False:
-        return "eager"
-    if isinstance(value, dict) and "capture_bs" in value:
-        return "cg" + "-".join(str(v) for v in value["capture_bs"])
     if isinstance(value, list):
         return "-".join(_label(v) for v in value)
-    if value is True:
-        return "on"
+    if isinstance(value, bool):
+        return "on" if value else "off"
     return {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(value, str(value))
+
+
+def _graph_label(s: Scenario) -> str:
+    if not s.cuda_graph:
+        return "eager"
+    return "graph-padded" if s.padded else "graph"
 
 
 def _expand(node: Any, *, where: str) -> list[Scenario]:
@@ -275,8 +278,10 @@ def _expand(node: Any, *, where: str) -> list[Scenario]:
                     raise ConfigError(f"{where}:{line_of(grid, key)}: grid key {key!r}: {p} is not a mapping")
                 target = nested
             target[parts[-1]] = copy.deepcopy(value)
-        suffix = ",".join(f"{_SHORT.get(k, k.split('.')[-1])}={_label(v)}" for k, v in zip(keys, values))
-        out.append(_parse_one(item, where=where, name_override=f"{node.get('name')}@{suffix}", line=line_of(node)))
+        probe = _parse_one(item, where=where, line=line_of(node))
+        labels = [_graph_label(probe) if k == "cuda_graph" else _label(v) for k, v in zip(keys, values)]
+        suffix = ",".join(f"{_SHORT.get(k, k.split('.')[-1])}={lab}" for k, lab in zip(keys, labels))
+        out.append(dataclasses.replace(probe, name=f"{probe.name}@{suffix}"))
     return out
 
 
