@@ -109,9 +109,6 @@ class ReqToTokenPool:
             (size, max_context_len), dtype=torch.int32, device=self.device
         )
 
-    def write(self, indices, values) -> None:
-        self.req_to_token[indices] = values
-
 
 class ScatteredPageAllocator:
     """Hands out KV pages in a seeded random order.

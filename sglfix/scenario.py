@@ -26,7 +26,7 @@ MODES = ("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_EXTEND_V2")
 BACKENDS = ("triton",)
 DTYPES = ("float16", "bfloat16", "float32")
 BUILDERS = ("kit", "glue")
-DEFAULT_TOLERANCE = {"float16": 1e-2, "bfloat16": 1e-2, "float32": 1e-4}
+DEFAULT_TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-4}
 _TOP = ("name", "description", "backend", "mode", "batch", "cuda_graph", "gpu_only", "page_size", "model",
         "spec", "seed", "tolerance", "builder", "grid", "sync_free")
 _SHORT = {"model.dtype": "dtype", "cuda_graph": "cg", "page_size": "ps", "gpu_only": "gpu_only",
@@ -58,6 +58,8 @@ class Scenario:
     backend: str = "triton"
     capture_bs: tuple[int, ...] | None = None  # None: eager, no CUDA graph
     gpu_only: bool = False
+    # Declared free of device->host syncs; defaults to gpu_only, except spec-v1 DRAFT_EXTEND,
+    # whose accept lengths are read on the host by design.
     sync_free: bool = False
     page_size: int = 1
     model: ModelShape = field(default_factory=ModelShape)
@@ -223,7 +225,7 @@ def _parse_one(node: Any, *, where: str, name_override: str | None = None, line:
         raise ConfigError(f"{where}:{line_of(node, 'description')}: {what}.description must be text")
     return Scenario(
         name=name, mode=mode, prefix_lens=prefix, extend_lens=extend, accept_lens=accept, backend=backend,
-        capture_bs=capture_bs, gpu_only=gpu_only, sync_free=_bool(node, "sync_free", where=where, what=what, default=gpu_only),
+        capture_bs=capture_bs, gpu_only=gpu_only, sync_free=_bool(node, "sync_free", where=where, what=what, default=gpu_only and mode != "DRAFT_EXTEND"),
         page_size=page_size, model=model, spec=spec, seed=seed, tolerance=float(tol), builder=builder,
         description=description, path=where, line=line or line_of(node),
     )

@@ -104,7 +104,7 @@ def _describe(obj: Any) -> str:
                         types.MethodWrapperType, types.ClassMethodDescriptorType)):
         return "a method implemented in C: it has no Python source to edit"
     cls = type(obj)
-    if cls.__name__ in {"JITFunction", "Autotuner", "Heuristics"} and "triton" in cls.__module__:
+    if cls.__name__ in {"JITFunction", "InterpretedFunction", "Autotuner", "Heuristics"} and "triton" in cls.__module__:
         return "a @triton.jit kernel: kernels cannot be patched (yet); patch the Python launcher"
     if isinstance(obj, functools.partial):
         return "a functools.partial; name the function it wraps"

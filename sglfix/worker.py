@@ -25,6 +25,8 @@ from .cell import CellResult
 __all__ = ["Worker", "serve"]
 
 _REPLY = "@@sglfix-reply "
+_READY = "@@sglfix-ready"
+STARTUP_TIMEOUT = 300.0  # importing torch, initialising CUDA, loading the backends
 
 
 def _scenario_from_json(data: dict):
@@ -45,6 +47,13 @@ def serve() -> None:
     sys.stdout = sys.stderr  # kernels and backends may print; keep the reply channel clean
     from .envtoggle import ENV_VAR, maybe_revert_pr_fix
 
+    import torch  # noqa: F401 - paid once, before the first cell's clock starts
+
+    import sglfix.backends.cuda_graph_runner  # noqa: F401
+    import sglfix.backends.kit  # noqa: F401
+
+    out.write(_READY + "\n")
+    out.flush()
     held = None
     current: list[str] = []
     for line in sys.stdin:
@@ -109,6 +118,12 @@ class Worker:
         self.proc.wait()
         self.proc = None
 
+    def _kill_keep(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     def close(self) -> None:
         if self.proc is not None:
             try:
@@ -130,6 +145,8 @@ class Worker:
     def run(self, *, scenario_json: dict, scenario_name: str, toggles: list[str], timeout: float) -> CellResult:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
+            if not self._wait_for(_READY.encode(), STARTUP_TIMEOUT):
+                return self._fault(scenario_name, toggles, starting=True)
         assert self.proc is not None
         request = json.dumps({"toggles": toggles, "scenario": scenario_json, "device": self.device}) + "\n"
         try:
@@ -137,20 +154,29 @@ class Worker:
             self.proc.stdin.flush()
         except BrokenPipeError:
             return self._fault(scenario_name, toggles)
+        got = self._wait_for(_REPLY.encode(), timeout)
+        if got is None:
+            self._kill()
+            self.restarts += 1
+            result = CellResult(scenario=scenario_name, toggles=toggles, device=self.device)
+            result.add("TIMEOUT", f"no result within {timeout:g} s; worker restarted")
+            return result.finish()
+        if got is False:
+            return self._fault(scenario_name, toggles)
+        return CellResult.from_json(json.loads(got))
+
+    def _wait_for(self, marker: bytes, timeout: float):
+        """The rest of the line after ``marker``; None on timeout; False when the worker died."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         out_fd, err_fd = self.proc.stdout.fileno(), self.proc.stderr.fileno()
         while True:
-            if _REPLY.encode() in self._buffer and b"\n" in self._buffer.split(_REPLY.encode(), 1)[1]:
-                before, rest = self._buffer.split(_REPLY.encode(), 1)
-                line, self._buffer = rest.split(b"\n", 1)
-                return CellResult.from_json(json.loads(line))
+            if marker in self._buffer and b"\n" in self._buffer.split(marker, 1)[1]:
+                line, self._buffer = self._buffer.split(marker, 1)[1].split(b"\n", 1)
+                return line.strip() or True
             left = deadline - time.monotonic()
             if left <= 0:
-                self._kill()
-                self.restarts += 1
-                result = CellResult(scenario=scenario_name, toggles=toggles, device=self.device)
-                result.add("TIMEOUT", f"no result within {timeout:.0f} s; worker restarted")
-                return result.finish()
+                return None
             ready = select.select([out_fd, err_fd], [], [], min(left, 1.0))[0]
             if err_fd in ready:
                 chunk = os.read(err_fd, 65536)
@@ -158,22 +184,25 @@ class Worker:
             if out_fd in ready:
                 chunk = os.read(out_fd, 65536)
                 if not chunk:
-                    return self._fault(scenario_name, toggles)
+                    return False
                 self._buffer += chunk
 
-    def _fault(self, scenario_name: str, toggles: list[str]) -> CellResult:
+    def _fault(self, scenario_name: str, toggles: list[str], *, starting: bool = False) -> CellResult:
         assert self.proc is not None
         try:
             self._drain_stderr()
         except Exception:
             pass
+        if starting and self.proc.poll() is None:
+            self._kill_keep()
         code = self.proc.wait()
         tail = self._stderr_tail.decode(errors="replace").strip().splitlines()[-3:]
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         self.proc = None
         self.restarts += 1
         result = CellResult(scenario=scenario_name, toggles=toggles, device=self.device)
-        result.add("FAULT", f"worker died ({how}): {' | '.join(tail) or 'no output'}", returncode=code)
+        what = "worker failed to start" if starting else "worker died"
+        result.add("FAULT", f"{what} ({how}): {' | '.join(tail) or 'no output'}", returncode=code)
         return result.finish()
 
 
