@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import warnings
 from typing import Iterator
 
 import torch
 
-__all__ = ["watch_syncs"]
+__all__ = ["watch_syncs", "suspended"]
+
+_PAUSED = threading.local()
 
 _UNDER_TEST = "sglfix.backends"
 # Tensor -> host conversions, and ops that must know a data-dependent size (they sync on CUDA).
@@ -47,7 +50,7 @@ def _cpu_watch(found: list[str]) -> Iterator[None]:
             return
 
         def spy(*args, **kwargs):
-            where = _caller_under_test()
+            where = None if getattr(_PAUSED, "on", False) else _caller_under_test()
             if where is not None:
                 found.append(f"host read {label} at {where}")
             return original(*args, **kwargs)
@@ -79,8 +82,26 @@ def _cuda_watch(found: list[str]) -> Iterator[None]:
             torch.cuda.set_sync_debug_mode(previous)
     for w in caught:
         text = str(w.message)
-        if "synchroniz" in text.lower():
+        if "called a synchronizing" in text:
             found.append(f"{text.splitlines()[0]} ({w.filename}:{w.lineno})")
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """The tool's own reads inside a watched region (invariant checks) are not the engine's."""
+    import torch
+
+    cuda_mode = torch.cuda.get_sync_debug_mode() if torch.cuda.is_available() else 0
+    was = getattr(_PAUSED, "on", False)
+    _PAUSED.on = True
+    if cuda_mode:
+        torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        if cuda_mode:
+            torch.cuda.set_sync_debug_mode(cuda_mode)
+        _PAUSED.on = was
 
 
 @contextlib.contextmanager
