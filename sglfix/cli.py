@@ -152,6 +152,13 @@ def show_cmd(
         out.print(text, markup=False, end="")
 
 
+def _is_builtin_registry(registry) -> bool:
+    from importlib.resources import files
+    from pathlib import Path
+
+    return Path(registry.directory).resolve() == Path(str(files("sglfix.toggles"))).resolve()
+
+
 @app.command("doctor")
 def doctor_cmd(
     source: Optional[str] = typer.Option(None, "--source", metavar="DIR", help="Check against source files under DIR without importing them."),
@@ -159,7 +166,7 @@ def doctor_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Check that every toggle and part applies and restores cleanly against the code now."""
-    from .doctor import live_check, static_check
+    from .doctor import expectation_check, live_check, static_check
 
     registry = _registry(toggles)
     if source is not None:
@@ -167,6 +174,11 @@ def doctor_cmd(
         mode = "static"
     else:
         results = live_check(registry, allowed_prefixes=_allowed())
+        if _is_builtin_registry(registry):
+            # Built-in toggles are checked against the built-in scenarios they name.
+            from .scenario import load_scenarios
+
+            results += expectation_check(registry, [sc.name for sc in load_scenarios()])
         mode = "live"
     failed = [r for r in results if not r.ok]
     if as_json:
@@ -177,10 +189,11 @@ def doctor_cmd(
             out.print(f"no toggles registered in {registry.directory}: nothing to check")
         for r in results:
             mark = "[green]ok[/]     " if r.ok else "[red]DRIFTED[/]"
-            out.print(f"{mark} {r.id}  ({', '.join(r.targets)})")
+            out.print(f"{mark} {r.id}" + (f"  ({', '.join(r.targets)})" if r.targets else ""))
             if not r.ok:
                 out.print(r.error, markup=False)
-        out.print(f"{len(results) - len(failed)}/{len(results)} apply and restore cleanly ({mode})")
+        out.print(f"{len(results) - len(failed)}/{len(results)} checks pass ({mode}: each toggle and part "
+                  "applies and restores cleanly" + ("; every expectation names a scenario)" if mode == "live" else ")"))
     if failed:
         raise typer.Exit(1)
 

@@ -43,6 +43,19 @@ def _units(toggle: Toggle) -> list[tuple[str, list[Selection]]]:
     return units
 
 
+def expectation_check(registry: Registry, scenario_names: list[str]) -> list[CheckResult]:
+    """An expectation whose scenario glob matches no scenario checks nothing: report it."""
+    import fnmatch
+
+    results: list[CheckResult] = []
+    for toggle in registry:
+        dead = [f"{toggle.path}:{e.line}: expect names no scenario: {e.scenario!r}"
+                for e in toggle.expect if not any(fnmatch.fnmatchcase(n, e.scenario) for n in scenario_names)]
+        if toggle.expect:
+            results.append(CheckResult(f"{toggle.id} expect", not dead, "\n".join(dead), []))
+    return results
+
+
 def live_check(registry: Registry, *, allowed_prefixes: Iterable[str] | None = None) -> list[CheckResult]:
     results: list[CheckResult] = []
     for toggle in registry:

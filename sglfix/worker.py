@@ -55,7 +55,7 @@ def serve() -> None:
     out.write(_READY + "\n")
     out.flush()
     held = None
-    current: list[str] = []
+    current: list[str] | None = None  # nothing decided yet: the first request sets the variable
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -69,12 +69,14 @@ def serve() -> None:
                     held.restore()
                     held = None
                 os.environ[ENV_VAR] = ",".join(toggles) if toggles else "0"
-                current = []
+                current = None
                 held = maybe_revert_pr_fix()
                 current = list(toggles)
             from .cell import run_cell
 
-            reply = run_cell(scenario, device=request["device"], toggles=toggles).to_json()
+            cell = run_cell(scenario, device=request["device"], toggles=toggles)
+            cell.revert_env = os.environ.get(ENV_VAR)
+            reply = cell.to_json()
         except Exception as exc:  # a revert that does not apply: the cell cannot be run
             result = CellResult(scenario=scenario.name, toggles=toggles, device=request["device"])
             result.add("SKIP", f"revert {','.join(toggles)} failed: {str(exc).splitlines()[0]}")

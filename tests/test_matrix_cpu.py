@@ -1,0 +1,52 @@
+"""The main job on CPU: every built-in scenario passes at baseline, and every toggle and part,
+reverted through SGLANG_DEBUG_REVERT_PR in the worker, gives the verdict its expect names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clihelp import run_cli
+from sglfix.registry import load_registry
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    out = tmp_path_factory.mktemp("matrix") / "m.json"
+    r = run_cli("matrix", "--parts", "--device", "cpu", "--json", str(out), timeout=1800)
+    return r, json.loads(out.read_text())
+
+
+def test_matrix_exits_0_and_baseline_passes(matrix):
+    r, data = matrix
+    assert r.code == 0, r.out[-3000:] + r.err[-2000:]
+    base = [c for c in data["cells"] if not c["toggles"]]
+    assert base and all(c["verdict"] == "PASS" for c in base), [c["scenario"] for c in base if c["verdict"] != "PASS"]
+    assert not data["stray"]
+
+
+def test_every_toggle_and_part_is_caught_by_its_expectation(matrix):
+    _, data = matrix
+    checks = data["expectations"]
+    assert checks and all(c["met"] for c in checks), [c for c in checks if not c["met"]]
+    caught = {rid for c in checks if c["met"] and set(c["wanted"]) - {"PASS"} for rid in c["revert"]}
+    for toggle in load_registry():
+        for rid in toggle.ids[1:]:  # every part, each reverted alone
+            assert rid in caught or f"{toggle.pr}:{rid.split(':')[1]}" in caught, f"{rid} is caught by no scenario"
+
+
+def test_reverts_run_through_the_env_variable_in_the_worker(matrix):
+    _, data = matrix
+    for c in data["cells"]:
+        assert c["revert_env"] == (",".join(c["toggles"]) or "0")
+
+
+def test_divergence_reports_its_size_and_location(matrix):
+    _, data = matrix
+    cell = next(c for c in data["cells"] if c["toggles"] == ["26651:triton-kv-lens"] and c["verdict"] == "DIVERGE")
+    err = cell["error"]
+    assert err["max_abs_err"] > 0.1 and err["bad_rows"] > 0 and err["first_bad_request"] is not None
+    assert "max abs err" in cell["findings"][0]["message"]
+    inv = next(c for c in data["cells"] if c["toggles"] == ["26651:clamp"] and c["scenario"].startswith("triton-draft-extend-v2@cg=graph-padded"))
+    assert inv["verdict"] == "INVARIANT" and "not monotone" in inv["findings"][0]["message"]
