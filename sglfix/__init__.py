@@ -11,6 +11,25 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+
+def _source_checkout_layout() -> None:
+    # Installed, backends/, toggles/ and scenarios/ sit inside this package (pyproject maps
+    # them). Run from a source checkout without installing (PYTHONPATH=., python -m in the
+    # repo root), they sit next to it: add the checkout to the package path so that
+    # sglfix.backends, sglfix.toggles and sglfix.scenarios resolve the same way.
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    marker = os.path.join(root, "pyproject.toml")
+    if os.path.isfile(os.path.join(root, "backends", "__init__.py")) and os.path.isfile(marker):
+        with open(marker, encoding="utf-8") as fh:
+            if 'name = "sglfix"' in fh.read():
+                __path__.append(root)  # type: ignore[name-defined]
+
+
+_source_checkout_layout()
+
 _EXPORTS = {
     "apply_patches_from_config": "sglfix.patcher",
     "CodePatcher": "sglfix.patcher",

@@ -10,8 +10,9 @@ import difflib
 import json
 import os
 import sys
+import textwrap
 import traceback
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 from rich.console import Console
@@ -122,8 +123,6 @@ def show_cmd(
         diffs = {}
         for target, items in per_target.items():
             name = target.rsplit(".", 1)[-1]
-            import textwrap
-
             diffs[target] = "".join(difflib.unified_diff(
                 textwrap.dedent(items[0].source_before).splitlines(keepends=True),
                 items[-1].source_after.splitlines(keepends=True),
@@ -221,6 +220,16 @@ def env_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -
         out.print(f"  {item['id']}  {item['summary']}  ({', '.join(item['targets'])})")
 
 
+# Options shared by the commands that run or list scenarios.
+ScenarioGlobs = Annotated[List[str], typer.Option("--scenario", "-s", metavar="GLOB", help="Only scenarios whose name matches (repeatable).")]
+ScenarioFiles = Annotated[List[str], typer.Option("--scenario-file", metavar="PATH", help="Scenario YAML file (repeatable); replaces the built-in set.")]
+BackendName = Annotated[Optional[str], typer.Option("--backend", metavar="NAME", help="Only scenarios of this backend.")]
+Device = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
+Jobs = Annotated[Optional[int], typer.Option("--jobs", "-j", help="Worker processes (default: 1 on CUDA, 2 on CPU).")]
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds per cell before TIMEOUT.")]
+JsonFile = Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="Write the report as JSON (- for stdout).")]
+
+
 _VERDICT_STYLE = {"PASS": "green", "SKIP": "dim", "SYNC": "yellow", "DIVERGE": "red", "NAN": "red",
                   "INVARIANT": "magenta", "CRASH": "bold red", "TIMEOUT": "bold red", "FAULT": "bold red"}
 
@@ -274,8 +283,8 @@ def _write_json(path: Optional[str], data: dict) -> None:
 
 @app.command("scenarios")
 def scenarios_cmd(
-    scenario: List[str] = typer.Option([], "--scenario", "-s", metavar="GLOB", help="Only scenarios whose name matches (repeatable)."),
-    scenario_file: List[str] = typer.Option([], "--scenario-file", metavar="PATH", help="Scenario YAML file (repeatable)."),
+    scenario: ScenarioGlobs = [],
+    scenario_file: ScenarioFiles = [],
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List scenarios (built-in, or from --scenario-file) after grid expansion."""
@@ -293,13 +302,13 @@ def scenarios_cmd(
 @app.command("run")
 def run_cmd(
     revert: List[str] = typer.Option([], "--revert", "-r", metavar="ID", help="Revert this toggle or part (repeatable; comma lists too)."),
-    scenario: List[str] = typer.Option([], "--scenario", "-s", metavar="GLOB", help="Only scenarios whose name matches (repeatable)."),
-    scenario_file: List[str] = typer.Option([], "--scenario-file", metavar="PATH", help="Scenario YAML file (repeatable)."),
-    backend: Optional[str] = typer.Option(None, "--backend", metavar="NAME", help="Only scenarios of this backend."),
-    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes (default: 1 on CUDA, 2 on CPU)."),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds per cell before TIMEOUT."),
-    json_file: Optional[str] = typer.Option(None, "--json", metavar="FILE", help="Write the report as JSON (- for stdout)."),
+    scenario: ScenarioGlobs = [],
+    scenario_file: ScenarioFiles = [],
+    backend: BackendName = None,
+    device: Device = "auto",
+    jobs: Jobs = None,
+    timeout: Timeout = 300.0,
+    json_file: JsonFile = None,
 ) -> None:
     """Run scenarios with the given fixes reverted (through SGLANG_DEBUG_REVERT_PR in the workers)."""
     from .matrix import Cell, canonical, report, resolve_device
@@ -327,13 +336,13 @@ def run_cmd(
 @app.command("matrix")
 def matrix_cmd(
     parts: bool = typer.Option(False, "--parts", help="Also revert each part of each toggle alone."),
-    scenario: List[str] = typer.Option([], "--scenario", "-s", metavar="GLOB", help="Only scenarios whose name matches (repeatable)."),
-    scenario_file: List[str] = typer.Option([], "--scenario-file", metavar="PATH", help="Scenario YAML file (repeatable)."),
-    backend: Optional[str] = typer.Option(None, "--backend", metavar="NAME", help="Only scenarios of this backend."),
-    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help="Worker processes (default: 1 on CUDA, 2 on CPU)."),
-    timeout: float = typer.Option(300.0, "--timeout", help="Seconds per cell before TIMEOUT."),
-    json_file: Optional[str] = typer.Option(None, "--json", metavar="FILE", help="Write the report as JSON (- for stdout)."),
+    scenario: ScenarioGlobs = [],
+    scenario_file: ScenarioFiles = [],
+    backend: BackendName = None,
+    device: Device = "auto",
+    jobs: Jobs = None,
+    timeout: Timeout = 300.0,
+    json_file: JsonFile = None,
 ) -> None:
     """Baseline plus each registered toggle (and part) over the scenarios: the toggle x scenario grid."""
     from .matrix import Cell, check_expectations, plan_matrix, report, resolve_device

@@ -74,11 +74,12 @@ def run_cells(cells: list[Cell], *, device: str, jobs: int, timeout: float,
         work.put((i, c))
     results: list[CellResult | None] = [None] * len(cells)
     lock = threading.Lock()
+    errors: list[BaseException] = []
 
     def loop() -> None:
         worker = Worker(device=device)
         try:
-            while True:
+            while not errors:
                 try:
                     i, c = work.get_nowait()
                 except queue.Empty:
@@ -89,6 +90,8 @@ def run_cells(cells: list[Cell], *, device: str, jobs: int, timeout: float,
                     results[i] = r
                     if on_result is not None:
                         on_result(r)
+        except BaseException as exc:  # a worker that cannot start stops the run
+            errors.append(exc)
         finally:
             worker.close()
 
@@ -97,6 +100,8 @@ def run_cells(cells: list[Cell], *, device: str, jobs: int, timeout: float,
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise errors[0]
     return [r for r in results if r is not None]
 
 

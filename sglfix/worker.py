@@ -21,8 +21,13 @@ import time
 from typing import Any
 
 from .cell import CellResult
+from .errors import SglfixError
 
-__all__ = ["Worker", "serve"]
+__all__ = ["Worker", "WorkerStartError", "serve"]
+
+
+class WorkerStartError(SglfixError):
+    """A worker process could not even start (import error, broken install)."""
 
 _REPLY = "@@sglfix-reply "
 _READY = "@@sglfix-ready"
@@ -103,8 +108,14 @@ class Worker:
             env["TRITON_INTERPRET"] = "1"
             env.setdefault("CUDA_VISIBLE_DEVICES", "")
         env.setdefault("OMP_NUM_THREADS", "1")
+        # The worker must run the very sglfix this process runs, whatever the current directory
+        # holds: no implicit cwd on sys.path (-P), this package's parent first.
+        import sglfix
+
+        home = os.path.dirname(os.path.dirname(os.path.abspath(sglfix.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (home, env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sglfix.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-P", "-m", "sglfix.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, env=env, start_new_session=True,
         )
         self._buffer = b""
@@ -147,8 +158,11 @@ class Worker:
     def run(self, *, scenario_json: dict, scenario_name: str, toggles: list[str], timeout: float) -> CellResult:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
-            if not self._wait_for(_READY.encode(), STARTUP_TIMEOUT):
-                return self._fault(scenario_name, toggles, starting=True)
+            if self._wait_for(_READY.encode(), STARTUP_TIMEOUT) in (None, False):
+                # No cell has run yet, so this is the environment, not the code under test:
+                # stop the whole run rather than fault every cell.
+                failed = self._fault(scenario_name, toggles, starting=True)
+                raise WorkerStartError(failed.findings[0]["message"] + "; check the install with: python -m sglfix.worker </dev/null")
         assert self.proc is not None
         request = json.dumps({"toggles": toggles, "scenario": scenario_json, "device": self.device}) + "\n"
         try:

@@ -76,6 +76,12 @@ def test_fresh_virtualenv_install_works_from_any_directory(tmp_path, wheel):
     out = subprocess.run([str(py), "-m", "sglfix", "doctor"], cwd=elsewhere, capture_output=True, text=True,
                          env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
+    # From inside the source checkout, cells still run the installed package (the workers
+    # must not pick up the checkout's sglfix/ from the current directory).
+    run = subprocess.run([str(exe), "run", "-s", "triton-extend", "--device", "cpu", "--json", "-"], cwd=ROOT,
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert [c["verdict"] for c in json.loads(run.stdout)["cells"]] == ["PASS"]
     where = subprocess.run([str(py), "-c", "import sglfix, sglfix.backends; print(sglfix.__file__, sglfix.backends.__file__)"],
                            cwd=elsewhere, capture_output=True, text=True, env=env, timeout=120)
     assert where.returncode == 0, where.stderr

@@ -130,3 +130,12 @@ def test_worker_fault_and_timeout_are_verdicts_and_the_worker_restarts(toggles_d
         assert cells["triton-extend"]["verdict"] == verdict
     r = run_cli("run", "-s", scen, "--device", "cpu", "--json", str(out))
     assert r.code == 0
+
+
+def test_a_worker_that_cannot_start_stops_the_run_with_one_line(tmp_path):
+    shadow = tmp_path / "torch"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('torch is broken here')\n")
+    r = run_cli("run", "-s", "triton-extend", "--device", "cpu", env={"PYTHONPATH": str(tmp_path)})
+    assert r.code == 2 and "worker failed to start" in r.err and "torch is broken here" in r.err
+    assert len([line for line in r.err.splitlines() if line.strip()]) == 1
