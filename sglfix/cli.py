@@ -146,7 +146,7 @@ def show_cmd(
                   + (f" ({e['device']})" if e["device"] != "any" else ""))
     if toggle.caught_by:
         out.print(f"  caught by: {', '.join(toggle.caught_by)}")
-    for target, text in info.get("diff", {}).items():
+    for text in info.get("diff", {}).values():
         out.print()
         out.print(text, markup=False, end="")
 
@@ -350,7 +350,7 @@ def matrix_cmd(
     registry = _registry()
     chosen = _load_selected(scenario, scenario_file, backend)
     dev = resolve_device(device)
-    sets = plan_matrix(registry, chosen, parts=parts)
+    sets = plan_matrix(registry, parts=parts)
     cells = [Cell(s, t) for t in sets for s in chosen]
     results, wall = _execute(cells, device=dev, jobs=_default_jobs(dev, jobs), timeout=timeout)
     checks, stray = check_expectations(registry, results, device=dev)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import datetime
 import fnmatch
-import os
 import platform
 import queue
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -50,8 +48,9 @@ def canonical(ids: Iterable[str], registry: Registry) -> tuple[str, ...]:
     return tuple(ids)
 
 
-def plan_matrix(registry: Registry, scenarios: list[Scenario], *, parts: bool,
+def plan_matrix(registry: Registry, *, parts: bool,
                 extra_sets: Iterable[tuple[str, ...]] = ()) -> list[tuple[str, ...]]:
+    """Baseline, each toggle, each part (with parts), and every set an expectation names."""
     sets: list[tuple[str, ...]] = [()]
     for toggle in registry:
         sets.append((toggle.id,))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ def _nothing_left_patched():
 
     restore_everything()
     leaked = [fn.__qualname__ for fn in list(patcher._STACKS)]
-    for fn, stack in list(patcher._STACKS.items()):
+    for stack in list(patcher._STACKS.values()):
         for state in reversed(stack):
             state.restore()
     assert not leaked, f"test left functions patched: {leaked}"

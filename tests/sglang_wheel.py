@@ -29,7 +29,6 @@ import copy
 import dis
 import glob
 import importlib.util
-import inspect
 import os
 import subprocess
 import sys

@@ -6,7 +6,6 @@ import json
 import math
 import types
 
-import pytest
 import torch
 
 from clihelp import run_cli
@@ -114,8 +113,6 @@ parts:
 
 
 def test_worker_fault_and_timeout_are_verdicts_and_the_worker_restarts(toggles_dir, tmp_path):
-    import shutil
-    from sglfix.registry import default_toggles_dir
 
     (toggles_dir / "55555.yaml").write_text(FAULT_TOGGLE)
     out = tmp_path / "r.json"
