@@ -209,3 +209,18 @@ def test_unknown_command_and_option_exit_2(reg_dir):
 def test_debug_shows_a_traceback(reg_dir):
     r = run_cli("--debug", "show", "nope")
     assert r.code == 2 and "Traceback" in r.err
+
+
+def test_builtin_caught_by_entries_name_real_tests():
+    """A toggle's caught_by list must point at tests that exist, or it records nothing."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for toggle in load_registry(root / "toggles"):
+        assert toggle.caught_by, f"{toggle.id} records no test that catches its revert"
+        for item in toggle.caught_by:
+            path, _, name = item.partition("::")
+            tree = ast.parse((root / path).read_text())
+            names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+            assert name in names, f"{toggle.id}: caught_by {item} names no test"
