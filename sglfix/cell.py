@@ -37,11 +37,7 @@ class CellResult:
 
     @property
     def key_figure(self) -> str:
-        for f in self.findings:
-            if f["verdict"] == self.verdict:
-                return f["message"]
-        err = self.error or {}
-        return err.get("max_abs_err_text", "")
+        return next((f["message"] for f in self.findings if f["verdict"] == self.verdict), "")
 
     def to_json(self) -> dict:
         return {"scenario": self.scenario, "toggles": self.toggles, "device": self.device,
@@ -56,7 +52,7 @@ class CellResult:
 def _frame_under_test(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     for fr in reversed(frames):
-        if "/backends/" in fr.filename.replace("\\", "/") or "sglfix/backends" in fr.filename:
+        if "/backends/" in fr.filename.replace("\\", "/"):
             return f"{fr.filename.rsplit('/', 2)[-1]}:{fr.lineno} in {fr.name}"
     fr = frames[-1] if frames else None
     return f"{fr.filename.rsplit('/', 1)[-1]}:{fr.lineno} in {fr.name}" if fr else "?"

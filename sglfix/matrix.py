@@ -155,13 +155,10 @@ def check_expectations(registry: Registry, results: list[CellResult], *, device:
 
 def report(*, command: list[str], device: str, results: list[CellResult], wall_s: float,
            checks: list | None = None, stray: list | None = None) -> dict:
-    device_name = "cpu"
-    if device == "cuda":
-        import torch
-
-        device_name = torch.cuda.get_device_name(0)
     import torch
     import triton
+
+    device_name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
 
     return {
         "tool": "sglfix", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -121,21 +121,18 @@ class Worker:
         self._buffer = b""
         self._stderr_tail = b""
 
+    def _signal_kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     def _kill(self) -> None:
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        self._signal_kill()
         self.proc.wait()
         self.proc = None
-
-    def _kill_keep(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def close(self) -> None:
         if self.proc is not None:
@@ -210,7 +207,7 @@ class Worker:
         except Exception:
             pass
         if starting and self.proc.poll() is None:
-            self._kill_keep()
+            self._signal_kill()
         code = self.proc.wait()
         tail = self._stderr_tail.decode(errors="replace").strip().splitlines()[-3:]
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
