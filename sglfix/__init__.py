@@ -31,28 +31,28 @@ def _source_checkout_layout() -> None:
 _source_checkout_layout()
 
 _EXPORTS = {
-    "apply_patches_from_config": "sglfix.patcher",
-    "CodePatcher": "sglfix.patcher",
-    "patch_function": "sglfix.patcher",
-    "PatchState": "sglfix.patcher",
-    "EditSpec": "sglfix.spec",
-    "PatchSpec": "sglfix.spec",
-    "PatchConfig": "sglfix.spec",
-    "PatchApplicationError": "sglfix.errors",
-    "SglfixError": "sglfix.errors",
-    "ConfigError": "sglfix.errors",
-    "maybe_revert_pr_fix": "sglfix.envtoggle",
-    "load_registry": "sglfix.registry",
+    "apply_patches_from_config": "sglfix.patching.patcher",
+    "CodePatcher": "sglfix.patching.patcher",
+    "patch_function": "sglfix.patching.patcher",
+    "PatchState": "sglfix.patching.patcher",
+    "EditSpec": "sglfix.patching.types",
+    "PatchSpec": "sglfix.patching.types",
+    "PatchConfig": "sglfix.patching.types",
+    "PatchApplicationError": "sglfix.common.errors",
+    "SglfixError": "sglfix.common.errors",
+    "ConfigError": "sglfix.common.errors",
+    "maybe_revert_pr_fix": "sglfix.toggling.env",
+    "load_registry": "sglfix.toggling.registry",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .envtoggle import maybe_revert_pr_fix
-    from .errors import ConfigError, PatchApplicationError, SglfixError
-    from .patcher import CodePatcher, PatchState, apply_patches_from_config, patch_function
-    from .registry import load_registry
-    from .spec import EditSpec, PatchConfig, PatchSpec
+    from sglfix.toggling.env import maybe_revert_pr_fix
+    from sglfix.common.errors import ConfigError, PatchApplicationError, SglfixError
+    from sglfix.patching.patcher import CodePatcher, PatchState, apply_patches_from_config, patch_function
+    from sglfix.toggling.registry import load_registry
+    from sglfix.patching.types import EditSpec, PatchConfig, PatchSpec
 
 
 def __getattr__(name: str) -> Any:

@@ -15,10 +15,10 @@ ALLOW = ("patch_fixtures",)
 
 @pytest.fixture(autouse=True)
 def _nothing_left_patched():
-    from sglfix import patcher
+    from sglfix.patching import patcher
 
     yield
-    from sglfix.revert import restore_everything
+    from sglfix.toggling.revert import restore_everything
 
     restore_everything()
     leaked = [fn.__qualname__ for fn in list(patcher._STACKS)]
@@ -39,7 +39,7 @@ def toggles_dir(tmp_path, monkeypatch):
     d = tmp_path / "toggles"
     d.mkdir()
     monkeypatch.setenv("SGLFIX_TOGGLES_DIR", str(d))
-    from sglfix.registry import _load
+    from sglfix.toggling.registry import _load
 
     _load.cache_clear()
     yield d

@@ -9,9 +9,9 @@ import pytest
 
 from patch_fixtures import targets as T
 from sglfix import CodePatcher, EditSpec, PatchApplicationError, PatchSpec, apply_patches_from_config
-from sglfix import patcher
-from sglfix.errors import ConfigError, PatchStateError, TargetError
-from sglfix.patcher import apply_specs, patch_function
+from sglfix.patching import patcher
+from sglfix.common.errors import ConfigError, PatchStateError, TargetError
+from sglfix.patching.patcher import apply_specs, patch_function
 
 A = ("patch_fixtures",)
 M = "patch_fixtures.targets"
@@ -40,7 +40,7 @@ CASES = [
 
 @pytest.mark.parametrize("target,match,replacement,probe,before,after", CASES, ids=[c[0] for c in CASES])
 def test_every_kind_patches_and_restores_exactly(target, match, replacement, probe, before, after):
-    from sglfix.targets import resolve_target
+    from sglfix.patching.targets import resolve_target
 
     fn = resolve_target(f"{M}.{target}", allowed_prefixes=A).function
     original = fn.__code__
@@ -110,7 +110,7 @@ def test_atomic_failure_at_each_position_leaves_everything_as_it_was(monkeypatch
         spec("counter", "return x + step", "return 0"),
         spec("fetch", "value = x * 3", "value = 0"),
     ]
-    from sglfix.targets import resolve_target
+    from sglfix.patching.targets import resolve_target
 
     fns = [resolve_target(f"{M}.{n}", allowed_prefixes=A).function for n in names]
     codes = [f.__code__ for f in fns]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from clihelp import run_cli
-from sglfix.registry import load_registry
+from sglfix.toggling.registry import load_registry
 
 
 @pytest.fixture(scope="module")

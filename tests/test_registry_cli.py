@@ -8,10 +8,10 @@ import pytest
 
 from clihelp import assert_one_line_error, run_cli
 from patch_fixtures import targets as T
-from sglfix.envtoggle import maybe_revert_pr_fix, parse_env_value
-from sglfix.errors import ConfigError, PatchStateError
-from sglfix.registry import load_registry
-from sglfix.revert import revert, reverted_ids
+from sglfix.toggling.env import maybe_revert_pr_fix, parse_env_value
+from sglfix.common.errors import ConfigError, PatchStateError
+from sglfix.toggling.registry import load_registry
+from sglfix.toggling.revert import revert, reverted_ids
 
 M = "patch_fixtures.targets"
 ALLOW = ["--allow-target", "patch_fixtures"]

@@ -11,8 +11,8 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sglfix.patcher import apply_specs
-from sglfix.spec import EditSpec, PatchSpec
+from sglfix.patching.patcher import apply_specs
+from sglfix.patching.types import EditSpec, PatchSpec
 
 OPS = ["+", "-", "*"]
 

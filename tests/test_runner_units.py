@@ -9,9 +9,9 @@ import types
 import torch
 
 from clihelp import run_cli
-from sglfix.invariants import check_metadata
-from sglfix.reference import compare_outputs, reference_attention
-from sglfix.syncwatch import watch_syncs
+from sglfix.harness.invariants import check_metadata
+from sglfix.harness.reference import compare_outputs, reference_attention
+from sglfix.harness.syncwatch import watch_syncs
 
 
 def _naive(q, k, v, mask, scale):
@@ -94,7 +94,7 @@ parts:
   die:
     summary: kill the worker process
     patches:
-      - target: sglfix.backends.cuda_graph_runner.run_eager
+      - target: sglfix.backends.srt.model_executor.cuda_graph_runner.run_eager
         edits:
           - match: backend.init_forward_metadata(forward_batch)
             prepend: |
@@ -103,7 +103,7 @@ parts:
   hang:
     summary: never return
     patches:
-      - target: sglfix.backends.cuda_graph_runner.run_eager
+      - target: sglfix.backends.srt.model_executor.cuda_graph_runner.run_eager
         edits:
           - match: backend.init_forward_metadata(forward_batch)
             prepend: |

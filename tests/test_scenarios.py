@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clihelp import assert_one_line_error, run_cli
-from sglfix.errors import ConfigError
+from sglfix.common.errors import ConfigError
 from sglfix.scenario import MODES, load_scenario_file, load_scenarios
 
 USER_FILE = """\

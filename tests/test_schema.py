@@ -6,7 +6,7 @@ import pytest
 
 from clihelp import assert_one_line_error, run_cli
 from sglfix import apply_patches_from_config
-from sglfix.errors import ConfigError
+from sglfix.common.errors import ConfigError
 
 M = "patch_fixtures.targets"
 GOOD_PATCH = f"""patches:

@@ -196,7 +196,7 @@ def test_sglang_engine_on_its_own_registry(extracted: sw.ExtractedWheel, fake: s
 
 @pytest.mark.parametrize("pr", PRS)
 def test_sglfix_engine_matches_sglang(extracted: sw.ExtractedWheel, fake: sw.FakeSglang, pr: int):
-    from sglfix.errors import PatchApplicationError
+    from sglfix.common.errors import PatchApplicationError
 
     targets = extracted.targets(pr)
     expected_text = _sglang_edited_text(extracted, fake, pr) if EXPECTED[pr] == "applied" else {}

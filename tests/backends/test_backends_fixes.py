@@ -4,10 +4,10 @@ patches will) changes the outcome the way the upstream bug did."""
 import pytest
 import torch
 
-from sglfix.backends.cuda_graph_runner import make_runner_for_case, run_eager
-from sglfix.backends.kit import build_case
+from sglfix.backends.srt.model_executor.cuda_graph_runner import make_runner_for_case, run_eager
+from sglfix.backends.test.kits.attention_unittest.attention_methods.dense_attention import build_case
 
-TB = "sglfix.backends.triton_backend.TritonAttnBackend."
+TB = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend."
 CAPTURE = TB + "init_forward_metadata_capture_cuda_graph"
 REPLAY = TB + "init_forward_metadata_replay_cuda_graph"
 EAGER = TB + "init_forward_metadata"
@@ -23,7 +23,7 @@ CLAMP = [
 ]
 FIXTURE = [
     (
-        "sglfix.backends.kit._set_draft_extend_v2_prefix_lens",
+        "sglfix.backends.test.kits.attention_unittest.attention_methods.dense_attention._set_draft_extend_v2_prefix_lens",
         [("seq_lens = prefix_lens + num_draft_tokens", "seq_lens = prefix_lens")],
     )
 ]
@@ -31,7 +31,7 @@ FIXTURE = [
 # PR 26738
 OVERLAP = [
     (
-        "sglfix.backends.spec_glue.decide_needs_cpu_seq_lens",
+        "sglfix.backends.srt.managers.overlap_utils.decide_needs_cpu_seq_lens",
         [
             (
                 'return any(getattr(b, "needs_cpu_seq_lens", True) for b in attn_backends if b is not None)',
@@ -64,7 +64,7 @@ TRITON_NONE = [
 ]
 GLUE_CONSTANT = [
     (
-        "sglfix.backends.spec_glue.prepare_for_draft_extend_v2",
+        "sglfix.backends.srt.speculative.eagle_worker_v2.prepare_for_draft_extend_v2",
         [("forward_batch.extend_seq_lens_cpu = [num_draft_tokens] * bs", "pass")],
     )
 ]

@@ -6,10 +6,11 @@ import dataclasses
 import pytest
 import torch
 
-from sglfix.backends.buffers import alloc_static, check_guards, describe_guards
-from sglfix.backends.cuda_graph_runner import make_runner_for_case, run_eager
-from sglfix.backends.kit import build_case, default_device
-from sglfix.backends.triton_ops import create_flashinfer_kv_indices_triton
+from sglfix.backends.srt.model_executor.cuda_graph_buffer_registry import alloc_static
+from sglfix.harness.guards import check_guards, describe_guards
+from sglfix.backends.srt.model_executor.cuda_graph_runner import make_runner_for_case, run_eager
+from sglfix.backends.test.kits.attention_unittest.attention_methods.dense_attention import build_case, default_device
+from sglfix.backends.kernels.ops.attention import create_flashinfer_kv_indices_triton
 
 PREFIX = [5, 40, 17]
 

@@ -5,12 +5,8 @@ import math
 import pytest
 import torch
 
-from sglfix.backends.kit import default_device
-from sglfix.backends.triton_ops import (
-    create_flashinfer_kv_indices_triton,
-    decode_attention_fwd,
-    extend_attention_fwd,
-)
+from sglfix.backends.test.kits.attention_unittest.attention_methods.dense_attention import default_device
+from sglfix.backends.kernels.ops.attention import create_flashinfer_kv_indices_triton, decode_attention_fwd, extend_attention_fwd
 
 DEVICE = default_device()
 H, HKV, D = 4, 2, 64

@@ -3,14 +3,11 @@
 import pytest
 import torch
 
-from sglfix.backends.cuda_graph_runner import run_eager
-from sglfix.backends.kit import build_case
-from sglfix.backends.model import ForwardMode
-from sglfix.backends.spec_glue import (
-    EagleWorkerV2,
-    LegacyAttnBackend,
-    decide_needs_cpu_seq_lens,
-)
+from sglfix.backends.srt.model_executor.cuda_graph_runner import run_eager
+from sglfix.backends.test.kits.attention_unittest.attention_methods.dense_attention import build_case
+from sglfix.backends.srt.model_executor.forward_batch_info import ForwardMode
+from sglfix.backends.srt.speculative.eagle_worker_v2 import EagleWorkerV2, LegacyAttnBackend
+from sglfix.backends.srt.managers.overlap_utils import decide_needs_cpu_seq_lens
 
 PREFIX = [5, 40, 17]
 

@@ -1,0 +1,88 @@
+"""Safe YAML loading that remembers line numbers, so schema errors can cite file:line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from sglfix.common.errors import ConfigError
+
+__all__ = ["LineDict", "LineList", "load_yaml", "line_of"]
+
+
+class LineDict(dict):
+    """A mapping that knows the line of itself and of each of its keys (1-based)."""
+
+    line: int = 0
+    key_lines: dict[str, int]
+
+
+class LineList(list):
+    line: int = 0
+    item_lines: list[int]
+
+
+def line_of(node: Any, key: Any = None) -> int:
+    if key is not None and isinstance(node, LineDict):
+        return node.key_lines.get(key, node.line)
+    if key is not None and isinstance(node, LineList) and isinstance(key, int):
+        return node.item_lines[key] if key < len(node.item_lines) else node.line
+    return getattr(node, "line", 0)
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader (no arbitrary objects) that records lines and refuses duplicate keys."""
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
+    loader.flatten_mapping(node)
+    out = LineDict()
+    out.line = node.start_mark.line + 1
+    out.key_lines = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise ConfigError(
+                f"{loader.name}:{key_node.start_mark.line + 1}: a mapping key must be a plain value"
+            ) from None
+        if key in out:
+            raise ConfigError(
+                f"{loader.name}:{key_node.start_mark.line + 1}: duplicate key {key!r} "
+                f"(first at line {out.key_lines[key]}); keep one"
+            )
+        out[key] = loader.construct_object(value_node, deep=True)
+        out.key_lines[key] = key_node.start_mark.line + 1
+    return out
+
+
+def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> LineList:
+    out = LineList(loader.construct_object(child, deep=True) for child in node.value)
+    out.line = node.start_mark.line + 1
+    out.item_lines = [child.start_mark.line + 1 for child in node.value]
+    return out
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
+
+
+def load_yaml(text: str, *, source: str = "<yaml>") -> Any:
+    """Parse ``text`` safely; any syntax problem becomes a one-line ConfigError."""
+    if not isinstance(text, str):
+        raise ConfigError(f"{source}: expected YAML text, got {type(text).__name__}")
+    loader = _Loader(text)
+    loader.name = source
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ConfigError(f"{source}{line}: YAML syntax error: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: YAML error: {str(exc).splitlines()[0]}") from None
+    finally:
+        loader.dispose()

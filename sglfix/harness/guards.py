@@ -1,0 +1,44 @@
+"""Guard-zone checks: did any write land past the end of a static buffer?
+
+The backends carve each static buffer out of a larger flat allocation and fill the tail with a
+sentinel byte (``cuda_graph_buffer_registry.alloc_static``). This check lives in the judge, not
+in the patchable backends, and recomputes the sentinel itself: a revert cannot silence it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+__all__ = ["SENTINEL_BYTE", "check_guards", "describe_guards"]
+
+SENTINEL_BYTE = 0x5A
+
+
+def _guard_bytes(entry: Any):
+    import torch
+
+    guard = entry.flat[entry.numel:]
+    return guard.contiguous().view(torch.uint8)
+
+
+def _first_bad_offset(entry: Any) -> int | None:
+    raw = _guard_bytes(entry)
+    bad = (raw != SENTINEL_BYTE).nonzero()
+    if not bad.numel():
+        return None
+    return int(bad[0, 0]) // entry.flat.element_size()
+
+
+def check_guards(registry: Sequence[Any]) -> list[str]:
+    """Names of the registered buffers whose guard zone was overwritten."""
+    return [entry.name for entry in registry if _first_bad_offset(entry) is not None]
+
+
+def describe_guards(registry: Sequence[Any]) -> list[str]:
+    """The overwritten buffers with shape and first overwritten offset, for reports."""
+    out = []
+    for entry in registry:
+        offset = _first_bad_offset(entry)
+        if offset is not None:
+            out.append(f"{entry.name}{list(entry.shape)}: guard overwritten {offset} element(s) past the end")
+    return out

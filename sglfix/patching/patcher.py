@@ -1,0 +1,355 @@
+"""The patch engine: edit a function's source, recompile it, swap its code object; restore exactly.
+
+Compared with sglang's source_patcher (whose call shapes are kept: ``apply_patches_from_config``,
+``CodePatcher``, ``patch_function``), this engine
+- prepares every patch of a set before installing any, and rolls back on a failure mid-way;
+- keeps a per-function LIFO stack, so a second patch edits the already-patched source and
+  restores happen in reverse order;
+- recompiles inside a synthetic scope holding the original free variables, so closures and
+  zero-argument ``super()`` keep their cells;
+- drops decorators, default values and annotations before recompiling (they live on the
+  function object, not in its code), so a decorated function is not wrapped a second time.
+"""
+
+from __future__ import annotations
+
+import __future__ as _future
+
+import ast
+import inspect
+import textwrap
+import threading
+import types
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from sglfix.patching.editor import SourceOrigin, apply_edits
+from sglfix.common.errors import PatchApplicationError, PatchStateError, TargetError
+from sglfix.patching.types import EditSpec, PatchConfig, PatchSpec, parse_patch_config
+from sglfix.patching.targets import ResolvedTarget, resolve_target
+
+__all__ = [
+    "PatchState",
+    "PreparedPatch",
+    "CodePatcher",
+    "apply_patches_from_config",
+    "apply_specs",
+    "patch_function",
+    "prepare_specs",
+    "current_source",
+    "is_patched",
+]
+
+_FUTURE_FLAGS = 0
+for _name in _future.all_feature_names:
+    _FUTURE_FLAGS |= getattr(_future, _name).compiler_flag
+
+_LOCK = threading.RLock()
+# function -> states applied to it, oldest first. The top's source_after is the text the
+# next patch edits, because inspect.getsource would return the file's (unpatched) text.
+_STACKS: dict[types.FunctionType, list["PatchState"]] = {}
+
+
+@dataclass(eq=False)
+class PatchState:
+    """One installed patch. ``restore()`` puts the previous code object back."""
+
+    target: str
+    target_fn: types.FunctionType
+    original_code: types.CodeType
+    new_code: types.CodeType
+    source_before: str
+    source_after: str
+    label: str = ""
+    restored: bool = field(default=False)
+
+    def restore(self) -> None:
+        with _LOCK:
+            if self.restored:
+                return
+            stack = _STACKS.get(self.target_fn, [])
+            if not stack or stack[-1] is not self:
+                top = stack[-1] if stack else None
+                raise PatchStateError(
+                    f"cannot restore {self.describe()}: {top.describe() if top else 'another patch'} "
+                    f"was applied on top of it later; restore that first (last in, first out)"
+                )
+            self.target_fn.__code__ = self.original_code
+            stack.pop()
+            if not stack:
+                del _STACKS[self.target_fn]
+            self.restored = True
+
+    def describe(self) -> str:
+        return f"{self.label} on {self.target}" if self.label else f"the patch on {self.target}"
+
+
+@dataclass(frozen=True)
+class PreparedPatch:
+    """A compiled but not yet installed patch: the first phase of an atomic apply."""
+
+    spec: PatchSpec
+    resolved: ResolvedTarget
+    source_before: str
+    source_after: str
+    new_code: types.CodeType
+    label: str = ""
+
+
+def current_source(fn: types.FunctionType) -> tuple[str, int]:
+    """The function's effective source (patched text if patched) and its first file line."""
+    stack = _STACKS.get(fn)
+    if stack:
+        return stack[-1].source_after, stack[0].original_code.co_firstlineno
+    try:
+        lines, lineno = inspect.getsourcelines(fn)
+    except (OSError, TypeError) as exc:
+        raise TargetError(
+            f"{fn.__module__}.{fn.__qualname__}: its source is not available ({exc}); "
+            "functions made by exec() or loaded from .pyc only cannot be patched"
+        ) from None
+    return "".join(lines), lineno
+
+
+def is_patched(fn: types.FunctionType) -> bool:
+    return bool(_STACKS.get(fn))
+
+
+def _function_node(tree: ast.Module, *, name: str, target: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    nodes = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if len(tree.body) != 1 or len(nodes) != 1 or nodes[0].name != name:
+        raise PatchApplicationError(
+            f"{target}: after the edits the source is no longer a single `def {name}`; "
+            "an edit must stay inside the function body"
+        )
+    return nodes[0]
+
+
+def _strip_signature_extras(node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+    # Decorators, defaults and annotations are evaluated when `def` runs, in a scope we do
+    # not reproduce; their results already live on the original function object.
+    node.decorator_list = []
+    node.returns = None
+    args = node.args
+    args.defaults = []
+    args.kw_defaults = [None] * len(args.kwonlyargs)
+    for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
+        if arg is not None:
+            arg.annotation = None
+
+
+def _insert_preamble(node: ast.FunctionDef | ast.AsyncFunctionDef, preamble: str, target: str) -> None:
+    try:
+        extra = ast.parse(textwrap.dedent(preamble)).body
+    except SyntaxError as exc:
+        raise PatchApplicationError(f"{target}: preamble is not valid Python: {exc.msg}") from None
+    body = node.body
+    has_doc = bool(body) and isinstance(body[0], ast.Expr) and isinstance(
+        getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str)
+    at = 1 if has_doc else 0
+    anchor = body[at] if at < len(body) else node
+    for stmt in extra:
+        for child in ast.walk(stmt):
+            if "lineno" in child._attributes:
+                ast.copy_location(child, anchor)
+    node.body = body[:at] + extra + body[at:]
+    ast.fix_missing_locations(node)
+
+
+def _compile_function(
+    *, fn: types.FunctionType, target: str, source: str, first_lineno: int, preamble: str
+) -> types.CodeType:
+    original = fn.__code__
+    dedented = textwrap.dedent(source)
+    try:
+        tree = ast.parse(dedented)
+    except SyntaxError as exc:
+        raise PatchApplicationError(
+            f"{target}: the edited source does not parse ({exc.msg}, line "
+            f"{first_lineno + (exc.lineno or 1) - 1}); check the replacement's indentation"
+        ) from None
+    node = _function_node(tree, name=fn.__name__, target=target)
+    _strip_signature_extras(node)
+    if preamble.strip():
+        _insert_preamble(node, preamble, target)
+    freevars = original.co_freevars
+    if freevars:
+        # Recreate the closure's shape: an outer function owning cells of the same names.
+        # Zero-argument super() needs `__class__` to be such a cell.
+        keep = ast.parse(f"if False:\n    ({', '.join(freevars)},)").body[0]
+        node.body.append(keep)
+        outer = ast.parse(
+            "def __sglfix_scope__():\n"
+            + "".join(f"    {name} = None\n" for name in freevars)
+            + f"    return {fn.__name__}\n"
+        ).body[0]
+        outer.body.insert(len(freevars), node)
+        tree = ast.Module(body=[outer], type_ignores=[])
+    ast.fix_missing_locations(tree)
+    ast.increment_lineno(tree, first_lineno - 1)
+    flags = original.co_flags & _FUTURE_FLAGS
+    try:
+        module_code = compile(tree, original.co_filename, "exec", flags=flags, dont_inherit=True)
+    except SyntaxError as exc:
+        raise PatchApplicationError(f"{target}: the edited source does not compile: {exc.msg}") from None
+    namespace: dict[str, Any] = {}
+    try:
+        exec(module_code, fn.__globals__, namespace)  # noqa: S102 - only a `def`, nothing runs
+    except Exception as exc:  # pragma: no cover - a bare def without defaults cannot raise
+        raise PatchApplicationError(f"{target}: defining the edited function raised {exc!r}") from None
+    new_fn = namespace["__sglfix_scope__"]() if freevars else namespace[fn.__name__]
+    code = new_fn.__code__
+    if code.co_freevars != freevars:
+        raise PatchApplicationError(
+            f"{target}: the edit changes the function's closure variables "
+            f"({', '.join(freevars) or 'none'} -> {', '.join(code.co_freevars) or 'none'}); "
+            "a patch may use only names the function already closes over, or globals"
+        )
+    replace: dict[str, Any] = {"co_name": original.co_name}
+    if hasattr(original, "co_qualname"):
+        replace["co_qualname"] = original.co_qualname
+    return code.replace(**replace)
+
+
+def _prepare_one(
+    *, spec: PatchSpec, resolved: ResolvedTarget, source: str, first_lineno: int, label: str
+) -> PreparedPatch:
+    origin = SourceOrigin(target=spec.target, filename=resolved.filename, first_lineno=first_lineno)
+    edited = apply_edits(source=source, edits=spec.edits, origin=origin)
+    new_code = _compile_function(
+        fn=resolved.function, target=spec.target, source=edited, first_lineno=first_lineno,
+        preamble=spec.preamble,
+    )
+    return PreparedPatch(
+        spec=spec, resolved=resolved, source_before=source,
+        source_after=textwrap.dedent(edited), new_code=new_code, label=label,
+    )
+
+
+def prepare_specs(
+    specs: Sequence[PatchSpec],
+    *,
+    allowed_prefixes: Iterable[str] | None = None,
+    labels: Sequence[str] | None = None,
+) -> list[PreparedPatch]:
+    """Resolve, edit and compile every spec; install nothing. Raises on the first failure.
+
+    Two specs on the same function stack: the second edits the first one's result.
+    """
+    allowed = tuple(allowed_prefixes) if allowed_prefixes is not None else None
+    prepared: list[PreparedPatch] = []
+    pending: dict[types.FunctionType, tuple[str, int]] = {}
+    for i, spec in enumerate(specs):
+        label = labels[i] if labels else ""
+        resolved = resolve_target(spec.target, allowed_prefixes=allowed)
+        fn = resolved.function
+        source, first_lineno = pending[fn] if fn in pending else current_source(fn)
+        item = _prepare_one(spec=spec, resolved=resolved, source=source, first_lineno=first_lineno, label=label)
+        pending[fn] = (item.source_after, first_lineno)
+        prepared.append(item)
+    return prepared
+
+
+def _install(item: PreparedPatch) -> PatchState:
+    """Swap one code object in. Kept separate so tests can make it fail at any position."""
+    fn = item.resolved.function
+    state = PatchState(
+        target=item.spec.target, target_fn=fn, original_code=fn.__code__, new_code=item.new_code,
+        source_before=item.source_before, source_after=item.source_after, label=item.label,
+    )
+    fn.__code__ = item.new_code
+    _STACKS.setdefault(fn, []).append(state)
+    return state
+
+
+def install_prepared(prepared: Sequence[PreparedPatch]) -> list[PatchState]:
+    """Install all or nothing: on a failure, everything installed so far is restored."""
+    with _LOCK:
+        states: list[PatchState] = []
+        try:
+            for item in prepared:
+                states.append(_install(item))
+        except BaseException:
+            for state in reversed(states):
+                state.restore()
+            raise
+        return states
+
+
+def apply_specs(
+    specs: Sequence[PatchSpec],
+    *,
+    allowed_prefixes: Iterable[str] | None = None,
+    labels: Sequence[str] | None = None,
+) -> list[PatchState]:
+    with _LOCK:
+        return install_prepared(prepare_specs(specs, allowed_prefixes=allowed_prefixes, labels=labels))
+
+
+def restore_all(states: Iterable[PatchState]) -> None:
+    for state in reversed(list(states)):
+        state.restore()
+
+
+def _with_extra_imports(config: PatchConfig, extra_imports: Sequence[str]) -> tuple[PatchSpec, ...]:
+    block = "\n".join(extra_imports)
+    return tuple(
+        PatchSpec(
+            target=spec.target, edits=spec.edits,
+            preamble=block + "\n" + spec.preamble if spec.preamble.strip() else block,
+        )
+        for spec in config.patches
+    )
+
+
+def apply_patches_from_config(
+    yaml_content: str,
+    *,
+    extra_imports: Sequence[str] | None = None,
+    allowed_prefixes: Iterable[str] | None = None,
+    source: str = "<yaml>",
+) -> list[PatchState]:
+    """Parse sglang-schema YAML and apply every patch, atomically. Returns restorable states."""
+    config = parse_patch_config(yaml_content, source=source)
+    specs = _with_extra_imports(config, extra_imports) if extra_imports else config.patches
+    return apply_specs(specs, allowed_prefixes=allowed_prefixes)
+
+
+def patch_function(
+    *, target: Any, edits: Sequence[EditSpec | dict], preamble: str = "",
+    allowed_prefixes: Iterable[str] | None = None,
+) -> PatchState:
+    """Patch one function given as an object (sglang's call shape) or a dotted path."""
+    if isinstance(target, str):
+        name = target
+    else:
+        fn = inspect.unwrap(target.__func__ if isinstance(target, (staticmethod, classmethod, types.MethodType)) else target)
+        if not isinstance(fn, types.FunctionType):
+            raise TargetError(f"patch_function: {target!r} is not a Python function")
+        name = f"{fn.__module__}.{fn.__qualname__}"
+        if "<locals>" in name:
+            raise TargetError(f"patch_function: {name} is a local function; patch its enclosing function")
+    spec = PatchSpec(target=name, edits=tuple(edits), preamble=preamble)
+    (state,) = apply_specs([spec], allowed_prefixes=allowed_prefixes)
+    return state
+
+
+class CodePatcher:
+    """Context manager: patches on enter (atomically), restores in reverse order on exit."""
+
+    def __init__(self, *, patches: Sequence[PatchSpec | dict], allowed_prefixes: Iterable[str] | None = None) -> None:
+        self._patches = tuple(p if isinstance(p, PatchSpec) else PatchSpec(**dict(p)) for p in patches)
+        self._allowed = tuple(allowed_prefixes) if allowed_prefixes is not None else None
+        self._states: list[PatchState] = []
+
+    @property
+    def states(self) -> list[PatchState]:
+        return list(self._states)
+
+    def __enter__(self) -> "CodePatcher":
+        self._states = apply_specs(self._patches, allowed_prefixes=self._allowed)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        restore_all(self._states)
+        self._states.clear()

@@ -1,0 +1,141 @@
+"""Drift check: do the registered reverts still apply to the code as it is now?
+
+Live mode imports the targets, applies and restores each toggle and each part, and verifies
+every function got its original code object back. Static mode reads source files only (for
+trees too heavy to import, such as an unpacked engine wheel), with the same matching rule and
+the same messages.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from sglfix.patching.editor import SourceOrigin, apply_edits
+from sglfix.common.errors import SglfixError
+from sglfix.patching.patcher import install_prepared, prepare_specs
+from sglfix.toggling.registry import Registry, Selection, Toggle
+from sglfix.patching.types import PatchSpec, nearest
+
+__all__ = ["CheckResult", "live_check", "static_check", "locate_source"]
+
+
+@dataclass
+class CheckResult:
+    id: str
+    ok: bool
+    error: str = ""
+    targets: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _units(toggle: Toggle) -> list[tuple[str, list[Selection]]]:
+    """The whole toggle, then each part alone (a single-part toggle is checked once)."""
+    whole = [Selection(toggle, p) for p in toggle.parts.values()]
+    units = [(toggle.id, whole)]
+    if len(toggle.parts) > 1:
+        units += [(f"{toggle.pr}:{s.part.name}", [s]) for s in whole]
+    return units
+
+
+def expectation_check(registry: Registry, scenario_names: list[str]) -> list[CheckResult]:
+    """An expectation whose scenario glob matches no scenario checks nothing: report it."""
+    import fnmatch
+
+    results: list[CheckResult] = []
+    for toggle in registry:
+        dead = [f"{toggle.path}:{e.line}: expect names no scenario: {e.scenario!r}"
+                for e in toggle.expect if not any(fnmatch.fnmatchcase(n, e.scenario) for n in scenario_names)]
+        if toggle.expect:
+            results.append(CheckResult(f"{toggle.id} expect", not dead, "\n".join(dead), []))
+    return results
+
+
+def live_check(registry: Registry, *, allowed_prefixes: Iterable[str] | None = None) -> list[CheckResult]:
+    results: list[CheckResult] = []
+    for toggle in registry:
+        for unit_id, selections in _units(toggle):
+            specs = [p for s in selections for p in s.part.patches]
+            targets = list(dict.fromkeys(p.target for p in specs))
+            try:
+                prepared = prepare_specs(specs, allowed_prefixes=allowed_prefixes)
+                before = {id(p.resolved.function): (p.resolved.function, p.resolved.function.__code__) for p in prepared}
+                states = install_prepared(prepared)
+                for state in reversed(states):
+                    state.restore()
+                bad = [fn.__qualname__ for fn, code in before.values() if fn.__code__ is not code]
+                if bad:
+                    results.append(CheckResult(unit_id, False, f"restore left {', '.join(bad)} changed", targets))
+                    continue
+            except SglfixError as exc:
+                results.append(CheckResult(unit_id, False, str(exc), targets))
+                continue
+            results.append(CheckResult(unit_id, True, "", targets))
+    return results
+
+
+def locate_source(target: str, source_dir: Path) -> tuple[str, str, int]:
+    """(file, function source as inspect.getsource would give it, first line) without importing."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        base = source_dir.joinpath(*parts[:cut])
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return _find_in_file(candidate, parts[cut:], target)
+    raise SglfixError(f"{target}: no module file for any prefix of it under {source_dir}")
+
+
+def _find_in_file(path: Path, chain: list[str], target: str) -> tuple[str, str, int]:
+    text = path.read_text(encoding="utf-8")
+    body: list[ast.stmt] = ast.parse(text, filename=str(path)).body
+    node: ast.AST | None = None
+    for name in chain:
+        defs = [n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
+        if not defs:
+            names = [n.name for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+            raise SglfixError(f"{target}: {path} has no definition {name!r} there{nearest(name, names)}")
+        node = defs[-1]  # the last definition wins, as at import time
+        body = getattr(node, "body", [])
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise SglfixError(f"{target}: {path} defines it as a class, not a function")
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    lines = text.splitlines(keepends=True)[first - 1 : node.end_lineno]
+    return str(path), "".join(lines), first
+
+
+def _static_apply(specs: list[PatchSpec], source_dir: Path) -> None:
+    current: dict[str, tuple[str, str, int]] = {}
+    for spec in specs:
+        filename, source, first = current.get(spec.target) or locate_source(spec.target, source_dir)
+        origin = SourceOrigin(target=spec.target, filename=filename, first_lineno=first)
+        edited = apply_edits(source=source, edits=spec.edits, origin=origin)
+        try:
+            tree = ast.parse(textwrap.dedent(edited))
+        except SyntaxError as exc:
+            raise SglfixError(f"{spec.target}: the edited source does not parse ({exc.msg}); check the replacement's indentation") from None
+        if len(tree.body) != 1 or not isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
+            raise SglfixError(f"{spec.target}: after the edits the source is no longer a single def")
+        current[spec.target] = (filename, textwrap.dedent(edited), first)
+
+
+def static_check(registry: Registry, *, source_dir: str | Path) -> list[CheckResult]:
+    root = Path(source_dir)
+    if not root.is_dir():
+        raise SglfixError(f"--source {source_dir} is not a directory; give the root that holds the packages")
+    results: list[CheckResult] = []
+    for toggle in registry:
+        for unit_id, selections in _units(toggle):
+            specs = [p for s in selections for p in s.part.patches]
+            targets = list(dict.fromkeys(p.target for p in specs))
+            try:
+                _static_apply(specs, root)
+            except SglfixError as exc:
+                results.append(CheckResult(unit_id, False, str(exc), targets))
+                continue
+            results.append(CheckResult(unit_id, True, "", targets))
+    return results

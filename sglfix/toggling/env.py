@@ -1,0 +1,88 @@
+"""``SGLANG_DEBUG_REVERT_PR``: the production switch, parsed strictly.
+
+One id, or a comma-separated list (``26651,27460:sizing``); empty or ``0`` selects nothing.
+Anything else is a one-line error naming the bad item and listing the registered ids; nothing
+is applied then. A single integer means what it means to sglang.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Iterable
+
+from sglfix.common.errors import ConfigError
+from sglfix.toggling.registry import Registry, Selection, load_registry, parse_toggle_ids
+
+__all__ = ["ENV_VAR", "parse_env_value", "selected_from_env", "maybe_revert_pr_fix"]
+
+ENV_VAR = "SGLANG_DEBUG_REVERT_PR"
+MAX_LEN = 1000
+_TOKEN_RE = re.compile(r"[0-9]+(?::[a-z][a-z0-9_-]*)?", re.ASCII)
+_applied_by_env = None  # the Reverted made by maybe_revert_pr_fix, if any
+
+
+def _show(token: str, limit: int = 40) -> str:
+    return repr(token if len(token) <= limit else token[:limit] + "...")
+
+
+def parse_env_value(value: str | None, *, registry: Registry | None = None) -> list[Selection]:
+    if value is None:
+        return []
+    stripped = value.strip()
+    if stripped in ("", "0"):
+        return []
+    registry = registry or load_registry()
+    known = registry.describe_ids()
+    if len(value) > MAX_LEN:
+        raise ConfigError(
+            f"{ENV_VAR} is {len(value)} characters long (limit {MAX_LEN}); set it to PR ids like 27460 "
+            f"or 27460:part, comma-separated; registered: {known}"
+        )
+    tokens = [t.strip() for t in stripped.split(",")]
+    for position, token in enumerate(tokens, start=1):
+        if not token:
+            raise ConfigError(
+                f"{ENV_VAR}={_show(value)}: item {position} is empty (stray comma?); "
+                f"use ids like 27460,26651:clamp; registered: {known}"
+            )
+        if token == "0" or not _TOKEN_RE.fullmatch(token) or token.startswith("0"):
+            hint = "0 means 'none' and cannot be combined with ids" if token == "0" else \
+                "expected a PR number like 27460 or a part like 27460:sizing"
+            raise ConfigError(f"{ENV_VAR}: bad item {_show(token)} (item {position}): {hint}; registered: {known}")
+    try:
+        return parse_toggle_ids(tokens, registry=registry, what=ENV_VAR)
+    except ConfigError as exc:
+        message = str(exc)
+        if "registered:" not in message:
+            message += f"; registered: {known}"
+        raise ConfigError(f"{ENV_VAR}: {message}") from None
+
+
+def selected_from_env(environ: dict | None = None, *, registry: Registry | None = None) -> list[Selection]:
+    env = os.environ if environ is None else environ
+    return parse_env_value(env.get(ENV_VAR), registry=registry)
+
+
+def maybe_revert_pr_fix(*, registry: Registry | None = None, allowed_prefixes: Iterable[str] | None = None):
+    """Apply what ``SGLANG_DEBUG_REVERT_PR`` selects, once per process.
+
+    Calling it again with the same selection is a no-op (engines call it from several
+    entry points); a different selection while one is applied is an error.
+    """
+    global _applied_by_env
+    from sglfix.toggling.revert import revert
+
+    selections = selected_from_env(registry=registry)
+    wanted = [s.id for s in selections]
+    if _applied_by_env is not None and not _applied_by_env.restored:
+        if _applied_by_env.ids == wanted:
+            return _applied_by_env
+        raise ConfigError(
+            f"{ENV_VAR} now selects {','.join(wanted) or 'nothing'} but {','.join(_applied_by_env.ids)} "
+            "is already reverted in this process; restore it first"
+        )
+    if not selections:
+        return None
+    _applied_by_env = revert(selections, allowed_prefixes=allowed_prefixes, what=ENV_VAR)
+    return _applied_by_env
