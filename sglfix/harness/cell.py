@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglfix.scenario import Scenario
-from sglfix.harness.verdicts import worst
+from sglfix.common.verdicts import worst
 
 __all__ = ["CellResult", "run_cell"]
 

@@ -16,7 +16,7 @@ from typing import Iterable
 
 from sglfix.common.errors import ConfigError
 from sglfix.patching.types import PatchSpec, check_keys, nearest, parse_patch_list
-from sglfix.harness.verdicts import VERDICTS
+from sglfix.common.verdicts import VERDICTS
 from sglfix.common.yamlio import line_of, load_yaml
 
 __all__ = [

@@ -1,0 +1,137 @@
+"""pydantic models for YAML files, with the one-line errors users get: ``file:line: what; fix``.
+
+Every model of a user-written file derives from ``StrictModel`` (unknown keys forbidden, frozen).
+``validate_node(Model, node, where=path)`` validates a node loaded by ``yamlio.load_yaml`` (which
+remembers lines) and turns the first pydantic error into a ``ConfigError`` naming the file, the
+line of the offending key or item, the dotted path, and for an unknown key the nearest allowed one.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from typing import Any, Iterable, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from sglfix.common.errors import ConfigError
+from sglfix.common.yamlio import line_of
+
+__all__ = ["StrictModel", "validate_node", "nearest", "describe_kind", "ModelT"]
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """Unknown keys are errors; values never change after validation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+
+def nearest(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean X?)' or '' — appended to messages about unknown names."""
+    found = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {found[0]!r}?)" if found else ""
+
+
+def describe_kind(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, list) and not value:
+        return "an empty list"
+    for types_, name in ((dict, "a mapping"), (list, "a list"), (bool, "true/false"),
+                         ((int, float), "a number"), (str, "text")):
+        if isinstance(value, types_):
+            return name
+    return type(value).__name__
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model class an annotation holds (directly, Optional, list[...] or dict[..., ...])."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin is None:
+        return None
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return [info.alias or name for name, info in model.model_fields.items()]
+
+
+def _walk(model: type[BaseModel], node: Any, loc: tuple) -> tuple[type[BaseModel] | None, Any, Any]:
+    """Follow ``loc`` through the node and the model: (model at the parent, parent node, last key)."""
+    current_model: type[BaseModel] | None = model
+    parent: Any = node
+    for i, key in enumerate(loc[:-1]):
+        child = None
+        if isinstance(parent, dict) and key in parent:
+            child = parent[key]
+        elif isinstance(parent, list) and isinstance(key, int) and key < len(parent):
+            child = parent[key]
+        if isinstance(key, str) and current_model is not None and key in current_model.model_fields:
+            current_model = _model_in(current_model.model_fields[key].annotation)
+        elif not isinstance(key, int):
+            # A dict key (a part name) keeps the model of the dict's values.
+            pass
+        if child is None:
+            return current_model, parent, key
+        parent = child
+    return current_model, parent, loc[-1] if loc else None
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for key in loc:
+        out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else str(key))
+    return out
+
+
+def validate_node(model: type[ModelT], node: Any, *, where: str, what: str = "",
+                  context: dict | None = None) -> ModelT:
+    """Validate ``node`` as ``model``; the first error becomes a one-line ``ConfigError``."""
+    try:
+        return model.model_validate(node, context=context)
+    except ValidationError as exc:
+        raise _to_config_error(exc, model, node, where=where, what=what) from None
+
+
+def _to_config_error(exc: ValidationError, model: type[BaseModel], node: Any, *, where: str, what: str) -> ConfigError:
+    errors = exc.errors(include_url=False)
+    # Unknown keys first: they usually explain the rest (a misspelt required key).
+    errors.sort(key=lambda e: e["type"] != "extra_forbidden")
+    err = errors[0]
+    loc = tuple(k for k in err["loc"] if not (isinstance(k, str) and k.startswith("function-")))
+    parent_model, parent, key = _walk(model, node, loc)
+    line = line_of(parent, key) if key is not None else line_of(node)
+    path = _dotted(loc)
+    prefix = f"{what}." if what and path else what
+    label = f"{prefix}{path}" if path else (what or "file")
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        allowed = _field_names(parent_model) if parent_model is not None else []
+        owner = f"{prefix}{_dotted(loc[:-1])}" if loc[:-1] else (what or "the file")
+        message = (f"unknown key {key!r} in {owner}{nearest(str(key), allowed)}"
+                   + (f"; allowed: {', '.join(allowed)}" if allowed else ""))
+    elif kind == "missing":
+        owner = f"{prefix}{_dotted(loc[:-1])}" if loc[:-1] else (what or "the file")
+        line = line_of(parent)
+        message = f"{owner} lacks required key {key!r}"
+    elif kind == "model_type" or kind == "dict_type":
+        message = f"{label} must be a mapping; got {describe_kind(err.get('input'))}"
+    else:
+        text = err["msg"]
+        if text.startswith("Value error, "):
+            text = text[len("Value error, "):]
+        elif text.startswith("Assertion failed, "):
+            text = text[len("Assertion failed, "):]
+        else:
+            text = f"{text}; got {err.get('input')!r}"
+        message = f"{label}: {text}" if path or what else text
+    return ConfigError(f"{where}:{line}: {message}")
