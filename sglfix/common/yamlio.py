@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from sglfix.common.errors import ConfigError
 
-__all__ = ["LineDict", "LineList", "load_yaml", "line_of"]
+__all__ = ["LineDict", "LineList", "load_yaml", "line_of", "read_text_file", "MAX_FILE_BYTES"]
 
 
 class LineDict(dict):
@@ -86,3 +88,35 @@ def load_yaml(text: str, *, source: str = "<yaml>") -> Any:
         raise ConfigError(f"{source}: YAML error: {str(exc).splitlines()[0]}") from None
     finally:
         loader.dispose()
+
+
+MAX_FILE_BYTES = 4 * 1024 * 1024
+
+
+def read_text_file(path: "str | os.PathLike", *, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+    """The text of a user-named file, or a one-line ConfigError that names the file and the fix.
+
+    Directories, unreadable files, files over ``max_bytes``, binary files (a NUL byte) and text
+    that is not UTF-8 are refused here, before anything is parsed or run.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{what} {path} does not exist; check the path")
+    if p.is_dir():
+        raise ConfigError(f"{what} {path} is a directory; give a YAML file")
+    try:
+        size = p.stat().st_size
+        if size > max_bytes:
+            raise ConfigError(f"{what} {path} is {size} bytes (limit {max_bytes}); is it the right file?")
+        data = p.read_bytes()
+    except PermissionError:
+        raise ConfigError(f"{what} {path} is not readable (permission denied); fix its permissions") from None
+    except OSError as exc:
+        raise ConfigError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+    if b"\x00" in data:
+        raise ConfigError(f"{what} {path} is binary (holds NUL bytes); give a YAML text file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{what} {path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the file as UTF-8") from None
