@@ -1,4 +1,4 @@
-"""README and CI agree; a non-editable install into a fresh virtualenv works from anywhere."""
+"""A non-editable install into a fresh virtualenv works from anywhere, with only what the test env has."""
 
 from __future__ import annotations
 
@@ -6,30 +6,13 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _readme_command(marker: str) -> str:
-    text = (ROOT / "README.md").read_text()
-    m = re.search(rf"<!-- {marker} -->\s*```bash\n(.+?)\n```", text, re.S)
-    assert m, f"README has no {marker} block"
-    lines = m.group(1).strip().splitlines()
-    assert len(lines) == 1, f"the {marker} must be one command line"
-    return lines[0]
-
-
-def test_ci_runs_the_readme_test_command_verbatim():
-    command = _readme_command("test-command")
-    ci_lines = [line for line in (ROOT / ".ci/run").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
-    assert command in ci_lines, f".ci/run must contain the README test command verbatim:\n{command}"
-    main = _readme_command("main-command")
-    assert main.startswith("python3 -m venv .venv") and "sglfix " in main
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +40,15 @@ def test_wheel_holds_only_sglfix_with_its_yaml_data(wheel):
 
 def test_fresh_virtualenv_install_works_from_any_directory(tmp_path, wheel):
     venv = tmp_path / "venv"
-    # System site packages stand in for the already-downloaded heavy wheels (torch, triton);
-    # sglfix itself is installed non-editable into the venv.
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    # The running test environment's packages stand in for the heavy wheels (torch, triton):
+    # a .pth names its site-packages. Never --system-site-packages: from inside a venv that
+    # would inherit the *base* interpreter's packages, which a fresh machine does not have.
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
+    new_site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    Path(new_site, "test-env-packages.pth").write_text("\n".join(sorted(ours)) + "\n")
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, timeout=600)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -1,0 +1,32 @@
+"""The README's commands are what CI runs, verbatim."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_command(marker: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    m = re.search(rf"<!-- {marker} -->\s*```bash\n(.+?)\n```", text, re.S)
+    assert m, f"README has no {marker} block"
+    lines = m.group(1).strip().splitlines()
+    assert len(lines) == 1, f"the {marker} must be one command line"
+    return lines[0]
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    command = _readme_command("test-command")
+    ci_lines = [line for line in (ROOT / ".ci/run").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    assert command in ci_lines, f".ci/run must contain the README test command verbatim:\n{command}"
+    main = _readme_command("main-command")
+    assert main.startswith("python3 -m venv .venv") and "sglfix " in main
+
+
+def test_ci_script_names_only_files_that_exist():
+    text = (ROOT / ".ci/run").read_text()
+    for name in re.findall(r"tests/[\w/]+\.py", text):
+        assert (ROOT / name).is_file(), f".ci/run mentions {name}, which does not exist"
