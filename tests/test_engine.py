@@ -244,3 +244,76 @@ def test_spec_validation_in_python():
         EditSpec(match="   ")
     with pytest.raises(ConfigError, match="dotted path"):
         PatchSpec(target="nodots", edits=(EditSpec(match="a"),))
+
+
+def test_restore_all_is_all_or_nothing_under_a_stacked_patch():
+    """Restoring a set while another patch sits on one of its functions changes nothing."""
+    from sglfix.patching.patcher import restore_all
+
+    plain, double = T.plain.__code__, T.Child.double.__code__
+    first = apply_specs([spec("plain", "total = total * SCALE", "total = total * 10"),
+                         spec("Child.double", "return x * 2", "return x * 5")], allowed_prefixes=A)
+    (on_top,) = apply_specs([spec("plain", "total = total * 10", "total = total * 20")], allowed_prefixes=A)
+    with pytest.raises(PatchStateError, match="last in, first out"):
+        restore_all(first)
+    # Before: Child.double (restored first, being last) came back while plain stayed patched.
+    assert T.Child.double(1) == 5 and T.plain(1) == 60
+    assert all(not s.restored for s in first)
+    with pytest.raises(PatchStateError):
+        with CodePatcher(patches=[spec("Child.double", "return x * 5", "return x * 7")], allowed_prefixes=A):
+            assert T.Child.double(1) == 7
+            restore_all(first)  # refused: the CodePatcher's patch is on top of Child.double
+    assert T.Child.double(1) == 5
+    on_top.restore()
+    restore_all(first)
+    assert T.plain.__code__ is plain and T.Child.double.__code__ is double
+
+
+def test_patch_specs_are_pydantic_models_with_unknown_keys_forbidden():
+    from pydantic import BaseModel
+
+    from sglfix.patching.types import PatchConfig
+
+    for model in (EditSpec, PatchSpec, PatchConfig):
+        assert issubclass(model, BaseModel) and model.model_config["extra"] == "forbid"
+    with pytest.raises(ConfigError, match=r"unknown key 'replace' in EditSpec \(did you mean 'replacement'\?\)"):
+        EditSpec(match="a", replace="b")
+    with pytest.raises(ConfigError, match=r"PatchSpec.edits\[0\].match is empty"):
+        PatchSpec(target=f"{M}.plain", edits=[{"match": " "}])
+    with pytest.raises(ConfigError, match="non-empty list"):
+        PatchSpec(target=f"{M}.plain", edits=[])
+    # sglang's rule: at most one mode carries text; a blank one does not count.
+    assert EditSpec(match="a", replacement="", append="b").mode == "append"
+    assert EditSpec(match="a", replacement=None).replacement == ""
+
+
+def test_default_prefixes_come_from_the_code_under_test():
+    from sglfix.common.codebase import CODE_UNDER_TEST
+    from sglfix.patching.targets import DEFAULT_ALLOWED_PREFIXES
+
+    assert CODE_UNDER_TEST == "sglfix.backends"
+    assert DEFAULT_ALLOWED_PREFIXES == (CODE_UNDER_TEST, "sglang")
+
+
+def test_is_code_under_test_by_module_name_and_by_file():
+    import importlib.util
+    import os
+
+    from sglfix.common.codebase import is_code_under_test
+
+    assert is_code_under_test("sglfix.backends")
+    assert is_code_under_test("sglfix.backends.srt.layers.attention.triton_backend")
+    for name in ("sglfix", "sglfix.backendsx", "sglfix.harness.cell", "sglang.srt.x", "backends", "", "<string>"):
+        assert not is_code_under_test(name), name
+    spec = importlib.util.find_spec("sglfix.backends")
+    root = spec.submodule_search_locations[0]
+    assert is_code_under_test(os.path.join(root, "srt", "layers", "attention", "triton_backend.py"))
+    assert not is_code_under_test(os.path.join(os.path.dirname(root), "sglfix", "harness", "cell.py"))
+    # A directory merely named "backends" elsewhere is not the code under test.
+    assert not is_code_under_test("/tmp/elsewhere/backends/srt/x.py")
+    # Finding the package's directory does not import it (importing the backends costs torch).
+    import subprocess
+
+    probe = ("import sys; from sglfix.common.codebase import is_code_under_test; "
+             "is_code_under_test('/x/backends/y.py'); print('sglfix.backends' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"

@@ -224,3 +224,228 @@ def test_builtin_caught_by_entries_name_real_tests():
             tree = ast.parse((root / path).read_text())
             names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
             assert name in names, f"{toggle.id}: caught_by {item} names no test"
+
+
+# --------------------------------------------------------------------------- one id grammar
+
+STACKED = f"""\
+pr: 44444
+title: Stacked on 11111:scale
+patches:
+  - target: {M}.plain
+    edits:
+      - match: |
+          total = total * 1
+        replacement: |
+          total = total * 7
+"""
+
+
+@pytest.mark.parametrize("token,ok", [
+    ("11111", True), ("11111:scale", True), (" 11111:double ", True),
+    ("", False), ("0", False), ("011111", False), ("1234567890", False), ("11111:", False),
+    ("11111:Scale", False), ("11111::scale", False), ("-1", False), ("1e3", False), ("11111:9x", False),
+])
+def test_one_grammar_for_every_reader_of_an_id(reg_dir, token, ok):
+    """The registry, the env variable, the CLI and a toggle file's expect agree on what an id is."""
+    from sglfix.toggling.ids import ToggleId
+    from sglfix.toggling.registry import parse_toggle
+
+    def accepted(read) -> bool:
+        try:
+            read()
+        except ConfigError as exc:
+            assert len(str(exc).splitlines()) == 1
+            return False
+        return True
+
+    assert accepted(lambda: ToggleId.parse(token)) is ok
+    assert accepted(lambda: load_registry().select(token)) is ok
+    if token.strip() not in ("", "0"):  # empty or 0 in the variable means "none"
+        assert accepted(lambda: parse_env_value(token)) is ok
+    body = TOGGLE_PARTS.replace('revert: "11111:scale"', f"revert: {token!r}")
+    assert accepted(lambda: parse_toggle(body, path="11111.yaml")) is ok
+    if ok:
+        assert str(ToggleId.parse(token)) == token.strip()
+
+
+def test_malformed_id_reads_the_same_in_the_env_as_any_other_bad_item(reg_dir):
+    # A ten-digit number used to pass the variable's own pattern, then fail the registry's.
+    with pytest.raises(ConfigError, match=r"bad item '1234567890' \(item 1\)"):
+        parse_env_value("1234567890")
+
+
+def test_empty_id_is_an_error_naming_the_option_never_nothing(reg_dir):
+    from sglfix.toggling.ids import ToggleId
+    from sglfix.toggling.registry import parse_toggle_ids
+
+    for tokens in ([""], ["11111", " "]):
+        with pytest.raises(ConfigError, match=r"^--revert: empty toggle id"):
+            parse_toggle_ids(tokens, registry=load_registry(), what="--revert")
+    with pytest.raises(ConfigError, match=r"^--revert: empty toggle id"):
+        ToggleId.parse_list(["11111,", "22222"], what="--revert")
+    assert [str(i) for i in ToggleId.parse_list(["11111:scale,22222", "11111:double"], what="-r")] == [
+        "11111:scale", "22222", "11111:double"]
+    assert_one_line_error(run_cli("show", ""), "show: empty toggle id")
+    assert parse_env_value("") == [] and parse_env_value("0") == []  # the variable keeps its meaning
+
+
+def test_expect_ids_must_name_registered_toggles(reg_dir):
+    (reg_dir / "22222.yaml").write_text(TOGGLE_PLAIN + "expect:\n  - {scenario: s, verdict: PASS, revert: '99999'}\n")
+    with pytest.raises(ConfigError, match=r"22222.yaml:11: expect\[0\]\.revert: PR 99999 is not registered"):
+        load_registry()
+
+
+# --------------------------------------------------------------------------- restore: all or nothing
+
+
+def test_restore_under_a_stacked_set_changes_nothing_and_the_record_stays_true(reg_dir):
+    (reg_dir / "44444.yaml").write_text(STACKED)
+    a = revert(["11111"], allowed_prefixes=("patch_fixtures",))
+    b = revert(["44444"], allowed_prefixes=("patch_fixtures",))
+    assert T.plain(1) == 21 and T.Child.double(1) == 3
+    with pytest.raises(PatchStateError, match=r"cannot restore 11111:scale,11111:double: revert 44444:main .*restore 44444:main first"):
+        a.restore()
+    # Nothing moved: before, Child.double came back while 11111 stayed listed as reverted.
+    assert T.plain(1) == 21 and T.Child.double(1) == 3
+    assert reverted_ids() == ["11111:scale", "11111:double", "44444:main"] and not a.restored
+    b.restore()
+    assert reverted_ids() == ["11111:scale", "11111:double"] and T.plain(1) == 3
+    a.restore()
+    assert reverted_ids() == [] and T.plain(1) == 9 and T.Child.double(1) == 2
+
+
+def test_record_follows_states_restored_behind_its_back(reg_dir):
+    held = revert(["22222"], allowed_prefixes=("patch_fixtures",))
+    for state in held.states:
+        state.restore()
+    assert reverted_ids() == [] and held.restored
+
+
+# --------------------------------------------------------------------------- side effects never leak
+
+STATEFUL = "patch_fixtures.stateful"
+SIDE_EFFECTS = f"""\
+pr: 55555
+title: Reverted code that changes module state when it runs
+parts:
+  rebind:
+    summary: rebinds a global, adds one, sets another module's attribute
+    patches:
+      - target: {STATEFUL}.lookup
+        edits:
+          - match: value = x + 1
+            replacement: |
+              global CACHE, MODE
+              import patch_fixtures.settings as settings
+              CACHE = ("reverted", x)
+              MODE = "reverted"
+              globals()["ADDED_BY_REVERT"] = x
+              settings.LEVEL = 99
+              value = x + 100
+  imports:
+    summary: imports a module for the first time
+    patches:
+      - target: {STATEFUL}.settle
+        edits:
+          - match: result = x * 2
+            replacement: |
+              import patch_fixtures.late
+              result = x * 3
+"""
+
+
+@pytest.fixture
+def stateful(reg_dir):
+    from patch_fixtures import settings, stateful
+
+    (reg_dir / "55555.yaml").write_text(SIDE_EFFECTS)
+    before = (stateful.CACHE, stateful.MODE, settings.LEVEL)
+    yield stateful, settings
+    assert (stateful.CACHE, stateful.MODE, settings.LEVEL) == before
+
+
+def test_restore_undoes_module_state_the_reverted_code_changed(stateful):
+    mod, settings = stateful
+    with revert(["55555:rebind"], allowed_prefixes=("patch_fixtures",)):
+        assert mod.lookup(1) == 101
+        assert mod.CACHE == ("reverted", 1) and mod.MODE == "reverted" and settings.LEVEL == 99
+        assert mod.ADDED_BY_REVERT == 1
+    assert mod.lookup(1) == 2
+    assert mod.CACHE is None and mod.MODE == "fixed" and settings.LEVEL == 1
+    assert not hasattr(mod, "ADDED_BY_REVERT")
+
+
+def test_env_revert_restores_module_state_too(stateful, monkeypatch):
+    mod, settings = stateful
+    monkeypatch.setenv("SGLANG_DEBUG_REVERT_PR", "55555:rebind")
+    held = maybe_revert_pr_fix(allowed_prefixes=("patch_fixtures",))
+    mod.lookup(2)
+    assert settings.LEVEL == 99
+    held.restore()
+    assert mod.CACHE is None and settings.LEVEL == 1 and not hasattr(mod, "ADDED_BY_REVERT")
+
+
+def test_a_set_restored_under_a_newer_one_hands_its_module_state_over(stateful):
+    mod, settings = stateful
+    older = revert(["55555:rebind"], allowed_prefixes=("patch_fixtures",))
+    mod.lookup(3)
+    newer = revert(["22222"], allowed_prefixes=("patch_fixtures",))
+    older.restore()  # disjoint functions: allowed; the newer set now restores to the older point
+    assert mod.lookup(3) == 4 and reverted_ids() == ["22222:main"]
+    newer.restore()
+    assert mod.CACHE is None and mod.MODE == "fixed" and settings.LEVEL == 1
+    assert not hasattr(mod, "ADDED_BY_REVERT")
+
+
+def test_a_module_imported_by_reverted_code_stays_importable(stateful):
+    import sys
+
+    import patch_fixtures
+
+    sys.modules.pop("patch_fixtures.late", None)
+    patch_fixtures.__dict__.pop("late", None)
+    try:
+        with revert(["55555:imports"], allowed_prefixes=("patch_fixtures",)):
+            assert stateful[0].settle(2) == 6
+        assert stateful[0].settle(2) == 4
+        assert patch_fixtures.late.READY and sys.modules["patch_fixtures.late"] is patch_fixtures.late
+    finally:
+        sys.modules.pop("patch_fixtures.late", None)
+        patch_fixtures.__dict__.pop("late", None)
+
+
+# --------------------------------------------------------------------------- toggles directory and files
+
+
+def test_toggles_directory_problems_say_which(tmp_path, monkeypatch):
+    from sglfix.toggling import registry as reg
+
+    with pytest.raises(ConfigError, match=r"toggles directory .*/missing does not exist"):
+        load_registry(tmp_path / "missing")
+    (tmp_path / "plain.txt").write_text("x")
+    with pytest.raises(ConfigError, match=r"toggles directory .*/plain.txt is a file, not a directory"):
+        load_registry(tmp_path / "plain.txt")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    # Tests may run as root, for whom chmod 000 still reads: refuse the listing itself.
+    monkeypatch.setattr(reg.Path, "iterdir", denied)
+    with pytest.raises(ConfigError, match=r"toggles directory .*/locked is not readable \(permission denied\)"):
+        load_registry(locked)
+    assert_one_line_error(run_cli("--toggles", str(tmp_path / "plain.txt"), "list"), "is a file, not a directory")
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"pr: 44444\ntitle: caf\xe9\n", "44444.yaml:2: not UTF-8"),
+    (b"pr: 44444\x00\ntitle: t\n", "44444.yaml is binary"),
+])
+def test_unreadable_toggle_file_is_one_line_naming_it(toggles_dir, content, needle):
+    (toggles_dir / "44444.yaml").write_bytes(content)
+    line = assert_one_line_error(run_cli("list"), "toggle file", needle)
+    assert "internal error" not in line
+    with pytest.raises(ConfigError, match="toggle file"):
+        load_registry()

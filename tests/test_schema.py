@@ -41,6 +41,23 @@ BAD_TOGGLES = {
                     "not a part of 44444", 9),
     "edit-key": (f"pr: 44444\ntitle: t\npatches:\n  - target: {M}.plain\n    edits:\n      - match: x\n        replace: y\n",
                  "did you mean 'replacement'", 7),
+    "part-name": ("pr: 44444\ntitle: t\nparts:\n  ok:\n    summary: s\n    patches: [{target: a.b, edits: [{match: x}]}]\n"
+                  "  Bad Name:\n    summary: s\n", "bad part name 'Bad Name'", 7),
+    "verdict-item": ("pr: 44444\ntitle: t\n" + GOOD_PATCH + "expect:\n  - scenario: s\n    verdict:\n      - PASS\n      - NAM\n",
+                     "expect[0].verdict 'NAM' is not a verdict (did you mean 'NAN'?)", 12),
+    "device": ("pr: 44444\ntitle: t\n" + GOOD_PATCH + "expect:\n  - {scenario: s, verdict: PASS, device: gpu}\n",
+               "expect[0].device 'gpu' is not a device (did you mean 'cpu'?)", 9),
+    "revert-id": ("pr: 44444\ntitle: t\n" + GOOD_PATCH + "expect:\n  - {scenario: s, verdict: PASS, revert: '44444::x'}\n",
+                  "expect[0].revert '44444::x' is not a toggle id", 9),
+    "revert-empty": ("pr: 44444\ntitle: t\n" + GOOD_PATCH + "expect:\n  - {scenario: s, verdict: PASS, revert: '44444,'}\n",
+                     "expect[0].revert has an empty toggle id", 9),
+    "patches-null": ("pr: 44444\ntitle: t\npatches:\n", "patches must be a non-empty list", 3),
+    "match-number": (f"pr: 44444\ntitle: t\npatches:\n  - target: {M}.plain\n    edits:\n      - match: 42\n",
+                     "patches[0].edits[0].match must be text", 6),
+    "misspelt-patches": ("pr: 44444\ntitle: t\npatchs: []\n", "unknown key 'patchs' in toggle file (did you mean 'patches'?)", 3),
+    "caught-by": ("pr: 44444\ntitle: t\ncaught_by: [3]\n" + GOOD_PATCH, "caught_by[0]", 3),
+    "peers": ("pr: 44444\ntitle: t\npeers: [12, -4]\n" + GOOD_PATCH, "peers[1] must be a positive PR number", 3),
+    "empty-title": ("pr: 44444\ntitle: ' '\n" + GOOD_PATCH, "title must be non-empty text", 2),
 }
 
 
@@ -70,3 +87,27 @@ def test_yaml_is_loaded_safely(tmp_path):
     with pytest.raises(ConfigError):
         apply_patches_from_config(text)
     assert not marker.exists()
+
+
+def test_toggle_files_are_pydantic_models_with_unknown_keys_forbidden():
+    from pydantic import BaseModel
+
+    from sglfix.toggling.registry import ExpectFile, PartFile, ToggleFile
+
+    for model in (ToggleFile, PartFile, ExpectFile):
+        assert issubclass(model, BaseModel) and model.model_config["extra"] == "forbid"
+    assert set(ToggleFile.model_fields) == {"pr", "title", "url", "bug", "description", "patches", "parts",
+                                            "expect", "caught_by", "peers"}
+    assert set(ExpectFile.model_fields) == {"scenario", "verdict", "revert", "device"}
+
+
+def test_expect_reads_verdicts_and_ids_through_the_shared_types(tmp_path):
+    from sglfix.common.verdicts import Verdict
+    from sglfix.toggling.registry import parse_toggle
+
+    body = "pr: 44444\ntitle: t\n" + GOOD_PATCH + (
+        "expect:\n  - {scenario: a, verdict: NAN}\n  - {scenario: b, verdict: [DIVERGE, SYNC], revert: ' 44444:main , 26651'}\n")
+    toggle = parse_toggle(body, path=str(tmp_path / "44444.yaml"))
+    first, second = toggle.expect
+    assert first.verdicts == (Verdict.NAN,) and first.revert == ("44444",) and first.line == 9
+    assert second.verdicts == ("DIVERGE", "SYNC") and second.revert == ("44444:main", "26651")

@@ -195,6 +195,23 @@ def test_sglang_engine_on_its_own_registry(extracted: sw.ExtractedWheel, fake: s
 
 
 @pytest.mark.parametrize("pr", PRS)
+def test_sglfix_models_read_sglang_yaml_as_sglang_does(extracted: sw.ExtractedWheel, fake: sw.FakeSglang, pr: int):
+    """The schema is sglang's: the same file gives the same specs under both sets of models."""
+    from sglfix.patching.types import parse_patch_config
+
+    theirs = fake.patcher.PatchConfig(**yaml.safe_load(extracted.yamls[pr]))
+    mine = parse_patch_config(extracted.yamls[pr], source=f"pr_fix_toggle {pr}")
+    assert len(mine.patches) == len(theirs.patches)
+    for a, b in zip(mine.patches, theirs.patches):
+        assert (a.target, a.preamble) == (b.target, b.preamble)
+        assert [e.model_dump() for e in a.edits] == [e.model_dump() for e in b.edits]
+        for edit in a.edits:
+            # sglang's own validator, on sglfix's parsed edit, agrees it is a valid edit.
+            fake.patcher.EditSpec(**edit.model_dump())
+
+
+
+@pytest.mark.parametrize("pr", PRS)
 def test_sglfix_engine_matches_sglang(extracted: sw.ExtractedWheel, fake: sw.FakeSglang, pr: int):
     from sglfix.common.errors import PatchApplicationError
 

@@ -4,21 +4,22 @@ Every model of a user-written file derives from ``StrictModel`` (unknown keys fo
 ``validate_node(Model, node, where=path)`` validates a node loaded by ``yamlio.load_yaml`` (which
 remembers lines) and turns the first pydantic error into a ``ConfigError`` naming the file, the
 line of the offending key or item, the dotted path, and for an unknown key the nearest allowed one.
+A validator that wants its own wording raises ``NodeError``; a ``ConfigModel`` built in Python
+raises ``ConfigError`` too, so that callers catch one type whether the spec came from YAML or code.
 """
 
 from __future__ import annotations
 
 import difflib
-import types
 import typing
 from typing import Any, Iterable, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sglfix.common.errors import ConfigError
-from sglfix.common.yamlio import line_of
+from sglfix.common.yamlio import LineDict, LineList, line_of
 
-__all__ = ["StrictModel", "validate_node", "nearest", "describe_kind", "ModelT"]
+__all__ = ["StrictModel", "ConfigModel", "NodeError", "validate_node", "nearest", "describe_kind", "ModelT"]
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -27,6 +28,37 @@ class StrictModel(BaseModel):
     """Unknown keys are errors; values never change after validation."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+
+class _ConfigErrorOnCall(type(BaseModel)):  # type: ignore[misc]
+    # Only a call from Python passes here; nested validation never does, so a model inside
+    # another still reports its error with the full path and line.
+    def __call__(cls, /, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except ValidationError as exc:
+            _, message = _describe(exc, cls, kwargs, what=cls.__name__)
+            raise ConfigError(message) from None
+
+
+class ConfigModel(StrictModel, metaclass=_ConfigErrorOnCall):
+    """A StrictModel also built from Python (``EditSpec(match=...)``): a bad value raises
+    ``ConfigError`` there as well, worded as for a file but without a line."""
+
+
+class NodeError(ValueError):
+    """A validator's own wording for what is wrong with a node.
+
+    ``text`` reads after the node's dotted path (``"must be a positive PR number"`` gives
+    ``pr must be a positive PR number``); at the top of a file it stands alone. ``at`` is a key,
+    or a path of keys, below the node whose line to cite when the node's own line is not the
+    one to fix (the second of two exclusive keys, an item of a list).
+    """
+
+    def __init__(self, text: str, *, at: Any = ()) -> None:
+        super().__init__(text)
+        self.text = text
+        self.at: tuple = at if isinstance(at, tuple) else (at,)
 
 
 def nearest(word: str, choices: Iterable[str]) -> str:
@@ -94,15 +126,39 @@ def _dotted(loc: tuple) -> str:
 
 
 def validate_node(model: type[ModelT], node: Any, *, where: str, what: str = "",
-                  context: dict | None = None) -> ModelT:
-    """Validate ``node`` as ``model``; the first error becomes a one-line ``ConfigError``."""
+                  context: dict | None = None, root: str = "") -> ModelT:
+    """Validate ``node`` as ``model``; the first error becomes a one-line ``ConfigError``.
+
+    ``what`` prefixes every dotted path; ``root`` names the node itself in messages about its
+    keys ("unknown key 'x' in toggle file"), by default ``what`` or "the file".
+    """
     try:
         return model.model_validate(node, context=context)
     except ValidationError as exc:
-        raise _to_config_error(exc, model, node, where=where, what=what) from None
+        line, message = _describe(exc, model, node, what=what, root=root)
+        raise ConfigError(f"{where}:{line}: {message}") from None
 
 
-def _to_config_error(exc: ValidationError, model: type[BaseModel], node: Any, *, where: str, what: str) -> ConfigError:
+def _line_at(node: Any, keys: tuple, *, at: tuple = ()) -> int:
+    """The line to cite for the value at ``keys``: the line of the key ``at`` names when it
+    names one; else the value's own line when it is a mapping or a list (it may start below its
+    key), else its key's line. Cut short, the deepest line known."""
+    parent, last, value = None, None, node
+    for key in keys:
+        if not isinstance(value, (dict, list)):
+            break
+        try:
+            child = value[key]
+        except (KeyError, IndexError, TypeError):
+            return line_of(value, key)
+        parent, last, value = value, key, child
+    if isinstance(value, (LineDict, LineList)) and value.line and not at:
+        return value.line
+    return line_of(parent, last) if parent is not None else line_of(node)
+
+
+def _describe(exc: ValidationError, model: type[BaseModel], node: Any, *, what: str,
+              root: str = "") -> tuple[int, str]:
     errors = exc.errors(include_url=False)
     # Unknown keys first: they usually explain the rest (a misspelt required key).
     errors.sort(key=lambda e: e["type"] != "extra_forbidden")
@@ -112,15 +168,21 @@ def _to_config_error(exc: ValidationError, model: type[BaseModel], node: Any, *,
     line = line_of(parent, key) if key is not None else line_of(node)
     path = _dotted(loc)
     prefix = f"{what}." if what and path else what
-    label = f"{prefix}{path}" if path else (what or "file")
+    root = root or what or "the file"
+    label = f"{prefix}{path}" if path else root
     kind = err["type"]
-    if kind == "extra_forbidden":
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, NodeError):
+        line = _line_at(node, loc + cause.at, at=cause.at)
+        subject = f"{prefix}{path}" if path else what
+        message = f"{subject} {cause.text}" if subject else cause.text
+    elif kind == "extra_forbidden":
         allowed = _field_names(parent_model) if parent_model is not None else []
-        owner = f"{prefix}{_dotted(loc[:-1])}" if loc[:-1] else (what or "the file")
+        owner = f"{prefix}{_dotted(loc[:-1])}" if loc[:-1] else root
         message = (f"unknown key {key!r} in {owner}{nearest(str(key), allowed)}"
                    + (f"; allowed: {', '.join(allowed)}" if allowed else ""))
     elif kind == "missing":
-        owner = f"{prefix}{_dotted(loc[:-1])}" if loc[:-1] else (what or "the file")
+        owner = f"{prefix}{_dotted(loc[:-1])}" if loc[:-1] else root
         line = line_of(parent)
         message = f"{owner} lacks required key {key!r}"
     elif kind == "model_type" or kind == "dict_type":
@@ -134,4 +196,4 @@ def _to_config_error(exc: ValidationError, model: type[BaseModel], node: Any, *,
         else:
             text = f"{text}; got {err.get('input')!r}"
         message = f"{label}: {text}" if path or what else text
-    return ConfigError(f"{where}:{line}: {message}")
+    return line, message

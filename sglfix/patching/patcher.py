@@ -4,7 +4,7 @@ Compared with sglang's source_patcher (whose call shapes are kept: ``apply_patch
 ``CodePatcher``, ``patch_function``), this engine
 - prepares every patch of a set before installing any, and rolls back on a failure mid-way;
 - keeps a per-function LIFO stack, so a second patch edits the already-patched source and
-  restores happen in reverse order;
+  restores happen in reverse order; a set restores all or none (``restore_all``);
 - recompiles inside a synthetic scope holding the original free variables, so closures and
   zero-argument ``super()`` keep their cells;
 - drops decorators, default values and annotations before recompiling (they live on the
@@ -34,10 +34,13 @@ __all__ = [
     "CodePatcher",
     "apply_patches_from_config",
     "apply_specs",
+    "blocking_state",
+    "install_prepared",
     "patch_function",
     "prepare_specs",
     "current_source",
     "is_patched",
+    "restore_all",
 ]
 
 _FUTURE_FLAGS = 0
@@ -286,9 +289,34 @@ def apply_specs(
         return install_prepared(prepare_specs(specs, allowed_prefixes=allowed_prefixes, labels=labels))
 
 
+def blocking_state(states: Iterable[PatchState]) -> PatchState | None:
+    """The newest patch, not one of ``states``, stacked on a function that ``states`` patch:
+    restoring ``states`` would stop at it. None when every one of them can be restored now."""
+    with _LOCK:
+        mine = [s for s in states if not s.restored]
+        ids = {id(s) for s in mine}
+        for fn in dict.fromkeys(s.target_fn for s in mine):
+            count = sum(1 for s in mine if s.target_fn is fn)
+            stack = _STACKS.get(fn, [])
+            if len(stack) < count or any(id(s) not in ids for s in stack[-count:]):
+                return next((s for s in reversed(stack) if id(s) not in ids), None)
+        return None
+
+
 def restore_all(states: Iterable[PatchState]) -> None:
-    for state in reversed(list(states)):
-        state.restore()
+    """Restore ``states`` (applied in this order) newest first, all or none: when another patch
+    sits on top of one of them, raise before touching anything."""
+    states = list(states)
+    with _LOCK:
+        blocker = blocking_state(states)
+        if blocker is not None:
+            blocked = next(s for s in states if s.target_fn is blocker.target_fn)
+            raise PatchStateError(
+                f"cannot restore {blocked.describe()}: {blocker.describe()} was applied on top of it "
+                "later; restore that first (last in, first out)"
+            )
+        for state in reversed(states):
+            state.restore()
 
 
 def _with_extra_imports(config: PatchConfig, extra_imports: Sequence[str]) -> tuple[PatchSpec, ...]:

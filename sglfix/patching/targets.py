@@ -14,41 +14,44 @@ import types
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from sglfix.common.codebase import CODE_UNDER_TEST, DEFAULT_PATCHABLE, under
 from sglfix.common.errors import TargetError
-from sglfix.patching.types import nearest
+from sglfix.common.schema import nearest
 
 __all__ = [
     "DEFAULT_ALLOWED_PREFIXES",
     "ResolvedTarget",
     "check_allowed",
+    "effective_prefixes",
     "resolve_target",
     "split_module",
 ]
 
-DEFAULT_ALLOWED_PREFIXES: tuple[str, ...] = ("sglfix.backends", "sglang")
+DEFAULT_ALLOWED_PREFIXES: tuple[str, ...] = DEFAULT_PATCHABLE
 # Never patchable, whatever the allow list says: a toggle must not be a way to run code in
 # the interpreter's plumbing or to change the tool that judges the result.
 _DENIED_PREFIXES: tuple[str, ...] = (
     "os", "posix", "subprocess", "builtins", "sys", "importlib", "runpy", "shutil",
     "socket", "ctypes", "pickle", "marshal", "signal", "multiprocessing", "sglfix",
 )
-_DENY_EXCEPTIONS: tuple[str, ...] = ("sglfix.backends",)
+_DENY_EXCEPTIONS: tuple[str, ...] = (CODE_UNDER_TEST,)
 
 
-def _under(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".")
+def effective_prefixes(allowed_prefixes: Iterable[str] | None = None) -> tuple[str, ...]:
+    """The module prefixes toggles may patch: the ones given, else the defaults."""
+    return tuple(allowed_prefixes) if allowed_prefixes is not None else DEFAULT_ALLOWED_PREFIXES
 
 
 def check_allowed(target: str, allowed_prefixes: Iterable[str] | None = None) -> None:
-    allowed = tuple(allowed_prefixes) if allowed_prefixes is not None else DEFAULT_ALLOWED_PREFIXES
-    if any(_under(target, p) for p in _DENIED_PREFIXES) and not any(
-        _under(target, p) for p in _DENY_EXCEPTIONS
+    allowed = effective_prefixes(allowed_prefixes)
+    if any(under(target, p) for p in _DENIED_PREFIXES) and not any(
+        under(target, p) for p in _DENY_EXCEPTIONS
     ):
         raise TargetError(
             f"target {target!r} is in a protected module; toggles may patch only the system "
             f"under test ({', '.join(allowed)})"
         )
-    if not any(_under(target, p) for p in allowed):
+    if not any(under(target, p) for p in allowed):
         raise TargetError(
             f"target {target!r} is outside the allowed module prefixes ({', '.join(allowed)}); "
             "add its package with --allow-target PREFIX (or allowed_prefixes=...) if it is "

@@ -1,112 +1,86 @@
-"""Typed patch specs in sglang's schema (``patches[].target/preamble/edits[]``), strictly validated."""
+"""Patch specs in sglang's schema (``patches[].target/preamble/edits[]``) as pydantic models.
+
+The same models validate a YAML file (through ``validate_node``: one line with file:line and
+the nearest allowed key) and specs built in Python (``EditSpec(match=...)``: a ``ConfigError``).
+sglang's files validate unchanged; sglfix is stricter only where sglang would fail later or
+silently: an empty ``match``, an empty ``edits`` list, a target that is not a dotted path.
+"""
 
 from __future__ import annotations
 
-import difflib
 import re
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Annotated, Any, Mapping
 
-from sglfix.common.errors import ConfigError
-from sglfix.common.yamlio import line_of, load_yaml
+from pydantic import BeforeValidator, field_validator, model_validator
+
+from sglfix.common.schema import ConfigModel, NodeError, describe_kind, validate_node
+from sglfix.common.yamlio import load_yaml
 
 __all__ = [
+    "EDIT_MODES",
     "EditSpec",
     "PatchSpec",
     "PatchConfig",
-    "parse_patch_list",
+    "PatchList",
+    "Text",
     "parse_patch_config",
-    "check_keys",
-    "nearest",
 ]
 
-_EDIT_MODES = ("replacement", "prepend", "append")
+EDIT_MODES = ("replacement", "prepend", "append")
 _TARGET_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+", re.ASCII)
 
 
-def nearest(word: str, choices: Iterable[str]) -> str:
-    """' (did you mean X?)' or '' — appended to messages about unknown names."""
-    found = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean {found[0]!r}?)" if found else ""
-
-
-def check_keys(
-    node: Any,
-    *,
-    where: str,
-    what: str,
-    allowed: Iterable[str],
-    required: Iterable[str] = (),
-) -> None:
-    """Unknown keys and missing keys are errors that name the file:line and the fix."""
-    allowed = tuple(allowed)
-    if not isinstance(node, Mapping):
-        raise ConfigError(
-            f"{where}:{line_of(node)}: {what} must be a mapping with keys "
-            f"{', '.join(allowed)}; got {_kind(node)}"
-        )
-    for key in node:
-        if key not in allowed:
-            raise ConfigError(
-                f"{where}:{line_of(node, key)}: unknown key {key!r} in {what}"
-                f"{nearest(key, allowed)}; allowed: {', '.join(allowed)}"
-            )
-    for key in required:
-        if key not in node:
-            raise ConfigError(f"{where}:{line_of(node)}: {what} lacks required key {key!r}")
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, list) and not value:
-        return "an empty list"
-    for types_, name in ((Mapping, "a mapping"), (list, "a list"), (bool, "true/false"),
-                         ((int, float), "a number"), (str, "text")):
-        if isinstance(value, types_):
-            return name
-    return type(value).__name__
-
-
-def _text(node: Mapping, key: str, *, where: str, what: str, default: str | None = None) -> str:
-    if key not in node:
-        if default is None:
-            raise ConfigError(f"{where}:{line_of(node)}: {what} lacks required key {key!r}")
-        return default
-    value = node[key]
+def _as_text(value: Any) -> Any:
+    # YAML's `key:` with nothing after it is null; sglang reads it as an empty string.
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise ConfigError(
-            f"{where}:{line_of(node, key)}: {what}.{key} must be text (use a `|` block); "
-            f"got {_kind(value)}"
-        )
+        raise NodeError(f"must be text (use a `|` block); got {describe_kind(value)}")
     return value
 
 
-@dataclass(frozen=True, kw_only=True)
-class EditSpec:
-    """One edit: replace the matched lines, or add lines before/after them.
+Text = Annotated[str, BeforeValidator(_as_text)]
 
-    ``replacement`` empty means delete. Only one of replacement/prepend/append may be set.
+
+def _non_empty_list(*, items: str):
+    def check(value: Any) -> Any:
+        if not isinstance(value, (list, tuple)) or not value:
+            raise NodeError(f"must be a non-empty list of {items} items; got {describe_kind(value)}")
+        return value
+
+    return BeforeValidator(check)
+
+
+class EditSpec(ConfigModel):
+    """One edit: replace the matched lines, or add lines before (prepend) or after (append).
+
+    ``replacement`` empty means delete. At most one mode carries text, as in sglang.
     """
 
-    match: str
-    replacement: str = ""
-    prepend: str = ""
-    append: str = ""
+    match: Text
+    replacement: Text = ""
+    prepend: Text = ""
+    append: Text = ""
 
-    def __post_init__(self) -> None:
-        for name in ("match", *_EDIT_MODES):
-            if not isinstance(getattr(self, name), str):
-                raise ConfigError(f"EditSpec.{name} must be a string")
-        if not self.match.strip():
-            raise ConfigError("EditSpec.match is empty: give the lines to find")
-        active = [name for name in _EDIT_MODES if getattr(self, name).strip()]
-        if len(active) > 1:
-            raise ConfigError(
-                f"EditSpec sets {' and '.join(active)}: only one of replacement, prepend, append"
-            )
+    @field_validator("match")
+    @classmethod
+    def _match_has_lines(cls, value: str) -> str:
+        if not value.strip():
+            raise NodeError("is empty: give the lines to find")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_mode(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            given = [m for m in EDIT_MODES if isinstance(data.get(m), str) and data[m].strip()]
+            if len(given) > 1:
+                raise NodeError(
+                    f"has both {given[0]!r} and {given[1]!r}: only one of replacement, prepend, "
+                    "append may be set",
+                    at=given[1],
+                )
+        return data
 
     @property
     def mode(self) -> str:
@@ -116,78 +90,28 @@ class EditSpec:
         return "replacement"
 
 
-@dataclass(frozen=True, kw_only=True)
-class PatchSpec:
+def _dotted_target(value: Any) -> Any:
+    if not isinstance(value, str) or not _TARGET_RE.fullmatch(value):
+        raise NodeError(f"{value!r} is not a dotted path like pkg.module.Class.method")
+    return value
+
+
+class PatchSpec(ConfigModel):
     """Edits to one function, named by its dotted path (``pkg.mod.Class.method``)."""
 
-    target: str
-    edits: tuple[EditSpec, ...]
-    preamble: str = ""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.target, str) or not _TARGET_RE.fullmatch(self.target):
-            raise ConfigError(
-                f"PatchSpec.target {self.target!r} is not a dotted path like pkg.module.Class.method"
-            )
-        edits = tuple(e if isinstance(e, EditSpec) else EditSpec(**dict(e)) for e in self.edits)
-        if not edits:
-            raise ConfigError(f"PatchSpec for {self.target} has no edits")
-        object.__setattr__(self, "edits", edits)
+    target: Annotated[str, BeforeValidator(_dotted_target)]
+    edits: Annotated[tuple[EditSpec, ...], _non_empty_list(items="{match, replacement|prepend|append}")]
+    preamble: Text = ""
 
 
-@dataclass(frozen=True, kw_only=True)
-class PatchConfig:
-    patches: tuple[PatchSpec, ...] = field(default_factory=tuple)
+PatchList = Annotated[tuple[PatchSpec, ...], _non_empty_list(items="{target, edits}")]
 
 
-def _parse_edit(node: Any, *, where: str, what: str) -> EditSpec:
-    check_keys(node, where=where, what=what, allowed=("match", *_EDIT_MODES), required=("match",))
-    match = _text(node, "match", where=where, what=what)
-    if not match.strip():
-        raise ConfigError(f"{where}:{line_of(node, 'match')}: {what}.match is empty: give the lines to find")
-    given = [name for name in _EDIT_MODES if name in node]
-    if len(given) > 1:
-        raise ConfigError(
-            f"{where}:{line_of(node, given[1])}: {what} has both {given[0]!r} and {given[1]!r}; "
-            "keep exactly one of replacement, prepend, append"
-        )
-    values = {name: _text(node, name, where=where, what=what, default="") for name in _EDIT_MODES}
-    return EditSpec(match=match, **values)
+class PatchConfig(ConfigModel):
+    """sglang's top level: a mapping with exactly the key ``patches``."""
 
-
-def parse_patch_list(node: Any, *, where: str, what: str = "patches") -> tuple[PatchSpec, ...]:
-    if not isinstance(node, list) or not node:
-        raise ConfigError(
-            f"{where}:{line_of(node)}: {what} must be a non-empty list of "
-            f"{{target, edits}} items; got {_kind(node)}"
-        )
-    specs: list[PatchSpec] = []
-    for i, item in enumerate(node):
-        item_what = f"{what}[{i}]"
-        check_keys(item, where=where, what=item_what, allowed=("target", "preamble", "edits"),
-                   required=("target", "edits"))
-        target = item["target"]
-        if not isinstance(target, str) or not _TARGET_RE.fullmatch(target):
-            raise ConfigError(
-                f"{where}:{line_of(item, 'target')}: {item_what}.target {target!r} is not a "
-                "dotted path like pkg.module.Class.method"
-            )
-        edits_node = item["edits"]
-        if not isinstance(edits_node, list) or not edits_node:
-            raise ConfigError(
-                f"{where}:{line_of(item, 'edits')}: {item_what}.edits must be a non-empty list of "
-                f"{{match, replacement|prepend|append}}; got {_kind(edits_node)}"
-            )
-        edits = tuple(
-            _parse_edit(e, where=where, what=f"{item_what}.edits[{j}]") for j, e in enumerate(edits_node)
-        )
-        preamble = _text(item, "preamble", where=where, what=item_what, default="")
-        specs.append(PatchSpec(target=target, edits=edits, preamble=preamble))
-    return tuple(specs)
+    patches: PatchList
 
 
 def parse_patch_config(text: str, *, source: str = "<yaml>") -> PatchConfig:
-    """sglang's top-level schema: a mapping with exactly the key ``patches``."""
-    raw = load_yaml(text, source=source)
-    check_keys(raw, where=source, what="patch config", allowed=("patches",), required=("patches",))
-    return PatchConfig(patches=parse_patch_list(raw["patches"], where=source))
+    return validate_node(PatchConfig, load_yaml(text, source=source), where=source, root="patch config")

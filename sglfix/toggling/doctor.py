@@ -14,11 +14,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from sglfix.patching.editor import SourceOrigin, apply_edits
 from sglfix.common.errors import SglfixError
-from sglfix.patching.patcher import install_prepared, prepare_specs
+from sglfix.common.schema import nearest
+from sglfix.common.yamlio import read_text_file
+from sglfix.patching.editor import SourceOrigin, apply_edits
+from sglfix.patching.patcher import install_prepared, prepare_specs, restore_all
+from sglfix.patching.types import PatchSpec
 from sglfix.toggling.registry import Registry, Selection, Toggle
-from sglfix.patching.types import PatchSpec, nearest
 
 __all__ = ["CheckResult", "live_check", "static_check", "locate_source"]
 
@@ -39,7 +41,7 @@ def _units(toggle: Toggle) -> list[tuple[str, list[Selection]]]:
     whole = [Selection(toggle, p) for p in toggle.parts.values()]
     units = [(toggle.id, whole)]
     if len(toggle.parts) > 1:
-        units += [(f"{toggle.pr}:{s.part.name}", [s]) for s in whole]
+        units += [(s.id, [s]) for s in whole]
     return units
 
 
@@ -65,9 +67,7 @@ def live_check(registry: Registry, *, allowed_prefixes: Iterable[str] | None = N
             try:
                 prepared = prepare_specs(specs, allowed_prefixes=allowed_prefixes)
                 before = {id(p.resolved.function): (p.resolved.function, p.resolved.function.__code__) for p in prepared}
-                states = install_prepared(prepared)
-                for state in reversed(states):
-                    state.restore()
+                restore_all(install_prepared(prepared))
                 bad = [fn.__qualname__ for fn, code in before.values() if fn.__code__ is not code]
                 if bad:
                     results.append(CheckResult(unit_id, False, f"restore left {', '.join(bad)} changed", targets))
@@ -91,7 +91,7 @@ def locate_source(target: str, source_dir: Path) -> tuple[str, str, int]:
 
 
 def _find_in_file(path: Path, chain: list[str], target: str) -> tuple[str, str, int]:
-    text = path.read_text(encoding="utf-8")
+    text = read_text_file(path, what="source file")
     body: list[ast.stmt] = ast.parse(text, filename=str(path)).body
     node: ast.AST | None = None
     for name in chain:

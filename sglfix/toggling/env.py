@@ -8,17 +8,16 @@ is applied then. A single integer means what it means to sglang.
 from __future__ import annotations
 
 import os
-import re
 from typing import Iterable
 
 from sglfix.common.errors import ConfigError
+from sglfix.toggling.ids import ToggleId
 from sglfix.toggling.registry import Registry, Selection, load_registry, parse_toggle_ids
 
 __all__ = ["ENV_VAR", "parse_env_value", "selected_from_env", "maybe_revert_pr_fix"]
 
 ENV_VAR = "SGLANG_DEBUG_REVERT_PR"
 MAX_LEN = 1000
-_TOKEN_RE = re.compile(r"[0-9]+(?::[a-z][a-z0-9_-]*)?", re.ASCII)
 _applied_by_env = None  # the Reverted made by maybe_revert_pr_fix, if any
 
 
@@ -39,24 +38,26 @@ def parse_env_value(value: str | None, *, registry: Registry | None = None) -> l
             f"{ENV_VAR} is {len(value)} characters long (limit {MAX_LEN}); set it to PR ids like 27460 "
             f"or 27460:part, comma-separated; registered: {known}"
         )
-    tokens = [t.strip() for t in stripped.split(",")]
-    for position, token in enumerate(tokens, start=1):
+    ids: list[ToggleId] = []
+    for position, token in enumerate((t.strip() for t in stripped.split(",")), start=1):
         if not token:
             raise ConfigError(
                 f"{ENV_VAR}={_show(value)}: item {position} is empty (stray comma?); "
                 f"use ids like 27460,26651:clamp; registered: {known}"
             )
-        if token == "0" or not _TOKEN_RE.fullmatch(token) or token.startswith("0"):
-            hint = "0 means 'none' and cannot be combined with ids" if token == "0" else \
-                "expected a PR number like 27460 or a part like 27460:sizing"
-            raise ConfigError(f"{ENV_VAR}: bad item {_show(token)} (item {position}): {hint}; registered: {known}")
+        if token == "0":
+            raise ConfigError(f"{ENV_VAR}: bad item {_show(token)} (item {position}): 0 means 'none' and "
+                              f"cannot be combined with ids; registered: {known}")
+        try:
+            ids.append(ToggleId.parse(token, what=ENV_VAR))
+        except ConfigError:
+            raise ConfigError(f"{ENV_VAR}: bad item {_show(token)} (item {position}): expected a PR number "
+                              f"like 27460 or a part like 27460:sizing; registered: {known}") from None
     try:
-        return parse_toggle_ids(tokens, registry=registry, what=ENV_VAR)
+        return parse_toggle_ids(ids, registry=registry, what=ENV_VAR)
     except ConfigError as exc:
         message = str(exc)
-        if "registered:" not in message:
-            message += f"; registered: {known}"
-        raise ConfigError(f"{ENV_VAR}: {message}") from None
+        raise ConfigError(message if "registered:" in message else f"{message}; registered: {known}") from None
 
 
 def selected_from_env(environ: dict | None = None, *, registry: Registry | None = None) -> list[Selection]:

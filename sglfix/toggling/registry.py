@@ -1,34 +1,170 @@
 """The toggle registry: ``toggles/<pr>.yaml`` files, loaded lazily and validated strictly.
 
-A toggle file is sglang's patch schema plus metadata. Its patches are either one top-level
-``patches:`` list (one part, named ``main``) or named ``parts:``. Ids: ``27460`` means every
-part, ``27460:sizing`` one part.
+A toggle file is sglang's patch schema plus metadata (``ToggleFile``, a pydantic model). Its
+patches are either one top-level ``patches:`` list (one part, named ``main``) or named
+``parts:``. The file model is what a file may say; ``Toggle``, ``Part`` and ``Expectation`` are
+what the rest of sglfix reads. Ids (``27460``, ``27460:sizing``) are ``ToggleId``s.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
+from typing import Annotated, Any, Iterable, Mapping
+
+from pydantic import BeforeValidator, StrictStr, ValidationInfo, field_validator, model_validator
 
 from sglfix.common.errors import ConfigError
-from sglfix.patching.types import PatchSpec, check_keys, nearest, parse_patch_list
-from sglfix.common.verdicts import VERDICTS
-from sglfix.common.yamlio import line_of, load_yaml
+from sglfix.common.schema import NodeError, StrictModel, describe_kind, nearest, validate_node
+from sglfix.common.verdicts import VERDICTS, Verdict
+from sglfix.common.yamlio import line_of, load_yaml, read_text_file
+from sglfix.patching.types import PatchList, PatchSpec, Text
+from sglfix.toggling.ids import EXAMPLE, MAX_PR, PART_NAME_RE, ToggleId
 
 __all__ = [
-    "Part", "Expectation", "Toggle", "Registry", "Selection",
-    "default_toggles_dir", "load_registry", "parse_toggle_ids",
+    "Part", "Expectation", "Toggle", "Registry", "Selection", "ToggleFile", "ToggleId",
+    "MAIN_PART", "default_toggles_dir", "load_registry", "parse_toggle", "parse_toggle_ids",
 ]
 
 TOGGLES_ENV = "SGLFIX_TOGGLES_DIR"
-_PART_RE = re.compile(r"[a-z][a-z0-9_-]*", re.ASCII)
-_ID_RE = re.compile(r"([1-9][0-9]{0,8})(?::([a-z][a-z0-9_-]*))?", re.ASCII)
-_TOP_KEYS = ("pr", "title", "url", "bug", "description", "parts", "patches", "expect", "caught_by", "peers")
 MAIN_PART = "main"
+DEVICES = ("any", "cpu", "cuda")
+
+
+# --------------------------------------------------------------------------- the file
+
+
+def _non_empty_text(value: Any) -> Any:
+    if not isinstance(value, str) or not value.strip():
+        raise NodeError(f"must be non-empty text; got {'empty text' if isinstance(value, str) else describe_kind(value)}")
+    return value.strip()
+
+
+def _stripped_text(value: Any) -> Any:
+    return value.strip() if isinstance(value, str) else value
+
+
+NonEmptyText = Annotated[str, BeforeValidator(_non_empty_text)]
+MetaText = Annotated[Text, BeforeValidator(_stripped_text)]
+
+
+def _pr_number(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_PR:
+        raise NodeError(f"must be a positive PR number, got {value!r}")
+    return value
+
+
+PrNumber = Annotated[int, BeforeValidator(_pr_number)]
+
+
+def _verdicts(value: Any) -> Any:
+    items = list(value) if isinstance(value, list) else [value]
+    if not items:
+        raise NodeError(f"names no verdict; use one or a list of {', '.join(VERDICTS)}")
+    for i, item in enumerate(items):
+        if not isinstance(item, str) or item not in VERDICTS:
+            raise NodeError(
+                f"{item!r} is not a verdict{nearest(str(item), VERDICTS)}; use one of {', '.join(VERDICTS)}",
+                at=i if isinstance(value, list) else (),
+            )
+    return tuple(Verdict(v) for v in items)
+
+
+def _revert_ids(value: Any) -> Any:
+    if value is None:
+        return None
+    items = value if isinstance(value, list) else [value]
+    ids: list[str] = []
+    for item in items:
+        for token in str(item).split(",") if isinstance(item, (str, int)) and not isinstance(item, bool) else [item]:
+            if isinstance(token, str) and not token.strip():
+                raise NodeError(f"has an empty toggle id (stray comma?); give ids like {EXAMPLE}")
+            try:
+                ids.append(str(ToggleId.parse(token)))
+            except ConfigError:
+                raise NodeError(f"{token!r} is not a toggle id like {EXAMPLE}") from None
+    return tuple(ids)
+
+
+def _device(value: Any) -> Any:
+    if value not in DEVICES:
+        raise NodeError(f"{value!r} is not a device{nearest(str(value), DEVICES)}; use any, cpu or cuda")
+    return value
+
+
+class ExpectFile(StrictModel):
+    """Reverting ``revert`` (default: the whole toggle) gives one of ``verdict`` on ``scenario``."""
+
+    scenario: NonEmptyText
+    verdict: Annotated[tuple[Verdict, ...], BeforeValidator(_verdicts)]
+    revert: Annotated[tuple[str, ...] | None, BeforeValidator(_revert_ids)] = None
+    device: Annotated[str, BeforeValidator(_device)] = "any"
+
+
+class PartFile(StrictModel):
+    summary: NonEmptyText
+    patches: PatchList
+
+
+def _part_names(value: Any) -> Any:
+    if not isinstance(value, Mapping) or not value:
+        raise NodeError(f"must be a mapping of part name -> {{summary, patches}}; got {describe_kind(value)}")
+    for name in value:
+        if not isinstance(name, str) or not PART_NAME_RE.fullmatch(name):
+            raise NodeError(f"has a bad part name {name!r}: use lowercase letters, digits, '-' or '_'", at=name)
+    return value
+
+
+class ToggleFile(StrictModel):
+    """``toggles/<pr>.yaml``. The validation context's ``path`` is the file's path."""
+
+    pr: PrNumber
+    title: NonEmptyText
+    url: MetaText = ""
+    bug: MetaText = ""
+    description: MetaText = ""
+    patches: PatchList = ()
+    parts: Annotated[dict[str, PartFile], BeforeValidator(_part_names)] = {}
+    expect: tuple[ExpectFile, ...] = ()
+    caught_by: tuple[StrictStr, ...] = ()
+    peers: tuple[PrNumber, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _patches_or_parts(cls, data: Any) -> Any:
+        # An unknown key (a misspelt `patches`) is reported as such, not as a missing one.
+        if isinstance(data, Mapping) and not set(data) - set(cls.model_fields):
+            if ("patches" in data) == ("parts" in data):
+                raise NodeError("a toggle file needs exactly one of 'patches' (one part) or 'parts' (named parts)")
+        return data
+
+    @field_validator("pr")
+    @classmethod
+    def _pr_matches_file_name(cls, pr: int, info: ValidationInfo) -> int:
+        path = (info.context or {}).get("path")
+        stem = Path(path).stem if path else ""
+        if stem.isascii() and stem.isdigit() and int(stem) != pr:
+            raise NodeError(f"{pr} does not match the file name {Path(path).name}; rename one")
+        return pr
+
+    @model_validator(mode="after")
+    def _expect_names_own_parts(self) -> "ToggleFile":
+        names = list(self.parts) if self.parts else [MAIN_PART]
+        for i, item in enumerate(self.expect):
+            for text in item.revert or ():
+                rid = ToggleId.parse(text)
+                if rid.pr == self.pr and rid.part is not None and rid.part not in names:
+                    raise NodeError(
+                        f"expect[{i}].revert names part {rid.part!r}, not a part of {self.pr}"
+                        f"{nearest(rid.part, names)}; parts: {', '.join(names)}",
+                        at=("expect", i, "revert"),
+                    )
+        return self
+
+
+# --------------------------------------------------------------------------- what sglfix reads
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +183,7 @@ class Expectation:
     """Reverting ``revert`` must give one of ``verdicts`` on the scenarios ``scenario`` names."""
 
     scenario: str
-    verdicts: tuple[str, ...]
+    verdicts: tuple[Verdict, ...]
     revert: tuple[str, ...]
     device: str = "any"
     line: int = 0
@@ -68,11 +204,11 @@ class Toggle:
 
     @property
     def id(self) -> str:
-        return str(self.pr)
+        return str(ToggleId(self.pr))
 
     @property
     def ids(self) -> list[str]:
-        return [self.id] + [f"{self.pr}:{name}" for name in self.parts]
+        return [self.id] + [str(ToggleId(self.pr, name)) for name in self.parts]
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -87,105 +223,32 @@ class Selection:
     part: Part
 
     @property
+    def toggle_id(self) -> ToggleId:
+        return ToggleId(self.toggle.pr, self.part.name)
+
+    @property
     def id(self) -> str:
-        return f"{self.toggle.pr}:{self.part.name}"
-
-
-def _str(node, key, *, where, what, required=False, default="") -> str:
-    if key not in node:
-        if required:
-            raise ConfigError(f"{where}:{line_of(node)}: {what} lacks required key {key!r}")
-        return default
-    value = node[key]
-    if not isinstance(value, str) or (required and not value.strip()):
-        raise ConfigError(f"{where}:{line_of(node, key)}: {what}.{key} must be non-empty text")
-    return value.strip()
-
-
-def _parse_expect(node, *, where: str, pr: int, parts: dict[str, Part]) -> tuple[Expectation, ...]:
-    if node is None:
-        return ()
-    if not isinstance(node, list):
-        raise ConfigError(f"{where}:{line_of(node)}: expect must be a list of {{scenario, verdict}} items")
-    out: list[Expectation] = []
-    for i, item in enumerate(node):
-        what = f"expect[{i}]"
-        check_keys(item, where=where, what=what, allowed=("scenario", "verdict", "revert", "device"),
-                   required=("scenario", "verdict"))
-        scenario = _str(item, "scenario", where=where, what=what, required=True)
-        raw = item["verdict"]
-        verdicts = tuple(raw) if isinstance(raw, list) else (raw,)
-        for v in verdicts:
-            if v not in VERDICTS:
-                raise ConfigError(
-                    f"{where}:{line_of(item, 'verdict')}: {what}.verdict {v!r} is not a verdict"
-                    f"{nearest(str(v), VERDICTS)}; use one of {', '.join(VERDICTS)}"
-                )
-        revert_raw = item.get("revert", str(pr))
-        revert = tuple(revert_raw) if isinstance(revert_raw, list) else tuple(
-            t.strip() for t in str(revert_raw).split(","))
-        for rid in revert:
-            m = _ID_RE.fullmatch(str(rid))
-            if not m:
-                raise ConfigError(f"{where}:{line_of(item, 'revert')}: {what}.revert {rid!r} is not a toggle id like 26651 or 26651:clamp")
-            if int(m.group(1)) == pr and m.group(2) and m.group(2) not in parts:
-                raise ConfigError(
-                    f"{where}:{line_of(item, 'revert')}: {what}.revert names part {m.group(2)!r}, "
-                    f"not a part of {pr}{nearest(m.group(2), parts)}; parts: {', '.join(parts)}"
-                )
-        device = item.get("device", "any")
-        if device not in ("any", "cpu", "cuda"):
-            raise ConfigError(f"{where}:{line_of(item, 'device')}: {what}.device must be any, cpu or cuda")
-        out.append(Expectation(scenario=scenario, verdicts=verdicts, revert=tuple(str(r) for r in revert),
-                               device=device, line=line_of(node, i)))
-    return tuple(out)
+        return str(self.toggle_id)
 
 
 def parse_toggle(text: str, *, path: str) -> Toggle:
-    where = path
-    raw = load_yaml(text, source=where)
-    check_keys(raw, where=where, what="toggle file", allowed=_TOP_KEYS, required=("pr", "title"))
-    pr = raw["pr"]
-    if isinstance(pr, bool) or not isinstance(pr, int) or pr <= 0:
-        raise ConfigError(f"{where}:{line_of(raw, 'pr')}: pr must be a positive PR number, got {pr!r}")
-    stem = Path(path).stem
-    if stem.isascii() and stem.isdigit() and int(stem) != pr:
-        raise ConfigError(f"{where}:{line_of(raw, 'pr')}: pr {pr} does not match the file name {Path(path).name}; rename one")
-    if ("parts" in raw) == ("patches" in raw):
-        raise ConfigError(f"{where}:{line_of(raw)}: a toggle file needs exactly one of 'patches' (one part) or 'parts' (named parts)")
-    parts: dict[str, Part] = {}
-    if "patches" in raw:
-        parts[MAIN_PART] = Part(name=MAIN_PART, summary=_str(raw, "title", where=where, what="toggle"),
-                                patches=parse_patch_list(raw["patches"], where=where))
+    raw = load_yaml(text, source=path)
+    file = validate_node(ToggleFile, raw, where=path, context={"path": path}, root="toggle file")
+    if "patches" in file.model_fields_set:
+        parts = {MAIN_PART: Part(name=MAIN_PART, summary=file.title, patches=file.patches)}
     else:
-        node = raw["parts"]
-        if not isinstance(node, dict) or not node:
-            raise ConfigError(f"{where}:{line_of(raw, 'parts')}: parts must be a mapping of part name -> {{summary, patches}}")
-        for name, part in node.items():
-            if not isinstance(name, str) or not _PART_RE.fullmatch(name):
-                raise ConfigError(f"{where}:{line_of(node, name)}: part name {name!r} must be lowercase letters, digits, '-' or '_'")
-            what = f"parts.{name}"
-            check_keys(part, where=where, what=what, allowed=("summary", "patches"), required=("summary", "patches"))
-            parts[name] = Part(name=name, summary=_str(part, "summary", where=where, what=what, required=True),
-                               patches=parse_patch_list(part["patches"], where=where, what=f"{what}.patches"))
-    caught = raw.get("caught_by", [])
-    peers = raw.get("peers", [])
-    if not isinstance(caught, list) or not all(isinstance(c, str) for c in caught):
-        raise ConfigError(f"{where}:{line_of(raw, 'caught_by')}: caught_by must be a list of test ids")
-    if not isinstance(peers, list) or not all(isinstance(p, int) and not isinstance(p, bool) for p in peers):
-        raise ConfigError(f"{where}:{line_of(raw, 'peers')}: peers must be a list of PR numbers")
-    return Toggle(
-        pr=pr,
-        title=_str(raw, "title", where=where, what="toggle", required=True),
-        url=_str(raw, "url", where=where, what="toggle"),
-        bug=_str(raw, "bug", where=where, what="toggle"),
-        description=_str(raw, "description", where=where, what="toggle"),
-        parts=parts,
-        expect=_parse_expect(raw.get("expect"), where=where, pr=pr, parts=parts),
-        caught_by=tuple(caught),
-        peers=tuple(peers),
-        path=path,
+        parts = {name: Part(name=name, summary=p.summary, patches=p.patches) for name, p in file.parts.items()}
+    expect_node = raw.get("expect") or []
+    expect = tuple(
+        Expectation(scenario=e.scenario, verdicts=e.verdict, revert=e.revert or (str(ToggleId(file.pr)),),
+                    device=e.device, line=line_of(expect_node, i))
+        for i, e in enumerate(file.expect)
     )
+    return Toggle(pr=file.pr, title=file.title, url=file.url, bug=file.bug, description=file.description,
+                  parts=parts, expect=expect, caught_by=file.caught_by, peers=file.peers, path=path)
+
+
+# --------------------------------------------------------------------------- the registry
 
 
 class Registry:
@@ -196,6 +259,13 @@ class Registry:
             if t.pr in self.toggles:
                 raise ConfigError(f"{t.path}: PR {t.pr} is already registered by {self.toggles[t.pr].path}")
             self.toggles[t.pr] = t
+        for t in self:
+            for i, e in enumerate(t.expect):
+                for rid in e.revert:
+                    try:
+                        self.select(rid, what="revert")
+                    except ConfigError as exc:
+                        raise ConfigError(f"{t.path}:{e.line}: expect[{i}].{exc}") from None
 
     def __len__(self) -> int:
         return len(self.toggles)
@@ -213,33 +283,32 @@ class Registry:
             t.id + (f" (parts: {', '.join(t.parts)})" if list(t.parts) != [MAIN_PART] else "") for t in self
         )
 
-    def select(self, token: str) -> list[Selection]:
-        m = _ID_RE.fullmatch(token)
-        if not m:
-            raise ConfigError(f"{token!r} is not a toggle id like 27460 or 27460:part; registered: {self.describe_ids()}")
-        pr = int(m.group(1))
-        toggle = self.toggles.get(pr)
+    def select(self, token: "str | ToggleId", *, what: str = "toggle id") -> list[Selection]:
+        """The parts an id names; errors start with ``what`` and show the nearest id."""
+        rid = ToggleId.parse(token, what=what)
+        toggle = self.toggles.get(rid.pr)
         if toggle is None:
-            raise ConfigError(f"PR {pr} is not registered{nearest(str(pr), map(str, self.toggles))}; registered: {self.describe_ids()}")
-        if m.group(2) is None:
+            raise ConfigError(f"{what}: PR {rid.pr} is not registered{nearest(str(rid.pr), map(str, self.toggles))}; "
+                              f"registered: {self.describe_ids()}")
+        if rid.whole:
             return [Selection(toggle, p) for p in toggle.parts.values()]
-        part = toggle.parts.get(m.group(2))
+        part = toggle.parts.get(rid.part)
         if part is None:
-            raise ConfigError(
-                f"{pr} has no part {m.group(2)!r}{nearest(m.group(2), toggle.parts)}; parts: {', '.join(toggle.parts)}"
-            )
+            raise ConfigError(f"{what}: {rid.pr} has no part {rid.part!r}{nearest(rid.part, toggle.parts)}; "
+                              f"parts: {', '.join(toggle.parts)}")
         return [Selection(toggle, part)]
 
 
-def parse_toggle_ids(tokens: Iterable[str], *, registry: Registry, what: str) -> list[Selection]:
-    """Expand ids into parts; overlaps (``27460`` and ``27460:sizing``) are errors."""
+def parse_toggle_ids(tokens: Iterable["str | ToggleId"], *, registry: Registry, what: str) -> list[Selection]:
+    """Expand ids into parts. An empty id and overlaps (``27460`` and ``27460:sizing``) are errors."""
     out: list[Selection] = []
     seen: dict[str, str] = {}
     for token in tokens:
-        for sel in registry.select(token):
+        for sel in registry.select(token, what=what):
             if sel.id in seen:
-                raise ConfigError(f"{what}: {token!r} selects {sel.id} again (already selected by {seen[sel.id]!r}); list it once")
-            seen[sel.id] = token
+                raise ConfigError(f"{what}: {str(token)!r} selects {sel.id} again (already selected by "
+                                  f"{seen[sel.id]!r}); list it once")
+            seen[sel.id] = str(token)
             out.append(sel)
     return out
 
@@ -253,12 +322,26 @@ def default_toggles_dir() -> str:
     return str(files("sglfix.toggles"))
 
 
+def _toggle_files(directory: str) -> list[Path]:
+    """The directory's ``*.yaml`` entries, or a one-line error that says what is wrong with it."""
+    what = f"toggles directory {directory}"
+    path = Path(directory)
+    try:
+        if not path.exists():
+            raise ConfigError(f"{what} does not exist; pass an existing --toggles DIR")
+        if not path.is_dir():
+            raise ConfigError(f"{what} is a file, not a directory; pass the directory that holds the toggle files")
+        # iterdir raises on an unreadable directory, where glob would silently find nothing.
+        return sorted(p for p in path.iterdir() if p.name.endswith(".yaml"))
+    except PermissionError:
+        raise ConfigError(f"{what} is not readable (permission denied); fix its permissions") from None
+    except OSError as exc:
+        raise ConfigError(f"{what} cannot be read: {exc.strerror or exc}") from None
+
+
 @lru_cache(maxsize=8)
 def _load(directory: str) -> Registry:
-    path = Path(directory)
-    if not path.is_dir():
-        raise ConfigError(f"toggles directory {directory} does not exist; pass an existing --toggles DIR")
-    toggles = [parse_toggle(f.read_text(encoding="utf-8"), path=str(f)) for f in sorted(path.glob("*.yaml"))]
+    toggles = [parse_toggle(read_text_file(f, what="toggle file"), path=str(f)) for f in _toggle_files(directory)]
     return Registry(toggles, directory=directory)
 
 

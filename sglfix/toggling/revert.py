@@ -1,4 +1,10 @@
-"""Revert a set of toggles atomically, remember what is reverted, restore in reverse order."""
+"""Revert a set of toggles atomically, keep the record of what is reverted true, restore exactly.
+
+``revert()`` installs every patch of the set or none. ``Reverted.restore()`` restores every
+function of the set or none (another set stacked on top of one of them must go first), and
+puts back the module state the reverted code changed while it ran. ``reverted_ids()`` lists
+exactly the sets whose patches are installed.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +13,25 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from sglfix.common.errors import PatchStateError
-from sglfix.patching.patcher import PatchState, apply_specs, restore_all
+from sglfix.patching.patcher import PatchState, blocking_state, install_prepared, prepare_specs, restore_all
+from sglfix.patching.targets import effective_prefixes
+from sglfix.toggling.ids import ToggleId
+from sglfix.toggling.modstate import ModuleSnapshot
 from sglfix.toggling.registry import Registry, Selection, load_registry, parse_toggle_ids
 
 __all__ = ["Reverted", "revert", "reverted_ids", "restore_everything"]
 
 _LOCK = threading.RLock()
-_ACTIVE: dict[str, "Reverted"] = {}  # part id -> the Reverted that holds it
+_ACTIVE: dict[str, "Reverted"] = {}  # part id -> the Reverted that holds it, oldest first
 
 
 @dataclass(eq=False)
 class Reverted:
-    """A set of reverted parts; ``restore()`` puts every function back (LIFO)."""
+    """A set of reverted parts; ``restore()`` puts every function and module back (LIFO)."""
 
     selections: list[Selection]
     states: list[PatchState] = field(default_factory=list)
+    snapshot: ModuleSnapshot = field(default_factory=lambda: ModuleSnapshot({}))
     restored: bool = False
 
     @property
@@ -29,10 +39,27 @@ class Reverted:
         return [s.id for s in self.selections]
 
     def restore(self) -> None:
+        """All or nothing: refused, with the blocking set named, while a set reverted later
+        is stacked on one of this set's functions; then nothing changes."""
         with _LOCK:
             if self.restored:
                 return
+            blocker = blocking_state(self.states)
+            if blocker is not None:
+                holder = _holder_of(blocker)
+                name = f"revert {','.join(holder.ids)}" if holder else blocker.describe()
+                raise PatchStateError(
+                    f"cannot restore {','.join(self.ids)}: {name} was applied later on top of "
+                    f"{blocker.target}; restore {','.join(holder.ids) if holder else 'it'} first (last in, first out)"
+                )
             restore_all(self.states)
+            newer = _next_newer(self)
+            if newer is None:
+                self.snapshot.restore()
+            else:
+                # Changes made while both sets were active cannot be told apart: the newer set
+                # now restores to this set's (older) point in time when it goes.
+                newer.snapshot = self.snapshot.older_than(newer.snapshot)
             for sel in self.selections:
                 _ACTIVE.pop(sel.id, None)
             self.restored = True
@@ -44,8 +71,23 @@ class Reverted:
         self.restore()
 
 
+def _held() -> list[Reverted]:
+    """Active sets, oldest first."""
+    return list(dict.fromkeys(_ACTIVE.values()))
+
+
+def _holder_of(state: PatchState) -> Reverted | None:
+    return next((r for r in _held() if any(s is state for s in r.states)), None)
+
+
+def _next_newer(reverted: Reverted) -> Reverted | None:
+    held = _held()
+    later = held[held.index(reverted) + 1:] if reverted in held else []
+    return later[0] if later else None
+
+
 def revert(
-    ids: Iterable[str] | Sequence[Selection],
+    ids: Iterable["str | ToggleId"] | Sequence[Selection],
     *,
     registry: Registry | None = None,
     allowed_prefixes: Iterable[str] | None = None,
@@ -56,7 +98,8 @@ def revert(
     if items and all(isinstance(i, Selection) for i in items):
         selections = items
     else:
-        selections = parse_toggle_ids([str(i) for i in items], registry=registry or load_registry(), what=what)
+        selections = parse_toggle_ids(items, registry=registry or load_registry(), what=what)
+    allowed = effective_prefixes(allowed_prefixes)
     with _LOCK:
         for sel in selections:
             if sel.id in _ACTIVE:
@@ -65,19 +108,28 @@ def revert(
                 )
         specs = [p for sel in selections for p in sel.part.patches]
         labels = [f"revert {sel.id}" for sel in selections for _ in sel.part.patches]
-        states = apply_specs(specs, allowed_prefixes=allowed_prefixes, labels=labels)
-        result = Reverted(selections=list(selections), states=states)
+        prepared = prepare_specs(specs, allowed_prefixes=allowed, labels=labels)
+        # After prepare (which may import the targets), before the first patched call.
+        snapshot = ModuleSnapshot.take(prefixes=allowed,
+                                       namespaces=[p.resolved.function.__globals__ for p in prepared])
+        states = install_prepared(prepared)
+        result = Reverted(selections=list(selections), states=states, snapshot=snapshot)
         for sel in selections:
             _ACTIVE[sel.id] = result
         return result
 
 
 def reverted_ids() -> list[str]:
+    """Ids of the parts whose patches are installed now, in the order they were reverted."""
     with _LOCK:
+        for held in _held():
+            # Restored state by state behind the set's back (PatchState.restore): record it.
+            if held.states and all(s.restored for s in held.states):
+                held.restore()
         return list(_ACTIVE)
 
 
 def restore_everything() -> None:
     with _LOCK:
-        for held in reversed(list(dict.fromkeys(_ACTIVE.values()))):
+        for held in reversed(_held()):
             held.restore()

@@ -1,0 +1,58 @@
+"""Which code is under test: the package toggles patch by default, and how to tell its modules
+and its frames from sglfix's own (the judge must never be mistaken for the code it judges).
+
+``sglfix.backends`` is the reproduction of the engine. Real ``sglang`` is patchable by default
+too, but it is not "code under test" for the harness, which only ever runs the reproduction.
+Nothing here imports the backends: finding the package's directory imports only ``sglfix``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from functools import lru_cache
+
+__all__ = ["CODE_UNDER_TEST", "ENGINE", "DEFAULT_PATCHABLE", "under", "is_code_under_test"]
+
+CODE_UNDER_TEST = "sglfix.backends"
+ENGINE = "sglang"
+DEFAULT_PATCHABLE: tuple[str, ...] = (CODE_UNDER_TEST, ENGINE)
+
+
+def under(name: str, prefix: str) -> bool:
+    """``name`` is the module ``prefix`` or one of its submodules (``sglangx`` is not ``sglang``)."""
+    return name == prefix or name.startswith(prefix + ".")
+
+
+@lru_cache(maxsize=8)
+def _package_dirs(package: str) -> tuple[str, ...]:
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return ()
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    dirs: list[str] = []
+    for location in spec.submodule_search_locations:
+        for form in (os.path.abspath(location), os.path.realpath(location)):
+            dirs.append(form.rstrip(os.sep) + os.sep)
+    return tuple(dict.fromkeys(dirs))
+
+
+def _looks_like_path(text: str) -> bool:
+    return os.sep in text or "/" in text or text.endswith((".py", ".pyc"))
+
+
+def is_code_under_test(filename_or_module: str, *, package: str = CODE_UNDER_TEST) -> bool:
+    """True for a module name under ``package`` or a file inside its directory.
+
+    A frame's ``co_filename`` ("/.../backends/srt/x.py", installed or from a checkout) and a
+    frame's ``__name__`` ("sglfix.backends.srt.x") both work; "<string>" and friends are not.
+    """
+    text = str(filename_or_module)
+    if not text or text.startswith("<"):
+        return False
+    if not _looks_like_path(text):
+        return under(text, package)
+    path = os.path.abspath(text)
+    return any(path.startswith(d) for d in _package_dirs(package))
