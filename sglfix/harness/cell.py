@@ -6,6 +6,7 @@ Findings are collected, not raised: a cell gets the most severe verdict, its det
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -49,98 +50,133 @@ class CellResult:
         return cls(**data)
 
 
+def _backends_dir() -> str:
+    import sglfix.backends
+
+    return os.path.dirname(os.path.abspath(sglfix.backends.__file__)) + os.sep
+
+
+def _frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    return list(traceback.extract_tb(exc.__traceback__))
+
+
+def _sglfix_dir() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def raised_by_code_under_test(exc: BaseException) -> bool:
+    """Whose frame raised? The innermost frame that is ours decides: in the backends, the code
+    under test raised (CRASH); in sglfix proper (harness, reference, invariant hooks the backends
+    call back into), sglfix failed (ERROR). Library frames (torch, triton) are skipped."""
+    backends, ours = _backends_dir(), _sglfix_dir()
+    for fr in reversed(_frames(exc)):
+        path = os.path.abspath(fr.filename)
+        if path.startswith(backends):
+            return True
+        if path.startswith(ours):
+            return False
+    return False
+
+
 def _frame_under_test(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
+    frames = _frames(exc)
+    home = _backends_dir()
     for fr in reversed(frames):
-        if "/backends/" in fr.filename.replace("\\", "/"):
-            return f"{fr.filename.rsplit('/', 2)[-1]}:{fr.lineno} in {fr.name}"
+        if os.path.abspath(fr.filename).startswith(home):
+            return f"{os.path.relpath(fr.filename, home)}:{fr.lineno} in {fr.name}"
     fr = frames[-1] if frames else None
-    return f"{fr.filename.rsplit('/', 1)[-1]}:{fr.lineno} in {fr.name}" if fr else "?"
+    return f"{os.path.basename(fr.filename)}:{fr.lineno} in {fr.name}" if fr else "?"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else ""
 
 
 def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = None) -> CellResult:
-    import torch
-
-    from sglfix.harness.guards import describe_guards
-    from sglfix.backends.srt.model_executor.cuda_graph_runner import make_runner_for_case, run_eager
-    from sglfix.backends.test.kits.attention_unittest.attention_methods.dense_attention import build_case
-
-    from sglfix.harness.invariants import check_metadata
-    from sglfix.harness.reference import compare_outputs, reference_attention
-    from sglfix.harness.syncwatch import suspended, watch_syncs
-
+    """Run one cell; never raises for a failure of the code under test or of the harness."""
     result = CellResult(scenario=scenario.name, toggles=list(toggles or []), device=device)
-    t0 = time.perf_counter()
-    is_cuda = torch.device(device).type == "cuda"
+    stage = "setup"
+    try:
+        return _run(scenario, device=device, result=result, stage_box=[stage])
+    except _Staged as staged:
+        exc, stage = staged.exc, staged.stage
+    except Exception as exc_:  # pragma: no cover - _run wraps everything it runs
+        exc, stage = exc_, "harness"
+    where = _frame_under_test(exc)
+    if raised_by_code_under_test(exc):
+        result.add("CRASH", f"{type(exc).__name__}: {_first_line(exc)} [{stage}, {where}]",
+                   type=type(exc).__name__, stage=stage, frame=where)
+    else:
+        result.add("ERROR", f"sglfix failed in {stage}: {type(exc).__name__}: {_first_line(exc)} [{where}]",
+                   type=type(exc).__name__, stage=stage, frame=where)
+    return result.finish()
 
-    def sync() -> None:
-        if is_cuda:
-            torch.cuda.synchronize()
 
-    def crash(exc: BaseException, stage: str) -> CellResult:
-        result.add("CRASH", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
-                            f"[{stage}, {_frame_under_test(exc)}]", type=type(exc).__name__, stage=stage,
-                   frame=_frame_under_test(exc))
-        return result.finish()
+class _Staged(Exception):
+    def __init__(self, exc: BaseException, stage: str) -> None:
+        super().__init__(str(exc))
+        self.exc, self.stage = exc, stage
+
+
+def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list) -> CellResult:
+    def stage(name: str):
+        stage_box[0] = name
 
     try:
-        case = build_case(
-            mode=scenario.mode, prefix_lens=list(scenario.prefix_lens), extend_lens=list(scenario.extend_lens),
-            accept_lens=list(scenario.accept_lens) if scenario.accept_lens is not None else None,
-            page_size=scenario.page_size, num_heads=scenario.model.num_heads,
-            num_kv_heads=scenario.model.num_kv_heads, head_dim=scenario.model.head_dim,
-            dtype=scenario.model.dtype, topk=scenario.spec.topk, num_steps=scenario.spec.num_steps,
-            num_draft_tokens=scenario.spec.num_draft_tokens, gpu_only=scenario.gpu_only, seed=scenario.seed,
-            device=device, builder=scenario.builder,
-        )
+        import torch
+
+        from sglfix.harness.adapters import get_adapter
+        from sglfix.harness.guards import describe_guards
+        from sglfix.harness.invariants import check_metadata
+        from sglfix.harness.reference import compare_outputs
+        from sglfix.harness.syncwatch import suspended, watch_syncs
+
+        adapter = get_adapter(scenario.backend)
+        is_cuda = torch.device(device).type == "cuda"
+
+        def sync() -> None:
+            if is_cuda:
+                torch.cuda.synchronize()
+
+        t0 = time.perf_counter()
+        stage("build")
+        prepared = adapter.build(scenario, device=device)
         sync()
+        t1 = time.perf_counter()
+
+        def on_metadata(backend: Any, forward_batch: Any, phase: str) -> None:
+            with suspended():
+                found = check_metadata(backend.forward_metadata, fields=adapter.metadata_fields,
+                                       rows=adapter.rows(forward_batch), num_slots=prepared.num_slots, phase=phase)
+            for message in found:
+                result.add("INVARIANT", message, phase=phase)
+
+        stage("forward")
+        backend = adapter.make_backend(prepared)
+        with watch_syncs(device, enabled=scenario.sync_free) as syncs:
+            out = adapter.run(prepared, backend, scenario=scenario, on_metadata=on_metadata)
+        sync()
+        t2 = time.perf_counter()
     except Exception as exc:
-        return crash(exc, "build")
-    t1 = time.perf_counter()
-    num_slots = case.model_runner.token_to_kv_pool.num_slots
-
-    def on_metadata(backend: Any, forward_batch: Any, phase: str) -> None:
-        rows = len(forward_batch.req_pool_indices) if forward_batch.req_pool_indices is not None else forward_batch.batch_size
-        with suspended():
-            found = check_metadata(backend.forward_metadata, rows=rows, num_slots=num_slots, phase=phase)
-        for message in found:
-            result.add("INVARIANT", message, phase=phase)
-
+        raise _Staged(exc, stage_box[0]) from exc
     try:
-        backend = case.make_backend()
-        fb = case.forward_batch
-        if scenario.cuda_graph:
-            graph = make_runner_for_case(case, backend=backend, capture_bs=list(scenario.capture_bs),
-                                         on_metadata=on_metadata)
-            sync()
-            t_cap = time.perf_counter()
-            result.timings_ms["capture"] = round((t_cap - t1) * 1e3, 2)
-            with watch_syncs(device, enabled=scenario.sync_free) as syncs:
-                out = graph.replay(fb, q=case.q, k=case.k, v=case.v)
-            sync()
-        else:
-            with watch_syncs(device, enabled=scenario.sync_free) as syncs:
-                out = run_eager(backend=backend, forward_batch=fb, q=case.q, k=case.k, v=case.v,
-                                layer=case.layer, on_metadata=on_metadata)
-            sync()
+        stage("judge")
+        for message in syncs:
+            result.add("SYNC", message)
+        for message in describe_guards(adapter.static_buffers(backend)):
+            result.add("INVARIANT", f"write past a buffer's end: {message}")
+        ref, q_valid = adapter.reference(prepared)
+        cmp = compare_outputs(out=out, ref=ref, q_valid=q_valid, tolerance=scenario.tolerance)
+        t3 = time.perf_counter()
+        result.error = cmp.to_json()
+        if cmp.nonfinite:
+            result.add("NAN", f"{cmp.nonfinite} non-finite output values", **cmp.to_json())
+        if cmp.bad_rows:
+            result.add("DIVERGE", f"max abs err {cmp.max_abs:.3g} (rel {cmp.max_rel:.3g}), {cmp.bad_rows}/{cmp.rows} rows bad, "
+                                  f"first at request {cmp.first_bad_request} row {cmp.first_bad_row}", **cmp.to_json())
+        result.timings_ms.update(build=round((t1 - t0) * 1e3, 2), run=round((t2 - t1) * 1e3, 2),
+                                 reference=round((t3 - t2) * 1e3, 2), total=round((t3 - t0) * 1e3, 2))
     except Exception as exc:
-        return crash(exc, "forward")
-    t2 = time.perf_counter()
-    for message in syncs:
-        result.add("SYNC", message)
-    for message in describe_guards(backend.static_buffers):
-        result.add("INVARIANT", f"write past a buffer's end: {message}")
-
-    ref = reference_attention(q_pad=case.q_pad, k_pad=case.k_pad, v_pad=case.v_pad, mask=case.visible,
-                              scale=case.sm_scale)
-    cmp = compare_outputs(out=out, ref=ref, q_valid=case.q_valid, tolerance=scenario.tolerance)
-    t3 = time.perf_counter()
-    result.error = cmp.to_json()
-    if cmp.nonfinite:
-        result.add("NAN", f"{cmp.nonfinite} non-finite output values", **cmp.to_json())
-    if cmp.bad_rows:
-        result.add("DIVERGE", f"max abs err {cmp.max_abs:.3g} (rel {cmp.max_rel:.3g}), {cmp.bad_rows}/{cmp.rows} rows bad, "
-                              f"first at request {cmp.first_bad_request} row {cmp.first_bad_row}", **cmp.to_json())
-    result.timings_ms.update(build=round((t1 - t0) * 1e3, 2), run=round((t2 - t1) * 1e3, 2),
-                             reference=round((t3 - t2) * 1e3, 2), total=round((t3 - t0) * 1e3, 2))
+        raise _Staged(exc, "judge") from exc
     return result.finish()

@@ -1,22 +1,44 @@
 """Metadata invariants, checked after every metadata init (eager, capture and replay).
 
-A CSR offset array must start at 0 and never decrease; lengths are non-negative; every index
-the offsets cover must lie inside the KV pool and inside its buffer. These catch corrupt
-metadata even where the real rows' output happens to stay right (padded rows).
+One table for every backend: an adapter names which of its metadata fields are CSR offsets
+(start at 0, never decrease), lengths (never negative), and page/slot indices (inside the pool,
+covered by an offsets field). The field names follow upstream's metadata (``kv_indptr``,
+``qo_indptr``, ``mask_indptr``, ``window_kv_indptr``, ``cu_seqlens_q/k``,
+``cache_seqlens_int32``, ``max_seq_len_k`` ...). These catch corrupt metadata even where the
+real rows' output happens to stay right (padded rows).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import torch
 
-__all__ = ["check_metadata"]
+__all__ = ["MetadataFields", "UPSTREAM_FIELDS", "check_metadata"]
 
 
-def _indptr(name: str, t: torch.Tensor | None, rows: int, found: list[str]) -> torch.Tensor | None:
-    if t is None:
-        return None
+@dataclass(frozen=True)
+class MetadataFields:
+    """Which metadata attributes are checked, and as what."""
+
+    indptr: tuple[str, ...] = ()
+    lengths: tuple[str, ...] = ()
+    # indices field -> the indptr field whose last entry says how many are used
+    indices: Mapping[str, str] = field(default_factory=dict)
+
+
+# Every field name upstream's attention test kit checks; an adapter picks the ones its
+# metadata has (a field that is absent or None is skipped).
+UPSTREAM_FIELDS = MetadataFields(
+    indptr=("kv_indptr", "qo_indptr", "mask_indptr", "window_kv_indptr", "cu_seqlens_q", "cu_seqlens_k"),
+    lengths=("cache_seqlens_int32", "seq_lens_q", "seq_lens_k", "max_seq_len_q", "max_seq_len_k",
+             "max_extend_len", "window_kv_lens"),
+    indices={"kv_indices": "kv_indptr", "window_kv_indices": "window_kv_indptr"},
+)
+
+
+def _indptr(name: str, t: torch.Tensor, rows: int, found: list[str]) -> torch.Tensor | None:
     v = t[: rows + 1].to(torch.int64).cpu()
     if v.numel() < rows + 1:
         found.append(f"{name} has {v.numel()} entries for {rows} rows")
@@ -30,25 +52,47 @@ def _indptr(name: str, t: torch.Tensor | None, rows: int, found: list[str]) -> t
     return v
 
 
-def check_metadata(metadata: Any, *, rows: int, num_slots: int, phase: str) -> list[str]:
-    """Findings (empty when sound) for a backend's ForwardMetadata covering ``rows`` requests."""
+def _lengths(name: str, value: Any, rows: int, found: list[str]) -> None:
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if value < 0:
+            found.append(f"{name} = {value} < 0")
+        return
+    if isinstance(value, torch.Tensor):
+        v = value.reshape(-1)[: rows if value.dim() else 1].to(torch.int64).cpu()
+        if bool((v < 0).any()):
+            i = int((v < 0).nonzero()[0])
+            found.append(f"{name}[{i}] = {int(v[i])} < 0")
+
+
+def check_metadata(metadata: Any, *, fields: MetadataFields = UPSTREAM_FIELDS, rows: int, num_slots: int,
+                   phase: str) -> list[str]:
+    """Findings (empty when sound) for a backend's metadata covering ``rows`` requests."""
     found: list[str] = []
-    kv_indptr = _indptr("kv_indptr", getattr(metadata, "kv_indptr", None), rows, found)
-    _indptr("qo_indptr", getattr(metadata, "qo_indptr", None), rows, found)
-    _indptr("mask_indptr", getattr(metadata, "mask_indptr", None), rows, found)
-    kv_indices = getattr(metadata, "kv_indices", None)
-    if kv_indptr is not None and kv_indices is not None and not found:
-        end = int(kv_indptr[-1])
-        if end > kv_indices.numel():
-            found.append(f"kv_indptr[{rows}] = {end} exceeds kv_indices length {kv_indices.numel()}")
-        else:
-            used = kv_indices[:end].to(torch.int64).cpu()
-            bad = (used < 0) | (used >= num_slots)
-            if bool(bad.any()):
-                i = int(bad.nonzero()[0])
-                row = int(torch.searchsorted(kv_indptr, torch.tensor(i), right=True)) - 1
-                found.append(f"kv_indices[{i}] = {int(used[i])} (row {row}) outside the KV pool [0, {num_slots})")
-    max_extend_len = getattr(metadata, "max_extend_len", None)
-    if isinstance(max_extend_len, int) and max_extend_len < 0:
-        found.append(f"max_extend_len = {max_extend_len} < 0")
+    offsets: dict[str, torch.Tensor] = {}
+    for name in fields.indptr:
+        t = getattr(metadata, name, None)
+        if isinstance(t, torch.Tensor):
+            before = len(found)
+            v = _indptr(name, t, rows, found)
+            if v is not None and len(found) == before:
+                offsets[name] = v
+    for name in fields.lengths:
+        _lengths(name, getattr(metadata, name, None), rows, found)
+    for name, ptr_name in fields.indices.items():
+        indices = getattr(metadata, name, None)
+        ptr = offsets.get(ptr_name)
+        if not isinstance(indices, torch.Tensor) or ptr is None:
+            continue
+        end = int(ptr[-1])
+        if end > indices.numel():
+            found.append(f"{ptr_name}[{rows}] = {end} exceeds {name} length {indices.numel()}")
+            continue
+        used = indices[:end].to(torch.int64).cpu()
+        bad = (used < 0) | (used >= num_slots)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            row = int(torch.searchsorted(ptr, torch.tensor(i), right=True)) - 1
+            found.append(f"{name}[{i}] = {int(used[i])} (row {row}) outside the KV pool [0, {num_slots})")
     return [f"{phase}: {f}" for f in found]

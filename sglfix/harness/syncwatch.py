@@ -22,7 +22,7 @@ __all__ = ["watch_syncs", "suspended"]
 
 _PAUSED = threading.local()
 
-_UNDER_TEST = "sglfix.backends"
+from sglfix.common.codebase import CODE_UNDER_TEST as _UNDER_TEST
 # Tensor -> host conversions, and ops that must know a data-dependent size (they sync on CUDA).
 _TENSOR_METHODS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "nonzero", "unique")
 _TORCH_FUNCS = ("nonzero", "masked_select", "unique", "argwhere")

@@ -1,0 +1,1 @@
+"""Reports of a run: JSON for machines, rich tables for people, files written atomically."""

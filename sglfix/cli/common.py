@@ -1,0 +1,127 @@
+"""What ``run`` and ``matrix`` share: scenario selection, the env toggle, the worker pool, tables."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Annotated, List, Optional, Sequence
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from sglfix.cli.context import Options, err, out
+from sglfix.common.errors import ConfigError
+
+ScenarioGlobs = Annotated[List[str], typer.Option("--scenario", "-s", metavar="GLOB", help="Only scenarios whose name matches (repeatable).")]
+ScenarioFiles = Annotated[List[str], typer.Option("--scenario-file", metavar="PATH", help="Scenario YAML file (repeatable); replaces the built-in set.")]
+BackendName = Annotated[Optional[str], typer.Option("--backend", metavar="NAME", help="Only scenarios of this backend.")]
+Device = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
+Jobs = Annotated[Optional[int], typer.Option("--jobs", "-j", help="Worker processes (default: 1 on CUDA, 2 on CPU).")]
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds per cell before TIMEOUT (finite, > 0).")]
+JsonFile = Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="Write the report as JSON (- for stdout).")]
+MemoryBudget = Annotated[Optional[str], typer.Option("--memory-budget", metavar="SIZE", help="Refuse scenarios estimated to need more memory (e.g. 16G; env SGLFIX_MEMORY_BUDGET).")]
+
+VERDICT_STYLE = {"PASS": "green", "SKIP": "dim", "SYNC": "yellow", "DIVERGE": "red", "NAN": "red",
+                 "INVARIANT": "magenta", "CRASH": "bold red", "TIMEOUT": "bold red", "FAULT": "bold red",
+                 "ERROR": "bold white on red"}
+
+
+def verdict_text(verdict: str) -> Text:
+    return Text(verdict, style=VERDICT_STYLE.get(verdict, ""))
+
+
+def check_device(device: str) -> str:
+    if device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"--device {device!r} is not one of auto, cpu, cuda")
+    return device
+
+
+def check_timeout(timeout: float) -> float:
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise ConfigError(f"--timeout {timeout!r} must be a finite number of seconds > 0")
+    return timeout
+
+
+def check_jobs(jobs: Optional[int], device: str) -> int:
+    if jobs is None:
+        return 1 if device == "cuda" else max(1, min(2, os.cpu_count() or 1))
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs} must be at least 1")
+    return jobs
+
+
+def revert_ids(revert: Sequence[str]) -> list[str]:
+    """``-r a,b -r c`` -> [a, b, c]; an empty id is an error, never 'nothing'."""
+    from sglfix.toggling.ids import ToggleId
+
+    return [str(i) for i in ToggleId.parse_list(list(revert), what="--revert")]
+
+
+def env_ids(registry) -> tuple[str, ...]:
+    """What SGLANG_DEBUG_REVERT_PR selects, as the ids the user wrote (validated: exit 2 if bad)."""
+    from sglfix.toggling.env import ENV_VAR, parse_env_value
+
+    value = os.environ.get(ENV_VAR)
+    parse_env_value(value, registry=registry)
+    if value is None or value.strip() in ("", "0"):
+        return ()
+    return tuple(t.strip() for t in value.split(","))
+
+
+def load_selected(scenario_globs: Sequence[str], scenario_files: Sequence[str], backend: Optional[str],
+                  memory_budget: Optional[str] = None):
+    """Built-in scenarios, or only the given files when --scenario-file is used; sizes checked."""
+    from sglfix.scenario import load_scenarios, select_scenarios
+
+    scenarios = load_scenarios(list(scenario_files), builtin=not scenario_files)
+    chosen = select_scenarios(scenarios, globs=list(scenario_globs), backend=backend)
+    try:
+        from sglfix.scenario.limits import check_memory, memory_budget_bytes
+    except ImportError:  # limits not built yet
+        return chosen
+    check_memory(chosen, memory_budget_bytes(memory_budget))
+    return chosen
+
+
+def make_pool(opts: Options, *, device: str, jobs: int, timeout: float):
+    from sglfix.execution.pool import WorkerConfig, WorkerPool
+
+    toggles_dir = None
+    if opts.toggles is not None:
+        toggles_dir = str(opts.registry().directory)
+    config = WorkerConfig(device=device, toggles_dir=toggles_dir, allowed_prefixes=opts.allowed_prefixes(),
+                          timeout=timeout)
+    return WorkerPool(config, jobs=jobs)
+
+
+def execute(pool, plan) -> tuple[list, float]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    start = time.perf_counter()
+    with Progress(TextColumn("cells"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[last]}", markup=False), console=err, transient=True,
+                  disable=not err.is_terminal) as progress:
+        task = progress.add_task("", total=len(plan.cells), last="")
+
+        def tick(result) -> None:
+            progress.update(task, advance=1, last=f"{result.scenario} {result.verdict}")
+
+        results = pool.run(plan.cells, on_result=tick)
+    return results, time.perf_counter() - start
+
+
+def header(*, what: str, info: dict, env: Sequence[str], wall: float, cells: int) -> str:
+    where = info.get("device_name") or info.get("device") or "?"
+    text = f"sglfix {what} on {info.get('device', '?')} ({where}): {cells} cells in {wall:.1f} s"
+    if env:
+        text += f"; SGLANG_DEBUG_REVERT_PR={','.join(env)} applied to every cell"
+    return text
+
+
+def cells_table(results, *, title: str) -> Table:
+    table = Table("scenario", "toggles", "verdict", "key figure", title=Text(title))
+    for r in results:
+        table.add_row(Text(r.scenario), Text(",".join(r.toggles) or "-"), verdict_text(r.verdict), Text(r.key_figure))
+    return table

@@ -1,0 +1,53 @@
+"""Options shared by every command, carried in the typer context (never in module globals)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+__all__ = ["Options", "options", "out", "err", "emit_json"]
+
+# Wide when piped, so names are not cut in logs and CI output.
+_WIDTH = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "0") or 0) or 200
+# markup=False everywhere user text is printed: scenario names, YAML and messages are data.
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH, markup=False, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
+
+
+@dataclass
+class Options:
+    toggles: Optional[str] = None
+    allow: tuple[str, ...] = ()
+    debug: bool = False
+    argv: list[str] = field(default_factory=list)
+
+    def allowed_prefixes(self) -> tuple[str, ...] | None:
+        if not self.allow:
+            return None
+        from sglfix.patching.targets import DEFAULT_ALLOWED_PREFIXES
+
+        return tuple(DEFAULT_ALLOWED_PREFIXES) + self.allow
+
+    def registry(self, directory: Optional[str] = None):
+        from sglfix.toggling.registry import load_registry
+
+        return load_registry(directory or self.toggles)
+
+
+def options(ctx: typer.Context) -> Options:
+    obj = ctx.find_root().obj
+    if not isinstance(obj, Options):
+        obj = Options()
+        ctx.find_root().obj = obj
+    return obj
+
+
+def emit_json(data: object) -> None:
+    import json
+
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")

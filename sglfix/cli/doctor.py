@@ -1,0 +1,60 @@
+"""``sglfix doctor``: every toggle and part applies and restores cleanly against the code now."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sglfix.cli.context import emit_json, options, out
+
+
+def _is_builtin_registry(registry) -> bool:
+    from importlib.resources import files
+
+    return Path(registry.directory).resolve() == Path(str(files("sglfix.toggles"))).resolve()
+
+
+def doctor_cmd(
+    ctx: typer.Context,
+    source: Optional[str] = typer.Option(None, "--source", metavar="DIR", help="Check against source files under DIR without importing them."),
+    toggles: Optional[str] = typer.Option(None, "--toggles", metavar="DIR", help="Toggle files directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Check that every toggle and part applies and restores cleanly against the code now."""
+    from sglfix.toggling.doctor import expectation_check, live_check, static_check
+
+    opts = options(ctx)
+    registry = opts.registry(toggles)
+    if source is not None:
+        results = static_check(registry, source_dir=source)
+        mode = "static"
+    else:
+        results = live_check(registry, allowed_prefixes=opts.allowed_prefixes())
+        if _is_builtin_registry(registry):
+            # Built-in toggles are checked against the built-in scenarios they name.
+            from sglfix.scenario import load_scenarios
+
+            results += expectation_check(registry, [sc.name for sc in load_scenarios()])
+        mode = "live"
+    failed = [r for r in results if not r.ok]
+    if as_json:
+        emit_json({"mode": mode, "source": source, "directory": registry.directory,
+                   "ok": not failed, "toggles": [r.to_json() for r in results]})
+    else:
+        if not results:
+            out.print(f"no toggles registered in {registry.directory}: nothing to check")
+        for r in results:
+            out.print("ok     " if r.ok else "DRIFTED", style="green" if r.ok else "red", end="")
+            out.print(f" {r.id}" + (f"  ({', '.join(r.targets)})" if r.targets else ""))
+            if not r.ok:
+                out.print(r.error)
+        out.print(f"{len(results) - len(failed)}/{len(results)} checks pass ({mode}: each toggle and part "
+                  "applies and restores cleanly" + ("; every expectation names a scenario)" if mode == "live" else ")"))
+    if failed:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor")(doctor_cmd)

@@ -1,0 +1,109 @@
+"""``sglfix matrix``: baseline and each toggle (with --parts, each part) over the scenarios."""
+
+from __future__ import annotations
+
+import os
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from sglfix.cli.common import (
+    BackendName, Device, Jobs, JsonFile, MemoryBudget, ScenarioFiles, ScenarioGlobs, Timeout, check_device,
+    check_jobs, check_timeout, env_ids, execute, header, load_selected, make_pool, verdict_text,
+)
+from sglfix.cli.context import options, out
+
+
+def _grid(plan, results, *, title: str) -> list:
+    """The toggle x scenario grid, with full names when they fit the terminal, else short ids
+    and a legend (names are never cut, piped or not)."""
+    from sglfix.execution.planner import set_label
+
+    verdicts = {(tuple(r.toggles), r.scenario): r.verdict for r in results}
+    set_labels = [set_label(t) for t in plan.sets]
+    names = [s.name for s in plan.scenarios]
+    need = max(map(len, names)) + sum(max(len(lbl), 9) + 3 for lbl in set_labels) + 4
+    full = need <= out.width
+    cols = set_labels if full else [f"t{i}" for i in range(len(set_labels))]
+    rows = names if full else [f"s{i + 1}" for i in range(len(names))]
+    table = Table(Text("scenario"), *[Text(c) for c in cols], title=Text(title))
+    for row, s in zip(rows, plan.scenarios):
+        table.add_row(Text(row), *[verdict_text(verdicts.get((t, s.name), "?")) for t in plan.sets])
+    parts: list = [table]
+    if not full:
+        legend = Table("id", "toggle set", box=None, title=Text("columns"))
+        for c, lbl in zip(cols, set_labels):
+            legend.add_row(c, Text(lbl))
+        rows_legend = Table("id", "scenario", box=None, title=Text("rows"))
+        for r, n in zip(rows, names):
+            rows_legend.add_row(r, Text(n))
+        parts += [legend, rows_legend]
+    return parts
+
+
+def matrix_cmd(
+    ctx: typer.Context,
+    parts: bool = typer.Option(False, "--parts", help="Also revert each part of each toggle alone, and the part combinations expectations name (checks those expectations)."),
+    scenario: ScenarioGlobs = [],
+    scenario_file: ScenarioFiles = [],
+    backend: BackendName = None,
+    device: Device = "auto",
+    jobs: Jobs = None,
+    timeout: Timeout = 300.0,
+    json_file: JsonFile = None,
+    memory_budget: MemoryBudget = None,
+) -> None:
+    """Baseline plus each registered toggle (and part) over the scenarios: the toggle x scenario grid."""
+    from sglfix.execution.expectations import check_expectations
+    from sglfix.execution.planner import plan_matrix, set_label
+    from sglfix.report.jsonreport import build_report
+    from sglfix.report.output import check_output_path, write_json
+    from sglfix.toggling.env import ENV_VAR
+
+    opts = options(ctx)
+    check_output_path(json_file, option="--json")
+    device = check_device(device)
+    timeout = check_timeout(timeout)
+    registry = opts.registry()
+    env = env_ids(registry)
+    with make_pool(opts, device=device, jobs=check_jobs(jobs, device), timeout=timeout) as pool:
+        chosen = load_selected(scenario, scenario_file, backend, memory_budget)
+        plan = plan_matrix(chosen, registry=registry, parts=parts, env_ids=env)
+        info = pool.info
+        results, wall = execute(pool, plan)
+    if env:
+        # Every set carries the env ids: the expectations (written without them) do not apply.
+        checks, stray, not_run = [], [], [f"all expectations: {ENV_VAR} is set"]
+    else:
+        checks, stray, not_run = check_expectations(registry, results, device=info.get("device", device))
+    data = build_report(command=opts.argv, info=info, results=results, cell_ids=[c.id for c in plan.cells],
+                        wall_s=wall, env_revert=os.environ.get(ENV_VAR), checks=checks, stray=stray, not_run=not_run)
+    if json_file is not None:
+        write_json(json_file, data)
+    if json_file != "-":
+        for part in _grid(plan, results, title=header(what="matrix", info=info, env=env, wall=wall, cells=len(results))):
+            out.print(part)
+        by_set: dict[tuple, list] = {}
+        for r in results:
+            by_set.setdefault(tuple(r.toggles), []).append(r)
+        for t in plan.sets[1:]:
+            bad = [f"{r.scenario} ({r.verdict})" for r in by_set.get(t, []) if r.verdict != "PASS"]
+            out.print(Text(f"{set_label(t)}: ", style="bold"), end="")
+            out.print(f"differs on {len(bad)}: " + ", ".join(bad) if bad else "no effect on these scenarios")
+        for c in checks:
+            out.print(Text("met   " if c.met else "UNMET ", style="green" if c.met else "red"), end="")
+            out.print(f"expect revert {','.join(c.revert)} on {c.scenario} -> {'|'.join(c.wanted)}"
+                      + ("" if c.met else f"; got {sorted(set(c.got.values()))}"))
+        for s in stray:
+            out.print(Text("unexpected ", style="red"), end="")
+            out.print(f"{','.join(s['toggles']) or 'baseline'} on {s['scenario']}: {s['verdict']} ({s['why']})")
+        if not_run:
+            hint = "" if env else " (part-level expectations run with --parts; or their scenarios were not selected)"
+            out.print(f"{len(not_run)} expectation(s) not checked{hint}")
+    if stray or any(not c.met for c in checks) or any(r.verdict == "ERROR" for r in results):
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("matrix")(matrix_cmd)

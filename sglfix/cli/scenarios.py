@@ -1,0 +1,31 @@
+"""``sglfix scenarios``: the scenarios after grid expansion."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from sglfix.cli.common import ScenarioFiles, ScenarioGlobs, load_selected
+from sglfix.cli.context import emit_json, out
+
+
+def scenarios_cmd(
+    scenario: ScenarioGlobs = [],
+    scenario_file: ScenarioFiles = [],
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """List scenarios (built-in, or from --scenario-file) after grid expansion."""
+    chosen = load_selected(scenario, scenario_file, None)
+    if as_json:
+        emit_json({"scenarios": [s.to_json() for s in chosen]})
+        return
+    table = Table("name", "backend", "mode", "graph", "bs", "page", "dtype", "gpu_only", "builder")
+    for s in chosen:
+        table.add_row(Text(s.name), s.backend, s.mode, f"cg{list(s.capture_bs)}" if s.cuda_graph else "eager",
+                      str(s.batch_size), str(s.page_size), s.model.dtype, str(s.gpu_only), s.builder)
+    out.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("scenarios")(scenarios_cmd)

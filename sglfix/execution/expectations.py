@@ -1,0 +1,68 @@
+"""Toggle expectations: does reverting a fix produce what its YAML says, and nothing elsewhere?
+
+Each expectation must hold on at least one matching scenario that ran; every cell of a toggle
+set outside all of its expectations must PASS (the toggle must not matter there); the baseline
+must PASS everywhere. With SGLANG_DEBUG_REVERT_PR set, the sets carry the env ids too, so the
+expectations (written for sets without them) are not checked.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+from sglfix.harness.cell import CellResult
+from sglfix.toggling.registry import Registry
+
+__all__ = ["ExpectationCheck", "check_expectations"]
+
+
+@dataclass
+class ExpectationCheck:
+    toggle: str
+    revert: tuple[str, ...]
+    scenario: str
+    wanted: tuple[str, ...]
+    device: str
+    met: bool
+    got: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"toggle": self.toggle, "revert": list(self.revert), "scenario": self.scenario,
+                "wanted": list(self.wanted), "device": self.device, "met": self.met, "got": self.got}
+
+
+def check_expectations(registry: Registry, results: list[CellResult], *, device: str
+                       ) -> tuple[list[ExpectationCheck], list[dict], list[str]]:
+    """(checks, stray cells, expectations whose toggle set or scenarios did not run)."""
+    by_set: dict[tuple[str, ...], list[CellResult]] = {}
+    for r in results:
+        by_set.setdefault(tuple(r.toggles), []).append(r)
+    checks: list[ExpectationCheck] = []
+    not_run: list[str] = []
+    covered: dict[tuple[str, ...], list[str]] = {}
+    for toggle in registry:
+        for e in toggle.expect:
+            covered.setdefault(tuple(e.revert), []).append(e.scenario)
+            if e.device not in ("any", device):
+                continue
+            cells = [r for r in by_set.get(tuple(e.revert), []) if fnmatch.fnmatchcase(r.scenario, e.scenario)]
+            if not cells:
+                not_run.append(f"revert {','.join(e.revert)} on {e.scenario}")
+                continue
+            got = {r.scenario: r.verdict for r in cells}
+            checks.append(ExpectationCheck(toggle=toggle.id, revert=e.revert, scenario=e.scenario,
+                                           wanted=e.verdicts, device=e.device,
+                                           met=any(v in e.verdicts for v in got.values()), got=got))
+    stray: list[dict] = []
+    for toggles, cells in by_set.items():
+        globs = covered.get(toggles, [])
+        for r in cells:
+            if not toggles:
+                if r.verdict != "PASS":
+                    stray.append({"toggles": [], "scenario": r.scenario, "verdict": r.verdict, "why": "baseline must PASS"})
+                continue
+            if r.verdict not in ("PASS", "SKIP") and not any(fnmatch.fnmatchcase(r.scenario, g) for g in globs):
+                stray.append({"toggles": list(toggles), "scenario": r.scenario, "verdict": r.verdict,
+                              "why": "not covered by any expectation of this toggle set"})
+    return checks, stray, not_run

@@ -1,0 +1,73 @@
+"""The Triton attention backend (MHA/GQA/MQA over a paged KV cache): every forward mode.
+
+Eager: ``init_forward_metadata`` then ``forward``; graphs: the CUDA-graph runner captures at the
+scenario's sizes and replays with padding (real ``torch.cuda.CUDAGraph`` on CUDA; the same
+capture/replay metadata code on the same static buffers, eagerly, on CPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglfix.harness.adapters.base import MetadataHook, Prepared
+from sglfix.harness.invariants import MetadataFields
+
+__all__ = ["ADAPTER", "TritonAdapter"]
+
+
+class TritonAdapter:
+    name = "triton"
+    metadata_fields = MetadataFields(
+        indptr=("kv_indptr", "qo_indptr", "mask_indptr"),
+        lengths=("max_extend_len",),
+        indices={"kv_indices": "kv_indptr"},
+    )
+
+    def build(self, scenario: Any, *, device: str) -> Prepared:
+        from sglfix.backends.test.kits.attention_unittest.attention_methods.dense_attention import build_case
+
+        case = build_case(
+            mode=scenario.mode, prefix_lens=list(scenario.prefix_lens), extend_lens=list(scenario.extend_lens),
+            accept_lens=list(scenario.accept_lens) if scenario.accept_lens is not None else None,
+            page_size=scenario.page_size, num_heads=scenario.model.num_heads,
+            num_kv_heads=scenario.model.num_kv_heads, head_dim=scenario.model.head_dim,
+            dtype=scenario.model.dtype, topk=scenario.spec.topk, num_steps=scenario.spec.num_steps,
+            num_draft_tokens=scenario.spec.num_draft_tokens, gpu_only=scenario.gpu_only, seed=scenario.seed,
+            device=device, builder=scenario.builder,
+        )
+        return Prepared(case=case, num_slots=case.model_runner.token_to_kv_pool.num_slots)
+
+    def make_backend(self, prepared: Prepared) -> Any:
+        from sglfix.backends.srt.layers.attention.triton_backend import TritonAttnBackend
+
+        return TritonAttnBackend(model_runner=prepared.case.model_runner)
+
+    def run(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
+        from sglfix.backends.srt.model_executor.cuda_graph_runner import make_runner_for_case, run_eager
+
+        case = prepared.case
+        if scenario.cuda_graph:
+            runner = make_runner_for_case(case, backend=backend, capture_bs=list(scenario.capture_bs),
+                                          on_metadata=on_metadata)
+            return runner.replay(case.forward_batch, q=case.q, k=case.k, v=case.v)
+        return run_eager(backend=backend, forward_batch=case.forward_batch, q=case.q, k=case.k, v=case.v,
+                         layer=case.layer, on_metadata=on_metadata)
+
+    def static_buffers(self, backend: Any) -> list:
+        return list(getattr(backend, "static_buffers", []))
+
+    def rows(self, forward_batch: Any) -> int:
+        if forward_batch.req_pool_indices is not None:
+            return len(forward_batch.req_pool_indices)
+        return forward_batch.batch_size
+
+    def reference(self, prepared: Prepared) -> tuple[Any, Any]:
+        from sglfix.harness.reference import reference_attention
+
+        case = prepared.case
+        ref = reference_attention(q_pad=case.q_pad, k_pad=case.k_pad, v_pad=case.v_pad, mask=case.visible,
+                                  scale=case.sm_scale)
+        return ref, case.q_valid
+
+
+ADAPTER = TritonAdapter()

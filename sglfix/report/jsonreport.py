@@ -1,0 +1,51 @@
+"""The JSON report of a run: what ran where, every cell with its findings, the summary."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import sys
+from importlib import metadata
+from typing import Any, Sequence
+
+__all__ = ["build_report", "summarize", "package_version"]
+
+
+def package_version(name: str) -> str | None:
+    # Read from the installed metadata: the parent never imports torch or triton.
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def summarize(results: Sequence[Any]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in results:
+        out[r.verdict] = out.get(r.verdict, 0) + 1
+    return out
+
+
+def build_report(*, command: Sequence[str], info: dict, results: Sequence[Any], cell_ids: Sequence[str],
+                 wall_s: float, env_revert: str | None, checks: Sequence[Any] = (), stray: Sequence[dict] = (),
+                 not_run: Sequence[str] = ()) -> dict:
+    cells = []
+    for cid, r in zip(cell_ids, results):
+        cells.append({"id": cid, **r.to_json()})
+    return {
+        "tool": "sglfix",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(command),
+        "device": info.get("device"), "device_name": info.get("device_name"),
+        "host": platform.node(), "python": sys.version.split()[0],
+        "torch": info.get("torch") or package_version("torch"),
+        "triton": info.get("triton") or package_version("triton"),
+        "sglfix": package_version("sglfix"),
+        "env_revert": env_revert,
+        "wall_s": round(wall_s, 2),
+        "cells": cells,
+        "summary": summarize(results),
+        "expectations": [c.to_json() for c in checks],
+        "stray": list(stray),
+        "not_run": list(not_run),
+    }

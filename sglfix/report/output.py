@@ -1,0 +1,57 @@
+"""Output files: checked before any cell runs, written atomically (temp file + rename).
+
+A run can take minutes; finding an unwritable ``--json`` path only at the end loses it, and a
+half-written report is worse than none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from sglfix.common.errors import ConfigError
+
+__all__ = ["check_output_path", "write_atomic", "write_json"]
+
+
+def check_output_path(path: str | None, *, option: str) -> None:
+    """Fail now (exit 2) if ``path`` cannot be written later; ``-`` means stdout."""
+    if path is None or path == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{option} {path} is a directory; give a file path")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise ConfigError(f"{option} {path}: directory {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option} {path}: directory {parent} is not writable; choose another path")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ConfigError(f"{option} {path} exists and is not writable; choose another path")
+
+
+def write_atomic(path: str, text: str) -> None:
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent if str(p.parent) else "."))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_json(path: str, data: dict, *, stdout=None) -> None:
+    text = json.dumps(data, indent=1) + "\n"
+    if path == "-":
+        (stdout or __import__("sys").stdout).write(text)
+        return
+    write_atomic(path, text)
