@@ -19,13 +19,18 @@ python3 -m pytest -q tests/backends -p no:cacheprovider 2>&1 | tail -4 | tee "$O
 log "doctor"
 python3 -m sglfix doctor --json > "$OUT/doctor.json"; echo "doctor rc=$?"
 log "matrix on CUDA"
-python3 -m sglfix matrix --parts --device cuda --json "$OUT/matrix-cuda.json" > "$OUT/matrix-cuda.txt" 2>&1
+COLUMNS=250 python3 -m sglfix matrix --parts --device cuda --json "$OUT/matrix-cuda.json" > "$OUT/matrix-cuda.txt" 2>&1
 echo "matrix rc=$?"
 grep -E "^(met|UNMET|unexpected|sglfix matrix)" "$OUT/matrix-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -30
 grep -E "matrix on" "$OUT/matrix-cuda.txt"
 log "parity with the CPU matrix"
 python3 bench/parity.py bench/results/matrix-cpu.json "$OUT/matrix-cuda.json" --json "$OUT/parity.json"
 echo "parity rc=$?"
+log "parity with the CUDA matrix of the previous layout"
+python3 bench/parity.py bench/results/matrix-cuda-3a461bc.json "$OUT/matrix-cuda.json" --json "$OUT/parity-prev.json"
+echo "parity-prev rc=$?"
+log "a cell whose code under test segfaults on CUDA: FAULT, the run completes, no worker left"
+python3 bench/fault_probe.py --device cuda --json "$OUT/fault-cuda.json"; echo "fault rc=$?"
 tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
 python3 - "$OUT" <<'PY'
 import json, sys

@@ -341,6 +341,7 @@ parts:
               CACHE = ("reverted", x)
               MODE = "reverted"
               globals()["ADDED_BY_REVERT"] = x
+              globals()["len"] = lambda *args: -1
               settings.LEVEL = 99
               value = x + 100
   imports:
@@ -370,10 +371,12 @@ def test_restore_undoes_module_state_the_reverted_code_changed(stateful):
     with revert(["55555:rebind"], allowed_prefixes=("patch_fixtures",)):
         assert mod.lookup(1) == 101
         assert mod.CACHE == ("reverted", 1) and mod.MODE == "reverted" and settings.LEVEL == 99
-        assert mod.ADDED_BY_REVERT == 1
+        assert mod.ADDED_BY_REVERT == 1 and "len" in vars(mod)
     assert mod.lookup(1) == 2
     assert mod.CACHE is None and mod.MODE == "fixed" and settings.LEVEL == 1
-    assert not hasattr(mod, "ADDED_BY_REVERT")
+    # A name that shadows a builtin is removed; other added names stay (runtimes such as the
+    # Triton interpreter bind helpers into a module on its first run).
+    assert "len" not in vars(mod)
 
 
 def test_env_revert_restores_module_state_too(stateful, monkeypatch):
@@ -383,7 +386,7 @@ def test_env_revert_restores_module_state_too(stateful, monkeypatch):
     mod.lookup(2)
     assert settings.LEVEL == 99
     held.restore()
-    assert mod.CACHE is None and settings.LEVEL == 1 and not hasattr(mod, "ADDED_BY_REVERT")
+    assert mod.CACHE is None and settings.LEVEL == 1 and "len" not in vars(mod)
 
 
 def test_a_set_restored_under_a_newer_one_hands_its_module_state_over(stateful):
@@ -395,7 +398,7 @@ def test_a_set_restored_under_a_newer_one_hands_its_module_state_over(stateful):
     assert mod.lookup(3) == 4 and reverted_ids() == ["22222:main"]
     newer.restore()
     assert mod.CACHE is None and mod.MODE == "fixed" and settings.LEVEL == 1
-    assert not hasattr(mod, "ADDED_BY_REVERT")
+    assert "len" not in vars(mod)
 
 
 def test_a_module_imported_by_reverted_code_stays_importable(stateful):

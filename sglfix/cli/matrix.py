@@ -27,7 +27,7 @@ def _grid(plan, results, *, title: str) -> list:
     full = need <= out.width
     cols = set_labels if full else [f"t{i}" for i in range(len(set_labels))]
     rows = names if full else [f"s{i + 1}" for i in range(len(names))]
-    table = Table(Text("scenario"), *[Text(c) for c in cols], title=Text(title))
+    table = Table("scenario", *cols, title=Text(title))
     for row, s in zip(rows, plan.scenarios):
         table.add_row(Text(row), *[verdict_text(verdicts.get((t, s.name), "?")) for t in plan.sets])
     parts: list = [table]
@@ -67,7 +67,9 @@ def matrix_cmd(
     timeout = check_timeout(timeout)
     registry = opts.registry()
     env = env_ids(registry)
-    with make_pool(opts, device=device, jobs=check_jobs(jobs, device), timeout=timeout) as pool:
+    from sglfix.execution.pool import signals_raise
+
+    with signals_raise(), make_pool(opts, device=device, jobs=check_jobs(jobs, device), timeout=timeout) as pool:
         chosen = load_selected(scenario, scenario_file, backend, memory_budget)
         plan = plan_matrix(chosen, registry=registry, parts=parts, env_ids=env)
         info = pool.info

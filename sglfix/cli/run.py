@@ -38,7 +38,9 @@ def run_cmd(
     registry = opts.registry()
     env = env_ids(registry)
     ids = revert_ids(revert)
-    with make_pool(opts, device=device, jobs=check_jobs(jobs, device), timeout=timeout) as pool:
+    from sglfix.execution.pool import signals_raise
+
+    with signals_raise(), make_pool(opts, device=device, jobs=check_jobs(jobs, device), timeout=timeout) as pool:
         chosen = load_selected(scenario, scenario_file, backend, memory_budget)
         plan = plan_run(chosen, revert=ids, env_ids=env, registry=registry)
         info = pool.info

@@ -4,7 +4,10 @@ A reverted function may rebind module attributes when it runs (``global CACHE; C
 ``other_module.X = ...``). Putting its code object back alone would leave that state behind
 for the next cell or the next revert. A ``ModuleSnapshot`` is a shallow copy of the
 ``__dict__`` of every loaded module under the patchable prefixes, and of the targets' modules;
-``restore()`` rebinds the keys that changed and removes the keys that were added.
+``restore()`` rebinds the keys that changed, and removes an added key only where it shadows a
+builtin (it would change what a name means). Other added names stay: runtimes add helpers to a
+module the first time its code runs (the Triton interpreter binds its semantic objects into a
+kernel's module), and removing them would break every later run in the process.
 
 A shallow copy cannot see inside objects mutated in place (a dict filled as a cache); those
 keep their content. A submodule imported meanwhile stays bound on its package: the import is
@@ -48,7 +51,7 @@ class ModuleSnapshot:
         for ns, saved in self._copies.values():
             name = ns.get("__name__", "?")
             for key in set(ns) | set(saved):
-                if key not in saved and isinstance(ns[key], types.ModuleType):
+                if key not in saved and key not in _BUILTIN_NAMES:
                     continue
                 if ns.get(key, _MISSING) is not saved.get(key, _MISSING):
                     out.append(f"{name}.{key}")
@@ -57,7 +60,7 @@ class ModuleSnapshot:
     def restore(self) -> None:
         for ns, saved in self._copies.values():
             for key in [k for k in ns if k not in saved]:
-                if not isinstance(ns[key], types.ModuleType):
+                if key in _BUILTIN_NAMES:
                     del ns[key]
             for key, value in saved.items():
                 if ns.get(key, _MISSING) is not value:
@@ -69,3 +72,4 @@ class ModuleSnapshot:
 
 
 _MISSING = object()
+_BUILTIN_NAMES = frozenset(dir(__import__("builtins")))

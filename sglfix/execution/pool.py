@@ -1,0 +1,262 @@
+"""A pool of worker processes that runs plans of cells, and the signal guard the CLI wraps it in.
+
+The pool starts its workers when it is built, so they boot (torch import, kernels) while the
+caller plans; it keeps them across plans and kills every one of them, with the children of the
+code under test, when it exits. It is single-threaded on purpose: one poll loop over every
+worker's pipes, so Ctrl-C and SIGTERM land in the thread that owns the workers.
+
+Cells of one toggle set go to the same worker where possible: switching sets costs a restore
+and an apply, and a worker that held a set may have to be replaced before the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from sglfix.common.errors import ConfigError
+from sglfix.execution.worker import Event, Worker, WorkerConfig, WorkerStartError, raise_for_start, wait_fds
+from sglfix.harness.cell import CellResult
+
+__all__ = ["WorkerPool", "WorkerConfig", "WorkerStartError", "Terminated", "signals_raise", "run_cells"]
+
+# A cell whose worker asks to be replaced again and again (it cannot restore cleanly) ends as
+# ERROR after this many fresh starts rather than looping.
+MAX_REPLACEMENTS = 2
+_TICK = 0.5  # longest poll wait: bounds how late a deadline is noticed without a pidfd
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived; raised (like KeyboardInterrupt for Ctrl-C) so that ``with`` blocks unwind."""
+
+    exit_code = 143
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """While active, SIGTERM raises ``Terminated`` and Ctrl-C raises ``KeyboardInterrupt``."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers can be set from the main thread only
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise Terminated(f"terminated by {signal.Signals(signum).name}")
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    old_int = signal.getsignal(signal.SIGINT)
+    if old_int in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
+        if old_int in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM back while killing workers: a second Ctrl-C must not leave some alive."""
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class _Queue:
+    """Cells waiting to run, grouped by toggle set, in plan order."""
+
+    def __init__(self, keys: Sequence[tuple[str, ...]]) -> None:
+        self.groups: dict[tuple[str, ...], deque[int]] = {}
+        for i, key in enumerate(keys):
+            self.groups.setdefault(key, deque()).append(i)
+
+    def __bool__(self) -> bool:
+        return bool(self.groups)
+
+    def put_back(self, i: int, key: tuple[str, ...]) -> None:
+        """First in line again: the cell was taken but never ran."""
+        group = self.groups.pop(key, deque())
+        group.appendleft(i)
+        self.groups = {key: group, **self.groups}
+
+    def take(self, *, held: tuple[str, ...] | None, elsewhere: set) -> int:
+        """The set this worker holds; else a set no other worker holds; else the largest."""
+        key = held if held is not None else ()
+        if key not in self.groups:
+            key = next((k for k in self.groups if k not in elsewhere), None)
+        if key is None:
+            key = max(self.groups, key=lambda k: len(self.groups[k]))
+        group = self.groups[key]
+        i = group.popleft()
+        if not group:
+            del self.groups[key]
+        return i
+
+
+class WorkerPool:
+    """``jobs`` long-lived workers sharing one ``WorkerConfig``.
+
+    Workers are started from the thread that builds the pool or calls ``run``; on Linux a
+    worker dies with that thread (``PR_SET_PDEATHSIG``), so keep the pool in one thread.
+    """
+
+    def __init__(self, config: WorkerConfig, *, jobs: int = 1) -> None:
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+            raise ConfigError(f"--jobs {jobs!r} must be at least 1")
+        self.config = config
+        self.workers = [Worker(config) for _ in range(jobs)]
+        self.replacements: list[str] = []  # why a worker was replaced between toggle sets
+        self._info: dict | None = None
+        self._closed = False
+        try:
+            for w in self.workers:
+                w.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- introspection ------------------------------------------------------------------------
+
+    @property
+    def info(self) -> dict:
+        """Device, device name, torch and triton versions, as the first worker to boot found them."""
+        while self._info is None:
+            self._check_open()
+            if all(w.state == "down" for w in self.workers):
+                self.workers[0].start()
+            for w, event in self._wait():
+                raise_for_start(event)
+        return dict(self._info)
+
+    @property
+    def pids(self) -> list[int]:
+        """Every worker process this pool started (live or not), for callers that must check."""
+        return [pid for w in self.workers for pid in w.pids]
+
+    @property
+    def live_pids(self) -> list[int]:
+        return [w.pid for w in self.workers if w.pid is not None]
+
+    # -- running ------------------------------------------------------------------------------
+
+    def run(self, cells: Iterable[Any], *, on_result: Callable[[CellResult], None] | None = None) -> list[CellResult]:
+        """Run every cell (``.scenario`` with ``.name``/``.to_json()``, ``.toggles``); results in cell order."""
+        self._check_open()
+        cells = list(cells)
+        keys = [tuple(c.toggles) for c in cells]
+        queue = _Queue(keys)
+        results: list[CellResult | None] = [None] * len(cells)
+        running: dict[Worker, int] = {}
+        replaced = [0] * len(cells)
+        left = len(cells)
+        while left:
+            self._dispatch(queue, cells, running)
+            for w, event in self._wait():
+                raise_for_start(event)
+                i = running.pop(w, None) if event.kind in ("reply", "restart", "died", "timeout") else None
+                if i is None:
+                    continue
+                if event.kind == "restart":
+                    replaced[i] += 1
+                result = self._outcome(w, event, cells[i], keys[i], replaced=replaced[i])
+                if result is None:
+                    queue.put_back(i, keys[i])
+                    continue
+                results[i] = result
+                left -= 1
+                if on_result is not None:
+                    on_result(result)
+        return [r for r in results if r is not None]
+
+    def _outcome(self, w: Worker, event: Event, cell: Any, key: tuple[str, ...], *, replaced: int) -> CellResult | None:
+        """The cell's result, or None when it never ran and goes back in line."""
+        if event.kind == "died" and not event.data["pending"]:
+            return None  # it died between cells
+        if event.kind == "restart":  # the last set left state behind: a fresh worker runs this cell
+            w.kill()
+            w.restarts += 1
+            self.replacements.append(event.data)
+            if replaced <= MAX_REPLACEMENTS:
+                return None
+            result = CellResult(scenario=cell.scenario.name, toggles=list(key), device=self.config.device)
+            result.add("ERROR", f"sglfix failed: worker replaced {replaced} times before this cell could run: "
+                                f"{event.data}")
+            return result.finish()
+        return self._checked(w.result_for(event, scenario=cell.scenario.name, toggles=key), cell, key)
+
+    def _dispatch(self, queue: _Queue, cells: list, running: dict[Worker, int]) -> None:
+        for w in self.workers:
+            if not queue:
+                return
+            if w.state == "down":
+                w.start()
+            if w.state != "idle" or w in running:
+                continue
+            elsewhere = {x.toggles for x in self.workers if x is not w and x.state != "down" and x.toggles is not None}
+            i = queue.take(held=w.toggles, elsewhere=elsewhere)
+            w.send(scenario_json=cells[i].scenario.to_json(), toggles=tuple(cells[i].toggles))
+            running[w] = i
+
+    @staticmethod
+    def _checked(result: CellResult, cell: Any, key: tuple[str, ...]) -> CellResult:
+        """A reply is trusted only for the cell it names."""
+        if result.scenario == cell.scenario.name and tuple(result.toggles) == key:
+            return result
+        wrong = CellResult(scenario=cell.scenario.name, toggles=list(key), device=result.device)
+        wrong.add("ERROR", f"sglfix failed: the reply names {result.scenario} [{','.join(result.toggles)}], "
+                           "not this cell")
+        return wrong.finish()
+
+    def _wait(self) -> list[tuple[Worker, Event]]:
+        """Wait (at most one tick, or to the nearest deadline) and collect every worker's events."""
+        now = time.monotonic()
+        nearest = min((w.deadline for w in self.workers), default=math.inf)
+        timeout = max(0.0, min(_TICK, nearest - now))
+        wait_fds([fd for w in self.workers for fd in w.fds()], timeout=timeout)
+        now = time.monotonic()
+        events = []
+        for w in self.workers:
+            while (event := w.service(now=now)) is not None:
+                if event.kind == "ready" and self._info is None:
+                    self._info = {k: event.data.get(k) for k in ("device", "device_name", "torch", "triton")}
+                events.append((w, event))
+        return events
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this WorkerPool is closed; make a new one")
+
+    def close(self) -> None:
+        """Kill every worker's process group and reap the workers (bounded)."""
+        self._closed = True
+        with _signals_held():
+            for w in self.workers:
+                w.signal_kill()
+            for w in self.workers:
+                w.kill()
+
+
+def run_cells(cells: Sequence[Any], *, device: str, jobs: int, timeout: float,
+              on_result: Callable[[CellResult], None] | None = None,
+              toggles_dir: str | None = None, allowed_prefixes: tuple[str, ...] | None = None) -> list[CellResult]:
+    """One plan on a pool of its own (the shape of the older entry point)."""
+    config = WorkerConfig(device=device, toggles_dir=toggles_dir, allowed_prefixes=allowed_prefixes, timeout=timeout)
+    with WorkerPool(config, jobs=max(1, min(jobs, len(cells) or 1))) as pool:
+        return pool.run(cells, on_result=on_result)
