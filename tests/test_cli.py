@@ -105,3 +105,126 @@ def test_plan_cell_ids_are_stable_and_unique():
     b = [c.id for c in plan_matrix(load_scenarios(), registry=reg, parts=True).cells]
     assert a == b and len(set(a)) == len(a)
     assert f"baseline::{FAST}" in a and f"26651:clamp::{FAST}" in a
+
+
+# --------------------------------------------------------------------------- through the workers
+
+def test_env_toggle_applies_in_run_cells():
+    scen = "triton-target-verify@cg=eager,gpu_only=on"
+    plain = run_cli("run", "-s", scen, "--device", "cpu", "--json", "-")
+    assert plain.code == 0, plain.err
+    r = run_cli("run", "-s", scen, "--device", "cpu", "--json", "-", env={"SGLANG_DEBUG_REVERT_PR": "26738"})
+    assert r.code == 1, r.err
+    data = json.loads(r.out)
+    assert [c["verdict"] for c in data["cells"]] == ["CRASH"]
+    assert data["cells"][0]["toggles"] == ["26738"] and data["env_revert"] == "26738"
+    assert data["cells"][0]["id"] == f"26738::{scen}"
+
+
+def test_toggles_dir_reaches_the_workers(tmp_path):
+    from pathlib import Path
+
+    builtin = Path(__file__).resolve().parent.parent / "toggles" / "26651.yaml"
+    d = tmp_path / "toggles"
+    d.mkdir()
+    # A toggle that exists only here, and a drifted copy of a built-in one: both must be what runs.
+    text = builtin.read_text().replace("pr: 26651", "pr: 77777")
+    (d / "77777.yaml").write_text(text)
+    drifted = builtin.read_text().replace("  kv_lens = seq_lens - extend_seq_lens", "  kv_lenz = seq_lens - extend_seq_lens", 1)
+    assert drifted != builtin.read_text()
+    (d / "26651.yaml").write_text(drifted)
+    scen = "triton-draft-extend-v2@cg=graph-padded,builder=glue,gpu_only=off"
+    r = run_cli("--toggles", str(d), "run", "-r", "77777:clamp", "-s", scen, "--device", "cpu", "--json", "-")
+    assert r.code in (0, 1), r.err
+    assert json.loads(r.out)["cells"][0]["verdict"] == "INVARIANT", r.out[-2000:]
+    r = run_cli("--toggles", str(d), "run", "-r", "26651", "-s", scen, "--device", "cpu", "--json", "-")
+    cell = json.loads(r.out)["cells"][0]
+    assert cell["verdict"] == "ERROR" and "revert" in cell["findings"][0]["message"], cell
+
+
+def test_scenario_names_are_not_markup(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("name: x[/red]\nmode: decode\nbatch: {prefix_lens: [5, 9]}\n")
+    r = run_cli("run", "--scenario-file", str(f), "--device", "cpu")
+    assert r.code == 0, r.err
+    assert "x[/red]" in r.out
+
+
+def test_matrix_grid_is_readable_when_piped_and_narrow(tmp_path):
+    r = run_cli("matrix", "-s", "triton-decode@cg=eager*", "-s", "triton-extend", "--device", "cpu",
+                env={"COLUMNS": "60"})
+    assert r.code == 0, r.out + r.err
+    for name in ("triton-decode@cg=eager,gpu_only=off", "triton-decode@cg=eager,gpu_only=on", "triton-extend"):
+        assert name in r.out, r.out
+    assert "baseline" in r.out and "26651" in r.out
+
+
+def test_json_report_is_written_atomically_and_complete(tmp_path):
+    target = tmp_path / "r.json"
+    r = run_cli("run", "-s", FAST, "--device", "cpu", "--json", str(target))
+    assert r.code == 0, r.err
+    data = json.loads(target.read_text())
+    assert data["cells"][0]["verdict"] == "PASS" and data["torch"] and data["device"] == "cpu"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_the_parent_imports_neither_torch_nor_triton_while_running_cells():
+    code = ("import sys\nfrom sglfix.cli import main\ntry:\n"
+            f"    main(['run', '-s', {FAST!r}, '--device', 'cpu'])\nexcept SystemExit as e:\n    code = e.code\n"
+            "print('RESULT', code, sorted(m for m in ('torch', 'triton', 'sglfix.backends') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "RESULT 0 []" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("sig,code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_signals_mid_run_stop_every_worker(sig, code):
+    import signal
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(os.path.dirname(__file__), "fixtures"),
+                                                    env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "sglfix", "matrix", "--device", "cpu", "-j", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        workers: list[int] = []
+        while time.monotonic() < deadline and len(workers) < 2:
+            time.sleep(0.5)
+            workers = _workers_of(proc.pid)
+        assert workers, "no worker started"
+        time.sleep(2.0)
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    assert proc.returncode == code, err
+    lines = [line for line in err.decode().splitlines() if line.strip()]
+    assert len(lines) == 1 and "workers stopped" in lines[0], err
+    time.sleep(0.5)
+    assert not [p for p in workers if _alive(p)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _workers_of(parent: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmd = fh.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+        if ppid == parent and b"sglfix.execution.worker" in cmd:
+            found.append(int(entry))
+    return found

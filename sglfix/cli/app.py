@@ -76,8 +76,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     opts = Options(debug=debug, argv=["sglfix", *args])
     try:
         code = app(args=(["--debug"] if debug else []) + args, prog_name="sglfix", standalone_mode=False, obj=opts)
+        if code == 130:  # typer turns KeyboardInterrupt into exit code 130; the pool has unwound by now
+            err.print("sglfix: interrupted; workers stopped")
     except typer.Exit as exc:
         code = exc.exit_code
+        if code == 130:  # typer turns KeyboardInterrupt into Exit(130); the pool has unwound by now
+            err.print("sglfix: interrupted; workers stopped")
     except typer.Abort:
         err.print("sglfix: aborted")
         code = 130
