@@ -72,17 +72,14 @@ def env_ids(registry) -> tuple[str, ...]:
 
 def load_selected(scenario_globs: Sequence[str], scenario_files: Sequence[str], backend: Optional[str],
                   memory_budget: Optional[str] = None):
-    """Built-in scenarios, or only the given files when --scenario-file is used; sizes checked."""
+    """Built-in scenarios, or only the given files when --scenario-file is used; sizes and the
+    memory estimate checked at load (exit 2 before any cell runs)."""
     from sglfix.scenario import load_scenarios, select_scenarios
+    from sglfix.scenario.memory import parse_size
 
-    scenarios = load_scenarios(list(scenario_files), builtin=not scenario_files)
-    chosen = select_scenarios(scenarios, globs=list(scenario_globs), backend=backend)
-    try:
-        from sglfix.scenario.limits import check_memory, memory_budget_bytes
-    except ImportError:  # limits not built yet
-        return chosen
-    check_memory(chosen, memory_budget_bytes(memory_budget))
-    return chosen
+    budget = parse_size(memory_budget, what="--memory-budget") if memory_budget is not None else None
+    scenarios = load_scenarios(list(scenario_files), builtin=not scenario_files, memory_budget=budget)
+    return select_scenarios(scenarios, globs=list(scenario_globs), backend=backend)
 
 
 def make_pool(opts: Options, *, device: str, jobs: int, timeout: float):

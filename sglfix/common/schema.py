@@ -11,6 +11,7 @@ raises ``ConfigError`` too, so that callers catch one type whether the spec came
 from __future__ import annotations
 
 import difflib
+import reprlib
 import typing
 from typing import Any, Iterable, TypeVar
 
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from sglfix.common.errors import ConfigError
 from sglfix.common.yamlio import LineDict, LineList, line_of
 
-__all__ = ["StrictModel", "ConfigModel", "NodeError", "validate_node", "nearest", "describe_kind", "ModelT"]
+__all__ = ["StrictModel", "ConfigModel", "NodeError", "validate_node", "nearest", "describe_kind", "show", "ModelT"]
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -65,6 +66,26 @@ def nearest(word: str, choices: Iterable[str]) -> str:
     """' (did you mean X?)' or '' — appended to messages about unknown names."""
     found = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean {found[0]!r}?)" if found else ""
+
+
+class _ShortRepr(reprlib.Repr):
+    """reprlib dispatches on the exact type name: LineDict/LineList would get a full, unbounded repr."""
+
+    def repr1(self, x: Any, level: int) -> str:
+        if isinstance(x, dict) and type(x) is not dict:
+            return self.repr_dict(x, level)
+        if isinstance(x, list) and type(x) is not list:
+            return self.repr_list(x, level)
+        return super().repr1(x, level)
+
+
+_repr = _ShortRepr()
+_repr.maxlevel, _repr.maxlist, _repr.maxdict, _repr.maxstring, _repr.maxother = 2, 6, 4, 60, 60
+
+
+def show(value: Any) -> str:
+    """A short repr: a value from a user's file may be huge (or a YAML alias bomb)."""
+    return _repr.repr(value)
 
 
 def describe_kind(value: Any) -> str:
@@ -194,6 +215,6 @@ def _describe(exc: ValidationError, model: type[BaseModel], node: Any, *, what: 
         elif text.startswith("Assertion failed, "):
             text = text[len("Assertion failed, "):]
         else:
-            text = f"{text}; got {err.get('input')!r}"
+            text = f"{text}; got {show(err.get('input'))}"
         message = f"{label}: {text}" if path or what else text
     return line, message

@@ -154,8 +154,15 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
 
         stage("forward")
         backend = adapter.make_backend(prepared)
+        stage("capture")
+        runner = adapter.capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
+        sync()
+        t_cap = time.perf_counter()
+        if runner is not None:
+            result.timings_ms["capture"] = round((t_cap - t1) * 1e3, 2)
+        stage("forward")
         with watch_syncs(device, enabled=scenario.sync_free) as syncs:
-            out = adapter.run(prepared, backend, scenario=scenario, on_metadata=on_metadata)
+            out = adapter.run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
         sync()
         t2 = time.perf_counter()
     except Exception as exc:

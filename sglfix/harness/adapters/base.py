@@ -31,8 +31,11 @@ class BackendAdapter(Protocol):
     def make_backend(self, prepared: Prepared) -> Any:
         """A fresh backend over the case's pools."""
 
-    def run(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
-        """The forward for the scenario's mode, eager or captured and replayed; returns the output."""
+    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
+        """A captured graph runner for graph scenarios, else None; runs outside the sync watch."""
+
+    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
+        """The forward for the scenario's mode: eager, or a replay of ``runner``; returns the output."""
 
     def static_buffers(self, backend: Any) -> list:
         """Registered static buffers (with guard zones) after the run."""

@@ -34,6 +34,7 @@ class TritonAdapter:
             dtype=scenario.model.dtype, topk=scenario.spec.topk, num_steps=scenario.spec.num_steps,
             num_draft_tokens=scenario.spec.num_draft_tokens, gpu_only=scenario.gpu_only, seed=scenario.seed,
             device=device, builder=scenario.builder,
+            capture_bs=list(scenario.capture_bs) if scenario.capture_bs else None,
         )
         return Prepared(case=case, num_slots=case.model_runner.token_to_kv_pool.num_slots)
 
@@ -42,13 +43,21 @@ class TritonAdapter:
 
         return TritonAttnBackend(model_runner=prepared.case.model_runner)
 
-    def run(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
-        from sglfix.backends.srt.model_executor.cuda_graph_runner import make_runner_for_case, run_eager
+    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
+        """The CUDA-graph runner, captured at the scenario's sizes (None for eager scenarios).
+        Capture synchronises by design: it runs before the sync watch starts."""
+        if not scenario.cuda_graph:
+            return None
+        from sglfix.backends.srt.model_executor.cuda_graph_runner import make_runner_for_case
+
+        return make_runner_for_case(prepared.case, backend=backend, capture_bs=list(scenario.capture_bs),
+                                    on_metadata=on_metadata)
+
+    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
+        from sglfix.backends.srt.model_executor.cuda_graph_runner import run_eager
 
         case = prepared.case
-        if scenario.cuda_graph:
-            runner = make_runner_for_case(case, backend=backend, capture_bs=list(scenario.capture_bs),
-                                          on_metadata=on_metadata)
+        if runner is not None:
             return runner.replay(case.forward_batch, q=case.q, k=case.k, v=case.v)
         return run_eager(backend=backend, forward_batch=case.forward_batch, q=case.q, k=case.k, v=case.v,
                          layer=case.layer, on_metadata=on_metadata)

@@ -138,6 +138,15 @@ class AttentionCase:
         return out.view((bs, qmax) + tuple(o.shape[1:]))
 
 
+def default_req_pool_size(*, batch_size: int, max_graph_bs: int = 0) -> int:
+    """Request slots a case allocates: the batch or the largest graph, plus the reserved row 0.
+
+    Never below 32, so that the random pool indices of small batches stay what they always were
+    (the seeded draws that follow depend on them).
+    """
+    return max(32, batch_size + 1, max_graph_bs + 1)
+
+
 def _draft_tree(num_draft_tokens: int, topk: int, num_steps: int, gen: torch.Generator):
     """Parents (-1 for the root) of a random draft tree in BFS order: node 0 is
     the verified token, each node has at most ``topk`` children and depth at most
@@ -218,7 +227,8 @@ def build_case(
     device: str | torch.device | None = None,
     builder: str = "kit",
     max_context_len: int | None = None,
-    req_pool_size: int = 32,
+    req_pool_size: int | None = None,
+    capture_bs: Sequence[int] | None = None,
     max_kv_splits: int = 4,
 ) -> AttentionCase:
     """Build one scenario batch.
@@ -228,7 +238,10 @@ def build_case(
     ``topk == 1``); DRAFT_EXTEND ``accept_lens[b] + 1``; DRAFT_EXTEND_V2
     ``num_draft_tokens``. ``gpu_only`` leaves the CPU mirrors (``seq_lens_cpu``,
     ``seq_lens_sum``, ``*_cpu`` lists) None, as the spec-v2 overlap path does.
-    ``builder="glue"`` is only meaningful for DRAFT_EXTEND_V2.
+    ``builder="glue"`` is only meaningful for DRAFT_EXTEND_V2. A prefix may be 0
+    (a fresh prefill, or a first token attending only itself). ``capture_bs``
+    names the CUDA-graph sizes the case will be replayed on, so that the request
+    pool holds the largest of them.
     """
     mode = parse_mode(mode)
     dtype = parse_dtype(dtype)
@@ -243,8 +256,15 @@ def build_case(
     bs = len(prefix)
     if bs == 0:
         raise ValueError("prefix_lens must name at least one request")
-    if bs + 1 > req_pool_size:
-        raise ValueError(f"req_pool_size={req_pool_size} too small for bs={bs} (+1 reserved)")
+    if any(p < 0 for p in prefix):
+        raise ValueError(f"prefix_lens must be >= 0, got {prefix}")
+    max_graph_bs = max(capture_bs) if capture_bs else 0
+    if req_pool_size is None:
+        req_pool_size = default_req_pool_size(batch_size=bs, max_graph_bs=max_graph_bs)
+    if max(bs, max_graph_bs) + 1 > req_pool_size:
+        raise ValueError(
+            f"req_pool_size={req_pool_size} too small for bs={max(bs, max_graph_bs)} (+1 reserved)"
+        )
 
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed)

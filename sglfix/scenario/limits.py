@@ -1,0 +1,88 @@
+"""Upper bounds on every size a scenario file may ask for, checked when the file is loaded.
+
+A scenario describes a real batch. The bounds sit well above what an engine runs (CUDA graphs of
+a few hundred requests, 128K-token contexts, EAGLE trees of tens of tokens) and far below what
+would make a worker allocate tens of GB or loop for hours before reporting a CRASH or TIMEOUT
+that is really a typo. Memory is bounded separately, by estimate (``memory.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "Limit", "LIMITS", "limits_markdown",
+    "MAX_REQUESTS", "MAX_TOKENS_PER_REQUEST", "MAX_TOKENS_PER_BATCH", "MAX_HEADS", "MIN_HEAD_DIM",
+    "MAX_HEAD_DIM", "MAX_PAGE_SIZE", "MAX_TOPK", "MAX_NUM_STEPS", "MAX_DRAFT_TOKENS",
+    "MAX_CAPTURE_SIZES", "MAX_GRID_POINTS", "MAX_SCENARIOS", "MAX_FILE_BYTES", "MAX_NAME_CHARS",
+    "MAX_DESCRIPTION_CHARS", "MAX_SEED", "LIMITS_HINT",
+]
+
+MAX_REQUESTS = 1024
+MAX_TOKENS_PER_REQUEST = 131_072
+MAX_TOKENS_PER_BATCH = 1_048_576
+MAX_HEADS = 256
+MIN_HEAD_DIM = 16
+MAX_HEAD_DIM = 512
+MAX_PAGE_SIZE = 1024
+MAX_TOPK = 16
+MAX_NUM_STEPS = 32
+MAX_DRAFT_TOKENS = 256
+MAX_CAPTURE_SIZES = 64
+MAX_GRID_POINTS = 512
+MAX_SCENARIOS = 4096
+MAX_FILE_BYTES = 1024 * 1024
+MAX_NAME_CHARS = 200
+MAX_DESCRIPTION_CHARS = 4000
+MAX_SEED = 2**63 - 1
+
+LIMITS_HINT = "see 'Scenario limits' in the README"
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One documented bound: where it applies, its value and why it is there."""
+
+    applies_to: str
+    value: str
+    why: str
+
+
+LIMITS: tuple[Limit, ...] = (
+    Limit("requests per batch (`batch.prefix_lens` items)", f"1 .. {MAX_REQUESTS}",
+          "CUDA-graph batch sizes of engines stay in the hundreds"),
+    Limit("tokens per request (prefix + new tokens)", f"<= {MAX_TOKENS_PER_REQUEST:,}",
+          "a 128K context"),
+    Limit("tokens per batch (sum over requests)", f"<= {MAX_TOKENS_PER_BATCH:,}",
+          "the KV pool holds twice this (scattered pages)"),
+    Limit("`batch.prefix_lens`", f"0 .. {MAX_TOKENS_PER_REQUEST:,}",
+          "0 is a fresh prefill (or a first token attending only itself)"),
+    Limit("`batch.extend_lens`", f"1 .. {MAX_TOKENS_PER_REQUEST:,}", "EXTEND only"),
+    Limit("`batch.accept_lens`", "0 .. min(num_steps, num_draft_tokens - 1)",
+          "DRAFT_EXTEND only; it extends accept_len + 1 tokens"),
+    Limit("`model.num_heads`, `model.num_kv_heads`", f"1 .. {MAX_HEADS}",
+          "num_heads a multiple of num_kv_heads (MHA, GQA, MQA)"),
+    Limit("`model.head_dim`", f"power of two, {MIN_HEAD_DIM} .. {MAX_HEAD_DIM}", "the Triton kernels' block shapes"),
+    Limit("`page_size`", f"1 .. {MAX_PAGE_SIZE}", "engines use 1 to 256"),
+    Limit("`spec.topk`", f"1 .. {MAX_TOPK}", "TARGET_VERIFY, DRAFT_EXTEND, DRAFT_EXTEND_V2: 1 (Triton reproduction)"),
+    Limit("`spec.num_steps`", f"1 .. {MAX_NUM_STEPS}", "EAGLE draft depth"),
+    Limit("`spec.num_draft_tokens`", f"1 .. {MAX_DRAFT_TOKENS}",
+          "TARGET_VERIFY: must fit a tree of depth num_steps and fan-out topk"),
+    Limit("`cuda_graph.capture_bs`", f"1 .. {MAX_REQUESTS} each, at most {MAX_CAPTURE_SIZES} sizes",
+          "one capture per size"),
+    Limit("`seed`", f"0 .. 2^63 - 1", "torch.Generator.manual_seed"),
+    Limit("`tolerance`", "0 < t < 1", "default 1e-2 fp16, 2e-2 bf16, 1e-4 fp32"),
+    Limit("`name`", f"1 .. {MAX_NAME_CHARS} characters, no whitespace or control characters",
+          "names are printed and matched by glob"),
+    Limit("`grid` points per scenario", f"<= {MAX_GRID_POINTS}", "checked on the product, before expanding"),
+    Limit("scenarios loaded in all (after grid expansion)", f"<= {MAX_SCENARIOS}",
+          "the matrix runs each with every toggle"),
+    Limit("scenario file size", f"<= {MAX_FILE_BYTES // 1024**2} MiB", "a scenario file is a few KB"),
+)
+
+
+def limits_markdown() -> str:
+    """The limits as a Markdown table, for the README."""
+    rows = ["| what | allowed | note |", "|---|---|---|"]
+    rows += [f"| {lim.applies_to} | {lim.value} | {lim.why} |" for lim in LIMITS]
+    return "\n".join(rows)

@@ -1,0 +1,316 @@
+"""pydantic models: a scenario as its file spells it (``ScenarioNode``) and as it runs (``Scenario``).
+
+Field types carry the per-value rules (integers, not text or floats; each size within its limit;
+mode, dtype, backend and builder names in any case, normalised to the canonical spelling), so an
+error names the exact key or list item and its line. Rules that tie several keys together run
+last, from ``rules.py``, driven by the mode table.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from functools import partial
+from typing import Annotated, Any, Optional
+
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator, model_validator
+
+from sglfix.common.schema import StrictModel, describe_kind, nearest, show, validate_node
+from sglfix.scenario.limits import (
+    LIMITS_HINT, MAX_CAPTURE_SIZES, MAX_DESCRIPTION_CHARS, MAX_DRAFT_TOKENS, MAX_HEAD_DIM, MAX_HEADS,
+    MAX_NAME_CHARS, MAX_NUM_STEPS, MAX_PAGE_SIZE, MAX_REQUESTS, MAX_SEED, MAX_TOKENS_PER_REQUEST, MAX_TOPK,
+    MIN_HEAD_DIM,
+)
+from sglfix.scenario.modes import BUILDERS, MODES, rule_for
+from sglfix.scenario.rules import check_node, new_token_counts
+
+__all__ = ["BACKENDS", "DTYPES", "DEFAULT_TOLERANCE", "ModelShape", "SpecShape", "BatchNode", "CudaGraphNode",
+           "ScenarioNode", "Scenario", "valid_name"]
+
+BACKENDS = ("triton",)
+DTYPES = ("float16", "bfloat16", "float32")
+DEFAULT_TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-4}
+_DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
+
+
+# ----------------------------------------------------------------------------- value checks
+
+def _integer(value: Any, *, low: int, high: int, limit: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        hint = ""
+        if isinstance(value, str) and re.fullmatch(r"\s*[-+]?[\d_.]+(e[-+]?\d+)?\s*", value, re.I):
+            hint = " (YAML reads this as text; write the digits)"
+        raise ValueError(f"must be an integer, got {describe_kind(value)} {show(value)}{hint}")
+    if value < low:
+        raise ValueError(f"must be >= {low}, got {value}")
+    if value > high:
+        raise ValueError(f"{value} is over the limit of {limit} ({LIMITS_HINT})")
+    return value
+
+
+def bounded(low: int, high: int, limit: str) -> Any:
+    """An int type within [low, high]; ``limit`` says what the upper bound is in words."""
+    return Annotated[int, BeforeValidator(partial(_integer, low=low, high=high, limit=limit))]
+
+
+def _power_of_two(value: int) -> int:
+    if value & (value - 1):
+        raise ValueError(f"must be a power of two, got {value}")
+    return value
+
+
+def _per_request(value: Any, *, items: str) -> Any:
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"must be a list of {items}, one per request, got {describe_kind(value)} {show(value)}")
+    if not value:
+        raise ValueError(f"must be a non-empty list of {items}, got an empty list")
+    if len(value) > MAX_REQUESTS:
+        raise ValueError(f"has {len(value)} items, over the limit of {MAX_REQUESTS} requests ({LIMITS_HINT})")
+    return value
+
+
+def _capture_sizes(value: Any) -> Any:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"must be a non-empty list of batch sizes, got {describe_kind(value)} {show(value)}")
+    if len(value) > MAX_CAPTURE_SIZES:
+        raise ValueError(f"has {len(value)} sizes, over the limit of {MAX_CAPTURE_SIZES} ({LIMITS_HINT})")
+    return value
+
+
+def _choice(value: Any, *, choices: tuple[str, ...], canonical: Any, aliases: dict[str, str] | None = None) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"must be one of {', '.join(choices)}, got {describe_kind(value)} {show(value)}")
+    key = canonical(value.strip())
+    key = (aliases or {}).get(key, key)
+    if key not in choices:
+        raise ValueError(f"{show(value)} is not one of {', '.join(choices)}{nearest(key, choices)}")
+    return key
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be text, got {describe_kind(value)} {show(value)}")
+    if len(value) > MAX_NAME_CHARS:
+        raise ValueError(f"has {len(value)} characters, over the limit of {MAX_NAME_CHARS}")
+    for i, ch in enumerate(value):
+        if ch.isspace() or unicodedata.category(ch)[0] == "C":
+            raise ValueError(f"must be text without spaces or control characters, got {value!r} "
+                             f"({ch!r} at {i}); use - or _ instead")
+    return value
+
+
+def valid_name(value: Any) -> bool:
+    try:
+        _name(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"must be text, got {describe_kind(value)} {show(value)}")
+    if len(value) > MAX_DESCRIPTION_CHARS:
+        raise ValueError(f"has {len(value)} characters, over the limit of {MAX_DESCRIPTION_CHARS}")
+    return value
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false, got {describe_kind(value)} {show(value)}")
+    return value
+
+
+def _tolerance(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError(f"must be a number in (0, 1), got {show(value)}")
+    return float(value)
+
+
+def _graph_or_false(value: Any) -> Any:
+    # `cuda_graph: false` (or absent) is eager; true names no size to capture.
+    if value is False or value is None:
+        return None
+    if isinstance(value, dict):
+        return value
+    raise ValueError(f"must be false or {{capture_bs: [...]}}, got {describe_kind(value)} {show(value)}")
+
+
+Tokens = bounded(0, MAX_TOKENS_PER_REQUEST, f"{MAX_TOKENS_PER_REQUEST} tokens per request")
+NewTokens = bounded(1, MAX_TOKENS_PER_REQUEST, f"{MAX_TOKENS_PER_REQUEST} tokens per request")
+AcceptLen = bounded(0, MAX_DRAFT_TOKENS, f"{MAX_DRAFT_TOKENS} draft tokens")
+BatchSize = bounded(1, MAX_REQUESTS, f"{MAX_REQUESTS} requests")
+Heads = bounded(1, MAX_HEADS, f"{MAX_HEADS} heads")
+HeadDim = Annotated[bounded(MIN_HEAD_DIM, MAX_HEAD_DIM, f"{MAX_HEAD_DIM}"), AfterValidator(_power_of_two)]
+PageSize = bounded(1, MAX_PAGE_SIZE, f"{MAX_PAGE_SIZE} tokens per page")
+Seed = bounded(0, MAX_SEED, "2^63 - 1")
+PrefixList = Annotated[tuple[Tokens, ...], BeforeValidator(partial(_per_request, items="integers >= 0"))]
+NewTokenList = Annotated[tuple[NewTokens, ...], BeforeValidator(partial(_per_request, items="integers >= 1"))]
+AcceptList = Annotated[tuple[AcceptLen, ...], BeforeValidator(partial(_per_request, items="integers >= 0"))]
+CaptureList = Annotated[tuple[BatchSize, ...], BeforeValidator(_capture_sizes)]
+Name = Annotated[str, BeforeValidator(_name)]
+Text = Annotated[str, BeforeValidator(_text)]
+Flag = Annotated[bool, BeforeValidator(_flag)]
+Tolerance = Annotated[float, BeforeValidator(_tolerance)]
+Mode = Annotated[str, BeforeValidator(partial(_choice, choices=MODES,
+                                              canonical=lambda s: s.upper().replace("-", "_")))]
+DType = Annotated[str, BeforeValidator(partial(_choice, choices=DTYPES, aliases=_DTYPE_ALIASES,
+                                               canonical=lambda s: s.lower().removeprefix("torch.")))]
+Backend = Annotated[str, BeforeValidator(partial(_choice, choices=BACKENDS, canonical=str.lower))]
+Builder = Annotated[str, BeforeValidator(partial(_choice, choices=BUILDERS, canonical=str.lower))]
+
+
+# ----------------------------------------------------------------------------- shared shapes
+
+class ModelShape(StrictModel):
+    num_heads: Heads = 4
+    # Validated even when left out: num_heads alone may not be a multiple of the default.
+    num_kv_heads: Heads = Field(default=2, validate_default=True)
+    head_dim: HeadDim = 64
+    dtype: DType = "float16"
+
+    @field_validator("num_kv_heads")
+    @classmethod
+    def _heads_group(cls, value: int, info: ValidationInfo) -> int:
+        heads = info.data.get("num_heads")
+        if heads is not None and heads % value:
+            raise ValueError(f"num_heads ({heads}) must be a multiple of num_kv_heads ({value})")
+        return value
+
+
+class SpecShape(StrictModel):
+    topk: bounded(1, MAX_TOPK, f"{MAX_TOPK}") = 1
+    num_steps: bounded(1, MAX_NUM_STEPS, f"{MAX_NUM_STEPS} steps") = 3
+    num_draft_tokens: bounded(1, MAX_DRAFT_TOKENS, f"{MAX_DRAFT_TOKENS} draft tokens") = 4
+
+
+# ----------------------------------------------------------------------------- the file's shape
+
+class BatchNode(StrictModel):
+    prefix_lens: PrefixList
+    # One integer for every request, or one per request.
+    extend_lens: Optional[NewTokenList] = None
+    accept_lens: Optional[AcceptList] = None
+
+    @field_validator("extend_lens", mode="wrap")
+    @classmethod
+    def _same_for_all(cls, value: Any, handler: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return _integer(value, low=1, high=MAX_TOKENS_PER_REQUEST,
+                            limit=f"{MAX_TOKENS_PER_REQUEST} tokens per request")
+        return handler(value)
+
+
+class CudaGraphNode(StrictModel):
+    capture_bs: CaptureList
+
+
+class ScenarioNode(StrictModel):
+    """One scenario as written (after grid expansion); cross-key rules come after, in resolve.py."""
+
+    name: Name
+    description: Text = ""
+    backend: Backend = "triton"
+    mode: Mode
+    batch: BatchNode
+    cuda_graph: Annotated[Optional[CudaGraphNode], BeforeValidator(_graph_or_false)] = None
+    gpu_only: Flag = False
+    sync_free: Optional[Flag] = None
+    page_size: PageSize = 1
+    model: ModelShape = ModelShape()
+    spec: SpecShape = SpecShape()
+    seed: Seed = 0
+    tolerance: Optional[Tolerance] = None
+    builder: Builder = "kit"
+    # Expanded by the loader before a node is validated; listed so that it is a known key.
+    grid: Optional[dict] = None
+
+    @model_validator(mode="after")
+    def _cross_key_rules(self) -> "ScenarioNode":
+        check_node(self)
+        return self
+
+    def to_scenario(self, *, name: str, path: str, line: int) -> "Scenario":
+        """The runnable scenario: new tokens per request spelled out, defaults filled in."""
+        rule = rule_for(self.mode)
+        return Scenario(
+            name=name, mode=self.mode, prefix_lens=self.batch.prefix_lens, extend_lens=new_token_counts(self),
+            accept_lens=self.batch.accept_lens, backend=self.backend,
+            capture_bs=tuple(sorted(set(self.cuda_graph.capture_bs))) if self.cuda_graph else None,
+            gpu_only=self.gpu_only,
+            sync_free=self.sync_free if self.sync_free is not None else (self.gpu_only and not rule.host_reads),
+            page_size=self.page_size, model=self.model, spec=self.spec, seed=self.seed,
+            tolerance=self.tolerance if self.tolerance is not None else DEFAULT_TOLERANCE[self.model.dtype],
+            builder=self.builder, description=self.description, path=path, line=line,
+        )
+
+
+# ----------------------------------------------------------------------------- what runs
+
+class Scenario(StrictModel):
+    """A concrete batch to replay through a backend: every length spelled out per request."""
+
+    name: Name
+    mode: Mode
+    prefix_lens: PrefixList
+    extend_lens: NewTokenList
+    accept_lens: Optional[AcceptList] = None
+    backend: Backend = "triton"
+    capture_bs: Optional[CaptureList] = None  # None: eager, no CUDA graph
+    gpu_only: Flag = False
+    # Declared free of device->host syncs; defaults to gpu_only, except spec-v1 DRAFT_EXTEND,
+    # whose accept lengths are read on the host by design.
+    sync_free: Flag = False
+    page_size: PageSize = 1
+    model: ModelShape = ModelShape()
+    spec: SpecShape = SpecShape()
+    seed: Seed = 0
+    tolerance: Tolerance = 1e-2
+    builder: Builder = "kit"
+    description: Text = ""
+    path: str = ""
+    line: int = 0
+
+    @model_validator(mode="after")
+    def _lengths_agree(self) -> "Scenario":
+        bs = len(self.prefix_lens)
+        if len(self.extend_lens) != bs:
+            raise ValueError(f"extend_lens has {len(self.extend_lens)} items for {bs} requests")
+        if self.accept_lens is not None and len(self.accept_lens) != bs:
+            raise ValueError(f"accept_lens has {len(self.accept_lens)} items for {bs} requests")
+        if self.capture_bs is not None:
+            if list(self.capture_bs) != sorted(set(self.capture_bs)):
+                raise ValueError(f"capture_bs must be sorted and distinct, got {list(self.capture_bs)}")
+            if self.capture_bs[-1] < bs:
+                raise ValueError(f"a batch of {bs} fits no captured size {list(self.capture_bs)}")
+        return self
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prefix_lens)
+
+    @property
+    def cuda_graph(self) -> bool:
+        return self.capture_bs is not None
+
+    @property
+    def padded(self) -> bool:
+        """A graph replay pads the raw batch up to the smallest captured size that fits."""
+        return self.cuda_graph and self.graph_bs != self.batch_size
+
+    @property
+    def graph_bs(self) -> int | None:
+        if self.capture_bs is None:
+            return None
+        return min(b for b in self.capture_bs if b >= self.batch_size)
+
+    def to_json(self) -> dict:
+        """Plain JSON data; ``Scenario.from_json`` rebuilds an equal scenario from it."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Scenario":
+        """The scenario ``to_json`` wrote (a worker rebuilds its scenarios this way)."""
+        name = data.get("name") if isinstance(data, dict) else None
+        return validate_node(cls, data, where="<scenario JSON>",
+                             what=f"scenario {name}" if isinstance(name, str) else "scenario")
