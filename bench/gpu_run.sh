@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: install sglfix without network, run the GPU backend tests, doctor, the full
-# matrix (every toggle and part) on CUDA, and compare it cell by cell with the committed CPU
-# matrix. Everything lands in $OUT; a short table is printed last.
+# matrix (every toggle and part) on CUDA, compare it cell by cell with the committed CPU matrix and
+# with the CUDA matrix of the previous layout, and probe FAULT/TIMEOUT isolation on CUDA.
+# Everything lands in $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/sglfix-out}
 mkdir -p "$OUT"
@@ -11,6 +12,8 @@ log "device"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=c
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
 if [ -f .cache/triton.tgz ]; then mkdir -p ~/.triton && tar -xzf .cache/triton.tgz -C ~/.triton; fi
 log "install"
+# pydantic is not on the GPU machine and there is no network: wheels carried in .cache/pydeps-whl
+if ls .cache/pydeps-whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-deps --no-index .cache/pydeps-whl/*.whl 2>&1 | tail -2; fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 python3 -c "import sglfix.backends, sglfix; print('sglfix from', sglfix.__file__)"
 log "backend tests on CUDA"
@@ -37,6 +40,9 @@ import json, sys
 out = sys.argv[1]
 m = json.load(open(f"{out}/matrix-cuda.json"))
 p = json.load(open(f"{out}/parity.json"))
-print(f"{'cells':>8} {'wall_s':>8} {'agree':>6} {'differ':>6}  summary")
-print(f"{len(m['cells']):>8} {m['wall_s']:>8} {p['agree']:>6} {len(p['differ']):>6}  {m['summary']}")
+q = json.load(open(f"{out}/parity-prev.json"))
+f = json.load(open(f"{out}/fault-cuda.json"))
+print(f"{'cells':>8} {'wall_s':>8} {'agree':>6} {'differ':>6} {'prev-agree':>10} {'prev-differ':>11}  summary")
+print(f"{len(m['cells']):>8} {m['wall_s']:>8} {p['agree']:>6} {len(p['differ']):>6} {q['agree']:>10} {len(q['differ']):>11}  {m['summary']}")
+print("fault probe:", [(c['cell'], c['verdict'], c['seconds']) for c in f['cells']], "workers left", f['workers_left'])
 PY

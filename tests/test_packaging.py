@@ -74,3 +74,12 @@ def test_fresh_virtualenv_install_works_from_any_directory(tmp_path, wheel):
                            cwd=elsewhere, capture_output=True, text=True, env=env, timeout=120)
     assert where.returncode == 0, where.stderr
     assert all(str(venv) in p for p in where.stdout.split())
+
+
+def test_every_package_directory_is_listed_in_pyproject():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "sglfix").rglob("__init__.py")}
+    found |= {"sglfix." + ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "backends").rglob("__init__.py")}
+    assert found <= listed, f"not in pyproject's packages: {sorted(found - listed)}"
