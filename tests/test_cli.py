@@ -140,6 +140,7 @@ def test_toggles_dir_reaches_the_workers(tmp_path):
     r = run_cli("--toggles", str(d), "run", "-r", "26651", "-s", scen, "--device", "cpu", "--json", "-")
     cell = json.loads(r.out)["cells"][0]
     assert cell["verdict"] == "ERROR" and "revert" in cell["findings"][0]["message"], cell
+    assert r.code == 1  # a failure of sglfix is a failed run, never a skip (125) or a pass
 
 
 def test_scenario_names_are_not_markup(tmp_path):

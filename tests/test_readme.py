@@ -30,3 +30,20 @@ def test_ci_script_names_only_files_that_exist():
     text = (ROOT / ".ci/run").read_text()
     for name in re.findall(r"tests/[\w/]+\.py", text):
         assert (ROOT / name).is_file(), f".ci/run mentions {name}, which does not exist"
+
+
+def test_readme_claims_only_what_exists():
+    text = (ROOT / "README.md").read_text()
+    code = "\n".join(p.read_text() for p in (ROOT / "backends").rglob("*.py"))
+    if "import flashinfer" not in code and "from flashinfer" not in code:
+        assert "FlashInfer" not in text, "README promises FlashInfer kernels that no backend uses yet"
+    from sglfix.cli.app import app
+
+    commands = {c.name for c in app.registered_commands}
+    shell = "\n".join(re.findall(r"```bash\n(.*?)```", text, re.S))
+    used = set(re.findall(r"\bsglfix ([a-z]+)\b", shell))
+    assert used and used <= commands, f"README shows commands that do not exist: {sorted(used - commands)}"
+    cli_source = "\n".join(p.read_text() for p in (ROOT / "sglfix" / "cli").glob("*.py"))
+    pip_options = {"--system-site-packages", "--no-deps", "--no-build-isolation"}
+    for option in set(re.findall(r"(--[a-z][a-z-]+)", shell)) - pip_options:
+        assert f'"{option}"' in cli_source, f"README shows option {option}, which no command has"
