@@ -12,6 +12,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglfix.common.codebase import is_code_under_test
 from sglfix.scenario import Scenario
 from sglfix.common.verdicts import worst
 
@@ -68,22 +69,20 @@ def raised_by_code_under_test(exc: BaseException) -> bool:
     """Whose frame raised? The innermost frame that is ours decides: in the backends, the code
     under test raised (CRASH); in sglfix proper (harness, reference, invariant hooks the backends
     call back into), sglfix failed (ERROR). Library frames (torch, triton) are skipped."""
-    backends, ours = _backends_dir(), _sglfix_dir()
+    ours = _sglfix_dir()
     for fr in reversed(_frames(exc)):
-        path = os.path.abspath(fr.filename)
-        if path.startswith(backends):
+        if is_code_under_test(fr.filename):
             return True
-        if path.startswith(ours):
+        if os.path.abspath(fr.filename).startswith(ours):
             return False
     return False
 
 
 def _frame_under_test(exc: BaseException) -> str:
     frames = _frames(exc)
-    home = _backends_dir()
     for fr in reversed(frames):
-        if os.path.abspath(fr.filename).startswith(home):
-            return f"{os.path.relpath(fr.filename, home)}:{fr.lineno} in {fr.name}"
+        if is_code_under_test(fr.filename):
+            return f"{os.path.relpath(fr.filename, _backends_dir())}:{fr.lineno} in {fr.name}"
     fr = frames[-1] if frames else None
     return f"{os.path.basename(fr.filename)}:{fr.lineno} in {fr.name}" if fr else "?"
 
@@ -96,13 +95,10 @@ def _first_line(exc: BaseException) -> str:
 def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = None) -> CellResult:
     """Run one cell; never raises for a failure of the code under test or of the harness."""
     result = CellResult(scenario=scenario.name, toggles=list(toggles or []), device=device)
-    stage = "setup"
     try:
-        return _run(scenario, device=device, result=result, stage_box=[stage])
-    except _Staged as staged:
+        return _run(scenario, device=device, result=result, stage_box=["setup"])
+    except _Staged as staged:  # _run wraps every exception with the stage it was raised in
         exc, stage = staged.exc, staged.stage
-    except Exception as exc_:  # pragma: no cover - _run wraps everything it runs
-        exc, stage = exc_, "harness"
     where = _frame_under_test(exc)
     if raised_by_code_under_test(exc):
         result.add("CRASH", f"{type(exc).__name__}: {_first_line(exc)} [{stage}, {where}]",
