@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import math
 import os
 import time
-from typing import Annotated, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, List, Optional, Sequence
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from sglfix.cli.context import Options, err, out
+from sglfix.cli.context import Options, err
 from sglfix.common.errors import ConfigError
 
 ScenarioGlobs = Annotated[List[str], typer.Option("--scenario", "-s", metavar="GLOB", help="Only scenarios whose name matches (repeatable).")]
@@ -30,18 +30,6 @@ VERDICT_STYLE = {"PASS": "green", "SKIP": "dim", "SYNC": "yellow", "DIVERGE": "r
 
 def verdict_text(verdict: str) -> Text:
     return Text(verdict, style=VERDICT_STYLE.get(verdict, ""))
-
-
-def check_device(device: str) -> str:
-    if device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"--device {device!r} is not one of auto, cpu, cuda")
-    return device
-
-
-def check_timeout(timeout: float) -> float:
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise ConfigError(f"--timeout {timeout!r} must be a finite number of seconds > 0")
-    return timeout
 
 
 def check_jobs(jobs: Optional[int], device: str) -> int:
@@ -82,15 +70,51 @@ def load_selected(scenario_globs: Sequence[str], scenario_files: Sequence[str], 
     return select_scenarios(scenarios, globs=list(scenario_globs), backend=backend)
 
 
-def make_pool(opts: Options, *, device: str, jobs: int, timeout: float):
-    from sglfix.execution.pool import WorkerConfig, WorkerPool
+@dataclass
+class Ran:
+    """A plan run through the worker pool, with what the report and the tables need."""
 
-    toggles_dir = None
-    if opts.toggles is not None:
-        toggles_dir = str(opts.registry().directory)
-    config = WorkerConfig(device=device, toggles_dir=toggles_dir, allowed_prefixes=opts.allowed_prefixes(),
-                          timeout=timeout)
-    return WorkerPool(config, jobs=jobs)
+    registry: Any
+    env: tuple[str, ...]
+    plan: Any
+    info: dict
+    results: list
+    wall: float
+
+
+def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequence[str],
+             scenario_file: Sequence[str], backend: Optional[str], device: str, jobs: Optional[int],
+             timeout: float, json_file: Optional[str], memory_budget: Optional[str]) -> Ran:
+    """Every option checked first (exit 2 before any cell runs: the worker config checks device
+    and timeout), then the workers boot while the scenarios load and the plan is built.
+    ``build_plan(scenarios, registry=, env_ids=)`` makes the plan."""
+    from sglfix.execution.pool import WorkerConfig, WorkerPool, signals_raise
+    from sglfix.report.output import check_output_path
+
+    check_output_path(json_file, option="--json")
+    registry = opts.registry()
+    config = WorkerConfig(device=device, timeout=timeout, allowed_prefixes=opts.allowed_prefixes(),
+                          toggles_dir=str(registry.directory) if opts.toggles is not None else None)
+    env = env_ids(registry)
+    with signals_raise(), WorkerPool(config, jobs=check_jobs(jobs, device)) as pool:
+        chosen = load_selected(scenario, scenario_file, backend, memory_budget)
+        plan = build_plan(chosen, registry=registry, env_ids=env)
+        info = pool.info
+        results, wall = execute(pool, plan)
+    return Ran(registry=registry, env=env, plan=plan, info=info, results=results, wall=wall)
+
+
+def write_report(opts: Options, ran: Ran, json_file: Optional[str], **expectations: Any) -> None:
+    """The JSON report of ``ran`` to ``json_file`` (``-``: stdout), when one was asked for."""
+    if json_file is None:
+        return
+    from sglfix.report.jsonreport import build_report
+    from sglfix.report.output import write_json
+    from sglfix.toggling.env import ENV_VAR
+
+    write_json(json_file, build_report(command=opts.argv, info=ran.info, results=ran.results,
+                                       cell_ids=[c.id for c in ran.plan.cells], wall_s=ran.wall,
+                                       env_revert=os.environ.get(ENV_VAR), **expectations))
 
 
 def execute(pool, plan) -> tuple[list, float]:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.common import (
-    BackendName, Device, Jobs, JsonFile, MemoryBudget, ScenarioFiles, ScenarioGlobs, Timeout, check_device,
-    check_jobs, check_timeout, env_ids, execute, header, load_selected, make_pool, verdict_text,
+    BackendName, Device, Jobs, JsonFile, MemoryBudget, ScenarioFiles, ScenarioGlobs, Timeout, header, run_plan,
+    verdict_text, write_report,
 )
 from sglfix.cli.context import options, out
 
@@ -57,32 +55,22 @@ def matrix_cmd(
     """Baseline plus each registered toggle (and part) over the scenarios: the toggle x scenario grid."""
     from sglfix.execution.expectations import check_expectations
     from sglfix.execution.planner import plan_matrix, set_label
-    from sglfix.report.jsonreport import build_report
-    from sglfix.report.output import check_output_path, write_json
     from sglfix.toggling.env import ENV_VAR
 
     opts = options(ctx)
-    check_output_path(json_file, option="--json")
-    device = check_device(device)
-    timeout = check_timeout(timeout)
-    registry = opts.registry()
-    env = env_ids(registry)
-    from sglfix.execution.pool import signals_raise
 
-    with signals_raise(), make_pool(opts, device=device, jobs=check_jobs(jobs, device), timeout=timeout) as pool:
-        chosen = load_selected(scenario, scenario_file, backend, memory_budget)
-        plan = plan_matrix(chosen, registry=registry, parts=parts, env_ids=env)
-        info = pool.info
-        results, wall = execute(pool, plan)
+    def build_plan(chosen, *, registry, env_ids):
+        return plan_matrix(chosen, registry=registry, parts=parts, env_ids=env_ids)
+
+    ran = run_plan(opts, build_plan=build_plan, scenario=scenario, scenario_file=scenario_file, backend=backend,
+                   device=device, jobs=jobs, timeout=timeout, json_file=json_file, memory_budget=memory_budget)
+    plan, results, env, info, wall = ran.plan, ran.results, ran.env, ran.info, ran.wall
     if env:
         # Every set carries the env ids: the expectations (written without them) do not apply.
         checks, stray, not_run = [], [], [f"all expectations: {ENV_VAR} is set"]
     else:
-        checks, stray, not_run = check_expectations(registry, results, device=info.get("device", device))
-    data = build_report(command=opts.argv, info=info, results=results, cell_ids=[c.id for c in plan.cells],
-                        wall_s=wall, env_revert=os.environ.get(ENV_VAR), checks=checks, stray=stray, not_run=not_run)
-    if json_file is not None:
-        write_json(json_file, data)
+        checks, stray, not_run = check_expectations(ran.registry, results, device=info.get("device", device))
+    write_report(opts, ran, json_file, checks=checks, stray=stray, not_run=not_run)
     if json_file != "-":
         for part in _grid(plan, results, title=header(what="matrix", info=info, env=env, wall=wall, cells=len(results))):
             out.print(part)

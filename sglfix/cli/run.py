@@ -7,8 +7,8 @@ from typing import List
 import typer
 
 from sglfix.cli.common import (
-    BackendName, Device, Jobs, JsonFile, MemoryBudget, ScenarioFiles, ScenarioGlobs, Timeout, cells_table,
-    check_device, check_jobs, check_timeout, env_ids, execute, header, load_selected, make_pool, revert_ids,
+    BackendName, Device, Jobs, JsonFile, MemoryBudget, ScenarioFiles, ScenarioGlobs, Timeout, cells_table, header,
+    revert_ids, run_plan, write_report,
 )
 from sglfix.cli.context import options, out
 
@@ -27,32 +27,20 @@ def run_cmd(
 ) -> None:
     """Run scenarios with the given fixes reverted (through SGLANG_DEBUG_REVERT_PR in the workers)."""
     from sglfix.execution.planner import plan_run
-    from sglfix.report.jsonreport import build_report
-    from sglfix.report.output import check_output_path, write_json
-    from sglfix.toggling.env import ENV_VAR
 
     opts = options(ctx)
-    check_output_path(json_file, option="--json")
-    device = check_device(device)
-    timeout = check_timeout(timeout)
-    registry = opts.registry()
-    env = env_ids(registry)
     ids = revert_ids(revert)
-    from sglfix.execution.pool import signals_raise
 
-    with signals_raise(), make_pool(opts, device=device, jobs=check_jobs(jobs, device), timeout=timeout) as pool:
-        chosen = load_selected(scenario, scenario_file, backend, memory_budget)
-        plan = plan_run(chosen, revert=ids, env_ids=env, registry=registry)
-        info = pool.info
-        results, wall = execute(pool, plan)
-    import os
+    def build_plan(chosen, *, registry, env_ids):
+        return plan_run(chosen, revert=ids, env_ids=env_ids, registry=registry)
 
-    data = build_report(command=opts.argv, info=info, results=results, cell_ids=[c.id for c in plan.cells],
-                        wall_s=wall, env_revert=os.environ.get(ENV_VAR))
-    if json_file is not None:
-        write_json(json_file, data)
+    ran = run_plan(opts, build_plan=build_plan, scenario=scenario, scenario_file=scenario_file, backend=backend,
+                   device=device, jobs=jobs, timeout=timeout, json_file=json_file, memory_budget=memory_budget)
+    results = ran.results
+    write_report(opts, ran, json_file)
     if json_file != "-":
-        out.print(cells_table(results, title=header(what="run", info=info, env=env, wall=wall, cells=len(results))))
+        title = header(what="run", info=ran.info, env=ran.env, wall=ran.wall, cells=len(results))
+        out.print(cells_table(results, title=title))
     if any(r.verdict == "ERROR" for r in results):
         raise typer.Exit(1)
     if results and all(r.verdict == "SKIP" for r in results):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -52,6 +53,6 @@ def write_atomic(path: str, text: str) -> None:
 def write_json(path: str, data: dict, *, stdout=None) -> None:
     text = json.dumps(data, indent=1) + "\n"
     if path == "-":
-        (stdout or __import__("sys").stdout).write(text)
+        (stdout or sys.stdout).write(text)
         return
     write_atomic(path, text)
