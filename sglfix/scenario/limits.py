@@ -70,7 +70,7 @@ LIMITS: tuple[Limit, ...] = (
           "TARGET_VERIFY: must fit a tree of depth num_steps and fan-out topk"),
     Limit("`cuda_graph.capture_bs`", f"1 .. {MAX_REQUESTS} each, at most {MAX_CAPTURE_SIZES} sizes",
           "one capture per size"),
-    Limit("`seed`", f"0 .. 2^63 - 1", "torch.Generator.manual_seed"),
+    Limit("`seed`", "0 .. 2^63 - 1", "torch.Generator.manual_seed"),
     Limit("`tolerance`", "0 < t < 1", "default 1e-2 fp16, 2e-2 bf16, 1e-4 fp32"),
     Limit("`name`", f"1 .. {MAX_NAME_CHARS} characters, no whitespace or control characters",
           "names are printed and matched by glob"),
