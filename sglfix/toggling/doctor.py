@@ -12,7 +12,7 @@ import ast
 import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from sglfix.common.errors import SglfixError
 from sglfix.common.schema import nearest
@@ -58,25 +58,30 @@ def expectation_check(registry: Registry, scenario_names: list[str]) -> list[Che
     return results
 
 
-def live_check(registry: Registry, *, allowed_prefixes: Iterable[str] | None = None) -> list[CheckResult]:
+def _check_units(registry: Registry, check: Callable[[list[PatchSpec]], str]) -> list[CheckResult]:
+    """Run ``check`` (a message on failure, '' when sound) on each toggle and each part alone."""
     results: list[CheckResult] = []
     for toggle in registry:
         for unit_id, selections in _units(toggle):
             specs = [p for s in selections for p in s.part.patches]
             targets = list(dict.fromkeys(p.target for p in specs))
             try:
-                prepared = prepare_specs(specs, allowed_prefixes=allowed_prefixes)
-                before = {id(p.resolved.function): (p.resolved.function, p.resolved.function.__code__) for p in prepared}
-                restore_all(install_prepared(prepared))
-                bad = [fn.__qualname__ for fn, code in before.values() if fn.__code__ is not code]
-                if bad:
-                    results.append(CheckResult(unit_id, False, f"restore left {', '.join(bad)} changed", targets))
-                    continue
+                problem = check(specs)
             except SglfixError as exc:
-                results.append(CheckResult(unit_id, False, str(exc), targets))
-                continue
-            results.append(CheckResult(unit_id, True, "", targets))
+                problem = str(exc) or type(exc).__name__
+            results.append(CheckResult(unit_id, not problem, problem, targets))
     return results
+
+
+def live_check(registry: Registry, *, allowed_prefixes: Iterable[str] | None = None) -> list[CheckResult]:
+    def apply_and_restore(specs: list[PatchSpec]) -> str:
+        prepared = prepare_specs(specs, allowed_prefixes=allowed_prefixes)
+        before = {id(p.resolved.function): (p.resolved.function, p.resolved.function.__code__) for p in prepared}
+        restore_all(install_prepared(prepared))
+        bad = [fn.__qualname__ for fn, code in before.values() if fn.__code__ is not code]
+        return f"restore left {', '.join(bad)} changed" if bad else ""
+
+    return _check_units(registry, apply_and_restore)
 
 
 def locate_source(target: str, source_dir: Path) -> tuple[str, str, int]:
@@ -127,15 +132,9 @@ def static_check(registry: Registry, *, source_dir: str | Path) -> list[CheckRes
     root = Path(source_dir)
     if not root.is_dir():
         raise SglfixError(f"--source {source_dir} is not a directory; give the root that holds the packages")
-    results: list[CheckResult] = []
-    for toggle in registry:
-        for unit_id, selections in _units(toggle):
-            specs = [p for s in selections for p in s.part.patches]
-            targets = list(dict.fromkeys(p.target for p in specs))
-            try:
-                _static_apply(specs, root)
-            except SglfixError as exc:
-                results.append(CheckResult(unit_id, False, str(exc), targets))
-                continue
-            results.append(CheckResult(unit_id, True, "", targets))
-    return results
+
+    def apply_to_source(specs: list[PatchSpec]) -> str:
+        _static_apply(specs, root)
+        return ""
+
+    return _check_units(registry, apply_to_source)
