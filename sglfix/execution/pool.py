@@ -23,7 +23,7 @@ from sglfix.common.errors import ConfigError
 from sglfix.execution.worker import Event, Worker, WorkerConfig, WorkerStartError, raise_for_start, wait_fds
 from sglfix.harness.cell import CellResult
 
-__all__ = ["WorkerPool", "WorkerConfig", "WorkerStartError", "Terminated", "signals_raise", "run_cells"]
+__all__ = ["WorkerPool", "WorkerConfig", "WorkerStartError", "Terminated", "signals_raise"]
 
 # A cell whose worker asks to be replaced again and again (it cannot restore cleanly) ends as
 # ERROR after this many fresh starts rather than looping.
@@ -251,12 +251,3 @@ class WorkerPool:
                 w.signal_kill()
             for w in self.workers:
                 w.kill()
-
-
-def run_cells(cells: Sequence[Any], *, device: str, jobs: int, timeout: float,
-              on_result: Callable[[CellResult], None] | None = None,
-              toggles_dir: str | None = None, allowed_prefixes: tuple[str, ...] | None = None) -> list[CellResult]:
-    """One plan on a pool of its own (the shape of the older entry point)."""
-    config = WorkerConfig(device=device, toggles_dir=toggles_dir, allowed_prefixes=allowed_prefixes, timeout=timeout)
-    with WorkerPool(config, jobs=max(1, min(jobs, len(cells) or 1))) as pool:
-        return pool.run(cells, on_result=on_result)
