@@ -12,6 +12,7 @@ import time
 import pytest
 
 from clihelp import assert_one_line_error, run_cli
+from procs import alive
 
 FAST = "triton-decode@cg=eager,gpu_only=off"
 
@@ -203,15 +204,7 @@ def test_signals_mid_run_stop_every_worker(sig, code):
     lines = [line for line in err.decode().splitlines() if line.strip()]
     assert len(lines) == 1 and "workers stopped" in lines[0], err
     time.sleep(0.5)
-    assert not [p for p in workers if _alive(p)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (FileNotFoundError, IndexError):
-        return False
+    assert not [p for p in workers if alive(p)]
 
 
 def _workers_of(parent: int) -> list[int]:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from procs import alive, wait_gone
 from sglfix.common.errors import ConfigError
 from sglfix.execution.pool import WorkerConfig, WorkerPool, WorkerStartError
 from sglfix.patching.targets import DEFAULT_ALLOWED_PREFIXES
@@ -56,25 +57,6 @@ def write_toggle(directory: Path, pr: int, *, preamble: str = "", target: str = 
         patch["preamble"] = textwrap.dedent(preamble).strip() + "\n"
     text = yaml.safe_dump({"pr": pr, "title": f"test toggle {pr}", "patches": [patch]}, sort_keys=False)
     (directory / f"{pr}.yaml").write_text(text)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def wait_gone(pids, timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [p for p in pids if alive(p)]
-        if not left:
-            return []
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
 
 
 def note(key: str, seconds: float) -> None:
