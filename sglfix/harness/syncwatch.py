@@ -18,11 +18,12 @@ from typing import Iterator
 
 import torch
 
+from sglfix.common.codebase import is_code_under_test
+
 __all__ = ["watch_syncs", "suspended"]
 
 _PAUSED = threading.local()
 
-from sglfix.common.codebase import CODE_UNDER_TEST as _UNDER_TEST
 # Tensor -> host conversions, and ops that must know a data-dependent size (they sync on CUDA).
 _TENSOR_METHODS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "nonzero", "unique")
 _TORCH_FUNCS = ("nonzero", "masked_select", "unique", "argwhere")
@@ -32,9 +33,10 @@ def _caller_under_test(depth: int = 2) -> str | None:
     frame = sys._getframe(depth)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
-        if module.startswith(_UNDER_TEST):
+        if is_code_under_test(module):
             return f"{module}:{frame.f_lineno} in {frame.f_code.co_name}"
-        if not (module.startswith("torch") or module.startswith("sglfix.syncwatch")):
+        # Torch's own frames and this module's spies stand between the read and its caller.
+        if not (module.startswith("torch") or module == __name__):
             return None
         frame = frame.f_back
     return None
