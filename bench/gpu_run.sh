@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One device call: install sglfix without network, run the GPU backend tests, doctor, the full
-# matrix (every toggle and part) on CUDA, compare it cell by cell with the committed CPU matrix and
-# with the CUDA matrix of the previous layout, and probe FAULT/TIMEOUT isolation on CUDA.
+# One device call: install sglfix and FlashInfer without network, check the FlashInfer calls the
+# backends rely on (and warm its JIT cache), run the GPU backend tests, doctor, the full matrix
+# (every toggle and part) on CUDA twice (cold, then warm FlashInfer JIT cache), compare it cell by
+# cell with the committed CPU matrix, and probe FAULT/TIMEOUT isolation on CUDA.
+# Carry .cache (pydantic and FlashInfer wheels, JIT caches). ONLY=probe stops after the matrices and the probe.
 # Everything lands in $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/sglfix-out}
@@ -10,35 +12,68 @@ export PYTHONUNBUFFERED=1
 log() { echo "== $*"; }
 log "device"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
-if [ -f .cache/triton.tgz ]; then mkdir -p ~/.triton && tar -xzf .cache/triton.tgz -C ~/.triton; fi
+if [ "${JIT:-}" != cold ] && [ -f .cache/triton.tgz ]; then mkdir -p ~/.triton && tar -xzf .cache/triton.tgz -C ~/.triton; fi
 log "install"
 # pydantic is not on the GPU machine and there is no network: wheels carried in .cache/pydeps-whl
 if ls .cache/pydeps-whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-deps --no-index .cache/pydeps-whl/*.whl 2>&1 | tail -2; fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 python3 -c "import sglfix.backends, sglfix; print('sglfix from', sglfix.__file__)"
-log "backend tests on CUDA"
-t0=$(date +%s.%N)
-python3 -m pytest -q tests/backends -p no:cacheprovider 2>&1 | tail -4 | tee "$OUT/pytest-backends.txt"
-log "doctor"
-python3 -m sglfix doctor --json > "$OUT/doctor.json"; echo "doctor rc=$?"
-log "matrix on CUDA"
+# FlashInfer: the slimmed wheel (bench/slim_flashinfer.py) and tvm-ffi, into a private site dir.
+if ls .cache/fi-whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .cache/fi-whl/*.whl 2>&1 | tail -2
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+# JIT=cold starts from empty FlashInfer and Triton caches (the cold figure of the benchmark);
+# otherwise the caches carried in .cache are restored.
+if [ "${JIT:-}" = cold ]; then
+  rm -rf ~/.cache/flashinfer ~/.triton
+else
+  JIT=cold
+  if [ -f .cache/flashinfer-jit.tgz ]; then mkdir -p ~/.cache/flashinfer && tar -xzf .cache/flashinfer-jit.tgz -C ~/.cache/flashinfer && JIT=warm; fi
+fi
+echo "flashinfer JIT cache at start: $JIT" | tee "$OUT/jit-state.txt"
+python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
+log "matrix on CUDA (FlashInfer JIT cache: $JIT at start)"
 COLUMNS=250 python3 -m sglfix matrix --parts --device cuda --json "$OUT/matrix-cuda.json" > "$OUT/matrix-cuda.txt" 2>&1
 echo "matrix rc=$?"
+log "matrix on CUDA again (JIT cache warm)"
+COLUMNS=250 python3 -m sglfix matrix --parts --device cuda --json "$OUT/matrix-cuda-warm.json" > "$OUT/matrix-cuda-warm.txt" 2>&1
+echo "matrix warm rc=$?"
+log "flashinfer probe"
+t0=$(date +%s.%N)
+python3 bench/flashinfer_probe.py --json "$OUT/flashinfer-probe.json" > "$OUT/flashinfer-probe.txt" 2>&1; rc=$?
+grep -v Warning "$OUT/flashinfer-probe.txt" | tail -20
+echo "probe rc=$rc $(python3 -c "import time;print(round(time.time()-$t0,1))") s"
+save_caches() {
+  tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
+  tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
+  du -sh "$OUT"/*.tgz
+}
+if [ "${ONLY:-}" = probe ]; then save_caches; exit 0; fi
+log "backend tests on CUDA"
+t0=$(date +%s.%N)
+python3 -m pytest -q tests/backends -p no:cacheprovider -W ignore::DeprecationWarning > "$OUT/pytest-backends.txt" 2>&1
+grep -E "^(FAILED|ERROR)" "$OUT/pytest-backends.txt" | head -20; tail -1 "$OUT/pytest-backends.txt"
+log "doctor"
+python3 -m sglfix doctor --json > "$OUT/doctor.json"; echo "doctor rc=$?"
+
 grep -E "^(met|UNMET|unexpected|sglfix matrix)" "$OUT/matrix-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -30
 grep -E "matrix on" "$OUT/matrix-cuda.txt"
 log "parity with the CPU matrix"
 python3 bench/parity.py bench/results/matrix-cpu.json "$OUT/matrix-cuda.json" --json "$OUT/parity.json"
 echo "parity rc=$?"
-log "parity with the CUDA matrix of the previous layout"
-python3 bench/parity.py bench/results/matrix-cuda-3a461bc.json "$OUT/matrix-cuda.json" --json "$OUT/parity-prev.json"
+log "parity with the previous CUDA matrix (the cells both have)"
+python3 bench/parity.py bench/results/matrix-cuda.json "$OUT/matrix-cuda.json" --json "$OUT/parity-prev.json"
 echo "parity-prev rc=$?"
 log "a cell whose code under test segfaults on CUDA: FAULT, the run completes, no worker left"
 python3 bench/fault_probe.py --device cuda --json "$OUT/fault-cuda.json"; echo "fault rc=$?"
-tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
-python3 - "$OUT" <<'PY'
+save_caches
+python3 - "$OUT" "$JIT" <<'PY'
 import json, sys
-out = sys.argv[1]
+out, jit = sys.argv[1], sys.argv[2]
 m = json.load(open(f"{out}/matrix-cuda.json"))
+w = json.load(open(f"{out}/matrix-cuda-warm.json"))
+print(f"matrix wall: {m['wall_s']} s with the FlashInfer JIT cache {jit} at start, {w['wall_s']} s warm")
 p = json.load(open(f"{out}/parity.json"))
 q = json.load(open(f"{out}/parity-prev.json"))
 f = json.load(open(f"{out}/fault-cuda.json"))
@@ -46,3 +81,8 @@ print(f"{'cells':>8} {'wall_s':>8} {'agree':>6} {'differ':>6} {'prev-agree':>10}
 print(f"{len(m['cells']):>8} {m['wall_s']:>8} {p['agree']:>6} {len(p['differ']):>6} {q['agree']:>10} {len(q['differ']):>11}  {m['summary']}")
 print("fault probe:", [(c['cell'], c['verdict'], c['seconds']) for c in f['cells']], "workers left", f['workers_left'])
 PY
+# The device returns at most 8 files: the two matrix reports and the caches as they are, the rest
+# in one archive.
+(cd "$OUT" && tar -czf logs.tgz --exclude='*.tgz' --exclude='matrix-cuda.json' --exclude='matrix-cuda-warm.json' . \
+  && find . -maxdepth 1 -type f ! -name '*.tgz' ! -name 'matrix-cuda.json' ! -name 'matrix-cuda-warm.json' -delete)
+ls "$OUT"

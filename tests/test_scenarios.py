@@ -11,7 +11,7 @@ import pytest
 from clihelp import assert_one_line_error, run_cli
 from sglfix.common.errors import ConfigError
 from sglfix.scenario import (
-    MODE_RULES, MODES, Scenario, check_memory, estimate_memory, load_scenario_file, load_scenarios, memory_budget,
+    BACKENDS, MODE_RULES, MODES, Scenario, check_memory, estimate_memory, load_scenario_file, load_scenarios, memory_budget,
     parse_size, select_scenarios,
 )
 from sglfix.scenario.limits import MAX_GRID_POINTS, MAX_REQUESTS, MAX_SCENARIOS
@@ -40,7 +40,16 @@ def _load(tmp_path, text: str, name: str = "s.yaml", **kwargs):
 def test_builtin_set_covers_every_dimension():
     scenarios = load_scenarios()
     assert {s.mode for s in scenarios} == set(MODES)
-    assert {s.page_size for s in scenarios} == {1, 16, 32}
+    assert {s.backend for s in scenarios} == set(BACKENDS)
+    assert {s.page_size for s in scenarios} == {1, 16, 32, 64}
+    # The multi-step draft at topk 1, 4 and 8, and num_steps 2 to 5, on both FlashInfer families.
+    for backend in ("flashinfer", "flashinfer_mla"):
+        drafts = [s for s in scenarios if s.backend == backend and s.mode == "DRAFT_DECODE"]
+        assert {s.spec.topk for s in drafts} == {1, 4, 8}
+        assert {s.spec.num_steps for s in drafts} >= {2, 3, 5}
+    # Draft extend on trtllm_mla with equal and unequal accept lengths.
+    accepts = {len(set(s.accept_lens)) > 1 for s in scenarios if s.backend == "trtllm_mla"}
+    assert accepts == {True, False}
     assert {s.model.dtype for s in scenarios} == {"float16", "bfloat16"}
     assert {s.gpu_only for s in scenarios} == {False, True}
     graphs = {(s.mode, s.cuda_graph, s.padded) for s in scenarios}
@@ -276,7 +285,7 @@ def test_json_round_trip_is_exact():
         data = json.loads(json.dumps(s.to_json()))
         back = Scenario.from_json(data)
         assert back == s and back.to_json() == data
-    with pytest.raises(ConfigError, match="extend_lens has 1 items for 2 requests"):
+    with pytest.raises(ConfigError, match=r"extend_lens has 1 items for \d+ requests"):
         Scenario.from_json({**load_scenarios()[0].to_json(), "extend_lens": [1]})
 
 

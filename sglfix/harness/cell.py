@@ -99,6 +99,11 @@ def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = Non
         return _run(scenario, device=device, result=result, stage_box=["setup"])
     except _Staged as staged:  # _run wraps every exception with the stage it was raised in
         exc, stage = staged.exc, staged.stage
+    from sglfix.harness.adapters.base import Unavailable
+
+    if isinstance(exc, Unavailable):
+        result.add("SKIP", str(exc), stage=stage)
+        return result.finish()
     where = _frame_under_test(exc)
     if raised_by_code_under_test(exc):
         result.add("CRASH", f"{type(exc).__name__}: {_first_line(exc)} [{stage}, {where}]",
@@ -130,6 +135,9 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
 
         adapter = get_adapter(scenario.backend)
         is_cuda = torch.device(device).type == "cuda"
+        check = getattr(adapter, "check_available", None)
+        if check is not None:
+            check(device)
 
         def sync() -> None:
             if is_cuda:
@@ -143,8 +151,11 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
 
         def on_metadata(backend: Any, forward_batch: Any, phase: str) -> None:
             with suspended():
-                found = check_metadata(backend.forward_metadata, fields=adapter.metadata_fields,
-                                       rows=adapter.rows(forward_batch), num_slots=prepared.num_slots, phase=phase)
+                found = []
+                for label, metadata, rows in adapter.metadata_views(backend, forward_batch):
+                    where = f"{phase} {label}" if label else phase
+                    found += check_metadata(metadata, fields=adapter.metadata_fields, rows=rows,
+                                            num_slots=prepared.num_slots, phase=where)
             for message in found:
                 result.add("INVARIANT", message, phase=phase)
 

@@ -21,12 +21,19 @@ def _guard_bytes(entry: Any):
     return guard.contiguous().view(torch.uint8)
 
 
-def _first_bad_offset(entry: Any) -> int | None:
+def _overwritten(entry: Any) -> tuple[int, int] | None:
+    """(first overwritten element past the end, elements overwritten) or None."""
     raw = _guard_bytes(entry)
-    bad = (raw != SENTINEL_BYTE).nonzero()
+    size = entry.flat.element_size()
+    bad = (raw != SENTINEL_BYTE).view(-1, size).any(dim=1).nonzero()
     if not bad.numel():
         return None
-    return int(bad[0, 0]) // entry.flat.element_size()
+    return int(bad[0, 0]), int(bad.numel())
+
+
+def _first_bad_offset(entry: Any) -> int | None:
+    hit = _overwritten(entry)
+    return None if hit is None else hit[0]
 
 
 def check_guards(registry: Sequence[Any]) -> list[str]:
@@ -38,7 +45,9 @@ def describe_guards(registry: Sequence[Any]) -> list[str]:
     """The overwritten buffers with shape and first overwritten offset, for reports."""
     out = []
     for entry in registry:
-        offset = _first_bad_offset(entry)
-        if offset is not None:
-            out.append(f"{entry.name}{list(entry.shape)}: guard overwritten {offset} element(s) past the end")
+        hit = _overwritten(entry)
+        if hit is not None:
+            first, count = hit
+            out.append(f"{entry.name}{list(entry.shape)}: {count} guard element(s) overwritten, "
+                       f"the first {first} past the end")
     return out

@@ -2,7 +2,7 @@
 
 One table for every backend: an adapter names which of its metadata fields are CSR offsets
 (start at 0, never decrease), lengths (never negative), and page/slot indices (inside the pool,
-covered by an offsets field). The field names follow upstream's metadata (``kv_indptr``,
+covered by an offsets field, or by a lengths field for a dense block table). The field names follow upstream's metadata (``kv_indptr``,
 ``qo_indptr``, ``mask_indptr``, ``window_kv_indptr``, ``cu_seqlens_q/k``,
 ``cache_seqlens_int32``, ``max_seq_len_k`` ...). These catch corrupt metadata even where the
 real rows' output happens to stay right (padded rows).
@@ -26,6 +26,9 @@ class MetadataFields:
     lengths: tuple[str, ...] = ()
     # indices field -> the indptr field whose last entry says how many are used
     indices: Mapping[str, str] = field(default_factory=dict)
+    # dense block table [rows, width] of page ids -> (lengths field, page-size field): row b's
+    # first ceil(lengths[b] / page_size) entries are read, so they must be pages of the pool
+    block_tables: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
 
 # Every field name upstream's attention test kit checks; an adapter picks the ones its
@@ -66,6 +69,28 @@ def _lengths(name: str, value: Any, rows: int, found: list[str]) -> None:
             found.append(f"{name}[{i}] = {int(v[i])} < 0")
 
 
+def _block_table(name: str, table: torch.Tensor, len_name: str, lengths: torch.Tensor, page_size: int,
+                 rows: int, num_slots: int, found: list[str]) -> None:
+    t = table[:rows].to(torch.int64).cpu()
+    lens = lengths.reshape(-1)[:rows].to(torch.int64).cpu()
+    if t.dim() != 2 or t.shape[0] < rows or lens.numel() < rows:
+        found.append(f"{name} has {t.shape[0] if t.dim() else 0} rows / {len_name} {lens.numel()} entries "
+                     f"for {rows} rows")
+        return
+    num_pages = num_slots // page_size
+    # Negative lengths are the lengths check's finding; they read no page.
+    needed = (lens.clamp(min=0) + page_size - 1) // page_size
+    width = t.shape[1]
+    if bool((needed > width).any()):
+        i = int((needed > width).nonzero()[0])
+        found.append(f"{len_name}[{i}] = {int(lens[i])} needs {int(needed[i])} pages, {name} has {width} columns")
+    live = torch.arange(width)[None, :] < needed[:, None]
+    bad = live & ((t < 0) | (t >= num_pages))
+    if bool(bad.any()):
+        i, j = (int(x) for x in bad.nonzero()[0])
+        found.append(f"{name}[{i}, {j}] = {int(t[i, j])} outside the KV pool's pages [0, {num_pages})")
+
+
 def check_metadata(metadata: Any, *, fields: MetadataFields = UPSTREAM_FIELDS, rows: int, num_slots: int,
                    phase: str) -> list[str]:
     """Findings (empty when sound) for a backend's metadata covering ``rows`` requests."""
@@ -95,4 +120,9 @@ def check_metadata(metadata: Any, *, fields: MetadataFields = UPSTREAM_FIELDS, r
             i = int(bad.nonzero()[0])
             row = int(torch.searchsorted(ptr, torch.tensor(i), right=True)) - 1
             found.append(f"{name}[{i}] = {int(used[i])} (row {row}) outside the KV pool [0, {num_slots})")
+    for name, (len_name, page_name) in fields.block_tables.items():
+        table, lengths = getattr(metadata, name, None), getattr(metadata, len_name, None)
+        page_size = getattr(metadata, page_name, None)
+        if isinstance(table, torch.Tensor) and isinstance(lengths, torch.Tensor) and isinstance(page_size, int):
+            _block_table(name, table, len_name, lengths, page_size, rows, num_slots, found)
     return [f"{phase}: {f}" for f in found]

@@ -28,7 +28,8 @@ __all__ = ["load_scenario_file", "load_scenarios", "builtin_scenario_dir", "sele
 _NESTED = {"batch": BatchNode, "model": ModelShape, "spec": SpecShape, "cuda_graph": CudaGraphNode}
 _GRID_KEYS = tuple(k for k in ScenarioNode.model_fields if k not in ("grid", "name"))
 _SHORT = {"model.dtype": "dtype", "cuda_graph": "cg", "page_size": "ps", "gpu_only": "gpu_only",
-          "builder": "builder"}
+          "builder": "builder", "spec.topk": "topk", "spec.num_steps": "steps", "batch.accept_lens": "acc",
+          "max_context_len": "ctx", "mode": "mode"}
 _DTYPE_LABELS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 _MAX_LABEL_CHARS = 40
 _UNPRINTABLE = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")

@@ -56,14 +56,21 @@ def _kit_req_pool_size(*, batch_size: int, max_graph_bs: int) -> int:
 
 def estimate_memory(scenario: Scenario) -> MemoryEstimate:
     """Bytes a cell of ``scenario`` allocates at its peak, by what allocates them (an upper estimate)."""
-    s, rule = scenario, rule_for(scenario.mode)
+    s, rule = scenario, rule_for(scenario.mode, scenario.backend)
     es = _DTYPE_BYTES[s.model.dtype]
     heads, kv_heads, dim = s.model.num_heads, s.model.num_kv_heads, s.model.head_dim
+    if s.model.mla:
+        # One latent KV head; queries are absorbed to the same width.
+        kv_heads, dim = 1, s.model.kv_lora_rank + s.model.qk_rope_head_dim
     ndt = s.spec.num_draft_tokens
     bs = s.batch_size
     totals = [p + e for p, e in zip(s.prefix_lens, s.extend_lens)]
     tokens, qmax, lmax = sum(s.extend_lens), max(s.extend_lens), max(totals)
-    context = _kit_context_len(longest=lmax, num_draft_tokens=ndt)
+    if rule.new_tokens == "draft_steps":
+        # Every branch queries once per attention step.
+        qmax = s.spec.topk * (s.spec.num_steps - 1)
+        tokens = bs * qmax
+    context = max(_kit_context_len(longest=lmax, num_draft_tokens=ndt), s.max_context_len or 0)
     graph_bs = max(s.capture_bs) if s.capture_bs else 0
     pool_rows = _kit_req_pool_size(batch_size=bs, max_graph_bs=graph_bs)
     # Twice the pages the batch needs, plus spares, so that slots scatter.
@@ -84,6 +91,10 @@ def estimate_memory(scenario: Scenario) -> MemoryEstimate:
         "page table and kernel scratch": 8 * bs * context + bs * heads * _KV_SPLITS * (dim + 1) * 4
                                          + sum(e * (p + e) for p, e in zip(s.prefix_lens, s.extend_lens)),
     }
+    if rule.new_tokens == "draft_steps":
+        # One kv_indices row per step, bs * topk * max_context_len wide (eager and graph).
+        rows_bs = max(bs, graph_bs)
+        parts["draft kv_indices rows"] = 2 * s.spec.num_steps * rows_bs * s.spec.topk * context * 4
     if s.capture_bs:
         rows = graph_bs * rule.graph_tokens_per_request(num_steps=s.spec.num_steps, num_draft_tokens=ndt)
         parts["CUDA-graph static buffers"] = (

@@ -21,13 +21,12 @@ from sglfix.scenario.limits import (
     MAX_NAME_CHARS, MAX_NUM_STEPS, MAX_PAGE_SIZE, MAX_REQUESTS, MAX_SEED, MAX_TOKENS_PER_REQUEST, MAX_TOPK,
     MIN_HEAD_DIM,
 )
-from sglfix.scenario.modes import BUILDERS, MODES, rule_for
+from sglfix.scenario.modes import BACKENDS, BUILDERS, MODES, backend_rule, rule_for
 from sglfix.scenario.rules import check_node, new_token_counts
 
 __all__ = ["BACKENDS", "DTYPES", "DEFAULT_TOLERANCE", "ModelShape", "SpecShape", "BatchNode", "CudaGraphNode",
            "ScenarioNode", "Scenario", "valid_name"]
 
-BACKENDS = ("triton",)
 DTYPES = ("float16", "bfloat16", "float32")
 DEFAULT_TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-4}
 _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
@@ -144,6 +143,10 @@ Heads = bounded(1, MAX_HEADS, f"{MAX_HEADS} heads")
 HeadDim = Annotated[bounded(MIN_HEAD_DIM, MAX_HEAD_DIM, f"{MAX_HEAD_DIM}"), AfterValidator(_power_of_two)]
 PageSize = bounded(1, MAX_PAGE_SIZE, f"{MAX_PAGE_SIZE} tokens per page")
 Seed = bounded(0, MAX_SEED, "2^63 - 1")
+ContextLen = bounded(1, MAX_TOKENS_PER_REQUEST, f"{MAX_TOKENS_PER_REQUEST} tokens per request")
+# The only latent sizes FlashInfer's MLA kernels (and DeepSeek models) use.
+MLA_KV_LORA_RANK = 512
+MLA_ROPE_DIM = 64
 PrefixList = Annotated[tuple[Tokens, ...], BeforeValidator(partial(_per_request, items="integers >= 0"))]
 NewTokenList = Annotated[tuple[NewTokens, ...], BeforeValidator(partial(_per_request, items="integers >= 1"))]
 AcceptList = Annotated[tuple[AcceptLen, ...], BeforeValidator(partial(_per_request, items="integers >= 0"))]
@@ -168,6 +171,14 @@ class ModelShape(StrictModel):
     num_kv_heads: Heads = Field(default=2, validate_default=True)
     head_dim: HeadDim = 64
     dtype: DType = "float16"
+    # Multi-head latent attention (MLA backends only): the latent KV per token is
+    # kv_lora_rank compressed values plus qk_rope_head_dim RoPE values, one KV head.
+    kv_lora_rank: Optional[bounded(MIN_HEAD_DIM, MAX_HEAD_DIM, f"{MAX_HEAD_DIM}")] = None
+    qk_rope_head_dim: Optional[bounded(MIN_HEAD_DIM, MAX_HEAD_DIM, f"{MAX_HEAD_DIM}")] = None
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank is not None
 
     @field_validator("num_kv_heads")
     @classmethod
@@ -222,6 +233,9 @@ class ScenarioNode(StrictModel):
     seed: Seed = 0
     tolerance: Optional[Tolerance] = None
     builder: Builder = "kit"
+    # The engine's context length: sizes req_to_token rows and the CUDA-graph buffers
+    # (default: the longest request plus headroom, rounded up to 32).
+    max_context_len: Optional[ContextLen] = None
     # Expanded by the loader before a node is validated; listed so that it is a known key.
     grid: Optional[dict] = None
 
@@ -232,16 +246,22 @@ class ScenarioNode(StrictModel):
 
     def to_scenario(self, *, name: str, path: str, line: int) -> "Scenario":
         """The runnable scenario: new tokens per request spelled out, defaults filled in."""
-        rule = rule_for(self.mode)
+        rule = rule_for(self.mode, self.backend)
+        model = self.model
+        if backend_rule(self.backend).mla:
+            model = model.model_copy(update={"kv_lora_rank": model.kv_lora_rank or MLA_KV_LORA_RANK,
+                                             "qk_rope_head_dim": model.qk_rope_head_dim or MLA_ROPE_DIM})
         return Scenario(
             name=name, mode=self.mode, prefix_lens=self.batch.prefix_lens, extend_lens=new_token_counts(self),
             accept_lens=self.batch.accept_lens, backend=self.backend,
             capture_bs=tuple(sorted(set(self.cuda_graph.capture_bs))) if self.cuda_graph else None,
             gpu_only=self.gpu_only,
-            sync_free=self.sync_free if self.sync_free is not None else (self.gpu_only and not rule.host_reads),
-            page_size=self.page_size, model=self.model, spec=self.spec, seed=self.seed,
+            sync_free=self.sync_free if self.sync_free is not None else (
+                self.gpu_only and not rule.host_reads and backend_rule(self.backend).sync_free),
+            page_size=self.page_size, model=model, spec=self.spec, seed=self.seed,
             tolerance=self.tolerance if self.tolerance is not None else DEFAULT_TOLERANCE[self.model.dtype],
-            builder=self.builder, description=self.description, path=path, line=line,
+            builder=self.builder, max_context_len=self.max_context_len, description=self.description,
+            path=path, line=line,
         )
 
 
@@ -267,6 +287,7 @@ class Scenario(StrictModel):
     seed: Seed = 0
     tolerance: Tolerance = 1e-2
     builder: Builder = "kit"
+    max_context_len: Optional[ContextLen] = None
     description: Text = ""
     path: str = ""
     line: int = 0

@@ -1,18 +1,21 @@
-"""The forward modes a scenario may use and what each implies, in one table.
+"""The forward modes a scenario may use and what each implies, in one table, plus the
+backends and what each of them runs.
 
-Every mode-dependent rule of the loader and of the memory estimate reads this table: how many
-new tokens a request brings, which batch keys the mode takes, whether it can be captured in a
-CUDA graph, whether ``gpu_only`` applies, the largest ``spec.topk`` the reproduction supports,
-and which builders can make its batch.
+Every mode- and backend-dependent rule of the loader and of the memory estimate reads these
+tables: how many new tokens a request brings, which batch keys the mode takes, whether it can
+be captured in a CUDA graph, whether ``gpu_only`` applies, the largest ``spec.topk`` the
+reproduction supports, which builders can make its batch, and which modes, page sizes, dtypes
+and model shapes each backend takes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sglfix.scenario.limits import MAX_TOPK
 
-__all__ = ["ModeRule", "MODE_RULES", "MODES", "BUILDERS", "rule_for"]
+__all__ = ["ModeRule", "MODE_RULES", "MODES", "BUILDERS", "rule_for", "BackendRule", "BACKEND_RULES", "BACKENDS",
+           "backend_rule"]
 
 BUILDERS = ("kit", "glue")
 
@@ -21,7 +24,8 @@ BUILDERS = ("kit", "glue")
 class ModeRule:
     name: str
     # Where a request's new tokens come from: "extend_lens" (given), "one", "draft"
-    # (spec.num_draft_tokens) or "accept" (accept_lens + 1).
+    # (spec.num_draft_tokens), "accept" (accept_lens + 1) or "draft_steps" (topk * num_steps
+    # draft slots of a multi-step draft).
     new_tokens: str
     graph: bool
     gpu_only: bool
@@ -31,6 +35,8 @@ class ModeRule:
     host_reads: bool = False
     # TARGET_VERIFY builds a draft tree of num_draft_tokens nodes, depth <= num_steps.
     draft_tree: bool = False
+    # batch.accept_lens: required (True) or refused (False).
+    needs_accept_lens: bool = False
 
     @property
     def takes_extend_lens(self) -> bool:
@@ -38,14 +44,17 @@ class ModeRule:
 
     @property
     def takes_accept_lens(self) -> bool:
-        return self.new_tokens == "accept"
+        return self.needs_accept_lens
 
     def new_token_counts(self, *, batch_size: int, extend_lens: tuple[int, ...] | None,
-                         accept_lens: tuple[int, ...] | None, num_draft_tokens: int) -> tuple[int, ...]:
+                         accept_lens: tuple[int, ...] | None, num_draft_tokens: int, topk: int = 1,
+                         num_steps: int = 1) -> tuple[int, ...]:
         if self.new_tokens == "one":
             return (1,) * batch_size
         if self.new_tokens == "draft":
             return (num_draft_tokens,) * batch_size
+        if self.new_tokens == "draft_steps":
+            return (topk * num_steps,) * batch_size
         if self.new_tokens == "accept":
             return tuple(a + 1 for a in accept_lens or ())
         return tuple(extend_lens or ())
@@ -56,6 +65,8 @@ class ModeRule:
             return 1
         if self.new_tokens == "accept":
             return num_steps + 1
+        if self.new_tokens == "draft_steps":
+            return num_steps
         return num_draft_tokens
 
 
@@ -65,13 +76,79 @@ _RULES = (
     ModeRule("TARGET_VERIFY", new_tokens="draft", graph=True, gpu_only=True, max_topk=1, builders=("kit",),
              draft_tree=True),
     ModeRule("DRAFT_EXTEND", new_tokens="accept", graph=True, gpu_only=True, max_topk=1, builders=("kit",),
-             host_reads=True),
+             host_reads=True, needs_accept_lens=True),
     ModeRule("DRAFT_EXTEND_V2", new_tokens="draft", graph=True, gpu_only=True, max_topk=1,
              builders=("kit", "glue")),
+    # The multi-step EAGLE draft: num_steps - 1 decode steps, topk branches per request, each
+    # step attending the prefix plus the branch's own draft path.
+    ModeRule("DRAFT_DECODE", new_tokens="draft_steps", graph=True, gpu_only=False, max_topk=MAX_TOPK,
+             builders=("kit",)),
 )
 MODE_RULES: dict[str, ModeRule] = {r.name: r for r in _RULES}
 MODES: tuple[str, ...] = tuple(MODE_RULES)
 
 
-def rule_for(mode: str) -> ModeRule:
+@dataclass(frozen=True)
+class BackendRule:
+    """What one ``backend:`` runs and which scenarios it takes."""
+
+    name: str
+    modes: tuple[str, ...]
+    mla: bool
+    dtypes: tuple[str, ...]
+    page_sizes: tuple[int, ...] | None  # None: any
+    gpu_only: bool
+    # Whether gpu_only scenarios are declared free of device->host syncs (the FlashInfer
+    # stand-ins plan on the host, so theirs are not).
+    sync_free: bool = False
+    # Query heads the GPU kernels take (None: any); GQA head dims and group sizes likewise.
+    num_heads: tuple[int, ...] | None = None
+    head_dims: tuple[int, ...] | None = None
+    max_group: int | None = None
+    # (mode, rule) replacements: how this backend lays out a mode's batch.
+    mode_overrides: tuple[tuple[str, ModeRule], ...] = ()
+    # What runs: on the GPU / on CPU.
+    kernels: str = ""
+
+
+_HALF = ("float16", "bfloat16")
+_BACKEND_RULES = (
+    BackendRule("triton", modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_EXTEND_V2"),
+                mla=False, dtypes=("float16", "bfloat16", "float32"), page_sizes=None, gpu_only=True, sync_free=True,
+                kernels="Triton kernels (compiled on CUDA, interpreted on CPU)"),
+    BackendRule("flashinfer", modes=("DECODE", "DRAFT_DECODE"), mla=False, dtypes=_HALF, page_sizes=(1,),
+                gpu_only=False, head_dims=(64, 128, 256), max_group=4,
+                kernels="FlashInfer BatchDecodeWithPagedKVCacheWrapper on CUDA, a torch kernel on CPU; "
+                        "draft kv_indices by the Triton kernel generate_draft_decode_kv_indices"),
+    BackendRule("flashinfer_mla", modes=("DECODE", "DRAFT_DECODE"), mla=True, dtypes=_HALF, page_sizes=(1,),
+                gpu_only=False, num_heads=(16, 32, 64, 128),
+                kernels="FlashInfer BatchMLAPagedAttentionWrapper on CUDA, a torch kernel on CPU; "
+                        "draft kv_indices by the Triton kernel generate_draft_decode_kv_indices"),
+    # Its CUDA graphs capture a padded window of num_draft_tokens rows per request: both
+    # draft-extend modes extend that window, accept_lens only feed spec_info.accept_length.
+    BackendRule("trtllm_mla", modes=("DRAFT_EXTEND", "DRAFT_EXTEND_V2"), mla=True, dtypes=_HALF,
+                page_sizes=(32, 64), gpu_only=True, num_heads=(16, 32, 64, 128),
+                mode_overrides=(
+                    ("DRAFT_EXTEND", replace(MODE_RULES["DRAFT_EXTEND"], new_tokens="draft", host_reads=False)),
+                    ("DRAFT_EXTEND_V2", replace(MODE_RULES["DRAFT_EXTEND_V2"], needs_accept_lens=True,
+                                                builders=("kit",))),
+                ),
+                kernels="the trtllm-gen MLA kernel runs on Blackwell only: FlashInfer BatchMLAPagedAttentionWrapper "
+                        "on other GPUs, a torch kernel on CPU, both over the same block table, seq_lens_k and q "
+                        "layout"),
+)
+BACKEND_RULES: dict[str, BackendRule] = {r.name: r for r in _BACKEND_RULES}
+BACKENDS: tuple[str, ...] = tuple(BACKEND_RULES)
+
+
+def backend_rule(backend: str) -> BackendRule:
+    return BACKEND_RULES[backend]
+
+
+def rule_for(mode: str, backend: str = "triton") -> ModeRule:
+    """The mode's rule as ``backend`` runs it."""
+    rule = backend_rule(backend)
+    for name, override in rule.mode_overrides:
+        if name == mode:
+            return override
     return MODE_RULES[mode]

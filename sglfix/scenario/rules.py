@@ -11,7 +11,7 @@ from typing import Any
 
 from sglfix.common.schema import NodeError
 from sglfix.scenario.limits import LIMITS_HINT, MAX_TOKENS_PER_BATCH, MAX_TOKENS_PER_REQUEST
-from sglfix.scenario.modes import MODE_RULES, ModeRule, rule_for
+from sglfix.scenario.modes import BACKEND_RULES, MODE_RULES, ModeRule, backend_rule, rule_for
 
 __all__ = ["check_node", "draft_tree_capacity", "new_token_counts"]
 
@@ -27,17 +27,66 @@ def _modes_where(test: Any) -> str:
 
 def new_token_counts(node: Any) -> tuple[int, ...]:
     """New tokens per request of a checked node (``extend_lens`` may be one integer for all)."""
-    batch, rule = node.batch, rule_for(node.mode)
+    batch, rule = node.batch, rule_for(node.mode, node.backend)
     given = batch.extend_lens
     if isinstance(given, int):
         given = (given,) * len(batch.prefix_lens)
     return rule.new_token_counts(batch_size=len(batch.prefix_lens), extend_lens=given,
-                                 accept_lens=batch.accept_lens, num_draft_tokens=node.spec.num_draft_tokens)
+                                 accept_lens=batch.accept_lens, num_draft_tokens=node.spec.num_draft_tokens,
+                                 topk=node.spec.topk, num_steps=node.spec.num_steps)
+
+
+def _backends_where(test: Any) -> str:
+    return ", ".join(r.name for r in BACKEND_RULES.values() if test(r))
+
+
+def _check_backend(node: Any) -> None:
+    """The backend runs the mode, dtype, page size and model shape the scenario asks for."""
+    brule, model = backend_rule(node.backend), node.model
+    given = model.model_fields_set
+    if node.mode not in brule.modes:
+        raise NodeError(f"uses backend {brule.name}, which runs {', '.join(brule.modes)}; mode {node.mode} runs on "
+                        f"{_backends_where(lambda r: node.mode in r.modes)}", at="mode")
+    if model.dtype not in brule.dtypes:
+        raise NodeError(f"uses backend {brule.name}, whose kernels take dtype {' or '.join(brule.dtypes)}",
+                        at=("model", "dtype") if "dtype" in given else "backend")
+    if brule.page_sizes is not None and node.page_size not in brule.page_sizes:
+        raise NodeError(f"uses backend {brule.name}, which takes page_size {' or '.join(map(str, brule.page_sizes))}",
+                        at="page_size" if "page_size" in node.model_fields_set else "backend")
+    if node.gpu_only and not brule.gpu_only:
+        raise NodeError(f"uses backend {brule.name}; gpu_only applies to "
+                        f"{_backends_where(lambda r: r.gpu_only)} only", at="gpu_only")
+    if brule.num_heads is not None and model.num_heads not in brule.num_heads:
+        raise NodeError(f"uses backend {brule.name}, whose GPU kernels take model.num_heads "
+                        f"{', '.join(map(str, brule.num_heads))}", at=("model", "num_heads"))
+    if brule.mla:
+        for key in ("num_kv_heads", "head_dim"):
+            if key in given:
+                raise NodeError(f"uses the MLA backend {brule.name}: one latent KV head of kv_lora_rank + "
+                                f"qk_rope_head_dim values; drop model.{key}", at=("model", key))
+        for key, only in (("kv_lora_rank", 512), ("qk_rope_head_dim", 64)):
+            value = getattr(model, key)
+            if value is not None and value != only:
+                raise NodeError(f"has model.{key} {value}; FlashInfer's MLA kernels take {only} only",
+                                at=("model", key))
+        return
+    for key in ("kv_lora_rank", "qk_rope_head_dim"):
+        if getattr(model, key) is not None:
+            raise NodeError(f"sets model.{key}, which applies to the MLA backends "
+                            f"{_backends_where(lambda r: r.mla)} only; drop it (or set backend)", at=("model", key))
+    if brule.head_dims is not None and model.head_dim not in brule.head_dims:
+        raise NodeError(f"uses backend {brule.name}, whose kernels take model.head_dim "
+                        f"{', '.join(map(str, brule.head_dims))}", at=("model", "head_dim"))
+    if brule.max_group is not None and model.num_heads // model.num_kv_heads > brule.max_group:
+        raise NodeError(f"has {model.num_heads // model.num_kv_heads} query heads per KV head; backend {brule.name} "
+                        f"runs its decode kernel up to {brule.max_group} (more selects the prefill kernel)",
+                        at=("model", "num_heads"))
 
 
 def check_node(node: Any) -> None:
     """Raise NodeError for the first rule ``node`` (a validated ScenarioNode) breaks."""
-    rule = rule_for(node.mode)
+    _check_backend(node)
+    rule = rule_for(node.mode, node.backend)
     if node.builder not in rule.builders:
         raise NodeError(f"uses builder {node.builder}, which applies to "
                         f"{_modes_where(lambda r: node.builder in r.builders)} only; drop it (or set builder: kit)",
@@ -59,8 +108,12 @@ def check_node(node: Any) -> None:
                         at="gpu_only")
     spec = node.spec
     if spec.topk > rule.max_topk:
-        raise NodeError(f"is {rule.name}, whose Triton reproduction supports spec.topk {rule.max_topk} only",
+        raise NodeError(f"is {rule.name}, whose reproduction supports spec.topk {rule.max_topk} only",
                         at=("spec", "topk"))
+    if rule.new_tokens == "draft_steps" and spec.num_steps < 2:
+        raise NodeError(f"is {rule.name}: the draft runs num_steps - 1 attention steps; set spec.num_steps >= 2",
+                        at=("spec", "num_steps"))
+    _check_context(node)
     if rule.draft_tree:
         room = draft_tree_capacity(topk=spec.topk, num_steps=spec.num_steps)
         if spec.num_draft_tokens > room:
@@ -81,9 +134,15 @@ def _check_accept_lens(node: Any, rule: ModeRule) -> None:
                         at="batch")
     if len(accept) != bs:
         raise NodeError(f"has {len(accept)} batch.accept_lens for {bs} requests", at=("batch", "accept_lens"))
+    worst = max(range(bs), key=lambda i: accept[i])
+    if rule.new_tokens == "draft":
+        # A window of num_draft_tokens rows per request, of which accept_len + 1 are accepted.
+        if accept[worst] > spec.num_draft_tokens - 1:
+            raise NodeError(f"has batch.accept_lens[{worst}] = {accept[worst]}; accept lengths must be "
+                            f"< spec.num_draft_tokens ({spec.num_draft_tokens})", at=("batch", "accept_lens", worst))
+        return
     # The draft wrote num_steps tokens after the verified one; graphs lay out num_steps + 1 rows.
     top = min(spec.num_steps, spec.num_draft_tokens - 1)
-    worst = max(range(bs), key=lambda i: accept[i])
     if accept[worst] > top:
         raise NodeError(f"has batch.accept_lens[{worst}] = {accept[worst]}; accept lengths must be "
                         f"< spec.num_draft_tokens ({spec.num_draft_tokens}) and <= spec.num_steps ({spec.num_steps})",
@@ -105,6 +164,18 @@ def _check_extend_lens(node: Any, rule: ModeRule) -> None:
         if as_list != derived:
             raise NodeError(f"has batch.extend_lens {list(as_list)}, which contradicts mode {rule.name} (it extends "
                             f"{list(derived)}); drop it", at=("batch", "extend_lens"))
+
+
+def _check_context(node: Any) -> None:
+    """A given max_context_len must hold every request's prefix and new tokens."""
+    if node.max_context_len is None:
+        return
+    need = [p + e for p, e in zip(node.batch.prefix_lens, new_token_counts(node))]
+    worst = max(range(len(need)), key=lambda i: need[i])
+    if need[worst] > node.max_context_len:
+        raise NodeError(f"has max_context_len {node.max_context_len}, but request {worst} needs {need[worst]} "
+                        f"positions (prefix {node.batch.prefix_lens[worst]} + new {need[worst] - node.batch.prefix_lens[worst]}); "
+                        f"raise it to at least {max(need)}", at="max_context_len")
 
 
 def _check_totals(node: Any) -> None:

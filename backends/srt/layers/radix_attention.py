@@ -21,6 +21,9 @@ class AttentionLayer:
     scaling: float
     # Causal within the new tokens; cross/encoder attention is out of scope.
     is_causal: bool = True
+    # MLA (absorbed): head_dim = kv_lora_rank + qk_rope_head_dim, v_head_dim = kv_lora_rank.
+    v_head_dim_override: Optional[int] = None
+    logit_cap: float = 0.0
 
     @property
     def tp_v_head_num(self) -> int:
@@ -28,4 +31,4 @@ class AttentionLayer:
 
     @property
     def v_head_dim(self) -> int:
-        return self.head_dim
+        return self.v_head_dim_override if self.v_head_dim_override is not None else self.head_dim

@@ -15,10 +15,17 @@ from typing import Sequence
 
 import torch
 
-# Elements of guard after each buffer. A kernel that overflows by a few rows
-# lands here; one that overflows by more than this is still caught as long as
-# its first out-of-bounds element is written.
+# Elements of guard after each buffer: at least GUARD, and as many as the buffer
+# itself holds (up to MAX_GUARD), so that a kernel overflowing by up to a whole
+# buffer writes into the guard rather than into a neighbouring allocation. An
+# overflow by more is still caught as long as its first out-of-bounds element is
+# written.
 GUARD = 256
+MAX_GUARD = 1 << 20
+
+
+def guard_elements(numel: int) -> int:
+    return max(GUARD, min(numel, MAX_GUARD))
 
 # One byte repeated: finite as fp16/bf16/fp32 (so it never produces NaN by
 # itself) and, as an integer, a slot/page index far outside any pool.
@@ -77,7 +84,7 @@ def alloc_static(
     # bool has no same-size integer view in every torch version: store as uint8
     # and hand out a bool view of the same bytes.
     storage_dtype = torch.uint8 if dtype == torch.bool else dtype
-    flat = torch.empty(numel + GUARD, dtype=storage_dtype, device=device)
+    flat = torch.empty(numel + guard_elements(numel), dtype=storage_dtype, device=device)
     entry = StaticBuffer(name=name, flat=flat, numel=numel, shape=shape)
     entry.fill_guard()
     flat[:numel].fill_(fill)

@@ -163,6 +163,8 @@ class CudaGraphRunner:
                 topk=self.topk,
                 num_steps=self.num_steps,
                 num_draft_tokens=self.num_draft_tokens,
+                # Read by backends whose v2 replay uses accept lengths (trtllm MLA before PR 21987).
+                accept_length=self.accept_length[:bs],
                 extend_seq_lens_tensor=self.extend_seq_lens[:bs],
             )
         if mode.is_draft_extend():
@@ -293,6 +295,11 @@ class CudaGraphRunner:
                 self.extend_seq_lens[:raw_bs].fill_(self.num_tokens_per_bs)
         if self.forward_mode.is_draft_extend() and not self.forward_mode.is_draft_extend_v2():
             self.accept_length[:raw_bs].copy_(forward_batch.spec_info.accept_length)
+        elif (
+            self.forward_mode.is_draft_extend_v2()
+            and getattr(forward_batch.spec_info, "accept_length", None) is not None
+        ):
+            self.accept_length[:raw_bs].copy_(forward_batch.spec_info.accept_length)
         self.q[:raw_num_token].copy_(q.reshape(raw_num_token, *self.q.shape[1:]))
         self.k[:raw_num_token].copy_(k.reshape(raw_num_token, *self.k.shape[1:]))
         self.v[:raw_num_token].copy_(v.reshape(raw_num_token, *self.v.shape[1:]))
@@ -301,6 +308,11 @@ class CudaGraphRunner:
             spec_info = forward_batch.spec_info
         else:
             spec_info = self._spec_info(bs)
+            accept_length_cpu = getattr(forward_batch.spec_info, "accept_length_cpu", None)
+            if self.forward_mode.is_draft_extend(include_v2=True) and accept_length_cpu is not None:
+                # The host mirror of accept_length, padded rows accepting nothing (upstream
+                # hands the raw list over: max and sum + bs come out the same).
+                spec_info.accept_length_cpu = list(accept_length_cpu) + [0] * (bs - raw_bs)
 
         seq_lens_sum = forward_batch.seq_lens_sum
         if seq_lens_sum is not None:

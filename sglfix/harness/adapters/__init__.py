@@ -17,6 +17,9 @@ __all__ = ["ADAPTER_MODULES", "get_adapter"]
 # backend name -> module defining ``ADAPTER`` (imported on first use)
 ADAPTER_MODULES: dict[str, str] = {
     "triton": "sglfix.harness.adapters.triton",
+    "flashinfer": "sglfix.harness.adapters.flashinfer",
+    "flashinfer_mla": "sglfix.harness.adapters.flashinfer_mla",
+    "trtllm_mla": "sglfix.harness.adapters.trtllm_mla",
 }
 
 

@@ -7,7 +7,22 @@ from typing import Any, Callable, Protocol
 
 from sglfix.harness.invariants import MetadataFields
 
-__all__ = ["BackendAdapter", "Prepared", "MetadataHook"]
+__all__ = ["BackendAdapter", "Prepared", "MetadataHook", "Unavailable", "require_flashinfer"]
+
+
+class Unavailable(Exception):
+    """The cell cannot run on this machine (a SKIP with this reason, never a failure)."""
+
+
+def require_flashinfer(device: str) -> None:
+    """FlashInfer backends run FlashInfer's kernels on CUDA (the torch stand-ins are CPU-only)."""
+    import importlib.util
+
+    import torch
+
+    if torch.device(device).type == "cuda" and importlib.util.find_spec("flashinfer") is None:
+        raise Unavailable("FlashInfer is not installed on this CUDA machine; "
+                          "pip install flashinfer-python==0.7.2.post1 (or run with --device cpu)")
 
 # (backend, forward_batch, phase) -> None, called after every metadata init
 MetadataHook = Callable[[Any, Any, str], None]
@@ -40,8 +55,9 @@ class BackendAdapter(Protocol):
     def static_buffers(self, backend: Any) -> list:
         """Registered static buffers (with guard zones) after the run."""
 
-    def rows(self, forward_batch: Any) -> int:
-        """Rows (requests, padded ones included) the live metadata covers."""
+    def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
+        """(label, metadata object, rows it covers) for every metadata object live after an
+        init: one for a single backend, one per step for a multi-step draft backend."""
 
     def reference(self, prepared: Prepared) -> tuple[Any, Any]:
         """(reference output, packed output -> padded layout) from the ground truth only."""

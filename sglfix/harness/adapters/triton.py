@@ -65,10 +65,10 @@ class TritonAdapter:
     def static_buffers(self, backend: Any) -> list:
         return list(getattr(backend, "static_buffers", []))
 
-    def rows(self, forward_batch: Any) -> int:
-        if forward_batch.req_pool_indices is not None:
-            return len(forward_batch.req_pool_indices)
-        return forward_batch.batch_size
+    def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
+        rows = (len(forward_batch.req_pool_indices) if forward_batch.req_pool_indices is not None
+                else forward_batch.batch_size)
+        return [("", backend.forward_metadata, rows)]
 
     def reference(self, prepared: Prepared) -> tuple[Any, Any]:
         from sglfix.harness.reference import reference_attention
