@@ -83,6 +83,7 @@ print("fault probe:", [(c['cell'], c['verdict'], c['seconds']) for c in f['cells
 PY
 # The device returns at most 8 files: the two matrix reports and the caches as they are, the rest
 # in one archive.
-(cd "$OUT" && tar -czf logs.tgz --exclude='*.tgz' --exclude='matrix-cuda.json' --exclude='matrix-cuda-warm.json' . \
-  && find . -maxdepth 1 -type f ! -name '*.tgz' ! -name 'matrix-cuda.json' ! -name 'matrix-cuda-warm.json' -delete)
+(cd "$OUT" && tar -czf /tmp/logs.tgz --exclude='*.tgz' --exclude='matrix-cuda.json' --exclude='matrix-cuda-warm.json' . \
+  && find . -maxdepth 1 -type f ! -name '*.tgz' ! -name 'matrix-cuda.json' ! -name 'matrix-cuda-warm.json' -delete \
+  && mv /tmp/logs.tgz .)
 ls "$OUT"

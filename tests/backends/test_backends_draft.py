@@ -97,6 +97,11 @@ def _expected_rows(req_to_token, req_pool_indices, seq_lens, positions, topk, nu
 @pytest.mark.parametrize("topk", [1, 3])
 def test_draft_kv_indices_kernel_matches_the_write_formula(topk):
     num_steps, seq_lens = 3, [5, 0, 17]
+    with torch.device(DEVICE):
+        _check_kernel_formula(topk, num_steps, seq_lens)
+
+
+def _check_kernel_formula(topk, num_steps, seq_lens):
     req_to_token = torch.arange(6 * 64, dtype=torch.int32).view(6, 64) + 1000
     req_pool_indices = torch.tensor([4, 1, 2], dtype=torch.int64)
     seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
@@ -108,7 +113,9 @@ def test_draft_kv_indices_kernel_matches_the_write_formula(topk):
         req_pool_indices, req_to_token, seq_lens_t, kv_indices, kv_indptr, positions,
         req_to_token.shape[1], width, kv_indptr.shape[1], 4, 4, 16, 1,
     )
-    rows, indptr = _expected_rows(req_to_token, req_pool_indices.tolist(), seq_lens, positions, topk, num_steps, width)
+    rows, indptr = _expected_rows(req_to_token.cpu(), req_pool_indices.tolist(), seq_lens, positions.cpu(), topk,
+                                  num_steps, width)
+    rows, indptr, kv_indptr, kv_indices = rows.cpu(), indptr.cpu(), kv_indptr.cpu(), kv_indices.cpu()
     assert torch.equal(kv_indptr, indptr)
     for step in range(num_steps):
         used = sum(seq_lens) * topk + 3 * topk * (step + 1)
@@ -126,6 +133,11 @@ def test_per_step_out_cache_loc_is_step_major():
 
 def test_kernel_stores_past_a_narrow_row_into_the_guard():
     """Stores are bounded by lengths, never by the row width: the last row spills past the end."""
+    with torch.device(DEVICE):
+        _store_past_a_narrow_row()
+
+
+def _store_past_a_narrow_row():
     registry = []
     topk, num_steps = 4, 2
     req_to_token = torch.arange(2 * 64, dtype=torch.int32).view(2, 64)
@@ -195,12 +207,23 @@ def test_plain_decode_matches_reference(kind, graph):
 def test_mla_draft_children_plan_one_sequence_per_branch():
     """Each step plans bs * topk branch sequences (prefix + step + 1 draft tokens), one query each."""
     case = _draft_case("mla", topk=4)
-    backend, _ = _run_draft(case)
+    backend = case.make_backend()
+    planned = {}
     for step, child in enumerate(backend.attn_backends):
-        wrapper = child.decode_wrapper
-        assert wrapper._host_qo_indptr.tolist() == list(range(13))
-        assert wrapper._host_kv_len.tolist() == [p + step + 1 for p in PREFIX for _ in range(4)]
-        assert torch.equal(wrapper._host_kv_indptr, child.page_table.kv_indptr.to(torch.int64))
+        # Whatever the wrapper (FlashInfer on CUDA, the stand-in on CPU): what it is asked to plan.
+        def spy(*args, _plan=child.decode_wrapper.plan, _step=step, **kwargs):
+            planned[_step] = [a.cpu().clone() if isinstance(a, torch.Tensor) else a for a in args[:4]]
+            return _plan(*args, **kwargs)
+
+        child.decode_wrapper.plan = spy
+    out = run_draft_eager(backend, case.forward_batch, case.q, case.k, case.v, case.layer, None)
+    assert _max_error(case, out) < TOLERANCE["mla"]
+    assert sorted(planned) == list(range(len(backend.attn_backends)))
+    for step, child in enumerate(backend.attn_backends):
+        qo_indptr, kv_indptr, _, kv_len = planned[step]
+        assert qo_indptr.tolist() == list(range(13))
+        assert kv_len.tolist() == [p + step + 1 for p in PREFIX for _ in range(4)]
+        assert torch.equal(kv_indptr, child.page_table.kv_indptr.cpu())
 
 
 # ----------------------------------------------------------------------------- PRs 27460 / 27338
