@@ -40,6 +40,8 @@ def build_report(*, command: Sequence[str], info: dict, results: Sequence[Any], 
         "host": platform.node(), "python": sys.version.split()[0],
         "torch": info.get("torch") or package_version("torch"),
         "triton": info.get("triton") or package_version("triton"),
+        # The FlashInfer backends' GPU kernels (None where it is not installed).
+        "flashinfer": package_version("flashinfer-python"),
         "sglfix": package_version("sglfix"),
         "env_revert": env_revert,
         "wall_s": round(wall_s, 2),
