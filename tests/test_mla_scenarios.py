@@ -101,3 +101,26 @@ def test_what_the_mla_kernels_cannot_take_is_a_one_line_error(tmp_path, patch, n
     f = tmp_path / "bad.yaml"
     f.write_text("\n".join(lines) + "\n")
     assert_one_line_error(run_cli("run", "--scenario-file", str(f), "--device", "cpu"), "bad.yaml:", *needles)
+
+
+DSV4 = """\
+name: my-dsv4-mtp
+backend: DeepSeek_V4
+mode: draft_decode
+batch: {prefix_lens: [180, 9]}
+model: {num_heads: 32, kv_lora_rank: 512, qk_rope_head_dim: 64, dtype: bfloat16}
+spec: {topk: 1, num_steps: 4}
+grid:
+  cuda_graph: [false, {capture_bs: [2]}]
+"""
+
+
+def test_someone_elses_deepseek_v4_scenario(tmp_path):
+    base = _run(tmp_path, DSV4)
+    assert [c["verdict"] for c in base.values()] == ["PASS", "PASS"]
+    assert {c["scenario"] for c in base.values()} == {"my-dsv4-mtp@cg=eager", "my-dsv4-mtp@cg=graph"}
+    reverted = _run(tmp_path, DSV4, "-r", "26239")
+    eager, graph = reverted["my-dsv4-mtp@cg=eager"], reverted["my-dsv4-mtp@cg=graph"]
+    assert eager["verdict"] == "CRASH" and "AssertionError" in eager["findings"][0]["message"], eager["findings"]
+    assert graph["verdict"] == "PASS"
+    assert {c["verdict"] for c in _run(tmp_path, DSV4, "-r", "26239:worker-helper").values()} == {"PASS"}

@@ -27,7 +27,8 @@ def show_cmd(
     info = {
         "id": toggle_id, "pr": toggle.pr, "title": toggle.title, "url": toggle.url, "bug": toggle.bug,
         "description": toggle.description, "file": toggle.path,
-        "parts": {s.part.name: {"summary": s.part.summary, "targets": list(s.part.targets)} for s in selections},
+        "parts": {s.part.name: {"summary": s.part.summary, "targets": list(s.part.targets),
+                                "behaviour_neutral": s.part.behaviour_neutral} for s in selections},
         "expect": [
             {"scenario": e.scenario, "verdict": list(e.verdicts), "revert": list(e.revert), "device": e.device}
             for e in toggle.expect

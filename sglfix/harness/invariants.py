@@ -1,11 +1,12 @@
 """Metadata invariants, checked after every metadata init (eager, capture and replay).
 
 One table for every backend: an adapter names which of its metadata fields are CSR offsets
-(start at 0, never decrease), lengths (never negative), and page/slot indices (inside the pool,
-covered by an offsets field, or by a lengths field for a dense block table). The field names follow upstream's metadata (``kv_indptr``,
-``qo_indptr``, ``mask_indptr``, ``window_kv_indptr``, ``cu_seqlens_q/k``,
-``cache_seqlens_int32``, ``max_seq_len_k`` ...). These catch corrupt metadata even where the
-real rows' output happens to stay right (padded rows).
+(start at 0, never decrease), lengths (never negative), page/slot indices (inside the pool,
+covered by an offsets field, or by a lengths field for a dense block table) and locations (one
+pool slot per row, e.g. a KV write target baked into the metadata). The field names follow
+upstream's metadata (``kv_indptr``, ``qo_indptr``, ``mask_indptr``, ``window_kv_indptr``,
+``cu_seqlens_q/k``, ``cache_seqlens_int32``, ``max_seq_len_k``, ``raw_out_loc`` ...). These
+catch corrupt metadata even where the real rows' output happens to stay right (padded rows).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ class MetadataFields:
     # dense block table [rows, width] of page ids -> (lengths field, page-size field): row b's
     # first ceil(lengths[b] / page_size) entries are read, so they must be pages of the pool
     block_tables: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # 1-D tensors of pool slots, exactly one per row, each inside the pool
+    locations: tuple[str, ...] = ()
 
 
 # Every field name upstream's attention test kit checks; an adapter picks the ones its
@@ -91,6 +94,16 @@ def _block_table(name: str, table: torch.Tensor, len_name: str, lengths: torch.T
         found.append(f"{name}[{i}, {j}] = {int(t[i, j])} outside the KV pool's pages [0, {num_pages})")
 
 
+def _locations(name: str, t: torch.Tensor, rows: int, num_slots: int, found: list[str]) -> None:
+    v = t.reshape(-1).to(torch.int64).cpu()
+    if t.dim() != 1 or v.numel() != rows:
+        found.append(f"{name} has {v.numel()} entries (shape {tuple(t.shape)}) for {rows} rows, not one per row")
+    bad = (v[:rows] < 0) | (v[:rows] >= num_slots)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        found.append(f"{name}[{i}] = {int(v[i])} outside the KV pool [0, {num_slots})")
+
+
 def check_metadata(metadata: Any, *, fields: MetadataFields = UPSTREAM_FIELDS, rows: int, num_slots: int,
                    phase: str) -> list[str]:
     """Findings (empty when sound) for a backend's metadata covering ``rows`` requests."""
@@ -125,4 +138,8 @@ def check_metadata(metadata: Any, *, fields: MetadataFields = UPSTREAM_FIELDS, r
         page_size = getattr(metadata, page_name, None)
         if isinstance(table, torch.Tensor) and isinstance(lengths, torch.Tensor) and isinstance(page_size, int):
             _block_table(name, table, len_name, lengths, page_size, rows, num_slots, found)
+    for name in fields.locations:
+        t = getattr(metadata, name, None)
+        if isinstance(t, torch.Tensor):
+            _locations(name, t, rows, num_slots, found)
     return [f"{phase}: {f}" for f in found]

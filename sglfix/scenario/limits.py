@@ -68,10 +68,11 @@ LIMITS: tuple[Limit, ...] = (
     Limit("`model.head_dim`", f"power of two, {MIN_HEAD_DIM} .. {MAX_HEAD_DIM}",
           "the Triton kernels' block shapes; flashinfer: 64, 128 or 256, at most 4 query heads per KV head"),
     Limit("`model.kv_lora_rank`, `model.qk_rope_head_dim`", "512, 64",
-          "MLA backends only (flashinfer_mla, trtllm_mla): FlashInfer's MLA kernels; num_heads 16, 32, 64 or 128"),
+          "MLA backends only (flashinfer_mla, trtllm_mla, deepseek_v4): FlashInfer's MLA kernels; num_heads 16, 32, "
+          "64 or 128"),
     Limit("`page_size`", f"1 .. {MAX_PAGE_SIZE}", "engines use 1 to 256; flashinfer and flashinfer_mla: 1; "
-          "trtllm_mla: 32 or 64"),
-    Limit("`spec.topk`", f"1 .. {MAX_TOPK}", "TARGET_VERIFY, DRAFT_EXTEND, DRAFT_EXTEND_V2: 1 (Triton reproduction)"),
+          "trtllm_mla: 32 or 64 (default 64); deepseek_v4: 256 (the default)"),
+    Limit("`spec.topk`", f"1 .. {MAX_TOPK}", "TARGET_VERIFY, DRAFT_EXTEND, DRAFT_EXTEND_V2, and deepseek_v4: 1"),
     Limit("`spec.num_steps`", f"1 .. {MAX_NUM_STEPS}", "EAGLE draft depth; DRAFT_DECODE: >= 2 (num_steps - 1 "
           "attention steps)"),
     Limit("`spec.num_draft_tokens`", f"1 .. {MAX_DRAFT_TOKENS}",

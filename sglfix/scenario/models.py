@@ -227,7 +227,8 @@ class ScenarioNode(StrictModel):
     cuda_graph: Annotated[Optional[CudaGraphNode], BeforeValidator(_graph_or_false)] = None
     gpu_only: Flag = False
     sync_free: Optional[Flag] = None
-    page_size: PageSize = 1
+    # None: the backend's default (1; trtllm_mla 64; deepseek_v4 256).
+    page_size: Optional[PageSize] = None
     model: ModelShape = ModelShape()
     spec: SpecShape = SpecShape()
     seed: Seed = 0
@@ -238,6 +239,10 @@ class ScenarioNode(StrictModel):
     max_context_len: Optional[ContextLen] = None
     # Expanded by the loader before a node is validated; listed so that it is a known key.
     grid: Optional[dict] = None
+
+    @property
+    def effective_page_size(self) -> int:
+        return self.page_size if self.page_size is not None else backend_rule(self.backend).default_page_size
 
     @model_validator(mode="after")
     def _cross_key_rules(self) -> "ScenarioNode":
@@ -258,7 +263,7 @@ class ScenarioNode(StrictModel):
             gpu_only=self.gpu_only,
             sync_free=self.sync_free if self.sync_free is not None else (
                 self.gpu_only and not rule.host_reads and backend_rule(self.backend).sync_free),
-            page_size=self.page_size, model=model, spec=self.spec, seed=self.seed,
+            page_size=self.effective_page_size, model=model, spec=self.spec, seed=self.seed,
             tolerance=self.tolerance if self.tolerance is not None else DEFAULT_TOLERANCE[self.model.dtype],
             builder=self.builder, max_context_len=self.max_context_len, description=self.description,
             path=path, line=line,

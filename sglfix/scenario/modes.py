@@ -98,6 +98,8 @@ class BackendRule:
     dtypes: tuple[str, ...]
     page_sizes: tuple[int, ...] | None  # None: any
     gpu_only: bool
+    # page_size when a scenario gives none.
+    default_page_size: int = 1
     # Whether gpu_only scenarios are declared free of device->host syncs (the FlashInfer
     # stand-ins plan on the host, so theirs are not).
     sync_free: bool = False
@@ -127,7 +129,7 @@ _BACKEND_RULES = (
     # Its CUDA graphs capture a padded window of num_draft_tokens rows per request: both
     # draft-extend modes extend that window, accept_lens only feed spec_info.accept_length.
     BackendRule("trtllm_mla", modes=("DRAFT_EXTEND", "DRAFT_EXTEND_V2"), mla=True, dtypes=_HALF,
-                page_sizes=(32, 64), gpu_only=True, num_heads=(16, 32, 64, 128),
+                page_sizes=(32, 64), default_page_size=64, gpu_only=True, num_heads=(16, 32, 64, 128),
                 mode_overrides=(
                     ("DRAFT_EXTEND", replace(MODE_RULES["DRAFT_EXTEND"], new_tokens="draft", host_reads=False)),
                     ("DRAFT_EXTEND_V2", replace(MODE_RULES["DRAFT_EXTEND_V2"], needs_accept_lens=True,
@@ -136,6 +138,12 @@ _BACKEND_RULES = (
                 kernels="the trtllm-gen MLA kernel runs on Blackwell only: FlashInfer BatchMLAPagedAttentionWrapper "
                         "on other GPUs, a torch kernel on CPU, both over the same block table, seq_lens_k and q "
                         "layout"),
+    # DSv4 pins page size 256 and topk <= 1; its draft layer attends a sliding window of 128.
+    BackendRule("deepseek_v4", modes=("DECODE", "DRAFT_DECODE"), mla=True, dtypes=_HALF, page_sizes=(256,),
+                default_page_size=256, gpu_only=False, num_heads=(16, 32, 64, 128),
+                mode_overrides=(("DRAFT_DECODE", replace(MODE_RULES["DRAFT_DECODE"], max_topk=1)),),
+                kernels="Triton kernels for the KV write at the locations baked into its metadata and the "
+                        "sliding-window MLA decode (compiled on CUDA, interpreted on CPU)"),
 )
 BACKEND_RULES: dict[str, BackendRule] = {r.name: r for r in _BACKEND_RULES}
 BACKENDS: tuple[str, ...] = tuple(BACKEND_RULES)

@@ -50,9 +50,9 @@ def _check_backend(node: Any) -> None:
     if model.dtype not in brule.dtypes:
         raise NodeError(f"uses backend {brule.name}, whose kernels take dtype {' or '.join(brule.dtypes)}",
                         at=("model", "dtype") if "dtype" in given else "backend")
-    if brule.page_sizes is not None and node.page_size not in brule.page_sizes:
+    if brule.page_sizes is not None and node.effective_page_size not in brule.page_sizes:
         raise NodeError(f"uses backend {brule.name}, which takes page_size {' or '.join(map(str, brule.page_sizes))}",
-                        at="page_size" if "page_size" in node.model_fields_set else "backend")
+                        at="page_size" if node.page_size is not None else "backend")
     if node.gpu_only and not brule.gpu_only:
         raise NodeError(f"uses backend {brule.name}; gpu_only applies to "
                         f"{_backends_where(lambda r: r.gpu_only)} only", at="gpu_only")

@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Mapping
 
-from pydantic import BeforeValidator, StrictStr, ValidationInfo, field_validator, model_validator
+from pydantic import BeforeValidator, StrictBool, StrictStr, ValidationInfo, field_validator, model_validator
 
 from sglfix.common.errors import ConfigError
 from sglfix.common.schema import NodeError, StrictModel, describe_kind, nearest, validate_node
@@ -106,6 +106,9 @@ class ExpectFile(StrictModel):
 class PartFile(StrictModel):
     summary: NonEmptyText
     patches: PatchList
+    # A refactor that came with the fix (e.g. a helper replacing an inline expression): reverting
+    # it alone must change no verdict, which its expectations state and the matrix confirms.
+    behaviour_neutral: StrictBool = False
 
 
 def _part_names(value: Any) -> Any:
@@ -172,6 +175,7 @@ class Part:
     name: str
     summary: str
     patches: tuple[PatchSpec, ...]
+    behaviour_neutral: bool = False
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -237,7 +241,8 @@ def parse_toggle(text: str, *, path: str) -> Toggle:
     if "patches" in file.model_fields_set:
         parts = {MAIN_PART: Part(name=MAIN_PART, summary=file.title, patches=file.patches)}
     else:
-        parts = {name: Part(name=name, summary=p.summary, patches=p.patches) for name, p in file.parts.items()}
+        parts = {name: Part(name=name, summary=p.summary, patches=p.patches, behaviour_neutral=p.behaviour_neutral)
+                 for name, p in file.parts.items()}
     expect_node = raw.get("expect") or []
     expect = tuple(
         Expectation(scenario=e.scenario, verdicts=e.verdict, revert=e.revert or (str(ToggleId(file.pr)),),

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from sglfix.backends.kernels.ops.attention.paged_wrappers import TorchDecodeWrapper
-from sglfix.backends.kernels.ops.speculative import generate_draft_decode_kv_indices, per_step_draft_out_cache_loc
+from sglfix.backends.kernels.ops.speculative import generate_draft_decode_kv_indices
+from sglfix.backends.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
 from sglfix.backends.srt.model_executor.cuda_graph_buffer_registry import alloc_static
 from sglfix.backends.srt.model_executor.cuda_graph_runner import make_runner_for_case, run_eager
 from sglfix.backends.srt.speculative.eagle_draft_cuda_graph_runner import make_draft_runner_for_case, run_draft_eager

@@ -1,10 +1,10 @@
 """The multi-step EAGLE draft's attention, eager and through CUDA graphs, as the engine's
 ``EAGLEDraftCudaGraphRunner`` drives a multi-step draft backend.
 
-One draft forward runs ``num_steps - 1`` decode steps: step ``i`` queries one row per branch
-(``bs * topk`` rows), writes the branch's new draft token at ``out_cache_loc`` step ``i``
-(``per_step_draft_out_cache_loc``) and attends with ``draft_backend.attn_backends[i]``. The
-metadata of all steps is built once, before the steps (``init_forward_metadata*``).
+One draft forward runs ``num_steps - 1`` decode steps (``eagle_worker_v2.draft_forward``): step
+``i`` queries one row per branch (``bs * topk`` rows), writes the branch's new draft token at
+``out_cache_loc`` step ``i`` and attends with ``draft_backend.attn_backends[i]``. The metadata of
+all steps is built once, before the steps (``init_forward_metadata*``).
 
 Graphs are captured at fixed batch sizes over static inputs, all steps in one graph; a replay
 with ``raw_bs`` requests pads up to the smallest captured size as upstream: padded rows get
@@ -24,44 +24,14 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from sglfix.backends.kernels.ops.speculative import per_step_draft_out_cache_loc
 from sglfix.backends.srt.layers.radix_attention import AttentionLayer
 from sglfix.backends.srt.mem_cache.memory_pool import MLATokenToKVPool
 from sglfix.backends.srt.model_executor.cuda_graph_buffer_registry import alloc_static
 from sglfix.backends.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglfix.backends.srt.speculative.eagle_info import EagleDraftInput
+from sglfix.backends.srt.speculative.eagle_worker_v2 import draft_forward
 
 MetadataHook = Callable[[object, ForwardBatch, str], None]
-
-
-def run_draft_steps(
-    draft_backend,
-    forward_batch: ForwardBatch,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: Optional[torch.Tensor],
-    layer: AttentionLayer,
-) -> list[torch.Tensor]:
-    """The attention of draft_forward: step ``i`` writes its tokens' K/V and attends.
-    ``q``/``k``/``v`` are [num_steps - 1, bs * topk, heads, dim]; returns one output per step."""
-    topk = draft_backend.topk
-    num_steps = draft_backend.speculative_num_steps
-    out_cache_loc = forward_batch.out_cache_loc
-    per_step = per_step_draft_out_cache_loc(
-        out_cache_loc, bs=forward_batch.batch_size, topk=topk, num_steps=num_steps
-    )
-    outs = []
-    try:
-        for i in range(num_steps - 1):
-            forward_batch.out_cache_loc = per_step[i]
-            outs.append(
-                draft_backend.attn_backends[i].forward(
-                    q[i], k[i], v[i] if v is not None else None, layer, forward_batch
-                )
-            )
-    finally:
-        forward_batch.out_cache_loc = out_cache_loc
-    return outs
 
 
 def run_draft_eager(
@@ -77,7 +47,7 @@ def run_draft_eager(
     draft_backend.init_forward_metadata(forward_batch)
     if on_metadata is not None:
         on_metadata(draft_backend, forward_batch, "eager")
-    return run_draft_steps(draft_backend, forward_batch, q, k, v, layer)
+    return draft_forward(draft_backend, forward_batch, q, k, v, layer)
 
 
 class EAGLEDraftCudaGraphRunner:
@@ -193,7 +163,7 @@ class EAGLEDraftCudaGraphRunner:
 
     def _run_steps(self, forward_batch: ForwardBatch, bs: int) -> list[torch.Tensor]:
         num_tokens = bs * self.num_tokens_per_bs
-        return run_draft_steps(
+        return draft_forward(
             self.draft_backend,
             forward_batch,
             self.q[:, :num_tokens],

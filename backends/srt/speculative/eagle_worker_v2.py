@@ -9,7 +9,9 @@ Reproduces the pieces whose bugs the toggles revert:
   ``gpu_only`` path, withholds) the CPU mirrors;
 - ``prepare_for_draft_extend_v2``: builds the DRAFT_EXTEND_V2 forward batch the
   way production does, bumping ``seq_lens`` to ``prefix + num_draft_tokens``
-  *before* the backend's ``init_forward_metadata``.
+  *before* the backend's ``init_forward_metadata``;
+- ``draft_forward``: the multi-step draft's attention steps, each writing through its own
+  slice of the all-steps ``out_cache_loc`` (the layout every backend shares).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sglfix.backends.srt.managers.overlap_utils import decide_needs_cpu_seq_lens
 from sglfix.backends.srt.managers.schedule_batch import ScheduleBatch
 from sglfix.backends.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglfix.backends.srt.speculative.eagle_info import EagleDraftInput
+from sglfix.backends.srt.speculative.eagle_utils import per_step_draft_out_cache_loc
 
 
 class LegacyAttnBackend:
@@ -110,3 +113,33 @@ def prepare_for_draft_extend_v2(
         # the backend reads max() from this list instead of syncing on the device.
         forward_batch.extend_seq_lens_cpu = [num_draft_tokens] * bs
     return forward_batch
+
+
+def draft_forward(draft_backend, forward_batch: ForwardBatch, q: torch.Tensor, k: torch.Tensor,
+                  v: Optional[torch.Tensor], layer) -> list[torch.Tensor]:
+    """The attention of the multi-step draft (upstream ``EagleWorkerV2.draft_forward``, model
+    forward reduced to its attention layer): step ``i`` writes its tokens' K/V through
+    ``out_cache_loc`` step ``i`` and attends with ``draft_backend.attn_backends[i]``.
+
+    ``q``/``k``/``v`` are [num_steps - 1, bs * topk, heads, dim] (``v`` None for MLA); the draft
+    token of the last step is sampled, never attended, hence num_steps - 1 steps. Returns one
+    output per step.
+    """
+    bs = forward_batch.batch_size
+    topk = draft_backend.topk
+    num_steps = draft_backend.speculative_num_steps
+    all_steps = forward_batch.out_cache_loc
+    # PR 26239: one helper for the [bs, topk, num_steps] layout, shared with the backends.
+    out_cache_loc = per_step_draft_out_cache_loc(forward_batch.out_cache_loc, bs=bs, topk=topk, num_steps=num_steps)
+    outs = []
+    try:
+        for i in range(num_steps - 1):
+            forward_batch.out_cache_loc = out_cache_loc[i]
+            outs.append(
+                draft_backend.attn_backends[i].forward(
+                    q[i], k[i], v[i] if v is not None else None, layer, forward_batch
+                )
+            )
+    finally:
+        forward_batch.out_cache_loc = all_steps
+    return outs

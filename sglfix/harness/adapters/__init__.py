@@ -20,6 +20,7 @@ ADAPTER_MODULES: dict[str, str] = {
     "flashinfer": "sglfix.harness.adapters.flashinfer",
     "flashinfer_mla": "sglfix.harness.adapters.flashinfer_mla",
     "trtllm_mla": "sglfix.harness.adapters.trtllm_mla",
+    "deepseek_v4": "sglfix.harness.adapters.deepseek_v4",
 }
 
 

@@ -1,6 +1,6 @@
 """Speculative-decoding kernels: the multi-step EAGLE draft's per-step page tables
-(``generate_draft_decode_kv_indices``) and its per-step write slots."""
+(``generate_draft_decode_kv_indices``)."""
 
-from .cache_locs import generate_draft_decode_kv_indices, per_step_draft_out_cache_loc
+from .cache_locs import generate_draft_decode_kv_indices
 
-__all__ = ["generate_draft_decode_kv_indices", "per_step_draft_out_cache_loc"]
+__all__ = ["generate_draft_decode_kv_indices"]

@@ -95,11 +95,3 @@ def generate_draft_decode_kv_indices(
     positions = tl.load(positions + bs_offset, mask=bs_offset < zid, other=0)
     base = tl.sum(positions)
     tl.store(kv_indptr + zid, base + zid * iters)
-
-
-def per_step_draft_out_cache_loc(
-    out_cache_loc: torch.Tensor, *, bs: int, topk: int, num_steps: int
-) -> torch.Tensor:
-    """``out_cache_loc`` laid out [bs, topk, num_steps] -> (num_steps, bs * topk): row ``i`` holds
-    the slots the draft step ``i`` writes, branch-major within each request (as draft_forward)."""
-    return out_cache_loc.view(bs, topk, num_steps).permute(2, 0, 1).reshape(num_steps, -1)
