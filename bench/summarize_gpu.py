@@ -1,0 +1,51 @@
+"""Summarise a gpu_run.sh result directory into bench/results/gpu-matrix-bench.json.
+
+Usage: python bench/summarize_gpu.py RUN_DIR CPU_MATRIX.json OUT.json
+RUN_DIR holds matrix-cuda.json, matrix-cuda-warm.json and logs.tgz unpacked (gpu.txt,
+jit-state.txt). Records the device, FlashInfer version, JIT-cache state at the start of each
+matrix run, wall times, the verdict summary, expectations, and verdict parity with the CPU matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def main() -> int:
+    run, cpu_path, out = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    cold = json.loads((run / "matrix-cuda.json").read_text())
+    warm = json.loads((run / "matrix-cuda-warm.json").read_text())
+    cpu = json.loads(Path(cpu_path).read_text())
+    gpu = (run / "gpu.txt").read_text().splitlines()
+    jit = (run / "jit-state.txt").read_text().split(":")[-1].strip()
+    verdicts = lambda d: {(",".join(c["toggles"]), c["scenario"]): c["verdict"] for c in d["cells"]}
+    a, b = verdicts(cpu), verdicts(cold)
+    common = set(a) & set(b)
+    differ = sorted(k for k in common if a[k] != b[k])
+    summary = {
+        "what": "GPU matrix wall time with a cold and a warm FlashInfer JIT cache, and CPU/GPU verdict parity",
+        "command": "JIT=cold bash bench/gpu_run.sh (device call carrying .cache)",
+        "sglfix_commit": subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip(),
+        "date": cold["date"], "device": cold["device_name"], "gpu": gpu[0], "stack": gpu[1],
+        "flashinfer": cold.get("flashinfer"), "matrix_command": cold["command"], "cells": len(cold["cells"]),
+        "cold": {"jit_cache_at_start": f"{jit} (FlashInfer and Triton caches removed)" if jit == "cold" else jit,
+                 "wall_s": cold["wall_s"]},
+        "warm": {"jit_cache_at_start": "as the first run left it", "wall_s": warm["wall_s"]},
+        "summary": cold["summary"],
+        "expectations_met": sum(c["met"] for c in cold["expectations"]), "expectations": len(cold["expectations"]),
+        "stray": len(cold["stray"]),
+        "parity_with_cpu": {"cpu_report": cpu_path, "cpu_wall_s": cpu["wall_s"], "common": len(common),
+                            "agree": len(common) - len(differ), "differ": [list(k) for k in differ],
+                            "only_in_one": len(set(a) ^ set(b))},
+        "warm_vs_cold_verdicts_equal": verdicts(warm) == b,
+    }
+    Path(out).write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({k: summary[k] for k in ("cells", "cold", "warm", "parity_with_cpu")}, indent=1))
+    return 0 if not differ and len(common) == len(a) == len(b) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
