@@ -39,10 +39,14 @@ def test_readme_claims_only_what_exists():
         assert "FlashInfer" not in text, "README promises FlashInfer kernels that no backend uses yet"
     from sglfix.cli.app import app
 
-    commands = {c.name for c in app.registered_commands}
+    commands = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
     shell = "\n".join(re.findall(r"```bash\n(.*?)```", text, re.S))
     used = set(re.findall(r"\bsglfix ([a-z]+)\b", shell))
     assert used and used <= commands, f"README shows commands that do not exist: {sorted(used - commands)}"
+    for group in app.registered_groups:  # sglfix report compare: the subcommand must exist too
+        subs = {c.name for c in group.typer_instance.registered_commands}
+        shown = set(re.findall(rf"\bsglfix {group.name} ([a-z]+)\b", shell))
+        assert shown <= subs, f"README shows sglfix {group.name} subcommands that do not exist: {sorted(shown - subs)}"
     cli_source = "\n".join(p.read_text() for p in (ROOT / "sglfix" / "cli").glob("*.py"))
     pip_options = {"--system-site-packages", "--no-deps", "--no-build-isolation"}
     for option in set(re.findall(r"(--[a-z][a-z-]+)", shell)) - pip_options:

@@ -21,6 +21,9 @@ Device = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
 Jobs = Annotated[Optional[int], typer.Option("--jobs", "-j", help="Worker processes (default: 1 on CUDA, 2 on CPU).")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds per cell before TIMEOUT (finite, > 0).")]
 JsonFile = Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="Write the report as JSON (- for stdout).")]
+JunitFile = Annotated[Optional[str], typer.Option("--junit", metavar="FILE", help="Also write JUnit XML (.xml): one testcase per cell, for CI test views.")]
+MarkdownFile = Annotated[Optional[str], typer.Option("--markdown", metavar="FILE", help="Also write a Markdown summary (.md); it is appended to $GITHUB_STEP_SUMMARY whenever that is set, option or not.")]
+HeatmapFile = Annotated[Optional[str], typer.Option("--heatmap", metavar="FILE", help="Also draw the grid coloured by verdict (.png or .svg; pip install 'sglfix[plot]').")]
 MemoryBudget = Annotated[Optional[str], typer.Option("--memory-budget", metavar="SIZE", help="Refuse scenarios estimated to need more memory (e.g. 16G; env SGLFIX_MEMORY_BUDGET).")]
 
 VERDICT_STYLE = {"PASS": "green", "SKIP": "dim", "SYNC": "yellow", "DIVERGE": "red", "NAN": "red",
@@ -71,6 +74,27 @@ def load_selected(scenario_globs: Sequence[str], scenario_files: Sequence[str], 
 
 
 @dataclass
+class Outputs:
+    """The report files asked for: all checked before any cell runs, written after the run."""
+
+    json: Optional[str] = None
+    junit: Optional[str] = None
+    markdown: Optional[str] = None
+    heatmap: Optional[str] = None
+
+    def check(self) -> None:
+        from sglfix.report.heatmap import check_heatmap_path
+        from sglfix.report.junit import check_junit_path
+        from sglfix.report.markdown import check_markdown_path
+        from sglfix.report.output import check_output_path
+
+        check_output_path(self.json, option="--json")
+        check_junit_path(self.junit, option="--junit")
+        check_markdown_path(self.markdown, option="--markdown")
+        check_heatmap_path(self.heatmap, option="--heatmap")
+
+
+@dataclass
 class Ran:
     """A plan run through the worker pool, with what the report and the tables need."""
 
@@ -84,14 +108,13 @@ class Ran:
 
 def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequence[str],
              scenario_file: Sequence[str], backend: Optional[str], device: str, jobs: Optional[int],
-             timeout: float, json_file: Optional[str], memory_budget: Optional[str]) -> Ran:
+             timeout: float, outputs: Outputs, memory_budget: Optional[str]) -> Ran:
     """Every option checked first (exit 2 before any cell runs: the worker config checks device
     and timeout), then the workers boot while the scenarios load and the plan is built.
     ``build_plan(scenarios, registry=, env_ids=)`` makes the plan."""
     from sglfix.execution.pool import WorkerConfig, WorkerPool, signals_raise
-    from sglfix.report.output import check_output_path
 
-    check_output_path(json_file, option="--json")
+    outputs.check()
     registry = opts.registry()
     config = WorkerConfig(device=device, timeout=timeout, allowed_prefixes=opts.allowed_prefixes(),
                           toggles_dir=str(registry.directory) if opts.toggles is not None else None)
@@ -104,17 +127,43 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
     return Ran(registry=registry, env=env, plan=plan, info=info, results=results, wall=wall)
 
 
-def write_report(opts: Options, ran: Ran, json_file: Optional[str], **expectations: Any) -> None:
-    """The JSON report of ``ran`` to ``json_file`` (``-``: stdout), when one was asked for."""
-    if json_file is None:
+def write_report(opts: Options, ran: Ran, outputs: Outputs, *, gate: bool, **expectations: Any) -> None:
+    """The report of ``ran`` in every form asked for (JSON first), and the Markdown summary appended
+    to ``$GITHUB_STEP_SUMMARY`` when that is set. ``gate``: JUnit and Markdown judge cells as the
+    matrix does (stray verdicts and unmet expectations fail) instead of every non-PASS cell."""
+    from sglfix.report.markdown import STEP_SUMMARY
+
+    summary = os.environ.get(STEP_SUMMARY)
+    if not any((outputs.json, outputs.junit, outputs.markdown, outputs.heatmap, summary)):
         return
     from sglfix.report.jsonreport import build_report
     from sglfix.report.output import write_json
     from sglfix.toggling.env import ENV_VAR
 
-    write_json(json_file, build_report(command=opts.argv, info=ran.info, results=ran.results,
-                                       cell_ids=[c.id for c in ran.plan.cells], wall_s=ran.wall,
-                                       env_revert=os.environ.get(ENV_VAR), **expectations))
+    report = build_report(command=opts.argv, info=ran.info, results=ran.results,
+                          cell_ids=[c.id for c in ran.plan.cells], wall_s=ran.wall,
+                          env_revert=os.environ.get(ENV_VAR), **expectations)
+    if outputs.json:
+        write_json(outputs.json, report)
+    if outputs.junit:
+        from sglfix.report.junit import write_junit
+
+        write_junit(report, outputs.junit, gate=gate)
+    if outputs.heatmap:
+        from sglfix.report.heatmap import write_heatmap
+
+        write_heatmap(report, outputs.heatmap)
+    if outputs.markdown or summary:
+        from sglfix.report.markdown import append_step_summary, render_markdown
+        from sglfix.report.output import write_atomic
+
+        text = render_markdown(report, gate=gate)
+        if outputs.markdown:
+            write_atomic(outputs.markdown, text)
+        try:
+            append_step_summary(text)
+        except OSError as exc:  # the run's result stands; only the CI summary is lost
+            err.print(f"sglfix: warning: could not append to {STEP_SUMMARY}={summary}: {exc.strerror or exc}")
 
 
 def execute(pool, plan) -> tuple[list, float]:

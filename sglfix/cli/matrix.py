@@ -7,8 +7,8 @@ from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.common import (
-    BackendName, Device, Jobs, JsonFile, MemoryBudget, ScenarioFiles, ScenarioGlobs, Timeout, header, run_plan,
-    verdict_text, write_report,
+    BackendName, Device, HeatmapFile, Jobs, JsonFile, JunitFile, MarkdownFile, MemoryBudget, Outputs, ScenarioFiles,
+    ScenarioGlobs, Timeout, header, run_plan, verdict_text, write_report,
 )
 from sglfix.cli.context import options, out
 
@@ -50,6 +50,9 @@ def matrix_cmd(
     jobs: Jobs = None,
     timeout: Timeout = 300.0,
     json_file: JsonFile = None,
+    junit: JunitFile = None,
+    markdown: MarkdownFile = None,
+    heatmap: HeatmapFile = None,
     memory_budget: MemoryBudget = None,
 ) -> None:
     """Baseline plus each registered toggle (and part) over the scenarios: the toggle x scenario grid."""
@@ -58,19 +61,20 @@ def matrix_cmd(
     from sglfix.toggling.env import ENV_VAR
 
     opts = options(ctx)
+    outputs = Outputs(json=json_file, junit=junit, markdown=markdown, heatmap=heatmap)
 
     def build_plan(chosen, *, registry, env_ids):
         return plan_matrix(chosen, registry=registry, parts=parts, env_ids=env_ids)
 
     ran = run_plan(opts, build_plan=build_plan, scenario=scenario, scenario_file=scenario_file, backend=backend,
-                   device=device, jobs=jobs, timeout=timeout, json_file=json_file, memory_budget=memory_budget)
+                   device=device, jobs=jobs, timeout=timeout, outputs=outputs, memory_budget=memory_budget)
     plan, results, env, info, wall = ran.plan, ran.results, ran.env, ran.info, ran.wall
     if env:
         # Every set carries the env ids: the expectations (written without them) do not apply.
         checks, stray, not_run = [], [], [f"all expectations: {ENV_VAR} is set"]
     else:
         checks, stray, not_run = check_expectations(ran.registry, results, device=info.get("device", device))
-    write_report(opts, ran, json_file, checks=checks, stray=stray, not_run=not_run)
+    write_report(opts, ran, outputs, gate=True, checks=checks, stray=stray, not_run=not_run)
     if json_file != "-":
         for part in _grid(plan, results, title=header(what="matrix", info=info, env=env, wall=wall, cells=len(results))):
             out.print(part)

@@ -7,8 +7,8 @@ from typing import List
 import typer
 
 from sglfix.cli.common import (
-    BackendName, Device, Jobs, JsonFile, MemoryBudget, ScenarioFiles, ScenarioGlobs, Timeout, cells_table, header,
-    revert_ids, run_plan, write_report,
+    BackendName, Device, Jobs, JsonFile, JunitFile, MarkdownFile, MemoryBudget, Outputs, ScenarioFiles, ScenarioGlobs,
+    Timeout, cells_table, header, revert_ids, run_plan, write_report,
 )
 from sglfix.cli.context import options, out
 
@@ -23,21 +23,24 @@ def run_cmd(
     jobs: Jobs = None,
     timeout: Timeout = 300.0,
     json_file: JsonFile = None,
+    junit: JunitFile = None,
+    markdown: MarkdownFile = None,
     memory_budget: MemoryBudget = None,
 ) -> None:
     """Run scenarios with the given fixes reverted (through SGLANG_DEBUG_REVERT_PR in the workers)."""
     from sglfix.execution.planner import plan_run
 
     opts = options(ctx)
+    outputs = Outputs(json=json_file, junit=junit, markdown=markdown)
     ids = revert_ids(revert)
 
     def build_plan(chosen, *, registry, env_ids):
         return plan_run(chosen, revert=ids, env_ids=env_ids, registry=registry)
 
     ran = run_plan(opts, build_plan=build_plan, scenario=scenario, scenario_file=scenario_file, backend=backend,
-                   device=device, jobs=jobs, timeout=timeout, json_file=json_file, memory_budget=memory_budget)
+                   device=device, jobs=jobs, timeout=timeout, outputs=outputs, memory_budget=memory_budget)
     results = ran.results
-    write_report(opts, ran, json_file)
+    write_report(opts, ran, outputs, gate=False)
     if json_file != "-":
         title = header(what="run", info=ran.info, env=ran.env, wall=ran.wall, cells=len(results))
         out.print(cells_table(results, title=title))

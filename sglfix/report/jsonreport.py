@@ -8,7 +8,12 @@ import sys
 from importlib import metadata
 from typing import Any, Sequence
 
-__all__ = ["build_report", "summarize", "package_version"]
+__all__ = ["SCHEMA", "build_report", "summarize", "package_version"]
+
+# The report format's version. A report without the key is schema 1, the format before it (its
+# older layout has no cell ids, no not_run, env_revert, flashinfer or sglfix keys);
+# sglfix.report.load reads both. Bump it when a key changes meaning or goes away.
+SCHEMA = 2
 
 
 def package_version(name: str) -> str | None:
@@ -34,6 +39,7 @@ def build_report(*, command: Sequence[str], info: dict, results: Sequence[Any], 
         cells.append({"id": cid, **r.to_json()})
     return {
         "tool": "sglfix",
+        "schema": SCHEMA,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(command),
         "device": info.get("device"), "device_name": info.get("device_name"),

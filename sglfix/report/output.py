@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sglfix.common.errors import ConfigError
 
-__all__ = ["check_output_path", "write_atomic", "write_json"]
+__all__ = ["check_output_path", "check_output_file", "write_atomic", "write_json"]
 
 
 def check_output_path(path: str | None, *, option: str) -> None:
@@ -33,11 +33,25 @@ def check_output_path(path: str | None, *, option: str) -> None:
         raise ConfigError(f"{option} {path} exists and is not writable; choose another path")
 
 
-def write_atomic(path: str, text: str) -> None:
+def check_output_file(path: str | None, *, option: str, suffixes: tuple[str, ...]) -> None:
+    """A file output whose format its extension names (no stdout): the extension, then the path."""
+    if path is None:
+        return
+    want = " or ".join(suffixes)
+    if path == "-":
+        raise ConfigError(f"{option} cannot write to stdout; give a {want} file path")
+    if Path(path).suffix.lower() not in suffixes:
+        raise ConfigError(f"{option} {path}: the file name must end in {want}")
+    check_output_path(path, option=option)
+
+
+def write_atomic(path: str, text: str | bytes) -> None:
     p = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent if str(p.parent) else "."))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        # mkstemp's file is private (0600); give the report the mode a plain open() would.
+        os.fchmod(fd, 0o666 & ~_umask())
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8")) as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -48,6 +62,12 @@ def write_atomic(path: str, text: str) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: str, data: dict, *, stdout=None) -> None:

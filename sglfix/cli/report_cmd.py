@@ -1,0 +1,123 @@
+"""``sglfix report ...``: work on JSON reports already written (no cell runs).
+
+``compare OLD NEW`` is a CI gate (exit 1 on any changed verdict); ``merge A B ... -o OUT`` joins
+shards into one report. Every subcommand is one function decorated with ``@subcommand(name)``;
+``register`` mounts them all under ``sglfix report``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from sglfix.cli.common import verdict_text
+from sglfix.cli.context import err, options, out
+
+_SUBCOMMANDS: list[tuple[str, Callable]] = []
+# How many cells present in one report only are listed on the terminal (--json lists them all).
+_LIST_AT_MOST = 40
+
+
+def subcommand(name: str) -> Callable[[Callable], Callable]:
+    """Add a function as ``sglfix report NAME`` (its docstring is the help)."""
+
+    def add(fn: Callable) -> Callable:
+        _SUBCOMMANDS.append((name, fn))
+        return fn
+
+    return add
+
+
+def _where(path: str, report: dict) -> str:
+    device = report.get("device") or "?"
+    name = report.get("device_name")
+    where = f"{device} ({name})" if name and name != device else device
+    return f"{path}: {len(report['cells'])} cells on {where}, schema {report['schema']}"
+
+
+def _summary_text(counts: dict) -> str:
+    return ", ".join(f"{v} {n}" for v, n in counts.items()) or "no cells"
+
+
+@subcommand("compare")
+def compare_cmd(
+    old_path: str = typer.Argument(..., metavar="OLD.json", help="The reference report (e.g. the last good run)."),
+    new_path: str = typer.Argument(..., metavar="NEW.json", help="The report to check against it."),
+    strict: bool = typer.Option(False, "--strict", help="Also exit 1 when a cell is in one report only."),
+    json_file: Optional[str] = typer.Option(None, "--json", metavar="FILE", help="Write the comparison as JSON (- for stdout, instead of the table)."),
+) -> None:
+    """Compare two reports cell by cell: exit 1 if any cell's verdict changed (a CI regression gate)."""
+    from sglfix.report.compare import compare_reports
+    from sglfix.report.load import load_report
+    from sglfix.report.output import check_output_path, write_json
+
+    check_output_path(json_file, option="--json")
+    old, new = load_report(old_path), load_report(new_path)
+    result = compare_reports(old, new)
+    if json_file is not None:
+        write_json(json_file, result.to_json(old_path, old, new_path, new))
+    if json_file != "-":
+        out.print(f"old {_where(old_path, old)}")
+        out.print(f"new {_where(new_path, new)}")
+        if result.changed:
+            table = Table("toggle set", "scenario", "old", "new", "key figure (new)",
+                          title=Text(f"{len(result.changed)} cell(s) changed verdict"))
+            for c in result.changed:
+                figure = (Text(c.new_key_figure) if c.new_key_figure
+                          else Text(f"was: {c.old_key_figure}", style="dim") if c.old_key_figure else Text(""))
+                table.add_row(Text(",".join(c.toggles) or "baseline"), Text(c.scenario), verdict_text(c.old),
+                              verdict_text(c.new), figure)
+            out.print(table)
+        out.print(f"{result.common} common cells: {result.same} same verdict, {len(result.changed)} changed; "
+                  f"{len(result.only_old)} only in {old_path}, {len(result.only_new)} only in {new_path}")
+        for path, ids in ((old_path, result.only_old), (new_path, result.only_new)):
+            if ids:
+                out.print(Text(f"only in {path}:", style="bold"))
+                for cid in ids[:_LIST_AT_MOST]:
+                    out.print(f"  {cid}")
+                if len(ids) > _LIST_AT_MOST:
+                    out.print(f"  ... and {len(ids) - _LIST_AT_MOST} more (--json FILE lists every one)")
+    if result.common == 0 and old["cells"] and new["cells"]:
+        err.print(f"sglfix: warning: {old_path} and {new_path} have no cell in common: nothing was compared")
+    if result.failed(strict=strict):
+        raise typer.Exit(1)
+
+
+@subcommand("merge")
+def merge_cmd(
+    ctx: typer.Context,
+    reports: List[str] = typer.Argument(..., metavar="REPORT.json", help="Reports to merge (e.g. the shards of one matrix)."),
+    output: str = typer.Option(..., "--output", "-o", metavar="FILE", help="Where to write the merged report (- for stdout)."),
+) -> None:
+    """Merge reports (shards) into one: the cells' union; a cell with two different verdicts is an error."""
+    from sglfix.report.load import load_report
+    from sglfix.report.merge import merge_reports
+    from sglfix.report.output import check_output_path, write_json
+
+    check_output_path(output, option="--output")
+    inputs = [(path, load_report(path)) for path in reports]
+    merged = merge_reports(inputs, command=options(ctx).argv)
+    write_json(output, merged)
+    given = sum(len(r["cells"]) for _, r in inputs)
+    kept = len(merged["cells"])
+    note = f"; {given - kept} duplicate cell(s) kept once" if given > kept else ""
+    (err if output == "-" else out).print(
+        f"merged {len(inputs)} report(s) into {output}: {kept} cells ({_summary_text(merged['summary'])}){note}")
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(name="report", help="Compare and merge JSON reports (runs no cells).",
+                        add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+    @group.callback(invoke_without_command=True)
+    def _report(ctx: typer.Context) -> None:
+        if ctx.invoked_subcommand is None:  # bare ``sglfix report``: its help, as bare ``sglfix``
+            typer.echo(ctx.get_help())
+            raise typer.Exit(0)
+
+    for name, fn in _SUBCOMMANDS:
+        group.command(name)(fn)
+    app.add_typer(group, name="report")

@@ -1,0 +1,109 @@
+"""JUnit XML from a report dict, for CI test-report views: one ``<testsuite>`` per toggle set,
+one ``<testcase>`` per cell (classname = the toggle set, name = the scenario).
+
+``gate=False`` (``run``): every non-PASS cell fails. ``gate=True`` (``matrix``): the XML says what
+the matrix's exit code says: a cell fails when its verdict is stray (unexpected) or it belongs to
+an unmet expectation; an expected non-PASS verdict is a passing testcase with the verdict and key
+figure in ``<system-out>``. ERROR, FAULT and TIMEOUT (sglfix could not judge the cell) are
+``<error>``; SKIP is ``<skipped>`` with the reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+
+from sglfix.common.errors import ConfigError
+from sglfix.report.grid import gate_failures, key_figure, set_label
+from sglfix.report.output import check_output_file, write_atomic
+
+__all__ = ["SUFFIXES", "check_junit_path", "build_junit", "junit_xml", "write_junit"]
+
+SUFFIXES = (".xml",)
+# Not judged: the tool, the worker or the clock failed, not the code under test.
+UNJUDGED = frozenset({"ERROR", "FAULT", "TIMEOUT"})
+# Characters XML 1.0 cannot carry (worker output tails may hold them).
+_NOT_XML = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_text(text: object) -> str:
+    return _NOT_XML.sub("\ufffd", str(text))
+
+
+def check_junit_path(path: str | None, *, option: str = "--junit") -> None:
+    """Exit 2 now if ``path`` is not a writable ``.xml`` file path."""
+    check_output_file(path, option=option, suffixes=SUFFIXES)
+    if path is not None and importlib.util.find_spec("junitparser") is None:
+        raise ConfigError(f"{option} needs junitparser, which is not installed: pip install 'junitparser>=3'")
+
+
+def _details(cell: dict, why: str | None = None) -> str:
+    lines = [f"cell {cell.get('id', '?')}: {cell.get('verdict')}"]
+    if why:
+        lines.append(why)
+    for f in cell.get("findings") or ():
+        lines.append(f"{f.get('verdict')}: {f.get('message', '')}")
+        for k, v in f.items():
+            if k not in ("verdict", "message"):
+                lines.append(f"    {k}: {v if isinstance(v, str) else json.dumps(v)}")
+    if cell.get("error") and not any("max_abs_err" in f for f in cell.get("findings") or ()):
+        lines.append("error sizes: " + ", ".join(f"{k}={v}" for k, v in cell["error"].items()))
+    if cell.get("timings_ms"):
+        lines.append("timings ms: " + ", ".join(f"{k}={v}" for k, v in cell["timings_ms"].items()))
+    return _xml_text("\n".join(lines))
+
+
+def build_junit(report: dict, *, gate: bool):
+    """The ``junitparser.JUnitXml`` of ``report``."""
+    from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
+
+    failing = gate_failures(report) if gate else {}
+    suites: dict[str, TestSuite] = {}
+    for cell in report.get("cells") or ():
+        label = set_label(cell.get("toggles") or ())
+        suite = suites.get(label)
+        if suite is None:
+            suite = suites[label] = TestSuite(_xml_text(label))
+            if report.get("date"):
+                suite.timestamp = report["date"]
+            if report.get("host"):
+                suite.hostname = _xml_text(report["host"])
+            for key in ("command", "device", "device_name", "env_revert"):
+                if report.get(key) is not None:
+                    suite.add_property(key, _xml_text(report[key]))
+        verdict = cell.get("verdict", "?")
+        case = TestCase(_xml_text(cell["scenario"]), _xml_text(label),
+                        round(float((cell.get("timings_ms") or {}).get("total", 0.0)) / 1000, 6))
+        figure = _xml_text(key_figure(cell) or verdict)
+        why = failing.get(cell.get("id")) if gate else None
+        # The matrix fails on stray verdicts, unmet expectations and any ERROR; an expected FAULT passes.
+        fails = (why is not None or verdict == "ERROR") if gate else verdict not in ("PASS", "SKIP")
+        if verdict == "SKIP" and why is None:
+            case.result = [Skipped(figure)]
+        elif fails:
+            result = (Error if verdict in UNJUDGED else Failure)(figure, verdict)
+            result.text = _details(cell, why)
+            case.result = [result]
+        elif verdict != "PASS":
+            case.system_out = f"expected {verdict}: {figure}"
+        suite.add_testcase(case)
+    xml = JUnitXml("sglfix")
+    for suite in suites.values():
+        suite.update_statistics()
+        xml.add_testsuite(suite)
+    xml.update_statistics()
+    return xml
+
+
+def junit_xml(report: dict, *, gate: bool) -> str:
+    from xml.dom.minidom import parseString
+
+    # tostring() and minidom's indentation, as junitparser's own pretty writer (whose file
+    # argument changed in junitparser 4): the text goes through write_atomic.
+    return parseString(build_junit(report, gate=gate).tostring()).toprettyxml(indent="\t", encoding="utf-8").decode("utf-8")
+
+
+def write_junit(report: dict, path: str, *, gate: bool) -> None:
+    """JUnit XML of ``report`` to ``path``, atomically (``gate``: the matrix's pass/fail rule)."""
+    write_atomic(path, junit_xml(report, gate=gate))

@@ -1,0 +1,127 @@
+"""Read a JSON report back: schema 1 (no ``schema`` key: the format before it, with or without
+cell ids) and schema 2 (``build_report`` today), checked for the shape ``compare`` and ``merge``
+rely on, and refused in one line otherwise.
+
+A cell's identity across reports is its toggle set and its scenario: ``cell_key`` (the toggles
+joined with ","), shown as the cell id ``<toggle set>::<scenario>`` (``baseline`` for no toggle),
+the id the planner gives it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from sglfix.common.errors import ConfigError
+from sglfix.common.verdicts import VERDICTS
+from sglfix.report.jsonreport import SCHEMA
+
+__all__ = ["SCHEMA", "load_report", "cell_key", "cell_id", "key_figure", "describe", "count_verdicts"]
+
+# sglfix.execution.planner.BASELINE: the label of the empty toggle set (report imports only common).
+BASELINE = "baseline"
+_FIX = "give a report written by sglfix matrix/run --json"
+
+
+def cell_key(cell: dict) -> tuple[str, str]:
+    """(toggle set, scenario): the same cell in any report, whatever ran it."""
+    return ",".join(cell["toggles"]), cell["scenario"]
+
+
+def cell_id(cell: dict) -> str:
+    toggles, scenario = cell_key(cell)
+    return f"{toggles or BASELINE}::{scenario}"
+
+
+def key_figure(cell: dict) -> str:
+    """The message of the first finding with the cell's verdict ('' for PASS), as the tables show it."""
+    for f in cell.get("findings") or ():
+        if isinstance(f, dict) and f.get("verdict") == cell["verdict"]:
+            return str(f.get("message", ""))
+    return ""
+
+
+def load_report(path: str) -> dict:
+    """The report in ``path`` with ``schema`` set (1 when the file has none) and every cell
+    carrying its ``id``; ConfigError (exit 2, one line naming the file) for anything else."""
+    data = _read_json(path)
+    if not isinstance(data, dict) or data.get("tool") != "sglfix":
+        raise ConfigError(f'{path} is not a sglfix report (no "tool": "sglfix" at the top); {_FIX}')
+    schema = data.get("schema", 1)
+    if isinstance(schema, bool) or not isinstance(schema, int) or schema < 1:
+        raise ConfigError(f'{path}: "schema" is {schema!r}, not a report schema number; {_FIX}')
+    if schema > SCHEMA:
+        raise ConfigError(f"{path} is report schema {schema}, newer than this sglfix reads "
+                          f"(1 to {SCHEMA}); upgrade sglfix")
+    cells = data.get("cells")
+    if not isinstance(cells, list):
+        raise ConfigError(f'{path} is not a sglfix report (no "cells" list); {_FIX}')
+    for key in ("expectations", "stray", "not_run"):
+        if not isinstance(data.get(key, []), list):
+            raise ConfigError(f'{path}: "{key}" is not a list; the file is damaged: {_FIX}')
+    seen: dict[tuple[str, str], int] = {}
+    checked = []
+    for i, cell in enumerate(cells):
+        checked.append(_check_cell(path, i, cell))
+        key = cell_key(cell)
+        if key in seen:
+            raise ConfigError(f"{path}: cell {cell_id(cell)} appears twice (cells {seen[key]} and {i}); "
+                              f"a report holds each cell once: {_FIX}")
+        seen[key] = i
+    return {**data, "schema": schema, "cells": checked}
+
+
+def _read_json(path: str) -> Any:
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{path} is a directory; {_FIX}")
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file; {_FIX}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read ({exc.strerror or exc}); check its permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a sglfix report: not UTF-8 text; {_FIX}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not a sglfix report: not JSON (line {exc.lineno}, column {exc.colno}: "
+                          f"{exc.msg}); {_FIX}") from None
+    except RecursionError:
+        raise ConfigError(f"{path} is not a sglfix report: JSON nested too deeply; {_FIX}") from None
+
+
+def _check_cell(path: str, i: int, cell: Any) -> dict:
+    where = f"{path}: cell {i}"
+    if not isinstance(cell, dict):
+        raise ConfigError(f"{where} is not an object; {_FIX}")
+    scenario, toggles, verdict = cell.get("scenario"), cell.get("toggles"), cell.get("verdict")
+    if not isinstance(scenario, str) or not scenario:
+        raise ConfigError(f'{where} has no "scenario" name; {_FIX}')
+    if not isinstance(toggles, list) or not all(isinstance(t, str) and t for t in toggles):
+        raise ConfigError(f'{where} ({scenario}) has no "toggles" list of toggle ids; {_FIX}')
+    if verdict not in VERDICTS:
+        raise ConfigError(f'{where} ({scenario}) has verdict {verdict!r}, not one of {", ".join(VERDICTS)}; {_FIX}')
+    cid = cell_id(cell)
+    if "id" in cell and cell["id"] != cid:
+        raise ConfigError(f'{where} has id {cell["id"]!r} but its toggles and scenario make {cid!r}; {_FIX}')
+    return {"id": cid, **{k: v for k, v in cell.items() if k != "id"}}
+
+
+def describe(path: str, report: dict) -> dict:
+    """What a comparison or a merge records about one input report."""
+    return {"file": path, "schema": report["schema"], "date": report.get("date"),
+            "command": report.get("command"), "device": report.get("device"),
+            "device_name": report.get("device_name"), "wall_s": report.get("wall_s"),
+            "cells": len(report["cells"]), "summary": count_verdicts(report["cells"])}
+
+
+def count_verdicts(cells: Sequence[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in cells:
+        out[c["verdict"]] = out.get(c["verdict"], 0) + 1
+    return out

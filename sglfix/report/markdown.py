@@ -1,0 +1,169 @@
+"""A Markdown summary of a report dict: one summary line, the toggle x scenario grid, and for a
+matrix the unmet expectations and unexpected verdicts. GitHub renders it as a job summary
+(``append_step_summary`` adds it to ``$GITHUB_STEP_SUMMARY``)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from sglfix.common.verdicts import VERDICTS, worst
+from sglfix.report.grid import Grid, key_figure
+from sglfix.report.output import check_output_file, write_atomic
+
+__all__ = ["SUFFIXES", "GROUP_ROWS_OVER", "check_markdown_path", "render_markdown", "write_markdown",
+           "append_step_summary"]
+
+SUFFIXES = (".md", ".markdown")
+STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
+GROUP_ROWS_OVER = 40  # more scenarios than this: one grid row per base name (before '@')
+FULL_COLUMNS_UP_TO = 8  # more toggle sets than this: short column ids and a legend
+LIST_AT_MOST = 50  # entries per list (unmet, unexpected, failing cells)
+PASS_MARK = "·"
+
+
+def check_markdown_path(path: str | None, *, option: str = "--markdown") -> None:
+    """Exit 2 now if ``path`` is not a writable ``.md`` file path."""
+    check_output_file(path, option=option, suffixes=SUFFIXES)
+
+
+def _esc(text: object) -> str:
+    """Plain text: no Markdown or HTML read into it, one line."""
+    return re.sub(r"([\\`*_{}\[\]<>#+!|~])", r"\\\1", " ".join(str(text).split()))
+
+
+def _code(text: object, *, in_table: bool = False) -> str:
+    text = " ".join(str(text).split())
+    ticks = "`" * (max((len(m) for m in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    span = f"{ticks}{pad}{text}{pad}{ticks}"
+    return span.replace("|", "\\|") if in_table else span
+
+
+def _command(report: dict) -> str:
+    words = str(report.get("command") or "").split()
+    return " ".join(words[:2]) if len(words) >= 2 and words[0] == "sglfix" else "sglfix"
+
+
+def _counts(report: dict) -> str:
+    summary: dict[str, int] = {}
+    for cell in report.get("cells") or ():
+        summary[cell.get("verdict", "?")] = summary.get(cell.get("verdict", "?"), 0) + 1
+    order = ["PASS", *[v for v in VERDICTS if v != "PASS"]]
+    order += [v for v in summary if v not in order]
+    return ", ".join(f"{summary[v]} {v}" for v in order if summary.get(v))
+
+
+def _summary_line(report: dict) -> str:
+    cells = len(report.get("cells") or ())
+    device = report.get("device") or "?"
+    name = report.get("device_name") or device
+    where = device if name == device else f"{device} ({name})"
+    wall = report.get("wall_s")
+    took = f" in {float(wall):.1f} s" if isinstance(wall, (int, float)) else ""
+    counts = _counts(report) or "no cells"
+    env = f"; SGLANG\\_DEBUG\\_REVERT\\_PR={_esc(report['env_revert'])} in every cell" if report.get("env_revert") not in (None, "", "0") else ""
+    return f"**{cells} cell{'s' * (cells != 1)}** on {_esc(where)}{took}: {counts}{env}"
+
+
+def _mark(verdict: str | None) -> str:
+    return "?" if verdict is None else PASS_MARK if verdict == "PASS" else verdict
+
+
+def _grid_lines(grid: Grid) -> list[str]:
+    if not grid.columns:
+        return []
+    full = len(grid.columns) <= FULL_COLUMNS_UP_TO
+    heads = [_code(c, in_table=True) for c in grid.columns] if full else [f"t{i}" for i in range(len(grid.columns))]
+    grouped = len(grid.rows) > GROUP_ROWS_OVER
+    lines = ["| " + " | ".join(["scenario group" if grouped else "scenario", *heads]) + " |",
+             "|" + "---|" * (len(heads) + 1)]
+    if grouped:
+        for group, rows in grid.groups:
+            label = _code(group + ("@*" if any("@" in r for r in rows) else ""), in_table=True) + f" ({len(rows)})"
+            marks = []
+            for col in grid.columns:
+                verdicts = [grid.verdict(col, s) for s in rows]
+                ran = [v for v in verdicts if v is not None]
+                bad = [v for v in ran if v != "PASS"]
+                if not ran:
+                    marks.append("?")
+                elif not bad:
+                    marks.append(PASS_MARK if len(ran) == len(rows) else f"{PASS_MARK} {len(ran)}/{len(rows)}")
+                else:
+                    marks.append(f"{worst(bad)} {len(bad)}/{len(rows)}")
+            lines.append("| " + " | ".join([label, *marks]) + " |")
+    else:
+        for s in grid.rows:
+            lines.append("| " + " | ".join([_code(s, in_table=True), *(_mark(grid.verdict(c, s)) for c in grid.columns)]) + " |")
+    legend = f"{PASS_MARK} PASS" + (", a group cell: the worst verdict and how many of its scenarios did not PASS" if grouped else "")
+    lines += ["", legend + "."]
+    if not full:
+        lines.append("Columns: " + ", ".join(f"t{i} {_code(c)}" for i, c in enumerate(grid.columns)) + ".")
+    return lines
+
+
+def _capped(items: list[str]) -> list[str]:
+    more = len(items) - LIST_AT_MOST
+    return items[:LIST_AT_MOST] + ([f"- ... and {more} more (see the JSON report)"] if more > 0 else [])
+
+
+def _gate_lines(report: dict) -> list[str]:
+    checks = report.get("expectations") or []
+    unmet = [e for e in checks if not e.get("met", True)]
+    stray = report.get("stray") or []
+    not_run = report.get("not_run") or []
+    errors = [c for c in report.get("cells") or () if c.get("verdict") == "ERROR"]
+    ok = not unmet and not stray and not errors
+    lines = [f"**Gate: {'passed' if ok else 'FAILED'}**: {len(checks) - len(unmet)}/{len(checks)} expectations met, "
+             f"{len(stray)} unexpected verdict(s), {len(errors)} ERROR cell(s), {len(not_run)} expectation(s) not checked."]
+    if unmet:
+        lines += ["", "Unmet expectations:", ""]
+        lines += _capped([f"- revert {_code(','.join(e.get('revert') or ()))} on {_code(e.get('scenario'))}: wanted "
+                          f"{_esc('|'.join(e.get('wanted') or ()))}, got {_esc(', '.join(sorted(set((e.get('got') or {}).values()))))}"
+                          for e in unmet])
+    if stray:
+        lines += ["", "Unexpected verdicts:", ""]
+        lines += _capped([f"- {_code(','.join(s.get('toggles') or ()) or 'baseline')} on {_code(s.get('scenario'))}: "
+                          f"{_esc(s.get('verdict'))} ({_esc(s.get('why', ''))})" for s in stray])
+    if errors:
+        lines += ["", "ERROR cells (sglfix could not judge them):", ""]
+        lines += _capped([f"- {_code(c.get('id'))}: {_esc(key_figure(c))}" for c in errors])
+    return lines
+
+
+def _failing_lines(report: dict) -> list[str]:
+    bad = [c for c in report.get("cells") or () if c.get("verdict") not in ("PASS", "SKIP")]
+    if not bad:
+        return []
+    return ["", "Not passing:", "", *_capped([f"- {_code(c.get('id'))}: **{_esc(c.get('verdict'))}** {_esc(key_figure(c))}"
+                                              for c in bad])]
+
+
+def render_markdown(report: dict, *, gate: bool | None = None) -> str:
+    """The Markdown summary. ``gate`` (default: the report has expectations, stray verdicts or
+    unchecked expectations, as a matrix report does): report the matrix's gate instead of
+    listing every non-PASS cell."""
+    if gate is None:
+        gate = bool(report.get("expectations") or report.get("stray") or report.get("not_run"))
+    lines = [f"### {_esc(_command(report))}", "", _summary_line(report), ""]
+    if gate:
+        lines += _gate_lines(report) + [""]
+    lines += _grid_lines(Grid.of(report))
+    if not gate:
+        lines += _failing_lines(report)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write_markdown(report: dict, path: str, *, gate: bool | None = None) -> None:
+    write_atomic(path, render_markdown(report, gate=gate))
+
+
+def append_step_summary(text: str) -> str | None:
+    """Append ``text`` to the file ``$GITHUB_STEP_SUMMARY`` names, when it names one; the path or None."""
+    path = os.environ.get(STEP_SUMMARY)
+    if not path:
+        return None
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(text if text.endswith("\n") else text + "\n")
+    return path

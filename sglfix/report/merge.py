@@ -1,0 +1,106 @@
+"""One report from shards: the union of the cells, the summary recounted, the rest combined.
+
+- The same cell (toggle set, scenario) in two inputs: kept once (the first input's copy) when the
+  verdicts agree; a one-line error naming the cell and both files when they do not.
+- ``expectations``: the inputs' checks, duplicates removed; the same expectation checked in
+  several shards becomes one check over all the scenarios the shards ran (``got`` joined, ``met``
+  recomputed as ``check_expectations`` does: the wanted verdict on at least one of them).
+- ``stray``: concatenated, duplicates removed. ``not_run``: likewise, less the expectations some
+  shard did check.
+- ``wall_s``: the largest (shards run side by side). Device and environment fields (device,
+  device_name, host, python, torch, ...): the common value, or ``"mixed"`` when the inputs differ;
+  ``merged_from`` records each input's own.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any, Sequence
+
+from sglfix.common.errors import ConfigError
+from sglfix.report.jsonreport import SCHEMA
+from sglfix.report.load import cell_id, cell_key, count_verdicts, describe
+
+__all__ = ["merge_reports", "ENV_FIELDS", "MIXED"]
+
+ENV_FIELDS = ("device", "device_name", "host", "python", "torch", "triton", "flashinfer", "sglfix", "env_revert")
+MIXED = "mixed"
+
+
+def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str]) -> dict:
+    """``inputs``: (path, report as ``load_report`` returns it), in order; ``command``: argv."""
+    if not inputs:
+        raise ConfigError("report merge needs at least one report")
+    cells: dict[tuple[str, str], dict] = {}
+    origin: dict[tuple[str, str], str] = {}
+    for path, report in inputs:
+        for c in report["cells"]:
+            key = cell_key(c)
+            if key not in cells:
+                cells[key], origin[key] = c, path
+            elif cells[key]["verdict"] != c["verdict"]:
+                raise ConfigError(f"cell {cell_id(c)} is {cells[key]['verdict']} in {origin[key]} but {c['verdict']} "
+                                  f"in {path}; shards of one report must agree: rerun that cell, or leave one "
+                                  f"of the files out")
+    merged_cells = list(cells.values())
+    reports = [r for _, r in inputs]
+    expectations = _merge_expectations([e for r in reports for e in r.get("expectations", [])])
+    checked = {f"revert {','.join(e['revert'])} on {e['scenario']}" for e in expectations if _is_check(e)}
+    walls = [r["wall_s"] for r in reports if isinstance(r.get("wall_s"), (int, float))]
+    out: dict[str, Any] = {
+        "tool": "sglfix", "schema": SCHEMA,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(command),
+    }
+    for key in ENV_FIELDS:
+        values = {_hashable(r.get(key)) for r in reports}
+        out[key] = reports[0].get(key) if len(values) == 1 else MIXED
+    out.update({
+        "wall_s": max(walls) if walls else None,
+        "cells": merged_cells,
+        "summary": count_verdicts(merged_cells),
+        "expectations": expectations,
+        "stray": _unique([s for r in reports for s in r.get("stray", [])]),
+        "not_run": [n for n in _unique([n for r in reports for n in r.get("not_run", [])]) if n not in checked],
+        "merged_from": [{**describe(path, r), "host": r.get("host")} for path, r in inputs],
+    })
+    return out
+
+
+def _hashable(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _unique(items: Sequence[Any]) -> list:
+    seen: set[str] = set()
+    out = []
+    for item in items:
+        key = _hashable(item)
+        if key not in seen:
+            seen.add(key)
+            out.append(item)
+    return out
+
+
+def _is_check(e: Any) -> bool:
+    return (isinstance(e, dict) and isinstance(e.get("revert"), list) and isinstance(e.get("scenario"), str)
+            and isinstance(e.get("wanted"), list) and isinstance(e.get("got"), dict))
+
+
+def _merge_expectations(items: Sequence[Any]) -> list:
+    by_key: dict[str, dict] = {}
+    out: list = []
+    for e in _unique(items):
+        if not _is_check(e):
+            out.append(e)
+            continue
+        key = _hashable([e.get("toggle"), e["revert"], e["scenario"], e["wanted"], e.get("device")])
+        if key not in by_key:
+            by_key[key] = dict(e)
+            out.append(by_key[key])
+            continue
+        m = by_key[key]
+        m["got"] = {**m["got"], **e["got"]}
+        m["met"] = any(v in m["wanted"] for v in m["got"].values())
+    return out
