@@ -49,9 +49,9 @@ def _main(
 
 
 def _register_commands() -> None:
-    from sglfix.cli import doctor, env, list_cmd, matrix, report_cmd, run, scenarios, show
+    from sglfix.cli import bisect_cmd, doctor, env, list_cmd, matrix, report_cmd, run, scenarios, show
 
-    for module in (list_cmd, show, doctor, env, scenarios, run, matrix, report_cmd):
+    for module in (list_cmd, show, doctor, env, scenarios, run, matrix, bisect_cmd, report_cmd):
         module.register(app)
 
 

@@ -1,0 +1,174 @@
+"""``sglfix bisect``: which reverted parts make which scenarios fail, and which mask each other.
+
+Scenarios are grouped by their base name (before ``@``); each group whose scenarios fail with every
+candidate reverted is searched on its own (``sglfix.execution.bisect``), on one warm worker pool.
+A cell (toggle set x scenario) is run at most once whatever group or question asks for it; the
+report's ``runs`` counts the distinct toggle sets executed. A culprit that is a whole PR with
+several parts narrows to the parts; masking is looked for among a culprit's sibling parts and the
+other culprits of its group.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, List, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from sglfix.cli.common import (
+    BackendName, Device, Jobs, JsonFile, MemoryBudget, ScenarioFiles, ScenarioGlobs, Timeout, check_jobs, env_ids,
+    load_selected, revert_ids,
+)
+from sglfix.cli.context import err, options, out
+
+
+def _group(name: str) -> str:
+    return name.split("@", 1)[0]
+
+
+class _Cells:
+    """Runs (set, scenario) cells through the pool on demand, each once."""
+
+    def __init__(self, pool, scenarios, env: tuple[str, ...]):
+        from sglfix.execution.planner import PlannedCell
+
+        self._pool, self._env, self._planned = pool, env, PlannedCell
+        self.by_name = {s.name: s for s in scenarios}
+        self.results: dict[tuple[tuple[str, ...], str], Any] = {}
+        self.sets: set[tuple[str, ...]] = set()
+
+    def run(self, ids: tuple[str, ...], names: list[str]) -> dict[str, Any]:
+        toggles = tuple(self._env) + tuple(ids)
+        todo = [n for n in names if (toggles, n) not in self.results]
+        if todo:
+            self.sets.add(tuple(sorted(ids)))
+            err.print(f"bisect: {len(todo)} cell(s) with {','.join(ids) or 'nothing'} reverted", highlight=False)
+            cells = [self._planned(self.by_name[n], toggles) for n in todo]
+            for cell, result in zip(cells, self._pool.run(cells)):
+                self.results[(toggles, cell.scenario.name)] = result
+        return {n: self.results[(toggles, n)] for n in names}
+
+
+def bisect_cmd(
+    ctx: typer.Context,
+    revert: List[str] = typer.Option([], "--revert", "-r", metavar="ID", help="Candidate toggles or parts (repeatable; comma lists too); default every registered part."),
+    scenario: ScenarioGlobs = [],
+    scenario_file: ScenarioFiles = [],
+    backend: BackendName = None,
+    device: Device = "auto",
+    jobs: Jobs = None,
+    timeout: Timeout = 300.0,
+    json_file: JsonFile = None,
+    memory_budget: MemoryBudget = None,
+) -> None:
+    """Find the reverted parts that make each scenario group fail (delta debugging) and the masking pairs."""
+    from sglfix.common.verdicts import worst
+    from sglfix.execution.bisect import Oracle, find_culprits
+    from sglfix.execution.pool import WorkerConfig, WorkerPool, signals_raise
+    from sglfix.report.output import check_output_path, write_json
+
+    opts = options(ctx)
+    check_output_path(json_file, option="--json")
+    registry = opts.registry()
+    given = revert_ids(revert)
+    if given:
+        for rid in given:
+            registry.select(rid)  # an unknown id is a one-line error before anything runs
+        candidates = given
+    else:
+        candidates = [rid for t in registry for rid in (t.ids[1:] if len(t.parts) > 1 else t.ids[:1])]
+    config = WorkerConfig(device=device, timeout=timeout, allowed_prefixes=opts.allowed_prefixes(),
+                          toggles_dir=str(registry.directory) if opts.toggles is not None else None)
+    env = env_ids(registry)
+
+    from sglfix.toggling.ids import ToggleId
+
+    def toggle_of(rid: str):
+        return registry.toggles[ToggleId.parse(rid).pr]
+
+    def parts_of(rid: str) -> list[str]:
+        toggle = toggle_of(rid)
+        return toggle.ids[1:] if ":" not in rid and len(toggle.parts) > 1 else []
+
+    def siblings(rid: str) -> list[str]:
+        return [i for i in toggle_of(rid).ids[1:] if i != rid] if ":" in rid else []
+
+    groups_out, masking_out, masking_sets = [], [], set()
+    with signals_raise(), WorkerPool(config, jobs=check_jobs(jobs, device)) as pool:
+        chosen = load_selected(scenario, scenario_file, backend, memory_budget)
+        cells = _Cells(pool, chosen, env)
+        names = [s.name for s in chosen]
+        baseline = cells.run((), names)
+        bad = {n: r for n, r in baseline.items() if r.verdict != "PASS"}
+        if bad:
+            first = next(iter(bad.values()))
+            err.print(f"sglfix: error: the baseline (nothing reverted) fails {len(bad)} scenario(s), e.g. "
+                      f"{first.scenario}: {first.verdict} {first.key_figure}; bisect needs a passing baseline",
+                      highlight=False, markup=False)
+            raise typer.Exit(1)
+        groups: dict[str, list[str]] = {}
+        for n in names:
+            groups.setdefault(_group(n), []).append(n)
+        for group, members in groups.items():
+            def fails(ids, members=members):
+                return any(r.verdict != "PASS" for r in cells.run(tuple(ids), members).values())
+
+            oracle = Oracle(fails, order=candidates)
+            culprits = find_culprits(candidates, oracle)
+            if not culprits:
+                continue
+            narrowed = []
+            for culprit in culprits:
+                if len(culprit) == 1 and parts_of(culprit[0]):
+                    narrowed += find_culprits(parts_of(culprit[0]), Oracle(fails)) or [culprit]
+                else:
+                    narrowed.append(culprit)
+            found = []
+            for culprit in narrowed:
+                results = cells.run(tuple(culprit), members)
+                failing = sorted(n for n, r in results.items() if r.verdict != "PASS")
+                found.append({"ids": list(culprit), "verdict": worst([results[n].verdict for n in failing]),
+                              "scenarios": failing, "key_figure": results[failing[0]].key_figure})
+            search_sets = set(cells.sets)
+            others = [c[0] for c in narrowed if len(c) == 1]
+            for culprit in found:
+                if len(culprit["ids"]) != 1:
+                    continue
+                (c,) = culprit["ids"]
+                for partner in dict.fromkeys(siblings(c) + [o for o in others if o != c]):
+                    # On the scenarios the culprit fails alone: which pass with both reverted?
+                    both = cells.run((c, partner), culprit["scenarios"])
+                    hidden = sorted(n for n, r in both.items() if r.verdict == "PASS")
+                    if hidden:
+                        masking_out.append({"group": group, "culprit": c, "masked_by": partner,
+                                            "scenarios": hidden, "all": len(hidden) == len(culprit["scenarios"])})
+            masking_sets.update(cells.sets - search_sets)
+            groups_out.append({"group": group, "scenarios": len(members), "culprits": found})
+
+    culprits_flat = [{**c, "group": g["group"]} for g in groups_out for c in g["culprits"]]
+    report = {"schema": 2, "tool": "sglfix bisect", "command": " ".join(opts.argv), "device": pool.info.get("device"),
+              "device_name": pool.info.get("device_name"), "candidates": len(candidates), "runs": len(cells.sets - masking_sets),
+              "masking_runs": len(masking_sets),
+              "cells": len(cells.results), "culprits": culprits_flat, "masking": masking_out, "groups": groups_out}
+    if json_file is not None:
+        write_json(json_file, report)
+    if json_file != "-":
+        table = Table("group", "culprit", "verdict", "scenarios", "key figure",
+                      title=Text(f"sglfix bisect: {len(candidates)} candidates, {report['runs']} toggle sets searched "
+                                 f"(+{report['masking_runs']} pairs for masking), {report['cells']} cells"))
+        for c in culprits_flat:
+            table.add_row(Text(c["group"]), Text(",".join(c["ids"])), Text(c["verdict"]),
+                          Text(str(len(c["scenarios"]))), Text(c["key_figure"]))
+        out.print(table)
+        for m in masking_out:
+            where = "all" if m["all"] else f"{len(m['scenarios'])}"
+            out.print(Text(f"masking in {m['group']}: {m['culprit']} fails alone but passes reverted together with "
+                           f"{m['masked_by']} on {where} of the scenarios it fails ({', '.join(m['scenarios'][:3])}"
+                           f"{', ...' if len(m['scenarios']) > 3 else ''})"))
+    raise typer.Exit(1 if culprits_flat else 0)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bisect")(bisect_cmd)
