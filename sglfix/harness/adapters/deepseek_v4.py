@@ -15,13 +15,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import MetadataHook, Prepared
+from sglfix.harness.adapters.base import Prepared
+from sglfix.harness.adapters.case import CaseAdapter
 from sglfix.harness.invariants import MetadataFields
 
 __all__ = ["ADAPTER", "DeepseekV4Adapter"]
 
 
-class DeepseekV4Adapter:
+class DeepseekV4Adapter(CaseAdapter):
     name = "deepseek_v4"
     metadata_fields = MetadataFields(
         lengths=("seq_lens_casual", "positions_casual", "swa_topk_lengths"),
@@ -58,41 +59,9 @@ class DeepseekV4Adapter:
     def make_backend(self, prepared: Prepared) -> Any:
         return prepared.case.make_backend()
 
-    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
-        """The graph runner, captured at the scenario's sizes (None for eager scenarios).
-        Capture synchronises by design: it runs before the sync watch starts."""
-        if not scenario.capture_bs:
-            return None
-        case = prepared.case
-        if case.draft:
-            from sglfix.backends.srt.speculative.eagle_draft_cuda_graph_runner import make_draft_runner_for_case
-
-            return make_draft_runner_for_case(case, draft_backend=backend, capture_bs=list(scenario.capture_bs),
-                                              on_metadata=on_metadata)
-        from sglfix.backends.srt.model_executor.cuda_graph_runner import make_runner_for_case
-
-        return make_runner_for_case(case, backend=backend, capture_bs=list(scenario.capture_bs),
-                                    on_metadata=on_metadata)
-
-    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
-        case = prepared.case
+    def _v(self, case: Any) -> Any:
         # The MLA draft writes the latent from k alone (the draft runner keeps no v).
-        v = None if case.draft else case.v
-        if runner is not None:
-            out = runner.replay(case.forward_batch, q=case.q, k=case.k, v=v)
-        elif case.draft:
-            from sglfix.backends.srt.speculative.eagle_draft_cuda_graph_runner import run_draft_eager
-
-            out = run_draft_eager(backend, case.forward_batch, case.q, case.k, v, case.layer, on_metadata)
-        else:
-            from sglfix.backends.srt.model_executor.cuda_graph_runner import run_eager
-
-            out = run_eager(backend=backend, forward_batch=case.forward_batch, q=case.q, k=case.k, v=v,
-                            layer=case.layer, on_metadata=on_metadata)
-        return case.pack_output(out)
-
-    def static_buffers(self, backend: Any) -> list:
-        return list(getattr(backend, "static_buffers", []))
+        return None if case.draft else case.v
 
     def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
         steps = getattr(backend, "attn_backends", None)
@@ -103,14 +72,6 @@ class DeepseekV4Adapter:
             return [(f"step {i}", _view(step), rows)
                     for i, step in enumerate(steps[: backend.speculative_num_steps - 1])]
         return [("", _view(backend), forward_batch.batch_size)]
-
-    def reference(self, prepared: Prepared) -> tuple[Any, Any]:
-        from sglfix.harness.reference import reference_attention
-
-        case = prepared.case
-        ref = reference_attention(q_pad=case.q_pad, k_pad=case.k_pad, v_pad=case.v_pad, mask=case.visible,
-                                  scale=case.sm_scale)
-        return ref, case.q_valid
 
 
 def _view(backend: Any) -> Any:

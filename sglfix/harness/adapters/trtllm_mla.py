@@ -12,13 +12,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import MetadataHook, Prepared, require_flashinfer
+from sglfix.harness.adapters.base import Prepared, require_flashinfer
+from sglfix.harness.adapters.case import CaseAdapter
 from sglfix.harness.invariants import MetadataFields
 
 __all__ = ["ADAPTER", "TrtllmMLAAdapter"]
 
 
-class TrtllmMLAAdapter:
+class TrtllmMLAAdapter(CaseAdapter):
     name = "trtllm_mla"
 
     def check_available(self, device: str) -> None:
@@ -51,27 +52,6 @@ class TrtllmMLAAdapter:
 
         return TRTLLMMLABackend(model_runner=prepared.case.model_runner)
 
-    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
-        """The CUDA-graph runner, captured at the scenario's sizes (None for eager scenarios)."""
-        if not scenario.cuda_graph:
-            return None
-        from sglfix.backends.srt.model_executor.cuda_graph_runner import make_runner_for_case
-
-        return make_runner_for_case(prepared.case, backend=backend, capture_bs=list(scenario.capture_bs),
-                                    on_metadata=on_metadata)
-
-    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
-        from sglfix.backends.srt.model_executor.cuda_graph_runner import run_eager
-
-        case = prepared.case
-        if runner is not None:
-            return runner.replay(case.forward_batch, q=case.q, k=case.k, v=case.v)
-        return run_eager(backend=backend, forward_batch=case.forward_batch, q=case.q, k=case.k, v=case.v,
-                         layer=case.layer, on_metadata=on_metadata)
-
-    def static_buffers(self, backend: Any) -> list:
-        return list(getattr(backend, "static_buffers", []))
-
     def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
         rows = (len(forward_batch.req_pool_indices) if forward_batch.req_pool_indices is not None
                 else forward_batch.batch_size)
@@ -79,14 +59,6 @@ class TrtllmMLAAdapter:
         # The block-table check needs the page size, which the metadata does not carry.
         view = SimpleNamespace(**vars(metadata), page_size=backend.page_size) if metadata is not None else None
         return [("", view, rows)]
-
-    def reference(self, prepared: Prepared) -> tuple[Any, Any]:
-        from sglfix.harness.reference import reference_attention
-
-        case = prepared.case
-        ref = reference_attention(q_pad=case.q_pad, k_pad=case.k_pad, v_pad=case.v_pad, mask=case.visible,
-                                  scale=case.sm_scale)
-        return ref, case.q_valid
 
 
 ADAPTER = TrtllmMLAAdapter()
