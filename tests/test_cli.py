@@ -144,6 +144,39 @@ def test_toggles_dir_reaches_the_workers(tmp_path):
     assert r.code == 1  # a failure of sglfix is a failed run, never a skip (125) or a pass
 
 
+def test_allow_target_reaches_the_workers_of_run(tmp_path):
+    import yaml
+
+    d = tmp_path / "toggles"
+    d.mkdir()
+    patch = {"target": "colorsys.rgb_to_yiq", "edits": [{"match": "y = 0.30*r + 0.59*g + 0.11*b\n", "append": "pass\n"}]}
+    (d / "90011.yaml").write_text(yaml.safe_dump({"pr": 90011, "title": "outside the fence", "patches": [patch]}))
+    scen = "triton-decode@cg=eager,gpu_only=off"
+    r = run_cli("--toggles", str(d), "run", "-r", "90011", "-s", scen, "--device", "cpu", "--json", "-")
+    cell = json.loads(r.out)["cells"][0]
+    assert r.code == 1 and cell["verdict"] == "ERROR" and "allowed module prefixes" in cell["findings"][0]["message"]
+    r = run_cli("--toggles", str(d), "--allow-target", "colorsys", "run", "-r", "90011", "-s", scen,
+                "--device", "cpu", "--json", "-")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["cells"][0]["verdict"] == "PASS"
+
+
+def test_matrix_with_an_error_cell_exits_1(tmp_path):
+    d = tmp_path / "toggles"
+    d.mkdir()
+    # One toggle whose expectation names the ERROR it gets: met, no stray, and still a failed run.
+    (d / "88888.yaml").write_text(
+        "pr: 88888\ntitle: drifted\npatches:\n  - target: sglfix.backends.srt.layers.attention.triton_backend."
+        "TritonAttnBackend.init_forward_metadata\n    edits:\n      - match: \"no such line\\n\"\n"
+        "        replacement: \"pass\\n\"\nexpect:\n  - {scenario: '*', verdict: ERROR}\n")
+    r = run_cli("--toggles", str(d), "matrix", "-s", "triton-decode@cg=eager,gpu_only=off", "--device", "cpu",
+                "--json", str(tmp_path / "m.json"))
+    data = json.loads((tmp_path / "m.json").read_text())
+    assert [c["verdict"] for c in data["cells"]] == ["PASS", "ERROR"], data["cells"]
+    assert not data["stray"] and all(c["met"] for c in data["expectations"])
+    assert r.code == 1, r.out[-2000:] + r.err[-2000:]
+
+
 def test_scenario_names_are_not_markup(tmp_path):
     f = tmp_path / "s.yaml"
     f.write_text("name: x[/red]\nmode: decode\nbatch: {prefix_lens: [5, 9]}\n")

@@ -76,6 +76,7 @@ def _print_timings():
 
 SEGV, EXIT3, SIGKILL, HANG, CHILD_SEGV, FORGE, LEAK_MODULE, LEAK_CLASS, BENIGN, HARNESS, OUTSIDE = (
     90001, 90002, 90003, 90004, 90005, 90006, 90007, 90008, 90009, 90010, 90011)
+MUTE_HANG, CHILD_LEFT = 90012, 90013
 RESULT_STUB = {"scenario": "forged", "toggles": [], "device": "cpu", "verdict": "DIVERGE", "findings": [],
                "error": None, "timings_ms": {}, "revert_env": None}
 
@@ -132,6 +133,14 @@ def tdir(tmp_path_factory, marks) -> Path:
         type(self)._fill_kv_indices = _leaked
     """)
     write_toggle(d, BENIGN)
+    # Closes its own output and hangs: nothing on any pipe tells the parent, only the deadline.
+    write_toggle(d, MUTE_HANG, preamble="import os, time\nos.close(1)\nos.close(2)\ntime.sleep(600)")
+    # A cell that finishes normally but leaves a child running.
+    write_toggle(d, CHILD_LEFT, preamble=f"""
+        import subprocess, sys
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        open({str(marks / 'left_child_pid')!r}, 'w').write(str(child.pid))
+    """)
     # The guard check (the judge) meets a buffer list it cannot read: sglfix fails, not the code.
     write_toggle(d, HARNESS, preamble="self.static_buffers = [object()]")
     write_toggle(d, OUTSIDE, target="colorsys.rgb_to_yiq", match="y = 0.30*r + 0.59*g + 0.11*b\n")
@@ -384,6 +393,31 @@ def test_hang_is_a_timeout_within_the_limit_and_allowed_prefixes_reach_the_worke
     note(f"hang -> TIMEOUT (limit {HANG_LIMIT} s)", hang_took)
     note("cell after a timeout (incl. restart)", stamps[2] - stamps[1])
     assert HANG_LIMIT <= hang_took < HANG_LIMIT + 3
+
+
+def test_code_that_closes_its_output_and_hangs_is_a_timeout_and_the_cli_never_waits_unbounded(pool1):
+    cells = [cell(SCEN, str(MUTE_HANG)), cell(SCEN)]
+    stamps: list[float] = []
+    t0 = time.monotonic()
+    results = pool1.run(cells, on_result=lambda r: stamps.append(time.monotonic()))
+    assert_matched(results, cells)
+    assert [r.verdict for r in results] == ["TIMEOUT", "PASS"], [r.findings for r in results]
+    note(f"closed stdout/stderr + hang -> TIMEOUT (limit {HANG_LIMIT} s)", stamps[0] - t0)
+    assert HANG_LIMIT <= stamps[0] - t0 < HANG_LIMIT + 3
+
+
+def test_a_child_left_by_a_passing_cell_is_gone_when_the_pool_closes(tdir, marks):
+    with WorkerPool(WorkerConfig(device="cpu", toggles_dir=str(tdir), timeout=120), jobs=1) as p:
+        cells = [cell(SCEN, str(CHILD_LEFT)), cell(SCEN)]
+        results = p.run(cells)
+        assert_matched(results, cells)
+        assert [r.verdict for r in results] == ["PASS", "PASS"], [r.findings for r in results]
+        child = int((marks / "left_child_pid").read_text())
+        assert alive(child)  # still running while its worker lives
+        t0 = time.monotonic()
+    assert wait_gone([child], timeout=5.0) == [], "a child of the code under test outlived the pool"
+    note("child left by a passing cell gone after close", time.monotonic() - t0)
+    assert wait_gone(p.pids) == []
 
 
 def test_cuda_without_a_gpu_is_a_config_error(tmp_path):

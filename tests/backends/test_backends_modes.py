@@ -80,3 +80,31 @@ def test_scattered_slots_fill_pages_in_order():
         assert not torch.equal(pages[16::16], pages[:-16:16] + 1)
         assert 0 not in pages.tolist()
     assert case.mode == ForwardMode.EXTEND
+
+
+def test_the_backend_key_chooses_the_backend_class_not_the_kit():
+    """One scenario per ``backend:`` name, same device: the adapter registered for that name
+    builds its case and makes the backend of that name's upstream module."""
+    from sglfix.harness.adapters import ADAPTER_MODULES, get_adapter
+    from sglfix.scenario import load_scenarios
+
+    expected = {
+        "triton": "triton_backend.TritonAttnBackend",
+        "flashinfer": "flashinfer_backend.FlashInferMultiStepDraftBackend",
+        "flashinfer_mla": "flashinfer_mla_backend.FlashInferMLA",
+        "trtllm_mla": "trtllm_mla_backend.TRTLLMMLABackend",
+        "deepseek_v4": "deepseek_v4_backend.DeepseekV4",
+    }
+    assert set(expected) == set(ADAPTER_MODULES)
+    first = {}
+    for s in load_scenarios([], builtin=True):
+        first.setdefault(s.backend, s)
+    assert set(first) == set(expected)
+    for name, scenario in first.items():
+        adapter = get_adapter(name)
+        assert adapter.name == name
+        backend = adapter.make_backend(adapter.build(scenario, device="cpu"))
+        cls = type(backend)
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        assert where.startswith("sglfix.backends.srt.layers.attention."), where
+        assert where.split("attention.", 1)[1].startswith(expected[name]), (name, where)
