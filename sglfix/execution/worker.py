@@ -184,8 +184,14 @@ def _boot(device: str) -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
+    interpreter = None
+    if device == "cpu":
+        from sglfix.harness import interpreter as interp
+
+        interpreter = interp.stats() if interp.install() else None
     return {"device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-            "torch": torch.__version__, "triton": triton_version, "pid": os.getpid(), "skipped": skipped}
+            "torch": torch.__version__, "triton": triton_version, "pid": os.getpid(), "skipped": skipped,
+            "interpreter": interpreter}
 
 
 _MISSING = object()
@@ -214,6 +220,11 @@ class StateSnapshot:
     and code that never had a name cannot read it. Added names join the snapshot, so a later
     rebinding of them is seen. Holds references, so an id cannot be reused between snapshots.
     In-place changes deeper than one level (a tensor's contents, an object's fields) are not seen.
+
+    A module attribute that was ``None`` in the snapshot and is bound now is upstream's lazy
+    module cache (``global_workspace_buffer``: allocated by the first backend built in the
+    process): ``reset_lazy`` puts ``None`` back, which is exactly the snapshot's state, so the
+    next set starts from it without a fresh process.
     """
 
     def __init__(self, prefix: str = _UNDER_TEST) -> None:
@@ -243,6 +254,19 @@ class StateSnapshot:
             out[path + ".__code__"] = fn.__code__
             out[path + ".__defaults__"] = fn.__defaults__
             out[path + ".__kwdefaults__"] = fn.__kwdefaults__
+
+    def reset_lazy(self) -> list[str]:
+        """Rebind to ``None`` every module attribute that was ``None`` in the snapshot; the paths."""
+        reset = []
+        for path, old in self.entries.items():
+            if old is not None:
+                continue
+            owner, _, name = path.rpartition(".")
+            module = self.entries.get(owner)
+            if isinstance(module, type(sys)) and getattr(module, name, None) is not None:
+                setattr(module, name, None)
+                reset.append(path)
+        return reset
 
     def changes(self) -> list[str]:
         """Paths bound differently now than in the snapshot (empty: nothing leaked)."""
@@ -321,9 +345,14 @@ class Session:
             if error:
                 return self._error(rid, name, toggles, error)
         try:
+            from sglfix.harness import interpreter
             from sglfix.harness.cell import run_cell
 
+            before = interpreter.stats()
             result = run_cell(scenario, device=self.device, toggles=toggles)
+            if interpreter.installed():
+                after = interpreter.stats()
+                result.kernels = {k: after[k] - before[k] for k in ("launches", "hits")}
         except Exception as exc:  # run_cell itself failed: the harness, not the code under test
             return self._error(rid, name, toggles, f"sglfix failed: {type(exc).__name__}: {_first_line(exc)} "
                                                    f"[{_frame(exc)}]", exc)
@@ -342,6 +371,7 @@ class Session:
             except Exception as exc:
                 return f"restoring {','.join(held.ids)} failed: {_first_line(exc)}", None
         self.current = None
+        self.clean.reset_lazy()
         changed = self.clean.changes()
         if changed:
             more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""

@@ -29,6 +29,8 @@ class CellResult:
     error: dict | None = None
     timings_ms: dict = field(default_factory=dict)
     revert_env: str | None = None  # SGLANG_DEBUG_REVERT_PR as the process that ran the cell saw it
+    # Interpreted kernel launches of this cell and how many the launch memo answered (CPU only).
+    kernels: dict | None = None
 
     def add(self, verdict: str, message: str, **data: Any) -> None:
         self.findings.append({"verdict": verdict, "message": message, **data})
@@ -44,7 +46,7 @@ class CellResult:
     def to_json(self) -> dict:
         return {"scenario": self.scenario, "toggles": self.toggles, "device": self.device,
                 "verdict": self.verdict, "findings": self.findings, "error": self.error,
-                "timings_ms": self.timings_ms, "revert_env": self.revert_env}
+                "timings_ms": self.timings_ms, "revert_env": self.revert_env, "kernels": self.kernels}
 
     @classmethod
     def from_json(cls, data: dict) -> "CellResult":

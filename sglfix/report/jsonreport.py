@@ -31,6 +31,16 @@ def summarize(results: Sequence[Any]) -> dict[str, int]:
     return out
 
 
+def _memo_summary(info: dict, results: Sequence[Any]) -> dict | None:
+    """Interpreted launches and memo hits over the run (None on CUDA, where kernels are compiled)."""
+    counted = [r.kernels for r in results if getattr(r, "kernels", None)]
+    if not counted:
+        return None
+    state = info.get("interpreter") or {}
+    return {"memo": bool(state.get("memo")), "launches": sum(k["launches"] for k in counted),
+            "hits": sum(k["hits"] for k in counted)}
+
+
 def build_report(*, command: Sequence[str], info: dict, results: Sequence[Any], cell_ids: Sequence[str],
                  wall_s: float, env_revert: str | None, checks: Sequence[Any] = (), stray: Sequence[dict] = (),
                  not_run: Sequence[str] = ()) -> dict:
@@ -51,6 +61,7 @@ def build_report(*, command: Sequence[str], info: dict, results: Sequence[Any], 
         "sglfix": package_version("sglfix"),
         "env_revert": env_revert,
         "wall_s": round(wall_s, 2),
+        "kernel_memo": _memo_summary(info, results),
         "cells": cells,
         "summary": summarize(results),
         "expectations": [c.to_json() for c in checks],

@@ -1,0 +1,436 @@
+"""Make the Triton interpreter (CPU cells) cheaper without changing what any kernel computes.
+
+Two costs dominate an interpreted matrix, and both are repeated work:
+
+* **Re-patching the language.** The interpreter rebinds every builtin of ``triton.language``
+  on each launch *and again on every nested ``@jit`` call* (once per program instance per
+  helper), walking the modules with ``inspect.getmembers`` each time. Here a launch patches once;
+  a nested call inside it patches only language modules the launch has not patched yet. Kernels
+  see exactly the bindings they saw before.
+* **Identical launches.** Toggles change how metadata is built, rarely what a kernel receives:
+  most launches of a matrix repeat an earlier one bit for bit. A launch is a pure function of
+  the bytes of every storage its tensor arguments live in (the interpreter reads and writes
+  those storages and nothing else of ours), its scalar arguments, its grid and the kernel's code
+  with the globals that code reads. The memo keys a launch by all of that and, on a repeat,
+  writes back the bytes the first run wrote. Launches it cannot key exactly (a callable grid,
+  pre-run hooks, an argument of an unknown type) always run. A launch that raises is never
+  stored, so a CRASH is reproduced by running it again.
+
+Both are installed per worker process (``install``); ``SGLFIX_KERNEL_MEMO=0`` turns the memo
+off (``SGLFIX_KERNEL_MEMO_MB`` sizes it, default 256 MiB per worker). ``stats()`` counts hits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import types
+from collections import OrderedDict
+from typing import Any
+
+__all__ = ["install", "installed", "stats", "clear"]
+
+_STATE: dict[str, Any] = {"installed": False, "memo": False}
+_STATS = {"launches": 0, "hits": 0, "uncacheable": 0, "stored_bytes": 0, "evicted": 0}
+_SCALARS = (int, float, bool, str, bytes, type(None))
+
+
+def installed() -> bool:
+    return bool(_STATE["installed"])
+
+
+def stats() -> dict:
+    return dict(_STATS, memo=bool(_STATE["memo"]), entries=len(_MEMO))
+
+
+def clear() -> None:
+    _MEMO.clear()
+    _STATS["stored_bytes"] = 0
+
+
+# -- patch once per launch -----------------------------------------------------------------------
+
+class _Active:
+    """The language modules patched by the launch in progress, and how to undo it."""
+
+    scope: Any = None
+    langs: set[int] = set()
+
+
+def _langs_of(fn: Any, tl: Any) -> list:
+    return [v for v in fn.__globals__.values() if isinstance(v, types.ModuleType) and v in (tl, tl.core)]
+
+
+def _make_patch_lang(interp: Any, original: Any) -> Any:
+    tl = interp.tl
+
+    class _Nested:
+        @staticmethod
+        def restore() -> None:  # the launch's own scope undoes everything at its end
+            pass
+
+    def patch_lang(fn: Any) -> Any:
+        if _Active.scope is None:
+            scope = original(fn)
+            _Active.scope, _Active.langs = scope, {id(m) for m in _langs_of(fn, tl)}
+
+            class _Launch:
+                @staticmethod
+                def restore() -> None:
+                    _Active.scope, _Active.langs = None, set()
+                    scope.restore()
+
+            return _Launch
+        missing = [m for m in _langs_of(fn, tl) if id(m) not in _Active.langs]
+        if missing:
+            # A helper sees a language module its launch did not: patch it the way the
+            # interpreter would, into the launch's scope so it is undone with the rest.
+            extra = original(fn)
+            _Active.scope._changes.extend(extra._changes)
+            extra._changes = []
+            _Active.langs |= {id(m) for m in missing}
+        return _Nested
+
+    return patch_lang
+
+
+# -- launch memo -----------------------------------------------------------------------------
+#
+# A kernel's run is decided by the scalars, grid and code it is given and by the bytes it loads:
+# whatever it stores follows from those (the interpreter runs program instances one after the
+# other, so there is no race). The first run of a launch shape records which bytes of each
+# argument storage it loaded (before the launch) and which it stored; a later launch of the same
+# shape whose storages hold the same bytes at every recorded load address gets the recorded
+# stores written back. Bytes it never loads (uninitialised outputs, other requests' slots)
+# do not matter, which is what makes repeats frequent. A load or store outside every argument
+# storage, or an atomic, makes the launch unrecordable: it always runs.
+
+
+class _Uncacheable(Exception):
+    pass
+
+
+class _Recorder:
+    """Which bytes of each argument storage a running launch loads and stores."""
+
+    current: "_Recorder | None" = None
+
+    def __init__(self, bases: list[int], sizes: list[int]) -> None:
+        import numpy as np
+
+        order = sorted(range(len(bases)), key=lambda i: bases[i])
+        self.order = np.array(order, dtype=np.int64)
+        self.bases = np.array([bases[i] for i in order], dtype=np.uint64)
+        self.ends = np.array([bases[i] + sizes[i] for i in order], dtype=np.uint64)
+        self.sizes = sizes
+        self.loads: dict[int, Any] = {}
+        self.stores: dict[int, Any] = {}
+        self.unrecordable: str | None = None
+
+    def touch(self, ptrs: Any, mask: Any, itemsize: int, into: dict) -> None:
+        import numpy as np
+
+        addrs = np.asarray(ptrs, dtype=np.uint64)
+        if mask is not None:
+            addrs = addrs[np.broadcast_to(np.asarray(mask, dtype=bool), addrs.shape)]
+        addrs = addrs.ravel()
+        if not addrs.size:
+            return
+        slot = np.searchsorted(self.bases, addrs, side="right").astype(np.int64) - 1
+        if slot.min() < 0 or bool(np.any(addrs + np.uint64(itemsize) > self.ends[np.maximum(slot, 0)])):
+            self.unrecordable = "an access outside every argument storage"
+            return
+        step = np.arange(itemsize, dtype=np.int64)
+        for s in np.unique(slot):
+            index = int(self.order[s])
+            offsets = (addrs[slot == s] - self.bases[s]).astype(np.int64)
+            marks = into.get(index)
+            if marks is None:
+                marks = into[index] = np.zeros(self.sizes[index], dtype=bool)
+            marks[(offsets[:, None] + step).ravel()] = True
+
+
+def _intervals(marks: Any) -> tuple[Any, Any]:
+    import numpy as np
+
+    at = np.flatnonzero(marks)
+    if not at.size:
+        return at, at
+    breaks = np.flatnonzero(np.diff(at) != 1) + 1
+    starts = at[np.r_[0, breaks]]
+    ends = at[np.r_[breaks - 1, at.size - 1]] + 1
+    return starts, ends - starts
+
+
+def _gather_index(starts: Any, lens: Any) -> Any:
+    import numpy as np
+
+    if not starts.size:
+        return starts
+    shift = starts - np.concatenate(([0], np.cumsum(lens)[:-1]))
+    return np.repeat(shift, lens) + np.arange(int(lens.sum()), dtype=np.int64)
+
+
+class _Entry:
+    __slots__ = ("reads", "digest", "writes", "nbytes")
+
+    def __init__(self, reads: list, digest: bytes, writes: list) -> None:
+        self.reads = reads  # [(storage index, interval starts, interval lengths)] in bytes
+        self.digest = digest
+        self.writes = writes  # [(storage index, starts, lengths, the bytes stored there)]
+        self.nbytes = (sum(a.nbytes + b.nbytes for _, a, b in reads)
+                       + sum(a.nbytes + b.nbytes + len(d) for _, a, b, d in writes))
+
+    def matches(self, views: list) -> bool:
+        return _digest(self.reads, views) == self.digest
+
+    def apply(self, views: list) -> None:
+        import numpy as np
+
+        for index, starts, lens, data in self.writes:
+            views[index][_gather_index(starts, lens)] = np.frombuffer(data, dtype=np.uint8)
+
+
+def _digest(reads: list, views: list) -> bytes:
+    h = hashlib.blake2b(digest_size=20)
+    for index, starts, lens in reads:
+        h.update(index.to_bytes(4, "little"))
+        h.update(starts.tobytes())
+        h.update(views[index][_gather_index(starts, lens)].tobytes())
+    return h.digest()
+
+
+_MEMO: "OrderedDict[bytes, list[_Entry]]" = OrderedDict()
+_PER_SHAPE = 16  # recorded runs kept per launch shape (each costs a gather and a hash to test)
+
+
+def _byte_view(storage: Any):
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+
+
+def _code_fingerprint(fn: Any, h: Any, seen: set[int], jit_types: tuple) -> None:
+    """The kernel's code and every global it reads, recursing into the @jit helpers it calls."""
+    if id(fn) in seen:
+        return
+    seen.add(id(fn))
+    code = fn.__code__
+    h.update(repr((fn.__module__, fn.__qualname__, id(code))).encode())
+    names: list[str] = []
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        names.extend(c.co_names)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    cells = dict(zip(code.co_freevars, fn.__closure__ or ()))
+    for name in names:
+        if name in cells:
+            value = cells[name].cell_contents
+        elif name in fn.__globals__:
+            value = fn.__globals__[name]
+        else:
+            continue
+        h.update(name.encode())
+        _value_fingerprint(value, h, seen, jit_types)
+
+
+def _value_fingerprint(value: Any, h: Any, seen: set[int], jit_types: tuple) -> None:
+    if isinstance(value, jit_types):
+        _code_fingerprint(value.fn, h, seen, jit_types)
+    elif isinstance(value, types.FunctionType):
+        # A plain helper the interpreter runs as Python: its code may be patched like any other.
+        _code_fingerprint(value, h, seen, jit_types)
+    elif isinstance(value, _SCALARS):
+        h.update(repr((type(value).__name__, value)).encode())
+    elif type(value).__name__ == "constexpr":
+        h.update(repr(("constexpr", value.value)).encode())
+    else:
+        # Modules, classes, language builtins: their identity is what the kernel binds to.
+        h.update(repr((type(value).__name__, id(value))).encode())
+
+
+def _arg_fingerprint(arg: Any, h: Any, storages: dict[int, Any]) -> None:
+    import torch
+
+    if type(arg).__name__ == "TensorWrapper":
+        h.update(repr(("wrapped", str(arg.dtype))).encode())
+        arg = arg.base
+    if isinstance(arg, torch.Tensor):
+        if arg.device.type != "cpu":
+            raise _Uncacheable
+        storage = arg.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in storages:
+            storages[ptr] = storage
+        index = list(storages).index(ptr)
+        h.update(repr(("t", index, storage.nbytes(), arg.storage_offset(), tuple(arg.shape), arg.stride(),
+                       str(arg.dtype))).encode())
+    elif isinstance(arg, _SCALARS):
+        h.update(repr((type(arg).__name__, arg)).encode())
+    elif isinstance(arg, tuple):
+        h.update(b"(")
+        for a in arg:
+            _arg_fingerprint(a, h, storages)
+        h.update(b")")
+    elif type(arg).__name__ == "constexpr":
+        h.update(repr(("constexpr", arg.value)).encode())
+    elif isinstance(arg, torch.dtype) or type(arg).__module__.startswith("triton.language"):
+        h.update(repr((type(arg).__name__, str(arg))).encode())
+    else:
+        raise _Uncacheable
+
+
+def _launch_shape(kernel: Any, args: tuple, kwargs: dict, grid: Any, jit_types: tuple) -> tuple[bytes, list]:
+    """Everything but memory contents: code, grid, scalars, and how tensors sit in storages."""
+    if callable(grid) or kernel.pre_run_hooks:
+        raise _Uncacheable
+    h = hashlib.blake2b(digest_size=20)
+    _code_fingerprint(kernel.fn, h, set(), jit_types)
+    h.update(repr(("grid", tuple(grid))).encode())
+    storages: dict[int, Any] = {}
+    for a in args:
+        _arg_fingerprint(a, h, storages)
+    for k in sorted(kwargs):
+        h.update(k.encode())
+        _arg_fingerprint(kwargs[k], h, storages)
+    return h.digest(), list(storages.values())
+
+
+def _budget() -> int:
+    raw = os.environ.get("SGLFIX_KERNEL_MEMO_MB", "256")
+    try:
+        mb = float(raw)
+    except ValueError:
+        mb = 256.0
+    return int(max(0.0, mb) * (1 << 20))
+
+
+def _store(shape: bytes, entry: _Entry) -> None:
+    budget = _budget()
+    if entry.nbytes > budget:
+        return
+    entries = _MEMO.setdefault(shape, [])
+    entries.insert(0, entry)
+    _MEMO.move_to_end(shape)
+    _STATS["stored_bytes"] += entry.nbytes
+    if len(entries) > _PER_SHAPE:
+        _STATS["stored_bytes"] -= entries.pop().nbytes
+        _STATS["evicted"] += 1
+    while _STATS["stored_bytes"] > budget and _MEMO:
+        _, old = _MEMO.popitem(last=False)
+        _STATS["stored_bytes"] -= sum(e.nbytes for e in old)
+        _STATS["evicted"] += len(old)
+
+
+def _record(run: Any, views: list, storages: list) -> tuple[Any, "_Entry | None"]:
+    bases = [s.data_ptr() for s in storages]
+    sizes = [s.nbytes() for s in storages]
+    before = [v.copy() for v in views]
+    recorder = _Recorder(bases, sizes)
+    _Recorder.current = recorder
+    try:
+        out = run()
+    finally:
+        _Recorder.current = None
+    if recorder.unrecordable:
+        return out, None
+    reads = [(i, *_intervals(m)) for i, m in sorted(recorder.loads.items())]
+    writes = []
+    for i, m in sorted(recorder.stores.items()):
+        starts, lens = _intervals(m)
+        writes.append((i, starts, lens, views[i][_gather_index(starts, lens)].tobytes()))
+    return out, _Entry(reads, _digest(reads, before), writes)
+
+
+def _make_run(original: Any, jit_types: tuple) -> Any:
+    def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        if warmup or not _STATE["memo"] or _Recorder.current is not None:
+            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        _STATS["launches"] += 1
+        try:
+            shape, storages = _launch_shape(self, args, kwargs, grid, jit_types)
+        except _Uncacheable:
+            _STATS["uncacheable"] += 1
+            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        views = [_byte_view(s) for s in storages]
+        for entry in _MEMO.get(shape, ()):
+            if entry.matches(views):
+                entry.apply(views)
+                _MEMO.move_to_end(shape)
+                _STATS["hits"] += 1
+                return None
+        out, entry = _record(lambda: original(self, *args, grid=grid, warmup=warmup, **kwargs), views, storages)
+        if entry is None:
+            _STATS["uncacheable"] += 1
+        else:
+            _store(shape, entry)
+        return out
+
+    return run
+
+
+def _make_builder_hooks(interp: Any) -> None:
+    """Report every load and store of a recorded launch; atomics make it unrecordable."""
+    cls = interp.InterpreterBuilder
+    np_dtype = interp._get_np_dtype
+
+    def hook(name: str, kind: str) -> None:
+        original = getattr(cls, name)
+
+        def load_or_store(self: Any, ptrs: Any, *rest: Any, **kw: Any) -> Any:
+            rec = _Recorder.current
+            if rec is not None:
+                at = 0 if kind == "load" else 1
+                mask = rest[at] if len(rest) > at else kw["mask"]
+                size = np_dtype(ptrs.get_element_ty()).itemsize
+                rec.touch(ptrs.data, mask.data, size, rec.loads if kind == "load" else rec.stores)
+            return original(self, ptrs, *rest, **kw)
+
+        setattr(cls, name, load_or_store)
+
+    def refuse(name: str) -> None:
+        original = getattr(cls, name)
+
+        def atomic(self: Any, *a: Any, **kw: Any) -> Any:
+            if _Recorder.current is not None:
+                _Recorder.current.unrecordable = "an atomic"
+            return original(self, *a, **kw)
+
+        setattr(cls, name, atomic)
+
+    hook("create_masked_load", "load")
+    hook("create_masked_store", "store")
+    for name in ("create_atomic_cas", "create_atomic_rmw", "create_atomic_poll"):
+        if hasattr(cls, name):
+            refuse(name)
+
+
+def install() -> bool:
+    """Install both in this process (interpreter mode only). False when this Triton's
+    interpreter does not have the shape relied on; then nothing is changed."""
+    if _STATE["installed"]:
+        return True
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    try:
+        from triton.runtime import interpreter as interp
+    except ImportError:
+        return False
+    needed = ("_patch_lang", "InterpretedFunction", "GridExecutor", "_LangPatchScope", "tl", "InterpreterBuilder",
+              "_get_np_dtype")
+    if not all(hasattr(interp, n) for n in needed) or not hasattr(interp._LangPatchScope(), "_changes"):
+        return False
+    jit_types = (interp.InterpretedFunction,)
+    try:
+        from triton.runtime.jit import JITFunction
+
+        jit_types += (JITFunction,)
+    except ImportError:
+        pass
+    interp._patch_lang = _make_patch_lang(interp, interp._patch_lang)
+    interp.InterpretedFunction.run = _make_run(interp.InterpretedFunction.run, jit_types)
+    _make_builder_hooks(interp)
+    _STATE["installed"] = True
+    _STATE["memo"] = os.environ.get("SGLFIX_KERNEL_MEMO", "1").strip() not in ("0", "off", "false", "no")
+    return True

@@ -1,0 +1,125 @@
+"""The interpreter speed-ups change no result: a repeated launch is answered only when every byte
+it loads is the same, a nested @jit call sees the same language, and a matrix slice gives the same
+cells (verdicts, findings, error sizes) with the memo on and off."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from clihelp import run_cli
+
+SCRIPT = textwrap.dedent('''
+    import json, os
+    import torch, triton
+    import triton.language as tl
+    from sglfix.harness import interpreter as it
+
+    assert it.install(), "interpreter hooks not installed"
+    SCALE = tl.constexpr(2.0)
+
+    @triton.jit
+    def _twice(x):
+        return x * SCALE
+
+    @triton.jit
+    def gather(src, idx, out, n: tl.constexpr):
+        i = tl.arange(0, n)
+        j = tl.load(idx + i)
+        tl.store(out + i, _twice(tl.load(src + j)))
+
+    @triton.jit
+    def bump(ctr):
+        tl.atomic_add(ctr, 1)
+
+    checks = {}
+    def launch(src, idx, fill):
+        out = torch.full((4,), fill)          # what the output held before must not matter
+        before = dict(it.stats())
+        gather[(1,)](src, idx, out, n=4)
+        after = it.stats()
+        want = src.untyped_storage()
+        flat = torch.empty(0, dtype=src.dtype).set_(want)
+        expect = flat[src.storage_offset() + idx.long()] * float(SCALE.value)
+        assert torch.equal(out, expect), (out, expect)
+        return after["hits"] - before["hits"]
+
+    big = torch.arange(32, dtype=torch.float32)
+    src = big[:8]                             # the kernel may read past the view: idx 10 below
+    idx = torch.tensor([3, 1, 10, 1], dtype=torch.int32)
+    builtins_before = tl.core.load
+    checks["first"] = launch(src, idx, float("nan"))
+    checks["repeat_other_garbage"] = launch(src, idx, 7.0)
+    big[20] = 99.0                            # a byte the kernel never loads
+    checks["unread_changed"] = launch(src, idx, 0.0)
+    big[10] = -5.0                            # past the view, inside the storage, loaded
+    checks["read_changed"] = launch(src, idx, 0.0)
+    checks["index_changed"] = launch(src, torch.tensor([0, 0, 2, 5], dtype=torch.int32), 0.0)
+    SCALE = tl.constexpr(3.0)                 # a global the kernel's helper reads
+    checks["global_changed"] = launch(src, idx, 0.0)
+    checks["language_restored"] = tl.core.load is builtins_before
+
+    ctr = torch.zeros(1, dtype=torch.int32)
+    before = dict(it.stats())
+    for _ in range(3):
+        bump[(4,)](ctr)
+    checks["atomic_count"] = int(ctr.item())
+    checks["atomic_uncacheable"] = it.stats()["uncacheable"] - before["uncacheable"]
+    checks["stats"] = it.stats()
+    print(json.dumps(checks))
+''')
+
+
+def _run(tmp_path, **env):
+    script = tmp_path / "memo_probe.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TRITON_INTERPRET": "1", **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_launch_is_answered_only_when_every_loaded_byte_is_the_same(tmp_path):
+    c = _run(tmp_path)
+    assert c["first"] == 0
+    assert c["repeat_other_garbage"] == 1  # bytes it only stores may differ
+    assert c["unread_changed"] == 1  # bytes it never loads may differ
+    assert c["read_changed"] == 0  # a loaded byte past the view changed: run again
+    assert c["index_changed"] == 0
+    assert c["global_changed"] == 0  # the helper's global is part of the key
+    assert c["language_restored"] is True
+    assert c["atomic_count"] == 12 and c["atomic_uncacheable"] == 3  # atomics always run
+    assert c["stats"]["memo"] is True
+
+
+def test_memo_off_runs_every_launch(tmp_path):
+    c = _run(tmp_path, SGLFIX_KERNEL_MEMO="0")
+    assert c["stats"]["memo"] is False and c["stats"]["hits"] == 0 and c["stats"]["launches"] == 0
+    assert c["atomic_count"] == 12 and c["language_restored"] is True
+
+
+def _cells(path):
+    data = json.loads(path.read_text())
+    out = {}
+    for c in data["cells"]:
+        out[c["id"]] = {k: c[k] for k in ("verdict", "findings", "error", "revert_env")}
+    return data, out
+
+
+def test_a_matrix_slice_is_the_same_with_the_memo_on_and_off(tmp_path, monkeypatch):
+    on, off = tmp_path / "on.json", tmp_path / "off.json"
+    args = ("matrix", "--parts", "--device", "cpu", "-s", "triton-target-verify@*", "-s", "fi-draft-topk8@*")
+    r_on = run_cli(*args, "--json", str(on), timeout=1200)
+    monkeypatch.setenv("SGLFIX_KERNEL_MEMO", "0")
+    r_off = run_cli(*args, "--json", str(off), timeout=1200)
+    assert r_on.code == r_off.code == 0, r_on.err[-2000:] + r_off.err[-2000:]
+    data_on, cells_on = _cells(on)
+    data_off, cells_off = _cells(off)
+    assert cells_on == cells_off
+    assert {c["verdict"] for c in cells_on.values()} > {"PASS"}  # the slice holds failing cells too
+    assert data_off["kernel_memo"]["memo"] is False and data_off["kernel_memo"]["hits"] == 0
+    memo = data_on["kernel_memo"]
+    assert memo["memo"] is True and memo["hits"] > memo["launches"] // 2, memo
