@@ -228,6 +228,13 @@ def test_state_snapshot_sees_rebinding_but_not_harmless_additions():
             snap = StateSnapshot()
             change()
             assert path in snap.changes(), path
+        # A module cache bound lazily (None in the snapshot) is put back to None, not a leak...
+        mod.CACHE = None
+        snap = StateSnapshot()
+        mod.CACHE = object()
+        assert snap.reset_lazy() == [f"{name}.CACHE"] and mod.CACHE is None and snap.changes() == []
+        mod.LIMIT = 5  # ...while a rebound value still is one
+        assert snap.reset_lazy() == [] and snap.changes() == [f"{name}.LIMIT"]
     finally:
         del sys.modules[name]
 
