@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call: install sglfix and FlashInfer without network, check the FlashInfer calls the
 # backends rely on (and warm its JIT cache), run the GPU backend tests, doctor, the full matrix
-# (every toggle and part) on CUDA twice (cold, then warm FlashInfer JIT cache), compare it cell by
-# cell with the committed CPU matrix, and probe FAULT/TIMEOUT isolation on CUDA.
+# (every toggle and part) on CUDA twice (every cell with the JIT caches as carried, then warm with
+# reachability), compare it cell by cell with the committed CPU matrix, and probe FAULT/TIMEOUT
+# isolation on CUDA.
 # Carry .cache (pydantic and FlashInfer wheels, JIT caches). ONLY=probe stops after the matrices and the probe.
 # Everything lands in $OUT; a short table is printed last.
 set -uo pipefail
@@ -33,10 +34,10 @@ else
 fi
 echo "flashinfer JIT cache at start: $JIT" | tee "$OUT/jit-state.txt"
 python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
-log "matrix on CUDA (FlashInfer JIT cache: $JIT at start)"
-COLUMNS=250 python3 -m sglfix matrix --parts --device cuda --json "$OUT/matrix-cuda.json" > "$OUT/matrix-cuda.txt" 2>&1
+log "matrix on CUDA, every cell run (FlashInfer JIT cache: $JIT at start)"
+COLUMNS=250 python3 -m sglfix matrix --parts --no-reachability --device cuda --json "$OUT/matrix-cuda.json" > "$OUT/matrix-cuda.txt" 2>&1
 echo "matrix rc=$?"
-log "matrix on CUDA again (JIT cache warm)"
+log "matrix on CUDA again (JIT cache warm), with reachability: unreached cells marked, not run"
 COLUMNS=250 python3 -m sglfix matrix --parts --device cuda --json "$OUT/matrix-cuda-warm.json" > "$OUT/matrix-cuda-warm.txt" 2>&1
 echo "matrix warm rc=$?"
 log "flashinfer probe"
@@ -73,7 +74,13 @@ import json, sys
 out, jit = sys.argv[1], sys.argv[2]
 m = json.load(open(f"{out}/matrix-cuda.json"))
 w = json.load(open(f"{out}/matrix-cuda-warm.json"))
-print(f"matrix wall: {m['wall_s']} s with the FlashInfer JIT cache {jit} at start, {w['wall_s']} s warm")
+print(f"matrix wall: {m['wall_s']} s with the FlashInfer JIT cache {jit} at start (every cell), "
+      f"{w['wall_s']} s warm with reachability ({w['summary'].get('NOT_REACHED', 0)} cells not reached)")
+full = {c['id']: c['verdict'] for c in m['cells']}
+base = {c['scenario']: c['verdict'] for c in m['cells'] if not c['toggles']}
+eff = {c['id']: (c['findings'][0]['same_as'] if c['verdict'] == 'NOT_REACHED' else c['verdict']) for c in w['cells']}
+print("reachability changes no verdict:", eff == full, "; unreached cells equal to their baseline:",
+      all(full[c['id']] == base[c['scenario']] for c in w['cells'] if c['verdict'] == 'NOT_REACHED'))
 p = json.load(open(f"{out}/parity.json"))
 q = json.load(open(f"{out}/parity-prev.json"))
 f = json.load(open(f"{out}/fault-cuda.json"))

@@ -14,8 +14,41 @@ from sglfix.toggling.registry import load_registry
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
     out = tmp_path_factory.mktemp("matrix") / "m.json"
+    r = run_cli("matrix", "--parts", "--device", "cpu", "--json", str(out), "--no-reachability", timeout=1800)
+    return r, json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def reaching(tmp_path_factory):
+    """The same matrix with reachability (the default): unreached cells are marked, not run."""
+    out = tmp_path_factory.mktemp("matrix") / "reach.json"
     r = run_cli("matrix", "--parts", "--device", "cpu", "--json", str(out), timeout=1800)
     return r, json.loads(out.read_text())
+
+
+def test_reachability_changes_no_verdict(matrix, reaching):
+    (r_all, everything), (r_reach, reached) = matrix, reaching
+    assert r_reach.code == r_all.code == 0, r_reach.err[-2000:]
+    full = {c["id"]: c for c in everything["cells"]}
+    marked = {c["id"]: c for c in reached["cells"]}
+    assert marked.keys() == full.keys()
+    unreached = [c for c in marked.values() if c["verdict"] == "NOT_REACHED"]
+    assert len(unreached) > len(marked) // 4  # the backends share few target functions
+    for cid, c in marked.items():
+        if c["verdict"] == "NOT_REACHED":
+            # Provably the baseline: run anyway, it gives the baseline's verdict and numbers.
+            same = c["findings"][0]["same_as"]
+            base = full[f"baseline::{c['scenario']}"]
+            assert full[cid]["verdict"] == same == base["verdict"], (cid, full[cid]["findings"])
+            assert full[cid]["error"] == base["error"], cid
+            assert c["revert_env"] == ",".join(c["toggles"])  # the set was applied: it would ERROR if it could not
+        else:
+            assert c["verdict"] == full[cid]["verdict"], (cid, c["findings"], full[cid]["findings"])
+    assert [e["met"] for e in reached["expectations"]] == [e["met"] for e in everything["expectations"]]
+    assert reached["stray"] == everything["stray"] == []
+    baselines = [c for c in reached["cells"] if not c["toggles"]]
+    assert all(isinstance(c["reached"], list) for c in baselines)
+    assert everything["kernel_memo"]["hits"] > everything["kernel_memo"]["launches"] // 2
 
 
 def test_matrix_exits_0_and_baseline_passes(matrix):

@@ -10,16 +10,15 @@ other culprits of its group.
 
 from __future__ import annotations
 
-import json
-from typing import Any, List, Optional
+from typing import Any, List
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.common import (
-    BackendName, Device, Jobs, JsonFile, MemoryBudget, ScenarioFiles, ScenarioGlobs, Timeout, check_jobs, env_ids,
-    load_selected, revert_ids,
+    BackendName, Device, Jobs, JsonFile, MemoryBudget, NoReachability, ScenarioFiles, ScenarioGlobs, Timeout,
+    check_jobs, env_ids, load_selected, revert_ids,
 )
 from sglfix.cli.context import err, options, out
 
@@ -38,14 +37,24 @@ class _Cells:
         self.by_name = {s.name: s for s in scenarios}
         self.results: dict[tuple[tuple[str, ...], str], Any] = {}
         self.sets: set[tuple[str, ...]] = set()
+        self.context = "baseline"  # what the progress lines say the search is busy with
 
-    def run(self, ids: tuple[str, ...], names: list[str]) -> dict[str, Any]:
+    def run(self, ids: tuple[str, ...], names: list[str], *, record: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """The cells of ``ids`` reverted on ``names``; ``record``: also report which of these
+        target functions each run enters (reachability)."""
+        from sglfix.execution.reach import RecordingCell
+
         toggles = tuple(self._env) + tuple(ids)
         todo = [n for n in names if (toggles, n) not in self.results]
         if todo:
             self.sets.add(tuple(sorted(ids)))
-            err.print(f"bisect: {len(todo)} cell(s) with {','.join(ids) or 'nothing'} reverted", highlight=False)
-            cells = [self._planned(self.by_name[n], toggles) for n in todo]
+            shown = ",".join(ids[:4]) + (f",... ({len(ids)} parts)" if len(ids) > 4 else "") if ids else "nothing"
+            err.print(f"bisect [{self.context}]: {len(todo)} cell(s) with {shown} reverted", highlight=False,
+                      markup=False)
+            if record is None:
+                cells = [self._planned(self.by_name[n], toggles) for n in todo]
+            else:
+                cells = [RecordingCell(self.by_name[n], toggles, record) for n in todo]
             for cell, result in zip(cells, self._pool.run(cells)):
                 self.results[(toggles, cell.scenario.name)] = result
         return {n: self.results[(toggles, n)] for n in names}
@@ -62,6 +71,7 @@ def bisect_cmd(
     timeout: Timeout = 300.0,
     json_file: JsonFile = None,
     memory_budget: MemoryBudget = None,
+    no_reachability: NoReachability = False,
 ) -> None:
     """Find the reverted parts that make each scenario group fail (delta debugging) and the masking pairs."""
     from sglfix.common.verdicts import worst
@@ -100,7 +110,11 @@ def bisect_cmd(
         chosen = load_selected(scenario, scenario_file, backend, memory_budget)
         cells = _Cells(pool, chosen, env)
         names = [s.name for s in chosen]
-        baseline = cells.run((), names)
+        from sglfix.execution.reach import targets_of
+
+        targets = {c: targets_of([c], registry=registry) for c in candidates}
+        record = None if no_reachability else tuple(sorted(set().union(*targets.values())))
+        baseline = cells.run((), names, record=record)
         bad = {n: r for n, r in baseline.items() if r.verdict != "PASS"}
         if bad:
             first = next(iter(bad.values()))
@@ -111,12 +125,29 @@ def bisect_cmd(
         groups: dict[str, list[str]] = {}
         for n in names:
             groups.setdefault(_group(n), []).append(n)
-        for group, members in groups.items():
-            def fails(ids, members=members):
+        for number, (group, members) in enumerate(groups.items(), 1):
+            cells.context = f"group {number}/{len(groups)} {group}"
+            asked: set[frozenset] = set()  # the distinct sets this group's search asks about
+
+            def fails(ids, members=members, asked=asked):
+                asked.add(frozenset(ids))
                 return any(r.verdict != "PASS" for r in cells.run(tuple(ids), members).values())
 
-            oracle = Oracle(fails, order=candidates)
-            culprits = find_culprits(candidates, oracle)
+            # Candidates none of whose functions the group's baselines enter cannot change its
+            # cells alone; they are left out of the search unless only they explain the failure.
+            reached = [baseline[n].reached for n in members]
+            searched, unreachable = list(candidates), []
+            if record is not None and all(r is not None for r in reached):
+                entered = set().union(*map(set, reached))
+                searched = [c for c in candidates if targets[c] & entered]
+                unreachable = [c for c in candidates if c not in searched]
+            if not fails(candidates):
+                groups_out.append({"group": group, "scenarios": len(members), "culprits": [],
+                                   "unreachable": unreachable, "runs": len(asked)})
+                continue
+            if unreachable and not (searched and fails(searched)):
+                searched, unreachable = list(candidates), []  # a combination needs them after all
+            culprits = find_culprits(searched, Oracle(fails, order=searched))
             if not culprits:
                 continue
             narrowed = []
@@ -131,6 +162,7 @@ def bisect_cmd(
                 failing = sorted(n for n, r in results.items() if r.verdict != "PASS")
                 found.append({"ids": list(culprit), "verdict": worst([results[n].verdict for n in failing]),
                               "scenarios": failing, "key_figure": results[failing[0]].key_figure})
+            search_runs = len(asked)
             search_sets = set(cells.sets)
             others = [c[0] for c in narrowed if len(c) == 1]
             for culprit in found:
@@ -145,12 +177,14 @@ def bisect_cmd(
                         masking_out.append({"group": group, "culprit": c, "masked_by": partner,
                                             "scenarios": hidden, "all": len(hidden) == len(culprit["scenarios"])})
             masking_sets.update(cells.sets - search_sets)
-            groups_out.append({"group": group, "scenarios": len(members), "culprits": found})
+            groups_out.append({"group": group, "scenarios": len(members), "culprits": found,
+                               "unreachable": unreachable, "searched": len(searched), "runs": search_runs})
 
+    groups_out = [g for g in groups_out if g["culprits"] or g["unreachable"]]
     culprits_flat = [{**c, "group": g["group"]} for g in groups_out for c in g["culprits"]]
     report = {"schema": 2, "tool": "sglfix bisect", "command": " ".join(opts.argv), "device": pool.info.get("device"),
               "device_name": pool.info.get("device_name"), "candidates": len(candidates), "runs": len(cells.sets - masking_sets),
-              "masking_runs": len(masking_sets),
+              "masking_runs": len(masking_sets), "reachability": record is not None,
               "cells": len(cells.results), "culprits": culprits_flat, "masking": masking_out, "groups": groups_out}
     if json_file is not None:
         write_json(json_file, report)

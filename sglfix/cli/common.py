@@ -24,9 +24,10 @@ JsonFile = Annotated[Optional[str], typer.Option("--json", metavar="FILE", help=
 JunitFile = Annotated[Optional[str], typer.Option("--junit", metavar="FILE", help="Also write JUnit XML (.xml): one testcase per cell, for CI test views.")]
 MarkdownFile = Annotated[Optional[str], typer.Option("--markdown", metavar="FILE", help="Also write a Markdown summary (.md); it is appended to $GITHUB_STEP_SUMMARY whenever that is set, option or not.")]
 HeatmapFile = Annotated[Optional[str], typer.Option("--heatmap", metavar="FILE", help="Also draw the grid coloured by verdict (.png or .svg; pip install 'sglfix[plot]').")]
+NoReachability = Annotated[bool, typer.Option("--no-reachability", help="Run every cell, also those whose reverted functions the scenario's baseline never enters (otherwise marked NOT_REACHED, not run).")]
 MemoryBudget = Annotated[Optional[str], typer.Option("--memory-budget", metavar="SIZE", help="Refuse scenarios estimated to need more memory (e.g. 16G; env SGLFIX_MEMORY_BUDGET).")]
 
-VERDICT_STYLE = {"PASS": "green", "SKIP": "dim", "SYNC": "yellow", "DIVERGE": "red", "NAN": "red",
+VERDICT_STYLE = {"PASS": "green", "SKIP": "dim", "NOT_REACHED": "dim cyan", "SYNC": "yellow", "DIVERGE": "red", "NAN": "red",
                  "INVARIANT": "magenta", "CRASH": "bold red", "TIMEOUT": "bold red", "FAULT": "bold red",
                  "ERROR": "bold white on red"}
 
@@ -108,10 +109,11 @@ class Ran:
 
 def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequence[str],
              scenario_file: Sequence[str], backend: Optional[str], device: str, jobs: Optional[int],
-             timeout: float, outputs: Outputs, memory_budget: Optional[str]) -> Ran:
+             timeout: float, outputs: Outputs, memory_budget: Optional[str], reachability: bool = False) -> Ran:
     """Every option checked first (exit 2 before any cell runs: the worker config checks device
     and timeout), then the workers boot while the scenarios load and the plan is built.
-    ``build_plan(scenarios, registry=, env_ids=)`` makes the plan."""
+    ``build_plan(scenarios, registry=, env_ids=)`` makes the plan. ``reachability``: run the plan's
+    baseline first and mark the cells whose reverted functions it never enters NOT_REACHED."""
     from sglfix.execution.pool import WorkerConfig, WorkerPool, signals_raise
 
     outputs.check()
@@ -123,7 +125,7 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
         chosen = load_selected(scenario, scenario_file, backend, memory_budget)
         plan = build_plan(chosen, registry=registry, env_ids=env)
         info = pool.info
-        results, wall = execute(pool, plan)
+        results, wall = execute(pool, plan, registry=registry if reachability else None)
     return Ran(registry=registry, env=env, plan=plan, info=info, results=results, wall=wall)
 
 
@@ -166,7 +168,8 @@ def write_report(opts: Options, ran: Ran, outputs: Outputs, *, gate: bool, **exp
             err.print(f"sglfix: warning: could not append to {STEP_SUMMARY}={summary}: {exc.strerror or exc}")
 
 
-def execute(pool, plan) -> tuple[list, float]:
+def execute(pool, plan, *, registry=None) -> tuple[list, float]:
+    """Run the plan with a progress bar; with ``registry``, through reachability."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     start = time.perf_counter()
@@ -178,7 +181,12 @@ def execute(pool, plan) -> tuple[list, float]:
         def tick(result) -> None:
             progress.update(task, advance=1, last=f"{result.scenario} {result.verdict}")
 
-        results = pool.run(plan.cells, on_result=tick)
+        if registry is not None and len(plan.sets) > 1:
+            from sglfix.execution.reach import run_reaching
+
+            results = run_reaching(pool, plan.cells, base=plan.sets[0], registry=registry, on_result=tick)
+        else:
+            results = pool.run(plan.cells, on_result=tick)
     return results, time.perf_counter() - start
 
 

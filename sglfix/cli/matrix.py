@@ -7,7 +7,8 @@ from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.common import (
-    BackendName, Device, HeatmapFile, Jobs, JsonFile, JunitFile, MarkdownFile, MemoryBudget, Outputs, ScenarioFiles,
+    BackendName, Device, HeatmapFile, Jobs, JsonFile, JunitFile, MarkdownFile, MemoryBudget, NoReachability, Outputs,
+    ScenarioFiles,
     ScenarioGlobs, Timeout, header, run_plan, verdict_text, write_report,
 )
 from sglfix.cli.context import options, out
@@ -54,6 +55,7 @@ def matrix_cmd(
     markdown: MarkdownFile = None,
     heatmap: HeatmapFile = None,
     memory_budget: MemoryBudget = None,
+    no_reachability: NoReachability = False,
 ) -> None:
     """Baseline plus each registered toggle (and part) over the scenarios: the toggle x scenario grid."""
     from sglfix.execution.expectations import check_expectations
@@ -67,7 +69,8 @@ def matrix_cmd(
         return plan_matrix(chosen, registry=registry, parts=parts, env_ids=env_ids)
 
     ran = run_plan(opts, build_plan=build_plan, scenario=scenario, scenario_file=scenario_file, backend=backend,
-                   device=device, jobs=jobs, timeout=timeout, outputs=outputs, memory_budget=memory_budget)
+                   device=device, jobs=jobs, timeout=timeout, outputs=outputs, memory_budget=memory_budget,
+                   reachability=not no_reachability)
     plan, results, env, info, wall = ran.plan, ran.results, ran.env, ran.info, ran.wall
     if env:
         # Every set carries the env ids: the expectations (written without them) do not apply.
@@ -82,9 +85,11 @@ def matrix_cmd(
         for r in results:
             by_set.setdefault(tuple(r.toggles), []).append(r)
         for t in plan.sets[1:]:
-            bad = [f"{r.scenario} ({r.verdict})" for r in by_set.get(t, []) if r.verdict != "PASS"]
+            bad = [f"{r.scenario} ({r.verdict})" for r in by_set.get(t, []) if r.verdict not in ("PASS", "NOT_REACHED")]
             out.print(Text(f"{set_label(t)}: ", style="bold"), end="")
-            out.print(f"differs on {len(bad)}: " + ", ".join(bad) if bad else "no effect on these scenarios")
+            unreached = sum(r.verdict == "NOT_REACHED" for r in by_set.get(t, []))
+            out.print((f"differs on {len(bad)}: " + ", ".join(bad) if bad else "no effect on these scenarios")
+                      + (f" ({unreached} not reached)" if unreached else ""))
         for c in checks:
             out.print(Text("met   " if c.met else "UNMET ", style="green" if c.met else "red"), end="")
             out.print(f"expect revert {','.join(c.revert)} on {c.scenario} -> {'|'.join(c.wanted)}"

@@ -2,6 +2,9 @@
 
 ERROR means sglfix itself (or the harness) failed in the cell: its result is unknown, and it
 counts as a failure, never as a skip. SKIP is only for "cannot run here", with the reason.
+NOT_REACHED is a mark, not a finding: the scenario's baseline never executes a function the
+cell's toggle set reverts, so the cell is provably its baseline and was not run. Toggle files
+cannot name it; expectations judge such a cell by its baseline's verdict.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Iterable
 
-__all__ = ["Verdict", "SEVERITY", "VERDICTS", "FAILING", "worst"]
+__all__ = ["Verdict", "SEVERITY", "VERDICTS", "MARKS", "NOT_REACHED", "FAILING", "worst"]
 
 
 class Verdict(str, Enum):
@@ -23,24 +26,29 @@ class Verdict(str, Enum):
     SYNC = "SYNC"
     PASS = "PASS"
     SKIP = "SKIP"
+    NOT_REACHED = "NOT_REACHED"
 
     def __str__(self) -> str:
         return self.value
 
     @property
     def severity(self) -> int:
-        """0 is the most severe; SKIP ranks below PASS (it is no finding)."""
+        """0 is the most severe; SKIP and NOT_REACHED rank below PASS (they are no finding)."""
         return _ORDER.index(self)
 
     @property
     def failed(self) -> bool:
-        return self not in (Verdict.PASS, Verdict.SKIP)
+        return self not in (Verdict.PASS, Verdict.SKIP, Verdict.NOT_REACHED)
 
 
 _ORDER = tuple(Verdict)
 # Most severe first; the names as plain strings, for reports and YAML.
-SEVERITY: tuple[str, ...] = tuple(v.value for v in _ORDER if v is not Verdict.SKIP)
-VERDICTS: tuple[str, ...] = tuple(v.value for v in _ORDER)
+SEVERITY: tuple[str, ...] = tuple(v.value for v in _ORDER if v not in (Verdict.SKIP, Verdict.NOT_REACHED))
+# What a toggle file's expectation may name.
+VERDICTS: tuple[str, ...] = tuple(v.value for v in _ORDER if v is not Verdict.NOT_REACHED)
+# What a report's cell may hold.
+MARKS: tuple[str, ...] = tuple(v.value for v in _ORDER)
+NOT_REACHED = Verdict.NOT_REACHED.value
 FAILING: frozenset[str] = frozenset(v.value for v in _ORDER if v.failed)
 
 

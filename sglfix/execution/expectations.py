@@ -3,7 +3,8 @@
 Each expectation must hold on at least one matching scenario that ran; every cell of a toggle
 set outside all of its expectations must PASS (the toggle must not matter there); the baseline
 must PASS everywhere. With SGLANG_DEBUG_REVERT_PR set, the sets carry the env ids too, so the
-expectations (written for sets without them) are not checked.
+expectations (written for sets without them) are not checked. A NOT_REACHED cell is judged by the
+verdict of the baseline it provably equals.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from sglfix.harness.cell import CellResult
 from sglfix.toggling.registry import Registry
 
-__all__ = ["ExpectationCheck", "check_expectations"]
+__all__ = ["ExpectationCheck", "check_expectations", "effective"]
 
 
 @dataclass
@@ -30,6 +31,13 @@ class ExpectationCheck:
     def to_json(self) -> dict:
         return {"toggle": self.toggle, "revert": list(self.revert), "scenario": self.scenario,
                 "wanted": list(self.wanted), "device": self.device, "met": self.met, "got": self.got}
+
+
+def effective(result: CellResult) -> str:
+    """The verdict a cell stands for: its own, or for NOT_REACHED its baseline's."""
+    if result.verdict != "NOT_REACHED":
+        return result.verdict
+    return next((f.get("same_as") for f in result.findings if f.get("same_as")), "PASS")
 
 
 def check_expectations(registry: Registry, results: list[CellResult], *, device: str
@@ -53,7 +61,7 @@ def check_expectations(registry: Registry, results: list[CellResult], *, device:
             got = {r.scenario: r.verdict for r in cells}
             checks.append(ExpectationCheck(toggle=toggle.id, revert=e.revert, scenario=e.scenario,
                                            wanted=e.verdicts, device=e.device,
-                                           met=any(v in e.verdicts for v in got.values()), got=got))
+                                           met=any(effective(r) in e.verdicts for r in cells), got=got))
     stray: list[dict] = []
     for toggles, cells in by_set.items():
         globs = covered.get(toggles, [])
@@ -62,7 +70,7 @@ def check_expectations(registry: Registry, results: list[CellResult], *, device:
                 if r.verdict != "PASS":
                     stray.append({"toggles": [], "scenario": r.scenario, "verdict": r.verdict, "why": "baseline must PASS"})
                 continue
-            if r.verdict not in ("PASS", "SKIP") and not any(fnmatch.fnmatchcase(r.scenario, g) for g in globs):
+            if r.verdict not in ("PASS", "SKIP", "NOT_REACHED") and not any(fnmatch.fnmatchcase(r.scenario, g) for g in globs):
                 stray.append({"toggles": list(toggles), "scenario": r.scenario, "verdict": r.verdict,
                               "why": "not covered by any expectation of this toggle set"})
     return checks, stray, not_run

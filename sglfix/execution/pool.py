@@ -211,7 +211,8 @@ class WorkerPool:
                 continue
             elsewhere = {x.toggles for x in self.workers if x is not w and x.state != "down" and x.toggles is not None}
             i = queue.take(held=w.toggles, elsewhere=elsewhere)
-            w.send(scenario_json=cells[i].scenario.to_json(), toggles=tuple(cells[i].toggles))
+            w.send(scenario_json=cells[i].scenario.to_json(), toggles=tuple(cells[i].toggles),
+                   extra=getattr(cells[i], "extra", None))
             running[w] = i
 
     @staticmethod

@@ -349,7 +349,17 @@ class Session:
             from sglfix.harness.cell import run_cell
 
             before = interpreter.stats()
-            result = run_cell(scenario, device=self.device, toggles=toggles)
+            record = request.get("record")
+            unreached = request.get("not_reached")
+            if unreached is not None:
+                from sglfix.harness.cell import not_reached_result
+
+                result = not_reached_result(name, toggles, device=self.device, same_as=str(unreached["same_as"]),
+                                            targets=[str(t) for t in unreached["targets"]])
+            elif record is None:
+                result = run_cell(scenario, device=self.device, toggles=toggles)
+            else:
+                result = self._run_recording(scenario, toggles, [str(t) for t in record])
             if interpreter.installed():
                 after = interpreter.stats()
                 result.kernels = {k: after[k] - before[k] for k in ("launches", "hits")}
@@ -358,6 +368,33 @@ class Session:
                                                    f"[{_frame(exc)}]", exc)
         result.revert_env = os.environ.get(_REVERT_ENV)
         return {"id": rid, "result": result.to_json()}
+
+    def _run_recording(self, scenario: Any, toggles: list[str], record: list[str]) -> Any:
+        """The cell, and which of the ``record`` targets it entered (code objects seen by the C
+        profiler: the cost of a Python hook on every call is too high for interpreted kernels).
+        Lazy module caches start empty, as in a fresh worker, so that first-use code paths run."""
+        import cProfile
+
+        from sglfix.harness.cell import run_cell
+        from sglfix.patching.targets import resolve_target
+
+        codes: dict[Any, str] = {}
+        unresolved = []
+        for target in record:
+            try:
+                codes[resolve_target(target, allowed_prefixes=self.allowed_prefixes).function.__code__] = target
+            except Exception:
+                unresolved.append(target)  # counted as entered: its cells run and show what is wrong
+        self.clean.reset_lazy()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        try:
+            result = run_cell(scenario, device=self.device, toggles=toggles)
+        finally:
+            profiler.disable()
+        entered = {e.code for e in profiler.getstats() if not isinstance(e.code, str)}
+        result.reached = sorted({codes[c] for c in entered if c in codes} | set(unresolved))
+        return result
 
     def _switch(self, toggles: list[str]) -> tuple[str | None, str | None]:
         """Restore the held set, check nothing of it stayed behind, apply the next one.
@@ -708,8 +745,11 @@ class Worker:
         self.restarts += 1
         return Event("died", {"returncode": code, "tail": tail, "pending": pending is not None})
 
-    def send(self, *, scenario_json: dict, toggles: Any, timeout: float | None = None) -> int:
-        """Send one cell to an idle worker; returns the request id."""
+    def send(self, *, scenario_json: dict, toggles: Any, timeout: float | None = None,
+             extra: dict | None = None) -> int:
+        """Send one cell to an idle worker; returns the request id. ``extra``: more request
+        keys (``record``: target paths whose entry the cell reports; ``not_reached``: apply the
+        set, then answer NOT_REACHED without running)."""
         assert self.state == "idle", self.state
         rid = next(_IDS)
         limit = timeout if timeout is not None else self.config.timeout
@@ -717,7 +757,9 @@ class Worker:
         self.state = "busy"
         self.toggles = tuple(toggles)
         self._deadline = time.monotonic() + limit
-        data = (json.dumps({"id": rid, "toggles": list(toggles), "scenario": scenario_json}) + "\n").encode()
+        request = {"id": rid, "toggles": list(toggles), "scenario": scenario_json}
+        request.update(extra or {})
+        data = (json.dumps(request) + "\n").encode()
         try:
             view = memoryview(data)
             while view:

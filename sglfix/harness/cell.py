@@ -16,7 +16,7 @@ from sglfix.common.codebase import is_code_under_test
 from sglfix.scenario import Scenario
 from sglfix.common.verdicts import worst
 
-__all__ = ["CellResult", "run_cell"]
+__all__ = ["CellResult", "run_cell", "not_reached_result"]
 
 
 @dataclass
@@ -31,6 +31,8 @@ class CellResult:
     revert_env: str | None = None  # SGLANG_DEBUG_REVERT_PR as the process that ran the cell saw it
     # Interpreted kernel launches of this cell and how many the launch memo answered (CPU only).
     kernels: dict | None = None
+    # Which requested toggle targets the run entered (reachability); None when not recorded.
+    reached: list[str] | None = None
 
     def add(self, verdict: str, message: str, **data: Any) -> None:
         self.findings.append({"verdict": verdict, "message": message, **data})
@@ -46,11 +48,22 @@ class CellResult:
     def to_json(self) -> dict:
         return {"scenario": self.scenario, "toggles": self.toggles, "device": self.device,
                 "verdict": self.verdict, "findings": self.findings, "error": self.error,
-                "timings_ms": self.timings_ms, "revert_env": self.revert_env, "kernels": self.kernels}
+                "timings_ms": self.timings_ms, "revert_env": self.revert_env, "kernels": self.kernels, "reached": self.reached}
 
     @classmethod
     def from_json(cls, data: dict) -> "CellResult":
         return cls(**data)
+
+
+def not_reached_result(scenario: str, toggles: list[str], *, device: str, same_as: str,
+                       targets: list[str]) -> CellResult:
+    """A cell whose reverted functions its scenario's baseline never entered: not run."""
+    shown = ", ".join(".".join(t.split(".")[-2:]) for t in sorted(targets)[:3])
+    more = f" and {len(targets) - 3} more" if len(targets) > 3 else ""
+    result = CellResult(scenario=scenario, toggles=list(toggles), device=device)
+    result.add("NOT_REACHED", f"not reached: the baseline never runs {shown}{more}; same as baseline ({same_as})",
+               same_as=same_as, targets=sorted(targets))
+    return result.finish()
 
 
 def _backends_dir() -> str:

@@ -14,7 +14,7 @@ import io
 from pathlib import Path
 
 from sglfix.common.errors import ConfigError
-from sglfix.common.verdicts import VERDICTS
+from sglfix.common.verdicts import MARKS
 from sglfix.report.grid import Grid
 from sglfix.report.output import check_output_file, write_atomic
 
@@ -28,10 +28,10 @@ NOT_RUN = "not run"
 COLOURS = {
     "PASS": "#cde8c4", "SKIP": "#d9d9d9", "SYNC": "#f2c62f", "DIVERGE": "#d7301f", "NAN": "#e7298a",
     "INVARIANT": "#7b52ab", "CRASH": "#f57c00", "TIMEOUT": "#8c564b", "FAULT": "#222222",
-    "ERROR": "#1f4e9c", NOT_RUN: "#ffffff",
+    "ERROR": "#1f4e9c", "NOT_REACHED": "#eef2f7", NOT_RUN: "#ffffff",
 }
 CODES = {"PASS": "", "SKIP": "-", "SYNC": "S", "DIVERGE": "D", "NAN": "N", "INVARIANT": "I", "CRASH": "C",
-         "TIMEOUT": "T", "FAULT": "F", "ERROR": "E", NOT_RUN: "?"}
+         "TIMEOUT": "T", "FAULT": "F", "ERROR": "E", "NOT_REACHED": "·", NOT_RUN: "?"}
 DARK = {"DIVERGE", "INVARIANT", "TIMEOUT", "FAULT", "ERROR", "NAN"}
 
 FONT = 8.5         # points, every label
@@ -84,7 +84,7 @@ def render_heatmap(report: dict, *, fmt: str = "png") -> bytes:
     columns = grid.columns or ["(none)"]
     rows = grid.rows or ["(no cells)"]
     groups = grid.groups or [("(no cells)", rows)]
-    names = [*VERDICTS, NOT_RUN]
+    names = [*MARKS, NOT_RUN]
     names += sorted({c.get("verdict", "?") for c in grid.cells.values()} - set(names))
     index = {v: i for i, v in enumerate(names)}
     data = [[index[grid.verdict(c, s) or NOT_RUN] for c in columns] for s in rows]

@@ -5,7 +5,7 @@ one ``<testcase>`` per cell (classname = the toggle set, name = the scenario).
 the matrix's exit code says: a cell fails when its verdict is stray (unexpected) or it belongs to
 an unmet expectation; an expected non-PASS verdict is a passing testcase with the verdict and key
 figure in ``<system-out>``. ERROR, FAULT and TIMEOUT (sglfix could not judge the cell) are
-``<error>``; SKIP is ``<skipped>`` with the reason.
+``<error>``; SKIP is ``<skipped>`` with the reason, and so is NOT_REACHED (never a pass: it did not run).
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def build_junit(report: dict, *, gate: bool):
         figure = _xml_text(key_figure(cell) or verdict)
         why = failing.get(cell.get("id")) if gate else None
         # The matrix fails on stray verdicts, unmet expectations and any ERROR; an expected FAULT passes.
-        fails = (why is not None or verdict == "ERROR") if gate else verdict not in ("PASS", "SKIP")
-        if verdict == "SKIP" and why is None:
+        fails = (why is not None or verdict == "ERROR") if gate else verdict not in ("PASS", "SKIP", "NOT_REACHED")
+        if verdict in ("SKIP", "NOT_REACHED") and why is None:
             case.result = [Skipped(figure)]
         elif fails:
             result = (Error if verdict in UNJUDGED else Failure)(figure, verdict)

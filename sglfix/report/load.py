@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sglfix.common.errors import ConfigError
-from sglfix.common.verdicts import VERDICTS
+from sglfix.common.verdicts import MARKS
 from sglfix.report.jsonreport import SCHEMA
 
 __all__ = ["SCHEMA", "load_report", "cell_key", "cell_id", "key_figure", "describe", "count_verdicts"]
@@ -104,8 +104,8 @@ def _check_cell(path: str, i: int, cell: Any) -> dict:
         raise ConfigError(f'{where} has no "scenario" name; {_FIX}')
     if not isinstance(toggles, list) or not all(isinstance(t, str) and t for t in toggles):
         raise ConfigError(f'{where} ({scenario}) has no "toggles" list of toggle ids; {_FIX}')
-    if verdict not in VERDICTS:
-        raise ConfigError(f'{where} ({scenario}) has verdict {verdict!r}, not one of {", ".join(VERDICTS)}; {_FIX}')
+    if verdict not in MARKS:
+        raise ConfigError(f'{where} ({scenario}) has verdict {verdict!r}, not one of {", ".join(MARKS)}; {_FIX}')
     cid = cell_id(cell)
     if "id" in cell and cell["id"] != cid:
         raise ConfigError(f'{where} has id {cell["id"]!r} but its toggles and scenario make {cid!r}; {_FIX}')

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 
-from sglfix.common.verdicts import VERDICTS, worst
+from sglfix.common.verdicts import MARKS, worst
 from sglfix.report.grid import Grid, key_figure
 from sglfix.report.output import check_output_file, write_atomic
 
@@ -49,7 +49,7 @@ def _counts(report: dict) -> str:
     summary: dict[str, int] = {}
     for cell in report.get("cells") or ():
         summary[cell.get("verdict", "?")] = summary.get(cell.get("verdict", "?"), 0) + 1
-    order = ["PASS", *[v for v in VERDICTS if v != "PASS"]]
+    order = ["PASS", *[v for v in MARKS if v != "PASS"]]
     order += [v for v in summary if v not in order]
     return ", ".join(f"{summary[v]} {v}" for v in order if summary.get(v))
 
@@ -133,7 +133,7 @@ def _gate_lines(report: dict) -> list[str]:
 
 
 def _failing_lines(report: dict) -> list[str]:
-    bad = [c for c in report.get("cells") or () if c.get("verdict") not in ("PASS", "SKIP")]
+    bad = [c for c in report.get("cells") or () if c.get("verdict") not in ("PASS", "SKIP", "NOT_REACHED")]
     if not bad:
         return []
     return ["", "Not passing:", "", *_capped([f"- {_code(c.get('id'))}: **{_esc(c.get('verdict'))}** {_esc(key_figure(c))}"

@@ -1,0 +1,92 @@
+"""Reachability planning without workers: what runs, what is marked, and in which order results
+come back; the worker side (a real baseline records the targets it enters) on one real cell."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglfix.execution.reach import RecordingCell, UnreachedCell, run_reaching, targets_of
+from sglfix.harness.cell import CellResult
+from sglfix.toggling.registry import load_registry
+
+
+@dataclass(frozen=True)
+class Scen:
+    name: str
+
+
+@dataclass(frozen=True)
+class Cell:
+    scenario: Scen
+    toggles: tuple[str, ...]
+
+
+class FakePool:
+    """Answers like the worker would: baselines report ``entered``; unreached cells are marked."""
+
+    def __init__(self, entered: dict[str, list[str] | None]):
+        self.entered = entered
+        self.batches: list[list] = []
+
+    def run(self, cells, on_result=None):
+        cells = list(cells)
+        self.batches.append(cells)
+        out = []
+        for c in cells:
+            r = CellResult(scenario=c.scenario.name, toggles=list(c.toggles), device="cpu")
+            if isinstance(c, RecordingCell):
+                r.reached = self.entered[c.scenario.name]
+            elif isinstance(c, UnreachedCell):
+                r.add("NOT_REACHED", "not reached", same_as=c.same_as, targets=list(c.targets))
+            out.append(r.finish())
+            if on_result:
+                on_result(out[-1])
+        return out
+
+
+def test_cells_whose_targets_the_baseline_never_enters_are_marked_not_run():
+    registry = load_registry()
+    kv = sorted(targets_of(["26651:triton-kv-lens"], registry=registry))
+    fixture = targets_of(["26651:fixture"], registry=registry)
+    assert kv and fixture and not set(kv) & fixture
+    a, b = Scen("a"), Scen("b")
+    sets = [(), ("26651:triton-kv-lens",), ("26651:fixture",), ("26651:fixture", "26651:triton-kv-lens")]
+    cells = [Cell(s, t) for t in sets for s in (a, b)]
+    pool = FakePool({"a": kv[:1], "b": None})  # b's baseline could not record: all of b runs
+    seen = []
+    results = run_reaching(pool, cells, base=(), registry=registry, on_result=lambda r: seen.append(r))
+    assert [(r.scenario, tuple(r.toggles)) for r in results] == [(c.scenario.name, c.toggles) for c in cells]
+    verdicts = {(r.scenario, tuple(r.toggles)): r.verdict for r in results}
+    assert verdicts[("a", ("26651:triton-kv-lens",))] == "PASS"  # its function was entered: it ran
+    assert verdicts[("a", ("26651:fixture",))] == "NOT_REACHED"
+    assert verdicts[("a", ("26651:fixture", "26651:triton-kv-lens"))] == "PASS"  # one of them entered
+    assert all(v != "NOT_REACHED" for (s, _), v in verdicts.items() if s == "b")
+    first, second = pool.batches
+    assert all(isinstance(c, RecordingCell) and c.toggles == () for c in first)
+    assert set(first[0].record) == set(kv) | fixture
+    unreached = [c for c in second if isinstance(c, UnreachedCell)]
+    assert [(c.scenario.name, c.toggles) for c in unreached] == [("a", ("26651:fixture",))]
+    assert unreached[0].same_as == "PASS" and set(unreached[0].targets) == fixture
+    assert unreached[0].extra == {"not_reached": {"same_as": "PASS", "targets": sorted(fixture)}}
+    assert len(seen) == len(cells)
+
+
+def test_a_real_baseline_records_the_targets_it_enters_and_an_unreached_set_still_applies(tmp_path):
+    from sglfix.execution.pool import WorkerConfig, WorkerPool
+    from sglfix.scenario import load_scenarios
+
+    registry = load_registry()
+    scen = next(s for s in load_scenarios([], builtin=True) if s.name == "triton-decode@cg=eager,gpu_only=off")
+    record = tuple(sorted(targets_of(["26651", "26738", "27460"], registry=registry)))
+    with WorkerPool(WorkerConfig(device="cpu", timeout=120), jobs=1) as pool:
+        (base,) = pool.run([RecordingCell(scen, (), record)])
+        assert base.verdict == "PASS", base.findings
+        # Eager decode builds its metadata in init_forward_metadata (26738's target) and never
+        # touches CUDA-graph metadata (26651) or the FlashInfer MLA draft (27460).
+        assert base.reached == ["sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata"]
+        cells = [Cell(scen, ("27460",)), Cell(scen, ("26651:clamp",)), Cell(scen, ("26738",))]
+        results = run_reaching(pool, [Cell(scen, ())] + cells, base=(), registry=registry)
+    verdicts = [r.verdict for r in results]
+    assert verdicts == ["PASS", "NOT_REACHED", "NOT_REACHED", "PASS"], [r.findings for r in results]
+    assert results[1].revert_env == "27460"  # the worker applied the set before answering
+    assert results[1].findings[0]["same_as"] == "PASS"
