@@ -85,6 +85,7 @@ def test_scattered_slots_fill_pages_in_order():
 def test_the_backend_key_chooses_the_backend_class_not_the_kit():
     """One scenario per ``backend:`` name, same device: the adapter registered for that name
     builds its case and makes the backend of that name's upstream module."""
+    from sglfix.backends.test.kits.attention_unittest.attention_methods.dense_attention import default_device
     from sglfix.harness.adapters import ADAPTER_MODULES, get_adapter
     from sglfix.scenario import load_scenarios
 
@@ -103,7 +104,7 @@ def test_the_backend_key_chooses_the_backend_class_not_the_kit():
     for name, scenario in first.items():
         adapter = get_adapter(name)
         assert adapter.name == name
-        backend = adapter.make_backend(adapter.build(scenario, device="cpu"))
+        backend = adapter.make_backend(adapter.build(scenario, device=str(default_device())))
         cls = type(backend)
         where = f"{cls.__module__}.{cls.__qualname__}"
         assert where.startswith("sglfix.backends.srt.layers.attention."), where
