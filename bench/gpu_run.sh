@@ -38,7 +38,7 @@ log "matrix on CUDA, every cell run (FlashInfer JIT cache: $JIT at start)"
 COLUMNS=250 python3 -m sglfix matrix --parts --no-reachability --device cuda --json "$OUT/matrix-cuda.json" > "$OUT/matrix-cuda.txt" 2>&1
 echo "matrix rc=$?"
 log "matrix on CUDA again (JIT cache warm), with reachability: unreached cells marked, not run"
-COLUMNS=250 python3 -m sglfix matrix --parts --device cuda --json "$OUT/matrix-cuda-warm.json" > "$OUT/matrix-cuda-warm.txt" 2>&1
+COLUMNS=250 python3 -m sglfix matrix --parts --device cuda --json "$OUT/matrix-cuda-reach.json" > "$OUT/matrix-cuda-reach.txt" 2>&1
 echo "matrix warm rc=$?"
 log "flashinfer probe"
 t0=$(date +%s.%N)
@@ -73,7 +73,7 @@ python3 - "$OUT" "$JIT" <<'PY'
 import json, sys
 out, jit = sys.argv[1], sys.argv[2]
 m = json.load(open(f"{out}/matrix-cuda.json"))
-w = json.load(open(f"{out}/matrix-cuda-warm.json"))
+w = json.load(open(f"{out}/matrix-cuda-reach.json"))
 print(f"matrix wall: {m['wall_s']} s with the FlashInfer JIT cache {jit} at start (every cell), "
       f"{w['wall_s']} s warm with reachability ({w['summary'].get('NOT_REACHED', 0)} cells not reached)")
 full = {c['id']: c['verdict'] for c in m['cells']}
@@ -90,7 +90,7 @@ print("fault probe:", [(c['cell'], c['verdict'], c['seconds']) for c in f['cells
 PY
 # The device returns at most 8 files: the two matrix reports and the caches as they are, the rest
 # in one archive.
-(cd "$OUT" && tar -czf /tmp/logs.tgz --exclude='*.tgz' --exclude='matrix-cuda.json' --exclude='matrix-cuda-warm.json' . \
-  && find . -maxdepth 1 -type f ! -name '*.tgz' ! -name 'matrix-cuda.json' ! -name 'matrix-cuda-warm.json' -delete \
+(cd "$OUT" && tar -czf /tmp/logs.tgz --exclude='*.tgz' --exclude='matrix-cuda.json' --exclude='matrix-cuda-reach.json' . \
+  && find . -maxdepth 1 -type f ! -name '*.tgz' ! -name 'matrix-cuda.json' ! -name 'matrix-cuda-reach.json' -delete \
   && mv /tmp/logs.tgz .)
 ls "$OUT"

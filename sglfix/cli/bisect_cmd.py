@@ -105,6 +105,10 @@ def bisect_cmd(
     def siblings(rid: str) -> list[str]:
         return [i for i in toggle_of(rid).ids[1:] if i != rid] if ":" in rid else []
 
+    import datetime
+    import time
+
+    started = time.perf_counter()
     groups_out, masking_out, masking_sets = [], [], set()
     with signals_raise(), WorkerPool(config, jobs=check_jobs(jobs, device)) as pool:
         chosen = load_selected(scenario, scenario_file, backend, memory_budget)
@@ -182,7 +186,9 @@ def bisect_cmd(
 
     groups_out = [g for g in groups_out if g["culprits"] or g["unreachable"]]
     culprits_flat = [{**c, "group": g["group"]} for g in groups_out for c in g["culprits"]]
-    report = {"schema": 2, "tool": "sglfix bisect", "command": " ".join(opts.argv), "device": pool.info.get("device"),
+    report = {"schema": 2, "tool": "sglfix bisect", "command": " ".join(opts.argv),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "wall_s": round(time.perf_counter() - started, 2), "device": pool.info.get("device"),
               "device_name": pool.info.get("device_name"), "candidates": len(candidates), "runs": len(cells.sets - masking_sets),
               "masking_runs": len(masking_sets), "reachability": record is not None,
               "cells": len(cells.results), "culprits": culprits_flat, "masking": masking_out, "groups": groups_out}
