@@ -33,3 +33,48 @@ def test_bisect_refuses_unknown_ids_and_a_failing_baseline():
     r = run_cli("bisect", "-r", "26738:glue-constant", "-s", SCENARIOS, "--device", "cpu",
                 env={"SGLANG_DEBUG_REVERT_PR": "26651:clamp"}, timeout=600)
     assert r.code == 1 and "the baseline (nothing reverted) fails 2 scenario(s)" in r.err, r.err[-2000:]
+
+
+DECODE = "triton-decode@cg=eager,gpu_only=off"
+BACKEND = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend."
+
+
+def _synthetic(directory, n: int, *, culprit: int, unreached: int) -> None:
+    """n single-part toggles on the eager decode path: one breaks it, one patches a CUDA-graph
+    function eager decode never enters, the rest are harmless."""
+    import yaml
+
+    for i in range(n):
+        if i == culprit:
+            target, edit = "forward_decode", {"match": "            layer.scaling,\n",
+                                              "replacement": "            layer.scaling * 1.5,\n"}
+        elif i == unreached:
+            target, edit = "init_forward_metadata_replay_cuda_graph", {"match": "        seq_lens = seq_lens[:bs]\n",
+                                                                         "append": "pass\n"}
+        else:
+            target, edit = "forward_decode", {"match": "        md = self.forward_metadata\n", "append": "pass\n"}
+        (directory / f"{81000 + i}.yaml").write_text(yaml.safe_dump(
+            {"pr": 81000 + i, "title": f"synthetic {i}", "patches": [{"target": BACKEND + target, "edits": [edit]}]}))
+
+
+def test_one_culprit_among_16_in_log_time_and_unreachable_candidates_left_out(tmp_path):
+    toggles = tmp_path / "toggles"
+    toggles.mkdir()
+    _synthetic(toggles, 16, culprit=11, unreached=3)
+    reports = {}
+    for flag in ((), ("--no-reachability",)):
+        out = tmp_path / f"b{len(flag)}.json"
+        r = run_cli("--toggles", str(toggles), "bisect", "-s", DECODE, "--device", "cpu", "--json", str(out), *flag,
+                    timeout=600)
+        assert r.code == 1, r.err[-2000:]
+        reports[bool(flag)] = json.loads(out.read_text())
+    reach, full = reports[False], reports[True]
+    for data in (reach, full):
+        assert [c["ids"] for c in data["culprits"]] == [["81011"]]
+        assert data["culprits"][0]["verdict"] == "DIVERGE"
+        # ceil(log2 16) halving questions + the baseline, the whole set, the confirmation and
+        # the check that the rest passes; the naive matrix needs 17.
+        assert data["runs"] <= 4 + 4, data["runs"]
+    (group,) = reach["groups"]
+    assert reach["reachability"] and group["unreachable"] == ["81003"] and group["searched"] == 15
+    assert not full["reachability"] and full["groups"][0]["unreachable"] == []

@@ -145,12 +145,14 @@ def bisect_cmd(
                 entered = set().union(*map(set, reached))
                 searched = [c for c in candidates if targets[c] & entered]
                 unreachable = [c for c in candidates if c not in searched]
-            if not fails(candidates):
-                groups_out.append({"group": group, "scenarios": len(members), "culprits": [],
-                                   "unreachable": unreachable, "runs": len(asked)})
-                continue
-            if unreachable and not (searched and fails(searched)):
-                searched, unreachable = list(candidates), []  # a combination needs them after all
+            # Ask about the reachable candidates first: when they fail, the whole set is never run.
+            if not (unreachable and searched and fails(searched)):
+                if not fails(candidates):
+                    groups_out.append({"group": group, "scenarios": len(members), "culprits": [],
+                                       "unreachable": unreachable, "runs": len(asked)})
+                    continue
+                if unreachable:
+                    searched, unreachable = list(candidates), []  # a combination needs them after all
             culprits = find_culprits(searched, Oracle(fails, order=searched))
             if not culprits:
                 continue
