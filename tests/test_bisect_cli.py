@@ -10,9 +10,10 @@ SCENARIOS = "triton-draft-extend-v2@cg=graph,builder=*,gpu_only=off"
 
 
 def test_bisect_names_culprits_and_the_masking_pair(tmp_path):
-    out = tmp_path / "b.json"
+    out, xml, md, summary = tmp_path / "b.json", tmp_path / "b.xml", tmp_path / "b.md", tmp_path / "summary.md"
     r = run_cli("bisect", "-s", SCENARIOS, "-r", "26651:fixture,26651:triton-kv-lens,26651:clamp,26738:glue-constant",
-                "--device", "cpu", "--json", str(out), timeout=900)
+                "--device", "cpu", "--json", str(out), "--junit", str(xml), "--markdown", str(md), timeout=900,
+                env={"GITHUB_STEP_SUMMARY": str(summary)})
     assert r.code == 1, r.out[-2000:] + r.err[-2000:]  # culprits found: a failure for CI and git bisect
     data = json.loads(out.read_text())
     assert data["candidates"] == 4
@@ -25,6 +26,19 @@ def test_bisect_names_culprits_and_the_masking_pair(tmp_path):
     assert ("26651:triton-kv-lens", "26651:fixture", False) in pairs  # the glue-built batch still shows it
     assert data["runs"] <= 12, data["runs"]
     assert "masking in triton-draft-extend-v2" in r.out
+    # CI files: one JUnit testcase per cell the search ran, non-PASS cells failing; the Markdown
+    # summary names the culprits and the masking pair, and lands in the step summary too.
+    from junitparser import JUnitXml
+
+    cases = [c for suite in JUnitXml.fromfile(str(xml)) for c in suite]
+    assert len(cases) == data["cells"]
+    failed = {(c.classname, c.name) for c in cases if not c.is_passed and not c.is_skipped}
+    assert ("26651:fixture", "triton-draft-extend-v2@cg=graph,builder=kit,gpu_only=off") in failed
+    assert ("baseline", "triton-draft-extend-v2@cg=graph,builder=kit,gpu_only=off") not in failed
+    text = md.read_text()
+    assert "**3 culprit(s)** among 4 candidates" in text
+    assert "`26651:fixture` fails alone but passes reverted together with `26651:triton-kv-lens` on all" in text
+    assert summary.read_text() == text
 
 
 def test_bisect_refuses_unknown_ids_and_a_failing_baseline():

@@ -17,8 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.common import (
-    BackendName, Device, Jobs, JsonFile, MemoryBudget, NoReachability, ScenarioFiles, ScenarioGlobs, Timeout,
-    check_jobs, env_ids, load_selected, revert_ids,
+    BackendName, Device, Jobs, JsonFile, JunitFile, MarkdownFile, MemoryBudget, NoReachability, ScenarioFiles,
+    ScenarioGlobs, Timeout, check_jobs, env_ids, load_selected, revert_ids,
 )
 from sglfix.cli.context import err, options, out
 
@@ -70,6 +70,8 @@ def bisect_cmd(
     jobs: Jobs = None,
     timeout: Timeout = 300.0,
     json_file: JsonFile = None,
+    junit: JunitFile = None,
+    markdown: MarkdownFile = None,
     memory_budget: MemoryBudget = None,
     no_reachability: NoReachability = False,
 ) -> None:
@@ -80,7 +82,12 @@ def bisect_cmd(
     from sglfix.report.output import check_output_path, write_json
 
     opts = options(ctx)
+    from sglfix.report.junit import check_junit_path
+    from sglfix.report.markdown import check_markdown_path
+
     check_output_path(json_file, option="--json")
+    check_junit_path(junit, option="--junit")
+    check_markdown_path(markdown, option="--markdown")
     registry = opts.registry()
     given = revert_ids(revert)
     if given:
@@ -196,6 +203,7 @@ def bisect_cmd(
               "cells": len(cells.results), "culprits": culprits_flat, "masking": masking_out, "groups": groups_out}
     if json_file is not None:
         write_json(json_file, report)
+    _write_ci_reports(report, cells, info=pool.info, junit=junit, markdown=markdown)
     if json_file != "-":
         table = Table("group", "culprit", "verdict", "scenarios", "key figure",
                       title=Text(f"sglfix bisect: {len(candidates)} candidates, {report['runs']} toggle sets searched "
@@ -210,6 +218,39 @@ def bisect_cmd(
                            f"{m['masked_by']} on {where} of the scenarios it fails ({', '.join(m['scenarios'][:3])}"
                            f"{', ...' if len(m['scenarios']) > 3 else ''})"))
     raise typer.Exit(1 if culprits_flat else 0)
+
+
+def _write_ci_reports(report: dict, cells: "_Cells", *, info: dict, junit: str | None, markdown: str | None) -> None:
+    """JUnit (one testcase per cell the search ran; every non-PASS cell fails, as for ``run``) and
+    the Markdown summary (culprits, masking, the grid), also appended to $GITHUB_STEP_SUMMARY."""
+    import os
+
+    from sglfix.report.markdown import STEP_SUMMARY
+
+    if not (junit or markdown or os.environ.get(STEP_SUMMARY)):
+        return
+    from sglfix.execution.planner import set_label
+    from sglfix.report.jsonreport import build_report
+
+    keys = list(cells.results)
+    ci = build_report(command=report["command"].split(), info=info, results=[cells.results[k] for k in keys],
+                      cell_ids=[f"{set_label(t)}::{n}" for t, n in keys], wall_s=report["wall_s"],
+                      env_revert=os.environ.get("SGLANG_DEBUG_REVERT_PR"))
+    ci.update({k: report[k] for k in ("candidates", "runs", "masking_runs", "culprits", "masking")})
+    if junit:
+        from sglfix.report.junit import write_junit
+
+        write_junit(ci, junit, gate=False)
+    from sglfix.report.markdown import append_step_summary, render_markdown
+    from sglfix.report.output import write_atomic
+
+    text = render_markdown(ci, gate=False)
+    if markdown:
+        write_atomic(markdown, text)
+    try:
+        append_step_summary(text)
+    except OSError as exc:  # the result stands; only the CI summary is lost
+        err.print(f"sglfix: warning: could not append to {STEP_SUMMARY}: {exc.strerror or exc}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -140,6 +140,25 @@ def _failing_lines(report: dict) -> list[str]:
                                               for c in bad])]
 
 
+def _bisect_lines(report: dict) -> list[str]:
+    culprits, masking = report.get("culprits") or [], report.get("masking") or []
+    lines = [f"**{len(culprits)} culprit(s)** among {report.get('candidates', '?')} candidates: "
+             f"{report.get('runs', '?')} toggle sets searched (+{report.get('masking_runs', 0)} pairs for masking).", ""]
+    if culprits:
+        lines += ["| group | culprit | verdict | scenarios | key figure |", "|---|---|---|---|---|"]
+        lines += [f"| {_code(c.get('group'), in_table=True)} | {_code(','.join(c.get('ids') or ()), in_table=True)} | "
+                  f"{_esc(c.get('verdict'))} | {len(c.get('scenarios') or ())} | "
+                  f"{_esc(c.get('key_figure', ''))} |" for c in culprits]
+        lines.append("")
+    if masking:
+        lines += ["Masking:", ""]
+        lines += _capped([f"- in {_code(m.get('group'))}: {_code(m.get('culprit'))} fails alone but passes reverted together "
+                          f"with {_code(m.get('masked_by'))} on {'all' if m.get('all') else len(m.get('scenarios') or ())} "
+                          f"of the scenarios it fails" for m in masking])
+        lines.append("")
+    return lines
+
+
 def render_markdown(report: dict, *, gate: bool | None = None) -> str:
     """The Markdown summary. ``gate`` (default: the report has expectations, stray verdicts or
     unchecked expectations, as a matrix report does): report the matrix's gate instead of
@@ -147,10 +166,13 @@ def render_markdown(report: dict, *, gate: bool | None = None) -> str:
     if gate is None:
         gate = bool(report.get("expectations") or report.get("stray") or report.get("not_run"))
     lines = [f"### {_esc(_command(report))}", "", _summary_line(report), ""]
-    if gate:
+    bisect = "culprits" in report
+    if bisect:
+        lines += _bisect_lines(report)
+    elif gate:
         lines += _gate_lines(report) + [""]
     lines += _grid_lines(Grid.of(report))
-    if not gate:
+    if not gate and not bisect:
         lines += _failing_lines(report)
     return "\n".join(lines).rstrip("\n") + "\n"
 
