@@ -201,6 +201,9 @@ def _digest(reads: list, views: list) -> bytes:
 
 
 _MEMO: "OrderedDict[bytes, list[_Entry]]" = OrderedDict()
+# Everything a key names by id stays alive, so that an id is never reused for another object
+# (a code object swapped out by a revert and freed, then a new one at the same address).
+_KEEP: dict[int, Any] = {}
 _PER_SHAPE = 16  # recorded runs kept per launch shape (each costs a gather and a hash to test)
 
 
@@ -216,6 +219,7 @@ def _code_fingerprint(fn: Any, h: Any, seen: set[int], jit_types: tuple) -> None
         return
     seen.add(id(fn))
     code = fn.__code__
+    _KEEP.setdefault(id(code), code)
     h.update(repr((fn.__module__, fn.__qualname__, id(code))).encode())
     names: list[str] = []
     stack = [code]
@@ -247,6 +251,7 @@ def _value_fingerprint(value: Any, h: Any, seen: set[int], jit_types: tuple) -> 
         h.update(repr(("constexpr", value.value)).encode())
     else:
         # Modules, classes, language builtins: their identity is what the kernel binds to.
+        _KEEP.setdefault(id(value), value)
         h.update(repr((type(value).__name__, id(value))).encode())
 
 
