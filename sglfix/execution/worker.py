@@ -376,13 +376,13 @@ class Session:
         import cProfile
 
         from sglfix.harness.cell import run_cell
-        from sglfix.patching.targets import resolve_target
+        from sglfix.toggling.revert import target_code
 
         codes: dict[Any, str] = {}
         unresolved = []
         for target in record:
             try:
-                codes[resolve_target(target, allowed_prefixes=self.allowed_prefixes).function.__code__] = target
+                codes[target_code(target, allowed_prefixes=self.allowed_prefixes)] = target
             except Exception:
                 unresolved.append(target)  # counted as entered: its cells run and show what is wrong
         self.clean.reset_lazy()

@@ -14,12 +14,12 @@ from typing import Iterable, Sequence
 
 from sglfix.common.errors import PatchStateError
 from sglfix.patching.patcher import PatchState, blocking_state, install_prepared, prepare_specs, restore_all
-from sglfix.patching.targets import effective_prefixes
+from sglfix.patching.targets import effective_prefixes, resolve_target
 from sglfix.toggling.ids import ToggleId
 from sglfix.toggling.modstate import ModuleSnapshot
 from sglfix.toggling.registry import Registry, Selection, load_registry, parse_toggle_ids
 
-__all__ = ["Reverted", "revert", "reverted_ids", "restore_everything"]
+__all__ = ["Reverted", "revert", "reverted_ids", "restore_everything", "target_code"]
 
 _LOCK = threading.RLock()
 _ACTIVE: dict[str, "Reverted"] = {}  # part id -> the Reverted that holds it, oldest first
@@ -133,3 +133,8 @@ def restore_everything() -> None:
     with _LOCK:
         for held in reversed(_held()):
             held.restore()
+
+
+def target_code(target: str, *, allowed_prefixes: Iterable[str] | None = None):
+    """The code object a toggle target runs now (what a profiler sees when it is entered)."""
+    return resolve_target(target, allowed_prefixes=allowed_prefixes).function.__code__
