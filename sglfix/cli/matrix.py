@@ -87,9 +87,13 @@ def matrix_cmd(
         for t in plan.sets[1:]:
             bad = [f"{r.scenario} ({r.verdict})" for r in by_set.get(t, []) if r.verdict not in ("PASS", "NOT_REACHED")]
             out.print(Text(f"{set_label(t)}: ", style="bold"), end="")
-            unreached = sum(r.verdict == "NOT_REACHED" for r in by_set.get(t, []))
-            out.print((f"differs on {len(bad)}: " + ", ".join(bad) if bad else "no effect on these scenarios")
-                      + (f" ({unreached} not reached)" if unreached else ""))
+            cells = by_set.get(t, [])
+            unreached = sum(r.verdict == "NOT_REACHED" for r in cells)
+            if cells and unreached == len(cells):
+                out.print("not reached: these scenarios never run the functions it reverts")
+            else:
+                out.print((f"differs on {len(bad)}: " + ", ".join(bad) if bad else "no effect on these scenarios")
+                          + (f" ({unreached} not reached)" if unreached else ""))
         for c in checks:
             out.print(Text("met   " if c.met else "UNMET ", style="green" if c.met else "red"), end="")
             out.print(f"expect revert {','.join(c.revert)} on {c.scenario} -> {'|'.join(c.wanted)}"
