@@ -317,3 +317,34 @@ def test_is_code_under_test_by_module_name_and_by_file():
     probe = ("import sys; from sglfix.common.codebase import is_code_under_test; "
              "is_code_under_test('/x/backends/y.py'); print('sglfix.backends' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_applying_again_reuses_the_work_and_gives_the_same_code(tmp_path, monkeypatch):
+    """The second apply of a revert reads no source and compiles nothing, and installs a code
+    object equal to the first; twin functions in two files never share a cached result."""
+    import importlib
+    import inspect
+
+    body = "def twin(x):\n    y = x + 1\n    return y\n"
+    for name in ("twin_a", "twin_b"):
+        (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    a, b = importlib.import_module("twin_a"), importlib.import_module("twin_b")
+    assert a.twin.__code__ == b.twin.__code__  # equal by value: only the file differs
+    edit = [EditSpec(match="y = x + 1", replacement="y = x + 2")]
+    ALLOW = ("twin_a", "twin_b")
+    first = patch_function(target=a.twin, edits=edit, allowed_prefixes=ALLOW)
+    code_a = a.twin.__code__
+    first.restore()
+    calls = {"source": 0, "compile": 0}
+    real_source, real_compile = inspect.getsourcelines, patcher._compile_uncached
+    monkeypatch.setattr(inspect, "getsourcelines", lambda fn: calls.__setitem__("source", calls["source"] + 1) or real_source(fn))
+    monkeypatch.setattr(patcher, "_compile_uncached", lambda **kw: calls.__setitem__("compile", calls["compile"] + 1) or real_compile(**kw))
+    again = patch_function(target=a.twin, edits=edit, allowed_prefixes=ALLOW)
+    assert calls == {"source": 0, "compile": 0} and a.twin.__code__ == code_a and a.twin(1) == 3
+    again.restore()
+    other = patch_function(target=b.twin, edits=edit, allowed_prefixes=ALLOW)
+    assert calls == {"source": 1, "compile": 1}  # another file: its own source and code
+    assert b.twin.__code__.co_filename.endswith("twin_b.py") and b.twin(1) == 3
+    other.restore()
+    assert a.twin(1) == b.twin(1) == 2

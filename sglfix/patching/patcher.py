@@ -8,7 +8,10 @@ Compared with sglang's source_patcher (whose call shapes are kept: ``apply_patch
 - recompiles inside a synthetic scope holding the original free variables, so closures and
   zero-argument ``super()`` keep their cells;
 - drops decorators, default values and annotations before recompiling (they live on the
-  function object, not in its code), so a decorated function is not wrapped a second time.
+  function object, not in its code), so a decorated function is not wrapped a second time;
+- remembers what it derived (a function's source, an edited source's compiled code, a parsed
+  YAML), keyed by everything that decides it, so applying the same revert again (every toggle
+  switch of a long-lived worker, every process of an engine) costs string edits and a swap.
 """
 
 from __future__ import annotations
@@ -99,11 +102,31 @@ class PreparedPatch:
     label: str = ""
 
 
+# The source of a loaded code object never changes (a file edited on disk afterwards does not
+# change what runs), and an edited source compiles to the same code every time: both are kept.
+_SOURCES: "dict[tuple, tuple[str, int]]" = {}
+_COMPILED: "dict[tuple, types.CodeType]" = {}
+_EDITED: "dict[tuple, tuple[str, str]]" = {}  # (source, edits) -> (edited, dedented)
+_CACHE_LIMIT = 512
+
+
+def _remember(cache: dict, key: Any, value: Any) -> Any:
+    if len(cache) >= _CACHE_LIMIT:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
+    return value
+
+
 def current_source(fn: types.FunctionType) -> tuple[str, int]:
     """The function's effective source (patched text if patched) and its first file line."""
     stack = _STACKS.get(fn)
     if stack:
         return stack[-1].source_after, stack[0].original_code.co_firstlineno
+    # Code objects compare by value, not by file: the file is part of the key.
+    key = (fn.__code__, fn.__code__.co_filename)
+    known = _SOURCES.get(key)
+    if known is not None:
+        return known
     try:
         lines, lineno = inspect.getsourcelines(fn)
     except (OSError, TypeError) as exc:
@@ -111,7 +134,7 @@ def current_source(fn: types.FunctionType) -> tuple[str, int]:
             f"{fn.__module__}.{fn.__qualname__}: its source is not available ({exc}); "
             "functions made by exec() or loaded from .pyc only cannot be patched"
         ) from None
-    return "".join(lines), lineno
+    return _remember(_SOURCES, key, ("".join(lines), lineno))
 
 
 def is_patched(fn: types.FunctionType) -> bool:
@@ -160,6 +183,18 @@ def _insert_preamble(node: ast.FunctionDef | ast.AsyncFunctionDef, preamble: str
 
 
 def _compile_function(
+    *, fn: types.FunctionType, target: str, source: str, first_lineno: int, preamble: str
+) -> types.CodeType:
+    # The original code object decides name, flags, file and closure shape; the rest is the text.
+    key = (fn.__code__, fn.__code__.co_filename, source, first_lineno, preamble)
+    code = _COMPILED.get(key)
+    if code is None:
+        code = _remember(_COMPILED, key, _compile_uncached(fn=fn, target=target, source=source,
+                                                            first_lineno=first_lineno, preamble=preamble))
+    return code
+
+
+def _compile_uncached(
     *, fn: types.FunctionType, target: str, source: str, first_lineno: int, preamble: str
 ) -> types.CodeType:
     original = fn.__code__
@@ -217,15 +252,20 @@ def _compile_function(
 def _prepare_one(
     *, spec: PatchSpec, resolved: ResolvedTarget, source: str, first_lineno: int, label: str
 ) -> PreparedPatch:
-    origin = SourceOrigin(target=spec.target, filename=resolved.filename, first_lineno=first_lineno)
-    edited = apply_edits(source=source, edits=spec.edits, origin=origin)
+    key = (source, spec.edits)
+    known = _EDITED.get(key)
+    if known is None:
+        origin = SourceOrigin(target=spec.target, filename=resolved.filename, first_lineno=first_lineno)
+        edited = apply_edits(source=source, edits=spec.edits, origin=origin)
+        known = _remember(_EDITED, key, (edited, textwrap.dedent(edited)))
+    edited, dedented = known
     new_code = _compile_function(
         fn=resolved.function, target=spec.target, source=edited, first_lineno=first_lineno,
         preamble=spec.preamble,
     )
     return PreparedPatch(
         spec=spec, resolved=resolved, source_before=source,
-        source_after=textwrap.dedent(edited), new_code=new_code, label=label,
+        source_after=dedented, new_code=new_code, label=label,
     )
 
 

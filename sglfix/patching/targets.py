@@ -75,6 +75,10 @@ class ResolvedTarget:
 def split_module(target: str) -> tuple[types.ModuleType, list[str]]:
     """Import the longest importable module prefix; the rest is an attribute chain."""
     parts = target.split(".")
+    for cut in range(len(parts), 0, -1):  # already imported: no import machinery at all
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is not None:
+            return module, parts[cut:]
     for cut in range(len(parts), 0, -1):
         module_name = ".".join(parts[:cut])
         if module_name in sys.modules:

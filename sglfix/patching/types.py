@@ -8,6 +8,8 @@ silently: an empty ``match``, an empty ``edits`` list, a target that is not a do
 
 from __future__ import annotations
 
+import functools
+
 import re
 from typing import Annotated, Any, Mapping
 
@@ -114,4 +116,10 @@ class PatchConfig(ConfigModel):
 
 
 def parse_patch_config(text: str, *, source: str = "<yaml>") -> PatchConfig:
+    return _parse_patch_config(text, source)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_patch_config(text: str, source: str) -> PatchConfig:
+    # The same YAML text always validates to the same (immutable) config.
     return validate_node(PatchConfig, load_yaml(text, source=source), where=source, root="patch config")
