@@ -323,7 +323,6 @@ def test_applying_again_reuses_the_work_and_gives_the_same_code(tmp_path, monkey
     """The second apply of a revert reads no source and compiles nothing, and installs a code
     object equal to the first; twin functions in two files never share a cached result."""
     import importlib
-    import inspect
 
     body = "def twin(x):\n    y = x + 1\n    return y\n"
     for name in ("twin_a", "twin_b"):
@@ -337,8 +336,8 @@ def test_applying_again_reuses_the_work_and_gives_the_same_code(tmp_path, monkey
     code_a = a.twin.__code__
     first.restore()
     calls = {"source": 0, "compile": 0}
-    real_source, real_compile = inspect.getsourcelines, patcher._compile_uncached
-    monkeypatch.setattr(inspect, "getsourcelines", lambda fn: calls.__setitem__("source", calls["source"] + 1) or real_source(fn))
+    real_source, real_compile = patcher._block_from_tree, patcher._compile_uncached
+    monkeypatch.setattr(patcher, "_block_from_tree", lambda fn: calls.__setitem__("source", calls["source"] + 1) or real_source(fn))
     monkeypatch.setattr(patcher, "_compile_uncached", lambda **kw: calls.__setitem__("compile", calls["compile"] + 1) or real_compile(**kw))
     again = patch_function(target=a.twin, edits=edit, allowed_prefixes=ALLOW)
     assert calls == {"source": 0, "compile": 0} and a.twin.__code__ == code_a and a.twin(1) == 3
@@ -348,3 +347,26 @@ def test_applying_again_reuses_the_work_and_gives_the_same_code(tmp_path, monkey
     assert b.twin.__code__.co_filename.endswith("twin_b.py") and b.twin(1) == 3
     other.restore()
     assert a.twin(1) == b.twin(1) == 2
+
+
+def test_the_source_block_is_what_inspect_reads(tmp_path, monkeypatch):
+    """The engine reads a function's source without the tokenizer; on tricky layouts it must
+    give inspect.getsourcelines' block exactly, or fall back to inspect."""
+    import importlib
+    import inspect
+
+    (tmp_path / "layouts.py").write_text(
+        "import functools\n\n\n"
+        "def deco(f):\n    @functools.wraps(f)\n    def inner(*a):\n        return f(*a)\n    return inner\n\n\n"
+        "@deco\ndef decorated(x):\n    return x  # same line\n    # trailing, body level\n\n        # deeper\n# col 0\n"
+        "    # body level again\n\n\nclass K:\n    def method(\n        self,\n        y,\n    ):\n"
+        "        s = '''\nnot code\n'''\n        if y:\n            pass\n        else:\n            pass\n\n"
+        "    def one(self): return 1\n    # after a one-line def\n\n\n"
+        "def last(z):\n    return (z +\n1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("layouts")
+    for fn in (mod.decorated, mod.K.method, mod.K.one, mod.last, mod.deco):
+        want = inspect.getsourcelines(fn)
+        got = patcher._block_from_tree(fn)
+        assert got is None or got == ("".join(want[0]), want[1]), fn
+        assert patcher.current_source(fn) == ("".join(want[0]), want[1])

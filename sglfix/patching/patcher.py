@@ -117,6 +117,75 @@ def _remember(cache: dict, key: Any, value: Any) -> Any:
     return value
 
 
+def _last_code_line(code: types.CodeType) -> int:
+    last = code.co_firstlineno
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        for _, end, _, _ in c.co_positions():
+            if end is not None and end > last:
+                last = end
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return last
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _block_from_tree(fn: types.FunctionType) -> tuple[str, int] | None:
+    """What ``inspect.getsourcelines`` returns, without Python's tokenizer (most of a first
+    apply's time on a long function): the lines from the def (decorators included) past the
+    last line its bytecode covers, up to the next line indented no deeper than the def, parsed
+    by the C parser for the def's true end; then comment lines indented at least as deep as the
+    body, as inspect's block finder keeps them. None when that text does not parse as exactly
+    this def (a string or bracket reaching back past the def's indentation): the caller asks
+    inspect."""
+    import linecache
+
+    fn = inspect.unwrap(fn)  # as inspect does
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    lines = linecache.getlines(code.co_filename, fn.__globals__)
+    start = code.co_firstlineno
+    if not lines or start > len(lines):
+        return None
+    outer = _indent(lines[start - 1])
+    stop = min(_last_code_line(code), len(lines))
+    while stop < len(lines):
+        line = lines[stop]
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#") and _indent(line) <= outer:
+            break
+        stop += 1
+    dedented = textwrap.dedent("".join(lines[start - 1:stop]))
+    try:
+        tree = ast.parse(dedented)
+    except (SyntaxError, ValueError):
+        return None
+    removed = outer - _indent(dedented.split("\n", 1)[0])
+    if len(tree.body) != 1 or not isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    node = tree.body[0]
+    if node.name != code.co_name or not node.body:
+        return None
+    last = start + node.end_lineno - 1
+    # inspect keeps trailing comments only below an indented body (not after `def f(): x`).
+    one_line = node.body[0].lineno == node.lineno
+    body_col = node.body[0].col_offset + removed
+    for number in range(last + 1, len(lines) + 1) if not one_line else ():
+        line = lines[number - 1]
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if not stripped.startswith("#"):
+            break
+        if _indent(line) >= body_col:
+            last = number
+    return "".join(lines[start - 1:last]), start
+
+
 def current_source(fn: types.FunctionType) -> tuple[str, int]:
     """The function's effective source (patched text if patched) and its first file line."""
     stack = _STACKS.get(fn)
@@ -127,6 +196,9 @@ def current_source(fn: types.FunctionType) -> tuple[str, int]:
     known = _SOURCES.get(key)
     if known is not None:
         return known
+    fast = _block_from_tree(fn)
+    if fast is not None:
+        return _remember(_SOURCES, key, fast)
     try:
         lines, lineno = inspect.getsourcelines(fn)
     except (OSError, TypeError) as exc:
@@ -179,7 +251,8 @@ def _insert_preamble(node: ast.FunctionDef | ast.AsyncFunctionDef, preamble: str
             if "lineno" in child._attributes:
                 ast.copy_location(child, anchor)
     node.body = body[:at] + extra + body[at:]
-    ast.fix_missing_locations(node)
+    for stmt in extra:
+        ast.fix_missing_locations(stmt)
 
 
 def _compile_function(
@@ -200,11 +273,12 @@ def _compile_uncached(
     original = fn.__code__
     dedented = textwrap.dedent(source)
     try:
-        tree = ast.parse(dedented)
+        # Parsed at its real line numbers (blank lines before it): no walk renumbers the tree.
+        tree = ast.parse("\n" * (first_lineno - 1) + dedented)
     except SyntaxError as exc:
         raise PatchApplicationError(
             f"{target}: the edited source does not parse ({exc.msg}, line "
-            f"{first_lineno + (exc.lineno or 1) - 1}); check the replacement's indentation"
+            f"{exc.lineno or first_lineno}); check the replacement's indentation"
         ) from None
     node = _function_node(tree, name=fn.__name__, target=target)
     _strip_signature_extras(node)
@@ -214,17 +288,18 @@ def _compile_uncached(
     if freevars:
         # Recreate the closure's shape: an outer function owning cells of the same names.
         # Zero-argument super() needs `__class__` to be such a cell.
-        keep = ast.parse(f"if False:\n    ({', '.join(freevars)},)").body[0]
+        pad = "\n" * (first_lineno - 1)
+        keep = ast.parse(f"{pad}if False:\n    ({', '.join(freevars)},)").body[0]
         node.body.append(keep)
         outer = ast.parse(
-            "def __sglfix_scope__():\n"
+            pad + "def __sglfix_scope__():\n"
             + "".join(f"    {name} = None\n" for name in freevars)
             + f"    return {fn.__name__}\n"
         ).body[0]
         outer.body.insert(len(freevars), node)
         tree = ast.Module(body=[outer], type_ignores=[])
-    ast.fix_missing_locations(tree)
-    ast.increment_lineno(tree, first_lineno - 1)
+    # Every node came from ast.parse (the preamble's are given their anchor's place), so all
+    # have locations: no fix-up walk over the whole function.
     flags = original.co_flags & _FUTURE_FLAGS
     try:
         module_code = compile(tree, original.co_filename, "exec", flags=flags, dont_inherit=True)
