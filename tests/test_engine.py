@@ -370,3 +370,17 @@ def test_the_source_block_is_what_inspect_reads(tmp_path, monkeypatch):
         got = patcher._block_from_tree(fn)
         assert got is None or got == ("".join(want[0]), want[1]), fn
         assert patcher.current_source(fn) == ("".join(want[0]), want[1])
+
+
+def test_a_target_whose_module_is_not_imported_yet_still_resolves_to_that_module():
+    """``sglfix`` is imported, ``sglfix.backends...`` not yet: the module is imported, never the
+    attribute chain read off the parent package."""
+    import subprocess
+
+    code = ("import sys, sglfix\nfrom sglfix.patching.targets import split_module\n"
+            "assert 'sglfix.backends.srt.managers.overlap_utils' not in sys.modules\n"
+            "m, rest = split_module('sglfix.backends.srt.managers.overlap_utils.decide_needs_cpu_seq_lens')\n"
+            "print(m.__name__, rest)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["sglfix.backends.srt.managers.overlap_utils", "['decide_needs_cpu_seq_lens']"]

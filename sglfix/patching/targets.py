@@ -78,7 +78,11 @@ def split_module(target: str) -> tuple[types.ModuleType, list[str]]:
     for cut in range(len(parts), 0, -1):  # already imported: no import machinery at all
         module = sys.modules.get(".".join(parts[:cut]))
         if module is not None:
-            return module, parts[cut:]
+            # Only when the rest starts with one of its attributes: a submodule not imported
+            # yet (``sglfix`` before ``sglfix.backends``) must go through the import below.
+            if cut == len(parts) or hasattr(module, parts[cut]):
+                return module, parts[cut:]
+            break
     for cut in range(len(parts), 0, -1):
         module_name = ".".join(parts[:cut])
         if module_name in sys.modules:
