@@ -41,14 +41,31 @@ _EXPORTS = {
     "PatchApplicationError": "sglfix.common.errors",
     "SglfixError": "sglfix.common.errors",
     "ConfigError": "sglfix.common.errors",
-    "maybe_revert_pr_fix": "sglfix.toggling.env",
     "load_registry": "sglfix.toggling.registry",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "maybe_revert_pr_fix"])
+
+
+def maybe_revert_pr_fix(*, registry: Any = None, allowed_prefixes: Any = None) -> Any:
+    """Apply what ``SGLANG_DEBUG_REVERT_PR`` selects, once per process (``sglfix.toggling.env``).
+
+    An engine calls this from every process whether or not a revert is wanted: unset or ``0``,
+    with nothing applied before, it returns None having imported nothing (no YAML, no registry,
+    no pydantic), which is what the full version would return too.
+    """
+    import os
+    import sys
+
+    value = os.environ.get("SGLANG_DEBUG_REVERT_PR")
+    if (value is None or value.strip() in ("", "0")) and registry is None and "sglfix.toggling.env" not in sys.modules:
+        return None
+    from sglfix.toggling.env import maybe_revert_pr_fix as apply
+
+    return apply(registry=registry, allowed_prefixes=allowed_prefixes)
+
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sglfix.toggling.env import maybe_revert_pr_fix
     from sglfix.common.errors import ConfigError, PatchApplicationError, SglfixError
     from sglfix.patching.patcher import CodePatcher, PatchState, apply_patches_from_config, patch_function
     from sglfix.toggling.registry import load_registry

@@ -452,3 +452,22 @@ def test_unreadable_toggle_file_is_one_line_naming_it(toggles_dir, content, need
     assert "internal error" not in line
     with pytest.raises(ConfigError, match="toggle file"):
         load_registry()
+
+
+def test_the_public_env_entry_point_imports_nothing_when_unset_and_validates_when_set():
+    """Engines call sglfix.maybe_revert_pr_fix() in every process: unset or 0 it must cost
+    nothing (no YAML, registry or pydantic import); set, it is the full, validating call."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import sys, sglfix\nr = sglfix.maybe_revert_pr_fix()\n"
+             "print(r, sorted(m for m in ('yaml', 'pydantic', 'inspect', 'sglfix.toggling.env', 'torch') if m in sys.modules))")
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_DEBUG_REVERT_PR"}
+    for value in (None, "0", " "):
+        run_env = env if value is None else {**env, "SGLANG_DEBUG_REVERT_PR": value}
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=run_env, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == "None []", (value, out.stdout, out.stderr)
+    bad = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         env={**env, "SGLANG_DEBUG_REVERT_PR": "abc"})
+    assert bad.returncode != 0 and "SGLANG_DEBUG_REVERT_PR: bad item 'abc'" in bad.stderr
