@@ -57,8 +57,9 @@ def maybe_revert_pr_fix(*, registry: Any = None, allowed_prefixes: Any = None) -
     import os
     import sys
 
-    value = os.environ.get("SGLANG_DEBUG_REVERT_PR")
-    if (value is None or value.strip() in ("", "0")) and registry is None and "sglfix.toggling.env" not in sys.modules:
+    from sglfix.toggling import ENV_VAR, selects_nothing
+
+    if selects_nothing(os.environ.get(ENV_VAR)) and registry is None and "sglfix.toggling.env" not in sys.modules:
         return None
     from sglfix.toggling.env import maybe_revert_pr_fix as apply
 

@@ -53,11 +53,12 @@ def revert_ids(revert: Sequence[str]) -> list[str]:
 
 def env_ids(registry) -> tuple[str, ...]:
     """What SGLANG_DEBUG_REVERT_PR selects, as the ids the user wrote (validated: exit 2 if bad)."""
-    from sglfix.toggling.env import ENV_VAR, parse_env_value
+    from sglfix.toggling.env import parse_env_value
+    from sglfix.toggling import ENV_VAR, selects_nothing
 
     value = os.environ.get(ENV_VAR)
     parse_env_value(value, registry=registry)
-    if value is None or value.strip() in ("", "0"):
+    if selects_nothing(value):
         return ()
     return tuple(t.strip() for t in value.split(","))
 

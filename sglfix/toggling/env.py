@@ -11,12 +11,12 @@ import os
 from typing import Iterable
 
 from sglfix.common.errors import ConfigError
+from sglfix.toggling import ENV_VAR, selects_nothing
 from sglfix.toggling.ids import ToggleId
 from sglfix.toggling.registry import Registry, Selection, load_registry, parse_toggle_ids
 
 __all__ = ["ENV_VAR", "parse_env_value", "selected_from_env", "maybe_revert_pr_fix"]
 
-ENV_VAR = "SGLANG_DEBUG_REVERT_PR"
 MAX_LEN = 1000
 _applied_by_env = None  # the Reverted made by maybe_revert_pr_fix, if any
 
@@ -26,11 +26,9 @@ def _show(token: str, limit: int = 40) -> str:
 
 
 def parse_env_value(value: str | None, *, registry: Registry | None = None) -> list[Selection]:
-    if value is None:
+    if selects_nothing(value):
         return []
     stripped = value.strip()
-    if stripped in ("", "0"):
-        return []
     registry = registry or load_registry()
     known = registry.describe_ids()
     if len(value) > MAX_LEN:
