@@ -18,7 +18,7 @@ from rich.text import Text
 
 from sglfix.cli.common import (
     BackendName, Device, Jobs, JsonFile, JunitFile, MarkdownFile, MemoryBudget, NoReachability, ScenarioFiles,
-    ScenarioGlobs, Timeout, check_jobs, env_ids, load_selected, revert_ids,
+    Outputs, ScenarioGlobs, Timeout, check_jobs, env_ids, load_selected, revert_ids, write_outputs,
 )
 from sglfix.cli.context import err, options, out
 
@@ -79,15 +79,10 @@ def bisect_cmd(
     from sglfix.common.verdicts import worst
     from sglfix.execution.bisect import Oracle, find_culprits
     from sglfix.execution.pool import WorkerConfig, WorkerPool, signals_raise
-    from sglfix.report.output import check_output_path, write_json
+    from sglfix.report.output import write_json
 
     opts = options(ctx)
-    from sglfix.report.junit import check_junit_path
-    from sglfix.report.markdown import check_markdown_path
-
-    check_output_path(json_file, option="--json")
-    check_junit_path(junit, option="--junit")
-    check_markdown_path(markdown, option="--markdown")
+    Outputs(json=json_file, junit=junit, markdown=markdown).check()
     registry = opts.registry()
     given = revert_ids(revert)
     if given:
@@ -231,26 +226,14 @@ def _write_ci_reports(report: dict, cells: "_Cells", *, info: dict, junit: str |
         return
     from sglfix.execution.planner import set_label
     from sglfix.report.jsonreport import build_report
+    from sglfix.toggling import ENV_VAR
 
     keys = list(cells.results)
     ci = build_report(command=report["command"].split(), info=info, results=[cells.results[k] for k in keys],
                       cell_ids=[f"{set_label(t)}::{n}" for t, n in keys], wall_s=report["wall_s"],
-                      env_revert=os.environ.get("SGLANG_DEBUG_REVERT_PR"))
+                      env_revert=os.environ.get(ENV_VAR))
     ci.update({k: report[k] for k in ("candidates", "runs", "masking_runs", "culprits", "masking")})
-    if junit:
-        from sglfix.report.junit import write_junit
-
-        write_junit(ci, junit, gate=False)
-    from sglfix.report.markdown import append_step_summary, render_markdown
-    from sglfix.report.output import write_atomic
-
-    text = render_markdown(ci, gate=False)
-    if markdown:
-        write_atomic(markdown, text)
-    try:
-        append_step_summary(text)
-    except OSError as exc:  # the result stands; only the CI summary is lost
-        err.print(f"sglfix: warning: could not append to {STEP_SUMMARY}: {exc.strerror or exc}", markup=False)
+    write_outputs(ci, Outputs(junit=junit, markdown=markdown), gate=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -140,12 +140,20 @@ def write_report(opts: Options, ran: Ran, outputs: Outputs, *, gate: bool, **exp
     if not any((outputs.json, outputs.junit, outputs.markdown, outputs.heatmap, summary)):
         return
     from sglfix.report.jsonreport import build_report
-    from sglfix.report.output import write_json
-    from sglfix.toggling.env import ENV_VAR
+    from sglfix.toggling import ENV_VAR
 
     report = build_report(command=opts.argv, info=ran.info, results=ran.results,
                           cell_ids=[c.id for c in ran.plan.cells], wall_s=ran.wall,
                           env_revert=os.environ.get(ENV_VAR), **expectations)
+    write_outputs(report, outputs, gate=gate)
+
+
+def write_outputs(report: dict, outputs: Outputs, *, gate: bool) -> None:
+    """``report`` to every file ``outputs`` names, and its Markdown to the step summary."""
+    from sglfix.report.markdown import STEP_SUMMARY
+    from sglfix.report.output import write_json
+
+    summary = os.environ.get(STEP_SUMMARY)
     if outputs.json:
         write_json(outputs.json, report)
     if outputs.junit:
