@@ -106,7 +106,7 @@ class PreparedPatch:
 # change what runs), and an edited source compiles to the same code every time: both are kept.
 _SOURCES: "dict[tuple, tuple[str, int]]" = {}
 _COMPILED: "dict[tuple, types.CodeType]" = {}
-_EDITED: "dict[tuple, tuple[str, str]]" = {}  # (source, edits) -> (edited, dedented)
+_EDITED: "dict[tuple, str]" = {}  # (source, edits) -> the edited source, dedented
 _CACHE_LIMIT = 512
 
 
@@ -258,6 +258,7 @@ def _insert_preamble(node: ast.FunctionDef | ast.AsyncFunctionDef, preamble: str
 def _compile_function(
     *, fn: types.FunctionType, target: str, source: str, first_lineno: int, preamble: str
 ) -> types.CodeType:
+    """``source``: the edited function, dedented."""
     # The original code object decides name, flags, file and closure shape; the rest is the text.
     key = (fn.__code__, fn.__code__.co_filename, source, first_lineno, preamble)
     code = _COMPILED.get(key)
@@ -271,7 +272,7 @@ def _compile_uncached(
     *, fn: types.FunctionType, target: str, source: str, first_lineno: int, preamble: str
 ) -> types.CodeType:
     original = fn.__code__
-    dedented = textwrap.dedent(source)
+    dedented = source  # the caller dedented it (it is also the patch's source_after)
     try:
         # Parsed at its real line numbers (blank lines before it): no walk renumbers the tree.
         tree = ast.parse("\n" * (first_lineno - 1) + dedented)
@@ -332,10 +333,10 @@ def _prepare_one(
     if known is None:
         origin = SourceOrigin(target=spec.target, filename=resolved.filename, first_lineno=first_lineno)
         edited = apply_edits(source=source, edits=spec.edits, origin=origin)
-        known = _remember(_EDITED, key, (edited, textwrap.dedent(edited)))
-    edited, dedented = known
+        known = _remember(_EDITED, key, textwrap.dedent(edited))
+    dedented = known
     new_code = _compile_function(
-        fn=resolved.function, target=spec.target, source=edited, first_lineno=first_lineno,
+        fn=resolved.function, target=spec.target, source=dedented, first_lineno=first_lineno,
         preamble=spec.preamble,
     )
     return PreparedPatch(
