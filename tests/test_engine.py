@@ -336,8 +336,8 @@ def test_applying_again_reuses_the_work_and_gives_the_same_code(tmp_path, monkey
     code_a = a.twin.__code__
     first.restore()
     calls = {"source": 0, "compile": 0}
-    real_source, real_compile = patcher._block_from_tree, patcher._compile_uncached
-    monkeypatch.setattr(patcher, "_block_from_tree", lambda fn: calls.__setitem__("source", calls["source"] + 1) or real_source(fn))
+    real_source, real_compile = patcher._source_block, patcher._compile_uncached
+    monkeypatch.setattr(patcher, "_source_block", lambda fn: calls.__setitem__("source", calls["source"] + 1) or real_source(fn))
     monkeypatch.setattr(patcher, "_compile_uncached", lambda **kw: calls.__setitem__("compile", calls["compile"] + 1) or real_compile(**kw))
     again = patch_function(target=a.twin, edits=edit, allowed_prefixes=ALLOW)
     assert calls == {"source": 0, "compile": 0} and a.twin.__code__ == code_a and a.twin(1) == 3
@@ -367,7 +367,7 @@ def test_the_source_block_is_what_inspect_reads(tmp_path, monkeypatch):
     mod = importlib.import_module("layouts")
     for fn in (mod.decorated, mod.K.method, mod.K.one, mod.last, mod.deco):
         want = inspect.getsourcelines(fn)
-        got = patcher._block_from_tree(fn)
+        got = patcher._source_block(fn)
         assert got is None or got == ("".join(want[0]), want[1]), fn
         assert patcher.current_source(fn) == ("".join(want[0]), want[1])
 

@@ -133,7 +133,7 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
-def _block_from_tree(fn: types.FunctionType) -> tuple[str, int] | None:
+def _source_block(fn: types.FunctionType) -> tuple[str, int] | None:
     """What ``inspect.getsourcelines`` returns, without Python's tokenizer (most of a first
     apply's time on a long function): the lines from the def (decorators included) past the
     last line its bytecode covers, up to the next line indented no deeper than the def, parsed
@@ -196,7 +196,7 @@ def current_source(fn: types.FunctionType) -> tuple[str, int]:
     known = _SOURCES.get(key)
     if known is not None:
         return known
-    fast = _block_from_tree(fn)
+    fast = _source_block(fn)
     if fast is not None:
         return _remember(_SOURCES, key, fast)
     try:
