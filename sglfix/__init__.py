@@ -44,7 +44,17 @@ _EXPORTS = {
     "load_registry": "sglfix.toggling.registry",
 }
 
-__all__ = sorted([*_EXPORTS, "maybe_revert_pr_fix"])
+__all__ = sorted([*_EXPORTS, "maybe_revert_pr_fix", "reverted_ids"])
+
+
+def reverted_ids() -> list:
+    """Ids of the parts reverted in this process now (by the start-up hook, an explicit
+    ``maybe_revert_pr_fix()`` or ``revert()``), in the order they went in. Imports nothing
+    when nothing was ever reverted."""
+    import sys
+
+    module = sys.modules.get("sglfix.toggling.revert")
+    return module.reverted_ids() if module is not None else []
 
 
 def maybe_revert_pr_fix(*, registry: Any = None, allowed_prefixes: Any = None) -> Any:

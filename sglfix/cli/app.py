@@ -15,7 +15,7 @@ from typing import List, Optional
 import typer
 
 from sglfix.cli.context import Options, err, options
-from sglfix.common.errors import SglfixError
+from sglfix.common.errors import ConfigError, SglfixError
 
 app = typer.Typer(
     add_completion=False,
@@ -30,11 +30,19 @@ app = typer.Typer(
 @app.callback(invoke_without_command=True)
 def _main(
     ctx: typer.Context,
-    toggles: Optional[str] = typer.Option(None, "--toggles", metavar="DIR", help="Toggle files directory (default: the installed toggles; env SGLFIX_TOGGLES_DIR)."),
+    toggles: Optional[str] = typer.Option(None, "--toggles", metavar="DIR", help="Toggle files directory (default: the profile's; env SGLFIX_TOGGLES_DIR)."),
+    profile: Optional[str] = typer.Option(None, "--profile", metavar="NAME", help="Toggle set for one code base: reproduction (default) or sglang-0.5.23 (env SGLFIX_PROFILE)."),
     allow_target: List[str] = typer.Option([], "--allow-target", metavar="PREFIX", help="Also allow patch targets under this module prefix (repeatable)."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks (accepted anywhere on the line)."),
 ) -> None:
     opts = options(ctx)
+    if profile is not None:
+        from sglfix.toggling.profiles import get_profile
+
+        if toggles is not None:
+            raise ConfigError("--profile and --toggles both name the toggle files; give one of them")
+        opts.profile = get_profile(profile)
+        toggles = opts.profile.toggles_dir
     opts.toggles = toggles
     opts.allow = tuple(allow_target)
     opts.debug = opts.debug or debug

@@ -22,6 +22,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=
 @dataclass
 class Options:
     toggles: Optional[str] = None
+    profile: object = None  # the --profile given (sglfix.toggling.profiles.Profile), if any
     allow: tuple[str, ...] = ()
     debug: bool = False
     argv: list[str] = field(default_factory=list)

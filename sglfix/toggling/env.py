@@ -70,8 +70,16 @@ def maybe_revert_pr_fix(*, registry: Registry | None = None, allowed_prefixes: I
     entry points); a different selection while one is applied is an error.
     """
     global _applied_by_env
+    from sglfix.toggling import hook
     from sglfix.toggling.revert import revert
 
+    armed = hook.armed()
+    if armed is not None:
+        # The start-up hook applies the variable in this process: same value, then import and
+        # revert now whatever is still waiting for its module; another value is an error.
+        hook.arm(os.environ.get(ENV_VAR))
+        armed.apply_all(allowed_prefixes=allowed_prefixes)
+        return armed.record
     selections = selected_from_env(registry=registry)
     wanted = [s.id for s in selections]
     if _applied_by_env is not None and not _applied_by_env.restored:

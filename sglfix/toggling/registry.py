@@ -319,12 +319,13 @@ def parse_toggle_ids(tokens: Iterable["str | ToggleId"], *, registry: Registry, 
 
 
 def default_toggles_dir() -> str:
+    """``SGLFIX_TOGGLES_DIR``, else the directory of the profile ``SGLFIX_PROFILE`` names."""
     env = os.environ.get(TOGGLES_ENV)
     if env:
         return env
-    from importlib.resources import files
+    from sglfix.toggling.profiles import current_profile
 
-    return str(files("sglfix.toggles"))
+    return current_profile().toggles_dir
 
 
 def _toggle_files(directory: str) -> list[Path]:

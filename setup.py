@@ -1,0 +1,61 @@
+"""Build hooks: every wheel, regular or editable, carries the start-up hook ``sglfix-startup.pth``.
+
+A ``.pth`` file in site-packages runs its ``import`` line in every Python process at start-up;
+this one reads SGLANG_DEBUG_REVERT_PR and returns at once when it selects nothing
+(``sglfix.toggling.hook`` says what happens otherwise). Everything else is in pyproject.toml.
+"""
+
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
+
+PTH = "sglfix-startup.pth"
+PTH_TEXT = (Path(__file__).parent / PTH).read_bytes()
+
+
+class BuildPyWithStartupHook(build_py):
+    """Regular wheels: the .pth lands next to the packages, at the root of site-packages."""
+
+    def run(self):
+        super().run()
+        if not self.editable_mode:
+            target = Path(self.build_lib) / PTH
+            target.write_bytes(PTH_TEXT)
+
+    def get_outputs(self, include_bytecode=1):
+        outputs = super().get_outputs(include_bytecode)
+        return outputs if self.editable_mode else [*outputs, str(Path(self.build_lib) / PTH)]
+
+
+class _StrategyWithStartupHook:
+    """Wraps the editable strategy (a context manager called with the wheel being written)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __enter__(self):
+        self.inner.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.inner.__exit__(*exc)
+
+    def __call__(self, wheel, files, mapping):
+        self.inner(wheel, files, mapping)
+        wheel.writestr(PTH, PTH_TEXT)
+
+
+class EditableWheelWithStartupHook(editable_wheel):
+    """Editable installs (``pip install -e .``): the same .pth, written into the editable wheel."""
+
+    def _select_strategy(self, *args, **kwargs):
+        return _StrategyWithStartupHook(super()._select_strategy(*args, **kwargs))
+
+
+if not hasattr(editable_wheel, "_select_strategy"):  # pragma: no cover - a setuptools we do not know
+    raise SystemExit("sglfix: this setuptools has no editable_wheel._select_strategy; "
+                     "the start-up hook cannot go into an editable install (pip install . works)")
+
+setup(cmdclass={"build_py": BuildPyWithStartupHook, "editable_wheel": EditableWheelWithStartupHook})

@@ -1,0 +1,278 @@
+"""SGLANG_DEBUG_REVERT_PR in every Python process of an engine, with no program change.
+
+Installing sglfix installs ``sglfix-startup.pth``. Its one line checks the variable itself: unset,
+empty or ``0``, it imports nothing and returns. Otherwise it calls ``boot()``, which
+
+- validates the value against the profile's toggles (``SGLFIX_PROFILE``; ``SGLFIX_TOGGLES_DIR``):
+  a bad value is one line on stderr naming the variable and exit 2, before the program runs;
+- reverts at once what is already imported, and puts a finder first on ``sys.meta_path`` that
+  reverts each remaining target right after its module has been executed: a function cannot
+  run before its module is imported, so this is the same as reverting everything up front,
+  without importing anything the program does not import;
+- when the profile's engine reads the variable too (real sglang's ``maybe_revert_pr_fix``,
+  bound by name into the scheduler), replaces that reader's code with a no-op, so it neither
+  applies its own reverts again nor chokes on a comma list.
+
+A revert that does not apply when its module arrives is also one line and exit 2: a production
+run is never silently left unpatched. ``sglfix.reverted_ids()`` lists the parts applied in
+full; ``SGLFIX_VERBOSE=1`` logs a line per applied revert. sglfix's own command line reads the
+variable itself (it hands the selection to each cell's worker), so the hook stands down there.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from importlib.abc import MetaPathFinder
+from typing import Any
+
+from sglfix.toggling import ENV_VAR, selects_nothing
+
+__all__ = ["boot", "arm", "armed", "VERBOSE_ENV"]
+
+VERBOSE_ENV = "SGLFIX_VERBOSE"
+_LOCK = threading.RLock()
+_STATE: "_EnvReverts | None" = None
+
+
+def armed() -> "_EnvReverts | None":
+    """What the hook applies in this process (None when the variable selects nothing here)."""
+    return _STATE
+
+
+def _log(message: str) -> None:
+    if os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0"):
+        sys.stderr.write(f"sglfix[{os.getpid()}]: {message}\n")
+        sys.stderr.flush()
+
+
+def _die(message: str) -> None:
+    """One line on stderr and exit 2: never run on with a revert silently missing."""
+    if os.environ.get("SGLFIX_DEBUG") == "1":
+        import traceback
+
+        traceback.print_exc()
+    first = (message.splitlines() or [""])[0]
+    sys.stderr.write(f"sglfix: error: {first}\n")
+    sys.stderr.flush()
+    os._exit(2)
+
+
+def _is_sglfix_cli() -> bool:
+    argv = list(getattr(sys, "orig_argv", []) or [])
+    if sys.argv and os.path.basename(sys.argv[0]) in ("sglfix", "sglfix.exe"):
+        return True
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "-m":
+            name = argv[i + 1]
+            return name == "sglfix" or name.startswith("sglfix.")
+    return False
+
+
+def boot() -> None:
+    """Called by ``sglfix-startup.pth`` when the variable is set; exits 2 on any problem."""
+    if _STATE is not None or _is_sglfix_cli():
+        return
+    try:
+        arm(os.environ.get(ENV_VAR))
+    except Exception as exc:
+        from sglfix.common.errors import SglfixError
+
+        _die(str(exc) if isinstance(exc, SglfixError) else
+             f"{ENV_VAR} is set but sglfix could not arm it: {type(exc).__name__}: {exc}")
+
+
+def arm(value: str | None) -> "_EnvReverts | None":
+    """Validate ``value`` and revert what it selects in this process, now and on later imports.
+
+    Raises ConfigError on a bad value (nothing armed then). Arming the same value again is a
+    no-op; another value while one is armed is an error.
+    """
+    global _STATE
+    from sglfix.common.errors import ConfigError
+    from sglfix.toggling.env import parse_env_value
+    from sglfix.toggling.profiles import current_profile
+    from sglfix.toggling.registry import load_registry
+
+    with _LOCK:
+        if _STATE is not None:
+            if _STATE.value == (value or "").strip():
+                return _STATE
+            raise ConfigError(f"{ENV_VAR}={value!r}, but {_STATE.value!r} is already applied in this process")
+        if selects_nothing(value):
+            return None
+        profile = current_profile()
+        selections = parse_env_value(value, registry=load_registry())
+        state = _EnvReverts(value=value.strip(), profile=profile, selections=selections)
+        _STATE = state
+        sys.meta_path.insert(0, _Finder(state))
+        state.apply_ready()
+        return state
+
+
+class _EnvReverts:
+    """The selected parts, the targets still waiting for their module, and what is installed."""
+
+    def __init__(self, *, value: str, profile: Any, selections: list) -> None:
+        from sglfix.toggling.revert import Reverted
+
+        self.value = value
+        self.profile = profile
+        self.selections = selections
+        self.record = Reverted(selections=list(selections))
+        # target -> [(spec, label)] in selection order: two parts on one function stack.
+        self.pending: dict[str, list[tuple[Any, str]]] = {}
+        self.part_targets: dict[str, set[str]] = {}
+        for sel in selections:
+            self.part_targets[sel.id] = set(sel.part.targets)
+            for spec in sel.part.patches:
+                self.pending.setdefault(spec.target, []).append((spec, f"revert {sel.id}"))
+        self.engine_toggle = profile.engine_toggle
+        self.done: set[str] = set()
+        self.watched = {".".join(t.split(".")[:n]) for t in [*self.pending, *filter(None, [self.engine_toggle])]
+                        for n in range(1, t.count(".") + 1)}
+
+    @property
+    def ids(self) -> list[str]:
+        return [s.id for s in self.selections]
+
+    def applied_ids(self) -> list[str]:
+        return [pid for pid, targets in self.part_targets.items() if targets <= self.done]
+
+    # -- applying ------------------------------------------------------------------------------
+
+    def apply_ready(self) -> None:
+        """Install every waiting target whose function exists now, importing nothing."""
+        with _LOCK:
+            for target in [t for t in self.pending if _loaded_function(t) is not None]:
+                self._install(target)
+            if self.engine_toggle and _loaded_function(self.engine_toggle) is not None:
+                self._silence_engine_toggle()
+
+    def apply_all(self, *, allowed_prefixes: Any = None) -> None:
+        """Import and install every waiting target now (an explicit ``maybe_revert_pr_fix()``)."""
+        with _LOCK:
+            for target in list(self.pending):
+                self._install(target, allowed_prefixes=allowed_prefixes)
+
+    def _install(self, target: str, *, allowed_prefixes: Any = None) -> None:
+        from sglfix.common.errors import SglfixError
+        from sglfix.patching.patcher import install_prepared, prepare_specs
+        from sglfix.toggling import revert as revert_mod
+
+        # Taken off the list first: preparing may import the module, whose arrival must not
+        # install the same target a second time underneath this call.
+        items = self.pending.pop(target, None)
+        if items is None:
+            return
+        names = ",".join(dict.fromkeys(label.removeprefix("revert ") for _, label in items))
+        try:
+            prepared = prepare_specs([s for s, _ in items], labels=[lab for _, lab in items],
+                                     allowed_prefixes=allowed_prefixes)
+            states = install_prepared(prepared)
+        except SglfixError as exc:
+            self.pending[target] = items
+            raise type(exc)(f"{ENV_VAR}: revert {names} cannot be applied to {target}: {exc}") from exc
+        self.record.states.extend(states)
+        self.done.add(target)
+        for sel in self.selections:
+            if target in self.part_targets[sel.id] and self.part_targets[sel.id] <= self.done:
+                revert_mod._ACTIVE[sel.id] = self.record
+                _log(f"reverted {sel.id} ({', '.join(sorted(self.part_targets[sel.id]))})")
+
+    def _silence_engine_toggle(self) -> None:
+        fn = _loaded_function(self.engine_toggle)
+        if fn is None or getattr(fn, "__sglfix_silenced__", False):
+            return
+        namespace: dict[str, Any] = {}
+        exec(compile(
+            f"def {fn.__name__}(*args, **kwargs):\n"
+            f"    '''{ENV_VAR} is applied by sglfix in this process (profile {self.profile.name}).'''\n"
+            "    return None\n", f"<sglfix: {self.engine_toggle} silenced>", "exec"), namespace)
+        fn.__code__ = namespace[fn.__name__].__code__.replace(co_qualname=fn.__code__.co_qualname)
+        fn.__sglfix_silenced__ = True
+        _log(f"{self.engine_toggle} silenced: sglfix applies {ENV_VAR}={self.value}")
+
+    def module_loaded(self, name: str) -> None:
+        try:
+            self.apply_ready()
+        except Exception as exc:
+            from sglfix.common.errors import SglfixError
+
+            _die(str(exc) if isinstance(exc, SglfixError) else
+                 f"{ENV_VAR}: applying the reverts after importing {name} failed: {type(exc).__name__}: {exc}")
+
+
+def _loaded_function(target: str) -> Any:
+    """The function ``target`` names if its module is imported and defines it; imports nothing."""
+    from inspect import getattr_static
+
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        obj = sys.modules.get(".".join(parts[:cut]))
+        if obj is None:
+            continue
+        for name in parts[cut:]:
+            try:
+                obj = getattr_static(obj, name)
+            except AttributeError:
+                return None
+        return obj if callable(obj) or isinstance(obj, (staticmethod, classmethod, property)) else None
+    return None
+
+
+class _Finder(MetaPathFinder):
+    """Finds nothing itself: for a watched module it wraps the loader another finder returns."""
+
+    def __init__(self, state: _EnvReverts) -> None:
+        self.state = state
+        self._busy = threading.local()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self.state.watched or getattr(self._busy, "name", None) == fullname:
+            return None
+        self._busy.name = fullname
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._busy.name = None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _ThenRevert(spec.loader, self.state)
+        return spec
+
+    def invalidate_caches(self) -> None:
+        return None
+
+
+class _ThenRevert:
+    """Runs the module with its own loader, then installs the reverts that can go in now and
+    puts the own loader back on the spec and module (resources, reload and source lookups)."""
+
+    def __init__(self, loader: Any, state: _EnvReverts) -> None:
+        self._loader = loader
+        self._state = state
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        try:
+            self._loader.exec_module(module)
+        finally:
+            spec = getattr(module, "__spec__", None)
+            if spec is not None and spec.loader is self:
+                spec.loader = self._loader
+            if getattr(module, "__loader__", None) is self:
+                module.__loader__ = self._loader
+        self._state.module_loaded(module.__name__)
