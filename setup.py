@@ -1,6 +1,8 @@
-"""Build hooks: every wheel, regular or editable, carries the start-up hook ``sglfix-startup.pth``.
+"""Build hooks: every wheel, regular or editable, carries the start-up hook ``zz-sglfix-startup.pth``.
 
-A ``.pth`` file in site-packages runs its ``import`` line in every Python process at start-up;
+A ``.pth`` file in site-packages runs its ``import`` line in every Python process at start-up.
+The ``zz-`` makes it run after the other ``.pth`` files, whose paths may hold sglfix's
+dependencies;
 this one reads SGLANG_DEBUG_REVERT_PR and returns at once when it selects nothing
 (``sglfix.toggling.hook`` says what happens otherwise). Everything else is in pyproject.toml.
 """
@@ -11,7 +13,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.command.editable_wheel import editable_wheel
 
-PTH = "sglfix-startup.pth"
+PTH = "zz-sglfix-startup.pth"
 PTH_TEXT = (Path(__file__).parent / PTH).read_bytes()
 
 

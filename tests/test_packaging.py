@@ -26,7 +26,11 @@ def wheel(tmp_path_factory) -> Path:
 def test_wheel_holds_only_sglfix_with_its_yaml_data(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
-    assert tops == {"sglfix", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
+    assert tops == {"sglfix", "zz-sglfix-startup.pth", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
+    assert zipfile.ZipFile(wheel).read("zz-sglfix-startup.pth") == (ROOT / "zz-sglfix-startup.pth").read_bytes()
+    profiles = sorted(str(p.relative_to(ROOT / "profiles")) for p in (ROOT / "profiles").glob("*/*.yaml"))
+    assert profiles and sorted(n[len("sglfix/profiles/"):] for n in names
+                               if n.startswith("sglfix/profiles/") and n.endswith(".yaml")) == profiles
     for d in ("toggles", "scenarios"):
         src = sorted(p.name for p in (ROOT / d).glob("*.yaml"))
         got = sorted(n.split("/")[-1] for n in names if n.startswith(f"sglfix/{d}/") and n.endswith(".yaml"))
@@ -73,6 +77,18 @@ def test_fresh_virtualenv_install_works_from_any_directory(tmp_path, wheel):
                            cwd=elsewhere, capture_output=True, text=True, env=env, timeout=120)
     assert where.returncode == 0, where.stderr
     assert all(str(venv) in p for p in where.stdout.split())
+    # The start-up hook: unset, nothing of sglfix (nor yaml, torch, rich, typer) is imported at
+    # interpreter start; set, a plain program runs the pre-fix code.
+    timing = subprocess.run([str(py), "-X", "importtime", "-c", "pass"], cwd=elsewhere, capture_output=True,
+                            text=True, env=env, timeout=60).stderr
+    names = [line.rsplit("|", 1)[-1].strip() for line in timing.splitlines() if "|" in line]
+    assert names and not [n for n in names if "sglfix" in n or n.split(".")[0] in ("yaml", "torch", "rich", "typer")], names
+    probe = ("import sglfix.backends.srt.managers.overlap_utils as m\n"
+             "try:\n    m.decide_needs_cpu_seq_lens([None]); print('fixed')\nexcept AttributeError:\n    print('pre-fix')")
+    for value, expected in ((None, "fixed"), ("26738:overlap-guard", "pre-fix")):
+        run_env = env if value is None else {**env, "SGLANG_DEBUG_REVERT_PR": value}
+        r = subprocess.run([str(py), "-c", probe], cwd=elsewhere, capture_output=True, text=True, env=run_env, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == expected, (value, r.stdout, r.stderr)
 
 
 def test_every_package_directory_is_listed_in_pyproject():

@@ -75,12 +75,35 @@ def _click_exception_type() -> type:
     return ClickException
 
 
+def _hoist_profile(args: list[str]) -> list[str]:
+    """``--profile NAME`` is global too (``sglfix doctor --profile sglang-0.5.23``): moved in front."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest += args[i:]
+            break
+        if arg == "--profile" and i + 1 < len(args):
+            front += args[i:i + 2]
+            i += 2
+            continue
+        if arg.startswith("--profile="):
+            front.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     usage_error = _click_exception_type()
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("SGLFIX_DEBUG") == "1"
     # --debug is global: accepted after the command too, removed before typer parses the line.
     args = [a for a in args if a != "--debug"]
+    args = _hoist_profile(args)
     opts = Options(debug=debug, argv=["sglfix", *args])
     try:
         code = app(args=(["--debug"] if debug else []) + args, prog_name="sglfix", standalone_mode=False, obj=opts)

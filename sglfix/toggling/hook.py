@@ -1,6 +1,6 @@
 """SGLANG_DEBUG_REVERT_PR in every Python process of an engine, with no program change.
 
-Installing sglfix installs ``sglfix-startup.pth``. Its one line checks the variable itself: unset,
+Installing sglfix installs ``zz-sglfix-startup.pth``. Its one line checks the variable itself: unset,
 empty or ``0``, it imports nothing and returns. Otherwise it calls ``boot()``, which
 
 - validates the value against the profile's toggles (``SGLFIX_PROFILE``; ``SGLFIX_TOGGLES_DIR``):
@@ -71,7 +71,7 @@ def _is_sglfix_cli() -> bool:
 
 
 def boot() -> None:
-    """Called by ``sglfix-startup.pth`` when the variable is set; exits 2 on any problem."""
+    """Called by ``zz-sglfix-startup.pth`` when the variable is set; exits 2 on any problem."""
     if _STATE is not None or _is_sglfix_cli():
         return
     try:
