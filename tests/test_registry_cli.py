@@ -220,7 +220,7 @@ def test_builtin_caught_by_entries_name_real_tests():
     for toggle in load_registry(root / "toggles"):
         assert toggle.caught_by, f"{toggle.id} records no test that catches its revert"
         for item in toggle.caught_by:
-            path, _, name = item.partition("::")
+            path, _, name = item.split("[")[0].partition("::")
             tree = ast.parse((root / path).read_text())
             names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
             assert name in names, f"{toggle.id}: caught_by {item} names no test"

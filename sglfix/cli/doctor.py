@@ -21,9 +21,11 @@ def doctor_cmd(
     source: Optional[str] = typer.Option(None, "--source", metavar="DIR", help="Check against source files under DIR without importing them."),
     toggles: Optional[str] = typer.Option(None, "--toggles", metavar="DIR", help="Toggle files directory."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    caught_by: bool = typer.Option(False, "--caught-by", help="Also run each toggle's caught_by tests with the toggle reverted (pytest, from --tests-root): each must fail."),
+    tests_root: str = typer.Option(".", "--tests-root", metavar="DIR", help="Directory the caught_by test paths are relative to."),
 ) -> None:
     """Check that every toggle and part applies and restores cleanly against the code now."""
-    from sglfix.toggling.doctor import expectation_check, live_check, static_check
+    from sglfix.toggling.doctor import caught_by_check, expectation_check, live_check, static_check
 
     opts = options(ctx)
     registry = opts.registry(toggles)
@@ -38,6 +40,12 @@ def doctor_cmd(
 
             results += expectation_check(registry, [sc.name for sc in load_scenarios()])
         mode = "live"
+    if caught_by:
+        if not Path(tests_root).is_dir():
+            from sglfix.common.errors import ConfigError
+
+            raise ConfigError(f"--tests-root {tests_root} is not a directory; give the project root the caught_by paths start from")
+        results += caught_by_check(registry, root=tests_root)
     failed = [r for r in results if not r.ok]
     if as_json:
         emit_json({"mode": mode, "source": source, "directory": registry.directory,
@@ -51,7 +59,8 @@ def doctor_cmd(
             if not r.ok:
                 out.print(r.error)
         out.print(f"{len(results) - len(failed)}/{len(results)} checks pass ({mode}: each toggle and part "
-                  "applies and restores cleanly" + ("; every expectation names a scenario)" if mode == "live" else ")"))
+                  "applies and restores cleanly" + ("; every expectation names a scenario" if mode == "live" else "")
+                  + ("; each caught_by test fails with its toggle reverted)" if caught_by else ")"))
     if failed:
         raise typer.Exit(1)
 

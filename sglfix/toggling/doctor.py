@@ -138,3 +138,57 @@ def static_check(registry: Registry, *, source_dir: str | Path) -> list[CheckRes
         return ""
 
     return _check_units(registry, apply_to_source)
+
+
+def caught_by_check(registry: Registry, *, root: str | Path, timeout: float = 3600) -> list[CheckResult]:
+    """Each toggle's ``caught_by`` tests fail with the toggle reverted: the pytest plugin's
+    ``--sglfix-check-fixes`` run on exactly those tests, the toggle as each one's claim."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    root = Path(root)
+    claims: dict[str, list[str]] = {}
+    results: list[CheckResult] = []
+    missing: dict[str, list[str]] = {}
+    for toggle in registry:
+        for node in toggle.caught_by:
+            if not (root / node.split("::")[0]).is_file():
+                missing.setdefault(toggle.id, []).append(node)
+                continue
+            claims.setdefault(node, []).append(toggle.id)
+    if not claims and not missing:
+        return []
+    outcomes: dict[str, list[dict]] = {}
+    if claims:
+        with tempfile.TemporaryDirectory(prefix="sglfix-caught-by-") as tmp:
+            report = os.path.join(tmp, "report.json")
+            env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "PYTEST_ADDOPTS")}
+            env.update(SGLFIX_CHECK_CLAIMS=json.dumps(claims), SGLFIX_CHECK_REPORT=report,
+                       SGLFIX_TOGGLES_DIR=registry.directory)
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                   "--sglfix-check-fixes", *claims], cwd=root, env=env, capture_output=True,
+                                  text=True, timeout=timeout)
+            if not os.path.exists(report):
+                tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+                raise SglfixError(f"--caught-by: pytest did not run the checks (exit {proc.returncode}): "
+                                  + " | ".join(tail))
+            with open(report, encoding="utf-8") as fh:
+                outcomes = json.load(fh)
+    for toggle in registry:
+        problems = [f"{node}: names no test file under {root}" for node in missing.get(toggle.id, [])]
+        nodes = [n for n in toggle.caught_by if n in claims]
+        for node in nodes:
+            ran = [(nid, o) for nid, found in outcomes.items() if nid == node or nid.split("[")[0] == node
+                   for o in found if o["id"] == toggle.id]
+            if not ran:
+                problems.append(f"{node}: no such test ran")
+            for nid, o in ran:
+                if o["outcome"] != "caught":
+                    problems.append(f"{nid}: NOT caught ({o['detail']})")
+        if toggle.caught_by:
+            results.append(CheckResult(f"{toggle.id} caught_by", not problems, "\n".join(problems),
+                                       list(toggle.caught_by)))
+    return results

@@ -29,7 +29,7 @@ from typing import Any
 
 from sglfix.toggling import ENV_VAR, selects_nothing
 
-__all__ = ["boot", "arm", "armed", "VERBOSE_ENV"]
+__all__ = ["boot", "arm", "armed", "disarm", "VERBOSE_ENV"]
 
 VERBOSE_ENV = "SGLFIX_VERBOSE"
 _LOCK = threading.RLock()
@@ -109,6 +109,21 @@ def arm(value: str | None) -> "_EnvReverts | None":
         sys.meta_path.insert(0, _Finder(state))
         state.apply_ready()
         return state
+
+
+def disarm() -> None:
+    """Restore what the hook reverted and stop watching imports (a pytest session's end)."""
+    global _STATE
+    with _LOCK:
+        state, _STATE = _STATE, None
+        if state is None:
+            return
+        sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _Finder) and f.state is state)]
+        from sglfix.toggling import revert as revert_mod
+
+        for sel in state.selections:
+            revert_mod._ACTIVE.setdefault(sel.id, state.record)  # restore() drops every id it holds
+        state.record.restore()
 
 
 class _EnvReverts:

@@ -47,6 +47,7 @@ def test_padded_replay_matches_eager_and_truth(name, check):
     assert check_guards(backend.static_buffers) == []
 
 
+@pytest.mark.fixed_by("26651:clamp")
 def test_replay_metadata_is_well_formed_in_padded_rows():
     case = build_case(mode="draft_extend_v2", prefix_lens=PREFIX, seed=5)
     seen = {}

@@ -1,0 +1,128 @@
+"""The pytest plugin on a user's own test file (no conftest): --sglfix-check-fixes, --sglfix-revert,
+the fixed_by marker, xdist, and nothing changed without its options."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+USER_TESTS = textwrap.dedent("""
+    import os, subprocess, sys
+    import pytest
+    from sglfix.backends.srt.managers.overlap_utils import decide_needs_cpu_seq_lens
+
+    @pytest.mark.fixed_by("26738:overlap-guard")
+    def test_none_backends_are_skipped():
+        assert decide_needs_cpu_seq_lens([None]) is False
+
+    @pytest.mark.fixed_by("26738:glue-constant")
+    def test_wrongly_marked():
+        assert decide_needs_cpu_seq_lens([]) is False
+
+    def test_unmarked():
+        assert decide_needs_cpu_seq_lens([]) is False
+
+    def test_report_state():
+        import sglfix
+        child = subprocess.run([sys.executable, "-c",
+            "from sglfix.backends.srt.managers.overlap_utils import decide_needs_cpu_seq_lens as d\\n"
+            "try:\\n    print(d([None]))\\nexcept AttributeError:\\n    print('pre-fix')"],
+            capture_output=True, text=True).stdout.strip()
+        with open(os.environ["STATE_FILE"] + "." + os.environ.get("PYTEST_XDIST_WORKER", "main"), "w") as fh:
+            fh.write(repr((sglfix.reverted_ids(), child, "sglfix.toggling.registry" in sys.modules)))
+""")
+
+
+def _pytest(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_TOGGLES_DIR",
+                                                              "SGLFIX_PROFILE", "PYTEST_ADDOPTS", "PYTHONPATH")}
+    full.update(STATE_FILE=str(tmp_path / "state"), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_user.py", *args],
+                          cwd=tmp_path, capture_output=True, text=True, env=full, timeout=600)
+
+
+@pytest.fixture
+def user_dir(tmp_path):
+    (tmp_path / "test_user.py").write_text(USER_TESTS)
+    return tmp_path
+
+
+def _states(tmp_path: Path) -> dict[str, tuple]:
+    import ast
+
+    return {p.suffix[1:]: ast.literal_eval(p.read_text()) for p in tmp_path.glob("state.*")}
+
+
+def _outcomes(stdout: str) -> list[str]:
+    return sorted(line.split()[0] + " " + line.split("::")[-1].split()[0] for line in stdout.splitlines()
+                  if line.startswith(("caught ", "NOT caught ", "ERROR ")) and "::" in line)
+
+
+def test_check_fixes_names_the_wrongly_marked_test_and_exits_1(user_dir):
+    r = _pytest(user_dir, "--sglfix-check-fixes")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "4 passed" in r.stdout  # the ordinary runs all pass: the exit status is the claims'
+    caught = [line for line in r.stdout.splitlines() if line.startswith("caught ")]
+    missed = [line for line in r.stdout.splitlines() if line.startswith("NOT caught ")]
+    assert len(caught) == 1 and "26738:overlap-guard" in caught[0] and "test_none_backends_are_skipped" in caught[0]
+    assert "AttributeError" in caught[0]
+    assert len(missed) == 1 and "26738:glue-constant" in missed[0] and "test_wrongly_marked" in missed[0]
+    assert "1/2 claims caught" in r.stdout
+    # The mutant runs leave nothing reverted behind them, here or in the children.
+    assert _states(user_dir)["main"][:2] == ([], "False")
+
+
+def test_all_claims_caught_exits_0(user_dir):
+    (user_dir / "test_user.py").write_text(USER_TESTS.replace('@pytest.mark.fixed_by("26738:glue-constant")\n', ""))
+    r = _pytest(user_dir, "--sglfix-check-fixes")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1/1 claims caught" in r.stdout
+
+
+def test_without_options_the_plugin_changes_nothing(user_dir):
+    plain = _pytest(user_dir, "-rA")
+    without = _pytest(user_dir, "-rA", "-p", "no:sglfix")
+    assert plain.returncode == without.returncode == 0, plain.stdout + without.stdout
+
+    def passed(text: str) -> list[str]:
+        return sorted(line for line in text.splitlines() if line.startswith(("PASSED", "FAILED", "ERROR")))
+
+    assert passed(plain.stdout) == passed(without.stdout) and len(passed(plain.stdout)) == 4
+    assert "sglfix" not in plain.stdout
+    # No registry, YAML or toggle was loaded, nothing reverted, the child ran the fixed code.
+    assert _states(user_dir)["main"] == ([], "False", False)
+
+
+def test_unknown_ids_are_a_usage_error_before_any_test_runs(user_dir):
+    text = USER_TESTS.replace('"26738:glue-constant"', '"26738:glue"')
+    (user_dir / "test_user.py").write_text(text)
+    r = _pytest(user_dir, "--sglfix-check-fixes")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "26738 has no part 'glue'" in r.stderr and "test_wrongly_marked" in r.stderr
+    assert not _states(user_dir)
+    r = _pytest(user_dir, "--sglfix-revert", "99999")
+    assert r.returncode == 4 and "99999" in r.stderr and "registered" in r.stderr
+
+
+def test_session_revert_holds_in_the_process_and_its_children(user_dir):
+    r = _pytest(user_dir, "--sglfix-revert", "26738:overlap-guard")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "1 failed, 3 passed" in r.stdout and "test_none_backends_are_skipped" in r.stdout
+    assert _states(user_dir)["main"][:2] == (["26738:overlap-guard"], "pre-fix")
+
+
+def test_xdist_workers_get_the_session_revert_and_report_their_checks(user_dir):
+    r = _pytest(user_dir, "-n", "2", "--sglfix-revert", "26738:overlap-guard")
+    assert r.returncode == 1 and "1 failed, 3 passed" in r.stdout, r.stdout + r.stderr
+    states = _states(user_dir)
+    assert set(states) <= {"gw0", "gw1"} and len(states) == 1, states
+    assert next(iter(states.values()))[:2] == (["26738:overlap-guard"], "pre-fix")
+    r = _pytest(user_dir, "-n", "2", "--sglfix-check-fixes")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert _outcomes(r.stdout) == ["NOT test_wrongly_marked", "caught test_none_backends_are_skipped"]
