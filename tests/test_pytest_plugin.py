@@ -126,3 +126,49 @@ def test_xdist_workers_get_the_session_revert_and_report_their_checks(user_dir):
     r = _pytest(user_dir, "-n", "2", "--sglfix-check-fixes")
     assert r.returncode == 1, r.stdout + r.stderr
     assert _outcomes(r.stdout) == ["NOT test_wrongly_marked", "caught test_none_backends_are_skipped"]
+
+
+def test_doctor_caught_by_runs_each_toggles_tests_with_it_reverted(tmp_path):
+    """A toggle whose caught_by test fails on the revert passes; one whose test does not is named."""
+    (tmp_path / "test_user.py").write_text(USER_TESTS)
+    toggles = tmp_path / "toggles"
+    toggles.mkdir()
+    src = Path(__file__).resolve().parent.parent / "toggles" / "26738.yaml"
+    text = src.read_text()
+    head, _, rest = text.partition("caught_by:")
+    body = rest.split("\nparts:", 1)[1]
+    good = head + "caught_by:\n  - test_user.py::test_none_backends_are_skipped\nparts:" + body
+    (toggles / "26738.yaml").write_text(good)
+    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_TOGGLES_DIR", "PYTHONPATH")}
+
+    def doctor() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "sglfix", "--toggles", str(toggles), "doctor", "--caught-by",
+                               "--tests-root", str(tmp_path), "--json"], capture_output=True, text=True, env=env,
+                              timeout=600, cwd=tmp_path)
+
+    r = doctor()
+    assert r.returncode == 0, r.stdout + r.stderr
+    checks = {c["id"]: c for c in json.loads(r.stdout)["toggles"]}
+    assert checks["26738 caught_by"]["ok"]
+    (toggles / "26738.yaml").write_text(good.replace("  - test_user.py::test_none_backends_are_skipped\n",
+                                                     "  - test_user.py::test_none_backends_are_skipped\n"
+                                                     "  - test_user.py::test_wrongly_marked\n"
+                                                     "  - test_gone.py::test_x\n"))
+    r = doctor()
+    assert r.returncode == 1, r.stdout + r.stderr
+    bad = {c["id"]: c for c in json.loads(r.stdout)["toggles"]}["26738 caught_by"]
+    assert not bad["ok"]
+    assert "test_user.py::test_wrongly_marked: NOT caught" in bad["error"]
+    assert "test_gone.py::test_x: names no test file" in bad["error"]
+    assert "test_none_backends_are_skipped" not in bad["error"]
+
+
+def test_the_projects_own_fixed_by_tests_catch_their_fixes():
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_TOGGLES_DIR", "PYTEST_ADDOPTS")}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--sglfix-check-fixes",
+                        "-m", "fixed_by", "tests/backends"], cwd=root, capture_output=True, text=True, env=env,
+                       timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    caught = [line for line in r.stdout.splitlines() if line.startswith("caught ")]
+    assert len(caught) >= 8 and not [line for line in r.stdout.splitlines() if line.startswith("NOT caught")]
