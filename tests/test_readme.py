@@ -40,7 +40,14 @@ def test_readme_claims_only_what_exists():
     from sglfix.cli.app import app
 
     commands = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
-    shell = "\n".join(re.findall(r"```bash\n(.*?)```", text, re.S))
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, re.S))
+    # pytest lines show the plugin's options: they must exist there.
+    plugin = (ROOT / "sglfix" / "pytest_plugin.py").read_text()
+    for line in blocks.splitlines():
+        if line.startswith("pytest"):
+            for option in re.findall(r"(--sglfix-[a-z-]+)", line):
+                assert f'"{option}"' in plugin, f"README shows pytest option {option}, which the plugin lacks"
+    shell = "\n".join(line for line in blocks.splitlines() if not line.startswith("pytest"))
     used = set(re.findall(r"\bsglfix ([a-z]+)\b", shell))
     assert used and used <= commands, f"README shows commands that do not exist: {sorted(used - commands)}"
     for group in app.registered_groups:  # sglfix report compare: the subcommand must exist too
