@@ -241,3 +241,23 @@ def test_a_revert_that_does_not_apply_when_its_module_arrives_stops_the_process(
     assert r.stdout.split() == ["start"]
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "revert 11111" in lines[0] and "cannot be applied to sglang.srt.managers.overlap.decide" in lines[0], lines
+
+
+def test_torchrun_ranks_each_run_the_pre_fix_code(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text(textwrap.dedent(f"""
+        import os
+        import sglfix
+        import {OVERLAP} as m
+        try:
+            m.decide_needs_cpu_seq_lens([None]); state = "fixed"
+        except AttributeError:
+            state = "pre-fix"
+        print(f"rank {{os.environ['RANK']}}: {{state}} {{','.join(sglfix.reverted_ids())}}", flush=True)
+    """))
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env=_env(SGLANG_DEBUG_REVERT_PR="26738:overlap-guard", OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    ranks = sorted(line for line in r.stdout.splitlines() if line.startswith("rank "))
+    assert ranks == ["rank 0: pre-fix 26738:overlap-guard", "rank 1: pre-fix 26738:overlap-guard"], r.stdout
