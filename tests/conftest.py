@@ -18,13 +18,19 @@ def _nothing_left_patched():
     from sglfix.patching import patcher
 
     yield
-    from sglfix.toggling.revert import restore_everything
+    from sglfix.toggling import hook, revert
 
-    restore_everything()
-    leaked = [fn.__qualname__ for fn in list(patcher._STACKS)]
+    # What the session reverts (pytest --sglfix-revert) stays; anything a test left is undone.
+    session = hook.armed()
+    kept = {id(s) for s in session.record.states} if session is not None else set()
+    for held in reversed(revert._held()):
+        if session is None or held is not session.record:
+            held.restore()
+    leaked = [fn.__qualname__ for fn, stack in list(patcher._STACKS.items()) if any(id(s) not in kept for s in stack)]
     for stack in list(patcher._STACKS.values()):
         for state in reversed(stack):
-            state.restore()
+            if id(state) not in kept:
+                state.restore()
     assert not leaked, f"test left functions patched: {leaked}"
 
 

@@ -45,6 +45,12 @@ def test_the_hook_is_installed_next_to_the_packages_and_is_the_checkout_file():
     installed = site / "zz-sglfix-startup.pth"
     assert installed.is_file(), f"{installed} missing: reinstall sglfix (pip install -e .)"
     assert installed.read_bytes() == (ROOT / "zz-sglfix-startup.pth").read_bytes()
+    r = subprocess.run([sys.executable, "-m", "sglfix", "env", "--json"], capture_output=True, text=True,
+                       env=_env(), timeout=120)
+    assert r.returncode == 0, r.stderr
+    import json
+
+    assert json.loads(r.stdout)["startup_hook"] == str(installed)
 
 
 @pytest.mark.parametrize("value", [None, "", "0", " 0 ", "  ", "26738", "0,1", "x"])

@@ -1,4 +1,5 @@
-"""``sglfix env``: what SGLANG_DEBUG_REVERT_PR selects now."""
+"""``sglfix env``: what SGLANG_DEBUG_REVERT_PR selects now, under which profile, and whether the
+start-up hook that applies it in every Python process is installed."""
 
 from __future__ import annotations
 
@@ -15,20 +16,38 @@ def env_cmd(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
 
     value = os.environ.get(ENV_VAR)
     selections = selected_from_env(registry=options(ctx).registry())
+    registry = options(ctx).registry()
     data = {
-        "variable": ENV_VAR, "value": value,
+        "variable": ENV_VAR, "value": value, "toggles": registry.directory, "startup_hook": _installed_hook(),
         "selected": [{"id": s.id, "title": s.toggle.title, "summary": s.part.summary,
                       "targets": list(s.part.targets)} for s in selections],
     }
     if as_json:
         emit_json(data)
         return
+    hook = data["startup_hook"]
+    out.print(f"start-up hook: {hook}" if hook else
+              "start-up hook: not installed (pip install sglfix puts zz-sglfix-startup.pth in site-packages); "
+              "only explicit maybe_revert_pr_fix() calls apply the variable")
+    out.print(f"toggles: {registry.directory}")
     if not selections:
         out.print(f"{ENV_VAR}={value!r}: no fix is reverted" if value is not None else f"{ENV_VAR} is not set: no fix is reverted")
         return
     out.print(f"{ENV_VAR}={value!r} reverts:")
     for item in data["selected"]:
         out.print(f"  {item['id']}  {item['summary']}  ({', '.join(item['targets'])})")
+
+
+def _installed_hook() -> str | None:
+    import site
+    import sys
+
+    dirs = [*site.getsitepackages(), site.getusersitepackages()] if hasattr(site, "getsitepackages") else sys.path
+    for directory in dirs:
+        path = os.path.join(directory, "zz-sglfix-startup.pth")
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 def register(app: typer.Typer) -> None:
