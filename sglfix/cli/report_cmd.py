@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from sglfix.cli.common import verdict_text
+from sglfix.cli.common import JunitFile, MarkdownFile, verdict_text
 from sglfix.cli.context import err, options, out
 
 _SUBCOMMANDS: list[tuple[str, Callable]] = []
@@ -91,21 +91,45 @@ def merge_cmd(
     ctx: typer.Context,
     reports: List[str] = typer.Argument(..., metavar="REPORT.json", help="Reports to merge (e.g. the shards of one matrix)."),
     output: str = typer.Option(..., "--output", "-o", metavar="FILE", help="Where to write the merged report (- for stdout)."),
+    junit: JunitFile = None,
+    markdown: MarkdownFile = None,
+    gate: bool = typer.Option(False, "--gate", help="Exit 1 as the matrix does: an unmet expectation, a stray verdict or an ERROR cell in the merged report."),
 ) -> None:
     """Merge reports (shards) into one: the cells' union; a cell with two different verdicts is an error."""
+    from sglfix.cli.common import Outputs, write_outputs
     from sglfix.report.load import load_report
     from sglfix.report.merge import merge_reports
-    from sglfix.report.output import check_output_path, write_json
+    from sglfix.report.output import check_output_path
 
     check_output_path(output, option="--output")
+    outputs = Outputs(json=output, junit=junit, markdown=markdown)
+    outputs.check()
     inputs = [(path, load_report(path)) for path in reports]
     merged = merge_reports(inputs, command=options(ctx).argv)
-    write_json(output, merged)
+    write_outputs(merged, outputs, gate=True)
     given = sum(len(r["cells"]) for _, r in inputs)
     kept = len(merged["cells"])
     note = f"; {given - kept} duplicate cell(s) kept once" if given > kept else ""
     (err if output == "-" else out).print(
         f"merged {len(inputs)} report(s) into {output}: {kept} cells ({_summary_text(merged['summary'])}){note}")
+    if gate:
+        failing = _gate_failures(merged)
+        for line in failing:
+            (err if output == "-" else out).print(line)
+        if failing:
+            raise typer.Exit(1)
+
+
+def _gate_failures(report: dict) -> list[str]:
+    """What fails the matrix's gate in a (merged) report: unmet expectations, stray verdicts, ERROR cells."""
+    lines = [f"UNMET expect revert {','.join(e['revert'])} on {e['scenario']} -> {'|'.join(e['wanted'])}; "
+             f"got {sorted(set(e['got'].values()))}"
+             for e in report.get("expectations", []) if isinstance(e, dict) and e.get("met") is False]
+    lines += [f"unexpected {','.join(s.get('toggles') or []) or 'baseline'} on {s.get('scenario')}: {s.get('verdict')}"
+              for s in report.get("stray", []) if isinstance(s, dict)]
+    lines += [f"ERROR {c.get('scenario')} ({','.join(c.get('toggles') or []) or 'baseline'})"
+              for c in report.get("cells", []) if c.get("verdict") == "ERROR"]
+    return lines
 
 
 def register(app: typer.Typer) -> None:

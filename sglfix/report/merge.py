@@ -4,7 +4,8 @@
   verdicts agree; a one-line error naming the cell and both files when they do not.
 - ``expectations``: the inputs' checks, duplicates removed; the same expectation checked in
   several shards becomes one check over all the scenarios the shards ran (``got`` joined, ``met``
-  recomputed as ``check_expectations`` does: the wanted verdict on at least one of them).
+  recomputed as ``check_expectations`` does: the wanted verdict on at least one of them, a
+  NOT_REACHED cell counting as its baseline's verdict).
 - ``stray``: concatenated, duplicates removed. ``not_run``: likewise, less the expectations some
   shard did check.
 - ``wall_s``: the largest (shards run side by side). Device and environment fields (device,
@@ -45,7 +46,8 @@ def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str])
                                   f"of the files out")
     merged_cells = list(cells.values())
     reports = [r for _, r in inputs]
-    expectations = _merge_expectations([e for r in reports for e in r.get("expectations", [])])
+    verdicts = {key: _effective(c) for key, c in cells.items()}
+    expectations = _merge_expectations([e for r in reports for e in r.get("expectations", [])], verdicts)
     checked = {f"revert {','.join(e['revert'])} on {e['scenario']}" for e in expectations if _is_check(e)}
     walls = [r["wall_s"] for r in reports if isinstance(r.get("wall_s"), (int, float))]
     out: dict[str, Any] = {
@@ -88,7 +90,14 @@ def _is_check(e: Any) -> bool:
             and isinstance(e.get("wanted"), list) and isinstance(e.get("got"), dict))
 
 
-def _merge_expectations(items: Sequence[Any]) -> list:
+def _effective(cell: dict) -> str:
+    """As ``expectations.effective``: a NOT_REACHED cell stands for its baseline's verdict."""
+    if cell.get("verdict") != "NOT_REACHED":
+        return cell.get("verdict")
+    return next((f.get("same_as") for f in cell.get("findings") or [] if isinstance(f, dict) and f.get("same_as")), "PASS")
+
+
+def _merge_expectations(items: Sequence[Any], verdicts: dict) -> list:
     by_key: dict[str, dict] = {}
     out: list = []
     for e in _unique(items):
@@ -102,5 +111,7 @@ def _merge_expectations(items: Sequence[Any]) -> list:
             continue
         m = by_key[key]
         m["got"] = {**m["got"], **e["got"]}
-        m["met"] = any(v in m["wanted"] for v in m["got"].values())
+        revert = ",".join(m["revert"])
+        m["met"] = any(verdicts.get((revert, name), v) in m["wanted"] if v == "NOT_REACHED" else v in m["wanted"]
+                       for name, v in m["got"].items())
     return out
