@@ -25,6 +25,11 @@ JunitFile = Annotated[Optional[str], typer.Option("--junit", metavar="FILE", hel
 MarkdownFile = Annotated[Optional[str], typer.Option("--markdown", metavar="FILE", help="Also write a Markdown summary (.md); it is appended to $GITHUB_STEP_SUMMARY whenever that is set, option or not.")]
 HeatmapFile = Annotated[Optional[str], typer.Option("--heatmap", metavar="FILE", help="Also draw the grid coloured by verdict (.png or .svg; pip install 'sglfix[plot]').")]
 NoReachability = Annotated[bool, typer.Option("--no-reachability", help="Run every cell, also those whose reverted functions the scenario's baseline never enters (otherwise marked NOT_REACHED, not run).")]
+DeviceList = Annotated[Optional[str], typer.Option("--devices", metavar="LIST", help="One worker per GPU: cuda:0,cuda:1 (or 0,1), or all; implies --device cuda.")]
+Executor = Annotated[str, typer.Option("--executor", help="local: worker processes on this machine; ray: one Ray actor per worker (pip install 'sglfix[ray]').")]
+RayAddress = Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDR", help="Join this Ray cluster (e.g. auto, ray://head:10001); default: a private local Ray instance.")]
+ShardSpec = Annotated[Optional[str], typer.Option("--shard", metavar="I/N", help="Run only the i-th of N shards (whole scenarios, balanced by cost); `sglfix report merge` joins the shards' reports into the whole run's.")]
+ShardCosts = Annotated[Optional[str], typer.Option("--shard-costs", metavar="REPORT.json", help="Balance the shards by the cell timings of an earlier report (default: an estimate from each scenario's size).")]
 MemoryBudget = Annotated[Optional[str], typer.Option("--memory-budget", metavar="SIZE", help="Refuse scenarios estimated to need more memory (e.g. 16G; env SGLFIX_MEMORY_BUDGET).")]
 
 VERDICT_STYLE = {"PASS": "green", "SKIP": "dim", "NOT_REACHED": "dim cyan", "SYNC": "yellow", "DIVERGE": "red", "NAN": "red",
@@ -42,6 +47,39 @@ def check_jobs(jobs: Optional[int], device: str) -> int:
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs} must be at least 1")
     return jobs
+
+
+def parse_devices(text: str) -> list[str]:
+    """``cuda:0,cuda:1`` / ``0,1`` / ``all`` -> CUDA device indices, checked (exit 2 if bad)."""
+    value = text.strip()
+    if value == "all":
+        count = _cuda_device_count()
+        if count < 1:
+            raise ConfigError("--devices all: no CUDA device here; run on a GPU machine or use --jobs N on CPU")
+        return [str(i) for i in range(count)]
+    out: list[str] = []
+    for item in value.split(","):
+        item = item.strip()
+        index = item[len("cuda:"):] if item.startswith("cuda:") else item
+        if not index.isdigit() or len(index) > 4:
+            raise ConfigError(f"--devices {text!r}: {item!r} is not a CUDA device; give cuda:0,cuda:1 (or 0,1) or all")
+        if index in out:
+            raise ConfigError(f"--devices {text!r}: cuda:{index} is listed twice")
+        out.append(str(int(index)))
+    return out
+
+
+def _cuda_device_count() -> int:
+    """How many GPUs a worker would see, asked of a fresh interpreter (this process never imports torch)."""
+    import subprocess
+    import sys
+
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                           capture_output=True, text=True, timeout=300)
+    try:
+        return int(probe.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise ConfigError(f"--devices all: could not count the GPUs ({(probe.stderr or probe.stdout).strip()[-200:]})") from None
 
 
 def revert_ids(revert: Sequence[str]) -> list[str]:
@@ -106,28 +144,63 @@ class Ran:
     info: dict
     results: list
     wall: float
+    shard: Any = None  # the Shard this run was, if --shard
+
 
 
 def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequence[str],
              scenario_file: Sequence[str], backend: Optional[str], device: str, jobs: Optional[int],
-             timeout: float, outputs: Outputs, memory_budget: Optional[str], reachability: bool = False) -> Ran:
+             timeout: float, outputs: Outputs, memory_budget: Optional[str], reachability: bool = False,
+             shard: Optional[str] = None, shard_costs: Optional[str] = None, devices: Optional[str] = None,
+             executor: str = "local", ray_address: Optional[str] = None) -> Ran:
     """Every option checked first (exit 2 before any cell runs: the worker config checks device
     and timeout), then the workers boot while the scenarios load and the plan is built.
     ``build_plan(scenarios, registry=, env_ids=)`` makes the plan. ``reachability``: run the plan's
     baseline first and mark the cells whose reverted functions it never enters NOT_REACHED."""
     from sglfix.execution.pool import WorkerConfig, WorkerPool, signals_raise
+    from sglfix.execution.shards import costs_from_report, parse_shard, shard_plan
 
     outputs.check()
+    if executor not in ("local", "ray"):
+        raise ConfigError(f"--executor {executor!r}: use local or ray")
+    if ray_address is not None and executor != "ray":
+        raise ConfigError("--ray-address joins a Ray cluster: give --executor ray with it")
+    gpus = None
+    if devices is not None:
+        if device not in ("auto", "cuda"):
+            raise ConfigError(f"--devices {devices} runs on GPUs; drop --device {device} (or use --jobs N on CPU)")
+        if jobs is not None:
+            raise ConfigError("--devices starts one worker per GPU; give --devices or --jobs, not both")
+        gpus = parse_devices(devices)
+        device = "cuda"
+    part = parse_shard(shard) if shard is not None else None
+    if shard_costs is not None and part is None:
+        raise ConfigError("--shard-costs balances shards: give --shard I/N with it")
+    timings = None
+    if shard_costs is not None:
+        from sglfix.report.load import load_report
+
+        timings = costs_from_report(load_report(shard_costs))
     registry = opts.registry()
     config = WorkerConfig(device=device, timeout=timeout, allowed_prefixes=opts.allowed_prefixes(),
                           toggles_dir=str(registry.directory) if opts.toggles is not None else None)
     env = env_ids(registry)
-    with signals_raise(), WorkerPool(config, jobs=check_jobs(jobs, device)) as pool:
+    if executor == "ray":
+        from sglfix.execution.ray_pool import RayPool
+
+        def make_pool():
+            return RayPool(config, jobs=check_jobs(jobs, device), devices=gpus, address=ray_address)
+    else:
+        def make_pool():
+            return WorkerPool(config, jobs=check_jobs(jobs, device), devices=gpus)
+    with signals_raise(), make_pool() as pool:
         chosen = load_selected(scenario, scenario_file, backend, memory_budget)
         plan = build_plan(chosen, registry=registry, env_ids=env)
+        if part is not None:
+            plan = shard_plan(plan, part, timings=timings)
         info = pool.info
         results, wall = execute(pool, plan, registry=registry if reachability else None)
-    return Ran(registry=registry, env=env, plan=plan, info=info, results=results, wall=wall)
+    return Ran(registry=registry, env=env, plan=plan, info=info, results=results, wall=wall, shard=part)
 
 
 def write_report(opts: Options, ran: Ran, outputs: Outputs, *, gate: bool, **expectations: Any) -> None:
@@ -145,6 +218,8 @@ def write_report(opts: Options, ran: Ran, outputs: Outputs, *, gate: bool, **exp
     report = build_report(command=opts.argv, info=ran.info, results=ran.results,
                           cell_ids=[c.id for c in ran.plan.cells], wall_s=ran.wall,
                           env_revert=os.environ.get(ENV_VAR), **expectations)
+    if ran.shard is not None:
+        report["shard"] = str(ran.shard)
     write_outputs(report, outputs, gate=gate)
 
 

@@ -7,7 +7,7 @@ from typing import List
 import typer
 
 from sglfix.cli.common import (
-    BackendName, Device, Jobs, JsonFile, JunitFile, MarkdownFile, MemoryBudget, Outputs, ScenarioFiles, ScenarioGlobs,
+    BackendName, Device, DeviceList, Executor, RayAddress, Jobs, JsonFile, JunitFile, MarkdownFile, MemoryBudget, ShardCosts, ShardSpec, Outputs, ScenarioFiles, ScenarioGlobs,
     Timeout, cells_table, header, revert_ids, run_plan, write_report,
 )
 from sglfix.cli.context import options, out
@@ -26,6 +26,11 @@ def run_cmd(
     junit: JunitFile = None,
     markdown: MarkdownFile = None,
     memory_budget: MemoryBudget = None,
+    devices: DeviceList = None,
+    executor: Executor = "local",
+    ray_address: RayAddress = None,
+    shard: ShardSpec = None,
+    shard_costs: ShardCosts = None,
 ) -> None:
     """Run scenarios with the given fixes reverted (through SGLANG_DEBUG_REVERT_PR in the workers)."""
     from sglfix.execution.planner import plan_run
@@ -38,11 +43,13 @@ def run_cmd(
         return plan_run(chosen, revert=ids, env_ids=env_ids, registry=registry)
 
     ran = run_plan(opts, build_plan=build_plan, scenario=scenario, scenario_file=scenario_file, backend=backend,
-                   device=device, jobs=jobs, timeout=timeout, outputs=outputs, memory_budget=memory_budget)
+                   device=device, jobs=jobs, timeout=timeout, outputs=outputs, memory_budget=memory_budget,
+                   shard=shard, shard_costs=shard_costs, devices=devices,
+                   executor=executor, ray_address=ray_address)
     results = ran.results
     write_report(opts, ran, outputs, gate=False)
     if json_file != "-":
-        title = header(what="run", info=ran.info, env=ran.env, wall=ran.wall, cells=len(results))
+        title = header(what="run" if ran.shard is None else f"run shard {ran.shard}", info=ran.info, env=ran.env, wall=ran.wall, cells=len(results))
         out.print(cells_table(results, title=title))
     if any(r.verdict == "ERROR" for r in results):
         raise typer.Exit(1)

@@ -111,11 +111,16 @@ class WorkerPool:
     worker dies with that thread (``PR_SET_PDEATHSIG``), so keep the pool in one thread.
     """
 
-    def __init__(self, config: WorkerConfig, *, jobs: int = 1) -> None:
+    def __init__(self, config: WorkerConfig, *, jobs: int = 1, devices: Sequence[str] | None = None) -> None:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise ConfigError(f"--jobs {jobs!r} must be at least 1")
         self.config = config
-        self.workers = [Worker(config) for _ in range(jobs)]
+        if devices:
+            # One worker per GPU, each seeing only its own (CUDA_VISIBLE_DEVICES): a fault or a
+            # timeout takes one device's worker, and cells keep flowing to the others.
+            self.workers = [Worker(config, extra_env={"CUDA_VISIBLE_DEVICES": d}) for d in devices]
+        else:
+            self.workers = [Worker(config) for _ in range(jobs)]
         self.replacements: list[str] = []  # why a worker was replaced between toggle sets
         self._info: dict | None = None
         self._closed = False

@@ -811,11 +811,12 @@ class Worker:
             if event is not None:
                 raise_for_start(event)
 
-    def run(self, *, scenario_json: dict, scenario_name: str, toggles: Any, timeout: float | None = None) -> CellResult:
+    def run(self, *, scenario_json: dict, scenario_name: str, toggles: Any, timeout: float | None = None,
+            extra: dict | None = None) -> CellResult:
         """Run one cell and wait for its result; restarts the worker after a fault or timeout."""
         for _ in range(3):
             self.wait_ready()
-            self.send(scenario_json=scenario_json, toggles=toggles, timeout=timeout)
+            self.send(scenario_json=scenario_json, toggles=toggles, timeout=timeout, extra=extra)
             while True:
                 event = self.wait_event(until=math.inf)
                 if event is None or event.kind == "ready":

@@ -1,0 +1,219 @@
+"""The Ray executor: cells run in Ray actors, one per GPU (or per CPU job), on one machine or a cluster.
+
+Each actor owns one sglfix worker process and drives it with the same ``Worker`` handle the local
+pool uses, so isolation, timeouts and verdicts do not depend on where a cell ran: a segfault in
+the code under test is FAULT and the actor starts a fresh worker; a hang is TIMEOUT at the same
+limit; the worker applies each toggle set through ``SGLANG_DEBUG_REVERT_PR`` exactly as locally.
+An actor that itself dies (its node lost, its process killed) is FAULT for the cell it held and
+is replaced. Actors ask Ray for ``num_gpus=1`` on CUDA (Ray then sets ``CUDA_VISIBLE_DEVICES``,
+which the worker inherits) and ``num_cpus=1`` on CPU.
+
+Without an address a private local Ray instance is started (and stopped at the end); with
+``--ray-address`` (or ``auto``) the run joins that cluster, whose nodes need the same sglfix.
+``pip install 'sglfix[ray]'``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterable, Sequence
+
+from sglfix.common.errors import ConfigError
+from sglfix.execution.pool import WorkerPool, _Queue
+from sglfix.execution.worker import WorkerConfig
+from sglfix.harness.cell import CellResult
+
+__all__ = ["RayPool"]
+
+# An actor that neither answers nor dies within the cell timeout plus this is killed and
+# replaced (its worker enforces the timeout itself; this bounds a stuck actor).
+ACTOR_GRACE = 120.0
+
+
+class _CellActor:
+    """Lives in a Ray worker process: one sglfix worker behind the local ``Worker`` handle."""
+
+    def __init__(self, config: dict) -> None:
+        from sglfix.execution.worker import Worker, WorkerConfig
+
+        self.worker = Worker(WorkerConfig(**config))
+
+    def boot(self) -> dict:
+        self.worker.wait_ready()
+        return {**(self.worker.info or {}), "node": os.uname().nodename,
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    def run(self, scenario_json: dict, scenario_name: str, toggles: list, extra: dict | None) -> dict:
+        result = self.worker.run(scenario_json=scenario_json, scenario_name=scenario_name, toggles=tuple(toggles),
+                                 extra=extra)
+        return result.to_json()
+
+    def pids(self) -> list[int]:
+        return [os.getpid(), *self.worker.pids]
+
+    def close(self) -> None:
+        self.worker.kill()
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--executor ray needs Ray: pip install 'sglfix[ray]'") from None
+    return ray
+
+
+class RayPool:
+    """The ``WorkerPool`` interface (``run``, ``info``, ``close``) over Ray actors."""
+
+    def __init__(self, config: WorkerConfig, *, jobs: int = 1, devices: Sequence[str] | None = None,
+                 address: str | None = None) -> None:
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+            raise ConfigError(f"--jobs {jobs!r} must be at least 1")
+        ray = _ray()
+        self.config = config
+        self.replacements: list[str] = []
+        self._closed = False
+        self._owns = not ray.is_initialized()
+        size = len(devices) if devices else jobs
+        if self._owns:
+            kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+            if address is None:
+                # A private instance on this machine, never an ambient cluster (RAY_ADDRESS).
+                kwargs.update(address="local", num_cpus=max(size, 1) + 1)
+                if config.device == "cuda" and devices:
+                    kwargs["num_gpus"] = len(devices)
+            else:
+                kwargs["address"] = address
+            saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if address is None and config.device == "cuda" and devices:
+                # The local instance reads the GPUs it may hand out from this variable: actors then
+                # get exactly the --devices given (Ray sets each actor's CUDA_VISIBLE_DEVICES).
+                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+            try:
+                ray.init(**kwargs)
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                raise ConfigError(f"--ray-address {address or 'local'}: cannot start or join Ray: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+            finally:
+                if saved is None:
+                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+                else:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = saved
+        resources = {"num_gpus": 1, "num_cpus": 0} if config.device == "cuda" else {"num_cpus": 1}
+        self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0, **resources)(_CellActor)
+        self._config = {"device": config.device, "toggles_dir": config.toggles_dir,
+                        "allowed_prefixes": list(config.allowed_prefixes) if config.allowed_prefixes is not None else None,
+                        "timeout": config.timeout}
+        self.actors = [self._new_actor() for _ in range(size)]
+        self._info: dict | None = None
+        self._boots = [a.boot.remote() for a in self.actors]
+
+    def _new_actor(self) -> Any:
+        return self._actor_cls.remote(self._config)
+
+    def __enter__(self) -> "RayPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def info(self) -> dict:
+        if self._info is None:
+            ray = _ray()
+            first = ray.get(self._boots[0])
+            self._info = {k: first.get(k) for k in ("device", "device_name", "torch", "triton", "interpreter")}
+            self._info["executor"] = "ray"
+        return dict(self._info)
+
+    @property
+    def pids(self) -> list[int]:
+        ray = _ray()
+        out: list[int] = []
+        for a in self.actors:
+            try:
+                out += ray.get(a.pids.remote(), timeout=30)
+            except Exception:
+                continue
+        return out
+
+    def run(self, cells: Iterable[Any], *, on_result: Callable[[CellResult], None] | None = None) -> list[CellResult]:
+        ray = _ray()
+        if self._closed:
+            raise RuntimeError("this RayPool is closed; make a new one")
+        cells = list(cells)
+        keys = [tuple(c.toggles) for c in cells]
+        queue = _Queue(keys)
+        results: list[CellResult | None] = [None] * len(cells)
+        held: dict[int, tuple[str, ...] | None] = {k: None for k in range(len(self.actors))}
+        running: dict[Any, tuple[int, int]] = {}  # ref -> (actor slot, cell index)
+        limit = self.config.timeout * 3 + ACTOR_GRACE  # a cell may restart its worker twice
+        left = len(cells)
+        while left:
+            busy = {slot for slot, _ in running.values()}
+            for slot in range(len(self.actors)):
+                if not queue or slot in busy:
+                    continue
+                elsewhere = {t for s, t in held.items() if s != slot and t is not None}
+                i = queue.take(held=held[slot], elsewhere=elsewhere)
+                ref = self.actors[slot].run.remote(cells[i].scenario.to_json(), cells[i].scenario.name,
+                                                   list(keys[i]), getattr(cells[i], "extra", None))
+                held[slot] = keys[i]
+                running[ref] = (slot, i)
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=limit)
+            if not ready:  # nothing came back in time: the longest-running actor is stuck
+                ref = next(iter(running))
+                slot, i = running.pop(ref)
+                results[i] = self._lost(slot, cells[i], keys[i], f"the Ray actor gave no result within {limit:g} s")
+                left -= 1
+                if on_result is not None:
+                    on_result(results[i])
+                continue
+            for ref in ready:
+                slot, i = running.pop(ref)
+                try:
+                    result = WorkerPool._checked(CellResult.from_json(ray.get(ref)), cells[i], keys[i])
+                except ray.exceptions.RayActorError as exc:
+                    result = self._lost(slot, cells[i], keys[i], f"the Ray actor died: {_first_line(exc)}")
+                    held[slot] = None
+                results[i] = result
+                left -= 1
+                if on_result is not None:
+                    on_result(result)
+        return [r for r in results if r is not None]
+
+    def _lost(self, slot: int, cell: Any, key: tuple[str, ...], why: str) -> CellResult:
+        """FAULT for the cell an actor held when it was lost; a fresh actor takes its place."""
+        ray = _ray()
+        try:
+            ray.kill(self.actors[slot], no_restart=True)
+        except Exception:
+            pass
+        self.replacements.append(why)
+        self.actors[slot] = self._new_actor()
+        result = CellResult(scenario=cell.scenario.name, toggles=list(key), device=self.config.device)
+        result.add("FAULT", f"{why}; actor replaced")
+        return result.finish()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        ray = _ray()
+        for a in self.actors:
+            try:
+                ray.get(a.close.remote(), timeout=30)
+            except Exception:
+                pass
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:
+                pass
+        if self._owns and ray.is_initialized():
+            ray.shutdown()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

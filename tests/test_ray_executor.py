@@ -1,0 +1,88 @@
+"""The Ray executor (local Ray on CPU, as CI runs it): the same verdicts as the local pool, a
+segfault is FAULT and the run completes, a dead actor is FAULT and replaced, no process left."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clihelp import run_cli
+from procs import wait_untagged
+
+SCEN = "triton-decode@cg=eager,gpu_only=off"
+SCEN2 = "triton-extend"
+TARGET = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata"
+SEGV, KILL_ACTOR = 90101, 90102
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("ray-toggles")
+    for pr, preamble in ((SEGV, "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"),
+                         # The worker's parent is the actor's process: the actor dies mid-cell.
+                         (KILL_ACTOR, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(60)\n")):
+        patch = {"target": TARGET, "edits": [{"match": "bs = forward_batch.batch_size\n", "append": "pass\n"}],
+                 "preamble": preamble}
+        (d / f"{pr}.yaml").write_text(yaml.safe_dump({"pr": pr, "title": f"hostile {pr}", "patches": [patch]}))
+    return d
+
+
+def _cells(report: dict) -> dict:
+    return {(",".join(c["toggles"]), c["scenario"]): {k: v for k, v in c.items() if k not in ("timings_ms", "kernels")}
+            for c in report["cells"]}
+
+
+def _run(*args: str, tag: str, timeout: float = 600):
+    return run_cli(*args, env={"SGLFIX_TEST_TAG": tag}, timeout=timeout)
+
+
+def test_ray_matrix_equals_the_local_pool_cell_by_cell(tmp_path):
+    subset = ["-s", "triton-decode*", "-s", "triton-draft-extend-v2-ps16*"]
+    tag = uuid.uuid4().hex
+    local, ray = tmp_path / "local.json", tmp_path / "ray.json"
+    r = _run("matrix", "--parts", *subset, "--device", "cpu", "--json", str(local), tag=tag)
+    assert r.code == 0, r.err[-2000:]
+    r = _run("matrix", "--parts", *subset, "--device", "cpu", "--executor", "ray", "--json", str(ray), tag=tag)
+    assert r.code == 0, r.out[-2000:] + r.err[-2000:]
+    a, b = json.loads(local.read_text()), json.loads(ray.read_text())
+    assert _cells(a) == _cells(b) and len(a["cells"]) > 50
+    assert a["summary"] == b["summary"] and a["expectations"] == b["expectations"] and a["stray"] == b["stray"]
+    assert not wait_untagged(tag), "processes left behind"
+
+
+def test_a_segfault_is_fault_under_ray_as_locally_and_the_run_completes(tmp_path, hostile):
+    tag = uuid.uuid4().hex
+    reports = {}
+    for executor in ("local", "ray"):
+        path = tmp_path / f"{executor}.json"
+        r = _run("--toggles", str(hostile), "run", "-r", str(SEGV), "-s", SCEN, "-s", SCEN2, "--device", "cpu",
+                 "--executor", executor, "--json", str(path), tag=tag)
+        assert r.code == 1, r.out[-2000:] + r.err[-2000:]  # FAULT fails the run; it completes
+        reports[executor] = json.loads(path.read_text())
+    assert {c["verdict"] for c in reports["ray"]["cells"]} == {"FAULT"}
+    assert _cells(reports["local"]).keys() == _cells(reports["ray"]).keys()
+    for key, cell in _cells(reports["ray"]).items():
+        local = _cells(reports["local"])[key]
+        assert cell["verdict"] == local["verdict"] == "FAULT"
+        assert "signal SIGSEGV" in cell["findings"][0]["message"] and "triton_backend.py" in cell["findings"][0]["message"]
+    assert not wait_untagged(tag), "processes left behind"
+
+
+def test_a_dead_actor_is_fault_for_its_cell_and_is_replaced(tmp_path, hostile):
+    tag = uuid.uuid4().hex
+    path = tmp_path / "ray.json"
+    r = _run("--toggles", str(hostile), "matrix", "-s", SCEN, "-s", SCEN2, "--device", "cpu", "--executor", "ray",
+             "--jobs", "1", "--no-reachability", "--json", str(path), tag=tag)
+    report = json.loads(path.read_text())
+    verdicts = {(",".join(c["toggles"]), c["scenario"]): c["verdict"] for c in report["cells"]}
+    assert verdicts[(str(KILL_ACTOR), SCEN)] == "FAULT"
+    dead = next(c for c in report["cells"] if c["toggles"] == [str(KILL_ACTOR)] and c["scenario"] == SCEN)
+    assert "Ray actor died" in dead["findings"][0]["message"], dead
+    assert verdicts[("", SCEN)] == verdicts[("", SCEN2)] == "PASS"  # the replacement ran the rest
+    assert verdicts[(str(SEGV), SCEN)] == "FAULT"
+    assert r.code == 1
+    assert not wait_untagged(tag), "processes left behind"
