@@ -4,7 +4,8 @@
 # (every toggle and part) on CUDA twice (every cell with the JIT caches as carried, then warm with
 # reachability), compare it cell by cell with the committed CPU matrix, and probe FAULT/TIMEOUT
 # isolation on CUDA.
-# Carry .cache (pydantic and FlashInfer wheels, JIT caches). ONLY=probe stops after the matrices and the probe.
+# Carry .cache (pydantic and FlashInfer wheels, JIT caches). ONLY=probe stops after the matrices and the probe;
+# ONLY=scale runs only the scale-out benchmark (bench/scale_out.py; Ray from .cache/ray-whl).
 # Everything lands in $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/sglfix-out}
@@ -20,7 +21,12 @@ if ls .cache/pydeps-whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 python3 -c "import sglfix.backends, sglfix; print('sglfix from', sglfix.__file__)"
 # FlashInfer: the slimmed wheel (bench/slim_flashinfer.py) and tvm-ffi, into a private site dir.
-if ls .cache/fi-whl/*.whl >/dev/null 2>&1; then
+# Or the same two wheels unpacked as one xz tarball (.cache/fi-xz, less than half the size), for
+# calls whose carry has no room for the wheels.
+if [ -f .cache/fi-xz/fi-site.tar.xz ]; then
+  mkdir -p /tmp/site && tar -xJf .cache/fi-xz/fi-site.tar.xz -C /tmp/site
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+elif ls .cache/fi-whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .cache/fi-whl/*.whl 2>&1 | tail -2
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
@@ -34,6 +40,22 @@ else
 fi
 echo "flashinfer JIT cache at start: $JIT" | tee "$OUT/jit-state.txt"
 python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
+if [ "${ONLY:-}" = scale ]; then
+  # Scale-out: the full matrix on 1 GPU, on every GPU and through Ray (bench/scale_out.py).
+  # Ray: a slimmed wheel unpacked as an xz tarball plus jsonschema's wheels, in .cache/ray-whl.
+  skip_ray=""
+  if [ -f .cache/ray-whl/ray-slim.tar.xz ]; then
+    mkdir -p /tmp/site && tar -xJf .cache/ray-whl/ray-slim.tar.xz -C /tmp/site
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .cache/ray-whl/*.whl 2>&1 | grep -v WARNING | tail -2
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  python3 -c "import ray; print('ray', ray.__version__)" 2>&1 | tail -1 | tee -a "$OUT/gpu.txt" || true
+  python3 -c "import ray" 2>/dev/null || skip_ray=--skip-ray
+  python3 -c "import torch; print('GPUs', torch.cuda.device_count())" | tee -a "$OUT/gpu.txt"
+  python3 bench/scale_out.py --json "$OUT/scale-out.json" --logs "$OUT/scale-logs" $skip_ray; echo "scale rc=$?"
+  (cd "$OUT" && tar -czf scale-logs.tgz scale-logs gpu.txt jit-state.txt && rm -rf scale-logs)
+  exit 0
+fi
 log "matrix on CUDA, every cell run (FlashInfer JIT cache: $JIT at start)"
 COLUMNS=250 python3 -m sglfix matrix --parts --no-reachability --device cuda --json "$OUT/matrix-cuda.json" > "$OUT/matrix-cuda.txt" 2>&1
 echo "matrix rc=$?"

@@ -173,6 +173,10 @@ def _boot(device: str) -> dict:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if shown:  # --devices (or Ray) chose the GPU: say which one is missing
+            raise ConfigError(f"no CUDA device {shown} here (CUDA_VISIBLE_DEVICES={shown}); give --devices "
+                              "the GPUs this machine has (or all), or use --device cpu")
         raise ConfigError("--device cuda: no CUDA device here; use --device cpu")
     if device == "cpu":
         # Read when the kernels are decorated, i.e. when the backends are imported just below.
