@@ -1,0 +1,63 @@
+"""--devices and --executor: bad values are one-line errors before any cell; one worker per
+listed GPU, each seeing only its own (checked on the worker processes' real environment)."""
+
+from __future__ import annotations
+
+import pytest
+
+from clihelp import assert_one_line_error, run_cli
+from sglfix.cli.common import parse_devices
+from sglfix.common.errors import ConfigError
+from sglfix.execution.pool import WorkerPool
+from sglfix.execution.worker import WorkerConfig
+
+
+@pytest.mark.parametrize("text, want", [("cuda:0,cuda:1", ["0", "1"]), ("0,1", ["0", "1"]), (" cuda:3 ", ["3"]),
+                                        ("1,cuda:0", ["1", "0"])])
+def test_device_lists_parse(text, want):
+    assert parse_devices(text) == want
+
+
+@pytest.mark.parametrize("text", ["cuda:x", "0,0", "cuda:0,", "-1", "gpu0", "", "cuda:12345"])
+def test_bad_device_lists_are_config_errors(text):
+    with pytest.raises(ConfigError, match="--devices"):
+        parse_devices(text)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--devices", "cuda:x"], "is not a CUDA device"),
+    (["--devices", "0,cuda:0"], "listed twice"),
+    (["--devices", "0", "--jobs", "2"], "not both"),
+    (["--devices", "0", "--device", "cpu"], "--device cpu"),
+    (["--ray-address", "auto"], "--executor ray"),
+    (["--executor", "dask"], "use local or ray"),
+])
+@pytest.mark.parametrize("command", ["run", "matrix"])
+def test_bad_scale_out_options_exit_2_before_any_cell(tmp_path, command, args, needle):
+    out = tmp_path / "r.json"
+    r = run_cli(command, *args, "-s", "triton-decode@cg=eager,gpu_only=off", "--json", str(out))
+    assert_one_line_error(r, needle)
+    assert not out.exists()
+
+
+def test_a_listed_gpu_that_is_not_there_is_named(tmp_path):
+    import torch
+
+    index = str(max(torch.cuda.device_count(), 0) + 7)  # never a GPU of this machine
+    out = tmp_path / "r.json"
+    r = run_cli("matrix", "--devices", f"cuda:{index}", "-s", "triton-decode@cg=eager,gpu_only=off", "--json", str(out))
+    assert_one_line_error(r, f"CUDA_VISIBLE_DEVICES={index}", "--devices")
+    assert not out.exists()
+
+
+def test_one_worker_per_device_each_seeing_only_its_own():
+    # device=auto boots on the CPU where the listed GPU is not there (a CPU-only worker would
+    # hide every GPU itself): what is checked is the environment each worker process really got.
+    with WorkerPool(WorkerConfig(device="auto", timeout=60), devices=["1", "0"]) as pool:
+        pool.info
+        seen = []
+        for w in pool.workers:
+            with open(f"/proc/{w.proc.pid}/environ", "rb") as fh:
+                env = dict(item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item)
+            seen.append(env.get(b"CUDA_VISIBLE_DEVICES"))
+    assert seen == [b"1", b"0"]
