@@ -16,7 +16,7 @@ from procs import wait_untagged
 SCEN = "triton-decode@cg=eager,gpu_only=off"
 SCEN2 = "triton-extend"
 TARGET = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata"
-SEGV, KILL_ACTOR = 90101, 90102
+SEGV, KILL_ACTOR, HANG = 90101, 90102, 90103
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +28,15 @@ def hostile(tmp_path_factory) -> Path:
         patch = {"target": TARGET, "edits": [{"match": "bs = forward_batch.batch_size\n", "append": "pass\n"}],
                  "preamble": preamble}
         (d / f"{pr}.yaml").write_text(yaml.safe_dump({"pr": pr, "title": f"hostile {pr}", "patches": [patch]}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def hanging(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("ray-hang")
+    patch = {"target": TARGET, "edits": [{"match": "bs = forward_batch.batch_size\n", "append": "pass\n"}],
+             "preamble": "import time\ntime.sleep(600)\n"}
+    (d / f"{HANG}.yaml").write_text(yaml.safe_dump({"pr": HANG, "title": "hangs", "patches": [patch]}))
     return d
 
 
@@ -88,4 +97,18 @@ def test_a_dead_actor_is_fault_for_its_cell_and_is_replaced(tmp_path, hostile):
     assert verdicts[("", SCEN)] == verdicts[("", SCEN2)] == "PASS"  # the replacement ran the rest
     assert verdicts[(str(SEGV), SCEN)] == "FAULT"
     assert r.code == 1
+    assert not wait_untagged(tag), "processes left behind"
+
+
+def test_a_hang_is_timeout_at_the_same_limit_under_ray(tmp_path, hanging):
+    tag = uuid.uuid4().hex
+    got = {}
+    for executor in ("local", "ray"):
+        path = tmp_path / f"{executor}.json"
+        r = _run("--toggles", str(hanging), "run", "-r", str(HANG), "-s", SCEN, "--device", "cpu", "--timeout", "8",
+                 "--executor", executor, "--json", str(path), tag=tag)
+        assert r.code == 1, r.out[-2000:] + r.err[-2000:]
+        (cell,) = json.loads(path.read_text())["cells"]
+        got[executor] = (cell["verdict"], cell["findings"][0]["message"].split(";")[0])
+    assert got["ray"] == got["local"] and got["ray"][0] == "TIMEOUT", got
     assert not wait_untagged(tag), "processes left behind"

@@ -13,7 +13,8 @@ import pytest
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.planner import plan_matrix
-from sglfix.execution.shards import Shard, costs_from_report, parse_shard, scenario_cost, shard_plan
+from sglfix.execution.shards import Shard, parse_shard, scenario_cost, shard_plan
+from sglfix.report.load import cell_costs
 from sglfix.scenario import load_scenarios
 from sglfix.toggling.registry import load_registry
 
@@ -70,7 +71,9 @@ def test_timings_from_an_earlier_report_steer_the_deal(plan):
     assert len(alone) == 1 and [x.name for x in alone[0].scenarios] == [heavy]
     report = {"cells": [{"toggles": list(c.toggles), "scenario": c.scenario.name, "timings_ms": {"run": 2.0, "check": 1.5}}
                         for c in plan.cells[:5]]}
-    assert costs_from_report(report) == {c.id: 3.5 for c in plan.cells[:5]}
+    assert cell_costs(report) == {c.id: 3.5 for c in plan.cells[:5]}
+    report["cells"][0]["timings_ms"]["total"] = 4.0  # a total, when there, is the cell's time
+    assert cell_costs(report)[plan.cells[0].id] == 4.0
 
 
 @pytest.mark.parametrize("text", ["", "1", "0/3", "4/3", "1/0", "a/b", "1/2/3", "-1/3", "1/100000"])

@@ -158,7 +158,7 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
     ``build_plan(scenarios, registry=, env_ids=)`` makes the plan. ``reachability``: run the plan's
     baseline first and mark the cells whose reverted functions it never enters NOT_REACHED."""
     from sglfix.execution.pool import WorkerConfig, WorkerPool, signals_raise
-    from sglfix.execution.shards import costs_from_report, parse_shard, shard_plan
+    from sglfix.execution.shards import parse_shard, shard_plan
 
     outputs.check()
     if executor not in ("local", "ray"):
@@ -178,9 +178,9 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
         raise ConfigError("--shard-costs balances shards: give --shard I/N with it")
     timings = None
     if shard_costs is not None:
-        from sglfix.report.load import load_report
+        from sglfix.report.load import cell_costs, load_report
 
-        timings = costs_from_report(load_report(shard_costs))
+        timings = cell_costs(load_report(shard_costs))
     registry = opts.registry()
     config = WorkerConfig(device=device, timeout=timeout, allowed_prefixes=opts.allowed_prefixes(),
                           toggles_dir=str(registry.directory) if opts.toggles is not None else None)

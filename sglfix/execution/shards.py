@@ -7,7 +7,7 @@ expectation checks per scenario work inside a shard exactly as in the whole run,
 is in exactly one shard. Scenarios are dealt by cost, largest first, each to the shard with the
 least cost so far (ties: the lower shard number, then the scenario name): deterministic on any
 machine, for the same plan and costs. The cost of a cell is its timing in an earlier report
-(``--shard-costs REPORT.json``) when that report has the cell, else an estimate from the
+(``--shard-costs REPORT.json``, read by ``sglfix.report.load.cell_costs``) when that report has the cell, else an estimate from the
 scenario's size: requests x tokens x steps.
 """
 
@@ -21,7 +21,7 @@ from sglfix.common.errors import ConfigError
 from sglfix.execution.planner import Plan
 from sglfix.scenario import Scenario
 
-__all__ = ["Shard", "parse_shard", "shard_plan", "scenario_cost", "costs_from_report", "MAX_SHARDS"]
+__all__ = ["Shard", "parse_shard", "shard_plan", "scenario_cost", "MAX_SHARDS"]
 
 MAX_SHARDS = 1024
 _SHARD_RE = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
@@ -55,19 +55,6 @@ def scenario_cost(scenario: Scenario) -> float:
     steps = max(1, scenario.spec.num_steps * scenario.spec.topk if "draft" in str(scenario.mode).lower() else 1)
     graphs = 1 + (len(scenario.capture_bs) if scenario.capture_bs else 0)  # eager run + each capture
     return float(bs * max(tokens, 1) * steps * graphs)
-
-
-def costs_from_report(report: Mapping) -> dict[str, float]:
-    """Cell id -> milliseconds it took, from a report written earlier (``--json`` of run/matrix)."""
-    from sglfix.report.load import cell_id
-
-    out: dict[str, float] = {}
-    for c in report.get("cells", []):
-        timings = c.get("timings_ms") or {}
-        total = sum(v for v in timings.values() if isinstance(v, (int, float)))
-        if total > 0:
-            out[cell_id(c)] = float(total)
-    return out
 
 
 def shard_plan(plan: Plan, shard: Shard, *, timings: Mapping[str, float] | None = None) -> Plan:

@@ -17,7 +17,7 @@ from sglfix.common.errors import ConfigError
 from sglfix.common.verdicts import MARKS
 from sglfix.report.jsonreport import SCHEMA
 
-__all__ = ["SCHEMA", "load_report", "cell_key", "cell_id", "key_figure", "describe", "count_verdicts"]
+__all__ = ["SCHEMA", "load_report", "cell_key", "cell_id", "key_figure", "describe", "count_verdicts", "cell_costs"]
 
 # sglfix.execution.planner.BASELINE: the label of the empty toggle set (report imports only common).
 BASELINE = "baseline"
@@ -124,4 +124,18 @@ def count_verdicts(cells: Sequence[dict]) -> dict[str, int]:
     out: dict[str, int] = {}
     for c in cells:
         out[c["verdict"]] = out.get(c["verdict"], 0) + 1
+    return out
+
+
+def cell_costs(report: dict) -> dict[str, float]:
+    """Cell id -> the milliseconds it took (its ``total`` timing, else the sum of its phases): what
+    ``--shard-costs`` balances shards by."""
+    out: dict[str, float] = {}
+    for c in report.get("cells", []):
+        timings = c.get("timings_ms") or {}
+        total = timings.get("total")
+        if not isinstance(total, (int, float)):
+            total = sum(v for v in timings.values() if isinstance(v, (int, float)))
+        if total > 0:
+            out[cell_id(c)] = float(total)
     return out
