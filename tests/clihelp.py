@@ -17,6 +17,9 @@ class Result:
 
 def run_cli(*args: str, env: dict | None = None, cwd: str | None = None, timeout: float = 120) -> Result:
     full_env = dict(os.environ)
+    # Assertions read the tables' contents: a COLUMNS inherited from the outer run (pytest-xdist sets
+    # 80) must not squeeze them. A test of the layout passes its own.
+    full_env["COLUMNS"] = "250"
     full_env.update(env or {})
     fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (fixtures, full_env.get("PYTHONPATH", "")) if p)

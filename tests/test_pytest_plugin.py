@@ -40,8 +40,11 @@ USER_TESTS = textwrap.dedent("""
 
 
 def _pytest(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    # The outer run's own pytest variables stay out too: under xdist PYTEST_XDIST_WORKER would make
+    # the user's single-process run look like a worker.
     full = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_TOGGLES_DIR",
-                                                              "SGLFIX_PROFILE", "PYTEST_ADDOPTS", "PYTHONPATH")}
+                                                              "SGLFIX_PROFILE", "PYTEST_ADDOPTS", "PYTHONPATH")
+            and not k.startswith("PYTEST_XDIST") and k != "PYTEST_CURRENT_TEST"}
     full.update(STATE_FILE=str(tmp_path / "state"), **(env or {}))
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_user.py", *args],
                           cwd=tmp_path, capture_output=True, text=True, env=full, timeout=600)

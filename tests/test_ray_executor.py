@@ -87,16 +87,39 @@ def test_a_dead_actor_is_fault_for_its_cell_and_is_replaced(tmp_path, hostile):
     r = _run("--toggles", str(hostile), "matrix", "-s", SCEN, "-s", SCEN2, "--device", "cpu", "--executor", "ray",
              "--jobs", "1", "--no-reachability", "--json", str(path), tag=tag)
     report = json.loads(path.read_text())
-    verdicts = {(",".join(c["toggles"]), c["scenario"]): c["verdict"] for c in report["cells"]}
-    # Calls are queued two deep on an actor: the one running when it died is charged, the one
-    # behind it runs again on the replacement (and, being hostile too, kills that one itself).
-    assert verdicts[(str(KILL_ACTOR), SCEN)] == verdicts[(str(KILL_ACTOR), SCEN2)] == "FAULT"
-    assert len(verdicts) == len(report["cells"])
-    dead = next(c for c in report["cells"] if c["toggles"] == [str(KILL_ACTOR)] and c["scenario"] == SCEN)
-    assert "Ray actor died" in dead["findings"][0]["message"], dead
-    assert verdicts[("", SCEN)] == verdicts[("", SCEN2)] == "PASS"  # the replacement ran the rest
-    assert verdicts[(str(SEGV), SCEN)] == "FAULT"
+    verdicts = {(",".join(c["toggles"]), c["scenario"]): c for c in report["cells"]}
+    assert len(verdicts) == len(report["cells"]) == 3 * 2
+    for scen in (SCEN, SCEN2):
+        assert verdicts[("", scen)]["verdict"] == "PASS"  # the replacement ran the rest
+        dead, segv = verdicts[(str(KILL_ACTOR), scen)], verdicts[(str(SEGV), scen)]
+        assert dead["verdict"] == "FAULT" and "Ray actor died" in dead["findings"][0]["message"], dead
+        assert segv["verdict"] == "FAULT" and "signal SIGSEGV" in segv["findings"][0]["message"], segv
     assert r.code == 1
+    assert not wait_untagged(tag), "processes left behind"
+
+
+def test_a_lost_call_of_several_cells_runs_them_again_one_by_one(hostile, monkeypatch):
+    # Twelve cells that each take their actor down, on one actor: the first calls carry two cells
+    # each, two calls queued. Which cell of a lost two-cell call killed the actor is unknown, so both
+    # run again alone: every cell ends FAULT exactly once, charged to itself.
+    from types import SimpleNamespace
+
+    from sglfix.cli.common import load_selected
+    from sglfix.execution.ray_pool import RayPool
+    from sglfix.execution.worker import WorkerConfig
+
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv("SGLFIX_TEST_TAG", tag)
+    chosen = load_selected(["triton-decode*@cg=eager*", "triton-extend*"], [], None)
+    cells = [SimpleNamespace(scenario=s, toggles=(str(KILL_ACTOR),)) for s in chosen * 2]
+    assert len(cells) == 12
+    with RayPool(WorkerConfig(device="cpu", timeout=60, toggles_dir=str(hostile)), jobs=1) as pool:
+        results = pool.run(cells)
+        replaced = len(pool.replacements)
+    assert [r.scenario for r in results] == [c.scenario.name for c in cells]
+    for r in results:
+        assert r.verdict == "FAULT" and "Ray actor died" in r.findings[0]["message"], r
+    assert replaced > len(cells)  # some actor was lost on a call of several cells, and its cells ran again
     assert not wait_untagged(tag), "processes left behind"
 
 

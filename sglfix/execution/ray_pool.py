@@ -28,8 +28,9 @@ __all__ = ["RayPool"]
 # An actor that neither answers nor dies within the cell timeout plus this is killed and
 # replaced (its worker enforces the timeout itself; this bounds a stuck actor).
 ACTOR_GRACE = 120.0
-# Calls queued on each actor at once (see ``RayPool.run``).
+# Calls queued on each actor at once, and the most cells in one call (see ``RayPool.run``).
 DEPTH = 2
+MAX_BATCH = 8
 
 
 class _CellActor:
@@ -50,11 +51,16 @@ class _CellActor:
                                  extra=extra)
         return result.to_json()
 
+    def run_batch(self, items: list) -> list[dict]:
+        return [self.run(*item) for item in items]
+
     def pids(self) -> list[int]:
         return [os.getpid(), *self.worker.pids]
 
     def close(self) -> None:
         self.worker.kill()
+
+
 
 
 def _ray():
@@ -141,6 +147,16 @@ class RayPool:
         return out
 
     def run(self, cells: Iterable[Any], *, on_result: Callable[[CellResult], None] | None = None) -> list[CellResult]:
+        """Every cell, results in cell order, as ``WorkerPool.run``.
+
+        A Ray call costs a few milliseconds, about a fast cell's run, so a call carries several
+        cells of one toggle set (fewer as the queue empties, so the last cells still spread over
+        every actor), and each actor has up to DEPTH calls queued. An actor runs its calls in the
+        order sent: of a lost actor's calls, those that finished keep their results, the first
+        unfinished one was running, the ones behind it never ran. When the running call held one
+        cell, that cell is FAULT; when it held several, which one took the actor down is unknown,
+        so each of them runs again alone and the loss, if it comes again, is charged to its cell.
+        """
         ray = _ray()
         if self._closed:
             raise RuntimeError("this RayPool is closed; make a new one")
@@ -150,68 +166,86 @@ class RayPool:
         results: list[CellResult | None] = [None] * len(cells)
         slots = range(len(self.actors))
         held: dict[int, tuple[str, ...] | None] = {k: None for k in slots}
-        # Each actor has up to DEPTH calls queued, so a cell's round trip through Ray overlaps the
-        # previous cell's run. An actor runs its calls in the order sent: the oldest one in flight
-        # is the one running, which is what a lost actor's FAULT is charged to.
-        inflight: dict[int, list[Any]] = {k: [] for k in slots}
-        running: dict[Any, tuple[int, int]] = {}  # ref -> (actor slot, cell index)
-        limit = self.config.timeout * 3 + ACTOR_GRACE  # a cell may restart its worker twice
+        inflight: dict[int, list[Any]] = {k: [] for k in slots}  # each actor's calls, in the order sent
+        running: dict[Any, tuple[int, list[int]]] = {}  # ref -> (actor slot, cell indices)
+        alone: set[int] = set()  # cells of a lost multi-cell call: they run one to a call
+        per_cell = self.config.timeout * 3 + ACTOR_GRACE  # a cell may restart its worker twice
 
         def done(i: int, result: CellResult) -> None:
             results[i] = result
             if on_result is not None:
                 on_result(result)
 
+        def take(slot: int) -> list[int]:
+            elsewhere = {t for s, t in held.items() if s != slot and t is not None}
+            i = queue.take(held=held[slot], elsewhere=elsewhere)
+            batch = [i]
+            if i in alone:
+                return batch
+            waiting = sum(len(g) for g in queue.groups.values())
+            size = max(1, min(MAX_BATCH, waiting // (4 * len(self.actors))))
+            group = queue.groups.get(keys[i])
+            while group and len(batch) < size and group[0] not in alone:
+                batch.append(queue.take(held=keys[i], elsewhere=set()))
+                group = queue.groups.get(keys[i])
+            return batch
+
+        def finish(ref: Any, batch: list[int]) -> None:
+            for i, value in zip(batch, ray.get(ref)):
+                done(i, WorkerPool._checked(CellResult.from_json(value), cells[i], keys[i]))
+
         def lose(slot: int, why: str) -> None:
-            """The actor is gone: finished calls keep their results, the running one is FAULT,
-            the ones behind it never ran and go back in line."""
             refs, inflight[slot] = inflight[slot], []
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
             charged = False
             for ref in refs:
-                _, i = running.pop(ref)
-                if ref in ready and not charged:
+                _, batch = running.pop(ref)
+                if not charged and ref in ready:
                     try:
-                        done(i, WorkerPool._checked(CellResult.from_json(ray.get(ref)), cells[i], keys[i]))
+                        finish(ref, batch)
                         continue
                     except ray.exceptions.RayActorError:
                         pass
                 if not charged:
-                    done(i, self._lost(slot, cells[i], keys[i], why))
                     charged = True
-                else:
+                    if len(batch) == 1:
+                        done(batch[0], self._lost(slot, cells[batch[0]], keys[batch[0]], why))
+                        continue
+                    alone.update(batch)
+                    self._replace(slot, why)
+                for i in reversed(batch):
                     queue.put_back(i, keys[i])
-            if not charged:  # nothing was running: replace the actor all the same
+            if not charged:
                 self._replace(slot, why)
             held[slot] = None
 
         while queue or running:
             for slot in slots:
                 while queue and len(inflight[slot]) < DEPTH:
-                    elsewhere = {t for s, t in held.items() if s != slot and t is not None}
-                    i = queue.take(held=held[slot], elsewhere=elsewhere)
-                    ref = self.actors[slot].run.remote(cells[i].scenario.to_json(), cells[i].scenario.name,
-                                                       list(keys[i]), getattr(cells[i], "extra", None))
-                    held[slot] = keys[i]
+                    batch = take(slot)
+                    ref = self.actors[slot].run_batch.remote(
+                        [(cells[i].scenario.to_json(), cells[i].scenario.name, list(keys[i]),
+                          getattr(cells[i], "extra", None)) for i in batch])
+                    held[slot] = keys[batch[0]]
                     inflight[slot].append(ref)
-                    running[ref] = (slot, i)
+                    running[ref] = (slot, batch)
+            oldest = next(iter(running))
+            limit = per_cell * len(running[oldest][1])
             ready, _ = ray.wait(list(running), num_returns=1, timeout=limit)
             if not ready:  # nothing came back in time: the oldest call's actor is stuck
-                slot, _ = running[next(iter(running))]
-                lose(slot, f"the Ray actor gave no result within {limit:g} s")
+                lose(running[oldest][0], f"the Ray actor gave no result within {limit:g} s")
                 continue
             for ref in ready:
                 if ref not in running:
                     continue
-                slot, i = running[ref]
+                slot, batch = running[ref]
                 try:
-                    value = ray.get(ref)
+                    finish(ref, batch)
                 except ray.exceptions.RayActorError as exc:
                     lose(slot, f"the Ray actor died: {_first_line(exc)}")
                     continue
                 del running[ref]
                 inflight[slot].remove(ref)
-                done(i, WorkerPool._checked(CellResult.from_json(value), cells[i], keys[i]))
         return [r for r in results if r is not None]
 
     def _replace(self, slot: int, why: str) -> None:
@@ -224,153 +258,8 @@ class RayPool:
         self.actors[slot] = self._new_actor()
 
     def _lost(self, slot: int, cell: Any, key: tuple[str, ...], why: str) -> CellResult:
-        """FAULT for the cell an actor held when it was lost; a fresh actor takes its place."""
+        """FAULT for the cell an actor was running when it was lost; a fresh actor takes its place."""
         self._replace(slot, why)
-        result = CellResult(scenario=cell.scenario.name, toggles=list(key), device=self.config.device)
-        result.add("FAULT", f"{why}; actor replaced")
-        return result.finish()
-
-    def close(self) -> None:
-        self.worker.kill()
-
-
-def _ray():
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--executor ray needs Ray: pip install 'sglfix[ray]'") from None
-    return ray
-
-
-class RayPool:
-    """The ``WorkerPool`` interface (``run``, ``info``, ``close``) over Ray actors."""
-
-    def __init__(self, config: WorkerConfig, *, jobs: int = 1, devices: Sequence[str] | None = None,
-                 address: str | None = None) -> None:
-        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-            raise ConfigError(f"--jobs {jobs!r} must be at least 1")
-        ray = _ray()
-        self.config = config
-        self.replacements: list[str] = []
-        self._closed = False
-        self._owns = not ray.is_initialized()
-        size = len(devices) if devices else jobs
-        if self._owns:
-            kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
-            if address is None:
-                # A private instance on this machine, never an ambient cluster (RAY_ADDRESS).
-                kwargs.update(address="local", num_cpus=max(size, 1) + 1)
-                if config.device == "cuda" and devices:
-                    kwargs["num_gpus"] = len(devices)
-            else:
-                kwargs["address"] = address
-            saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-            if address is None and config.device == "cuda" and devices:
-                # The local instance reads the GPUs it may hand out from this variable: actors then
-                # get exactly the --devices given (Ray sets each actor's CUDA_VISIBLE_DEVICES).
-                os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-            try:
-                ray.init(**kwargs)
-            except (ConnectionError, ValueError, RuntimeError) as exc:
-                raise ConfigError(f"--ray-address {address or 'local'}: cannot start or join Ray: "
-                                  f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-            finally:
-                if saved is None:
-                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-                else:
-                    os.environ["CUDA_VISIBLE_DEVICES"] = saved
-        resources = {"num_gpus": 1, "num_cpus": 0} if config.device == "cuda" else {"num_cpus": 1}
-        self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0, **resources)(_CellActor)
-        self._config = {"device": config.device, "toggles_dir": config.toggles_dir,
-                        "allowed_prefixes": list(config.allowed_prefixes) if config.allowed_prefixes is not None else None,
-                        "timeout": config.timeout}
-        self.actors = [self._new_actor() for _ in range(size)]
-        self._info: dict | None = None
-        self._boots = [a.boot.remote() for a in self.actors]
-
-    def _new_actor(self) -> Any:
-        return self._actor_cls.remote(self._config)
-
-    def __enter__(self) -> "RayPool":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def info(self) -> dict:
-        if self._info is None:
-            ray = _ray()
-            first = ray.get(self._boots[0])
-            self._info = {k: first.get(k) for k in ("device", "device_name", "torch", "triton", "interpreter")}
-            self._info["executor"] = "ray"
-        return dict(self._info)
-
-    @property
-    def pids(self) -> list[int]:
-        ray = _ray()
-        out: list[int] = []
-        for a in self.actors:
-            try:
-                out += ray.get(a.pids.remote(), timeout=30)
-            except Exception:
-                continue
-        return out
-
-    def run(self, cells: Iterable[Any], *, on_result: Callable[[CellResult], None] | None = None) -> list[CellResult]:
-        ray = _ray()
-        if self._closed:
-            raise RuntimeError("this RayPool is closed; make a new one")
-        cells = list(cells)
-        keys = [tuple(c.toggles) for c in cells]
-        queue = _Queue(keys)
-        results: list[CellResult | None] = [None] * len(cells)
-        held: dict[int, tuple[str, ...] | None] = {k: None for k in range(len(self.actors))}
-        running: dict[Any, tuple[int, int]] = {}  # ref -> (actor slot, cell index)
-        limit = self.config.timeout * 3 + ACTOR_GRACE  # a cell may restart its worker twice
-        left = len(cells)
-        while left:
-            busy = {slot for slot, _ in running.values()}
-            for slot in range(len(self.actors)):
-                if not queue or slot in busy:
-                    continue
-                elsewhere = {t for s, t in held.items() if s != slot and t is not None}
-                i = queue.take(held=held[slot], elsewhere=elsewhere)
-                ref = self.actors[slot].run.remote(cells[i].scenario.to_json(), cells[i].scenario.name,
-                                                   list(keys[i]), getattr(cells[i], "extra", None))
-                held[slot] = keys[i]
-                running[ref] = (slot, i)
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=limit)
-            if not ready:  # nothing came back in time: the longest-running actor is stuck
-                ref = next(iter(running))
-                slot, i = running.pop(ref)
-                results[i] = self._lost(slot, cells[i], keys[i], f"the Ray actor gave no result within {limit:g} s")
-                left -= 1
-                if on_result is not None:
-                    on_result(results[i])
-                continue
-            for ref in ready:
-                slot, i = running.pop(ref)
-                try:
-                    result = WorkerPool._checked(CellResult.from_json(ray.get(ref)), cells[i], keys[i])
-                except ray.exceptions.RayActorError as exc:
-                    result = self._lost(slot, cells[i], keys[i], f"the Ray actor died: {_first_line(exc)}")
-                    held[slot] = None
-                results[i] = result
-                left -= 1
-                if on_result is not None:
-                    on_result(result)
-        return [r for r in results if r is not None]
-
-    def _lost(self, slot: int, cell: Any, key: tuple[str, ...], why: str) -> CellResult:
-        """FAULT for the cell an actor held when it was lost; a fresh actor takes its place."""
-        ray = _ray()
-        try:
-            ray.kill(self.actors[slot], no_restart=True)
-        except Exception:
-            pass
-        self.replacements.append(why)
-        self.actors[slot] = self._new_actor()
         result = CellResult(scenario=cell.scenario.name, toggles=list(key), device=self.config.device)
         result.add("FAULT", f"{why}; actor replaced")
         return result.finish()
