@@ -10,9 +10,9 @@ cannot name it; expectations judge such a cell by its baseline's verdict.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Iterable
+from typing import Any, Iterable
 
-__all__ = ["Verdict", "SEVERITY", "VERDICTS", "MARKS", "NOT_REACHED", "FAILING", "worst"]
+__all__ = ["Verdict", "SEVERITY", "VERDICTS", "MARKS", "NOT_REACHED", "FAILING", "worst", "stands_for"]
 
 
 class Verdict(str, Enum):
@@ -58,3 +58,11 @@ def worst(verdicts: Iterable[str]) -> str:
     if not ranked:
         return Verdict.PASS.value
     return min(ranked, key=lambda v: v.severity).value
+
+
+def stands_for(verdict: str, findings: Iterable[Any]) -> str:
+    """The verdict a cell stands for: its own, or for NOT_REACHED its baseline's (the ``same_as``
+    its mark carries; PASS when none). Expectations judge cells by it, in a run and in a merge."""
+    if verdict != NOT_REACHED:
+        return verdict
+    return next((f.get("same_as") for f in findings or () if isinstance(f, dict) and f.get("same_as")), "PASS")

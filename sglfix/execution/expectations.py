@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
+from sglfix.common.verdicts import stands_for
 from sglfix.harness.cell import CellResult
 from sglfix.toggling.registry import Registry
 
@@ -35,9 +36,7 @@ class ExpectationCheck:
 
 def effective(result: CellResult) -> str:
     """The verdict a cell stands for: its own, or for NOT_REACHED its baseline's."""
-    if result.verdict != "NOT_REACHED":
-        return result.verdict
-    return next((f.get("same_as") for f in result.findings if f.get("same_as")), "PASS")
+    return stands_for(result.verdict, result.findings)
 
 
 def check_expectations(registry: Registry, results: list[CellResult], *, device: str

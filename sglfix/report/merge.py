@@ -20,6 +20,7 @@ import json
 from typing import Any, Sequence
 
 from sglfix.common.errors import ConfigError
+from sglfix.common.verdicts import stands_for
 from sglfix.report.jsonreport import SCHEMA
 from sglfix.report.load import cell_id, cell_key, count_verdicts, describe
 
@@ -46,7 +47,7 @@ def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str])
                                   f"of the files out")
     merged_cells = list(cells.values())
     reports = [r for _, r in inputs]
-    verdicts = {key: _effective(c) for key, c in cells.items()}
+    verdicts = {key: stands_for(c.get("verdict"), c.get("findings")) for key, c in cells.items()}
     expectations = _merge_expectations([e for r in reports for e in r.get("expectations", [])], verdicts)
     checked = {f"revert {','.join(e['revert'])} on {e['scenario']}" for e in expectations if _is_check(e)}
     walls = [r["wall_s"] for r in reports if isinstance(r.get("wall_s"), (int, float))]
@@ -88,13 +89,6 @@ def _unique(items: Sequence[Any]) -> list:
 def _is_check(e: Any) -> bool:
     return (isinstance(e, dict) and isinstance(e.get("revert"), list) and isinstance(e.get("scenario"), str)
             and isinstance(e.get("wanted"), list) and isinstance(e.get("got"), dict))
-
-
-def _effective(cell: dict) -> str:
-    """As ``expectations.effective``: a NOT_REACHED cell stands for its baseline's verdict."""
-    if cell.get("verdict") != "NOT_REACHED":
-        return cell.get("verdict")
-    return next((f.get("same_as") for f in cell.get("findings") or [] if isinstance(f, dict) and f.get("same_as")), "PASS")
 
 
 def _merge_expectations(items: Sequence[Any], verdicts: dict) -> list:
