@@ -147,7 +147,6 @@ class Ran:
     shard: Any = None  # the Shard this run was, if --shard
 
 
-
 def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequence[str],
              scenario_file: Sequence[str], backend: Optional[str], device: str, jobs: Optional[int],
              timeout: float, outputs: Outputs, memory_budget: Optional[str], reachability: bool = False,
@@ -185,15 +184,12 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
     config = WorkerConfig(device=device, timeout=timeout, allowed_prefixes=opts.allowed_prefixes(),
                           toggles_dir=str(registry.directory) if opts.toggles is not None else None)
     env = env_ids(registry)
+    pool_class, where = WorkerPool, {}
     if executor == "ray":
         from sglfix.execution.ray_pool import RayPool
 
-        def make_pool():
-            return RayPool(config, jobs=check_jobs(jobs, device), devices=gpus, address=ray_address)
-    else:
-        def make_pool():
-            return WorkerPool(config, jobs=check_jobs(jobs, device), devices=gpus)
-    with signals_raise(), make_pool() as pool:
+        pool_class, where = RayPool, {"address": ray_address}
+    with signals_raise(), pool_class(config, jobs=check_jobs(jobs, device), devices=gpus, **where) as pool:
         chosen = load_selected(scenario, scenario_file, backend, memory_budget)
         plan = build_plan(chosen, registry=registry, env_ids=env)
         if part is not None:

@@ -104,6 +104,12 @@ class _Queue:
         return i
 
 
+def check_pool_size(jobs: object) -> None:
+    """A pool's ``jobs`` (local or Ray): a whole number of workers, at least one."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"--jobs {jobs!r} must be at least 1")
+
+
 class WorkerPool:
     """``jobs`` long-lived workers sharing one ``WorkerConfig``.
 
@@ -112,8 +118,7 @@ class WorkerPool:
     """
 
     def __init__(self, config: WorkerConfig, *, jobs: int = 1, devices: Sequence[str] | None = None) -> None:
-        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-            raise ConfigError(f"--jobs {jobs!r} must be at least 1")
+        check_pool_size(jobs)
         self.config = config
         if devices:
             # One worker per GPU, each seeing only its own (CUDA_VISIBLE_DEVICES): a fault or a

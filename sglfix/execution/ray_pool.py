@@ -19,7 +19,7 @@ import os
 from typing import Any, Callable, Iterable, Sequence
 
 from sglfix.common.errors import ConfigError
-from sglfix.execution.pool import WorkerPool, _Queue
+from sglfix.execution.pool import WorkerPool, _Queue, check_pool_size
 from sglfix.execution.worker import WorkerConfig
 from sglfix.harness.cell import CellResult
 
@@ -36,10 +36,10 @@ MAX_BATCH = 8
 class _CellActor:
     """Lives in a Ray worker process: one sglfix worker behind the local ``Worker`` handle."""
 
-    def __init__(self, config: dict) -> None:
-        from sglfix.execution.worker import Worker, WorkerConfig
+    def __init__(self, config: WorkerConfig) -> None:
+        from sglfix.execution.worker import Worker
 
-        self.worker = Worker(WorkerConfig(**config))
+        self.worker = Worker(config)
 
     def boot(self) -> dict:
         self.worker.wait_ready()
@@ -61,8 +61,6 @@ class _CellActor:
         self.worker.kill()
 
 
-
-
 def _ray():
     try:
         import ray
@@ -76,8 +74,7 @@ class RayPool:
 
     def __init__(self, config: WorkerConfig, *, jobs: int = 1, devices: Sequence[str] | None = None,
                  address: str | None = None) -> None:
-        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-            raise ConfigError(f"--jobs {jobs!r} must be at least 1")
+        check_pool_size(jobs)
         ray = _ray()
         self.config = config
         self.replacements: list[str] = []
@@ -110,15 +107,12 @@ class RayPool:
                     os.environ["CUDA_VISIBLE_DEVICES"] = saved
         resources = {"num_gpus": 1, "num_cpus": 0} if config.device == "cuda" else {"num_cpus": 1}
         self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0, **resources)(_CellActor)
-        self._config = {"device": config.device, "toggles_dir": config.toggles_dir,
-                        "allowed_prefixes": list(config.allowed_prefixes) if config.allowed_prefixes is not None else None,
-                        "timeout": config.timeout}
         self.actors = [self._new_actor() for _ in range(size)]
         self._info: dict | None = None
         self._boots = [a.boot.remote() for a in self.actors]
 
     def _new_actor(self) -> Any:
-        return self._actor_cls.remote(self._config)
+        return self._actor_cls.remote(self.config)
 
     def __enter__(self) -> "RayPool":
         return self
