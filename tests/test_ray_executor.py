@@ -49,6 +49,17 @@ def _run(*args: str, tag: str, timeout: float = 600):
     return run_cli(*args, env={"SGLFIX_TEST_TAG": tag}, timeout=timeout)
 
 
+def _failing_under_each_executor(tmp_path, *args: str, tag: str) -> dict:
+    """The same command under the local pool and under Ray, each exiting 1: executor -> its report."""
+    reports = {}
+    for executor in ("local", "ray"):
+        path = tmp_path / f"{executor}.json"
+        r = _run(*args, "--executor", executor, "--json", str(path), tag=tag)
+        assert r.code == 1, r.out[-2000:] + r.err[-2000:]
+        reports[executor] = json.loads(path.read_text())
+    return reports
+
+
 def test_ray_matrix_equals_the_local_pool_cell_by_cell(tmp_path):
     subset = ["-s", "triton-decode*", "-s", "triton-draft-extend-v2-ps16*"]
     tag = uuid.uuid4().hex
@@ -65,13 +76,9 @@ def test_ray_matrix_equals_the_local_pool_cell_by_cell(tmp_path):
 
 def test_a_segfault_is_fault_under_ray_as_locally_and_the_run_completes(tmp_path, hostile):
     tag = uuid.uuid4().hex
-    reports = {}
-    for executor in ("local", "ray"):
-        path = tmp_path / f"{executor}.json"
-        r = _run("--toggles", str(hostile), "run", "-r", str(SEGV), "-s", SCEN, "-s", SCEN2, "--device", "cpu",
-                 "--executor", executor, "--json", str(path), tag=tag)
-        assert r.code == 1, r.out[-2000:] + r.err[-2000:]  # FAULT fails the run; it completes
-        reports[executor] = json.loads(path.read_text())
+    # FAULT fails the run; it completes
+    reports = _failing_under_each_executor(tmp_path, "--toggles", str(hostile), "run", "-r", str(SEGV), "-s", SCEN,
+                                           "-s", SCEN2, "--device", "cpu", tag=tag)
     assert {c["verdict"] for c in reports["ray"]["cells"]} == {"FAULT"}
     assert _cells(reports["local"]).keys() == _cells(reports["ray"]).keys()
     for key, cell in _cells(reports["ray"]).items():
@@ -125,13 +132,11 @@ def test_a_lost_call_of_several_cells_runs_them_again_one_by_one(hostile, monkey
 
 def test_a_hang_is_timeout_at_the_same_limit_under_ray(tmp_path, hanging):
     tag = uuid.uuid4().hex
+    reports = _failing_under_each_executor(tmp_path, "--toggles", str(hanging), "run", "-r", str(HANG), "-s", SCEN,
+                                           "--device", "cpu", "--timeout", "8", tag=tag)
     got = {}
-    for executor in ("local", "ray"):
-        path = tmp_path / f"{executor}.json"
-        r = _run("--toggles", str(hanging), "run", "-r", str(HANG), "-s", SCEN, "--device", "cpu", "--timeout", "8",
-                 "--executor", executor, "--json", str(path), tag=tag)
-        assert r.code == 1, r.out[-2000:] + r.err[-2000:]
-        (cell,) = json.loads(path.read_text())["cells"]
+    for executor, report in reports.items():
+        (cell,) = report["cells"]
         got[executor] = (cell["verdict"], cell["findings"][0]["message"].split(";")[0])
     assert got["ray"] == got["local"] and got["ray"][0] == "TIMEOUT", got
     assert not wait_untagged(tag), "processes left behind"
