@@ -29,8 +29,10 @@ HEAVY = ("yaml", "torch", "rich", "typer", "pydantic", "inspect", "ast")
 
 
 def _env(**extra: str) -> dict[str, str]:
+    # PYTHONUNBUFFERED goes too: the programs' stdout is then block-buffered, as in a plain CI pipe.
     env = {k: v for k, v in os.environ.items()
-           if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_PROFILE", "SGLFIX_TOGGLES_DIR", "SGLFIX_VERBOSE", "PYTHONPATH")}
+           if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_PROFILE", "SGLFIX_TOGGLES_DIR", "SGLFIX_VERBOSE", "PYTHONPATH",
+                        "PYTHONUNBUFFERED")}
     env.update(extra)
     return env
 

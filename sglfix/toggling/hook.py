@@ -54,6 +54,12 @@ def _die(message: str) -> None:
 
         traceback.print_exc()
     first = (message.splitlines() or [""])[0]
+    # os._exit skips the interpreter's shutdown, so what the program already printed would be lost
+    # with stdout piped (block-buffered): flush it first, so the output stops where the run did.
+    try:
+        sys.stdout.flush()
+    except Exception:
+        pass
     sys.stderr.write(f"sglfix: error: {first}\n")
     sys.stderr.flush()
     os._exit(2)
