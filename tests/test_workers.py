@@ -99,7 +99,7 @@ def tdir(tmp_path_factory, marks) -> Path:
     # outlives its parent: EOF on the output pipe never comes.
     write_toggle(d, CHILD_SEGV, preamble=f"""
         import os, signal, subprocess, sys
-        ch = sys.modules["__main__"]._CHANNEL
+        ch = sys.modules["sglfix.execution.serve"]._CHANNEL
         open({str(marks / 'channel_fds')!r}, 'w').write(f"{{ch._in.fileno()}} {{ch._out}}")
         child = subprocess.Popen([sys.executable, "-c",
             "import os, time; open({str(marks / 'child_fds')!r}, 'w').write(' '.join(os.listdir('/proc/self/fd'))); time.sleep(120)"],
@@ -118,7 +118,7 @@ def tdir(tmp_path_factory, marks) -> Path:
             stream.write("@@sglfix-reply " + {forged!r} + "\\n")
             stream.write({forged!r} + "\\n@@sglfix-ready\\n")
             stream.flush()
-        channel = getattr(sys.modules["__main__"], "_CHANNEL", None)
+        channel = getattr(sys.modules["sglfix.execution.serve"], "_CHANNEL", None)
         if channel is not None:  # straight onto the reply pipe, with an id no request has
             channel.send({{"id": -1, "result": json.loads({forged!r})["result"]}})
     """)
@@ -200,24 +200,24 @@ def test_config_rejects_unknown_device_and_missing_toggles_dir(tmp_path):
 def test_state_snapshot_sees_rebinding_but_not_harmless_additions():
     import types
 
-    from sglfix.execution.worker import StateSnapshot
+    from sglfix.execution.snapshot import StateSnapshot
 
     name = "sglfix.backends._state_probe"
     mod = types.ModuleType(name)
     exec("class K:\n    def m(self):\n        return 1\ndef f(x=1):\n    return x\nTABLE = {'a': 1}\nLIMIT = 3\n", vars(mod))
     sys.modules[name] = mod
     try:
-        snap = StateSnapshot()
+        snap = StateSnapshot("sglfix.backends")
         assert snap.changes() == []
         mod.helper_added_by_interpreter = object()  # an added name is not a leak...
         assert snap.changes() == []
         mod.helper_added_by_interpreter = object()  # ...but rebinding it afterwards is
         assert snap.changes() == [f"{name}.helper_added_by_interpreter"]
-        snap = StateSnapshot()
+        snap = StateSnapshot("sglfix.backends")
         mod.len = lambda x: 0  # shadows a builtin: old code would read it
         assert snap.changes() == [f"{name}.len"]
         del mod.len
-        snap = StateSnapshot()
+        snap = StateSnapshot("sglfix.backends")
         for change, path in (
             (lambda: setattr(mod, "LIMIT", 4), f"{name}.LIMIT"),
             (lambda: setattr(mod.K, "m", lambda self: 2), f"{name}.K.m"),
@@ -225,12 +225,12 @@ def test_state_snapshot_sees_rebinding_but_not_harmless_additions():
             (lambda: setattr(mod.f, "__defaults__", (2,)), f"{name}.f.__defaults__"),
             (lambda: mod.TABLE.update(a=2), f"{name}.TABLE[...]"),
         ):
-            snap = StateSnapshot()
+            snap = StateSnapshot("sglfix.backends")
             change()
             assert path in snap.changes(), path
         # A module cache bound lazily (None in the snapshot) is put back to None, not a leak...
         mod.CACHE = None
-        snap = StateSnapshot()
+        snap = StateSnapshot("sglfix.backends")
         mod.CACHE = object()
         assert snap.reset_lazy() == [f"{name}.CACHE"] and mod.CACHE is None and snap.changes() == []
         mod.LIMIT = 5  # ...while a rebound value still is one
@@ -240,7 +240,7 @@ def test_state_snapshot_sees_rebinding_but_not_harmless_additions():
 
 
 def _session(monkeypatch, tmp_path):
-    from sglfix.execution.worker import Session
+    from sglfix.execution.session import Session
     from sglfix.toggling.env import ENV_VAR
 
     monkeypatch.setenv(ENV_VAR, "0")  # the session writes it; monkeypatch puts the old value back

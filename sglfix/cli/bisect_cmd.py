@@ -92,7 +92,8 @@ def bisect_cmd(
     else:
         candidates = [rid for t in registry for rid in (t.ids[1:] if len(t.parts) > 1 else t.ids[:1])]
     config = WorkerConfig(device=device, timeout=timeout, allowed_prefixes=opts.allowed_prefixes(),
-                          toggles_dir=str(registry.directory) if opts.toggles is not None else None)
+                          toggles_dir=str(registry.directory) if opts.toggles is not None else None,
+                          codebase=opts.codebase().name)
     env = env_ids(registry)
 
     from sglfix.toggling.ids import ToggleId
@@ -113,7 +114,7 @@ def bisect_cmd(
     started = time.perf_counter()
     groups_out, masking_out, masking_sets = [], [], set()
     with signals_raise(), WorkerPool(config, jobs=check_jobs(jobs, device)) as pool:
-        chosen = load_selected(scenario, scenario_file, backend, memory_budget)
+        chosen = load_selected(opts, scenario, scenario_file, backend, memory_budget)
         cells = _Cells(pool, chosen, env)
         names = [s.name for s in chosen]
         from sglfix.execution.reach import targets_of

@@ -101,16 +101,22 @@ def env_ids(registry) -> tuple[str, ...]:
     return tuple(t.strip() for t in value.split(","))
 
 
-def load_selected(scenario_globs: Sequence[str], scenario_files: Sequence[str], backend: Optional[str],
-                  memory_budget: Optional[str] = None):
-    """Built-in scenarios, or only the given files when --scenario-file is used; sizes and the
-    memory estimate checked at load (exit 2 before any cell runs)."""
+def load_selected(opts: Options, scenario_globs: Sequence[str], scenario_files: Sequence[str],
+                  backend: Optional[str], memory_budget: Optional[str] = None):
+    """The profile's built-in scenarios, or only the given files when --scenario-file is used;
+    sizes, the memory estimate and what the profile's code base can run checked at load (exit 2
+    before any cell runs)."""
+    from sglfix.codebases import check_scenarios_runnable, get_codebase
     from sglfix.scenario import load_scenarios, select_scenarios
     from sglfix.scenario.memory import parse_size
 
+    profile = opts.active_profile()
     budget = parse_size(memory_budget, what="--memory-budget") if memory_budget is not None else None
-    scenarios = load_scenarios(list(scenario_files), builtin=not scenario_files, memory_budget=budget)
-    return select_scenarios(scenarios, globs=list(scenario_globs), backend=backend)
+    scenarios = load_scenarios(list(scenario_files), builtin=not scenario_files, memory_budget=budget,
+                               builtin_dir=profile.scenarios_dir)
+    chosen = select_scenarios(scenarios, globs=list(scenario_globs), backend=backend)
+    check_scenarios_runnable(chosen, get_codebase(profile.codebase))
+    return chosen
 
 
 @dataclass
@@ -182,7 +188,8 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
         timings = cell_costs(load_report(shard_costs))
     registry = opts.registry()
     config = WorkerConfig(device=device, timeout=timeout, allowed_prefixes=opts.allowed_prefixes(),
-                          toggles_dir=str(registry.directory) if opts.toggles is not None else None)
+                          toggles_dir=str(registry.directory) if opts.toggles is not None else None,
+                          codebase=opts.codebase().name)
     env = env_ids(registry)
     pool_class, where = WorkerPool, {}
     if executor == "ray":
@@ -190,7 +197,7 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
 
         pool_class, where = RayPool, {"address": ray_address}
     with signals_raise(), pool_class(config, jobs=check_jobs(jobs, device), devices=gpus, **where) as pool:
-        chosen = load_selected(scenario, scenario_file, backend, memory_budget)
+        chosen = load_selected(opts, scenario, scenario_file, backend, memory_budget)
         plan = build_plan(chosen, registry=registry, env_ids=env)
         if part is not None:
             plan = shard_plan(plan, part, timings=timings)

@@ -34,6 +34,26 @@ class Options:
 
         return tuple(DEFAULT_ALLOWED_PREFIXES) + self.allow
 
+    def active_profile(self):
+        """The profile of this command: ``--profile``, else ``SGLFIX_PROFILE``, else the reproduction."""
+        if self.profile is not None:
+            return self.profile
+        from sglfix.toggling.profiles import current_profile
+
+        return current_profile()
+
+    def codebase(self, *, check: bool = True):
+        """The code base this command replays through; ``check``: it must be installed, in the
+        profile's version (one-line ConfigError, exit 2, before any cell)."""
+        from sglfix.codebases import check_installed, get_codebase
+
+        profile = self.active_profile()
+        cb = get_codebase(profile.codebase)
+        if check and cb.distribution is not None:
+            shown = f"--profile {profile.name}" if self.profile is not None else f"SGLFIX_PROFILE={profile.name}"
+            check_installed(cb, what=shown)
+        return cb
+
     def registry(self, directory: Optional[str] = None):
         from sglfix.toggling.registry import load_registry
 

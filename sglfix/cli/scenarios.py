@@ -7,16 +7,17 @@ from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.common import ScenarioFiles, ScenarioGlobs, load_selected
-from sglfix.cli.context import emit_json, out
+from sglfix.cli.context import emit_json, options, out
 
 
 def scenarios_cmd(
+    ctx: typer.Context,
     scenario: ScenarioGlobs = [],
     scenario_file: ScenarioFiles = [],
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """List scenarios (built-in, or from --scenario-file) after grid expansion."""
-    chosen = load_selected(scenario, scenario_file, None)
+    """List scenarios (the profile's built-in ones, or from --scenario-file) after grid expansion."""
+    chosen = load_selected(options(ctx), scenario, scenario_file, None)
     if as_json:
         emit_json({"scenarios": [s.to_json() for s in chosen]})
         return

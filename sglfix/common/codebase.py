@@ -2,8 +2,8 @@
 and its frames from sglfix's own (the judge must never be mistaken for the code it judges).
 
 ``sglfix.backends`` is the reproduction of the engine. Real ``sglang`` is patchable by default
-too, but it is not "code under test" for the harness, which only ever runs the reproduction.
-Nothing here imports the backends: finding the package's directory imports only ``sglfix``.
+too; it is the harness's code under test only in a process that replays through it (a worker
+of a real-sglang profile: ``sglfix.codebases.activate``). Nothing here imports the backends: finding the package's directory imports only ``sglfix``.
 """
 
 from __future__ import annotations
@@ -43,12 +43,17 @@ def _looks_like_path(text: str) -> bool:
     return os.sep in text or "/" in text or text.endswith((".py", ".pyc"))
 
 
-def is_code_under_test(filename_or_module: str, *, package: str = CODE_UNDER_TEST) -> bool:
-    """True for a module name under ``package`` or a file inside its directory.
+def is_code_under_test(filename_or_module: str, *, package: str | None = None) -> bool:
+    """True for a module name under ``package`` or a file inside its directory; ``package``
+    defaults to the code base this process replays through (``sglfix.codebases.active()``).
 
     A frame's ``co_filename`` ("/.../backends/srt/x.py", installed or from a checkout) and a
     frame's ``__name__`` ("sglfix.backends.srt.x") both work; "<string>" and friends are not.
     """
+    if package is None:
+        from sglfix.codebases import active
+
+        package = active().package
     text = str(filename_or_module)
     if not text or text.startswith("<"):
         return False

@@ -246,7 +246,7 @@ class WorkerPool:
         for w in self.workers:
             while (event := w.service(now=now)) is not None:
                 if event.kind == "ready" and self._info is None:
-                    self._info = {k: event.data.get(k) for k in ("device", "device_name", "torch", "triton", "interpreter")}
+                    self._info = {k: event.data.get(k) for k in ("device", "device_name", "torch", "triton", "interpreter", "codebase")}
                 events.append((w, event))
         return events
 

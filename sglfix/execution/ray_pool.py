@@ -125,7 +125,7 @@ class RayPool:
         if self._info is None:
             ray = _ray()
             first = ray.get(self._boots[0])
-            self._info = {k: first.get(k) for k in ("device", "device_name", "torch", "triton", "interpreter")}
+            self._info = {k: first.get(k) for k in ("device", "device_name", "torch", "triton", "interpreter", "codebase")}
             self._info["executor"] = "ray"
         return dict(self._info)
 

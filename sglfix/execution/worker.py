@@ -1,10 +1,9 @@
-"""Long-lived worker processes that run cells: the worker's loop and the parent-side handle.
+"""Long-lived worker processes that run cells: the parent-side handle (``Worker``).
 
 A fresh process that imports torch and initialises CUDA costs seconds, so a worker runs many
 cells and is replaced only after a fault, a timeout, or when a toggle set left state behind.
-Each request names a toggle set; the worker applies it the way production does (it sets
-``SGLANG_DEBUG_REVERT_PR`` in its own environment and calls ``maybe_revert_pr_fix()``),
-restoring the previous set first.
+The process itself is ``sglfix.execution.serve`` (``python -P -m sglfix.execution.worker`` runs
+it); what it does with one request is ``sglfix.execution.session``.
 
 Channels. Requests and replies travel on two dedicated pipes whose fd numbers reach the worker
 in the environment; the worker makes them non-inheritable at once. The code under test may
@@ -33,14 +32,13 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
 from sglfix.common.errors import ConfigError, SglfixError
 from sglfix.harness.cell import CellResult
 
-__all__ = ["Worker", "WorkerConfig", "WorkerStartError", "Event", "serve"]
+__all__ = ["Worker", "WorkerConfig", "WorkerStartError", "Event"]
 
 DEVICES = ("auto", "cpu", "cuda")
 STARTUP_TIMEOUT = 300.0  # importing torch, initialising CUDA, importing the backends
@@ -49,7 +47,6 @@ TAIL_BYTES = 16384
 _SPEC_ENV = "SGLFIX_WORKER"  # the worker's channel and settings; removed from its env at once
 _REVERT_ENV = "SGLANG_DEBUG_REVERT_PR"
 _TOGGLES_ENV = "SGLFIX_TOGGLES_DIR"
-_UNDER_TEST = "sglfix.backends"
 _CHECK_HINT = "check the install with: python -m sglfix.execution.worker --check"
 
 
@@ -65,6 +62,7 @@ class WorkerConfig:
     toggles_dir: str | None = None
     allowed_prefixes: tuple[str, ...] | None = None
     timeout: float = 300.0
+    codebase: str = "reproduction"  # what the cells replay through (sglfix.codebases)
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -80,396 +78,15 @@ class WorkerConfig:
             object.__setattr__(self, "toggles_dir", path)
         if self.allowed_prefixes is not None:
             object.__setattr__(self, "allowed_prefixes", tuple(str(p) for p in self.allowed_prefixes))
+        from sglfix.codebases import get_codebase
+
+        get_codebase(self.codebase)
 
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
-
-# --------------------------------------------------------------------------------------------
-# Worker side
-# --------------------------------------------------------------------------------------------
-
-_CHANNEL: "_Channel | None" = None  # this process's reply channel, once serve() opened it
-
-
-class _Channel:
-    """Line-delimited JSON on the two dedicated pipes."""
-
-    def __init__(self, read_fd: int, write_fd: int) -> None:
-        self._in = os.fdopen(read_fd, "rb")
-        self._out = write_fd
-
-    def requests(self):
-        for line in self._in:  # EOF: the parent closed the pipe or died
-            if line.strip():
-                yield json.loads(line)
-
-    def send(self, message: dict) -> None:
-        view = memoryview((json.dumps(message) + "\n").encode())
-        while view:
-            view = view[os.write(self._out, view):]
-
-
-def _die_with_parent(parent: int) -> None:
-    """Best effort: the kernel kills this worker when the parent process dies, however it dies."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-        except Exception:
-            pass
-    if os.getppid() != parent:  # the parent died before the request took hold
-        os._exit(1)
-
-
-def _guard_group(read_fd: int, write_fd: int) -> None:
-    """Fork a small guard that kills this worker's whole process group, the children of the code
-    under test included, when the parent goes away, however it goes (PR_SET_PDEATHSIG kills the
-    worker alone). The parent holds the only write end of the request pipe, so that pipe hangs
-    up exactly then. Forked before torch is imported: a small, single-threaded copy."""
-    if not hasattr(os, "fork"):
-        return
-    if os.fork():
-        return
-    try:
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os.close(write_fd)
-        poller = select.poll()
-        poller.register(read_fd, 0)  # no POLLIN: wake on hang-up only, never on a request
-        while True:
-            if poller.poll():
-                os.killpg(0, signal.SIGKILL)
-    finally:
-        os._exit(0)
-
-
-def _import_under_test() -> list[str]:
-    """Import every module under test now, so that the state snapshot covers all of them and
-    no cell pays for an import. A module whose third-party dependency is missing is skipped."""
-    import importlib
-    import pkgutil
-
-    import sglfix.backends as root
-
-    skipped = []
-    for info in pkgutil.walk_packages(root.__path__, prefix=root.__name__ + "."):
-        try:
-            importlib.import_module(info.name)
-        except ImportError as exc:
-            if (exc.name or "sglfix").startswith("sglfix"):
-                raise
-            skipped.append(f"{info.name}: {_first_line(exc)}")
-    return skipped
-
-
-def _boot(device: str) -> dict:
-    import torch
-
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if shown:  # --devices (or Ray) chose the GPU: say which one is missing
-            raise ConfigError(f"no CUDA device {shown} here (CUDA_VISIBLE_DEVICES={shown}); give --devices "
-                              "the GPUs this machine has (or all), or use --device cpu")
-        raise ConfigError("--device cuda: no CUDA device here; use --device cpu")
-    if device == "cpu":
-        # Read when the kernels are decorated, i.e. when the backends are imported just below.
-        os.environ["TRITON_INTERPRET"] = "1"
-    skipped = _import_under_test()
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    interpreter = None
-    if device == "cpu":
-        from sglfix.harness import interpreter as interp
-
-        interpreter = interp.stats() if interp.install() else None
-    return {"device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-            "torch": torch.__version__, "triton": triton_version, "pid": os.getpid(), "skipped": skipped,
-            "interpreter": interpreter}
-
-
-_MISSING = object()
-
-
-class _Contents:
-    """A shallow copy of a mutable container, compared item by item by identity."""
-
-    __slots__ = ("items",)
-
-    def __init__(self, value: Any) -> None:
-        self.items = tuple(value.items()) if isinstance(value, dict) else tuple(value)
-
-    def same(self, other: "_Contents") -> bool:
-        return len(self.items) == len(other.items) and all(
-            (a is b) if not isinstance(a, tuple) else (a[0] is b[0] and a[1] is b[1])
-            for a, b in zip(self.items, other.items))
-
-
-class StateSnapshot:
-    """What the modules under test bind, by identity: module attributes, one level into their
-    dicts, lists and sets, class attributes, and each function's code and defaults.
-
-    A name rebound or removed is a change. A name added is not, unless it shadows a builtin:
-    the Triton interpreter adds its helpers to a kernel's module the first time it runs it,
-    and code that never had a name cannot read it. Added names join the snapshot, so a later
-    rebinding of them is seen. Holds references, so an id cannot be reused between snapshots.
-    In-place changes deeper than one level (a tensor's contents, an object's fields) are not seen.
-
-    A module attribute that was ``None`` in the snapshot and is bound now is upstream's lazy
-    module cache (``global_workspace_buffer``: allocated by the first backend built in the
-    process): ``reset_lazy`` puts ``None`` back, which is exactly the snapshot's state, so the
-    next set starts from it without a fresh process.
-    """
-
-    def __init__(self, prefix: str = _UNDER_TEST) -> None:
-        self.prefix = prefix
-        self.entries = self._take()
-
-    def _take(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name, module in sorted(sys.modules.items()):
-            if module is None or not (name == self.prefix or name.startswith(self.prefix + ".")):
-                continue
-            out[name] = module
-            for key, value in list(vars(module).items()):
-                self._add(out, f"{name}.{key}", value)
-                if isinstance(value, (dict, list, set)) and not key.startswith("__"):
-                    out[f"{name}.{key}[...]"] = _Contents(value)
-                if isinstance(value, type) and value.__module__ == name:
-                    for attr, member in list(vars(value).items()):
-                        self._add(out, f"{name}.{key}.{attr}", member)
-        return out
-
-    @staticmethod
-    def _add(out: dict, path: str, value: Any) -> None:
-        out[path] = value
-        fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
-        if hasattr(fn, "__code__") and hasattr(fn, "__defaults__"):
-            out[path + ".__code__"] = fn.__code__
-            out[path + ".__defaults__"] = fn.__defaults__
-            out[path + ".__kwdefaults__"] = fn.__kwdefaults__
-
-    def reset_lazy(self) -> list[str]:
-        """Rebind to ``None`` every module attribute that was ``None`` in the snapshot; the paths."""
-        reset = []
-        for path, old in self.entries.items():
-            if old is not None:
-                continue
-            owner, _, name = path.rpartition(".")
-            module = self.entries.get(owner)
-            if isinstance(module, type(sys)) and getattr(module, name, None) is not None:
-                setattr(module, name, None)
-                reset.append(path)
-        return reset
-
-    def changes(self) -> list[str]:
-        """Paths bound differently now than in the snapshot (empty: nothing leaked)."""
-        import builtins
-
-        now = self._take()
-        changed = []
-        for path, old in self.entries.items():
-            new = now.get(path, _MISSING)
-            if isinstance(old, _Contents) and isinstance(new, _Contents):
-                if not old.same(new):
-                    changed.append(path)
-            elif old is not new:
-                changed.append(path)
-        added = now.keys() - self.entries.keys()
-        shadows = []
-        for path in added:
-            owner, _, name = path.rpartition(".")
-            if isinstance(now.get(owner), type(sys)) and not name.startswith("__") and hasattr(builtins, name):
-                shadows.append(path)
-        changed.extend(sorted(shadows))
-        if not changed:
-            self.entries.update((p, now[p]) for p in added)
-        return changed
-
-
-def _scenario_from_json(data: dict):
-    from sglfix.scenario import Scenario
-
-    if hasattr(Scenario, "from_json"):
-        return Scenario.from_json(data)
-    from sglfix.scenario import ModelShape, SpecShape
-
-    data = dict(data)
-    data["model"] = ModelShape(**data["model"])
-    data["spec"] = SpecShape(**data["spec"])
-    for key in ("prefix_lens", "extend_lens", "accept_lens", "capture_bs"):
-        if data.get(key) is not None:
-            data[key] = tuple(data[key])
-    return Scenario(**data)
-
-
-def _frame(exc: BaseException) -> str:
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return "?"
-    fr = frames[-1]
-    return f"{os.path.basename(fr.filename)}:{fr.lineno} in {fr.name}"
-
-
-class Session:
-    """One worker's state between requests: the toggle set it holds and the clean snapshot."""
-
-    def __init__(self, *, device: str, allowed_prefixes: tuple[str, ...] | None) -> None:
-        self.device = device
-        self.allowed_prefixes = allowed_prefixes
-        self.held = None  # the Reverted of the current set, if it reverts anything
-        self.current: list[str] | None = None  # None: nothing applied yet, or the last apply failed
-        self.clean = StateSnapshot()
-
-    def handle(self, request: dict) -> dict:
-        """The reply to one request; never raises for a failure of a cell."""
-        rid = request.get("id")
-        toggles = [str(t) for t in request.get("toggles") or []]
-        scenario_data = request.get("scenario") or {}
-        name = str(scenario_data.get("name", "?"))
-        try:
-            scenario = _scenario_from_json(scenario_data)
-        except Exception as exc:
-            return self._error(rid, name, toggles, f"sglfix failed to read the scenario: {type(exc).__name__}: "
-                                                   f"{_first_line(exc)}", exc)
-        if toggles != self.current:
-            restart, error = self._switch(toggles)
-            if restart:
-                return {"id": rid, "restart": restart}
-            if error:
-                return self._error(rid, name, toggles, error)
-        try:
-            from sglfix.harness import interpreter
-            from sglfix.harness.cell import run_cell
-
-            before = interpreter.stats()
-            record = request.get("record")
-            unreached = request.get("not_reached")
-            if unreached is not None:
-                from sglfix.harness.cell import not_reached_result
-
-                result = not_reached_result(name, toggles, device=self.device, same_as=str(unreached["same_as"]),
-                                            targets=[str(t) for t in unreached["targets"]])
-            elif record is None:
-                result = run_cell(scenario, device=self.device, toggles=toggles)
-            else:
-                result = self._run_recording(scenario, toggles, [str(t) for t in record])
-            if interpreter.installed():
-                after = interpreter.stats()
-                result.kernels = {k: after[k] - before[k] for k in ("launches", "hits")}
-        except Exception as exc:  # run_cell itself failed: the harness, not the code under test
-            return self._error(rid, name, toggles, f"sglfix failed: {type(exc).__name__}: {_first_line(exc)} "
-                                                   f"[{_frame(exc)}]", exc)
-        result.revert_env = os.environ.get(_REVERT_ENV)
-        return {"id": rid, "result": result.to_json()}
-
-    def _run_recording(self, scenario: Any, toggles: list[str], record: list[str]) -> Any:
-        """The cell, and which of the ``record`` targets it entered (code objects seen by the C
-        profiler: the cost of a Python hook on every call is too high for interpreted kernels).
-        Lazy module caches start empty, as in a fresh worker, so that first-use code paths run."""
-        import cProfile
-
-        from sglfix.harness.cell import run_cell
-        from sglfix.toggling.revert import target_code
-
-        codes: dict[Any, str] = {}
-        unresolved = []
-        for target in record:
-            try:
-                codes[target_code(target, allowed_prefixes=self.allowed_prefixes)] = target
-            except Exception:
-                unresolved.append(target)  # counted as entered: its cells run and show what is wrong
-        self.clean.reset_lazy()
-        profiler = cProfile.Profile()
-        profiler.enable()
-        try:
-            result = run_cell(scenario, device=self.device, toggles=toggles)
-        finally:
-            profiler.disable()
-        entered = {e.code for e in profiler.getstats() if not isinstance(e.code, str)}
-        result.reached = sorted({codes[c] for c in entered if c in codes} | set(unresolved))
-        return result
-
-    def _switch(self, toggles: list[str]) -> tuple[str | None, str | None]:
-        """Restore the held set, check nothing of it stayed behind, apply the next one.
-        Returns (why this worker must be replaced, why the set cannot be applied)."""
-        from sglfix.toggling.env import ENV_VAR, maybe_revert_pr_fix
-
-        if self.held is not None:
-            held, self.held = self.held, None
-            try:
-                held.restore()
-            except Exception as exc:
-                return f"restoring {','.join(held.ids)} failed: {_first_line(exc)}", None
-        self.current = None
-        self.clean.reset_lazy()
-        changed = self.clean.changes()
-        if changed:
-            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-            return f"state of the code under test changed since the worker started: {', '.join(changed[:3])}{more}", None
-        os.environ[ENV_VAR] = ",".join(toggles) if toggles else "0"
-        try:
-            self.held = maybe_revert_pr_fix(allowed_prefixes=self.allowed_prefixes)
-        except Exception as exc:
-            os.environ[ENV_VAR] = "0"
-            return None, f"revert {','.join(toggles)} failed: {_first_line(exc)}"
-        self.current = list(toggles)
-        return None, None
-
-    def _error(self, rid: Any, name: str, toggles: list[str], message: str, exc: BaseException | None = None) -> dict:
-        result = CellResult(scenario=name, toggles=toggles, device=self.device)
-        data: dict[str, Any] = {}
-        if exc is not None:
-            data = {"type": type(exc).__name__, "frame": _frame(exc),
-                    "traceback": "".join(traceback.format_exception(exc))[-4000:]}
-        result.add("ERROR", message, **data)
-        result.revert_env = os.environ.get(_REVERT_ENV)
-        return {"id": rid, "result": result.finish().to_json()}
-
-
-def _check(argv: list[str]) -> None:
-    """``python -m sglfix.execution.worker --check [--device D]``: boot once, print what it found."""
-    device = argv[argv.index("--device") + 1] if "--device" in argv[:-1] else "auto"
-    print(json.dumps(_boot(device)))
-
-
-def serve() -> None:
-    """The worker's loop (``python -P -m sglfix.execution.worker``)."""
-    global _CHANNEL
-    raw = os.environ.pop(_SPEC_ENV, None)
-    if raw is None:
-        _check(sys.argv[1:])
-        return
-    spec = json.loads(raw)
-    read_fd, write_fd = spec["fds"]
-    for fd in (read_fd, write_fd):
-        os.set_inheritable(fd, False)
-    _die_with_parent(spec["parent"])
-    _guard_group(read_fd, write_fd)
-    _CHANNEL = channel = _Channel(read_fd, write_fd)
-    try:
-        info = _boot(spec["device"])
-    except ConfigError as exc:
-        channel.send({"fatal": _first_line(exc)})
-        sys.exit(2)
-    channel.send({"ready": info})
-    session = Session(device=info["device"], allowed_prefixes=tuple(spec["allowed_prefixes"])
-                      if spec.get("allowed_prefixes") is not None else None)
-    for request in channel.requests():
-        reply = session.handle(request)
-        channel.send(reply)
-        if "restart" in reply:
-            return
 
 
 # --------------------------------------------------------------------------------------------
@@ -569,6 +186,7 @@ class Worker:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (home, env.get("PYTHONPATH", "")) if p)
         env[_SPEC_ENV] = json.dumps({
             "fds": [read_fd, write_fd], "parent": os.getpid(), "device": self.config.device,
+            "codebase": self.config.codebase,
             "allowed_prefixes": list(self.config.allowed_prefixes) if self.config.allowed_prefixes is not None else None,
         })
         return env
@@ -859,4 +477,6 @@ def wait_fds(fds: list[int], *, timeout: float) -> list[int]:
 
 
 if __name__ == "__main__":
+    from sglfix.execution.serve import serve
+
     serve()

@@ -67,9 +67,12 @@ def not_reached_result(scenario: str, toggles: list[str], *, device: str, same_a
 
 
 def _backends_dir() -> str:
-    import sglfix.backends
+    """The directory of the code under test, for frames shown relative to it."""
+    from sglfix.codebases import active
+    from sglfix.common.codebase import _package_dirs
 
-    return os.path.dirname(os.path.abspath(sglfix.backends.__file__)) + os.sep
+    dirs = _package_dirs(active().package)
+    return dirs[0] if dirs else os.sep
 
 
 def _frames(exc: BaseException) -> list[traceback.FrameSummary]:

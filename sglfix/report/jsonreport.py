@@ -60,6 +60,8 @@ def build_report(*, command: Sequence[str], info: dict, results: Sequence[Any], 
         "flashinfer": package_version("flashinfer-python"),
         "sglfix": package_version("sglfix"),
         "env_revert": env_revert,
+        # What the cells replayed through: name, distribution, version, path, stand-ins used.
+        "codebase": info.get("codebase"),
         "wall_s": round(wall_s, 2),
         "kernel_memo": _memo_summary(info, results),
         "cells": cells,

@@ -193,15 +193,16 @@ def builtin_scenario_dir() -> str:
 
 
 def load_scenarios(files: Iterable[str | Path] = (), *, builtin: bool = True,
-                   memory_budget: int | None = None) -> list[Scenario]:
-    """The built-in scenarios (unless ``builtin=False``) followed by those of ``files``.
+                   memory_budget: int | None = None, builtin_dir: str | None = None) -> list[Scenario]:
+    """The built-in scenarios (unless ``builtin=False``; those of ``builtin_dir``, a profile's,
+    when given) followed by those of ``files``.
 
     Names must be unique; the total is bounded; each scenario's memory estimate must fit
     ``memory_budget`` bytes (None: ``SGLFIX_MEMORY_BUDGET``, else 8 GiB).
     """
     paths = list(files)
     if builtin:
-        paths = sorted(Path(builtin_scenario_dir()).glob("*.yaml")) + paths
+        paths = sorted(Path(builtin_dir or builtin_scenario_dir()).glob("*.yaml")) + paths
     seen: dict[str, str] = {}
     out: list[Scenario] = []
     for path in paths:

@@ -2,7 +2,8 @@
 
 ``reproduction`` (the default) is ``toggles/``, written against ``sglfix.backends``, the
 reproduction the harness replays. ``sglang-0.5.23`` is ``profiles/sglang-0.5.23/``, written
-against real sglang 0.5.23. ``--profile NAME`` on the command line and ``SGLFIX_PROFILE`` in
+against real sglang 0.5.23, whose scenarios the harness replays through the installed sglang
+(``codebase``; its built-in scenarios are ``profiles/sglang-0.5.23/scenarios/``). ``--profile NAME`` on the command line and ``SGLFIX_PROFILE`` in
 the environment select one; ``--toggles DIR`` / ``SGLFIX_TOGGLES_DIR`` name a directory instead.
 
 Imports nothing heavy: the start-up hook reads this before it loads any toggle file.
@@ -31,6 +32,11 @@ class Profile:
     engine_toggle: str | None = None
     # Where the profile's code base comes from, for `doctor --source` and the network test.
     source: str = ""
+    # The code base the harness replays this profile's scenarios through (sglfix.codebases).
+    codebase: str = "reproduction"
+    # The package holding the profile's built-in scenario files, and its subdirectory.
+    scenarios_package: str = "sglfix.scenarios"
+    scenarios_subdir: str = ""
 
     @property
     def toggles_dir(self) -> str:
@@ -38,6 +44,13 @@ class Profile:
 
         root = files(self.package)
         return str(root / self.subdir if self.subdir else root)
+
+    @property
+    def scenarios_dir(self) -> str:
+        from importlib.resources import files
+
+        root = files(self.scenarios_package)
+        return str(root / self.scenarios_subdir if self.scenarios_subdir else root)
 
 
 PROFILES: dict[str, Profile] = {
@@ -48,7 +61,8 @@ PROFILES: dict[str, Profile] = {
         Profile(name="sglang-0.5.23", summary="real sglang 0.5.23: the five seed fixes and sglang's own six reverts",
                 package="sglfix.profiles", subdir="sglang-0.5.23",
                 engine_toggle="sglang.srt.debug_utils.pr_fix_toggle.maybe_revert_pr_fix",
-                source="sglang==0.5.23"),
+                source="sglang==0.5.23", codebase="sglang-0.5.23", scenarios_package="sglfix.profiles",
+                scenarios_subdir="sglang-0.5.23/scenarios"),
     )
 }
 

@@ -10,22 +10,20 @@ from __future__ import annotations
 
 import importlib
 
+from sglfix.codebases import REPRODUCTION, CodeBase, active
 from sglfix.common.errors import ConfigError
 
 __all__ = ["ADAPTER_MODULES", "get_adapter"]
 
-# backend name -> module defining ``ADAPTER`` (imported on first use)
-ADAPTER_MODULES: dict[str, str] = {
-    "triton": "sglfix.harness.adapters.triton",
-    "flashinfer": "sglfix.harness.adapters.flashinfer",
-    "flashinfer_mla": "sglfix.harness.adapters.flashinfer_mla",
-    "trtllm_mla": "sglfix.harness.adapters.trtllm_mla",
-    "deepseek_v4": "sglfix.harness.adapters.deepseek_v4",
-}
+# backend name -> module defining ``ADAPTER`` for the reproduction (imported on first use);
+# each code base has its own table (``sglfix.codebases``).
+ADAPTER_MODULES: dict[str, str] = REPRODUCTION.adapters
 
 
-def get_adapter(name: str):
-    module = ADAPTER_MODULES.get(name)
+def get_adapter(name: str, codebase: CodeBase | None = None):
+    """The adapter that runs backend ``name`` on ``codebase`` (default: this process's)."""
+    cb = codebase or active()
+    module = cb.adapters.get(name)
     if module is None:
-        raise ConfigError(f"no adapter for backend {name!r}; known: {', '.join(sorted(ADAPTER_MODULES))}")
+        raise ConfigError(f"no adapter for backend {name!r} on {cb.name}; known: {', '.join(sorted(cb.adapters))}")
     return importlib.import_module(module).ADAPTER

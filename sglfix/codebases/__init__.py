@@ -1,0 +1,195 @@
+"""Code bases the harness replays scenarios through: the reproduction, or an installed sglang.
+
+A profile (``sglfix.toggling.profiles``) names its toggle files *and* its code base. The
+reproduction (``sglfix.backends``) is part of sglfix and always there; a real-sglang code base
+is the ``sglang`` distribution of one exact version, found without importing it (the CLI parent
+never imports the engine), and refused in one line when it is missing or of another version.
+
+Which code base a process replays through is process state: a worker activates one at boot
+(``activate``) and everything that asks "is this frame the code under test?", "which adapter
+runs backend X?" reads ``active()``. Imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+from dataclasses import dataclass, field
+
+from sglfix.common.errors import ConfigError
+
+__all__ = ["check_scenarios_runnable", "CodeBase", "CODEBASES", "REPRODUCTION", "get_codebase", "active", "activate", "installed",
+           "check_installed", "Installed"]
+
+
+@dataclass(frozen=True)
+class CodeBase:
+    name: str
+    package: str  # the top-level package whose modules are the code under test
+    summary: str
+    # backend name -> module defining ``ADAPTER`` for this code base
+    adapters: dict[str, str] = field(default_factory=dict)
+    distribution: str | None = None  # None: the reproduction, shipped inside sglfix
+    version: str | None = None  # the exact version a profile is written for
+    # Forward modes the scenario format has and this code base does not (refused before any cell).
+    lacks_modes: dict[str, str] = field(default_factory=dict)
+    # Packages the code base imports at module level that a CPU machine cannot install.
+    standins: tuple[str, ...] = ()
+    # How to install it, for the one-line refusal.
+    install_hint: str = ""
+    # Modules a worker imports at boot (an installed engine is far larger than what the harness
+    # drives; the reproduction is imported whole): every module a toggle of the profile targets
+    # or an adapter drives, so the worker's state snapshot covers them.
+    preload: tuple[str, ...] = ()
+
+
+REPRODUCTION = CodeBase(
+    name="reproduction", package="sglfix.backends",
+    summary="the reproduction under sglfix.backends, shipped with sglfix",
+    adapters={
+        "triton": "sglfix.harness.adapters.triton",
+        "flashinfer": "sglfix.harness.adapters.flashinfer",
+        "flashinfer_mla": "sglfix.harness.adapters.flashinfer_mla",
+        "trtllm_mla": "sglfix.harness.adapters.trtllm_mla",
+        "deepseek_v4": "sglfix.harness.adapters.deepseek_v4",
+    },
+)
+
+SGLANG_0_5_23 = CodeBase(
+    name="sglang-0.5.23", package="sglang", distribution="sglang", version="0.5.23",
+    summary="the installed sglang 0.5.23 (its own backends, memory pools, ForwardBatch and test kit)",
+    adapters={
+        "triton": "sglfix.harness.adapters.sglang.triton",
+    },
+    lacks_modes={"DRAFT_EXTEND": "sglang 0.5.23 has no ForwardMode.DRAFT_EXTEND (spec v1); use DRAFT_EXTEND_V2"},
+    standins=("sgl_kernel", "torchvision"),
+    preload=tuple(f"sglang.{m}" for m in (
+        "srt.layers.attention.triton_backend", "srt.layers.attention.flashinfer_backend",
+        "srt.layers.attention.flashinfer_mla_backend", "srt.layers.attention.trtllm_mla_backend",
+        "srt.layers.attention.deepseek_v4_backend", "srt.layers.attention.flashattention_backend",
+        "srt.managers.overlap_utils", "srt.mem_cache.allocation_sizing", "srt.speculative.eagle_utils",
+        "srt.speculative.eagle_worker_v2", "srt.speculative.eagle_worker_common",
+        "srt.speculative.eagle_draft_cuda_graph_runner", "srt.debug_utils.pr_fix_toggle",
+        "test.kits.attention_unittest.attention_methods.dense_attention",
+        "test.kits.attention_unittest.attention_methods.mla_attention",
+        "test.kits.attention_unittest.attention_methods.dsv4_attention",
+        "test.kits.attention_unittest.runner_modes.cuda_graph_decode_runner",
+        "test.kits.attention_unittest.runner_modes.speculative_draft_extend_runner",
+        "test.kits.attention_unittest.runner_modes.speculative_target_verify_runner",
+        "test.kits.attention_unittest.runner_modes.speculative_draft_runner",
+    )),
+    install_hint="pip install torch==2.13.0 && pip install --no-deps sglang==0.5.23 && pip install 'sglfix[sglang]'",
+)
+
+CODEBASES: dict[str, CodeBase] = {c.name: c for c in (REPRODUCTION, SGLANG_0_5_23)}
+
+_ACTIVE: CodeBase = REPRODUCTION
+
+
+def get_codebase(name: str) -> CodeBase:
+    try:
+        return CODEBASES[name]
+    except KeyError:
+        raise ConfigError(f"no code base {name!r}; known: {', '.join(CODEBASES)}") from None
+
+
+def active() -> CodeBase:
+    """The code base this process replays through (the reproduction unless a worker chose another)."""
+    return _ACTIVE
+
+
+def activate(codebase: CodeBase | str) -> list[str]:
+    """Make ``codebase`` this process's code under test; install its stand-ins where the packages
+    are missing. Returns the stand-ins in use. Call before the code base is imported."""
+    global _ACTIVE
+    cb = get_codebase(codebase) if isinstance(codebase, str) else codebase
+    _ACTIVE = cb
+    if not cb.standins:
+        return []
+    from sglfix.codebases import standins
+
+    return standins.install(cb.standins)
+
+
+@dataclass(frozen=True)
+class Installed:
+    distribution: str
+    version: str
+    path: str
+
+    def to_json(self) -> dict:
+        return {"distribution": self.distribution, "version": self.version, "path": self.path}
+
+
+def installed(cb: CodeBase) -> Installed | None:
+    """Where the code base is and which version, without importing it (None: not importable)."""
+    if cb.distribution is None:
+        from sglfix.common.codebase import _package_dirs
+
+        try:
+            version = importlib.metadata.version("sglfix")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+        dirs = _package_dirs(cb.package)
+        return Installed(distribution="sglfix (reproduction)", version=version,
+                         path=dirs[0].rstrip(os.sep) if dirs else "?")
+    try:
+        spec = importlib.util.find_spec(cb.package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.abspath(next(iter(spec.submodule_search_locations)))
+    version = _version_at(path, cb)
+    return Installed(distribution=cb.distribution, version=version or "unknown", path=path)
+
+
+def _version_at(path: str, cb: CodeBase) -> str | None:
+    """The version of the distribution that owns ``path`` (the one that would be imported)."""
+    try:
+        dist = importlib.metadata.distribution(cb.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        dist = None
+    if dist is not None:
+        where = os.path.abspath(str(dist.locate_file(cb.package)))
+        if os.path.realpath(where) == os.path.realpath(path):
+            return dist.version
+    # A checkout on sys.path, or a distribution elsewhere than the package imported: read the
+    # package's own version file (sglang keeps one) without importing the package.
+    for name in ("version.py", "_version.py"):
+        candidate = os.path.join(path, name)
+        if os.path.isfile(candidate):
+            import re
+
+            with open(candidate, encoding="utf-8") as fh:
+                m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)['\"]", fh.read())
+            if m:
+                return m.group(1)
+    return dist.version if dist is not None else None
+
+
+def check_installed(cb: CodeBase, *, what: str) -> Installed:
+    """The installed code base, or a one-line ConfigError naming both versions and the fix."""
+    found = installed(cb)
+    if found is None:
+        raise ConfigError(f"{what} replays through {cb.package} {cb.version}, but {cb.package} is not importable "
+                          f"here; install it: {cb.install_hint}")
+    if cb.version is not None and found.version != cb.version:
+        raise ConfigError(f"{what} is written for {cb.package} {cb.version}, but {cb.package} {found.version} is "
+                          f"installed ({found.path}); install {cb.distribution}=={cb.version} or pick the "
+                          f"profile of {found.version}")
+    return found
+
+
+def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
+    """One-line ConfigError for the first scenario ``cb`` cannot run (a mode it lacks, a backend it
+    has no adapter for), before any cell runs."""
+    for s in scenarios:
+        backend = getattr(s, "backend", None)
+        where = f"{getattr(s, 'path', '?')}:{getattr(s, 'line', '?')}: scenario {s.name!r}"
+        if s.mode in cb.lacks_modes:
+            raise ConfigError(f"{where}: mode {s.mode} cannot run on {cb.name}: {cb.lacks_modes[s.mode]}")
+        if backend is not None and backend not in cb.adapters:
+            raise ConfigError(f"{where}: backend {backend} has no adapter on {cb.name} (has: "
+                              f"{', '.join(sorted(cb.adapters))}); drop the scenario or pick another profile")

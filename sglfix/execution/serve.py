@@ -1,0 +1,189 @@
+"""The worker process: its channel to the parent, its boot, and its request loop.
+
+``python -P -m sglfix.execution.worker`` runs ``serve()``. The parent-side handle is
+``sglfix.execution.worker``; what one request does (switch toggle sets, run a cell) is
+``sglfix.execution.session``; the snapshot that proves a toggle set left nothing behind is
+``sglfix.execution.snapshot``.
+
+Channels. Requests and replies travel on two dedicated pipes whose fd numbers reach the worker
+in the environment; the worker makes them non-inheritable at once. The code under test may
+print anything and may start subprocesses, so its stdout is never the reply channel and its
+children never hold the channel open.
+
+Death. When the parent dies without killing the worker's group (SIGKILL, OOM), the kernel kills
+the worker (``PR_SET_PDEATHSIG``) and a small forked guard kills the rest of its group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import sys
+
+from sglfix.common.errors import ConfigError
+from sglfix.execution.session import Session, first_line
+
+__all__ = ["serve", "SPEC_ENV"]
+
+SPEC_ENV = "SGLFIX_WORKER"  # the worker's channel and settings; removed from its env at once
+
+_CHANNEL: "_Channel | None" = None  # this process's reply channel, once serve() opened it
+
+
+class _Channel:
+    """Line-delimited JSON on the two dedicated pipes."""
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self._in = os.fdopen(read_fd, "rb")
+        self._out = write_fd
+
+    def requests(self):
+        for line in self._in:  # EOF: the parent closed the pipe or died
+            if line.strip():
+                yield json.loads(line)
+
+    def send(self, message: dict) -> None:
+        view = memoryview((json.dumps(message) + "\n").encode())
+        while view:
+            view = view[os.write(self._out, view):]
+
+
+def _die_with_parent(parent: int) -> None:
+    """Best effort: the kernel kills this worker when the parent process dies, however it dies."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except Exception:
+            pass
+    if os.getppid() != parent:  # the parent died before the request took hold
+        os._exit(1)
+
+
+def _guard_group(read_fd: int, write_fd: int) -> None:
+    """Fork a small guard that kills this worker's whole process group, the children of the code
+    under test included, when the parent goes away, however it goes (PR_SET_PDEATHSIG kills the
+    worker alone). The parent holds the only write end of the request pipe, so that pipe hangs
+    up exactly then. Forked before torch is imported: a small, single-threaded copy."""
+    if not hasattr(os, "fork"):
+        return
+    if os.fork():
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.close(write_fd)
+        poller = select.poll()
+        poller.register(read_fd, 0)  # no POLLIN: wake on hang-up only, never on a request
+        while True:
+            if poller.poll():
+                os.killpg(0, signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+def _import_under_test(cb) -> list[str]:
+    """Import every module under test now, so that the state snapshot covers all of them and
+    no cell pays for an import. A module whose third-party dependency is missing is skipped.
+    The reproduction is walked whole; an installed engine is far larger than what the harness
+    drives, so its code base names the modules to load (``preload``)."""
+    import importlib
+    import pkgutil
+
+    if cb.distribution is None:
+        root = importlib.import_module(cb.package)
+        names = [info.name for info in pkgutil.walk_packages(root.__path__, prefix=root.__name__ + ".")]
+    else:
+        names = list(cb.preload)
+    names += [m for m in cb.adapters.values()]
+    skipped = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            missing = exc.name or "sglfix"
+            if missing.startswith("sglfix") or missing == name:
+                raise
+            skipped.append(f"{name}: {first_line(exc)}")
+    return skipped
+
+
+def _boot(device: str, codebase: str = "reproduction") -> dict:
+    from sglfix import codebases
+
+    cb = codebases.get_codebase(codebase)
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if shown:  # --devices (or Ray) chose the GPU: say which one is missing
+            raise ConfigError(f"no CUDA device {shown} here (CUDA_VISIBLE_DEVICES={shown}); give --devices "
+                              "the GPUs this machine has (or all), or use --device cpu")
+        raise ConfigError("--device cuda: no CUDA device here; use --device cpu")
+    if device == "cpu":
+        # Read when the kernels are decorated, i.e. when the code under test is imported just below.
+        os.environ["TRITON_INTERPRET"] = "1"
+    found = codebases.check_installed(cb, what=f"the worker's code base {cb.name}")
+    standins = codebases.activate(cb)  # before the code base is imported: stand-ins must come first
+    skipped = _import_under_test(cb)
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    interpreter = None
+    if device == "cpu":
+        from sglfix.harness import interpreter as interp
+
+        interpreter = interp.stats() if interp.install() else None
+    loaded = sorted(name for name in sys.modules if name == cb.package or name.startswith(cb.package + "."))
+    reproduction = [n for n in sys.modules if n.startswith(codebases.REPRODUCTION.package)]
+    return {"device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "torch": torch.__version__, "triton": triton_version, "pid": os.getpid(), "skipped": skipped,
+            "interpreter": interpreter,
+            "codebase": {"name": cb.name, **found.to_json(), "standins": standins, "modules_loaded": len(loaded),
+                         "reproduction_modules_loaded": len(reproduction)}}
+
+
+def _check(argv: list[str]) -> None:
+    """``python -m sglfix.execution.worker --check [--device D]``: boot once, print what it found."""
+    device = argv[argv.index("--device") + 1] if "--device" in argv[:-1] else "auto"
+    codebase = argv[argv.index("--codebase") + 1] if "--codebase" in argv[:-1] else "reproduction"
+    print(json.dumps(_boot(device, codebase)))
+
+
+def serve() -> None:
+    """The worker's loop (``python -P -m sglfix.execution.worker``)."""
+    global _CHANNEL
+    raw = os.environ.pop(SPEC_ENV, None)
+    if raw is None:
+        _check(sys.argv[1:])
+        return
+    spec = json.loads(raw)
+    read_fd, write_fd = spec["fds"]
+    for fd in (read_fd, write_fd):
+        os.set_inheritable(fd, False)
+    _die_with_parent(spec["parent"])
+    _guard_group(read_fd, write_fd)
+    _CHANNEL = channel = _Channel(read_fd, write_fd)
+    try:
+        info = _boot(spec["device"], spec.get("codebase", "reproduction"))
+    except ConfigError as exc:
+        channel.send({"fatal": first_line(exc)})
+        sys.exit(2)
+    channel.send({"ready": info})
+    session = Session(device=info["device"], allowed_prefixes=tuple(spec["allowed_prefixes"])
+                      if spec.get("allowed_prefixes") is not None else None)
+    for request in channel.requests():
+        reply = session.handle(request)
+        channel.send(reply)
+        if "restart" in reply:
+            return
+

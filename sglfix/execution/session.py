@@ -1,0 +1,167 @@
+"""One worker's requests: switch toggle sets the way production does, run a cell, reply.
+
+Each request names a toggle set; the session applies it the way production does (it sets
+``SGLANG_DEBUG_REVERT_PR`` in its own environment and calls ``maybe_revert_pr_fix()``),
+restoring the previous set first and checking that nothing of it stayed behind.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any
+
+from sglfix.execution.snapshot import StateSnapshot
+from sglfix.harness.cell import CellResult
+
+__all__ = ["Session", "first_line"]
+
+_REVERT_ENV = "SGLANG_DEBUG_REVERT_PR"
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _scenario_from_json(data: dict):
+    from sglfix.scenario import Scenario
+
+    if hasattr(Scenario, "from_json"):
+        return Scenario.from_json(data)
+    from sglfix.scenario import ModelShape, SpecShape
+
+    data = dict(data)
+    data["model"] = ModelShape(**data["model"])
+    data["spec"] = SpecShape(**data["spec"])
+    for key in ("prefix_lens", "extend_lens", "accept_lens", "capture_bs"):
+        if data.get(key) is not None:
+            data[key] = tuple(data[key])
+    return Scenario(**data)
+
+
+def _frame(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "?"
+    fr = frames[-1]
+    return f"{os.path.basename(fr.filename)}:{fr.lineno} in {fr.name}"
+
+
+class Session:
+    """One worker's state between requests: the toggle set it holds and the clean snapshot."""
+
+    def __init__(self, *, device: str, allowed_prefixes: tuple[str, ...] | None) -> None:
+        from sglfix.codebases import active
+
+        self.device = device
+        self.allowed_prefixes = allowed_prefixes
+        self.held = None  # the Reverted of the current set, if it reverts anything
+        self.current: list[str] | None = None  # None: nothing applied yet, or the last apply failed
+        self.clean = StateSnapshot(active().package)  # the code base this worker booted into
+
+    def handle(self, request: dict) -> dict:
+        """The reply to one request; never raises for a failure of a cell."""
+        rid = request.get("id")
+        toggles = [str(t) for t in request.get("toggles") or []]
+        scenario_data = request.get("scenario") or {}
+        name = str(scenario_data.get("name", "?"))
+        try:
+            scenario = _scenario_from_json(scenario_data)
+        except Exception as exc:
+            return self._error(rid, name, toggles, f"sglfix failed to read the scenario: {type(exc).__name__}: "
+                                                   f"{first_line(exc)}", exc)
+        if toggles != self.current:
+            restart, error = self._switch(toggles)
+            if restart:
+                return {"id": rid, "restart": restart}
+            if error:
+                return self._error(rid, name, toggles, error)
+        try:
+            from sglfix.harness import interpreter
+            from sglfix.harness.cell import run_cell
+
+            before = interpreter.stats()
+            record = request.get("record")
+            unreached = request.get("not_reached")
+            if unreached is not None:
+                from sglfix.harness.cell import not_reached_result
+
+                result = not_reached_result(name, toggles, device=self.device, same_as=str(unreached["same_as"]),
+                                            targets=[str(t) for t in unreached["targets"]])
+            elif record is None:
+                result = run_cell(scenario, device=self.device, toggles=toggles)
+            else:
+                result = self._run_recording(scenario, toggles, [str(t) for t in record])
+            if interpreter.installed():
+                after = interpreter.stats()
+                result.kernels = {k: after[k] - before[k] for k in ("launches", "hits")}
+        except Exception as exc:  # run_cell itself failed: the harness, not the code under test
+            return self._error(rid, name, toggles, f"sglfix failed: {type(exc).__name__}: {first_line(exc)} "
+                                                   f"[{_frame(exc)}]", exc)
+        result.revert_env = os.environ.get(_REVERT_ENV)
+        return {"id": rid, "result": result.to_json()}
+
+    def _run_recording(self, scenario: Any, toggles: list[str], record: list[str]) -> Any:
+        """The cell, and which of the ``record`` targets it entered (code objects seen by the C
+        profiler: the cost of a Python hook on every call is too high for interpreted kernels).
+        Lazy module caches start empty, as in a fresh worker, so that first-use code paths run."""
+        import cProfile
+
+        from sglfix.harness.cell import run_cell
+        from sglfix.toggling.revert import target_code
+
+        codes: dict[Any, str] = {}
+        unresolved = []
+        for target in record:
+            try:
+                codes[target_code(target, allowed_prefixes=self.allowed_prefixes)] = target
+            except Exception:
+                unresolved.append(target)  # counted as entered: its cells run and show what is wrong
+        self.clean.reset_lazy()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        try:
+            result = run_cell(scenario, device=self.device, toggles=toggles)
+        finally:
+            profiler.disable()
+        entered = {e.code for e in profiler.getstats() if not isinstance(e.code, str)}
+        result.reached = sorted({codes[c] for c in entered if c in codes} | set(unresolved))
+        return result
+
+    def _switch(self, toggles: list[str]) -> tuple[str | None, str | None]:
+        """Restore the held set, check nothing of it stayed behind, apply the next one.
+        Returns (why this worker must be replaced, why the set cannot be applied)."""
+        from sglfix.toggling.env import ENV_VAR, maybe_revert_pr_fix
+
+        if self.held is not None:
+            held, self.held = self.held, None
+            try:
+                held.restore()
+            except Exception as exc:
+                return f"restoring {','.join(held.ids)} failed: {first_line(exc)}", None
+        self.current = None
+        self.clean.reset_lazy()
+        changed = self.clean.changes()
+        if changed:
+            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            return f"state of the code under test changed since the worker started: {', '.join(changed[:3])}{more}", None
+        os.environ[ENV_VAR] = ",".join(toggles) if toggles else "0"
+        try:
+            self.held = maybe_revert_pr_fix(allowed_prefixes=self.allowed_prefixes)
+        except Exception as exc:
+            os.environ[ENV_VAR] = "0"
+            return None, f"revert {','.join(toggles)} failed: {first_line(exc)}"
+        self.current = list(toggles)
+        return None, None
+
+    def _error(self, rid: Any, name: str, toggles: list[str], message: str, exc: BaseException | None = None) -> dict:
+        result = CellResult(scenario=name, toggles=toggles, device=self.device)
+        data: dict[str, Any] = {}
+        if exc is not None:
+            data = {"type": type(exc).__name__, "frame": _frame(exc),
+                    "traceback": "".join(traceback.format_exception(exc))[-4000:]}
+        result.add("ERROR", message, **data)
+        result.revert_env = os.environ.get(_REVERT_ENV)
+        return {"id": rid, "result": result.finish().to_json()}
+

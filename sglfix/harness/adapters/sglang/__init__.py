@@ -1,0 +1,1 @@
+"""Adapters that replay scenarios through an installed sglang (its backends, pools, ForwardBatch, kit)."""
