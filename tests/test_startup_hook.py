@@ -232,9 +232,17 @@ def test_sglang_own_reader_bound_into_the_scheduler_neither_reapplies_nor_crashe
     plan = "reverted" if "22222" in value else "fixed"
     assert r.stdout.split() == ["reverted", plan, "[]"], r.stdout
     assert "pr_fix_toggle.maybe_revert_pr_fix silenced" in r.stderr
-    # The same program under a profile that does not know sglang's reader: sglang's reader
-    # runs, so the check above can fail.
-    r = _py(code, env={**env, "SGLFIX_PROFILE": "reproduction"}, cwd=tmp_path)
+    # Under any profile sglfix applies the variable with, sglang's reader stays silent: here the
+    # reproduction's, with an id sglang's reader would choke on.
+    repro = {**env, "SGLFIX_PROFILE": "reproduction", "SGLANG_DEBUG_REVERT_PR": "26738:overlap-guard"}
+    repro.pop("SGLFIX_TOGGLES_DIR")
+    r = _py(code, env=repro, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["fixed", "fixed", "[]"], r.stdout
+    assert "pr_fix_toggle.maybe_revert_pr_fix silenced" in r.stderr
+    # Without the start-up hook (-S: no .pth runs) sglang's own reader runs, so the checks above can fail.
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=120)
     assert r.returncode != 0
     assert ("invalid literal for int()" if "," in value else "no longer applies") in r.stderr
 

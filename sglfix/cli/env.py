@@ -14,11 +14,14 @@ def env_cmd(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
     """Show what SGLANG_DEBUG_REVERT_PR selects now."""
     from sglfix.toggling.env import ENV_VAR, selected_from_env
 
+    opts = options(ctx)
     value = os.environ.get(ENV_VAR)
-    selections = selected_from_env(registry=options(ctx).registry())
-    registry = options(ctx).registry()
+    profile, why = _profile(opts)
+    registry = opts.registry(None if opts.toggles is not None else profile.toggles_dir)
+    selections = selected_from_env(registry=registry)
     data = {
-        "variable": ENV_VAR, "value": value, "toggles": registry.directory, "startup_hook": _installed_hook(),
+        "variable": ENV_VAR, "value": value, "profile": profile.name, "profile_why": why,
+        "toggles": registry.directory, "startup_hook": _installed_hook(),
         "selected": [{"id": s.id, "title": s.toggle.title, "summary": s.part.summary,
                       "targets": list(s.part.targets)} for s in selections],
     }
@@ -29,6 +32,7 @@ def env_cmd(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
     out.print(f"start-up hook: {hook}" if hook else
               "start-up hook: not installed (pip install sglfix puts zz-sglfix-startup.pth in site-packages); "
               "only explicit maybe_revert_pr_fix() calls apply the variable")
+    out.print(f"profile: {profile.name} ({why})")
     out.print(f"toggles: {registry.directory}")
     if not selections:
         out.print(f"{ENV_VAR}={value!r}: no fix is reverted" if value is not None else f"{ENV_VAR} is not set: no fix is reverted")
@@ -36,6 +40,20 @@ def env_cmd(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
     out.print(f"{ENV_VAR}={value!r} reverts:")
     for item in data["selected"]:
         out.print(f"  {item['id']}  {item['summary']}  ({', '.join(item['targets'])})")
+
+
+def _profile(opts):
+    """The profile a process started with this environment applies the variable under, and why
+    (the start-up hook's own choice; ``--profile`` names it outright)."""
+    if opts.profile is not None:
+        return opts.profile, f"--profile {opts.profile.name}"
+    from sglfix.toggling.profiles import choose_profile
+
+    chosen = choose_profile()
+    if chosen.profile is not None:
+        return chosen.profile, chosen.why
+    # Decided by the process's first import; shown under the engine's profile, what production runs.
+    return chosen.candidates[0][1], chosen.why
 
 
 def _installed_hook() -> str | None:

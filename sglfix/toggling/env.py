@@ -73,7 +73,7 @@ def maybe_revert_pr_fix(*, registry: Registry | None = None, allowed_prefixes: I
     from sglfix.toggling import hook
     from sglfix.toggling.revert import revert
 
-    armed = hook.armed()
+    armed = hook.decide_now()
     if armed is not None:
         # The start-up hook applies the variable in this process: same value, then import and
         # revert now whatever is still waiting for its module; another value is an error.

@@ -4,14 +4,19 @@ Installing sglfix installs ``zz-sglfix-startup.pth``. Its one line checks the va
 empty or ``0``, it imports nothing and returns. Otherwise it calls ``boot()``, which
 
 - validates the value against the profile's toggles (``SGLFIX_PROFILE``; ``SGLFIX_TOGGLES_DIR``):
-  a bad value is one line on stderr naming the variable and exit 2, before the program runs;
+  a bad value is one line on stderr naming the variable and exit 2, before the program runs.
+  With ``SGLFIX_PROFILE`` unset, the profile follows what the process imports: an installed
+  engine of a version a profile is written for (real ``sglang`` 0.5.23), or the reproduction
+  (``sglfix.backends``); while neither is imported the value is checked against both and the
+  first import decides (``sglfix.toggling.profiles.choose_profile``). An id only another
+  profile has is one line naming ``SGLFIX_PROFILE``;
 - reverts at once what is already imported, and puts a finder first on ``sys.meta_path`` that
   reverts each remaining target right after its module has been executed: a function cannot
   run before its module is imported, so this is the same as reverting everything up front,
   without importing anything the program does not import;
-- when the profile's engine reads the variable too (real sglang's ``maybe_revert_pr_fix``,
-  bound by name into the scheduler), replaces that reader's code with a no-op, so it neither
-  applies its own reverts again nor chokes on a comma list.
+- when an engine reads the variable too (real sglang's ``maybe_revert_pr_fix``, bound by name
+  into the scheduler), replaces that reader's code with a no-op under every profile, so it
+  neither applies its own reverts again nor chokes on a comma list or an id it lacks.
 
 A revert that does not apply when its module arrives is also one line and exit 2: a production
 run is never silently left unpatched. ``sglfix.reverted_ids()`` lists the parts applied in
@@ -37,8 +42,14 @@ _STATE: "_EnvReverts | None" = None
 
 
 def armed() -> "_EnvReverts | None":
-    """What the hook applies in this process (None when the variable selects nothing here)."""
-    return _STATE
+    """What the hook applies in this process (None when the variable selects nothing here, or
+    while the profile waits for the process to import a code base)."""
+    return _STATE if isinstance(_STATE, _EnvReverts) else None
+
+
+def choice() -> Any:
+    """The profile choice of this process (``sglfix.toggling.profiles.Choice``), once armed."""
+    return getattr(_STATE, "choice", None)
 
 
 def _log(message: str) -> None:
@@ -97,24 +108,132 @@ def arm(value: str | None) -> "_EnvReverts | None":
     """
     global _STATE
     from sglfix.common.errors import ConfigError
-    from sglfix.toggling.env import parse_env_value
-    from sglfix.toggling.profiles import current_profile
-    from sglfix.toggling.registry import load_registry
+    from sglfix.toggling.profiles import choose_profile
 
     with _LOCK:
         if _STATE is not None:
             if _STATE.value == (value or "").strip():
-                return _STATE
+                return armed()
             raise ConfigError(f"{ENV_VAR}={value!r}, but {_STATE.value!r} is already applied in this process")
         if selects_nothing(value):
             return None
-        profile = current_profile()
-        selections = parse_env_value(value, registry=load_registry())
-        state = _EnvReverts(value=value.strip(), profile=profile, selections=selections)
-        _STATE = state
-        sys.meta_path.insert(0, _Finder(state))
-        state.apply_ready()
-        return state
+        chosen = choose_profile()
+        if chosen.profile is None:
+            # Checked now against every candidate, so a bad value still stops the process at start.
+            errors = [_selections(value, p, chosen) for _, p in chosen.candidates]
+            if all(isinstance(e, Exception) for e in errors):
+                raise errors[0]
+            _STATE = _Pending(value=value.strip(), choice=chosen)
+            sys.meta_path.insert(0, _Decider(_STATE))
+            return None
+        return _arm_with(value.strip(), chosen)
+
+
+def _selections(value: str, profile: Any, chosen: Any) -> Any:
+    """The selections ``value`` makes in ``profile``, or the ConfigError to raise: an id another
+    profile has names ``SGLFIX_PROFILE`` (sglang's own ids are not all in every profile)."""
+    from sglfix.common.errors import ConfigError
+    from sglfix.toggling.env import parse_env_value
+    from sglfix.toggling.profiles import PROFILE_ENV, PROFILES
+    from sglfix.toggling.registry import load_registry
+
+    try:
+        return parse_env_value(value, registry=load_registry(_toggles_dir(profile)))
+    except ConfigError as exc:
+        for other in PROFILES.values():
+            if other is profile:
+                continue
+            try:
+                parse_env_value(value, registry=load_registry(other.toggles_dir))
+            except ConfigError:
+                continue
+            return ConfigError(f"{ENV_VAR}={value}: not all of it is in profile {profile.name} ({chosen.why}); "
+                               f"profile {other.name} has it: set {PROFILE_ENV}={other.name}")
+        return exc
+
+
+def _toggles_dir(profile: Any) -> str:
+    from sglfix.toggling.registry import TOGGLES_ENV
+
+    return os.environ.get(TOGGLES_ENV) or profile.toggles_dir
+
+
+def _arm_with(value: str, chosen: Any) -> "_EnvReverts":
+    global _STATE
+    selections = _selections(value, chosen.profile, chosen)
+    if isinstance(selections, Exception):
+        raise selections
+    state = _EnvReverts(value=value, profile=chosen.profile, selections=selections)
+    state.choice = chosen
+    _STATE = state
+    sys.meta_path.insert(0, _Finder(state))
+    _log(f"profile {chosen.profile.name}: {chosen.why}")
+    state.apply_ready()
+    return state
+
+
+class _Pending:
+    """The variable is valid, and the profile waits for the first import of a code base."""
+
+    def __init__(self, *, value: str, choice: Any) -> None:
+        self.value = value
+        self.choice = choice
+
+    def decide(self, module: str | None) -> "_EnvReverts":
+        """Arm with the profile that importing ``module`` selects (None: an explicit call before
+        any code base was imported, which takes the installed engine's profile)."""
+        from sglfix.toggling.profiles import Choice
+
+        pick = next((p for m, p in self.choice.candidates if m == module), self.choice.candidates[0][1])
+        why = (f"{self.choice.why.split(':')[0]} and this process imported {module} first" if module
+               else f"{self.choice.why.split(':')[0]} and maybe_revert_pr_fix() was called before any code base "
+                    f"was imported: the installed engine's")
+        return _arm_with(self.value, Choice(pick, why))
+
+
+class _Decider(MetaPathFinder):
+    """Finds nothing itself: the first import of a candidate code base arms its profile, then the
+    armed finder handles that very import (so its targets are reverted as it arrives)."""
+
+    def __init__(self, pending: _Pending) -> None:
+        self.pending = pending
+        self.modules = {m for m, _ in pending.choice.candidates}
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self.modules:
+            return None
+        global _STATE
+        with _LOCK:
+            if _STATE is not self.pending:
+                return None
+            sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+            try:
+                state = self.pending.decide(fullname)
+            except Exception as exc:
+                from sglfix.common.errors import SglfixError
+
+                _STATE = None
+                _die(str(exc) if isinstance(exc, SglfixError) else
+                     f"{ENV_VAR}: choosing the profile on importing {fullname} failed: {type(exc).__name__}: {exc}")
+        for finder in sys.meta_path:
+            if isinstance(finder, _Finder) and finder.state is state:
+                return finder.find_spec(fullname, path, target)
+        return None
+
+    def invalidate_caches(self) -> None:
+        return None
+
+
+def decide_now() -> "_EnvReverts | None":
+    """Arm a pending choice at once (an explicit ``maybe_revert_pr_fix()`` call)."""
+    with _LOCK:
+        if not isinstance(_STATE, _Pending):
+            return armed()
+        sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _Decider) and f.pending is _STATE)]
+        from sglfix.toggling.profiles import choose_profile
+
+        now = choose_profile()  # a code base may have been imported under another name meanwhile
+        return _arm_with(_STATE.value, now) if now.profile is not None else _STATE.decide(None)
 
 
 def disarm() -> None:
@@ -122,6 +241,9 @@ def disarm() -> None:
     global _STATE
     with _LOCK:
         state, _STATE = _STATE, None
+        if isinstance(state, _Pending):
+            sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _Decider) and f.pending is state)]
+            return
         if state is None:
             return
         sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _Finder) and f.state is state)]
@@ -149,9 +271,14 @@ class _EnvReverts:
             self.part_targets[sel.id] = set(sel.part.targets)
             for spec in sel.part.patches:
                 self.pending.setdefault(spec.target, []).append((spec, f"revert {sel.id}"))
-        self.engine_toggle = profile.engine_toggle
+        # Every engine's own reader, whatever the profile: while sglfix applies the variable, an
+        # engine must neither re-apply its reverts nor choke on an id it does not register.
+        from sglfix.toggling.profiles import PROFILES
+
+        self.engine_toggles = sorted({p.engine_toggle for p in PROFILES.values() if p.engine_toggle})
+        self.choice: Any = None
         self.done: set[str] = set()
-        self.watched = {".".join(t.split(".")[:n]) for t in [*self.pending, *filter(None, [self.engine_toggle])]
+        self.watched = {".".join(t.split(".")[:n]) for t in [*self.pending, *self.engine_toggles]
                         for n in range(1, t.count(".") + 1)}
 
     @property
@@ -168,8 +295,9 @@ class _EnvReverts:
         with _LOCK:
             for target in [t for t in self.pending if _loaded_function(t) is not None]:
                 self._install(target)
-            if self.engine_toggle and _loaded_function(self.engine_toggle) is not None:
-                self._silence_engine_toggle()
+            for reader in self.engine_toggles:
+                if _loaded_function(reader) is not None:
+                    self._silence_engine_toggle(reader)
 
     def apply_all(self, *, allowed_prefixes: Any = None) -> None:
         """Import and install every waiting target now (an explicit ``maybe_revert_pr_fix()``)."""
@@ -202,18 +330,18 @@ class _EnvReverts:
                 revert_mod._ACTIVE[sel.id] = self.record
                 _log(f"reverted {sel.id} ({', '.join(sorted(self.part_targets[sel.id]))})")
 
-    def _silence_engine_toggle(self) -> None:
-        fn = _loaded_function(self.engine_toggle)
+    def _silence_engine_toggle(self, reader: str) -> None:
+        fn = _loaded_function(reader)
         if fn is None or getattr(fn, "__sglfix_silenced__", False):
             return
         namespace: dict[str, Any] = {}
         exec(compile(
             f"def {fn.__name__}(*args, **kwargs):\n"
             f"    '''{ENV_VAR} is applied by sglfix in this process (profile {self.profile.name}).'''\n"
-            "    return None\n", f"<sglfix: {self.engine_toggle} silenced>", "exec"), namespace)
+            "    return None\n", f"<sglfix: {reader} silenced>", "exec"), namespace)
         fn.__code__ = namespace[fn.__name__].__code__.replace(co_qualname=fn.__code__.co_qualname)
         fn.__sglfix_silenced__ = True
-        _log(f"{self.engine_toggle} silenced: sglfix applies {ENV_VAR}={self.value}")
+        _log(f"{reader} silenced: sglfix applies {ENV_VAR}={self.value}")
 
     def module_loaded(self, name: str) -> None:
         try:

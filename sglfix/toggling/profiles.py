@@ -81,3 +81,74 @@ def current_profile() -> Profile:
     """The profile ``SGLFIX_PROFILE`` names (unset or empty: the reproduction)."""
     name = os.environ.get(PROFILE_ENV, "").strip()
     return get_profile(name, what=PROFILE_ENV) if name else PROFILES[DEFAULT_PROFILE]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Which profile applies ``SGLANG_DEBUG_REVERT_PR`` in this process, and why.
+
+    ``profile`` is None while the choice waits for the process to import one of the code bases:
+    ``candidates`` maps each watched top-level module to the profile its import selects."""
+
+    profile: Profile | None
+    why: str
+    candidates: tuple[tuple[str, Profile], ...] = ()
+
+
+def _installed_profiles() -> tuple[list[tuple[str, Profile]], list[str]]:
+    """(module, profile) for each engine code base installed in a version a profile is written
+    for, and notes on those installed in a version no profile covers. Imports no engine."""
+    from sglfix.codebases import get_codebase, installed
+
+    found: list[tuple[str, Profile]] = []
+    notes: list[str] = []
+    seen: set[str] = set()
+    for profile in PROFILES.values():
+        cb = get_codebase(profile.codebase)
+        if cb.distribution is None or cb.package in seen:
+            continue
+        here = installed(cb)
+        if here is None:
+            continue
+        match = [p for p in PROFILES.values() if get_codebase(p.codebase).package == cb.package
+                 and get_codebase(p.codebase).version == here.version]
+        seen.add(cb.package)
+        if match:
+            found.append((cb.package, match[0]))
+        else:
+            notes.append(f"{cb.package} {here.version} is installed but no profile is written for it")
+    return found, notes
+
+
+def choose_profile() -> Choice:
+    """``SGLFIX_PROFILE`` when set; else the profile of the code base this process imports: an
+    installed engine of a version a profile is written for, or the reproduction. When neither is
+    imported yet, the first import of one decides (``Choice.profile`` None)."""
+    import sys
+
+    from sglfix.codebases import REPRODUCTION
+
+    name = os.environ.get(PROFILE_ENV, "").strip()
+    if name:
+        return Choice(get_profile(name, what=PROFILE_ENV), f"{PROFILE_ENV}={name}")
+    default = PROFILES[DEFAULT_PROFILE]
+    engines, notes = _installed_profiles()
+    if not engines:
+        why = "; ".join(notes) if notes else "no engine with a profile is installed"
+        return Choice(default, f"{PROFILE_ENV} is unset and {why}: the reproduction")
+    for module, profile in engines:
+        if module in sys.modules:
+            return Choice(profile, f"{PROFILE_ENV} is unset and this process imported {module} "
+                                   f"{get_codebase_version(profile)}")
+    if REPRODUCTION.package in sys.modules:
+        return Choice(default, f"{PROFILE_ENV} is unset and this process imported {REPRODUCTION.package}")
+    shown = ", ".join(f"{m} -> {p.name}" for m, p in engines)
+    return Choice(None, f"{PROFILE_ENV} is unset: the first of these imports decides ({shown}, "
+                        f"{REPRODUCTION.package} -> {DEFAULT_PROFILE})",
+                  candidates=(*engines, (REPRODUCTION.package, default)))
+
+
+def get_codebase_version(profile: Profile) -> str:
+    from sglfix.codebases import get_codebase
+
+    return get_codebase(profile.codebase).version or ""

@@ -1,0 +1,52 @@
+"""Helpers for tests that run against the installed real sglang (CI installs sglang 0.5.23).
+
+Real sglang is never imported into the test process itself: each check runs in a fresh
+interpreter, as a user's process would. A missing or wrong sglang is a failure with the
+install line, never a skip: these tests exist to prove sglfix works on the real engine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+VERSION = "0.5.23"
+INSTALL = f"pip install --no-deps sglang=={VERSION} && pip install -e '.[sglang]'"
+
+
+def require_sglang() -> str:
+    """The installed sglang's directory; fails the test when it is missing or of another version."""
+    from sglfix.codebases import CODEBASES, installed
+
+    found = installed(CODEBASES[f"sglang-{VERSION}"])
+    if found is None:
+        pytest.fail(f"real sglang is not installed in this environment; install it: {INSTALL}", pytrace=False)
+    if found.version != VERSION:
+        pytest.fail(f"sglang {found.version} is installed ({found.path}); these tests need {VERSION}: {INSTALL}",
+                    pytrace=False)
+    return found.path
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment of a fresh user process: no sglfix selection inherited from this one."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SGLFIX_", "PYTEST_", "SGLANG_DEBUG_REVERT_PR"))}
+    env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+# sglang 0.5.23 imports torchvision and sgl_kernel at module level; on a CPU box they are stood in
+# for (both raise when called). A user's engine process has them installed.
+STANDINS = "from sglfix.codebases.standins import install as _standins; _standins()\n"
+
+
+def run_python(code: str, *, env: dict[str, str], args: tuple[str, ...] = (), timeout: float = 300,
+               standins: bool = True) -> subprocess.CompletedProcess:
+    program = (STANDINS if standins else "") + textwrap.dedent(code)
+    return subprocess.run([sys.executable, *args, "-c", program], capture_output=True, text=True, env=env,
+                          timeout=timeout)
