@@ -54,10 +54,31 @@ class Options:
             check_installed(cb, what=shown)
         return cb
 
+    def enter_codebase(self):
+        """Make this process able to import the profile's code base (checked installed, stand-ins
+        for what a CPU box lacks, Triton's interpreter without a GPU) before a command imports
+        its targets, as a worker does; the code base."""
+        cb = self.codebase()
+        if cb.distribution is not None:
+            from sglfix.codebases import activate
+
+            if not _has_cuda_device():
+                os.environ.setdefault("TRITON_INTERPRET", "1")  # read when sglang's kernels are decorated
+            activate(cb)
+        return cb
+
     def registry(self, directory: Optional[str] = None):
         from sglfix.toggling.registry import load_registry
 
         return load_registry(directory or self.toggles)
+
+
+def _has_cuda_device() -> bool:
+    """Whether a GPU is visible, without importing torch (the CLI parent never does)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
 
 
 def options(ctx: typer.Context) -> Options:

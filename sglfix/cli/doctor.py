@@ -10,10 +10,8 @@ import typer
 from sglfix.cli.context import emit_json, options, out
 
 
-def _is_builtin_registry(registry) -> bool:
-    from importlib.resources import files
-
-    return Path(registry.directory).resolve() == Path(str(files("sglfix.toggles"))).resolve()
+def _is_profile_registry(registry, profile) -> bool:
+    return Path(registry.directory).resolve() == Path(profile.toggles_dir).resolve()
 
 
 def doctor_cmd(
@@ -33,12 +31,15 @@ def doctor_cmd(
         results = static_check(registry, source_dir=source)
         mode = "static"
     else:
+        opts.enter_codebase()  # the live check imports the profile's code base
         results = live_check(registry, allowed_prefixes=opts.allowed_prefixes())
-        if _is_builtin_registry(registry):
-            # Built-in toggles are checked against the built-in scenarios they name.
+        profile = opts.active_profile()
+        if _is_profile_registry(registry, profile):
+            # A profile's toggles are checked against the profile's built-in scenarios they name.
             from sglfix.scenario import load_scenarios
 
-            results += expectation_check(registry, [sc.name for sc in load_scenarios()])
+            names = [sc.name for sc in load_scenarios(builtin_dir=profile.scenarios_dir)]
+            results += expectation_check(registry, names)
         mode = "live"
     if caught_by:
         if not Path(tests_root).is_dir():

@@ -36,6 +36,7 @@ def show_cmd(
         "caught_by": list(toggle.caught_by),
     }
     if diff:
+        opts.enter_codebase()
         specs = [p for s in selections for p in s.part.patches]
         prepared = prepare_specs(specs, allowed_prefixes=opts.allowed_prefixes())
         per_target: dict[str, list] = {}
