@@ -73,11 +73,12 @@ def test_judge_is_not_under_backends_and_backends_never_import_the_tool():
 
 # Allowed arrows between sub-packages (importer -> importees); common is a leaf for everyone.
 ARROWS = {
-    "cli": {"execution", "harness", "report", "scenario", "toggling", "patching", "common"},
-    "execution": {"harness", "scenario", "toggling", "common"},
-    "harness": {"scenario", "common", "backends"},
+    "cli": {"execution", "harness", "report", "scenario", "toggling", "patching", "codebases", "common"},
+    "execution": {"harness", "scenario", "toggling", "codebases", "common"},
+    "harness": {"scenario", "codebases", "common", "backends"},
     "report": {"common"},
-    "toggling": {"patching", "common"},
+    "toggling": {"patching", "codebases", "common"},
+    "codebases": {"common"},
     "patching": {"common"},
     "scenario": {"common"},
     "common": set(),

@@ -112,12 +112,13 @@ def test_a_lost_call_of_several_cells_runs_them_again_one_by_one(hostile, monkey
     from types import SimpleNamespace
 
     from sglfix.cli.common import load_selected
+    from sglfix.cli.context import Options
     from sglfix.execution.ray_pool import RayPool
     from sglfix.execution.worker import WorkerConfig
 
     tag = uuid.uuid4().hex
     monkeypatch.setenv("SGLFIX_TEST_TAG", tag)
-    chosen = load_selected(["triton-decode*@cg=eager*", "triton-extend*"], [], None)
+    chosen = load_selected(Options(), ["triton-decode*@cg=eager*", "triton-extend*"], [], None)
     cells = [SimpleNamespace(scenario=s, toggles=(str(KILL_ACTOR),)) for s in chosen * 2]
     assert len(cells) == 12
     with RayPool(WorkerConfig(device="cpu", timeout=60, toggles_dir=str(hostile)), jobs=1) as pool:

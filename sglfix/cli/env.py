@@ -17,7 +17,10 @@ def env_cmd(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
     opts = options(ctx)
     value = os.environ.get(ENV_VAR)
     profile, why = _profile(opts)
-    registry = opts.registry(None if opts.toggles is not None else profile.toggles_dir)
+    from sglfix.toggling.registry import TOGGLES_ENV
+
+    explicit = opts.toggles is not None or os.environ.get(TOGGLES_ENV)
+    registry = opts.registry(None if explicit else profile.toggles_dir)
     selections = selected_from_env(registry=registry)
     data = {
         "variable": ENV_VAR, "value": value, "profile": profile.name, "profile_why": why,

@@ -42,6 +42,8 @@ class CodeBase:
     # drives; the reproduction is imported whole): every module a toggle of the profile targets
     # or an adapter drives, so the worker's state snapshot covers them.
     preload: tuple[str, ...] = ()
+    # probe name (sglfix.scenario.modes.PROBE_RULES) -> module defining ``PROBE`` for this code base
+    probes: dict[str, str] = field(default_factory=dict)
 
 
 REPRODUCTION = CodeBase(
@@ -61,9 +63,19 @@ SGLANG_0_5_23 = CodeBase(
     summary="the installed sglang 0.5.23 (its own backends, memory pools, ForwardBatch and test kit)",
     adapters={
         "triton": "sglfix.harness.adapters.sglang.triton",
+        "deepseek_v4": "sglfix.harness.adapters.sglang.deepseek_v4",
+        "flashinfer": "sglfix.harness.adapters.sglang.flashinfer",
+        "flashinfer_mla": "sglfix.harness.adapters.sglang.flashinfer_mla",
+        "trtllm_mla": "sglfix.harness.adapters.sglang.trtllm_mla",
     },
     lacks_modes={"DRAFT_EXTEND": "sglang 0.5.23 has no ForwardMode.DRAFT_EXTEND (spec v1); use DRAFT_EXTEND_V2"},
     standins=("sgl_kernel", "torchvision"),
+    probes={
+        "req-to-token-headroom": "sglfix.harness.probes.sglang.req_to_token_headroom",
+        "eagle-prefill-tail": "sglfix.harness.probes.sglang.eagle_prefill_tail",
+        "draft-positions": "sglfix.harness.probes.sglang.draft_positions",
+        "needs-cpu-seq-lens": "sglfix.harness.probes.sglang.needs_cpu_seq_lens",
+    },
     preload=tuple(f"sglang.{m}" for m in (
         "srt.layers.attention.triton_backend", "srt.layers.attention.flashinfer_backend",
         "srt.layers.attention.flashinfer_mla_backend", "srt.layers.attention.trtllm_mla_backend",
@@ -103,8 +115,11 @@ def activate(codebase: CodeBase | str) -> list[str]:
     """Make ``codebase`` this process's code under test; install its stand-ins where the packages
     are missing. Returns the stand-ins in use. Call before the code base is imported."""
     global _ACTIVE
+    from sglfix.common.codebase import set_active_package
+
     cb = get_codebase(codebase) if isinstance(codebase, str) else codebase
     _ACTIVE = cb
+    set_active_package(cb.package)
     if not cb.standins:
         return []
     from sglfix.codebases import standins
@@ -184,10 +199,16 @@ def check_installed(cb: CodeBase, *, what: str) -> Installed:
 
 def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
     """One-line ConfigError for the first scenario ``cb`` cannot run (a mode it lacks, a backend it
-    has no adapter for), before any cell runs."""
+    has no adapter for, a probe it does not have), before any cell runs."""
     for s in scenarios:
         backend = getattr(s, "backend", None)
+        probe = getattr(s, "probe", None)
         where = f"{getattr(s, 'path', '?')}:{getattr(s, 'line', '?')}: scenario {s.name!r}"
+        if probe is not None and probe not in cb.probes:
+            others = [c.name for c in CODEBASES.values() if probe in c.probes]
+            raise ConfigError(f"{where}: probe {probe} does not exist on {cb.name} (has: "
+                              f"{', '.join(sorted(cb.probes)) or 'no probes'}); "
+                              + (f"it runs on {', '.join(others)}" if others else "drop the scenario"))
         if s.mode in cb.lacks_modes:
             raise ConfigError(f"{where}: mode {s.mode} cannot run on {cb.name}: {cb.lacks_modes[s.mode]}")
         if backend is not None and backend not in cb.adapters:

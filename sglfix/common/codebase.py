@@ -12,11 +12,24 @@ import importlib.util
 import os
 from functools import lru_cache
 
-__all__ = ["CODE_UNDER_TEST", "ENGINE", "DEFAULT_PATCHABLE", "under", "is_code_under_test"]
+__all__ = ["CODE_UNDER_TEST", "ENGINE", "DEFAULT_PATCHABLE", "under", "is_code_under_test", "set_active_package",
+           "active_package"]
 
 CODE_UNDER_TEST = "sglfix.backends"
 ENGINE = "sglang"
 DEFAULT_PATCHABLE: tuple[str, ...] = (CODE_UNDER_TEST, ENGINE)
+
+
+_ACTIVE_PACKAGE = CODE_UNDER_TEST  # what this process replays through (set by sglfix.codebases.activate)
+
+
+def set_active_package(package: str) -> None:
+    global _ACTIVE_PACKAGE
+    _ACTIVE_PACKAGE = package
+
+
+def active_package() -> str:
+    return _ACTIVE_PACKAGE
 
 
 def under(name: str, prefix: str) -> bool:
@@ -51,9 +64,7 @@ def is_code_under_test(filename_or_module: str, *, package: str | None = None) -
     frame's ``__name__`` ("sglfix.backends.srt.x") both work; "<string>" and friends are not.
     """
     if package is None:
-        from sglfix.codebases import active
-
-        package = active().package
+        package = _ACTIVE_PACKAGE
     text = str(filename_or_module)
     if not text or text.startswith("<"):
         return False
