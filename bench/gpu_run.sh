@@ -6,6 +6,7 @@
 # isolation on CUDA.
 # Carry .cache (pydantic and FlashInfer wheels, JIT caches). ONLY=probe stops after the matrices and the probe;
 # ONLY=scale runs only the scale-out benchmark (bench/scale_out.py; Ray from .cache/ray-whl).
+# ONLY=sglang runs the real-sglang matrix (--profile sglang-0.5.23; sglang from .cache/sglang-gpu).
 # Everything lands in $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/sglfix-out}
@@ -54,6 +55,33 @@ if [ "${ONLY:-}" = scale ]; then
   python3 -c "import torch; print('GPUs', torch.cuda.device_count())" | tee -a "$OUT/gpu.txt"
   python3 bench/scale_out.py --json "$OUT/scale-out.json" --logs "$OUT/scale-logs" $skip_ray; echo "scale rc=$?"
   (cd "$OUT" && tar -czf scale-logs.tgz scale-logs gpu.txt jit-state.txt && rm -rf scale-logs)
+  exit 0
+fi
+if [ "${ONLY:-}" = sglang ]; then
+  # Real sglang 0.5.23 as the code under test: its Python files as an xz tarball and the
+  # packages this image lacks as wheels (.cache/sglang-gpu), into a private site dir; never the
+  # CUDA sgl_kernel wheel (a worker stands in for it: every function raises when called).
+  log "real sglang"
+  mkdir -p /tmp/sgsite && tar -xJf .cache/sglang-gpu/sglang-py.tar.xz -C /tmp/sgsite
+  python3 -m pip install -q --no-index --no-deps --target /tmp/sgsite .cache/sglang-gpu/wheels/*.whl 2>&1 | grep -v WARNING | tail -2
+  export PYTHONPATH=/tmp/sgsite${PYTHONPATH:+:$PYTHONPATH}
+  python3 -m sglfix.execution.worker --check --device cuda --codebase sglang-0.5.23 > "$OUT/sglang-check.json" 2> "$OUT/sglang-check.err"
+  echo "worker check rc=$?"; tail -3 "$OUT/sglang-check.err"; head -c 1500 "$OUT/sglang-check.json"; echo
+  log "real-sglang matrix on CUDA, every part (FlashInfer JIT cache: $JIT at start)"
+  COLUMNS=250 python3 -m sglfix matrix --profile sglang-0.5.23 --parts --no-reachability --device cuda \
+    --json "$OUT/matrix-sglang-cuda.json" > "$OUT/matrix-sglang-cuda.txt" 2>&1
+  echo "sglang matrix rc=$?"
+  grep -E "^(met|UNMET|unexpected|sglfix matrix)" "$OUT/matrix-sglang-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -40
+  tail -5 "$OUT/matrix-sglang-cuda.txt"
+  if [ -f bench/results/matrix-sglang-cpu.json ]; then
+    log "parity with the real-sglang CPU matrix (cells both ran)"
+    python3 -m sglfix report compare bench/results/matrix-sglang-cpu.json "$OUT/matrix-sglang-cuda.json" \
+      --json "$OUT/parity-sglang.json" > "$OUT/parity-sglang.txt" 2>&1; echo "parity rc=$?"; tail -30 "$OUT/parity-sglang.txt"
+  fi
+  COLUMNS=250 python3 -m pytest -q -p no:cacheprovider tests/test_sglang_hook.py > "$OUT/pytest-sglang-hook.txt" 2>&1
+  tail -2 "$OUT/pytest-sglang-hook.txt"
+  tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
+  tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
   exit 0
 fi
 log "matrix on CUDA, every cell run (FlashInfer JIT cache: $JIT at start)"

@@ -1,0 +1,121 @@
+"""Code bases: a profile names what its scenarios replay through, checked before any worker
+starts; stand-ins let real sglang import on a CPU box without ever running a missing kernel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from clihelp import assert_one_line_error, run_cli
+from sglfix.codebases import CODEBASES, REPRODUCTION, CodeBase, check_installed, check_scenarios_runnable, installed
+from sglfix.common.errors import ConfigError
+
+
+def _fake_sglang(root, version: str):
+    pkg = root / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('the fake sglang of this test must never be imported')\n")
+    (pkg / "version.py").write_text(f'__version__ = "{version}"\n')
+    return root
+
+
+@pytest.mark.parametrize("command", [["run", "-s", "*"], ["matrix"], ["bisect"], ["doctor"]])
+def test_another_sglang_version_is_one_line_naming_both_before_any_worker(tmp_path, command):
+    fake = _fake_sglang(tmp_path / "site", "0.5.22")
+    t0 = time.monotonic()
+    r = run_cli("--profile", "sglang-0.5.23", *command, "--device", "cpu" if command[0] != "doctor" else "",
+                env={"PYTHONPATH": str(fake)}) if command[0] != "doctor" else \
+        run_cli(*command, "--profile", "sglang-0.5.23", env={"PYTHONPATH": str(fake)})
+    line = assert_one_line_error(r, "sglang 0.5.23", "sglang 0.5.22 is installed", str(fake / "sglang"),
+                                 "sglang==0.5.23")
+    assert "--profile sglang-0.5.23" in line
+    assert time.monotonic() - t0 < 60  # no worker booted: importing torch alone takes seconds
+
+
+def test_the_variable_names_the_profile_too(tmp_path):
+    fake = _fake_sglang(tmp_path / "site", "0.6.0")
+    r = run_cli("run", "-s", "*", "--device", "cpu", env={"PYTHONPATH": str(fake), "SGLFIX_PROFILE": "sglang-0.5.23"})
+    assert_one_line_error(r, "SGLFIX_PROFILE=sglang-0.5.23", "sglang 0.6.0 is installed")
+
+
+def test_a_missing_code_base_names_the_install_line():
+    cb = CodeBase(name="x", package="sglang_never_installed_here", summary="", distribution="sglang_never",
+                  version="1.0", install_hint="pip install sglang_never==1.0")
+    assert installed(cb) is None
+    with pytest.raises(ConfigError) as exc:
+        check_installed(cb, what="--profile x")
+    message = str(exc.value)
+    assert "\n" not in message and "not importable" in message and "pip install sglang_never==1.0" in message
+
+
+def test_the_reproduction_is_always_there_and_is_sglfix_backends():
+    here = installed(REPRODUCTION)
+    assert here is not None and here.path.endswith("backends")
+    assert check_installed(REPRODUCTION, what="x") == here
+
+
+def test_a_mode_the_code_base_lacks_is_refused_before_any_cell(tmp_path):
+    f = tmp_path / "v1.yaml"
+    f.write_text(textwrap.dedent("""\
+        scenarios:
+          - name: my-draft-extend-v1
+            backend: triton
+            mode: DRAFT_EXTEND
+            batch: {prefix_lens: [5, 7], accept_lens: [1, 2]}
+            model: {num_heads: 4, num_kv_heads: 2, head_dim: 64, dtype: float16}
+            spec: {topk: 1, num_steps: 3, num_draft_tokens: 4}
+    """))
+    from sglfix.scenario import load_scenarios
+
+    scenarios = load_scenarios([f], builtin=False)
+    check_scenarios_runnable(scenarios, REPRODUCTION)  # the reproduction has spec-v1 draft extend
+    with pytest.raises(ConfigError) as exc:
+        check_scenarios_runnable(scenarios, CODEBASES["sglang-0.5.23"])
+    assert "my-draft-extend-v1" in str(exc.value) and "DRAFT_EXTEND_V2" in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_scenarios_lists_the_profiles_own_scenarios():
+    mine = run_cli("scenarios", "--json")
+    theirs = run_cli("--profile", "sglang-0.5.23", "scenarios", "--json")
+    assert mine.code == 0 and theirs.code == 0, (mine.err, theirs.err)
+    import json
+
+    from sglfix.scenario import load_scenarios
+    from sglfix.toggling.profiles import PROFILES
+
+    a = {s["name"] for s in json.loads(mine.out)["scenarios"]}
+    b = {s["name"] for s in json.loads(theirs.out)["scenarios"]}
+    assert a == {s.name for s in load_scenarios()}
+    assert b == {s.name for s in load_scenarios(builtin_dir=PROFILES["sglang-0.5.23"].scenarios_dir)}
+    assert a != b
+
+
+def test_a_stand_in_imports_but_raises_when_called_and_is_only_for_what_is_missing():
+    code = textwrap.dedent("""
+        import sys
+        from sglfix.codebases import standins
+        used = standins.install(("json", "sgl_kernel_never_installed"))
+        import json  # real, present: never stood in
+        assert json.dumps([1]) == "[1]"
+        from sgl_kernel_never_installed.ops import fused_kernel, Base
+        import sgl_kernel_never_installed.sub.module as m
+        class Mine(Base):  # subclassing at import time works
+            pass
+        try:
+            fused_kernel(1, 2)
+        except standins.StandInCalled as exc:
+            print("raised", "sgl_kernel_never_installed" in str(exc))
+        try:
+            Mine()
+        except standins.StandInCalled:
+            print("raised on instantiation")
+        print(used)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:3] == ["raised True", "raised on instantiation", "['sgl_kernel_never_installed']"]
