@@ -28,7 +28,8 @@ def show_cmd(
         "id": toggle_id, "pr": toggle.pr, "title": toggle.title, "url": toggle.url, "bug": toggle.bug,
         "description": toggle.description, "file": toggle.path,
         "parts": {s.part.name: {"summary": s.part.summary, "targets": list(s.part.targets),
-                                "behaviour_neutral": s.part.behaviour_neutral} for s in selections},
+                                "behaviour_neutral": s.part.behaviour_neutral,
+                                "static_only": s.part.static_only} for s in selections},
         "expect": [
             {"scenario": e.scenario, "verdict": list(e.verdicts), "revert": list(e.revert), "device": e.device}
             for e in toggle.expect
@@ -61,6 +62,8 @@ def show_cmd(
     out.print(f"  file: {toggle.path}")
     for name, part in info["parts"].items():
         out.print(f"  part {name}: {part['summary']}")
+        if part["static_only"]:
+            out.print(f"      static only: {part['static_only'].strip()}")
         for t in part["targets"]:
             out.print(f"      {t}")
     for e in info["expect"]:

@@ -208,7 +208,8 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
             others = [c.name for c in CODEBASES.values() if probe in c.probes]
             raise ConfigError(f"{where}: probe {probe} does not exist on {cb.name} (has: "
                               f"{', '.join(sorted(cb.probes)) or 'no probes'}); "
-                              + (f"it runs on {', '.join(others)}" if others else "drop the scenario"))
+                              + (f"it runs on {' and '.join(others)} (pick the profile that replays through it)"
+                                 if others else "drop the scenario"))
         if s.mode in cb.lacks_modes:
             raise ConfigError(f"{where}: mode {s.mode} cannot run on {cb.name}: {cb.lacks_modes[s.mode]}")
         if backend is not None and backend not in cb.adapters:

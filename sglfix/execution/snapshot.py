@@ -7,6 +7,7 @@ change means the next set would not start from clean code, so the worker is repl
 from __future__ import annotations
 
 import sys
+import types
 from typing import Any
 
 __all__ = ["StateSnapshot"]
@@ -67,7 +68,9 @@ class StateSnapshot:
     def _add(out: dict, path: str, value: Any) -> None:
         out[path] = value
         fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
-        if hasattr(fn, "__code__") and hasattr(fn, "__defaults__"):
+        # A type test, never hasattr: an engine's lazy-import proxies import their module on any
+        # attribute lookup (sglang's would import uvloop, which a CPU box need not have).
+        if isinstance(fn, types.FunctionType):
             out[path + ".__code__"] = fn.__code__
             out[path + ".__defaults__"] = fn.__defaults__
             out[path + ".__kwdefaults__"] = fn.__kwdefaults__

@@ -16,7 +16,17 @@ from sglfix.common.codebase import is_code_under_test
 from sglfix.scenario import Scenario
 from sglfix.common.verdicts import worst
 
-__all__ = ["CellResult", "run_cell", "not_reached_result"]
+__all__ = ["CellResult", "NoOutput", "run_cell", "not_reached_result"]
+
+
+@dataclass(frozen=True)
+class NoOutput:
+    """What an adapter's ``run`` returns when no attention output can be produced here (a kernel
+    this machine lacks): the cell then judges metadata only (invariants, guard zones and the
+    adapter's ``check_metadata(prepared, backend) -> [(verdict, message)]``, PASS rows naming
+    what was checked) and says why the output was not compared; nothing checked is a SKIP."""
+
+    reason: str
 
 
 @dataclass
@@ -142,6 +152,13 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
     def stage(name: str):
         stage_box[0] = name
 
+    if getattr(scenario, "probe", None) is not None:  # a probe instead of a backend (sglfix.harness.probes)
+        try:
+            from sglfix.harness.probes import run_probe
+
+            return run_probe(scenario, device=device, result=result, stage=stage).finish()
+        except Exception as exc:
+            raise _Staged(exc, stage_box[0]) from exc
     try:
         import torch
 
@@ -167,10 +184,13 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
         sync()
         t1 = time.perf_counter()
 
+        views_checked = [0]
+
         def on_metadata(backend: Any, forward_batch: Any, phase: str) -> None:
             with suspended():
                 found = []
                 for label, metadata, rows in adapter.metadata_views(backend, forward_batch):
+                    views_checked[0] += metadata is not None
                     where = f"{phase} {label}" if label else phase
                     found += check_metadata(metadata, fields=adapter.metadata_fields, rows=rows,
                                             num_slots=prepared.num_slots, phase=where)
@@ -198,6 +218,18 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
             result.add("SYNC", message)
         for message in describe_guards(adapter.static_buffers(backend)):
             result.add("INVARIANT", f"write past a buffer's end: {message}")
+        checks = list(getattr(adapter, "check_metadata", lambda _p, _b: [])(prepared, backend))
+        for verdict, message in checks:
+            result.add(verdict, message)
+        if isinstance(out, NoOutput):
+            if not (checks or views_checked[0] or result.findings):
+                result.add("SKIP", f"nothing checked: {out.reason}")
+            else:
+                result.add("PASS", f"output not checked: {out.reason}", output_checked=False)
+            t3 = time.perf_counter()
+            result.timings_ms.update(build=round((t1 - t0) * 1e3, 2), run=round((t2 - t1) * 1e3, 2),
+                                     total=round((t3 - t0) * 1e3, 2))
+            return result.finish()
         ref, q_valid = adapter.reference(prepared)
         cmp = compare_outputs(out=out, ref=ref, q_valid=q_valid, tolerance=scenario.tolerance)
         t3 = time.perf_counter()

@@ -56,7 +56,8 @@ def _kit_req_pool_size(*, batch_size: int, max_graph_bs: int) -> int:
 
 def estimate_memory(scenario: Scenario) -> MemoryEstimate:
     """Bytes a cell of ``scenario`` allocates at its peak, by what allocates them (an upper estimate)."""
-    s, rule = scenario, rule_for(scenario.mode, scenario.backend)
+    # A probe scenario (no backend) is estimated as the Triton backend would run its batch: an upper bound.
+    s, rule = scenario, rule_for(scenario.mode, scenario.backend or "triton")
     es = _DTYPE_BYTES[s.model.dtype]
     heads, kv_heads, dim = s.model.num_heads, s.model.num_kv_heads, s.model.head_dim
     if s.model.mla:

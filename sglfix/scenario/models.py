@@ -21,7 +21,7 @@ from sglfix.scenario.limits import (
     MAX_NAME_CHARS, MAX_NUM_STEPS, MAX_PAGE_SIZE, MAX_REQUESTS, MAX_SEED, MAX_TOKENS_PER_REQUEST, MAX_TOPK,
     MIN_HEAD_DIM,
 )
-from sglfix.scenario.modes import BACKENDS, BUILDERS, MODES, backend_rule, rule_for
+from sglfix.scenario.modes import BACKENDS, BUILDERS, MODES, PROBES, backend_rule, rule_for
 from sglfix.scenario.rules import check_node, new_token_counts
 
 __all__ = ["BACKENDS", "DTYPES", "DEFAULT_TOLERANCE", "ModelShape", "SpecShape", "BatchNode", "CudaGraphNode",
@@ -161,6 +161,8 @@ DType = Annotated[str, BeforeValidator(partial(_choice, choices=DTYPES, aliases=
                                                canonical=lambda s: s.lower().removeprefix("torch.")))]
 Backend = Annotated[str, BeforeValidator(partial(_choice, choices=BACKENDS, canonical=str.lower))]
 Builder = Annotated[str, BeforeValidator(partial(_choice, choices=BUILDERS, canonical=str.lower))]
+ProbeName = Annotated[str, BeforeValidator(partial(_choice, choices=PROBES,
+                                                   canonical=lambda s: s.lower().replace("_", "-")))]
 
 
 # ----------------------------------------------------------------------------- shared shapes
@@ -222,6 +224,9 @@ class ScenarioNode(StrictModel):
     name: Name
     description: Text = ""
     backend: Backend = "triton"
+    # Instead of a backend: a probe that runs one engine function outside any attention backend
+    # on inputs built from this scenario (``modes.PROBE_RULES``); exactly one of the two.
+    probe: Optional[ProbeName] = None
     mode: Mode
     batch: BatchNode
     cuda_graph: Annotated[Optional[CudaGraphNode], BeforeValidator(_graph_or_false)] = None
@@ -258,11 +263,12 @@ class ScenarioNode(StrictModel):
                                              "qk_rope_head_dim": model.qk_rope_head_dim or MLA_ROPE_DIM})
         return Scenario(
             name=name, mode=self.mode, prefix_lens=self.batch.prefix_lens, extend_lens=new_token_counts(self),
-            accept_lens=self.batch.accept_lens, backend=self.backend,
+            accept_lens=self.batch.accept_lens, backend=None if self.probe else self.backend, probe=self.probe,
             capture_bs=tuple(sorted(set(self.cuda_graph.capture_bs))) if self.cuda_graph else None,
             gpu_only=self.gpu_only,
             sync_free=self.sync_free if self.sync_free is not None else (
-                self.gpu_only and not rule.host_reads and backend_rule(self.backend).sync_free),
+                self.gpu_only and not rule.host_reads and backend_rule(self.backend).sync_free
+                and self.probe is None),
             page_size=self.effective_page_size, model=model, spec=self.spec, seed=self.seed,
             tolerance=self.tolerance if self.tolerance is not None else DEFAULT_TOLERANCE[self.model.dtype],
             builder=self.builder, max_context_len=self.max_context_len, description=self.description,
@@ -280,7 +286,9 @@ class Scenario(StrictModel):
     prefix_lens: PrefixList
     extend_lens: NewTokenList
     accept_lens: Optional[AcceptList] = None
-    backend: Backend = "triton"
+    # Exactly one of backend and probe (a probe scenario has no backend).
+    backend: Optional[Backend] = "triton"
+    probe: Optional[ProbeName] = None
     capture_bs: Optional[CaptureList] = None  # None: eager, no CUDA graph
     gpu_only: Flag = False
     # Declared free of device->host syncs; defaults to gpu_only, except spec-v1 DRAFT_EXTEND,
@@ -299,6 +307,9 @@ class Scenario(StrictModel):
 
     @model_validator(mode="after")
     def _lengths_agree(self) -> "Scenario":
+        if (self.backend is None) == (self.probe is None):
+            raise ValueError(f"names {'both a backend and a probe' if self.probe else 'neither a backend nor a probe'}; "
+                             f"give exactly one")
         bs = len(self.prefix_lens)
         if len(self.extend_lens) != bs:
             raise ValueError(f"extend_lens has {len(self.extend_lens)} items for {bs} requests")

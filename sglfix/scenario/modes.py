@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from sglfix.scenario.limits import MAX_TOPK
 
 __all__ = ["ModeRule", "MODE_RULES", "MODES", "BUILDERS", "rule_for", "BackendRule", "BACKEND_RULES", "BACKENDS",
-           "backend_rule"]
+           "backend_rule", "ProbeRule", "PROBE_RULES", "PROBES", "probe_rule"]
 
 BUILDERS = ("kit", "glue")
 
@@ -160,3 +160,61 @@ def rule_for(mode: str, backend: str = "triton") -> ModeRule:
         if name == mode:
             return override
     return MODE_RULES[mode]
+
+
+@dataclass(frozen=True)
+class ProbeRule:
+    """What one ``probe:`` judges and which scenarios it takes.
+
+    A probe scenario names a probe instead of a backend: the probe runs one engine function that
+    lives outside any attention backend on inputs built from the scenario's fields, and judges a
+    stated property against sglfix's own expectation. Which code base has which probe is declared
+    on the code base (``sglfix.codebases``); this table is what a scenario file may say.
+    """
+
+    name: str
+    modes: tuple[str, ...]
+    # The property judged, in words (and the verdict when it does not hold).
+    judges: str
+    # Optional scenario keys the probe reads besides mode, batch and seed; a probe scenario that
+    # gives another one is refused (it would change nothing).
+    reads: tuple[str, ...] = ()
+    page_sizes: tuple[int, ...] | None = None  # None: any
+    # Positions a request's prefix must leave below max_context_len (None: no rule): a state the
+    # engine never reaches is not judged.
+    prefix_margin: int | None = None
+
+
+# Keys a probe scenario may give whatever its probe (name, description, mode, batch, seed, grid).
+PROBE_COMMON_KEYS = ("name", "description", "probe", "mode", "batch", "seed", "grid")
+_PROBE_RULES = (
+    ProbeRule("req-to-token-headroom", modes=("DECODE",),
+              judges="each request's spec-v2 decode allocation (page-aligned committed + decode reserve, and sglfix's "
+                     "own draft footprint) ends inside its req_to_token row of max_context_len + headroom, and the "
+                     "row write leaves the neighbour rows intact (INVARIANT otherwise); prefix_lens are the committed "
+                     "lengths, max_context_len the model's context length (default: the longest prefix + 3)",
+              reads=("spec", "page_size", "max_context_len"),
+              # sglang admits a request of at most max_context_len - 2 tokens in all, so a decode step
+              # sees a committed length of at most max_context_len - 3.
+              prefix_margin=3),
+    ProbeRule("eagle-prefill-tail", modes=("EXTEND",),
+              judges="the EAGLE draft input rotation's tail token: the next prompt token for the batch's last request "
+                     "(a chunked prefill whose prompt continues), the target's next token for the others "
+                     "(DIVERGE otherwise)"),
+    ProbeRule("draft-positions", modes=("DRAFT_DECODE",),
+              judges="the multi-step EAGLE draft runs step i at position seq_len + i for every branch "
+                     "(DIVERGE otherwise)",
+              reads=("model", "spec", "page_size", "max_context_len"), page_sizes=(1,)),
+    ProbeRule("needs-cpu-seq-lens", modes=("DECODE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"),
+              judges="whether spec v2 must publish seq_lens_cpu: the OR of the present attention backends' "
+                     "needs_cpu_seq_lens, a backend without the flag counting as True and an unset slot as absent; "
+                     "gpu_only: the draft-extend slot is unset, else it holds a backend that declares no flag "
+                     "(DIVERGE otherwise)",
+              reads=("spec", "gpu_only")),
+)
+PROBE_RULES: dict[str, ProbeRule] = {r.name: r for r in _PROBE_RULES}
+PROBES: tuple[str, ...] = tuple(PROBE_RULES)
+
+
+def probe_rule(name: str) -> ProbeRule:
+    return PROBE_RULES[name]

@@ -11,7 +11,9 @@ from typing import Any
 
 from sglfix.common.schema import NodeError
 from sglfix.scenario.limits import LIMITS_HINT, MAX_TOKENS_PER_BATCH, MAX_TOKENS_PER_REQUEST
-from sglfix.scenario.modes import BACKEND_RULES, MODE_RULES, ModeRule, backend_rule, rule_for
+from sglfix.scenario.modes import (
+    BACKEND_RULES, MODE_RULES, PROBE_COMMON_KEYS, ModeRule, backend_rule, probe_rule, rule_for,
+)
 
 __all__ = ["check_node", "draft_tree_capacity", "new_token_counts"]
 
@@ -83,9 +85,37 @@ def _check_backend(node: Any) -> None:
                         at=("model", "num_heads"))
 
 
+def _check_probe(node: Any) -> None:
+    """A probe scenario names no backend, uses one of the probe's modes and only keys it reads."""
+    prule, given = probe_rule(node.probe), node.model_fields_set
+    if "backend" in given:
+        raise NodeError(f"names backend {node.backend} and probe {prule.name}; a probe runs instead of a backend, "
+                        f"give exactly one", at="backend")
+    if node.mode not in prule.modes:
+        raise NodeError(f"uses probe {prule.name}, which takes mode {' or '.join(prule.modes)}", at="mode")
+    allowed = PROBE_COMMON_KEYS + prule.reads
+    for key in (k for k in type(node).model_fields if k in given and k not in allowed):
+        reads = f" (it reads {', '.join(prule.reads)})" if prule.reads else ""
+        raise NodeError(f"uses probe {prule.name}, which does not read {key}{reads}; drop it", at=key)
+    if prule.page_sizes is not None and node.effective_page_size not in prule.page_sizes:
+        raise NodeError(f"uses probe {prule.name}, which takes page_size {' or '.join(map(str, prule.page_sizes))}",
+                        at="page_size")
+    if prule.prefix_margin is not None and node.max_context_len is not None:
+        top = node.max_context_len - prule.prefix_margin
+        for i, p in enumerate(node.batch.prefix_lens):
+            if p > top:
+                raise NodeError(f"has batch.prefix_lens[{i}] = {p}, a state the engine never reaches with max_context_len "
+                                f"{node.max_context_len} (probe {prule.name} judges prefixes up to max_context_len - "
+                                f"{prule.prefix_margin} = {top}); lower it or raise max_context_len",
+                                at=("batch", "prefix_lens", i))
+
+
 def check_node(node: Any) -> None:
     """Raise NodeError for the first rule ``node`` (a validated ScenarioNode) breaks."""
-    _check_backend(node)
+    if node.probe is not None:
+        _check_probe(node)
+    else:
+        _check_backend(node)
     rule = rule_for(node.mode, node.backend)
     if node.builder not in rule.builders:
         raise NodeError(f"uses builder {node.builder}, which applies to "

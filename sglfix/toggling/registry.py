@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Mapping
+from typing import Annotated, Any, Iterable, Mapping, Optional
 
 from pydantic import BeforeValidator, StrictBool, StrictStr, ValidationInfo, field_validator, model_validator
 
@@ -109,6 +109,9 @@ class PartFile(StrictModel):
     # A refactor that came with the fix (e.g. a helper replacing an inline expression): reverting
     # it alone must change no verdict, which its expectations state and the matrix confirms.
     behaviour_neutral: StrictBool = False
+    # Why no scenario can detect this part (a refactor with no behaviour of its own): the
+    # doctor's static check covers it; the detection table does not ask for a scenario.
+    static_only: Optional[NonEmptyText] = None
 
 
 def _part_names(value: Any) -> Any:
@@ -176,6 +179,7 @@ class Part:
     summary: str
     patches: tuple[PatchSpec, ...]
     behaviour_neutral: bool = False
+    static_only: str | None = None
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -241,7 +245,8 @@ def parse_toggle(text: str, *, path: str) -> Toggle:
     if "patches" in file.model_fields_set:
         parts = {MAIN_PART: Part(name=MAIN_PART, summary=file.title, patches=file.patches)}
     else:
-        parts = {name: Part(name=name, summary=p.summary, patches=p.patches, behaviour_neutral=p.behaviour_neutral)
+        parts = {name: Part(name=name, summary=p.summary, patches=p.patches, behaviour_neutral=p.behaviour_neutral,
+                            static_only=p.static_only)
                  for name, p in file.parts.items()}
     expect_node = raw.get("expect") or []
     expect = tuple(

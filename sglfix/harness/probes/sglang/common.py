@@ -1,0 +1,27 @@
+"""What the sglang probes share: publishing server args the way sglang's own test kit does."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+__all__ = ["published", "ceil_to"]
+
+
+@contextlib.contextmanager
+def published(**server_args: Any) -> Iterator[None]:
+    """Publish a dummy ServerArgs carrying ``server_args`` (sglang reads them through
+    ``runtime_context.get_spec()/get_schedule()/...``), as the kit's MockModelRunner does; the
+    runtime context is put back exactly as it was afterwards."""
+    from sglang.srt.runtime_context import get_context, restore_context, snapshot_context
+
+    state = snapshot_context()
+    try:
+        with get_context().override_server_args(**server_args):
+            yield
+    finally:
+        restore_context(state)
+
+
+def ceil_to(value: int, step: int) -> int:
+    return -(-value // step) * step

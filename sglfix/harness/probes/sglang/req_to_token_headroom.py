@@ -1,0 +1,142 @@
+"""Probe ``req-to-token-headroom`` (PR 26972): a spec-v2 decode step's KV allocation must end
+inside the request's req_to_token row.
+
+Inputs from the scenario: ``prefix_lens`` are the requests' committed KV lengths at a decode
+step, ``max_context_len`` the model's context length (default: the longest prefix + 3, the
+longest committed length sglang decodes), ``page_size`` and ``spec`` (EAGLE topk, steps, draft
+tokens) the published server args.
+
+Real code run: ``allocation_sizing.get_req_to_token_extra_context_len`` (under test) sizes a real
+``ReqToTokenPool`` row as ``_build_default_req_pool`` does (context + headroom);
+``page_aligned_decode_alloc_lens`` with ``get_alloc_reserve_per_decode`` gives each request's
+allocation ``[cur, nxt)``, as ``eagle_prepare_for_decode`` computes it; the real
+``assign_req_to_token_pool_func`` (the Triton kernel; interpreted on CPU) records fresh slots there.
+
+sglfix's own expectation, from first principles: per decode step a request writes ``topk`` draft
+tokens per step for ``num_steps`` steps and the verify's ``num_draft_tokens``, in the same
+reserved region (the larger of the two); with pages > 1 and topk > 1 every branch starts on a
+fresh page holding a copy of the prefix's last partial page (up to page_size - 1 tokens), so a
+branch spans ceil((page_size - 1 + num_steps) / page_size) pages; overlap scheduling reads the
+committed length one step late, so two steps are reserved; the end is rounded up to a page.
+Judged (INVARIANT): that end, and the allocation's, lie inside the row; after the real write
+every row still holds its own prefix slots and the new slots, and no row past the batch changed.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Callable
+
+from sglfix.harness.probes.sglang.common import ceil_to, published
+
+__all__ = ["PROBE", "own_decode_reserve"]
+
+_SENTINEL = -1
+
+
+def own_decode_reserve(*, page_size: int, topk: int, num_steps: int, num_draft_tokens: int) -> int:
+    """Positions one decode step may need past the committed length (see the module's docstring)."""
+    if page_size > 1 and topk > 1:
+        worst_branch_pages = max(ceil_to(tail + num_steps, page_size) // page_size for tail in range(page_size))
+        per_step = max(topk * worst_branch_pages * page_size, num_draft_tokens)
+    else:
+        per_step = max(topk * num_steps, num_draft_tokens)
+    return 2 * per_step
+
+
+class ReqToTokenHeadroom:
+    name = "req-to-token-headroom"
+
+    def run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
+        stage("build")
+        import torch
+
+        from sglang.srt.mem_cache import allocation_sizing as sizing
+        from sglang.srt.mem_cache.allocation import assign_req_to_token_pool_func
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+        spec, page = scenario.spec, scenario.page_size
+        committed = [int(p) for p in scenario.prefix_lens]
+        bs = len(committed)
+        context_len = scenario.max_context_len or max(committed) + 3
+        args = dict(page_size=page, speculative_algorithm="EAGLE", speculative_eagle_topk=spec.topk,
+                    speculative_num_steps=spec.num_steps, speculative_num_draft_tokens=spec.num_draft_tokens)
+        with published(**args):
+            stage("forward")
+            headroom = int(sizing.get_req_to_token_extra_context_len())  # the function under test
+            width = context_len + headroom
+            reserve = int(sizing.get_alloc_reserve_per_decode())
+            alloc_page = int(sizing.get_alloc_page_size())
+            reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=c, kv_committed_len=c)) for c in committed]
+            cur, nxt, needed = sizing.page_aligned_decode_alloc_lens(reqs, reserve=reserve, page_size=alloc_page)
+            cur, nxt = [int(x) for x in cur], [int(x) for x in nxt]
+
+            # Request b in row 1 + b (row 0 is the pool's padding row); rows after the batch are
+            # guards, enough of them that a spill of the last request stays inside the tensor.
+            spill = max(0, max(nxt) - width)
+            guards = -(-spill // width) + 1
+            pool = ReqToTokenPool(size=bs + guards, max_context_len=width, device=device, enable_memory_saver=False)
+            table = pool.req_to_token
+            table.fill_(_SENTINEL)
+            next_slot = 1
+            prefix_slots = []
+            for b, c in enumerate(committed):
+                slots = torch.arange(next_slot, next_slot + c, dtype=torch.int32)
+                next_slot += c
+                table[1 + b, :c] = slots.to(device)
+                prefix_slots.append(slots)
+            new_total = sum(n - s for s, n in zip(cur, nxt))
+            out_cache_loc = torch.arange(next_slot, next_slot + new_total, dtype=torch.int64, device=device)
+            assign_req_to_token_pool_func(
+                torch.arange(1, bs + 1, dtype=torch.int64, device=device), table,
+                torch.tensor(cur, dtype=torch.int32, device=device), torch.tensor(nxt, dtype=torch.int32, device=device),
+                out_cache_loc, bs)
+            after = table.cpu()
+
+        stage("judge")
+        own = own_decode_reserve(page_size=page, topk=spec.topk, num_steps=spec.num_steps,
+                                 num_draft_tokens=spec.num_draft_tokens)
+        need = [max(n, ceil_to(c + own, page)) for c, n in zip(committed, nxt)]
+        worst = max(range(bs), key=lambda b: need[b])
+        figures = dict(context_len=context_len, headroom=headroom, row_width=width, reserve=reserve,
+                       own_reserve=own, alloc_end=nxt, own_end=[ceil_to(c + own, page) for c in committed],
+                       committed=committed)
+        over = [b for b in range(bs) if need[b] > width]
+        if over:
+            b = max(over, key=lambda i: need[i])
+            by = "the allocation" if nxt[b] >= need[b] else "sglfix's draft footprint"
+            result.add("INVARIANT", f"{len(over)}/{bs} requests need KV positions past their req_to_token row: request "
+                                    f"{b} (committed {committed[b]}) needs up to {need[b]} ({by}), the row holds {width} "
+                                    f"(context {context_len} + headroom {headroom}; page {page}, topk {spec.topk})",
+                       first_bad_request=b, **figures)
+        if any(n < ceil_to(c + own, page) for c, n in zip(committed, nxt)):
+            b = next(i for i in range(bs) if nxt[i] < ceil_to(committed[i] + own, page))
+            result.add("INVARIANT", f"request {b}'s decode allocation ends at {nxt[b]}, short of the draft footprint "
+                                    f"sglfix expects ({ceil_to(committed[b] + own, page)}: reserve {own}, allocated {reserve})",
+                       first_bad_request=b, **figures)
+        expected = torch.full_like(after, _SENTINEL)
+        offset = next_slot
+        for b, c in enumerate(committed):
+            expected[1 + b, :c] = prefix_slots[b]
+            n_new = nxt[b] - cur[b]
+            flat = expected.view(-1)
+            start = (1 + b) * width + cur[b]
+            # Where the new slots belong: inside the row; what lies past its end is the spill.
+            keep = min(n_new, width - cur[b])
+            flat[start:start + keep] = torch.arange(offset, offset + keep, dtype=expected.dtype)
+            offset += n_new
+        bad_rows = [r for r in range(after.shape[0]) if not torch.equal(after[r], expected[r])]
+        if bad_rows:
+            r = bad_rows[0]
+            changed = int((after[r] != expected[r]).sum())
+            whose = (f"request {r - 1}'s row" if 1 <= r <= bs else
+                     "the pool's padding row" if r == 0 else f"guard row {r - bs} past the batch")
+            result.add("INVARIANT", f"the decode write spilled past a req_to_token row: {changed} entries of {whose} "
+                                    f"overwritten ({len(bad_rows)} rows changed)", rows_changed=bad_rows, **figures)
+        if not result.findings:
+            result.add("PASS", f"every decode allocation fits its req_to_token row: request {worst} (committed "
+                               f"{committed[worst]}) ends at {need[worst]} of {width} (context {context_len} + headroom "
+                               f"{headroom}; page {page}, topk {spec.topk})", **figures)
+
+
+PROBE = ReqToTokenHeadroom()

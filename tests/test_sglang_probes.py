@@ -1,0 +1,231 @@
+"""Probe scenarios against the installed real sglang 0.5.23: fixes outside any attention backend.
+
+Each built-in probe scenario (profiles/sglang-0.5.23/scenarios/probes.yaml) must PASS with every
+fix in place and give its toggle's verdict with that toggle reverted; unrelated toggles leave it
+PASS. Real sglang runs only in fresh interpreters (one per toggle set, reverted the production
+way: ``SGLANG_DEBUG_REVERT_PR`` read by the start-up hook), never in the test process; a missing
+sglang fails with the install line. The format and refusal tests need no sglang.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from clihelp import assert_one_line_error, run_cli
+from real_sglang import STANDINS, clean_env, require_sglang
+from sglfix.codebases import CODEBASES, REPRODUCTION, check_scenarios_runnable
+from sglfix.common.errors import ConfigError
+from sglfix.scenario import load_scenario_file
+from sglfix.scenario.modes import PROBE_RULES, PROBES
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBES_FILE = ROOT / "profiles" / "sglang-0.5.23" / "scenarios" / "probes.yaml"
+SGLANG = CODEBASES["sglang-0.5.23"]
+
+# toggle id -> {scenario: verdict} for the scenarios it must fail; every other scenario run with
+# it must stay PASS. The draft probes are costly (the draft loop runs its interpreted kernels):
+# only 25015's set and the baseline run them.
+EXPECT = {
+    "26972": {"probe-req-to-token-tree-paged": "INVARIANT", "probe-req-to-token-chain-paged": "INVARIANT"},
+    "26329": {"probe-eagle-prefill-tail": "DIVERGE"},
+    "25015": {"probe-draft-positions-chain": "DIVERGE", "probe-draft-positions-tree": "DIVERGE"},
+    "26738:overlap-guard": {"probe-needs-cpu-seq-lens@gpu_only=on": "CRASH",
+                            "probe-needs-cpu-seq-lens@gpu_only=off": "CRASH"},
+}
+DRAFT = ("probe-draft-positions-chain", "probe-draft-positions-tree")
+
+# A finding on real sglang 0.5.23 with every fix in place: with page_size 1 the req_to_token
+# headroom stays 4 + num_draft_tokens (12) while a tree draft reserves 2 x max(topk x num_steps,
+# num_draft_tokens) = 24 positions per decode step, so a request within 24 positions of the
+# context limit writes past its row into the next request's.
+FINDING = """\
+name: finding-req-to-token-tree-unpaged
+probe: req-to-token-headroom
+mode: DECODE
+batch: {prefix_lens: [253, 240]}
+max_context_len: 256
+page_size: 1
+spec: {topk: 4, num_steps: 3, num_draft_tokens: 8}
+"""
+
+# Runs in a fresh interpreter: the cells of the given files (optionally only some names), then
+# whether the probes left sglang's published server args and the kit's module as they found them.
+RUN = """
+import json, sys
+import sglfix
+from sglfix import codebases
+codebases.activate("sglang-0.5.23")
+from sglfix.harness.cell import run_cell
+from sglfix.scenario import load_scenario_file
+args = json.loads(sys.argv[1])
+from sglang.srt.runtime_context import get_context
+from sglang.test.kits.attention_unittest.runner_modes import speculative_draft_runner as sdr
+before = (get_context()._server_args, sdr._seeded_rng, sys.modules.get("sglang.test.test_utils"))
+for path in args["files"]:
+    for s in load_scenario_file(path):
+        if args["only"] is None or s.name in args["only"]:
+            r = run_cell(s, device="cpu", toggles=args["toggles"])
+            print("CELL " + json.dumps({"name": s.name, "verdict": r.verdict, "key": r.key_figure,
+                                         "findings": r.findings, "ms": r.timings_ms.get("total")}))
+after = (get_context()._server_args, sdr._seeded_rng, sys.modules.get("sglang.test.test_utils"))
+print("STATE " + json.dumps({"reverted": sglfix.reverted_ids(),
+                             "clean": all(a is b for a, b in zip(before, after))}))
+"""
+
+
+def _run(toggle: str | None, files: list[str], only: list[str] | None = None) -> dict:
+    env = clean_env(SGLFIX_PROFILE="sglang-0.5.23", **({"SGLANG_DEBUG_REVERT_PR": toggle} if toggle else {}))
+    arg = json.dumps({"files": files, "only": only, "toggles": [toggle] if toggle else []})
+    r = _python(RUN, env, arg)
+    assert r.returncode == 0, f"toggle {toggle}: exit {r.returncode}\n{r.stderr[-4000:]}"
+    cells, state = {}, None
+    for line in r.stdout.splitlines():
+        if line.startswith("CELL "):
+            cell = json.loads(line[5:])
+            cells[cell["name"]] = cell
+        elif line.startswith("STATE "):
+            state = json.loads(line[6:])
+    assert state is not None, r.stdout[-2000:] + r.stderr[-2000:]
+    return {"cells": cells, "state": state}
+
+
+def _python(code: str, env: dict, arg: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", STANDINS + code, arg], capture_output=True, text=True, env=env,
+                          timeout=900, cwd=str(ROOT))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """One fresh interpreter per toggle set (two at a time: the CI box has two cores)."""
+    require_sglang()
+    finding = tmp_path_factory.mktemp("probes") / "finding.yaml"
+    finding.write_text(FINDING)
+    names = [s.name for s in load_scenario_file(PROBES_FILE)]
+    jobs = {None: ([str(PROBES_FILE), str(finding)], None)}
+    for toggle in EXPECT:
+        jobs[toggle] = ([str(PROBES_FILE)], names if toggle == "25015" else [n for n in names if n not in DRAFT])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {t: pool.submit(_run, t, files, only) for t, (files, only) in jobs.items()}
+        return {t: f.result() for t, f in futures.items()}
+
+
+# ------------------------------------------------------------------ against real sglang
+
+def test_every_probe_scenario_passes_with_the_fixes_in_place(runs):
+    base = runs[None]
+    names = [s.name for s in load_scenario_file(PROBES_FILE)]
+    assert set(names) <= set(base["cells"]), sorted(base["cells"])
+    failing = {n: (base["cells"][n]["verdict"], base["cells"][n]["key"]) for n in names
+               if base["cells"][n]["verdict"] != "PASS"}
+    assert not failing, failing
+    for n in names:  # a PASS says what it measured
+        assert base["cells"][n]["findings"][0]["verdict"] == "PASS" and base["cells"][n]["key"], base["cells"][n]
+    assert base["state"] == {"reverted": [], "clean": True}, base["state"]
+
+
+@pytest.mark.parametrize("toggle", list(EXPECT))
+def test_each_toggle_gives_its_verdict_and_leaves_the_other_probes_passing(runs, toggle):
+    got = runs[toggle]
+    # The revert really went in (a toggle without parts is its one part "main").
+    assert got["state"]["reverted"] == [toggle if ":" in toggle else f"{toggle}:main"], got["state"]
+    assert got["state"]["clean"], got["state"]
+    verdicts = {n: c["verdict"] for n, c in got["cells"].items()}
+    want = {n: EXPECT[toggle].get(n, "PASS") for n in verdicts}
+    assert verdicts == want, {n: (c["verdict"], c["key"]) for n, c in got["cells"].items()}
+
+
+def test_the_findings_name_what_went_wrong(runs):
+    cells = {t: runs[t]["cells"] for t in EXPECT}
+    r2t = cells["26972"]["probe-req-to-token-tree-paged"]["key"]
+    assert "request 0 (committed 253) needs up to 512" in r2t and "the row holds 268" in r2t, r2t
+    spill = [f["message"] for f in cells["26972"]["probe-req-to-token-tree-paged"]["findings"]]
+    assert any("spilled past a req_to_token row" in m and "request 1's row" in m for m in spill), spill
+    tail = cells["26329"]["probe-eagle-prefill-tail"]["key"]
+    assert "request 2 (chunked prefill, prompt continues)" in tail and "the target's sampled token" in tail, tail
+    draft = cells["25015"]["probe-draft-positions-tree"]
+    assert "(+1)" in draft["key"] and "18/18" in draft["key"], draft["key"]
+    crash = cells["26738:overlap-guard"]["probe-needs-cpu-seq-lens@gpu_only=on"]["findings"][0]
+    assert crash["type"] == "AttributeError" and crash["frame"].startswith("srt/managers/overlap_utils.py:"), crash
+    assert crash["stage"] == "forward", crash
+    undeclared = cells["26738:overlap-guard"]["probe-needs-cpu-seq-lens@gpu_only=off"]["key"]
+    assert "'UndeclaredAttnBackend' object has no attribute 'needs_cpu_seq_lens'" in undeclared, undeclared
+
+
+def test_a_baseline_finding_on_real_sglang_is_shown_not_hidden(runs):
+    cell = runs[None]["cells"]["finding-req-to-token-tree-unpaged"]
+    assert cell["verdict"] == "INVARIANT", cell
+    assert "needs up to 277" in cell["key"] and "the row holds 268" in cell["key"], cell["key"]
+
+
+# ------------------------------------------------------------------ format and refusal (no sglang)
+
+def test_the_probe_table_and_the_code_base_agree():
+    assert set(SGLANG.probes) == set(PROBES), (sorted(SGLANG.probes), PROBES)
+    assert REPRODUCTION.probes == {}
+    for name, module in SGLANG.probes.items():
+        assert module.startswith("sglfix.harness.probes.sglang."), module
+        assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), module
+    scenarios = load_scenario_file(PROBES_FILE)
+    covered = {s.probe for s in scenarios}
+    assert covered == set(PROBES), covered  # every probe has a built-in scenario
+    for s in scenarios:
+        assert s.backend is None and s.mode in PROBE_RULES[s.probe].modes, s
+        assert s.to_json()["probe"] == s.probe and type(s).from_json(s.to_json()) == s
+
+
+def test_a_probe_scenario_is_refused_on_a_code_base_without_the_probe():
+    scenarios = load_scenario_file(PROBES_FILE)
+    check_scenarios_runnable(scenarios, SGLANG)
+    with pytest.raises(ConfigError) as info:
+        check_scenarios_runnable(scenarios, REPRODUCTION)
+    message = str(info.value)
+    assert "\n" not in message, message
+    assert f"{PROBES_FILE}:" in message and "probe-req-to-token-tree-paged" in message, message
+    assert "probe req-to-token-headroom does not exist on reproduction" in message, message
+    assert "it runs on sglang-0.5.23" in message, message
+
+
+def test_the_cli_refuses_probe_scenarios_under_the_reproduction_profile_before_any_cell():
+    assert_one_line_error(run_cli("run", "--scenario-file", str(PROBES_FILE), "--device", "cpu"),
+                          "probe req-to-token-headroom does not exist on reproduction")
+
+
+BAD_PROBES = [
+    ("name: x\nprobe: draft-position\nmode: DRAFT_DECODE\nbatch: {prefix_lens: [3]}\n", 2,
+     "did you mean 'draft-positions'"),
+    ("name: x\nprobe: draft-positions\nbackend: triton\nmode: DRAFT_DECODE\nbatch: {prefix_lens: [3]}\n", 3,
+     "give exactly one"),
+    ("name: x\nprobe: eagle-prefill-tail\nmode: DECODE\nbatch: {prefix_lens: [3]}\n", 3, "takes mode EXTEND"),
+    ("name: x\nprobe: eagle-prefill-tail\nmode: EXTEND\nbatch: {prefix_lens: [3], extend_lens: 2}\npage_size: 16\n",
+     5, "does not read page_size; drop it"),
+    ("name: x\nprobe: needs-cpu-seq-lens\nmode: DECODE\nbatch: {prefix_lens: [3]}\ncuda_graph: {capture_bs: [1]}\n",
+     5, "does not read cuda_graph"),
+    ("name: x\nprobe: draft-positions\nmode: DRAFT_DECODE\nbatch: {prefix_lens: [3]}\npage_size: 16\n", 5,
+     "takes page_size 1"),
+    ("name: x\nprobe: req-to-token-headroom\nmode: DECODE\nbatch: {prefix_lens: [3, 255]}\nmax_context_len: 256\n",
+     4, "never reaches"),
+]
+
+
+@pytest.mark.parametrize("text,line,needle", BAD_PROBES)
+def test_bad_probe_scenarios_are_one_line_errors_citing_the_line(tmp_path, text, line, needle):
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_scenario_file(f)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{f}:{line}:"), message
+    assert needle in message, message
+
+
+def test_a_bad_probe_name_on_the_cli_is_one_line_with_the_nearest_name(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text(BAD_PROBES[0][0])
+    assert_one_line_error(run_cli("scenarios", "--scenario-file", str(f)), "bad.yaml:2:",
+                          "did you mean 'draft-positions'")
