@@ -16,6 +16,10 @@ Two costs dominate an interpreted matrix, and both are repeated work:
   pre-run hooks, an argument of an unknown type) always run. A launch that raises is never
   stored, so a CRASH is reproduced by running it again.
 
+One correction rides along: the interpreter's ``tl.dot`` multiplies bfloat16 operands as raw
+bits; ``install`` widens them to float32 first (what the GPU computes), so bfloat16 cells of
+real sglang mean on CPU what they mean on the GPU.
+
 Both are installed per worker process (``install``); ``SGLFIX_KERNEL_MEMO=0`` turns the memo
 off (``SGLFIX_KERNEL_MEMO_MB`` sizes it, default 256 MiB per worker). ``stats()`` counts hits.
 """
@@ -411,6 +415,29 @@ def _make_builder_hooks(interp: Any) -> None:
             refuse(name)
 
 
+def _fix_bfloat16_dot(interp: Any) -> None:
+    """``tl.dot`` of bfloat16 operands multiplies their raw bits in the interpreter (it stores
+    bfloat16 as uint16 and converts only 8-bit floats before the product), so every bfloat16
+    attention kernel of real sglang is wrong on CPU and right on the GPU. Widening bfloat16 to
+    float32 first is exact and is what the GPU's tensor cores accumulate in."""
+    import numpy as np
+
+    cls = interp.InterpreterBuilder
+    original = cls.create_dot
+    bf16 = interp.tl.bfloat16
+
+    def widen(h: Any) -> Any:
+        if h.dtype != bf16:
+            return h
+        bits = np.ascontiguousarray(h.data).view(np.uint16).astype(np.uint32) << 16
+        return interp.TensorHandle(bits.view(np.float32), interp.tl.float32)
+
+    def create_dot(self: Any, a: Any, b: Any, d: Any, *rest: Any, **kw: Any) -> Any:
+        return original(self, widen(a), widen(b), d, *rest, **kw)
+
+    cls.create_dot = create_dot
+
+
 def install() -> bool:
     """Install both in this process (interpreter mode only). False when this Triton's
     interpreter does not have the shape relied on; then nothing is changed."""
@@ -436,6 +463,8 @@ def install() -> bool:
     interp._patch_lang = _make_patch_lang(interp, interp._patch_lang)
     interp.InterpretedFunction.run = _make_run(interp.InterpretedFunction.run, jit_types)
     _make_builder_hooks(interp)
+    if hasattr(interp, "TensorHandle"):
+        _fix_bfloat16_dot(interp)
     _STATE["installed"] = True
     _STATE["memo"] = os.environ.get("SGLFIX_KERNEL_MEMO", "1").strip() not in ("0", "off", "false", "no")
     return True

@@ -1,0 +1,125 @@
+"""The one door to sglang 0.5.23's private attention test kit (``sglang.test.kits.attention_unittest``).
+
+The kit ships in the wheel but is test code: its names are private and change with every
+release. Every use the sglang adapters make of it goes through this module, so a new sglang
+version means a new ``kit_<version>.py`` beside this one, not edits spread over the adapters.
+
+What the adapters take from the kit, and why:
+- ``DenseAttentionCase`` / ``TinyModelConfig`` / ``MockModelRunner``: the kit's ModelRunner
+  stand-in is a real ``ModelRunner`` subclass that publishes server args (read by the backends
+  through ``sglang.srt.runtime_context``) and owns real ``ReqToTokenPool`` / ``MHATokenToKVPool``
+  and the runner's ``KVIndexTranslator``;
+- ``_make_forward_batch``: a real ``ForwardBatch`` bound to its own KV plan, from a slot layout;
+- ``_set_draft_extend_v2_prefix_lens``: the DRAFT_EXTEND_V2 fixture that PR 26651's ``fixture``
+  part reverts. It is looked up on the kit module at each call (the module defines it twice; the
+  name resolves to the later definition, the toggle's target), so a revert applied in this
+  process is what runs;
+- ``_make_eagle_draft_extend_v2_input``: the fixture's spec input (``EagleDraftExtendInput`` with
+  the per-request window lengths the Triton capture/replay reads);
+- ``_prepare_target_verify_batch``: the verify fixture (``seq_lens`` = cached tokens only).
+
+Nothing here judges: the kit's own references and asserts (``assert_close``,
+``assert_cg_metadata_well_formed``) are never called; the judge stays sglfix's.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any, Callable
+
+__all__ = ["KIT_VERSION", "DENSE", "DRAFT_EXTEND", "TARGET_VERIFY", "make_case", "make_model_runner",
+           "restore_server_args", "make_forward_batch", "set_draft_extend_v2_prefix_lens",
+           "make_draft_extend_v2_input", "prepare_target_verify_batch"]
+
+KIT_VERSION = "0.5.23"
+_KIT = "sglang.test.kits.attention_unittest"
+DENSE = f"{_KIT}.attention_methods.dense_attention"
+DRAFT_EXTEND = f"{_KIT}.runner_modes.speculative_draft_extend_runner"
+TARGET_VERIFY = f"{_KIT}.runner_modes.speculative_target_verify_runner"
+
+# (the kit's override object, the server args it published) of the runners made here; the next
+# case un-publishes them first, so that a long-lived worker starts each cell from the same state.
+_published: list[tuple[Any, Any]] = []
+
+
+def _module(name: str) -> ModuleType:
+    return importlib.import_module(name)
+
+
+def _kit_function(module: str, name: str) -> Callable:
+    """A kit function looked up at call time: a revert swaps the code of the object the module
+    name resolves to, and a stale reference taken at import would still be that object anyway."""
+    return getattr(_module(module), name)
+
+
+def make_case(*, name: str, mode: Any, num_heads: int, num_kv_heads: int, page_size: int,
+              prefix_lens: tuple[int, ...], extend_lens: tuple[int, ...]) -> Any:
+    """The kit's case record for a Triton batch (backend name ``triton``; no sliding window)."""
+    dense = _module(DENSE)
+    return dense.DenseAttentionCase(name=name, backend="triton", forward_mode=mode, num_heads=num_heads,
+                                    num_kv_heads=num_kv_heads, page_size=page_size,
+                                    prefix_lens=tuple(prefix_lens), extend_lens=tuple(extend_lens))
+
+
+def make_model_runner(*, case: Any, head_dim: int, dtype: Any, device: str, max_context_len: int,
+                      pool_rows: int, graph: bool) -> Any:
+    """The kit's ``MockModelRunner`` with ``pool_rows`` request rows; it publishes its server args.
+
+    The previous runner's published args are restored first (see ``restore_server_args``).
+    ``hidden_size`` only sizes the kit's projection modules, which the adapters do not use.
+    """
+    dense = _module(DENSE)
+    restore_server_args()
+    config = dense.TinyModelConfig(num_heads=case.num_heads, num_kv_heads=case.num_kv_heads, head_dim=head_dim,
+                                   hidden_size=case.num_heads * head_dim, context_len=max_context_len)
+    runner = dense.MockModelRunner(case=case, model_config=config, dtype=dtype, device=device,
+                                   max_context_len=max_context_len, head_dim=head_dim,
+                                   disable_cuda_graph=not graph, runner_batch_size=pool_rows)
+    _published.append((runner._server_args_override, runner.server_args))
+    return runner
+
+
+def _published_now() -> Any:
+    from sglang.srt.runtime_context import get_server_args
+
+    try:
+        return get_server_args()
+    except ValueError:  # nothing published
+        return None
+
+
+def restore_server_args() -> None:
+    """Un-publish the server args of the runners this module made, newest first, each only while
+    it is still the published one: a runner built since (another adapter's) owns the slot then,
+    and restoring under it would bring back a state older than its own."""
+    while _published:
+        override, args = _published.pop()
+        if _published_now() is args:
+            override.restore()
+
+
+def make_forward_batch(*, case: Any, runner: Any, max_context_len: int, device: str,
+                       loc_fn: Callable[[int, int], int]) -> Any:
+    """The kit's ForwardBatch for ``case`` over the slot layout ``loc_fn(request, position)``:
+    fills ``req_to_token`` rows 0..bs-1, sets ``out_cache_loc``/``positions`` and the CPU mirrors,
+    and binds the batch to its own KV plan."""
+    make = _kit_function(DENSE, "_make_forward_batch")
+    return make(case, runner, max_context_len=max_context_len, device=device, loc_fn=loc_fn)
+
+
+def set_draft_extend_v2_prefix_lens(*, batch: Any, case: Any, device: str) -> None:
+    """The kit's DRAFT_EXTEND_V2 fixture: ``seq_lens`` as production has it before the metadata
+    init (prefix + draft window), with its CPU mirrors. PR 26651 ``fixture`` reverts it."""
+    _kit_function(DRAFT_EXTEND, "_set_draft_extend_v2_prefix_lens")(batch, case, device=device)
+
+
+def make_draft_extend_v2_input(*, batch: Any, case: Any, device: str) -> Any:
+    """The kit's ``EagleDraftExtendInput`` for a DRAFT_EXTEND_V2 batch, with
+    ``extend_seq_lens_tensor`` / ``extend_seq_lens_cpu`` set per request."""
+    return _kit_function(DRAFT_EXTEND, "_make_eagle_draft_extend_v2_input")(case, batch, device=device)
+
+
+def prepare_target_verify_batch(*, batch: Any, case: Any, device: str) -> None:
+    """The kit's verify fixture: ``seq_lens`` (and mirrors) count the cached prefix only."""
+    _kit_function(TARGET_VERIFY, "_prepare_target_verify_batch")(batch, case, device)
