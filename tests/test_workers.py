@@ -235,6 +235,18 @@ def test_state_snapshot_sees_rebinding_but_not_harmless_additions():
         assert snap.reset_lazy() == [f"{name}.CACHE"] and mod.CACHE is None and snap.changes() == []
         mod.LIMIT = 5  # ...while a rebound value still is one
         assert snap.reset_lazy() == [] and snap.changes() == [f"{name}.LIMIT"]
+        mod.LIMIT, mod.TABLE = 3, {"a": 1}
+        # A module dict that only gained keys is a memo filled by use: the added keys go...
+        snap = StateSnapshot("sglfix.backends")
+        table = mod.TABLE
+        table["filled"] = object()
+        assert snap.changes() == [f"{name}.TABLE[...]"]
+        assert snap.reset_lazy() == [f"{name}.TABLE[...]"] and mod.TABLE is table and table == {"a": 1}
+        assert snap.changes() == []
+        # ...a value changed beside an added key is still a change, and nothing is dropped.
+        table.update(a=2, filled=1)
+        assert snap.reset_lazy() == [] and table == {"a": 2, "filled": 1}
+        assert snap.changes() == [f"{name}.TABLE[...]"]
     finally:
         del sys.modules[name]
 

@@ -36,6 +36,9 @@ class CodeBase:
     lacks_modes: dict[str, str] = field(default_factory=dict)
     # Packages the code base imports at module level that a CPU machine cannot install.
     standins: tuple[str, ...] = ()
+    # Capability queries of a stood-in package that the code base implements itself
+    # (stand-in path -> "module:function"); see sglfix.codebases.standins.
+    standin_equivalents: dict[str, str] = field(default_factory=dict)
     # How to install it, for the one-line refusal.
     install_hint: str = ""
     # Modules a worker imports at boot (an installed engine is far larger than what the harness
@@ -70,6 +73,11 @@ SGLANG_0_5_23 = CodeBase(
     },
     lacks_modes={"DRAFT_EXTEND": "sglang 0.5.23 has no ForwardMode.DRAFT_EXTEND (spec v1); use DRAFT_EXTEND_V2"},
     standins=("sgl_kernel", "torchvision"),
+    standin_equivalents={
+        # TritonAttnBackend asks sgl_kernel whether the GPU supports programmatic dependent launch;
+        # sglang's own JIT kernels ask the same of sglang.kernels.jit (compute capability >= 9).
+        "sgl_kernel.utils.is_arch_support_pdl": "sglang.kernels.jit.utils.arch:is_arch_support_pdl",
+    },
     probes={
         "req-to-token-headroom": "sglfix.harness.probes.sglang.req_to_token_headroom",
         "eagle-prefill-tail": "sglfix.harness.probes.sglang.eagle_prefill_tail",
@@ -124,7 +132,7 @@ def activate(codebase: CodeBase | str) -> list[str]:
         return []
     from sglfix.codebases import standins
 
-    return standins.install(cb.standins)
+    return standins.install(cb.standins, equivalents=cb.standin_equivalents)
 
 
 @dataclass(frozen=True)

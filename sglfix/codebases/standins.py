@@ -9,6 +9,11 @@ one is a CRASH naming the package.
 
 Installed only in a worker of a real-sglang run and only for a package that is missing
 (``install`` checks ``find_spec`` first); ``used()`` lists those a process installed.
+
+A capability query is not a kernel: where the code base carries its own implementation of the
+same query (sglang's ``is_arch_support_pdl``, which its JIT kernels use, next to the copy in
+``sgl_kernel``), ``equivalents`` answers the stand-in's name with that function, so a backend's
+constructor can ask which GPU it runs on. Nothing that computes on tensors is ever answered.
 """
 
 from __future__ import annotations
@@ -50,11 +55,21 @@ def _make(path: str, package: str) -> type:
     return _StandInMeta(path.rsplit(".", 1)[-1], (), {"_standin_path": path, "_standin_package": package})
 
 
+_EQUIVALENTS: dict[str, str] = {}  # stand-in path -> "module:function" of the code base's own copy
+
+
 class _StandInModule(types.ModuleType):
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        value = _make(f"{self.__name__}.{name}", self.__name__.split(".")[0])
+        path = f"{self.__name__}.{name}"
+        if path in _EQUIVALENTS:
+            import importlib
+
+            module, _, attr = _EQUIVALENTS[path].partition(":")
+            value = getattr(importlib.import_module(module), attr)
+        else:
+            value = _make(path, self.__name__.split(".")[0])
         setattr(self, name, value)
         return value
 
@@ -86,8 +101,10 @@ class _Finder(importlib.abc.MetaPathFinder):
 _INSTALLED: list[str] = []
 
 
-def install(packages: tuple[str, ...] = MISSING_ON_CPU) -> list[str]:
-    """Stand in for each of ``packages`` that cannot be found; the ones stood in for."""
+def install(packages: tuple[str, ...] = MISSING_ON_CPU, *, equivalents: dict[str, str] | None = None) -> list[str]:
+    """Stand in for each of ``packages`` that cannot be found; the ones stood in for.
+    ``equivalents``: stand-in path -> ``module:function`` answering that capability query."""
+    _EQUIVALENTS.update(equivalents or {})
     missing = []
     for name in packages:
         if name in _INSTALLED:

@@ -18,10 +18,15 @@ _MISSING = object()
 class _Contents:
     """A shallow copy of a mutable container, compared item by item by identity."""
 
-    __slots__ = ("items",)
+    __slots__ = ("items", "mapping")
 
     def __init__(self, value: Any) -> None:
         self.items = tuple(value.items()) if isinstance(value, dict) else tuple(value)
+        self.mapping = dict(self.items) if isinstance(value, dict) else None
+
+    def prefix_of(self, current: dict) -> bool:
+        """Every key of the snapshot is still there, bound to the same object."""
+        return all(k in current and current[k] is v for k, v in self.items)
 
     def same(self, other: "_Contents") -> bool:
         return len(self.items) == len(other.items) and all(
@@ -42,7 +47,10 @@ class StateSnapshot:
     A module attribute that was ``None`` in the snapshot and is bound now is upstream's lazy
     module cache (``global_workspace_buffer``: allocated by the first backend built in the
     process): ``reset_lazy`` puts ``None`` back, which is exactly the snapshot's state, so the
-    next set starts from it without a fresh process.
+    next set starts from it without a fresh process. Likewise a module-level dict that only
+    gained keys is a memo filled by use (sglang's JIT ``_digest_cache``): ``reset_lazy`` removes
+    the added keys, so the dict holds again exactly what the snapshot saw (a value changed or a
+    key removed is still a change).
     """
 
     def __init__(self, prefix: str) -> None:
@@ -76,9 +84,17 @@ class StateSnapshot:
             out[path + ".__kwdefaults__"] = fn.__kwdefaults__
 
     def reset_lazy(self) -> list[str]:
-        """Rebind to ``None`` every module attribute that was ``None`` in the snapshot; the paths."""
+        """Rebind to ``None`` every module attribute that was ``None`` in the snapshot, and drop
+        the keys a module-level dict gained since; the paths."""
         reset = []
         for path, old in self.entries.items():
+            if isinstance(old, _Contents) and old.mapping is not None:
+                current = self.entries.get(path[: -len("[...]")])
+                if isinstance(current, dict) and len(current) > len(old.items) and old.prefix_of(current):
+                    for key in [k for k in current if k not in old.mapping]:
+                        del current[key]
+                    reset.append(path)
+                continue
             if old is not None:
                 continue
             owner, _, name = path.rpartition(".")

@@ -56,8 +56,12 @@ class DeepseekV4DraftAdapter:
         if scenario.capture_bs:
             raise Unavailable("the sglang DSv4 adapter runs the draft with graphs off only: the graph path "
                               "(EAGLEDraftCudaGraphRunner, init_forward_metadata_in_graph) is not driven here")
-        from sglfix.harness.adapters.sglang.kit_dsv4_mla_0_5_23 import build_dsv4_draft
+        from sglfix.harness.adapters.sglang.kit_dsv4_mla_0_5_23 import build_dsv4_draft, flash_mla_available
 
+        if device != "cpu" and not flash_mla_available():
+            # On CUDA sglang's DSv4 constructor imports flash_mla (the CPU path does not).
+            raise Unavailable("DeepseekV4AttnBackend needs flash_mla on CUDA, which is not installed here "
+                              "(pip install sgl-flash-mla; or run the DSv4 scenarios with --device cpu)")
         case = build_dsv4_draft(scenario, device=device)
         return Prepared(case=case, num_slots=case.num_slots)
 

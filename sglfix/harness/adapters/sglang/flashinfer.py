@@ -57,6 +57,14 @@ class FlashInferDraftAdapter:
 
         case = kit.build_flashinfer_draft(scenario, device=device, mla=self.mla)
         case.host = not (device != "cpu" and kit.has_cuda() and kit.flashinfer_available())
+        if self.mla and case.topk > 1 and not case.host:
+            # sglang 0.5.23 refuses topk > 1 for MLA; with the gate lifted its step backends' graph
+            # buffers (qo_indptr, sized for max_bs rows) cannot even capture bs * topk rows. What PR
+            # 27460 fixed is the multi-step backend's own sizing and kernel, which still run for real.
+            case.host = True
+            case.notes.append("topk > 1: sglang's MLA step backends are recorded, not run (their CUDA-graph "
+                              "qo_indptr buffer holds max_bs rows); the multi-step backend's sizing and its "
+                              "kv-indices kernel run on the GPU")
         case.allocs = kit.CudaAllocations(remap=True)
         case.tables = {}  # step -> the page table its step backend was handed last
         case.replayed = None  # the batch (view) of the last metadata init
