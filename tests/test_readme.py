@@ -22,6 +22,7 @@ def test_ci_runs_the_readme_test_command_verbatim():
     ci_lines = [line for line in (ROOT / ".ci/run").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
     assert command in ci_lines, f".ci/run must contain the README test command verbatim:\n{command}"
+    assert _readme_command("sglang-command") in ci_lines, ".ci/run must run the README's real-sglang command too"
     main = _readme_command("main-command")
     assert main.startswith("python3 -m venv .venv") and "sglfix " in main
 

@@ -26,7 +26,8 @@ from sglfix.report.load import cell_id, cell_key, count_verdicts, describe
 
 __all__ = ["merge_reports", "ENV_FIELDS", "MIXED"]
 
-ENV_FIELDS = ("device", "device_name", "host", "python", "torch", "triton", "flashinfer", "sglfix", "env_revert")
+ENV_FIELDS = ("device", "device_name", "host", "python", "torch", "triton", "flashinfer", "sglfix", "env_revert",
+              "codebase")
 MIXED = "mixed"
 
 
