@@ -3,7 +3,7 @@
 1. The install, timed step by step in a fresh virtualenv (no system site packages), exactly as the
    README's sglang command does it: ``pip install torch==2.13.0``, ``pip install --no-deps
    sglang==0.5.23``, ``pip install ".[sglang]"`` (a regular install of this checkout).
-2. In that venv, ``sglfix matrix --profile sglang-0.5.23 --device cpu --json``: the whole process
+2. In that venv, ``sglfix matrix --profile sglang-0.5.23 --parts --device cpu --json`` (the README command): the whole process
    timed, the cells counted by verdict, the gate's exit code, and the code base the report names.
 
     python bench/sglang_cpu.py [--venv DIR] [--reuse] [--json bench/results/sglang-cpu.json]
@@ -58,7 +58,7 @@ def install(venv: Path) -> dict:
 def matrix(venv: Path, out: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLFIX_", "SGLANG_DEBUG"))}
     env["COLUMNS"] = "200"
-    t, r = _timed([str(venv / "bin" / "sglfix"), "matrix", "--profile", f"sglang-{VERSION}", "--device", "cpu",
+    t, r = _timed([str(venv / "bin" / "sglfix"), "matrix", "--profile", f"sglang-{VERSION}", "--parts", "--device", "cpu",
                    "--json", str(out)], env=env, cwd=Path(tempfile.gettempdir()))
     report = json.loads(out.read_text()) if out.exists() else {}
     return {"exit_code": r.returncode, "process_wall_s": round(t, 1), "cells_wall_s": report.get("wall_s"),
