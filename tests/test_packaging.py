@@ -28,7 +28,7 @@ def test_wheel_holds_only_sglfix_with_its_yaml_data(wheel):
     tops = {n.split("/")[0] for n in names}
     assert tops == {"sglfix", "zz-sglfix-startup.pth", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
     assert zipfile.ZipFile(wheel).read("zz-sglfix-startup.pth") == (ROOT / "zz-sglfix-startup.pth").read_bytes()
-    profiles = sorted(str(p.relative_to(ROOT / "profiles")) for pattern in ("*/*.yaml", "*/scenarios/*.yaml")
+    profiles = sorted(str(p.relative_to(ROOT / "profiles")) for pattern in ("*/*.yaml", "*/scenarios/*.yaml", "*/known/*.yaml")
                       for p in (ROOT / "profiles").glob(pattern))
     assert profiles and sorted(n[len("sglfix/profiles/"):] for n in names
                                if n.startswith("sglfix/profiles/") and n.endswith(".yaml")) == profiles

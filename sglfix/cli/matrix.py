@@ -63,12 +63,14 @@ def matrix_cmd(
     no_reachability: NoReachability = False,
 ) -> None:
     """Baseline plus each registered toggle (and part) over the scenarios: the toggle x scenario grid."""
-    from sglfix.execution.expectations import check_expectations
+    from sglfix.execution.expectations import check_expectations, known_hits
+    from sglfix.execution.known import load_known
     from sglfix.execution.planner import plan_matrix, set_label
     from sglfix.toggling.env import ENV_VAR
 
     opts = options(ctx)
     outputs = Outputs(json=json_file, junit=junit, markdown=markdown, heatmap=heatmap)
+    known = load_known(opts.active_profile().known_file)  # a bad list is one line before any cell
 
     def build_plan(chosen, *, registry, env_ids):
         return plan_matrix(chosen, registry=registry, parts=parts, env_ids=env_ids)
@@ -83,8 +85,10 @@ def matrix_cmd(
         # Every set carries the env ids: the expectations (written without them) do not apply.
         checks, stray, not_run = [], [], [f"all expectations: {ENV_VAR} is set"]
     else:
-        checks, stray, not_run = check_expectations(ran.registry, results, device=info.get("device", device))
-    write_report(opts, ran, outputs, gate=True, checks=checks, stray=stray, not_run=not_run)
+        checks, stray, not_run = check_expectations(ran.registry, results, device=info.get("device", device),
+                                                    known=known)
+    known_seen = known_hits(known, results)
+    write_report(opts, ran, outputs, gate=True, checks=checks, stray=stray, not_run=not_run, known=known_seen)
     if json_file != "-":
         for part in _grid(plan, results, title=header(what="matrix" if ran.shard is None else f"matrix shard {ran.shard}", info=info, env=env, wall=wall, cells=len(results))):
             out.print(part)
@@ -105,6 +109,11 @@ def matrix_cmd(
             out.print(Text("met   " if c.met else "UNMET ", style="green" if c.met else "red"), end="")
             out.print(f"expect revert {','.join(c.revert)} on {c.scenario} -> {'|'.join(c.wanted)}"
                       + ("" if c.met else f"; got {sorted(set(c.got.values()))}"))
+        for k in known_seen:
+            out.print(Text("known ", style="yellow"), end="")
+            out.print(f"{k['scenario']} -> {'|'.join(k['verdict'])}: "
+                      + (f"seen on {len(k['seen_on'])} baseline cell(s)" if k["seen_on"] else "not seen (fixed?)")
+                      + f"; {k['reason']} (reproduce: {k['reproduce']})")
         for s in stray:
             out.print(Text("unexpected ", style="red"), end="")
             out.print(f"{','.join(s['toggles']) or 'baseline'} on {s['scenario']}: {s['verdict']} ({s['why']})")

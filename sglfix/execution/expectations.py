@@ -12,11 +12,14 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
+from typing import Any, Sequence
+
 from sglfix.common.verdicts import stands_for
+from sglfix.execution.known import match_known
 from sglfix.harness.cell import CellResult
 from sglfix.toggling.registry import Registry
 
-__all__ = ["ExpectationCheck", "check_expectations", "effective"]
+__all__ = ["ExpectationCheck", "check_expectations", "effective", "known_hits"]
 
 
 @dataclass
@@ -39,9 +42,11 @@ def effective(result: CellResult) -> str:
     return stands_for(result.verdict, result.findings)
 
 
-def check_expectations(registry: Registry, results: list[CellResult], *, device: str
+def check_expectations(registry: Registry, results: list[CellResult], *, device: str, known: Sequence[Any] = (),
                        ) -> tuple[list[ExpectationCheck], list[dict], list[str]]:
-    """(checks, stray cells, expectations whose toggle set or scenarios did not run)."""
+    """(checks, stray cells, expectations whose toggle set or scenarios did not run). A cell that
+    a profile's known divergence names (``sglfix.execution.known``) is no stray: it is reported
+    with that entry instead (``known_hits``)."""
     by_set: dict[tuple[str, ...], list[CellResult]] = {}
     for r in results:
         by_set.setdefault(tuple(r.toggles), []).append(r)
@@ -65,6 +70,8 @@ def check_expectations(registry: Registry, results: list[CellResult], *, device:
     for toggles, cells in by_set.items():
         globs = covered.get(toggles, [])
         for r in cells:
+            if match_known(known, scenario=r.scenario, verdict=effective(r)) is not None:
+                continue
             if not toggles:
                 # SKIP is "cannot run on this device" with its reason (a GPU-only kernel on CPU): shown,
                 # never a failure of the code under test; every other baseline verdict is.
@@ -75,3 +82,15 @@ def check_expectations(registry: Registry, results: list[CellResult], *, device:
                 stray.append({"toggles": list(toggles), "scenario": r.scenario, "verdict": r.verdict,
                               "why": "not covered by any expectation of this toggle set"})
     return checks, stray, not_run
+
+
+def known_hits(known: Sequence[Any], results: list[CellResult]) -> list[dict]:
+    """One line per known divergence: the baseline cells it names that showed it, or none (the
+    upstream bug may be fixed: reported, never a failure)."""
+    out = []
+    for k in known:
+        seen = sorted(r.scenario for r in results if not r.toggles
+                      and match_known([k], scenario=r.scenario, verdict=effective(r)) is not None)
+        out.append({"scenario": k.scenario, "verdict": list(k.verdict), "reason": k.reason,
+                    "reproduce": k.reproduce, "seen_on": seen})
+    return out

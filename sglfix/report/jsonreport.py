@@ -43,7 +43,7 @@ def _memo_summary(info: dict, results: Sequence[Any]) -> dict | None:
 
 def build_report(*, command: Sequence[str], info: dict, results: Sequence[Any], cell_ids: Sequence[str],
                  wall_s: float, env_revert: str | None, checks: Sequence[Any] = (), stray: Sequence[dict] = (),
-                 not_run: Sequence[str] = ()) -> dict:
+                 not_run: Sequence[str] = (), known: Sequence[dict] = ()) -> dict:
     cells = []
     for cid, r in zip(cell_ids, results):
         cells.append({"id": cid, **r.to_json()})
@@ -69,4 +69,6 @@ def build_report(*, command: Sequence[str], info: dict, results: Sequence[Any], 
         "expectations": [c.to_json() for c in checks],
         "stray": list(stray),
         "not_run": list(not_run),
+        # The profile's known divergences (confirmed upstream bugs) and the baseline cells showing each.
+        "known_divergences": list(known),
     }

@@ -67,9 +67,19 @@ def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str])
         "expectations": expectations,
         "stray": _unique([s for r in reports for s in r.get("stray", [])]),
         "not_run": [n for n in _unique([n for r in reports for n in r.get("not_run", [])]) if n not in checked],
+        "known_divergences": _merge_known([k for r in reports for k in r.get("known_divergences", [])]),
         "merged_from": [{**describe(path, r), "host": r.get("host")} for path, r in inputs],
     })
     return out
+
+
+def _merge_known(entries: Sequence[dict]) -> list[dict]:
+    """One entry per known divergence, seen on the union of the shards' cells."""
+    merged: dict[str, dict] = {}
+    for k in entries:
+        into = merged.setdefault(k["scenario"], {**k, "seen_on": []})
+        into["seen_on"] = sorted(set(into["seen_on"]) | set(k.get("seen_on", [])))
+    return list(merged.values())
 
 
 def _hashable(value: Any) -> str:

@@ -45,6 +45,17 @@ class Profile:
         root = files(self.package)
         return str(root / self.subdir if self.subdir else root)
 
+    # A list of confirmed upstream divergences the gate accepts (sglfix.execution.known), if any.
+    known_subdir: str = ""
+
+    @property
+    def known_file(self) -> str | None:
+        if not self.known_subdir:
+            return None
+        from importlib.resources import files
+
+        return str(files(self.package) / self.known_subdir)
+
     @property
     def scenarios_dir(self) -> str:
         from importlib.resources import files
@@ -62,7 +73,7 @@ PROFILES: dict[str, Profile] = {
                 package="sglfix.profiles", subdir="sglang-0.5.23",
                 engine_toggle="sglang.srt.debug_utils.pr_fix_toggle.maybe_revert_pr_fix",
                 source="sglang==0.5.23", codebase="sglang-0.5.23", scenarios_package="sglfix.profiles",
-                scenarios_subdir="sglang-0.5.23/scenarios"),
+                scenarios_subdir="sglang-0.5.23/scenarios", known_subdir="sglang-0.5.23/known/divergences.yaml"),
     )
 }
 

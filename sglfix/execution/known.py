@@ -1,0 +1,64 @@
+"""A profile's known divergences: baseline findings on the real engine, confirmed as upstream bugs.
+
+A baseline that fails on real code is a finding, never tuned away: the scenario stays built in,
+its cells show their figures, and the divergence is listed here with the command that reproduces
+it, so that the matrix gate passes with the list and fails on anything new. An entry matches the
+cells of its scenarios (glob) whose verdict it names, under every toggle set (a toggle that leaves
+the bug in place gives the same verdict); an entry whose scenarios all pass is reported, not
+failed: the bug may have been fixed.
+
+    known_divergences:
+      - scenario: probe-req-to-token-tree-ps1
+        verdict: [INVARIANT]
+        reason: ...
+        reproduce: sglfix run --profile sglang-0.5.23 -s probe-req-to-token-tree-ps1 --device cpu
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from typing import Annotated, Any, Sequence
+
+from pydantic import BeforeValidator
+
+from sglfix.common.errors import ConfigError
+from sglfix.common.schema import StrictModel, validate_node
+from sglfix.common.verdicts import Verdict
+
+__all__ = ["KnownDivergence", "load_known", "match_known"]
+
+
+def _verdicts(value: Any) -> Any:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ValueError("must be a verdict or a non-empty list of verdicts")
+    return tuple(Verdict(v) for v in items)
+
+
+class KnownDivergence(StrictModel):
+    scenario: str
+    verdict: Annotated[tuple[Verdict, ...], BeforeValidator(_verdicts)]
+    reason: str
+    reproduce: str
+
+
+class KnownFile(StrictModel):
+    known_divergences: list[KnownDivergence]
+
+
+def load_known(path: str | None) -> list[KnownDivergence]:
+    """The entries of ``path`` (none when the profile has no list); a bad file is one line."""
+    if not path or not os.path.isfile(path):
+        return []
+    from sglfix.common.yamlio import load_yaml
+
+    with open(path, encoding="utf-8") as fh:
+        node = load_yaml(fh.read(), source=path)
+    if not isinstance(node, dict):
+        raise ConfigError(f"{path}:1: a known-divergences file is a mapping with the key known_divergences")
+    return list(validate_node(KnownFile, node, where=path, root="known-divergences file").known_divergences)
+
+
+def match_known(known: Sequence[KnownDivergence], *, scenario: str, verdict: str) -> KnownDivergence | None:
+    return next((k for k in known if verdict in k.verdict and fnmatch.fnmatchcase(scenario, k.scenario)), None)

@@ -1,0 +1,83 @@
+"""A profile's known divergences: a confirmed upstream bug on the real engine's baseline passes
+the gate with its entry, is reported with the command that reproduces it, and fails without it."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from sglfix.common.errors import ConfigError
+from sglfix.execution.expectations import check_expectations, known_hits
+from sglfix.execution.known import load_known
+from sglfix.harness.cell import CellResult
+from sglfix.toggling.profiles import PROFILES
+from sglfix.toggling.registry import load_registry
+
+
+def _cell(scenario: str, verdict: str, toggles=()) -> CellResult:
+    r = CellResult(scenario=scenario, toggles=list(toggles), device="cpu")
+    if verdict != "PASS":
+        r.add(verdict, f"{verdict.lower()} for the test")
+    return r.finish()
+
+
+def _entries(tmp_path, text: str):
+    path = tmp_path / "divergences.yaml"
+    path.write_text(textwrap.dedent(text))
+    return load_known(str(path))
+
+
+def test_a_known_baseline_divergence_is_no_stray_and_anything_else_still_is(tmp_path):
+    known = _entries(tmp_path, """\
+        known_divergences:
+          - scenario: "probe-req-to-token-tree-ps*"
+            verdict: [INVARIANT]
+            reason: the headroom ignores tree drafting at page size 1
+            reproduce: sglfix run --profile sglang-0.5.23 -s probe-req-to-token-tree-ps1 --device cpu
+    """)
+    registry = load_registry(PROFILES["sglang-0.5.23"].toggles_dir)
+    results = [_cell("probe-req-to-token-tree-ps1", "INVARIANT"),
+               _cell("probe-req-to-token-tree-ps1", "INVARIANT", toggles=["26329"]),  # the bug stays
+               _cell("probe-eagle-prefill-tail", "DIVERGE")]  # new: not on the list
+    _, stray, _ = check_expectations(registry, results, device="cpu", known=known)
+    assert [(s["toggles"], s["scenario"]) for s in stray] == [([], "probe-eagle-prefill-tail")]
+    _, without, _ = check_expectations(registry, results, device="cpu")
+    assert {s["scenario"] for s in without} == {"probe-req-to-token-tree-ps1", "probe-eagle-prefill-tail"}
+    # Another verdict on the listed scenario is new too.
+    _, other, _ = check_expectations(registry, [_cell("probe-req-to-token-tree-ps1", "CRASH")], device="cpu",
+                                     known=known)
+    assert [s["verdict"] for s in other] == ["CRASH"]
+    hits = known_hits(known, results)
+    assert hits[0]["seen_on"] == ["probe-req-to-token-tree-ps1"] and "reproduce" in hits[0]
+    assert known_hits(known, [_cell("probe-req-to-token-tree-ps1", "PASS")])[0]["seen_on"] == []  # fixed?
+
+
+def test_a_bad_list_is_one_line(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        _entries(tmp_path, """\
+            known_divergences:
+              - scenario: x
+                verdict: [WRONG]
+                reason: r
+                reproduce: c
+        """)
+    assert "\n" not in str(exc.value) and "divergences.yaml:" in str(exc.value)
+    with pytest.raises(ConfigError):
+        _entries(tmp_path, "known_divergences:\n  - {scenario: x, verdict: [DIVERGE], reason: r}\n")
+
+
+def test_the_profiles_list_names_builtin_scenarios_and_the_command_that_reproduces_each():
+    import fnmatch
+
+    from sglfix.scenario import load_scenarios
+
+    profile = PROFILES["sglang-0.5.23"]
+    known = load_known(profile.known_file)
+    names = [s.name for s in load_scenarios(builtin_dir=profile.scenarios_dir)]
+    assert known
+    for k in known:
+        assert any(fnmatch.fnmatchcase(n, k.scenario) for n in names), k.scenario
+        assert k.reproduce.startswith("sglfix run --profile sglang-0.5.23 -s ")
+        assert json.dumps(k.model_dump())  # reported as is in the JSON report
