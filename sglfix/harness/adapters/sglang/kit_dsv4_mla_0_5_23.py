@@ -547,19 +547,11 @@ def build_flashinfer_draft(scenario: Any, *, device: str, mla: bool) -> DraftCas
     common = dict(name=scenario.name, backend="flashinfer", forward_mode=ForwardMode.DECODE,
                   num_heads=model.num_heads, page_size=1, prefix_lens=prefix)
     if mla:
-        from sglang.test.kits.attention_unittest.attention_methods.mla_attention import (
-            MLAAttentionCase, MockMLAModelRunner, TinyMLAModelConfig,
-        )
+        from sglang.test.kits.attention_unittest.attention_methods.mla_attention import MLAAttentionCase
 
         case = MLAAttentionCase(**common)
-        hidden_size = model.kv_lora_rank + model.qk_rope_head_dim
-        config = TinyMLAModelConfig(num_heads=model.num_heads, kv_lora_rank=model.kv_lora_rank,
-                                    qk_rope_head_dim=model.qk_rope_head_dim, hidden_size=hidden_size,
-                                    context_len=max_context_len)
-        runner = MockMLAModelRunner(case=case, model_config=config, dtype=dtype, device=device,
-                                    max_context_len=max_context_len, kv_lora_rank=model.kv_lora_rank,
-                                    qk_rope_head_dim=model.qk_rope_head_dim, disable_cuda_graph=capture is None,
-                                    runner_batch_size=pool_bs)
+        runner, hidden_size = _mla_runner(case, model, dtype=dtype, device=device, max_context_len=max_context_len,
+                                          graphs=capture is not None, pool_bs=pool_bs)
     else:
         from sglang.test.kits.attention_unittest.attention_methods.dense_attention import (
             DenseAttentionCase, MockModelRunner, TinyModelConfig,
@@ -585,6 +577,25 @@ def build_flashinfer_draft(scenario: Any, *, device: str, mla: bool) -> DraftCas
                      hidden_size=hidden_size, capture_bs=capture, kit_case=case)
 
 
+def _mla_runner(case: Any, model: Any, *, dtype: Any, device: str, max_context_len: int, graphs: bool,
+                pool_bs: int) -> tuple[Any, int]:
+    """The kit's MLA mock runner (latent cache of kv_lora_rank + qk_rope_head_dim) for ``case``,
+    and its hidden size."""
+    from sglang.test.kits.attention_unittest.attention_methods.mla_attention import (
+        MockMLAModelRunner, TinyMLAModelConfig,
+    )
+
+    hidden_size = model.kv_lora_rank + model.qk_rope_head_dim
+    config = TinyMLAModelConfig(num_heads=model.num_heads, kv_lora_rank=model.kv_lora_rank,
+                                qk_rope_head_dim=model.qk_rope_head_dim, hidden_size=hidden_size,
+                                context_len=max_context_len)
+    runner = MockMLAModelRunner(case=case, model_config=config, dtype=dtype, device=device,
+                                max_context_len=max_context_len, kv_lora_rank=model.kv_lora_rank,
+                                qk_rope_head_dim=model.qk_rope_head_dim, disable_cuda_graph=not graphs,
+                                runner_batch_size=pool_bs)
+    return runner, hidden_size
+
+
 def build_trtllm_draft_extend(scenario: Any, *, device: str) -> SimpleNamespace:
     """A TRT-LLM MLA draft extend (v2) as the spec-v2 glue hands it to the draft-extend backend:
     every request extends a window of ``num_draft_tokens`` rows (the captured layout), seq_lens =
@@ -594,9 +605,7 @@ def build_trtllm_draft_extend(scenario: Any, *, device: str) -> SimpleNamespace:
     prepare()
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
     from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
-    from sglang.test.kits.attention_unittest.attention_methods.mla_attention import (
-        MLAAttentionCase, MockMLAModelRunner, TinyMLAModelConfig,
-    )
+    from sglang.test.kits.attention_unittest.attention_methods.mla_attention import MLAAttentionCase
 
     model = scenario.model
     n = scenario.spec.num_draft_tokens
@@ -610,14 +619,8 @@ def build_trtllm_draft_extend(scenario: Any, *, device: str) -> SimpleNamespace:
     max_context_len = _round_up(max(scenario.max_context_len or 0, max(prefix) + n + 1), page)
     case = MLAAttentionCase(name=scenario.name, backend="trtllm_mla", forward_mode=ForwardMode.DRAFT_EXTEND_V2,
                             num_heads=model.num_heads, page_size=page, prefix_lens=prefix, extend_lens=(n,) * bs)
-    hidden_size = model.kv_lora_rank + model.qk_rope_head_dim
-    config = TinyMLAModelConfig(num_heads=model.num_heads, kv_lora_rank=model.kv_lora_rank,
-                                qk_rope_head_dim=model.qk_rope_head_dim, hidden_size=hidden_size,
-                                context_len=max_context_len)
-    runner = MockMLAModelRunner(case=case, model_config=config, dtype=dtype, device=device,
-                                max_context_len=max_context_len, kv_lora_rank=model.kv_lora_rank,
-                                qk_rope_head_dim=model.qk_rope_head_dim, disable_cuda_graph=capture is None,
-                                runner_batch_size=pool_bs)
+    runner, hidden_size = _mla_runner(case, model, dtype=dtype, device=device, max_context_len=max_context_len,
+                                      graphs=capture is not None, pool_bs=pool_bs)
     seq_lens = tuple(p + n for p in prefix)
     num_slots = int(runner.token_to_kv_pool.size)
     slots = PagedSlots.allocate(seq_lens, page_size=page, num_slots=num_slots, seed=scenario.seed)
