@@ -16,8 +16,8 @@ from sglfix.toggling.profiles import PROFILES
 from sglfix.toggling.registry import load_registry
 
 
-def _cell(scenario: str, verdict: str, toggles=()) -> CellResult:
-    r = CellResult(scenario=scenario, toggles=list(toggles), device="cpu")
+def _cell(scenario: str, verdict: str, toggles=(), device: str = "cpu") -> CellResult:
+    r = CellResult(scenario=scenario, toggles=list(toggles), device=device)
     if verdict != "PASS":
         r.add(verdict, f"{verdict.lower()} for the test")
     return r.finish()
@@ -52,6 +52,33 @@ def test_a_known_baseline_divergence_is_no_stray_and_anything_else_still_is(tmp_
     hits = known_hits(known, results)
     assert hits[0]["seen_on"] == ["probe-req-to-token-tree-ps1"] and "reproduce" in hits[0]
     assert known_hits(known, [_cell("probe-req-to-token-tree-ps1", "PASS")])[0]["seen_on"] == []  # fixed?
+
+
+def test_a_device_limited_entry_covers_that_device_only_and_a_toggle_that_leaves_the_bug_meets_pass(tmp_path):
+    known = _entries(tmp_path, """\
+        known_divergences:
+          - scenario: "fimla-draft-topk1@*"
+            verdict: [DIVERGE]
+            reason: the MLA step wrappers are planned over the prefix only
+            reproduce: sglfix run --profile sglang-0.5.23 -s fimla-draft-topk1 --device cuda
+            device: cuda
+    """)
+    registry = load_registry(PROFILES["sglang-0.5.23"].toggles_dir)
+    on_gpu = [_cell("fimla-draft-topk1@cg=eager", "DIVERGE", device="cuda"),
+              _cell("fimla-draft-topk1@cg=eager", "DIVERGE", toggles=["27460:sizing"], device="cuda")]
+    checks, stray, _ = check_expectations(registry, on_gpu, device="cuda", known=known)
+    assert stray == []
+    wanted_pass = [c for c in checks if c.revert == ("27460:sizing",) and c.scenario.startswith("fimla-draft-topk1")]
+    assert wanted_pass and all(c.met for c in wanted_pass)
+    # The same verdict on the CPU is not covered: a host-only path that diverges is new.
+    _, stray, _ = check_expectations(registry, [_cell("fimla-draft-topk1@cg=eager", "DIVERGE")], device="cpu",
+                                     known=known)
+    assert [s["scenario"] for s in stray] == ["fimla-draft-topk1@cg=eager"]
+    assert known_hits(known, on_gpu)[0]["seen_on"] == ["fimla-draft-topk1@cg=eager"]
+    assert known_hits(known, on_gpu)[0]["device"] == "cuda"
+    with pytest.raises(ConfigError):
+        _entries(tmp_path, "known_divergences:\n  - {scenario: x, verdict: [DIVERGE], reason: r, reproduce: c, "
+                           "device: tpu}\n")
 
 
 def test_a_bad_list_is_one_line(tmp_path):

@@ -112,7 +112,9 @@ def matrix_cmd(
         for k in known_seen:
             out.print(Text("known ", style="yellow"), end="")
             out.print(f"{k['scenario']} -> {'|'.join(k['verdict'])}: "
-                      + (f"seen on {len(k['seen_on'])} baseline cell(s)" if k["seen_on"] else "not seen (fixed?)")
+                      + (f"seen on {len(k['seen_on'])} baseline cell(s)" if k["seen_on"]
+                         else f"{k['device']} only, not expected on {info.get('device', device)}"
+                         if k.get("device", "any") not in ("any", info.get("device", device)) else "not seen (fixed?)")
                       + f"; {k['reason']} (reproduce: {k['reproduce']})")
         for s in stray:
             out.print(Text("unexpected ", style="red"), end="")

@@ -42,6 +42,15 @@ def effective(result: CellResult) -> str:
     return stands_for(result.verdict, result.findings)
 
 
+def _stands_for(result: CellResult, known: Sequence[Any]) -> str:
+    """For an expectation: a cell showing a known upstream divergence stands for PASS (the toggle
+    left the bug where it was), any other cell for its effective verdict."""
+    verdict = effective(result)
+    if match_known(known, scenario=result.scenario, verdict=verdict, device=result.device) is not None:
+        return "PASS"
+    return verdict
+
+
 def check_expectations(registry: Registry, results: list[CellResult], *, device: str, known: Sequence[Any] = (),
                        ) -> tuple[list[ExpectationCheck], list[dict], list[str]]:
     """(checks, stray cells, expectations whose toggle set or scenarios did not run). A cell that
@@ -65,12 +74,12 @@ def check_expectations(registry: Registry, results: list[CellResult], *, device:
             got = {r.scenario: r.verdict for r in cells}
             checks.append(ExpectationCheck(toggle=toggle.id, revert=e.revert, scenario=e.scenario,
                                            wanted=e.verdicts, device=e.device,
-                                           met=any(effective(r) in e.verdicts for r in cells), got=got))
+                                           met=any(_stands_for(r, known) in e.verdicts for r in cells), got=got))
     stray: list[dict] = []
     for toggles, cells in by_set.items():
         globs = covered.get(toggles, [])
         for r in cells:
-            if match_known(known, scenario=r.scenario, verdict=effective(r)) is not None:
+            if match_known(known, scenario=r.scenario, verdict=effective(r), device=r.device) is not None:
                 continue
             if not toggles:
                 # SKIP is "cannot run on this device" with its reason (a GPU-only kernel on CPU): shown,
@@ -90,7 +99,7 @@ def known_hits(known: Sequence[Any], results: list[CellResult]) -> list[dict]:
     out = []
     for k in known:
         seen = sorted(r.scenario for r in results if not r.toggles
-                      and match_known([k], scenario=r.scenario, verdict=effective(r)) is not None)
+                      and match_known([k], scenario=r.scenario, verdict=effective(r), device=r.device) is not None)
         out.append({"scenario": k.scenario, "verdict": list(k.verdict), "reason": k.reason,
-                    "reproduce": k.reproduce, "seen_on": seen})
+                    "reproduce": k.reproduce, "device": k.device, "seen_on": seen})
     return out

@@ -5,20 +5,22 @@ its cells show their figures, and the divergence is listed here with the command
 it, so that the matrix gate passes with the list and fails on anything new. An entry matches the
 cells of its scenarios (glob) whose verdict it names, under every toggle set (a toggle that leaves
 the bug in place gives the same verdict); an entry whose scenarios all pass is reported, not
-failed: the bug may have been fixed.
+failed: the bug may have been fixed. ``device`` (``any``, ``cpu``, ``cuda``) limits an entry to the
+cells of one device: a bug only a kernel shows is not expected where the kernel cannot run.
 
     known_divergences:
       - scenario: probe-req-to-token-tree-ps1
         verdict: [INVARIANT]
         reason: ...
         reproduce: sglfix run --profile sglang-0.5.23 -s probe-req-to-token-tree-ps1 --device cpu
+        device: any
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any, Literal, Sequence
 
 from pydantic import BeforeValidator
 
@@ -41,6 +43,7 @@ class KnownDivergence(StrictModel):
     verdict: Annotated[tuple[Verdict, ...], BeforeValidator(_verdicts)]
     reason: str
     reproduce: str
+    device: Literal["any", "cpu", "cuda"] = "any"
 
 
 class KnownFile(StrictModel):
@@ -60,5 +63,6 @@ def load_known(path: str | None) -> list[KnownDivergence]:
     return list(validate_node(KnownFile, node, where=path, root="known-divergences file").known_divergences)
 
 
-def match_known(known: Sequence[KnownDivergence], *, scenario: str, verdict: str) -> KnownDivergence | None:
-    return next((k for k in known if verdict in k.verdict and fnmatch.fnmatchcase(scenario, k.scenario)), None)
+def match_known(known: Sequence[KnownDivergence], *, scenario: str, verdict: str, device: str) -> KnownDivergence | None:
+    return next((k for k in known if verdict in k.verdict and k.device in ("any", device)
+                 and fnmatch.fnmatchcase(scenario, k.scenario)), None)

@@ -103,11 +103,10 @@ class Session:
         return {"id": rid, "result": result.to_json()}
 
     def _run_recording(self, scenario: Any, toggles: list[str], record: list[str]) -> Any:
-        """The cell, and which of the ``record`` targets it entered (code objects seen by the C
-        profiler: the cost of a Python hook on every call is too high for interpreted kernels).
-        Lazy module caches start empty, as in a fresh worker, so that first-use code paths run."""
-        import cProfile
-
+        """The cell, and which of the ``record`` targets it entered (``sglfix.execution.entered``;
+        ``reached`` stays None when that record is incomplete, so no cell is called unreached on
+        it). Lazy module caches start empty, as in a fresh worker, so that first-use code paths run."""
+        from sglfix.execution.entered import record_entries
         from sglfix.harness.cell import run_cell
         from sglfix.toggling.revert import target_code
 
@@ -119,14 +118,9 @@ class Session:
             except Exception:
                 unresolved.append(target)  # counted as entered: its cells run and show what is wrong
         self.clean.reset_lazy()
-        profiler = cProfile.Profile()
-        profiler.enable()
-        try:
-            result = run_cell(scenario, device=self.device, toggles=toggles)
-        finally:
-            profiler.disable()
-        entered = {e.code for e in profiler.getstats() if not isinstance(e.code, str)}
-        result.reached = sorted({codes[c] for c in entered if c in codes} | set(unresolved))
+        result, entered = record_entries(codes, lambda: run_cell(scenario, device=self.device, toggles=toggles))
+        if entered is not None:
+            result.reached = sorted({codes[c] for c in entered} | set(unresolved))
         return result
 
     def _switch(self, toggles: list[str]) -> tuple[str | None, str | None]:

@@ -23,6 +23,14 @@ interpreted on CPU, with its ``device="cuda"`` rows placed on the CPU); no atten
 computed (the cell says so). With CUDA and FlashInfer the real step backends plan and run the
 draft attention of every step, compared with sglfix's reference (each branch attends its prefix
 and its own draft path, causally).
+
+What the MLA kernel reads. FlashInfer's MLA schedule is built on the host from the ``plan`` call's
+``kv_indptr`` and ``kv_len_arr`` (on replay sglang's fast plan hands them as CPU tensors): a row
+reads ``kv_indices[kv_indptr[r] : kv_indptr[r] + kv_len_arr[r]]``, whatever the spec page table
+says. On CUDA the MLA adapter therefore also records every plan its step wrappers receive and
+judges that read against the metadata reference (``planned read``), and, when the output
+diverges, says whether the kernel's output equals attention over what it was planned to read
+(the divergence is then the plan's, not the kernel's).
 """
 
 from __future__ import annotations
@@ -67,6 +75,8 @@ class FlashInferDraftAdapter:
                               "kv-indices kernel run on the GPU")
         case.allocs = kit.CudaAllocations(remap=True)
         case.tables = {}  # step -> the page table its step backend was handed last
+        case.plans = {}  # step -> what its MLA decode wrapper was planned to read last (CUDA)
+        case.output = None
         case.replayed = None  # the batch (view) of the last metadata init
         case.seed = scenario.seed
         return Prepared(case=case, num_slots=case.num_slots)
@@ -92,6 +102,9 @@ class FlashInferDraftAdapter:
         backend._sglfix_case = case  # for static_buffers: the guard zones of this backend's allocations
         if not case.host:
             _observe_steps(backend, case.tables)
+            if self.mla:
+                for i, step in enumerate(backend.attn_backends):
+                    _observe_plan(step.decode_wrapper, case.plans, i)
         return backend
 
     # ------------------------------------------------------------------ metadata
@@ -118,6 +131,12 @@ class FlashInferDraftAdapter:
             with case.allocs:
                 backend.init_forward_metadata_out_graph(batch, in_capture=True)
             on_metadata(_Owner(backend, case), batch, f"capture bs={bs}")
+        if self.mla and not case.host:
+            # The captured wrappers re-plan on replay through sglang's fast plan (installed on
+            # each after its capture): record those plans, the ones the replayed kernel follows.
+            for i, step in enumerate(backend.attn_backends):
+                for wrapper in step.decode_cuda_graph_metadata.values():
+                    _observe_plan(wrapper, case.plans, i)
         return SimpleNamespace(bs=scenario.graph_bs, fill=fill)
 
     def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
@@ -125,6 +144,7 @@ class FlashInferDraftAdapter:
 
         case = prepared.case
         batch = case.batch
+        case.plans.clear()
         if runner is None:
             with case.allocs:
                 backend.init_forward_metadata(batch)
@@ -202,11 +222,91 @@ class FlashInferDraftAdapter:
                                             f"entries wrong"))
                 continue
             checked += 1
+        if self.mla and not case.host:
+            findings += self._check_planned_reads(case)
         if any(v != "PASS" for v, _ in findings):
             return findings
         notes = [("PASS", f"note: {n}") for n in case.notes]
         return [("PASS", f"metadata reference: the page tables of {checked} draft step(s) x {raw_rows} branch row(s) "
                          f"are each branch's prefix then its own draft path")] + notes
+
+    def _planned_reads(self, case: Any, step: int) -> list[list[int]] | None:
+        """Per real branch row, the slots step ``step``'s MLA kernel was planned to read."""
+        import torch
+
+        plan = case.plans.get(step)
+        if plan is None:
+            return None
+        ptr = plan.kv_indptr.to(torch.int64).cpu().tolist()
+        lens = plan.kv_len.to(torch.int64).cpu().tolist()
+        idx = plan.kv_indices.to(torch.int64).cpu()
+        rows = case.slots.batch_size * case.topk
+        return [idx[ptr[r]: ptr[r] + lens[r]].tolist() if r < len(lens) and r + 1 < len(ptr) else []
+                for r in range(rows)]
+
+    def _check_planned_reads(self, case: Any) -> list[tuple[str, str]]:
+        """Each step's planned read (``kv_indptr``/``kv_len_arr`` of the plan over its
+        ``kv_indices``) against the branch's page table; and, when attention ran, whether the
+        kernel's output is attention over the planned read."""
+        slots = case.slots
+        topk, steps = case.topk, case.num_steps
+        owner = _slot_owners(slots)
+        findings: list[tuple[str, str]] = []
+        planned: dict[int, list[list[int]]] = {}
+        for i in range(steps - 1):
+            reads = self._planned_reads(case, i)
+            if reads is None:
+                findings.append(("INVARIANT", f"step {i}: its decode wrapper was never planned"))
+                continue
+            planned[i] = reads
+            want_ptr, want_idx = slots.step_page_table(i)
+            bad = [r for r in range(len(reads)) if reads[r] != want_idx[want_ptr[r]: want_ptr[r + 1]]]
+            if not bad:
+                continue
+            r = bad[0]
+            got, want = reads[r], want_idx[want_ptr[r]: want_ptr[r + 1]]
+            b, j = divmod(r, topk)
+            if got == want[: len(got)]:
+                what = (f"reads {len(got)} slots, its page table has {len(want)} (prefix {slots.prefix_lens[b]} + "
+                        f"{i + 1} draft): the plan's kv_len_arr leaves out {_describe(want[len(got):], owner)}")
+            else:
+                k = next(k for k in range(min(len(got), len(want)) + 1)
+                         if k >= len(got) or k >= len(want) or got[k] != want[k])
+                seen = owner.get(got[k], "no slot of this batch") if k < len(got) else "nothing"
+                expected = owner.get(want[k], "?") if k < len(want) else "nothing"
+                what = (f"reads {len(got)} slots, its page table has {len(want)}; entry {k} is {seen}, the branch "
+                        f"attends {expected} there")
+            findings.append(("DIVERGE", f"planned read: step {i} row {r} (request {b} branch {j}) {what}; "
+                                        f"{len(bad)}/{len(reads)} rows wrong"))
+        if findings and case.output is not None and planned:
+            err = self._attention_over(case, planned)
+            if err is not None:
+                tol = 2e-2 if case.dtype is not None and "16" in str(case.dtype) else 1e-4
+                verdict = "equals" if err <= tol else "differs from"
+                findings.append(("PASS", f"note: the kernel's output {verdict} attention over what its wrappers "
+                                         f"were planned to read (max abs err {err:.3g})"
+                                         + (": the divergence is the plan's, not the kernel's" if err <= tol else "")))
+        return findings
+
+    def _attention_over(self, case: Any, planned: dict[int, list[list[int]]]) -> float | None:
+        """Max abs difference between the kernel's output and attention over the planned reads
+        (keys and values from the pool as the kernel sees it)."""
+        import torch
+
+        truth = case.truth
+        rows = case.slots.batch_size * case.topk
+        kbuf = case.runner.token_to_kv_pool.get_key_buffer(0).float()
+        out = case.output.float().reshape(rows, case.num_steps - 1, truth.heads, truth.dim_v)
+        worst = 0.0
+        for i, reads in planned.items():
+            q = truth.q[:, :, i].reshape(rows, truth.heads, truth.dim).float()
+            for r in range(rows):
+                if not reads[r]:
+                    continue
+                k = kbuf[torch.tensor(reads[r], device=kbuf.device), 0]  # [L, dim]; V is its first dim_v
+                p = torch.softmax((q[r] @ k.T) * truth.scale, dim=-1)
+                worst = max(worst, float((p @ k[:, : truth.dim_v] - out[r, i]).abs().max()))
+        return worst
 
     # ------------------------------------------------------------------ attention (CUDA + FlashInfer)
 
@@ -286,7 +386,8 @@ class FlashInferDraftAdapter:
                 out = step.forward_decode(q.reshape(rows, -1), None, None, layer, step_view, save_kv_cache=False)
             outs.append(out.reshape(rows, truth.heads, truth.dim_v)[: bs * topk])
         # [bs * topk, steps - 1, H, Dv] -> packed in (request, branch, step) order
-        return torch.stack(outs, dim=1).reshape(-1, truth.heads, truth.dim_v)
+        case.output = torch.stack(outs, dim=1).reshape(-1, truth.heads, truth.dim_v)
+        return case.output
 
     def reference(self, prepared: Prepared) -> tuple[Any, Any]:
         """Branch (b, j) at step i attends b's prefix, then its own draft tokens of steps 0..i."""
@@ -322,6 +423,37 @@ class _Owner:
 
     def __init__(self, backend: Any, case: Any) -> None:
         self.backend, self.case = backend, case
+
+
+def _observe_plan(wrapper: Any, plans: dict, step: int) -> None:
+    """Record what an MLA decode wrapper is planned to read (``plan(qo_indptr, kv_indptr,
+    kv_indices, kv_len_arr, ...)``: eager plans and sglang's replay fast plan share the order),
+    then plan unchanged. Clones only: no host sync inside the forward."""
+    original = wrapper.plan
+
+    def plan(qo_indptr: Any, kv_indptr: Any, kv_indices: Any, kv_len_arr: Any, *args: Any, **kwargs: Any) -> Any:
+        plans[step] = SimpleNamespace(kv_indptr=kv_indptr.clone(), kv_indices=kv_indices.clone(),
+                                      kv_len=kv_len_arr.clone())
+        return original(qo_indptr, kv_indptr, kv_indices, kv_len_arr, *args, **kwargs)
+
+    wrapper.plan = plan
+
+
+def _slot_owners(slots: Any) -> dict[int, str]:
+    owners = {}
+    for b, row in enumerate(slots.prefix):
+        for p, slot in enumerate(row):
+            owners[slot] = f"request {b}'s prefix position {p}"
+    for b, branches in enumerate(slots.draft):
+        for j, path in enumerate(branches):
+            for t, slot in enumerate(path):
+                owners[slot] = f"request {b} branch {j}'s draft of step {t}"
+    return owners
+
+
+def _describe(missing: list[int], owner: dict[int, str]) -> str:
+    shown = ", ".join(owner.get(s, f"slot {s}") for s in missing[:2])
+    return shown + (f" and {len(missing) - 2} more" if len(missing) > 2 else "")
 
 
 def _observe_steps(backend: Any, tables: dict) -> None:
