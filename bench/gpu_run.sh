@@ -85,6 +85,9 @@ if [ "${ONLY:-}" = sglang ]; then
     python3 -m sglfix report compare bench/results/matrix-sglang-cpu.json "$OUT/matrix-sglang-cuda.json" \
       --json "$OUT/parity-sglang.json" > "$OUT/parity-sglang.txt" 2>&1; echo "parity rc=$?"; tail -30 "$OUT/parity-sglang.txt"
   fi
+  # Few files come back from a device call: the logs and the shards go as one tarball.
+  (cd "$OUT" && tar -czf sglang-logs.tgz --remove-files sglang-check.* matrix-sglang-cuda-*.json matrix-sglang-cuda-*.txt \
+    merge.txt parity-sglang.txt 2>/dev/null)
   tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
   tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
   exit 0
