@@ -70,6 +70,11 @@ def test_a_device_limited_entry_covers_that_device_only_and_a_toggle_that_leaves
     assert stray == []
     wanted_pass = [c for c in checks if c.revert == ("27460:sizing",) and c.scenario.startswith("fimla-draft-topk1")]
     assert wanted_pass and all(c.met for c in wanted_pass)
+    # A toggle whose expectation wants the known verdict itself still meets it with that cell.
+    known_ps1 = load_known(PROFILES["sglang-0.5.23"].known_file)
+    checks, _, _ = check_expectations(registry, [_cell("probe-req-to-token-tree-ps1", "INVARIANT", toggles=["26972"])],
+                                      device="cpu", known=known_ps1)
+    assert [c.met for c in checks if c.revert == ("26972",) and c.scenario.startswith("probe-req-to-token")] == [True]
     # The same verdict on the CPU is not covered: a host-only path that diverges is new.
     _, stray, _ = check_expectations(registry, [_cell("fimla-draft-topk1@cg=eager", "DIVERGE")], device="cpu",
                                      known=known)
@@ -107,4 +112,10 @@ def test_the_profiles_list_names_builtin_scenarios_and_the_command_that_reproduc
     for k in known:
         assert any(fnmatch.fnmatchcase(n, k.scenario) for n in names), k.scenario
         assert k.reproduce.startswith("sglfix run --profile sglang-0.5.23 -s ")
+        import shlex
+
+        argv = shlex.split(k.reproduce)
+        glob = argv[argv.index("-s") + 1]
+        assert any(fnmatch.fnmatchcase(n, glob) for n in names), k.reproduce  # the command runs something
+        assert ("--device cuda" in k.reproduce) == (k.device == "cuda"), k.reproduce
         assert json.dumps(k.model_dump())  # reported as is in the JSON report

@@ -199,6 +199,25 @@ def test_merge_joins_an_expectation_checked_in_two_shards():
     assert merged["not_run"] == ["revert 3 on t*"]  # revert 1 on s* was checked in shard b
 
 
+def test_merge_counts_a_known_divergence_of_the_cells_device_as_meeting_a_wanted_pass():
+    check = {"toggle": "1", "revert": ["1"], "scenario": "m*", "wanted": ["PASS"], "device": "any"}
+    known = {"scenario": "m*", "verdict": ["DIVERGE"], "reason": "upstream", "reproduce": "sglfix run",
+             "device": "cuda", "seen_on": ["m1"]}
+
+    def shard(name: str, device: str, with_known: bool) -> dict:
+        cell = {**_cell(name, ["1"], "DIVERGE"), "device": device}
+        return _report(cell, expectations=[{**check, "met": with_known, "got": {name: "DIVERGE"}}],
+                       known_divergences=[known] if with_known else [])
+
+    merged = merge_reports([("a", shard("m1", "cuda", True)), ("b", shard("m2", "cuda", True))], command=["sglfix"])
+    assert merged["expectations"][0]["met"] is True
+    assert merge_reports([("a", shard("m1", "cuda", False)), ("b", shard("m2", "cuda", False))],
+                         command=["sglfix"])["expectations"][0]["met"] is False
+    # The entry is for CUDA: the same divergence on the CPU stays unmet.
+    assert merge_reports([("a", shard("m1", "cpu", True)), ("b", shard("m2", "cpu", True))],
+                         command=["sglfix"])["expectations"][0]["met"] is False
+
+
 def test_conflicting_shards_are_a_one_line_error_and_write_nothing(tmp_path):
     a = _write(tmp_path / "a.json", _report(_cell("s1"), _cell("s2", ["27460"], "DIVERGE", "x")))
     b = _write(tmp_path / "b.json", _report(_cell("s2", ["27460"], "CRASH", "y")))

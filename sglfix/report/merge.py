@@ -5,7 +5,8 @@
 - ``expectations``: the inputs' checks, duplicates removed; the same expectation checked in
   several shards becomes one check over all the scenarios the shards ran (``got`` joined, ``met``
   recomputed as ``check_expectations`` does: the wanted verdict on at least one of them, a
-  NOT_REACHED cell counting as its baseline's verdict).
+  NOT_REACHED cell counting as its baseline's verdict, a cell showing one of the reports' known
+  divergences meeting a wanted PASS).
 - ``stray``: concatenated, duplicates removed. ``not_run``: likewise, less the expectations some
   shard did check.
 - ``wall_s``: the largest (shards run side by side). Device and environment fields (device,
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import datetime
+import fnmatch
 import json
 from typing import Any, Sequence
 
@@ -49,7 +51,10 @@ def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str])
     merged_cells = list(cells.values())
     reports = [r for _, r in inputs]
     verdicts = {key: stands_for(c.get("verdict"), c.get("findings")) for key, c in cells.items()}
-    expectations = _merge_expectations([e for r in reports for e in r.get("expectations", [])], verdicts)
+    devices = {key: c.get("device") for key, c in cells.items()}
+    known = _merge_known([k for r in reports for k in r.get("known_divergences", [])])
+    expectations = _merge_expectations([e for r in reports for e in r.get("expectations", [])], verdicts,
+                                       devices=devices, known=known)
     checked = {f"revert {','.join(e['revert'])} on {e['scenario']}" for e in expectations if _is_check(e)}
     walls = [r["wall_s"] for r in reports if isinstance(r.get("wall_s"), (int, float))]
     out: dict[str, Any] = {
@@ -67,7 +72,7 @@ def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str])
         "expectations": expectations,
         "stray": _unique([s for r in reports for s in r.get("stray", [])]),
         "not_run": [n for n in _unique([n for r in reports for n in r.get("not_run", [])]) if n not in checked],
-        "known_divergences": _merge_known([k for r in reports for k in r.get("known_divergences", [])]),
+        "known_divergences": known,
         "merged_from": [{**describe(path, r), "host": r.get("host")} for path, r in inputs],
     })
     return out
@@ -102,7 +107,12 @@ def _is_check(e: Any) -> bool:
             and isinstance(e.get("wanted"), list) and isinstance(e.get("got"), dict))
 
 
-def _merge_expectations(items: Sequence[Any], verdicts: dict) -> list:
+def _is_known(known: Sequence[dict], *, scenario: str, verdict: str, device: Any) -> bool:
+    return any(verdict in k.get("verdict", []) and k.get("device", "any") in ("any", device)
+               and fnmatch.fnmatchcase(scenario, k.get("scenario", "")) for k in known)
+
+
+def _merge_expectations(items: Sequence[Any], verdicts: dict, *, devices: dict, known: Sequence[dict]) -> list:
     by_key: dict[str, dict] = {}
     out: list = []
     for e in _unique(items):
@@ -117,6 +127,10 @@ def _merge_expectations(items: Sequence[Any], verdicts: dict) -> list:
         m = by_key[key]
         m["got"] = {**m["got"], **e["got"]}
         revert = ",".join(m["revert"])
-        m["met"] = any(verdicts.get((revert, name), v) in m["wanted"] if v == "NOT_REACHED" else v in m["wanted"]
-                       for name, v in m["got"].items())
+        def meets(name: str, v: str) -> bool:
+            eff = verdicts.get((revert, name), v) if v == "NOT_REACHED" else v
+            return eff in m["wanted"] or ("PASS" in m["wanted"] and _is_known(
+                known, scenario=name, verdict=eff, device=devices.get((revert, name))))
+
+        m["met"] = any(meets(name, v) for name, v in m["got"].items())
     return out
