@@ -3,6 +3,7 @@ starts; stand-ins let real sglang import on a CPU box without ever running a mis
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -119,3 +120,31 @@ def test_a_stand_in_imports_but_raises_when_called_and_is_only_for_what_is_missi
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:3] == ["raised True", "raised on instantiation", "['sgl_kernel_never_installed']"]
+
+
+def test_the_test_kit_is_pinned_in_one_package_per_code_base():
+    """Every use of the engine's private test kit sits in the code base's kit package; the
+    adapters ask the active code base for a part and never name a version."""
+    import importlib.util
+    from pathlib import Path
+
+    import sglfix
+    from sglfix.codebases.kits import PARTS, kit
+
+    for codebase in CODEBASES.values():
+        if codebase.kit is None:
+            continue
+        assert codebase.version and codebase.version.replace(".", "_") in codebase.kit
+        for part in PARTS:
+            assert importlib.util.find_spec(f"{codebase.kit}.{part}") is not None, (codebase.name, part)
+    # Nothing outside the kit packages imports the kit's modules.
+    root = Path(sglfix.__file__).parent
+    for path in root.rglob("*.py"):
+        if "kits" in path.relative_to(root).parts:
+            continue
+        assert not re.search(r"(?<![\w.])sglang\.test\.kits", path.read_text(encoding="utf-8")), path
+    # The reproduction has no pinned kit: asking for one in its processes is a clear error.
+    with pytest.raises(RuntimeError, match="no pinned test kit"):
+        kit("drafts")
+    with pytest.raises(ValueError, match="no kit part"):
+        kit("nope")

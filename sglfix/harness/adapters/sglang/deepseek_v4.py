@@ -56,7 +56,9 @@ class DeepseekV4DraftAdapter:
         if scenario.capture_bs:
             raise Unavailable("the sglang DSv4 adapter runs the draft with graphs off only: the graph path "
                               "(EAGLEDraftCudaGraphRunner, init_forward_metadata_in_graph) is not driven here")
-        from sglfix.harness.adapters.sglang.kit_dsv4_mla_0_5_23 import build_dsv4_draft, flash_mla_available
+        from sglfix.codebases.kits import kit
+
+        build_dsv4_draft, flash_mla_available = kit("drafts").build_dsv4_draft, kit("drafts").flash_mla_available
 
         if device != "cpu" and not flash_mla_available():
             # On CUDA sglang's DSv4 constructor imports flash_mla (the CPU path does not).
@@ -75,7 +77,9 @@ class DeepseekV4DraftAdapter:
         return None
 
     def _full_init(self, prepared: Prepared) -> bool:
-        from sglfix.harness.adapters.sglang.kit_dsv4_mla_0_5_23 import flash_mla_available, has_cuda
+        from sglfix.codebases.kits import kit
+
+        flash_mla_available, has_cuda = kit("drafts").flash_mla_available, kit("drafts").has_cuda
 
         return prepared.case.device != "cpu" and has_cuda() and flash_mla_available()
 

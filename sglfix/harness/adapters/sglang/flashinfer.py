@@ -61,7 +61,9 @@ class FlashInferDraftAdapter:
         if scenario.mode != "DRAFT_DECODE":
             raise Unavailable(f"the sglang {self.name} adapter runs the multi-step draft (DRAFT_DECODE), "
                               f"not {scenario.mode}")
-        from sglfix.harness.adapters.sglang import kit_dsv4_mla_0_5_23 as kit
+        from sglfix.codebases.kits import kit as _kit
+
+        kit = _kit("drafts")
 
         case = kit.build_flashinfer_draft(scenario, device=device, mla=self.mla)
         case.host = not (device != "cpu" and kit.has_cuda() and kit.flashinfer_available())
@@ -87,7 +89,9 @@ class FlashInferDraftAdapter:
 
         from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
-        from sglfix.harness.adapters.sglang import kit_dsv4_mla_0_5_23 as kit
+        from sglfix.codebases.kits import kit as _kit
+
+        kit = _kit("drafts")
 
         case = prepared.case
         with contextlib.ExitStack() as stack:
@@ -117,7 +121,9 @@ class FlashInferDraftAdapter:
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
         if not scenario.capture_bs:
             return None
-        from sglfix.harness.adapters.sglang import kit_dsv4_mla_0_5_23 as kit
+        from sglfix.codebases.kits import kit as _kit
+
+        kit = _kit("drafts")
 
         case = prepared.case
         max_bs = max(scenario.capture_bs)
@@ -140,7 +146,9 @@ class FlashInferDraftAdapter:
         return SimpleNamespace(bs=scenario.graph_bs, fill=fill)
 
     def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        from sglfix.harness.adapters.sglang import kit_dsv4_mla_0_5_23 as kit
+        from sglfix.codebases.kits import kit as _kit
+
+        kit = _kit("drafts")
 
         case = prepared.case
         batch = case.batch

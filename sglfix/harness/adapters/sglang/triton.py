@@ -4,7 +4,7 @@ The code under test is sglang's: the backend (built through ``ATTENTION_BACKENDS
 pools, ``ForwardBatch``, spec-info classes (``EagleVerifyInput``, ``EagleDraftExtendInput``), the
 spec-v2 draft-extend glue (``eagle_worker_common.prepare_for_draft_extend``, which bumps
 ``seq_lens`` before the metadata init) and the kit's ModelRunner stand-in and fixtures (through
-``kit_0_5_23``, the one door to sglang's private test kit). The judge is sglfix's: the ground
+``sglfix.codebases.kits``, the one door to sglang's private test kit). The judge is sglfix's: the ground
 truth is generated here from seeded random K/V, the reference never reads backend metadata,
 invariants run after every metadata init and guard zones surround the backend's static buffers.
 
@@ -30,7 +30,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from sglfix.harness.adapters.base import MetadataHook, Prepared, Unavailable
-from sglfix.harness.adapters.sglang import kit_0_5_23 as kit
+from sglfix.codebases.kits import kit as _kit
 from sglfix.harness.invariants import MetadataFields
 
 __all__ = ["ADAPTER", "SglangTritonAdapter", "SglangCase", "GroundTruth", "GraphRunner"]
@@ -287,6 +287,7 @@ def _verify_spec_info(*, batch: Any, scenario: Any, parents: list[list[int]], tr
 def _prepare_verify(*, batch: Any, case: Any, scenario: Any, device: str, gen: Any) -> list[Any]:
     """Verify: the kit's fixture (seq_lens = cached prefix), a seeded tree per request as the
     custom mask, positions at prefix + depth. Returns the trees' visibility for the truth."""
+    kit = _kit("attention")
     import torch
 
     kit.prepare_target_verify_batch(batch=batch, case=case, device=device)
@@ -306,6 +307,7 @@ def _prepare_verify(*, batch: Any, case: Any, scenario: Any, device: str, gen: A
 def _prepare_draft_extend_kit(*, batch: Any, case: Any, scenario: Any, device: str) -> None:
     """DRAFT_EXTEND_V2 by the kit fixture (PR 26651 ``fixture``) and its spec input. gpu_only keeps
     ``extend_seq_lens_cpu``: production's glue supplies it as a host constant even then."""
+    kit = _kit("attention")
     kit.set_draft_extend_v2_prefix_lens(batch=batch, case=case, device=device)
     batch.spec_info = kit.make_draft_extend_v2_input(batch=batch, case=case, device=device)
     if scenario.gpu_only:
@@ -369,6 +371,7 @@ def _glue_inputs(*, batch: Any, runner: Any, scenario: Any, device: str) -> Glue
 
 def build_case(*, scenario: Any, device: str) -> SglangCase:
     """Pools, layout, batch (or the glue's inputs) and ground truth for ``scenario``."""
+    kit = _kit("attention")
     import torch
 
     from sglang.srt.layers.radix_attention import RadixAttention

@@ -56,7 +56,9 @@ class TrtllmMLADraftExtendAdapter:
     def build(self, scenario: Any, *, device: str) -> Prepared:
         if scenario.mode != "DRAFT_EXTEND_V2":
             raise Unavailable(f"the sglang {self.name} adapter runs DRAFT_EXTEND_V2, not {scenario.mode}")
-        from sglfix.harness.adapters.sglang import kit_dsv4_mla_0_5_23 as kit
+        from sglfix.codebases.kits import kit as _kit
+
+        kit = _kit("drafts")
 
         if not kit.flashinfer_available():
             raise Unavailable("TRTLLMMLABackend needs FlashInfer (pip install flashinfer-python) to be built")
@@ -73,7 +75,9 @@ class TrtllmMLADraftExtendAdapter:
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
         if not scenario.capture_bs:
             return None
-        from sglfix.harness.adapters.sglang import kit_dsv4_mla_0_5_23 as kit
+        from sglfix.codebases.kits import kit as _kit
+
+        kit = _kit("drafts")
 
         case = prepared.case
         n = case.num_draft_tokens
@@ -87,7 +91,9 @@ class TrtllmMLADraftExtendAdapter:
         return SimpleNamespace(bs=scenario.graph_bs, fill=fill)
 
     def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        from sglfix.harness.adapters.sglang import kit_dsv4_mla_0_5_23 as kit
+        from sglfix.codebases.kits import kit as _kit
+
+        kit = _kit("drafts")
 
         case = prepared.case
         if runner is None:

@@ -29,7 +29,10 @@ class DraftPositions:
 
     def run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
         stage("build")
-        from sglfix.harness.probes.sglang.kit_0_5_23 import build_eagle_draft, kit_scope, run_eagle_draft
+        from sglfix.codebases.kits import kit
+
+        probes = kit("probes")
+        build_eagle_draft, kit_scope, run_eagle_draft = probes.build_eagle_draft, probes.kit_scope, probes.run_eagle_draft
 
         spec = scenario.spec
         seq_lens = [int(p) for p in scenario.prefix_lens]

@@ -48,7 +48,9 @@ class NeedsCpuSeqLens:
 
     def run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
         stage("build")
-        from sglfix.harness.probes.sglang.kit_0_5_23 import build_eagle_draft, kit_scope
+        from sglfix.codebases.kits import kit
+
+        build_eagle_draft, kit_scope = kit("probes").build_eagle_draft, kit("probes").kit_scope
 
         with kit_scope(device=device, seed=scenario.seed):
             from sglang.srt.managers.overlap_utils import decide_needs_cpu_seq_lens

@@ -1,10 +1,7 @@
-"""The one door to sglang 0.5.23's private attention test kit (``sglang.test.kits.attention_unittest``).
+"""sglang 0.5.23's private attention test kit (``sglang.test.kits.attention_unittest``) as the Triton
+adapter uses it: ``kit("attention")`` of ``sglfix.codebases.kits``.
 
-The kit ships in the wheel but is test code: its names are private and change with every
-release. Every use the sglang adapters make of it goes through this module, so a new sglang
-version means a new ``kit_<version>.py`` beside this one, not edits spread over the adapters.
-
-What the adapters take from the kit, and why:
+What the adapter takes from the kit, and why:
 - ``DenseAttentionCase`` / ``TinyModelConfig`` / ``MockModelRunner``: the kit's ModelRunner
   stand-in is a real ``ModelRunner`` subclass that publishes server args (read by the backends
   through ``sglang.srt.runtime_context``) and owns real ``ReqToTokenPool`` / ``MHATokenToKVPool``

@@ -1,0 +1,37 @@
+"""sglang's attention test kit, pinned per profile: ``kit(part)`` is the active code base's copy.
+
+The kit (``sglang.test.kits.attention_unittest``) ships in the wheel but is private test code that
+changes every release. Every use sglfix makes of it lives in one package per code base
+(``CodeBase.kit``, e.g. ``sglang_0_5_23``), split by who uses it:
+
+- ``attention``: the dense mock runner, forward batches and the DRAFT_EXTEND_V2 / TARGET_VERIFY
+  fixtures the Triton adapter drives;
+- ``drafts``: the multi-step EAGLE draft families (DeepSeek-V4, FlashInfer GQA and MLA) and the
+  TRT-LLM MLA draft extend: mock runners, slot ground truth, guard zones, CUDA-graph emulation;
+- ``probes``: the EAGLE draft worker stand-in the probe scenarios run, with its CPU scope.
+
+A profile for another sglang version adds its own package beside ``sglang_0_5_23`` and names it
+in its code base; the adapters and probes ask for ``kit("drafts")`` and never name a version.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+__all__ = ["PARTS", "kit"]
+
+PARTS = ("attention", "drafts", "probes")
+
+
+def kit(part: str) -> ModuleType:
+    """The active code base's kit module ``part`` (one of ``PARTS``)."""
+    from sglfix.codebases import active
+
+    if part not in PARTS:
+        raise ValueError(f"no kit part {part!r}; the parts are {', '.join(PARTS)}")
+    codebase = active()
+    if not codebase.kit:
+        raise RuntimeError(f"the code base {codebase.name} has no pinned test kit (CodeBase.kit); its adapters "
+                           f"cannot use sglang's attention test kit")
+    return importlib.import_module(f"{codebase.kit}.{part}")
