@@ -129,7 +129,7 @@ def test_the_test_kit_is_pinned_in_one_package_per_code_base():
     from pathlib import Path
 
     import sglfix
-    from sglfix.codebases.kits import PARTS, kit
+    from sglfix.harness.kits import PARTS, kit
 
     for codebase in CODEBASES.values():
         if codebase.kit is None:

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import torch
 
 from sglfix.harness.adapters.sglang.flashinfer_mla import ADAPTER
-from sglfix.codebases.kits.sglang_0_5_23.drafts import DraftSlots
+from sglfix.harness.kits.sglang_0_5_23.drafts import DraftSlots
 
 
 def _case(plans_of) -> SimpleNamespace:

@@ -269,11 +269,13 @@ def test_torchrun_ranks_each_run_the_pre_fix_code(tmp_path):
             m.decide_needs_cpu_seq_lens([None]); state = "fixed"
         except AttributeError:
             state = "pre-fix"
-        print(f"rank {{os.environ['RANK']}}: {{state}} {{','.join(sglfix.reverted_ids())}}", flush=True)
+        # One file per rank: the ranks share the launcher's stdout, where their lines can interleave.
+        with open(f"rank-{{os.environ['RANK']}}.txt", "w") as fh:
+            fh.write(f"rank {{os.environ['RANK']}}: {{state}} {{','.join(sglfix.reverted_ids())}}")
     """))
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                         str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
                        env=_env(SGLANG_DEBUG_REVERT_PR="26738:overlap-guard", OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr[-2000:]
-    ranks = sorted(line for line in r.stdout.splitlines() if line.startswith("rank "))
+    ranks = sorted(p.read_text() for p in tmp_path.glob("rank-*.txt"))
     assert ranks == ["rank 0: pre-fix 26738:overlap-guard", "rank 1: pre-fix 26738:overlap-guard"], r.stdout

@@ -17,7 +17,6 @@ import importlib.util
 import os
 from dataclasses import dataclass, field
 
-from sglfix.codebases.kits import sglang_0_5_23 as _kit_0_5_23
 from sglfix.common.errors import ConfigError
 
 __all__ = ["check_scenarios_runnable", "CodeBase", "CODEBASES", "REPRODUCTION", "get_codebase", "active", "activate", "installed",
@@ -49,7 +48,7 @@ class CodeBase:
     # probe name (sglfix.scenario.modes.PROBE_RULES) -> module defining ``PROBE`` for this code base
     probes: dict[str, str] = field(default_factory=dict)
     # The package holding every use of the engine's private attention test kit, pinned to this
-    # version (sglfix.codebases.kits); None: the code base has no kit.
+    # version (sglfix.harness.kits; its KIT_MODULES are preloaded too); None: the code base has no kit.
     kit: str | None = None
 
 
@@ -67,7 +66,7 @@ REPRODUCTION = CodeBase(
 
 SGLANG_0_5_23 = CodeBase(
     name="sglang-0.5.23", package="sglang", distribution="sglang", version="0.5.23",
-    kit="sglfix.codebases.kits.sglang_0_5_23",
+    kit="sglfix.harness.kits.sglang_0_5_23",
     summary="the installed sglang 0.5.23 (its own backends, memory pools, ForwardBatch and test kit)",
     adapters={
         "triton": "sglfix.harness.adapters.sglang.triton",
@@ -96,7 +95,7 @@ SGLANG_0_5_23 = CodeBase(
         "srt.managers.overlap_utils", "srt.mem_cache.allocation_sizing", "srt.speculative.eagle_utils",
         "srt.speculative.eagle_worker_v2", "srt.speculative.eagle_worker_common",
         "srt.speculative.eagle_draft_cuda_graph_runner", "srt.debug_utils.pr_fix_toggle",
-    )) + _kit_0_5_23.KIT_MODULES,
+    )),
     install_hint="pip install torch==2.13.0 && pip install --no-deps sglang==0.5.23 && pip install 'sglfix[sglang]'",
 )
 

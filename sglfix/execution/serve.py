@@ -99,6 +99,8 @@ def _import_under_test(cb) -> list[str]:
         names = [info.name for info in pkgutil.walk_packages(root.__path__, prefix=root.__name__ + ".")]
     else:
         names = list(cb.preload)
+        if cb.kit:  # the kit's modules its fixtures drive (the kit package itself imports nothing)
+            names += list(getattr(importlib.import_module(cb.kit), "KIT_MODULES", ()))
     names += [m for m in cb.adapters.values()]
     skipped = []
     for name in names:

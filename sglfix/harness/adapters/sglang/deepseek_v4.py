@@ -56,7 +56,7 @@ class DeepseekV4DraftAdapter:
         if scenario.capture_bs:
             raise Unavailable("the sglang DSv4 adapter runs the draft with graphs off only: the graph path "
                               "(EAGLEDraftCudaGraphRunner, init_forward_metadata_in_graph) is not driven here")
-        from sglfix.codebases.kits import kit
+        from sglfix.harness.kits import kit
 
         build_dsv4_draft, flash_mla_available = kit("drafts").build_dsv4_draft, kit("drafts").flash_mla_available
 
@@ -77,7 +77,7 @@ class DeepseekV4DraftAdapter:
         return None
 
     def _full_init(self, prepared: Prepared) -> bool:
-        from sglfix.codebases.kits import kit
+        from sglfix.harness.kits import kit
 
         flash_mla_available, has_cuda = kit("drafts").flash_mla_available, kit("drafts").has_cuda
 

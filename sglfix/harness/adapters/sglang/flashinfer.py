@@ -61,7 +61,7 @@ class FlashInferDraftAdapter:
         if scenario.mode != "DRAFT_DECODE":
             raise Unavailable(f"the sglang {self.name} adapter runs the multi-step draft (DRAFT_DECODE), "
                               f"not {scenario.mode}")
-        from sglfix.codebases.kits import kit as _kit
+        from sglfix.harness.kits import kit as _kit
 
         kit = _kit("drafts")
 
@@ -89,7 +89,7 @@ class FlashInferDraftAdapter:
 
         from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
-        from sglfix.codebases.kits import kit as _kit
+        from sglfix.harness.kits import kit as _kit
 
         kit = _kit("drafts")
 
@@ -121,7 +121,7 @@ class FlashInferDraftAdapter:
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
         if not scenario.capture_bs:
             return None
-        from sglfix.codebases.kits import kit as _kit
+        from sglfix.harness.kits import kit as _kit
 
         kit = _kit("drafts")
 
@@ -146,7 +146,7 @@ class FlashInferDraftAdapter:
         return SimpleNamespace(bs=scenario.graph_bs, fill=fill)
 
     def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        from sglfix.codebases.kits import kit as _kit
+        from sglfix.harness.kits import kit as _kit
 
         kit = _kit("drafts")
 

@@ -4,7 +4,7 @@ The code under test is sglang's: the backend (built through ``ATTENTION_BACKENDS
 pools, ``ForwardBatch``, spec-info classes (``EagleVerifyInput``, ``EagleDraftExtendInput``), the
 spec-v2 draft-extend glue (``eagle_worker_common.prepare_for_draft_extend``, which bumps
 ``seq_lens`` before the metadata init) and the kit's ModelRunner stand-in and fixtures (through
-``sglfix.codebases.kits``, the one door to sglang's private test kit). The judge is sglfix's: the ground
+``sglfix.harness.kits``, the one door to sglang's private test kit). The judge is sglfix's: the ground
 truth is generated here from seeded random K/V, the reference never reads backend metadata,
 invariants run after every metadata init and guard zones surround the backend's static buffers.
 
@@ -30,7 +30,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from sglfix.harness.adapters.base import MetadataHook, Prepared, Unavailable
-from sglfix.codebases.kits import kit as _kit
+from sglfix.harness.kits import kit as _kit
 from sglfix.harness.invariants import MetadataFields
 
 __all__ = ["ADAPTER", "SglangTritonAdapter", "SglangCase", "GroundTruth", "GraphRunner"]

@@ -56,7 +56,7 @@ class TrtllmMLADraftExtendAdapter:
     def build(self, scenario: Any, *, device: str) -> Prepared:
         if scenario.mode != "DRAFT_EXTEND_V2":
             raise Unavailable(f"the sglang {self.name} adapter runs DRAFT_EXTEND_V2, not {scenario.mode}")
-        from sglfix.codebases.kits import kit as _kit
+        from sglfix.harness.kits import kit as _kit
 
         kit = _kit("drafts")
 
@@ -75,7 +75,7 @@ class TrtllmMLADraftExtendAdapter:
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
         if not scenario.capture_bs:
             return None
-        from sglfix.codebases.kits import kit as _kit
+        from sglfix.harness.kits import kit as _kit
 
         kit = _kit("drafts")
 
@@ -91,7 +91,7 @@ class TrtllmMLADraftExtendAdapter:
         return SimpleNamespace(bs=scenario.graph_bs, fill=fill)
 
     def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        from sglfix.codebases.kits import kit as _kit
+        from sglfix.harness.kits import kit as _kit
 
         kit = _kit("drafts")
 

@@ -29,7 +29,7 @@ class DraftPositions:
 
     def run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
         stage("build")
-        from sglfix.codebases.kits import kit
+        from sglfix.harness.kits import kit
 
         probes = kit("probes")
         build_eagle_draft, kit_scope, run_eagle_draft = probes.build_eagle_draft, probes.kit_scope, probes.run_eagle_draft

@@ -48,7 +48,7 @@ class NeedsCpuSeqLens:
 
     def run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
         stage("build")
-        from sglfix.codebases.kits import kit
+        from sglfix.harness.kits import kit
 
         build_eagle_draft, kit_scope = kit("probes").build_eagle_draft, kit("probes").kit_scope
 

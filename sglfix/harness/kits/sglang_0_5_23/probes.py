@@ -1,5 +1,5 @@
 """Every use the probes make of sglang 0.5.23's private test kit (``sglang/test/kits/``):
-``kit("probes")`` of ``sglfix.codebases.kits``.
+``kit("probes")`` of ``sglfix.harness.kits``.
 
 What the kit needs on a CPU box, each applied only for the length of ``kit_scope`` so that a
 long-lived worker's modules are left as they were (its state snapshot compares them by identity):
@@ -85,7 +85,7 @@ def _test_utils_shim() -> types.ModuleType | None:
             or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) in wanted for t in n.targets))]
     if len(body) != len(wanted):
         raise RuntimeError(f"{path} no longer defines {', '.join(sorted(wanted))}: the probes' kit module "
-                           f"(sglfix/codebases/kits/sglang_0_5_23) is written for sglang 0.5.23")
+                           f"(sglfix/harness/kits/sglang_0_5_23) is written for sglang 0.5.23")
     module = types.ModuleType("sglang.test.test_utils")
     module.__file__ = path
     module.__dict__.update(copy=copy, msgspec=msgspec)

@@ -1,7 +1,7 @@
 """sglang 0.5.23's attention test kit, as sglfix uses it: the only modules that name the kit's
-private classes and fixtures (see ``sglfix.codebases.kits``). Each checks, when it first
-prepares, that the active code base is this version. Imports nothing (the code base's definition
-reads ``KIT_MODULES``)."""
+private classes and fixtures (see ``sglfix.harness.kits``). Each checks, when it first
+prepares, that the active code base is this version. Imports nothing (a worker reads ``KIT_MODULES``
+at boot)."""
 
 VERSION = "0.5.23"
 

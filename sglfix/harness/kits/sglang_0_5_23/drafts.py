@@ -1,5 +1,5 @@
 """sglang 0.5.23's attention test kit, for the multi-step EAGLE draft families (DeepSeek-V4, FlashInfer
-GQA and MLA) and TRT-LLM MLA draft extend: ``kit("drafts")`` of ``sglfix.codebases.kits``.
+GQA and MLA) and TRT-LLM MLA draft extend: ``kit("drafts")`` of ``sglfix.harness.kits``.
 
 What comes from the kit: its mock model runners (real ``ModelRunner`` subclasses with real memory
 pools, publishing server args through ``sglang.srt.runtime_context``), its DSv4 fixture, and its

@@ -1,5 +1,5 @@
 """sglang 0.5.23's private attention test kit (``sglang.test.kits.attention_unittest``) as the Triton
-adapter uses it: ``kit("attention")`` of ``sglfix.codebases.kits``.
+adapter uses it: ``kit("attention")`` of ``sglfix.harness.kits``.
 
 What the adapter takes from the kit, and why:
 - ``DenseAttentionCase`` / ``TinyModelConfig`` / ``MockModelRunner``: the kit's ModelRunner
