@@ -148,3 +148,21 @@ def test_the_test_kit_is_pinned_in_one_package_per_code_base():
         kit("drafts")
     with pytest.raises(ValueError, match="no kit part"):
         kit("nope")
+
+
+def test_a_cpu_run_refuses_a_triton_too_old_to_interpret_the_code_bases_kernels(tmp_path):
+    """No triton pin in the sglang extra (a CUDA torch pins its own); a CPU run checks instead."""
+    from sglfix.codebases import SGLANG_0_5_23, check_interpreter
+
+    site = tmp_path / "site"
+    meta = site / "triton-3.7.1.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: triton\nVersion: 3.7.1\n")
+    t0 = time.monotonic()
+    r = run_cli("--profile", "sglang-0.5.23", "run", "-s", "*", "--device", "cpu", env={"PYTHONPATH": str(site)})
+    if installed(SGLANG_0_5_23) is None:  # without sglang the install check speaks first, as it should
+        assert_one_line_error(r, "sglang==0.5.23")
+    else:
+        assert_one_line_error(r, "triton >= 3.9", "installed: 3.7.1", "pip install 'triton>=3.9'", "--device cuda")
+    assert time.monotonic() - t0 < 60  # before any worker
+    check_interpreter(REPRODUCTION, what="x")  # the reproduction's kernels need no particular release

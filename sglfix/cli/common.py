@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from sglfix.cli.context import Options, err
+from sglfix.cli.context import Options, _has_cuda_device, err
 from sglfix.common.errors import ConfigError
 
 ScenarioGlobs = Annotated[List[str], typer.Option("--scenario", "-s", metavar="GLOB", help="Only scenarios whose name matches (repeatable).")]
@@ -187,9 +187,14 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
 
         timings = cell_costs(load_report(shard_costs))
     registry = opts.registry()
+    codebase = opts.codebase()
+    if device == "cpu" or (device == "auto" and not _has_cuda_device()):
+        from sglfix.codebases import check_interpreter
+
+        check_interpreter(codebase, what=f"--profile {opts.active_profile().name}")
     config = WorkerConfig(device=device, timeout=timeout, allowed_prefixes=opts.allowed_prefixes(),
                           toggles_dir=str(registry.directory) if opts.toggles is not None else None,
-                          codebase=opts.codebase().name)
+                          codebase=codebase.name)
     env = env_ids(registry)
     pool_class, where = WorkerPool, {}
     if executor == "ray":

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from sglfix.common.errors import ConfigError
 
 __all__ = ["check_scenarios_runnable", "CodeBase", "CODEBASES", "REPRODUCTION", "get_codebase", "active", "activate", "installed",
-           "check_installed", "Installed"]
+           "check_installed", "check_interpreter", "Installed"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,10 @@ class CodeBase:
     # The package holding every use of the engine's private attention test kit, pinned to this
     # version (sglfix.harness.kits; its KIT_MODULES are preloaded too); None: the code base has no kit.
     kit: str | None = None
+    # The oldest triton whose interpreter runs this code base's kernels on CPU (None: any). Checked
+    # before a CPU run, not pinned in an extra: a CUDA torch pins its own triton, and on a GPU the
+    # kernels are compiled, not interpreted.
+    interpreter_triton: str | None = None
 
 
 REPRODUCTION = CodeBase(
@@ -67,6 +71,7 @@ REPRODUCTION = CodeBase(
 SGLANG_0_5_23 = CodeBase(
     name="sglang-0.5.23", package="sglang", distribution="sglang", version="0.5.23",
     kit="sglfix.harness.kits.sglang_0_5_23",
+    interpreter_triton="3.9",  # older interpreters fail on sglang's kv_index_translator kernels
     summary="the installed sglang 0.5.23 (its own backends, memory pools, ForwardBatch and test kit)",
     adapters={
         "triton": "sglfix.harness.adapters.sglang.triton",
@@ -200,6 +205,33 @@ def check_installed(cb: CodeBase, *, what: str) -> Installed:
                           f"installed ({found.path}); install {cb.distribution}=={cb.version} or pick the "
                           f"profile of {found.version}")
     return found
+
+
+def _release(version: str) -> tuple[int, ...]:
+    out = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+        if digits != piece:
+            break
+    return tuple(out)
+
+
+def check_interpreter(cb: CodeBase, *, what: str) -> None:
+    """One-line ConfigError when a CPU run of ``cb`` would meet a triton interpreter too old for
+    its kernels (read from the installed metadata; triton is not imported)."""
+    if cb.interpreter_triton is None:
+        return
+    try:
+        version = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    if version is None or _release(version) < _release(cb.interpreter_triton):
+        raise ConfigError(f"{what} on CPU runs {cb.name}'s Triton kernels under the interpreter, which needs "
+                          f"triton >= {cb.interpreter_triton} (installed: {version or 'none'}); "
+                          f"pip install 'triton>={cb.interpreter_triton}', or run with --device cuda")
 
 
 def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
