@@ -53,6 +53,9 @@ def reverted_ids() -> list:
     when nothing was ever reverted."""
     import sys
 
+    hook = sys.modules.get("sglfix.toggling.hook")
+    if hook is not None and hook.armed() is not None:
+        hook.armed().apply_ready()  # a target another import hook loaded past the finder goes in now
     module = sys.modules.get("sglfix.toggling.revert")
     return module.reverted_ids() if module is not None else []
 

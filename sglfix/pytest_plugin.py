@@ -7,9 +7,16 @@ bug they claim to guard (mutation testing where the mutant is the historical fix
 - ``@pytest.mark.fixed_by("26651:clamp", ...)``: the fixes a test claims to guard.
 - ``pytest --sglfix-check-fixes``: each marked test also runs once per claimed fix with that fix
   reverted (in this process and, through the variable, in the processes the test starts). A
-  failing run is "caught", a passing one "NOT caught" and fails the session (exit 1). Unknown
-  ids are a usage error before any test runs. Results travel on the test reports, so xdist
-  workers' results reach the summary too.
+  failing run is "caught", a passing one "NOT caught" and fails the session (exit 1); a test
+  that was skipped or is xfail is "not run" (it cannot show the revert; the session does not
+  fail on it). Each claim is also a result of its own, ``<test>[sglfix-revert=ID]`` (passed,
+  failed or skipped), so the counts, ``--junitxml`` and the exit status agree. Unknown ids are a
+  usage error before any test runs. Results travel on the test reports, so xdist workers'
+  results reach the summary too.
+- With ``SGLANG_DEBUG_REVERT_PR`` (or ``--sglfix-revert``) in effect, the start-up hook's finders
+  are kept in front of pytest's assertion rewriter, and every selected target whose module is
+  imported by collection's end or a test's setup is reverted, whichever loader imported it; one
+  that cannot be is a usage error (``RevertGuard``).
 
 Loaded by the ``pytest11`` entry point, this module only adds its options and the marker; the
 plugin proper registers itself only when one of the options is used (as pytest's stepwise
@@ -46,9 +53,42 @@ def pytest_configure(config: pytest.Config) -> None:
                    "pytest --sglfix-check-fixes checks that reverting each makes the test fail")
     revert = config.getoption("--sglfix-revert")
     check = config.getoption("--sglfix-check-fixes")
-    if revert is None and not check:
-        return
-    config.pluginmanager.register(SglfixPlugin(config, revert=revert, check=check), "sglfix-session")
+    if revert is not None or check:
+        config.pluginmanager.register(SglfixPlugin(config, revert=revert, check=check), "sglfix-session")
+    import sys
+
+    hook = sys.modules.get("sglfix.toggling.hook")  # loaded only when a revert is selected
+    if hook is not None and (hook.armed() is not None or getattr(hook, "_STATE", None) is not None):
+        hook.ensure_first()
+        config.pluginmanager.register(RevertGuard(hook), "sglfix-revert-guard")
+
+
+class RevertGuard:
+    """While the start-up hook applies SGLANG_DEBUG_REVERT_PR (the variable, or
+    ``--sglfix-revert``): its finders stay in front of pytest's assertion rewriter, and before
+    collection ends and before each test every selected target whose module is imported by then
+    is reverted, whichever loader imported it; one that cannot be is an error, never a silent
+    pass."""
+
+    def __init__(self, hook: Any) -> None:
+        self.hook = hook
+
+    def _settle(self) -> None:
+        from sglfix.common.errors import SglfixError
+
+        self.hook.ensure_first()
+        try:
+            self.hook.settle()
+        except SglfixError as exc:
+            raise _usage(exc) from None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._settle()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self._settle()
 
 
 def _usage(exc: Exception) -> pytest.UsageError:
@@ -172,6 +212,14 @@ class SglfixPlugin:
             else:
                 os.environ[ENV_VAR] = old
         failed = [r for r in reports if r.failed]
+        xfail = next((r for r in reports if hasattr(r, "wasxfail")), None)
+        if xfail is not None:  # expected to fail either way: it cannot tell the revert
+            return {"id": rid, "outcome": "not-run", "detail": f"xfail ({xfail.wasxfail or 'no reason'}): a test "
+                                                                f"expected to fail cannot show the fix's revert"}
+        skipped = next((r for r in reports if r.skipped), None)
+        if not failed and skipped is not None:
+            reason = skipped.longrepr[2] if isinstance(skipped.longrepr, tuple) else str(skipped.longrepr)
+            return {"id": rid, "outcome": "not-run", "detail": f"skipped ({reason.removeprefix('Skipped: ')})"}
         if not failed:
             return {"id": rid, "outcome": "not-caught", "detail": "passed with the fix reverted"}
         first = failed[0]
@@ -184,6 +232,11 @@ class SglfixPlugin:
         for name, value in getattr(report, "user_properties", ()):
             if name == PROPERTY:
                 self.results[report.nodeid] = json.loads(value)
+                # The claims' own results come from the process that reports to the user (an
+                # xdist worker may only report the item it runs; its controller gets here too).
+                if not hasattr(self.config, "workerinput"):
+                    for outcome in self.results[report.nodeid]:
+                        _log_claim(self.config, report, outcome)
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.check and self._uncaught() and session.exitstatus == 0:
@@ -194,7 +247,8 @@ class SglfixPlugin:
                 json.dump(self.results, fh, indent=1)
 
     def _uncaught(self) -> list[tuple[str, dict]]:
-        return [(node, o) for node, outcomes in self.results.items() for o in outcomes if o["outcome"] != "caught"]
+        return [(node, o) for node, outcomes in self.results.items() for o in outcomes
+                if o["outcome"] in ("not-caught", "error")]
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if not self.check or exitstatus == pytest.ExitCode.USAGE_ERROR:
@@ -206,9 +260,32 @@ class SglfixPlugin:
             return
         for node, outcomes in self.results.items():
             for o in outcomes:
-                label = {"caught": "caught", "not-caught": "NOT caught", "error": "ERROR"}[o["outcome"]]
+                label = {"caught": "caught", "not-caught": "NOT caught", "error": "ERROR", "not-run": "not run"}[o["outcome"]]
                 tr.write_line(f"{label:<11} {o['id']:<24} {node}  ({o['detail']})",
-                              green=o["outcome"] == "caught", red=o["outcome"] != "caught")
+                              green=o["outcome"] == "caught", red=o["outcome"] in ("not-caught", "error"),
+                              yellow=o["outcome"] == "not-run")
         bad = self._uncaught()
         total = sum(len(v) for v in self.results.values())
-        tr.write_line(f"{total - len(bad)}/{total} claims caught" + (f"; {len(bad)} not: exit 1" if bad else ""))
+        not_run = sum(o["outcome"] == "not-run" for v in self.results.values() for o in v)
+        caught = total - len(bad) - not_run
+        tr.write_line(f"{caught}/{total} claims caught" + (f"; {not_run} not run (skipped or xfail)" if not_run else "")
+                      + (f"; {len(bad)} not: exit 1" if bad else ""))
+
+
+def _log_claim(config: pytest.Config, report: pytest.TestReport, outcome: dict) -> None:
+    """Each claim as a result of its own (``<test>[sglfix-revert=ID]``): caught passes, NOT caught
+    and ERROR fail, not run is skipped. Reported through pytest's own hook, so the terminal
+    counts and ``--junitxml`` see what the exit status says."""
+    from _pytest.reports import TestReport
+
+    nodeid = f"{report.nodeid}[sglfix-revert={outcome['id']}]"
+    location = report.location
+    kind = outcome["outcome"]
+    if kind == "not-run":
+        result, longrepr = "skipped", (str(location[0]), (location[1] or 0) + 1, f"not run: {outcome['detail']}")
+    elif kind == "caught":
+        result, longrepr = "passed", None
+    else:
+        result, longrepr = "failed", f"{'NOT caught' if kind == 'not-caught' else 'ERROR'}: {outcome['detail']}"
+    for when, res, rep in (("setup", "passed", None), ("call", result, longrepr), ("teardown", "passed", None)):
+        config.hook.pytest_runtest_logreport(report=TestReport(nodeid, location, {}, res, rep, when))

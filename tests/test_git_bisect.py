@@ -36,7 +36,7 @@ def _commit(repo: Path, message: str) -> str:
     return _git(repo, "rev-parse", "HEAD").strip()
 
 
-def test_git_bisect_run_names_the_breaking_commit(tmp_path):
+def _repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     repo.mkdir()
     # The committed tree only (what a clone has), not build outputs or caches.
@@ -44,23 +44,14 @@ def test_git_bisect_run_names_the_breaking_commit(tmp_path):
     subprocess.run(["tar", "-x", "-C", str(repo)], input=archive.stdout, check=True, timeout=300)
     shutil.rmtree(repo / "bench" / "results", ignore_errors=True)
     _git(repo, "init", "-q")
-    good = _commit(repo, "good")
-    (repo / "NOTES.txt").write_text("harmless\n")
-    _commit(repo, "harmless before")
-    backend = repo / "backends" / "srt" / "layers" / "attention" / "triton_backend.py"
-    text = backend.read_text()
-    assert text.count("            layer.scaling,\n") >= 1
-    # The decode path's softmax scale goes wrong: every decode output diverges.
-    head, tail = text.rsplit("            layer.scaling,\n", 1)
-    backend.write_text(head + "            layer.scaling * 1.5,\n" + tail)
-    bad = _commit(repo, "break the decode scale")
-    (repo / "NOTES.txt").write_text("harmless\nagain\n")
-    _commit(repo, "harmless after")
+    return repo
 
-    # A fresh venv whose heavy packages (torch, triton, ...) come from this test environment
-    # through a .pth, never --system-site-packages (that would inherit the base interpreter's).
-    # --without-pip: the venv's own bundled setuptools would shadow this environment's (which
-    # builds the editable install); this environment's pip installs into it (--python).
+
+def _editable_venv(tmp_path: Path, repo: Path) -> tuple[Path, dict]:
+    """A fresh venv whose heavy packages (torch, triton, ...) come from this test environment
+    through a .pth, never --system-site-packages (that would inherit the base interpreter's).
+    --without-pip: the venv's own bundled setuptools would shadow this environment's (which
+    builds the editable install); this environment's pip installs into it (--python)."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
@@ -70,9 +61,38 @@ def test_git_bisect_run_names_the_breaking_commit(tmp_path):
     Path(new_site, "test-env-packages.pth").write_text("\n".join(sorted(ours)) + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
                     "--no-build-isolation", "-e", str(repo)], check=True, timeout=600)
-
-    sglfix = venv / "bin" / "sglfix"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLFIX_TOGGLES_DIR", "SGLANG_DEBUG_REVERT_PR")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"  # the recipe's plain `sglfix`
+    return venv / "bin" / "sglfix", env
+
+
+def _break_decode(repo: Path) -> None:
+    backend = repo / "backends" / "srt" / "layers" / "attention" / "triton_backend.py"
+    text = backend.read_text()
+    assert text.count("            layer.scaling,\n") >= 1
+    # The decode path's softmax scale goes wrong: every decode output diverges.
+    head, tail = text.rsplit("            layer.scaling,\n", 1)
+    backend.write_text(head + "            layer.scaling * 1.5,\n" + tail)
+
+
+def _rename_decode_scenarios(repo: Path, old: str, new: str) -> None:
+    path = repo / "scenarios" / "triton-decode.yaml"
+    text = path.read_text()
+    assert text.count(f"  - name: {old}\n") == 1
+    path.write_text(text.replace(f"  - name: {old}\n", f"  - name: {new}\n"))
+
+
+def test_git_bisect_run_names_the_breaking_commit(tmp_path):
+    repo = _repo(tmp_path)
+    good = _commit(repo, "good")
+    (repo / "NOTES.txt").write_text("harmless\n")
+    _commit(repo, "harmless before")
+    _break_decode(repo)
+    bad = _commit(repo, "break the decode scale")
+    (repo / "NOTES.txt").write_text("harmless\nagain\n")
+    _commit(repo, "harmless after")
+
+    sglfix, env = _editable_venv(tmp_path, repo)
     check = subprocess.run([str(sglfix), "run", "-s", SCENARIO, "--device", "cpu"], cwd=repo, env=env,
                            capture_output=True, text=True, timeout=600)
     assert check.returncode == 1, check.stdout[-2000:] + check.stderr[-2000:]  # HEAD is bad
@@ -81,3 +101,38 @@ def test_git_bisect_run_names_the_breaking_commit(tmp_path):
                          cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert f"{bad} is the first bad commit" in run.stdout, run.stdout[-3000:]
+
+
+def test_the_readme_recipe_skips_commits_where_the_scenario_does_not_exist(tmp_path):
+    """Exit 2 (bad input: the scenario glob matches nothing at that commit) would read as "bad"
+    to git; the README's recipe turns it into 125 (skip), so the search never blames a commit it
+    could not test."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    recipe = re.search(r"^git bisect run (sh -c '.*')$", readme, re.M)
+    assert recipe, "the README shows the git bisect run recipe"
+    repo = _repo(tmp_path)
+    good = _commit(repo, "good")
+    _rename_decode_scenarios(repo, "triton-decode", "triton-decode-renamed")
+    untestable = _commit(repo, "rename the decode scenarios (the glob matches nothing here)")
+    _break_decode(repo)
+    bad = _commit(repo, "break the decode scale (still renamed)")
+    _rename_decode_scenarios(repo, "triton-decode-renamed", "triton-decode")
+    _commit(repo, "rename them back")
+    sglfix, env = _editable_venv(tmp_path, repo)
+    command = ["sh", "-c", recipe.group(1)[len("sh -c '"):-1]]
+    _git(repo, "bisect", "start", "HEAD", good)
+    run = subprocess.run(["git", "bisect", "run", *command], cwd=repo, env=env, capture_output=True, text=True,
+                         timeout=1200)
+    log = run.stdout + run.stderr
+    # Both commits without the scenario were skipped, never called bad: git cannot tell which of
+    # them broke it, and says so instead of naming the rename.
+    assert f"{untestable} is the first bad commit" not in log, log[-3000:]
+    assert "only 'skip'ped commits left" in log and untestable in log and bad in log, log[-3000:]
+    _git(repo, "bisect", "reset")
+    # The same search without the mapping blames the rename: what the recipe prevents.
+    _git(repo, "bisect", "start", "HEAD", good)
+    plain = subprocess.run(["git", "bisect", "run", str(sglfix), "run", "-s", "triton-decode@*", "--device", "cpu"],
+                           cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
+    assert f"{untestable} is the first bad commit" in plain.stdout, (plain.stdout + plain.stderr)[-3000:]

@@ -99,3 +99,57 @@ def test_every_package_directory_is_listed_in_pyproject():
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "sglfix").rglob("__init__.py")}
     found |= {"sglfix." + ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "backends").rglob("__init__.py")}
     assert found <= listed, f"not in pyproject's packages: {sorted(found - listed)}"
+
+
+@pytest.fixture(scope="module")
+def regular_venv(tmp_path_factory, wheel) -> Path:
+    """A venv with sglfix installed from its wheel (not editable); the test environment's
+    packages stand in for the heavy wheels, as above."""
+    venv = tmp_path_factory.mktemp("regular") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    py = venv / "bin" / "python"
+    new_site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    Path(new_site, "test-env-packages.pth").write_text("\n".join(sorted(ours)) + "\n")
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, timeout=600)
+    return venv
+
+
+_GUARDED_TEST = '''
+import sglfix
+from sglfix.backends.srt.managers import overlap_utils
+
+
+def test_the_guard_is_reverted():
+    assert sglfix.reverted_ids() == ["26738:overlap-guard"]
+    try:
+        overlap_utils.decide_needs_cpu_seq_lens([None])
+    except AttributeError:
+        return  # the pre-fix code: the revert is in effect
+    raise AssertionError("the fixed code ran: the revert was bypassed")
+'''
+
+
+@pytest.mark.parametrize("how", ["env", "env -n 2", "option -n 2", "env --assert=plain"])
+def test_a_revert_is_in_effect_under_pytest_on_a_regular_install(tmp_path, regular_venv, how):
+    """pytest's assertion rewriter claims every module of a distribution that ships a pytest
+    plugin; on a regular install that is all of sglfix, and its import hook stands in front of
+    the start-up hook's finder. The revert must hold anyway, in the session and in xdist workers."""
+    (tmp_path / "test_guarded.py").write_text(_GUARDED_TEST)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLFIX_TOGGLES_DIR", "SGLANG_DEBUG_REVERT_PR",
+                                                             "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
+    args = ["-p", "no:cacheprovider", "-q", "test_guarded.py"]
+    if how.startswith("env"):
+        env["SGLANG_DEBUG_REVERT_PR"] = "26738:overlap-guard"
+    else:
+        args += ["--sglfix-revert", "26738:overlap-guard"]
+    args += how.split()[1:]
+    py = regular_venv / "bin" / "python"
+    r = subprocess.run([str(py), "-m", "pytest", *args], cwd=tmp_path, capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "1 passed" in r.stdout
+    where = subprocess.run([str(py), "-c", "import sglfix; print(sglfix.__file__)"], cwd=tmp_path,
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert str(regular_venv) in where.stdout  # the wheel's sglfix, not the checkout's

@@ -70,7 +70,10 @@ def _outcomes(stdout: str) -> list[str]:
 def test_check_fixes_names_the_wrongly_marked_test_and_exits_1(user_dir):
     r = _pytest(user_dir, "--sglfix-check-fixes")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "4 passed" in r.stdout  # the ordinary runs all pass: the exit status is the claims'
+    # The ordinary runs all pass; each claim is a result of its own, so the one NOT caught is the
+    # one failure the exit status stands for.
+    assert "1 failed, 5 passed" in r.stdout, r.stdout
+    assert "test_user.py::test_wrongly_marked[sglfix-revert=26738:glue-constant]" in r.stdout
     caught = [line for line in r.stdout.splitlines() if line.startswith("caught ")]
     missed = [line for line in r.stdout.splitlines() if line.startswith("NOT caught ")]
     assert len(caught) == 1 and "26738:overlap-guard" in caught[0] and "test_none_backends_are_skipped" in caught[0]
@@ -79,6 +82,44 @@ def test_check_fixes_names_the_wrongly_marked_test_and_exits_1(user_dir):
     assert "1/2 claims caught" in r.stdout
     # The mutant runs leave nothing reverted behind them, here or in the children.
     assert _states(user_dir)["main"][:2] == ([], "False")
+
+
+def test_a_claim_of_a_test_that_did_not_run_is_not_run_and_the_junit_file_agrees_with_the_exit(user_dir):
+    text = USER_TESTS + textwrap.dedent("""
+        @pytest.mark.skip(reason="needs a GPU")
+        @pytest.mark.fixed_by("26738:overlap-guard")
+        def test_skipped():
+            assert decide_needs_cpu_seq_lens([None]) is False
+
+        @pytest.mark.xfail(reason="known broken")
+        @pytest.mark.fixed_by("26738:overlap-guard")
+        def test_xfail():
+            assert decide_needs_cpu_seq_lens([None]) is False
+            assert False
+    """)
+    (user_dir / "test_user.py").write_text(text)
+    r = _pytest(user_dir, "--sglfix-check-fixes", "--junitxml", "out.xml")
+    lines = {line.split("::")[-1].split()[0]: line.split()[0] + (" " + line.split()[1] if line.startswith(("NOT", "not"))
+                                                                  else "")
+             for line in r.stdout.splitlines() if line.startswith(("caught ", "NOT caught ", "not run ")) and "::" in line}
+    assert lines["test_skipped"] == "not run" and lines["test_xfail"] == "not run", r.stdout
+    assert lines["test_wrongly_marked"] == "NOT caught" and lines["test_none_backends_are_skipped"] == "caught"
+    assert "1/4 claims caught; 2 not run (skipped or xfail); 1 not: exit 1" in r.stdout
+    assert r.returncode == 1
+    import xml.etree.ElementTree as ET
+
+    suite = ET.parse(user_dir / "out.xml").getroot().find("testsuite")
+    assert int(suite.get("failures")) == 1, ET.tostring(suite)[:2000]  # red on the console, red in the file
+    names = {c.get("name"): c for c in suite.iter("testcase")}
+    assert names["test_wrongly_marked[sglfix-revert=26738:glue-constant]"].find("failure") is not None
+    assert names["test_skipped[sglfix-revert=26738:overlap-guard]"].find("skipped") is not None
+    assert names["test_none_backends_are_skipped[sglfix-revert=26738:overlap-guard]"].find("failure") is None
+    # Without the wrong claim: every claim that ran is caught, the two not run do not fail the session.
+    (user_dir / "test_user.py").write_text(text.replace('@pytest.mark.fixed_by("26738:glue-constant")\n', ""))
+    r = _pytest(user_dir, "--sglfix-check-fixes", "--junitxml", "out.xml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    suite = ET.parse(user_dir / "out.xml").getroot().find("testsuite")
+    assert int(suite.get("failures")) == 0
 
 
 def test_all_claims_caught_exits_0(user_dir):

@@ -174,9 +174,15 @@ def test_cli_list_show_env_doctor(reg_dir):
     assert r.code == 0 and [s["id"] for s in json.loads(r.out)["selected"]] == ["11111:double"]
 
     r = run_cli(*ALLOW, "doctor", "--json")
-    assert r.code == 0, r.out + r.err
-    ids = [t["id"] for t in json.loads(r.out)["toggles"]]
-    assert ids == ["11111", "11111:scale", "11111:double", "22222"]
+    # The --toggles directory's expectations are checked too: "none-*" names no built-in scenario.
+    assert r.code == 1, r.out + r.err
+    data = json.loads(r.out)
+    assert [t["id"] for t in data["toggles"]] == ["11111", "11111:scale", "11111:double", "22222", "11111 expect"]
+    assert [t["ok"] for t in data["toggles"]] == [True, True, True, True, False]
+    assert "expect names no scenario: 'none-*'" in data["toggles"][-1]["error"]
+    assert data["expectations_checked"] == 1 and "built-in scenarios" in data["expectations_against"]
+    text = run_cli(*ALLOW, "doctor")
+    assert text.code == 1 and "each of 1 expectation(s) checked against the" in text.out
 
 
 def test_doctor_live_and_static_report_drift(reg_dir):

@@ -176,6 +176,30 @@ def test_merge_of_two_halves_compares_equal_to_the_whole(tmp_path):
     assert r.code == 0, r.out
 
 
+def test_the_gate_refuses_a_set_of_shards_that_lacks_or_repeats_one(tmp_path):
+    a, b = _halves(tmp_path)
+    for path, shard in ((a, "1/2"), (b, "2/2")):
+        data = json.loads(Path(path).read_text())
+        data["shard"] = shard
+        Path(path).write_text(json.dumps(data))
+    out = str(tmp_path / "m.json")
+    whole = run_cli("report", "merge", a, b, "-o", out, "--gate")
+    assert whole.code == 0, whole.out + whole.err
+    assert load_report(out)["shards"]["missing"] == []
+    one = run_cli("report", "merge", a, "-o", out, "--gate")
+    assert one.code == 1 and "SHARDS shard 2/2 missing" in one.out, one.out
+    twice = run_cli("report", "merge", a, a, "-o", out, "--gate")
+    assert twice.code == 1 and "SHARDS shard 1/2 given more than once" in twice.out, twice.out
+    partial = run_cli("report", "merge", a, "-o", out, "--gate", "--partial")
+    assert partial.code == 0, partial.out
+    shards = load_report(out)["shards"]
+    assert shards["partial_allowed"] is True and shards["missing"] == [2]  # the report says it is partial
+    assert run_cli("report", "merge", a, a, "-o", out, "--gate", "--partial").code == 1  # a repeat never passes
+    unsharded = run_cli("report", "merge", a, str(CPU), "-o", out, "--gate")
+    assert unsharded.code == 1 and "not a shard, merged with shards" in unsharded.out
+    assert_one_line_error(run_cli("report", "merge", str(CPU), "-o", out, "--partial"), "--partial")
+
+
 def test_merge_keeps_identical_duplicates_once_and_marks_mixed_devices():
     a = _report(_cell("s1"), _cell("s2", ["1"], "DIVERGE", "x"), wall_s=5.0)
     b = _report(_cell("s2", ["1"], "DIVERGE", "y"), _cell("s3"), device="cuda", device_name="H100", wall_s=9.0)
@@ -272,3 +296,27 @@ def test_bench_parity_wraps_report_compare(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "parity.py"), str(OLD_LAYOUT), str(CPU)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "3255 in one report only" in proc.stdout  # exit 1: cells in one only
+
+
+def test_sigterm_while_a_report_is_written_leaves_no_temp_file_and_exits_143(tmp_path):
+    """SIGTERM at the worst moment (the report's temp file written, not yet renamed): one line,
+    exit 143, neither the report nor its temp file left."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "merged.json"
+    code = (
+        "import os, signal, time\n"
+        "real_fsync = os.fsync\n"
+        "def fsync(fd):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(10)\n"
+        "    real_fsync(fd)\n"
+        "os.fsync = fsync\n"
+        "from sglfix.cli import main\n"
+        f"main(['report', 'merge', {str(CPU)!r}, '-o', {str(out)!r}])\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 143, (r.returncode, r.stderr[-2000:])
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "terminated" in lines[0], r.stderr
+    assert not out.exists() and not list(tmp_path.glob(".*.tmp")), list(tmp_path.iterdir())

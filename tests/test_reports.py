@@ -206,6 +206,27 @@ def test_markdown_groups_a_large_grid_by_base_name_and_escapes_text():
     assert "<b>" not in render_markdown(small, gate=False) and "\\<b\\>" in render_markdown(small, gate=False)
 
 
+def test_a_group_cell_counts_not_reached_apart_from_its_worst_verdict():
+    from sglfix.report.markdown import render_markdown
+
+    report = _big_report(n_groups=31, per_group=5, n_sets=2)
+    toggle = "20001:part-1"
+    group = [c for c in report["cells"] if c["toggles"] == [toggle] and c["scenario"].startswith("backend0-mode-number-0@")]
+    for c, verdict in zip(group, ["DIVERGE", "DIVERGE", "DIVERGE", "NOT_REACHED", "NOT_REACHED"]):
+        c["verdict"] = verdict
+    unreached = [c for c in report["cells"] if c["toggles"] == [toggle] and c["scenario"].startswith("backend1-mode-number-1@")]
+    for c in unreached:
+        c["verdict"] = "NOT_REACHED"
+    mixed = [c for c in report["cells"] if c["toggles"] == [toggle] and c["scenario"].startswith("backend2-mode-number-2@")]
+    for c, verdict in zip(mixed, ["PASS", "PASS", "PASS", "PASS", "NOT_REACHED"]):
+        c["verdict"] = verdict
+    rows = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in render_markdown(report).splitlines()
+            if line.startswith("| `backend")}
+    assert rows["`backend0-mode-number-0@*` (5)"] == "DIVERGE 3/5, 2 not reached"
+    assert rows["`backend1-mode-number-1@*` (5)"] == "NOT_REACHED"
+    assert rows["`backend2-mode-number-2@*` (5)"].endswith("4/5, 1 not reached")
+
+
 def _gate_report() -> dict:
     def cell(toggles, scenario, verdict):
         return {"id": f"{','.join(toggles) or 'baseline'}::{scenario}", "scenario": scenario, "toggles": toggles,

@@ -259,6 +259,19 @@ def test_a_revert_that_does_not_apply_when_its_module_arrives_stops_the_process(
     assert len(lines) == 1 and "revert 11111" in lines[0] and "cannot be applied to sglang.srt.managers.overlap.decide" in lines[0], lines
 
 
+def test_a_module_that_arrives_without_its_target_stops_the_process_instead_of_waiting(tmp_path):
+    toggles = _stub_sglang(tmp_path)
+    (tmp_path / "sglang/srt/managers/overlap.py").write_text("def decide_renamed():\n    return 'fixed'\n")
+    env = _env(SGLANG_DEBUG_REVERT_PR="11111", SGLFIX_PROFILE="sglang-0.5.23", SGLFIX_TOGGLES_DIR=str(toggles),
+               PYTHONPATH=str(tmp_path))
+    r = _py("print('start')\nimport sglang.srt.managers.overlap\nprint('unpatched run')", env=env, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stdout.split() == ["start"]
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "revert 11111:main is not in effect" in lines[0], lines
+    assert "sglang.srt.managers.overlap.decide is not there to revert" in lines[0], lines
+
+
 def test_torchrun_ranks_each_run_the_pre_fix_code(tmp_path):
     script = tmp_path / "ranks.py"
     script.write_text(textwrap.dedent(f"""

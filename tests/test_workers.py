@@ -76,7 +76,7 @@ def _print_timings():
 
 SEGV, EXIT3, SIGKILL, HANG, CHILD_SEGV, FORGE, LEAK_MODULE, LEAK_CLASS, BENIGN, HARNESS, OUTSIDE = (
     90001, 90002, 90003, 90004, 90005, 90006, 90007, 90008, 90009, 90010, 90011)
-MUTE_HANG, CHILD_LEFT = 90012, 90013
+MUTE_HANG, CHILD_LEFT, RAISES_EXIT, RAISES_INTERRUPT, SESSION_LEFT = 90012, 90013, 90014, 90015, 90016
 RESULT_STUB = {"scenario": "forged", "toggles": [], "device": "cpu", "verdict": "DIVERGE", "findings": [],
                "error": None, "timings_ms": {}, "revert_env": None}
 
@@ -93,6 +93,9 @@ def tdir(tmp_path_factory, marks) -> Path:
     stamp = f"open({str(marks / 'fault_at')!r}, 'w').write(repr(__import__('time').time()))"
     write_toggle(d, SEGV, preamble=f"import os, signal\n{stamp}\nos.kill(os.getpid(), signal.SIGSEGV)")
     write_toggle(d, EXIT3, preamble="import os\nos._exit(3)")
+    # Raised, not exited: the code under test's exception, like any other.
+    write_toggle(d, RAISES_EXIT, preamble="raise SystemExit(3)")
+    write_toggle(d, RAISES_INTERRUPT, preamble="raise KeyboardInterrupt")
     write_toggle(d, SIGKILL, preamble="import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
     write_toggle(d, HANG, preamble="import time\ntime.sleep(600)")
     # A child that inherits stdout/stderr (and, with close_fds=False, every inheritable fd) and
@@ -140,6 +143,23 @@ def tdir(tmp_path_factory, marks) -> Path:
         import subprocess, sys
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
         open({str(marks / 'left_child_pid')!r}, 'w').write(str(child.pid))
+    """)
+    # Children that leave the worker's process group: one in a session of its own, and a daemon
+    # (double fork, its parent gone) whose pid only a file tells.
+    write_toggle(d, SESSION_LEFT, preamble=f"""
+        import os, subprocess, sys
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+        open({str(marks / 'session_child_pid')!r}, 'w').write(str(child.pid))
+        daemon = subprocess.Popen([sys.executable, "-c",
+            "import os, sys, time\\n"
+            "if os.fork():\\n    os._exit(0)\\n"
+            "os.setsid()\\n"
+            "open(sys.argv[1], 'w').write(str(os.getpid()))\\n"
+            "time.sleep(300)", {str(marks / 'daemon_pid')!r}])
+        daemon.wait()
+        t0 = __import__('time').monotonic()
+        while not os.path.exists({str(marks / 'daemon_pid')!r}) and __import__('time').monotonic() - t0 < 20:
+            __import__('time').sleep(0.01)
     """)
     # The guard check (the judge) meets a buffer list it cannot read: sglfix fails, not the code.
     write_toggle(d, HARNESS, preamble="self.static_buffers = [object()]")
@@ -392,6 +412,17 @@ def test_toggles_dir_and_its_copies_reach_the_workers(pool):
         assert "not registered" not in r.key_figure
 
 
+def test_systemexit_and_keyboardinterrupt_raised_by_the_code_are_crashes_with_type_and_frame(pool):
+    cells = [cell(SCEN, str(RAISES_EXIT)), cell(SCEN, str(RAISES_INTERRUPT)), cell(SCEN)]
+    results = pool.run(cells)
+    assert_matched(results, cells)
+    exits, interrupt, after = results
+    assert [r.verdict for r in results] == ["CRASH", "CRASH", "PASS"], [r.findings for r in results]
+    assert exits.key_figure.startswith("SystemExit: 3 [") and ".py:" in exits.key_figure, exits.key_figure
+    assert interrupt.key_figure.startswith("KeyboardInterrupt:"), interrupt.key_figure
+    assert exits.findings[0]["type"] == "SystemExit" and interrupt.findings[0]["type"] == "KeyboardInterrupt"
+
+
 def test_harness_failures_and_disallowed_targets_are_errors_not_skips(pool):
     cells = [cell(SCEN, str(HARNESS)), cell(SCEN, str(OUTSIDE))]
     results = pool.run(cells)
@@ -577,3 +608,39 @@ def test_a_parent_killed_mid_run_leaves_no_worker(tmp_path, signum, code):
                     os.kill(int(pid), signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+def test_processes_that_left_the_workers_group_are_gone_when_the_pool_closes(tdir, marks):
+    with WorkerPool(WorkerConfig(device="cpu", toggles_dir=str(tdir), timeout=120), jobs=1) as p:
+        (result,) = p.run([cell(SCEN, str(SESSION_LEFT))])
+        assert result.verdict == "PASS", result.findings
+        session_child = int((marks / "session_child_pid").read_text())
+        daemon = int((marks / "daemon_pid").read_text())
+        assert alive(session_child) and alive(daemon)  # still running while their worker lives
+        assert os.getsid(session_child) != os.getsid(p.pids[0]) and os.getsid(daemon) != os.getsid(p.pids[0])
+    assert wait_gone([session_child, daemon], timeout=5.0) == [], "a process of the code under test outlived the pool"
+
+
+def test_a_replaced_worker_is_reported_on_the_console_and_in_the_json(tmp_path):
+    """A set that leaves the code's state changed costs a fresh worker; the run says so (which
+    set, what changed), never only as extra processes."""
+    from clihelp import run_cli
+
+    d = tmp_path / "toggles"
+    d.mkdir()
+    write_toggle(d, LEAK_CLASS, preamble="""
+        def _leaked(*args, **kwargs):
+            raise RuntimeError("class state leaked from 90008")
+        type(self)._fill_kv_indices = _leaked
+    """)
+    write_toggle(d, BENIGN)
+    out = tmp_path / "r.json"
+    r = run_cli("--toggles", str(d), "matrix", "-s", SCEN, "--device", "cpu", "--jobs", "1", "--no-reachability",
+                "--json", str(out), timeout=600)
+    assert r.code in (0, 1), r.err
+    lines = [line for line in r.err.splitlines() if "a worker was replaced" in line]
+    assert lines and "after 90008" in lines[0] and "_fill_kv_indices" in lines[0], r.err
+    report = json.loads(out.read_text())
+    assert any("after 90008" in why for why in report["worker_replacements"]), report["worker_replacements"]
+    # Every cell still ran on a clean worker.
+    assert {c["toggles"][0] if c["toggles"] else "": c["verdict"] for c in report["cells"]}[str(BENIGN)] == "PASS"

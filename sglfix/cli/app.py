@@ -105,8 +105,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = [a for a in args if a != "--debug"]
     args = _hoist_profile(args)
     opts = Options(debug=debug, argv=["sglfix", *args])
+    from sglfix.common.signals import signals_raise
+
     try:
-        code = app(args=(["--debug"] if debug else []) + args, prog_name="sglfix", standalone_mode=False, obj=opts)
+        # SIGTERM raises for the whole command, report writing included: a report file is whole
+        # or absent, and the line below says so with exit 143.
+        with signals_raise():
+            code = app(args=(["--debug"] if debug else []) + args, prog_name="sglfix", standalone_mode=False, obj=opts)
         if code == 130:  # typer turns KeyboardInterrupt into exit code 130; the pool has unwound by now
             err.print("sglfix: interrupted; workers stopped")
     except typer.Exit as exc:

@@ -18,7 +18,8 @@ from rich.text import Text
 
 from sglfix.cli.common import (
     BackendName, Device, Jobs, JsonFile, JunitFile, MarkdownFile, MemoryBudget, NoReachability, ScenarioFiles,
-    Outputs, ScenarioGlobs, Timeout, check_jobs, env_ids, load_selected, revert_ids, write_outputs,
+    Outputs, ScenarioGlobs, Timeout, check_jobs, env_ids, load_selected, report_replacements, revert_ids,
+    write_outputs,
 )
 from sglfix.cli.context import err, options, out
 
@@ -196,7 +197,8 @@ def bisect_cmd(
               "wall_s": round(time.perf_counter() - started, 2), "device": pool.info.get("device"),
               "device_name": pool.info.get("device_name"), "candidates": len(candidates), "runs": len(cells.sets - masking_sets),
               "masking_runs": len(masking_sets), "reachability": record is not None,
-              "cells": len(cells.results), "culprits": culprits_flat, "masking": masking_out, "groups": groups_out}
+              "cells": len(cells.results), "culprits": culprits_flat, "masking": masking_out, "groups": groups_out,
+              "worker_replacements": report_replacements(pool)}
     if json_file is not None:
         write_json(json_file, report)
     _write_ci_reports(report, cells, info=pool.info, junit=junit, markdown=markdown)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, List, Optional, Sequence
 
 import typer
@@ -151,6 +151,7 @@ class Ran:
     results: list
     wall: float
     shard: Any = None  # the Shard this run was, if --shard
+    replacements: list = field(default_factory=list)  # why each worker was replaced between sets
 
 
 def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequence[str],
@@ -208,7 +209,18 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
             plan = shard_plan(plan, part, timings=timings)
         info = pool.info
         results, wall = execute(pool, plan, registry=registry if reachability else None)
-    return Ran(registry=registry, env=env, plan=plan, info=info, results=results, wall=wall, shard=part)
+        replacements = report_replacements(pool)
+    return Ran(registry=registry, env=env, plan=plan, info=info, results=results, wall=wall, shard=part,
+               replacements=replacements)
+
+
+def report_replacements(pool: Any) -> list[str]:
+    """Each worker replaced between toggle sets (a restore that failed, or a set that left the
+    code's state changed), one line on stderr each; the list goes into the report."""
+    whys = list(getattr(pool, "replacements", []))
+    for why in whys:
+        err.print(f"sglfix: warning: a worker was replaced: {why}")
+    return whys
 
 
 def write_report(opts: Options, ran: Ran, outputs: Outputs, *, gate: bool, **expectations: Any) -> None:
@@ -228,6 +240,7 @@ def write_report(opts: Options, ran: Ran, outputs: Outputs, *, gate: bool, **exp
                           env_revert=os.environ.get(ENV_VAR), **expectations)
     if ran.shard is not None:
         report["shard"] = str(ran.shard)
+    report["worker_replacements"] = list(ran.replacements)
     write_outputs(report, outputs, gate=gate)
 
 

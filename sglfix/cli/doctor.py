@@ -10,10 +10,6 @@ import typer
 from sglfix.cli.context import emit_json, options, out
 
 
-def _is_profile_registry(registry, profile) -> bool:
-    return Path(registry.directory).resolve() == Path(profile.toggles_dir).resolve()
-
-
 def doctor_cmd(
     ctx: typer.Context,
     source: Optional[str] = typer.Option(None, "--source", metavar="DIR", help="Check against source files under DIR without importing them."),
@@ -21,6 +17,7 @@ def doctor_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     caught_by: bool = typer.Option(False, "--caught-by", help="Also run each toggle's caught_by tests with the toggle reverted (pytest, from --tests-root): each must fail."),
     tests_root: str = typer.Option(".", "--tests-root", metavar="DIR", help="Directory the caught_by test paths are relative to."),
+    scenario_file: list[str] = typer.Option([], "--scenario-file", metavar="PATH", help="Check the expectations against these scenario files (as matrix --scenario-file runs them) instead of the built-in scenarios."),
 ) -> None:
     """Check that every toggle and part applies and restores cleanly against the code now."""
     from sglfix.toggling.doctor import caught_by_check, expectation_check, live_check, static_check
@@ -33,14 +30,19 @@ def doctor_cmd(
     else:
         opts.enter_codebase()  # the live check imports the profile's code base
         results = live_check(registry, allowed_prefixes=opts.allowed_prefixes())
-        profile = opts.active_profile()
-        if _is_profile_registry(registry, profile):
-            # A profile's toggles are checked against the profile's built-in scenarios they name.
-            from sglfix.scenario import load_scenarios
-
-            names = [sc.name for sc in load_scenarios(builtin_dir=profile.scenarios_dir)]
-            results += expectation_check(registry, names)
         mode = "live"
+    # Every expectation, the profile's or a --toggles directory's, against the scenarios a matrix
+    # would run with the same options: the built-in ones, or only the given files.
+    from sglfix.scenario import load_scenarios
+
+    profile = opts.active_profile()
+    names = [sc.name for sc in load_scenarios(list(scenario_file), builtin=not scenario_file,
+                                              builtin_dir=profile.scenarios_dir)]
+    expectations = expectation_check(registry, names)
+    results += expectations
+    checked = sum(len(t.expect) for t in registry)
+    against = (f"{len(scenario_file)} scenario file(s)" if scenario_file
+               else f"the {len(names)} built-in scenarios of profile {profile.name}")
     if caught_by:
         if not Path(tests_root).is_dir():
             from sglfix.common.errors import ConfigError
@@ -50,7 +52,8 @@ def doctor_cmd(
     failed = [r for r in results if not r.ok]
     if as_json:
         emit_json({"mode": mode, "source": source, "directory": registry.directory,
-                   "ok": not failed, "toggles": [r.to_json() for r in results]})
+                   "ok": not failed, "toggles": [r.to_json() for r in results],
+                   "expectations_checked": checked, "expectations_against": against})
     else:
         if not results:
             out.print(f"no toggles registered in {registry.directory}: nothing to check")
@@ -60,7 +63,9 @@ def doctor_cmd(
             if not r.ok:
                 out.print(r.error)
         out.print(f"{len(results) - len(failed)}/{len(results)} checks pass ({mode}: each toggle and part "
-                  "applies and restores cleanly" + ("; every expectation names a scenario" if mode == "live" else "")
+                  "applies and restores cleanly; "
+                  + (f"each of {checked} expectation(s) checked against {against}" if checked
+                     else "no toggle has expectations")
                   + ("; each caught_by test fails with its toggle reverted)" if caught_by else ")"))
     if failed:
         raise typer.Exit(1)

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from sglfix.cli.common import JunitFile, MarkdownFile, verdict_text
 from sglfix.cli.context import err, options, out
+from sglfix.common.errors import ConfigError
 
 _SUBCOMMANDS: list[tuple[str, Callable]] = []
 # How many cells present in one report only are listed on the terminal (--json lists them all).
@@ -93,7 +94,8 @@ def merge_cmd(
     output: str = typer.Option(..., "--output", "-o", metavar="FILE", help="Where to write the merged report (- for stdout)."),
     junit: JunitFile = None,
     markdown: MarkdownFile = None,
-    gate: bool = typer.Option(False, "--gate", help="Exit 1 as the matrix does: an unmet expectation, a stray verdict or an ERROR cell in the merged report."),
+    gate: bool = typer.Option(False, "--gate", help="Exit 1 as the matrix does: an unmet expectation, a stray verdict or an ERROR cell in the merged report; and, for shards, a shard missing or given twice."),
+    partial: bool = typer.Option(False, "--partial", help="With --gate: accept a set of shards with some missing (the report records it as partial); a shard given twice still fails."),
 ) -> None:
     """Merge reports (shards) into one: the cells' union; a cell with two different verdicts is an error."""
     from sglfix.cli.common import Outputs, write_outputs
@@ -106,6 +108,12 @@ def merge_cmd(
     outputs.check()
     inputs = [(path, load_report(path)) for path in reports]
     merged = merge_reports(inputs, command=options(ctx).argv)
+    shards = merged.get("shards")
+    if partial:
+        if shards is None:
+            raise ConfigError("--partial accepts a partial set of shards, but no input is a shard (matrix --shard I/N)")
+        shards["partial_allowed"] = True
+        shards["problems"] = [p for p in shards["problems"] if "missing" not in p]
     write_outputs(merged, outputs, gate=True)
     given = sum(len(r["cells"]) for _, r in inputs)
     kept = len(merged["cells"])
@@ -129,6 +137,7 @@ def _gate_failures(report: dict) -> list[str]:
               for s in report.get("stray", []) if isinstance(s, dict)]
     lines += [f"ERROR {c.get('scenario')} ({','.join(c.get('toggles') or []) or 'baseline'})"
               for c in report.get("cells", []) if c.get("verdict") == "ERROR"]
+    lines += [f"SHARDS {p}" for p in ((report.get("shards") or {}).get("problems") or [])]
     return lines
 
 

@@ -20,6 +20,7 @@ from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from sglfix.common.errors import ConfigError
+from sglfix.common.signals import Terminated, signals_raise  # noqa: F401 (re-exported)
 from sglfix.execution.worker import Event, Worker, WorkerConfig, WorkerStartError, raise_for_start, wait_fds
 from sglfix.harness.cell import CellResult
 
@@ -29,34 +30,6 @@ __all__ = ["WorkerPool", "WorkerConfig", "WorkerStartError", "Terminated", "sign
 # ERROR after this many fresh starts rather than looping.
 MAX_REPLACEMENTS = 2
 _TICK = 0.5  # longest poll wait: bounds how late a deadline is noticed without a pidfd
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived; raised (like KeyboardInterrupt for Ctrl-C) so that ``with`` blocks unwind."""
-
-    exit_code = 143
-
-
-@contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """While active, SIGTERM raises ``Terminated`` and Ctrl-C raises ``KeyboardInterrupt``."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # handlers can be set from the main thread only
-        return
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise Terminated(f"terminated by {signal.Signals(signum).name}")
-
-    old_term = signal.signal(signal.SIGTERM, on_term)
-    old_int = signal.getsignal(signal.SIGINT)
-    if old_int in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
-        if old_int in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @contextlib.contextmanager

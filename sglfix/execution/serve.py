@@ -56,7 +56,12 @@ def _die_with_parent(parent: int) -> None:
         try:
             import ctypes
 
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+            # PR_SET_CHILD_SUBREAPER: an orphan of the code under test (a double fork, a child in
+            # a session of its own) is reparented here, not to init, so the parent's kill of
+            # everything below this worker reaches it.
+            libc.prctl(36, 1, 0, 0, 0)
         except Exception:
             pass
     if os.getppid() != parent:  # the parent died before the request took hold

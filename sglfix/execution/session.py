@@ -128,6 +128,7 @@ class Session:
         Returns (why this worker must be replaced, why the set cannot be applied)."""
         from sglfix.toggling.env import ENV_VAR, maybe_revert_pr_fix
 
+        left = ",".join(self.current or []) or "baseline"  # the set this worker held
         if self.held is not None:
             held, self.held = self.held, None
             try:
@@ -139,7 +140,8 @@ class Session:
         changed = self.clean.changes()
         if changed:
             more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-            return f"state of the code under test changed since the worker started: {', '.join(changed[:3])}{more}", None
+            return (f"after {left}, state of the code under test differs from the worker's start: "
+                    f"{', '.join(changed[:3])}{more}"), None
         os.environ[ENV_VAR] = ",".join(toggles) if toggles else "0"
         try:
             self.held = maybe_revert_pr_fix(allowed_prefixes=self.allowed_prefixes)

@@ -83,6 +83,32 @@ class WorkerConfig:
         get_codebase(self.codebase)
 
 
+def descendants(root: int) -> list[int]:
+    """Every process below ``root``, by parent pid from ``/proc`` (empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                data = fh.read()
+            ppid = int(data[data.rindex(b")") + 2:].split()[1])  # "pid (comm) state ppid ..."
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in out:
+                out.append(child)
+                todo.append(child)
+    return out
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -229,13 +255,22 @@ class Worker:
         return self.proc.pid if self.proc is not None else None
 
     def signal_kill(self) -> None:
-        """SIGKILL to the worker's whole process group (the children of the code under test too)."""
+        """SIGKILL to the worker's whole process group (the children of the code under test too),
+        and to every other process below the worker: one the code under test started in a
+        session of its own is in no group of ours (the worker is their subreaper, so even a
+        double-forked one stays below it)."""
         if self.proc is None:
             return
+        escaped = descendants(self.proc.pid)  # read before the group dies and they are reparented
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        for pid in escaped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def kill(self, *, wait: float = KILL_WAIT) -> None:
         """Kill the process group, reap the worker (bounded), close the pipes."""

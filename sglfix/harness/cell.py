@@ -142,6 +142,13 @@ def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = Non
     return result.finish()
 
 
+# What a cell catches: every exception, and also SystemExit and KeyboardInterrupt, which the code
+# under test may raise like any other (a worker runs in its own session: no terminal's Ctrl-C
+# reaches it, so a KeyboardInterrupt there was raised by code). Either is CRASH or ERROR with
+# its type and frame, never a dead worker.
+_CELL_EXCEPTIONS = (Exception, SystemExit, KeyboardInterrupt)
+
+
 class _Staged(Exception):
     def __init__(self, exc: BaseException, stage: str) -> None:
         super().__init__(str(exc))
@@ -157,7 +164,7 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
             from sglfix.harness.probes import run_probe
 
             return run_probe(scenario, device=device, result=result, stage=stage).finish()
-        except Exception as exc:
+        except _CELL_EXCEPTIONS as exc:
             raise _Staged(exc, stage_box[0]) from exc
     try:
         import torch
@@ -210,7 +217,7 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
             out = adapter.run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
         sync()
         t2 = time.perf_counter()
-    except Exception as exc:
+    except _CELL_EXCEPTIONS as exc:
         raise _Staged(exc, stage_box[0]) from exc
     try:
         stage("judge")
@@ -241,6 +248,6 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
                                   f"first at request {cmp.first_bad_request} row {cmp.first_bad_row}", **cmp.to_json())
         result.timings_ms.update(build=round((t1 - t0) * 1e3, 2), run=round((t2 - t1) * 1e3, 2),
                                  reference=round((t3 - t2) * 1e3, 2), total=round((t3 - t0) * 1e3, 2))
-    except Exception as exc:
+    except _CELL_EXCEPTIONS as exc:
         raise _Staged(exc, "judge") from exc
     return result.finish()

@@ -85,18 +85,25 @@ def _grid_lines(grid: Grid) -> list[str]:
             for col in grid.columns:
                 verdicts = [grid.verdict(col, s) for s in rows]
                 ran = [v for v in verdicts if v is not None]
-                bad = [v for v in ran if v != "PASS"]
+                # NOT_REACHED is no verdict of the code: counted apart, never as the worst one's.
+                unreached = sum(v == "NOT_REACHED" for v in ran)
+                bad = [v for v in ran if v not in ("PASS", "NOT_REACHED")]
+                also = f", {unreached} not reached" if unreached else ""
                 if not ran:
                     marks.append("?")
+                elif unreached == len(ran):
+                    marks.append("NOT_REACHED" if len(ran) == len(rows) else f"NOT_REACHED {len(ran)}/{len(rows)}")
                 elif not bad:
-                    marks.append(PASS_MARK if len(ran) == len(rows) else f"{PASS_MARK} {len(ran)}/{len(rows)}")
+                    passed = len(ran) - unreached
+                    marks.append((PASS_MARK if passed == len(rows) else f"{PASS_MARK} {passed}/{len(rows)}") + also)
                 else:
-                    marks.append(f"{worst(bad)} {len(bad)}/{len(rows)}")
+                    marks.append(f"{worst(bad)} {len(bad)}/{len(rows)}{also}")
             lines.append("| " + " | ".join([label, *marks]) + " |")
     else:
         for s in grid.rows:
             lines.append("| " + " | ".join([_code(s, in_table=True), *(_mark(grid.verdict(c, s)) for c in grid.columns)]) + " |")
-    legend = f"{PASS_MARK} PASS" + (", a group cell: the worst verdict and how many of its scenarios did not PASS" if grouped else "")
+    legend = f"{PASS_MARK} PASS" + (", a group cell: the worst verdict and how many of its scenarios showed it "
+                                     "or another failing verdict, then how many were not reached" if grouped else "")
     lines += ["", legend + "."]
     if not full:
         lines.append("Columns: " + ", ".join(f"t{i} {_code(c)}" for i, c in enumerate(grid.columns)) + ".")

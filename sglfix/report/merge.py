@@ -73,6 +73,7 @@ def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str])
         "stray": _unique([s for r in reports for s in r.get("stray", [])]),
         "not_run": [n for n in _unique([n for r in reports for n in r.get("not_run", [])]) if n not in checked],
         "known_divergences": known,
+        "shards": _shard_set(inputs),
         "merged_from": [{**describe(path, r), "host": r.get("host")} for path, r in inputs],
     })
     return out
@@ -105,6 +106,42 @@ def _unique(items: Sequence[Any]) -> list:
 def _is_check(e: Any) -> bool:
     return (isinstance(e, dict) and isinstance(e.get("revert"), list) and isinstance(e.get("scenario"), str)
             and isinstance(e.get("wanted"), list) and isinstance(e.get("got"), dict))
+
+
+def _shard_set(inputs: Sequence[tuple[str, dict]]) -> dict | None:
+    """Which shards of how many the inputs are (None when none is a shard): ``missing`` and
+    ``repeated`` shard numbers, and ``problems``, the lines that fail a gate."""
+    given = [(path, r.get("shard")) for path, r in inputs]
+    if all(sh is None for _, sh in given):
+        return None
+    problems: list[str] = []
+    unsharded = [path for path, sh in given if sh is None]
+    if unsharded:
+        problems.append(f"{', '.join(unsharded)} {'is' if len(unsharded) == 1 else 'are'} not a shard, merged with shards")
+    parsed: list[tuple[int, int]] = []
+    for path, sh in given:
+        if sh is None:
+            continue
+        try:
+            index, count = (int(x) for x in str(sh).split("/"))
+        except ValueError:
+            problems.append(f"{path}: shard {sh!r} is not i/N")
+            continue
+        parsed.append((index, count))
+    counts = sorted({c for _, c in parsed})
+    if len(counts) > 1:
+        problems.append(f"shards of different splits: {', '.join(f'of {c}' for c in counts)}")
+    count = counts[0] if counts else 0
+    seen = [i for i, _ in parsed]
+    repeated = sorted({i for i in seen if seen.count(i) > 1})
+    missing = [i for i in range(1, count + 1) if i not in seen]
+    if repeated:
+        problems.append(f"shard {', '.join(f'{i}/{count}' for i in repeated)} given more than once")
+    if missing:
+        problems.append(f"shard {', '.join(f'{i}/{count}' for i in missing)} missing: the merged report "
+                        f"is not the whole run")
+    return {"count": count, "given": sorted(seen), "missing": missing, "repeated": repeated,
+            "problems": problems, "partial_allowed": False}
 
 
 def _is_known(known: Sequence[dict], *, scenario: str, verdict: str, device: Any) -> bool:

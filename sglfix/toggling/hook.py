@@ -34,7 +34,7 @@ from typing import Any
 
 from sglfix.toggling import ENV_VAR, selects_nothing
 
-__all__ = ["boot", "arm", "armed", "disarm", "VERBOSE_ENV"]
+__all__ = ["boot", "arm", "armed", "disarm", "ensure_first", "settle", "VERBOSE_ENV"]
 
 VERBOSE_ENV = "SGLFIX_VERBOSE"
 _LOCK = threading.RLock()
@@ -236,6 +236,52 @@ def decide_now() -> "_EnvReverts | None":
         return _arm_with(_STATE.value, now) if now.profile is not None else _STATE.decide(None)
 
 
+def ensure_first() -> None:
+    """Put the hook's finders back in front of ``sys.meta_path``. Another import hook inserted
+    later (pytest's assertion rewriter, for one: on a regular install it claims every ``sglfix``
+    module, since sglfix ships a pytest plugin) would otherwise load a target module with its
+    own loader, past the revert."""
+    with _LOCK:
+        ours = [f for f in sys.meta_path if isinstance(f, (_Finder, _Decider))]
+        if ours and sys.meta_path[: len(ours)] != ours:
+            sys.meta_path[:] = ours + [f for f in sys.meta_path if f not in ours]
+
+
+def settle(*, module: str | None = None) -> None:
+    """The last line of defence: install every waiting target whose module is imported by now,
+    whichever finder or loader imported it (a function's code is swapped in place, so names
+    bound earlier see the revert too); a target whose module is imported (and done executing)
+    but still cannot be reverted raises ConfigError. ``module``: check only that module's
+    targets (it has just been executed). Nothing is imported."""
+    state = armed()
+    if state is None:
+        return
+    state.apply_ready()
+    from sglfix.common.errors import ConfigError
+
+    for target, items in state.pending.items():
+        found = _imported_module_of(target, executed=module)
+        if found is not None and (module is None or found == module):
+            names = ",".join(dict.fromkeys(label.removeprefix("revert ") for _, label in items))
+            raise ConfigError(f"{ENV_VAR}: revert {names} is not in effect: {found} is imported but "
+                              f"{target} is not there to revert")
+
+
+def _imported_module_of(target: str, *, executed: str | None = None) -> str | None:
+    """The imported plain module ``target`` must live in, or None while it may still be in a
+    submodule that is not imported yet (the longest imported prefix is a package)."""
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        name = ".".join(parts[:cut])
+        module = sys.modules.get(name)
+        if module is not None:
+            running = name != executed and getattr(getattr(module, "__spec__", None), "_initializing", False)
+            if hasattr(module, "__path__") or running:
+                return None  # a package (the target may be in a submodule) or still executing
+            return name
+    return None
+
+
 def disarm() -> None:
     """Restore what the hook reverted and stop watching imports (a pytest session's end)."""
     global _STATE
@@ -346,6 +392,7 @@ class _EnvReverts:
     def module_loaded(self, name: str) -> None:
         try:
             self.apply_ready()
+            settle(module=name)  # a target of a module that arrived without it is an error, not a wait
         except Exception as exc:
             from sglfix.common.errors import SglfixError
 
