@@ -1,10 +1,14 @@
-"""Bisect's run budget on synthetic toggles: 1 and 2 planted culprits among n candidates.
+"""Bisect's run budget on synthetic toggles: 1 and 2 planted culprits among n candidates, and a
+culprit masked by another candidate.
 
 Each n gets a throw-away toggles directory of n single-part toggles on the Triton decode path:
 the culprits break it (a wrong softmax scale; a halved output), every other toggle is harmless
-(a ``pass`` after a line the decode runs, so reachability keeps all of them in the search).
+(a ``pass`` after a line the decode runs, so reachability keeps all of them in the search). In
+the masked rows one culprit (a wrong scale) is undone by its neighbour, harmless alone: reverted
+together they pass, so no group question that holds both can see the culprit.
 ``sglfix --toggles DIR bisect`` runs on one decode scenario; the table compares the distinct
-toggle sets it searched (``runs``) with n (the naive one-at-a-time matrix) and with ceil(log2 n).
+toggle sets it searched (``runs``, the baseline not counted) with n (the naive one-at-a-time
+matrix) and with ceil(log2 n) + 2, the budget for one culprit.
 
     python bench/bisect_budget.py [--n 8 16 32 64] [--json bench/results/bisect-budget.json]
 """
@@ -31,15 +35,24 @@ CULPRITS = [
     {"match": "        return o\n", "replacement": "        return o * 0.5\n"},
 ]
 FIRST_PR = 80001
+# A culprit whose wrong scale its masker undoes: alone it fails, with the masker it passes.
+MASKED = {"match": "            layer.scaling,\n",
+          "replacement": "            layer.scaling * (1.0 if getattr(self, '_sglfix_masker', False) else 1.5),\n"}
+MASKER = {"match": "        md = self.forward_metadata\n", "append": "self._sglfix_masker = True\n"}
 
 
-def write_toggles(directory: Path, n: int, planted: list[int]) -> None:
+def write_toggles(directory: Path, n: int, planted: list[int], *, masker: int | None = None) -> None:
     import yaml
 
     for i in range(n):
         pr = FIRST_PR + i
-        edit = CULPRITS[planted.index(i)] if i in planted else HARMLESS
-        what = "breaks decode" if i in planted else "harmless"
+        if masker is not None and i in planted:
+            edit, what = MASKED, f"breaks decode unless {FIRST_PR + masker} is reverted too"
+        elif i == masker:
+            edit, what = MASKER, "harmless alone, masks the culprit"
+        else:
+            edit = CULPRITS[planted.index(i)] if i in planted else HARMLESS
+            what = "breaks decode" if i in planted else "harmless"
         text = yaml.safe_dump({"pr": pr, "title": f"synthetic {i} ({what})",
                                "patches": [{"target": TARGET, "edits": [edit]}]}, sort_keys=False)
         (directory / f"{pr}.yaml").write_text(text)
@@ -67,36 +80,43 @@ def main() -> int:
     args = parser.parse_args()
     rows = []
     for n in args.n:
-        for k in (1, 2):
+        for k, masked in ((1, False), (2, False), (1, True)):
             planted = planted_positions(n, k)
+            masker = planted[0] - 1 if masked else None  # its neighbour: most halvings keep them together
             with tempfile.TemporaryDirectory() as tmp:
                 d = Path(tmp) / "toggles"
                 d.mkdir()
-                write_toggles(d, n, planted)
+                write_toggles(d, n, planted, masker=masker)
                 report, wall, code = bisect(d, Path(tmp) / "b.json")
             found = sorted(tuple(c["ids"]) for c in report["culprits"])
             want = sorted((str(FIRST_PR + i),) for i in planted)
+            pairs = sorted((m["culprit"], m["masked_by"]) for m in report["masking"])
+            named = not masked or (str(FIRST_PR + planted[0]), str(FIRST_PR + masker)) in pairs
             log2n = math.ceil(math.log2(n))
-            rows.append({"n": n, "culprits": k, "planted": [FIRST_PR + i for i in planted], "found": [list(f) for f in found],
-                         "correct": found == want and code == 1, "runs": report["runs"], "ceil_log2_n": log2n,
+            rows.append({"n": n, "culprits": k, "masked_by": FIRST_PR + masker if masked else None,
+                         "planted": [FIRST_PR + i for i in planted], "found": [list(f) for f in found],
+                         "masking": [list(p) for p in pairs],
+                         "correct": found == want and code == 1 and named, "runs": report["runs"], "ceil_log2_n": log2n,
+                         "budget": k * (log2n + 2), "within_budget": masked or report["runs"] <= k * (log2n + 2),
                          "runs_minus_k_log2n": report["runs"] - k * log2n, "naive_runs": n,
-                         "masking_runs": report["masking_runs"], "cells": report["cells"], "wall_s": round(wall, 1)})
+                         "masking_runs": report["masking_runs"], "sets_run": report["sets_run"],
+                         "cells": report["cells"], "wall_s": round(wall, 1)})
             r = rows[-1]
-            print(f"n={n:3d} culprits={k}: runs {r['runs']:3d} (ceil(log2 n) = {log2n}, naive {n}), "
-                  f"masking pairs {r['masking_runs']}, {r['cells']} cells, {r['wall_s']} s, "
+            print(f"n={n:3d} culprits={k}{' masked' if masked else ''}: runs {r['runs']:3d} (budget {r['budget']}, "
+                  f"naive {n}), masking sets {r['masking_runs']}, {r['cells']} cells, {r['wall_s']} s, "
                   f"{'found ' + ','.join(map(str, r['planted'])) if r['correct'] else 'WRONG: ' + str(found)}",
                   flush=True)
     print()
-    print(f"{'n':>4} {'culprits':>8} {'runs':>5} {'ceil(log2 n)':>12} {'runs - k*log2':>13} {'naive n':>7} {'correct':>7}")
+    print(f"{'n':>4} {'culprits':>8} {'masked':>6} {'runs':>5} {'budget':>6} {'+masking':>8} {'naive n':>7} {'correct':>7}")
     for r in rows:
-        print(f"{r['n']:>4} {r['culprits']:>8} {r['runs']:>5} {r['ceil_log2_n']:>12} {r['runs_minus_k_log2n']:>13} "
-              f"{r['naive_runs']:>7} {str(r['correct']):>7}")
+        print(f"{r['n']:>4} {r['culprits']:>8} {str(r['masked_by'] is not None):>6} {r['runs']:>5} {r['budget']:>6} "
+              f"{r['masking_runs']:>8} {r['naive_runs']:>7} {str(r['correct']):>7}")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "tool": "sglfix bench/bisect_budget.py", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "host": platform.node(),
             "scenario": SCENARIO, "device": "cpu", "rows": rows}, indent=1) + "\n")
-    return 0 if all(r["correct"] for r in rows) else 1
+    return 0 if all(r["correct"] and r["within_budget"] for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -41,6 +41,25 @@ def test_bisect_names_culprits_and_the_masking_pair(tmp_path):
     assert summary.read_text() == text
 
 
+def test_parts_that_mask_each_other_are_found_though_reverting_both_passes(tmp_path):
+    """On the kit-built draft extend, 26651's fixture and Triton parts each fail alone and pass
+    reverted together: reverting every candidate together shows nothing, bisect still names both
+    and the masking, and no set runs twice."""
+    out = tmp_path / "b.json"
+    kit = "triton-draft-extend-v2@cg=graph,builder=kit,gpu_only=off"
+    r = run_cli("bisect", "-s", kit, "-r", "26651:fixture,26651:triton-kv-lens", "--device", "cpu",
+                "--json", str(out), timeout=900)
+    assert r.code == 1, r.out[-2000:] + r.err[-2000:]
+    data = json.loads(out.read_text())
+    assert sorted(c["ids"][0] for c in data["culprits"]) == ["26651:fixture", "26651:triton-kv-lens"], data["culprits"]
+    pairs = {(m["culprit"], m["masked_by"]) for m in data["masking"]}
+    assert ("26651:fixture", "26651:triton-kv-lens") in pairs and ("26651:triton-kv-lens", "26651:fixture") in pairs
+    lines = [line for line in r.err.splitlines() if line.startswith("bisect [")]
+    sets = [line.split(" with ", 1)[1].split(" reverted")[0] for line in lines]
+    assert len(sets) == len(set(sets)) == data["sets_run"] + 1, lines  # each set once; +1 the baseline
+    assert f"the baseline and {data['sets_run']} toggle sets" in r.out
+
+
 def test_bisect_refuses_unknown_ids_and_a_failing_baseline():
     assert_one_line_error(run_cli("bisect", "-r", "99999", "-s", SCENARIOS, "--device", "cpu"), "99999")
     # What SGLANG_DEBUG_REVERT_PR selects is part of every set, the baseline included.
@@ -86,9 +105,10 @@ def test_one_culprit_among_16_in_log_time_and_unreachable_candidates_left_out(tm
     for data in (reach, full):
         assert [c["ids"] for c in data["culprits"]] == [["81011"]]
         assert data["culprits"][0]["verdict"] == "DIVERGE"
-        # ceil(log2 16) halving questions + the baseline, the whole set, the confirmation and
-        # the check that the rest passes; the naive matrix needs 17.
-        assert data["runs"] <= 4 + 4, data["runs"]
+        # ceil(log2 n) complement halvings, the culprit alone and at most one "all but it"
+        # (the baseline is not a toggle set); the naive matrix needs 16.
+        assert data["runs"] <= 4 + 2, data["runs"]
+        assert data["sets_run"] == data["runs"] + data["masking_runs"]
     (group,) = reach["groups"]
     assert reach["reachability"] and group["unreachable"] == ["81003"] and group["searched"] == 15
     assert not full["reachability"] and full["groups"][0]["unreachable"] == []

@@ -21,8 +21,10 @@ def test_one_culprit_within_log2_plus_two_runs(n):
         oracle = Oracle(lambda s, c=culprit: c in s)
         found = find_culprits(ids, oracle)
         assert found == [[culprit]]
-        # the whole set, ceil(log2 n) halvings, the singleton's confirmation, the rest passes
-        assert oracle.runs <= math.ceil(math.log2(n)) + 3, (n, oracle.runs)
+        # ceil(log2 n) complement halvings, the culprit alone, at most one "all but the culprit":
+        # every other candidate proven clean, the culprit seen failing alone.
+        assert oracle.runs <= math.ceil(math.log2(n)) + 2, (n, oracle.runs)
+        assert frozenset([culprit]) in oracle.asked
 
 
 @pytest.mark.parametrize("n", [8, 16, 32, 64])
@@ -35,10 +37,20 @@ def test_two_culprits_are_both_found(n):
     assert oracle.runs <= 2 * (math.ceil(math.log2(n)) + 2) + 1
 
 
+@pytest.mark.parametrize("n", [1, 2, 5, 16])
+def test_no_culprit_is_none(n):
+    oracle = Oracle(lambda s: False)
+    assert find_culprits(_ids(n), oracle) == []
+    assert oracle.runs <= math.ceil(math.log2(max(n, 2))) + 2
+
+
 def test_a_cause_that_needs_two_candidates_together_falls_back_to_ddmin():
     ids = _ids(16)
     oracle = Oracle(lambda s: "t03" in s and "t12" in s)
     assert sorted(one_culprit_search(ids, oracle)) == ["t03", "t12"]
+    for a, b in random.Random(3).sample([(x, y) for x in ids for y in ids if x < y], 30):
+        found = find_culprits(ids, Oracle(lambda s, a=a, b=b: a in s and b in s))
+        assert [sorted(f) for f in found] == [[a, b]], (a, b, found)
     assert sorted(ddmin(ids, Oracle(lambda s: "t03" in s and "t12" in s))) == ["t03", "t12"]
 
 

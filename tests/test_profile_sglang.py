@@ -55,7 +55,11 @@ def test_doctor_passes_on_the_real_wheel_and_names_all_ten(source):
     assert report["ok"] and report["mode"] == "static"
     whole = {int(c["id"]) for c in report["toggles"] if c["id"].isdigit()}
     assert whole == SEED | SGLANG_OWN and len(whole) == 10
-    assert all(c["targets"] and all(t.startswith("sglang.") for t in c["targets"]) for c in report["toggles"])
+    applies = [c for c in report["toggles"] if not c["id"].endswith(" expect")]
+    assert all(c["targets"] and all(t.startswith("sglang.") for t in c["targets"]) for c in applies)
+    # Every expectation of the profile is checked too, against its built-in scenarios.
+    assert report["expectations_checked"] > 0 and "sglang-0.5.23" in report["expectations_against"]
+    assert all(c["ok"] for c in report["toggles"] if c["id"].endswith(" expect"))
     plain = _doctor("--source", str(source), "--profile", "sglang-0.5.23")  # --profile after the command too
     assert plain.returncode == 0 and all(str(pr) in plain.stdout for pr in whole)
 

@@ -1,18 +1,22 @@
-"""Which reverted toggles make the scenarios fail: culprits by delta debugging, and masking.
+"""Which reverted toggles make the scenarios fail: culprits by complement halving, and masking.
 
 Pure search over candidate ids with a ``fails(ids) -> bool`` oracle (in the CLI: run the chosen
-scenarios with ``ids`` reverted; any non-PASS cell fails). Every distinct set is asked once
-(``Oracle`` caches), so ``runs`` counts the distinct toggle sets executed.
+scenarios with ``ids`` reverted; any non-PASS cell fails). Every distinct set is asked once,
+whatever the order of its ids (``Oracle`` caches), so ``runs`` counts the distinct sets executed.
 
-- ``one_culprit_search``: one minimal failing subset. It first assumes the failure has one cause
-  and halves the candidates, asking only about the left half at each level (the right half must
-  fail when the left passes, if the cause is single): ``ceil(log2 n)`` questions plus one that
-  confirms the singleton. When that confirmation fails (the cause needs several candidates
-  together) it falls back to ddmin (Zeller & Hildebrandt) on the whole set, which finds a
-  1-minimal failing subset however the cause is shaped.
-- ``find_culprits``: repeat while the remaining candidates still fail.
+- ``locate_one``: one culprit by halving: ask the left half of the region; failing, go on in it
+  (the right half waits, unproven); passing, it is clean and the search goes right. At the end
+  the last candidate is asked alone unless it already was, and the waiting halves together once:
+  one single culprit among n costs at most ``ceil(log2 n) + 2`` questions, sees the culprit fail
+  alone and proves every other candidate clean (no question about the whole set first). A cause
+  that needs several candidates together falls back to ddmin (Zeller & Hildebrandt), which finds
+  a 1-minimal failing subset however the cause is shaped.
+- ``find_culprits``: repeat on the candidates not proven clean while any is left.
 - ``find_masking``: a culprit that fails alone but passes when reverted together with another
   candidate (as 26651's kit fixture hides its Triton part).
+
+Masking breaks the premise of every group question (a set that passes is clean): the CLI sweeps
+the candidates a search could have missed (``sglfix.cli.bisect_cmd``).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-__all__ = ["Oracle", "ddmin", "one_culprit_search", "find_culprits", "find_masking", "BisectResult"]
+__all__ = ["Oracle", "ddmin", "locate_one", "one_culprit_search", "find_culprits", "find_masking", "BisectResult"]
 
 
 @dataclass
@@ -77,26 +81,53 @@ def ddmin(candidates: Sequence[str], fails: Callable[[Iterable[str]], bool]) -> 
     return current
 
 
+def locate_one(candidates: Sequence[str], fails: Callable[[Iterable[str]], bool]) -> tuple[list[str] | None, list[str]]:
+    """(a minimal failing subset, or None when none fails; the other candidates not proven clean).
+
+    Halving: ask the left half of the region; failing, the search goes on in it and the right half
+    waits, unproven; passing, the left half is clean and the search goes on to the right. At the
+    end the last candidate is asked alone unless it was already, and the waiting halves together
+    once: one single culprit among n costs at most ``ceil(log2 n) + 2`` questions, sees the
+    culprit fail alone and proves every other candidate clean."""
+    every = list(candidates)
+    if not every:
+        return None, []
+    region, waiting, last_failing = list(every), [], None
+    while len(region) > 1:
+        left, right = region[: len(region) // 2], region[len(region) // 2:]
+        if fails(left):
+            waiting = right + waiting
+            region = last_failing = left
+        else:  # the left half is clean
+            region = right
+    (c,) = region
+    if last_failing == [c] or fails([c]):
+        unproven = waiting if waiting and fails(waiting) else []
+        return [c], unproven
+    # c passes alone: no single cause here; a failing set to take apart, if there is one.
+    if last_failing is not None:
+        return ddmin(last_failing, fails), [x for x in every if x not in last_failing]
+    if fails(every):
+        return ddmin(every, fails), []
+    return None, []
+
+
 def one_culprit_search(candidates: Sequence[str], fails: Callable[[Iterable[str]], bool]) -> list[str]:
-    """A minimal failing subset, in ``ceil(log2 n) + 1`` questions when one candidate is the cause."""
-    current = list(candidates)
-    while len(current) > 1:
-        half = len(current) // 2
-        left, right = current[:half], current[half:]
-        current = left if fails(left) else right
-    if fails(current):
-        return current
-    return ddmin(list(candidates), fails)
+    """A minimal failing subset of ``candidates`` (which must fail as a whole)."""
+    found, _ = locate_one(candidates, fails)
+    return found if found is not None else ddmin(list(candidates), fails)
 
 
 def find_culprits(candidates: Sequence[str], fails: Callable[[Iterable[str]], bool], *,
                   max_culprits: int = 16) -> list[list[str]]:
-    """Minimal failing subsets, removed one after the other while the rest still fails."""
+    """Minimal failing subsets, each removed in turn while the rest is not proven clean."""
     remaining, culprits = list(candidates), []
-    while remaining and len(culprits) < max_culprits and fails(remaining):
-        found = one_culprit_search(remaining, fails)
+    while remaining and len(culprits) < max_culprits:
+        found, unproven = locate_one(remaining, fails)
+        if found is None:
+            break
         culprits.append(found)
-        remaining = [c for c in remaining if c not in found]
+        remaining = [c for c in unproven if c not in found]
     return culprits
 
 

@@ -150,7 +150,8 @@ def _failing_lines(report: dict) -> list[str]:
 def _bisect_lines(report: dict) -> list[str]:
     culprits, masking = report.get("culprits") or [], report.get("masking") or []
     lines = [f"**{len(culprits)} culprit(s)** among {report.get('candidates', '?')} candidates: "
-             f"{report.get('runs', '?')} toggle sets searched (+{report.get('masking_runs', 0)} pairs for masking).", ""]
+             f"the baseline and {report.get('sets_run', '?')} toggle sets ({report.get('runs', '?')} searched, "
+             f"{report.get('masking_runs', 0)} for masking).", ""]
     if culprits:
         lines += ["| group | culprit | verdict | scenarios | key figure |", "|---|---|---|---|---|"]
         lines += [f"| {_code(c.get('group'), in_table=True)} | {_code(','.join(c.get('ids') or ()), in_table=True)} | "
