@@ -8,6 +8,7 @@ anywhere on the line), 125 every cell was skipped ("cannot test this", for ``git
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from typing import List, Optional
@@ -34,8 +35,20 @@ def _main(
     profile: Optional[str] = typer.Option(None, "--profile", metavar="NAME", help="Toggle set for one code base: reproduction (default) or sglang-0.5.23 (env SGLFIX_PROFILE)."),
     allow_target: List[str] = typer.Option([], "--allow-target", metavar="PREFIX", help="Also allow patch targets under this module prefix (repeatable)."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks (accepted anywhere on the line)."),
+    version: bool = typer.Option(False, "--version", help="Print the version and exit."),
 ) -> None:
     opts = options(ctx)
+    if version:
+        from sglfix import __version__
+
+        typer.echo(f"sglfix {__version__}")
+        raise typer.Exit(0)
+    if toggles is not None and not toggles.strip():
+        raise ConfigError("--toggles '': the directory is empty; give a toggle files directory (or leave it out)")
+    for prefix in allow_target:
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", prefix):
+            raise ConfigError(f"--allow-target {prefix!r} is not a module prefix; give a dotted module name "
+                              f"like mypkg.kernels")
     if profile is not None:
         from sglfix.toggling.profiles import get_profile
 

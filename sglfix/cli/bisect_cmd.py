@@ -18,7 +18,8 @@ from rich.text import Text
 
 from sglfix.cli.common import (
     BackendName, Device, Jobs, JsonFile, JunitFile, MarkdownFile, MemoryBudget, NoReachability, ScenarioFiles,
-    Outputs, ScenarioGlobs, Timeout, check_jobs, env_ids, load_selected, report_replacements, revert_ids,
+    Outputs, ScenarioGlobs, Timeout, check_env_knobs, check_jobs, env_ids, load_selected, report_replacements,
+    revert_ids,
     write_outputs,
 )
 from sglfix.cli.context import err, options, out
@@ -85,6 +86,7 @@ def bisect_cmd(
     from sglfix.report.output import write_json
 
     opts = options(ctx)
+    check_env_knobs()
     Outputs(json=json_file, junit=junit, markdown=markdown).check()
     registry = opts.registry()
     given = revert_ids(revert)

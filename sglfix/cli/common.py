@@ -187,6 +187,7 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
         from sglfix.report.load import cell_costs, load_report
 
         timings = cell_costs(load_report(shard_costs))
+    check_env_knobs()
     registry = opts.registry()
     codebase = opts.codebase()
     if device == "cpu" or (device == "auto" and not _has_cuda_device()):
@@ -212,6 +213,20 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
         replacements = report_replacements(pool)
     return Ran(registry=registry, env=env, plan=plan, info=info, results=results, wall=wall, shard=part,
                replacements=replacements)
+
+
+def check_env_knobs() -> None:
+    """The environment settings a worker reads, checked in the parent: a bad value is one line
+    before any worker starts, never a silent default."""
+    raw = os.environ.get("SGLFIX_KERNEL_MEMO_MB")
+    if raw is not None:
+        try:
+            ok = float(raw) >= 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"SGLFIX_KERNEL_MEMO_MB={raw!r}: give the kernel memo's size in MiB (e.g. 256; 0 "
+                              f"turns it off), or unset it")
 
 
 def report_replacements(pool: Any) -> list[str]:

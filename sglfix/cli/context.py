@@ -13,7 +13,16 @@ from rich.console import Console
 __all__ = ["Options", "options", "out", "err", "emit_json"]
 
 # Wide when piped, so names are not cut in logs and CI output.
-_WIDTH = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "0") or 0) or 200
+def _piped_width() -> int:
+    """COLUMNS when it is a usable width, else 200 (a bad value is the terminal's, never fatal)."""
+    try:
+        width = int(os.environ.get("COLUMNS", "").strip())
+    except ValueError:
+        return 200
+    return width if 20 <= width <= 10000 else 200
+
+
+_WIDTH = None if sys.stdout.isatty() else _piped_width()
 # markup=False everywhere user text is printed: scenario names, YAML and messages are data.
 out = Console(highlight=False, soft_wrap=True, width=_WIDTH, markup=False, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)

@@ -23,6 +23,11 @@ def doctor_cmd(
     from sglfix.toggling.doctor import caught_by_check, expectation_check, live_check, static_check
 
     opts = options(ctx)
+    from sglfix.common.errors import ConfigError
+
+    for option, value in (("--source", source), ("--toggles", toggles), ("--tests-root", tests_root)):
+        if value is not None and not value.strip():
+            raise ConfigError(f"{option} '': the path is empty; give a directory")
     registry = opts.registry(toggles)
     if source is not None:
         results = static_check(registry, source_dir=source)

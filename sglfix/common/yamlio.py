@@ -10,7 +10,7 @@ import yaml
 
 from sglfix.common.errors import ConfigError
 
-__all__ = ["LineDict", "LineList", "load_yaml", "line_of", "read_text_file", "MAX_FILE_BYTES"]
+__all__ = ["LineDict", "LineList", "load_yaml", "line_of", "read_text_file", "read_regular_bytes", "MAX_FILE_BYTES"]
 
 
 class LineDict(dict):
@@ -93,6 +93,26 @@ def load_yaml(text: str, *, source: str = "<yaml>") -> Any:
 MAX_FILE_BYTES = 4 * 1024 * 1024
 
 
+def read_regular_bytes(path: "str | os.PathLike", *, what: str, max_bytes: int, fix: str) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``, else a one-line ConfigError. A FIFO
+    or a device would block or never end: refused before it is opened for reading."""
+    import stat
+
+    p = Path(path)
+    st = p.stat()
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or
+                stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        raise ConfigError(f"{what} is {kind}, not a regular file; {fix}")
+    if st.st_size > max_bytes:
+        raise ConfigError(f"{what} is {st.st_size} bytes (limit {max_bytes}); is it the right file?")
+    with open(p, "rb") as fh:
+        data = fh.read(max_bytes + 1)  # a file that grows while read is cut here, not followed
+    if len(data) > max_bytes:
+        raise ConfigError(f"{what} is over {max_bytes} bytes (limit); is it the right file?")
+    return data
+
+
 def read_text_file(path: "str | os.PathLike", *, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
     """The text of a user-named file, or a one-line ConfigError that names the file and the fix.
 
@@ -105,10 +125,7 @@ def read_text_file(path: "str | os.PathLike", *, what: str, max_bytes: int = MAX
     if p.is_dir():
         raise ConfigError(f"{what} {path} is a directory; give a YAML file")
     try:
-        size = p.stat().st_size
-        if size > max_bytes:
-            raise ConfigError(f"{what} {path} is {size} bytes (limit {max_bytes}); is it the right file?")
-        data = p.read_bytes()
+        data = read_regular_bytes(p, what=f"{what} {path}", max_bytes=max_bytes, fix="give a YAML file")
     except PermissionError:
         raise ConfigError(f"{what} {path} is not readable (permission denied); fix its permissions") from None
     except OSError as exc:

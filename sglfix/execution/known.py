@@ -54,10 +54,9 @@ def load_known(path: str | None) -> list[KnownDivergence]:
     """The entries of ``path`` (none when the profile has no list); a bad file is one line."""
     if not path or not os.path.isfile(path):
         return []
-    from sglfix.common.yamlio import load_yaml
+    from sglfix.common.yamlio import load_yaml, read_text_file
 
-    with open(path, encoding="utf-8") as fh:
-        node = load_yaml(fh.read(), source=path)
+    node = load_yaml(read_text_file(path, what="known-divergences file"), source=path)
     if not isinstance(node, dict):
         raise ConfigError(f"{path}:1: a known-divergences file is a mapping with the key known_divergences")
     return list(validate_node(KnownFile, node, where=path, root="known-divergences file").known_divergences)

@@ -72,12 +72,17 @@ def load_report(path: str) -> dict:
     return {**data, "schema": schema, "cells": checked}
 
 
+MAX_REPORT_BYTES = 1 << 30  # a report of every cell of the largest matrices is tens of MB
+
+
 def _read_json(path: str) -> Any:
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{path} is a directory; {_FIX}")
+    from sglfix.common.yamlio import read_regular_bytes
+
     try:
-        raw = p.read_bytes()
+        raw = read_regular_bytes(p, what=path, max_bytes=MAX_REPORT_BYTES, fix=_FIX)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file; {_FIX}") from None
     except OSError as exc:

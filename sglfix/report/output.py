@@ -21,6 +21,8 @@ def check_output_path(path: str | None, *, option: str) -> None:
     """Fail now (exit 2) if ``path`` cannot be written later; ``-`` means stdout."""
     if path is None or path == "-":
         return
+    if not path.strip():
+        raise ConfigError(f"{option} {path!r}: the path is empty; give a file path")
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{option} {path} is a directory; give a file path")
@@ -29,8 +31,17 @@ def check_output_path(path: str | None, *, option: str) -> None:
         raise ConfigError(f"{option} {path}: directory {parent} does not exist; create it first")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{option} {path}: directory {parent} is not writable; choose another path")
-    if p.exists() and not os.access(p, os.W_OK):
-        raise ConfigError(f"{option} {path} exists and is not writable; choose another path")
+    if p.exists() and not (p.is_file() and os.access(p, os.W_OK)):
+        raise ConfigError(f"{option} {path} exists and is not a writable regular file; choose another path")
+    # Permission bits do not tell whether a file can be created there (/proc, a read-only
+    # mount): create one the way the report will be written, and remove it.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".check", dir=str(parent))
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot create a file in {parent} ({exc.strerror or exc}); "
+                          f"choose another path") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def check_output_file(path: str | None, *, option: str, suffixes: tuple[str, ...]) -> None:

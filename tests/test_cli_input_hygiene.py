@@ -1,0 +1,88 @@
+"""Bad input that used to go wrong: a FIFO or a device named as a file, an output path nothing
+can be created in, empty paths, odd knobs and terminal settings. Each is one line on stderr and
+exit 2, before any worker starts; and the command line answers ``--version``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from clihelp import assert_one_line_error, run_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = "triton-decode@cg=eager,gpu_only=off"
+CPU_REPORT = ROOT / "bench" / "results" / "matrix-cpu.json"
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    path = tmp_path / "pipe.yaml"
+    os.mkfifo(path)
+    yield path
+    # Whatever happened, nobody stays blocked on the FIFO: open it for writing without waiting.
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def test_a_fifo_or_a_device_named_as_a_file_is_refused_not_read(tmp_path, fifo):
+    line = assert_one_line_error(run_cli("run", "--scenario-file", str(fifo), "--device", "cpu", timeout=60),
+                                 "is a FIFO, not a regular file")
+    assert str(fifo) in line
+    assert_one_line_error(run_cli("run", "--scenario-file", "/dev/zero", "--device", "cpu", timeout=60),
+                          "is a device, not a regular file")
+    assert_one_line_error(run_cli("report", "compare", str(CPU_REPORT), str(fifo), timeout=60), "is a FIFO")
+    assert_one_line_error(run_cli("matrix", "--shard", "1/2", "--shard-costs", str(fifo), "-s", FAST,
+                                  "--device", "cpu", timeout=60), "is a FIFO")
+    toggles = tmp_path / "toggles"
+    toggles.mkdir()
+    os.mkfifo(toggles / "11111.yaml")
+    assert_one_line_error(run_cli("--toggles", str(toggles), "list", timeout=60), "is a FIFO")
+    # The start-up hook reads the same directory in every Python process: it stops, it never hangs.
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(SGLANG_DEBUG_REVERT_PR="11111", SGLFIX_TOGGLES_DIR=str(toggles))
+    r = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "is a FIFO" in r.stderr and "ran" not in r.stdout, (r.returncode, r.stderr)
+
+
+def test_an_output_path_no_file_can_be_created_in_is_refused_before_any_cell(tmp_path):
+    line = assert_one_line_error(run_cli("run", "-s", FAST, "--device", "cpu", "--json", "/proc/x.json", timeout=60),
+                                 "/proc/x.json", "cannot create a file")
+    assert "choose another path" in line
+    assert_one_line_error(run_cli("run", "-s", FAST, "--device", "cpu", "--json", "", timeout=60), "the path is empty")
+    assert not list(Path("/proc").glob(".x.json.*"))
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--toggles", "", "list"], "--toggles '': the directory is empty"),
+    (["doctor", "--source", ""], "--source '': the path is empty"),
+    (["--allow-target", "", "list"], "--allow-target '' is not a module prefix"),
+    (["--allow-target", "not a module!", "list"], "--allow-target 'not a module!' is not a module prefix"),
+])
+def test_empty_paths_and_malformed_prefixes_are_refused(args, needle):
+    assert_one_line_error(run_cli(*args, timeout=60), needle)
+
+
+def test_a_bad_kernel_memo_size_is_refused_in_the_parent():
+    r = run_cli("run", "-s", FAST, "--device", "cpu", env={"SGLFIX_KERNEL_MEMO_MB": "abc"}, timeout=60)
+    assert_one_line_error(r, "SGLFIX_KERNEL_MEMO_MB='abc'", "MiB")
+    assert run_cli("run", "-s", FAST, "--device", "cpu", env={"SGLFIX_KERNEL_MEMO_MB": "0"}, timeout=300).code == 0
+
+
+def test_a_bad_columns_value_is_ignored_not_a_traceback():
+    r = run_cli("list", env={"COLUMNS": "abc"}, timeout=60)
+    assert r.code == 0 and "Traceback" not in r.err, r.err
+
+
+def test_version():
+    from sglfix import __version__
+
+    r = run_cli("--version", timeout=60)
+    assert r.code == 0 and r.out.strip() == f"sglfix {__version__}", (r.out, r.err)
