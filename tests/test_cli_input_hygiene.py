@@ -86,3 +86,35 @@ def test_version():
 
     r = run_cli("--version", timeout=60)
     assert r.code == 0 and r.out.strip() == f"sglfix {__version__}", (r.out, r.err)
+
+
+def test_a_users_script_named_sglfix_gets_the_revert(tmp_path):
+    """The hook stands down only for sglfix's own command line and workers, which read the
+    variable themselves; any other program, whatever its name, runs with the revert applied."""
+    import subprocess
+    import sys
+
+    probe = ("import sglfix.backends.srt.managers.overlap_utils as m\n"
+             "try:\n    m.decide_needs_cpu_seq_lens([None]); print('fixed')\nexcept AttributeError:\n    print('pre-fix')\n")
+    script = tmp_path / "sglfix"
+    script.write_text(probe)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLFIX_TOGGLES_DIR", "SGLFIX_PROFILE")}
+    env["SGLANG_DEBUG_REVERT_PR"] = "26738:overlap-guard"
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "pre-fix", (r.stdout, r.stderr)
+    # sglfix's own command line still reads the variable itself (and applies it in each cell).
+    own = run_cli("env", "--json", env={"SGLANG_DEBUG_REVERT_PR": "26738:overlap-guard"}, timeout=60)
+    assert own.code == 0, own.err
+
+
+@pytest.mark.parametrize("ids", [["26651", "26651:clamp"], ["26651:clamp", "26651:clamp"]])
+def test_bisect_refuses_candidates_that_name_a_part_twice(ids):
+    args = [a for rid in ids for a in ("-r", rid)]
+    assert_one_line_error(run_cli("bisect", *args, "-s", FAST, "--device", "cpu", timeout=60),
+                          "already names 26651:clamp")
+
+
+def test_bisect_on_a_device_it_cannot_use_is_one_line_before_any_progress():
+    r = run_cli("bisect", "--device", "cuda", "-s", FAST, "-r", "26738", env={"CUDA_VISIBLE_DEVICES": ""}, timeout=120)
+    assert_one_line_error(r, "--device cuda")
+    assert "bisect [" not in r.out + r.err

@@ -23,6 +23,7 @@ from sglfix.cli.common import (
     write_outputs,
 )
 from sglfix.cli.context import err, options, out
+from sglfix.common.errors import ConfigError
 
 
 def _group(name: str) -> str:
@@ -91,9 +92,14 @@ def bisect_cmd(
     registry = opts.registry()
     given = revert_ids(revert)
     if given:
+        seen: dict[str, str] = {}  # part -> the candidate that names it
         for rid in given:
-            registry.select(rid)  # an unknown id is a one-line error before anything runs
-        candidates = given
+            for sel in registry.select(rid):  # an unknown id is a one-line error before anything runs
+                if sel.id in seen:
+                    raise ConfigError(f"-r {rid}: {seen[sel.id]} already names {sel.id}; give each part once "
+                                      f"(a whole toggle, or some of its parts)")
+                seen[sel.id] = rid
+        candidates = list(dict.fromkeys(given))
     else:
         candidates = [rid for t in registry for rid in (t.ids[1:] if len(t.parts) > 1 else t.ids[:1])]
     config = WorkerConfig(device=device, timeout=timeout, allowed_prefixes=opts.allowed_prefixes(),
@@ -120,6 +126,7 @@ def bisect_cmd(
     groups_out, masking_out, masking_sets = [], [], set()
     with signals_raise(), WorkerPool(config, jobs=check_jobs(jobs, device)) as pool:
         chosen = load_selected(opts, scenario, scenario_file, backend, memory_budget)
+        pool.info  # the workers' handshake (a device they cannot use) before any progress line
         cells = _Cells(pool, chosen, env)
         cells.rank = {c: i for i, c in enumerate(candidates)}
         names = [s.name for s in chosen]

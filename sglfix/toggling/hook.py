@@ -76,15 +76,31 @@ def _die(message: str) -> None:
     os._exit(2)
 
 
+# The entry points that read the variable themselves: the command line and its workers.
+_SELF_READING_MODULES = ("sglfix", "sglfix.execution.worker")
+
+
 def _is_sglfix_cli() -> bool:
+    """Is this process sglfix's own command line (or one of its workers)? Only those: a user's
+    script that happens to be named ``sglfix``, or another ``sglfix.*`` module run with ``-m``,
+    gets the reverts like any program."""
     argv = list(getattr(sys, "orig_argv", []) or [])
-    if sys.argv and os.path.basename(sys.argv[0]) in ("sglfix", "sglfix.exe"):
-        return True
     for i, arg in enumerate(argv[:-1]):
         if arg == "-m":
-            name = argv[i + 1]
-            return name == "sglfix" or name.startswith("sglfix.")
+            return argv[i + 1] in _SELF_READING_MODULES
+    if sys.argv and os.path.basename(sys.argv[0]) in ("sglfix", "sglfix.exe"):
+        return _is_console_script(sys.argv[0])
     return False
+
+
+def _is_console_script(path: str) -> bool:
+    """The ``sglfix`` script pip writes: a few lines that import the command line's ``main``."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4096)
+    except OSError:
+        return False
+    return b"from sglfix.cli import main" in head
 
 
 def boot() -> None:
