@@ -118,3 +118,21 @@ def test_bisect_on_a_device_it_cannot_use_is_one_line_before_any_progress():
     r = run_cli("bisect", "--device", "cuda", "-s", FAST, "-r", "26738", env={"CUDA_VISIBLE_DEVICES": ""}, timeout=120)
     assert_one_line_error(r, "--device cuda")
     assert "bisect [" not in r.out + r.err
+
+
+@pytest.mark.parametrize("text, needle", [("def decide_needs_cpu_seq_lens(:\n", "not valid Python"),
+                                          ("x = " + "(" * 20000 + ")" * 20000 + "\n", "too many nested parentheses")])
+def test_doctor_source_with_a_broken_target_file_reports_that_toggle_and_checks_the_rest(tmp_path, text, needle):
+    import json
+    import shutil
+
+    source = tmp_path / "src"
+    shutil.copytree(ROOT / "backends", source / "sglfix" / "backends")
+    (source / "sglfix" / "__init__.py").write_text("")
+    (source / "sglfix" / "backends" / "srt" / "managers" / "overlap_utils.py").write_text(text)
+    r = run_cli("doctor", "--source", str(source), "--json", timeout=120)
+    assert r.code == 1 and "Traceback" not in r.err and "internal error" not in r.err, r.err
+    rows = {t["id"]: t for t in json.loads(r.out)["toggles"]}
+    broken = [t for t in rows.values() if not t["ok"]]
+    assert broken and all("overlap_utils.py" in t["error"] and needle in t["error"] for t in broken), broken
+    assert any(t["ok"] and t["targets"] for t in rows.values())  # the other toggles were still checked

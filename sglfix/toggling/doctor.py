@@ -97,7 +97,14 @@ def locate_source(target: str, source_dir: Path) -> tuple[str, str, int]:
 
 def _find_in_file(path: Path, chain: list[str], target: str) -> tuple[str, str, int]:
     text = read_text_file(path, what="source file")
-    body: list[ast.stmt] = ast.parse(text, filename=str(path)).body
+    try:
+        body: list[ast.stmt] = ast.parse(text, filename=str(path)).body
+    except SyntaxError as exc:  # this toggle's check fails, naming the file; the others still run
+        raise SglfixError(f"{target}: {path}:{exc.lineno or '?'}: not valid Python ({exc.msg}); is --source the "
+                          f"root of the right release?") from None
+    except (RecursionError, MemoryError, ValueError) as exc:
+        raise SglfixError(f"{target}: {path} cannot be parsed ({type(exc).__name__}: nested too deeply or "
+                          f"malformed); is --source the root of the right release?") from None
     node: ast.AST | None = None
     for name in chain:
         defs = [n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
