@@ -136,3 +136,27 @@ def test_doctor_source_with_a_broken_target_file_reports_that_toggle_and_checks_
     broken = [t for t in rows.values() if not t["ok"]]
     assert broken and all("overlap_utils.py" in t["error"] and needle in t["error"] for t in broken), broken
     assert any(t["ok"] and t["targets"] for t in rows.values())  # the other toggles were still checked
+
+
+@pytest.mark.parametrize("damage", [
+    lambda r: r["cells"][0].update(findings="oops"),
+    lambda r: r["cells"][0].update(findings=[{"verdict": "MAYBE", "message": "x"}]),
+    lambda r: r["cells"][0].update(device=7),
+    lambda r: r["cells"][0].update(timings_ms={"total": "slow"}),
+    lambda r: r.update(wall_s="long"),
+    lambda r: r.update(device=["cpu"]),
+    lambda r: r.update(expectations=[{"revert": "26651", "scenario": "x", "wanted": ["PASS"], "got": {}}]),
+    lambda r: r.update(stray=["x"]),
+])
+def test_a_damaged_report_is_refused_before_anything_is_written(tmp_path, damage):
+    import json
+
+    report = json.loads(CPU_REPORT.read_text())
+    report["cells"] = report["cells"][:20]
+    damage(report)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(report))
+    out = tmp_path / "merged.json"
+    assert_one_line_error(run_cli("report", "merge", str(bad), "-o", str(out), "--gate", timeout=60), str(bad))
+    assert not out.exists()
+    assert_one_line_error(run_cli("report", "compare", str(CPU_REPORT), str(bad), timeout=60), str(bad))

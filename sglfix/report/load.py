@@ -57,9 +57,10 @@ def load_report(path: str) -> dict:
     cells = data.get("cells")
     if not isinstance(cells, list):
         raise ConfigError(f'{path} is not a sglfix report (no "cells" list); {_FIX}')
-    for key in ("expectations", "stray", "not_run"):
+    for key in ("expectations", "stray", "not_run", "known_divergences"):
         if not isinstance(data.get(key, []), list):
             raise ConfigError(f'{path}: "{key}" is not a list; the file is damaged: {_FIX}')
+    _check_top(path, data)
     seen: dict[tuple[str, str], int] = {}
     checked = []
     for i, cell in enumerate(cells):
@@ -100,6 +101,38 @@ def _read_json(path: str) -> Any:
         raise ConfigError(f"{path} is not a sglfix report: JSON nested too deeply; {_FIX}") from None
 
 
+def _number_or_none(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _check_top(path: str, data: dict) -> None:
+    """The fields ``compare``, ``merge`` and the gate read besides the cells, by type: a damaged
+    report is refused here, not merged or compared into a wrong answer."""
+    damaged = f"the file is damaged: {_FIX}"
+    if not _number_or_none(data.get("wall_s")):
+        raise ConfigError(f'{path}: "wall_s" is {data.get("wall_s")!r}, not a number; {damaged}')
+    for key in ("device", "device_name", "date", "command", "shard"):
+        if not (data.get(key) is None or isinstance(data.get(key), str)):
+            raise ConfigError(f'{path}: "{key}" is {data.get(key)!r}, not text; {damaged}')
+    for i, e in enumerate(data.get("expectations", [])):
+        if isinstance(e, dict) and "revert" in e:  # a check (the other items are notes)
+            ok = (isinstance(e.get("revert"), list) and all(isinstance(r, str) for r in e["revert"])
+                  and isinstance(e.get("scenario"), str) and isinstance(e.get("wanted"), list)
+                  and isinstance(e.get("got"), dict) and isinstance(e.get("met", True), bool))
+            if not ok:
+                raise ConfigError(f'{path}: expectations[{i}] is not a check (revert list, scenario, wanted list, '
+                                  f'got object, met true/false); {damaged}')
+        elif not isinstance(e, (dict, str)):
+            raise ConfigError(f"{path}: expectations[{i}] is {e!r}; {damaged}")
+    for key in ("stray", "known_divergences"):
+        for i, item in enumerate(data.get(key, [])):
+            if not isinstance(item, dict) or not isinstance(item.get("scenario"), str):
+                raise ConfigError(f'{path}: {key}[{i}] is not an object naming a scenario; {damaged}')
+    for i, item in enumerate(data.get("not_run", [])):
+        if not isinstance(item, str):
+            raise ConfigError(f"{path}: not_run[{i}] is {item!r}, not text; {damaged}")
+
+
 def _check_cell(path: str, i: int, cell: Any) -> dict:
     where = f"{path}: cell {i}"
     if not isinstance(cell, dict):
@@ -111,6 +144,19 @@ def _check_cell(path: str, i: int, cell: Any) -> dict:
         raise ConfigError(f'{where} ({scenario}) has no "toggles" list of toggle ids; {_FIX}')
     if verdict not in MARKS:
         raise ConfigError(f'{where} ({scenario}) has verdict {verdict!r}, not one of {", ".join(MARKS)}; {_FIX}')
+    findings = cell.get("findings", [])
+    if not isinstance(findings, list) or not all(
+            isinstance(f, dict) and f.get("verdict") in MARKS and isinstance(f.get("message", ""), str)
+            for f in findings):
+        raise ConfigError(f'{where} ({scenario}) has "findings" that are not a list of {{verdict, message}} '
+                          f'objects; {_FIX}')
+    if not (cell.get("device") is None or isinstance(cell.get("device"), str)):
+        raise ConfigError(f'{where} ({scenario}) has device {cell.get("device")!r}, not text; {_FIX}')
+    timings = cell.get("timings_ms", {})
+    if not (timings is None or (isinstance(timings, dict) and all(_number_or_none(v) for v in timings.values()))):
+        raise ConfigError(f'{where} ({scenario}) has "timings_ms" that are not numbers; {_FIX}')
+    if not (cell.get("error") is None or isinstance(cell.get("error"), dict)):
+        raise ConfigError(f'{where} ({scenario}) has "error" {cell.get("error")!r}, not an object; {_FIX}')
     cid = cell_id(cell)
     if "id" in cell and cell["id"] != cid:
         raise ConfigError(f'{where} has id {cell["id"]!r} but its toggles and scenario make {cid!r}; {_FIX}')
