@@ -160,3 +160,34 @@ def test_a_damaged_report_is_refused_before_anything_is_written(tmp_path, damage
     assert_one_line_error(run_cli("report", "merge", str(bad), "-o", str(out), "--gate", timeout=60), str(bad))
     assert not out.exists()
     assert_one_line_error(run_cli("report", "compare", str(CPU_REPORT), str(bad), timeout=60), str(bad))
+
+
+def _nested_merges(levels: int) -> str:
+    lines = ["a0: &a0 {x: 1, y: 2}"]
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} {{<<: [*a{i - 1}, *a{i - 1}], k{i}: {i}}}")
+    return "\n".join(lines) + "\n"
+
+
+def _nested_aliases(levels: int) -> str:
+    lines = ["l0: &l0 [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"]
+    for i in range(1, levels):
+        lines.append(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("text, needle", [(_nested_merges(12), "merge keys (<<) are not supported"),
+                                          (_nested_aliases(9), "more than 32 YAML aliases")])
+def test_yaml_that_expands_without_bound_is_refused_at_once(tmp_path, text, needle):
+    import time
+
+    assert len(text) < 2000
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(text)
+    toggles = tmp_path / "toggles"
+    toggles.mkdir()
+    (toggles / "11111.yaml").write_text(text)
+    t0 = time.monotonic()
+    assert_one_line_error(run_cli("run", "--scenario-file", str(scenario), "--device", "cpu", timeout=60), needle)
+    assert_one_line_error(run_cli("--toggles", str(toggles), "list", timeout=60), needle)
+    assert time.monotonic() - t0 < 30  # each well under a second of parsing; the rest is interpreter start

@@ -33,11 +33,34 @@ def line_of(node: Any, key: Any = None) -> int:
     return getattr(node, "line", 0)
 
 
+MAX_ALIASES = 32  # aliases of aliases multiply: a few lines can stand for billions of nodes
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader (no arbitrary objects) that records lines and refuses duplicate keys."""
+    """SafeLoader (no arbitrary objects) that records lines and refuses duplicate keys, merge
+    keys and more than ``MAX_ALIASES`` aliases."""
+
+    aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.events.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise ConfigError(f"{self.name}:{mark.line + 1}: more than {MAX_ALIASES} YAML aliases (*name); "
+                                  f"write the values out")
+        return super().compose_node(parent, index)
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
+    for key_node, _ in node.value:
+        # Refused before anything is flattened: nested merges expand without bound.
+        if key_node.tag == _MERGE_TAG:
+            raise ConfigError(f"{loader.name}:{key_node.start_mark.line + 1}: YAML merge keys (<<) are not "
+                              f"supported; write the keys out")
     loader.flatten_mapping(node)
     out = LineDict()
     out.line = node.start_mark.line + 1
