@@ -191,3 +191,29 @@ def test_yaml_that_expands_without_bound_is_refused_at_once(tmp_path, text, need
     assert_one_line_error(run_cli("run", "--scenario-file", str(scenario), "--device", "cpu", timeout=60), needle)
     assert_one_line_error(run_cli("--toggles", str(toggles), "list", timeout=60), needle)
     assert time.monotonic() - t0 < 30  # each well under a second of parsing; the rest is interpreter start
+
+
+def _ray_processes() -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"raylet" in cmd or b"gcs_server" in cmd:
+                found.add(int(entry))
+    return found
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["-r", "99999"], "99999"),
+    (["-s", "no-such-scenario*"], "no scenario matches"),
+    (["--ray-address", "127.0.0.1:1"], "nothing answers there"),
+    (["--ray-address", "not an address"], "give auto or host:port"),
+])
+def test_ray_runs_are_checked_before_ray_starts(args, needle):
+    before = _ray_processes()
+    base = ["run", "--executor", "ray", "--device", "cpu"] + ([] if "-s" in args else ["-s", FAST])
+    assert_one_line_error(run_cli(*base, *args, timeout=120), needle)
+    assert _ray_processes() <= before  # no Ray instance was started for a command that was refused

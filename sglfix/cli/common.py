@@ -199,20 +199,52 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
                           codebase=codebase.name)
     env = env_ids(registry)
     pool_class, where = WorkerPool, {}
+    plan = None
     if executor == "ray":
         from sglfix.execution.ray_pool import RayPool
 
+        # Ray takes seconds to start or join: everything it would run is checked first, and an
+        # address that answers nothing is refused instead of waited on.
+        check_ray_address(ray_address)
+        plan = _plan(opts, build_plan, scenario, scenario_file, backend, memory_budget, registry, env, part, timings)
         pool_class, where = RayPool, {"address": ray_address}
-    with signals_raise(), pool_class(config, jobs=check_jobs(jobs, device), devices=gpus, **where) as pool:
-        chosen = load_selected(opts, scenario, scenario_file, backend, memory_budget)
-        plan = build_plan(chosen, registry=registry, env_ids=env)
-        if part is not None:
-            plan = shard_plan(plan, part, timings=timings)
+    jobs = check_jobs(jobs, device)
+    with signals_raise(), pool_class(config, jobs=jobs, devices=gpus, **where) as pool:
+        if plan is None:  # local workers boot while the scenarios load and the plan is built
+            plan = _plan(opts, build_plan, scenario, scenario_file, backend, memory_budget, registry, env, part, timings)
         info = pool.info
         results, wall = execute(pool, plan, registry=registry if reachability else None)
         replacements = report_replacements(pool)
     return Ran(registry=registry, env=env, plan=plan, info=info, results=results, wall=wall, shard=part,
                replacements=replacements)
+
+
+def _plan(opts: Options, build_plan: Callable[..., Any], scenario: Sequence[str], scenario_file: Sequence[str],
+          backend: Optional[str], memory_budget: Optional[str], registry: Any, env: tuple, part: Any,
+          timings: Any) -> Any:
+    from sglfix.execution.shards import shard_plan
+
+    chosen = load_selected(opts, scenario, scenario_file, backend, memory_budget)
+    plan = build_plan(chosen, registry=registry, env_ids=env)
+    return shard_plan(plan, part, timings=timings) if part is not None else plan
+
+
+def check_ray_address(address: Optional[str]) -> None:
+    """``--ray-address``: ``auto``, or ``[ray://]host:port`` that accepts a connection within a few
+    seconds (one line otherwise, before Ray is imported)."""
+    if address is None or address == "auto":
+        return
+    import socket
+
+    text = address.removeprefix("ray://")
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--ray-address {address!r}: give auto or host:port (e.g. 10.0.0.5:6379)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=3.0).close()
+    except OSError as exc:
+        raise ConfigError(f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); start the Ray "
+                          f"head (ray start --head) or give its address") from None
 
 
 def check_env_knobs() -> None:
