@@ -217,3 +217,30 @@ def test_ray_runs_are_checked_before_ray_starts(args, needle):
     base = ["run", "--executor", "ray", "--device", "cpu"] + ([] if "-s" in args else ["-s", FAST])
     assert_one_line_error(run_cli(*base, *args, timeout=120), needle)
     assert _ray_processes() <= before  # no Ray instance was started for a command that was refused
+
+
+@pytest.mark.parametrize("edit, needle", [
+    ({"match": "this line is not in the source\n", "replacement": "pass\n"}, "match text not found"),
+    ({"match": "        md = self.forward_metadata\n", "replacement": "        md = = self.forward_metadata\n"},
+     "does not parse"),
+])
+def test_a_revert_that_cannot_apply_is_refused_before_any_worker(tmp_path, edit, needle):
+    import yaml
+
+    toggles = tmp_path / "toggles"
+    toggles.mkdir()
+    target = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode"
+    (toggles / "90001.yaml").write_text(yaml.safe_dump({"pr": 90001, "title": "broken",
+                                                         "patches": [{"target": target, "edits": [edit]}]}))
+    for command in (["run", "-r", "90001", "-s", FAST, "--device", "cpu"], ["matrix", "-s", FAST, "--device", "cpu"]):
+        r = run_cli("--toggles", str(toggles), *command, timeout=60)
+        line = assert_one_line_error(r, "revert 90001:main", needle)
+        assert "worker" not in line
+    assert_one_line_error(run_cli("--toggles", str(toggles), "show", "90001", "--diff", timeout=60), needle,
+                          "sglfix doctor")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "90002.yaml").write_text(yaml.safe_dump({"pr": 90002, "title": "outside", "patches": [
+        {"target": "colorsys.rgb_to_yiq", "edits": [{"match": "y = 0.30*r + 0.59*g + 0.11*b\n", "append": "pass\n"}]}]}))
+    assert_one_line_error(run_cli("--toggles", str(outside), "run", "-r", "90002", "-s", FAST, "--device", "cpu",
+                                  timeout=60), "revert 90002:main", "allowed")

@@ -199,19 +199,19 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
                           codebase=codebase.name)
     env = env_ids(registry)
     pool_class, where = WorkerPool, {}
-    plan = None
     if executor == "ray":
         from sglfix.execution.ray_pool import RayPool
 
-        # Ray takes seconds to start or join: everything it would run is checked first, and an
-        # address that answers nothing is refused instead of waited on.
+        # Ray takes seconds to start or join: an address that answers nothing is refused instead
+        # of waited on.
         check_ray_address(ray_address)
-        plan = _plan(opts, build_plan, scenario, scenario_file, backend, memory_budget, registry, env, part, timings)
         pool_class, where = RayPool, {"address": ray_address}
     jobs = check_jobs(jobs, device)
+    # Everything a cell would meet first is checked before any worker starts: the scenarios, the
+    # plan, and every revert of every set against the code base's installed source.
+    plan = _plan(opts, build_plan, scenario, scenario_file, backend, memory_budget, registry, env, part, timings)
+    precheck_plan(plan, registry=registry, codebase=codebase, allowed_prefixes=opts.allowed_prefixes())
     with signals_raise(), pool_class(config, jobs=jobs, devices=gpus, **where) as pool:
-        if plan is None:  # local workers boot while the scenarios load and the plan is built
-            plan = _plan(opts, build_plan, scenario, scenario_file, backend, memory_budget, registry, env, part, timings)
         info = pool.info
         results, wall = execute(pool, plan, registry=registry if reachability else None)
         replacements = report_replacements(pool)
@@ -227,6 +227,18 @@ def _plan(opts: Options, build_plan: Callable[..., Any], scenario: Sequence[str]
     chosen = load_selected(opts, scenario, scenario_file, backend, memory_budget)
     plan = build_plan(chosen, registry=registry, env_ids=env)
     return shard_plan(plan, part, timings=timings) if part is not None else plan
+
+
+def precheck_plan(plan: Any, *, registry: Any, codebase: Any, allowed_prefixes: Any) -> None:
+    """Each toggle set of ``plan`` applied on paper to the installed source of ``codebase``:
+    a revert that would fail in every worker (its match not in the code, its target not allowed,
+    its replacement not Python) is one line before any worker starts."""
+    from sglfix.toggling.doctor import precheck_selections
+
+    for toggles in dict.fromkeys(tuple(c.toggles) for c in plan.cells):
+        selections = [sel for rid in toggles for sel in registry.select(rid)]
+        if selections:
+            precheck_selections(selections, package=codebase.package, allowed_prefixes=allowed_prefixes)
 
 
 def check_ray_address(address: Optional[str]) -> None:

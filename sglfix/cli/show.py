@@ -39,7 +39,16 @@ def show_cmd(
     if diff:
         opts.enter_codebase()
         specs = [p for s in selections for p in s.part.patches]
-        prepared = prepare_specs(specs, allowed_prefixes=opts.allowed_prefixes())
+        from sglfix.common.errors import ConfigError, SglfixError
+
+        try:
+            prepared = prepare_specs(specs, allowed_prefixes=opts.allowed_prefixes())
+        except SglfixError as exc:
+            # The toggle does not apply to this code: nothing to show (bad input, one line; where
+            # its match comes closest is what sglfix doctor prints).
+            lines = str(exc).splitlines()
+            raise ConfigError(f"show {', '.join(s.id for s in selections)} --diff: {lines[0] if lines else exc}; "
+                              f"sglfix doctor shows where the match comes closest") from None
         per_target: dict[str, list] = {}
         for p in prepared:
             per_target.setdefault(p.spec.target, []).append(p)

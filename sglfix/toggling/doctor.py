@@ -95,7 +95,17 @@ def locate_source(target: str, source_dir: Path) -> tuple[str, str, int]:
     raise SglfixError(f"{target}: no module file for any prefix of it under {source_dir}")
 
 
+_PARSED: dict[tuple[str, float], tuple[str, list]] = {}  # a file is read and parsed once per change
+
+
 def _find_in_file(path: Path, chain: list[str], target: str) -> tuple[str, str, int]:
+    try:
+        key = (str(path), path.stat().st_mtime)
+    except OSError:
+        key = (str(path), -1.0)
+    if key in _PARSED:
+        text, cached = _PARSED[key]
+        return _find_in_tree(path, text, cached, chain, target)
     text = read_text_file(path, what="source file")
     try:
         body: list[ast.stmt] = ast.parse(text, filename=str(path)).body
@@ -105,6 +115,11 @@ def _find_in_file(path: Path, chain: list[str], target: str) -> tuple[str, str, 
     except (RecursionError, MemoryError, ValueError) as exc:
         raise SglfixError(f"{target}: {path} cannot be parsed ({type(exc).__name__}: nested too deeply or "
                           f"malformed); is --source the root of the right release?") from None
+    _PARSED[key] = (text, body)
+    return _find_in_tree(path, text, body, chain, target)
+
+
+def _find_in_tree(path: Path, text: str, body: list, chain: list[str], target: str) -> tuple[str, str, int]:
     node: ast.AST | None = None
     for name in chain:
         defs = [n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
@@ -133,6 +148,59 @@ def _static_apply(specs: list[PatchSpec], source_dir: Path) -> None:
         if len(tree.body) != 1 or not isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
             raise SglfixError(f"{spec.target}: after the edits the source is no longer a single def")
         current[spec.target] = (filename, textwrap.dedent(edited), first)
+
+
+def precheck_selections(selections: Iterable, *, package: str, allowed_prefixes: Iterable[str] | None) -> None:
+    """Every patch of ``selections`` against the installed source of ``package`` (the code base),
+    without importing it: its target allowed, its function found, its edits matching and the
+    edited function parsing. The first problem is one SglfixError naming the part: what a worker
+    would meet at its first cell, found before any worker starts."""
+    import importlib.util
+
+    from sglfix.patching.targets import check_allowed
+
+    head, _, rest = package.partition(".")
+    spec = importlib.util.find_spec(package)  # imports at most the parents of package, never it
+    if spec is None or not spec.submodule_search_locations:
+        return  # no installed source to read: the workers report what they meet
+    root = Path(list(spec.submodule_search_locations)[0])
+    current: dict[str, tuple[str, str, int]] = {}
+    for sel in selections:
+        for patch in sel.part.patches:
+            label = f"revert {sel.id}"
+            try:
+                check_allowed(patch.target, allowed_prefixes)
+            except SglfixError as exc:
+                raise SglfixError(f"{label}: {str(exc).splitlines()[0]}") from None
+            if not patch.target.startswith(package + "."):
+                continue  # outside the code base (an allowed extra prefix): the worker checks it
+            rel = patch.target[len(package) + 1:].split(".")
+            try:
+                if patch.target not in current:
+                    current[patch.target] = _locate_in(root, rel, patch.target)
+                filename, source, first = current[patch.target]
+                edited = apply_edits(source=source, edits=patch.edits,
+                                     origin=SourceOrigin(target=patch.target, filename=filename, first_lineno=first))
+                try:
+                    ast.parse(textwrap.dedent(edited))
+                except SyntaxError as exc:
+                    raise SglfixError(f"{patch.target}: the edited source does not parse ({exc.msg}); check the "
+                                      f"replacement") from None
+                current[patch.target] = (filename, edited, first)
+            except SglfixError as exc:
+                raise SglfixError(f"{label}: {str(exc).splitlines()[0]}") from None
+
+
+def _locate_in(root: Path, rel: list[str], target: str) -> tuple[str, str, int]:
+    for cut in range(len(rel) - 1, 0, -1):
+        base = root.joinpath(*rel[:cut])
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return _find_in_file(candidate, rel[cut:], target)
+    init = root / "__init__.py"
+    if init.is_file():
+        return _find_in_file(init, rel, target)
+    raise SglfixError(f"{target}: no module file for it under {root}")
 
 
 def static_check(registry: Registry, *, source_dir: str | Path) -> list[CheckResult]:
