@@ -19,6 +19,15 @@ def other(x):
     return x * 2
 
 
+def displace_profiler_then_call():
+    """Set a profile hook of its own (as a library may), then enter the target."""
+    sys.setprofile(lambda *a: None)
+    try:
+        return target(1)
+    finally:
+        sys.setprofile(None)
+
+
 def test_records_the_targets_entered_and_only_those():
     result, entered = record_entries({target.__code__, other.__code__}, lambda: target(1) + target(2))
     assert result == 5 and entered == {target.__code__}
@@ -42,24 +51,10 @@ def test_an_entry_from_another_thread_or_under_another_profiler_is_seen():
     finally:
         outer.disable()
 
-    def hook_and_call():
-        sys.setprofile(lambda *a: None)
-        try:
-            return target(1)
-        finally:
-            sys.setprofile(None)
-
-    assert record_entries({target.__code__}, hook_and_call)[1] == {target.__code__}
+    assert record_entries({target.__code__}, displace_profiler_then_call)[1] == {target.__code__}
 
 
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12+ records through sys.monitoring: nothing displaces it")
 def test_a_displaced_profiler_makes_the_record_incomplete_not_empty():
-    def displace_then_call():
-        sys.setprofile(lambda *a: None)
-        try:
-            return target(1)
-        finally:
-            sys.setprofile(None)
-
-    result, entered = record_entries({target.__code__}, displace_then_call)
+    result, entered = record_entries({target.__code__}, displace_profiler_then_call)
     assert result == 2 and entered is None

@@ -42,11 +42,11 @@ def test_wheel_holds_only_sglfix_with_its_yaml_data(wheel):
     assert not any(n.startswith("backends/") for n in names)
 
 
-def test_fresh_virtualenv_install_works_from_any_directory(tmp_path, wheel):
-    venv = tmp_path / "venv"
-    # The running test environment's packages stand in for the heavy wheels (torch, triton):
-    # a .pth names its site-packages. Never --system-site-packages: from inside a venv that
-    # would inherit the *base* interpreter's packages, which a fresh machine does not have.
+def _venv_with_wheel(venv: Path, wheel: Path) -> Path:
+    """A fresh venv with sglfix installed from ``wheel``. The running test environment's packages
+    stand in for the heavy wheels (torch, triton): a .pth names its site-packages. Never
+    --system-site-packages: from inside a venv that would inherit the *base* interpreter's
+    packages, which a fresh machine does not have."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
     new_site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -54,6 +54,12 @@ def test_fresh_virtualenv_install_works_from_any_directory(tmp_path, wheel):
     ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
     Path(new_site, "test-env-packages.pth").write_text("\n".join(sorted(ours)) + "\n")
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, timeout=600)
+    return venv
+
+
+def test_fresh_virtualenv_install_works_from_any_directory(tmp_path, wheel):
+    venv = _venv_with_wheel(tmp_path / "venv", wheel)
+    py = venv / "bin" / "python"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLFIX_TOGGLES_DIR")}
@@ -103,17 +109,8 @@ def test_every_package_directory_is_listed_in_pyproject():
 
 @pytest.fixture(scope="module")
 def regular_venv(tmp_path_factory, wheel) -> Path:
-    """A venv with sglfix installed from its wheel (not editable); the test environment's
-    packages stand in for the heavy wheels, as above."""
-    venv = tmp_path_factory.mktemp("regular") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    py = venv / "bin" / "python"
-    new_site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
-    Path(new_site, "test-env-packages.pth").write_text("\n".join(sorted(ours)) + "\n")
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, timeout=600)
-    return venv
+    """A venv with sglfix installed from its wheel (not editable)."""
+    return _venv_with_wheel(tmp_path_factory.mktemp("regular") / "venv", wheel)
 
 
 _GUARDED_TEST = '''

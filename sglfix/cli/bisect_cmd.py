@@ -208,7 +208,7 @@ def bisect_cmd(
                 partners = siblings(c) + [o for o in others if o != c]
                 if culprit["found_by"] == "masking sweep":
                     partners += [o for o in searched if o != c]  # something in the search hid it
-                for partner in dict.fromkeys(p for p in partners if p in candidates or p in siblings(c)):
+                for partner in dict.fromkeys(partners):
                     # On the scenarios the culprit fails alone: which pass with both reverted?
                     both = cells.run((c, partner), culprit["scenarios"])
                     hidden = sorted(n for n, r in both.items() if r.verdict == "PASS")
