@@ -31,15 +31,20 @@ def _gpu_count() -> int:
     return int(out.stdout.strip().splitlines()[-1])
 
 
-def _matrix(args: list[str], json_path: str, log_path: str, *, every_cell: bool = True) -> dict:
+def _matrix(args: list[str], json_path: str, log_path: str, *, every_cell: bool = True,
+            timeout: float | None = None) -> dict:
     reach = ["--no-reachability"] if every_cell else []
     cmd = [sys.executable, "-m", "sglfix", "matrix", "--parts", *reach, *args, "--json", json_path]
     start = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "250"})
+        try:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "250"},
+                                timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
     wall = time.perf_counter() - start
-    report = json.load(open(json_path)) if os.path.exists(json_path) else None
-    return {"command": " ".join(["sglfix", *cmd[3:]]), "rc": proc.returncode, "process_wall_s": round(wall, 2),
+    report = json.load(open(json_path)) if rc != 124 and os.path.exists(json_path) else None
+    return {"command": " ".join(["sglfix", *cmd[3:]]), "rc": rc, "process_wall_s": round(wall, 2),
             "report": report, "log": log_path}
 
 
@@ -49,6 +54,9 @@ def main() -> int:
     ap.add_argument("--skip-ray", action="store_true", help="no Ray run (Ray not installed)")
     ap.add_argument("-s", "--scenario", action="append", default=[], help="scenario globs (default: every one)")
     ap.add_argument("--logs", default=None, help="folder for the runs' output (default: next to --json)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop starting runs once this many seconds have passed (a device call has a hard limit); "
+                         "a run cut by it is recorded as missing, and the JSON is rewritten after every run")
     ns = ap.parse_args()
     logs = ns.logs or os.path.dirname(os.path.abspath(ns.json))
     os.makedirs(logs, exist_ok=True)
@@ -58,6 +66,7 @@ def main() -> int:
         print("no CUDA device here", file=sys.stderr)
         return 2
     tmp = tempfile.mkdtemp(prefix="sglfix-scale-")
+    began = time.perf_counter()
 
     # The kernel caches come carried (gpu_run.sh); a reachability run loads them and compiles
     # whatever is missing, so no timed run pays for compiling.
@@ -70,40 +79,15 @@ def main() -> int:
         plan.append((f"local, {gpus} GPUs", ["--devices", "all"]))
     else:
         missing.append(f"local on 2+ GPUs (this machine has {gpus})")
-    # Two workers sharing one GPU: not the 2-GPU figure, but it shows how far the matrix is bound
-    # by the host side (Python, launches) that a second worker, on any GPU, takes in parallel.
-    plan.append(("local, 2 workers on 1 GPU", ["--device", "cuda", "--jobs", "2"]))
     if not ns.skip_ray:
         plan.append((f"ray, {gpus} GPU{'s' if gpus > 1 else ''}", ["--executor", "ray", "--devices", "all"]))
         if gpus < 2:
             missing.append(f"ray on 2+ GPUs (this machine has {gpus}; the Ray run used {gpus})")
     else:
         missing.append("ray (not installed on this machine)")
-
-    runs = []
-    for i, (label, args) in enumerate(plan):
-        print(f"== {label}", flush=True)
-        r = _matrix([*args, *sel], f"{tmp}/run{i}.json", f"{logs}/scale-run{i}.txt")
-        r["label"] = label
-        runs.append(r)
-
-    base = runs[0]["report"]
-    base_verdicts = {c["id"]: c["verdict"] for c in base["cells"]} if base else {}
-    rows = []
-    for r in runs:
-        rep = r.pop("report")
-        row = {k: v for k, v in r.items() if k != "log"}
-        if rep is None:
-            row.update(cells=0, identical=False, error="no report written")
-            rows.append(row)
-            continue
-        verdicts = {c["id"]: c["verdict"] for c in rep["cells"]}
-        differ = sorted(k for k in set(verdicts) | set(base_verdicts) if verdicts.get(k) != base_verdicts.get(k))
-        row.update(cells=len(verdicts), cells_wall_s=rep.get("wall_s"), summary=rep.get("summary"),
-                   identical_to_1gpu=not differ, differ=differ[:20],
-                   speedup_vs_1gpu=round(runs[0]["process_wall_s"] / r["process_wall_s"], 3),
-                   cells_speedup_vs_1gpu=round(base["wall_s"] / rep["wall_s"], 3) if rep.get("wall_s") else None)
-        rows.append(row)
+    # Two workers sharing one GPU: not the 2-GPU figure, but it shows how far the matrix is bound
+    # by the host side (Python, launches) that a second worker, on any GPU, takes in parallel.
+    plan.append(("local, 2 workers on 1 GPU", ["--device", "cuda", "--jobs", "2"]))
 
     dev = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
                          capture_output=True, text=True).stdout.strip()
@@ -114,9 +98,42 @@ def main() -> int:
         "command": "ONLY=scale bash bench/gpu_run.sh  (python3 bench/scale_out.py --json ...)",
         "scenarios": ns.scenario or ["*"],
         "warm_up": {"rc": warm["rc"], "process_wall_s": warm["process_wall_s"]},
-        "runs": rows,
+        "runs": [],
         "missing": missing,
     }
+    base_verdicts: dict[str, str] | None = None
+    base_wall: tuple[float, float] | None = None
+    for i, (label, args) in enumerate(plan):
+        left = None if ns.budget_s is None else ns.budget_s - (time.perf_counter() - began)
+        if left is not None and left < 20:
+            missing.append(f"{label}: not started, the time budget ({ns.budget_s:.0f} s) was spent")
+            continue
+        print(f"== {label}", flush=True)
+        r = _matrix([*args, *sel], f"{tmp}/run{i}.json", f"{logs}/scale-run{i}.txt", timeout=left)
+        rep = r.pop("report")
+        row = {k: v for k, v in r.items() if k != "log"}
+        row["label"] = label
+        if rep is None:
+            row.update(cells=0, identical_to_1gpu=False,
+                       error="cut by the time budget" if r["rc"] == 124 else "no report written")
+        else:
+            verdicts = {c["id"]: c["verdict"] for c in rep["cells"]}
+            if i == 0:
+                base_verdicts, base_wall = verdicts, (r["process_wall_s"], rep["wall_s"])
+            row.update(cells=len(verdicts), cells_wall_s=rep.get("wall_s"), summary=rep.get("summary"))
+            if base_verdicts is None:  # the 1-GPU run left no report: nothing to compare with
+                row.update(identical_to_1gpu=None, speedup_vs_1gpu=None, cells_speedup_vs_1gpu=None)
+            else:
+                differ = sorted(k for k in set(verdicts) | set(base_verdicts)
+                                if verdicts.get(k) != base_verdicts.get(k))
+                row.update(identical_to_1gpu=not differ, differ=differ[:20],
+                           speedup_vs_1gpu=round(base_wall[0] / r["process_wall_s"], 3),
+                           cells_speedup_vs_1gpu=round(base_wall[1] / rep["wall_s"], 3) if rep.get("wall_s") else None)
+        result["runs"].append(row)
+        # Rewritten after every run: a device call cut short still returns what it measured.
+        with open(ns.json, "w") as f:
+            json.dump(result, f, indent=1)
+    rows = result["runs"]
     with open(ns.json, "w") as f:
         json.dump(result, f, indent=1)
     print(f"{'run':<26} {'rc':>3} {'cells':>6} {'wall_s':>8} {'cells_s':>8} {'speedup':>8} identical")
