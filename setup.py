@@ -57,7 +57,9 @@ class EditableWheelWithStartupHook(editable_wheel):
 
 
 if not hasattr(editable_wheel, "_select_strategy"):  # pragma: no cover - a setuptools we do not know
-    raise SystemExit("sglfix: this setuptools has no editable_wheel._select_strategy; "
-                     "the start-up hook cannot go into an editable install (pip install . works)")
+    raise SystemExit(
+        "sglfix: this setuptools has no editable_wheel._select_strategy; "
+        "the start-up hook cannot go into an editable install (pip install . works)"
+    )
 
 setup(cmdclass={"build_py": BuildPyWithStartupHook, "editable_wheel": EditableWheelWithStartupHook})

@@ -36,8 +36,10 @@ CULPRITS = [
 ]
 FIRST_PR = 80001
 # A culprit whose wrong scale its masker undoes: alone it fails, with the masker it passes.
-MASKED = {"match": "            layer.scaling,\n",
-          "replacement": "            layer.scaling * (1.0 if getattr(self, '_sglfix_masker', False) else 1.5),\n"}
+MASKED = {
+    "match": "            layer.scaling,\n",
+    "replacement": "            layer.scaling * (1.0 if getattr(self, '_sglfix_masker', False) else 1.5),\n",
+}
 MASKER = {"match": "        md = self.forward_metadata\n", "append": "self._sglfix_masker = True\n"}
 
 
@@ -53,8 +55,10 @@ def write_toggles(directory: Path, n: int, planted: list[int], *, masker: int | 
         else:
             edit = CULPRITS[planted.index(i)] if i in planted else HARMLESS
             what = "breaks decode" if i in planted else "harmless"
-        text = yaml.safe_dump({"pr": pr, "title": f"synthetic {i} ({what})",
-                               "patches": [{"target": TARGET, "edits": [edit]}]}, sort_keys=False)
+        text = yaml.safe_dump(
+            {"pr": pr, "title": f"synthetic {i} ({what})", "patches": [{"target": TARGET, "edits": [edit]}]},
+            sort_keys=False,
+        )
         (directory / f"{pr}.yaml").write_text(text)
 
 
@@ -65,8 +69,25 @@ def planted_positions(n: int, k: int) -> list[int]:
 
 def bisect(directory: Path, out: Path) -> tuple[dict, float, int]:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "sglfix", "--toggles", str(directory), "bisect", "-s", SCENARIO,
-                           "--device", "cpu", "--json", str(out)], capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sglfix",
+            "--toggles",
+            str(directory),
+            "bisect",
+            "-s",
+            SCENARIO,
+            "--device",
+            "cpu",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     wall = time.perf_counter() - t0
     if proc.returncode not in (0, 1) or not out.exists():
         raise SystemExit(f"bisect failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
@@ -93,29 +114,59 @@ def main() -> int:
             pairs = sorted((m["culprit"], m["masked_by"]) for m in report["masking"])
             named = not masked or (str(FIRST_PR + planted[0]), str(FIRST_PR + masker)) in pairs
             log2n = math.ceil(math.log2(n))
-            rows.append({"n": n, "culprits": k, "masked_by": FIRST_PR + masker if masked else None,
-                         "planted": [FIRST_PR + i for i in planted], "found": [list(f) for f in found],
-                         "masking": [list(p) for p in pairs],
-                         "correct": found == want and code == 1 and named, "runs": report["runs"], "ceil_log2_n": log2n,
-                         "budget": k * (log2n + 2), "within_budget": masked or report["runs"] <= k * (log2n + 2),
-                         "runs_minus_k_log2n": report["runs"] - k * log2n, "naive_runs": n,
-                         "masking_runs": report["masking_runs"], "sets_run": report["sets_run"],
-                         "cells": report["cells"], "wall_s": round(wall, 1)})
+            rows.append(
+                {
+                    "n": n,
+                    "culprits": k,
+                    "masked_by": FIRST_PR + masker if masked else None,
+                    "planted": [FIRST_PR + i for i in planted],
+                    "found": [list(f) for f in found],
+                    "masking": [list(p) for p in pairs],
+                    "correct": found == want and code == 1 and named,
+                    "runs": report["runs"],
+                    "ceil_log2_n": log2n,
+                    "budget": k * (log2n + 2),
+                    "within_budget": masked or report["runs"] <= k * (log2n + 2),
+                    "runs_minus_k_log2n": report["runs"] - k * log2n,
+                    "naive_runs": n,
+                    "masking_runs": report["masking_runs"],
+                    "sets_run": report["sets_run"],
+                    "cells": report["cells"],
+                    "wall_s": round(wall, 1),
+                }
+            )
             r = rows[-1]
-            print(f"n={n:3d} culprits={k}{' masked' if masked else ''}: runs {r['runs']:3d} (budget {r['budget']}, "
-                  f"naive {n}), masking sets {r['masking_runs']}, {r['cells']} cells, {r['wall_s']} s, "
-                  f"{'found ' + ','.join(map(str, r['planted'])) if r['correct'] else 'WRONG: ' + str(found)}",
-                  flush=True)
+            print(
+                f"n={n:3d} culprits={k}{' masked' if masked else ''}: runs {r['runs']:3d} (budget {r['budget']}, "
+                f"naive {n}), masking sets {r['masking_runs']}, {r['cells']} cells, {r['wall_s']} s, "
+                f"{'found ' + ','.join(map(str, r['planted'])) if r['correct'] else 'WRONG: ' + str(found)}",
+                flush=True,
+            )
     print()
-    print(f"{'n':>4} {'culprits':>8} {'masked':>6} {'runs':>5} {'budget':>6} {'+masking':>8} {'naive n':>7} {'correct':>7}")
+    print(
+        f"{'n':>4} {'culprits':>8} {'masked':>6} {'runs':>5} {'budget':>6} {'+masking':>8} {'naive n':>7} {'correct':>7}"
+    )
     for r in rows:
-        print(f"{r['n']:>4} {r['culprits']:>8} {str(r['masked_by'] is not None):>6} {r['runs']:>5} {r['budget']:>6} "
-              f"{r['masking_runs']:>8} {r['naive_runs']:>7} {str(r['correct']):>7}")
+        print(
+            f"{r['n']:>4} {r['culprits']:>8} {r['masked_by'] is not None!s:>6} {r['runs']:>5} {r['budget']:>6} "
+            f"{r['masking_runs']:>8} {r['naive_runs']:>7} {r['correct']!s:>7}"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "tool": "sglfix bench/bisect_budget.py", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "host": platform.node(),
-            "scenario": SCENARIO, "device": "cpu", "rows": rows}, indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "tool": "sglfix bench/bisect_budget.py",
+                    "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                    "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+                    "host": platform.node(),
+                    "scenario": SCENARIO,
+                    "device": "cpu",
+                    "rows": rows,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     return 0 if all(r["correct"] and r["within_budget"] for r in rows) else 1
 
 

@@ -63,15 +63,28 @@ def main() -> int:
             same = same and cells(a) == cells(b)
             print(f"pair {i + 1}: A {runs['A'][-1]}  B {runs['B'][-1]}  same cells: {same}", flush=True)
     ratio = [x["wall_s"] / y["wall_s"] for x, y in zip(runs["A"], runs["B"])]
-    summary = {"A_wall_median_s": statistics.median(r["wall_s"] for r in runs["A"]),
-               "B_wall_median_s": statistics.median(r["wall_s"] for r in runs["B"]),
-               "A_over_B_wall_median": round(statistics.median(ratio), 4), "same_cells": same}
+    summary = {
+        "A_wall_median_s": statistics.median(r["wall_s"] for r in runs["A"]),
+        "B_wall_median_s": statistics.median(r["wall_s"] for r in runs["B"]),
+        "A_over_B_wall_median": round(statistics.median(ratio), 4),
+        "same_cells": same,
+    }
     print(json.dumps(summary))
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "tool": "sglfix bench/cpu_speed.py", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(), "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-            "runs": runs, **summary}, indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "tool": "sglfix bench/cpu_speed.py",
+                    "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                    "host": platform.node(),
+                    "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+                    "runs": runs,
+                    **summary,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     return 0 if same else 1
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import sglang_wheel as sw  # noqa: E402
+import sglang_wheel as sw
 
 
 def _timed(apply, text: str) -> float | None:
@@ -58,31 +58,55 @@ def main() -> int:
             sglang_cold, sglfix_cold = _timed(sglang_apply, text), _timed(sglfix_apply, text)
             if sglang_cold is None or sglfix_cold is None:
                 rows.append({"pr": pr, "applies": False})
-                print(f"{pr}: does not apply to 0.5.23 (refused by both engines)" if sglang_cold is None
-                      and sglfix_cold is None else f"{pr}: refused by one engine only")
+                print(
+                    f"{pr}: does not apply to 0.5.23 (refused by both engines)"
+                    if sglang_cold is None and sglfix_cold is None
+                    else f"{pr}: refused by one engine only"
+                )
                 continue
             a, b = [], []
             for _ in range(args.runs):
                 a.append(_timed(sglang_apply, text))
                 b.append(_timed(sglfix_apply, text))
-            row = {"pr": pr, "applies": True, "targets": len(extracted.targets(pr)),
-                   "sglang_cold_ms": round(sglang_cold * 1e3, 3), "sglfix_cold_ms": round(sglfix_cold * 1e3, 3),
-                   "sglang_warm_median_ms": round(statistics.median(a) * 1e3, 3),
-                   "sglfix_warm_median_ms": round(statistics.median(b) * 1e3, 3)}
+            row = {
+                "pr": pr,
+                "applies": True,
+                "targets": len(extracted.targets(pr)),
+                "sglang_cold_ms": round(sglang_cold * 1e3, 3),
+                "sglfix_cold_ms": round(sglfix_cold * 1e3, 3),
+                "sglang_warm_median_ms": round(statistics.median(a) * 1e3, 3),
+                "sglfix_warm_median_ms": round(statistics.median(b) * 1e3, 3),
+            }
             row["warm_ratio"] = round(row["sglfix_warm_median_ms"] / row["sglang_warm_median_ms"], 4)
             row["cold_ratio"] = round(row["sglfix_cold_ms"] / row["sglang_cold_ms"], 4)
             rows.append(row)
-    print(f"{'pr':>6} {'sglang warm ms':>14} {'sglfix warm ms':>14} {'ratio':>7} {'sglang cold ms':>14} "
-          f"{'sglfix cold ms':>14} {'ratio':>7}")
+    print(
+        f"{'pr':>6} {'sglang warm ms':>14} {'sglfix warm ms':>14} {'ratio':>7} {'sglang cold ms':>14} "
+        f"{'sglfix cold ms':>14} {'ratio':>7}"
+    )
     for r in rows:
         if r["applies"]:
-            print(f"{r['pr']:>6} {r['sglang_warm_median_ms']:>14} {r['sglfix_warm_median_ms']:>14} {r['warm_ratio']:>7} "
-                  f"{r['sglang_cold_ms']:>14} {r['sglfix_cold_ms']:>14} {r['cold_ratio']:>7}")
+            print(
+                f"{r['pr']:>6} {r['sglang_warm_median_ms']:>14} {r['sglfix_warm_median_ms']:>14} {r['warm_ratio']:>7} "
+                f"{r['sglang_cold_ms']:>14} {r['sglfix_cold_ms']:>14} {r['cold_ratio']:>7}"
+            )
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "tool": "sglfix bench/engine_speed.py", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(), "python": sys.version.split()[0], "sglang": sw.SGLANG_VERSION,
-            "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "runs": args.runs, "rows": rows}, indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "tool": "sglfix bench/engine_speed.py",
+                    "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                    "host": platform.node(),
+                    "python": sys.version.split()[0],
+                    "sglang": sw.SGLANG_VERSION,
+                    "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+                    "runs": args.runs,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     applied = [r for r in rows if r["applies"]]
     return 0 if applied and all(r["warm_ratio"] <= 0.2 for r in applied) else 1
 

@@ -31,8 +31,11 @@ class Cell:
 
 
 def _toggle(directory: Path, pr: int, preamble: str) -> None:
-    patch = {"target": TARGET, "preamble": textwrap.dedent(preamble).strip() + "\n",
-             "edits": [{"match": ANCHOR, "append": "pass\n"}]}
+    patch = {
+        "target": TARGET,
+        "preamble": textwrap.dedent(preamble).strip() + "\n",
+        "edits": [{"match": ANCHOR, "append": "pass\n"}],
+    }
     (directory / f"{pr}.yaml").write_text(yaml.safe_dump({"pr": pr, "title": f"probe {pr}", "patches": [patch]}))
 
 
@@ -67,15 +70,28 @@ def main() -> int:
             for c in cells:
                 t = time.monotonic()
                 (r,) = pool.run([c])
-                rows.append({"cell": c.id, "verdict": r.verdict, "seconds": round(time.monotonic() - t, 2),
-                             "message": r.key_figure})
+                rows.append(
+                    {
+                        "cell": c.id,
+                        "verdict": r.verdict,
+                        "seconds": round(time.monotonic() - t, 2),
+                        "message": r.key_figure,
+                    }
+                )
             pids = list(pool.pids)
         time.sleep(0.5)
         left = [p for p in pids if _alive(p)]
     ok = [r["verdict"] for r in rows] == ["FAULT", "TIMEOUT", "PASS"] and not left
-    data = {"device": info.get("device"), "device_name": info.get("device_name"), "timeout_s": timeout,
-            "cells": rows, "workers_started": len(pids), "workers_left": left, "ok": ok,
-            "wall_s": round(time.monotonic() - t0, 2)}
+    data = {
+        "device": info.get("device"),
+        "device_name": info.get("device_name"),
+        "timeout_s": timeout,
+        "cells": rows,
+        "workers_started": len(pids),
+        "workers_left": left,
+        "ok": ok,
+        "wall_s": round(time.monotonic() - t0, 2),
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
     print(f"{'cell':>6} {'verdict':>8} {'s':>6}  message")

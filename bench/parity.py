@@ -16,15 +16,20 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from sglfix.common.errors import SglfixError  # noqa: E402
-from sglfix.report.compare import compare_reports  # noqa: E402
-from sglfix.report.load import load_report  # noqa: E402
-from sglfix.report.output import check_output_path, write_json  # noqa: E402
+from sglfix.common.errors import SglfixError
+from sglfix.report.compare import compare_reports
+from sglfix.report.load import load_report
+from sglfix.report.output import check_output_path, write_json
 
 
 def _side(path: str, report: dict) -> dict:
-    return {"file": path, "device": report.get("device"), "device_name": report.get("device_name"),
-            "wall_s": report.get("wall_s"), "cells": len(report["cells"])}
+    return {
+        "file": path,
+        "device": report.get("device"),
+        "device_name": report.get("device_name"),
+        "wall_s": report.get("wall_s"),
+        "cells": len(report["cells"]),
+    }
 
 
 def main() -> int:
@@ -40,12 +45,20 @@ def main() -> int:
         print(f"parity: error: {exc}", file=sys.stderr)
         return 2
     result = compare_reports(da, db)
-    differ = [{"toggles": ",".join(c.toggles), "scenario": c.scenario, args.a: c.old, args.b: c.new}
-              for c in sorted(result.changed, key=lambda c: (",".join(c.toggles), c.scenario))]
+    differ = [
+        {"toggles": ",".join(c.toggles), "scenario": c.scenario, args.a: c.old, args.b: c.new}
+        for c in sorted(result.changed, key=lambda c: (",".join(c.toggles), c.scenario))
+    ]
     by_id = {c["id"]: c for c in (*da["cells"], *db["cells"])}
     only = sorted([",".join(by_id[i]["toggles"]), by_id[i]["scenario"]] for i in result.only_old + result.only_new)
-    summary = {"a": _side(args.a, da), "b": _side(args.b, db), "common_cells": result.common,
-               "agree": result.same, "differ": differ, "missing_in_one": only}
+    summary = {
+        "a": _side(args.a, da),
+        "b": _side(args.b, db),
+        "common_cells": result.common,
+        "agree": result.same,
+        "differ": differ,
+        "missing_in_one": only,
+    }
     if args.json:
         write_json(args.json, summary)
     print(f"{result.common} common cells: {result.same} agree, {len(differ)} differ; {len(only)} in one report only")

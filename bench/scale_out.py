@@ -26,26 +26,40 @@ import time
 
 
 def _gpu_count() -> int:
-    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(out.stdout.strip().splitlines()[-1])
 
 
-def _matrix(args: list[str], json_path: str, log_path: str, *, every_cell: bool = True,
-            timeout: float | None = None) -> dict:
+def _matrix(
+    args: list[str], json_path: str, log_path: str, *, every_cell: bool = True, timeout: float | None = None
+) -> dict:
     reach = ["--no-reachability"] if every_cell else []
     cmd = [sys.executable, "-m", "sglfix", "matrix", "--parts", *reach, *args, "--json", json_path]
     start = time.perf_counter()
     with open(log_path, "w") as log:
         try:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "250"},
-                                timeout=timeout).returncode
+            rc = subprocess.run(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "250"}, timeout=timeout
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = 124
     wall = time.perf_counter() - start
-    report = json.load(open(json_path)) if rc != 124 and os.path.exists(json_path) else None
-    return {"command": " ".join(["sglfix", *cmd[3:]]), "rc": rc, "process_wall_s": round(wall, 2),
-            "report": report, "log": log_path}
+    report = None
+    if rc != 124 and os.path.exists(json_path):
+        with open(json_path) as f:
+            report = json.load(f)
+    return {
+        "command": " ".join(["sglfix", *cmd[3:]]),
+        "rc": rc,
+        "process_wall_s": round(wall, 2),
+        "report": report,
+        "log": log_path,
+    }
 
 
 def main() -> int:
@@ -54,9 +68,13 @@ def main() -> int:
     ap.add_argument("--skip-ray", action="store_true", help="no Ray run (Ray not installed)")
     ap.add_argument("-s", "--scenario", action="append", default=[], help="scenario globs (default: every one)")
     ap.add_argument("--logs", default=None, help="folder for the runs' output (default: next to --json)")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="stop starting runs once this many seconds have passed (a device call has a hard limit); "
-                         "a run cut by it is recorded as missing, and the JSON is rewritten after every run")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="stop starting runs once this many seconds have passed (a device call has a hard limit); "
+        "a run cut by it is recorded as missing, and the JSON is rewritten after every run",
+    )
     ns = ap.parse_args()
     logs = ns.logs or os.path.dirname(os.path.abspath(ns.json))
     os.makedirs(logs, exist_ok=True)
@@ -89,12 +107,15 @@ def main() -> int:
     # by the host side (Python, launches) that a second worker, on any GPU, takes in parallel.
     plan.append(("local, 2 workers on 1 GPU", ["--device", "cuda", "--jobs", "2"]))
 
-    dev = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
-                         capture_output=True, text=True).stdout.strip()
+    dev = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"], capture_output=True, text=True
+    ).stdout.strip()
     result = {
         "bench": "scale-out",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device_name": dev, "gpus": gpus, "cpu_count": os.cpu_count(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device_name": dev,
+        "gpus": gpus,
+        "cpu_count": os.cpu_count(),
         "command": "ONLY=scale bash bench/gpu_run.sh  (python3 bench/scale_out.py --json ...)",
         "scenarios": ns.scenario or ["*"],
         "warm_up": {"rc": warm["rc"], "process_wall_s": warm["process_wall_s"]},
@@ -114,8 +135,11 @@ def main() -> int:
         row = {k: v for k, v in r.items() if k != "log"}
         row["label"] = label
         if rep is None:
-            row.update(cells=0, identical_to_1gpu=False,
-                       error="cut by the time budget" if r["rc"] == 124 else "no report written")
+            row.update(
+                cells=0,
+                identical_to_1gpu=False,
+                error="cut by the time budget" if r["rc"] == 124 else "no report written",
+            )
         else:
             verdicts = {c["id"]: c["verdict"] for c in rep["cells"]}
             if i == 0:
@@ -124,11 +148,15 @@ def main() -> int:
             if base_verdicts is None:  # the 1-GPU run left no report: nothing to compare with
                 row.update(identical_to_1gpu=None, speedup_vs_1gpu=None, cells_speedup_vs_1gpu=None)
             else:
-                differ = sorted(k for k in set(verdicts) | set(base_verdicts)
-                                if verdicts.get(k) != base_verdicts.get(k))
-                row.update(identical_to_1gpu=not differ, differ=differ[:20],
-                           speedup_vs_1gpu=round(base_wall[0] / r["process_wall_s"], 3),
-                           cells_speedup_vs_1gpu=round(base_wall[1] / rep["wall_s"], 3) if rep.get("wall_s") else None)
+                differ = sorted(
+                    k for k in set(verdicts) | set(base_verdicts) if verdicts.get(k) != base_verdicts.get(k)
+                )
+                row.update(
+                    identical_to_1gpu=not differ,
+                    differ=differ[:20],
+                    speedup_vs_1gpu=round(base_wall[0] / r["process_wall_s"], 3),
+                    cells_speedup_vs_1gpu=round(base_wall[1] / rep["wall_s"], 3) if rep.get("wall_s") else None,
+                )
         result["runs"].append(row)
         # Rewritten after every run: a device call cut short still returns what it measured.
         with open(ns.json, "w") as f:
@@ -138,8 +166,10 @@ def main() -> int:
         json.dump(result, f, indent=1)
     print(f"{'run':<26} {'rc':>3} {'cells':>6} {'wall_s':>8} {'cells_s':>8} {'speedup':>8} identical")
     for row in rows:
-        print(f"{row['label']:<26} {row['rc']:>3} {row['cells']:>6} {row['process_wall_s']:>8} "
-              f"{row.get('cells_wall_s', '-')!s:>8} {row.get('speedup_vs_1gpu', '-')!s:>8} {row.get('identical_to_1gpu')}")
+        print(
+            f"{row['label']:<26} {row['rc']:>3} {row['cells']:>6} {row['process_wall_s']:>8} "
+            f"{row.get('cells_wall_s', '-')!s:>8} {row.get('speedup_vs_1gpu', '-')!s:>8} {row.get('identical_to_1gpu')}"
+        )
     for m in missing:
         print("missing:", m)
     return 0 if all(r.get("identical_to_1gpu") for r in rows) else 1

@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 VERSION = "0.5.23"
 
 
-def _timed(cmd: list[str], *, env: dict | None = None, cwd: Path | None = None) -> tuple[float, subprocess.CompletedProcess]:
+def _timed(
+    cmd: list[str], *, env: dict | None = None, cwd: Path | None = None
+) -> tuple[float, subprocess.CompletedProcess]:
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
     return time.perf_counter() - t0, r
@@ -46,27 +48,54 @@ def install(venv: Path) -> dict:
     _check("venv", r)
     steps["venv"] = round(t, 1)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    for name, args in (("torch", ["torch==2.13.0"]), ("sglang --no-deps", ["--no-deps", f"sglang=={VERSION}"]),
-                       ("sglfix[sglang]", [f"{ROOT}[sglang]"])):
+    for name, args in (
+        ("torch", ["torch==2.13.0"]),
+        ("sglang --no-deps", ["--no-deps", f"sglang=={VERSION}"]),
+        ("sglfix[sglang]", [f"{ROOT}[sglang]"]),
+    ):
         t, r = _timed(pip + args)
         _check(name, r)
         steps[name] = round(t, 1)
-    return {"steps_s": steps, "total_s": round(sum(steps.values()), 1),
-            "venv_mb": round(sum(f.stat().st_size for f in venv.rglob("*") if f.is_file()) / 2**20)}
+    return {
+        "steps_s": steps,
+        "total_s": round(sum(steps.values()), 1),
+        "venv_mb": round(sum(f.stat().st_size for f in venv.rglob("*") if f.is_file()) / 2**20),
+    }
 
 
 def matrix(venv: Path, out: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLFIX_", "SGLANG_DEBUG"))}
     env["COLUMNS"] = "200"
-    t, r = _timed([str(venv / "bin" / "sglfix"), "matrix", "--profile", f"sglang-{VERSION}", "--parts", "--device", "cpu",
-                   "--json", str(out)], env=env, cwd=Path(tempfile.gettempdir()))
+    t, r = _timed(
+        [
+            str(venv / "bin" / "sglfix"),
+            "matrix",
+            "--profile",
+            f"sglang-{VERSION}",
+            "--parts",
+            "--device",
+            "cpu",
+            "--json",
+            str(out),
+        ],
+        env=env,
+        cwd=Path(tempfile.gettempdir()),
+    )
     report = json.loads(out.read_text()) if out.exists() else {}
-    return {"exit_code": r.returncode, "process_wall_s": round(t, 1), "cells_wall_s": report.get("wall_s"),
-            "cells": len(report.get("cells", [])), "summary": report.get("summary"),
-            "codebase": report.get("codebase"),
-            "expectations": {"met": sum(1 for e in report.get("expectations", []) if e.get("met")),
-                             "total": len(report.get("expectations", []))},
-            "stray": len(report.get("stray", [])), "tail": (r.stdout + r.stderr)[-1500:]}
+    return {
+        "exit_code": r.returncode,
+        "process_wall_s": round(t, 1),
+        "cells_wall_s": report.get("wall_s"),
+        "cells": len(report.get("cells", [])),
+        "summary": report.get("summary"),
+        "codebase": report.get("codebase"),
+        "expectations": {
+            "met": sum(1 for e in report.get("expectations", []) if e.get("met")),
+            "total": len(report.get("expectations", [])),
+        },
+        "stray": len(report.get("stray", [])),
+        "tail": (r.stdout + r.stderr)[-1500:],
+    }
 
 
 def main() -> None:
@@ -78,9 +107,13 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="sglfix-sglang-"))
     venv = args.venv or scratch / "venv"
     try:
-        result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  "host": platform.node(), "cpus": os.cpu_count(), "python": sys.version.split()[0],
-                  "command": " ".join(["python", "bench/sglang_cpu.py", *sys.argv[1:]])}
+        result = {
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "host": platform.node(),
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "command": " ".join(["python", "bench/sglang_cpu.py", *sys.argv[1:]]),
+        }
         if not (args.reuse and (venv / "bin" / "sglfix").exists()):
             result["install"] = install(venv)
         result["matrix"] = matrix(venv, scratch / "matrix.json")
@@ -89,8 +122,13 @@ def main() -> None:
             if report.exists():
                 shutil.copy(report, args.json.with_name(args.json.stem + "-matrix.json"))
             args.json.write_text(json.dumps(result, indent=2) + "\n")
-        print(json.dumps({k: v for k, v in result.items() if k != "matrix"} | {
-            "matrix": {k: v for k, v in result["matrix"].items() if k != "tail"}}, indent=2))
+        print(
+            json.dumps(
+                {k: v for k, v in result.items() if k != "matrix"}
+                | {"matrix": {k: v for k, v in result["matrix"].items() if k != "tail"}},
+                indent=2,
+            )
+        )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

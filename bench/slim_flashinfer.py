@@ -18,12 +18,32 @@ import sys
 import zipfile
 from pathlib import Path
 
-DROP_PREFIXES = tuple(f"flashinfer/data/{p}" for p in (
-    "csrc/cake_", "csrc/kda", "csrc/gdn", "csrc/fused_moe", "csrc/blackwell_", "csrc/experimental",
-    "csrc/alphamoe", "csrc/nv_internal", "csrc/cutlass_", "csrc/moe", "csrc/trtllm_", "csrc/xqa",
-    "cutlass/examples", "cutlass/python", "cutlass/test", "cutlass/tools", "cutlass/media", "cccl/python",
-    "cccl/docs", "cccl/test", "cccl/examples",
-))
+DROP_PREFIXES = tuple(
+    f"flashinfer/data/{p}"
+    for p in (
+        "csrc/cake_",
+        "csrc/kda",
+        "csrc/gdn",
+        "csrc/fused_moe",
+        "csrc/blackwell_",
+        "csrc/experimental",
+        "csrc/alphamoe",
+        "csrc/nv_internal",
+        "csrc/cutlass_",
+        "csrc/moe",
+        "csrc/trtllm_",
+        "csrc/xqa",
+        "cutlass/examples",
+        "cutlass/python",
+        "cutlass/test",
+        "cutlass/tools",
+        "cutlass/media",
+        "cccl/python",
+        "cccl/docs",
+        "cccl/test",
+        "cccl/examples",
+    )
+)
 
 
 def keep(name: str) -> bool:

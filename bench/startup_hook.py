@@ -52,20 +52,42 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        "-w", str(tmp / "wheel"), str(ROOT)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "-w",
+                str(tmp / "wheel"),
+                str(ROOT),
+            ],
+            check=True,
+        )
         shutil.rmtree(ROOT / "build", ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(tmp / "venv")], check=True)
         py = str(tmp / "venv" / "bin" / "python")
-        site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                   capture_output=True, text=True, check=True).stdout.strip())
+        site = Path(
+            subprocess.run(
+                [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        )
         ours = sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
         (site / "test-env-packages.pth").write_text("\n".join(ours) + "\n")
         (wheel,) = (tmp / "wheel").glob("sglfix-*.whl")
         subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
-        env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "PYTHONPATH", "SGLFIX_PROFILE")}
-        timing = subprocess.run([py, "-X", "importtime", "-c", "pass"], env=env, capture_output=True,
-                                text=True, check=True, cwd=tmp).stderr
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "PYTHONPATH", "SGLFIX_PROFILE")
+        }
+        timing = subprocess.run(
+            [py, "-X", "importtime", "-c", "pass"], env=env, capture_output=True, text=True, check=True, cwd=tmp
+        ).stderr
         names = [line.rsplit("|", 1)[-1].strip() for line in timing.splitlines() if "|" in line]
         flagged = [n for n in names if "sglfix" in n or n.split(".")[0] in HEAVY]
         pth = site / PTH
@@ -87,8 +109,10 @@ def main() -> None:
         set_ms = statistics.median(_median_ms([py, "-c", "pass"], set_env, max(5, args.runs // 3)) for _ in range(3))
         report = {
             "tool": "sglfix bench/startup_hook.py",
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "host": platform.node(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
             "command": "python bench/startup_hook.py" + (f" --json {args.json}" if args.json else ""),
             "install": "pip install --no-deps <sglfix wheel> into a fresh venv (not editable)",
             "unset": {

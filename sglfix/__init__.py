@@ -44,7 +44,21 @@ _EXPORTS = {
     "load_registry": "sglfix.toggling.registry",
 }
 
-__all__ = sorted([*_EXPORTS, "maybe_revert_pr_fix", "reverted_ids"])
+__all__ = [
+    "CodePatcher",
+    "ConfigError",
+    "EditSpec",
+    "PatchApplicationError",
+    "PatchConfig",
+    "PatchSpec",
+    "PatchState",
+    "SglfixError",
+    "apply_patches_from_config",
+    "load_registry",
+    "maybe_revert_pr_fix",
+    "patch_function",
+    "reverted_ids",
+]
 
 
 def reverted_ids() -> list:
@@ -82,8 +96,8 @@ def maybe_revert_pr_fix(*, registry: Any = None, allowed_prefixes: Any = None) -
 if TYPE_CHECKING:  # pragma: no cover
     from sglfix.common.errors import ConfigError, PatchApplicationError, SglfixError
     from sglfix.patching.patcher import CodePatcher, PatchState, apply_patches_from_config, patch_function
-    from sglfix.toggling.registry import load_registry
     from sglfix.patching.types import EditSpec, PatchConfig, PatchSpec
+    from sglfix.toggling.registry import load_registry
 
 
 def __getattr__(name: str) -> Any:

@@ -40,17 +40,28 @@ REPORT_ENV = "SGLFIX_CHECK_REPORT"  # where to write {nodeid: [{id, outcome, det
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("sglfix", "revert historical fixes (sglfix)")
-    group.addoption("--sglfix-revert", action="store", metavar="IDS", default=None,
-                    help="revert these fixes for the whole session, child processes included (26651,27460:sizing)")
-    group.addoption("--sglfix-check-fixes", action="store_true", default=False,
-                    help="run each @pytest.mark.fixed_by test once per claimed fix with that fix reverted; "
-                         "exit 1 unless every claim is caught")
+    group.addoption(
+        "--sglfix-revert",
+        action="store",
+        metavar="IDS",
+        default=None,
+        help="revert these fixes for the whole session, child processes included (26651,27460:sizing)",
+    )
+    group.addoption(
+        "--sglfix-check-fixes",
+        action="store_true",
+        default=False,
+        help="run each @pytest.mark.fixed_by test once per claimed fix with that fix reverted; "
+        "exit 1 unless every claim is caught",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", f"{MARK}(*ids): the historical fixes this test guards (sglfix ids like 26651:clamp); "
-                   "pytest --sglfix-check-fixes checks that reverting each makes the test fail")
+        "markers",
+        f"{MARK}(*ids): the historical fixes this test guards (sglfix ids like 26651:clamp); "
+        "pytest --sglfix-check-fixes checks that reverting each makes the test fail",
+    )
     revert = config.getoption("--sglfix-revert")
     check = config.getoption("--sglfix-check-fixes")
     if revert is not None or check:
@@ -155,7 +166,8 @@ class SglfixPlugin:
                 ids += [t.strip() for t in str(arg).split(",")] if isinstance(arg, (str, int)) else [arg]
         # Outside claims name a test (all its parameter sets) or one parametrized case.
         ids += self.extra_claims.get(item.nodeid, []) + (
-            self.extra_claims.get(item.nodeid.split("[")[0], []) if "[" in item.nodeid else [])
+            self.extra_claims.get(item.nodeid.split("[")[0], []) if "[" in item.nodeid else []
+        )
         return list(dict.fromkeys(ids))
 
     @pytest.hookimpl(trylast=True)
@@ -170,7 +182,9 @@ class SglfixPlugin:
             for item in items:
                 for rid in self._claims(item):
                     if not isinstance(rid, str) or not rid:
-                        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{MARK}({rid!r}): give fix ids like 26651:clamp")
+                        raise pytest.UsageError(
+                            f"{item.nodeid}: @pytest.mark.{MARK}({rid!r}): give fix ids like 26651:clamp"
+                        )
                     registry.select(rid, what=f"{item.nodeid}: @pytest.mark.{MARK}")
         except SglfixError as exc:
             raise _usage(exc) from None
@@ -214,8 +228,12 @@ class SglfixPlugin:
         failed = [r for r in reports if r.failed]
         xfail = next((r for r in reports if hasattr(r, "wasxfail")), None)
         if xfail is not None:  # expected to fail either way: it cannot tell the revert
-            return {"id": rid, "outcome": "not-run", "detail": f"xfail ({xfail.wasxfail or 'no reason'}): a test "
-                                                                f"expected to fail cannot show the fix's revert"}
+            return {
+                "id": rid,
+                "outcome": "not-run",
+                "detail": f"xfail ({xfail.wasxfail or 'no reason'}): a test "
+                f"expected to fail cannot show the fix's revert",
+            }
         skipped = next((r for r in reports if r.skipped), None)
         if not failed and skipped is not None:
             reason = skipped.longrepr[2] if isinstance(skipped.longrepr, tuple) else str(skipped.longrepr)
@@ -223,7 +241,7 @@ class SglfixPlugin:
         if not failed:
             return {"id": rid, "outcome": "not-caught", "detail": "passed with the fix reverted"}
         first = failed[0]
-        text = str(getattr(first.longrepr, "reprcrash", None) and first.longrepr.reprcrash.message or first.longrepr)
+        text = str((getattr(first.longrepr, "reprcrash", None) and first.longrepr.reprcrash.message) or first.longrepr)
         return {"id": rid, "outcome": "caught", "detail": f"{first.when}: {text.splitlines()[0] if text else 'failed'}"}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -247,8 +265,12 @@ class SglfixPlugin:
                 json.dump(self.results, fh, indent=1)
 
     def _uncaught(self) -> list[tuple[str, dict]]:
-        return [(node, o) for node, outcomes in self.results.items() for o in outcomes
-                if o["outcome"] in ("not-caught", "error")]
+        return [
+            (node, o)
+            for node, outcomes in self.results.items()
+            for o in outcomes
+            if o["outcome"] in ("not-caught", "error")
+        ]
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if not self.check or exitstatus == pytest.ExitCode.USAGE_ERROR:
@@ -260,16 +282,24 @@ class SglfixPlugin:
             return
         for node, outcomes in self.results.items():
             for o in outcomes:
-                label = {"caught": "caught", "not-caught": "NOT caught", "error": "ERROR", "not-run": "not run"}[o["outcome"]]
-                tr.write_line(f"{label:<11} {o['id']:<24} {node}  ({o['detail']})",
-                              green=o["outcome"] == "caught", red=o["outcome"] in ("not-caught", "error"),
-                              yellow=o["outcome"] == "not-run")
+                label = {"caught": "caught", "not-caught": "NOT caught", "error": "ERROR", "not-run": "not run"}[
+                    o["outcome"]
+                ]
+                tr.write_line(
+                    f"{label:<11} {o['id']:<24} {node}  ({o['detail']})",
+                    green=o["outcome"] == "caught",
+                    red=o["outcome"] in ("not-caught", "error"),
+                    yellow=o["outcome"] == "not-run",
+                )
         bad = self._uncaught()
         total = sum(len(v) for v in self.results.values())
         not_run = sum(o["outcome"] == "not-run" for v in self.results.values() for o in v)
         caught = total - len(bad) - not_run
-        tr.write_line(f"{caught}/{total} claims caught" + (f"; {not_run} not run (skipped or xfail)" if not_run else "")
-                      + (f"; {len(bad)} not: exit 1" if bad else ""))
+        tr.write_line(
+            f"{caught}/{total} claims caught"
+            + (f"; {not_run} not run (skipped or xfail)" if not_run else "")
+            + (f"; {len(bad)} not: exit 1" if bad else "")
+        )
 
 
 def _log_claim(config: pytest.Config, report: pytest.TestReport, outcome: dict) -> None:

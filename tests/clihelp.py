@@ -23,8 +23,9 @@ def run_cli(*args: str, env: dict | None = None, cwd: str | None = None, timeout
     full_env.update(env or {})
     fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (fixtures, full_env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run([sys.executable, "-m", "sglfix", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglfix", *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout
+    )
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 

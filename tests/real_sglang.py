@@ -26,15 +26,15 @@ def require_sglang() -> str:
     if found is None:
         pytest.fail(f"real sglang is not installed in this environment; install it: {INSTALL}", pytrace=False)
     if found.version != VERSION:
-        pytest.fail(f"sglang {found.version} is installed ({found.path}); these tests need {VERSION}: {INSTALL}",
-                    pytrace=False)
+        pytest.fail(
+            f"sglang {found.version} is installed ({found.path}); these tests need {VERSION}: {INSTALL}", pytrace=False
+        )
     return found.path
 
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment of a fresh user process: no sglfix selection inherited from this one."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SGLFIX_", "PYTEST_", "SGLANG_DEBUG_REVERT_PR"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLFIX_", "PYTEST_", "SGLANG_DEBUG_REVERT_PR"))}
     env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     env.update(extra)
     return env
@@ -45,8 +45,10 @@ def clean_env(**extra: str) -> dict[str, str]:
 STANDINS = "from sglfix.codebases.standins import install as _standins; _standins()\n"
 
 
-def run_python(code: str, *, env: dict[str, str], args: tuple[str, ...] = (), timeout: float = 300,
-               standins: bool = True) -> subprocess.CompletedProcess:
+def run_python(
+    code: str, *, env: dict[str, str], args: tuple[str, ...] = (), timeout: float = 300, standins: bool = True
+) -> subprocess.CompletedProcess:
     program = (STANDINS if standins else "") + textwrap.dedent(code)
-    return subprocess.run([sys.executable, *args, "-c", program], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args, "-c", program], capture_output=True, text=True, env=env, timeout=timeout
+    )

@@ -21,7 +21,6 @@ Helpers to run an engine on a YAML and to fingerprint code objects complete the 
 """
 
 from __future__ import annotations
-
 import __future__
 
 import ast
@@ -34,9 +33,10 @@ import subprocess
 import sys
 import types
 import zipfile
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import yaml
 
@@ -117,7 +117,7 @@ def parse_revert_yamls(source: str) -> dict[int, str]:
                 and isinstance(value, ast.Constant)
                 and isinstance(value.value, str)
             ):
-                out[int(target.id[len(YAML_PREFIX):])] = value.value
+                out[int(target.id[len(YAML_PREFIX) :])] = value.value
     return out
 
 
@@ -127,14 +127,14 @@ def yaml_targets(yaml_text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class TargetLocation:
-    target: str                 # sglang.srt.speculative.eagle_utils._eagle_prefill_tail_tokens
-    module: str                 # sglang.srt.speculative.eagle_utils
-    member: "tuple[str, ...]"   # ("_eagle_prefill_tail_tokens",) or ("Class", "method")
-    relpath: str                # sglang/srt/speculative/eagle_utils.py
+    target: str  # sglang.srt.speculative.eagle_utils._eagle_prefill_tail_tokens
+    module: str  # sglang.srt.speculative.eagle_utils
+    member: tuple[str, ...]  # ("_eagle_prefill_tail_tokens",) or ("Class", "method")
+    relpath: str  # sglang/srt/speculative/eagle_utils.py
     is_package: bool = False
 
 
-def locate_target(names: "set[str]", target: str) -> TargetLocation:
+def locate_target(names: set[str], target: str) -> TargetLocation:
     """Longest prefix of the dotted target that is a ``.py`` file or package in the wheel."""
     parts = target.split(".")
     for cut in range(len(parts) - 1, 0, -1):
@@ -142,18 +142,16 @@ def locate_target(names: "set[str]", target: str) -> TargetLocation:
         if f"{stem}.py" in names:
             return TargetLocation(target, ".".join(parts[:cut]), tuple(parts[cut:]), f"{stem}.py")
         if f"{stem}/__init__.py" in names:
-            return TargetLocation(
-                target, ".".join(parts[:cut]), tuple(parts[cut:]), f"{stem}/__init__.py", True
-            )
+            return TargetLocation(target, ".".join(parts[:cut]), tuple(parts[cut:]), f"{stem}/__init__.py", True)
     raise LookupError(f"no module of the wheel holds {target!r}")
 
 
 @dataclass
 class ExtractedWheel:
     wheel: Path
-    root: Path                                  # directory holding the extracted sglang/
-    yamls: dict[int, str]                       # PR number -> revert YAML
-    locations: dict[str, TargetLocation]        # target -> where it lives
+    root: Path  # directory holding the extracted sglang/
+    yamls: dict[int, str]  # PR number -> revert YAML
+    locations: dict[str, TargetLocation]  # target -> where it lives
     _trees: dict[str, ast.Module] = field(default_factory=dict, repr=False)
 
     def path(self, relpath: str) -> Path:
@@ -207,15 +205,15 @@ class _Placeholder:
     def __repr__(self) -> str:
         return f"<placeholder {self._name}>"
 
-    def __getitem__(self, item: Any) -> "_Placeholder":   # Optional[X]-style annotations
+    def __getitem__(self, item: Any) -> _Placeholder:  # Optional[X]-style annotations
         return self
 
-    def __getattr__(self, item: str) -> "_Placeholder":
+    def __getattr__(self, item: str) -> _Placeholder:
         if item.startswith("__"):
             raise AttributeError(item)
         return _Placeholder(f"{self._name}.{item}")
 
-    def __or__(self, other: Any) -> "_Placeholder":
+    def __or__(self, other: Any) -> _Placeholder:
         return self
 
     __ror__ = __or__
@@ -232,7 +230,7 @@ def _future_flags(tree: ast.Module) -> int:
     return flags
 
 
-def _find_def(tree: ast.Module, member: "tuple[str, ...]") -> "tuple[list[str], ast.FunctionDef]":
+def _find_def(tree: ast.Module, member: tuple[str, ...]) -> tuple[list[str], ast.FunctionDef]:
     body: list[ast.stmt] = tree.body
     classes: list[str] = []
     for i, name in enumerate(member):
@@ -241,7 +239,7 @@ def _find_def(tree: ast.Module, member: "tuple[str, ...]") -> "tuple[list[str], 
         found = [node for node in body if isinstance(node, kinds) and node.name == name]
         if not found:
             raise LookupError(f"{'.'.join(member)}: no {'def' if last else 'class'} {name!r}")
-        node = found[-1]   # the last definition wins, as at runtime
+        node = found[-1]  # the last definition wins, as at runtime
         if last:
             return classes, node  # type: ignore[return-value]
         classes.append(name)
@@ -282,7 +280,7 @@ class FakeSglang:
         if parent:
             self._package(parent)
         module = types.ModuleType(name)
-        module.__path__ = []            # a package that can find no submodule on disk
+        module.__path__ = []  # a package that can find no submodule on disk
         module.__package__ = name
         init = self.extracted.root / name.replace(".", "/") / "__init__.py"
         if init.exists():
@@ -365,7 +363,7 @@ class FakeSglang:
 
     # ---- context manager
 
-    def __enter__(self) -> "FakeSglang":
+    def __enter__(self) -> FakeSglang:
         try:
             for target in self.targets:
                 fn = self._define(target)
@@ -433,9 +431,7 @@ def fingerprint(code: types.CodeType) -> dict[str, Any]:
         "freevars": code.co_freevars,
         "cellvars": code.co_cellvars,
         "instructions": tuple(ops),
-        "consts": tuple(
-            fingerprint(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts
-        ),
+        "consts": tuple(fingerprint(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts),
     }
 
 
@@ -458,13 +454,13 @@ def fingerprint_diff(a: Any, b: Any, path: str = "") -> list[str]:
 
 @dataclass
 class Outcome:
-    status: str                                     # "applied" | "refused"
+    status: str  # "applied" | "refused"
     fingerprints: dict[str, dict[str, Any]] = field(default_factory=dict)
     error_type: str = ""
     error: str = ""
     exc: BaseException | None = None
     states: list[Any] = field(default_factory=list)
-    restored: bool = False                          # every __code__ is the original again
+    restored: bool = False  # every __code__ is the original again
     leftover: list[str] = field(default_factory=list)  # targets still patched after a refusal
 
     def summary(self) -> tuple[str, str]:
@@ -476,14 +472,12 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def run_engine(
-    apply: Callable[[str], list[Any]], yaml_text: str, fake: FakeSglang, targets: Iterable[str]
-) -> Outcome:
+def run_engine(apply: Callable[[str], list[Any]], yaml_text: str, fake: FakeSglang, targets: Iterable[str]) -> Outcome:
     """Apply a YAML with an engine, fingerprint what it produced, then restore."""
     targets = list(targets)
     try:
         states = apply(yaml_text)
-    except Exception as exc:  # noqa: BLE001 - we record whatever the engine raises
+    except Exception as exc:
         outcome = Outcome(
             status="refused",
             error_type=type(exc).__name__,
@@ -499,7 +493,5 @@ def run_engine(
         outcome.fingerprints[target] = fingerprint(fake.functions[target].__code__)
     for state in reversed(outcome.states):
         state.restore()
-    outcome.restored = all(
-        fake.functions[t].__code__ is fake.original_code[t] for t in fake.functions
-    )
+    outcome.restored = all(fake.functions[t].__code__ is fake.original_code[t] for t in fake.functions)
     return outcome

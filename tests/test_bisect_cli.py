@@ -11,9 +11,23 @@ SCENARIOS = "triton-draft-extend-v2@cg=graph,builder=*,gpu_only=off"
 
 def test_bisect_names_culprits_and_the_masking_pair(tmp_path):
     out, xml, md, summary = tmp_path / "b.json", tmp_path / "b.xml", tmp_path / "b.md", tmp_path / "summary.md"
-    r = run_cli("bisect", "-s", SCENARIOS, "-r", "26651:fixture,26651:triton-kv-lens,26651:clamp,26738:glue-constant",
-                "--device", "cpu", "--json", str(out), "--junit", str(xml), "--markdown", str(md), timeout=900,
-                env={"GITHUB_STEP_SUMMARY": str(summary)})
+    r = run_cli(
+        "bisect",
+        "-s",
+        SCENARIOS,
+        "-r",
+        "26651:fixture,26651:triton-kv-lens,26651:clamp,26738:glue-constant",
+        "--device",
+        "cpu",
+        "--json",
+        str(out),
+        "--junit",
+        str(xml),
+        "--markdown",
+        str(md),
+        timeout=900,
+        env={"GITHUB_STEP_SUMMARY": str(summary)},
+    )
     assert r.code == 1, r.out[-2000:] + r.err[-2000:]  # culprits found: a failure for CI and git bisect
     data = json.loads(out.read_text())
     assert data["candidates"] == 4
@@ -47,8 +61,18 @@ def test_parts_that_mask_each_other_are_found_though_reverting_both_passes(tmp_p
     and the masking, and no set runs twice."""
     out = tmp_path / "b.json"
     kit = "triton-draft-extend-v2@cg=graph,builder=kit,gpu_only=off"
-    r = run_cli("bisect", "-s", kit, "-r", "26651:fixture,26651:triton-kv-lens", "--device", "cpu",
-                "--json", str(out), timeout=900)
+    r = run_cli(
+        "bisect",
+        "-s",
+        kit,
+        "-r",
+        "26651:fixture,26651:triton-kv-lens",
+        "--device",
+        "cpu",
+        "--json",
+        str(out),
+        timeout=900,
+    )
     assert r.code == 1, r.out[-2000:] + r.err[-2000:]
     data = json.loads(out.read_text())
     assert sorted(c["ids"][0] for c in data["culprits"]) == ["26651:fixture", "26651:triton-kv-lens"], data["culprits"]
@@ -63,8 +87,17 @@ def test_parts_that_mask_each_other_are_found_though_reverting_both_passes(tmp_p
 def test_bisect_refuses_unknown_ids_and_a_failing_baseline():
     assert_one_line_error(run_cli("bisect", "-r", "99999", "-s", SCENARIOS, "--device", "cpu"), "99999")
     # What SGLANG_DEBUG_REVERT_PR selects is part of every set, the baseline included.
-    r = run_cli("bisect", "-r", "26738:glue-constant", "-s", SCENARIOS, "--device", "cpu",
-                env={"SGLANG_DEBUG_REVERT_PR": "26651:clamp"}, timeout=600)
+    r = run_cli(
+        "bisect",
+        "-r",
+        "26738:glue-constant",
+        "-s",
+        SCENARIOS,
+        "--device",
+        "cpu",
+        env={"SGLANG_DEBUG_REVERT_PR": "26651:clamp"},
+        timeout=600,
+    )
     assert r.code == 1 and "the baseline (nothing reverted) fails 2 scenario(s)" in r.err, r.err[-2000:]
 
 
@@ -79,15 +112,22 @@ def _synthetic(directory, n: int, *, culprit: int, unreached: int) -> None:
 
     for i in range(n):
         if i == culprit:
-            target, edit = "forward_decode", {"match": "            layer.scaling,\n",
-                                              "replacement": "            layer.scaling * 1.5,\n"}
+            target, edit = (
+                "forward_decode",
+                {"match": "            layer.scaling,\n", "replacement": "            layer.scaling * 1.5,\n"},
+            )
         elif i == unreached:
-            target, edit = "init_forward_metadata_replay_cuda_graph", {"match": "        seq_lens = seq_lens[:bs]\n",
-                                                                         "append": "pass\n"}
+            target, edit = (
+                "init_forward_metadata_replay_cuda_graph",
+                {"match": "        seq_lens = seq_lens[:bs]\n", "append": "pass\n"},
+            )
         else:
             target, edit = "forward_decode", {"match": "        md = self.forward_metadata\n", "append": "pass\n"}
-        (directory / f"{81000 + i}.yaml").write_text(yaml.safe_dump(
-            {"pr": 81000 + i, "title": f"synthetic {i}", "patches": [{"target": BACKEND + target, "edits": [edit]}]}))
+        (directory / f"{81000 + i}.yaml").write_text(
+            yaml.safe_dump(
+                {"pr": 81000 + i, "title": f"synthetic {i}", "patches": [{"target": BACKEND + target, "edits": [edit]}]}
+            )
+        )
 
 
 def test_one_culprit_among_16_in_log_time_and_unreachable_candidates_left_out(tmp_path):
@@ -97,8 +137,9 @@ def test_one_culprit_among_16_in_log_time_and_unreachable_candidates_left_out(tm
     reports = {}
     for flag in ((), ("--no-reachability",)):
         out = tmp_path / f"b{len(flag)}.json"
-        r = run_cli("--toggles", str(toggles), "bisect", "-s", DECODE, "--device", "cpu", "--json", str(out), *flag,
-                    timeout=600)
+        r = run_cli(
+            "--toggles", str(toggles), "bisect", "-s", DECODE, "--device", "cpu", "--json", str(out), *flag, timeout=600
+        )
         assert r.code == 1, r.err[-2000:]
         reports[bool(flag)] = json.loads(out.read_text())
     reach, full = reports[False], reports[True]

@@ -58,7 +58,7 @@ def test_masking_pair_is_reported():
     # fixture and triton each fail alone; reverted together they agree and pass.
     def fails(s):
         s = set(s)
-        return bool(s & {"fixture", "triton"}) and not {"fixture", "triton"} <= s or "other" in s
+        return (bool(s & {"fixture", "triton"}) and not {"fixture", "triton"} <= s) or "other" in s
 
     oracle = Oracle(fails)
     culprits = [["fixture"], ["triton"]]

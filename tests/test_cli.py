@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from clihelp import assert_one_line_error, run_cli
 from procs import alive
 
@@ -64,10 +63,13 @@ def test_bad_env_value_is_refused_before_any_cell():
     assert_one_line_error(r, "not registered")
 
 
-@pytest.mark.parametrize("content,needle", [
-    (b"name: x\x00\n", "binary"),
-    (b"name: caf\xe9\n", "not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (b"name: x\x00\n", "binary"),
+        (b"name: caf\xe9\n", "not UTF-8"),
+    ],
+)
 def test_binary_and_latin1_scenario_files_name_the_file(tmp_path, content, needle):
     f = tmp_path / "bad.yaml"
     f.write_bytes(content)
@@ -110,6 +112,7 @@ def test_plan_cell_ids_are_stable_and_unique():
 
 # --------------------------------------------------------------------------- through the workers
 
+
 def test_env_toggle_applies_in_run_cells():
     scen = "triton-target-verify@cg=eager,gpu_only=on"
     plain = run_cli("run", "-s", scen, "--device", "cpu", "--json", "-")
@@ -131,7 +134,9 @@ def test_toggles_dir_reaches_the_workers(tmp_path):
     # A toggle that exists only here, and a drifted copy of a built-in one: both must be what runs.
     text = builtin.read_text().replace("pr: 26651", "pr: 77777")
     (d / "77777.yaml").write_text(text)
-    drifted = builtin.read_text().replace("  kv_lens = seq_lens - extend_seq_lens", "  kv_lenz = seq_lens - extend_seq_lens", 1)
+    drifted = builtin.read_text().replace(
+        "  kv_lens = seq_lens - extend_seq_lens", "  kv_lenz = seq_lens - extend_seq_lens", 1
+    )
     assert drifted != builtin.read_text()
     (d / "26651.yaml").write_text(drifted)
     scen = "triton-draft-extend-v2@cg=graph-padded,builder=glue,gpu_only=off"
@@ -148,13 +153,29 @@ def test_allow_target_reaches_the_workers_of_run(tmp_path):
 
     d = tmp_path / "toggles"
     d.mkdir()
-    patch = {"target": "colorsys.rgb_to_yiq", "edits": [{"match": "y = 0.30*r + 0.59*g + 0.11*b\n", "append": "pass\n"}]}
+    patch = {
+        "target": "colorsys.rgb_to_yiq",
+        "edits": [{"match": "y = 0.30*r + 0.59*g + 0.11*b\n", "append": "pass\n"}],
+    }
     (d / "90011.yaml").write_text(yaml.safe_dump({"pr": 90011, "title": "outside the fence", "patches": [patch]}))
     scen = "triton-decode@cg=eager,gpu_only=off"
     r = run_cli("--toggles", str(d), "run", "-r", "90011", "-s", scen, "--device", "cpu", "--json", "-")
     assert_one_line_error(r, "revert 90011:main", "allowed module prefixes")  # before any worker
-    r = run_cli("--toggles", str(d), "--allow-target", "colorsys", "run", "-r", "90011", "-s", scen,
-                "--device", "cpu", "--json", "-")
+    r = run_cli(
+        "--toggles",
+        str(d),
+        "--allow-target",
+        "colorsys",
+        "run",
+        "-r",
+        "90011",
+        "-s",
+        scen,
+        "--device",
+        "cpu",
+        "--json",
+        "-",
+    )
     assert r.code == 0, r.err
     assert json.loads(r.out)["cells"][0]["verdict"] == "PASS"
 
@@ -162,8 +183,9 @@ def test_allow_target_reaches_the_workers_of_run(tmp_path):
 HARNESS_FAILS = (
     "pr: 88888\ntitle: sglfix cannot judge this\npatches:\n"
     "  - target: sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata\n"
-    "    preamble: \"self.static_buffers = [object()]\\n\"\n"
-    "    edits:\n      - match: \"bs = forward_batch.batch_size\\n\"\n        append: \"pass\\n\"\n")
+    '    preamble: "self.static_buffers = [object()]\\n"\n'
+    '    edits:\n      - match: "bs = forward_batch.batch_size\\n"\n        append: "pass\\n"\n'
+)
 
 
 def test_matrix_with_an_error_cell_exits_1(tmp_path):
@@ -172,8 +194,17 @@ def test_matrix_with_an_error_cell_exits_1(tmp_path):
     # One toggle whose expectation names the ERROR it gets: met, no stray, and still a failed run.
     # It applies, and hands sglfix's guard check a buffer list it cannot read: sglfix fails.
     (d / "88888.yaml").write_text(HARNESS_FAILS + "expect:\n  - {scenario: '*', verdict: ERROR}\n")
-    r = run_cli("--toggles", str(d), "matrix", "-s", "triton-decode@cg=eager,gpu_only=off", "--device", "cpu",
-                "--json", str(tmp_path / "m.json"))
+    r = run_cli(
+        "--toggles",
+        str(d),
+        "matrix",
+        "-s",
+        "triton-decode@cg=eager,gpu_only=off",
+        "--device",
+        "cpu",
+        "--json",
+        str(tmp_path / "m.json"),
+    )
     data = json.loads((tmp_path / "m.json").read_text())
     assert [c["verdict"] for c in data["cells"]] == ["PASS", "ERROR"], data["cells"]
     assert not data["stray"] and all(c["met"] for c in data["expectations"])
@@ -189,8 +220,9 @@ def test_scenario_names_are_not_markup(tmp_path):
 
 
 def test_matrix_grid_is_readable_when_piped_and_narrow(tmp_path):
-    r = run_cli("matrix", "-s", "triton-decode@cg=eager*", "-s", "triton-extend", "--device", "cpu",
-                env={"COLUMNS": "60"})
+    r = run_cli(
+        "matrix", "-s", "triton-decode@cg=eager*", "-s", "triton-extend", "--device", "cpu", env={"COLUMNS": "60"}
+    )
     assert r.code == 0, r.out + r.err
     for name in ("triton-decode@cg=eager,gpu_only=off", "triton-decode@cg=eager,gpu_only=on", "triton-extend"):
         assert name in r.out, r.out
@@ -207,9 +239,11 @@ def test_json_report_is_written_atomically_and_complete(tmp_path):
 
 
 def test_the_parent_imports_neither_torch_nor_triton_while_running_cells():
-    code = ("import sys\nfrom sglfix.cli import main\ntry:\n"
-            f"    main(['run', '-s', {FAST!r}, '--device', 'cpu'])\nexcept SystemExit as e:\n    code = e.code\n"
-            "print('RESULT', code, sorted(m for m in ('torch', 'triton', 'sglfix.backends') if m in sys.modules))\n")
+    code = (
+        "import sys\nfrom sglfix.cli import main\ntry:\n"
+        f"    main(['run', '-s', {FAST!r}, '--device', 'cpu'])\nexcept SystemExit as e:\n    code = e.code\n"
+        "print('RESULT', code, sorted(m for m in ('torch', 'triton', 'sglfix.backends') if m in sys.modules))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "RESULT 0 []" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
@@ -219,13 +253,19 @@ def test_signals_mid_run_stop_every_worker(sig, code):
     import signal
 
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.join(os.path.dirname(__file__), "fixtures"),
-                                                    env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (os.path.join(os.path.dirname(__file__), "fixtures"), env.get("PYTHONPATH", "")) if p
+    )
     # A suite started as a background job inherits SIGINT ignored; the command under test must see
     # the default disposition, as it would from a terminal.
-    proc = subprocess.Popen([sys.executable, "-m", "sglfix", "matrix", "--device", "cpu", "-j", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglfix", "matrix", "--device", "cpu", "-j", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 60
         workers: list[int] = []

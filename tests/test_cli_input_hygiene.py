@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from clihelp import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,14 +29,18 @@ def fifo(tmp_path):
 
 
 def test_a_fifo_or_a_device_named_as_a_file_is_refused_not_read(tmp_path, fifo):
-    line = assert_one_line_error(run_cli("run", "--scenario-file", str(fifo), "--device", "cpu", timeout=60),
-                                 "is a FIFO, not a regular file")
+    line = assert_one_line_error(
+        run_cli("run", "--scenario-file", str(fifo), "--device", "cpu", timeout=60), "is a FIFO, not a regular file"
+    )
     assert str(fifo) in line
-    assert_one_line_error(run_cli("run", "--scenario-file", "/dev/zero", "--device", "cpu", timeout=60),
-                          "is a device, not a regular file")
+    assert_one_line_error(
+        run_cli("run", "--scenario-file", "/dev/zero", "--device", "cpu", timeout=60), "is a device, not a regular file"
+    )
     assert_one_line_error(run_cli("report", "compare", str(CPU_REPORT), str(fifo), timeout=60), "is a FIFO")
-    assert_one_line_error(run_cli("matrix", "--shard", "1/2", "--shard-costs", str(fifo), "-s", FAST,
-                                  "--device", "cpu", timeout=60), "is a FIFO")
+    assert_one_line_error(
+        run_cli("matrix", "--shard", "1/2", "--shard-costs", str(fifo), "-s", FAST, "--device", "cpu", timeout=60),
+        "is a FIFO",
+    )
     toggles = tmp_path / "toggles"
     toggles.mkdir()
     os.mkfifo(toggles / "11111.yaml")
@@ -53,19 +56,25 @@ def test_a_fifo_or_a_device_named_as_a_file_is_refused_not_read(tmp_path, fifo):
 
 
 def test_an_output_path_no_file_can_be_created_in_is_refused_before_any_cell(tmp_path):
-    line = assert_one_line_error(run_cli("run", "-s", FAST, "--device", "cpu", "--json", "/proc/x.json", timeout=60),
-                                 "/proc/x.json", "cannot create a file")
+    line = assert_one_line_error(
+        run_cli("run", "-s", FAST, "--device", "cpu", "--json", "/proc/x.json", timeout=60),
+        "/proc/x.json",
+        "cannot create a file",
+    )
     assert "choose another path" in line
     assert_one_line_error(run_cli("run", "-s", FAST, "--device", "cpu", "--json", "", timeout=60), "the path is empty")
     assert not list(Path("/proc").glob(".x.json.*"))
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--toggles", "", "list"], "--toggles '': the directory is empty"),
-    (["doctor", "--source", ""], "--source '': the path is empty"),
-    (["--allow-target", "", "list"], "--allow-target '' is not a module prefix"),
-    (["--allow-target", "not a module!", "list"], "--allow-target 'not a module!' is not a module prefix"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--toggles", "", "list"], "--toggles '': the directory is empty"),
+        (["doctor", "--source", ""], "--source '': the path is empty"),
+        (["--allow-target", "", "list"], "--allow-target '' is not a module prefix"),
+        (["--allow-target", "not a module!", "list"], "--allow-target 'not a module!' is not a module prefix"),
+    ],
+)
 def test_empty_paths_and_malformed_prefixes_are_refused(args, needle):
     assert_one_line_error(run_cli(*args, timeout=60), needle)
 
@@ -94,13 +103,17 @@ def test_a_users_script_named_sglfix_gets_the_revert(tmp_path):
     import subprocess
     import sys
 
-    probe = ("import sglfix.backends.srt.managers.overlap_utils as m\n"
-             "try:\n    m.decide_needs_cpu_seq_lens([None]); print('fixed')\nexcept AttributeError:\n    print('pre-fix')\n")
+    probe = (
+        "import sglfix.backends.srt.managers.overlap_utils as m\n"
+        "try:\n    m.decide_needs_cpu_seq_lens([None]); print('fixed')\nexcept AttributeError:\n    print('pre-fix')\n"
+    )
     script = tmp_path / "sglfix"
     script.write_text(probe)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLFIX_TOGGLES_DIR", "SGLFIX_PROFILE")}
     env["SGLANG_DEBUG_REVERT_PR"] = "26738:overlap-guard"
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
     assert r.returncode == 0 and r.stdout.strip() == "pre-fix", (r.stdout, r.stderr)
     # sglfix's own command line still reads the variable itself (and applies it in each cell).
     own = run_cli("env", "--json", env={"SGLANG_DEBUG_REVERT_PR": "26738:overlap-guard"}, timeout=60)
@@ -110,8 +123,9 @@ def test_a_users_script_named_sglfix_gets_the_revert(tmp_path):
 @pytest.mark.parametrize("ids", [["26651", "26651:clamp"], ["26651:clamp", "26651:clamp"]])
 def test_bisect_refuses_candidates_that_name_a_part_twice(ids):
     args = [a for rid in ids for a in ("-r", rid)]
-    assert_one_line_error(run_cli("bisect", *args, "-s", FAST, "--device", "cpu", timeout=60),
-                          "already names 26651:clamp")
+    assert_one_line_error(
+        run_cli("bisect", *args, "-s", FAST, "--device", "cpu", timeout=60), "already names 26651:clamp"
+    )
 
 
 def test_bisect_on_a_device_it_cannot_use_is_one_line_before_any_progress():
@@ -120,8 +134,13 @@ def test_bisect_on_a_device_it_cannot_use_is_one_line_before_any_progress():
     assert "bisect [" not in r.out + r.err
 
 
-@pytest.mark.parametrize("text, needle", [("def decide_needs_cpu_seq_lens(:\n", "not valid Python"),
-                                          ("x = " + "(" * 20000 + ")" * 20000 + "\n", "too many nested parentheses")])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("def decide_needs_cpu_seq_lens(:\n", "not valid Python"),
+        ("x = " + "(" * 20000 + ")" * 20000 + "\n", "too many nested parentheses"),
+    ],
+)
 def test_doctor_source_with_a_broken_target_file_reports_that_toggle_and_checks_the_rest(tmp_path, text, needle):
     import json
     import shutil
@@ -138,16 +157,19 @@ def test_doctor_source_with_a_broken_target_file_reports_that_toggle_and_checks_
     assert any(t["ok"] and t["targets"] for t in rows.values())  # the other toggles were still checked
 
 
-@pytest.mark.parametrize("damage", [
-    lambda r: r["cells"][0].update(findings="oops"),
-    lambda r: r["cells"][0].update(findings=[{"verdict": "MAYBE", "message": "x"}]),
-    lambda r: r["cells"][0].update(device=7),
-    lambda r: r["cells"][0].update(timings_ms={"total": "slow"}),
-    lambda r: r.update(wall_s="long"),
-    lambda r: r.update(device=["cpu"]),
-    lambda r: r.update(expectations=[{"revert": "26651", "scenario": "x", "wanted": ["PASS"], "got": {}}]),
-    lambda r: r.update(stray=["x"]),
-])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda r: r["cells"][0].update(findings="oops"),
+        lambda r: r["cells"][0].update(findings=[{"verdict": "MAYBE", "message": "x"}]),
+        lambda r: r["cells"][0].update(device=7),
+        lambda r: r["cells"][0].update(timings_ms={"total": "slow"}),
+        lambda r: r.update(wall_s="long"),
+        lambda r: r.update(device=["cpu"]),
+        lambda r: r.update(expectations=[{"revert": "26651", "scenario": "x", "wanted": ["PASS"], "got": {}}]),
+        lambda r: r.update(stray=["x"]),
+    ],
+)
 def test_a_damaged_report_is_refused_before_anything_is_written(tmp_path, damage):
     import json
 
@@ -176,8 +198,10 @@ def _nested_aliases(levels: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("text, needle", [(_nested_merges(12), "merge keys (<<) are not supported"),
-                                          (_nested_aliases(9), "more than 32 YAML aliases")])
+@pytest.mark.parametrize(
+    "text, needle",
+    [(_nested_merges(12), "merge keys (<<) are not supported"), (_nested_aliases(9), "more than 32 YAML aliases")],
+)
 def test_yaml_that_expands_without_bound_is_refused_at_once(tmp_path, text, needle):
     import time
 
@@ -206,12 +230,15 @@ def _ray_processes() -> set[int]:
     return found
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["-r", "99999"], "99999"),
-    (["-s", "no-such-scenario*"], "no scenario matches"),
-    (["--ray-address", "127.0.0.1:1"], "nothing answers there"),
-    (["--ray-address", "not an address"], "give auto or host:port"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["-r", "99999"], "99999"),
+        (["-s", "no-such-scenario*"], "no scenario matches"),
+        (["--ray-address", "127.0.0.1:1"], "nothing answers there"),
+        (["--ray-address", "not an address"], "give auto or host:port"),
+    ],
+)
 def test_ray_runs_are_checked_before_ray_starts(args, needle):
     before = _ray_processes()
     base = ["run", "--executor", "ray", "--device", "cpu"] + ([] if "-s" in args else ["-s", FAST])
@@ -219,28 +246,50 @@ def test_ray_runs_are_checked_before_ray_starts(args, needle):
     assert _ray_processes() <= before  # no Ray instance was started for a command that was refused
 
 
-@pytest.mark.parametrize("edit, needle", [
-    ({"match": "this line is not in the source\n", "replacement": "pass\n"}, "match text not found"),
-    ({"match": "        md = self.forward_metadata\n", "replacement": "        md = = self.forward_metadata\n"},
-     "does not parse"),
-])
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        ({"match": "this line is not in the source\n", "replacement": "pass\n"}, "match text not found"),
+        (
+            {"match": "        md = self.forward_metadata\n", "replacement": "        md = = self.forward_metadata\n"},
+            "does not parse",
+        ),
+    ],
+)
 def test_a_revert_that_cannot_apply_is_refused_before_any_worker(tmp_path, edit, needle):
     import yaml
 
     toggles = tmp_path / "toggles"
     toggles.mkdir()
     target = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode"
-    (toggles / "90001.yaml").write_text(yaml.safe_dump({"pr": 90001, "title": "broken",
-                                                         "patches": [{"target": target, "edits": [edit]}]}))
+    (toggles / "90001.yaml").write_text(
+        yaml.safe_dump({"pr": 90001, "title": "broken", "patches": [{"target": target, "edits": [edit]}]})
+    )
     for command in (["run", "-r", "90001", "-s", FAST, "--device", "cpu"], ["matrix", "-s", FAST, "--device", "cpu"]):
         r = run_cli("--toggles", str(toggles), *command, timeout=60)
         line = assert_one_line_error(r, "revert 90001:main", needle)
         assert "worker" not in line
-    assert_one_line_error(run_cli("--toggles", str(toggles), "show", "90001", "--diff", timeout=60), needle,
-                          "sglfix doctor")
+    assert_one_line_error(
+        run_cli("--toggles", str(toggles), "show", "90001", "--diff", timeout=60), needle, "sglfix doctor"
+    )
     outside = tmp_path / "outside"
     outside.mkdir()
-    (outside / "90002.yaml").write_text(yaml.safe_dump({"pr": 90002, "title": "outside", "patches": [
-        {"target": "colorsys.rgb_to_yiq", "edits": [{"match": "y = 0.30*r + 0.59*g + 0.11*b\n", "append": "pass\n"}]}]}))
-    assert_one_line_error(run_cli("--toggles", str(outside), "run", "-r", "90002", "-s", FAST, "--device", "cpu",
-                                  timeout=60), "revert 90002:main", "allowed")
+    (outside / "90002.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "pr": 90002,
+                "title": "outside",
+                "patches": [
+                    {
+                        "target": "colorsys.rgb_to_yiq",
+                        "edits": [{"match": "y = 0.30*r + 0.59*g + 0.11*b\n", "append": "pass\n"}],
+                    }
+                ],
+            }
+        )
+    )
+    assert_one_line_error(
+        run_cli("--toggles", str(outside), "run", "-r", "90002", "-s", FAST, "--device", "cpu", timeout=60),
+        "revert 90002:main",
+        "allowed",
+    )

@@ -10,8 +10,8 @@ import textwrap
 import time
 
 import pytest
-
 from clihelp import assert_one_line_error, run_cli
+
 from sglfix.codebases import CODEBASES, REPRODUCTION, CodeBase, check_installed, check_scenarios_runnable, installed
 from sglfix.common.errors import ConfigError
 
@@ -28,11 +28,21 @@ def _fake_sglang(root, version: str):
 def test_another_sglang_version_is_one_line_naming_both_before_any_worker(tmp_path, command):
     fake = _fake_sglang(tmp_path / "site", "0.5.22")
     t0 = time.monotonic()
-    r = run_cli("--profile", "sglang-0.5.23", *command, "--device", "cpu" if command[0] != "doctor" else "",
-                env={"PYTHONPATH": str(fake)}) if command[0] != "doctor" else \
-        run_cli(*command, "--profile", "sglang-0.5.23", env={"PYTHONPATH": str(fake)})
-    line = assert_one_line_error(r, "sglang 0.5.23", "sglang 0.5.22 is installed", str(fake / "sglang"),
-                                 "sglang==0.5.23")
+    r = (
+        run_cli(
+            "--profile",
+            "sglang-0.5.23",
+            *command,
+            "--device",
+            "cpu" if command[0] != "doctor" else "",
+            env={"PYTHONPATH": str(fake)},
+        )
+        if command[0] != "doctor"
+        else run_cli(*command, "--profile", "sglang-0.5.23", env={"PYTHONPATH": str(fake)})
+    )
+    line = assert_one_line_error(
+        r, "sglang 0.5.23", "sglang 0.5.22 is installed", str(fake / "sglang"), "sglang==0.5.23"
+    )
     assert "--profile sglang-0.5.23" in line
     assert time.monotonic() - t0 < 60  # no worker booted: importing torch alone takes seconds
 
@@ -44,8 +54,14 @@ def test_the_variable_names_the_profile_too(tmp_path):
 
 
 def test_a_missing_code_base_names_the_install_line():
-    cb = CodeBase(name="x", package="sglang_never_installed_here", summary="", distribution="sglang_never",
-                  version="1.0", install_hint="pip install sglang_never==1.0")
+    cb = CodeBase(
+        name="x",
+        package="sglang_never_installed_here",
+        summary="",
+        distribution="sglang_never",
+        version="1.0",
+        install_hint="pip install sglang_never==1.0",
+    )
     assert installed(cb) is None
     with pytest.raises(ConfigError) as exc:
         check_installed(cb, what="--profile x")
@@ -61,7 +77,8 @@ def test_the_reproduction_is_always_there_and_is_sglfix_backends():
 
 def test_a_mode_the_code_base_lacks_is_refused_before_any_cell(tmp_path):
     f = tmp_path / "v1.yaml"
-    f.write_text(textwrap.dedent("""\
+    f.write_text(
+        textwrap.dedent("""\
         scenarios:
           - name: my-draft-extend-v1
             backend: triton
@@ -69,7 +86,8 @@ def test_a_mode_the_code_base_lacks_is_refused_before_any_cell(tmp_path):
             batch: {prefix_lens: [5, 7], accept_lens: [1, 2]}
             model: {num_heads: 4, num_kv_heads: 2, head_dim: 64, dtype: float16}
             spec: {topk: 1, num_steps: 3, num_draft_tokens: 4}
-    """))
+    """)
+    )
     from sglfix.scenario import load_scenarios
 
     scenarios = load_scenarios([f], builtin=False)

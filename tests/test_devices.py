@@ -4,16 +4,17 @@ listed GPU, each seeing only its own (checked on the worker processes' real envi
 from __future__ import annotations
 
 import pytest
-
 from clihelp import assert_one_line_error, run_cli
+
 from sglfix.cli.common import parse_devices
 from sglfix.common.errors import ConfigError
 from sglfix.execution.pool import WorkerPool
 from sglfix.execution.worker import WorkerConfig
 
 
-@pytest.mark.parametrize("text, want", [("cuda:0,cuda:1", ["0", "1"]), ("0,1", ["0", "1"]), (" cuda:3 ", ["3"]),
-                                        ("1,cuda:0", ["1", "0"])])
+@pytest.mark.parametrize(
+    "text, want", [("cuda:0,cuda:1", ["0", "1"]), ("0,1", ["0", "1"]), (" cuda:3 ", ["3"]), ("1,cuda:0", ["1", "0"])]
+)
 def test_device_lists_parse(text, want):
     assert parse_devices(text) == want
 
@@ -24,14 +25,17 @@ def test_bad_device_lists_are_config_errors(text):
         parse_devices(text)
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--devices", "cuda:x"], "is not a CUDA device"),
-    (["--devices", "0,cuda:0"], "listed twice"),
-    (["--devices", "0", "--jobs", "2"], "not both"),
-    (["--devices", "0", "--device", "cpu"], "--device cpu"),
-    (["--ray-address", "auto"], "--executor ray"),
-    (["--executor", "dask"], "use local or ray"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--devices", "cuda:x"], "is not a CUDA device"),
+        (["--devices", "0,cuda:0"], "listed twice"),
+        (["--devices", "0", "--jobs", "2"], "not both"),
+        (["--devices", "0", "--device", "cpu"], "--device cpu"),
+        (["--ray-address", "auto"], "--executor ray"),
+        (["--executor", "dask"], "use local or ray"),
+    ],
+)
 @pytest.mark.parametrize("command", ["run", "matrix"])
 def test_bad_scale_out_options_exit_2_before_any_cell(tmp_path, command, args, needle):
     out = tmp_path / "r.json"
@@ -54,7 +58,7 @@ def test_one_worker_per_device_each_seeing_only_its_own():
     # device=auto boots on the CPU where the listed GPU is not there (a CPU-only worker would
     # hide every GPU itself): what is checked is the environment each worker process really got.
     with WorkerPool(WorkerConfig(device="auto", timeout=60), devices=["1", "0"]) as pool:
-        pool.info
+        _ = pool.info
         seen = []
         for w in pool.workers:
             with open(f"/proc/{w.proc.pid}/environ", "rb") as fh:

@@ -6,11 +6,11 @@ import asyncio
 import sys
 
 import pytest
-
 from patch_fixtures import targets as T
+
 from sglfix import CodePatcher, EditSpec, PatchApplicationError, PatchSpec, apply_patches_from_config
-from sglfix.patching import patcher
 from sglfix.common.errors import ConfigError, PatchStateError, TargetError
+from sglfix.patching import patcher
 from sglfix.patching.patcher import apply_specs, patch_function
 
 A = ("patch_fixtures",)
@@ -26,9 +26,23 @@ def spec(target, match, replacement=None, **kw):
 CASES = [
     # target, match, replacement, probe, value before, value after
     ("plain", "total = total * SCALE", "total = total * 100", lambda: T.plain(1), 9, 300),
-    ("Child.greet", 'return word + "-child"', 'return word + "-patched"', lambda: T.Child().greet(), "base-child", "base-patched"),
+    (
+        "Child.greet",
+        'return word + "-child"',
+        'return word + "-patched"',
+        lambda: T.Child().greet(),
+        "base-child",
+        "base-patched",
+    ),
     ("Child.double", "return x * 2", "return x * 20", lambda: T.Child.double(2), 4, 40),
-    ("Child.tagged", "return (cls.__name__, x)", "return (cls.__name__, -x)", lambda: T.Child.tagged(3), ("Child", 3), ("Child", -3)),
+    (
+        "Child.tagged",
+        "return (cls.__name__, x)",
+        "return (cls.__name__, -x)",
+        lambda: T.Child.tagged(3),
+        ("Child", 3),
+        ("Child", -3),
+    ),
     ("Child.size", "return value", "return value * 10", lambda: T.Child().size, 4, 40),
     ("Child.Inner.depth", "result = level + 1", "result = level + 50", lambda: T.Child.Inner().depth(), 2, 51),
     ("counter", "return x + step", "return x + step * 2", lambda: T.counter(1), 6, 11),
@@ -71,14 +85,19 @@ def test_closure_keeps_its_cells_even_when_the_edit_drops_a_reference():
 def test_prepend_append_and_multiline_reindent():
     with CodePatcher(patches=[spec("plain", "return total", prepend="total = -total")], allowed_prefixes=A):
         assert T.plain(1) == -9
-    with CodePatcher(patches=[spec("plain", "total = x + y", append="if total > 2:\n    total = 100")], allowed_prefixes=A):
+    with CodePatcher(
+        patches=[spec("plain", "total = x + y", append="if total > 2:\n    total = 100")], allowed_prefixes=A
+    ):
         assert T.plain(1) == 300
         assert T.plain(0, 1) == 3
 
 
 def test_preamble_goes_after_the_signature():
-    s = PatchSpec(target=f"{M}.plain", edits=(EditSpec(match="return total", replacement="return total + EXTRA"),),
-                  preamble="EXTRA = 1000")
+    s = PatchSpec(
+        target=f"{M}.plain",
+        edits=(EditSpec(match="return total", replacement="return total + EXTRA"),),
+        preamble="EXTRA = 1000",
+    )
     with CodePatcher(patches=[s], allowed_prefixes=A):
         assert T.plain(1) == 1009
 
@@ -134,8 +153,9 @@ def test_atomic_failure_at_each_position_leaves_everything_as_it_was(monkeypatch
 def test_a_bad_later_patch_applies_nothing():
     before = T.plain.__code__
     with pytest.raises(PatchApplicationError):
-        apply_specs([spec("plain", "total = total * SCALE", "total = 0"), spec("Child.double", "nope", "x")],
-                    allowed_prefixes=A)
+        apply_specs(
+            [spec("plain", "total = total * SCALE", "total = 0"), spec("Child.double", "nope", "x")], allowed_prefixes=A
+        )
     assert T.plain.__code__ is before and T.plain(1) == 9
 
 
@@ -155,8 +175,12 @@ def test_lifo_stacking_edits_the_patched_source_and_restores_in_reverse():
 
 def test_refusals_name_what_the_target_is():
     cases = {
-        "square": "lambda", "c_function": "builtin/C function", "builtin_len": "builtin/C function",
-        "partial_plain": "functools.partial", "not_callable": "not a function", "Child": "a class",
+        "square": "lambda",
+        "c_function": "builtin/C function",
+        "builtin_len": "builtin/C function",
+        "partial_plain": "functools.partial",
+        "not_callable": "not a function",
+        "Child": "a class",
     }
     for name, words in cases.items():
         with pytest.raises(TargetError, match=words.replace("(", r"\(").replace(")", r"\)")):
@@ -164,9 +188,10 @@ def test_refusals_name_what_the_target_is():
 
 
 def test_triton_kernel_is_refused():
+    import types
+
     import triton
     import triton.language as tl
-    import types
 
     mod = types.ModuleType("patch_fixtures.kern")
 
@@ -177,27 +202,34 @@ def test_triton_kernel_is_refused():
     mod.kernel = kernel
     sys.modules[mod.__name__] = mod
     try:
-        with pytest.raises(TargetError, match="triton.jit kernel"):
-            apply_specs([PatchSpec(target="patch_fixtures.kern.kernel", edits=(EditSpec(match="x", replacement="y"),))],
-                        allowed_prefixes=A)
+        with pytest.raises(TargetError, match=r"triton\.jit kernel"):
+            apply_specs(
+                [PatchSpec(target="patch_fixtures.kern.kernel", edits=(EditSpec(match="x", replacement="y"),))],
+                allowed_prefixes=A,
+            )
     finally:
         del sys.modules[mod.__name__]
 
 
-@pytest.mark.parametrize("target", ["os.path.join", "subprocess.run", "builtins.print", "sglfix.patcher.apply_specs",
-                                    "sglfix.cli.main", "json.dumps"])
+@pytest.mark.parametrize(
+    "target",
+    ["os.path.join", "subprocess.run", "builtins.print", "sglfix.patcher.apply_specs", "sglfix.cli.main", "json.dumps"],
+)
 def test_fence_refuses_before_importing(target):
-    with pytest.raises(TargetError, match="protected|outside the allowed"):
+    with pytest.raises(TargetError, match=r"protected|outside the allowed"):
         apply_specs([PatchSpec(target=target, edits=(EditSpec(match="x", replacement="y"),))])
     with pytest.raises(TargetError, match="protected"):
-        apply_specs([PatchSpec(target="os.getcwd", edits=(EditSpec(match="x", replacement="y"),))],
-                    allowed_prefixes=("os",))
+        apply_specs(
+            [PatchSpec(target="os.getcwd", edits=(EditSpec(match="x", replacement="y"),))], allowed_prefixes=("os",)
+        )
 
 
 def test_outside_prefix_module_is_not_imported():
     assert "patch_fixtures.never_imported" not in sys.modules
     with pytest.raises(TargetError, match="outside the allowed"):
-        apply_specs([PatchSpec(target="patch_fixtures.never_imported.f", edits=(EditSpec(match="x", replacement="y"),))])
+        apply_specs(
+            [PatchSpec(target="patch_fixtures.never_imported.f", edits=(EditSpec(match="x", replacement="y"),))]
+        )
     assert "patch_fixtures.never_imported" not in sys.modules
 
 
@@ -222,12 +254,15 @@ patches:
     for s in reversed(states):
         s.restore()
     assert T.plain(1) == 9
-    state = patch_function(target=T.plain, edits=[EditSpec(match="return total", replacement="return -total")],
-                           allowed_prefixes=A)
+    state = patch_function(
+        target=T.plain, edits=[EditSpec(match="return total", replacement="return -total")], allowed_prefixes=A
+    )
     assert T.plain(1) == -9
     state.restore()
-    with CodePatcher(patches=[{"target": f"{M}.plain", "edits": [{"match": "return total", "replacement": "return 0"}]}],
-                     allowed_prefixes=A):
+    with CodePatcher(
+        patches=[{"target": f"{M}.plain", "edits": [{"match": "return total", "replacement": "return 0"}]}],
+        allowed_prefixes=A,
+    ):
         assert T.plain(1) == 0
     assert T.plain(1) == 9
 
@@ -251,18 +286,25 @@ def test_restore_all_is_all_or_nothing_under_a_stacked_patch():
     from sglfix.patching.patcher import restore_all
 
     plain, double = T.plain.__code__, T.Child.double.__code__
-    first = apply_specs([spec("plain", "total = total * SCALE", "total = total * 10"),
-                         spec("Child.double", "return x * 2", "return x * 5")], allowed_prefixes=A)
+    first = apply_specs(
+        [
+            spec("plain", "total = total * SCALE", "total = total * 10"),
+            spec("Child.double", "return x * 2", "return x * 5"),
+        ],
+        allowed_prefixes=A,
+    )
     (on_top,) = apply_specs([spec("plain", "total = total * 10", "total = total * 20")], allowed_prefixes=A)
     with pytest.raises(PatchStateError, match="last in, first out"):
         restore_all(first)
     # Before: Child.double (restored first, being last) came back while plain stayed patched.
     assert T.Child.double(1) == 5 and T.plain(1) == 60
     assert all(not s.restored for s in first)
-    with pytest.raises(PatchStateError):
-        with CodePatcher(patches=[spec("Child.double", "return x * 5", "return x * 7")], allowed_prefixes=A):
-            assert T.Child.double(1) == 7
-            restore_all(first)  # refused: the CodePatcher's patch is on top of Child.double
+    with (
+        pytest.raises(PatchStateError),
+        CodePatcher(patches=[spec("Child.double", "return x * 5", "return x * 7")], allowed_prefixes=A),
+    ):
+        assert T.Child.double(1) == 7
+        restore_all(first)  # refused: the CodePatcher's patch is on top of Child.double
     assert T.Child.double(1) == 5
     on_top.restore()
     restore_all(first)
@@ -314,8 +356,10 @@ def test_is_code_under_test_by_module_name_and_by_file():
     # Finding the package's directory does not import it (importing the backends costs torch).
     import subprocess
 
-    probe = ("import sys; from sglfix.common.codebase import is_code_under_test; "
-             "is_code_under_test('/x/backends/y.py'); print('sglfix.backends' in sys.modules)")
+    probe = (
+        "import sys; from sglfix.common.codebase import is_code_under_test; "
+        "is_code_under_test('/x/backends/y.py'); print('sglfix.backends' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"
 
 
@@ -337,8 +381,14 @@ def test_applying_again_reuses_the_work_and_gives_the_same_code(tmp_path, monkey
     first.restore()
     calls = {"source": 0, "compile": 0}
     real_source, real_compile = patcher._source_block, patcher._compile_uncached
-    monkeypatch.setattr(patcher, "_source_block", lambda fn: calls.__setitem__("source", calls["source"] + 1) or real_source(fn))
-    monkeypatch.setattr(patcher, "_compile_uncached", lambda **kw: calls.__setitem__("compile", calls["compile"] + 1) or real_compile(**kw))
+    monkeypatch.setattr(
+        patcher, "_source_block", lambda fn: calls.__setitem__("source", calls["source"] + 1) or real_source(fn)
+    )
+    monkeypatch.setattr(
+        patcher,
+        "_compile_uncached",
+        lambda **kw: calls.__setitem__("compile", calls["compile"] + 1) or real_compile(**kw),
+    )
     again = patch_function(target=a.twin, edits=edit, allowed_prefixes=ALLOW)
     assert calls == {"source": 0, "compile": 0} and a.twin.__code__ == code_a and a.twin(1) == 3
     again.restore()
@@ -362,7 +412,8 @@ def test_the_source_block_is_what_inspect_reads(tmp_path, monkeypatch):
         "    # body level again\n\n\nclass K:\n    def method(\n        self,\n        y,\n    ):\n"
         "        s = '''\nnot code\n'''\n        if y:\n            pass\n        else:\n            pass\n\n"
         "    def one(self): return 1\n    # after a one-line def\n\n\n"
-        "def last(z):\n    return (z +\n1)\n")
+        "def last(z):\n    return (z +\n1)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     mod = importlib.import_module("layouts")
     for fn in (mod.decorated, mod.K.method, mod.K.one, mod.last, mod.deco):
@@ -377,10 +428,12 @@ def test_a_target_whose_module_is_not_imported_yet_still_resolves_to_that_module
     attribute chain read off the parent package."""
     import subprocess
 
-    code = ("import sys, sglfix\nfrom sglfix.patching.targets import split_module\n"
-            "assert 'sglfix.backends.srt.managers.overlap_utils' not in sys.modules\n"
-            "m, rest = split_module('sglfix.backends.srt.managers.overlap_utils.decide_needs_cpu_seq_lens')\n"
-            "print(m.__name__, rest)\n")
+    code = (
+        "import sys, sglfix\nfrom sglfix.patching.targets import split_module\n"
+        "assert 'sglfix.backends.srt.managers.overlap_utils' not in sys.modules\n"
+        "m, rest = split_module('sglfix.backends.srt.managers.overlap_utils.decide_needs_cpu_seq_lens')\n"
+        "print(m.__name__, rest)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["sglfix.backends.srt.managers.overlap_utils", "['decide_needs_cpu_seq_lens']"]

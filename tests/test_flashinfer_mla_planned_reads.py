@@ -9,6 +9,7 @@ and check it names each and that its kernel cross-check tells a faithful kernel 
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import torch
@@ -22,14 +23,15 @@ def _case(plans_of) -> SimpleNamespace:
     case = SimpleNamespace(slots=slots, topk=1, num_steps=3, dtype=torch.float32, output=None, plans={})
     for i in range(slots.num_steps - 1):
         ptr, lens, idx = plans_of(slots, i)
-        case.plans[i] = SimpleNamespace(kv_indptr=torch.tensor(ptr), kv_len=torch.tensor(lens),
-                                        kv_indices=torch.tensor(idx))
+        case.plans[i] = SimpleNamespace(
+            kv_indptr=torch.tensor(ptr), kv_len=torch.tensor(lens), kv_indices=torch.tensor(idx)
+        )
     return case
 
 
 def _spec(slots, i):  # what the spec page table says: the correct plan
     ptr, idx = slots.step_page_table(i)
-    return ptr, [b - a for a, b in zip(ptr, ptr[1:])], idx
+    return ptr, [b - a for a, b in itertools.pairwise(ptr)], idx
 
 
 def _eager_0_5_23(slots, i):  # decode updater without spec_info: the prefix page table
@@ -77,13 +79,13 @@ def _with_kernel(case, *, faithful: bool):
     kbuf = torch.randn(64, 1, dim, generator=gen)
     rows, nq = case.slots.batch_size, case.num_steps - 1
     q = torch.randn(case.slots.batch_size, 1, nq, heads, dim, generator=gen)
-    case.truth = SimpleNamespace(q=q, heads=heads, dim=dim, dim_v=dim_v, scale=dim ** -0.5)
+    case.truth = SimpleNamespace(q=q, heads=heads, dim=dim, dim_v=dim_v, scale=dim**-0.5)
     case.runner = SimpleNamespace(token_to_kv_pool=SimpleNamespace(get_key_buffer=lambda layer: kbuf))
     out = torch.zeros(rows, nq, heads, dim_v)
     for i in range(nq):
         ptr, idx = case.slots.step_page_table(i)
         for r in range(rows):
-            read = ADAPTER._planned_reads(case, i)[r] if faithful else idx[ptr[r]: ptr[r + 1]]
+            read = ADAPTER._planned_reads(case, i)[r] if faithful else idx[ptr[r] : ptr[r + 1]]
             k = kbuf[torch.tensor(read), 0]
             p = torch.softmax((q[r, 0, i] @ k.T) * case.truth.scale, dim=-1)
             out[r, i] = p @ k[:, :dim_v]
@@ -93,7 +95,9 @@ def _with_kernel(case, *, faithful: bool):
 
 def test_the_kernel_cross_check_says_whose_divergence_it_is():
     faithful = ADAPTER._check_planned_reads(_with_kernel(_case(_replay_0_5_23), faithful=True))
-    assert faithful[-1][0] == "PASS" and "equals attention over what its wrappers were planned to read" in faithful[-1][1]
+    assert (
+        faithful[-1][0] == "PASS" and "equals attention over what its wrappers were planned to read" in faithful[-1][1]
+    )
     assert "the plan's, not the kernel's" in faithful[-1][1]
     other = ADAPTER._check_planned_reads(_with_kernel(_case(_replay_0_5_23), faithful=False))
     assert "differs from attention over what its wrappers were planned to read" in other[-1][1]

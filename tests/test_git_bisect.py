@@ -23,8 +23,13 @@ pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 
 def _git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
     out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
@@ -55,13 +60,34 @@ def _editable_venv(tmp_path: Path, repo: Path) -> tuple[Path, dict]:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
-    new_site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
+    new_site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
     Path(new_site, "test-env-packages.pth").write_text("\n".join(sorted(ours)) + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
-                    "--no-build-isolation", "-e", str(repo)], check=True, timeout=600)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLFIX_TOGGLES_DIR", "SGLANG_DEBUG_REVERT_PR")}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(py),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-e",
+            str(repo),
+        ],
+        check=True,
+        timeout=600,
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLFIX_TOGGLES_DIR", "SGLANG_DEBUG_REVERT_PR")
+    }
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"  # the recipe's plain `sglfix`
     return venv / "bin" / "sglfix", env
 
@@ -93,12 +119,24 @@ def test_git_bisect_run_names_the_breaking_commit(tmp_path):
     _commit(repo, "harmless after")
 
     sglfix, env = _editable_venv(tmp_path, repo)
-    check = subprocess.run([str(sglfix), "run", "-s", SCENARIO, "--device", "cpu"], cwd=repo, env=env,
-                           capture_output=True, text=True, timeout=600)
+    check = subprocess.run(
+        [str(sglfix), "run", "-s", SCENARIO, "--device", "cpu"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert check.returncode == 1, check.stdout[-2000:] + check.stderr[-2000:]  # HEAD is bad
     _git(repo, "bisect", "start", "HEAD", good)
-    run = subprocess.run(["git", "bisect", "run", str(sglfix), "run", "-s", SCENARIO, "--device", "cpu"],
-                         cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
+    run = subprocess.run(
+        ["git", "bisect", "run", str(sglfix), "run", "-s", SCENARIO, "--device", "cpu"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert f"{bad} is the first bad commit" in run.stdout, run.stdout[-3000:]
 
@@ -121,10 +159,11 @@ def test_the_readme_recipe_skips_commits_where_the_scenario_does_not_exist(tmp_p
     _rename_decode_scenarios(repo, "triton-decode-renamed", "triton-decode")
     _commit(repo, "rename them back")
     sglfix, env = _editable_venv(tmp_path, repo)
-    command = ["sh", "-c", recipe.group(1)[len("sh -c '"):-1]]
+    command = ["sh", "-c", recipe.group(1)[len("sh -c '") : -1]]
     _git(repo, "bisect", "start", "HEAD", good)
-    run = subprocess.run(["git", "bisect", "run", *command], cwd=repo, env=env, capture_output=True, text=True,
-                         timeout=1200)
+    run = subprocess.run(
+        ["git", "bisect", "run", *command], cwd=repo, env=env, capture_output=True, text=True, timeout=1200
+    )
     log = run.stdout + run.stderr
     # Both commits without the scenario were skipped, never called bad: git cannot tell which of
     # them broke it, and says so instead of naming the rename.
@@ -133,6 +172,12 @@ def test_the_readme_recipe_skips_commits_where_the_scenario_does_not_exist(tmp_p
     _git(repo, "bisect", "reset")
     # The same search without the mapping blames the rename: what the recipe prevents.
     _git(repo, "bisect", "start", "HEAD", good)
-    plain = subprocess.run(["git", "bisect", "run", str(sglfix), "run", "-s", "triton-decode@*", "--device", "cpu"],
-                           cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
+    plain = subprocess.run(
+        ["git", "bisect", "run", str(sglfix), "run", "-s", "triton-decode@*", "--device", "cpu"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert f"{untestable} is the first bad commit" in plain.stdout, (plain.stdout + plain.stderr)[-3000:]

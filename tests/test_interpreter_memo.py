@@ -12,7 +12,7 @@ import textwrap
 
 from clihelp import run_cli
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import json, os
     import torch, triton
     import triton.language as tl
@@ -70,14 +70,19 @@ SCRIPT = textwrap.dedent('''
     checks["atomic_uncacheable"] = it.stats()["uncacheable"] - before["uncacheable"]
     checks["stats"] = it.stats()
     print(json.dumps(checks))
-''')
+""")
 
 
 def _run(tmp_path, **env):
     script = tmp_path / "memo_probe.py"
     script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TRITON_INTERPRET": "1", **env})
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TRITON_INTERPRET": "1", **env},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -128,7 +133,7 @@ def test_a_matrix_slice_is_the_same_with_the_memo_on_and_off(tmp_path, monkeypat
 def test_a_bfloat16_dot_means_on_cpu_what_it_means_on_the_gpu():
     """The interpreter multiplies bfloat16 dot operands as raw bits (sglang's attention kernels
     dot bfloat16 directly); with the hooks installed the product is the float32 one."""
-    code = textwrap.dedent('''
+    code = textwrap.dedent("""
         import sys, torch, triton, triton.language as tl
         from sglfix.harness import interpreter as it
         if sys.argv[1] == "hooks":
@@ -147,7 +152,7 @@ def test_a_bfloat16_dot_means_on_cpu_what_it_means_on_the_gpu():
         c = torch.empty(16, 16)
         mm[(1,)](a, b, c, N=16)
         print((c - a.float() @ b.float()).abs().max().item())
-    ''')
+    """)
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     errors = {}
     for mode in ("plain", "hooks"):

@@ -30,24 +30,30 @@ def _entries(tmp_path, text: str):
 
 
 def test_a_known_baseline_divergence_is_no_stray_and_anything_else_still_is(tmp_path):
-    known = _entries(tmp_path, """\
+    known = _entries(
+        tmp_path,
+        """\
         known_divergences:
           - scenario: "probe-req-to-token-tree-ps*"
             verdict: [INVARIANT]
             reason: the headroom ignores tree drafting at page size 1
             reproduce: sglfix run --profile sglang-0.5.23 -s probe-req-to-token-tree-ps1 --device cpu
-    """)
+    """,
+    )
     registry = load_registry(PROFILES["sglang-0.5.23"].toggles_dir)
-    results = [_cell("probe-req-to-token-tree-ps1", "INVARIANT"),
-               _cell("probe-req-to-token-tree-ps1", "INVARIANT", toggles=["26329"]),  # the bug stays
-               _cell("probe-eagle-prefill-tail", "DIVERGE")]  # new: not on the list
+    results = [
+        _cell("probe-req-to-token-tree-ps1", "INVARIANT"),
+        _cell("probe-req-to-token-tree-ps1", "INVARIANT", toggles=["26329"]),  # the bug stays
+        _cell("probe-eagle-prefill-tail", "DIVERGE"),
+    ]  # new: not on the list
     _, stray, _ = check_expectations(registry, results, device="cpu", known=known)
     assert [(s["toggles"], s["scenario"]) for s in stray] == [([], "probe-eagle-prefill-tail")]
     _, without, _ = check_expectations(registry, results, device="cpu")
     assert {s["scenario"] for s in without} == {"probe-req-to-token-tree-ps1", "probe-eagle-prefill-tail"}
     # Another verdict on the listed scenario is new too.
-    _, other, _ = check_expectations(registry, [_cell("probe-req-to-token-tree-ps1", "CRASH")], device="cpu",
-                                     known=known)
+    _, other, _ = check_expectations(
+        registry, [_cell("probe-req-to-token-tree-ps1", "CRASH")], device="cpu", known=known
+    )
     assert [s["verdict"] for s in other] == ["CRASH"]
     hits = known_hits(known, results)
     assert hits[0]["seen_on"] == ["probe-req-to-token-tree-ps1"] and "reproduce" in hits[0]
@@ -55,46 +61,58 @@ def test_a_known_baseline_divergence_is_no_stray_and_anything_else_still_is(tmp_
 
 
 def test_a_device_limited_entry_covers_that_device_only_and_a_toggle_that_leaves_the_bug_meets_pass(tmp_path):
-    known = _entries(tmp_path, """\
+    known = _entries(
+        tmp_path,
+        """\
         known_divergences:
           - scenario: "fimla-draft-topk1@*"
             verdict: [DIVERGE]
             reason: the MLA step wrappers are planned over the prefix only
             reproduce: sglfix run --profile sglang-0.5.23 -s fimla-draft-topk1 --device cuda
             device: cuda
-    """)
+    """,
+    )
     registry = load_registry(PROFILES["sglang-0.5.23"].toggles_dir)
-    on_gpu = [_cell("fimla-draft-topk1@cg=eager", "DIVERGE", device="cuda"),
-              _cell("fimla-draft-topk1@cg=eager", "DIVERGE", toggles=["27460:sizing"], device="cuda")]
+    on_gpu = [
+        _cell("fimla-draft-topk1@cg=eager", "DIVERGE", device="cuda"),
+        _cell("fimla-draft-topk1@cg=eager", "DIVERGE", toggles=["27460:sizing"], device="cuda"),
+    ]
     checks, stray, _ = check_expectations(registry, on_gpu, device="cuda", known=known)
     assert stray == []
     wanted_pass = [c for c in checks if c.revert == ("27460:sizing",) and c.scenario.startswith("fimla-draft-topk1")]
     assert wanted_pass and all(c.met for c in wanted_pass)
     # A toggle whose expectation wants the known verdict itself still meets it with that cell.
     known_ps1 = load_known(PROFILES["sglang-0.5.23"].known_file)
-    checks, _, _ = check_expectations(registry, [_cell("probe-req-to-token-tree-ps1", "INVARIANT", toggles=["26972"])],
-                                      device="cpu", known=known_ps1)
+    checks, _, _ = check_expectations(
+        registry, [_cell("probe-req-to-token-tree-ps1", "INVARIANT", toggles=["26972"])], device="cpu", known=known_ps1
+    )
     assert [c.met for c in checks if c.revert == ("26972",) and c.scenario.startswith("probe-req-to-token")] == [True]
     # The same verdict on the CPU is not covered: a host-only path that diverges is new.
-    _, stray, _ = check_expectations(registry, [_cell("fimla-draft-topk1@cg=eager", "DIVERGE")], device="cpu",
-                                     known=known)
+    _, stray, _ = check_expectations(
+        registry, [_cell("fimla-draft-topk1@cg=eager", "DIVERGE")], device="cpu", known=known
+    )
     assert [s["scenario"] for s in stray] == ["fimla-draft-topk1@cg=eager"]
     assert known_hits(known, on_gpu)[0]["seen_on"] == ["fimla-draft-topk1@cg=eager"]
     assert known_hits(known, on_gpu)[0]["device"] == "cuda"
     with pytest.raises(ConfigError):
-        _entries(tmp_path, "known_divergences:\n  - {scenario: x, verdict: [DIVERGE], reason: r, reproduce: c, "
-                           "device: tpu}\n")
+        _entries(
+            tmp_path,
+            "known_divergences:\n  - {scenario: x, verdict: [DIVERGE], reason: r, reproduce: c, device: tpu}\n",
+        )
 
 
 def test_a_bad_list_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as exc:
-        _entries(tmp_path, """\
+        _entries(
+            tmp_path,
+            """\
             known_divergences:
               - scenario: x
                 verdict: [WRONG]
                 reason: r
                 reproduce: c
-        """)
+        """,
+        )
     assert "\n" not in str(exc.value) and "divergences.yaml:" in str(exc.value)
     with pytest.raises(ConfigError):
         _entries(tmp_path, "known_divergences:\n  - {scenario: x, verdict: [DIVERGE], reason: r}\n")

@@ -51,7 +51,7 @@ def test_toggle_target_modules_exist_in_sglang_0_5_23():
         assert module.startswith("sglfix.backends."), target
         if module in REPRODUCTION_ONLY:
             continue
-        upstream = "sglang/" + module[len("sglfix.backends."):].replace(".", "/") + ".py"
+        upstream = "sglang/" + module[len("sglfix.backends.") :].replace(".", "/") + ".py"
         if upstream not in names:
             missing.append(f"{target}: no {upstream} in sglang 0.5.23")
     assert not missing, "\n".join(missing)
@@ -100,10 +100,12 @@ def test_sub_package_imports_run_one_way():
 
 
 def test_cli_commands_do_not_import_torch_in_the_parent():
-    code = ("import sys\nfrom sglfix.cli import main\n"
-            "for argv in (['list'], ['scenarios'], ['env'], ['doctor', '--help']):\n"
-            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
-            "print(sorted(m for m in ('torch', 'triton', 'sglfix.backends') if m in sys.modules))\n")
+    code = (
+        "import sys\nfrom sglfix.cli import main\n"
+        "for argv in (['list'], ['scenarios'], ['env'], ['doctor', '--help']):\n"
+        "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+        "print(sorted(m for m in ('torch', 'triton', 'sglfix.backends') if m in sys.modules))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from clihelp import run_cli
+
 from sglfix.toggling.registry import load_registry
 
 
@@ -64,13 +64,18 @@ def test_every_toggle_and_part_is_caught_by_its_expectation(matrix):
     checks = data["expectations"]
     assert checks and all(c["met"] for c in checks), [c for c in checks if not c["met"]]
     caught = {rid for c in checks if c["met"] and set(c["wanted"]) - {"PASS"} for rid in c["revert"]}
-    neutral_ok = {c["revert"][0] for c in checks
-                  if c["met"] and c["wanted"] == ["PASS"] and c["scenario"] == "*" and len(c["revert"]) == 1}
+    neutral_ok = {
+        c["revert"][0]
+        for c in checks
+        if c["met"] and c["wanted"] == ["PASS"] and c["scenario"] == "*" and len(c["revert"]) == 1
+    }
     for toggle in load_registry():
         for rid in toggle.ids[1:]:  # every part, each reverted alone
             if toggle.parts[rid.split(":")[1]].behaviour_neutral:
                 # A refactor: reverting it alone must leave every verdict as it is.
-                assert rid in neutral_ok, f"{rid} is declared behaviour-neutral but no PASS-everywhere expectation is met"
+                assert rid in neutral_ok, (
+                    f"{rid} is declared behaviour-neutral but no PASS-everywhere expectation is met"
+                )
                 continue
             assert rid in caught or f"{toggle.pr}:{rid.split(':')[1]}" in caught, f"{rid} is caught by no scenario"
 
@@ -87,5 +92,9 @@ def test_divergence_reports_its_size_and_location(matrix):
     err = cell["error"]
     assert err["max_abs_err"] > 0.1 and err["bad_rows"] > 0 and err["first_bad_request"] is not None
     assert "max abs err" in cell["findings"][0]["message"]
-    inv = next(c for c in data["cells"] if c["toggles"] == ["26651:clamp"] and c["scenario"].startswith("triton-draft-extend-v2@cg=graph-padded"))
+    inv = next(
+        c
+        for c in data["cells"]
+        if c["toggles"] == ["26651:clamp"] and c["scenario"].startswith("triton-draft-extend-v2@cg=graph-padded")
+    )
     assert inv["verdict"] == "INVARIANT" and "not monotone" in inv["findings"][0]["message"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from clihelp import assert_one_line_error, run_cli
 
 # The example, verbatim but for the case of two values (names are case-insensitive).
@@ -87,14 +86,21 @@ def test_someone_elses_draft_extend_scenarios(tmp_path):
     assert reverted["mine-trtllm-all-accepted"]["verdict"] == "PASS"
 
 
-@pytest.mark.parametrize("patch, needles", [
-    ("model: {num_heads: 16, kv_lora_rank: 256, qk_rope_head_dim: 64, dtype: bfloat16}",
-     ["model.kv_lora_rank 256", "512 only"]),
-    ("model: {num_heads: 16, kv_lora_rank: 512, qk_rope_head_dim: 64, dtype: float32}",
-     ["flashinfer_mla", "float16 or bfloat16"]),
-    ("max_context_len: 64", ["max_context_len 64", "request 1 needs 102", "at least 102"]),
-    ("page_size: 16", ["page_size 1"]),
-])
+@pytest.mark.parametrize(
+    "patch, needles",
+    [
+        (
+            "model: {num_heads: 16, kv_lora_rank: 256, qk_rope_head_dim: 64, dtype: bfloat16}",
+            ["model.kv_lora_rank 256", "512 only"],
+        ),
+        (
+            "model: {num_heads: 16, kv_lora_rank: 512, qk_rope_head_dim: 64, dtype: float32}",
+            ["flashinfer_mla", "float16 or bfloat16"],
+        ),
+        ("max_context_len: 64", ["max_context_len 64", "request 1 needs 102", "at least 102"]),
+        ("page_size: 16", ["page_size 1"]),
+    ],
+)
 def test_what_the_mla_kernels_cannot_take_is_a_one_line_error(tmp_path, patch, needles):
     key = patch.split(":")[0]
     lines = [patch if line.startswith(key + ":") else line for line in DRAFT.splitlines()]

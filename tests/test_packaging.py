@@ -17,8 +17,11 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out), str(ROOT)], check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        check=True,
+        timeout=300,
+    )
     (found,) = out.glob("sglfix-*.whl")
     return found
 
@@ -26,18 +29,32 @@ def wheel(tmp_path_factory) -> Path:
 def test_wheel_holds_only_sglfix_with_its_yaml_data(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
-    assert tops == {"sglfix", "zz-sglfix-startup.pth", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, tops
+    assert tops == {
+        "sglfix",
+        "zz-sglfix-startup.pth",
+        f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info",
+    }, tops
     assert zipfile.ZipFile(wheel).read("zz-sglfix-startup.pth") == (ROOT / "zz-sglfix-startup.pth").read_bytes()
-    profiles = sorted(str(p.relative_to(ROOT / "profiles")) for pattern in ("*/*.yaml", "*/scenarios/*.yaml", "*/known/*.yaml")
-                      for p in (ROOT / "profiles").glob(pattern))
-    assert profiles and sorted(n[len("sglfix/profiles/"):] for n in names
-                               if n.startswith("sglfix/profiles/") and n.endswith(".yaml")) == profiles
+    profiles = sorted(
+        str(p.relative_to(ROOT / "profiles"))
+        for pattern in ("*/*.yaml", "*/scenarios/*.yaml", "*/known/*.yaml")
+        for p in (ROOT / "profiles").glob(pattern)
+    )
+    assert (
+        profiles
+        and sorted(
+            n[len("sglfix/profiles/") :] for n in names if n.startswith("sglfix/profiles/") and n.endswith(".yaml")
+        )
+        == profiles
+    )
     for d in ("toggles", "scenarios"):
         src = sorted(p.name for p in (ROOT / d).glob("*.yaml"))
         got = sorted(n.split("/")[-1] for n in names if n.startswith(f"sglfix/{d}/") and n.endswith(".yaml"))
         assert got == src
     src_backends = sorted(str(p.relative_to(ROOT / "backends")) for p in (ROOT / "backends").rglob("*.py"))
-    got_backends = sorted(n[len("sglfix/backends/"):] for n in names if n.startswith("sglfix/backends/") and n.endswith(".py"))
+    got_backends = sorted(
+        n[len("sglfix/backends/") :] for n in names if n.startswith("sglfix/backends/") and n.endswith(".py")
+    )
     assert got_backends == src_backends, "every backends/ module must be listed in pyproject's packages"
     assert not any(n.startswith("backends/") for n in names)
 
@@ -49,8 +66,12 @@ def _venv_with_wheel(venv: Path, wheel: Path) -> Path:
     packages, which a fresh machine does not have."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
-    new_site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
+    new_site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
     Path(new_site, "test-env-packages.pth").write_text("\n".join(sorted(ours)) + "\n")
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, timeout=600)
@@ -64,37 +85,59 @@ def test_fresh_virtualenv_install_works_from_any_directory(tmp_path, wheel):
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLFIX_TOGGLES_DIR")}
     exe = venv / "bin" / "sglfix"
-    out = subprocess.run([str(exe), "list", "--json"], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [str(exe), "list", "--json"], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     import json
 
     data = json.loads(out.stdout)
     assert str(venv) in data["directory"], data["directory"]
     assert len(data["toggles"]) == len(list((ROOT / "toggles").glob("*.yaml")))
-    out = subprocess.run([str(py), "-m", "sglfix", "doctor"], cwd=elsewhere, capture_output=True, text=True,
-                         env=env, timeout=300)
+    out = subprocess.run(
+        [str(py), "-m", "sglfix", "doctor"], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=300
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     # From inside the source checkout, cells still run the installed package (the workers
     # must not pick up the checkout's sglfix/ from the current directory).
-    run = subprocess.run([str(exe), "run", "-s", "triton-extend", "--device", "cpu", "--json", "-"], cwd=ROOT,
-                         capture_output=True, text=True, env=env, timeout=600)
+    run = subprocess.run(
+        [str(exe), "run", "-s", "triton-extend", "--device", "cpu", "--json", "-"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert [c["verdict"] for c in json.loads(run.stdout)["cells"]] == ["PASS"]
-    where = subprocess.run([str(py), "-c", "import sglfix, sglfix.backends; print(sglfix.__file__, sglfix.backends.__file__)"],
-                           cwd=elsewhere, capture_output=True, text=True, env=env, timeout=120)
+    where = subprocess.run(
+        [str(py), "-c", "import sglfix, sglfix.backends; print(sglfix.__file__, sglfix.backends.__file__)"],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert where.returncode == 0, where.stderr
     assert all(str(venv) in p for p in where.stdout.split())
     # The start-up hook: unset, nothing of sglfix (nor yaml, torch, rich, typer) is imported at
     # interpreter start; set, a plain program runs the pre-fix code.
-    timing = subprocess.run([str(py), "-X", "importtime", "-c", "pass"], cwd=elsewhere, capture_output=True,
-                            text=True, env=env, timeout=60).stderr
+    timing = subprocess.run(
+        [str(py), "-X", "importtime", "-c", "pass"], cwd=elsewhere, capture_output=True, text=True, env=env, timeout=60
+    ).stderr
     names = [line.rsplit("|", 1)[-1].strip() for line in timing.splitlines() if "|" in line]
-    assert names and not [n for n in names if "sglfix" in n or n.split(".")[0] in ("yaml", "torch", "rich", "typer")], names
-    probe = ("import sglfix.backends.srt.managers.overlap_utils as m\n"
-             "try:\n    m.decide_needs_cpu_seq_lens([None]); print('fixed')\nexcept AttributeError:\n    print('pre-fix')")
+    assert names and not [n for n in names if "sglfix" in n or n.split(".")[0] in ("yaml", "torch", "rich", "typer")], (
+        names
+    )
+    probe = (
+        "import sglfix.backends.srt.managers.overlap_utils as m\n"
+        "try:\n    m.decide_needs_cpu_seq_lens([None]); print('fixed')\nexcept AttributeError:\n    print('pre-fix')"
+    )
     for value, expected in ((None, "fixed"), ("26738:overlap-guard", "pre-fix")):
         run_env = env if value is None else {**env, "SGLANG_DEBUG_REVERT_PR": value}
-        r = subprocess.run([str(py), "-c", probe], cwd=elsewhere, capture_output=True, text=True, env=run_env, timeout=120)
+        r = subprocess.run(
+            [str(py), "-c", probe], cwd=elsewhere, capture_output=True, text=True, env=run_env, timeout=120
+        )
         assert r.returncode == 0 and r.stdout.strip() == expected, (value, r.stdout, r.stderr)
 
 
@@ -113,7 +156,7 @@ def regular_venv(tmp_path_factory, wheel) -> Path:
     return _venv_with_wheel(tmp_path_factory.mktemp("regular") / "venv", wheel)
 
 
-_GUARDED_TEST = '''
+_GUARDED_TEST = """
 import sglfix
 from sglfix.backends.srt.managers import overlap_utils
 
@@ -125,7 +168,7 @@ def test_the_guard_is_reverted():
     except AttributeError:
         return  # the pre-fix code: the revert is in effect
     raise AssertionError("the fixed code ran: the revert was bypassed")
-'''
+"""
 
 
 @pytest.mark.parametrize("how", ["env", "env -n 2", "option -n 2", "env --assert=plain"])
@@ -134,8 +177,12 @@ def test_a_revert_is_in_effect_under_pytest_on_a_regular_install(tmp_path, regul
     plugin; on a regular install that is all of sglfix, and its import hook stands in front of
     the start-up hook's finder. The revert must hold anyway, in the session and in xdist workers."""
     (tmp_path / "test_guarded.py").write_text(_GUARDED_TEST)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLFIX_TOGGLES_DIR", "SGLANG_DEBUG_REVERT_PR",
-                                                             "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in ("PYTHONPATH", "SGLFIX_TOGGLES_DIR", "SGLANG_DEBUG_REVERT_PR", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER")
+    }
     args = ["-p", "no:cacheprovider", "-q", "test_guarded.py"]
     if how.startswith("env"):
         env["SGLANG_DEBUG_REVERT_PR"] = "26738:overlap-guard"
@@ -143,10 +190,17 @@ def test_a_revert_is_in_effect_under_pytest_on_a_regular_install(tmp_path, regul
         args += ["--sglfix-revert", "26738:overlap-guard"]
     args += how.split()[1:]
     py = regular_venv / "bin" / "python"
-    r = subprocess.run([str(py), "-m", "pytest", *args], cwd=tmp_path, capture_output=True, text=True, env=env,
-                       timeout=300)
+    r = subprocess.run(
+        [str(py), "-m", "pytest", *args], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "1 passed" in r.stdout
-    where = subprocess.run([str(py), "-c", "import sglfix; print(sglfix.__file__)"], cwd=tmp_path,
-                           capture_output=True, text=True, env=env, timeout=60)
+    where = subprocess.run(
+        [str(py), "-c", "import sglfix; print(sglfix.__file__)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert str(regular_venv) in where.stdout  # the wheel's sglfix, not the checkout's

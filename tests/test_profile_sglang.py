@@ -15,9 +15,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import yaml
-
 import sglang_wheel as sw
+import yaml
 
 pytestmark = pytest.mark.network
 
@@ -43,9 +42,14 @@ def source(tmp_path_factory) -> Path:
 
 
 def _doctor(*args: str, before: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("SGLFIX_TOGGLES_DIR", "SGLFIX_PROFILE", "SGLANG_DEBUG_REVERT_PR")}
-    return subprocess.run([sys.executable, "-m", "sglfix", *before, "doctor", *args], capture_output=True, text=True,
-                          env=env, timeout=600)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SGLFIX_TOGGLES_DIR", "SGLFIX_PROFILE", "SGLANG_DEBUG_REVERT_PR")
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "sglfix", *before, "doctor", *args], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def test_doctor_passes_on_the_real_wheel_and_names_all_ten(source):

@@ -42,12 +42,22 @@ USER_TESTS = textwrap.dedent("""
 def _pytest(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     # The outer run's own pytest variables stay out too: under xdist PYTEST_XDIST_WORKER would make
     # the user's single-process run look like a worker.
-    full = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_TOGGLES_DIR",
-                                                              "SGLFIX_PROFILE", "PYTEST_ADDOPTS", "PYTHONPATH")
-            and not k.startswith("PYTEST_XDIST") and k != "PYTEST_CURRENT_TEST"}
+    full = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_TOGGLES_DIR", "SGLFIX_PROFILE", "PYTEST_ADDOPTS", "PYTHONPATH")
+        and not k.startswith("PYTEST_XDIST")
+        and k != "PYTEST_CURRENT_TEST"
+    }
     full.update(STATE_FILE=str(tmp_path / "state"), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_user.py", *args],
-                          cwd=tmp_path, capture_output=True, text=True, env=full, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_user.py", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=600,
+    )
 
 
 @pytest.fixture
@@ -63,8 +73,11 @@ def _states(tmp_path: Path) -> dict[str, tuple]:
 
 
 def _outcomes(stdout: str) -> list[str]:
-    return sorted(line.split()[0] + " " + line.split("::")[-1].split()[0] for line in stdout.splitlines()
-                  if line.startswith(("caught ", "NOT caught ", "ERROR ")) and "::" in line)
+    return sorted(
+        line.split()[0] + " " + line.split("::")[-1].split()[0]
+        for line in stdout.splitlines()
+        if line.startswith(("caught ", "NOT caught ", "ERROR ")) and "::" in line
+    )
 
 
 def test_check_fixes_names_the_wrongly_marked_test_and_exits_1(user_dir):
@@ -99,9 +112,12 @@ def test_a_claim_of_a_test_that_did_not_run_is_not_run_and_the_junit_file_agrees
     """)
     (user_dir / "test_user.py").write_text(text)
     r = _pytest(user_dir, "--sglfix-check-fixes", "--junitxml", "out.xml")
-    lines = {line.split("::")[-1].split()[0]: line.split()[0] + (" " + line.split()[1] if line.startswith(("NOT", "not"))
-                                                                  else "")
-             for line in r.stdout.splitlines() if line.startswith(("caught ", "NOT caught ", "not run ")) and "::" in line}
+    lines = {
+        line.split("::")[-1].split()[0]: line.split()[0]
+        + (" " + line.split()[1] if line.startswith(("NOT", "not")) else "")
+        for line in r.stdout.splitlines()
+        if line.startswith(("caught ", "NOT caught ", "not run ")) and "::" in line
+    }
     assert lines["test_skipped"] == "not run" and lines["test_xfail"] == "not run", r.stdout
     assert lines["test_wrongly_marked"] == "NOT caught" and lines["test_none_backends_are_skipped"] == "caught"
     assert "1/4 claims caught; 2 not run (skipped or xfail); 1 not: exit 1" in r.stdout
@@ -183,21 +199,43 @@ def test_doctor_caught_by_runs_each_toggles_tests_with_it_reverted(tmp_path):
     body = rest.split("\nparts:", 1)[1]
     good = head + "caught_by:\n  - test_user.py::test_none_backends_are_skipped\nparts:" + body
     (toggles / "26738.yaml").write_text(good)
-    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_TOGGLES_DIR", "PYTHONPATH")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_TOGGLES_DIR", "PYTHONPATH")
+    }
 
     def doctor() -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "sglfix", "--toggles", str(toggles), "doctor", "--caught-by",
-                               "--tests-root", str(tmp_path), "--json"], capture_output=True, text=True, env=env,
-                              timeout=600, cwd=tmp_path)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sglfix",
+                "--toggles",
+                str(toggles),
+                "doctor",
+                "--caught-by",
+                "--tests-root",
+                str(tmp_path),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+            cwd=tmp_path,
+        )
 
     r = doctor()
     assert r.returncode == 0, r.stdout + r.stderr
     checks = {c["id"]: c for c in json.loads(r.stdout)["toggles"]}
     assert checks["26738 caught_by"]["ok"]
-    (toggles / "26738.yaml").write_text(good.replace("  - test_user.py::test_none_backends_are_skipped\n",
-                                                     "  - test_user.py::test_none_backends_are_skipped\n"
-                                                     "  - test_user.py::test_wrongly_marked\n"
-                                                     "  - test_gone.py::test_x\n"))
+    (toggles / "26738.yaml").write_text(
+        good.replace(
+            "  - test_user.py::test_none_backends_are_skipped\n",
+            "  - test_user.py::test_none_backends_are_skipped\n"
+            "  - test_user.py::test_wrongly_marked\n"
+            "  - test_gone.py::test_x\n",
+        )
+    )
     r = doctor()
     assert r.returncode == 1, r.stdout + r.stderr
     bad = {c["id"]: c for c in json.loads(r.stdout)["toggles"]}["26738 caught_by"]
@@ -209,10 +247,30 @@ def test_doctor_caught_by_runs_each_toggles_tests_with_it_reverted(tmp_path):
 
 def test_the_projects_own_fixed_by_tests_catch_their_fixes():
     root = Path(__file__).resolve().parent.parent
-    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_TOGGLES_DIR", "PYTEST_ADDOPTS")}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--sglfix-check-fixes",
-                        "-m", "fixed_by", "tests/backends"], cwd=root, capture_output=True, text=True, env=env,
-                       timeout=1200)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_TOGGLES_DIR", "PYTEST_ADDOPTS")
+    }
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--sglfix-check-fixes",
+            "-m",
+            "fixed_by",
+            "tests/backends",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     caught = [line for line in r.stdout.splitlines() if line.startswith("caught ")]
     assert len(caught) >= 8 and not [line for line in r.stdout.splitlines() if line.startswith("NOT caught")]

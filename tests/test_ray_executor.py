@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from clihelp import run_cli
 from procs import wait_untagged
 
@@ -22,11 +21,16 @@ SEGV, KILL_ACTOR, HANG = 90101, 90102, 90103
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("ray-toggles")
-    for pr, preamble in ((SEGV, "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"),
-                         # The worker's parent is the actor's process: the actor dies mid-cell.
-                         (KILL_ACTOR, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(60)\n")):
-        patch = {"target": TARGET, "edits": [{"match": "bs = forward_batch.batch_size\n", "append": "pass\n"}],
-                 "preamble": preamble}
+    for pr, preamble in (
+        (SEGV, "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"),
+        # The worker's parent is the actor's process: the actor dies mid-cell.
+        (KILL_ACTOR, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(60)\n"),
+    ):
+        patch = {
+            "target": TARGET,
+            "edits": [{"match": "bs = forward_batch.batch_size\n", "append": "pass\n"}],
+            "preamble": preamble,
+        }
         (d / f"{pr}.yaml").write_text(yaml.safe_dump({"pr": pr, "title": f"hostile {pr}", "patches": [patch]}))
     return d
 
@@ -34,15 +38,20 @@ def hostile(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def hanging(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("ray-hang")
-    patch = {"target": TARGET, "edits": [{"match": "bs = forward_batch.batch_size\n", "append": "pass\n"}],
-             "preamble": "import time\ntime.sleep(600)\n"}
+    patch = {
+        "target": TARGET,
+        "edits": [{"match": "bs = forward_batch.batch_size\n", "append": "pass\n"}],
+        "preamble": "import time\ntime.sleep(600)\n",
+    }
     (d / f"{HANG}.yaml").write_text(yaml.safe_dump({"pr": HANG, "title": "hangs", "patches": [patch]}))
     return d
 
 
 def _cells(report: dict) -> dict:
-    return {(",".join(c["toggles"]), c["scenario"]): {k: v for k, v in c.items() if k not in ("timings_ms", "kernels")}
-            for c in report["cells"]}
+    return {
+        (",".join(c["toggles"]), c["scenario"]): {k: v for k, v in c.items() if k not in ("timings_ms", "kernels")}
+        for c in report["cells"]
+    }
 
 
 def _run(*args: str, tag: str, timeout: float = 600):
@@ -77,22 +86,42 @@ def test_ray_matrix_equals_the_local_pool_cell_by_cell(tmp_path):
 def test_a_segfault_is_fault_under_ray_as_locally_and_the_run_completes(tmp_path, hostile):
     tag = uuid.uuid4().hex
     # FAULT fails the run; it completes
-    reports = _failing_under_each_executor(tmp_path, "--toggles", str(hostile), "run", "-r", str(SEGV), "-s", SCEN,
-                                           "-s", SCEN2, "--device", "cpu", tag=tag)
+    reports = _failing_under_each_executor(
+        tmp_path, "--toggles", str(hostile), "run", "-r", str(SEGV), "-s", SCEN, "-s", SCEN2, "--device", "cpu", tag=tag
+    )
     assert {c["verdict"] for c in reports["ray"]["cells"]} == {"FAULT"}
     assert _cells(reports["local"]).keys() == _cells(reports["ray"]).keys()
     for key, cell in _cells(reports["ray"]).items():
         local = _cells(reports["local"])[key]
         assert cell["verdict"] == local["verdict"] == "FAULT"
-        assert "signal SIGSEGV" in cell["findings"][0]["message"] and "triton_backend.py" in cell["findings"][0]["message"]
+        assert (
+            "signal SIGSEGV" in cell["findings"][0]["message"] and "triton_backend.py" in cell["findings"][0]["message"]
+        )
     assert not wait_untagged(tag), "processes left behind"
 
 
 def test_a_dead_actor_is_fault_for_its_cell_and_is_replaced(tmp_path, hostile):
     tag = uuid.uuid4().hex
     path = tmp_path / "ray.json"
-    r = _run("--toggles", str(hostile), "matrix", "-s", SCEN, "-s", SCEN2, "--device", "cpu", "--executor", "ray",
-             "--jobs", "1", "--no-reachability", "--json", str(path), tag=tag)
+    r = _run(
+        "--toggles",
+        str(hostile),
+        "matrix",
+        "-s",
+        SCEN,
+        "-s",
+        SCEN2,
+        "--device",
+        "cpu",
+        "--executor",
+        "ray",
+        "--jobs",
+        "1",
+        "--no-reachability",
+        "--json",
+        str(path),
+        tag=tag,
+    )
     report = json.loads(path.read_text())
     verdicts = {(",".join(c["toggles"]), c["scenario"]): c for c in report["cells"]}
     assert len(verdicts) == len(report["cells"]) == 3 * 2
@@ -133,8 +162,21 @@ def test_a_lost_call_of_several_cells_runs_them_again_one_by_one(hostile, monkey
 
 def test_a_hang_is_timeout_at_the_same_limit_under_ray(tmp_path, hanging):
     tag = uuid.uuid4().hex
-    reports = _failing_under_each_executor(tmp_path, "--toggles", str(hanging), "run", "-r", str(HANG), "-s", SCEN,
-                                           "--device", "cpu", "--timeout", "8", tag=tag)
+    reports = _failing_under_each_executor(
+        tmp_path,
+        "--toggles",
+        str(hanging),
+        "run",
+        "-r",
+        str(HANG),
+        "-s",
+        SCEN,
+        "--device",
+        "cpu",
+        "--timeout",
+        "8",
+        tag=tag,
+    )
     got = {}
     for executor, report in reports.items():
         (cell,) = report["cells"]

@@ -83,7 +83,9 @@ def test_a_real_baseline_records_the_targets_it_enters_and_an_unreached_set_stil
         assert base.verdict == "PASS", base.findings
         # Eager decode builds its metadata in init_forward_metadata (26738's target) and never
         # touches CUDA-graph metadata (26651) or the FlashInfer MLA draft (27460).
-        assert base.reached == ["sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata"]
+        assert base.reached == [
+            "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata"
+        ]
         cells = [Cell(scen, ("27460",)), Cell(scen, ("26651:clamp",)), Cell(scen, ("26738",))]
         results = run_reaching(pool, [Cell(scen, ())] + cells, base=(), registry=registry)
     verdicts = [r.verdict for r in results]

@@ -57,7 +57,7 @@ def _commands(line: str) -> list[list[str]]:
     for tok in tokens + [";"]:
         if tok in ("&&", ";", "|", "||"):
             if current:
-                at = next((i for i in range(len(current) - 2) if current[i:i + 2] == ["sh", "-c"]), None)
+                at = next((i for i in range(len(current) - 2) if current[i : i + 2] == ["sh", "-c"]), None)
                 if at is not None:  # git bisect run sh -c '...': the commands inside
                     out += [c for part in re.split(r";|&&", current[at + 2]) for c in _commands(part)]
                 else:
@@ -132,8 +132,13 @@ _PYTEST_HELP = None
 def _check_pytest(args: list[str]) -> None:
     global _PYTEST_HELP
     if _PYTEST_HELP is None:
-        _PYTEST_HELP = subprocess.run([sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"],
-                                      capture_output=True, text=True, cwd=ROOT, timeout=120).stdout
+        _PYTEST_HELP = subprocess.run(
+            [sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+        ).stdout
     for tok in args:
         if tok.startswith("-"):
             opt = tok.split("=", 1)[0]

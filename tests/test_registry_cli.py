@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from clihelp import assert_one_line_error, run_cli
 from patch_fixtures import targets as T
-from sglfix.toggling.env import maybe_revert_pr_fix, parse_env_value
+
 from sglfix.common.errors import ConfigError, PatchStateError
+from sglfix.toggling.env import maybe_revert_pr_fix, parse_env_value
 from sglfix.toggling.registry import load_registry
 from sglfix.toggling.revert import revert, reverted_ids
 
@@ -247,11 +247,24 @@ patches:
 """
 
 
-@pytest.mark.parametrize("token,ok", [
-    ("11111", True), ("11111:scale", True), (" 11111:double ", True),
-    ("", False), ("0", False), ("011111", False), ("1234567890", False), ("11111:", False),
-    ("11111:Scale", False), ("11111::scale", False), ("-1", False), ("1e3", False), ("11111:9x", False),
-])
+@pytest.mark.parametrize(
+    "token,ok",
+    [
+        ("11111", True),
+        ("11111:scale", True),
+        (" 11111:double ", True),
+        ("", False),
+        ("0", False),
+        ("011111", False),
+        ("1234567890", False),
+        ("11111:", False),
+        ("11111:Scale", False),
+        ("11111::scale", False),
+        ("-1", False),
+        ("1e3", False),
+        ("11111:9x", False),
+    ],
+)
 def test_one_grammar_for_every_reader_of_an_id(reg_dir, token, ok):
     """The registry, the env variable, the CLI and a toggle file's expect agree on what an id is."""
     from sglfix.toggling.ids import ToggleId
@@ -291,7 +304,10 @@ def test_empty_id_is_an_error_naming_the_option_never_nothing(reg_dir):
     with pytest.raises(ConfigError, match=r"^--revert: empty toggle id"):
         ToggleId.parse_list(["11111,", "22222"], what="--revert")
     assert [str(i) for i in ToggleId.parse_list(["11111:scale,22222", "11111:double"], what="-r")] == [
-        "11111:scale", "22222", "11111:double"]
+        "11111:scale",
+        "22222",
+        "11111:double",
+    ]
     assert_one_line_error(run_cli("show", ""), "show: empty toggle id")
     assert parse_env_value("") == [] and parse_env_value("0") == []  # the variable keeps its meaning
 
@@ -310,7 +326,9 @@ def test_restore_under_a_stacked_set_changes_nothing_and_the_record_stays_true(r
     a = revert(["11111"], allowed_prefixes=("patch_fixtures",))
     b = revert(["44444"], allowed_prefixes=("patch_fixtures",))
     assert T.plain(1) == 21 and T.Child.double(1) == 3
-    with pytest.raises(PatchStateError, match=r"cannot restore 11111:scale,11111:double: revert 44444:main .*restore 44444:main first"):
+    with pytest.raises(
+        PatchStateError, match=r"cannot restore 11111:scale,11111:double: revert 44444:main .*restore 44444:main first"
+    ):
         a.restore()
     # Nothing moved: before, Child.double came back while 11111 stayed listed as reverted.
     assert T.plain(1) == 21 and T.Child.double(1) == 3
@@ -369,7 +387,7 @@ def stateful(reg_dir):
     (reg_dir / "55555.yaml").write_text(SIDE_EFFECTS)
     before = (stateful.CACHE, stateful.MODE, settings.LEVEL)
     yield stateful, settings
-    assert (stateful.CACHE, stateful.MODE, settings.LEVEL) == before
+    assert before == (stateful.CACHE, stateful.MODE, settings.LEVEL)
 
 
 def test_restore_undoes_module_state_the_reverted_code_changed(stateful):
@@ -448,10 +466,13 @@ def test_toggles_directory_problems_say_which(tmp_path, monkeypatch):
     assert_one_line_error(run_cli("--toggles", str(tmp_path / "plain.txt"), "list"), "is a file, not a directory")
 
 
-@pytest.mark.parametrize("content,needle", [
-    (b"pr: 44444\ntitle: caf\xe9\n", "44444.yaml:2: not UTF-8"),
-    (b"pr: 44444\x00\ntitle: t\n", "44444.yaml is binary"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (b"pr: 44444\ntitle: caf\xe9\n", "44444.yaml:2: not UTF-8"),
+        (b"pr: 44444\x00\ntitle: t\n", "44444.yaml is binary"),
+    ],
+)
 def test_unreadable_toggle_file_is_one_line_naming_it(toggles_dir, content, needle):
     (toggles_dir / "44444.yaml").write_bytes(content)
     line = assert_one_line_error(run_cli("list"), "toggle file", needle)
@@ -467,13 +488,20 @@ def test_the_public_env_entry_point_imports_nothing_when_unset_and_validates_whe
     import subprocess
     import sys
 
-    probe = ("import sys, sglfix\nr = sglfix.maybe_revert_pr_fix()\n"
-             "print(r, sorted(m for m in ('yaml', 'pydantic', 'inspect', 'sglfix.toggling.env', 'torch') if m in sys.modules))")
+    probe = (
+        "import sys, sglfix\nr = sglfix.maybe_revert_pr_fix()\n"
+        "print(r, sorted(m for m in ('yaml', 'pydantic', 'inspect', 'sglfix.toggling.env', 'torch') if m in sys.modules))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "SGLANG_DEBUG_REVERT_PR"}
     for value in (None, "0", " "):
         run_env = env if value is None else {**env, "SGLANG_DEBUG_REVERT_PR": value}
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=run_env, timeout=120)
         assert out.returncode == 0 and out.stdout.strip() == "None []", (value, out.stdout, out.stderr)
-    bad = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                         env={**env, "SGLANG_DEBUG_REVERT_PR": "abc"})
+    bad = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env, "SGLANG_DEBUG_REVERT_PR": "abc"},
+    )
     assert bad.returncode != 0 and "SGLANG_DEBUG_REVERT_PR: bad item 'abc'" in bad.stderr

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from clihelp import assert_one_line_error, run_cli
+
 from sglfix.common.errors import ConfigError
 from sglfix.report.compare import compare_reports
 from sglfix.report.jsonreport import SCHEMA, build_report
@@ -28,15 +28,41 @@ COMMITTED_REPORTS = sorted(RESULTS.glob("matrix-*.json"))
 def _cell(scenario: str, toggles=(), verdict: str = "PASS", figure: str = "") -> dict:
     findings = [{"verdict": verdict, "message": figure}] if verdict != "PASS" else []
     label = ",".join(toggles) or "baseline"
-    return {"id": f"{label}::{scenario}", "scenario": scenario, "toggles": list(toggles), "device": "cpu",
-            "verdict": verdict, "findings": findings, "error": None, "timings_ms": {}, "revert_env": None}
+    return {
+        "id": f"{label}::{scenario}",
+        "scenario": scenario,
+        "toggles": list(toggles),
+        "device": "cpu",
+        "verdict": verdict,
+        "findings": findings,
+        "error": None,
+        "timings_ms": {},
+        "revert_env": None,
+    }
 
 
 def _report(*cells: dict, **meta) -> dict:
-    data = {"tool": "sglfix", "schema": SCHEMA, "date": "2026-01-01T00:00:00+00:00", "command": "sglfix matrix",
-            "device": "cpu", "device_name": "cpu", "host": "h", "python": "3.11", "torch": "2", "triton": "3",
-            "flashinfer": None, "sglfix": "0.1.0", "env_revert": None, "wall_s": 1.0, "cells": list(cells),
-            "summary": {}, "expectations": [], "stray": [], "not_run": []}
+    data = {
+        "tool": "sglfix",
+        "schema": SCHEMA,
+        "date": "2026-01-01T00:00:00+00:00",
+        "command": "sglfix matrix",
+        "device": "cpu",
+        "device_name": "cpu",
+        "host": "h",
+        "python": "3.11",
+        "torch": "2",
+        "triton": "3",
+        "flashinfer": None,
+        "sglfix": "0.1.0",
+        "env_revert": None,
+        "wall_s": 1.0,
+        "cells": list(cells),
+        "summary": {},
+        "expectations": [],
+        "stray": [],
+        "not_run": [],
+    }
     data.update(meta)
     return data
 
@@ -47,6 +73,7 @@ def _write(path: Path, data) -> str:
 
 
 # --- loading -------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", COMMITTED_REPORTS, ids=lambda p: p.name)
 def test_committed_reports_of_every_schema_load(path):
@@ -70,28 +97,44 @@ def test_the_older_layout_has_no_cell_ids_and_still_compares():
 def test_build_report_writes_schema_2_and_it_loads_back(tmp_path):
     from sglfix.harness.cell import CellResult
 
-    results = [CellResult(scenario="s1", toggles=[], device="cpu"),
-               CellResult(scenario="s1", toggles=["26651"], device="cpu", verdict="DIVERGE",
-                          findings=[{"verdict": "DIVERGE", "message": "max abs err 1"}])]
-    data = build_report(command=["sglfix", "matrix"], info={"device": "cpu"}, results=results,
-                        cell_ids=["baseline::s1", "26651::s1"], wall_s=1.0, env_revert=None)
+    results = [
+        CellResult(scenario="s1", toggles=[], device="cpu"),
+        CellResult(
+            scenario="s1",
+            toggles=["26651"],
+            device="cpu",
+            verdict="DIVERGE",
+            findings=[{"verdict": "DIVERGE", "message": "max abs err 1"}],
+        ),
+    ]
+    data = build_report(
+        command=["sglfix", "matrix"],
+        info={"device": "cpu"},
+        results=results,
+        cell_ids=["baseline::s1", "26651::s1"],
+        wall_s=1.0,
+        env_revert=None,
+    )
     assert data["schema"] == SCHEMA == 2
     report = load_report(_write(tmp_path / "r.json", data))
     assert report["schema"] == 2 and [c["id"] for c in report["cells"]] == ["baseline::s1", "26651::s1"]
 
 
-@pytest.mark.parametrize("content,needle", [
-    ({"tool": "sglfix", "schema": 3, "cells": []}, "newer than this sglfix reads"),
-    ({"tool": "sglfix", "schema": "2", "cells": []}, "not a report schema number"),
-    ({"tool": "sglfix"}, 'no "cells" list'),
-    ({"tool": "sglfix", "cells": [{"scenario": "s", "toggles": []}]}, "verdict None"),
-    ({"tool": "sglfix", "cells": [{"scenario": "s", "toggles": [], "verdict": "GREEN"}]}, "verdict 'GREEN'"),
-    ({"tool": "sglfix", "cells": [{"scenario": "s", "toggles": "26651", "verdict": "PASS"}]}, '"toggles" list'),
-    ({"tool": "sglfix", "cells": [{"toggles": [], "verdict": "PASS"}]}, '"scenario"'),
-    ({"tool": "sglfix", "cells": [_cell("s"), _cell("s")]}, "appears twice"),
-    ({"tool": "sglfix", "cells": [{**_cell("s"), "id": "baseline::t"}]}, "make 'baseline::s'"),
-    ([1, 2], "not a sglfix report"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ({"tool": "sglfix", "schema": 3, "cells": []}, "newer than this sglfix reads"),
+        ({"tool": "sglfix", "schema": "2", "cells": []}, "not a report schema number"),
+        ({"tool": "sglfix"}, 'no "cells" list'),
+        ({"tool": "sglfix", "cells": [{"scenario": "s", "toggles": []}]}, "verdict None"),
+        ({"tool": "sglfix", "cells": [{"scenario": "s", "toggles": [], "verdict": "GREEN"}]}, "verdict 'GREEN'"),
+        ({"tool": "sglfix", "cells": [{"scenario": "s", "toggles": "26651", "verdict": "PASS"}]}, '"toggles" list'),
+        ({"tool": "sglfix", "cells": [{"toggles": [], "verdict": "PASS"}]}, '"scenario"'),
+        ({"tool": "sglfix", "cells": [_cell("s"), _cell("s")]}, "appears twice"),
+        ({"tool": "sglfix", "cells": [{**_cell("s"), "id": "baseline::t"}]}, "make 'baseline::s'"),
+        ([1, 2], "not a sglfix report"),
+    ],
+)
 def test_malformed_reports_are_refused_in_one_line(tmp_path, content, needle):
     path = _write(tmp_path / "bad.json", content)
     with pytest.raises(ConfigError) as info:
@@ -102,6 +145,7 @@ def test_malformed_reports_are_refused_in_one_line(tmp_path, content, needle):
 
 # --- compare -------------------------------------------------------------------------------------
 
+
 def test_compare_identical_reports_exits_0():
     r = run_cli("report", "compare", str(CPU), str(CPU))
     assert r.code == 0, r.err
@@ -111,14 +155,25 @@ def test_compare_identical_reports_exits_0():
 
 
 def test_compare_changed_verdict_exits_1_and_names_the_cell(tmp_path):
-    old = _report(_cell("triton-decode@cg=eager"), _cell("triton-decode@cg=eager", ["26651:clamp"]),
-                  _cell("fi-draft-topk8@cg=graph", ["27460"], "DIVERGE", "max abs err 4.39"))
-    new = _report(_cell("triton-decode@cg=eager"),
-                  _cell("triton-decode@cg=eager", ["26651:clamp"], "INVARIANT", "indptr not monotone at 3"),
-                  _cell("fi-draft-topk8@cg=graph", ["27460"]))
+    old = _report(
+        _cell("triton-decode@cg=eager"),
+        _cell("triton-decode@cg=eager", ["26651:clamp"]),
+        _cell("fi-draft-topk8@cg=graph", ["27460"], "DIVERGE", "max abs err 4.39"),
+    )
+    new = _report(
+        _cell("triton-decode@cg=eager"),
+        _cell("triton-decode@cg=eager", ["26651:clamp"], "INVARIANT", "indptr not monotone at 3"),
+        _cell("fi-draft-topk8@cg=graph", ["27460"]),
+    )
     out_json = tmp_path / "cmp.json"
-    r = run_cli("report", "compare", _write(tmp_path / "old.json", old), _write(tmp_path / "new.json", new),
-                "--json", str(out_json))
+    r = run_cli(
+        "report",
+        "compare",
+        _write(tmp_path / "old.json", old),
+        _write(tmp_path / "new.json", new),
+        "--json",
+        str(out_json),
+    )
     assert r.code == 1, (r.out, r.err)
     assert "26651:clamp" in r.out and "triton-decode@cg=eager" in r.out and "INVARIANT" in r.out
     assert "indptr not monotone at 3" in r.out  # the new key figure
@@ -126,7 +181,9 @@ def test_compare_changed_verdict_exits_1_and_names_the_cell(tmp_path):
     assert "3 common cells: 1 same verdict, 2 changed" in r.out
     data = json.loads(out_json.read_text())
     assert [(c["id"], c["old"], c["new"]) for c in data["changed"]] == [
-        ("26651:clamp::triton-decode@cg=eager", "PASS", "INVARIANT"), ("27460::fi-draft-topk8@cg=graph", "DIVERGE", "PASS")]
+        ("26651:clamp::triton-decode@cg=eager", "PASS", "INVARIANT"),
+        ("27460::fi-draft-topk8@cg=graph", "DIVERGE", "PASS"),
+    ]
     assert data["old"]["cells"] == data["new"]["cells"] == 3
 
 
@@ -147,6 +204,7 @@ def test_compare_json_to_stdout_is_json_only(tmp_path):
 
 
 # --- merge ---------------------------------------------------------------------------------------
+
 
 def _halves(tmp_path: Path) -> tuple[str, str]:
     whole = json.loads(CPU.read_text())
@@ -213,10 +271,15 @@ def test_merge_keeps_identical_duplicates_once_and_marks_mixed_devices():
 def test_merge_joins_an_expectation_checked_in_two_shards():
     check = {"toggle": "1", "revert": ["1"], "scenario": "s*", "wanted": ["DIVERGE"], "device": "any"}
     stray = {"toggles": ["2"], "scenario": "s9", "verdict": "CRASH", "why": "no expectation"}
-    a = _report(_cell("s1", ["1"]), expectations=[{**check, "met": False, "got": {"s1": "PASS"}}],
-                stray=[stray], not_run=["revert 1 on s*", "revert 3 on t*"])
-    b = _report(_cell("s2", ["1"], "DIVERGE"), expectations=[{**check, "met": True, "got": {"s2": "DIVERGE"}}],
-                stray=[stray])
+    a = _report(
+        _cell("s1", ["1"]),
+        expectations=[{**check, "met": False, "got": {"s1": "PASS"}}],
+        stray=[stray],
+        not_run=["revert 1 on s*", "revert 3 on t*"],
+    )
+    b = _report(
+        _cell("s2", ["1"], "DIVERGE"), expectations=[{**check, "met": True, "got": {"s2": "DIVERGE"}}], stray=[stray]
+    )
     merged = merge_reports([("a", a), ("b", b)], command=["sglfix"])
     assert merged["expectations"] == [{**check, "met": True, "got": {"s1": "PASS", "s2": "DIVERGE"}}]
     assert merged["stray"] == [stray]
@@ -225,21 +288,38 @@ def test_merge_joins_an_expectation_checked_in_two_shards():
 
 def test_merge_counts_a_known_divergence_of_the_cells_device_as_meeting_a_wanted_pass():
     check = {"toggle": "1", "revert": ["1"], "scenario": "m*", "wanted": ["PASS"], "device": "any"}
-    known = {"scenario": "m*", "verdict": ["DIVERGE"], "reason": "upstream", "reproduce": "sglfix run",
-             "device": "cuda", "seen_on": ["m1"]}
+    known = {
+        "scenario": "m*",
+        "verdict": ["DIVERGE"],
+        "reason": "upstream",
+        "reproduce": "sglfix run",
+        "device": "cuda",
+        "seen_on": ["m1"],
+    }
 
     def shard(name: str, device: str, with_known: bool) -> dict:
         cell = {**_cell(name, ["1"], "DIVERGE"), "device": device}
-        return _report(cell, expectations=[{**check, "met": with_known, "got": {name: "DIVERGE"}}],
-                       known_divergences=[known] if with_known else [])
+        return _report(
+            cell,
+            expectations=[{**check, "met": with_known, "got": {name: "DIVERGE"}}],
+            known_divergences=[known] if with_known else [],
+        )
 
     merged = merge_reports([("a", shard("m1", "cuda", True)), ("b", shard("m2", "cuda", True))], command=["sglfix"])
     assert merged["expectations"][0]["met"] is True
-    assert merge_reports([("a", shard("m1", "cuda", False)), ("b", shard("m2", "cuda", False))],
-                         command=["sglfix"])["expectations"][0]["met"] is False
+    assert (
+        merge_reports([("a", shard("m1", "cuda", False)), ("b", shard("m2", "cuda", False))], command=["sglfix"])[
+            "expectations"
+        ][0]["met"]
+        is False
+    )
     # The entry is for CUDA: the same divergence on the CPU stays unmet.
-    assert merge_reports([("a", shard("m1", "cpu", True)), ("b", shard("m2", "cpu", True))],
-                         command=["sglfix"])["expectations"][0]["met"] is False
+    assert (
+        merge_reports([("a", shard("m1", "cpu", True)), ("b", shard("m2", "cpu", True))], command=["sglfix"])[
+            "expectations"
+        ][0]["met"]
+        is False
+    )
 
 
 def test_conflicting_shards_are_a_one_line_error_and_write_nothing(tmp_path):
@@ -256,17 +336,23 @@ def test_conflicting_shards_are_a_one_line_error_and_write_nothing(tmp_path):
 
 # --- bad input -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("make,needle", [
-    (lambda d: str(d / "missing.json"), "no such file"),
-    (lambda d: _write(d / "x.json", {"cells": []}), "not a sglfix report"),
-    (lambda d: _write(d / "x.json", "not json {"), "not JSON"),
-    (lambda d: str(RESULTS / "fault-cuda.json"), "not a sglfix report"),  # has "cells", is no report
-    (lambda d: str(d), "is a directory"),
-])
+
+@pytest.mark.parametrize(
+    "make,needle",
+    [
+        (lambda d: str(d / "missing.json"), "no such file"),
+        (lambda d: _write(d / "x.json", {"cells": []}), "not a sglfix report"),
+        (lambda d: _write(d / "x.json", "not json {"), "not JSON"),
+        (lambda d: str(RESULTS / "fault-cuda.json"), "not a sglfix report"),  # has "cells", is no report
+        (lambda d: str(d), "is a directory"),
+    ],
+)
 @pytest.mark.parametrize("command", ["compare", "merge"])
 def test_bad_input_files_are_one_line_errors(tmp_path, make, needle, command):
     bad = make(tmp_path)
-    args = ["compare", bad, str(CPU)] if command == "compare" else ["merge", str(CPU), bad, "-o", str(tmp_path / "m.json")]
+    args = (
+        ["compare", bad, str(CPU)] if command == "compare" else ["merge", str(CPU), bad, "-o", str(tmp_path / "m.json")]
+    )
     assert_one_line_error(run_cli("report", *args), bad, needle)
     assert not (tmp_path / "m.json").exists()
 
@@ -275,7 +361,9 @@ def test_unwritable_outputs_are_one_line_errors(tmp_path):
     missing = str(tmp_path / "no" / "dir" / "m.json")
     assert_one_line_error(run_cli("report", "merge", str(CPU), "-o", missing), "--output", "does not exist")
     assert_one_line_error(run_cli("report", "merge", str(CPU), "-o", str(tmp_path)), "--output", "is a directory")
-    assert_one_line_error(run_cli("report", "compare", str(CPU), str(CPU), "--json", missing), "--json", "does not exist")
+    assert_one_line_error(
+        run_cli("report", "compare", str(CPU), str(CPU), "--json", missing), "--json", "does not exist"
+    )
     assert_one_line_error(run_cli("report", "merge", str(CPU)), "--output")
 
 
@@ -286,15 +374,24 @@ def test_bare_report_prints_its_help():
 
 def test_bench_parity_wraps_report_compare(tmp_path):
     out = tmp_path / "parity.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "parity.py"), str(CPU), str(CUDA), "--json", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "parity.py"), str(CPU), str(CUDA), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     committed = json.loads((RESULTS / "parity-cpu-cuda.json").read_text())
     data = json.loads(out.read_text())
-    assert {k: data[k] for k in ("common_cells", "agree", "differ", "missing_in_one")} == \
-        {k: committed[k] for k in ("common_cells", "agree", "differ", "missing_in_one")}
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "parity.py"), str(OLD_LAYOUT), str(CPU)],
-                          capture_output=True, text=True, timeout=120)
+    assert {k: data[k] for k in ("common_cells", "agree", "differ", "missing_in_one")} == {
+        k: committed[k] for k in ("common_cells", "agree", "differ", "missing_in_one")
+    }
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "parity.py"), str(OLD_LAYOUT), str(CPU)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1 and "3255 in one report only" in proc.stdout  # exit 1: cells in one only
 
 
@@ -314,7 +411,8 @@ def test_sigterm_while_a_report_is_written_leaves_no_temp_file_and_exits_143(tmp
         "    real_fsync(fd)\n"
         "os.fsync = fsync\n"
         "from sglfix.cli import main\n"
-        f"main(['report', 'merge', {str(CPU)!r}, '-o', {str(out)!r}])\n")
+        f"main(['report', 'merge', {str(CPU)!r}, '-o', {str(out)!r}])\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 143, (r.returncode, r.stderr[-2000:])
     lines = [line for line in r.stderr.splitlines() if line.strip()]

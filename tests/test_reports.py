@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from clihelp import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,8 +33,24 @@ def test_run_writes_junit_and_markdown_and_appends_to_the_step_summary(tmp_path)
     summary = tmp_path / "summary.md"
     summary.write_text("earlier step\n")
     out = {k: tmp_path / f"r.{k}" for k in ("json", "xml", "md")}
-    r = run_cli("run", "-r", "26651:clamp", "-s", PASSING, "-s", GLUE, "--device", "cpu", "--json", str(out["json"]),
-                "--junit", str(out["xml"]), "--markdown", str(out["md"]), env={"GITHUB_STEP_SUMMARY": str(summary)})
+    r = run_cli(
+        "run",
+        "-r",
+        "26651:clamp",
+        "-s",
+        PASSING,
+        "-s",
+        GLUE,
+        "--device",
+        "cpu",
+        "--json",
+        str(out["json"]),
+        "--junit",
+        str(out["xml"]),
+        "--markdown",
+        str(out["md"]),
+        env={"GITHUB_STEP_SUMMARY": str(summary)},
+    )
     assert r.code == 1, r.err
     report = json.loads(out["json"].read_text())
     verdicts = {c["scenario"]: c for c in report["cells"]}
@@ -69,8 +84,22 @@ def test_matrix_junit_reflects_the_gate(tmp_path):
     assert line in f.read_text()
     f.write_text(f.read_text().replace(line, ""))
     xml, md, png = tmp_path / "m.xml", tmp_path / "m.md", tmp_path / "m.png"
-    r = run_cli("--toggles", str(toggles), "matrix", "-s", GLUE, "--device", "cpu", "--junit", str(xml),
-                "--markdown", str(md), "--heatmap", str(png), env={"GITHUB_STEP_SUMMARY": ""})
+    r = run_cli(
+        "--toggles",
+        str(toggles),
+        "matrix",
+        "-s",
+        GLUE,
+        "--device",
+        "cpu",
+        "--junit",
+        str(xml),
+        "--markdown",
+        str(md),
+        "--heatmap",
+        str(png),
+        env={"GITHUB_STEP_SUMMARY": ""},
+    )
     assert r.code == 1, r.err  # the stray verdict fails the gate
     cases = _junit(xml)
     assert len(cases) == 7 and {c for c, _ in cases} >= {"baseline", "26651", "26738"}
@@ -97,8 +126,19 @@ def test_an_error_cell_is_a_junit_error(tmp_path):
     toggles.mkdir()
     (toggles / "88888.yaml").write_text(HARNESS_FAILS)
     xml = tmp_path / "e.xml"
-    r = run_cli("--toggles", str(toggles), "run", "-r", "88888", "-s", "triton-decode@cg=eager,gpu_only=off",
-                "--device", "cpu", "--junit", str(xml))
+    r = run_cli(
+        "--toggles",
+        str(toggles),
+        "run",
+        "-r",
+        "88888",
+        "-s",
+        "triton-decode@cg=eager,gpu_only=off",
+        "--device",
+        "cpu",
+        "--junit",
+        str(xml),
+    )
     assert r.code == 1, r.err
     (case,) = _junit(xml).values()
     assert _kinds(case) == ["Error"] and case.result[0].type == "ERROR" and "sglfix failed" in case.result[0].message
@@ -122,14 +162,17 @@ def _bad(*args, **kw):
     return r
 
 
-@pytest.mark.parametrize("option,name,needle", [
-    ("--junit", "r.txt", ".xml"),
-    ("--junit", "-", "stdout"),
-    ("--markdown", "r.json", ".md"),
-    ("--heatmap", "r.jpg", ".png or .svg"),
-    ("--heatmap", "no/such/dir/r.png", "does not exist"),
-    ("--markdown", "no/such/dir/r.md", "does not exist"),
-])
+@pytest.mark.parametrize(
+    "option,name,needle",
+    [
+        ("--junit", "r.txt", ".xml"),
+        ("--junit", "-", "stdout"),
+        ("--markdown", "r.json", ".md"),
+        ("--heatmap", "r.jpg", ".png or .svg"),
+        ("--heatmap", "no/such/dir/r.png", "does not exist"),
+        ("--markdown", "no/such/dir/r.md", "does not exist"),
+    ],
+)
 def test_bad_report_paths_are_one_line_errors_before_any_cell(tmp_path, option, name, needle):
     report = tmp_path / "r.json"
     path = name if name == "-" else str(tmp_path / name)
@@ -148,8 +191,9 @@ def test_missing_matplotlib_is_a_one_line_error_with_the_install_hint(tmp_path):
     hide = tmp_path / "hide"
     hide.mkdir()
     (hide / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
-    r = _bad("matrix", "-s", PASSING, "--device", "cpu", "--heatmap", str(tmp_path / "h.png"),
-             env={"PYTHONPATH": str(hide)})
+    r = _bad(
+        "matrix", "-s", PASSING, "--device", "cpu", "--heatmap", str(tmp_path / "h.png"), env={"PYTHONPATH": str(hide)}
+    )
     assert_one_line_error(r, "--heatmap", "pip install 'sglfix[plot]'")
 
 
@@ -170,13 +214,34 @@ def _big_report(n_groups: int = 31, per_group: int = 5, n_sets: int = 25) -> dic
                 verdict = VERDICT_CYCLE[k % len(VERDICT_CYCLE)] if toggles else "PASS"
                 k += 7
                 label = ",".join(toggles) or "baseline"
-                cells.append({"id": f"{label}::{name}", "scenario": name, "toggles": toggles, "device": "cpu",
-                              "verdict": verdict, "findings": [] if verdict == "PASS" else
-                              [{"verdict": verdict, "message": f"{verdict.lower()} | <b>*why*</b>"}],
-                              "error": None, "timings_ms": {"total": 12.5}, "revert_env": label})
-    return {"tool": "sglfix", "command": "sglfix matrix --parts", "device": "cpu", "device_name": "cpu",
-            "wall_s": 99.0, "date": "2026-01-01T00:00:00+00:00", "cells": cells, "summary": {},
-            "expectations": [], "stray": [], "not_run": []}
+                cells.append(
+                    {
+                        "id": f"{label}::{name}",
+                        "scenario": name,
+                        "toggles": toggles,
+                        "device": "cpu",
+                        "verdict": verdict,
+                        "findings": []
+                        if verdict == "PASS"
+                        else [{"verdict": verdict, "message": f"{verdict.lower()} | <b>*why*</b>"}],
+                        "error": None,
+                        "timings_ms": {"total": 12.5},
+                        "revert_env": label,
+                    }
+                )
+    return {
+        "tool": "sglfix",
+        "command": "sglfix matrix --parts",
+        "device": "cpu",
+        "device_name": "cpu",
+        "wall_s": 99.0,
+        "date": "2026-01-01T00:00:00+00:00",
+        "cells": cells,
+        "summary": {},
+        "expectations": [],
+        "stray": [],
+        "not_run": [],
+    }
 
 
 def test_a_155_by_25_heatmap_stays_legible_and_small(tmp_path):
@@ -212,17 +277,26 @@ def test_a_group_cell_counts_not_reached_apart_from_its_worst_verdict():
 
     report = _big_report(n_groups=31, per_group=5, n_sets=2)
     toggle = "20001:part-1"
-    group = [c for c in report["cells"] if c["toggles"] == [toggle] and c["scenario"].startswith("backend0-mode-number-0@")]
+    group = [
+        c for c in report["cells"] if c["toggles"] == [toggle] and c["scenario"].startswith("backend0-mode-number-0@")
+    ]
     for c, verdict in zip(group, ["DIVERGE", "DIVERGE", "DIVERGE", "NOT_REACHED", "NOT_REACHED"]):
         c["verdict"] = verdict
-    unreached = [c for c in report["cells"] if c["toggles"] == [toggle] and c["scenario"].startswith("backend1-mode-number-1@")]
+    unreached = [
+        c for c in report["cells"] if c["toggles"] == [toggle] and c["scenario"].startswith("backend1-mode-number-1@")
+    ]
     for c in unreached:
         c["verdict"] = "NOT_REACHED"
-    mixed = [c for c in report["cells"] if c["toggles"] == [toggle] and c["scenario"].startswith("backend2-mode-number-2@")]
+    mixed = [
+        c for c in report["cells"] if c["toggles"] == [toggle] and c["scenario"].startswith("backend2-mode-number-2@")
+    ]
     for c, verdict in zip(mixed, ["PASS", "PASS", "PASS", "PASS", "NOT_REACHED"]):
         c["verdict"] = verdict
-    rows = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in render_markdown(report).splitlines()
-            if line.startswith("| `backend")}
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[3].strip()
+        for line in render_markdown(report).splitlines()
+        if line.startswith("| `backend")
+    }
     assert rows["`backend0-mode-number-0@*` (5)"] == "DIVERGE 3/5, 2 not reached"
     assert rows["`backend1-mode-number-1@*` (5)"] == "NOT_REACHED"
     assert rows["`backend2-mode-number-2@*` (5)"].endswith("4/5, 1 not reached")
@@ -230,22 +304,56 @@ def test_a_group_cell_counts_not_reached_apart_from_its_worst_verdict():
 
 def _gate_report() -> dict:
     def cell(toggles, scenario, verdict):
-        return {"id": f"{','.join(toggles) or 'baseline'}::{scenario}", "scenario": scenario, "toggles": toggles,
-                "verdict": verdict, "findings": [] if verdict == "PASS" else [{"verdict": verdict, "message": f"{verdict} here"}],
-                "timings_ms": {"total": 1000.0}}
+        return {
+            "id": f"{','.join(toggles) or 'baseline'}::{scenario}",
+            "scenario": scenario,
+            "toggles": toggles,
+            "verdict": verdict,
+            "findings": [] if verdict == "PASS" else [{"verdict": verdict, "message": f"{verdict} here"}],
+            "timings_ms": {"total": 1000.0},
+        }
 
-    cells = [cell([], "a@x", "PASS"), cell(["1"], "a@x", "DIVERGE"), cell(["1"], "b@y", "CRASH"),
-             cell(["2"], "a@x", "PASS"), cell(["2"], "b@y", "SKIP"), cell(["3"], "a@x", "ERROR"),
-             cell(["3"], "b@y", "FAULT")]
-    return {"command": "sglfix matrix", "cells": cells,
-            "expectations": [{"toggle": "1", "revert": ["1"], "scenario": "a*", "wanted": ["DIVERGE"], "met": True,
-                              "got": {"a@x": "DIVERGE"}},
-                             {"toggle": "2", "revert": ["2"], "scenario": "a*", "wanted": ["INVARIANT"], "met": False,
-                              "got": {"a@x": "PASS"}},
-                             {"toggle": "3", "revert": ["3"], "scenario": "b*", "wanted": ["FAULT"], "met": True,
-                              "got": {"b@y": "FAULT"}}],
-            "stray": [{"toggles": ["1"], "scenario": "b@y", "verdict": "CRASH", "why": "not covered"}],
-            "not_run": []}
+    cells = [
+        cell([], "a@x", "PASS"),
+        cell(["1"], "a@x", "DIVERGE"),
+        cell(["1"], "b@y", "CRASH"),
+        cell(["2"], "a@x", "PASS"),
+        cell(["2"], "b@y", "SKIP"),
+        cell(["3"], "a@x", "ERROR"),
+        cell(["3"], "b@y", "FAULT"),
+    ]
+    return {
+        "command": "sglfix matrix",
+        "cells": cells,
+        "expectations": [
+            {
+                "toggle": "1",
+                "revert": ["1"],
+                "scenario": "a*",
+                "wanted": ["DIVERGE"],
+                "met": True,
+                "got": {"a@x": "DIVERGE"},
+            },
+            {
+                "toggle": "2",
+                "revert": ["2"],
+                "scenario": "a*",
+                "wanted": ["INVARIANT"],
+                "met": False,
+                "got": {"a@x": "PASS"},
+            },
+            {
+                "toggle": "3",
+                "revert": ["3"],
+                "scenario": "b*",
+                "wanted": ["FAULT"],
+                "met": True,
+                "got": {"b@y": "FAULT"},
+            },
+        ],
+        "stray": [{"toggles": ["1"], "scenario": "b@y", "verdict": "CRASH", "why": "not covered"}],
+        "not_run": [],
+    }
 
 
 def test_junit_gate_and_run_modes_from_a_report_dict(tmp_path):
@@ -257,12 +365,12 @@ def test_junit_gate_and_run_modes_from_a_report_dict(tmp_path):
     write_junit(report, str(run), gate=False)
     g, r = _junit(gate), _junit(run)
     assert g[("1", "a@x")].is_passed and g[("1", "a@x")].system_out == "expected DIVERGE: DIVERGE here"
-    assert _kinds(g[("1", "b@y")]) == ["Failure"]                   # stray
-    assert _kinds(g[("2", "a@x")]) == ["Failure"]                   # PASS, but its expectation is unmet
+    assert _kinds(g[("1", "b@y")]) == ["Failure"]  # stray
+    assert _kinds(g[("2", "a@x")]) == ["Failure"]  # PASS, but its expectation is unmet
     assert "expectation unmet" in g[("2", "a@x")].result[0].text
     assert _kinds(g[("2", "b@y")]) == ["Skipped"]
-    assert _kinds(g[("3", "a@x")]) == ["Error"]                     # ERROR fails the gate always
-    assert g[("3", "b@y")].is_passed                                # an expected FAULT passes the gate
+    assert _kinds(g[("3", "a@x")]) == ["Error"]  # ERROR fails the gate always
+    assert g[("3", "b@y")].is_passed  # an expected FAULT passes the gate
     assert _kinds(r[("1", "a@x")]) == ["Failure"] and _kinds(r[("2", "a@x")]) == []
     assert _kinds(r[("3", "b@y")]) == ["Error"] and _kinds(r[("2", "b@y")]) == ["Skipped"]
     assert r[("1", "a@x")].time == 1.0

@@ -41,8 +41,10 @@ def _module_source(lines, shape):
     if shape == "static":
         return "k = 3\n\nclass C:\n    @staticmethod\n    def f(x):\n" + textwrap.indent(body, " " * 8) + "\n"
     if shape == "super":
-        return ("class B:\n    def f(self, x):\n        return 0\n\nclass C(B):\n    def f(self, x):\n"
-                "        k = 3 + super().f(x)\n" + textwrap.indent(body, " " * 8) + "\n")
+        return (
+            "class B:\n    def f(self, x):\n        return 0\n\nclass C(B):\n    def f(self, x):\n"
+            "        k = 3 + super().f(x)\n" + textwrap.indent(body, " " * 8) + "\n"
+        )
     return "def make():\n    k = 3\n    def f(x):\n" + textwrap.indent(body, " " * 8) + "\n    return f\n\nf = make()\n"
 
 
@@ -72,14 +74,17 @@ def test_apply_restore_round_trip(tmp_path_factory, program, x):
     try:
         mod = importlib.import_module(name)
         attr = "C.f" if shape in ("method", "static", "super") else "f"
-        fn = mod.C.__dict__["f"] if shape in ("method", "super") else (
-            mod.C.__dict__["f"].__func__ if shape == "static" else mod.f)
+        fn = (
+            mod.C.__dict__["f"]
+            if shape in ("method", "super")
+            else (mod.C.__dict__["f"].__func__ if shape == "static" else mod.f)
+        )
         original = fn.__code__
         before = _call(mod, shape, x)
         assert before == _eval(lines, x)
         old = lines[target]
         new = old.rsplit(") %", 1)[0].rsplit(" ", 1)[0] + f" {new_c}) % 1000003"
-        edited = lines[:target] + [new] + lines[target + 1:]
+        edited = lines[:target] + [new] + lines[target + 1 :]
         matched = [i for i, line in enumerate(lines) if line == old]
         spec = PatchSpec(target=f"{name}.{attr}", edits=(EditSpec(match=old, replacement=new),))
         if len(matched) != 1:

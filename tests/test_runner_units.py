@@ -7,8 +7,8 @@ import math
 import types
 
 import torch
-
 from clihelp import run_cli
+
 from sglfix.harness.invariants import check_metadata
 from sglfix.harness.reference import compare_outputs, reference_attention
 from sglfix.harness.syncwatch import watch_syncs
@@ -56,15 +56,26 @@ def test_compare_outputs_locates_the_first_bad_row():
 
 
 def test_invariants_flag_each_kind_of_corruption():
-    md = types.SimpleNamespace(kv_indptr=torch.tensor([0, 3, 1, 4]), kv_indices=torch.arange(10),
-                               qo_indptr=torch.tensor([1, 2, 3, 4]), mask_indptr=None, max_extend_len=4)
+    md = types.SimpleNamespace(
+        kv_indptr=torch.tensor([0, 3, 1, 4]),
+        kv_indices=torch.arange(10),
+        qo_indptr=torch.tensor([1, 2, 3, 4]),
+        mask_indptr=None,
+        max_extend_len=4,
+    )
     found = check_metadata(md, rows=3, num_slots=100, phase="replay")
     assert any("kv_indptr not monotone at row 1: 3 -> 1" in f for f in found)
     assert any("qo_indptr[0] = 1" in f for f in found)
-    md = types.SimpleNamespace(kv_indptr=torch.tensor([0, 2, 5]), kv_indices=torch.tensor([1, 2, 3, 99, 4]),
-                               qo_indptr=None, mask_indptr=None, max_extend_len=None)
+    md = types.SimpleNamespace(
+        kv_indptr=torch.tensor([0, 2, 5]),
+        kv_indices=torch.tensor([1, 2, 3, 99, 4]),
+        qo_indptr=None,
+        mask_indptr=None,
+        max_extend_len=None,
+    )
     assert check_metadata(md, rows=2, num_slots=50, phase="eager") == [
-        "eager: kv_indices[3] = 99 (row 1) outside the KV pool [0, 50)"]
+        "eager: kv_indices[3] = 99 (row 1) outside the KV pool [0, 50)"
+    ]
     md.kv_indptr = torch.tensor([0, 2, 9])
     assert "exceeds kv_indices length" in check_metadata(md, rows=2, num_slots=200, phase="eager")[0]
     md.kv_indptr = torch.tensor([0, 2, 5])
@@ -118,8 +129,24 @@ def test_worker_fault_and_timeout_are_verdicts_and_the_worker_restarts(toggles_d
     out = tmp_path / "r.json"
     scen = "triton-decode@cg=eager,gpu_only=off"
     for rid, verdict in (("55555:die", "FAULT"), ("55555:hang", "TIMEOUT")):
-        r = run_cli("run", "-r", rid, "-s", scen, "-s", "triton-extend", "--device", "cpu", "-j", "1",
-                    "--timeout", "4", "--json", str(out), timeout=300)
+        r = run_cli(
+            "run",
+            "-r",
+            rid,
+            "-s",
+            scen,
+            "-s",
+            "triton-extend",
+            "--device",
+            "cpu",
+            "-j",
+            "1",
+            "--timeout",
+            "4",
+            "--json",
+            str(out),
+            timeout=300,
+        )
         assert r.code == 1, r.out + r.err
         cells = {c["scenario"]: c for c in json.loads(out.read_text())["cells"]}
         assert cells[scen]["verdict"] == verdict, cells[scen]

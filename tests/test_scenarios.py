@@ -7,12 +7,21 @@ import json
 import time
 
 import pytest
-
 from clihelp import assert_one_line_error, run_cli
+
 from sglfix.common.errors import ConfigError
 from sglfix.scenario import (
-    BACKENDS, MODE_RULES, MODES, Scenario, check_memory, estimate_memory, load_scenario_file, load_scenarios, memory_budget,
-    parse_size, select_scenarios,
+    BACKENDS,
+    MODE_RULES,
+    MODES,
+    Scenario,
+    check_memory,
+    estimate_memory,
+    load_scenario_file,
+    load_scenarios,
+    memory_budget,
+    parse_size,
+    select_scenarios,
 )
 from sglfix.scenario.limits import MAX_GRID_POINTS, MAX_REQUESTS, MAX_SCENARIOS
 
@@ -65,16 +74,25 @@ def test_builtin_set_covers_every_dimension():
     assert "DECODE" in zero, "a first token attending only itself"
     assert any(s.batch_size >= 64 for s in scenarios)
     # Sequences ending exactly on a page edge and crossing one by a single token, at page sizes > 1.
-    ends = [(p + e) % s.page_size for s in scenarios if s.page_size > 1
-            for p, e in zip(s.prefix_lens, s.extend_lens)]
+    ends = [(p + e) % s.page_size for s in scenarios if s.page_size > 1 for p, e in zip(s.prefix_lens, s.extend_lens)]
     assert 0 in ends and 1 in ends
 
 
 def test_grid_names_and_values(tmp_path):
-    got = {s.name: s for s in _load(tmp_path, "name: g\nmode: DECODE\nbatch: {prefix_lens: [5, 6]}\n"
-                                    "grid:\n  model.dtype: [float16, bfloat16]\n  cuda_graph: [false, {capture_bs: [4]}]\n")}
-    assert set(got) == {"g@dtype=fp16,cg=eager", "g@dtype=fp16,cg=graph-padded",
-                        "g@dtype=bf16,cg=eager", "g@dtype=bf16,cg=graph-padded"}
+    got = {
+        s.name: s
+        for s in _load(
+            tmp_path,
+            "name: g\nmode: DECODE\nbatch: {prefix_lens: [5, 6]}\n"
+            "grid:\n  model.dtype: [float16, bfloat16]\n  cuda_graph: [false, {capture_bs: [4]}]\n",
+        )
+    }
+    assert set(got) == {
+        "g@dtype=fp16,cg=eager",
+        "g@dtype=fp16,cg=graph-padded",
+        "g@dtype=bf16,cg=eager",
+        "g@dtype=bf16,cg=graph-padded",
+    }
     s = got["g@dtype=bf16,cg=graph-padded"]
     assert s.model.dtype == "bfloat16" and s.capture_bs == (4,) and s.graph_bs == 4 and s.padded
 
@@ -83,31 +101,52 @@ BAD = [
     ("name: x\nmode: DECOD\nbatch: {prefix_lens: [3]}\n", 2, "did you mean 'DECODE'"),
     ("name: x\nmode: DECODE\nbatch: {prefix_len: [3]}\n", 3, "unknown key 'prefix_len'"),
     ("name: x\nmode: DECODE\nbatch: {prefix_lens: [-1]}\n", 3, ">= 0"),
-    ("name: x\nmode: DECODE\nbatch: {prefix_lens: [3, 4]}\ncuda_graph: {capture_bs: [1]}\n", 4, "fits no captured size"),
+    (
+        "name: x\nmode: DECODE\nbatch: {prefix_lens: [3, 4]}\ncuda_graph: {capture_bs: [1]}\n",
+        4,
+        "fits no captured size",
+    ),
     ("name: x\nmode: EXTEND\nbatch: {prefix_lens: [3]}\n", 3, "needs batch.extend_lens"),
     ("name: x\nmode: DRAFT_EXTEND\nbatch: {prefix_lens: [3]}\n", 3, "needs batch.accept_lens"),
-    ("name: x\nmode: DECODE\nbatch: {prefix_lens: [3]}\nmodel: {num_heads: 3, num_kv_heads: 2}\n", 4, "multiple of num_kv_heads"),
+    (
+        "name: x\nmode: DECODE\nbatch: {prefix_lens: [3]}\nmodel: {num_heads: 3, num_kv_heads: 2}\n",
+        4,
+        "multiple of num_kv_heads",
+    ),
     ("name: x\nmode: DECODE\nbatch: {prefix_lens: [3]}\ngrid: {pagesize: [1]}\n", 4, "not a scenario key"),
     ("name: x\nmode: DECODE\nbatch: {prefix_lens: [3]}\ntolerance: 2\n", 4, "tolerance"),
     ("name: x\nmode: DRAFT_EXTEND\nbatch: {prefix_lens: [3], accept_lens: [4]}\n", 3, "< spec.num_draft_tokens"),
     # The mode table: which modes take which keys, graphs, gpu_only, topk, builders.
     ("name: x\nmode: TARGET_VERIFY\nbatch: {prefix_lens: [3], accept_lens: [1]}\n", 3, "takes no batch.accept_lens"),
     ("name: x\nmode: DECODE\nbatch:\n  prefix_lens: [3]\n  extend_lens: 2\n", 5, "contradicts mode DECODE"),
-    ("name: x\nmode: EXTEND\nbatch: {prefix_lens: [3], extend_lens: 1}\ncuda_graph: {capture_bs: [1]}\n", 4,
-     "not captured in CUDA graphs"),
+    (
+        "name: x\nmode: EXTEND\nbatch: {prefix_lens: [3], extend_lens: 1}\ncuda_graph: {capture_bs: [1]}\n",
+        4,
+        "not captured in CUDA graphs",
+    ),
     ("name: x\nmode: EXTEND\nbatch: {prefix_lens: [3], extend_lens: 1}\ngpu_only: true\n", 4, "gpu_only applies to"),
     ("name: x\nmode: TARGET_VERIFY\nbatch: {prefix_lens: [3]}\nspec:\n  topk: 2\n", 5, "spec.topk 1 only"),
     ("name: x\nmode: DECODE\nbatch: {prefix_lens: [3]}\nbuilder: glue\n", 4, "applies to DRAFT_EXTEND_V2 only"),
-    ("name: x\nmode: DRAFT_EXTEND\nbatch: {prefix_lens: [3], accept_lens: [4]}\nspec: {num_steps: 3, num_draft_tokens: 8}\n",
-     3, "<= spec.num_steps (3)"),
-    ("name: x\nmode: TARGET_VERIFY\nbatch: {prefix_lens: [3]}\nspec:\n  num_steps: 2\n  num_draft_tokens: 5\n", 6,
-     "does not fit a draft tree"),
+    (
+        "name: x\nmode: DRAFT_EXTEND\nbatch: {prefix_lens: [3], accept_lens: [4]}\nspec: {num_steps: 3, num_draft_tokens: 8}\n",
+        3,
+        "<= spec.num_steps (3)",
+    ),
+    (
+        "name: x\nmode: TARGET_VERIFY\nbatch: {prefix_lens: [3]}\nspec:\n  num_steps: 2\n  num_draft_tokens: 5\n",
+        6,
+        "does not fit a draft tree",
+    ),
     # Names: printed and matched by glob; whitespace and control characters are refused.
     ("name: my scenario\nmode: DECODE\nbatch: {prefix_lens: [3]}\n", 1, "without spaces"),
-    ("name: \"a\\tb\"\nmode: DECODE\nbatch: {prefix_lens: [3]}\n", 1, "control characters"),
+    ('name: "a\\tb"\nmode: DECODE\nbatch: {prefix_lens: [3]}\n', 1, "control characters"),
     # A value substituted by grid: the error cites the grid's line for that value.
     ("name: x\nmode: DECODE\nbatch: {prefix_lens: [3]}\ngrid:\n  page_size:\n    - 16\n    - 0\n", 7, ">= 1"),
-    ("name: x\nmode: DECODE\nbatch: {prefix_lens: [3]}\ngrid: {model.dtyp: [float16]}\n", 4, "did you mean 'model.dtype'"),
+    (
+        "name: x\nmode: DECODE\nbatch: {prefix_lens: [3]}\ngrid: {model.dtyp: [float16]}\n",
+        4,
+        "did you mean 'model.dtype'",
+    ),
 ]
 
 
@@ -123,10 +162,17 @@ def test_bad_scenarios_cite_file_and_line(tmp_path, text, line, needle):
 
 # ------------------------------------------------------------------ valid input once refused
 
-@pytest.mark.parametrize("mode,extra", [
-    ("EXTEND", "extend_lens: [5, 9]"), ("DECODE", ""), ("TARGET_VERIFY", ""),
-    ("DRAFT_EXTEND", "accept_lens: [1, 3]"), ("DRAFT_EXTEND_V2", ""),
-])
+
+@pytest.mark.parametrize(
+    "mode,extra",
+    [
+        ("EXTEND", "extend_lens: [5, 9]"),
+        ("DECODE", ""),
+        ("TARGET_VERIFY", ""),
+        ("DRAFT_EXTEND", "accept_lens: [1, 3]"),
+        ("DRAFT_EXTEND_V2", ""),
+    ],
+)
 def test_zero_prefix_is_accepted_in_every_mode(tmp_path, mode, extra):
     batch = "{prefix_lens: [0, 12]" + (f", {extra}" if extra else "") + "}"
     graph = "" if mode == "EXTEND" else "cuda_graph: {capture_bs: [4]}\n"
@@ -135,8 +181,11 @@ def test_zero_prefix_is_accepted_in_every_mode(tmp_path, mode, extra):
 
 
 def test_mode_and_dtype_in_any_case_are_normalised(tmp_path):
-    (s,) = _load(tmp_path, "name: c\nmode: target_verify\nbackend: Triton\nbuilder: KIT\n"
-                           "batch: {prefix_lens: [3]}\nmodel: {dtype: BFloat16}\n")
+    (s,) = _load(
+        tmp_path,
+        "name: c\nmode: target_verify\nbackend: Triton\nbuilder: KIT\n"
+        "batch: {prefix_lens: [3]}\nmodel: {dtype: BFloat16}\n",
+    )
     assert (s.mode, s.backend, s.builder, s.model.dtype) == ("TARGET_VERIFY", "triton", "kit", "bfloat16")
     (d,) = _load(tmp_path, "name: d\nmode: Draft-Extend-V2\nbatch: {prefix_lens: [3]}\nmodel: {dtype: FP16}\n")
     assert (d.mode, d.model.dtype, d.tolerance) == ("DRAFT_EXTEND_V2", "float16", 1e-2)
@@ -144,8 +193,10 @@ def test_mode_and_dtype_in_any_case_are_normalised(tmp_path):
 
 def test_batches_up_to_the_request_limit_are_accepted(tmp_path):
     prefix = ", ".join(str(i % 5) for i in range(MAX_REQUESTS))
-    (s,) = _load(tmp_path, f"name: big\nmode: DECODE\nbatch: {{prefix_lens: [{prefix}]}}\n"
-                           f"cuda_graph: {{capture_bs: [{MAX_REQUESTS}]}}\n")
+    (s,) = _load(
+        tmp_path,
+        f"name: big\nmode: DECODE\nbatch: {{prefix_lens: [{prefix}]}}\ncuda_graph: {{capture_bs: [{MAX_REQUESTS}]}}\n",
+    )
     assert s.batch_size == MAX_REQUESTS >= 256 and s.graph_bs == MAX_REQUESTS
 
 
@@ -154,8 +205,9 @@ def test_the_kit_sizes_its_request_pool_for_large_batches_and_graphs():
     from sglfix.backends.srt.model_executor.cuda_graph_runner import make_runner_for_case
     from sglfix.backends.test.kits.attention_unittest.attention_methods.dense_attention import build_case
 
-    case = build_case(mode="decode", prefix_lens=[i % 3 for i in range(256)], num_heads=1, num_kv_heads=1,
-                      head_dim=16, device="cpu")
+    case = build_case(
+        mode="decode", prefix_lens=[i % 3 for i in range(256)], num_heads=1, num_kv_heads=1, head_dim=16, device="cpu"
+    )
     assert case.batch_size == 256 and case.model_runner.req_to_token_pool.size > 256
     small = build_case(mode="decode", prefix_lens=[0, 5], capture_bs=[2, 64], device="cpu")
     runner = make_runner_for_case(small, backend=small.make_backend(), capture_bs=[2, 64], capture=False)
@@ -169,14 +221,33 @@ NONSENSE = [
     ("prefix_lens-text", "batch: {prefix_lens: [1e12]}", 3, "write the digits"),
     ("head_dim", "batch: {prefix_lens: [3]}\nmodel: {head_dim: 1048576}", 4, "over the limit of 512"),
     ("head_dim-odd", "batch: {prefix_lens: [3]}\nmodel: {head_dim: 96}", 4, "power of two"),
-    ("num_heads", "batch: {prefix_lens: [3]}\nmodel: {num_heads: 100000, num_kv_heads: 1}", 4, "over the limit of 256 heads"),
+    (
+        "num_heads",
+        "batch: {prefix_lens: [3]}\nmodel: {num_heads: 100000, num_kv_heads: 1}",
+        4,
+        "over the limit of 256 heads",
+    ),
     ("page_size", "batch: {prefix_lens: [3]}\npage_size: 1048576", 4, "over the limit of 1024 tokens per page"),
     ("num_steps", "batch: {prefix_lens: [3]}\nspec: {num_steps: 1000000000}", 4, "over the limit of 32 steps"),
     ("topk", "batch: {prefix_lens: [3]}\nspec: {topk: 1000}", 4, "over the limit of 16"),
-    ("num_draft_tokens", "batch: {prefix_lens: [3]}\nspec: {num_draft_tokens: 100000}", 4, "over the limit of 256 draft tokens"),
-    ("capture_bs", "batch: {prefix_lens: [3]}\ncuda_graph: {capture_bs: [100000]}", 4, "over the limit of 1024 requests"),
-    ("capture_sizes", "batch: {prefix_lens: [3]}\ncuda_graph: {capture_bs: [" + ", ".join(map(str, range(1, 100))) + "]}",
-     4, "over the limit of 64"),
+    (
+        "num_draft_tokens",
+        "batch: {prefix_lens: [3]}\nspec: {num_draft_tokens: 100000}",
+        4,
+        "over the limit of 256 draft tokens",
+    ),
+    (
+        "capture_bs",
+        "batch: {prefix_lens: [3]}\ncuda_graph: {capture_bs: [100000]}",
+        4,
+        "over the limit of 1024 requests",
+    ),
+    (
+        "capture_sizes",
+        "batch: {prefix_lens: [3]}\ncuda_graph: {capture_bs: [" + ", ".join(map(str, range(1, 100))) + "]}",
+        4,
+        "over the limit of 64",
+    ),
     ("requests", "batch: {prefix_lens: [" + ", ".join(["1"] * 2000) + "]}", 3, "over the limit of 1024 requests"),
     ("tokens-per-request", "batch: {prefix_lens: [131072]}", 3, "131073 tokens"),
     ("tokens-per-batch", "batch: {prefix_lens: [" + ", ".join(["100000"] * 11) + "]}", 3, "tokens per batch"),
@@ -198,19 +269,26 @@ def test_sizes_over_their_limit_are_refused_at_load(tmp_path, body, line, needle
 
 def test_a_million_point_grid_is_refused_before_expanding(tmp_path):
     values = "[" + ", ".join(str(i) for i in range(100)) + "]"
-    text = ("name: g\nmode: DECODE\nbatch: {prefix_lens: [3]}\ngrid:\n"
-            f"  seed: {values}\n  page_size: {values}\n  model.num_heads: {values}\n")
+    text = (
+        "name: g\nmode: DECODE\nbatch: {prefix_lens: [3]}\ngrid:\n"
+        f"  seed: {values}\n  page_size: {values}\n  model.num_heads: {values}\n"
+    )
     t0 = time.monotonic()
-    with pytest.raises(ConfigError, match=rf"s.yaml:4: grid expands to 1000000 scenarios \(100 x 100 x 100\), "
-                                          rf"over the limit of {MAX_GRID_POINTS}"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"s.yaml:4: grid expands to 1000000 scenarios \(100 x 100 x 100\), "
+        rf"over the limit of {MAX_GRID_POINTS}",
+    ):
         _load(tmp_path, text)
     assert time.monotonic() - t0 < 2
 
 
 def test_too_many_scenarios_in_one_file_are_refused(tmp_path):
     seeds = "[" + ", ".join(str(i) for i in range(MAX_GRID_POINTS)) + "]"
-    items = "".join(f"  - {{name: s{i}, mode: DECODE, batch: {{prefix_lens: [3]}}, grid: {{seed: {seeds}}}}}\n"
-                    for i in range(MAX_SCENARIOS // MAX_GRID_POINTS + 1))
+    items = "".join(
+        f"  - {{name: s{i}, mode: DECODE, batch: {{prefix_lens: [3]}}, grid: {{seed: {seeds}}}}}\n"
+        for i in range(MAX_SCENARIOS // MAX_GRID_POINTS + 1)
+    )
     with pytest.raises(ConfigError, match=f"expands to {MAX_SCENARIOS + MAX_GRID_POINTS} scenarios, over the limit"):
         _load(tmp_path, "scenarios:\n" + items)
 
@@ -218,7 +296,7 @@ def test_too_many_scenarios_in_one_file_are_refused(tmp_path):
 def test_oversized_and_empty_files_are_refused(tmp_path):
     big = tmp_path / "big.yaml"
     big.write_text("# " + "x" * (2 * 1024 * 1024) + "\n")
-    with pytest.raises(ConfigError, match="big.yaml is .* bytes"):
+    with pytest.raises(ConfigError, match=r"big\.yaml is .* bytes"):
         load_scenario_file(big)
     with pytest.raises(ConfigError, match="is empty"):
         _load(tmp_path, "# nothing\n", name="empty.yaml")
@@ -254,11 +332,14 @@ def test_memory_estimate_over_the_budget_is_refused_naming_scenario_and_fix(tmp_
 
 
 def test_the_estimate_counts_the_kv_pool_page_size_and_graph_buffers(tmp_path):
-    small, paged = _load(tmp_path, "name: p\nmode: DECODE\nbatch: {prefix_lens: [3, 40]}\n"
-                                   "grid: {page_size: [1, 1024]}\n")
+    small, paged = _load(
+        tmp_path, "name: p\nmode: DECODE\nbatch: {prefix_lens: [3, 40]}\ngrid: {page_size: [1, 1024]}\n"
+    )
     pool = "KV pool (2x scattered pages)"
     assert estimate_memory(paged).parts[pool] > 100 * estimate_memory(small).parts[pool]
-    (graph,) = _load(tmp_path, "name: g\nmode: TARGET_VERIFY\nbatch: {prefix_lens: [3]}\ncuda_graph: {capture_bs: [1, 512]}\n")
+    (graph,) = _load(
+        tmp_path, "name: g\nmode: TARGET_VERIFY\nbatch: {prefix_lens: [3]}\ncuda_graph: {capture_bs: [1, 512]}\n"
+    )
     assert estimate_memory(graph).parts["CUDA-graph static buffers"] > 0
     builtin = load_scenarios()
     check_memory(builtin, budget_bytes=512 * 1024**2)  # the built-in set is small
@@ -266,8 +347,16 @@ def test_the_estimate_counts_the_kv_pool_page_size_and_graph_buffers(tmp_path):
         check_memory(builtin, budget_bytes=1024)
 
 
-@pytest.mark.parametrize("text,expected", [("17179869184", 16 * 1024**3), ("16G", 16 * 1024**3),
-                                           ("16GiB", 16 * 1024**3), ("512m", 512 * 1024**2), ("1.5T", 3 * 1024**4 // 2)])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("17179869184", 16 * 1024**3),
+        ("16G", 16 * 1024**3),
+        ("16GiB", 16 * 1024**3),
+        ("512m", 512 * 1024**2),
+        ("1.5T", 3 * 1024**4 // 2),
+    ],
+)
 def test_memory_budget_sizes(text, expected):
     assert memory_budget({"SGLFIX_MEMORY_BUDGET": text}) == expected
 
@@ -279,6 +368,7 @@ def test_a_bad_memory_budget_is_a_one_line_error(text):
 
 
 # ------------------------------------------------------------------ the public surface
+
 
 def test_json_round_trip_is_exact():
     for s in load_scenarios():
@@ -304,6 +394,7 @@ def test_mode_table_is_the_one_place_for_mode_rules():
 
 # ------------------------------------------------------------------ through the CLI
 
+
 def test_bad_scenario_file_on_the_cli_is_one_line(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text(BAD[0][0])
@@ -312,8 +403,13 @@ def test_bad_scenario_file_on_the_cli_is_one_line(tmp_path):
     assert_one_line_error(run_cli("run", "-r", "99999", "--device", "cpu"), "not registered")
     assert_one_line_error(run_cli("run", "--device", "tpu"), "--device")
     g = tmp_path / "grid.yaml"
-    g.write_text("name: g\nmode: DECODE\nbatch: {prefix_lens: [3]}\ngrid:\n  seed: [" + ", ".join(map(str, range(1000)))
-                 + "]\n  page_size: [" + ", ".join(map(str, range(1, 1001))) + "]\n")
+    g.write_text(
+        "name: g\nmode: DECODE\nbatch: {prefix_lens: [3]}\ngrid:\n  seed: ["
+        + ", ".join(map(str, range(1000)))
+        + "]\n  page_size: ["
+        + ", ".join(map(str, range(1, 1001)))
+        + "]\n"
+    )
     t0 = time.monotonic()
     assert_one_line_error(run_cli("scenarios", "--scenario-file", str(g)), "grid.yaml:4:", "grid expands to 1000000")
     assert time.monotonic() - t0 < 30
@@ -354,9 +450,9 @@ scenarios:
     builder: glue
   - name: wide-decode
     mode: DECODE
-    batch: {prefix_lens: [%s]}
+    batch: {prefix_lens: [WIDE]}
     model: {num_heads: 1, num_kv_heads: 1, head_dim: 16, dtype: FLOAT16}
-""" % ", ".join(str(i % 4) for i in range(40))
+""".replace("WIDE", ", ".join(str(i % 4) for i in range(40)))
 
 
 def test_zero_prefixes_lowercase_modes_and_40_requests_run_and_pass(tmp_path):
@@ -367,5 +463,7 @@ def test_zero_prefixes_lowercase_modes_and_40_requests_run_and_pass(tmp_path):
     r = run_cli("run", "--scenario-file", str(f), "--device", "cpu", "--json", str(out), timeout=600)
     assert r.code == 0, r.out + r.err
     verdicts = {c["scenario"]: c["verdict"] for c in json.loads(out.read_text())["cells"]}
-    assert verdicts == {name: "PASS" for name in ("zero-extend", "zero-decode", "zero-verify", "zero-draft-extend",
-                                                  "zero-draft-extend-v2", "wide-decode")}, verdicts
+    assert verdicts == dict.fromkeys(
+        ("zero-extend", "zero-decode", "zero-verify", "zero-draft-extend", "zero-draft-extend-v2", "wide-decode"),
+        "PASS",
+    ), verdicts

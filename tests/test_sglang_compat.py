@@ -19,7 +19,6 @@ cached in ``$SGLFIX_CACHE/wheels`` or ``~/.cache/sglfix/wheels``).
 """
 
 from __future__ import annotations
-
 import __future__
 
 import inspect
@@ -35,7 +34,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sglang_wheel as sw  # noqa: E402
+import sglang_wheel as sw
 
 pytestmark = pytest.mark.network
 
@@ -122,9 +121,7 @@ def _sglang_edited_text(extracted: sw.ExtractedWheel, fake: sw.FakeSglang, pr: i
     out: dict[str, str] = {}
     for patch in yaml.safe_load(extracted.yamls[pr])["patches"]:
         fn = fake.functions[patch["target"]]
-        edited = editor.apply_edits(
-            source=inspect.getsource(fn), edits=[EditSpec(**e) for e in patch["edits"]]
-        )
+        edited = editor.apply_edits(source=inspect.getsource(fn), edits=[EditSpec(**e) for e in patch["edits"]])
         out[patch["target"]] = textwrap.dedent(edited)
     return out
 
@@ -210,7 +207,6 @@ def test_sglfix_models_read_sglang_yaml_as_sglang_does(extracted: sw.ExtractedWh
             fake.patcher.EditSpec(**edit.model_dump())
 
 
-
 @pytest.mark.parametrize("pr", PRS)
 def test_sglfix_engine_matches_sglang(extracted: sw.ExtractedWheel, fake: sw.FakeSglang, pr: int):
     from sglfix.common.errors import PatchApplicationError
@@ -258,8 +254,7 @@ def test_sglfix_engine_matches_sglang(extracted: sw.ExtractedWheel, fake: sw.Fak
 def test_sglfix_is_atomic_where_sglang_is_not(extracted: sw.ExtractedWheel, fake: sw.FakeSglang):
     """A YAML whose last patch is stale (25015's two patches, then 27338's)."""
     merged = {
-        "patches": yaml.safe_load(extracted.yamls[25015])["patches"]
-        + yaml.safe_load(extracted.yamls[27338])["patches"]
+        "patches": yaml.safe_load(extracted.yamls[25015])["patches"] + yaml.safe_load(extracted.yamls[27338])["patches"]
     }
     text = yaml.safe_dump(merged, sort_keys=False)
     targets = [p["target"] for p in merged["patches"]]
@@ -278,9 +273,22 @@ def _doctor(extracted: sw.ExtractedWheel, sglang_toggles: Path, *extra: str) -> 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
-        [sys.executable, "-m", "sglfix", "doctor", "--source", str(extracted.root),
-         "--toggles", str(sglang_toggles), *extra],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "sglfix",
+            "doctor",
+            "--source",
+            str(extracted.root),
+            "--toggles",
+            str(sglang_toggles),
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     # exit code 1 is also what an uncaught exception gives: make sure it is doctor's verdict
     assert "Traceback (most recent call last)" not in proc.stderr, proc.stderr
@@ -291,7 +299,7 @@ def test_doctor_json_reports_exactly_the_drifted_reverts(extracted: sw.Extracted
     proc = _doctor(extracted, sglang_toggles, "--json")
     assert proc.returncode == 1, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     report = json.loads(proc.stdout)
-    assert report.get("mode", "static") == "static"   # --source: files are read, not imported
+    assert report.get("mode", "static") == "static"  # --source: files are read, not imported
     items = {str(item["id"]): item for item in report["toggles"]}
     assert sorted(items) == [str(pr) for pr in PRS], proc.stdout
     drifted = sorted(int(i) for i, item in items.items() if not item["ok"])

@@ -13,7 +13,7 @@ PROFILE = PROFILES["sglang-0.5.23"]
 # Parts no machine of this project can detect, with the reason (not a scenario's fault).
 UNDETECTABLE = {
     "27360": "FlashAttentionBackend (FA3) runs sgl_kernel's CUDA kernels, which sglfix never carries; "
-             "doctor checks that the revert applies",
+    "doctor checks that the revert applies",
 }
 # A size check can only fire on an undersized buffer: with sizing reverted alone the check stops
 # the launch (CRASH), with both parts reverted the overflow is silent (INVARIANT). The whole id's
@@ -47,7 +47,9 @@ def test_every_part_is_detected_by_a_builtin_scenario_or_marked_static_only():
             devices = found.get(pid, set())
             if pid in IN_COMBINATION:
                 both, alone = IN_COMBINATION[pid]
-                verdicts = {r: {v for e in toggle.expect if e.revert == (r,) for v in e.verdicts} for r in (both, alone)}
+                verdicts = {
+                    r: {v for e in toggle.expect if e.revert == (r,) for v in e.verdicts} for r in (both, alone)
+                }
                 if verdicts[both] - {"PASS"} and verdicts[alone] - {"PASS"} and verdicts[both] != verdicts[alone]:
                     devices = devices | found.get(both, set())
             where = "cuda" if pid in GPU_ONLY else "cpu"

@@ -71,7 +71,9 @@ def test_an_id_sglang_does_not_register_would_crash_its_own_reader_without_the_h
     import site
 
     paths = json.dumps(site.getsitepackages() + [p for p in sys.path if p.endswith(("site-packages", "main"))])
-    code = f"import sys; sys.path[:0] = {paths}\n" + PROBE.replace("import sglfix\n", "import sglfix\nsglfix.reverted_ids = lambda: []\n")
+    code = f"import sys; sys.path[:0] = {paths}\n" + PROBE.replace(
+        "import sglfix\n", "import sglfix\nsglfix.reverted_ids = lambda: []\n"
+    )
     got = _result(run_python(code, env=clean_env(SGLANG_DEBUG_REVERT_PR="26738"), args=("-S",)))
     assert got["sglang_reader_error"] is not None and "NotImplementedError" in got["sglang_reader_error"], got
     assert not got["overlap_guard_reverted"], got
@@ -80,18 +82,22 @@ def test_an_id_sglang_does_not_register_would_crash_its_own_reader_without_the_h
 def test_every_whole_id_of_the_profile_leaves_sglangs_reader_silent():
     require_sglang()
     for value in ("26738", "26651,27460:sizing", "25015", "27360"):
-        r = run_python("""
+        r = run_python(
+            """
             from sglang.srt.debug_utils.pr_fix_toggle import maybe_revert_pr_fix
             maybe_revert_pr_fix()
             print("ok")
-        """, env=clean_env(SGLANG_DEBUG_REVERT_PR=value))
+        """,
+            env=clean_env(SGLANG_DEBUG_REVERT_PR=value),
+        )
         assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (value, r.stderr[-2000:])
 
 
 def test_an_id_only_the_sglang_profile_has_names_SGLFIX_PROFILE_in_one_line():
     require_sglang()
-    r = run_python("import sglfix.backends.srt.managers.overlap_utils\nprint('ran')",
-                   env=clean_env(SGLANG_DEBUG_REVERT_PR="25015"))
+    r = run_python(
+        "import sglfix.backends.srt.managers.overlap_utils\nprint('ran')", env=clean_env(SGLANG_DEBUG_REVERT_PR="25015")
+    )
     assert r.returncode == 2 and "ran" not in r.stdout, (r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "set SGLFIX_PROFILE=sglang-0.5.23" in lines[0], r.stderr
@@ -101,20 +107,26 @@ def test_an_id_only_the_sglang_profile_has_names_SGLFIX_PROFILE_in_one_line():
 
 def test_a_process_importing_the_reproduction_first_keeps_the_reproduction_profile():
     require_sglang()
-    r = run_python("""
+    r = run_python(
+        """
         import sglfix
         import sglfix.backends.srt.managers.overlap_utils as m
         print(sglfix.reverted_ids(), m.__name__)
-    """, env=clean_env(SGLANG_DEBUG_REVERT_PR="26738:overlap-guard", SGLFIX_VERBOSE="1"))
+    """,
+        env=clean_env(SGLANG_DEBUG_REVERT_PR="26738:overlap-guard", SGLFIX_VERBOSE="1"),
+    )
     assert r.returncode == 0, r.stderr
     assert "profile reproduction" in r.stderr and "sglfix.backends.srt.managers.overlap_utils" in r.stderr
 
 
 def test_sglfix_env_says_which_profile_and_why():
     require_sglang()
-    r = run_python("from sglfix.cli import main; main(['env', '--json'])",
-                   env=clean_env(SGLANG_DEBUG_REVERT_PR="26738"), standins=False)
+    r = run_python(
+        "from sglfix.cli import main; main(['env', '--json'])",
+        env=clean_env(SGLANG_DEBUG_REVERT_PR="26738"),
+        standins=False,
+    )
     data = json.loads(r.stdout)
     assert data["profile"] == "sglang-0.5.23", data
     assert "sglang -> sglang-0.5.23" in data["profile_why"] and "sglfix.backends -> reproduction" in data["profile_why"]
-    assert [s["id"] for s in data["selected"]][0].startswith("26738"), data
+    assert data["selected"][0]["id"].startswith("26738"), data

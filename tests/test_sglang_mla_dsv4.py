@@ -61,9 +61,18 @@ DRIVER = textwrap.dedent("""
 PROCESSES = [
     ("", [([], ["*"])]),
     ("26239:backend-slice", [([], ["dsv4-*"])]),
-    ("", [(["27338:sizing"], ["fi-*"]), (["27338:assert"], ["fi-*"]), (["27338"], ["fi-*"]),
-          (["27460:sizing"], ["fimla-*"]), (["27460:assert"], ["fimla-*"]), (["27460"], ["fimla-*"]),
-          (["21987"], ["trtllm-*"])]),
+    (
+        "",
+        [
+            (["27338:sizing"], ["fi-*"]),
+            (["27338:assert"], ["fi-*"]),
+            (["27338"], ["fi-*"]),
+            (["27460:sizing"], ["fimla-*"]),
+            (["27460:assert"], ["fimla-*"]),
+            (["27460"], ["fimla-*"]),
+            (["21987"], ["trtllm-*"]),
+        ],
+    ),
 ]
 
 
@@ -72,32 +81,43 @@ def _require_sglang() -> None:
 
     found = installed(CODEBASES[f"sglang-{VERSION}"])
     if found is None:
-        pytest.fail(f"real sglang is not importable here; these tests run the adapters on it: {INSTALL}",
-                    pytrace=False)
+        pytest.fail(f"real sglang is not importable here; these tests run the adapters on it: {INSTALL}", pytrace=False)
     if found.version != VERSION:
-        pytest.fail(f"sglang {found.version} is installed ({found.path}); these tests need {VERSION}: {INSTALL}",
-                    pytrace=False)
+        pytest.fail(
+            f"sglang {found.version} is installed ({found.path}); these tests need {VERSION}: {INSTALL}", pytrace=False
+        )
 
 
 def _run(env_toggles: str, sets: list) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SGLFIX_", "PYTEST_", "SGLANG_DEBUG_REVERT_PR"))}
-    env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               SGLFIX_PROFILE="sglang-0.5.23")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLFIX_", "PYTEST_", "SGLANG_DEBUG_REVERT_PR"))}
+    env.update(
+        TRITON_INTERPRET="1",
+        CUDA_VISIBLE_DEVICES="",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        SGLFIX_PROFILE="sglang-0.5.23",
+    )
     if env_toggles:
         env["SGLANG_DEBUG_REVERT_PR"] = env_toggles
-    proc = subprocess.run([sys.executable, "-c", DRIVER, str(SCENARIOS), json.dumps(sets)], capture_output=True,
-                          text=True, env=env, timeout=900, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(SCENARIOS), json.dumps(sets)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=ROOT,
+    )
     runs: dict = {}
     for line in proc.stdout.splitlines():
         if line.startswith(MARK):
-            key, cell = json.loads(line[len(MARK):])
+            key, cell = json.loads(line[len(MARK) :])
             runs[key]["cells"][cell["scenario"]] = cell
         elif line.startswith("REVERTED "):
-            key, reverted = json.loads(line[len("REVERTED "):])
+            key, reverted = json.loads(line[len("REVERTED ") :])
             runs[key] = {"cells": {}, "reverted": reverted}
-    assert proc.returncode == 0, (f"driver ({env_toggles or 'no variable'}) failed:\n{proc.stdout[-3000:]}\n"
-                                  f"{proc.stderr[-5000:]}")
+    assert proc.returncode == 0, (
+        f"driver ({env_toggles or 'no variable'}) failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    )
     assert runs and all(r["cells"] for r in runs.values()), f"no cell ran:\n{proc.stderr[-3000:]}"
     return runs
 
@@ -126,11 +146,20 @@ def test_sglang_is_installed_in_the_profiles_version():
 
 
 def test_each_toggle_set_was_reverted_in_the_process(runs):
-    assert set(runs) == {"", "26239:backend-slice", "27338:sizing", "27338:assert", "27338", "27460:sizing",
-                         "27460:assert", "27460", "21987"}
+    assert set(runs) == {
+        "",
+        "26239:backend-slice",
+        "27338:sizing",
+        "27338:assert",
+        "27338",
+        "27460:sizing",
+        "27460:assert",
+        "27460",
+        "21987",
+    }
     for toggles, run in runs.items():
         got = " ".join(run["reverted"])
-        for t in (toggles.split(",") if toggles else []):
+        for t in toggles.split(",") if toggles else []:
             assert t in got, (toggles, run["reverted"])
         if not toggles:
             assert not run["reverted"], run["reverted"]
@@ -170,8 +199,10 @@ def test_26239_backend_slice_crashes_the_eager_dsv4_draft(runs, steps):
     assert long["verdict"] == "CRASH" and "torch.Size([6])" in _findings(long, "CRASH")[0], _show(long)
 
 
-@pytest.mark.parametrize("pr,prefix,cls", [("27338", "fi", "FlashInferMultiStepDraftBackend"),
-                                           ("27460", "fimla", "FlashInferMLAMultiStepDraftBackend")])
+@pytest.mark.parametrize(
+    "pr,prefix,cls",
+    [("27338", "fi", "FlashInferMultiStepDraftBackend"), ("27460", "fimla", "FlashInferMLAMultiStepDraftBackend")],
+)
 def test_sizing_fails_loudly_assert_alone_is_neutral_both_overflow_silently(runs, pr, prefix, cls):
     overflow = [f"{prefix}-draft-overflow@cg=graph", f"{prefix}-draft-overflow@cg=graph-padded"]
     # Sizing alone: the graph row lacks the topk factor; sglang's own pre-launch check fires.
@@ -181,7 +212,7 @@ def test_sizing_fails_loudly_assert_alone_is_neutral_both_overflow_silently(runs
         assert cell["verdict"] == "CRASH", _show(cell)
         assert f"used {used} > capacity {cap}" in _findings(cell, "CRASH")[0], _show(cell)
     # The assertion alone never fires while the rows are sized right.
-    for name, cell in runs[f"{pr}:assert"]["cells"].items():
+    for cell in runs[f"{pr}:assert"]["cells"].values():
         assert cell["verdict"] == "PASS", _show(cell)
     # Both: the pre-fix code; the undersized rows reach the Triton kernel and overflow silently.
     both = runs[pr]["cells"]
@@ -191,8 +222,9 @@ def test_sizing_fails_loudly_assert_alone_is_neutral_both_overflow_silently(runs
         found = _findings(cell, "INVARIANT")
         row = f"kv_indices rows are {width} wide, the draft kernel writes {need} per row"
         assert any(row in m for m in found), found
-        assert any(m.startswith("write past a buffer's end: ") and f"{cls}.init_cuda_graph_state" in m
-                   for m in found), found
+        assert any(
+            m.startswith("write past a buffer's end: ") and f"{cls}.init_cuda_graph_state" in m for m in found
+        ), found
         assert any("exceeds kv_indices length" in m for m in found), found
     # Where the fix must not matter: eager rows (sized with topk), rows wide enough, topk 1.
     for run in (f"{pr}:sizing", pr):
@@ -216,6 +248,7 @@ def test_21987_is_gpu_only_here(runs):
 
 
 # ----------------------------------------------------------------------------- the cell seam (no sglang)
+
 
 class _MetadataOnly:
     """A fake adapter whose run returns NoOutput; what it checks is configurable."""
@@ -249,8 +282,9 @@ class _MetadataOnly:
         return []
 
     def metadata_views(self, backend, forward_batch):
-        import torch
         from types import SimpleNamespace
+
+        import torch
 
         return [("", SimpleNamespace(kv_indptr=torch.tensor([0, 3, 2])), 2)] if self.views else [("", None, 2)]
 
@@ -261,14 +295,18 @@ class _MetadataOnly:
         raise AssertionError("no reference for a metadata-only cell")
 
 
-@pytest.mark.parametrize("checks,views,verdict,first", [
-    ([], False, "SKIP", "nothing checked: no kernel here"),
-    ([("PASS", "metadata reference: ok")], False, "PASS", "metadata reference: ok"),
-    ([("DIVERGE", "metadata reference: off")], False, "DIVERGE", "metadata reference: off"),
-    ([], True, "INVARIANT", "eager: kv_indptr not monotone"),
-])
+@pytest.mark.parametrize(
+    "checks,views,verdict,first",
+    [
+        ([], False, "SKIP", "nothing checked: no kernel here"),
+        ([("PASS", "metadata reference: ok")], False, "PASS", "metadata reference: ok"),
+        ([("DIVERGE", "metadata reference: off")], False, "DIVERGE", "metadata reference: off"),
+        ([], True, "INVARIANT", "eager: kv_indptr not monotone"),
+    ],
+)
 def test_a_cell_without_output_judges_metadata_and_is_skip_when_nothing_was_checked(
-        monkeypatch, checks, views, verdict, first):
+    monkeypatch, checks, views, verdict, first
+):
     import sglfix.harness.adapters as adapters
     from sglfix.harness.cell import run_cell
     from sglfix.scenario import Scenario

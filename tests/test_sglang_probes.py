@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from clihelp import assert_one_line_error, run_cli
 from real_sglang import STANDINS, clean_env, require_sglang
+
 from sglfix.codebases import CODEBASES, REPRODUCTION, check_scenarios_runnable
 from sglfix.common.errors import ConfigError
 from sglfix.scenario import load_scenario_file
@@ -35,8 +35,10 @@ EXPECT = {
     "26972": {"probe-req-to-token-tree-paged": "INVARIANT", "probe-req-to-token-chain-paged": "INVARIANT"},
     "26329": {"probe-eagle-prefill-tail": "DIVERGE"},
     "25015": {"probe-draft-positions-chain": "DIVERGE", "probe-draft-positions-tree": "DIVERGE"},
-    "26738:overlap-guard": {"probe-needs-cpu-seq-lens@gpu_only=on": "CRASH",
-                            "probe-needs-cpu-seq-lens@gpu_only=off": "CRASH"},
+    "26738:overlap-guard": {
+        "probe-needs-cpu-seq-lens@gpu_only=on": "CRASH",
+        "probe-needs-cpu-seq-lens@gpu_only=off": "CRASH",
+    },
 }
 DRAFT = ("probe-draft-positions-chain", "probe-draft-positions-tree")
 
@@ -96,8 +98,14 @@ def _run(toggle: str | None, files: list[str], only: list[str] | None = None) ->
 
 
 def _python(code: str, env: dict, arg: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", STANDINS + code, arg], capture_output=True, text=True, env=env,
-                          timeout=900, cwd=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-c", STANDINS + code, arg],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=str(ROOT),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +125,7 @@ def runs(tmp_path_factory) -> dict:
 
 # ------------------------------------------------------------------ against real sglang
 
+
 def _known() -> dict[str, str]:
     """Built-in probe scenarios the profile lists as known upstream divergences -> their verdict."""
     import fnmatch
@@ -125,8 +134,12 @@ def _known() -> dict[str, str]:
     from sglfix.toggling.profiles import PROFILES
 
     known = load_known(PROFILES["sglang-0.5.23"].known_file)
-    return {s.name: k.verdict[0] for s in load_scenario_file(PROBES_FILE) for k in known
-            if fnmatch.fnmatchcase(s.name, k.scenario)}
+    return {
+        s.name: k.verdict[0]
+        for s in load_scenario_file(PROBES_FILE)
+        for k in known
+        if fnmatch.fnmatchcase(s.name, k.scenario)
+    }
 
 
 def test_every_probe_scenario_passes_with_the_fixes_in_place(runs):
@@ -135,8 +148,11 @@ def test_every_probe_scenario_passes_with_the_fixes_in_place(runs):
     assert known, "the page-size-1 finding is built in, listed as a known divergence"
     names = [s.name for s in load_scenario_file(PROBES_FILE) if s.name not in known]
     assert set(names) <= set(base["cells"]), sorted(base["cells"])
-    failing = {n: (base["cells"][n]["verdict"], base["cells"][n]["key"]) for n in names
-               if base["cells"][n]["verdict"] != "PASS"}
+    failing = {
+        n: (base["cells"][n]["verdict"], base["cells"][n]["key"])
+        for n in names
+        if base["cells"][n]["verdict"] != "PASS"
+    }
     assert not failing, failing
     assert {n: base["cells"][n]["verdict"] for n in known} == known  # shown with its verdict, never hidden
     for n in names:  # a PASS says what it measured
@@ -181,10 +197,11 @@ def test_a_baseline_finding_on_real_sglang_is_shown_not_hidden(runs):
 
 # ------------------------------------------------------------------ format and refusal (no sglang)
 
+
 def test_the_probe_table_and_the_code_base_agree():
     assert set(SGLANG.probes) == set(PROBES), (sorted(SGLANG.probes), PROBES)
     assert REPRODUCTION.probes == {}
-    for name, module in SGLANG.probes.items():
+    for module in SGLANG.probes.values():
         assert module.startswith("sglfix.harness.probes.sglang."), module
         assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), module
     scenarios = load_scenario_file(PROBES_FILE)
@@ -208,24 +225,44 @@ def test_a_probe_scenario_is_refused_on_a_code_base_without_the_probe():
 
 
 def test_the_cli_refuses_probe_scenarios_under_the_reproduction_profile_before_any_cell():
-    assert_one_line_error(run_cli("run", "--scenario-file", str(PROBES_FILE), "--device", "cpu"),
-                          "probe req-to-token-headroom does not exist on reproduction")
+    assert_one_line_error(
+        run_cli("run", "--scenario-file", str(PROBES_FILE), "--device", "cpu"),
+        "probe req-to-token-headroom does not exist on reproduction",
+    )
 
 
 BAD_PROBES = [
-    ("name: x\nprobe: draft-position\nmode: DRAFT_DECODE\nbatch: {prefix_lens: [3]}\n", 2,
-     "did you mean 'draft-positions'"),
-    ("name: x\nprobe: draft-positions\nbackend: triton\nmode: DRAFT_DECODE\nbatch: {prefix_lens: [3]}\n", 3,
-     "give exactly one"),
+    (
+        "name: x\nprobe: draft-position\nmode: DRAFT_DECODE\nbatch: {prefix_lens: [3]}\n",
+        2,
+        "did you mean 'draft-positions'",
+    ),
+    (
+        "name: x\nprobe: draft-positions\nbackend: triton\nmode: DRAFT_DECODE\nbatch: {prefix_lens: [3]}\n",
+        3,
+        "give exactly one",
+    ),
     ("name: x\nprobe: eagle-prefill-tail\nmode: DECODE\nbatch: {prefix_lens: [3]}\n", 3, "takes mode EXTEND"),
-    ("name: x\nprobe: eagle-prefill-tail\nmode: EXTEND\nbatch: {prefix_lens: [3], extend_lens: 2}\npage_size: 16\n",
-     5, "does not read page_size; drop it"),
-    ("name: x\nprobe: needs-cpu-seq-lens\nmode: DECODE\nbatch: {prefix_lens: [3]}\ncuda_graph: {capture_bs: [1]}\n",
-     5, "does not read cuda_graph"),
-    ("name: x\nprobe: draft-positions\nmode: DRAFT_DECODE\nbatch: {prefix_lens: [3]}\npage_size: 16\n", 5,
-     "takes page_size 1"),
-    ("name: x\nprobe: req-to-token-headroom\nmode: DECODE\nbatch: {prefix_lens: [3, 255]}\nmax_context_len: 256\n",
-     4, "never reaches"),
+    (
+        "name: x\nprobe: eagle-prefill-tail\nmode: EXTEND\nbatch: {prefix_lens: [3], extend_lens: 2}\npage_size: 16\n",
+        5,
+        "does not read page_size; drop it",
+    ),
+    (
+        "name: x\nprobe: needs-cpu-seq-lens\nmode: DECODE\nbatch: {prefix_lens: [3]}\ncuda_graph: {capture_bs: [1]}\n",
+        5,
+        "does not read cuda_graph",
+    ),
+    (
+        "name: x\nprobe: draft-positions\nmode: DRAFT_DECODE\nbatch: {prefix_lens: [3]}\npage_size: 16\n",
+        5,
+        "takes page_size 1",
+    ),
+    (
+        "name: x\nprobe: req-to-token-headroom\nmode: DECODE\nbatch: {prefix_lens: [3, 255]}\nmax_context_len: 256\n",
+        4,
+        "never reaches",
+    ),
 ]
 
 
@@ -243,5 +280,6 @@ def test_bad_probe_scenarios_are_one_line_errors_citing_the_line(tmp_path, text,
 def test_a_bad_probe_name_on_the_cli_is_one_line_with_the_nearest_name(tmp_path):
     f = tmp_path / "bad.yaml"
     f.write_text(BAD_PROBES[0][0])
-    assert_one_line_error(run_cli("scenarios", "--scenario-file", str(f)), "bad.yaml:2:",
-                          "did you mean 'draft-positions'")
+    assert_one_line_error(
+        run_cli("scenarios", "--scenario-file", str(f)), "bad.yaml:2:", "did you mean 'draft-positions'"
+    )

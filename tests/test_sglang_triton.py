@@ -16,7 +16,7 @@ import json
 import os
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -28,7 +28,7 @@ DEV2 = "sglang-triton-draft-extend-v2@"
 VERIFY = "sglang-triton-target-verify@"
 
 # What the worker process runs: the cells whose names match ``globs``, with what it imported.
-_WORKER = r'''
+_WORKER = r"""
 import fnmatch, inspect, json, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -66,7 +66,7 @@ print(args["mark"] + json.dumps({
     "reproduction_modules": sorted(m for m in sys.modules if m.split(".")[:2] == ["sglfix", "backends"]),
     "revert_env": os.environ.get("SGLANG_DEBUG_REVERT_PR"),
 }))
-'''
+"""
 
 
 def _require_sglang() -> None:
@@ -80,21 +80,33 @@ def _require_sglang() -> None:
         pytest.fail(str(exc), pytrace=False)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _run(*, globs: tuple[str, ...], revert: str = "") -> dict:
     """The worker's report for the matching cells with ``revert`` applied (a fresh process)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_TOGGLES_DIR", "PYTHONPATH")}
-    env.update(SGLFIX_PROFILE="sglang-0.5.23", SGLANG_DEBUG_REVERT_PR=revert, TRITON_INTERPRET="1",
-               CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore")
-    args = {"file": str(SCENARIOS), "globs": list(globs), "toggles": [t for t in revert.split(",") if t],
-            "mark": MARK}
-    proc = subprocess.run([sys.executable, "-P", "-c", _WORKER, json.dumps(args)], capture_output=True,
-                          text=True, env=env, cwd=str(ROOT), timeout=600)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_TOGGLES_DIR", "PYTHONPATH")
+    }
+    env.update(
+        SGLFIX_PROFILE="sglang-0.5.23",
+        SGLANG_DEBUG_REVERT_PR=revert,
+        TRITON_INTERPRET="1",
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONWARNINGS="ignore",
+    )
+    args = {"file": str(SCENARIOS), "globs": list(globs), "toggles": [t for t in revert.split(",") if t], "mark": MARK}
+    proc = subprocess.run(
+        [sys.executable, "-P", "-c", _WORKER, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(ROOT),
+        timeout=600,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
     assert proc.returncode == 0 and lines, (
-        f"worker failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-    report = json.loads(lines[-1][len(MARK):])
+        f"worker failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
+    report = json.loads(lines[-1][len(MARK) :])
     assert report["revert_env"] == revert, "the worker saw the toggle set it was given"
     return report
 
@@ -147,31 +159,51 @@ def test_cells_run_sglangs_own_backend_batch_and_kit_not_the_reproduction():
 
 # (revert, {cell: verdict}): the cell that detects the toggle part, and controls it must leave alone.
 DETECTIONS = [
-    pytest.param("26651:fixture", {
-        f"{DEV2}cg=graph,builder=kit,gpu_only=off": "DIVERGE",
-        f"{DEV2}cg=eager,builder=kit,gpu_only=off": "PASS",  # eager reads extend_prefix_lens, not seq_lens
-        f"{DEV2}cg=graph,builder=glue,gpu_only=off": "PASS",  # the glue bumps seq_lens itself
-    }, id="26651-fixture"),
-    pytest.param("26651:triton-kv-lens", {
-        f"{DEV2}cg=graph,builder=glue,gpu_only=off": "DIVERGE",
-        f"{DEV2}cg=graph,builder=kit,gpu_only=off": "DIVERGE",
-        f"{DEV2}cg=eager,builder=glue,gpu_only=off": "PASS",
-    }, id="26651-triton-kv-lens"),
-    pytest.param("26651:clamp", {
-        f"{DEV2}cg=graph-padded,builder=kit,gpu_only=off": "INVARIANT",
-        f"{DEV2}cg=graph,builder=kit,gpu_only=off": "PASS",  # no padded row, nothing to clamp
-    }, id="26651-clamp"),
-    pytest.param("26738:triton-none", {
-        f"{VERIFY}cg=eager,gpu_only=on": "CRASH",
-        f"{VERIFY}cg=eager,gpu_only=off": "PASS",
-        f"{VERIFY}cg=graph,gpu_only=on": "PASS",  # graph replay never runs the eager init
-    }, id="26738-triton-none"),
+    pytest.param(
+        "26651:fixture",
+        {
+            f"{DEV2}cg=graph,builder=kit,gpu_only=off": "DIVERGE",
+            f"{DEV2}cg=eager,builder=kit,gpu_only=off": "PASS",  # eager reads extend_prefix_lens, not seq_lens
+            f"{DEV2}cg=graph,builder=glue,gpu_only=off": "PASS",  # the glue bumps seq_lens itself
+        },
+        id="26651-fixture",
+    ),
+    pytest.param(
+        "26651:triton-kv-lens",
+        {
+            f"{DEV2}cg=graph,builder=glue,gpu_only=off": "DIVERGE",
+            f"{DEV2}cg=graph,builder=kit,gpu_only=off": "DIVERGE",
+            f"{DEV2}cg=eager,builder=glue,gpu_only=off": "PASS",
+        },
+        id="26651-triton-kv-lens",
+    ),
+    pytest.param(
+        "26651:clamp",
+        {
+            f"{DEV2}cg=graph-padded,builder=kit,gpu_only=off": "INVARIANT",
+            f"{DEV2}cg=graph,builder=kit,gpu_only=off": "PASS",  # no padded row, nothing to clamp
+        },
+        id="26651-clamp",
+    ),
+    pytest.param(
+        "26738:triton-none",
+        {
+            f"{VERIFY}cg=eager,gpu_only=on": "CRASH",
+            f"{VERIFY}cg=eager,gpu_only=off": "PASS",
+            f"{VERIFY}cg=graph,gpu_only=on": "PASS",  # graph replay never runs the eager init
+        },
+        id="26738-triton-none",
+    ),
     # The masking that hid the Triton bug: kit fixture and Triton reverted together agree with
     # each other, the batch the production glue builds does not.
-    pytest.param("26651:fixture,26651:triton-kv-lens", {
-        f"{DEV2}cg=graph,builder=kit,gpu_only=off": "PASS",
-        f"{DEV2}cg=graph,builder=glue,gpu_only=off": "DIVERGE",
-    }, id="26651-fixture-masks-triton-kv-lens"),
+    pytest.param(
+        "26651:fixture,26651:triton-kv-lens",
+        {
+            f"{DEV2}cg=graph,builder=kit,gpu_only=off": "PASS",
+            f"{DEV2}cg=graph,builder=glue,gpu_only=off": "DIVERGE",
+        },
+        id="26651-fixture-masks-triton-kv-lens",
+    ),
 ]
 
 

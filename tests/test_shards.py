@@ -4,12 +4,10 @@ merge into the unsharded report, cell by cell."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 
 import pytest
+from clihelp import assert_one_line_error, run_cli
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.planner import plan_matrix
@@ -17,8 +15,6 @@ from sglfix.execution.shards import Shard, parse_shard, scenario_cost, shard_pla
 from sglfix.report.load import cell_costs
 from sglfix.scenario import load_scenarios
 from sglfix.toggling.registry import load_registry
-
-from clihelp import assert_one_line_error, run_cli
 
 SUBSET = ["-s", "triton-draft-extend-v2*", "-s", "triton-decode*", "-s", "flashinfer-mla-draft*"]
 
@@ -32,8 +28,12 @@ def _loads(plan, shards, timings=None):
     per_unit = 1.0
     out = []
     for sub in shards:
-        out.append(sum(timings.get(c.id, scenario_cost(c.scenario) * per_unit) if timings else scenario_cost(c.scenario)
-                       for c in sub.cells))
+        out.append(
+            sum(
+                timings.get(c.id, scenario_cost(c.scenario) * per_unit) if timings else scenario_cost(c.scenario)
+                for c in sub.cells
+            )
+        )
     return out
 
 
@@ -69,8 +69,12 @@ def test_timings_from_an_earlier_report_steer_the_deal(plan):
     shards = [shard_plan(plan, Shard(i, 3), timings=timings) for i in (1, 2, 3)]
     alone = [s for s in shards if heavy in {x.name for x in s.scenarios}]
     assert len(alone) == 1 and [x.name for x in alone[0].scenarios] == [heavy]
-    report = {"cells": [{"toggles": list(c.toggles), "scenario": c.scenario.name, "timings_ms": {"run": 2.0, "check": 1.5}}
-                        for c in plan.cells[:5]]}
+    report = {
+        "cells": [
+            {"toggles": list(c.toggles), "scenario": c.scenario.name, "timings_ms": {"run": 2.0, "check": 1.5}}
+            for c in plan.cells[:5]
+        ]
+    }
     assert cell_costs(report) == {c.id: 3.5 for c in plan.cells[:5]}
     report["cells"][0]["timings_ms"]["total"] = 4.0  # a total, when there, is the cell's time
     assert cell_costs(report)[plan.cells[0].id] == 4.0
@@ -88,7 +92,9 @@ def test_bad_shard_values_are_one_line_errors(text):
 def test_shard_costs_needs_a_shard_and_a_readable_report(tmp_path):
     r = run_cli("run", "-s", "triton-decode*", "--device", "cpu", "--shard-costs", str(tmp_path / "x.json"))
     assert_one_line_error(r, "--shard-costs", "--shard")
-    r = run_cli("run", "-s", "triton-decode*", "--device", "cpu", "--shard", "1/2", "--shard-costs", str(tmp_path / "x.json"))
+    r = run_cli(
+        "run", "-s", "triton-decode*", "--device", "cpu", "--shard", "1/2", "--shard-costs", str(tmp_path / "x.json")
+    )
     assert_one_line_error(r, "x.json")
 
 
@@ -112,8 +118,20 @@ def test_merged_shards_equal_the_unsharded_matrix_cell_by_cell(tmp_path):
         paths = []
         for i in range(1, n + 1):
             path = tmp_path / f"shard-{n}-{i}.json"
-            r = run_cli("matrix", "--parts", *SUBSET, "--device", "cpu", "--shard", f"{i}/{n}", "--json", str(path),
-                        "--jobs", "1", timeout=900)
+            r = run_cli(
+                "matrix",
+                "--parts",
+                *SUBSET,
+                "--device",
+                "cpu",
+                "--shard",
+                f"{i}/{n}",
+                "--json",
+                str(path),
+                "--jobs",
+                "1",
+                timeout=900,
+            )
             assert r.code == 0, (n, i, r.out[-2000:], r.err[-2000:])
             assert json.loads(path.read_text())["shard"] == f"{i}/{n}"
             paths.append(str(path))

@@ -30,16 +30,27 @@ HEAVY = ("yaml", "torch", "rich", "typer", "pydantic", "inspect", "ast")
 
 def _env(**extra: str) -> dict[str, str]:
     # PYTHONUNBUFFERED goes too: the programs' stdout is then block-buffered, as in a plain CI pipe.
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_PROFILE", "SGLFIX_TOGGLES_DIR", "SGLFIX_VERBOSE", "PYTHONPATH",
-                        "PYTHONUNBUFFERED")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "SGLANG_DEBUG_REVERT_PR",
+            "SGLFIX_PROFILE",
+            "SGLFIX_TOGGLES_DIR",
+            "SGLFIX_VERBOSE",
+            "PYTHONPATH",
+            "PYTHONUNBUFFERED",
+        )
+    }
     env.update(extra)
     return env
 
 
 def _py(code: str, *, env: dict[str, str], cwd: str | Path | None = None, timeout: float = 120):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout
+    )
 
 
 def test_the_hook_is_installed_next_to_the_packages_and_is_the_checkout_file():
@@ -47,8 +58,9 @@ def test_the_hook_is_installed_next_to_the_packages_and_is_the_checkout_file():
     installed = site / "zz-sglfix-startup.pth"
     assert installed.is_file(), f"{installed} missing: reinstall sglfix (pip install -e .)"
     assert installed.read_bytes() == (ROOT / "zz-sglfix-startup.pth").read_bytes()
-    r = subprocess.run([sys.executable, "-m", "sglfix", "env", "--json"], capture_output=True, text=True,
-                       env=_env(), timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "sglfix", "env", "--json"], capture_output=True, text=True, env=_env(), timeout=120
+    )
     assert r.returncode == 0, r.stderr
     import json
 
@@ -72,8 +84,14 @@ def test_unset_the_hook_imports_nothing_and_the_program_runs_unpatched(tmp_path)
         assert r.returncode == 0, r.stderr
         loaded = eval(r.stdout)
         assert not [m for m in loaded if m.startswith("sglfix") or m.split(".")[0] in HEAVY], loaded
-        timing = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], capture_output=True,
-                                text=True, env=env, cwd=tmp_path, timeout=60).stderr
+        timing = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", "pass"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=60,
+        ).stderr
         names = [line.rsplit("|", 1)[-1].strip() for line in timing.splitlines() if "|" in line]
         assert not [n for n in names if n.startswith("sglfix") or n.split(".")[0] in HEAVY], names
     assert _py(PROBE, env=_env(), cwd=tmp_path).stdout.strip() == "fixed"
@@ -103,8 +121,14 @@ def test_set_the_program_runs_the_pre_fix_code_in_the_process_and_in_its_childre
     """)
     script = tmp_path / "engine.py"
     script.write_text(child)
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                       env=_env(SGLANG_DEBUG_REVERT_PR="26738:overlap-guard", SGLFIX_VERBOSE="1"))
+    r = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env=_env(SGLANG_DEBUG_REVERT_PR="26738:overlap-guard", SGLFIX_VERBOSE="1"),
+    )
     assert r.returncode == 0, r.stderr
     lines = r.stdout.split("\n")
     assert lines[:4] == ["pre-fix", "child: pre-fix", "spawn: pre-fix", "ids: 26738:overlap-guard"], r.stdout
@@ -113,8 +137,12 @@ def test_set_the_program_runs_the_pre_fix_code_in_the_process_and_in_its_childre
 
 
 def test_a_bad_value_is_one_line_and_exit_2_before_the_program_runs(tmp_path):
-    for value, needle in (("26738:overlap", "did you mean 'overlap-guard'"), ("27460x", "bad item"),
-                          ("12345", "not registered"), ("26651,,26738", "empty")):
+    for value, needle in (
+        ("26738:overlap", "did you mean 'overlap-guard'"),
+        ("27460x", "bad item"),
+        ("12345", "not registered"),
+        ("26651,,26738", "empty"),
+    ):
         r = _py("print('the program ran')", env=_env(SGLANG_DEBUG_REVERT_PR=value), cwd=tmp_path)
         assert r.returncode == 2, (value, r.stdout, r.stderr)
         assert "the program ran" not in r.stdout
@@ -146,8 +174,14 @@ def test_already_imported_targets_are_reverted_at_once_and_an_explicit_call_is_i
 def test_sglfix_own_command_line_reads_the_variable_itself(tmp_path):
     # The CLI hands the selection to each cell's worker; the hook must not also act in it
     # (nor validate against another toggle directory than --toggles names).
-    r = subprocess.run([sys.executable, "-m", "sglfix", "env", "--json"], capture_output=True, text=True,
-                       cwd=tmp_path, env=_env(SGLANG_DEBUG_REVERT_PR="26738:overlap-guard"), timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "sglfix", "env", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(SGLANG_DEBUG_REVERT_PR="26738:overlap-guard"),
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "sglfix.toggling.hook" not in r.stderr
 
@@ -225,8 +259,13 @@ def test_sglang_own_reader_bound_into_the_scheduler_neither_reapplies_nor_crashe
         s = Scheduler()
         print(s.decision, s.plan(), pr_fix_toggle.APPLIED)
     """)
-    env = _env(SGLANG_DEBUG_REVERT_PR=value, SGLFIX_PROFILE="sglang-0.5.23", SGLFIX_TOGGLES_DIR=str(toggles),
-               PYTHONPATH=str(tmp_path), SGLFIX_VERBOSE="1")
+    env = _env(
+        SGLANG_DEBUG_REVERT_PR=value,
+        SGLFIX_PROFILE="sglang-0.5.23",
+        SGLFIX_TOGGLES_DIR=str(toggles),
+        PYTHONPATH=str(tmp_path),
+        SGLFIX_VERBOSE="1",
+    )
     r = _py(code, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     plan = "reverted" if "22222" in value else "fixed"
@@ -241,25 +280,37 @@ def test_sglang_own_reader_bound_into_the_scheduler_neither_reapplies_nor_crashe
     assert r.stdout.split() == ["fixed", "fixed", "[]"], r.stdout
     assert "pr_fix_toggle.maybe_revert_pr_fix silenced" in r.stderr
     # Without the start-up hook (-S: no .pth runs) sglang's own reader runs, so the checks above can fail.
-    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
     assert r.returncode != 0
     assert ("invalid literal for int()" if "," in value else "no longer applies") in r.stderr
 
 
-@pytest.mark.parametrize("module_text, needles", [
-    # The target is there, its match text is not.
-    ("def decide():\n    return 'refactored'\n",
-     ["revert 11111", "cannot be applied to sglang.srt.managers.overlap.decide"]),
-    # The module arrives without the target at all: an error, not a wait for a later import.
-    ("def decide_renamed():\n    return 'fixed'\n",
-     ["revert 11111:main is not in effect", "sglang.srt.managers.overlap.decide is not there to revert"]),
-])
+@pytest.mark.parametrize(
+    "module_text, needles",
+    [
+        # The target is there, its match text is not.
+        (
+            "def decide():\n    return 'refactored'\n",
+            ["revert 11111", "cannot be applied to sglang.srt.managers.overlap.decide"],
+        ),
+        # The module arrives without the target at all: an error, not a wait for a later import.
+        (
+            "def decide_renamed():\n    return 'fixed'\n",
+            ["revert 11111:main is not in effect", "sglang.srt.managers.overlap.decide is not there to revert"],
+        ),
+    ],
+)
 def test_a_revert_that_cannot_go_in_when_its_module_arrives_stops_the_process(tmp_path, module_text, needles):
     toggles = _stub_sglang(tmp_path)
     (tmp_path / "sglang/srt/managers/overlap.py").write_text(module_text)
-    env = _env(SGLANG_DEBUG_REVERT_PR="11111", SGLFIX_PROFILE="sglang-0.5.23", SGLFIX_TOGGLES_DIR=str(toggles),
-               PYTHONPATH=str(tmp_path))
+    env = _env(
+        SGLANG_DEBUG_REVERT_PR="11111",
+        SGLFIX_PROFILE="sglang-0.5.23",
+        SGLFIX_TOGGLES_DIR=str(toggles),
+        PYTHONPATH=str(tmp_path),
+    )
     r = _py("print('start')\nimport sglang.srt.managers.overlap\nprint('unpatched run')", env=env, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stdout.split() == ["start"]
@@ -269,7 +320,8 @@ def test_a_revert_that_cannot_go_in_when_its_module_arrives_stops_the_process(tm
 
 def test_torchrun_ranks_each_run_the_pre_fix_code(tmp_path):
     script = tmp_path / "ranks.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os
         import sglfix
         import {OVERLAP} as m
@@ -280,10 +332,16 @@ def test_torchrun_ranks_each_run_the_pre_fix_code(tmp_path):
         # One file per rank: the ranks share the launcher's stdout, where their lines can interleave.
         with open(f"rank-{{os.environ['RANK']}}.txt", "w") as fh:
             fh.write(f"rank {{os.environ['RANK']}}: {{state}} {{','.join(sglfix.reverted_ids())}}")
-    """))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                       env=_env(SGLANG_DEBUG_REVERT_PR="26738:overlap-guard", OMP_NUM_THREADS="1"))
+    """)
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env=_env(SGLANG_DEBUG_REVERT_PR="26738:overlap-guard", OMP_NUM_THREADS="1"),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     ranks = sorted(p.read_text() for p in tmp_path.glob("rank-*.txt"))
     assert ranks == ["rank 0: pre-fix 26738:overlap-guard", "rank 1: pre-fix 26738:overlap-guard"], r.stdout

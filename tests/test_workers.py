@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from procs import alive, wait_gone
+
 from sglfix.common.errors import ConfigError
 from sglfix.execution.pool import WorkerConfig, WorkerPool, WorkerStartError
 from sglfix.patching.targets import DEFAULT_ALLOWED_PREFIXES
@@ -75,10 +75,29 @@ def _print_timings():
 # ---------------------------------------------------------------------------------------------
 
 SEGV, EXIT3, SIGKILL, HANG, CHILD_SEGV, FORGE, LEAK_MODULE, LEAK_CLASS, BENIGN, HARNESS, OUTSIDE = (
-    90001, 90002, 90003, 90004, 90005, 90006, 90007, 90008, 90009, 90010, 90011)
+    90001,
+    90002,
+    90003,
+    90004,
+    90005,
+    90006,
+    90007,
+    90008,
+    90009,
+    90010,
+    90011,
+)
 MUTE_HANG, CHILD_LEFT, RAISES_EXIT, RAISES_INTERRUPT, SESSION_LEFT = 90012, 90013, 90014, 90015, 90016
-RESULT_STUB = {"scenario": "forged", "toggles": [], "device": "cpu", "verdict": "DIVERGE", "findings": [],
-               "error": None, "timings_ms": {}, "revert_env": None}
+RESULT_STUB = {
+    "scenario": "forged",
+    "toggles": [],
+    "device": "cpu",
+    "verdict": "DIVERGE",
+    "findings": [],
+    "error": None,
+    "timings_ms": {},
+    "revert_env": None,
+}
 
 
 @pytest.fixture(scope="module")
@@ -100,22 +119,29 @@ def tdir(tmp_path_factory, marks) -> Path:
     write_toggle(d, HANG, preamble="import time\ntime.sleep(600)")
     # A child that inherits stdout/stderr (and, with close_fds=False, every inheritable fd) and
     # outlives its parent: EOF on the output pipe never comes.
-    write_toggle(d, CHILD_SEGV, preamble=f"""
+    write_toggle(
+        d,
+        CHILD_SEGV,
+        preamble=f"""
         import os, signal, subprocess, sys
         ch = sys.modules["sglfix.execution.serve"]._CHANNEL
-        open({str(marks / 'channel_fds')!r}, 'w').write(f"{{ch._in.fileno()}} {{ch._out}}")
+        open({str(marks / "channel_fds")!r}, 'w').write(f"{{ch._in.fileno()}} {{ch._out}}")
         child = subprocess.Popen([sys.executable, "-c",
-            "import os, time; open({str(marks / 'child_fds')!r}, 'w').write(' '.join(os.listdir('/proc/self/fd'))); time.sleep(120)"],
+            "import os, time; open({str(marks / "child_fds")!r}, 'w').write(' '.join(os.listdir('/proc/self/fd'))); time.sleep(120)"],
             close_fds=False)
-        open({str(marks / 'child_pid')!r}, 'w').write(str(child.pid))
+        open({str(marks / "child_pid")!r}, 'w').write(str(child.pid))
         t0 = __import__('time').monotonic()
-        while not os.path.exists({str(marks / 'child_fds')!r}) and __import__('time').monotonic() - t0 < 20:
+        while not os.path.exists({str(marks / "child_fds")!r}) and __import__('time').monotonic() - t0 < 20:
             __import__('time').sleep(0.01)
         {stamp}
         os.kill(os.getpid(), signal.SIGSEGV)
-    """)
+    """,
+    )
     forged = json.dumps({"id": 1, "result": RESULT_STUB})
-    write_toggle(d, FORGE, preamble=f"""
+    write_toggle(
+        d,
+        FORGE,
+        preamble=f"""
         import json, sys
         for stream in (sys.stdout, sys.stderr):
             stream.write("@@sglfix-reply " + {forged!r} + "\\n")
@@ -124,49 +150,78 @@ def tdir(tmp_path_factory, marks) -> Path:
         channel = getattr(sys.modules["sglfix.execution.serve"], "_CHANNEL", None)
         if channel is not None:  # straight onto the reply pipe, with an id no request has
             channel.send({{"id": -1, "result": json.loads({forged!r})["result"]}})
-    """)
-    write_toggle(d, LEAK_MODULE, preamble="""
+    """,
+    )
+    write_toggle(
+        d,
+        LEAK_MODULE,
+        preamble="""
         def _leaked(*args, **kwargs):
             raise RuntimeError("module state leaked from 90007")
         globals()["decode_attention_fwd"] = _leaked
-    """)
-    write_toggle(d, LEAK_CLASS, preamble="""
+    """,
+    )
+    write_toggle(
+        d,
+        LEAK_CLASS,
+        preamble="""
         def _leaked(*args, **kwargs):
             raise RuntimeError("class state leaked from 90008")
         type(self)._fill_kv_indices = _leaked
-    """)
+    """,
+    )
     write_toggle(d, BENIGN)
     # Closes its own output and hangs: nothing on any pipe tells the parent, only the deadline.
     write_toggle(d, MUTE_HANG, preamble="import os, time\nos.close(1)\nos.close(2)\ntime.sleep(600)")
     # A cell that finishes normally but leaves a child running.
-    write_toggle(d, CHILD_LEFT, preamble=f"""
+    write_toggle(
+        d,
+        CHILD_LEFT,
+        preamble=f"""
         import subprocess, sys
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-        open({str(marks / 'left_child_pid')!r}, 'w').write(str(child.pid))
-    """)
+        open({str(marks / "left_child_pid")!r}, 'w').write(str(child.pid))
+    """,
+    )
     # Children that leave the worker's process group: one in a session of its own, and a daemon
     # (double fork, its parent gone) whose pid only a file tells.
-    write_toggle(d, SESSION_LEFT, preamble=f"""
+    write_toggle(
+        d,
+        SESSION_LEFT,
+        preamble=f"""
         import os, subprocess, sys
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
-        open({str(marks / 'session_child_pid')!r}, 'w').write(str(child.pid))
+        open({str(marks / "session_child_pid")!r}, 'w').write(str(child.pid))
         daemon = subprocess.Popen([sys.executable, "-c",
             "import os, sys, time\\n"
             "if os.fork():\\n    os._exit(0)\\n"
             "os.setsid()\\n"
             "open(sys.argv[1], 'w').write(str(os.getpid()))\\n"
-            "time.sleep(300)", {str(marks / 'daemon_pid')!r}])
+            "time.sleep(300)", {str(marks / "daemon_pid")!r}])
         daemon.wait()
         t0 = __import__('time').monotonic()
-        while not os.path.exists({str(marks / 'daemon_pid')!r}) and __import__('time').monotonic() - t0 < 20:
+        while not os.path.exists({str(marks / "daemon_pid")!r}) and __import__('time').monotonic() - t0 < 20:
             __import__('time').sleep(0.01)
-    """)
+    """,
+    )
     # The guard check (the judge) meets a buffer list it cannot read: sglfix fails, not the code.
     write_toggle(d, HARNESS, preamble="self.static_buffers = [object()]")
     write_toggle(d, OUTSIDE, target="colorsys.rgb_to_yiq", match="y = 0.30*r + 0.59*g + 0.11*b\n")
     # A drifted copy of a built-in toggle: must be the one that runs (and fail to apply).
-    (d / "26738.yaml").write_text(yaml.safe_dump({"pr": 26738, "title": "drifted copy", "patches": [
-        {"target": TARGET, "edits": [{"match": "this line is not in the source\n", "replacement": "pass\n"}]}]}))
+    (d / "26738.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "pr": 26738,
+                "title": "drifted copy",
+                "patches": [
+                    {
+                        "target": TARGET,
+                        "edits": [{"match": "this line is not in the source\n", "replacement": "pass\n"}],
+                    }
+                ],
+            }
+        )
+    )
     return d
 
 
@@ -201,6 +256,7 @@ def assert_matched(results, cells) -> None:
 # Without processes
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("bad", [0, -5, float("nan"), float("inf"), -0.0])
 def test_timeout_must_be_finite_and_positive(bad):
     with pytest.raises(ConfigError) as exc:
@@ -224,7 +280,10 @@ def test_state_snapshot_sees_rebinding_but_not_harmless_additions():
 
     name = "sglfix.backends._state_probe"
     mod = types.ModuleType(name)
-    exec("class K:\n    def m(self):\n        return 1\ndef f(x=1):\n    return x\nTABLE = {'a': 1}\nLIMIT = 3\n", vars(mod))
+    exec(
+        "class K:\n    def m(self):\n        return 1\ndef f(x=1):\n    return x\nTABLE = {'a': 1}\nLIMIT = 3\n",
+        vars(mod),
+    )
     sys.modules[name] = mod
     try:
         snap = StateSnapshot("sglfix.backends")
@@ -300,8 +359,9 @@ def test_a_revert_that_cannot_be_applied_is_an_error_naming_it(monkeypatch, tmp_
     from sglfix.toggling.registry import _load
 
     _load.cache_clear()
-    reply = _session(monkeypatch, tmp_path).handle({"id": 8, "toggles": ["99999"],
-                                                    "scenario": cell(SCEN).scenario.to_json()})
+    reply = _session(monkeypatch, tmp_path).handle(
+        {"id": 8, "toggles": ["99999"], "scenario": cell(SCEN).scenario.to_json()}
+    )
     _load.cache_clear()
     result = reply["result"]
     assert result["verdict"] == "ERROR", result
@@ -311,6 +371,7 @@ def test_a_revert_that_cannot_be_applied_is_an_error_naming_it(monkeypatch, tmp_
 # ---------------------------------------------------------------------------------------------
 # Real workers
 # ---------------------------------------------------------------------------------------------
+
 
 def test_segfault_exit_and_sigkill_are_faults_and_the_next_cells_still_run(pool, marks):
     deaths = sum(w.restarts for w in pool.workers)
@@ -331,7 +392,7 @@ def test_segfault_exit_and_sigkill_are_faults_and_the_next_cells_still_run(pool,
 
 def test_a_child_holding_the_output_pipe_does_not_turn_a_segfault_into_a_timeout(pool, marks):
     cells = [cell(SCEN, str(CHILD_SEGV)), cell(SCEN)]
-    results, wall, seen = run_timed(pool, cells)
+    results, _wall, seen = run_timed(pool, cells)
     assert_matched(results, cells)
     assert [r.verdict for r in results] == ["FAULT", "PASS"], [r.findings for r in results]
     latency = seen[(SCEN, (str(CHILD_SEGV),))] - float((marks / "fault_at").read_text())
@@ -359,10 +420,14 @@ def test_forged_reply_lines_never_shift_results(pool):
 @pytest.fixture(scope="module")
 def pool1(tdir):
     """One worker (so that the next set runs where the last one ran), colorsys allowed."""
-    config = WorkerConfig(device="cpu", toggles_dir=str(tdir), timeout=HANG_LIMIT,
-                          allowed_prefixes=DEFAULT_ALLOWED_PREFIXES + ("colorsys",))
+    config = WorkerConfig(
+        device="cpu",
+        toggles_dir=str(tdir),
+        timeout=HANG_LIMIT,
+        allowed_prefixes=DEFAULT_ALLOWED_PREFIXES + ("colorsys",),
+    )
     with WorkerPool(config, jobs=1) as p:
-        p.info
+        _ = p.info
         yield p
     assert wait_gone(p.pids) == []
 
@@ -371,8 +436,14 @@ HANG_LIMIT = 10
 
 
 def test_state_left_by_a_revert_does_not_reach_other_toggle_sets(pool1):
-    cells = [cell(SCEN), cell(SCEN, str(LEAK_MODULE)), cell(SCEN), cell(SCEN, str(LEAK_CLASS)), cell(SCEN),
-             cell(SCEN, str(BENIGN))]
+    cells = [
+        cell(SCEN),
+        cell(SCEN, str(LEAK_MODULE)),
+        cell(SCEN),
+        cell(SCEN, str(LEAK_CLASS)),
+        cell(SCEN),
+        cell(SCEN, str(BENIGN)),
+    ]
     pool = pool1
     fresh = pool.run([cell(SCEN)])[0]
     replaced = len(pool.replacements)
@@ -416,7 +487,7 @@ def test_systemexit_and_keyboardinterrupt_raised_by_the_code_are_crashes_with_ty
     cells = [cell(SCEN, str(RAISES_EXIT)), cell(SCEN, str(RAISES_INTERRUPT)), cell(SCEN)]
     results = pool.run(cells)
     assert_matched(results, cells)
-    exits, interrupt, after = results
+    exits, interrupt, _after = results
     assert [r.verdict for r in results] == ["CRASH", "CRASH", "PASS"], [r.findings for r in results]
     assert exits.key_figure.startswith("SystemExit: 3 [") and ".py:" in exits.key_figure, exits.key_figure
     assert interrupt.key_figure.startswith("KeyboardInterrupt:"), interrupt.key_figure
@@ -481,7 +552,7 @@ def test_cuda_without_a_gpu_is_a_config_error(tmp_path):
     with WorkerPool(WorkerConfig(device="cuda"), jobs=1) as p:
         t0 = time.monotonic()
         with pytest.raises(ConfigError) as exc:
-            p.info
+            _ = p.info
         note("--device cuda refused", time.monotonic() - t0)
     assert str(exc.value) == "--device cuda: no CUDA device here; use --device cpu"
     assert wait_gone(p.pids) == []
@@ -489,7 +560,8 @@ def test_cuda_without_a_gpu_is_a_config_error(tmp_path):
 
 def test_auto_resolves_in_the_worker_and_the_parent_never_imports_torch(tmp_path):
     script = tmp_path / "auto.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, sys
         from sglfix.execution.pool import WorkerConfig, WorkerPool
         from sglfix.scenario import load_scenarios
@@ -505,7 +577,8 @@ def test_auto_resolves_in_the_worker_and_the_parent_never_imports_torch(tmp_path
             r = pool.run([Cell("a", s, ())])[0]
         print(json.dumps({{"info": info, "verdict": r.verdict, "device": r.device,
                           "torch": "torch" in sys.modules, "triton": "triton" in sys.modules}}))
-    """))
+    """)
+    )
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout.splitlines()[-1])
@@ -520,9 +593,8 @@ def test_a_worker_that_cannot_start_raises_one_line(tmp_path, monkeypatch):
     shadow.mkdir()
     (shadow / "__init__.py").write_text("raise ImportError('torch is broken here')\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    with WorkerPool(WorkerConfig(device="cpu"), jobs=2) as p:
-        with pytest.raises(WorkerStartError) as exc:
-            p.run([cell(SCEN), cell(SCEN2)])
+    with WorkerPool(WorkerConfig(device="cpu"), jobs=2) as p, pytest.raises(WorkerStartError) as exc:
+        p.run([cell(SCEN), cell(SCEN2)])
     message = str(exc.value)
     assert "\n" not in message and "worker failed to start" in message and "torch is broken here" in message
     assert exc.value.exit_code == 2
@@ -577,8 +649,9 @@ def test_a_parent_killed_mid_run_leaves_no_worker(tmp_path, signum, code):
     write_toggle(toggles, 90020, preamble=f"MARKS = {str(marks)!r}\n" + MIDRUN)
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
-    proc = subprocess.Popen([sys.executable, str(script), str(toggles), SCEN, "90020"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(toggles), SCEN, "90020"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
         deadline = time.monotonic() + 120
         while len(list(marks.glob("busy-*"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
@@ -596,8 +669,7 @@ def test_a_parent_killed_mid_run_leaves_no_worker(tmp_path, signum, code):
         assert wait_gone(workers, timeout=10) == [], "a worker outlived its parent"
         note(f"{signal.Signals(signum).name} to parent -> workers gone", time.monotonic() - t0)
         assert wait_gone(children, timeout=10) == [], "a child of the code under test outlived the run"
-        note(f"{signal.Signals(signum).name} to parent -> children of the code under test gone",
-             time.monotonic() - t0)
+        note(f"{signal.Signals(signum).name} to parent -> children of the code under test gone", time.monotonic() - t0)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -628,15 +700,32 @@ def test_a_replaced_worker_is_reported_on_the_console_and_in_the_json(tmp_path):
 
     d = tmp_path / "toggles"
     d.mkdir()
-    write_toggle(d, LEAK_CLASS, preamble="""
+    write_toggle(
+        d,
+        LEAK_CLASS,
+        preamble="""
         def _leaked(*args, **kwargs):
             raise RuntimeError("class state leaked from 90008")
         type(self)._fill_kv_indices = _leaked
-    """)
+    """,
+    )
     write_toggle(d, BENIGN)
     out = tmp_path / "r.json"
-    r = run_cli("--toggles", str(d), "matrix", "-s", SCEN, "--device", "cpu", "--jobs", "1", "--no-reachability",
-                "--json", str(out), timeout=600)
+    r = run_cli(
+        "--toggles",
+        str(d),
+        "matrix",
+        "-s",
+        SCEN,
+        "--device",
+        "cpu",
+        "--jobs",
+        "1",
+        "--no-reachability",
+        "--json",
+        str(out),
+        timeout=600,
+    )
     assert r.code in (0, 1), r.err
     lines = [line for line in r.err.splitlines() if "a worker was replaced" in line]
     assert lines and "after 90008" in lines[0] and "_fill_kv_indices" in lines[0], r.err

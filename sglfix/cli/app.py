@@ -11,7 +11,6 @@ import os
 import re
 import sys
 import traceback
-from typing import List, Optional
 
 import typer
 
@@ -31,9 +30,21 @@ app = typer.Typer(
 @app.callback(invoke_without_command=True)
 def _main(
     ctx: typer.Context,
-    toggles: Optional[str] = typer.Option(None, "--toggles", metavar="DIR", help="Toggle files directory (default: the profile's; env SGLFIX_TOGGLES_DIR)."),
-    profile: Optional[str] = typer.Option(None, "--profile", metavar="NAME", help="Toggle set for one code base: reproduction (default) or sglang-0.5.23 (env SGLFIX_PROFILE)."),
-    allow_target: List[str] = typer.Option([], "--allow-target", metavar="PREFIX", help="Also allow patch targets under this module prefix (repeatable)."),
+    toggles: str | None = typer.Option(
+        None,
+        "--toggles",
+        metavar="DIR",
+        help="Toggle files directory (default: the profile's; env SGLFIX_TOGGLES_DIR).",
+    ),
+    profile: str | None = typer.Option(
+        None,
+        "--profile",
+        metavar="NAME",
+        help="Toggle set for one code base: reproduction (default) or sglang-0.5.23 (env SGLFIX_PROFILE).",
+    ),
+    allow_target: list[str] = typer.Option(
+        [], "--allow-target", metavar="PREFIX", help="Also allow patch targets under this module prefix (repeatable)."
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks (accepted anywhere on the line)."),
     version: bool = typer.Option(False, "--version", help="Print the version and exit."),
 ) -> None:
@@ -47,8 +58,9 @@ def _main(
         raise ConfigError("--toggles '': the directory is empty; give a toggle files directory (or leave it out)")
     for prefix in allow_target:
         if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", prefix):
-            raise ConfigError(f"--allow-target {prefix!r} is not a module prefix; give a dotted module name "
-                              f"like mypkg.kernels")
+            raise ConfigError(
+                f"--allow-target {prefix!r} is not a module prefix; give a dotted module name like mypkg.kernels"
+            )
     if profile is not None:
         from sglfix.toggling.profiles import get_profile
 
@@ -99,7 +111,7 @@ def _hoist_profile(args: list[str]) -> list[str]:
             rest += args[i:]
             break
         if arg == "--profile" and i + 1 < len(args):
-            front += args[i:i + 2]
+            front += args[i : i + 2]
             i += 2
             continue
         if arg.startswith("--profile="):
@@ -110,7 +122,7 @@ def _hoist_profile(args: list[str]) -> list[str]:
     return front + rest
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     usage_error = _click_exception_type()
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("SGLFIX_DEBUG") == "1"

@@ -10,15 +10,30 @@ other culprits of its group.
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.common import (
-    BackendName, Device, Jobs, JsonFile, JunitFile, MarkdownFile, MemoryBudget, NoReachability, ScenarioFiles,
-    Outputs, ScenarioGlobs, Timeout, check_env_knobs, check_jobs, env_ids, load_selected, report_replacements,
+    BackendName,
+    Device,
+    Jobs,
+    JsonFile,
+    JunitFile,
+    MarkdownFile,
+    MemoryBudget,
+    NoReachability,
+    Outputs,
+    ScenarioFiles,
+    ScenarioGlobs,
+    Timeout,
+    check_env_knobs,
+    check_jobs,
+    env_ids,
+    load_selected,
+    report_replacements,
     revert_ids,
     write_outputs,
 )
@@ -54,8 +69,9 @@ class _Cells:
         if todo:
             self.sets.add(ids)
             shown = ",".join(ids[:4]) + (f",... ({len(ids)} parts)" if len(ids) > 4 else "") if ids else "nothing"
-            err.print(f"bisect [{self.context}]: {len(todo)} cell(s) with {shown} reverted", highlight=False,
-                      markup=False)
+            err.print(
+                f"bisect [{self.context}]: {len(todo)} cell(s) with {shown} reverted", highlight=False, markup=False
+            )
             if record is None:
                 cells = [self._planned(self.by_name[n], toggles) for n in todo]
             else:
@@ -67,7 +83,13 @@ class _Cells:
 
 def bisect_cmd(
     ctx: typer.Context,
-    revert: List[str] = typer.Option([], "--revert", "-r", metavar="ID", help="Candidate toggles or parts (repeatable; comma lists too); default every registered part."),
+    revert: list[str] = typer.Option(
+        [],
+        "--revert",
+        "-r",
+        metavar="ID",
+        help="Candidate toggles or parts (repeatable; comma lists too); default every registered part.",
+    ),
     scenario: ScenarioGlobs = [],
     scenario_file: ScenarioFiles = [],
     backend: BackendName = None,
@@ -96,15 +118,21 @@ def bisect_cmd(
         for rid in given:
             for sel in registry.select(rid):  # an unknown id is a one-line error before anything runs
                 if sel.id in seen:
-                    raise ConfigError(f"-r {rid}: {seen[sel.id]} already names {sel.id}; give each part once "
-                                      f"(a whole toggle, or some of its parts)")
+                    raise ConfigError(
+                        f"-r {rid}: {seen[sel.id]} already names {sel.id}; give each part once "
+                        f"(a whole toggle, or some of its parts)"
+                    )
                 seen[sel.id] = rid
         candidates = list(dict.fromkeys(given))
     else:
         candidates = [rid for t in registry for rid in (t.ids[1:] if len(t.parts) > 1 else t.ids[:1])]
-    config = WorkerConfig(device=device, timeout=timeout, allowed_prefixes=opts.allowed_prefixes(),
-                          toggles_dir=str(registry.directory) if opts.toggles is not None else None,
-                          codebase=opts.codebase().name)
+    config = WorkerConfig(
+        device=device,
+        timeout=timeout,
+        allowed_prefixes=opts.allowed_prefixes(),
+        toggles_dir=str(registry.directory) if opts.toggles is not None else None,
+        codebase=opts.codebase().name,
+    )
     env = env_ids(registry)
 
     from sglfix.toggling.ids import ToggleId
@@ -126,7 +154,7 @@ def bisect_cmd(
     groups_out, masking_out, masking_sets = [], [], set()
     with signals_raise(), WorkerPool(config, jobs=check_jobs(jobs, device)) as pool:
         chosen = load_selected(opts, scenario, scenario_file, backend, memory_budget)
-        pool.info  # the workers' handshake (a device they cannot use) before any progress line
+        _ = pool.info  # the workers' handshake (a device they cannot use) before any progress line
         cells = _Cells(pool, chosen, env)
         cells.rank = {c: i for i, c in enumerate(candidates)}
         names = [s.name for s in chosen]
@@ -138,9 +166,12 @@ def bisect_cmd(
         bad = {n: r for n, r in baseline.items() if r.verdict != "PASS"}
         if bad:
             first = next(iter(bad.values()))
-            err.print(f"sglfix: error: the baseline (nothing reverted) fails {len(bad)} scenario(s), e.g. "
-                      f"{first.scenario}: {first.verdict} {first.key_figure}; bisect needs a passing baseline",
-                      highlight=False, markup=False)
+            err.print(
+                f"sglfix: error: the baseline (nothing reverted) fails {len(bad)} scenario(s), e.g. "
+                f"{first.scenario}: {first.verdict} {first.key_figure}; bisect needs a passing baseline",
+                highlight=False,
+                markup=False,
+            )
             raise typer.Exit(1)
         groups: dict[str, list[str]] = {}
         for n in names:
@@ -181,9 +212,13 @@ def bisect_cmd(
             # candidates (parts of one fix are where masking lives: 26651's fixture and Triton).
             alone_asked = {next(iter(k)) for k in asked if len(k) == 1}
             found_ids = {c for culprit in narrowed for c in culprit}
-            sweep = [c for c in (searched if not narrowed else
-                                 [c for c in searched if any(sib in candidates for sib in siblings(c))])
-                     if c not in alone_asked and c not in found_ids]
+            sweep = [
+                c
+                for c in (
+                    searched if not narrowed else [c for c in searched if any(sib in candidates for sib in siblings(c))]
+                )
+                if c not in alone_asked and c not in found_ids
+            ]
             swept = []
             if sweep:
                 cells.context = f"group {number}/{len(groups)} {group}: masking sweep"
@@ -197,9 +232,15 @@ def bisect_cmd(
                 failing = sorted(n for n, r in results.items() if r.verdict != "PASS")
                 if not failing:
                     continue
-                found.append({"ids": list(culprit), "verdict": worst([results[n].verdict for n in failing]),
-                              "scenarios": failing, "key_figure": results[failing[0]].key_figure,
-                              "found_by": "masking sweep" if culprit[0] in swept else "search"})
+                found.append(
+                    {
+                        "ids": list(culprit),
+                        "verdict": worst([results[n].verdict for n in failing]),
+                        "scenarios": failing,
+                        "key_figure": results[failing[0]].key_figure,
+                        "found_by": "masking sweep" if culprit[0] in swept else "search",
+                    }
+                )
             others = [c[0] for c in narrowed if len(c) == 1]
             for culprit in found:
                 if len(culprit["ids"]) != 1:
@@ -213,47 +254,90 @@ def bisect_cmd(
                     both = cells.run((c, partner), culprit["scenarios"])
                     hidden = sorted(n for n, r in both.items() if r.verdict == "PASS")
                     if hidden:
-                        masking_out.append({"group": group, "culprit": c, "masked_by": partner,
-                                            "scenarios": hidden, "all": len(hidden) == len(culprit["scenarios"])})
+                        masking_out.append(
+                            {
+                                "group": group,
+                                "culprit": c,
+                                "masked_by": partner,
+                                "scenarios": hidden,
+                                "all": len(hidden) == len(culprit["scenarios"]),
+                            }
+                        )
                         if culprit["found_by"] == "masking sweep":
                             break  # named: the search's premise failed here
             masking_sets.update(cells.sets - search_sets)
-            groups_out.append({"group": group, "scenarios": len(members), "culprits": found,
-                               "unreachable": unreachable, "searched": len(searched), "runs": search_runs,
-                               "swept": len(sweep)})
+            groups_out.append(
+                {
+                    "group": group,
+                    "scenarios": len(members),
+                    "culprits": found,
+                    "unreachable": unreachable,
+                    "searched": len(searched),
+                    "runs": search_runs,
+                    "swept": len(sweep),
+                }
+            )
 
     groups_out = [g for g in groups_out if g["culprits"] or g["unreachable"]]
     culprits_flat = [{**c, "group": g["group"]} for g in groups_out for c in g["culprits"]]
-    report = {"schema": 2, "tool": "sglfix bisect", "command": " ".join(opts.argv),
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "wall_s": round(time.perf_counter() - started, 2), "device": pool.info.get("device"),
-              "device_name": pool.info.get("device_name"), "candidates": len(candidates),
-              # Distinct toggle sets that ran (the baseline, nothing reverted, is not one of them).
-              "runs": len(cells.sets - masking_sets - {()}), "masking_runs": len(masking_sets - {()}),
-              "sets_run": len(cells.sets - {()}), "reachability": record is not None,
-              "cells": len(cells.results), "culprits": culprits_flat, "masking": masking_out, "groups": groups_out,
-              "worker_replacements": report_replacements(pool)}
+    report = {
+        "schema": 2,
+        "tool": "sglfix bisect",
+        "command": " ".join(opts.argv),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "wall_s": round(time.perf_counter() - started, 2),
+        "device": pool.info.get("device"),
+        "device_name": pool.info.get("device_name"),
+        "candidates": len(candidates),
+        # Distinct toggle sets that ran (the baseline, nothing reverted, is not one of them).
+        "runs": len(cells.sets - masking_sets - {()}),
+        "masking_runs": len(masking_sets - {()}),
+        "sets_run": len(cells.sets - {()}),
+        "reachability": record is not None,
+        "cells": len(cells.results),
+        "culprits": culprits_flat,
+        "masking": masking_out,
+        "groups": groups_out,
+        "worker_replacements": report_replacements(pool),
+    }
     if json_file is not None:
         write_json(json_file, report)
     _write_ci_reports(report, cells, info=pool.info, junit=junit, markdown=markdown)
     if json_file != "-":
-        table = Table("group", "culprit", "verdict", "scenarios", "key figure",
-                      title=Text(f"sglfix bisect: {len(candidates)} candidates, the baseline and {report['sets_run']} toggle "
-                                 f"sets ({report['runs']} searched, {report['masking_runs']} for masking), "
-                                 f"{report['cells']} cells"))
+        table = Table(
+            "group",
+            "culprit",
+            "verdict",
+            "scenarios",
+            "key figure",
+            title=Text(
+                f"sglfix bisect: {len(candidates)} candidates, the baseline and {report['sets_run']} toggle "
+                f"sets ({report['runs']} searched, {report['masking_runs']} for masking), "
+                f"{report['cells']} cells"
+            ),
+        )
         for c in culprits_flat:
-            table.add_row(Text(c["group"]), Text(",".join(c["ids"])), Text(c["verdict"]),
-                          Text(str(len(c["scenarios"]))), Text(c["key_figure"]))
+            table.add_row(
+                Text(c["group"]),
+                Text(",".join(c["ids"])),
+                Text(c["verdict"]),
+                Text(str(len(c["scenarios"]))),
+                Text(c["key_figure"]),
+            )
         out.print(table)
         for m in masking_out:
             where = "all" if m["all"] else f"{len(m['scenarios'])}"
-            out.print(Text(f"masking in {m['group']}: {m['culprit']} fails alone but passes reverted together with "
-                           f"{m['masked_by']} on {where} of the scenarios it fails ({', '.join(m['scenarios'][:3])}"
-                           f"{', ...' if len(m['scenarios']) > 3 else ''})"))
+            out.print(
+                Text(
+                    f"masking in {m['group']}: {m['culprit']} fails alone but passes reverted together with "
+                    f"{m['masked_by']} on {where} of the scenarios it fails ({', '.join(m['scenarios'][:3])}"
+                    f"{', ...' if len(m['scenarios']) > 3 else ''})"
+                )
+            )
     raise typer.Exit(1 if culprits_flat else 0)
 
 
-def _write_ci_reports(report: dict, cells: "_Cells", *, info: dict, junit: str | None, markdown: str | None) -> None:
+def _write_ci_reports(report: dict, cells: _Cells, *, info: dict, junit: str | None, markdown: str | None) -> None:
     """JUnit (one testcase per cell the search ran; every non-PASS cell fails, as for ``run``) and
     the Markdown summary (culprits, masking, the grid), also appended to $GITHUB_STEP_SUMMARY."""
     import os
@@ -267,9 +351,14 @@ def _write_ci_reports(report: dict, cells: "_Cells", *, info: dict, junit: str |
     from sglfix.toggling import ENV_VAR
 
     keys = list(cells.results)
-    ci = build_report(command=report["command"].split(), info=info, results=[cells.results[k] for k in keys],
-                      cell_ids=[f"{set_label(t)}::{n}" for t, n in keys], wall_s=report["wall_s"],
-                      env_revert=os.environ.get(ENV_VAR))
+    ci = build_report(
+        command=report["command"].split(),
+        info=info,
+        results=[cells.results[k] for k in keys],
+        cell_ids=[f"{set_label(t)}::{n}" for t, n in keys],
+        wall_s=report["wall_s"],
+        env_revert=os.environ.get(ENV_VAR),
+    )
     ci.update({k: report[k] for k in ("candidates", "runs", "masking_runs", "sets_run", "culprits", "masking")})
     write_outputs(ci, Outputs(junit=junit, markdown=markdown), gate=False)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Callable, List, Optional, Sequence
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -14,34 +15,115 @@ from rich.text import Text
 from sglfix.cli.context import Options, _has_cuda_device, err
 from sglfix.common.errors import ConfigError
 
-ScenarioGlobs = Annotated[List[str], typer.Option("--scenario", "-s", metavar="GLOB", help="Only scenarios whose name matches (repeatable).")]
-ScenarioFiles = Annotated[List[str], typer.Option("--scenario-file", metavar="PATH", help="Scenario YAML file (repeatable); replaces the built-in set.")]
-BackendName = Annotated[Optional[str], typer.Option("--backend", metavar="NAME", help="Only scenarios of this backend.")]
+ScenarioGlobs = Annotated[
+    list[str], typer.Option("--scenario", "-s", metavar="GLOB", help="Only scenarios whose name matches (repeatable).")
+]
+ScenarioFiles = Annotated[
+    list[str],
+    typer.Option("--scenario-file", metavar="PATH", help="Scenario YAML file (repeatable); replaces the built-in set."),
+]
+BackendName = Annotated[str | None, typer.Option("--backend", metavar="NAME", help="Only scenarios of this backend.")]
 Device = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
-Jobs = Annotated[Optional[int], typer.Option("--jobs", "-j", help="Worker processes (default: 1 on CUDA, 2 on CPU).")]
+Jobs = Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (default: 1 on CUDA, 2 on CPU).")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds per cell before TIMEOUT (finite, > 0).")]
-JsonFile = Annotated[Optional[str], typer.Option("--json", metavar="FILE", help="Write the report as JSON (- for stdout).")]
-JunitFile = Annotated[Optional[str], typer.Option("--junit", metavar="FILE", help="Also write JUnit XML (.xml): one testcase per cell, for CI test views.")]
-MarkdownFile = Annotated[Optional[str], typer.Option("--markdown", metavar="FILE", help="Also write a Markdown summary (.md); it is appended to $GITHUB_STEP_SUMMARY whenever that is set, option or not.")]
-HeatmapFile = Annotated[Optional[str], typer.Option("--heatmap", metavar="FILE", help="Also draw the grid coloured by verdict (.png or .svg; pip install 'sglfix[plot]').")]
-NoReachability = Annotated[bool, typer.Option("--no-reachability", help="Run every cell, also those whose reverted functions the scenario's baseline never enters (otherwise marked NOT_REACHED, not run).")]
-DeviceList = Annotated[Optional[str], typer.Option("--devices", metavar="LIST", help="One worker per GPU: cuda:0,cuda:1 (or 0,1), or all; implies --device cuda.")]
-Executor = Annotated[str, typer.Option("--executor", help="local: worker processes on this machine; ray: one Ray actor per worker (pip install 'sglfix[ray]').")]
-RayAddress = Annotated[Optional[str], typer.Option("--ray-address", metavar="ADDR", help="Join this Ray cluster (e.g. auto, ray://head:10001); default: a private local Ray instance.")]
-ShardSpec = Annotated[Optional[str], typer.Option("--shard", metavar="I/N", help="Run only the i-th of N shards (whole scenarios, balanced by cost); `sglfix report merge` joins the shards' reports into the whole run's.")]
-ShardCosts = Annotated[Optional[str], typer.Option("--shard-costs", metavar="REPORT.json", help="Balance the shards by the cell timings of an earlier report (default: an estimate from each scenario's size).")]
-MemoryBudget = Annotated[Optional[str], typer.Option("--memory-budget", metavar="SIZE", help="Refuse scenarios estimated to need more memory (e.g. 16G; env SGLFIX_MEMORY_BUDGET).")]
+JsonFile = Annotated[
+    str | None, typer.Option("--json", metavar="FILE", help="Write the report as JSON (- for stdout).")
+]
+JunitFile = Annotated[
+    str | None,
+    typer.Option(
+        "--junit", metavar="FILE", help="Also write JUnit XML (.xml): one testcase per cell, for CI test views."
+    ),
+]
+MarkdownFile = Annotated[
+    str | None,
+    typer.Option(
+        "--markdown",
+        metavar="FILE",
+        help="Also write a Markdown summary (.md); it is appended to $GITHUB_STEP_SUMMARY whenever that is set, option or not.",
+    ),
+]
+HeatmapFile = Annotated[
+    str | None,
+    typer.Option(
+        "--heatmap",
+        metavar="FILE",
+        help="Also draw the grid coloured by verdict (.png or .svg; pip install 'sglfix[plot]').",
+    ),
+]
+NoReachability = Annotated[
+    bool,
+    typer.Option(
+        "--no-reachability",
+        help="Run every cell, also those whose reverted functions the scenario's baseline never enters (otherwise marked NOT_REACHED, not run).",
+    ),
+]
+DeviceList = Annotated[
+    str | None,
+    typer.Option(
+        "--devices", metavar="LIST", help="One worker per GPU: cuda:0,cuda:1 (or 0,1), or all; implies --device cuda."
+    ),
+]
+Executor = Annotated[
+    str,
+    typer.Option(
+        "--executor",
+        help="local: worker processes on this machine; ray: one Ray actor per worker (pip install 'sglfix[ray]').",
+    ),
+]
+RayAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        metavar="ADDR",
+        help="Join this Ray cluster (e.g. auto, ray://head:10001); default: a private local Ray instance.",
+    ),
+]
+ShardSpec = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        metavar="I/N",
+        help="Run only the i-th of N shards (whole scenarios, balanced by cost); `sglfix report merge` joins the shards' reports into the whole run's.",
+    ),
+]
+ShardCosts = Annotated[
+    str | None,
+    typer.Option(
+        "--shard-costs",
+        metavar="REPORT.json",
+        help="Balance the shards by the cell timings of an earlier report (default: an estimate from each scenario's size).",
+    ),
+]
+MemoryBudget = Annotated[
+    str | None,
+    typer.Option(
+        "--memory-budget",
+        metavar="SIZE",
+        help="Refuse scenarios estimated to need more memory (e.g. 16G; env SGLFIX_MEMORY_BUDGET).",
+    ),
+]
 
-VERDICT_STYLE = {"PASS": "green", "SKIP": "dim", "NOT_REACHED": "dim cyan", "SYNC": "yellow", "DIVERGE": "red", "NAN": "red",
-                 "INVARIANT": "magenta", "CRASH": "bold red", "TIMEOUT": "bold red", "FAULT": "bold red",
-                 "ERROR": "bold white on red"}
+VERDICT_STYLE = {
+    "PASS": "green",
+    "SKIP": "dim",
+    "NOT_REACHED": "dim cyan",
+    "SYNC": "yellow",
+    "DIVERGE": "red",
+    "NAN": "red",
+    "INVARIANT": "magenta",
+    "CRASH": "bold red",
+    "TIMEOUT": "bold red",
+    "FAULT": "bold red",
+    "ERROR": "bold white on red",
+}
 
 
 def verdict_text(verdict: str) -> Text:
     return Text(verdict, style=VERDICT_STYLE.get(verdict, ""))
 
 
-def check_jobs(jobs: Optional[int], device: str) -> int:
+def check_jobs(jobs: int | None, device: str) -> int:
     if jobs is None:
         return 1 if device == "cuda" else max(1, min(2, os.cpu_count() or 1))
     if jobs < 1:
@@ -60,7 +142,7 @@ def parse_devices(text: str) -> list[str]:
     out: list[str] = []
     for item in value.split(","):
         item = item.strip()
-        index = item[len("cuda:"):] if item.startswith("cuda:") else item
+        index = item[len("cuda:") :] if item.startswith("cuda:") else item
         if not index.isdigit() or len(index) > 4:
             raise ConfigError(f"--devices {text!r}: {item!r} is not a CUDA device; give cuda:0,cuda:1 (or 0,1) or all")
         if index in out:
@@ -74,12 +156,18 @@ def _cuda_device_count() -> int:
     import subprocess
     import sys
 
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                           capture_output=True, text=True, timeout=300)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     try:
         return int(probe.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise ConfigError(f"--devices all: could not count the GPUs ({(probe.stderr or probe.stdout).strip()[-200:]})") from None
+        raise ConfigError(
+            f"--devices all: could not count the GPUs ({(probe.stderr or probe.stdout).strip()[-200:]})"
+        ) from None
 
 
 def revert_ids(revert: Sequence[str]) -> list[str]:
@@ -91,8 +179,8 @@ def revert_ids(revert: Sequence[str]) -> list[str]:
 
 def env_ids(registry) -> tuple[str, ...]:
     """What SGLANG_DEBUG_REVERT_PR selects, as the ids the user wrote (validated: exit 2 if bad)."""
-    from sglfix.toggling.env import parse_env_value
     from sglfix.toggling import ENV_VAR, selects_nothing
+    from sglfix.toggling.env import parse_env_value
 
     value = os.environ.get(ENV_VAR)
     parse_env_value(value, registry=registry)
@@ -101,8 +189,13 @@ def env_ids(registry) -> tuple[str, ...]:
     return tuple(t.strip() for t in value.split(","))
 
 
-def load_selected(opts: Options, scenario_globs: Sequence[str], scenario_files: Sequence[str],
-                  backend: Optional[str], memory_budget: Optional[str] = None):
+def load_selected(
+    opts: Options,
+    scenario_globs: Sequence[str],
+    scenario_files: Sequence[str],
+    backend: str | None,
+    memory_budget: str | None = None,
+):
     """The profile's built-in scenarios, or only the given files when --scenario-file is used;
     sizes, the memory estimate and what the profile's code base can run checked at load (exit 2
     before any cell runs)."""
@@ -112,8 +205,9 @@ def load_selected(opts: Options, scenario_globs: Sequence[str], scenario_files: 
 
     profile = opts.active_profile()
     budget = parse_size(memory_budget, what="--memory-budget") if memory_budget is not None else None
-    scenarios = load_scenarios(list(scenario_files), builtin=not scenario_files, memory_budget=budget,
-                               builtin_dir=profile.scenarios_dir)
+    scenarios = load_scenarios(
+        list(scenario_files), builtin=not scenario_files, memory_budget=budget, builtin_dir=profile.scenarios_dir
+    )
     chosen = select_scenarios(scenarios, globs=list(scenario_globs), backend=backend)
     check_scenarios_runnable(chosen, get_codebase(profile.codebase))
     return chosen
@@ -123,10 +217,10 @@ def load_selected(opts: Options, scenario_globs: Sequence[str], scenario_files: 
 class Outputs:
     """The report files asked for: all checked before any cell runs, written after the run."""
 
-    json: Optional[str] = None
-    junit: Optional[str] = None
-    markdown: Optional[str] = None
-    heatmap: Optional[str] = None
+    json: str | None = None
+    junit: str | None = None
+    markdown: str | None = None
+    heatmap: str | None = None
 
     def check(self) -> None:
         from sglfix.report.heatmap import check_heatmap_path
@@ -154,17 +248,31 @@ class Ran:
     replacements: list = field(default_factory=list)  # why each worker was replaced between sets
 
 
-def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequence[str],
-             scenario_file: Sequence[str], backend: Optional[str], device: str, jobs: Optional[int],
-             timeout: float, outputs: Outputs, memory_budget: Optional[str], reachability: bool = False,
-             shard: Optional[str] = None, shard_costs: Optional[str] = None, devices: Optional[str] = None,
-             executor: str = "local", ray_address: Optional[str] = None) -> Ran:
+def run_plan(
+    opts: Options,
+    *,
+    build_plan: Callable[..., Any],
+    scenario: Sequence[str],
+    scenario_file: Sequence[str],
+    backend: str | None,
+    device: str,
+    jobs: int | None,
+    timeout: float,
+    outputs: Outputs,
+    memory_budget: str | None,
+    reachability: bool = False,
+    shard: str | None = None,
+    shard_costs: str | None = None,
+    devices: str | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
+) -> Ran:
     """Every option checked first (exit 2 before any cell runs: the worker config checks device
     and timeout), then the workers boot while the scenarios load and the plan is built.
     ``build_plan(scenarios, registry=, env_ids=)`` makes the plan. ``reachability``: run the plan's
     baseline first and mark the cells whose reverted functions it never enters NOT_REACHED."""
     from sglfix.execution.pool import WorkerConfig, WorkerPool, signals_raise
-    from sglfix.execution.shards import parse_shard, shard_plan
+    from sglfix.execution.shards import parse_shard
 
     outputs.check()
     if executor not in ("local", "ray"):
@@ -194,9 +302,13 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
         from sglfix.codebases import check_interpreter
 
         check_interpreter(codebase, what=f"--profile {opts.active_profile().name}")
-    config = WorkerConfig(device=device, timeout=timeout, allowed_prefixes=opts.allowed_prefixes(),
-                          toggles_dir=str(registry.directory) if opts.toggles is not None else None,
-                          codebase=codebase.name)
+    config = WorkerConfig(
+        device=device,
+        timeout=timeout,
+        allowed_prefixes=opts.allowed_prefixes(),
+        toggles_dir=str(registry.directory) if opts.toggles is not None else None,
+        codebase=codebase.name,
+    )
     env = env_ids(registry)
     pool_class, where = WorkerPool, {}
     if executor == "ray":
@@ -215,13 +327,30 @@ def run_plan(opts: Options, *, build_plan: Callable[..., Any], scenario: Sequenc
         info = pool.info
         results, wall = execute(pool, plan, registry=registry if reachability else None)
         replacements = report_replacements(pool)
-    return Ran(registry=registry, env=env, plan=plan, info=info, results=results, wall=wall, shard=part,
-               replacements=replacements)
+    return Ran(
+        registry=registry,
+        env=env,
+        plan=plan,
+        info=info,
+        results=results,
+        wall=wall,
+        shard=part,
+        replacements=replacements,
+    )
 
 
-def _plan(opts: Options, build_plan: Callable[..., Any], scenario: Sequence[str], scenario_file: Sequence[str],
-          backend: Optional[str], memory_budget: Optional[str], registry: Any, env: tuple, part: Any,
-          timings: Any) -> Any:
+def _plan(
+    opts: Options,
+    build_plan: Callable[..., Any],
+    scenario: Sequence[str],
+    scenario_file: Sequence[str],
+    backend: str | None,
+    memory_budget: str | None,
+    registry: Any,
+    env: tuple,
+    part: Any,
+    timings: Any,
+) -> Any:
     from sglfix.execution.shards import shard_plan
 
     chosen = load_selected(opts, scenario, scenario_file, backend, memory_budget)
@@ -241,7 +370,7 @@ def precheck_plan(plan: Any, *, registry: Any, codebase: Any, allowed_prefixes: 
             precheck_selections(selections, package=codebase.package, allowed_prefixes=allowed_prefixes)
 
 
-def check_ray_address(address: Optional[str]) -> None:
+def check_ray_address(address: str | None) -> None:
     """``--ray-address``: ``auto``, or ``[ray://]host:port`` that accepts a connection within a few
     seconds (one line otherwise, before Ray is imported)."""
     if address is None or address == "auto":
@@ -255,8 +384,10 @@ def check_ray_address(address: Optional[str]) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=3.0).close()
     except OSError as exc:
-        raise ConfigError(f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); start the Ray "
-                          f"head (ray start --head) or give its address") from None
+        raise ConfigError(
+            f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); start the Ray "
+            f"head (ray start --head) or give its address"
+        ) from None
 
 
 def check_env_knobs() -> None:
@@ -269,8 +400,10 @@ def check_env_knobs() -> None:
         except ValueError:
             ok = False
         if not ok:
-            raise ConfigError(f"SGLFIX_KERNEL_MEMO_MB={raw!r}: give the kernel memo's size in MiB (e.g. 256; 0 "
-                              f"turns it off), or unset it")
+            raise ConfigError(
+                f"SGLFIX_KERNEL_MEMO_MB={raw!r}: give the kernel memo's size in MiB (e.g. 256; 0 "
+                f"turns it off), or unset it"
+            )
 
 
 def report_replacements(pool: Any) -> list[str]:
@@ -294,9 +427,15 @@ def write_report(opts: Options, ran: Ran, outputs: Outputs, *, gate: bool, **exp
     from sglfix.report.jsonreport import build_report
     from sglfix.toggling import ENV_VAR
 
-    report = build_report(command=opts.argv, info=ran.info, results=ran.results,
-                          cell_ids=[c.id for c in ran.plan.cells], wall_s=ran.wall,
-                          env_revert=os.environ.get(ENV_VAR), **expectations)
+    report = build_report(
+        command=opts.argv,
+        info=ran.info,
+        results=ran.results,
+        cell_ids=[c.id for c in ran.plan.cells],
+        wall_s=ran.wall,
+        env_revert=os.environ.get(ENV_VAR),
+        **expectations,
+    )
     if ran.shard is not None:
         report["shard"] = str(ran.shard)
     report["worker_replacements"] = list(ran.replacements)
@@ -337,9 +476,16 @@ def execute(pool, plan, *, registry=None) -> tuple[list, float]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     start = time.perf_counter()
-    with Progress(TextColumn("cells"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[last]}", markup=False), console=err, transient=True,
-                  disable=not err.is_terminal) as progress:
+    with Progress(
+        TextColumn("cells"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[last]}", markup=False),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as progress:
         task = progress.add_task("", total=len(plan.cells), last="")
 
         def tick(result) -> None:

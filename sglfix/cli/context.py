@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Optional
 
 import typer
 from rich.console import Console
 
-__all__ = ["Options", "options", "out", "err", "emit_json"]
+__all__ = ["Options", "emit_json", "err", "options", "out"]
+
 
 # Wide when piped, so names are not cut in logs and CI output.
 def _piped_width() -> int:
@@ -30,7 +30,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=
 
 @dataclass
 class Options:
-    toggles: Optional[str] = None
+    toggles: str | None = None
     profile: object = None  # the --profile given (sglfix.toggling.profiles.Profile), if any
     allow: tuple[str, ...] = ()
     debug: bool = False
@@ -76,7 +76,7 @@ class Options:
             activate(cb)
         return cb
 
-    def registry(self, directory: Optional[str] = None):
+    def registry(self, directory: str | None = None):
         from sglfix.toggling.registry import load_registry
 
         return load_registry(directory or self.toggles)

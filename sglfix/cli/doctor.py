@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -12,12 +11,25 @@ from sglfix.cli.context import emit_json, options, out
 
 def doctor_cmd(
     ctx: typer.Context,
-    source: Optional[str] = typer.Option(None, "--source", metavar="DIR", help="Check against source files under DIR without importing them."),
-    toggles: Optional[str] = typer.Option(None, "--toggles", metavar="DIR", help="Toggle files directory."),
+    source: str | None = typer.Option(
+        None, "--source", metavar="DIR", help="Check against source files under DIR without importing them."
+    ),
+    toggles: str | None = typer.Option(None, "--toggles", metavar="DIR", help="Toggle files directory."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    caught_by: bool = typer.Option(False, "--caught-by", help="Also run each toggle's caught_by tests with the toggle reverted (pytest, from --tests-root): each must fail."),
-    tests_root: str = typer.Option(".", "--tests-root", metavar="DIR", help="Directory the caught_by test paths are relative to."),
-    scenario_file: list[str] = typer.Option([], "--scenario-file", metavar="PATH", help="Check the expectations against these scenario files (as matrix --scenario-file runs them) instead of the built-in scenarios."),
+    caught_by: bool = typer.Option(
+        False,
+        "--caught-by",
+        help="Also run each toggle's caught_by tests with the toggle reverted (pytest, from --tests-root): each must fail.",
+    ),
+    tests_root: str = typer.Option(
+        ".", "--tests-root", metavar="DIR", help="Directory the caught_by test paths are relative to."
+    ),
+    scenario_file: list[str] = typer.Option(
+        [],
+        "--scenario-file",
+        metavar="PATH",
+        help="Check the expectations against these scenario files (as matrix --scenario-file runs them) instead of the built-in scenarios.",
+    ),
 ) -> None:
     """Check that every toggle and part applies and restores cleanly against the code now."""
     from sglfix.toggling.doctor import caught_by_check, expectation_check, live_check, static_check
@@ -41,24 +53,39 @@ def doctor_cmd(
     from sglfix.scenario import load_scenarios
 
     profile = opts.active_profile()
-    names = [sc.name for sc in load_scenarios(list(scenario_file), builtin=not scenario_file,
-                                              builtin_dir=profile.scenarios_dir)]
+    names = [
+        sc.name
+        for sc in load_scenarios(list(scenario_file), builtin=not scenario_file, builtin_dir=profile.scenarios_dir)
+    ]
     expectations = expectation_check(registry, names)
     results += expectations
     checked = sum(len(t.expect) for t in registry)
-    against = (f"{len(scenario_file)} scenario file(s)" if scenario_file
-               else f"the {len(names)} built-in scenarios of profile {profile.name}")
+    against = (
+        f"{len(scenario_file)} scenario file(s)"
+        if scenario_file
+        else f"the {len(names)} built-in scenarios of profile {profile.name}"
+    )
     if caught_by:
         if not Path(tests_root).is_dir():
             from sglfix.common.errors import ConfigError
 
-            raise ConfigError(f"--tests-root {tests_root} is not a directory; give the project root the caught_by paths start from")
+            raise ConfigError(
+                f"--tests-root {tests_root} is not a directory; give the project root the caught_by paths start from"
+            )
         results += caught_by_check(registry, root=tests_root)
     failed = [r for r in results if not r.ok]
     if as_json:
-        emit_json({"mode": mode, "source": source, "directory": registry.directory,
-                   "ok": not failed, "toggles": [r.to_json() for r in results],
-                   "expectations_checked": checked, "expectations_against": against})
+        emit_json(
+            {
+                "mode": mode,
+                "source": source,
+                "directory": registry.directory,
+                "ok": not failed,
+                "toggles": [r.to_json() for r in results],
+                "expectations_checked": checked,
+                "expectations_against": against,
+            }
+        )
     else:
         if not results:
             out.print(f"no toggles registered in {registry.directory}: nothing to check")
@@ -67,11 +94,16 @@ def doctor_cmd(
             out.print(f" {r.id}" + (f"  ({', '.join(r.targets)})" if r.targets else ""))
             if not r.ok:
                 out.print(r.error)
-        out.print(f"{len(results) - len(failed)}/{len(results)} checks pass ({mode}: each toggle and part "
-                  "applies and restores cleanly; "
-                  + (f"each of {checked} expectation(s) checked against {against}" if checked
-                     else "no toggle has expectations")
-                  + ("; each caught_by test fails with its toggle reverted)" if caught_by else ")"))
+        out.print(
+            f"{len(results) - len(failed)}/{len(results)} checks pass ({mode}: each toggle and part "
+            "applies and restores cleanly; "
+            + (
+                f"each of {checked} expectation(s) checked against {against}"
+                if checked
+                else "no toggle has expectations"
+            )
+            + ("; each caught_by test fails with its toggle reverted)" if caught_by else ")")
+        )
     if failed:
         raise typer.Exit(1)
 

@@ -23,22 +23,35 @@ def env_cmd(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
     registry = opts.registry(None if explicit else profile.toggles_dir)
     selections = selected_from_env(registry=registry)
     data = {
-        "variable": ENV_VAR, "value": value, "profile": profile.name, "profile_why": why,
-        "toggles": registry.directory, "startup_hook": _installed_hook(),
-        "selected": [{"id": s.id, "title": s.toggle.title, "summary": s.part.summary,
-                      "targets": list(s.part.targets)} for s in selections],
+        "variable": ENV_VAR,
+        "value": value,
+        "profile": profile.name,
+        "profile_why": why,
+        "toggles": registry.directory,
+        "startup_hook": _installed_hook(),
+        "selected": [
+            {"id": s.id, "title": s.toggle.title, "summary": s.part.summary, "targets": list(s.part.targets)}
+            for s in selections
+        ],
     }
     if as_json:
         emit_json(data)
         return
     hook = data["startup_hook"]
-    out.print(f"start-up hook: {hook}" if hook else
-              "start-up hook: not installed (pip install sglfix puts zz-sglfix-startup.pth in site-packages); "
-              "only explicit maybe_revert_pr_fix() calls apply the variable")
+    out.print(
+        f"start-up hook: {hook}"
+        if hook
+        else "start-up hook: not installed (pip install sglfix puts zz-sglfix-startup.pth in site-packages); "
+        "only explicit maybe_revert_pr_fix() calls apply the variable"
+    )
     out.print(f"profile: {profile.name} ({why})")
     out.print(f"toggles: {registry.directory}")
     if not selections:
-        out.print(f"{ENV_VAR}={value!r}: no fix is reverted" if value is not None else f"{ENV_VAR} is not set: no fix is reverted")
+        out.print(
+            f"{ENV_VAR}={value!r}: no fix is reverted"
+            if value is not None
+            else f"{ENV_VAR} is not set: no fix is reverted"
+        )
         return
     out.print(f"{ENV_VAR}={value!r} reverts:")
     for item in data["selected"]:

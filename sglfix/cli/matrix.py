@@ -7,9 +7,28 @@ from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.common import (
-    BackendName, Device, DeviceList, Executor, RayAddress, HeatmapFile, Jobs, JsonFile, JunitFile, MarkdownFile, MemoryBudget, ShardCosts, ShardSpec, NoReachability, Outputs,
+    BackendName,
+    Device,
+    DeviceList,
+    Executor,
+    HeatmapFile,
+    Jobs,
+    JsonFile,
+    JunitFile,
+    MarkdownFile,
+    MemoryBudget,
+    NoReachability,
+    Outputs,
+    RayAddress,
     ScenarioFiles,
-    ScenarioGlobs, Timeout, header, run_plan, verdict_text, write_report,
+    ScenarioGlobs,
+    ShardCosts,
+    ShardSpec,
+    Timeout,
+    header,
+    run_plan,
+    verdict_text,
+    write_report,
 )
 from sglfix.cli.context import options, out
 
@@ -43,7 +62,11 @@ def _grid(plan, results, *, title: str) -> list:
 
 def matrix_cmd(
     ctx: typer.Context,
-    parts: bool = typer.Option(False, "--parts", help="Also revert each part of each toggle alone, and the part combinations expectations name (checks those expectations)."),
+    parts: bool = typer.Option(
+        False,
+        "--parts",
+        help="Also revert each part of each toggle alone, and the part combinations expectations name (checks those expectations).",
+    ),
     scenario: ScenarioGlobs = [],
     scenario_file: ScenarioFiles = [],
     backend: BackendName = None,
@@ -75,22 +98,46 @@ def matrix_cmd(
     def build_plan(chosen, *, registry, env_ids):
         return plan_matrix(chosen, registry=registry, parts=parts, env_ids=env_ids)
 
-    ran = run_plan(opts, build_plan=build_plan, scenario=scenario, scenario_file=scenario_file, backend=backend,
-                   device=device, jobs=jobs, timeout=timeout, outputs=outputs, memory_budget=memory_budget,
-                   shard=shard, shard_costs=shard_costs, devices=devices,
-                   executor=executor, ray_address=ray_address,
-                   reachability=not no_reachability)
+    ran = run_plan(
+        opts,
+        build_plan=build_plan,
+        scenario=scenario,
+        scenario_file=scenario_file,
+        backend=backend,
+        device=device,
+        jobs=jobs,
+        timeout=timeout,
+        outputs=outputs,
+        memory_budget=memory_budget,
+        shard=shard,
+        shard_costs=shard_costs,
+        devices=devices,
+        executor=executor,
+        ray_address=ray_address,
+        reachability=not no_reachability,
+    )
     plan, results, env, info, wall = ran.plan, ran.results, ran.env, ran.info, ran.wall
     if env:
         # Every set carries the env ids: the expectations (written without them) do not apply.
         checks, stray, not_run = [], [], [f"all expectations: {ENV_VAR} is set"]
     else:
-        checks, stray, not_run = check_expectations(ran.registry, results, device=info.get("device", device),
-                                                    known=known)
+        checks, stray, not_run = check_expectations(
+            ran.registry, results, device=info.get("device", device), known=known
+        )
     known_seen = known_hits(known, results)
     write_report(opts, ran, outputs, gate=True, checks=checks, stray=stray, not_run=not_run, known=known_seen)
     if json_file != "-":
-        for part in _grid(plan, results, title=header(what="matrix" if ran.shard is None else f"matrix shard {ran.shard}", info=info, env=env, wall=wall, cells=len(results))):
+        for part in _grid(
+            plan,
+            results,
+            title=header(
+                what="matrix" if ran.shard is None else f"matrix shard {ran.shard}",
+                info=info,
+                env=env,
+                wall=wall,
+                cells=len(results),
+            ),
+        ):
             out.print(part)
         by_set: dict[tuple, list] = {}
         for r in results:
@@ -103,19 +150,29 @@ def matrix_cmd(
             if cells and unreached == len(cells):
                 out.print("not reached: these scenarios never run the functions it reverts")
             else:
-                out.print((f"differs on {len(bad)}: " + ", ".join(bad) if bad else "no effect on these scenarios")
-                          + (f" ({unreached} not reached)" if unreached else ""))
+                out.print(
+                    (f"differs on {len(bad)}: " + ", ".join(bad) if bad else "no effect on these scenarios")
+                    + (f" ({unreached} not reached)" if unreached else "")
+                )
         for c in checks:
             out.print(Text("met   " if c.met else "UNMET ", style="green" if c.met else "red"), end="")
-            out.print(f"expect revert {','.join(c.revert)} on {c.scenario} -> {'|'.join(c.wanted)}"
-                      + ("" if c.met else f"; got {sorted(set(c.got.values()))}"))
+            out.print(
+                f"expect revert {','.join(c.revert)} on {c.scenario} -> {'|'.join(c.wanted)}"
+                + ("" if c.met else f"; got {sorted(set(c.got.values()))}")
+            )
         for k in known_seen:
             out.print(Text("known ", style="yellow"), end="")
-            out.print(f"{k['scenario']} -> {'|'.join(k['verdict'])}: "
-                      + (f"seen on {len(k['seen_on'])} baseline cell(s)" if k["seen_on"]
-                         else f"{k['device']} only, not expected on {info.get('device', device)}"
-                         if k.get("device", "any") not in ("any", info.get("device", device)) else "not seen (fixed?)")
-                      + f"; {k['reason']} (reproduce: {k['reproduce']})")
+            out.print(
+                f"{k['scenario']} -> {'|'.join(k['verdict'])}: "
+                + (
+                    f"seen on {len(k['seen_on'])} baseline cell(s)"
+                    if k["seen_on"]
+                    else f"{k['device']} only, not expected on {info.get('device', device)}"
+                    if k.get("device", "any") not in ("any", info.get("device", device))
+                    else "not seen (fixed?)"
+                )
+                + f"; {k['reason']} (reproduce: {k['reproduce']})"
+            )
         for s in stray:
             out.print(Text("unexpected ", style="red"), end="")
             out.print(f"{','.join(s['toggles']) or 'baseline'} on {s['scenario']}: {s['verdict']} ({s['why']})")
@@ -126,8 +183,10 @@ def matrix_cmd(
     # merged report (`sglfix report merge --gate`); stray verdicts and errors are per cell.
     unmet = [c for c in checks if not c.met]
     if unmet and ran.shard is not None and json_file != "-":
-        out.print(f"shard {ran.shard}: {len(unmet)} expectation(s) not met by this shard's scenarios alone; "
-                  "`sglfix report merge --gate` judges them over all shards")
+        out.print(
+            f"shard {ran.shard}: {len(unmet)} expectation(s) not met by this shard's scenarios alone; "
+            "`sglfix report merge --gate` judges them over all shards"
+        )
     if stray or (unmet and ran.shard is None) or any(r.verdict == "ERROR" for r in results):
         raise typer.Exit(1)
 

@@ -7,7 +7,7 @@ shards into one report. Every subcommand is one function decorated with ``@subco
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from collections.abc import Callable
 
 import typer
 from rich.table import Table
@@ -48,7 +48,9 @@ def compare_cmd(
     old_path: str = typer.Argument(..., metavar="OLD.json", help="The reference report (e.g. the last good run)."),
     new_path: str = typer.Argument(..., metavar="NEW.json", help="The report to check against it."),
     strict: bool = typer.Option(False, "--strict", help="Also exit 1 when a cell is in one report only."),
-    json_file: Optional[str] = typer.Option(None, "--json", metavar="FILE", help="Write the comparison as JSON (- for stdout, instead of the table)."),
+    json_file: str | None = typer.Option(
+        None, "--json", metavar="FILE", help="Write the comparison as JSON (- for stdout, instead of the table)."
+    ),
 ) -> None:
     """Compare two reports cell by cell: exit 1 if any cell's verdict changed (a CI regression gate)."""
     from sglfix.report.compare import compare_reports
@@ -64,16 +66,34 @@ def compare_cmd(
         out.print(f"old {_where(old_path, old)}")
         out.print(f"new {_where(new_path, new)}")
         if result.changed:
-            table = Table("toggle set", "scenario", "old", "new", "key figure (new)",
-                          title=Text(f"{len(result.changed)} cell(s) changed verdict"))
+            table = Table(
+                "toggle set",
+                "scenario",
+                "old",
+                "new",
+                "key figure (new)",
+                title=Text(f"{len(result.changed)} cell(s) changed verdict"),
+            )
             for c in result.changed:
-                figure = (Text(c.new_key_figure) if c.new_key_figure
-                          else Text(f"was: {c.old_key_figure}", style="dim") if c.old_key_figure else Text(""))
-                table.add_row(Text(",".join(c.toggles) or "baseline"), Text(c.scenario), verdict_text(c.old),
-                              verdict_text(c.new), figure)
+                figure = (
+                    Text(c.new_key_figure)
+                    if c.new_key_figure
+                    else Text(f"was: {c.old_key_figure}", style="dim")
+                    if c.old_key_figure
+                    else Text("")
+                )
+                table.add_row(
+                    Text(",".join(c.toggles) or "baseline"),
+                    Text(c.scenario),
+                    verdict_text(c.old),
+                    verdict_text(c.new),
+                    figure,
+                )
             out.print(table)
-        out.print(f"{result.common} common cells: {result.same} same verdict, {len(result.changed)} changed; "
-                  f"{len(result.only_old)} only in {old_path}, {len(result.only_new)} only in {new_path}")
+        out.print(
+            f"{result.common} common cells: {result.same} same verdict, {len(result.changed)} changed; "
+            f"{len(result.only_old)} only in {old_path}, {len(result.only_new)} only in {new_path}"
+        )
         for path, ids in ((old_path, result.only_old), (new_path, result.only_new)):
             if ids:
                 out.print(Text(f"only in {path}:", style="bold"))
@@ -90,12 +110,24 @@ def compare_cmd(
 @subcommand("merge")
 def merge_cmd(
     ctx: typer.Context,
-    reports: List[str] = typer.Argument(..., metavar="REPORT.json", help="Reports to merge (e.g. the shards of one matrix)."),
-    output: str = typer.Option(..., "--output", "-o", metavar="FILE", help="Where to write the merged report (- for stdout)."),
+    reports: list[str] = typer.Argument(
+        ..., metavar="REPORT.json", help="Reports to merge (e.g. the shards of one matrix)."
+    ),
+    output: str = typer.Option(
+        ..., "--output", "-o", metavar="FILE", help="Where to write the merged report (- for stdout)."
+    ),
     junit: JunitFile = None,
     markdown: MarkdownFile = None,
-    gate: bool = typer.Option(False, "--gate", help="Exit 1 as the matrix does: an unmet expectation, a stray verdict or an ERROR cell in the merged report; and, for shards, a shard missing or given twice."),
-    partial: bool = typer.Option(False, "--partial", help="With --gate: accept a set of shards with some missing (the report records it as partial); a shard given twice still fails."),
+    gate: bool = typer.Option(
+        False,
+        "--gate",
+        help="Exit 1 as the matrix does: an unmet expectation, a stray verdict or an ERROR cell in the merged report; and, for shards, a shard missing or given twice.",
+    ),
+    partial: bool = typer.Option(
+        False,
+        "--partial",
+        help="With --gate: accept a set of shards with some missing (the report records it as partial); a shard given twice still fails.",
+    ),
 ) -> None:
     """Merge reports (shards) into one: the cells' union; a cell with two different verdicts is an error."""
     from sglfix.cli.common import Outputs, write_outputs
@@ -119,7 +151,8 @@ def merge_cmd(
     kept = len(merged["cells"])
     note = f"; {given - kept} duplicate cell(s) kept once" if given > kept else ""
     (err if output == "-" else out).print(
-        f"merged {len(inputs)} report(s) into {output}: {kept} cells ({_summary_text(merged['summary'])}){note}")
+        f"merged {len(inputs)} report(s) into {output}: {kept} cells ({_summary_text(merged['summary'])}){note}"
+    )
     if gate:
         failing = _gate_failures(merged)
         for line in failing:
@@ -130,20 +163,34 @@ def merge_cmd(
 
 def _gate_failures(report: dict) -> list[str]:
     """What fails the matrix's gate in a (merged) report: unmet expectations, stray verdicts, ERROR cells."""
-    lines = [f"UNMET expect revert {','.join(e['revert'])} on {e['scenario']} -> {'|'.join(e['wanted'])}; "
-             f"got {sorted(set(e['got'].values()))}"
-             for e in report.get("expectations", []) if isinstance(e, dict) and e.get("met") is False]
-    lines += [f"unexpected {','.join(s.get('toggles') or []) or 'baseline'} on {s.get('scenario')}: {s.get('verdict')}"
-              for s in report.get("stray", []) if isinstance(s, dict)]
-    lines += [f"ERROR {c.get('scenario')} ({','.join(c.get('toggles') or []) or 'baseline'})"
-              for c in report.get("cells", []) if c.get("verdict") == "ERROR"]
+    lines = [
+        f"UNMET expect revert {','.join(e['revert'])} on {e['scenario']} -> {'|'.join(e['wanted'])}; "
+        f"got {sorted(set(e['got'].values()))}"
+        for e in report.get("expectations", [])
+        if isinstance(e, dict) and e.get("met") is False
+    ]
+    lines += [
+        f"unexpected {','.join(s.get('toggles') or []) or 'baseline'} on {s.get('scenario')}: {s.get('verdict')}"
+        for s in report.get("stray", [])
+        if isinstance(s, dict)
+    ]
+    lines += [
+        f"ERROR {c.get('scenario')} ({','.join(c.get('toggles') or []) or 'baseline'})"
+        for c in report.get("cells", [])
+        if c.get("verdict") == "ERROR"
+    ]
     lines += [f"SHARDS {p}" for p in ((report.get("shards") or {}).get("problems") or [])]
     return lines
 
 
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(name="report", help="Compare and merge JSON reports (runs no cells).",
-                        add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+    group = typer.Typer(
+        name="report",
+        help="Compare and merge JSON reports (runs no cells).",
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+    )
 
     @group.callback(invoke_without_command=True)
     def _report(ctx: typer.Context) -> None:

@@ -2,20 +2,43 @@
 
 from __future__ import annotations
 
-from typing import List
-
 import typer
 
 from sglfix.cli.common import (
-    BackendName, Device, DeviceList, Executor, RayAddress, Jobs, JsonFile, JunitFile, MarkdownFile, MemoryBudget, ShardCosts, ShardSpec, Outputs, ScenarioFiles, ScenarioGlobs,
-    Timeout, cells_table, header, revert_ids, run_plan, write_report,
+    BackendName,
+    Device,
+    DeviceList,
+    Executor,
+    Jobs,
+    JsonFile,
+    JunitFile,
+    MarkdownFile,
+    MemoryBudget,
+    Outputs,
+    RayAddress,
+    ScenarioFiles,
+    ScenarioGlobs,
+    ShardCosts,
+    ShardSpec,
+    Timeout,
+    cells_table,
+    header,
+    revert_ids,
+    run_plan,
+    write_report,
 )
 from sglfix.cli.context import options, out
 
 
 def run_cmd(
     ctx: typer.Context,
-    revert: List[str] = typer.Option([], "--revert", "-r", metavar="ID", help="Revert this toggle or part (repeatable; comma lists too); added to what SGLANG_DEBUG_REVERT_PR selects."),
+    revert: list[str] = typer.Option(
+        [],
+        "--revert",
+        "-r",
+        metavar="ID",
+        help="Revert this toggle or part (repeatable; comma lists too); added to what SGLANG_DEBUG_REVERT_PR selects.",
+    ),
     scenario: ScenarioGlobs = [],
     scenario_file: ScenarioFiles = [],
     backend: BackendName = None,
@@ -42,14 +65,33 @@ def run_cmd(
     def build_plan(chosen, *, registry, env_ids):
         return plan_run(chosen, revert=ids, env_ids=env_ids, registry=registry)
 
-    ran = run_plan(opts, build_plan=build_plan, scenario=scenario, scenario_file=scenario_file, backend=backend,
-                   device=device, jobs=jobs, timeout=timeout, outputs=outputs, memory_budget=memory_budget,
-                   shard=shard, shard_costs=shard_costs, devices=devices,
-                   executor=executor, ray_address=ray_address)
+    ran = run_plan(
+        opts,
+        build_plan=build_plan,
+        scenario=scenario,
+        scenario_file=scenario_file,
+        backend=backend,
+        device=device,
+        jobs=jobs,
+        timeout=timeout,
+        outputs=outputs,
+        memory_budget=memory_budget,
+        shard=shard,
+        shard_costs=shard_costs,
+        devices=devices,
+        executor=executor,
+        ray_address=ray_address,
+    )
     results = ran.results
     write_report(opts, ran, outputs, gate=False)
     if json_file != "-":
-        title = header(what="run" if ran.shard is None else f"run shard {ran.shard}", info=ran.info, env=ran.env, wall=ran.wall, cells=len(results))
+        title = header(
+            what="run" if ran.shard is None else f"run shard {ran.shard}",
+            info=ran.info,
+            env=ran.env,
+            wall=ran.wall,
+            cells=len(results),
+        )
         out.print(cells_table(results, title=title))
     if any(r.verdict == "ERROR" for r in results):
         raise typer.Exit(1)

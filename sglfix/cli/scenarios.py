@@ -23,8 +23,17 @@ def scenarios_cmd(
         return
     table = Table("name", "backend", "mode", "graph", "bs", "page", "dtype", "gpu_only", "builder")
     for s in chosen:
-        table.add_row(Text(s.name), s.backend or f"probe:{s.probe}", s.mode, f"cg{list(s.capture_bs)}" if s.cuda_graph else "eager",
-                      str(s.batch_size), str(s.page_size), s.model.dtype, str(s.gpu_only), s.builder)
+        table.add_row(
+            Text(s.name),
+            s.backend or f"probe:{s.probe}",
+            s.mode,
+            f"cg{list(s.capture_bs)}" if s.cuda_graph else "eager",
+            str(s.batch_size),
+            str(s.page_size),
+            s.model.dtype,
+            str(s.gpu_only),
+            s.builder,
+        )
     out.print(table)
 
 

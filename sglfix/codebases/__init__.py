@@ -19,8 +19,19 @@ from dataclasses import dataclass, field
 
 from sglfix.common.errors import ConfigError
 
-__all__ = ["check_scenarios_runnable", "CodeBase", "CODEBASES", "REPRODUCTION", "get_codebase", "active", "activate", "installed",
-           "check_installed", "check_interpreter", "Installed"]
+__all__ = [
+    "CODEBASES",
+    "REPRODUCTION",
+    "CodeBase",
+    "Installed",
+    "activate",
+    "active",
+    "check_installed",
+    "check_interpreter",
+    "check_scenarios_runnable",
+    "get_codebase",
+    "installed",
+]
 
 
 @dataclass(frozen=True)
@@ -57,7 +68,8 @@ class CodeBase:
 
 
 REPRODUCTION = CodeBase(
-    name="reproduction", package="sglfix.backends",
+    name="reproduction",
+    package="sglfix.backends",
     summary="the reproduction under sglfix.backends, shipped with sglfix",
     adapters={
         "triton": "sglfix.harness.adapters.triton",
@@ -69,7 +81,10 @@ REPRODUCTION = CodeBase(
 )
 
 SGLANG_0_5_23 = CodeBase(
-    name="sglang-0.5.23", package="sglang", distribution="sglang", version="0.5.23",
+    name="sglang-0.5.23",
+    package="sglang",
+    distribution="sglang",
+    version="0.5.23",
     kit="sglfix.harness.kits.sglang_0_5_23",
     interpreter_triton="3.9",  # older interpreters fail on sglang's kv_index_translator kernels
     summary="the installed sglang 0.5.23 (its own backends, memory pools, ForwardBatch and test kit)",
@@ -93,14 +108,24 @@ SGLANG_0_5_23 = CodeBase(
         "draft-positions": "sglfix.harness.probes.sglang.draft_positions",
         "needs-cpu-seq-lens": "sglfix.harness.probes.sglang.needs_cpu_seq_lens",
     },
-    preload=tuple(f"sglang.{m}" for m in (
-        "srt.layers.attention.triton_backend", "srt.layers.attention.flashinfer_backend",
-        "srt.layers.attention.flashinfer_mla_backend", "srt.layers.attention.trtllm_mla_backend",
-        "srt.layers.attention.deepseek_v4_backend", "srt.layers.attention.flashattention_backend",
-        "srt.managers.overlap_utils", "srt.mem_cache.allocation_sizing", "srt.speculative.eagle_utils",
-        "srt.speculative.eagle_worker_v2", "srt.speculative.eagle_worker_common",
-        "srt.speculative.eagle_draft_cuda_graph_runner", "srt.debug_utils.pr_fix_toggle",
-    )),
+    preload=tuple(
+        f"sglang.{m}"
+        for m in (
+            "srt.layers.attention.triton_backend",
+            "srt.layers.attention.flashinfer_backend",
+            "srt.layers.attention.flashinfer_mla_backend",
+            "srt.layers.attention.trtllm_mla_backend",
+            "srt.layers.attention.deepseek_v4_backend",
+            "srt.layers.attention.flashattention_backend",
+            "srt.managers.overlap_utils",
+            "srt.mem_cache.allocation_sizing",
+            "srt.speculative.eagle_utils",
+            "srt.speculative.eagle_worker_v2",
+            "srt.speculative.eagle_worker_common",
+            "srt.speculative.eagle_draft_cuda_graph_runner",
+            "srt.debug_utils.pr_fix_toggle",
+        )
+    ),
     install_hint="pip install torch==2.13.0 && pip install --no-deps sglang==0.5.23 && pip install 'sglfix[sglang]'",
 )
 
@@ -157,8 +182,9 @@ def installed(cb: CodeBase) -> Installed | None:
         except importlib.metadata.PackageNotFoundError:
             version = "unknown"
         dirs = _package_dirs(cb.package)
-        return Installed(distribution="sglfix (reproduction)", version=version,
-                         path=dirs[0].rstrip(os.sep) if dirs else "?")
+        return Installed(
+            distribution="sglfix (reproduction)", version=version, path=dirs[0].rstrip(os.sep) if dirs else "?"
+        )
     try:
         spec = importlib.util.find_spec(cb.package)
     except (ImportError, ValueError):
@@ -198,12 +224,16 @@ def check_installed(cb: CodeBase, *, what: str) -> Installed:
     """The installed code base, or a one-line ConfigError naming both versions and the fix."""
     found = installed(cb)
     if found is None:
-        raise ConfigError(f"{what} replays through {cb.package} {cb.version}, but {cb.package} is not importable "
-                          f"here; install it: {cb.install_hint}")
+        raise ConfigError(
+            f"{what} replays through {cb.package} {cb.version}, but {cb.package} is not importable "
+            f"here; install it: {cb.install_hint}"
+        )
     if cb.version is not None and found.version != cb.version:
-        raise ConfigError(f"{what} is written for {cb.package} {cb.version}, but {cb.package} {found.version} is "
-                          f"installed ({found.path}); install {cb.distribution}=={cb.version} or pick the "
-                          f"profile of {found.version}")
+        raise ConfigError(
+            f"{what} is written for {cb.package} {cb.version}, but {cb.package} {found.version} is "
+            f"installed ({found.path}); install {cb.distribution}=={cb.version} or pick the "
+            f"profile of {found.version}"
+        )
     return found
 
 
@@ -229,9 +259,11 @@ def check_interpreter(cb: CodeBase, *, what: str) -> None:
     except importlib.metadata.PackageNotFoundError:
         version = None
     if version is None or _release(version) < _release(cb.interpreter_triton):
-        raise ConfigError(f"{what} on CPU runs {cb.name}'s Triton kernels under the interpreter, which needs "
-                          f"triton >= {cb.interpreter_triton} (installed: {version or 'none'}); "
-                          f"pip install 'triton>={cb.interpreter_triton}', or run with --device cuda")
+        raise ConfigError(
+            f"{what} on CPU runs {cb.name}'s Triton kernels under the interpreter, which needs "
+            f"triton >= {cb.interpreter_triton} (installed: {version or 'none'}); "
+            f"pip install 'triton>={cb.interpreter_triton}', or run with --device cuda"
+        )
 
 
 def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
@@ -243,12 +275,19 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
         where = f"{getattr(s, 'path', '?')}:{getattr(s, 'line', '?')}: scenario {s.name!r}"
         if probe is not None and probe not in cb.probes:
             others = [c.name for c in CODEBASES.values() if probe in c.probes]
-            raise ConfigError(f"{where}: probe {probe} does not exist on {cb.name} (has: "
-                              f"{', '.join(sorted(cb.probes)) or 'no probes'}); "
-                              + (f"it runs on {' and '.join(others)} (pick the profile that replays through it)"
-                                 if others else "drop the scenario"))
+            raise ConfigError(
+                f"{where}: probe {probe} does not exist on {cb.name} (has: "
+                f"{', '.join(sorted(cb.probes)) or 'no probes'}); "
+                + (
+                    f"it runs on {' and '.join(others)} (pick the profile that replays through it)"
+                    if others
+                    else "drop the scenario"
+                )
+            )
         if s.mode in cb.lacks_modes:
             raise ConfigError(f"{where}: mode {s.mode} cannot run on {cb.name}: {cb.lacks_modes[s.mode]}")
         if backend is not None and backend not in cb.adapters:
-            raise ConfigError(f"{where}: backend {backend} has no adapter on {cb.name} (has: "
-                              f"{', '.join(sorted(cb.adapters))}); drop the scenario or pick another profile")
+            raise ConfigError(
+                f"{where}: backend {backend} has no adapter on {cb.name} (has: "
+                f"{', '.join(sorted(cb.adapters))}); drop the scenario or pick another profile"
+            )

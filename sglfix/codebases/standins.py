@@ -24,7 +24,7 @@ import importlib.util
 import sys
 import types
 
-__all__ = ["StandInCalled", "install", "used", "MISSING_ON_CPU"]
+__all__ = ["MISSING_ON_CPU", "StandInCalled", "install", "used"]
 
 # The packages sglang 0.5.23 imports at module level that a CPU box cannot have.
 MISSING_ON_CPU = ("sgl_kernel", "torchvision")
@@ -36,8 +36,10 @@ class StandInCalled(RuntimeError):
 
 class _StandInMeta(type):
     def __call__(cls, *args, **kwargs):
-        raise StandInCalled(f"{cls._standin_path} was called, but {cls._standin_package} is not installed here "
-                            f"(a stand-in lets sglang import on this machine; nothing of it runs)")
+        raise StandInCalled(
+            f"{cls._standin_path} was called, but {cls._standin_package} is not installed here "
+            f"(a stand-in lets sglang import on this machine; nothing of it runs)"
+        )
 
     def __getattr__(cls, name):
         if name.startswith("__") and name.endswith("__"):

@@ -12,8 +12,15 @@ import importlib.util
 import os
 from functools import lru_cache
 
-__all__ = ["CODE_UNDER_TEST", "ENGINE", "DEFAULT_PATCHABLE", "under", "is_code_under_test", "set_active_package",
-           "active_package"]
+__all__ = [
+    "CODE_UNDER_TEST",
+    "DEFAULT_PATCHABLE",
+    "ENGINE",
+    "active_package",
+    "is_code_under_test",
+    "set_active_package",
+    "under",
+]
 
 CODE_UNDER_TEST = "sglfix.backends"
 ENGINE = "sglang"

@@ -13,14 +13,15 @@ from __future__ import annotations
 import difflib
 import reprlib
 import typing
-from typing import Any, Iterable, TypeVar
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sglfix.common.errors import ConfigError
 from sglfix.common.yamlio import LineDict, LineList, line_of
 
-__all__ = ["StrictModel", "ConfigModel", "NodeError", "validate_node", "nearest", "describe_kind", "show", "ModelT"]
+__all__ = ["ConfigModel", "ModelT", "NodeError", "StrictModel", "describe_kind", "nearest", "show", "validate_node"]
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -93,8 +94,13 @@ def describe_kind(value: Any) -> str:
         return "nothing (null)"
     if isinstance(value, list) and not value:
         return "an empty list"
-    for types_, name in ((dict, "a mapping"), (list, "a list"), (bool, "true/false"),
-                         ((int, float), "a number"), (str, "text")):
+    for types_, name in (
+        (dict, "a mapping"),
+        (list, "a list"),
+        (bool, "true/false"),
+        ((int, float), "a number"),
+        (str, "text"),
+    ):
         if isinstance(value, types_):
             return name
     return type(value).__name__
@@ -122,11 +128,11 @@ def _walk(model: type[BaseModel], node: Any, loc: tuple) -> tuple[type[BaseModel
     """Follow ``loc`` through the node and the model: (model at the parent, parent node, last key)."""
     current_model: type[BaseModel] | None = model
     parent: Any = node
-    for i, key in enumerate(loc[:-1]):
+    for key in loc[:-1]:
         child = None
-        if isinstance(parent, dict) and key in parent:
-            child = parent[key]
-        elif isinstance(parent, list) and isinstance(key, int) and key < len(parent):
+        if (isinstance(parent, dict) and key in parent) or (
+            isinstance(parent, list) and isinstance(key, int) and key < len(parent)
+        ):
             child = parent[key]
         if isinstance(key, str) and current_model is not None and key in current_model.model_fields:
             current_model = _model_in(current_model.model_fields[key].annotation)
@@ -146,8 +152,9 @@ def _dotted(loc: tuple) -> str:
     return out
 
 
-def validate_node(model: type[ModelT], node: Any, *, where: str, what: str = "",
-                  context: dict | None = None, root: str = "") -> ModelT:
+def validate_node(
+    model: type[ModelT], node: Any, *, where: str, what: str = "", context: dict | None = None, root: str = ""
+) -> ModelT:
     """Validate ``node`` as ``model``; the first error becomes a one-line ``ConfigError``.
 
     ``what`` prefixes every dotted path; ``root`` names the node itself in messages about its
@@ -178,8 +185,7 @@ def _line_at(node: Any, keys: tuple, *, at: tuple = ()) -> int:
     return line_of(parent, last) if parent is not None else line_of(node)
 
 
-def _describe(exc: ValidationError, model: type[BaseModel], node: Any, *, what: str,
-              root: str = "") -> tuple[int, str]:
+def _describe(exc: ValidationError, model: type[BaseModel], node: Any, *, what: str, root: str = "") -> tuple[int, str]:
     errors = exc.errors(include_url=False)
     # Unknown keys first: they usually explain the rest (a misspelt required key).
     errors.sort(key=lambda e: e["type"] != "extra_forbidden")
@@ -200,8 +206,9 @@ def _describe(exc: ValidationError, model: type[BaseModel], node: Any, *, what: 
     elif kind == "extra_forbidden":
         allowed = _field_names(parent_model) if parent_model is not None else []
         owner = f"{prefix}{_dotted(loc[:-1])}" if loc[:-1] else root
-        message = (f"unknown key {key!r} in {owner}{nearest(str(key), allowed)}"
-                   + (f"; allowed: {', '.join(allowed)}" if allowed else ""))
+        message = f"unknown key {key!r} in {owner}{nearest(str(key), allowed)}" + (
+            f"; allowed: {', '.join(allowed)}" if allowed else ""
+        )
     elif kind == "missing":
         owner = f"{prefix}{_dotted(loc[:-1])}" if loc[:-1] else root
         line = line_of(parent)
@@ -211,9 +218,9 @@ def _describe(exc: ValidationError, model: type[BaseModel], node: Any, *, what: 
     else:
         text = err["msg"]
         if text.startswith("Value error, "):
-            text = text[len("Value error, "):]
+            text = text[len("Value error, ") :]
         elif text.startswith("Assertion failed, "):
-            text = text[len("Assertion failed, "):]
+            text = text[len("Assertion failed, ") :]
         else:
             text = f"{text}; got {show(err.get('input'))}"
         message = f"{label}: {text}" if path or what else text

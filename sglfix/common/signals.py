@@ -7,7 +7,8 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["Terminated", "signals_raise"]
 

@@ -9,13 +9,14 @@ cannot name it; expectations judge such a cell by its baseline's verdict.
 
 from __future__ import annotations
 
-from enum import Enum
-from typing import Any, Iterable
+from collections.abc import Iterable
+from enum import StrEnum
+from typing import Any
 
-__all__ = ["Verdict", "SEVERITY", "VERDICTS", "MARKS", "NOT_REACHED", "FAILING", "worst", "stands_for"]
+__all__ = ["FAILING", "MARKS", "NOT_REACHED", "SEVERITY", "VERDICTS", "Verdict", "stands_for", "worst"]
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     ERROR = "ERROR"
     FAULT = "FAULT"
     TIMEOUT = "TIMEOUT"
@@ -27,9 +28,6 @@ class Verdict(str, Enum):
     PASS = "PASS"
     SKIP = "SKIP"
     NOT_REACHED = "NOT_REACHED"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def severity(self) -> int:

@@ -10,7 +10,7 @@ import yaml
 
 from sglfix.common.errors import ConfigError
 
-__all__ = ["LineDict", "LineList", "load_yaml", "line_of", "read_text_file", "read_regular_bytes", "MAX_FILE_BYTES"]
+__all__ = ["MAX_FILE_BYTES", "LineDict", "LineList", "line_of", "load_yaml", "read_regular_bytes", "read_text_file"]
 
 
 class LineDict(dict):
@@ -47,8 +47,9 @@ class _Loader(yaml.SafeLoader):
             self.aliases += 1
             if self.aliases > MAX_ALIASES:
                 mark = self.peek_event().start_mark
-                raise ConfigError(f"{self.name}:{mark.line + 1}: more than {MAX_ALIASES} YAML aliases (*name); "
-                                  f"write the values out")
+                raise ConfigError(
+                    f"{self.name}:{mark.line + 1}: more than {MAX_ALIASES} YAML aliases (*name); write the values out"
+                )
         return super().compose_node(parent, index)
 
 
@@ -59,8 +60,10 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> LineDict:
     for key_node, _ in node.value:
         # Refused before anything is flattened: nested merges expand without bound.
         if key_node.tag == _MERGE_TAG:
-            raise ConfigError(f"{loader.name}:{key_node.start_mark.line + 1}: YAML merge keys (<<) are not "
-                              f"supported; write the keys out")
+            raise ConfigError(
+                f"{loader.name}:{key_node.start_mark.line + 1}: YAML merge keys (<<) are not "
+                f"supported; write the keys out"
+            )
     loader.flatten_mapping(node)
     out = LineDict()
     out.line = node.start_mark.line + 1
@@ -116,7 +119,7 @@ def load_yaml(text: str, *, source: str = "<yaml>") -> Any:
 MAX_FILE_BYTES = 4 * 1024 * 1024
 
 
-def read_regular_bytes(path: "str | os.PathLike", *, what: str, max_bytes: int, fix: str) -> bytes:
+def read_regular_bytes(path: str | os.PathLike, *, what: str, max_bytes: int, fix: str) -> bytes:
     """The bytes of a regular file of at most ``max_bytes``, else a one-line ConfigError. A FIFO
     or a device would block or never end: refused before it is opened for reading."""
     import stat
@@ -124,8 +127,15 @@ def read_regular_bytes(path: "str | os.PathLike", *, what: str, max_bytes: int, 
     p = Path(path)
     st = p.stat()
     if not stat.S_ISREG(st.st_mode):
-        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or
-                stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(st.st_mode)
+            else "a device"
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+            else "a socket"
+            if stat.S_ISSOCK(st.st_mode)
+            else "not a regular file"
+        )
         raise ConfigError(f"{what} is {kind}, not a regular file; {fix}")
     if st.st_size > max_bytes:
         raise ConfigError(f"{what} is {st.st_size} bytes (limit {max_bytes}); is it the right file?")
@@ -136,7 +146,7 @@ def read_regular_bytes(path: "str | os.PathLike", *, what: str, max_bytes: int, 
     return data
 
 
-def read_text_file(path: "str | os.PathLike", *, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+def read_text_file(path: str | os.PathLike, *, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
     """The text of a user-named file, or a one-line ConfigError that names the file and the fix.
 
     Directories, unreadable files, files over ``max_bytes``, binary files (a NUL byte) and text
@@ -159,4 +169,6 @@ def read_text_file(path: "str | os.PathLike", *, what: str, max_bytes: int = MAX
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{what} {path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the file as UTF-8") from None
+        raise ConfigError(
+            f"{what} {path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); save the file as UTF-8"
+        ) from None

@@ -22,10 +22,10 @@ the candidates a search could have missed (``sglfix.cli.bisect_cmd``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
 
-__all__ = ["Oracle", "ddmin", "locate_one", "one_culprit_search", "find_culprits", "find_masking", "BisectResult"]
+__all__ = ["BisectResult", "Oracle", "ddmin", "find_culprits", "find_masking", "locate_one", "one_culprit_search"]
 
 
 @dataclass
@@ -94,7 +94,7 @@ def locate_one(candidates: Sequence[str], fails: Callable[[Iterable[str]], bool]
         return None, []
     region, waiting, last_failing = list(every), [], None
     while len(region) > 1:
-        left, right = region[: len(region) // 2], region[len(region) // 2:]
+        left, right = region[: len(region) // 2], region[len(region) // 2 :]
         if fails(left):
             waiting = right + waiting
             region = last_failing = left
@@ -118,8 +118,9 @@ def one_culprit_search(candidates: Sequence[str], fails: Callable[[Iterable[str]
     return found if found is not None else ddmin(list(candidates), fails)
 
 
-def find_culprits(candidates: Sequence[str], fails: Callable[[Iterable[str]], bool], *,
-                  max_culprits: int = 16) -> list[list[str]]:
+def find_culprits(
+    candidates: Sequence[str], fails: Callable[[Iterable[str]], bool], *, max_culprits: int = 16
+) -> list[list[str]]:
     """Minimal failing subsets, each removed in turn while the rest is not proven clean."""
     remaining, culprits = list(candidates), []
     while remaining and len(culprits) < max_culprits:
@@ -131,8 +132,9 @@ def find_culprits(candidates: Sequence[str], fails: Callable[[Iterable[str]], bo
     return culprits
 
 
-def find_masking(culprits: Sequence[Sequence[str]], partners: Callable[[str], Sequence[str]],
-                 fails: Callable[[Iterable[str]], bool]) -> list[dict]:
+def find_masking(
+    culprits: Sequence[Sequence[str]], partners: Callable[[str], Sequence[str]], fails: Callable[[Iterable[str]], bool]
+) -> list[dict]:
     """Culprits (of one id) that pass when reverted together with a partner candidate."""
     out = []
     for culprit in culprits:

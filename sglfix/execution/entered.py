@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 __all__ = ["record_entries"]
 

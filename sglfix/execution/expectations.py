@@ -10,9 +10,9 @@ verdict of the baseline it provably equals.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from typing import Any, Sequence
+from typing import Any
 
 from sglfix.common.verdicts import stands_for
 from sglfix.execution.known import match_known
@@ -33,8 +33,15 @@ class ExpectationCheck:
     got: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"toggle": self.toggle, "revert": list(self.revert), "scenario": self.scenario,
-                "wanted": list(self.wanted), "device": self.device, "met": self.met, "got": self.got}
+        return {
+            "toggle": self.toggle,
+            "revert": list(self.revert),
+            "scenario": self.scenario,
+            "wanted": list(self.wanted),
+            "device": self.device,
+            "met": self.met,
+            "got": self.got,
+        }
 
 
 def effective(result: CellResult) -> str:
@@ -46,12 +53,19 @@ def _meets(result: CellResult, wanted: Sequence[str], known: Sequence[Any]) -> b
     """Does a cell meet an expectation: its effective verdict is wanted, or it shows a known
     upstream divergence where PASS is wanted (the toggle left the bug where it was)."""
     verdict = effective(result)
-    return verdict in wanted or ("PASS" in wanted and match_known(
-        known, scenario=result.scenario, verdict=verdict, device=result.device) is not None)
+    return verdict in wanted or (
+        "PASS" in wanted
+        and match_known(known, scenario=result.scenario, verdict=verdict, device=result.device) is not None
+    )
 
 
-def check_expectations(registry: Registry, results: list[CellResult], *, device: str, known: Sequence[Any] = (),
-                       ) -> tuple[list[ExpectationCheck], list[dict], list[str]]:
+def check_expectations(
+    registry: Registry,
+    results: list[CellResult],
+    *,
+    device: str,
+    known: Sequence[Any] = (),
+) -> tuple[list[ExpectationCheck], list[dict], list[str]]:
     """(checks, stray cells, expectations whose toggle set or scenarios did not run). A cell that
     a profile's known divergence names (``sglfix.execution.known``) is no stray: it is reported
     with that entry instead (``known_hits``)."""
@@ -71,9 +85,17 @@ def check_expectations(registry: Registry, results: list[CellResult], *, device:
                 not_run.append(f"revert {','.join(e.revert)} on {e.scenario}")
                 continue
             got = {r.scenario: r.verdict for r in cells}
-            checks.append(ExpectationCheck(toggle=toggle.id, revert=e.revert, scenario=e.scenario,
-                                           wanted=e.verdicts, device=e.device,
-                                           met=any(_meets(r, e.verdicts, known) for r in cells), got=got))
+            checks.append(
+                ExpectationCheck(
+                    toggle=toggle.id,
+                    revert=e.revert,
+                    scenario=e.scenario,
+                    wanted=e.verdicts,
+                    device=e.device,
+                    met=any(_meets(r, e.verdicts, known) for r in cells),
+                    got=got,
+                )
+            )
     stray: list[dict] = []
     for toggles, cells in by_set.items():
         globs = covered.get(toggles, [])
@@ -84,11 +106,21 @@ def check_expectations(registry: Registry, results: list[CellResult], *, device:
                 # SKIP is "cannot run on this device" with its reason (a GPU-only kernel on CPU): shown,
                 # never a failure of the code under test; every other baseline verdict is.
                 if r.verdict not in ("PASS", "SKIP"):
-                    stray.append({"toggles": [], "scenario": r.scenario, "verdict": r.verdict, "why": "baseline must PASS"})
+                    stray.append(
+                        {"toggles": [], "scenario": r.scenario, "verdict": r.verdict, "why": "baseline must PASS"}
+                    )
                 continue
-            if r.verdict not in ("PASS", "SKIP", "NOT_REACHED") and not any(fnmatch.fnmatchcase(r.scenario, g) for g in globs):
-                stray.append({"toggles": list(toggles), "scenario": r.scenario, "verdict": r.verdict,
-                              "why": "not covered by any expectation of this toggle set"})
+            if r.verdict not in ("PASS", "SKIP", "NOT_REACHED") and not any(
+                fnmatch.fnmatchcase(r.scenario, g) for g in globs
+            ):
+                stray.append(
+                    {
+                        "toggles": list(toggles),
+                        "scenario": r.scenario,
+                        "verdict": r.verdict,
+                        "why": "not covered by any expectation of this toggle set",
+                    }
+                )
     return checks, stray, not_run
 
 
@@ -97,8 +129,20 @@ def known_hits(known: Sequence[Any], results: list[CellResult]) -> list[dict]:
     upstream bug may be fixed: reported, never a failure)."""
     out = []
     for k in known:
-        seen = sorted(r.scenario for r in results if not r.toggles
-                      and match_known([k], scenario=r.scenario, verdict=effective(r), device=r.device) is not None)
-        out.append({"scenario": k.scenario, "verdict": list(k.verdict), "reason": k.reason,
-                    "reproduce": k.reproduce, "device": k.device, "seen_on": seen})
+        seen = sorted(
+            r.scenario
+            for r in results
+            if not r.toggles
+            and match_known([k], scenario=r.scenario, verdict=effective(r), device=r.device) is not None
+        )
+        out.append(
+            {
+                "scenario": k.scenario,
+                "verdict": list(k.verdict),
+                "reason": k.reason,
+                "reproduce": k.reproduce,
+                "device": k.device,
+                "seen_on": seen,
+            }
+        )
     return out

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from typing import Annotated, Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator
 
@@ -62,6 +63,14 @@ def load_known(path: str | None) -> list[KnownDivergence]:
     return list(validate_node(KnownFile, node, where=path, root="known-divergences file").known_divergences)
 
 
-def match_known(known: Sequence[KnownDivergence], *, scenario: str, verdict: str, device: str) -> KnownDivergence | None:
-    return next((k for k in known if verdict in k.verdict and k.device in ("any", device)
-                 and fnmatch.fnmatchcase(scenario, k.scenario)), None)
+def match_known(
+    known: Sequence[KnownDivergence], *, scenario: str, verdict: str, device: str
+) -> KnownDivergence | None:
+    return next(
+        (
+            k
+            for k in known
+            if verdict in k.verdict and k.device in ("any", device) and fnmatch.fnmatchcase(scenario, k.scenario)
+        ),
+        None,
+    )

@@ -7,14 +7,14 @@ machines, so reports can be merged and compared cell by cell.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from sglfix.common.errors import ConfigError
 from sglfix.scenario import Scenario
 from sglfix.toggling.registry import Registry, parse_toggle_ids
 
-__all__ = ["PlannedCell", "Plan", "set_label", "plan_run", "plan_matrix", "merge_sets"]
+__all__ = ["Plan", "PlannedCell", "merge_sets", "plan_matrix", "plan_run", "set_label"]
 
 BASELINE = "baseline"
 
@@ -61,14 +61,21 @@ def merge_sets(base: Sequence[str], extra: Sequence[str], *, registry: Registry,
     return ids
 
 
-def plan_run(scenarios: Sequence[Scenario], *, revert: Sequence[str], env_ids: Sequence[str],
-             registry: Registry) -> Plan:
+def plan_run(
+    scenarios: Sequence[Scenario], *, revert: Sequence[str], env_ids: Sequence[str], registry: Registry
+) -> Plan:
     ids = merge_sets(env_ids, revert, registry=registry, what="--revert with SGLANG_DEBUG_REVERT_PR")
     return Plan(scenarios=list(scenarios), sets=[ids], env_ids=tuple(env_ids))
 
 
-def plan_matrix(scenarios: Sequence[Scenario], *, registry: Registry, parts: bool, env_ids: Sequence[str] = (),
-                extra_sets: Iterable[Sequence[str]] = ()) -> Plan:
+def plan_matrix(
+    scenarios: Sequence[Scenario],
+    *,
+    registry: Registry,
+    parts: bool,
+    env_ids: Sequence[str] = (),
+    extra_sets: Iterable[Sequence[str]] = (),
+) -> Plan:
     """Baseline, each whole toggle, and with ``parts`` each part alone and every set a part-level
     expectation names (combinations of parts, e.g. to show masking)."""
     sets: list[tuple[str, ...]] = [()]

@@ -14,17 +14,17 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
-import threading
 import time
 from collections import deque
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from sglfix.common.errors import ConfigError
-from sglfix.common.signals import Terminated, signals_raise  # noqa: F401 (re-exported)
+from sglfix.common.signals import Terminated, signals_raise
 from sglfix.execution.worker import Event, Worker, WorkerConfig, WorkerStartError, raise_for_start, wait_fds
 from sglfix.harness.cell import CellResult
 
-__all__ = ["WorkerPool", "WorkerConfig", "WorkerStartError", "Terminated", "signals_raise"]
+__all__ = ["Terminated", "WorkerConfig", "WorkerPool", "WorkerStartError", "signals_raise"]
 
 # A cell whose worker asks to be replaced again and again (it cannot restore cleanly) ends as
 # ERROR after this many fresh starts rather than looping.
@@ -109,7 +109,7 @@ class WorkerPool:
             self.close()
             raise
 
-    def __enter__(self) -> "WorkerPool":
+    def __enter__(self) -> WorkerPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -124,7 +124,7 @@ class WorkerPool:
             self._check_open()
             if all(w.state == "down" for w in self.workers):
                 self.workers[0].start()
-            for w, event in self._wait():
+            for _w, event in self._wait():
                 raise_for_start(event)
         return dict(self._info)
 
@@ -179,8 +179,9 @@ class WorkerPool:
             if replaced <= MAX_REPLACEMENTS:
                 return None
             result = CellResult(scenario=cell.scenario.name, toggles=list(key), device=self.config.device)
-            result.add("ERROR", f"sglfix failed: worker replaced {replaced} times before this cell could run: "
-                                f"{event.data}")
+            result.add(
+                "ERROR", f"sglfix failed: worker replaced {replaced} times before this cell could run: {event.data}"
+            )
             return result.finish()
         return self._checked(w.result_for(event, scenario=cell.scenario.name, toggles=key), cell, key)
 
@@ -194,8 +195,11 @@ class WorkerPool:
                 continue
             elsewhere = {x.toggles for x in self.workers if x is not w and x.state != "down" and x.toggles is not None}
             i = queue.take(held=w.toggles, elsewhere=elsewhere)
-            w.send(scenario_json=cells[i].scenario.to_json(), toggles=tuple(cells[i].toggles),
-                   extra=getattr(cells[i], "extra", None))
+            w.send(
+                scenario_json=cells[i].scenario.to_json(),
+                toggles=tuple(cells[i].toggles),
+                extra=getattr(cells[i], "extra", None),
+            )
             running[w] = i
 
     @staticmethod
@@ -204,8 +208,9 @@ class WorkerPool:
         if result.scenario == cell.scenario.name and tuple(result.toggles) == key:
             return result
         wrong = CellResult(scenario=cell.scenario.name, toggles=list(key), device=result.device)
-        wrong.add("ERROR", f"sglfix failed: the reply names {result.scenario} [{','.join(result.toggles)}], "
-                           "not this cell")
+        wrong.add(
+            "ERROR", f"sglfix failed: the reply names {result.scenario} [{','.join(result.toggles)}], not this cell"
+        )
         return wrong.finish()
 
     def _wait(self) -> list[tuple[Worker, Event]]:
@@ -219,7 +224,10 @@ class WorkerPool:
         for w in self.workers:
             while (event := w.service(now=now)) is not None:
                 if event.kind == "ready" and self._info is None:
-                    self._info = {k: event.data.get(k) for k in ("device", "device_name", "torch", "triton", "interpreter", "codebase")}
+                    self._info = {
+                        k: event.data.get(k)
+                        for k in ("device", "device_name", "torch", "triton", "interpreter", "codebase")
+                    }
                 events.append((w, event))
         return events
 

@@ -16,7 +16,8 @@ Without an address a private local Ray instance is started (and stopped at the e
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.pool import WorkerPool, _Queue, check_pool_size
@@ -43,12 +44,16 @@ class _CellActor:
 
     def boot(self) -> dict:
         self.worker.wait_ready()
-        return {**(self.worker.info or {}), "node": os.uname().nodename,
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        return {
+            **(self.worker.info or {}),
+            "node": os.uname().nodename,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
 
     def run(self, scenario_json: dict, scenario_name: str, toggles: list, extra: dict | None) -> dict:
-        result = self.worker.run(scenario_json=scenario_json, scenario_name=scenario_name, toggles=tuple(toggles),
-                                 extra=extra)
+        result = self.worker.run(
+            scenario_json=scenario_json, scenario_name=scenario_name, toggles=tuple(toggles), extra=extra
+        )
         return result.to_json()
 
     def run_batch(self, items: list) -> list[dict]:
@@ -72,8 +77,9 @@ def _ray():
 class RayPool:
     """The ``WorkerPool`` interface (``run``, ``info``, ``close``) over Ray actors."""
 
-    def __init__(self, config: WorkerConfig, *, jobs: int = 1, devices: Sequence[str] | None = None,
-                 address: str | None = None) -> None:
+    def __init__(
+        self, config: WorkerConfig, *, jobs: int = 1, devices: Sequence[str] | None = None, address: str | None = None
+    ) -> None:
         check_pool_size(jobs)
         ray = _ray()
         self.config = config
@@ -98,8 +104,10 @@ class RayPool:
             try:
                 ray.init(**kwargs)
             except (ConnectionError, ValueError, RuntimeError) as exc:
-                raise ConfigError(f"--ray-address {address or 'local'}: cannot start or join Ray: "
-                                  f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+                raise ConfigError(
+                    f"--ray-address {address or 'local'}: cannot start or join Ray: "
+                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                ) from None
             finally:
                 if saved is None:
                     os.environ.pop("CUDA_VISIBLE_DEVICES", None)
@@ -114,7 +122,7 @@ class RayPool:
     def _new_actor(self) -> Any:
         return self._actor_cls.remote(self.config)
 
-    def __enter__(self) -> "RayPool":
+    def __enter__(self) -> RayPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -125,7 +133,9 @@ class RayPool:
         if self._info is None:
             ray = _ray()
             first = ray.get(self._boots[0])
-            self._info = {k: first.get(k) for k in ("device", "device_name", "torch", "triton", "interpreter", "codebase")}
+            self._info = {
+                k: first.get(k) for k in ("device", "device_name", "torch", "triton", "interpreter", "codebase")
+            }
             self._info["executor"] = "ray"
         return dict(self._info)
 
@@ -159,7 +169,7 @@ class RayPool:
         queue = _Queue(keys)
         results: list[CellResult | None] = [None] * len(cells)
         slots = range(len(self.actors))
-        held: dict[int, tuple[str, ...] | None] = {k: None for k in slots}
+        held: dict[int, tuple[str, ...] | None] = dict.fromkeys(slots)
         inflight: dict[int, list[Any]] = {k: [] for k in slots}  # each actor's calls, in the order sent
         running: dict[Any, tuple[int, list[int]]] = {}  # ref -> (actor slot, cell indices)
         alone: set[int] = set()  # cells of a lost multi-cell call: they run one to a call
@@ -218,8 +228,16 @@ class RayPool:
                 while queue and len(inflight[slot]) < DEPTH:
                     batch = take(slot)
                     ref = self.actors[slot].run_batch.remote(
-                        [(cells[i].scenario.to_json(), cells[i].scenario.name, list(keys[i]),
-                          getattr(cells[i], "extra", None)) for i in batch])
+                        [
+                            (
+                                cells[i].scenario.to_json(),
+                                cells[i].scenario.name,
+                                list(keys[i]),
+                                getattr(cells[i], "extra", None),
+                            )
+                            for i in batch
+                        ]
+                    )
                     held[slot] = keys[batch[0]]
                     inflight[slot].append(ref)
                     running[ref] = (slot, batch)

@@ -11,13 +11,14 @@ baseline that could not record (it crashed, or ERROR) makes every cell of its sc
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from sglfix.harness.cell import CellResult
 from sglfix.toggling.registry import Registry, parse_toggle_ids
 
-__all__ = ["RecordingCell", "UnreachedCell", "targets_of", "run_reaching"]
+__all__ = ["RecordingCell", "UnreachedCell", "run_reaching", "targets_of"]
 
 
 @dataclass(frozen=True)
@@ -50,22 +51,33 @@ class UnreachedCell:
 
 def targets_of(ids: Iterable[str], *, registry: Registry) -> frozenset[str]:
     """The target functions a toggle set's parts patch."""
-    return frozenset(t for sel in parse_toggle_ids(list(ids), registry=registry, what="toggle set")
-                     for t in sel.part.targets)
+    return frozenset(
+        t for sel in parse_toggle_ids(list(ids), registry=registry, what="toggle set") for t in sel.part.targets
+    )
 
 
-def run_reaching(pool: Any, cells: Sequence[Any], *, base: tuple[str, ...], registry: Registry,
-                 on_result: Callable[[CellResult], None] | None = None) -> list[CellResult]:
+def run_reaching(
+    pool: Any,
+    cells: Sequence[Any],
+    *,
+    base: tuple[str, ...],
+    registry: Registry,
+    on_result: Callable[[CellResult], None] | None = None,
+) -> list[CellResult]:
     """Results for ``cells`` in order: the ``base`` set's cells first (recording which targets
     they enter), then the rest, each run only where its reverted targets were entered."""
     cells = list(cells)
-    extra = {tuple(c.toggles): targets_of([t for t in c.toggles if t not in base], registry=registry)
-             for c in cells if tuple(c.toggles) != base}
+    extra = {
+        tuple(c.toggles): targets_of([t for t in c.toggles if t not in base], registry=registry)
+        for c in cells
+        if tuple(c.toggles) != base
+    }
     record = tuple(sorted(set().union(*extra.values()))) if extra else ()
     first = [i for i, c in enumerate(cells) if tuple(c.toggles) == base]
     results: list[CellResult | None] = [None] * len(cells)
-    ran = pool.run([RecordingCell(cells[i].scenario, tuple(cells[i].toggles), record) for i in first],
-                   on_result=on_result)
+    ran = pool.run(
+        [RecordingCell(cells[i].scenario, tuple(cells[i].toggles), record) for i in first], on_result=on_result
+    )
     baseline: dict[str, CellResult] = {}
     for i, r in zip(first, ran):
         results[i] = r

@@ -25,11 +25,11 @@ import sys
 from sglfix.common.errors import ConfigError
 from sglfix.execution.session import Session, first_line
 
-__all__ = ["serve", "SPEC_ENV"]
+__all__ = ["SPEC_ENV", "serve"]
 
 SPEC_ENV = "SGLFIX_WORKER"  # the worker's channel and settings; removed from its env at once
 
-_CHANNEL: "_Channel | None" = None  # this process's reply channel, once serve() opened it
+_CHANNEL: _Channel | None = None  # this process's reply channel, once serve() opened it
 
 
 class _Channel:
@@ -47,7 +47,7 @@ class _Channel:
     def send(self, message: dict) -> None:
         view = memoryview((json.dumps(message) + "\n").encode())
         while view:
-            view = view[os.write(self._out, view):]
+            view = view[os.write(self._out, view) :]
 
 
 def _die_with_parent(parent: int) -> None:
@@ -106,7 +106,7 @@ def _import_under_test(cb) -> list[str]:
         names = list(cb.preload)
         if cb.kit:  # the kit's modules its fixtures drive (the kit package itself imports nothing)
             names += list(getattr(importlib.import_module(cb.kit), "KIT_MODULES", ()))
-    names += [m for m in cb.adapters.values()]
+    names += list(cb.adapters.values())
     skipped = []
     for name in names:
         try:
@@ -130,8 +130,10 @@ def _boot(device: str, codebase: str = "reproduction") -> dict:
     elif device == "cuda" and not torch.cuda.is_available():
         shown = os.environ.get("CUDA_VISIBLE_DEVICES")
         if shown:  # --devices (or Ray) chose the GPU: say which one is missing
-            raise ConfigError(f"no CUDA device {shown} here (CUDA_VISIBLE_DEVICES={shown}); give --devices "
-                              "the GPUs this machine has (or all), or use --device cpu")
+            raise ConfigError(
+                f"no CUDA device {shown} here (CUDA_VISIBLE_DEVICES={shown}); give --devices "
+                "the GPUs this machine has (or all), or use --device cpu"
+            )
         raise ConfigError("--device cuda: no CUDA device here; use --device cpu")
     if device == "cpu":
         # Read when the kernels are decorated, i.e. when the code under test is imported just below.
@@ -152,11 +154,22 @@ def _boot(device: str, codebase: str = "reproduction") -> dict:
         interpreter = interp.stats() if interp.install() else None
     loaded = sorted(name for name in sys.modules if name == cb.package or name.startswith(cb.package + "."))
     reproduction = [n for n in sys.modules if n.startswith(codebases.REPRODUCTION.package)]
-    return {"device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-            "torch": torch.__version__, "triton": triton_version, "pid": os.getpid(), "skipped": skipped,
-            "interpreter": interpreter,
-            "codebase": {"name": cb.name, **found.to_json(), "standins": standins, "modules_loaded": len(loaded),
-                         "reproduction_modules_loaded": len(reproduction)}}
+    return {
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "pid": os.getpid(),
+        "skipped": skipped,
+        "interpreter": interpreter,
+        "codebase": {
+            "name": cb.name,
+            **found.to_json(),
+            "standins": standins,
+            "modules_loaded": len(loaded),
+            "reproduction_modules_loaded": len(reproduction),
+        },
+    }
 
 
 def _check(argv: list[str]) -> None:
@@ -186,11 +199,12 @@ def serve() -> None:
         channel.send({"fatal": first_line(exc)})
         sys.exit(2)
     channel.send({"ready": info})
-    session = Session(device=info["device"], allowed_prefixes=tuple(spec["allowed_prefixes"])
-                      if spec.get("allowed_prefixes") is not None else None)
+    session = Session(
+        device=info["device"],
+        allowed_prefixes=tuple(spec["allowed_prefixes"]) if spec.get("allowed_prefixes") is not None else None,
+    )
     for request in channel.requests():
         reply = session.handle(request)
         channel.send(reply)
         if "restart" in reply:
             return
-

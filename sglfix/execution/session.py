@@ -69,8 +69,9 @@ class Session:
         try:
             scenario = _scenario_from_json(scenario_data)
         except Exception as exc:
-            return self._error(rid, name, toggles, f"sglfix failed to read the scenario: {type(exc).__name__}: "
-                                                   f"{first_line(exc)}", exc)
+            return self._error(
+                rid, name, toggles, f"sglfix failed to read the scenario: {type(exc).__name__}: {first_line(exc)}", exc
+            )
         if toggles != self.current:
             restart, error = self._switch(toggles)
             if restart:
@@ -87,8 +88,13 @@ class Session:
             if unreached is not None:
                 from sglfix.harness.cell import not_reached_result
 
-                result = not_reached_result(name, toggles, device=self.device, same_as=str(unreached["same_as"]),
-                                            targets=[str(t) for t in unreached["targets"]])
+                result = not_reached_result(
+                    name,
+                    toggles,
+                    device=self.device,
+                    same_as=str(unreached["same_as"]),
+                    targets=[str(t) for t in unreached["targets"]],
+                )
             elif record is None:
                 result = run_cell(scenario, device=self.device, toggles=toggles)
             else:
@@ -97,8 +103,9 @@ class Session:
                 after = interpreter.stats()
                 result.kernels = {k: after[k] - before[k] for k in ("launches", "hits")}
         except Exception as exc:  # run_cell itself failed: the harness, not the code under test
-            return self._error(rid, name, toggles, f"sglfix failed: {type(exc).__name__}: {first_line(exc)} "
-                                                   f"[{_frame(exc)}]", exc)
+            return self._error(
+                rid, name, toggles, f"sglfix failed: {type(exc).__name__}: {first_line(exc)} [{_frame(exc)}]", exc
+            )
         result.revert_env = os.environ.get(_REVERT_ENV)
         return {"id": rid, "result": result.to_json()}
 
@@ -140,8 +147,10 @@ class Session:
         changed = self.clean.changes()
         if changed:
             more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-            return (f"after {left}, state of the code under test differs from the worker's start: "
-                    f"{', '.join(changed[:3])}{more}"), None
+            return (
+                f"after {left}, state of the code under test differs from the worker's start: "
+                f"{', '.join(changed[:3])}{more}"
+            ), None
         os.environ[ENV_VAR] = ",".join(toggles) if toggles else "0"
         try:
             self.held = maybe_revert_pr_fix(allowed_prefixes=self.allowed_prefixes)
@@ -155,9 +164,11 @@ class Session:
         result = CellResult(scenario=name, toggles=toggles, device=self.device)
         data: dict[str, Any] = {}
         if exc is not None:
-            data = {"type": type(exc).__name__, "frame": _frame(exc),
-                    "traceback": "".join(traceback.format_exception(exc))[-4000:]}
+            data = {
+                "type": type(exc).__name__,
+                "frame": _frame(exc),
+                "traceback": "".join(traceback.format_exception(exc))[-4000:],
+            }
         result.add("ERROR", message, **data)
         result.revert_env = os.environ.get(_REVERT_ENV)
         return {"id": rid, "result": result.finish().to_json()}
-

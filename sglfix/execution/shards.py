@@ -14,14 +14,14 @@ scenario's size: requests x tokens x steps.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.planner import Plan
 from sglfix.scenario import Scenario
 
-__all__ = ["Shard", "parse_shard", "shard_plan", "scenario_cost", "MAX_SHARDS"]
+__all__ = ["MAX_SHARDS", "Shard", "parse_shard", "scenario_cost", "shard_plan"]
 
 MAX_SHARDS = 1024
 _SHARD_RE = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")

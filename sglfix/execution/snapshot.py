@@ -28,10 +28,11 @@ class _Contents:
         """Every key of the snapshot is still there, bound to the same object."""
         return all(k in current and current[k] is v for k, v in self.items)
 
-    def same(self, other: "_Contents") -> bool:
+    def same(self, other: _Contents) -> bool:
         return len(self.items) == len(other.items) and all(
             (a is b) if not isinstance(a, tuple) else (a[0] is b[0] and a[1] is b[1])
-            for a, b in zip(self.items, other.items))
+            for a, b in zip(self.items, other.items)
+        )
 
 
 class StateSnapshot:

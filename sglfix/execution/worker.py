@@ -38,7 +38,7 @@ from typing import Any
 from sglfix.common.errors import ConfigError, SglfixError
 from sglfix.harness.cell import CellResult
 
-__all__ = ["Worker", "WorkerConfig", "WorkerStartError", "Event"]
+__all__ = ["Event", "Worker", "WorkerConfig", "WorkerStartError"]
 
 DEVICES = ("auto", "cpu", "cuda")
 STARTUP_TIMEOUT = 300.0  # importing torch, initialising CUDA, importing the backends
@@ -96,7 +96,7 @@ def descendants(root: int) -> list[int]:
         try:
             with open(f"/proc/{entry}/stat", "rb") as fh:
                 data = fh.read()
-            ppid = int(data[data.rindex(b")") + 2:].split()[1])  # "pid (comm) state ppid ..."
+            ppid = int(data[data.rindex(b")") + 2 :].split()[1])  # "pid (comm) state ppid ..."
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(entry))
@@ -114,12 +114,11 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-
 # --------------------------------------------------------------------------------------------
 # Parent side
 # --------------------------------------------------------------------------------------------
 
-_LIVE: set["Worker"] = set()  # workers with a process, killed at interpreter exit
+_LIVE: set[Worker] = set()  # workers with a process, killed at interpreter exit
 _IDS = itertools.count(1)
 
 
@@ -159,7 +158,7 @@ def _crash_site(tail: str) -> str | None:
         return None
     pick = next((f for f in frames if "/backends/" in f), frames[0])
     try:
-        path, rest = pick[len('File "'):].split('"', 1)
+        path, rest = pick[len('File "') :].split('"', 1)
         return f"{os.path.basename(path)}{rest.replace(', line ', ':', 1)}"
     except ValueError:
         return pick
@@ -172,8 +171,9 @@ class Worker:
     ``run`` is the blocking form for a single worker.
     """
 
-    def __init__(self, config: WorkerConfig | None = None, *, device: str | None = None,
-                 extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, config: WorkerConfig | None = None, *, device: str | None = None, extra_env: dict[str, str] | None = None
+    ) -> None:
         self.config = config if config is not None else WorkerConfig(device=device or "cpu")
         self.extra_env = dict(extra_env or {})
         self.proc: subprocess.Popen | None = None
@@ -210,11 +210,17 @@ class Worker:
         # holds: no implicit cwd on sys.path (-P), this package's parent first.
         home = os.path.dirname(os.path.dirname(os.path.abspath(sglfix.__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (home, env.get("PYTHONPATH", "")) if p)
-        env[_SPEC_ENV] = json.dumps({
-            "fds": [read_fd, write_fd], "parent": os.getpid(), "device": self.config.device,
-            "codebase": self.config.codebase,
-            "allowed_prefixes": list(self.config.allowed_prefixes) if self.config.allowed_prefixes is not None else None,
-        })
+        env[_SPEC_ENV] = json.dumps(
+            {
+                "fds": [read_fd, write_fd],
+                "parent": os.getpid(),
+                "device": self.config.device,
+                "codebase": self.config.codebase,
+                "allowed_prefixes": list(self.config.allowed_prefixes)
+                if self.config.allowed_prefixes is not None
+                else None,
+            }
+        )
         return env
 
     def start(self) -> None:
@@ -226,8 +232,12 @@ class Worker:
         out_r, out_w = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "sglfix.execution.worker"], stdin=subprocess.DEVNULL,
-                stdout=out_w, stderr=out_w, env=self._env(req_r, rep_w), pass_fds=(req_r, rep_w),
+                [sys.executable, "-P", "-m", "sglfix.execution.worker"],
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=out_w,
+                env=self._env(req_r, rep_w),
+                pass_fds=(req_r, rep_w),
                 start_new_session=True,
             )
         except BaseException:
@@ -380,7 +390,9 @@ class Worker:
         if now >= self._deadline:
             if self.state == "starting":
                 self.kill()
-                return Event("start_failed", f"worker failed to start: no handshake within {STARTUP_TIMEOUT:g} s; {_CHECK_HINT}")
+                return Event(
+                    "start_failed", f"worker failed to start: no handshake within {STARTUP_TIMEOUT:g} s; {_CHECK_HINT}"
+                )
             if self.state == "busy":
                 limit = self.pending["timeout"]
                 self.restarts += 1
@@ -402,8 +414,9 @@ class Worker:
         self.restarts += 1
         return Event("died", {"returncode": code, "tail": tail, "pending": pending is not None})
 
-    def send(self, *, scenario_json: dict, toggles: Any, timeout: float | None = None,
-             extra: dict | None = None) -> int:
+    def send(
+        self, *, scenario_json: dict, toggles: Any, timeout: float | None = None, extra: dict | None = None
+    ) -> int:
         """Send one cell to an idle worker; returns the request id. ``extra``: more request
         keys (``record``: target paths whose entry the cell reports; ``not_reached``: apply the
         set, then answer NOT_REACHED without running)."""
@@ -420,7 +433,7 @@ class Worker:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(self._req, view):]
+                view = view[os.write(self._req, view) :]
         except OSError:
             pass  # it died: service() reports it with this request pending
         return rid
@@ -468,8 +481,15 @@ class Worker:
             if event is not None:
                 raise_for_start(event)
 
-    def run(self, *, scenario_json: dict, scenario_name: str, toggles: Any, timeout: float | None = None,
-            extra: dict | None = None) -> CellResult:
+    def run(
+        self,
+        *,
+        scenario_json: dict,
+        scenario_name: str,
+        toggles: Any,
+        timeout: float | None = None,
+        extra: dict | None = None,
+    ) -> CellResult:
         """Run one cell and wait for its result; restarts the worker after a fault or timeout."""
         for _ in range(3):
             self.wait_ready()

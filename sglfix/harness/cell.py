@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglfix.common.codebase import is_code_under_test
-from sglfix.scenario import Scenario
 from sglfix.common.verdicts import worst
+from sglfix.scenario import Scenario
 
-__all__ = ["CellResult", "NoOutput", "run_cell", "not_reached_result"]
+__all__ = ["CellResult", "NoOutput", "not_reached_result", "run_cell"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class CellResult:
     def add(self, verdict: str, message: str, **data: Any) -> None:
         self.findings.append({"verdict": verdict, "message": message, **data})
 
-    def finish(self) -> "CellResult":
+    def finish(self) -> CellResult:
         self.verdict = worst([f["verdict"] for f in self.findings]) if self.findings else "PASS"
         return self
 
@@ -56,23 +56,37 @@ class CellResult:
         return next((f["message"] for f in self.findings if f["verdict"] == self.verdict), "")
 
     def to_json(self) -> dict:
-        return {"scenario": self.scenario, "toggles": self.toggles, "device": self.device,
-                "verdict": self.verdict, "findings": self.findings, "error": self.error,
-                "timings_ms": self.timings_ms, "revert_env": self.revert_env, "kernels": self.kernels, "reached": self.reached}
+        return {
+            "scenario": self.scenario,
+            "toggles": self.toggles,
+            "device": self.device,
+            "verdict": self.verdict,
+            "findings": self.findings,
+            "error": self.error,
+            "timings_ms": self.timings_ms,
+            "revert_env": self.revert_env,
+            "kernels": self.kernels,
+            "reached": self.reached,
+        }
 
     @classmethod
-    def from_json(cls, data: dict) -> "CellResult":
+    def from_json(cls, data: dict) -> CellResult:
         return cls(**data)
 
 
-def not_reached_result(scenario: str, toggles: list[str], *, device: str, same_as: str,
-                       targets: list[str]) -> CellResult:
+def not_reached_result(
+    scenario: str, toggles: list[str], *, device: str, same_as: str, targets: list[str]
+) -> CellResult:
     """A cell whose reverted functions its scenario's baseline never entered: not run."""
     shown = ", ".join(".".join(t.split(".")[-2:]) for t in sorted(targets)[:3])
     more = f" and {len(targets) - 3} more" if len(targets) > 3 else ""
     result = CellResult(scenario=scenario, toggles=list(toggles), device=device)
-    result.add("NOT_REACHED", f"not reached: the baseline never runs {shown}{more}; same as baseline ({same_as})",
-               same_as=same_as, targets=sorted(targets))
+    result.add(
+        "NOT_REACHED",
+        f"not reached: the baseline never runs {shown}{more}; same as baseline ({same_as})",
+        same_as=same_as,
+        targets=sorted(targets),
+    )
     return result.finish()
 
 
@@ -134,11 +148,21 @@ def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = Non
         return result.finish()
     where = _frame_under_test(exc)
     if raised_by_code_under_test(exc):
-        result.add("CRASH", f"{type(exc).__name__}: {_first_line(exc)} [{stage}, {where}]",
-                   type=type(exc).__name__, stage=stage, frame=where)
+        result.add(
+            "CRASH",
+            f"{type(exc).__name__}: {_first_line(exc)} [{stage}, {where}]",
+            type=type(exc).__name__,
+            stage=stage,
+            frame=where,
+        )
     else:
-        result.add("ERROR", f"sglfix failed in {stage}: {type(exc).__name__}: {_first_line(exc)} [{where}]",
-                   type=type(exc).__name__, stage=stage, frame=where)
+        result.add(
+            "ERROR",
+            f"sglfix failed in {stage}: {type(exc).__name__}: {_first_line(exc)} [{where}]",
+            type=type(exc).__name__,
+            stage=stage,
+            frame=where,
+        )
     return result.finish()
 
 
@@ -199,8 +223,9 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
                 for label, metadata, rows in adapter.metadata_views(backend, forward_batch):
                     views_checked[0] += metadata is not None
                     where = f"{phase} {label}" if label else phase
-                    found += check_metadata(metadata, fields=adapter.metadata_fields, rows=rows,
-                                            num_slots=prepared.num_slots, phase=where)
+                    found += check_metadata(
+                        metadata, fields=adapter.metadata_fields, rows=rows, num_slots=prepared.num_slots, phase=where
+                    )
             for message in found:
                 result.add("INVARIANT", message, phase=phase)
 
@@ -234,8 +259,9 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
             else:
                 result.add("PASS", f"output not checked: {out.reason}", output_checked=False)
             t3 = time.perf_counter()
-            result.timings_ms.update(build=round((t1 - t0) * 1e3, 2), run=round((t2 - t1) * 1e3, 2),
-                                     total=round((t3 - t0) * 1e3, 2))
+            result.timings_ms.update(
+                build=round((t1 - t0) * 1e3, 2), run=round((t2 - t1) * 1e3, 2), total=round((t3 - t0) * 1e3, 2)
+            )
             return result.finish()
         ref, q_valid = adapter.reference(prepared)
         cmp = compare_outputs(out=out, ref=ref, q_valid=q_valid, tolerance=scenario.tolerance)
@@ -244,10 +270,18 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
         if cmp.nonfinite:
             result.add("NAN", f"{cmp.nonfinite} non-finite output values", **cmp.to_json())
         if cmp.bad_rows:
-            result.add("DIVERGE", f"max abs err {cmp.max_abs:.3g} (rel {cmp.max_rel:.3g}), {cmp.bad_rows}/{cmp.rows} rows bad, "
-                                  f"first at request {cmp.first_bad_request} row {cmp.first_bad_row}", **cmp.to_json())
-        result.timings_ms.update(build=round((t1 - t0) * 1e3, 2), run=round((t2 - t1) * 1e3, 2),
-                                 reference=round((t3 - t2) * 1e3, 2), total=round((t3 - t0) * 1e3, 2))
+            result.add(
+                "DIVERGE",
+                f"max abs err {cmp.max_abs:.3g} (rel {cmp.max_rel:.3g}), {cmp.bad_rows}/{cmp.rows} rows bad, "
+                f"first at request {cmp.first_bad_request} row {cmp.first_bad_row}",
+                **cmp.to_json(),
+            )
+        result.timings_ms.update(
+            build=round((t1 - t0) * 1e3, 2),
+            run=round((t2 - t1) * 1e3, 2),
+            reference=round((t3 - t2) * 1e3, 2),
+            total=round((t3 - t0) * 1e3, 2),
+        )
     except _CELL_EXCEPTIONS as exc:
         raise _Staged(exc, "judge") from exc
     return result.finish()

@@ -7,7 +7,8 @@ in the patchable backends, and recomputes the sentinel itself: a revert cannot s
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["SENTINEL_BYTE", "check_guards", "describe_guards"]
 
@@ -17,7 +18,7 @@ SENTINEL_BYTE = 0x5A
 def _guard_bytes(entry: Any):
     import torch
 
-    guard = entry.flat[entry.numel:]
+    guard = entry.flat[entry.numel :]
     return guard.contiguous().view(torch.uint8)
 
 
@@ -48,6 +49,7 @@ def describe_guards(registry: Sequence[Any]) -> list[str]:
         hit = _overwritten(entry)
         if hit is not None:
             first, count = hit
-            out.append(f"{entry.name}{list(entry.shape)}: {count} guard element(s) overwritten, "
-                       f"the first {first} past the end")
+            out.append(
+                f"{entry.name}{list(entry.shape)}: {count} guard element(s) overwritten, the first {first} past the end"
+            )
     return out

@@ -30,9 +30,9 @@ import hashlib
 import os
 import types
 from collections import OrderedDict
-from typing import Any
+from typing import Any, ClassVar
 
-__all__ = ["install", "installed", "stats", "clear"]
+__all__ = ["clear", "install", "installed", "stats"]
 
 _STATE: dict[str, Any] = {"installed": False, "memo": False}
 _STATS = {"launches": 0, "hits": 0, "uncacheable": 0, "stored_bytes": 0, "evicted": 0}
@@ -54,11 +54,12 @@ def clear() -> None:
 
 # -- patch once per launch -----------------------------------------------------------------------
 
+
 class _Active:
     """The language modules patched by the launch in progress, and how to undo it."""
 
-    scope: Any = None
-    langs: set[int] = set()
+    scope: ClassVar[Any] = None
+    langs: ClassVar[set[int]] = set()
 
 
 def _langs_of(fn: Any, tl: Any) -> list:
@@ -117,7 +118,7 @@ class _Uncacheable(Exception):
 class _Recorder:
     """Which bytes of each argument storage a running launch loads and stores."""
 
-    current: "_Recorder | None" = None
+    current: _Recorder | None = None
 
     def __init__(self, bases: list[int], sizes: list[int]) -> None:
         import numpy as np
@@ -176,14 +177,15 @@ def _gather_index(starts: Any, lens: Any) -> Any:
 
 
 class _Entry:
-    __slots__ = ("reads", "digest", "writes", "nbytes")
+    __slots__ = ("digest", "nbytes", "reads", "writes")
 
     def __init__(self, reads: list, digest: bytes, writes: list) -> None:
         self.reads = reads  # [(storage index, interval starts, interval lengths)] in bytes
         self.digest = digest
         self.writes = writes  # [(storage index, starts, lengths, the bytes stored there)]
-        self.nbytes = (sum(a.nbytes + b.nbytes for _, a, b in reads)
-                       + sum(a.nbytes + b.nbytes + len(d) for _, a, b, d in writes))
+        self.nbytes = sum(a.nbytes + b.nbytes for _, a, b in reads) + sum(
+            a.nbytes + b.nbytes + len(d) for _, a, b, d in writes
+        )
 
     def matches(self, views: list) -> bool:
         return _digest(self.reads, views) == self.digest
@@ -204,7 +206,7 @@ def _digest(reads: list, views: list) -> bytes:
     return h.digest()
 
 
-_MEMO: "OrderedDict[bytes, list[_Entry]]" = OrderedDict()
+_MEMO: OrderedDict[bytes, list[_Entry]] = OrderedDict()
 # Everything a key names by id stays alive, so that an id is never reused for another object
 # (a code object swapped out by a revert and freed, then a new one at the same address).
 _KEEP: dict[int, Any] = {}
@@ -273,8 +275,11 @@ def _arg_fingerprint(arg: Any, h: Any, storages: dict[int, Any]) -> None:
         if ptr not in storages:
             storages[ptr] = storage
         index = list(storages).index(ptr)
-        h.update(repr(("t", index, storage.nbytes(), arg.storage_offset(), tuple(arg.shape), arg.stride(),
-                       str(arg.dtype))).encode())
+        h.update(
+            repr(
+                ("t", index, storage.nbytes(), arg.storage_offset(), tuple(arg.shape), arg.stride(), str(arg.dtype))
+            ).encode()
+        )
     elif isinstance(arg, _SCALARS):
         h.update(repr((type(arg).__name__, arg)).encode())
     elif isinstance(arg, tuple):
@@ -332,7 +337,7 @@ def _store(shape: bytes, entry: _Entry) -> None:
         _STATS["evicted"] += len(old)
 
 
-def _record(run: Any, views: list, storages: list) -> tuple[Any, "_Entry | None"]:
+def _record(run: Any, views: list, storages: list) -> tuple[Any, _Entry | None]:
     bases = [s.data_ptr() for s in storages]
     sizes = [s.nbytes() for s in storages]
     before = [v.copy() for v in views]
@@ -449,8 +454,15 @@ def install() -> bool:
         from triton.runtime import interpreter as interp
     except ImportError:
         return False
-    needed = ("_patch_lang", "InterpretedFunction", "GridExecutor", "_LangPatchScope", "tl", "InterpreterBuilder",
-              "_get_np_dtype")
+    needed = (
+        "_patch_lang",
+        "InterpretedFunction",
+        "GridExecutor",
+        "_LangPatchScope",
+        "tl",
+        "InterpreterBuilder",
+        "_get_np_dtype",
+    )
     if not all(hasattr(interp, n) for n in needed) or not hasattr(interp._LangPatchScope(), "_changes"):
         return False
     jit_types = (interp.InterpretedFunction,)

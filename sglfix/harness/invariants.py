@@ -11,12 +11,13 @@ catch corrupt metadata even where the real rows' output happens to stay right (p
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
-__all__ = ["MetadataFields", "UPSTREAM_FIELDS", "check_metadata"]
+__all__ = ["UPSTREAM_FIELDS", "MetadataFields", "check_metadata"]
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,15 @@ class MetadataFields:
 # metadata has (a field that is absent or None is skipped).
 UPSTREAM_FIELDS = MetadataFields(
     indptr=("kv_indptr", "qo_indptr", "mask_indptr", "window_kv_indptr", "cu_seqlens_q", "cu_seqlens_k"),
-    lengths=("cache_seqlens_int32", "seq_lens_q", "seq_lens_k", "max_seq_len_q", "max_seq_len_k",
-             "max_extend_len", "window_kv_lens"),
+    lengths=(
+        "cache_seqlens_int32",
+        "seq_lens_q",
+        "seq_lens_k",
+        "max_seq_len_q",
+        "max_seq_len_k",
+        "max_extend_len",
+        "window_kv_lens",
+    ),
     indices={"kv_indices": "kv_indptr", "window_kv_indices": "window_kv_indptr"},
 )
 
@@ -72,13 +80,22 @@ def _lengths(name: str, value: Any, rows: int, found: list[str]) -> None:
             found.append(f"{name}[{i}] = {int(v[i])} < 0")
 
 
-def _block_table(name: str, table: torch.Tensor, len_name: str, lengths: torch.Tensor, page_size: int,
-                 rows: int, num_slots: int, found: list[str]) -> None:
+def _block_table(
+    name: str,
+    table: torch.Tensor,
+    len_name: str,
+    lengths: torch.Tensor,
+    page_size: int,
+    rows: int,
+    num_slots: int,
+    found: list[str],
+) -> None:
     t = table[:rows].to(torch.int64).cpu()
     lens = lengths.reshape(-1)[:rows].to(torch.int64).cpu()
     if t.dim() != 2 or t.shape[0] < rows or lens.numel() < rows:
-        found.append(f"{name} has {t.shape[0] if t.dim() else 0} rows / {len_name} {lens.numel()} entries "
-                     f"for {rows} rows")
+        found.append(
+            f"{name} has {t.shape[0] if t.dim() else 0} rows / {len_name} {lens.numel()} entries for {rows} rows"
+        )
         return
     num_pages = num_slots // page_size
     # Negative lengths are the lengths check's finding; they read no page.
@@ -104,8 +121,9 @@ def _locations(name: str, t: torch.Tensor, rows: int, num_slots: int, found: lis
         found.append(f"{name}[{i}] = {int(v[i])} outside the KV pool [0, {num_slots})")
 
 
-def check_metadata(metadata: Any, *, fields: MetadataFields = UPSTREAM_FIELDS, rows: int, num_slots: int,
-                   phase: str) -> list[str]:
+def check_metadata(
+    metadata: Any, *, fields: MetadataFields = UPSTREAM_FIELDS, rows: int, num_slots: int, phase: str
+) -> list[str]:
     """Findings (empty when sound) for a backend's metadata covering ``rows`` requests."""
     found: list[str] = []
     offsets: dict[str, torch.Tensor] = {}

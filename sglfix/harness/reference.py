@@ -11,14 +11,15 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["reference_attention", "Comparison", "compare_outputs"]
+__all__ = ["Comparison", "compare_outputs", "reference_attention"]
 
 
-def reference_attention(*, q_pad: torch.Tensor, k_pad: torch.Tensor, v_pad: torch.Tensor,
-                        mask: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+def reference_attention(
+    *, q_pad: torch.Tensor, k_pad: torch.Tensor, v_pad: torch.Tensor, mask: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
     """q_pad [bs, Q, H, D], k_pad/v_pad [bs, L, Hkv, D], mask [bs, Q, L] -> [bs, Q, H, D]."""
     acc = torch.float64 if q_pad.device.type == "cpu" else torch.float32
-    bs, nq, heads, dim = q_pad.shape
+    _bs, _nq, heads, dim = q_pad.shape
     kv_heads = k_pad.shape[2]
     group = heads // kv_heads
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
@@ -49,10 +50,16 @@ class Comparison:
         return self.bad_rows / self.rows if self.rows else 0.0
 
     def to_json(self) -> dict:
-        return {"max_abs_err": self.max_abs, "max_rel_err": self.max_rel, "bad_rows": self.bad_rows,
-                "rows": self.rows, "bad_fraction": round(self.bad_fraction, 4),
-                "first_bad_request": self.first_bad_request, "first_bad_row": self.first_bad_row,
-                "nonfinite": self.nonfinite}
+        return {
+            "max_abs_err": self.max_abs,
+            "max_rel_err": self.max_rel,
+            "bad_rows": self.bad_rows,
+            "rows": self.rows,
+            "bad_fraction": round(self.bad_fraction, 4),
+            "first_bad_request": self.first_bad_request,
+            "first_bad_row": self.first_bad_row,
+            "nonfinite": self.nonfinite,
+        }
 
 
 def compare_outputs(*, out: torch.Tensor, ref: torch.Tensor, q_valid: torch.Tensor, tolerance: float) -> Comparison:
@@ -72,7 +79,8 @@ def compare_outputs(*, out: torch.Tensor, ref: torch.Tensor, q_valid: torch.Tens
     return Comparison(
         max_abs=float(diff.max()) if diff.numel() else 0.0,
         max_rel=float(rel.max()) if rel.numel() else 0.0,
-        bad_rows=int(bad.sum()), rows=int(bad.numel()),
+        bad_rows=int(bad.sum()),
+        rows=int(bad.numel()),
         first_bad_request=int(owner[first, 0]) if first is not None else None,
         first_bad_row=int(owner[first, 1]) if first is not None else None,
         nonfinite=nonfinite,

@@ -14,13 +14,13 @@ import contextlib
 import sys
 import threading
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
 from sglfix.common.codebase import is_code_under_test
 
-__all__ = ["watch_syncs", "suspended"]
+__all__ = ["suspended", "watch_syncs"]
 
 _PAUSED = threading.local()
 

@@ -9,8 +9,9 @@ matched line's indentation, keeping its own relative indentation.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Protocol
 
 from sglfix.common.errors import PatchApplicationError
 
@@ -54,9 +55,7 @@ def effective_replacement(*, edit: _EditLike) -> str:
     return edit.replacement.strip()
 
 
-def apply_single_edit(
-    *, source: str, edit: _EditLike, origin: SourceOrigin | None = None, number: int = 1
-) -> str:
+def apply_single_edit(*, source: str, edit: _EditLike, origin: SourceOrigin | None = None, number: int = 1) -> str:
     origin = origin or SourceOrigin()
     match_text = edit.match.strip()
     if not match_text:
@@ -66,9 +65,7 @@ def apply_single_edit(
     positions = find_match_positions(source_lines=source_lines, match_lines=match_lines)
     if not positions:
         raise PatchApplicationError(
-            _not_found_message(
-                source_lines=source_lines, match_lines=match_lines, origin=origin, number=number
-            )
+            _not_found_message(source_lines=source_lines, match_lines=match_lines, origin=origin, number=number)
         )
     if len(positions) > 1:
         where = ", ".join(origin.where(p) for p in positions)
@@ -81,11 +78,7 @@ def apply_single_edit(
     indent = _leading_spaces(source_lines[start])
     replacement = effective_replacement(edit=edit)
     replacement_lines = replacement.splitlines() if replacement else []
-    new_lines = (
-        source_lines[:start]
-        + _realign(replacement_lines, indent)
-        + source_lines[start + len(match_lines) :]
-    )
+    new_lines = source_lines[:start] + _realign(replacement_lines, indent) + source_lines[start + len(match_lines) :]
     return "\n".join(new_lines) + ("\n" if source.endswith("\n") else "")
 
 
@@ -124,9 +117,7 @@ def _indent_block(lines: list[str], prefix: str = "    | ") -> str:
     return "\n".join(prefix + line.strip() for line in lines)
 
 
-def closest_windows(
-    *, source_lines: list[str], match_lines: list[str], limit: int = 2
-) -> list[tuple[int, float]]:
+def closest_windows(*, source_lines: list[str], match_lines: list[str], limit: int = 2) -> list[tuple[int, float]]:
     """Start indices of the source windows most similar to the match, best first."""
     stripped_source = [line.strip() for line in source_lines]
     stripped_match = [line.strip() for line in match_lines]
@@ -146,9 +137,7 @@ def closest_windows(
     return chosen
 
 
-def _not_found_message(
-    *, source_lines: list[str], match_lines: list[str], origin: SourceOrigin, number: int
-) -> str:
+def _not_found_message(*, source_lines: list[str], match_lines: list[str], origin: SourceOrigin, number: int) -> str:
     head = (
         f"{origin.target}: edit #{number}: match text not found in the function "
         f"({origin.where(0)}, {len(source_lines)} lines): "

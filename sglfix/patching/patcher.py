@@ -15,7 +15,6 @@ Compared with sglang's source_patcher (whose call shapes are kept: ``apply_patch
 """
 
 from __future__ import annotations
-
 import __future__ as _future
 
 import ast
@@ -23,26 +22,27 @@ import inspect
 import textwrap
 import threading
 import types
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
-from sglfix.patching.editor import SourceOrigin, apply_edits
 from sglfix.common.errors import PatchApplicationError, PatchStateError, TargetError
-from sglfix.patching.types import EditSpec, PatchConfig, PatchSpec, parse_patch_config
+from sglfix.patching.editor import SourceOrigin, apply_edits
 from sglfix.patching.targets import ResolvedTarget, resolve_target
+from sglfix.patching.types import EditSpec, PatchConfig, PatchSpec, parse_patch_config
 
 __all__ = [
+    "CodePatcher",
     "PatchState",
     "PreparedPatch",
-    "CodePatcher",
     "apply_patches_from_config",
     "apply_specs",
     "blocking_state",
+    "current_source",
     "install_prepared",
+    "is_patched",
     "patch_function",
     "prepare_specs",
-    "current_source",
-    "is_patched",
     "restore_all",
 ]
 
@@ -53,7 +53,7 @@ for _name in _future.all_feature_names:
 _LOCK = threading.RLock()
 # function -> states applied to it, oldest first. The top's source_after is the text the
 # next patch edits, because inspect.getsource would return the file's (unpatched) text.
-_STACKS: dict[types.FunctionType, list["PatchState"]] = {}
+_STACKS: dict[types.FunctionType, list[PatchState]] = {}
 
 
 @dataclass(eq=False)
@@ -104,9 +104,9 @@ class PreparedPatch:
 
 # The source of a loaded code object never changes (a file edited on disk afterwards does not
 # change what runs), and an edited source compiles to the same code every time: both are kept.
-_SOURCES: "dict[tuple, tuple[str, int]]" = {}
-_COMPILED: "dict[tuple, types.CodeType]" = {}
-_EDITED: "dict[tuple, str]" = {}  # (source, edits) -> the edited source, dedented
+_SOURCES: dict[tuple, tuple[str, int]] = {}
+_COMPILED: dict[tuple, types.CodeType] = {}
+_EDITED: dict[tuple, str] = {}  # (source, edits) -> the edited source, dedented
 _CACHE_LIMIT = 512
 
 
@@ -159,7 +159,7 @@ def _source_block(fn: types.FunctionType) -> tuple[str, int] | None:
         if stripped and not stripped.startswith("#") and _indent(line) <= outer:
             break
         stop += 1
-    dedented = textwrap.dedent("".join(lines[start - 1:stop]))
+    dedented = textwrap.dedent("".join(lines[start - 1 : stop]))
     try:
         tree = ast.parse(dedented)
     except (SyntaxError, ValueError):
@@ -183,7 +183,7 @@ def _source_block(fn: types.FunctionType) -> tuple[str, int] | None:
             break
         if _indent(line) >= body_col:
             last = number
-    return "".join(lines[start - 1:last]), start
+    return "".join(lines[start - 1 : last]), start
 
 
 def current_source(fn: types.FunctionType) -> tuple[str, int]:
@@ -242,8 +242,12 @@ def _insert_preamble(node: ast.FunctionDef | ast.AsyncFunctionDef, preamble: str
     except SyntaxError as exc:
         raise PatchApplicationError(f"{target}: preamble is not valid Python: {exc.msg}") from None
     body = node.body
-    has_doc = bool(body) and isinstance(body[0], ast.Expr) and isinstance(
-        getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str)
+    has_doc = (
+        bool(body)
+        and isinstance(body[0], ast.Expr)
+        and isinstance(getattr(body[0], "value", None), ast.Constant)
+        and isinstance(body[0].value.value, str)
+    )
     at = 1 if has_doc else 0
     anchor = body[at] if at < len(body) else node
     for stmt in extra:
@@ -263,8 +267,11 @@ def _compile_function(
     key = (fn.__code__, fn.__code__.co_filename, source, first_lineno, preamble)
     code = _COMPILED.get(key)
     if code is None:
-        code = _remember(_COMPILED, key, _compile_uncached(fn=fn, target=target, source=source,
-                                                            first_lineno=first_lineno, preamble=preamble))
+        code = _remember(
+            _COMPILED,
+            key,
+            _compile_uncached(fn=fn, target=target, source=source, first_lineno=first_lineno, preamble=preamble),
+        )
     return code
 
 
@@ -293,7 +300,8 @@ def _compile_uncached(
         keep = ast.parse(f"{pad}if False:\n    ({', '.join(freevars)},)").body[0]
         node.body.append(keep)
         outer = ast.parse(
-            pad + "def __sglfix_scope__():\n"
+            pad
+            + "def __sglfix_scope__():\n"
             + "".join(f"    {name} = None\n" for name in freevars)
             + f"    return {fn.__name__}\n"
         ).body[0]
@@ -308,7 +316,7 @@ def _compile_uncached(
         raise PatchApplicationError(f"{target}: the edited source does not compile: {exc.msg}") from None
     namespace: dict[str, Any] = {}
     try:
-        exec(module_code, fn.__globals__, namespace)  # noqa: S102 - only a `def`, nothing runs
+        exec(module_code, fn.__globals__, namespace)
     except Exception as exc:  # pragma: no cover - a bare def without defaults cannot raise
         raise PatchApplicationError(f"{target}: defining the edited function raised {exc!r}") from None
     new_fn = namespace["__sglfix_scope__"]() if freevars else namespace[fn.__name__]
@@ -336,12 +344,19 @@ def _prepare_one(
         known = _remember(_EDITED, key, textwrap.dedent(edited))
     dedented = known
     new_code = _compile_function(
-        fn=resolved.function, target=spec.target, source=dedented, first_lineno=first_lineno,
+        fn=resolved.function,
+        target=spec.target,
+        source=dedented,
+        first_lineno=first_lineno,
         preamble=spec.preamble,
     )
     return PreparedPatch(
-        spec=spec, resolved=resolved, source_before=source,
-        source_after=dedented, new_code=new_code, label=label,
+        spec=spec,
+        resolved=resolved,
+        source_before=source,
+        source_after=dedented,
+        new_code=new_code,
+        label=label,
     )
 
 
@@ -373,8 +388,13 @@ def _install(item: PreparedPatch) -> PatchState:
     """Swap one code object in. Kept separate so tests can make it fail at any position."""
     fn = item.resolved.function
     state = PatchState(
-        target=item.spec.target, target_fn=fn, original_code=fn.__code__, new_code=item.new_code,
-        source_before=item.source_before, source_after=item.source_after, label=item.label,
+        target=item.spec.target,
+        target_fn=fn,
+        original_code=fn.__code__,
+        new_code=item.new_code,
+        source_before=item.source_before,
+        source_after=item.source_after,
+        label=item.label,
     )
     fn.__code__ = item.new_code
     _STACKS.setdefault(fn, []).append(state)
@@ -439,7 +459,8 @@ def _with_extra_imports(config: PatchConfig, extra_imports: Sequence[str]) -> tu
     block = "\n".join(extra_imports)
     return tuple(
         PatchSpec(
-            target=spec.target, edits=spec.edits,
+            target=spec.target,
+            edits=spec.edits,
             preamble=block + "\n" + spec.preamble if spec.preamble.strip() else block,
         )
         for spec in config.patches
@@ -460,14 +481,19 @@ def apply_patches_from_config(
 
 
 def patch_function(
-    *, target: Any, edits: Sequence[EditSpec | dict], preamble: str = "",
+    *,
+    target: Any,
+    edits: Sequence[EditSpec | dict],
+    preamble: str = "",
     allowed_prefixes: Iterable[str] | None = None,
 ) -> PatchState:
     """Patch one function given as an object (sglang's call shape) or a dotted path."""
     if isinstance(target, str):
         name = target
     else:
-        fn = inspect.unwrap(target.__func__ if isinstance(target, (staticmethod, classmethod, types.MethodType)) else target)
+        fn = inspect.unwrap(
+            target.__func__ if isinstance(target, (staticmethod, classmethod, types.MethodType)) else target
+        )
         if not isinstance(fn, types.FunctionType):
             raise TargetError(f"patch_function: {target!r} is not a Python function")
         name = f"{fn.__module__}.{fn.__qualname__}"
@@ -490,7 +516,7 @@ class CodePatcher:
     def states(self) -> list[PatchState]:
         return list(self._states)
 
-    def __enter__(self) -> "CodePatcher":
+    def __enter__(self) -> CodePatcher:
         self._states = apply_specs(self._patches, allowed_prefixes=self._allowed)
         return self
 

@@ -11,8 +11,9 @@ import importlib
 import inspect
 import sys
 import types
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from sglfix.common.codebase import CODE_UNDER_TEST, DEFAULT_PATCHABLE, under
 from sglfix.common.errors import TargetError
@@ -31,8 +32,21 @@ DEFAULT_ALLOWED_PREFIXES: tuple[str, ...] = DEFAULT_PATCHABLE
 # Never patchable, whatever the allow list says: a toggle must not be a way to run code in
 # the interpreter's plumbing or to change the tool that judges the result.
 _DENIED_PREFIXES: tuple[str, ...] = (
-    "os", "posix", "subprocess", "builtins", "sys", "importlib", "runpy", "shutil",
-    "socket", "ctypes", "pickle", "marshal", "signal", "multiprocessing", "sglfix",
+    "os",
+    "posix",
+    "subprocess",
+    "builtins",
+    "sys",
+    "importlib",
+    "runpy",
+    "shutil",
+    "socket",
+    "ctypes",
+    "pickle",
+    "marshal",
+    "signal",
+    "multiprocessing",
+    "sglfix",
 )
 _DENY_EXCEPTIONS: tuple[str, ...] = (CODE_UNDER_TEST,)
 
@@ -44,9 +58,7 @@ def effective_prefixes(allowed_prefixes: Iterable[str] | None = None) -> tuple[s
 
 def check_allowed(target: str, allowed_prefixes: Iterable[str] | None = None) -> None:
     allowed = effective_prefixes(allowed_prefixes)
-    if any(under(target, p) for p in _DENIED_PREFIXES) and not any(
-        under(target, p) for p in _DENY_EXCEPTIONS
-    ):
+    if any(under(target, p) for p in _DENIED_PREFIXES) and not any(under(target, p) for p in _DENY_EXCEPTIONS):
         raise TargetError(
             f"target {target!r} is in a protected module; toggles may patch only the system "
             f"under test ({', '.join(allowed)})"
@@ -93,14 +105,10 @@ def split_module(target: str) -> tuple[types.ModuleType, list[str]]:
             # Only "this prefix is not a module" moves on; a module that exists but fails to
             # import on a missing dependency is a real problem to report.
             if exc.name is not None and not (module_name == exc.name or module_name.startswith(exc.name + ".")):
-                raise TargetError(
-                    f"target {target!r}: importing {module_name} failed: {exc}"
-                ) from exc
+                raise TargetError(f"target {target!r}: importing {module_name} failed: {exc}") from exc
             continue
         except Exception as exc:  # the module exists but raised while importing
-            raise TargetError(
-                f"target {target!r}: importing {module_name} raised {type(exc).__name__}: {exc}"
-            ) from exc
+            raise TargetError(f"target {target!r}: importing {module_name} raised {type(exc).__name__}: {exc}") from exc
     raise TargetError(f"target {target!r}: no prefix of it is an importable module")
 
 
@@ -111,8 +119,15 @@ def _describe(obj: Any) -> str:
         return "a module; name a function in it"
     if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         return "a builtin/C function: it has no Python source to edit"
-    if isinstance(obj, (types.WrapperDescriptorType, types.MethodDescriptorType,
-                        types.MethodWrapperType, types.ClassMethodDescriptorType)):
+    if isinstance(
+        obj,
+        (
+            types.WrapperDescriptorType,
+            types.MethodDescriptorType,
+            types.MethodWrapperType,
+            types.ClassMethodDescriptorType,
+        ),
+    ):
         return "a method implemented in C: it has no Python source to edit"
     cls = type(obj)
     if cls.__name__ in {"JITFunction", "InterpretedFunction", "Autotuner", "Heuristics"} and "triton" in cls.__module__:

@@ -9,9 +9,9 @@ silently: an empty ``match``, an empty ``edits`` list, a target that is not a do
 from __future__ import annotations
 
 import functools
-
 import re
-from typing import Annotated, Any, Mapping
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 from pydantic import BeforeValidator, field_validator, model_validator
 
@@ -21,9 +21,9 @@ from sglfix.common.yamlio import load_yaml
 __all__ = [
     "EDIT_MODES",
     "EditSpec",
-    "PatchSpec",
     "PatchConfig",
     "PatchList",
+    "PatchSpec",
     "Text",
     "parse_patch_config",
 ]
@@ -78,8 +78,7 @@ class EditSpec(ConfigModel):
             given = [m for m in EDIT_MODES if isinstance(data.get(m), str) and data[m].strip()]
             if len(given) > 1:
                 raise NodeError(
-                    f"has both {given[0]!r} and {given[1]!r}: only one of replacement, prepend, "
-                    "append may be set",
+                    f"has both {given[0]!r} and {given[1]!r}: only one of replacement, prepend, append may be set",
                     at=given[1],
                 )
         return data

@@ -24,8 +24,15 @@ class Change:
     new_key_figure: str
 
     def to_json(self) -> dict:
-        return {"id": self.id, "toggles": list(self.toggles), "scenario": self.scenario, "old": self.old,
-                "new": self.new, "old_key_figure": self.old_key_figure, "new_key_figure": self.new_key_figure}
+        return {
+            "id": self.id,
+            "toggles": list(self.toggles),
+            "scenario": self.scenario,
+            "old": self.old,
+            "new": self.new,
+            "old_key_figure": self.old_key_figure,
+            "new_key_figure": self.new_key_figure,
+        }
 
 
 @dataclass
@@ -44,11 +51,17 @@ class Comparison:
         return bool(self.changed) or (strict and bool(self.only_old or self.only_new))
 
     def to_json(self, old_path: str, old: dict, new_path: str, new: dict) -> dict:
-        return {"tool": "sglfix", "kind": "compare",
-                "old": describe(old_path, old), "new": describe(new_path, new),
-                "common_cells": self.common, "same": self.same,
-                "changed": [c.to_json() for c in self.changed],
-                "only_old": list(self.only_old), "only_new": list(self.only_new)}
+        return {
+            "tool": "sglfix",
+            "kind": "compare",
+            "old": describe(old_path, old),
+            "new": describe(new_path, new),
+            "common_cells": self.common,
+            "same": self.same,
+            "changed": [c.to_json() for c in self.changed],
+            "only_old": list(self.only_old),
+            "only_new": list(self.only_new),
+        }
 
 
 def compare_reports(old: dict, new: dict) -> Comparison:
@@ -65,8 +78,16 @@ def compare_reports(old: dict, new: dict) -> Comparison:
             continue
         result.common += 1
         if before["verdict"] != c["verdict"]:
-            result.changed.append(Change(id=cell_id(c), toggles=tuple(c["toggles"]), scenario=c["scenario"],
-                                         old=before["verdict"], new=c["verdict"],
-                                         old_key_figure=key_figure(before), new_key_figure=key_figure(c)))
+            result.changed.append(
+                Change(
+                    id=cell_id(c),
+                    toggles=tuple(c["toggles"]),
+                    scenario=c["scenario"],
+                    old=before["verdict"],
+                    new=c["verdict"],
+                    old_key_figure=key_figure(before),
+                    new_key_figure=key_figure(c),
+                )
+            )
     result.only_old = [cell_id(c) for key, c in old_cells.items() if key not in new_keys]
     return result

@@ -6,10 +6,10 @@ results, so every writer also runs on a saved report.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
-__all__ = ["BASELINE", "Grid", "set_label", "group_of", "key_figure", "gate_failures"]
+__all__ = ["BASELINE", "Grid", "gate_failures", "group_of", "key_figure", "set_label"]
 
 BASELINE = "baseline"
 
@@ -26,7 +26,9 @@ def group_of(scenario: str) -> str:
 
 def key_figure(cell: dict) -> str:
     """The first finding's message of the cell's verdict (as ``CellResult.key_figure``)."""
-    return next((f.get("message", "") for f in cell.get("findings") or () if f.get("verdict") == cell.get("verdict")), "")
+    return next(
+        (f.get("message", "") for f in cell.get("findings") or () if f.get("verdict") == cell.get("verdict")), ""
+    )
 
 
 @dataclass
@@ -39,7 +41,7 @@ class Grid:
     cells: dict[tuple[str, str], dict] = field(default_factory=dict)  # (column, scenario) -> cell
 
     @classmethod
-    def of(cls, report: dict) -> "Grid":
+    def of(cls, report: dict) -> Grid:
         grid = cls()
         by_group: dict[str, list[str]] = {}
         for cell in report.get("cells") or ():
@@ -75,6 +77,8 @@ def gate_failures(report: dict) -> dict[str, str]:
         for scenario, got in (e.get("got") or {}).items():
             cid = by_key.get((label, scenario))
             if cid is not None and cid not in why:
-                why[cid] = (f"expectation unmet: revert {label} on {e.get('scenario')} -> "
-                            f"{'|'.join(e.get('wanted') or ())}; got {got}")
+                why[cid] = (
+                    f"expectation unmet: revert {label} on {e.get('scenario')} -> "
+                    f"{'|'.join(e.get('wanted') or ())}; got {got}"
+                )
     return why

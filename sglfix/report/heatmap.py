@@ -18,7 +18,7 @@ from sglfix.common.verdicts import MARKS
 from sglfix.report.grid import Grid
 from sglfix.report.output import check_output_file, write_atomic
 
-__all__ = ["SUFFIXES", "COLOURS", "check_heatmap_path", "render_heatmap", "write_heatmap"]
+__all__ = ["COLOURS", "SUFFIXES", "check_heatmap_path", "render_heatmap", "write_heatmap"]
 
 SUFFIXES = (".png", ".svg")
 INSTALL_HINT = "pip install 'sglfix[plot]'"
@@ -26,18 +26,39 @@ NOT_RUN = "not run"
 # One fixed colour per verdict (and a one-letter code drawn in every non-PASS cell, so the
 # picture reads without colour too): the same verdict looks the same in every picture.
 COLOURS = {
-    "PASS": "#cde8c4", "SKIP": "#d9d9d9", "SYNC": "#f2c62f", "DIVERGE": "#d7301f", "NAN": "#e7298a",
-    "INVARIANT": "#7b52ab", "CRASH": "#f57c00", "TIMEOUT": "#8c564b", "FAULT": "#222222",
-    "ERROR": "#1f4e9c", "NOT_REACHED": "#eef2f7", NOT_RUN: "#ffffff",
+    "PASS": "#cde8c4",
+    "SKIP": "#d9d9d9",
+    "SYNC": "#f2c62f",
+    "DIVERGE": "#d7301f",
+    "NAN": "#e7298a",
+    "INVARIANT": "#7b52ab",
+    "CRASH": "#f57c00",
+    "TIMEOUT": "#8c564b",
+    "FAULT": "#222222",
+    "ERROR": "#1f4e9c",
+    "NOT_REACHED": "#eef2f7",
+    NOT_RUN: "#ffffff",
 }
-CODES = {"PASS": "", "SKIP": "-", "SYNC": "S", "DIVERGE": "D", "NAN": "N", "INVARIANT": "I", "CRASH": "C",
-         "TIMEOUT": "T", "FAULT": "F", "ERROR": "E", "NOT_REACHED": "·", NOT_RUN: "?"}
+CODES = {
+    "PASS": "",
+    "SKIP": "-",
+    "SYNC": "S",
+    "DIVERGE": "D",
+    "NAN": "N",
+    "INVARIANT": "I",
+    "CRASH": "C",
+    "TIMEOUT": "T",
+    "FAULT": "F",
+    "ERROR": "E",
+    "NOT_REACHED": "·",
+    NOT_RUN: "?",
+}
 DARK = {"DIVERGE", "INVARIANT", "TIMEOUT", "FAULT", "ERROR", "NAN"}
 
-FONT = 8.5         # points, every label
-ROW_H = 0.2        # inches per scenario row
-COL_W = 0.36       # inches per toggle-set column
-CHAR_W = 0.60      # a label character's width, in units of the font size
+FONT = 8.5  # points, every label
+ROW_H = 0.2  # inches per scenario row
+COL_W = 0.36  # inches per toggle-set column
+CHAR_W = 0.60  # a label character's width, in units of the font size
 DPI = 100
 
 
@@ -64,10 +85,12 @@ def _title(report: dict, *, cells: int, rows: int, columns: int) -> str:
         where += f" ({report['device_name']})"
     wall = report.get("wall_s")
     command = " ".join(str(report.get("command") or "sglfix").split()[:2])
-    return (f"{command} on {where}: {cells} cells, {rows} scenario{'s' * (rows != 1)} x "
-            f"{columns} toggle set{'s' * (columns != 1)}"
-            + (f", {float(wall):.0f} s" if isinstance(wall, (int, float)) else "")
-            + (f", {str(report['date'])[:10]}" if report.get("date") else ""))
+    return (
+        f"{command} on {where}: {cells} cells, {rows} scenario{'s' * (rows != 1)} x "
+        f"{columns} toggle set{'s' * (columns != 1)}"
+        + (f", {float(wall):.0f} s" if isinstance(wall, (int, float)) else "")
+        + (f", {str(report['date'])[:10]}" if report.get("date") else "")
+    )
 
 
 def render_heatmap(report: dict, *, fmt: str = "png") -> bytes:
@@ -118,8 +141,14 @@ def render_heatmap(report: dict, *, fmt: str = "png") -> bytes:
 
     cmap = ListedColormap([COLOURS.get(v, "#999999") for v in names])
     norm = BoundaryNorm([i - 0.5 for i in range(len(names) + 1)], cmap.N)
-    ax.imshow(data, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest",
-              extent=(-0.5, len(columns) - 0.5, len(rows) - 0.5, -0.5))
+    ax.imshow(
+        data,
+        cmap=cmap,
+        norm=norm,
+        aspect="auto",
+        interpolation="nearest",
+        extent=(-0.5, len(columns) - 0.5, len(rows) - 0.5, -0.5),
+    )
     ax.set_xlim(-0.5, len(columns) - 0.5)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xticks(range(len(columns)), columns, rotation=90, fontsize=font, family="monospace")
@@ -137,8 +166,17 @@ def render_heatmap(report: dict, *, fmt: str = "png") -> bytes:
         for x, i in enumerate(row):
             code = CODES.get(names[i], names[i][:1])
             if code:
-                ax.text(x, y, code, ha="center", va="center", fontsize=font * 0.9, fontweight="bold",
-                        color="white" if names[i] in DARK else "black", family="monospace")
+                ax.text(
+                    x,
+                    y,
+                    code,
+                    ha="center",
+                    va="center",
+                    fontsize=font * 0.9,
+                    fontweight="bold",
+                    color="white" if names[i] in DARK else "black",
+                    family="monospace",
+                )
 
     # Row groups: a band behind every other group's labels, a line between groups, the group name.
     side = blended_transform_factory(ax.transAxes, ax.transData)
@@ -147,31 +185,78 @@ def render_heatmap(report: dict, *, fmt: str = "png") -> bytes:
     for n, (group, members) in enumerate(groups):
         end = start + len(members)
         if n % 2:
-            ax.add_patch(Rectangle((x_group, start - 0.5), -x_group, end - start, transform=side,
-                                   facecolor="#eeeeee", edgecolor="none", clip_on=False, zorder=-1))
+            ax.add_patch(
+                Rectangle(
+                    (x_group, start - 0.5),
+                    -x_group,
+                    end - start,
+                    transform=side,
+                    facecolor="#eeeeee",
+                    edgecolor="none",
+                    clip_on=False,
+                    zorder=-1,
+                )
+            )
         if n:
-            ax.plot([x_group, 1], [start - 0.5, start - 0.5], transform=side, color="#444444",
-                    linewidth=1.2, clip_on=False)
-        ax.text(x_group + pad / grid_w, (start + end - 1) / 2, group, transform=side, ha="left", va="center",
-                fontsize=font, fontweight="bold", family="monospace")
+            ax.plot(
+                [x_group, 1], [start - 0.5, start - 0.5], transform=side, color="#444444", linewidth=1.2, clip_on=False
+            )
+        ax.text(
+            x_group + pad / grid_w,
+            (start + end - 1) / 2,
+            group,
+            transform=side,
+            ha="left",
+            va="center",
+            fontsize=font,
+            fontweight="bold",
+            family="monospace",
+        )
         start = end
-    ax.text(x_group + pad / grid_w, -0.6, "scenario", transform=side, ha="left", va="bottom", fontsize=font,
-            fontweight="bold", family="monospace")
-    ax.text(-pad / grid_w, -0.6, "@ variant", transform=side, ha="right", va="bottom", fontsize=font,
-            fontweight="bold", family="monospace")
+    ax.text(
+        x_group + pad / grid_w,
+        -0.6,
+        "scenario",
+        transform=side,
+        ha="left",
+        va="bottom",
+        fontsize=font,
+        fontweight="bold",
+        family="monospace",
+    )
+    ax.text(
+        -pad / grid_w,
+        -0.6,
+        "@ variant",
+        transform=side,
+        ha="right",
+        va="bottom",
+        fontsize=font,
+        fontweight="bold",
+        family="monospace",
+    )
     # Column groups: a line between toggle sets of different PRs.
     for x in range(1, len(columns)):
         if _pr_of(columns[x]) != _pr_of(columns[x - 1]):
             ax.axvline(x - 0.5, color="#444444", linewidth=1.2)
 
     fig.text(0.5, 1 - 0.3 / height, title, ha="center", va="center", fontsize=font * 1.5, fontweight="bold")
-    handles = [Patch(facecolor=COLOURS.get(v, "#999999"), edgecolor="#444444", linewidth=0.5, label=t)
-               for v, t in zip(shown, labels)]
+    handles = [
+        Patch(facecolor=COLOURS.get(v, "#999999"), edgecolor="#444444", linewidth=0.5, label=t)
+        for v, t in zip(shown, labels)
+    ]
     # matplotlib fills a legend column by column; this order reads row by row, most severe first.
     order = [r * ncol + c for c in range(ncol) for r in range(nrow) if r * ncol + c < len(handles)]
-    fig.legend(handles=[handles[i] for i in order], loc="upper center", bbox_to_anchor=(0.5, 1 - title_h / height),
-               ncol=ncol, frameon=False, handlelength=1.6, columnspacing=1.6,
-               prop={"family": "monospace", "size": font * 1.1})
+    fig.legend(
+        handles=[handles[i] for i in order],
+        loc="upper center",
+        bbox_to_anchor=(0.5, 1 - title_h / height),
+        ncol=ncol,
+        frameon=False,
+        handlelength=1.6,
+        columnspacing=1.6,
+        prop={"family": "monospace", "size": font * 1.1},
+    )
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt, dpi=DPI, facecolor="white", metadata={"Software": None} if fmt == "png" else None)
     return buf.getvalue()

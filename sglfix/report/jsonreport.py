@@ -5,10 +5,11 @@ from __future__ import annotations
 import datetime
 import platform
 import sys
+from collections.abc import Sequence
 from importlib import metadata
-from typing import Any, Sequence
+from typing import Any
 
-__all__ = ["SCHEMA", "build_report", "summarize", "package_version"]
+__all__ = ["SCHEMA", "build_report", "package_version", "summarize"]
 
 # The report format's version. A report without the key is schema 1, the format before it (its
 # older layout has no cell ids, no not_run, env_revert, flashinfer or sglfix keys);
@@ -37,23 +38,38 @@ def _memo_summary(info: dict, results: Sequence[Any]) -> dict | None:
     if not counted:
         return None
     state = info.get("interpreter") or {}
-    return {"memo": bool(state.get("memo")), "launches": sum(k["launches"] for k in counted),
-            "hits": sum(k["hits"] for k in counted)}
+    return {
+        "memo": bool(state.get("memo")),
+        "launches": sum(k["launches"] for k in counted),
+        "hits": sum(k["hits"] for k in counted),
+    }
 
 
-def build_report(*, command: Sequence[str], info: dict, results: Sequence[Any], cell_ids: Sequence[str],
-                 wall_s: float, env_revert: str | None, checks: Sequence[Any] = (), stray: Sequence[dict] = (),
-                 not_run: Sequence[str] = (), known: Sequence[dict] = ()) -> dict:
+def build_report(
+    *,
+    command: Sequence[str],
+    info: dict,
+    results: Sequence[Any],
+    cell_ids: Sequence[str],
+    wall_s: float,
+    env_revert: str | None,
+    checks: Sequence[Any] = (),
+    stray: Sequence[dict] = (),
+    not_run: Sequence[str] = (),
+    known: Sequence[dict] = (),
+) -> dict:
     cells = []
     for cid, r in zip(cell_ids, results):
         cells.append({"id": cid, **r.to_json()})
     return {
         "tool": "sglfix",
         "schema": SCHEMA,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(command),
-        "device": info.get("device"), "device_name": info.get("device_name"),
-        "host": platform.node(), "python": sys.version.split()[0],
+        "device": info.get("device"),
+        "device_name": info.get("device_name"),
+        "host": platform.node(),
+        "python": sys.version.split()[0],
         "torch": info.get("torch") or package_version("torch"),
         "triton": info.get("triton") or package_version("triton"),
         # The FlashInfer backends' GPU kernels (None where it is not installed).

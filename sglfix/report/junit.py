@@ -18,7 +18,7 @@ from sglfix.common.errors import ConfigError
 from sglfix.report.grid import gate_failures, key_figure, set_label
 from sglfix.report.output import check_output_file, write_atomic
 
-__all__ = ["SUFFIXES", "check_junit_path", "build_junit", "junit_xml", "write_junit"]
+__all__ = ["SUFFIXES", "build_junit", "check_junit_path", "junit_xml", "write_junit"]
 
 SUFFIXES = (".xml",)
 # Not judged: the tool, the worker or the clock failed, not the code under test.
@@ -73,8 +73,11 @@ def build_junit(report: dict, *, gate: bool):
                 if report.get(key) is not None:
                     suite.add_property(key, _xml_text(report[key]))
         verdict = cell.get("verdict", "?")
-        case = TestCase(_xml_text(cell["scenario"]), _xml_text(label),
-                        round(float((cell.get("timings_ms") or {}).get("total", 0.0)) / 1000, 6))
+        case = TestCase(
+            _xml_text(cell["scenario"]),
+            _xml_text(label),
+            round(float((cell.get("timings_ms") or {}).get("total", 0.0)) / 1000, 6),
+        )
         figure = _xml_text(key_figure(cell) or verdict)
         why = failing.get(cell.get("id")) if gate else None
         # The matrix fails on stray verdicts, unmet expectations and any ERROR; an expected FAULT passes.
@@ -101,7 +104,11 @@ def junit_xml(report: dict, *, gate: bool) -> str:
 
     # tostring() and minidom's indentation, as junitparser's own pretty writer (whose file
     # argument changed in junitparser 4): the text goes through write_atomic.
-    return parseString(build_junit(report, gate=gate).tostring()).toprettyxml(indent="\t", encoding="utf-8").decode("utf-8")
+    return (
+        parseString(build_junit(report, gate=gate).tostring())
+        .toprettyxml(indent="\t", encoding="utf-8")
+        .decode("utf-8")
+    )
 
 
 def write_junit(report: dict, path: str, *, gate: bool) -> None:

@@ -10,14 +10,15 @@ the id the planner gives it.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from sglfix.common.errors import ConfigError
 from sglfix.common.verdicts import MARKS
 from sglfix.report.jsonreport import SCHEMA
 
-__all__ = ["SCHEMA", "load_report", "cell_key", "cell_id", "key_figure", "describe", "count_verdicts", "cell_costs"]
+__all__ = ["SCHEMA", "cell_costs", "cell_id", "cell_key", "count_verdicts", "describe", "key_figure", "load_report"]
 
 # sglfix.execution.planner.BASELINE: the label of the empty toggle set (report imports only common).
 BASELINE = "baseline"
@@ -52,8 +53,9 @@ def load_report(path: str) -> dict:
     if isinstance(schema, bool) or not isinstance(schema, int) or schema < 1:
         raise ConfigError(f'{path}: "schema" is {schema!r}, not a report schema number; {_FIX}')
     if schema > SCHEMA:
-        raise ConfigError(f"{path} is report schema {schema}, newer than this sglfix reads "
-                          f"(1 to {SCHEMA}); upgrade sglfix")
+        raise ConfigError(
+            f"{path} is report schema {schema}, newer than this sglfix reads (1 to {SCHEMA}); upgrade sglfix"
+        )
     cells = data.get("cells")
     if not isinstance(cells, list):
         raise ConfigError(f'{path} is not a sglfix report (no "cells" list); {_FIX}')
@@ -67,8 +69,10 @@ def load_report(path: str) -> dict:
         checked.append(_check_cell(path, i, cell))
         key = cell_key(cell)
         if key in seen:
-            raise ConfigError(f"{path}: cell {cell_id(cell)} appears twice (cells {seen[key]} and {i}); "
-                              f"a report holds each cell once: {_FIX}")
+            raise ConfigError(
+                f"{path}: cell {cell_id(cell)} appears twice (cells {seen[key]} and {i}); "
+                f"a report holds each cell once: {_FIX}"
+            )
         seen[key] = i
     return {**data, "schema": schema, "cells": checked}
 
@@ -95,8 +99,9 @@ def _read_json(path: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not a sglfix report: not JSON (line {exc.lineno}, column {exc.colno}: "
-                          f"{exc.msg}); {_FIX}") from None
+        raise ConfigError(
+            f"{path} is not a sglfix report: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); {_FIX}"
+        ) from None
     except RecursionError:
         raise ConfigError(f"{path} is not a sglfix report: JSON nested too deeply; {_FIX}") from None
 
@@ -116,18 +121,25 @@ def _check_top(path: str, data: dict) -> None:
             raise ConfigError(f'{path}: "{key}" is {data.get(key)!r}, not text; {damaged}')
     for i, e in enumerate(data.get("expectations", [])):
         if isinstance(e, dict) and "revert" in e:  # a check (the other items are notes)
-            ok = (isinstance(e.get("revert"), list) and all(isinstance(r, str) for r in e["revert"])
-                  and isinstance(e.get("scenario"), str) and isinstance(e.get("wanted"), list)
-                  and isinstance(e.get("got"), dict) and isinstance(e.get("met", True), bool))
+            ok = (
+                isinstance(e.get("revert"), list)
+                and all(isinstance(r, str) for r in e["revert"])
+                and isinstance(e.get("scenario"), str)
+                and isinstance(e.get("wanted"), list)
+                and isinstance(e.get("got"), dict)
+                and isinstance(e.get("met", True), bool)
+            )
             if not ok:
-                raise ConfigError(f'{path}: expectations[{i}] is not a check (revert list, scenario, wanted list, '
-                                  f'got object, met true/false); {damaged}')
+                raise ConfigError(
+                    f"{path}: expectations[{i}] is not a check (revert list, scenario, wanted list, "
+                    f"got object, met true/false); {damaged}"
+                )
         elif not isinstance(e, (dict, str)):
             raise ConfigError(f"{path}: expectations[{i}] is {e!r}; {damaged}")
     for key in ("stray", "known_divergences"):
         for i, item in enumerate(data.get(key, [])):
             if not isinstance(item, dict) or not isinstance(item.get("scenario"), str):
-                raise ConfigError(f'{path}: {key}[{i}] is not an object naming a scenario; {damaged}')
+                raise ConfigError(f"{path}: {key}[{i}] is not an object naming a scenario; {damaged}")
     for i, item in enumerate(data.get("not_run", [])):
         if not isinstance(item, str):
             raise ConfigError(f"{path}: not_run[{i}] is {item!r}, not text; {damaged}")
@@ -143,15 +155,16 @@ def _check_cell(path: str, i: int, cell: Any) -> dict:
     if not isinstance(toggles, list) or not all(isinstance(t, str) and t for t in toggles):
         raise ConfigError(f'{where} ({scenario}) has no "toggles" list of toggle ids; {_FIX}')
     if verdict not in MARKS:
-        raise ConfigError(f'{where} ({scenario}) has verdict {verdict!r}, not one of {", ".join(MARKS)}; {_FIX}')
+        raise ConfigError(f"{where} ({scenario}) has verdict {verdict!r}, not one of {', '.join(MARKS)}; {_FIX}")
     findings = cell.get("findings", [])
     if not isinstance(findings, list) or not all(
-            isinstance(f, dict) and f.get("verdict") in MARKS and isinstance(f.get("message", ""), str)
-            for f in findings):
-        raise ConfigError(f'{where} ({scenario}) has "findings" that are not a list of {{verdict, message}} '
-                          f'objects; {_FIX}')
+        isinstance(f, dict) and f.get("verdict") in MARKS and isinstance(f.get("message", ""), str) for f in findings
+    ):
+        raise ConfigError(
+            f'{where} ({scenario}) has "findings" that are not a list of {{verdict, message}} objects; {_FIX}'
+        )
     if not (cell.get("device") is None or isinstance(cell.get("device"), str)):
-        raise ConfigError(f'{where} ({scenario}) has device {cell.get("device")!r}, not text; {_FIX}')
+        raise ConfigError(f"{where} ({scenario}) has device {cell.get('device')!r}, not text; {_FIX}")
     timings = cell.get("timings_ms", {})
     if not (timings is None or (isinstance(timings, dict) and all(_number_or_none(v) for v in timings.values()))):
         raise ConfigError(f'{where} ({scenario}) has "timings_ms" that are not numbers; {_FIX}')
@@ -159,16 +172,23 @@ def _check_cell(path: str, i: int, cell: Any) -> dict:
         raise ConfigError(f'{where} ({scenario}) has "error" {cell.get("error")!r}, not an object; {_FIX}')
     cid = cell_id(cell)
     if "id" in cell and cell["id"] != cid:
-        raise ConfigError(f'{where} has id {cell["id"]!r} but its toggles and scenario make {cid!r}; {_FIX}')
+        raise ConfigError(f"{where} has id {cell['id']!r} but its toggles and scenario make {cid!r}; {_FIX}")
     return {"id": cid, **{k: v for k, v in cell.items() if k != "id"}}
 
 
 def describe(path: str, report: dict) -> dict:
     """What a comparison or a merge records about one input report."""
-    return {"file": path, "schema": report["schema"], "date": report.get("date"),
-            "command": report.get("command"), "device": report.get("device"),
-            "device_name": report.get("device_name"), "wall_s": report.get("wall_s"),
-            "cells": len(report["cells"]), "summary": count_verdicts(report["cells"])}
+    return {
+        "file": path,
+        "schema": report["schema"],
+        "date": report.get("date"),
+        "command": report.get("command"),
+        "device": report.get("device"),
+        "device_name": report.get("device_name"),
+        "wall_s": report.get("wall_s"),
+        "cells": len(report["cells"]),
+        "summary": count_verdicts(report["cells"]),
+    }
 
 
 def count_verdicts(cells: Sequence[dict]) -> dict[str, int]:

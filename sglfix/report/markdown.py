@@ -11,8 +11,14 @@ from sglfix.common.verdicts import MARKS, worst
 from sglfix.report.grid import Grid, key_figure
 from sglfix.report.output import check_output_file, write_atomic
 
-__all__ = ["SUFFIXES", "GROUP_ROWS_OVER", "check_markdown_path", "render_markdown", "write_markdown",
-           "append_step_summary"]
+__all__ = [
+    "GROUP_ROWS_OVER",
+    "SUFFIXES",
+    "append_step_summary",
+    "check_markdown_path",
+    "render_markdown",
+    "write_markdown",
+]
 
 SUFFIXES = (".md", ".markdown")
 STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
@@ -62,7 +68,11 @@ def _summary_line(report: dict) -> str:
     wall = report.get("wall_s")
     took = f" in {float(wall):.1f} s" if isinstance(wall, (int, float)) else ""
     counts = _counts(report) or "no cells"
-    env = f"; SGLANG\\_DEBUG\\_REVERT\\_PR={_esc(report['env_revert'])} in every cell" if report.get("env_revert") not in (None, "", "0") else ""
+    env = (
+        f"; SGLANG\\_DEBUG\\_REVERT\\_PR={_esc(report['env_revert'])} in every cell"
+        if report.get("env_revert") not in (None, "", "0")
+        else ""
+    )
     return f"**{cells} cell{'s' * (cells != 1)}** on {_esc(where)}{took}: {counts}{env}"
 
 
@@ -76,8 +86,10 @@ def _grid_lines(grid: Grid) -> list[str]:
     full = len(grid.columns) <= FULL_COLUMNS_UP_TO
     heads = [_code(c, in_table=True) for c in grid.columns] if full else [f"t{i}" for i in range(len(grid.columns))]
     grouped = len(grid.rows) > GROUP_ROWS_OVER
-    lines = ["| " + " | ".join(["scenario group" if grouped else "scenario", *heads]) + " |",
-             "|" + "---|" * (len(heads) + 1)]
+    lines = [
+        "| " + " | ".join(["scenario group" if grouped else "scenario", *heads]) + " |",
+        "|" + "---|" * (len(heads) + 1),
+    ]
     if grouped:
         for group, rows in grid.groups:
             label = _code(group + ("@*" if any("@" in r for r in rows) else ""), in_table=True) + f" ({len(rows)})"
@@ -101,9 +113,15 @@ def _grid_lines(grid: Grid) -> list[str]:
             lines.append("| " + " | ".join([label, *marks]) + " |")
     else:
         for s in grid.rows:
-            lines.append("| " + " | ".join([_code(s, in_table=True), *(_mark(grid.verdict(c, s)) for c in grid.columns)]) + " |")
-    legend = f"{PASS_MARK} PASS" + (", a group cell: the worst verdict and how many of its scenarios showed it "
-                                     "or another failing verdict, then how many were not reached" if grouped else "")
+            lines.append(
+                "| " + " | ".join([_code(s, in_table=True), *(_mark(grid.verdict(c, s)) for c in grid.columns)]) + " |"
+            )
+    legend = f"{PASS_MARK} PASS" + (
+        ", a group cell: the worst verdict and how many of its scenarios showed it "
+        "or another failing verdict, then how many were not reached"
+        if grouped
+        else ""
+    )
     lines += ["", legend + "."]
     if not full:
         lines.append("Columns: " + ", ".join(f"t{i} {_code(c)}" for i, c in enumerate(grid.columns)) + ".")
@@ -122,17 +140,28 @@ def _gate_lines(report: dict) -> list[str]:
     not_run = report.get("not_run") or []
     errors = [c for c in report.get("cells") or () if c.get("verdict") == "ERROR"]
     ok = not unmet and not stray and not errors
-    lines = [f"**Gate: {'passed' if ok else 'FAILED'}**: {len(checks) - len(unmet)}/{len(checks)} expectations met, "
-             f"{len(stray)} unexpected verdict(s), {len(errors)} ERROR cell(s), {len(not_run)} expectation(s) not checked."]
+    lines = [
+        f"**Gate: {'passed' if ok else 'FAILED'}**: {len(checks) - len(unmet)}/{len(checks)} expectations met, "
+        f"{len(stray)} unexpected verdict(s), {len(errors)} ERROR cell(s), {len(not_run)} expectation(s) not checked."
+    ]
     if unmet:
         lines += ["", "Unmet expectations:", ""]
-        lines += _capped([f"- revert {_code(','.join(e.get('revert') or ()))} on {_code(e.get('scenario'))}: wanted "
-                          f"{_esc('|'.join(e.get('wanted') or ()))}, got {_esc(', '.join(sorted(set((e.get('got') or {}).values()))))}"
-                          for e in unmet])
+        lines += _capped(
+            [
+                f"- revert {_code(','.join(e.get('revert') or ()))} on {_code(e.get('scenario'))}: wanted "
+                f"{_esc('|'.join(e.get('wanted') or ()))}, got {_esc(', '.join(sorted(set((e.get('got') or {}).values()))))}"
+                for e in unmet
+            ]
+        )
     if stray:
         lines += ["", "Unexpected verdicts:", ""]
-        lines += _capped([f"- {_code(','.join(s.get('toggles') or ()) or 'baseline')} on {_code(s.get('scenario'))}: "
-                          f"{_esc(s.get('verdict'))} ({_esc(s.get('why', ''))})" for s in stray])
+        lines += _capped(
+            [
+                f"- {_code(','.join(s.get('toggles') or ()) or 'baseline')} on {_code(s.get('scenario'))}: "
+                f"{_esc(s.get('verdict'))} ({_esc(s.get('why', ''))})"
+                for s in stray
+            ]
+        )
     if errors:
         lines += ["", "ERROR cells (sglfix could not judge them):", ""]
         lines += _capped([f"- {_code(c.get('id'))}: {_esc(key_figure(c))}" for c in errors])
@@ -143,26 +172,41 @@ def _failing_lines(report: dict) -> list[str]:
     bad = [c for c in report.get("cells") or () if c.get("verdict") not in ("PASS", "SKIP", "NOT_REACHED")]
     if not bad:
         return []
-    return ["", "Not passing:", "", *_capped([f"- {_code(c.get('id'))}: **{_esc(c.get('verdict'))}** {_esc(key_figure(c))}"
-                                              for c in bad])]
+    return [
+        "",
+        "Not passing:",
+        "",
+        *_capped([f"- {_code(c.get('id'))}: **{_esc(c.get('verdict'))}** {_esc(key_figure(c))}" for c in bad]),
+    ]
 
 
 def _bisect_lines(report: dict) -> list[str]:
     culprits, masking = report.get("culprits") or [], report.get("masking") or []
-    lines = [f"**{len(culprits)} culprit(s)** among {report.get('candidates', '?')} candidates: "
-             f"the baseline and {report.get('sets_run', '?')} toggle sets ({report.get('runs', '?')} searched, "
-             f"{report.get('masking_runs', 0)} for masking).", ""]
+    lines = [
+        f"**{len(culprits)} culprit(s)** among {report.get('candidates', '?')} candidates: "
+        f"the baseline and {report.get('sets_run', '?')} toggle sets ({report.get('runs', '?')} searched, "
+        f"{report.get('masking_runs', 0)} for masking).",
+        "",
+    ]
     if culprits:
         lines += ["| group | culprit | verdict | scenarios | key figure |", "|---|---|---|---|---|"]
-        lines += [f"| {_code(c.get('group'), in_table=True)} | {_code(','.join(c.get('ids') or ()), in_table=True)} | "
-                  f"{_esc(c.get('verdict'))} | {len(c.get('scenarios') or ())} | "
-                  f"{_esc(c.get('key_figure', ''))} |" for c in culprits]
+        lines += [
+            f"| {_code(c.get('group'), in_table=True)} | {_code(','.join(c.get('ids') or ()), in_table=True)} | "
+            f"{_esc(c.get('verdict'))} | {len(c.get('scenarios') or ())} | "
+            f"{_esc(c.get('key_figure', ''))} |"
+            for c in culprits
+        ]
         lines.append("")
     if masking:
         lines += ["Masking:", ""]
-        lines += _capped([f"- in {_code(m.get('group'))}: {_code(m.get('culprit'))} fails alone but passes reverted together "
-                          f"with {_code(m.get('masked_by'))} on {'all' if m.get('all') else len(m.get('scenarios') or ())} "
-                          f"of the scenarios it fails" for m in masking])
+        lines += _capped(
+            [
+                f"- in {_code(m.get('group'))}: {_code(m.get('culprit'))} fails alone but passes reverted together "
+                f"with {_code(m.get('masked_by'))} on {'all' if m.get('all') else len(m.get('scenarios') or ())} "
+                f"of the scenarios it fails"
+                for m in masking
+            ]
+        )
         lines.append("")
     return lines
 

@@ -19,17 +19,28 @@ from __future__ import annotations
 import datetime
 import fnmatch
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from sglfix.common.errors import ConfigError
 from sglfix.common.verdicts import stands_for
 from sglfix.report.jsonreport import SCHEMA
 from sglfix.report.load import cell_id, cell_key, count_verdicts, describe
 
-__all__ = ["merge_reports", "ENV_FIELDS", "MIXED"]
+__all__ = ["ENV_FIELDS", "MIXED", "merge_reports"]
 
-ENV_FIELDS = ("device", "device_name", "host", "python", "torch", "triton", "flashinfer", "sglfix", "env_revert",
-              "codebase")
+ENV_FIELDS = (
+    "device",
+    "device_name",
+    "host",
+    "python",
+    "torch",
+    "triton",
+    "flashinfer",
+    "sglfix",
+    "env_revert",
+    "codebase",
+)
 MIXED = "mixed"
 
 
@@ -45,37 +56,43 @@ def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str])
             if key not in cells:
                 cells[key], origin[key] = c, path
             elif cells[key]["verdict"] != c["verdict"]:
-                raise ConfigError(f"cell {cell_id(c)} is {cells[key]['verdict']} in {origin[key]} but {c['verdict']} "
-                                  f"in {path}; shards of one report must agree: rerun that cell, or leave one "
-                                  f"of the files out")
+                raise ConfigError(
+                    f"cell {cell_id(c)} is {cells[key]['verdict']} in {origin[key]} but {c['verdict']} "
+                    f"in {path}; shards of one report must agree: rerun that cell, or leave one "
+                    f"of the files out"
+                )
     merged_cells = list(cells.values())
     reports = [r for _, r in inputs]
     verdicts = {key: stands_for(c.get("verdict"), c.get("findings")) for key, c in cells.items()}
     devices = {key: c.get("device") for key, c in cells.items()}
     known = _merge_known([k for r in reports for k in r.get("known_divergences", [])])
-    expectations = _merge_expectations([e for r in reports for e in r.get("expectations", [])], verdicts,
-                                       devices=devices, known=known)
+    expectations = _merge_expectations(
+        [e for r in reports for e in r.get("expectations", [])], verdicts, devices=devices, known=known
+    )
     checked = {f"revert {','.join(e['revert'])} on {e['scenario']}" for e in expectations if _is_check(e)}
     walls = [r["wall_s"] for r in reports if isinstance(r.get("wall_s"), (int, float))]
     out: dict[str, Any] = {
-        "tool": "sglfix", "schema": SCHEMA,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "tool": "sglfix",
+        "schema": SCHEMA,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(command),
     }
     for key in ENV_FIELDS:
         values = {_hashable(r.get(key)) for r in reports}
         out[key] = reports[0].get(key) if len(values) == 1 else MIXED
-    out.update({
-        "wall_s": max(walls) if walls else None,
-        "cells": merged_cells,
-        "summary": count_verdicts(merged_cells),
-        "expectations": expectations,
-        "stray": _unique([s for r in reports for s in r.get("stray", [])]),
-        "not_run": [n for n in _unique([n for r in reports for n in r.get("not_run", [])]) if n not in checked],
-        "known_divergences": known,
-        "shards": _shard_set(inputs),
-        "merged_from": [{**describe(path, r), "host": r.get("host")} for path, r in inputs],
-    })
+    out.update(
+        {
+            "wall_s": max(walls) if walls else None,
+            "cells": merged_cells,
+            "summary": count_verdicts(merged_cells),
+            "expectations": expectations,
+            "stray": _unique([s for r in reports for s in r.get("stray", [])]),
+            "not_run": [n for n in _unique([n for r in reports for n in r.get("not_run", [])]) if n not in checked],
+            "known_divergences": known,
+            "shards": _shard_set(inputs),
+            "merged_from": [{**describe(path, r), "host": r.get("host")} for path, r in inputs],
+        }
+    )
     return out
 
 
@@ -104,8 +121,13 @@ def _unique(items: Sequence[Any]) -> list:
 
 
 def _is_check(e: Any) -> bool:
-    return (isinstance(e, dict) and isinstance(e.get("revert"), list) and isinstance(e.get("scenario"), str)
-            and isinstance(e.get("wanted"), list) and isinstance(e.get("got"), dict))
+    return (
+        isinstance(e, dict)
+        and isinstance(e.get("revert"), list)
+        and isinstance(e.get("scenario"), str)
+        and isinstance(e.get("wanted"), list)
+        and isinstance(e.get("got"), dict)
+    )
 
 
 def _shard_set(inputs: Sequence[tuple[str, dict]]) -> dict | None:
@@ -117,7 +139,9 @@ def _shard_set(inputs: Sequence[tuple[str, dict]]) -> dict | None:
     problems: list[str] = []
     unsharded = [path for path, sh in given if sh is None]
     if unsharded:
-        problems.append(f"{', '.join(unsharded)} {'is' if len(unsharded) == 1 else 'are'} not a shard, merged with shards")
+        problems.append(
+            f"{', '.join(unsharded)} {'is' if len(unsharded) == 1 else 'are'} not a shard, merged with shards"
+        )
     parsed: list[tuple[int, int]] = []
     for path, sh in given:
         if sh is None:
@@ -138,15 +162,37 @@ def _shard_set(inputs: Sequence[tuple[str, dict]]) -> dict | None:
     if repeated:
         problems.append(f"shard {', '.join(f'{i}/{count}' for i in repeated)} given more than once")
     if missing:
-        problems.append(f"shard {', '.join(f'{i}/{count}' for i in missing)} missing: the merged report "
-                        f"is not the whole run")
-    return {"count": count, "given": sorted(seen), "missing": missing, "repeated": repeated,
-            "problems": problems, "partial_allowed": False}
+        problems.append(
+            f"shard {', '.join(f'{i}/{count}' for i in missing)} missing: the merged report is not the whole run"
+        )
+    return {
+        "count": count,
+        "given": sorted(seen),
+        "missing": missing,
+        "repeated": repeated,
+        "problems": problems,
+        "partial_allowed": False,
+    }
 
 
 def _is_known(known: Sequence[dict], *, scenario: str, verdict: str, device: Any) -> bool:
-    return any(verdict in k.get("verdict", []) and k.get("device", "any") in ("any", device)
-               and fnmatch.fnmatchcase(scenario, k.get("scenario", "")) for k in known)
+    return any(
+        verdict in k.get("verdict", [])
+        and k.get("device", "any") in ("any", device)
+        and fnmatch.fnmatchcase(scenario, k.get("scenario", ""))
+        for k in known
+    )
+
+
+def _meets(
+    wanted: Sequence[str], revert: str, name: str, verdict: str, *, verdicts: dict, devices: dict, known: Sequence[dict]
+) -> bool:
+    """Whether one scenario's verdict meets an expectation: a NOT_REACHED cell counts as its
+    baseline's verdict, and a known divergence meets an expectation of PASS."""
+    eff = verdicts.get((revert, name), verdict) if verdict == "NOT_REACHED" else verdict
+    return eff in wanted or (
+        "PASS" in wanted and _is_known(known, scenario=name, verdict=eff, device=devices.get((revert, name)))
+    )
 
 
 def _merge_expectations(items: Sequence[Any], verdicts: dict, *, devices: dict, known: Sequence[dict]) -> list:
@@ -164,10 +210,8 @@ def _merge_expectations(items: Sequence[Any], verdicts: dict, *, devices: dict, 
         m = by_key[key]
         m["got"] = {**m["got"], **e["got"]}
         revert = ",".join(m["revert"])
-        def meets(name: str, v: str) -> bool:
-            eff = verdicts.get((revert, name), v) if v == "NOT_REACHED" else v
-            return eff in m["wanted"] or ("PASS" in m["wanted"] and _is_known(
-                known, scenario=name, verdict=eff, device=devices.get((revert, name))))
-
-        m["met"] = any(meets(name, v) for name, v in m["got"].items())
+        m["met"] = any(
+            _meets(m["wanted"], revert, name, v, verdicts=verdicts, devices=devices, known=known)
+            for name, v in m["got"].items()
+        )
     return out

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sglfix.common.errors import ConfigError
 
-__all__ = ["check_output_path", "check_output_file", "write_atomic", "write_json"]
+__all__ = ["check_output_file", "check_output_path", "write_atomic", "write_json"]
 
 
 def check_output_path(path: str | None, *, option: str) -> None:
@@ -38,8 +38,9 @@ def check_output_path(path: str | None, *, option: str) -> None:
     try:
         fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".check", dir=str(parent))
     except OSError as exc:
-        raise ConfigError(f"{option} {path}: cannot create a file in {parent} ({exc.strerror or exc}); "
-                          f"choose another path") from None
+        raise ConfigError(
+            f"{option} {path}: cannot create a file in {parent} ({exc.strerror or exc}); choose another path"
+        ) from None
     os.close(fd)
     os.unlink(probe)
 
@@ -62,7 +63,7 @@ def write_atomic(path: str, text: str | bytes) -> None:
     try:
         # mkstemp's file is private (0600); give the report the mode a plain open() would.
         os.fchmod(fd, 0o666 & ~_umask())
-        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8")) as fh:
+        with os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())

@@ -11,11 +11,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
-    "Limit", "LIMITS", "limits_markdown",
-    "MAX_REQUESTS", "MAX_TOKENS_PER_REQUEST", "MAX_TOKENS_PER_BATCH", "MAX_HEADS", "MIN_HEAD_DIM",
-    "MAX_HEAD_DIM", "MAX_PAGE_SIZE", "MAX_TOPK", "MAX_NUM_STEPS", "MAX_DRAFT_TOKENS",
-    "MAX_CAPTURE_SIZES", "MAX_GRID_POINTS", "MAX_SCENARIOS", "MAX_FILE_BYTES", "MAX_NAME_CHARS",
-    "MAX_DESCRIPTION_CHARS", "MAX_SEED", "LIMITS_HINT",
+    "LIMITS",
+    "LIMITS_HINT",
+    "MAX_CAPTURE_SIZES",
+    "MAX_DESCRIPTION_CHARS",
+    "MAX_DRAFT_TOKENS",
+    "MAX_FILE_BYTES",
+    "MAX_GRID_POINTS",
+    "MAX_HEADS",
+    "MAX_HEAD_DIM",
+    "MAX_NAME_CHARS",
+    "MAX_NUM_STEPS",
+    "MAX_PAGE_SIZE",
+    "MAX_REQUESTS",
+    "MAX_SCENARIOS",
+    "MAX_SEED",
+    "MAX_TOKENS_PER_BATCH",
+    "MAX_TOKENS_PER_REQUEST",
+    "MAX_TOPK",
+    "MIN_HEAD_DIM",
+    "Limit",
+    "limits_markdown",
 ]
 
 MAX_REQUESTS = 1024
@@ -49,43 +65,85 @@ class Limit:
 
 
 LIMITS: tuple[Limit, ...] = (
-    Limit("requests per batch (`batch.prefix_lens` items)", f"1 .. {MAX_REQUESTS}",
-          "CUDA-graph batch sizes of engines stay in the hundreds"),
-    Limit("tokens per request (prefix + new tokens)", f"<= {MAX_TOKENS_PER_REQUEST:,}",
-          "a 128K context"),
-    Limit("tokens per batch (sum over requests)", f"<= {MAX_TOKENS_PER_BATCH:,}",
-          "the KV pool holds twice this (scattered pages)"),
-    Limit("`batch.prefix_lens`", f"0 .. {MAX_TOKENS_PER_REQUEST:,}",
-          "0 is a fresh prefill (or a first token attending only itself)"),
+    Limit(
+        "requests per batch (`batch.prefix_lens` items)",
+        f"1 .. {MAX_REQUESTS}",
+        "CUDA-graph batch sizes of engines stay in the hundreds",
+    ),
+    Limit("tokens per request (prefix + new tokens)", f"<= {MAX_TOKENS_PER_REQUEST:,}", "a 128K context"),
+    Limit(
+        "tokens per batch (sum over requests)",
+        f"<= {MAX_TOKENS_PER_BATCH:,}",
+        "the KV pool holds twice this (scattered pages)",
+    ),
+    Limit(
+        "`batch.prefix_lens`",
+        f"0 .. {MAX_TOKENS_PER_REQUEST:,}",
+        "0 is a fresh prefill (or a first token attending only itself)",
+    ),
     Limit("`batch.extend_lens`", f"1 .. {MAX_TOKENS_PER_REQUEST:,}", "EXTEND only"),
-    Limit("`batch.accept_lens`", "0 .. min(num_steps, num_draft_tokens - 1)",
-          "DRAFT_EXTEND only; it extends accept_len + 1 tokens (trtllm_mla: both draft-extend modes, "
-          "0 .. num_draft_tokens - 1, fed to spec_info.accept_length)"),
-    Limit("`max_context_len`", f"1 .. {MAX_TOKENS_PER_REQUEST:,}",
-          "optional; at least every request's prefix + new tokens (DRAFT_DECODE: + topk * num_steps)"),
-    Limit("`model.num_heads`, `model.num_kv_heads`", f"1 .. {MAX_HEADS}",
-          "num_heads a multiple of num_kv_heads (MHA, GQA, MQA)"),
-    Limit("`model.head_dim`", f"power of two, {MIN_HEAD_DIM} .. {MAX_HEAD_DIM}",
-          "the Triton kernels' block shapes; flashinfer: 64, 128 or 256, at most 4 query heads per KV head"),
-    Limit("`model.kv_lora_rank`, `model.qk_rope_head_dim`", "512, 64",
-          "MLA backends only (flashinfer_mla, trtllm_mla, deepseek_v4): FlashInfer's MLA kernels; num_heads 16, 32, "
-          "64 or 128"),
-    Limit("`page_size`", f"1 .. {MAX_PAGE_SIZE}", "engines use 1 to 256; flashinfer and flashinfer_mla: 1; "
-          "trtllm_mla: 32 or 64 (default 64); deepseek_v4: 256 (the default)"),
+    Limit(
+        "`batch.accept_lens`",
+        "0 .. min(num_steps, num_draft_tokens - 1)",
+        "DRAFT_EXTEND only; it extends accept_len + 1 tokens (trtllm_mla: both draft-extend modes, "
+        "0 .. num_draft_tokens - 1, fed to spec_info.accept_length)",
+    ),
+    Limit(
+        "`max_context_len`",
+        f"1 .. {MAX_TOKENS_PER_REQUEST:,}",
+        "optional; at least every request's prefix + new tokens (DRAFT_DECODE: + topk * num_steps)",
+    ),
+    Limit(
+        "`model.num_heads`, `model.num_kv_heads`",
+        f"1 .. {MAX_HEADS}",
+        "num_heads a multiple of num_kv_heads (MHA, GQA, MQA)",
+    ),
+    Limit(
+        "`model.head_dim`",
+        f"power of two, {MIN_HEAD_DIM} .. {MAX_HEAD_DIM}",
+        "the Triton kernels' block shapes; flashinfer: 64, 128 or 256, at most 4 query heads per KV head",
+    ),
+    Limit(
+        "`model.kv_lora_rank`, `model.qk_rope_head_dim`",
+        "512, 64",
+        "MLA backends only (flashinfer_mla, trtllm_mla, deepseek_v4): FlashInfer's MLA kernels; num_heads 16, 32, "
+        "64 or 128",
+    ),
+    Limit(
+        "`page_size`",
+        f"1 .. {MAX_PAGE_SIZE}",
+        "engines use 1 to 256; flashinfer and flashinfer_mla: 1; "
+        "trtllm_mla: 32 or 64 (default 64); deepseek_v4: 256 (the default)",
+    ),
     Limit("`spec.topk`", f"1 .. {MAX_TOPK}", "TARGET_VERIFY, DRAFT_EXTEND, DRAFT_EXTEND_V2, and deepseek_v4: 1"),
-    Limit("`spec.num_steps`", f"1 .. {MAX_NUM_STEPS}", "EAGLE draft depth; DRAFT_DECODE: >= 2 (num_steps - 1 "
-          "attention steps)"),
-    Limit("`spec.num_draft_tokens`", f"1 .. {MAX_DRAFT_TOKENS}",
-          "TARGET_VERIFY: must fit a tree of depth num_steps and fan-out topk"),
-    Limit("`cuda_graph.capture_bs`", f"1 .. {MAX_REQUESTS} each, at most {MAX_CAPTURE_SIZES} sizes",
-          "one capture per size"),
+    Limit(
+        "`spec.num_steps`",
+        f"1 .. {MAX_NUM_STEPS}",
+        "EAGLE draft depth; DRAFT_DECODE: >= 2 (num_steps - 1 attention steps)",
+    ),
+    Limit(
+        "`spec.num_draft_tokens`",
+        f"1 .. {MAX_DRAFT_TOKENS}",
+        "TARGET_VERIFY: must fit a tree of depth num_steps and fan-out topk",
+    ),
+    Limit(
+        "`cuda_graph.capture_bs`",
+        f"1 .. {MAX_REQUESTS} each, at most {MAX_CAPTURE_SIZES} sizes",
+        "one capture per size",
+    ),
     Limit("`seed`", "0 .. 2^63 - 1", "torch.Generator.manual_seed"),
     Limit("`tolerance`", "0 < t < 1", "default 1e-2 fp16, 2e-2 bf16, 1e-4 fp32"),
-    Limit("`name`", f"1 .. {MAX_NAME_CHARS} characters, no whitespace or control characters",
-          "names are printed and matched by glob"),
+    Limit(
+        "`name`",
+        f"1 .. {MAX_NAME_CHARS} characters, no whitespace or control characters",
+        "names are printed and matched by glob",
+    ),
     Limit("`grid` points per scenario", f"<= {MAX_GRID_POINTS}", "checked on the product, before expanding"),
-    Limit("scenarios loaded in all (after grid expansion)", f"<= {MAX_SCENARIOS}",
-          "the matrix runs each with every toggle"),
+    Limit(
+        "scenarios loaded in all (after grid expansion)",
+        f"<= {MAX_SCENARIOS}",
+        "the matrix runs each with every toggle",
+    ),
     Limit("scenario file size", f"<= {MAX_FILE_BYTES // 1024**2} MiB", "a scenario file is a few KB"),
 )
 

@@ -13,8 +13,9 @@ import fnmatch
 import itertools
 import math
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from sglfix.common.errors import ConfigError
 from sglfix.common.schema import describe_kind, nearest, show, validate_node
@@ -23,19 +24,29 @@ from sglfix.scenario.limits import LIMITS_HINT, MAX_FILE_BYTES, MAX_GRID_POINTS,
 from sglfix.scenario.memory import check_memory
 from sglfix.scenario.models import BatchNode, CudaGraphNode, ModelShape, Scenario, ScenarioNode, SpecShape, valid_name
 
-__all__ = ["load_scenario_file", "load_scenarios", "builtin_scenario_dir", "select_scenarios"]
+__all__ = ["builtin_scenario_dir", "load_scenario_file", "load_scenarios", "select_scenarios"]
 
 _NESTED = {"batch": BatchNode, "model": ModelShape, "spec": SpecShape, "cuda_graph": CudaGraphNode}
 _GRID_KEYS = tuple(k for k in ScenarioNode.model_fields if k not in ("grid", "name"))
-_SHORT = {"model.dtype": "dtype", "cuda_graph": "cg", "page_size": "ps", "gpu_only": "gpu_only",
-          "builder": "builder", "spec.topk": "topk", "spec.num_steps": "steps", "batch.accept_lens": "acc",
-          "max_context_len": "ctx", "mode": "mode"}
+_SHORT = {
+    "model.dtype": "dtype",
+    "cuda_graph": "cg",
+    "page_size": "ps",
+    "gpu_only": "gpu_only",
+    "builder": "builder",
+    "spec.topk": "topk",
+    "spec.num_steps": "steps",
+    "batch.accept_lens": "acc",
+    "max_context_len": "ctx",
+    "mode": "mode",
+}
 _DTYPE_LABELS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 _MAX_LABEL_CHARS = 40
 _UNPRINTABLE = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")
 
 
 # ----------------------------------------------------------------------------- one node
+
 
 def _what(node: Any) -> str:
     name = node.get("name") if isinstance(node, dict) else None
@@ -49,6 +60,7 @@ def _parse_one(node: Any, *, where: str, what: str | None = None) -> Scenario:
 
 
 # ----------------------------------------------------------------------------- grid
+
 
 def _label(value: Any) -> str:
     if isinstance(value, list) and all(not isinstance(v, (list, dict)) for v in value):
@@ -73,28 +85,35 @@ def _check_grid(node: LineDict, *, where: str) -> tuple[list[str], int]:
     """The grid's keys and its number of points, refused before anything is expanded."""
     grid = node["grid"]
     if not isinstance(grid, dict) or not grid:
-        raise ConfigError(f"{where}:{line_of(node, 'grid')}: grid must map keys (dotted for nested: model.dtype) "
-                          f"to lists of values")
+        raise ConfigError(
+            f"{where}:{line_of(node, 'grid')}: grid must map keys (dotted for nested: model.dtype) to lists of values"
+        )
     for key in grid:
         parts = str(key).split(".")
         if parts[0] not in _GRID_KEYS:
-            raise ConfigError(f"{where}:{line_of(grid, key)}: grid key {key!r} is not a scenario key"
-                              f"{nearest(parts[0], _GRID_KEYS)}")
+            raise ConfigError(
+                f"{where}:{line_of(grid, key)}: grid key {key!r} is not a scenario key{nearest(parts[0], _GRID_KEYS)}"
+            )
         if len(parts) > 1:
             model = _NESTED.get(parts[0])
             if model is None or len(parts) > 2 or parts[1] not in model.model_fields:
                 allowed = [f"{parts[0]}.{f}" for f in model.model_fields] if model else []
-                raise ConfigError(f"{where}:{line_of(grid, key)}: grid key {key!r} is not a scenario key"
-                                  f"{nearest(str(key), allowed)}")
+                raise ConfigError(
+                    f"{where}:{line_of(grid, key)}: grid key {key!r} is not a scenario key{nearest(str(key), allowed)}"
+                )
         values = grid[key]
         if not isinstance(values, list) or not values:
-            raise ConfigError(f"{where}:{line_of(grid, key)}: grid.{key} must be a non-empty list of values, "
-                              f"got {describe_kind(values)}")
+            raise ConfigError(
+                f"{where}:{line_of(grid, key)}: grid.{key} must be a non-empty list of values, "
+                f"got {describe_kind(values)}"
+            )
     points = math.prod(len(v) for v in grid.values())
     if points > MAX_GRID_POINTS:
         sizes = " x ".join(str(len(v)) for v in grid.values())
-        raise ConfigError(f"{where}:{line_of(node, 'grid')}: grid expands to {points} scenarios ({sizes}), over "
-                          f"the limit of {MAX_GRID_POINTS} per scenario ({LIMITS_HINT}); split it or drop values")
+        raise ConfigError(
+            f"{where}:{line_of(node, 'grid')}: grid expands to {points} scenarios ({sizes}), over "
+            f"the limit of {MAX_GRID_POINTS} per scenario ({LIMITS_HINT}); split it or drop values"
+        )
     return list(grid), points
 
 
@@ -105,8 +124,7 @@ def _planned(node: Any, *, where: str) -> int:
     return 1
 
 
-def _substitute(base: LineDict, keys: list[str], indices: tuple[int, ...], grid: LineDict, *,
-                where: str) -> LineDict:
+def _substitute(base: LineDict, keys: list[str], indices: tuple[int, ...], grid: LineDict, *, where: str) -> LineDict:
     """A copy of ``base`` with each grid key set; errors in a value cite the grid's line for it."""
     item = copy.deepcopy(base)
     for key, index in zip(keys, indices):
@@ -121,8 +139,10 @@ def _substitute(base: LineDict, keys: list[str], indices: tuple[int, ...], grid:
                 target[p] = nested
                 target.key_lines[p] = line_of(grid, key)
             if not isinstance(nested, dict):
-                raise ConfigError(f"{where}:{line_of(grid, key)}: grid key {key!r}: {p} is not a mapping "
-                                  f"(got {describe_kind(nested)})")
+                raise ConfigError(
+                    f"{where}:{line_of(grid, key)}: grid key {key!r}: {p} is not a mapping "
+                    f"(got {describe_kind(nested)})"
+                )
             target = nested
         target[parts[-1]] = copy.deepcopy(value)
         target.key_lines[parts[-1]] = value_line
@@ -131,8 +151,10 @@ def _substitute(base: LineDict, keys: list[str], indices: tuple[int, ...], grid:
 
 def _expand(node: Any, *, where: str) -> list[Scenario]:
     if not isinstance(node, dict):
-        raise ConfigError(f"{where}:{line_of(node)}: a scenario must be a mapping with name, mode, batch, ...; "
-                          f"got {describe_kind(node)}")
+        raise ConfigError(
+            f"{where}:{line_of(node)}: a scenario must be a mapping with name, mode, batch, ...; "
+            f"got {describe_kind(node)}"
+        )
     if node.get("grid") is None:
         return [_parse_one(node, where=where)]
     keys, _ = _check_grid(node, where=where)
@@ -153,6 +175,7 @@ def _expand(node: Any, *, where: str) -> list[Scenario]:
 
 # ----------------------------------------------------------------------------- files
 
+
 def load_scenario_file(path: str | Path, *, memory_budget: int | None = None) -> list[Scenario]:
     """Every scenario of one file, grid-expanded and checked; ConfigError (file:line) otherwise.
 
@@ -170,8 +193,10 @@ def _read_file(path: str | Path) -> list[Scenario]:
     if isinstance(raw, dict) and "scenarios" in raw:
         extra = [k for k in raw if k != "scenarios"]
         if extra:
-            raise ConfigError(f"{where}:{line_of(raw, extra[0])}: unknown key {extra[0]!r} in the scenario file; "
-                              f"a file holds one scenario or only 'scenarios: [...]'")
+            raise ConfigError(
+                f"{where}:{line_of(raw, extra[0])}: unknown key {extra[0]!r} in the scenario file; "
+                f"a file holds one scenario or only 'scenarios: [...]'"
+            )
         items = raw["scenarios"]
         if not isinstance(items, list) or not items:
             raise ConfigError(f"{where}:{line_of(raw, 'scenarios')}: scenarios must be a non-empty list")
@@ -181,8 +206,10 @@ def _read_file(path: str | Path) -> list[Scenario]:
         items = [raw]
     planned = sum(_planned(item, where=where) for item in items)
     if planned > MAX_SCENARIOS:
-        raise ConfigError(f"{where}:{line_of(raw)}: the file expands to {planned} scenarios, over the limit of "
-                          f"{MAX_SCENARIOS} ({LIMITS_HINT}); split it or shrink its grids")
+        raise ConfigError(
+            f"{where}:{line_of(raw)}: the file expands to {planned} scenarios, over the limit of "
+            f"{MAX_SCENARIOS} ({LIMITS_HINT}); split it or shrink its grids"
+        )
     return [s for item in items for s in _expand(item, where=where)]
 
 
@@ -192,8 +219,13 @@ def builtin_scenario_dir() -> str:
     return str(files("sglfix.scenarios"))
 
 
-def load_scenarios(files: Iterable[str | Path] = (), *, builtin: bool = True,
-                   memory_budget: int | None = None, builtin_dir: str | None = None) -> list[Scenario]:
+def load_scenarios(
+    files: Iterable[str | Path] = (),
+    *,
+    builtin: bool = True,
+    memory_budget: int | None = None,
+    builtin_dir: str | None = None,
+) -> list[Scenario]:
     """The built-in scenarios (unless ``builtin=False``; those of ``builtin_dir``, a profile's,
     when given) followed by those of ``files``.
 
@@ -208,27 +240,37 @@ def load_scenarios(files: Iterable[str | Path] = (), *, builtin: bool = True,
     for path in paths:
         for s in _read_file(path):
             if s.name in seen:
-                raise ConfigError(f"{s.path}:{s.line}: scenario name {s.name!r} is already used in {seen[s.name]}; "
-                                  f"rename one")
+                raise ConfigError(
+                    f"{s.path}:{s.line}: scenario name {s.name!r} is already used in {seen[s.name]}; rename one"
+                )
             seen[s.name] = s.path
             out.append(s)
         if len(out) > MAX_SCENARIOS:
-            raise ConfigError(f"{path}: with this file {len(out)} scenarios are loaded, over the limit of "
-                              f"{MAX_SCENARIOS} ({LIMITS_HINT}); give fewer files")
+            raise ConfigError(
+                f"{path}: with this file {len(out)} scenarios are loaded, over the limit of "
+                f"{MAX_SCENARIOS} ({LIMITS_HINT}); give fewer files"
+            )
     check_memory(out, budget_bytes=memory_budget)
     return out
 
 
-def select_scenarios(scenarios: list[Scenario], *, globs: Iterable[str] = (),
-                     backend: str | None = None) -> list[Scenario]:
+def select_scenarios(
+    scenarios: list[Scenario], *, globs: Iterable[str] = (), backend: str | None = None
+) -> list[Scenario]:
     """The scenarios whose name matches one of ``globs`` (all when none), of ``backend`` if given."""
     globs = list(globs)
-    chosen = [s for s in scenarios if (not globs or any(fnmatch.fnmatchcase(s.name, g) for g in globs))
-              and (backend is None or s.backend == backend)]
+    chosen = [
+        s
+        for s in scenarios
+        if (not globs or any(fnmatch.fnmatchcase(s.name, g) for g in globs))
+        and (backend is None or s.backend == backend)
+    ]
     if not chosen:
         names = [s.name for s in scenarios]
         raise ConfigError(
-            f"no scenario matches {' '.join(globs) or '*'}" + (f" with backend {backend}" if backend else "")
-            + (nearest(globs[0], names) if globs else "") + f"; {len(names)} known (sglfix scenarios lists them)"
+            f"no scenario matches {' '.join(globs) or '*'}"
+            + (f" with backend {backend}" if backend else "")
+            + (nearest(globs[0], names) if globs else "")
+            + f"; {len(names)} known (sglfix scenarios lists them)"
         )
     return chosen

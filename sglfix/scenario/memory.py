@@ -11,15 +11,23 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from sglfix.common.errors import ConfigError
 from sglfix.scenario.models import Scenario
 from sglfix.scenario.modes import rule_for
 
-__all__ = ["MemoryEstimate", "estimate_memory", "check_memory", "memory_budget", "parse_size", "format_size",
-           "DEFAULT_MEMORY_BUDGET", "MEMORY_BUDGET_ENV"]
+__all__ = [
+    "DEFAULT_MEMORY_BUDGET",
+    "MEMORY_BUDGET_ENV",
+    "MemoryEstimate",
+    "check_memory",
+    "estimate_memory",
+    "format_size",
+    "memory_budget",
+    "parse_size",
+]
 
 GiB = 1024**3
 DEFAULT_MEMORY_BUDGET = 8 * GiB
@@ -84,13 +92,15 @@ def estimate_memory(scenario: Scenario) -> MemoryEstimate:
         "req_to_token table": pool_rows * context * 4,
         "q/k/v and output": tokens * (2 * heads + 2 * kv_heads) * dim * es + bs * qmax * heads * dim * es,
         "padded ground truth and mask": (bs * qmax * heads * dim + 2 * bs * lmax * kv_row) * es
-                                        + bs * qmax * lmax + bs * qmax,
+        + bs * qmax * lmax
+        + bs * qmax,
         # float64 copies of q/k/v (k/v repeated to every head), scores, their masked copy and
         # the probabilities, and the output.
-        "reference": _REF_BYTES * (2 * bs * qmax * heads * dim + 2 * bs * lmax * (heads + kv_heads) * dim
-                                   + 3 * bs * heads * qmax * lmax),
-        "page table and kernel scratch": 8 * bs * context + bs * heads * _KV_SPLITS * (dim + 1) * 4
-                                         + sum(e * (p + e) for p, e in zip(s.prefix_lens, s.extend_lens)),
+        "reference": _REF_BYTES
+        * (2 * bs * qmax * heads * dim + 2 * bs * lmax * (heads + kv_heads) * dim + 3 * bs * heads * qmax * lmax),
+        "page table and kernel scratch": 8 * bs * context
+        + bs * heads * _KV_SPLITS * (dim + 1) * 4
+        + sum(e * (p + e) for p, e in zip(s.prefix_lens, s.extend_lens)),
     }
     if rule.new_tokens == "draft_steps":
         # One kv_indices row per step, bs * topk * max_context_len wide (eager and graph).
@@ -99,9 +109,9 @@ def estimate_memory(scenario: Scenario) -> MemoryEstimate:
     if s.capture_bs:
         rows = graph_bs * rule.graph_tokens_per_request(num_steps=s.spec.num_steps, num_draft_tokens=ndt)
         parts["CUDA-graph static buffers"] = (
-            rows * heads * _KV_SPLITS * (dim + 1) * 4      # split-KV logits and lse
-            + rows * context * 8                            # kv_indices
-            + graph_bs * ndt * (context + ndt)              # verify mask
+            rows * heads * _KV_SPLITS * (dim + 1) * 4  # split-KV logits and lse
+            + rows * context * 8  # kv_indices
+            + graph_bs * ndt * (context + ndt)  # verify mask
             + rows * (2 * heads + 2 * kv_heads) * dim * es  # static q/k/v and output
         )
     return MemoryEstimate(parts=parts)

@@ -11,21 +11,42 @@ from __future__ import annotations
 import re
 import unicodedata
 from functools import partial
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from sglfix.common.schema import StrictModel, describe_kind, nearest, show, validate_node
 from sglfix.scenario.limits import (
-    LIMITS_HINT, MAX_CAPTURE_SIZES, MAX_DESCRIPTION_CHARS, MAX_DRAFT_TOKENS, MAX_HEAD_DIM, MAX_HEADS,
-    MAX_NAME_CHARS, MAX_NUM_STEPS, MAX_PAGE_SIZE, MAX_REQUESTS, MAX_SEED, MAX_TOKENS_PER_REQUEST, MAX_TOPK,
+    LIMITS_HINT,
+    MAX_CAPTURE_SIZES,
+    MAX_DESCRIPTION_CHARS,
+    MAX_DRAFT_TOKENS,
+    MAX_HEAD_DIM,
+    MAX_HEADS,
+    MAX_NAME_CHARS,
+    MAX_NUM_STEPS,
+    MAX_PAGE_SIZE,
+    MAX_REQUESTS,
+    MAX_SEED,
+    MAX_TOKENS_PER_REQUEST,
+    MAX_TOPK,
     MIN_HEAD_DIM,
 )
 from sglfix.scenario.modes import BACKENDS, BUILDERS, MODES, PROBES, backend_rule, rule_for
 from sglfix.scenario.rules import check_node, new_token_counts
 
-__all__ = ["BACKENDS", "DTYPES", "DEFAULT_TOLERANCE", "ModelShape", "SpecShape", "BatchNode", "CudaGraphNode",
-           "ScenarioNode", "Scenario", "valid_name"]
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_TOLERANCE",
+    "DTYPES",
+    "BatchNode",
+    "CudaGraphNode",
+    "ModelShape",
+    "Scenario",
+    "ScenarioNode",
+    "SpecShape",
+    "valid_name",
+]
 
 DTYPES = ("float16", "bfloat16", "float32")
 DEFAULT_TOLERANCE = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-4}
@@ -33,6 +54,7 @@ _DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp3
 
 
 # ----------------------------------------------------------------------------- value checks
+
 
 def _integer(value: Any, *, low: int, high: int, limit: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
@@ -93,8 +115,9 @@ def _name(value: Any) -> str:
         raise ValueError(f"has {len(value)} characters, over the limit of {MAX_NAME_CHARS}")
     for i, ch in enumerate(value):
         if ch.isspace() or unicodedata.category(ch)[0] == "C":
-            raise ValueError(f"must be text without spaces or control characters, got {value!r} "
-                             f"({ch!r} at {i}); use - or _ instead")
+            raise ValueError(
+                f"must be text without spaces or control characters, got {value!r} ({ch!r} at {i}); use - or _ instead"
+            )
     return value
 
 
@@ -155,17 +178,22 @@ Name = Annotated[str, BeforeValidator(_name)]
 Text = Annotated[str, BeforeValidator(_text)]
 Flag = Annotated[bool, BeforeValidator(_flag)]
 Tolerance = Annotated[float, BeforeValidator(_tolerance)]
-Mode = Annotated[str, BeforeValidator(partial(_choice, choices=MODES,
-                                              canonical=lambda s: s.upper().replace("-", "_")))]
-DType = Annotated[str, BeforeValidator(partial(_choice, choices=DTYPES, aliases=_DTYPE_ALIASES,
-                                               canonical=lambda s: s.lower().removeprefix("torch.")))]
+Mode = Annotated[str, BeforeValidator(partial(_choice, choices=MODES, canonical=lambda s: s.upper().replace("-", "_")))]
+DType = Annotated[
+    str,
+    BeforeValidator(
+        partial(_choice, choices=DTYPES, aliases=_DTYPE_ALIASES, canonical=lambda s: s.lower().removeprefix("torch."))
+    ),
+]
 Backend = Annotated[str, BeforeValidator(partial(_choice, choices=BACKENDS, canonical=str.lower))]
 Builder = Annotated[str, BeforeValidator(partial(_choice, choices=BUILDERS, canonical=str.lower))]
-ProbeName = Annotated[str, BeforeValidator(partial(_choice, choices=PROBES,
-                                                   canonical=lambda s: s.lower().replace("_", "-")))]
+ProbeName = Annotated[
+    str, BeforeValidator(partial(_choice, choices=PROBES, canonical=lambda s: s.lower().replace("_", "-")))
+]
 
 
 # ----------------------------------------------------------------------------- shared shapes
+
 
 class ModelShape(StrictModel):
     num_heads: Heads = 4
@@ -175,8 +203,8 @@ class ModelShape(StrictModel):
     dtype: DType = "float16"
     # Multi-head latent attention (MLA backends only): the latent KV per token is
     # kv_lora_rank compressed values plus qk_rope_head_dim RoPE values, one KV head.
-    kv_lora_rank: Optional[bounded(MIN_HEAD_DIM, MAX_HEAD_DIM, f"{MAX_HEAD_DIM}")] = None
-    qk_rope_head_dim: Optional[bounded(MIN_HEAD_DIM, MAX_HEAD_DIM, f"{MAX_HEAD_DIM}")] = None
+    kv_lora_rank: bounded(MIN_HEAD_DIM, MAX_HEAD_DIM, f"{MAX_HEAD_DIM}") | None = None
+    qk_rope_head_dim: bounded(MIN_HEAD_DIM, MAX_HEAD_DIM, f"{MAX_HEAD_DIM}") | None = None
 
     @property
     def mla(self) -> bool:
@@ -199,18 +227,20 @@ class SpecShape(StrictModel):
 
 # ----------------------------------------------------------------------------- the file's shape
 
+
 class BatchNode(StrictModel):
     prefix_lens: PrefixList
     # One integer for every request, or one per request.
-    extend_lens: Optional[NewTokenList] = None
-    accept_lens: Optional[AcceptList] = None
+    extend_lens: NewTokenList | None = None
+    accept_lens: AcceptList | None = None
 
     @field_validator("extend_lens", mode="wrap")
     @classmethod
     def _same_for_all(cls, value: Any, handler: Any) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
-            return _integer(value, low=1, high=MAX_TOKENS_PER_REQUEST,
-                            limit=f"{MAX_TOKENS_PER_REQUEST} tokens per request")
+            return _integer(
+                value, low=1, high=MAX_TOKENS_PER_REQUEST, limit=f"{MAX_TOKENS_PER_REQUEST} tokens per request"
+            )
         return handler(value)
 
 
@@ -226,57 +256,75 @@ class ScenarioNode(StrictModel):
     backend: Backend = "triton"
     # Instead of a backend: a probe that runs one engine function outside any attention backend
     # on inputs built from this scenario (``modes.PROBE_RULES``); exactly one of the two.
-    probe: Optional[ProbeName] = None
+    probe: ProbeName | None = None
     mode: Mode
     batch: BatchNode
-    cuda_graph: Annotated[Optional[CudaGraphNode], BeforeValidator(_graph_or_false)] = None
+    cuda_graph: Annotated[CudaGraphNode | None, BeforeValidator(_graph_or_false)] = None
     gpu_only: Flag = False
-    sync_free: Optional[Flag] = None
+    sync_free: Flag | None = None
     # None: the backend's default (1; trtllm_mla 64; deepseek_v4 256).
-    page_size: Optional[PageSize] = None
+    page_size: PageSize | None = None
     model: ModelShape = ModelShape()
     spec: SpecShape = SpecShape()
     seed: Seed = 0
-    tolerance: Optional[Tolerance] = None
+    tolerance: Tolerance | None = None
     builder: Builder = "kit"
     # The engine's context length: sizes req_to_token rows and the CUDA-graph buffers
     # (default: the longest request plus headroom, rounded up to 32).
-    max_context_len: Optional[ContextLen] = None
+    max_context_len: ContextLen | None = None
     # Expanded by the loader before a node is validated; listed so that it is a known key.
-    grid: Optional[dict] = None
+    grid: dict | None = None
 
     @property
     def effective_page_size(self) -> int:
         return self.page_size if self.page_size is not None else backend_rule(self.backend).default_page_size
 
     @model_validator(mode="after")
-    def _cross_key_rules(self) -> "ScenarioNode":
+    def _cross_key_rules(self) -> ScenarioNode:
         check_node(self)
         return self
 
-    def to_scenario(self, *, name: str, path: str, line: int) -> "Scenario":
+    def to_scenario(self, *, name: str, path: str, line: int) -> Scenario:
         """The runnable scenario: new tokens per request spelled out, defaults filled in."""
         rule = rule_for(self.mode, self.backend)
         model = self.model
         if backend_rule(self.backend).mla:
-            model = model.model_copy(update={"kv_lora_rank": model.kv_lora_rank or MLA_KV_LORA_RANK,
-                                             "qk_rope_head_dim": model.qk_rope_head_dim or MLA_ROPE_DIM})
+            model = model.model_copy(
+                update={
+                    "kv_lora_rank": model.kv_lora_rank or MLA_KV_LORA_RANK,
+                    "qk_rope_head_dim": model.qk_rope_head_dim or MLA_ROPE_DIM,
+                }
+            )
         return Scenario(
-            name=name, mode=self.mode, prefix_lens=self.batch.prefix_lens, extend_lens=new_token_counts(self),
-            accept_lens=self.batch.accept_lens, backend=None if self.probe else self.backend, probe=self.probe,
+            name=name,
+            mode=self.mode,
+            prefix_lens=self.batch.prefix_lens,
+            extend_lens=new_token_counts(self),
+            accept_lens=self.batch.accept_lens,
+            backend=None if self.probe else self.backend,
+            probe=self.probe,
             capture_bs=tuple(sorted(set(self.cuda_graph.capture_bs))) if self.cuda_graph else None,
             gpu_only=self.gpu_only,
-            sync_free=self.sync_free if self.sync_free is not None else (
-                self.gpu_only and not rule.host_reads and backend_rule(self.backend).sync_free
-                and self.probe is None),
-            page_size=self.effective_page_size, model=model, spec=self.spec, seed=self.seed,
+            sync_free=self.sync_free
+            if self.sync_free is not None
+            else (
+                self.gpu_only and not rule.host_reads and backend_rule(self.backend).sync_free and self.probe is None
+            ),
+            page_size=self.effective_page_size,
+            model=model,
+            spec=self.spec,
+            seed=self.seed,
             tolerance=self.tolerance if self.tolerance is not None else DEFAULT_TOLERANCE[self.model.dtype],
-            builder=self.builder, max_context_len=self.max_context_len, description=self.description,
-            path=path, line=line,
+            builder=self.builder,
+            max_context_len=self.max_context_len,
+            description=self.description,
+            path=path,
+            line=line,
         )
 
 
 # ----------------------------------------------------------------------------- what runs
+
 
 class Scenario(StrictModel):
     """A concrete batch to replay through a backend: every length spelled out per request."""
@@ -285,11 +333,11 @@ class Scenario(StrictModel):
     mode: Mode
     prefix_lens: PrefixList
     extend_lens: NewTokenList
-    accept_lens: Optional[AcceptList] = None
+    accept_lens: AcceptList | None = None
     # Exactly one of backend and probe (a probe scenario has no backend).
-    backend: Optional[Backend] = "triton"
-    probe: Optional[ProbeName] = None
-    capture_bs: Optional[CaptureList] = None  # None: eager, no CUDA graph
+    backend: Backend | None = "triton"
+    probe: ProbeName | None = None
+    capture_bs: CaptureList | None = None  # None: eager, no CUDA graph
     gpu_only: Flag = False
     # Declared free of device->host syncs; defaults to gpu_only, except spec-v1 DRAFT_EXTEND,
     # whose accept lengths are read on the host by design.
@@ -300,16 +348,18 @@ class Scenario(StrictModel):
     seed: Seed = 0
     tolerance: Tolerance = 1e-2
     builder: Builder = "kit"
-    max_context_len: Optional[ContextLen] = None
+    max_context_len: ContextLen | None = None
     description: Text = ""
     path: str = ""
     line: int = 0
 
     @model_validator(mode="after")
-    def _lengths_agree(self) -> "Scenario":
+    def _lengths_agree(self) -> Scenario:
         if (self.backend is None) == (self.probe is None):
-            raise ValueError(f"names {'both a backend and a probe' if self.probe else 'neither a backend nor a probe'}; "
-                             f"give exactly one")
+            raise ValueError(
+                f"names {'both a backend and a probe' if self.probe else 'neither a backend nor a probe'}; "
+                f"give exactly one"
+            )
         bs = len(self.prefix_lens)
         if len(self.extend_lens) != bs:
             raise ValueError(f"extend_lens has {len(self.extend_lens)} items for {bs} requests")
@@ -346,8 +396,9 @@ class Scenario(StrictModel):
         return self.model_dump(mode="json")
 
     @classmethod
-    def from_json(cls, data: Any) -> "Scenario":
+    def from_json(cls, data: Any) -> Scenario:
         """The scenario ``to_json`` wrote (a worker rebuilds its scenarios this way)."""
         name = data.get("name") if isinstance(data, dict) else None
-        return validate_node(cls, data, where="<scenario JSON>",
-                             what=f"scenario {name}" if isinstance(name, str) else "scenario")
+        return validate_node(
+            cls, data, where="<scenario JSON>", what=f"scenario {name}" if isinstance(name, str) else "scenario"
+        )

@@ -14,8 +14,21 @@ from dataclasses import dataclass, replace
 
 from sglfix.scenario.limits import MAX_TOPK
 
-__all__ = ["ModeRule", "MODE_RULES", "MODES", "BUILDERS", "rule_for", "BackendRule", "BACKEND_RULES", "BACKENDS",
-           "backend_rule", "ProbeRule", "PROBE_RULES", "PROBES", "probe_rule"]
+__all__ = [
+    "BACKENDS",
+    "BACKEND_RULES",
+    "BUILDERS",
+    "MODES",
+    "MODE_RULES",
+    "PROBES",
+    "PROBE_RULES",
+    "BackendRule",
+    "ModeRule",
+    "ProbeRule",
+    "backend_rule",
+    "probe_rule",
+    "rule_for",
+]
 
 BUILDERS = ("kit", "glue")
 
@@ -46,9 +59,16 @@ class ModeRule:
     def takes_accept_lens(self) -> bool:
         return self.needs_accept_lens
 
-    def new_token_counts(self, *, batch_size: int, extend_lens: tuple[int, ...] | None,
-                         accept_lens: tuple[int, ...] | None, num_draft_tokens: int, topk: int = 1,
-                         num_steps: int = 1) -> tuple[int, ...]:
+    def new_token_counts(
+        self,
+        *,
+        batch_size: int,
+        extend_lens: tuple[int, ...] | None,
+        accept_lens: tuple[int, ...] | None,
+        num_draft_tokens: int,
+        topk: int = 1,
+        num_steps: int = 1,
+    ) -> tuple[int, ...]:
         if self.new_tokens == "one":
             return (1,) * batch_size
         if self.new_tokens == "draft":
@@ -73,16 +93,25 @@ class ModeRule:
 _RULES = (
     ModeRule("DECODE", new_tokens="one", graph=True, gpu_only=True, max_topk=MAX_TOPK, builders=("kit",)),
     ModeRule("EXTEND", new_tokens="extend_lens", graph=False, gpu_only=False, max_topk=MAX_TOPK, builders=("kit",)),
-    ModeRule("TARGET_VERIFY", new_tokens="draft", graph=True, gpu_only=True, max_topk=1, builders=("kit",),
-             draft_tree=True),
-    ModeRule("DRAFT_EXTEND", new_tokens="accept", graph=True, gpu_only=True, max_topk=1, builders=("kit",),
-             host_reads=True, needs_accept_lens=True),
-    ModeRule("DRAFT_EXTEND_V2", new_tokens="draft", graph=True, gpu_only=True, max_topk=1,
-             builders=("kit", "glue")),
+    ModeRule(
+        "TARGET_VERIFY", new_tokens="draft", graph=True, gpu_only=True, max_topk=1, builders=("kit",), draft_tree=True
+    ),
+    ModeRule(
+        "DRAFT_EXTEND",
+        new_tokens="accept",
+        graph=True,
+        gpu_only=True,
+        max_topk=1,
+        builders=("kit",),
+        host_reads=True,
+        needs_accept_lens=True,
+    ),
+    ModeRule("DRAFT_EXTEND_V2", new_tokens="draft", graph=True, gpu_only=True, max_topk=1, builders=("kit", "glue")),
     # The multi-step EAGLE draft: num_steps - 1 decode steps, topk branches per request, each
     # step attending the prefix plus the branch's own draft path.
-    ModeRule("DRAFT_DECODE", new_tokens="draft_steps", graph=True, gpu_only=False, max_topk=MAX_TOPK,
-             builders=("kit",)),
+    ModeRule(
+        "DRAFT_DECODE", new_tokens="draft_steps", graph=True, gpu_only=False, max_topk=MAX_TOPK, builders=("kit",)
+    ),
 )
 MODE_RULES: dict[str, ModeRule] = {r.name: r for r in _RULES}
 MODES: tuple[str, ...] = tuple(MODE_RULES)
@@ -115,35 +144,72 @@ class BackendRule:
 
 _HALF = ("float16", "bfloat16")
 _BACKEND_RULES = (
-    BackendRule("triton", modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_EXTEND_V2"),
-                mla=False, dtypes=("float16", "bfloat16", "float32"), page_sizes=None, gpu_only=True, sync_free=True,
-                kernels="Triton kernels (compiled on CUDA, interpreted on CPU)"),
-    BackendRule("flashinfer", modes=("DECODE", "DRAFT_DECODE"), mla=False, dtypes=_HALF, page_sizes=(1,),
-                gpu_only=False, head_dims=(64, 128, 256), max_group=4,
-                kernels="FlashInfer BatchDecodeWithPagedKVCacheWrapper on CUDA, a torch kernel on CPU; "
-                        "draft kv_indices by the Triton kernel generate_draft_decode_kv_indices"),
-    BackendRule("flashinfer_mla", modes=("DECODE", "DRAFT_DECODE"), mla=True, dtypes=_HALF, page_sizes=(1,),
-                gpu_only=False, num_heads=(16, 32, 64, 128),
-                kernels="FlashInfer BatchMLAPagedAttentionWrapper on CUDA, a torch kernel on CPU; "
-                        "draft kv_indices by the Triton kernel generate_draft_decode_kv_indices"),
+    BackendRule(
+        "triton",
+        modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_EXTEND_V2"),
+        mla=False,
+        dtypes=("float16", "bfloat16", "float32"),
+        page_sizes=None,
+        gpu_only=True,
+        sync_free=True,
+        kernels="Triton kernels (compiled on CUDA, interpreted on CPU)",
+    ),
+    BackendRule(
+        "flashinfer",
+        modes=("DECODE", "DRAFT_DECODE"),
+        mla=False,
+        dtypes=_HALF,
+        page_sizes=(1,),
+        gpu_only=False,
+        head_dims=(64, 128, 256),
+        max_group=4,
+        kernels="FlashInfer BatchDecodeWithPagedKVCacheWrapper on CUDA, a torch kernel on CPU; "
+        "draft kv_indices by the Triton kernel generate_draft_decode_kv_indices",
+    ),
+    BackendRule(
+        "flashinfer_mla",
+        modes=("DECODE", "DRAFT_DECODE"),
+        mla=True,
+        dtypes=_HALF,
+        page_sizes=(1,),
+        gpu_only=False,
+        num_heads=(16, 32, 64, 128),
+        kernels="FlashInfer BatchMLAPagedAttentionWrapper on CUDA, a torch kernel on CPU; "
+        "draft kv_indices by the Triton kernel generate_draft_decode_kv_indices",
+    ),
     # Its CUDA graphs capture a padded window of num_draft_tokens rows per request: both
     # draft-extend modes extend that window, accept_lens only feed spec_info.accept_length.
-    BackendRule("trtllm_mla", modes=("DRAFT_EXTEND", "DRAFT_EXTEND_V2"), mla=True, dtypes=_HALF,
-                page_sizes=(32, 64), default_page_size=64, gpu_only=True, num_heads=(16, 32, 64, 128),
-                mode_overrides=(
-                    ("DRAFT_EXTEND", replace(MODE_RULES["DRAFT_EXTEND"], new_tokens="draft", host_reads=False)),
-                    ("DRAFT_EXTEND_V2", replace(MODE_RULES["DRAFT_EXTEND_V2"], needs_accept_lens=True,
-                                                builders=("kit",))),
-                ),
-                kernels="the trtllm-gen MLA kernel runs on Blackwell only: FlashInfer BatchMLAPagedAttentionWrapper "
-                        "on other GPUs, a torch kernel on CPU, both over the same block table, seq_lens_k and q "
-                        "layout"),
+    BackendRule(
+        "trtllm_mla",
+        modes=("DRAFT_EXTEND", "DRAFT_EXTEND_V2"),
+        mla=True,
+        dtypes=_HALF,
+        page_sizes=(32, 64),
+        default_page_size=64,
+        gpu_only=True,
+        num_heads=(16, 32, 64, 128),
+        mode_overrides=(
+            ("DRAFT_EXTEND", replace(MODE_RULES["DRAFT_EXTEND"], new_tokens="draft", host_reads=False)),
+            ("DRAFT_EXTEND_V2", replace(MODE_RULES["DRAFT_EXTEND_V2"], needs_accept_lens=True, builders=("kit",))),
+        ),
+        kernels="the trtllm-gen MLA kernel runs on Blackwell only: FlashInfer BatchMLAPagedAttentionWrapper "
+        "on other GPUs, a torch kernel on CPU, both over the same block table, seq_lens_k and q "
+        "layout",
+    ),
     # DSv4 pins page size 256 and topk <= 1; its draft layer attends a sliding window of 128.
-    BackendRule("deepseek_v4", modes=("DECODE", "DRAFT_DECODE"), mla=True, dtypes=_HALF, page_sizes=(256,),
-                default_page_size=256, gpu_only=False, num_heads=(16, 32, 64, 128),
-                mode_overrides=(("DRAFT_DECODE", replace(MODE_RULES["DRAFT_DECODE"], max_topk=1)),),
-                kernels="Triton kernels for the KV write at the locations baked into its metadata and the "
-                        "sliding-window MLA decode (compiled on CUDA, interpreted on CPU)"),
+    BackendRule(
+        "deepseek_v4",
+        modes=("DECODE", "DRAFT_DECODE"),
+        mla=True,
+        dtypes=_HALF,
+        page_sizes=(256,),
+        default_page_size=256,
+        gpu_only=False,
+        num_heads=(16, 32, 64, 128),
+        mode_overrides=(("DRAFT_DECODE", replace(MODE_RULES["DRAFT_DECODE"], max_topk=1)),),
+        kernels="Triton kernels for the KV write at the locations baked into its metadata and the "
+        "sliding-window MLA decode (compiled on CUDA, interpreted on CPU)",
+    ),
 )
 BACKEND_RULES: dict[str, BackendRule] = {r.name: r for r in _BACKEND_RULES}
 BACKENDS: tuple[str, ...] = tuple(BACKEND_RULES)
@@ -188,29 +254,41 @@ class ProbeRule:
 # Keys a probe scenario may give whatever its probe (name, description, mode, batch, seed, grid).
 PROBE_COMMON_KEYS = ("name", "description", "probe", "mode", "batch", "seed", "grid")
 _PROBE_RULES = (
-    ProbeRule("req-to-token-headroom", modes=("DECODE",),
-              judges="each request's spec-v2 decode allocation (page-aligned committed + decode reserve, and sglfix's "
-                     "own draft footprint) ends inside its req_to_token row of max_context_len + headroom, and the "
-                     "row write leaves the neighbour rows intact (INVARIANT otherwise); prefix_lens are the committed "
-                     "lengths, max_context_len the model's context length (default: the longest prefix + 3)",
-              reads=("spec", "page_size", "max_context_len"),
-              # sglang admits a request of at most max_context_len - 2 tokens in all, so a decode step
-              # sees a committed length of at most max_context_len - 3.
-              prefix_margin=3),
-    ProbeRule("eagle-prefill-tail", modes=("EXTEND",),
-              judges="the EAGLE draft input rotation's tail token: the next prompt token for the batch's last request "
-                     "(a chunked prefill whose prompt continues), the target's next token for the others "
-                     "(DIVERGE otherwise)"),
-    ProbeRule("draft-positions", modes=("DRAFT_DECODE",),
-              judges="the multi-step EAGLE draft runs step i at position seq_len + i for every branch "
-                     "(DIVERGE otherwise)",
-              reads=("model", "spec", "page_size", "max_context_len"), page_sizes=(1,)),
-    ProbeRule("needs-cpu-seq-lens", modes=("DECODE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"),
-              judges="whether spec v2 must publish seq_lens_cpu: the OR of the present attention backends' "
-                     "needs_cpu_seq_lens, a backend without the flag counting as True and an unset slot as absent; "
-                     "gpu_only: the draft-extend slot is unset, else it holds a backend that declares no flag "
-                     "(DIVERGE otherwise)",
-              reads=("spec", "gpu_only")),
+    ProbeRule(
+        "req-to-token-headroom",
+        modes=("DECODE",),
+        judges="each request's spec-v2 decode allocation (page-aligned committed + decode reserve, and sglfix's "
+        "own draft footprint) ends inside its req_to_token row of max_context_len + headroom, and the "
+        "row write leaves the neighbour rows intact (INVARIANT otherwise); prefix_lens are the committed "
+        "lengths, max_context_len the model's context length (default: the longest prefix + 3)",
+        reads=("spec", "page_size", "max_context_len"),
+        # sglang admits a request of at most max_context_len - 2 tokens in all, so a decode step
+        # sees a committed length of at most max_context_len - 3.
+        prefix_margin=3,
+    ),
+    ProbeRule(
+        "eagle-prefill-tail",
+        modes=("EXTEND",),
+        judges="the EAGLE draft input rotation's tail token: the next prompt token for the batch's last request "
+        "(a chunked prefill whose prompt continues), the target's next token for the others "
+        "(DIVERGE otherwise)",
+    ),
+    ProbeRule(
+        "draft-positions",
+        modes=("DRAFT_DECODE",),
+        judges="the multi-step EAGLE draft runs step i at position seq_len + i for every branch (DIVERGE otherwise)",
+        reads=("model", "spec", "page_size", "max_context_len"),
+        page_sizes=(1,),
+    ),
+    ProbeRule(
+        "needs-cpu-seq-lens",
+        modes=("DECODE", "TARGET_VERIFY", "DRAFT_EXTEND_V2"),
+        judges="whether spec v2 must publish seq_lens_cpu: the OR of the present attention backends' "
+        "needs_cpu_seq_lens, a backend without the flag counting as True and an unset slot as absent; "
+        "gpu_only: the draft-extend slot is unset, else it holds a backend that declares no flag "
+        "(DIVERGE otherwise)",
+        reads=("spec", "gpu_only"),
+    ),
 )
 PROBE_RULES: dict[str, ProbeRule] = {r.name: r for r in _PROBE_RULES}
 PROBES: tuple[str, ...] = tuple(PROBE_RULES)

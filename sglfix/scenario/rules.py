@@ -12,7 +12,13 @@ from typing import Any
 from sglfix.common.schema import NodeError
 from sglfix.scenario.limits import LIMITS_HINT, MAX_TOKENS_PER_BATCH, MAX_TOKENS_PER_REQUEST
 from sglfix.scenario.modes import (
-    BACKEND_RULES, MODE_RULES, PROBE_COMMON_KEYS, ModeRule, backend_rule, probe_rule, rule_for,
+    BACKEND_RULES,
+    MODE_RULES,
+    PROBE_COMMON_KEYS,
+    ModeRule,
+    backend_rule,
+    probe_rule,
+    rule_for,
 )
 
 __all__ = ["check_node", "draft_tree_capacity", "new_token_counts"]
@@ -33,9 +39,14 @@ def new_token_counts(node: Any) -> tuple[int, ...]:
     given = batch.extend_lens
     if isinstance(given, int):
         given = (given,) * len(batch.prefix_lens)
-    return rule.new_token_counts(batch_size=len(batch.prefix_lens), extend_lens=given,
-                                 accept_lens=batch.accept_lens, num_draft_tokens=node.spec.num_draft_tokens,
-                                 topk=node.spec.topk, num_steps=node.spec.num_steps)
+    return rule.new_token_counts(
+        batch_size=len(batch.prefix_lens),
+        extend_lens=given,
+        accept_lens=batch.accept_lens,
+        num_draft_tokens=node.spec.num_draft_tokens,
+        topk=node.spec.topk,
+        num_steps=node.spec.num_steps,
+    )
 
 
 def _backends_where(test: Any) -> str:
@@ -47,50 +58,74 @@ def _check_backend(node: Any) -> None:
     brule, model = backend_rule(node.backend), node.model
     given = model.model_fields_set
     if node.mode not in brule.modes:
-        raise NodeError(f"uses backend {brule.name}, which runs {', '.join(brule.modes)}; mode {node.mode} runs on "
-                        f"{_backends_where(lambda r: node.mode in r.modes)}", at="mode")
+        raise NodeError(
+            f"uses backend {brule.name}, which runs {', '.join(brule.modes)}; mode {node.mode} runs on "
+            f"{_backends_where(lambda r: node.mode in r.modes)}",
+            at="mode",
+        )
     if model.dtype not in brule.dtypes:
-        raise NodeError(f"uses backend {brule.name}, whose kernels take dtype {' or '.join(brule.dtypes)}",
-                        at=("model", "dtype") if "dtype" in given else "backend")
+        raise NodeError(
+            f"uses backend {brule.name}, whose kernels take dtype {' or '.join(brule.dtypes)}",
+            at=("model", "dtype") if "dtype" in given else "backend",
+        )
     if brule.page_sizes is not None and node.effective_page_size not in brule.page_sizes:
-        raise NodeError(f"uses backend {brule.name}, which takes page_size {' or '.join(map(str, brule.page_sizes))}",
-                        at="page_size" if node.page_size is not None else "backend")
+        raise NodeError(
+            f"uses backend {brule.name}, which takes page_size {' or '.join(map(str, brule.page_sizes))}",
+            at="page_size" if node.page_size is not None else "backend",
+        )
     if node.gpu_only and not brule.gpu_only:
-        raise NodeError(f"uses backend {brule.name}; gpu_only applies to "
-                        f"{_backends_where(lambda r: r.gpu_only)} only", at="gpu_only")
+        raise NodeError(
+            f"uses backend {brule.name}; gpu_only applies to {_backends_where(lambda r: r.gpu_only)} only",
+            at="gpu_only",
+        )
     if brule.num_heads is not None and model.num_heads not in brule.num_heads:
-        raise NodeError(f"uses backend {brule.name}, whose GPU kernels take model.num_heads "
-                        f"{', '.join(map(str, brule.num_heads))}", at=("model", "num_heads"))
+        raise NodeError(
+            f"uses backend {brule.name}, whose GPU kernels take model.num_heads {', '.join(map(str, brule.num_heads))}",
+            at=("model", "num_heads"),
+        )
     if brule.mla:
         for key in ("num_kv_heads", "head_dim"):
             if key in given:
-                raise NodeError(f"uses the MLA backend {brule.name}: one latent KV head of kv_lora_rank + "
-                                f"qk_rope_head_dim values; drop model.{key}", at=("model", key))
+                raise NodeError(
+                    f"uses the MLA backend {brule.name}: one latent KV head of kv_lora_rank + "
+                    f"qk_rope_head_dim values; drop model.{key}",
+                    at=("model", key),
+                )
         for key, only in (("kv_lora_rank", 512), ("qk_rope_head_dim", 64)):
             value = getattr(model, key)
             if value is not None and value != only:
-                raise NodeError(f"has model.{key} {value}; FlashInfer's MLA kernels take {only} only",
-                                at=("model", key))
+                raise NodeError(
+                    f"has model.{key} {value}; FlashInfer's MLA kernels take {only} only", at=("model", key)
+                )
         return
     for key in ("kv_lora_rank", "qk_rope_head_dim"):
         if getattr(model, key) is not None:
-            raise NodeError(f"sets model.{key}, which applies to the MLA backends "
-                            f"{_backends_where(lambda r: r.mla)} only; drop it (or set backend)", at=("model", key))
+            raise NodeError(
+                f"sets model.{key}, which applies to the MLA backends "
+                f"{_backends_where(lambda r: r.mla)} only; drop it (or set backend)",
+                at=("model", key),
+            )
     if brule.head_dims is not None and model.head_dim not in brule.head_dims:
-        raise NodeError(f"uses backend {brule.name}, whose kernels take model.head_dim "
-                        f"{', '.join(map(str, brule.head_dims))}", at=("model", "head_dim"))
+        raise NodeError(
+            f"uses backend {brule.name}, whose kernels take model.head_dim {', '.join(map(str, brule.head_dims))}",
+            at=("model", "head_dim"),
+        )
     if brule.max_group is not None and model.num_heads // model.num_kv_heads > brule.max_group:
-        raise NodeError(f"has {model.num_heads // model.num_kv_heads} query heads per KV head; backend {brule.name} "
-                        f"runs its decode kernel up to {brule.max_group} (more selects the prefill kernel)",
-                        at=("model", "num_heads"))
+        raise NodeError(
+            f"has {model.num_heads // model.num_kv_heads} query heads per KV head; backend {brule.name} "
+            f"runs its decode kernel up to {brule.max_group} (more selects the prefill kernel)",
+            at=("model", "num_heads"),
+        )
 
 
 def _check_probe(node: Any) -> None:
     """A probe scenario names no backend, uses one of the probe's modes and only keys it reads."""
     prule, given = probe_rule(node.probe), node.model_fields_set
     if "backend" in given:
-        raise NodeError(f"names backend {node.backend} and probe {prule.name}; a probe runs instead of a backend, "
-                        f"give exactly one", at="backend")
+        raise NodeError(
+            f"names backend {node.backend} and probe {prule.name}; a probe runs instead of a backend, give exactly one",
+            at="backend",
+        )
     if node.mode not in prule.modes:
         raise NodeError(f"uses probe {prule.name}, which takes mode {' or '.join(prule.modes)}", at="mode")
     allowed = PROBE_COMMON_KEYS + prule.reads
@@ -98,16 +133,19 @@ def _check_probe(node: Any) -> None:
         reads = f" (it reads {', '.join(prule.reads)})" if prule.reads else ""
         raise NodeError(f"uses probe {prule.name}, which does not read {key}{reads}; drop it", at=key)
     if prule.page_sizes is not None and node.effective_page_size not in prule.page_sizes:
-        raise NodeError(f"uses probe {prule.name}, which takes page_size {' or '.join(map(str, prule.page_sizes))}",
-                        at="page_size")
+        raise NodeError(
+            f"uses probe {prule.name}, which takes page_size {' or '.join(map(str, prule.page_sizes))}", at="page_size"
+        )
     if prule.prefix_margin is not None and node.max_context_len is not None:
         top = node.max_context_len - prule.prefix_margin
         for i, p in enumerate(node.batch.prefix_lens):
             if p > top:
-                raise NodeError(f"has batch.prefix_lens[{i}] = {p}, a state the engine never reaches with max_context_len "
-                                f"{node.max_context_len} (probe {prule.name} judges prefixes up to max_context_len - "
-                                f"{prule.prefix_margin} = {top}); lower it or raise max_context_len",
-                                at=("batch", "prefix_lens", i))
+                raise NodeError(
+                    f"has batch.prefix_lens[{i}] = {p}, a state the engine never reaches with max_context_len "
+                    f"{node.max_context_len} (probe {prule.name} judges prefixes up to max_context_len - "
+                    f"{prule.prefix_margin} = {top}); lower it or raise max_context_len",
+                    at=("batch", "prefix_lens", i),
+                )
 
 
 def check_node(node: Any) -> None:
@@ -118,73 +156,91 @@ def check_node(node: Any) -> None:
         _check_backend(node)
     rule = rule_for(node.mode, node.backend)
     if node.builder not in rule.builders:
-        raise NodeError(f"uses builder {node.builder}, which applies to "
-                        f"{_modes_where(lambda r: node.builder in r.builders)} only; drop it (or set builder: kit)",
-                        at="builder")
+        raise NodeError(
+            f"uses builder {node.builder}, which applies to "
+            f"{_modes_where(lambda r: node.builder in r.builders)} only; drop it (or set builder: kit)",
+            at="builder",
+        )
     _check_accept_lens(node, rule)
     _check_extend_lens(node, rule)
     _check_totals(node)
     bs = len(node.batch.prefix_lens)
     if node.cuda_graph is not None:
         if not rule.graph:
-            raise NodeError(f"is {rule.name}, which is not captured in CUDA graphs; set cuda_graph: false",
-                            at="cuda_graph")
+            raise NodeError(
+                f"is {rule.name}, which is not captured in CUDA graphs; set cuda_graph: false", at="cuda_graph"
+            )
         sizes = sorted(set(node.cuda_graph.capture_bs))
         if sizes[-1] < bs:
-            raise NodeError(f"has a batch of {bs} that fits no captured size {sizes}; add one >= {bs}",
-                            at=("cuda_graph", "capture_bs"))
+            raise NodeError(
+                f"has a batch of {bs} that fits no captured size {sizes}; add one >= {bs}",
+                at=("cuda_graph", "capture_bs"),
+            )
     if node.gpu_only and not rule.gpu_only:
-        raise NodeError(f"is {rule.name}; gpu_only applies to {_modes_where(lambda r: r.gpu_only)} only",
-                        at="gpu_only")
+        raise NodeError(f"is {rule.name}; gpu_only applies to {_modes_where(lambda r: r.gpu_only)} only", at="gpu_only")
     spec = node.spec
     if spec.topk > rule.max_topk:
-        raise NodeError(f"is {rule.name}, whose reproduction supports spec.topk {rule.max_topk} only",
-                        at=("spec", "topk"))
+        raise NodeError(
+            f"is {rule.name}, whose reproduction supports spec.topk {rule.max_topk} only", at=("spec", "topk")
+        )
     if rule.new_tokens == "draft_steps" and spec.num_steps < 2:
-        raise NodeError(f"is {rule.name}: the draft runs num_steps - 1 attention steps; set spec.num_steps >= 2",
-                        at=("spec", "num_steps"))
+        raise NodeError(
+            f"is {rule.name}: the draft runs num_steps - 1 attention steps; set spec.num_steps >= 2",
+            at=("spec", "num_steps"),
+        )
     _check_context(node)
     if rule.draft_tree:
         room = draft_tree_capacity(topk=spec.topk, num_steps=spec.num_steps)
         if spec.num_draft_tokens > room:
-            raise NodeError(f"has spec.num_draft_tokens {spec.num_draft_tokens}, which does not fit a draft tree "
-                            f"of topk {spec.topk} and num_steps {spec.num_steps} (at most {room} tokens); lower it "
-                            f"or raise num_steps", at=("spec", "num_draft_tokens"))
+            raise NodeError(
+                f"has spec.num_draft_tokens {spec.num_draft_tokens}, which does not fit a draft tree "
+                f"of topk {spec.topk} and num_steps {spec.num_steps} (at most {room} tokens); lower it "
+                f"or raise num_steps",
+                at=("spec", "num_draft_tokens"),
+            )
 
 
 def _check_accept_lens(node: Any, rule: ModeRule) -> None:
     accept, bs, spec = node.batch.accept_lens, len(node.batch.prefix_lens), node.spec
     if not rule.takes_accept_lens:
         if accept is not None:
-            raise NodeError(f"is {rule.name}, which takes no batch.accept_lens (DRAFT_EXTEND does: it extends "
-                            f"accept_len + 1 tokens); drop it", at=("batch", "accept_lens"))
+            raise NodeError(
+                f"is {rule.name}, which takes no batch.accept_lens (DRAFT_EXTEND does: it extends "
+                f"accept_len + 1 tokens); drop it",
+                at=("batch", "accept_lens"),
+            )
         return
     if accept is None:
-        raise NodeError(f"is {rule.name}, which needs batch.accept_lens (it extends accept_len + 1 tokens)",
-                        at="batch")
+        raise NodeError(f"is {rule.name}, which needs batch.accept_lens (it extends accept_len + 1 tokens)", at="batch")
     if len(accept) != bs:
         raise NodeError(f"has {len(accept)} batch.accept_lens for {bs} requests", at=("batch", "accept_lens"))
     worst = max(range(bs), key=lambda i: accept[i])
     if rule.new_tokens == "draft":
         # A window of num_draft_tokens rows per request, of which accept_len + 1 are accepted.
         if accept[worst] > spec.num_draft_tokens - 1:
-            raise NodeError(f"has batch.accept_lens[{worst}] = {accept[worst]}; accept lengths must be "
-                            f"< spec.num_draft_tokens ({spec.num_draft_tokens})", at=("batch", "accept_lens", worst))
+            raise NodeError(
+                f"has batch.accept_lens[{worst}] = {accept[worst]}; accept lengths must be "
+                f"< spec.num_draft_tokens ({spec.num_draft_tokens})",
+                at=("batch", "accept_lens", worst),
+            )
         return
     # The draft wrote num_steps tokens after the verified one; graphs lay out num_steps + 1 rows.
     top = min(spec.num_steps, spec.num_draft_tokens - 1)
     if accept[worst] > top:
-        raise NodeError(f"has batch.accept_lens[{worst}] = {accept[worst]}; accept lengths must be "
-                        f"< spec.num_draft_tokens ({spec.num_draft_tokens}) and <= spec.num_steps ({spec.num_steps})",
-                        at=("batch", "accept_lens", worst))
+        raise NodeError(
+            f"has batch.accept_lens[{worst}] = {accept[worst]}; accept lengths must be "
+            f"< spec.num_draft_tokens ({spec.num_draft_tokens}) and <= spec.num_steps ({spec.num_steps})",
+            at=("batch", "accept_lens", worst),
+        )
 
 
 def _check_extend_lens(node: Any, rule: ModeRule) -> None:
     given, bs = node.batch.extend_lens, len(node.batch.prefix_lens)
     if rule.takes_extend_lens:
         if given is None:
-            raise NodeError(f"is {rule.name}, which needs batch.extend_lens (an integer or one per request)",
-                            at="batch")
+            raise NodeError(
+                f"is {rule.name}, which needs batch.extend_lens (an integer or one per request)", at="batch"
+            )
         if not isinstance(given, int) and len(given) != bs:
             raise NodeError(f"has {len(given)} batch.extend_lens for {bs} requests", at=("batch", "extend_lens"))
         return
@@ -192,8 +248,11 @@ def _check_extend_lens(node: Any, rule: ModeRule) -> None:
         as_list = (given,) * bs if isinstance(given, int) else tuple(given)
         derived = new_token_counts(node)
         if as_list != derived:
-            raise NodeError(f"has batch.extend_lens {list(as_list)}, which contradicts mode {rule.name} (it extends "
-                            f"{list(derived)}); drop it", at=("batch", "extend_lens"))
+            raise NodeError(
+                f"has batch.extend_lens {list(as_list)}, which contradicts mode {rule.name} (it extends "
+                f"{list(derived)}); drop it",
+                at=("batch", "extend_lens"),
+            )
 
 
 def _check_context(node: Any) -> None:
@@ -203,19 +262,27 @@ def _check_context(node: Any) -> None:
     need = [p + e for p, e in zip(node.batch.prefix_lens, new_token_counts(node))]
     worst = max(range(len(need)), key=lambda i: need[i])
     if need[worst] > node.max_context_len:
-        raise NodeError(f"has max_context_len {node.max_context_len}, but request {worst} needs {need[worst]} "
-                        f"positions (prefix {node.batch.prefix_lens[worst]} + new {need[worst] - node.batch.prefix_lens[worst]}); "
-                        f"raise it to at least {max(need)}", at="max_context_len")
+        raise NodeError(
+            f"has max_context_len {node.max_context_len}, but request {worst} needs {need[worst]} "
+            f"positions (prefix {node.batch.prefix_lens[worst]} + new {need[worst] - node.batch.prefix_lens[worst]}); "
+            f"raise it to at least {max(need)}",
+            at="max_context_len",
+        )
 
 
 def _check_totals(node: Any) -> None:
     prefix, extend = node.batch.prefix_lens, new_token_counts(node)
     for i, (p, e) in enumerate(zip(prefix, extend)):
         if p + e > MAX_TOKENS_PER_REQUEST:
-            raise NodeError(f"has a request of {p + e} tokens (prefix {p} + new {e}), over the limit of "
-                            f"{MAX_TOKENS_PER_REQUEST} tokens per request ({LIMITS_HINT})",
-                            at=("batch", "prefix_lens", i))
+            raise NodeError(
+                f"has a request of {p + e} tokens (prefix {p} + new {e}), over the limit of "
+                f"{MAX_TOKENS_PER_REQUEST} tokens per request ({LIMITS_HINT})",
+                at=("batch", "prefix_lens", i),
+            )
     total = sum(prefix) + sum(extend)
     if total > MAX_TOKENS_PER_BATCH:
-        raise NodeError(f"has {total} tokens in its batch, over the limit of {MAX_TOKENS_PER_BATCH} tokens per "
-                        f"batch ({LIMITS_HINT})", at=("batch", "prefix_lens"))
+        raise NodeError(
+            f"has {total} tokens in its batch, over the limit of {MAX_TOKENS_PER_BATCH} tokens per "
+            f"batch ({LIMITS_HINT})",
+            at=("batch", "prefix_lens"),
+        )

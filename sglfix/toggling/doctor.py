@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import ast
 import textwrap
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 from sglfix.common.errors import SglfixError
 from sglfix.common.schema import nearest
@@ -22,7 +22,7 @@ from sglfix.patching.patcher import install_prepared, prepare_specs, restore_all
 from sglfix.patching.types import PatchSpec
 from sglfix.toggling.registry import Registry, Selection, Toggle
 
-__all__ = ["CheckResult", "live_check", "static_check", "locate_source"]
+__all__ = ["CheckResult", "live_check", "locate_source", "static_check"]
 
 
 @dataclass
@@ -51,8 +51,11 @@ def expectation_check(registry: Registry, scenario_names: list[str]) -> list[Che
 
     results: list[CheckResult] = []
     for toggle in registry:
-        dead = [f"{toggle.path}:{e.line}: expect names no scenario: {e.scenario!r}"
-                for e in toggle.expect if not any(fnmatch.fnmatchcase(n, e.scenario) for n in scenario_names)]
+        dead = [
+            f"{toggle.path}:{e.line}: expect names no scenario: {e.scenario!r}"
+            for e in toggle.expect
+            if not any(fnmatch.fnmatchcase(n, e.scenario) for n in scenario_names)
+        ]
         if toggle.expect:
             results.append(CheckResult(f"{toggle.id} expect", not dead, "\n".join(dead), []))
     return results
@@ -110,11 +113,15 @@ def _find_in_file(path: Path, chain: list[str], target: str) -> tuple[str, str, 
     try:
         body: list[ast.stmt] = ast.parse(text, filename=str(path)).body
     except SyntaxError as exc:  # this toggle's check fails, naming the file; the others still run
-        raise SglfixError(f"{target}: {path}:{exc.lineno or '?'}: not valid Python ({exc.msg}); is --source the "
-                          f"root of the right release?") from None
+        raise SglfixError(
+            f"{target}: {path}:{exc.lineno or '?'}: not valid Python ({exc.msg}); is --source the "
+            f"root of the right release?"
+        ) from None
     except (RecursionError, MemoryError, ValueError) as exc:
-        raise SglfixError(f"{target}: {path} cannot be parsed ({type(exc).__name__}: nested too deeply or "
-                          f"malformed); is --source the root of the right release?") from None
+        raise SglfixError(
+            f"{target}: {path} cannot be parsed ({type(exc).__name__}: nested too deeply or "
+            f"malformed); is --source the root of the right release?"
+        ) from None
     _PARSED[key] = (text, body)
     return _find_in_tree(path, text, body, chain, target)
 
@@ -122,7 +129,9 @@ def _find_in_file(path: Path, chain: list[str], target: str) -> tuple[str, str, 
 def _find_in_tree(path: Path, text: str, body: list, chain: list[str], target: str) -> tuple[str, str, int]:
     node: ast.AST | None = None
     for name in chain:
-        defs = [n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
+        defs = [
+            n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
+        ]
         if not defs:
             names = [n.name for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
             raise SglfixError(f"{target}: {path} has no definition {name!r} there{nearest(name, names)}")
@@ -144,7 +153,9 @@ def _static_apply(specs: list[PatchSpec], source_dir: Path) -> None:
         try:
             tree = ast.parse(textwrap.dedent(edited))
         except SyntaxError as exc:
-            raise SglfixError(f"{spec.target}: the edited source does not parse ({exc.msg}); check the replacement's indentation") from None
+            raise SglfixError(
+                f"{spec.target}: the edited source does not parse ({exc.msg}); check the replacement's indentation"
+            ) from None
         if len(tree.body) != 1 or not isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)):
             raise SglfixError(f"{spec.target}: after the edits the source is no longer a single def")
         current[spec.target] = (filename, textwrap.dedent(edited), first)
@@ -159,11 +170,10 @@ def precheck_selections(selections: Iterable, *, package: str, allowed_prefixes:
 
     from sglfix.patching.targets import check_allowed
 
-    head, _, rest = package.partition(".")
     spec = importlib.util.find_spec(package)  # imports at most the parents of package, never it
     if spec is None or not spec.submodule_search_locations:
         return  # no installed source to read: the workers report what they meet
-    root = Path(list(spec.submodule_search_locations)[0])
+    root = Path(next(iter(spec.submodule_search_locations)))
     current: dict[str, tuple[str, str, int]] = {}
     for sel in selections:
         for patch in sel.part.patches:
@@ -174,18 +184,22 @@ def precheck_selections(selections: Iterable, *, package: str, allowed_prefixes:
                 raise SglfixError(f"{label}: {str(exc).splitlines()[0]}") from None
             if not patch.target.startswith(package + "."):
                 continue  # outside the code base (an allowed extra prefix): the worker checks it
-            rel = patch.target[len(package) + 1:].split(".")
+            rel = patch.target[len(package) + 1 :].split(".")
             try:
                 if patch.target not in current:
                     current[patch.target] = _locate_in(root, rel, patch.target)
                 filename, source, first = current[patch.target]
-                edited = apply_edits(source=source, edits=patch.edits,
-                                     origin=SourceOrigin(target=patch.target, filename=filename, first_lineno=first))
+                edited = apply_edits(
+                    source=source,
+                    edits=patch.edits,
+                    origin=SourceOrigin(target=patch.target, filename=filename, first_lineno=first),
+                )
                 try:
                     ast.parse(textwrap.dedent(edited))
                 except SyntaxError as exc:
-                    raise SglfixError(f"{patch.target}: the edited source does not parse ({exc.msg}); check the "
-                                      f"replacement") from None
+                    raise SglfixError(
+                        f"{patch.target}: the edited source does not parse ({exc.msg}); check the replacement"
+                    ) from None
                 current[patch.target] = (filename, edited, first)
             except SglfixError as exc:
                 raise SglfixError(f"{label}: {str(exc).splitlines()[0]}") from None
@@ -241,29 +255,44 @@ def caught_by_check(registry: Registry, *, root: str | Path, timeout: float = 36
         with tempfile.TemporaryDirectory(prefix="sglfix-caught-by-") as tmp:
             report = os.path.join(tmp, "report.json")
             env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "PYTEST_ADDOPTS")}
-            env.update(SGLFIX_CHECK_CLAIMS=json.dumps(claims), SGLFIX_CHECK_REPORT=report,
-                       SGLFIX_TOGGLES_DIR=registry.directory)
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                   "--sglfix-check-fixes", *claims], cwd=root, env=env, capture_output=True,
-                                  text=True, timeout=timeout)
+            env.update(
+                SGLFIX_CHECK_CLAIMS=json.dumps(claims),
+                SGLFIX_CHECK_REPORT=report,
+                SGLFIX_TOGGLES_DIR=registry.directory,
+            )
+            proc = subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--sglfix-check-fixes", *claims],
+                cwd=root,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
             if not os.path.exists(report):
                 tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-                raise SglfixError(f"--caught-by: pytest did not run the checks (exit {proc.returncode}): "
-                                  + " | ".join(tail))
+                raise SglfixError(
+                    f"--caught-by: pytest did not run the checks (exit {proc.returncode}): " + " | ".join(tail)
+                )
             with open(report, encoding="utf-8") as fh:
                 outcomes = json.load(fh)
     for toggle in registry:
         problems = [f"{node}: names no test file under {root}" for node in missing.get(toggle.id, [])]
         nodes = [n for n in toggle.caught_by if n in claims]
         for node in nodes:
-            ran = [(nid, o) for nid, found in outcomes.items() if nid == node or nid.split("[")[0] == node
-                   for o in found if o["id"] == toggle.id]
+            ran = [
+                (nid, o)
+                for nid, found in outcomes.items()
+                if nid == node or nid.split("[")[0] == node
+                for o in found
+                if o["id"] == toggle.id
+            ]
             if not ran:
                 problems.append(f"{node}: no such test ran")
             for nid, o in ran:
                 if o["outcome"] != "caught":
                     problems.append(f"{nid}: NOT caught ({o['detail']})")
         if toggle.caught_by:
-            results.append(CheckResult(f"{toggle.id} caught_by", not problems, "\n".join(problems),
-                                       list(toggle.caught_by)))
+            results.append(
+                CheckResult(f"{toggle.id} caught_by", not problems, "\n".join(problems), list(toggle.caught_by))
+            )
     return results

@@ -8,14 +8,14 @@ is applied then. A single integer means what it means to sglang.
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from sglfix.common.errors import ConfigError
 from sglfix.toggling import ENV_VAR, selects_nothing
 from sglfix.toggling.ids import ToggleId
 from sglfix.toggling.registry import Registry, Selection, load_registry, parse_toggle_ids
 
-__all__ = ["ENV_VAR", "parse_env_value", "selected_from_env", "maybe_revert_pr_fix"]
+__all__ = ["ENV_VAR", "maybe_revert_pr_fix", "parse_env_value", "selected_from_env"]
 
 MAX_LEN = 1000
 _applied_by_env = None  # the Reverted made by maybe_revert_pr_fix, if any
@@ -44,13 +44,17 @@ def parse_env_value(value: str | None, *, registry: Registry | None = None) -> l
                 f"use ids like 27460,26651:clamp; registered: {known}"
             )
         if token == "0":
-            raise ConfigError(f"{ENV_VAR}: bad item {_show(token)} (item {position}): 0 means 'none' and "
-                              f"cannot be combined with ids; registered: {known}")
+            raise ConfigError(
+                f"{ENV_VAR}: bad item {_show(token)} (item {position}): 0 means 'none' and "
+                f"cannot be combined with ids; registered: {known}"
+            )
         try:
             ids.append(ToggleId.parse(token, what=ENV_VAR))
         except ConfigError:
-            raise ConfigError(f"{ENV_VAR}: bad item {_show(token)} (item {position}): expected a PR number "
-                              f"like 27460 or a part like 27460:sizing; registered: {known}") from None
+            raise ConfigError(
+                f"{ENV_VAR}: bad item {_show(token)} (item {position}): expected a PR number "
+                f"like 27460 or a part like 27460:sizing; registered: {known}"
+            ) from None
     try:
         return parse_toggle_ids(ids, registry=registry, what=ENV_VAR)
     except ConfigError as exc:

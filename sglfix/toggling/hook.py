@@ -34,14 +34,14 @@ from typing import Any
 
 from sglfix.toggling import ENV_VAR, selects_nothing
 
-__all__ = ["boot", "arm", "armed", "disarm", "ensure_first", "settle", "VERBOSE_ENV"]
+__all__ = ["VERBOSE_ENV", "arm", "armed", "boot", "disarm", "ensure_first", "settle"]
 
 VERBOSE_ENV = "SGLFIX_VERBOSE"
 _LOCK = threading.RLock()
-_STATE: "_EnvReverts | None" = None
+_STATE: _EnvReverts | None = None
 
 
-def armed() -> "_EnvReverts | None":
+def armed() -> _EnvReverts | None:
     """What the hook applies in this process (None when the variable selects nothing here, or
     while the profile waits for the process to import a code base)."""
     return _STATE if isinstance(_STATE, _EnvReverts) else None
@@ -112,11 +112,14 @@ def boot() -> None:
     except Exception as exc:
         from sglfix.common.errors import SglfixError
 
-        _die(str(exc) if isinstance(exc, SglfixError) else
-             f"{ENV_VAR} is set but sglfix could not arm it: {type(exc).__name__}: {exc}")
+        _die(
+            str(exc)
+            if isinstance(exc, SglfixError)
+            else f"{ENV_VAR} is set but sglfix could not arm it: {type(exc).__name__}: {exc}"
+        )
 
 
-def arm(value: str | None) -> "_EnvReverts | None":
+def arm(value: str | None) -> _EnvReverts | None:
     """Validate ``value`` and revert what it selects in this process, now and on later imports.
 
     Raises ConfigError on a bad value (nothing armed then). Arming the same value again is a
@@ -163,8 +166,10 @@ def _selections(value: str, profile: Any, chosen: Any) -> Any:
                 parse_env_value(value, registry=load_registry(other.toggles_dir))
             except ConfigError:
                 continue
-            return ConfigError(f"{ENV_VAR}={value}: not all of it is in profile {profile.name} ({chosen.why}); "
-                               f"profile {other.name} has it: set {PROFILE_ENV}={other.name}")
+            return ConfigError(
+                f"{ENV_VAR}={value}: not all of it is in profile {profile.name} ({chosen.why}); "
+                f"profile {other.name} has it: set {PROFILE_ENV}={other.name}"
+            )
         return exc
 
 
@@ -174,7 +179,7 @@ def _toggles_dir(profile: Any) -> str:
     return os.environ.get(TOGGLES_ENV) or profile.toggles_dir
 
 
-def _arm_with(value: str, chosen: Any) -> "_EnvReverts":
+def _arm_with(value: str, chosen: Any) -> _EnvReverts:
     global _STATE
     selections = _selections(value, chosen.profile, chosen)
     if isinstance(selections, Exception):
@@ -195,15 +200,18 @@ class _Pending:
         self.value = value
         self.choice = choice
 
-    def decide(self, module: str | None) -> "_EnvReverts":
+    def decide(self, module: str | None) -> _EnvReverts:
         """Arm with the profile that importing ``module`` selects (None: an explicit call before
         any code base was imported, which takes the installed engine's profile)."""
         from sglfix.toggling.profiles import Choice
 
         pick = next((p for m, p in self.choice.candidates if m == module), self.choice.candidates[0][1])
-        why = (f"{self.choice.why.split(':')[0]} and this process imported {module} first" if module
-               else f"{self.choice.why.split(':')[0]} and maybe_revert_pr_fix() was called before any code base "
-                    f"was imported: the installed engine's")
+        why = (
+            f"{self.choice.why.split(':')[0]} and this process imported {module} first"
+            if module
+            else f"{self.choice.why.split(':')[0]} and maybe_revert_pr_fix() was called before any code base "
+            f"was imported: the installed engine's"
+        )
         return _arm_with(self.value, Choice(pick, why))
 
 
@@ -229,8 +237,11 @@ class _Decider(MetaPathFinder):
                 from sglfix.common.errors import SglfixError
 
                 _STATE = None
-                _die(str(exc) if isinstance(exc, SglfixError) else
-                     f"{ENV_VAR}: choosing the profile on importing {fullname} failed: {type(exc).__name__}: {exc}")
+                _die(
+                    str(exc)
+                    if isinstance(exc, SglfixError)
+                    else f"{ENV_VAR}: choosing the profile on importing {fullname} failed: {type(exc).__name__}: {exc}"
+                )
         for finder in sys.meta_path:
             if isinstance(finder, _Finder) and finder.state is state:
                 return finder.find_spec(fullname, path, target)
@@ -240,7 +251,7 @@ class _Decider(MetaPathFinder):
         return None
 
 
-def decide_now() -> "_EnvReverts | None":
+def decide_now() -> _EnvReverts | None:
     """Arm a pending choice at once (an explicit ``maybe_revert_pr_fix()`` call)."""
     with _LOCK:
         if not isinstance(_STATE, _Pending):
@@ -279,8 +290,9 @@ def settle(*, module: str | None = None) -> None:
         found = _imported_module_of(target, executed=module)
         if found is not None and (module is None or found == module):
             names = ",".join(dict.fromkeys(label.removeprefix("revert ") for _, label in items))
-            raise ConfigError(f"{ENV_VAR}: revert {names} is not in effect: {found} is imported but "
-                              f"{target} is not there to revert")
+            raise ConfigError(
+                f"{ENV_VAR}: revert {names} is not in effect: {found} is imported but {target} is not there to revert"
+            )
 
 
 def _imported_module_of(target: str, *, executed: str | None = None) -> str | None:
@@ -340,8 +352,11 @@ class _EnvReverts:
         self.engine_toggles = sorted({p.engine_toggle for p in PROFILES.values() if p.engine_toggle})
         self.choice: Any = None
         self.done: set[str] = set()
-        self.watched = {".".join(t.split(".")[:n]) for t in [*self.pending, *self.engine_toggles]
-                        for n in range(1, t.count(".") + 1)}
+        self.watched = {
+            ".".join(t.split(".")[:n])
+            for t in [*self.pending, *self.engine_toggles]
+            for n in range(1, t.count(".") + 1)
+        }
 
     @property
     def ids(self) -> list[str]:
@@ -379,8 +394,9 @@ class _EnvReverts:
             return
         names = ",".join(dict.fromkeys(label.removeprefix("revert ") for _, label in items))
         try:
-            prepared = prepare_specs([s for s, _ in items], labels=[lab for _, lab in items],
-                                     allowed_prefixes=allowed_prefixes)
+            prepared = prepare_specs(
+                [s for s, _ in items], labels=[lab for _, lab in items], allowed_prefixes=allowed_prefixes
+            )
             states = install_prepared(prepared)
         except SglfixError as exc:
             self.pending[target] = items
@@ -397,10 +413,16 @@ class _EnvReverts:
         if fn is None or getattr(fn, "__sglfix_silenced__", False):
             return
         namespace: dict[str, Any] = {}
-        exec(compile(
-            f"def {fn.__name__}(*args, **kwargs):\n"
-            f"    '''{ENV_VAR} is applied by sglfix in this process (profile {self.profile.name}).'''\n"
-            "    return None\n", f"<sglfix: {reader} silenced>", "exec"), namespace)
+        exec(
+            compile(
+                f"def {fn.__name__}(*args, **kwargs):\n"
+                f"    '''{ENV_VAR} is applied by sglfix in this process (profile {self.profile.name}).'''\n"
+                "    return None\n",
+                f"<sglfix: {reader} silenced>",
+                "exec",
+            ),
+            namespace,
+        )
         fn.__code__ = namespace[fn.__name__].__code__.replace(co_qualname=fn.__code__.co_qualname)
         fn.__sglfix_silenced__ = True
         _log(f"{reader} silenced: sglfix applies {ENV_VAR}={self.value}")
@@ -412,8 +434,11 @@ class _EnvReverts:
         except Exception as exc:
             from sglfix.common.errors import SglfixError
 
-            _die(str(exc) if isinstance(exc, SglfixError) else
-                 f"{ENV_VAR}: applying the reverts after importing {name} failed: {type(exc).__name__}: {exc}")
+            _die(
+                str(exc)
+                if isinstance(exc, SglfixError)
+                else f"{ENV_VAR}: applying the reverts after importing {name} failed: {type(exc).__name__}: {exc}"
+            )
 
 
 def _loaded_function(target: str) -> Any:

@@ -5,12 +5,12 @@ a toggle file's ``expect[].revert`` all parse through ``ToggleId.parse``."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from sglfix.common.errors import ConfigError
 
-__all__ = ["ToggleId", "PART_NAME_RE", "MAX_PR", "EXAMPLE"]
+__all__ = ["EXAMPLE", "MAX_PR", "PART_NAME_RE", "ToggleId"]
 
 # A PR number has no leading zero (so `011` and `11` cannot both name one toggle) and at most
 # nine digits; a part name is what a YAML key and a shell argument carry without quoting.
@@ -28,7 +28,7 @@ class ToggleId:
     part: str | None = None
 
     @classmethod
-    def parse(cls, text: "str | int | ToggleId", *, what: str = "toggle id") -> "ToggleId":
+    def parse(cls, text: str | int | ToggleId, *, what: str = "toggle id") -> ToggleId:
         """``text`` as an id, or a one-line ConfigError that starts with ``what``."""
         if isinstance(text, ToggleId):
             return text
@@ -45,7 +45,7 @@ class ToggleId:
         return cls(int(match.group(1)), match.group(2))
 
     @classmethod
-    def parse_list(cls, values: "str | Iterable[str]", *, what: str) -> list["ToggleId"]:
+    def parse_list(cls, values: str | Iterable[str], *, what: str) -> list[ToggleId]:
         """Ids from comma lists (``-r 26651,27460:sizing -r 26738``); an empty item is an error,
         never "nothing", so that ``-r ''`` cannot pass for a run with nothing reverted."""
         items = [values] if isinstance(values, str) else list(values)

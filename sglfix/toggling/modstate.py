@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Iterable
+from collections.abc import Iterable
 
 from sglfix.common.codebase import under
 
@@ -32,7 +32,7 @@ class ModuleSnapshot:
         self._copies = copies
 
     @classmethod
-    def take(cls, *, prefixes: Iterable[str], namespaces: Iterable[dict] = ()) -> "ModuleSnapshot":
+    def take(cls, *, prefixes: Iterable[str], namespaces: Iterable[dict] = ()) -> ModuleSnapshot:
         prefixes = tuple(prefixes)
         chosen: list[dict] = [
             module.__dict__
@@ -66,7 +66,7 @@ class ModuleSnapshot:
                 if ns.get(key, _MISSING) is not value:
                     ns[key] = value
 
-    def older_than(self, newer: "ModuleSnapshot") -> "ModuleSnapshot":
+    def older_than(self, newer: ModuleSnapshot) -> ModuleSnapshot:
         """One snapshot that restores to this (older) point wherever both saw a module."""
         return ModuleSnapshot({**newer._copies, **self._copies})
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["PROFILE_ENV", "DEFAULT_PROFILE", "Profile", "PROFILES", "get_profile", "current_profile"]
+__all__ = ["DEFAULT_PROFILE", "PROFILES", "PROFILE_ENV", "Profile", "current_profile", "get_profile"]
 
 PROFILE_ENV = "SGLFIX_PROFILE"
 DEFAULT_PROFILE = "reproduction"
@@ -67,13 +67,23 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
-        Profile(name=DEFAULT_PROFILE, summary="the reproduction under sglfix.backends (what the harness replays)",
-                package="sglfix.toggles"),
-        Profile(name="sglang-0.5.23", summary="real sglang 0.5.23: the five seed fixes and sglang's own six reverts",
-                package="sglfix.profiles", subdir="sglang-0.5.23",
-                engine_toggle="sglang.srt.debug_utils.pr_fix_toggle.maybe_revert_pr_fix",
-                source="sglang==0.5.23", codebase="sglang-0.5.23", scenarios_package="sglfix.profiles",
-                scenarios_subdir="sglang-0.5.23/scenarios", known_subdir="sglang-0.5.23/known/divergences.yaml"),
+        Profile(
+            name=DEFAULT_PROFILE,
+            summary="the reproduction under sglfix.backends (what the harness replays)",
+            package="sglfix.toggles",
+        ),
+        Profile(
+            name="sglang-0.5.23",
+            summary="real sglang 0.5.23: the five seed fixes and sglang's own six reverts",
+            package="sglfix.profiles",
+            subdir="sglang-0.5.23",
+            engine_toggle="sglang.srt.debug_utils.pr_fix_toggle.maybe_revert_pr_fix",
+            source="sglang==0.5.23",
+            codebase="sglang-0.5.23",
+            scenarios_package="sglfix.profiles",
+            scenarios_subdir="sglang-0.5.23/scenarios",
+            known_subdir="sglang-0.5.23/known/divergences.yaml",
+        ),
     )
 }
 
@@ -121,8 +131,11 @@ def _installed_profiles() -> tuple[list[tuple[str, Profile]], list[str]]:
         here = installed(cb)
         if here is None:
             continue
-        match = [p for p in PROFILES.values() if get_codebase(p.codebase).package == cb.package
-                 and get_codebase(p.codebase).version == here.version]
+        match = [
+            p
+            for p in PROFILES.values()
+            if get_codebase(p.codebase).package == cb.package and get_codebase(p.codebase).version == here.version
+        ]
         seen.add(cb.package)
         if match:
             found.append((cb.package, match[0]))
@@ -149,14 +162,18 @@ def choose_profile() -> Choice:
         return Choice(default, f"{PROFILE_ENV} is unset and {why}: the reproduction")
     for module, profile in engines:
         if module in sys.modules:
-            return Choice(profile, f"{PROFILE_ENV} is unset and this process imported {module} "
-                                   f"{get_codebase_version(profile)}")
+            return Choice(
+                profile, f"{PROFILE_ENV} is unset and this process imported {module} {get_codebase_version(profile)}"
+            )
     if REPRODUCTION.package in sys.modules:
         return Choice(default, f"{PROFILE_ENV} is unset and this process imported {REPRODUCTION.package}")
     shown = ", ".join(f"{m} -> {p.name}" for m, p in engines)
-    return Choice(None, f"{PROFILE_ENV} is unset: the first of these imports decides ({shown}, "
-                        f"{REPRODUCTION.package} -> {DEFAULT_PROFILE})",
-                  candidates=(*engines, (REPRODUCTION.package, default)))
+    return Choice(
+        None,
+        f"{PROFILE_ENV} is unset: the first of these imports decides ({shown}, "
+        f"{REPRODUCTION.package} -> {DEFAULT_PROFILE})",
+        candidates=(*engines, (REPRODUCTION.package, default)),
+    )
 
 
 def get_codebase_version(profile: Profile) -> str:

@@ -9,12 +9,13 @@ what the rest of sglfix reads. Ids (``27460``, ``27460:sizing``) are ``ToggleId`
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Mapping, Optional
+from typing import Annotated, Any
 
-from pydantic import BeforeValidator, StrictBool, StrictStr, ValidationInfo, field_validator, model_validator
+from pydantic import BeforeValidator, Field, StrictBool, StrictStr, ValidationInfo, field_validator, model_validator
 
 from sglfix.common.errors import ConfigError
 from sglfix.common.schema import NodeError, StrictModel, describe_kind, nearest, validate_node
@@ -24,8 +25,18 @@ from sglfix.patching.types import PatchList, PatchSpec, Text
 from sglfix.toggling.ids import EXAMPLE, MAX_PR, PART_NAME_RE, ToggleId
 
 __all__ = [
-    "Part", "Expectation", "Toggle", "Registry", "Selection", "ToggleFile", "ToggleId",
-    "MAIN_PART", "default_toggles_dir", "load_registry", "parse_toggle", "parse_toggle_ids",
+    "MAIN_PART",
+    "Expectation",
+    "Part",
+    "Registry",
+    "Selection",
+    "Toggle",
+    "ToggleFile",
+    "ToggleId",
+    "default_toggles_dir",
+    "load_registry",
+    "parse_toggle",
+    "parse_toggle_ids",
 ]
 
 TOGGLES_ENV = "SGLFIX_TOGGLES_DIR"
@@ -38,7 +49,9 @@ DEVICES = ("any", "cpu", "cuda")
 
 def _non_empty_text(value: Any) -> Any:
     if not isinstance(value, str) or not value.strip():
-        raise NodeError(f"must be non-empty text; got {'empty text' if isinstance(value, str) else describe_kind(value)}")
+        raise NodeError(
+            f"must be non-empty text; got {'empty text' if isinstance(value, str) else describe_kind(value)}"
+        )
     return value.strip()
 
 
@@ -111,7 +124,7 @@ class PartFile(StrictModel):
     behaviour_neutral: StrictBool = False
     # Why no scenario can detect this part (a refactor with no behaviour of its own): the
     # doctor's static check covers it; the detection table does not ask for a scenario.
-    static_only: Optional[NonEmptyText] = None
+    static_only: NonEmptyText | None = None
 
 
 def _part_names(value: Any) -> Any:
@@ -132,7 +145,7 @@ class ToggleFile(StrictModel):
     bug: MetaText = ""
     description: MetaText = ""
     patches: PatchList = ()
-    parts: Annotated[dict[str, PartFile], BeforeValidator(_part_names)] = {}
+    parts: Annotated[dict[str, PartFile], BeforeValidator(_part_names)] = Field(default_factory=dict)
     expect: tuple[ExpectFile, ...] = ()
     caught_by: tuple[StrictStr, ...] = ()
     peers: tuple[PrNumber, ...] = ()
@@ -141,9 +154,12 @@ class ToggleFile(StrictModel):
     @classmethod
     def _patches_or_parts(cls, data: Any) -> Any:
         # An unknown key (a misspelt `patches`) is reported as such, not as a missing one.
-        if isinstance(data, Mapping) and not set(data) - set(cls.model_fields):
-            if ("patches" in data) == ("parts" in data):
-                raise NodeError("a toggle file needs exactly one of 'patches' (one part) or 'parts' (named parts)")
+        if (
+            isinstance(data, Mapping)
+            and not set(data) - set(cls.model_fields)
+            and ("patches" in data) == ("parts" in data)
+        ):
+            raise NodeError("a toggle file needs exactly one of 'patches' (one part) or 'parts' (named parts)")
         return data
 
     @field_validator("pr")
@@ -156,7 +172,7 @@ class ToggleFile(StrictModel):
         return pr
 
     @model_validator(mode="after")
-    def _expect_names_own_parts(self) -> "ToggleFile":
+    def _expect_names_own_parts(self) -> ToggleFile:
         names = list(self.parts) if self.parts else [MAIN_PART]
         for i, item in enumerate(self.expect):
             for text in item.revert or ():
@@ -245,17 +261,39 @@ def parse_toggle(text: str, *, path: str) -> Toggle:
     if "patches" in file.model_fields_set:
         parts = {MAIN_PART: Part(name=MAIN_PART, summary=file.title, patches=file.patches)}
     else:
-        parts = {name: Part(name=name, summary=p.summary, patches=p.patches, behaviour_neutral=p.behaviour_neutral,
-                            static_only=p.static_only)
-                 for name, p in file.parts.items()}
+        parts = {
+            name: Part(
+                name=name,
+                summary=p.summary,
+                patches=p.patches,
+                behaviour_neutral=p.behaviour_neutral,
+                static_only=p.static_only,
+            )
+            for name, p in file.parts.items()
+        }
     expect_node = raw.get("expect") or []
     expect = tuple(
-        Expectation(scenario=e.scenario, verdicts=e.verdict, revert=e.revert or (str(ToggleId(file.pr)),),
-                    device=e.device, line=line_of(expect_node, i))
+        Expectation(
+            scenario=e.scenario,
+            verdicts=e.verdict,
+            revert=e.revert or (str(ToggleId(file.pr)),),
+            device=e.device,
+            line=line_of(expect_node, i),
+        )
         for i, e in enumerate(file.expect)
     )
-    return Toggle(pr=file.pr, title=file.title, url=file.url, bug=file.bug, description=file.description,
-                  parts=parts, expect=expect, caught_by=file.caught_by, peers=file.peers, path=path)
+    return Toggle(
+        pr=file.pr,
+        title=file.title,
+        url=file.url,
+        bug=file.bug,
+        description=file.description,
+        parts=parts,
+        expect=expect,
+        caught_by=file.caught_by,
+        peers=file.peers,
+        path=path,
+    )
 
 
 # --------------------------------------------------------------------------- the registry
@@ -293,31 +331,37 @@ class Registry:
             t.id + (f" (parts: {', '.join(t.parts)})" if list(t.parts) != [MAIN_PART] else "") for t in self
         )
 
-    def select(self, token: "str | ToggleId", *, what: str = "toggle id") -> list[Selection]:
+    def select(self, token: str | ToggleId, *, what: str = "toggle id") -> list[Selection]:
         """The parts an id names; errors start with ``what`` and show the nearest id."""
         rid = ToggleId.parse(token, what=what)
         toggle = self.toggles.get(rid.pr)
         if toggle is None:
-            raise ConfigError(f"{what}: PR {rid.pr} is not registered{nearest(str(rid.pr), map(str, self.toggles))}; "
-                              f"registered: {self.describe_ids()}")
+            raise ConfigError(
+                f"{what}: PR {rid.pr} is not registered{nearest(str(rid.pr), map(str, self.toggles))}; "
+                f"registered: {self.describe_ids()}"
+            )
         if rid.whole:
             return [Selection(toggle, p) for p in toggle.parts.values()]
         part = toggle.parts.get(rid.part)
         if part is None:
-            raise ConfigError(f"{what}: {rid.pr} has no part {rid.part!r}{nearest(rid.part, toggle.parts)}; "
-                              f"parts: {', '.join(toggle.parts)}")
+            raise ConfigError(
+                f"{what}: {rid.pr} has no part {rid.part!r}{nearest(rid.part, toggle.parts)}; "
+                f"parts: {', '.join(toggle.parts)}"
+            )
         return [Selection(toggle, part)]
 
 
-def parse_toggle_ids(tokens: Iterable["str | ToggleId"], *, registry: Registry, what: str) -> list[Selection]:
+def parse_toggle_ids(tokens: Iterable[str | ToggleId], *, registry: Registry, what: str) -> list[Selection]:
     """Expand ids into parts. An empty id and overlaps (``27460`` and ``27460:sizing``) are errors."""
     out: list[Selection] = []
     seen: dict[str, str] = {}
     for token in tokens:
         for sel in registry.select(token, what=what):
             if sel.id in seen:
-                raise ConfigError(f"{what}: {str(token)!r} selects {sel.id} again (already selected by "
-                                  f"{seen[sel.id]!r}); list it once")
+                raise ConfigError(
+                    f"{what}: {str(token)!r} selects {sel.id} again (already selected by "
+                    f"{seen[sel.id]!r}); list it once"
+                )
             seen[sel.id] = str(token)
             out.append(sel)
     return out

@@ -9,8 +9,8 @@ exactly the sets whose patches are installed.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from sglfix.common.errors import PatchStateError
 from sglfix.patching.patcher import PatchState, blocking_state, install_prepared, prepare_specs, restore_all
@@ -19,10 +19,10 @@ from sglfix.toggling.ids import ToggleId
 from sglfix.toggling.modstate import ModuleSnapshot
 from sglfix.toggling.registry import Registry, Selection, load_registry, parse_toggle_ids
 
-__all__ = ["Reverted", "revert", "reverted_ids", "restore_everything", "target_code"]
+__all__ = ["Reverted", "restore_everything", "revert", "reverted_ids", "target_code"]
 
 _LOCK = threading.RLock()
-_ACTIVE: dict[str, "Reverted"] = {}  # part id -> the Reverted that holds it, oldest first
+_ACTIVE: dict[str, Reverted] = {}  # part id -> the Reverted that holds it, oldest first
 
 
 @dataclass(eq=False)
@@ -64,7 +64,7 @@ class Reverted:
                 _ACTIVE.pop(sel.id, None)
             self.restored = True
 
-    def __enter__(self) -> "Reverted":
+    def __enter__(self) -> Reverted:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -82,12 +82,12 @@ def _holder_of(state: PatchState) -> Reverted | None:
 
 def _next_newer(reverted: Reverted) -> Reverted | None:
     held = _held()
-    later = held[held.index(reverted) + 1:] if reverted in held else []
+    later = held[held.index(reverted) + 1 :] if reverted in held else []
     return later[0] if later else None
 
 
 def revert(
-    ids: Iterable["str | ToggleId"] | Sequence[Selection],
+    ids: Iterable[str | ToggleId] | Sequence[Selection],
     *,
     registry: Registry | None = None,
     allowed_prefixes: Iterable[str] | None = None,
@@ -110,8 +110,7 @@ def revert(
         labels = [f"revert {sel.id}" for sel in selections for _ in sel.part.patches]
         prepared = prepare_specs(specs, allowed_prefixes=allowed, labels=labels)
         # After prepare (which may import the targets), before the first patched call.
-        snapshot = ModuleSnapshot.take(prefixes=allowed,
-                                       namespaces=[p.resolved.function.__globals__ for p in prepared])
+        snapshot = ModuleSnapshot.take(prefixes=allowed, namespaces=[p.resolved.function.__globals__ for p in prepared])
         states = install_prepared(prepared)
         result = Reverted(selections=list(selections), states=states, snapshot=snapshot)
         for sel in selections:

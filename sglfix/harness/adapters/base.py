@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from sglfix.harness.invariants import MetadataFields
 
-__all__ = ["BackendAdapter", "Prepared", "MetadataHook", "Unavailable", "require_flashinfer"]
+__all__ = ["BackendAdapter", "MetadataHook", "Prepared", "Unavailable", "require_flashinfer"]
 
 
 class Unavailable(Exception):
@@ -21,8 +22,11 @@ def require_flashinfer(device: str) -> None:
     import torch
 
     if torch.device(device).type == "cuda" and importlib.util.find_spec("flashinfer") is None:
-        raise Unavailable("FlashInfer is not installed on this CUDA machine; "
-                          "pip install flashinfer-python==0.7.2.post1 (or run with --device cpu)")
+        raise Unavailable(
+            "FlashInfer is not installed on this CUDA machine; "
+            "pip install flashinfer-python==0.7.2.post1 (or run with --device cpu)"
+        )
+
 
 # (backend, forward_batch, phase) -> None, called after every metadata init
 MetadataHook = Callable[[Any, Any, str], None]

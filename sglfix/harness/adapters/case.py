@@ -30,12 +30,14 @@ class CaseAdapter:
         if getattr(case, "draft", False):
             from sglfix.backends.srt.speculative.eagle_draft_cuda_graph_runner import make_draft_runner_for_case
 
-            return make_draft_runner_for_case(case, draft_backend=backend, capture_bs=list(scenario.capture_bs),
-                                              on_metadata=on_metadata)
+            return make_draft_runner_for_case(
+                case, draft_backend=backend, capture_bs=list(scenario.capture_bs), on_metadata=on_metadata
+            )
         from sglfix.backends.srt.model_executor.cuda_graph_runner import make_runner_for_case
 
-        return make_runner_for_case(case, backend=backend, capture_bs=list(scenario.capture_bs),
-                                    on_metadata=on_metadata)
+        return make_runner_for_case(
+            case, backend=backend, capture_bs=list(scenario.capture_bs), on_metadata=on_metadata
+        )
 
     def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
         """The forward for the scenario's mode: a replay of ``runner``, else eager; output packed
@@ -51,8 +53,15 @@ class CaseAdapter:
         else:
             from sglfix.backends.srt.model_executor.cuda_graph_runner import run_eager
 
-            out = run_eager(backend=backend, forward_batch=case.forward_batch, q=case.q, k=case.k, v=v,
-                            layer=case.layer, on_metadata=on_metadata)
+            out = run_eager(
+                backend=backend,
+                forward_batch=case.forward_batch,
+                q=case.q,
+                k=case.k,
+                v=v,
+                layer=case.layer,
+                on_metadata=on_metadata,
+            )
         pack = getattr(case, "pack_output", None)
         return pack(out) if pack is not None else out
 
@@ -64,6 +73,7 @@ class CaseAdapter:
         from sglfix.harness.reference import reference_attention
 
         case = prepared.case
-        ref = reference_attention(q_pad=case.q_pad, k_pad=case.k_pad, v_pad=case.v_pad, mask=case.visible,
-                                  scale=case.sm_scale)
+        ref = reference_attention(
+            q_pad=case.q_pad, k_pad=case.k_pad, v_pad=case.v_pad, mask=case.visible, scale=case.sm_scale
+        )
         return ref, case.q_valid

@@ -43,9 +43,15 @@ class DeepseekV4Adapter(CaseAdapter):
 
         model = scenario.model
         common = dict(
-            prefix_lens=list(scenario.prefix_lens), page_size=scenario.page_size, num_heads=model.num_heads,
-            kv_lora_rank=model.kv_lora_rank, qk_rope_head_dim=model.qk_rope_head_dim, dtype=model.dtype,
-            seed=scenario.seed, device=device, max_context_len=scenario.max_context_len,
+            prefix_lens=list(scenario.prefix_lens),
+            page_size=scenario.page_size,
+            num_heads=model.num_heads,
+            kv_lora_rank=model.kv_lora_rank,
+            qk_rope_head_dim=model.qk_rope_head_dim,
+            dtype=model.dtype,
+            seed=scenario.seed,
+            device=device,
+            max_context_len=scenario.max_context_len,
             capture_bs=list(scenario.capture_bs) if scenario.capture_bs else None,
         )
         if scenario.mode == "DRAFT_DECODE":
@@ -69,8 +75,9 @@ class DeepseekV4Adapter(CaseAdapter):
             # The attention steps only (num_steps - 1 of the num_steps children), each covering
             # every request of the live (padded) batch.
             rows = forward_batch.batch_size * backend.topk
-            return [(f"step {i}", _view(step), rows)
-                    for i, step in enumerate(steps[: backend.speculative_num_steps - 1])]
+            return [
+                (f"step {i}", _view(step), rows) for i, step in enumerate(steps[: backend.speculative_num_steps - 1])
+            ]
         return [("", _view(backend), forward_batch.batch_size)]
 
 

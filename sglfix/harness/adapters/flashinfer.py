@@ -38,8 +38,13 @@ class FlashInferAdapter(CaseAdapter):
         )
 
         common = dict(
-            mla=self.mla, prefix_lens=list(scenario.prefix_lens), page_size=scenario.page_size,
-            num_heads=scenario.model.num_heads, dtype=scenario.model.dtype, seed=scenario.seed, device=device,
+            mla=self.mla,
+            prefix_lens=list(scenario.prefix_lens),
+            page_size=scenario.page_size,
+            num_heads=scenario.model.num_heads,
+            dtype=scenario.model.dtype,
+            seed=scenario.seed,
+            device=device,
             max_context_len=scenario.max_context_len,
             capture_bs=list(scenario.capture_bs) if scenario.capture_bs else None,
             **self._model_shape(scenario.model),

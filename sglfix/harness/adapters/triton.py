@@ -28,13 +28,22 @@ class TritonAdapter(CaseAdapter):
         from sglfix.backends.test.kits.attention_unittest.attention_methods.dense_attention import build_case
 
         case = build_case(
-            mode=scenario.mode, prefix_lens=list(scenario.prefix_lens), extend_lens=list(scenario.extend_lens),
+            mode=scenario.mode,
+            prefix_lens=list(scenario.prefix_lens),
+            extend_lens=list(scenario.extend_lens),
             accept_lens=list(scenario.accept_lens) if scenario.accept_lens is not None else None,
-            page_size=scenario.page_size, num_heads=scenario.model.num_heads,
-            num_kv_heads=scenario.model.num_kv_heads, head_dim=scenario.model.head_dim,
-            dtype=scenario.model.dtype, topk=scenario.spec.topk, num_steps=scenario.spec.num_steps,
-            num_draft_tokens=scenario.spec.num_draft_tokens, gpu_only=scenario.gpu_only, seed=scenario.seed,
-            device=device, builder=scenario.builder,
+            page_size=scenario.page_size,
+            num_heads=scenario.model.num_heads,
+            num_kv_heads=scenario.model.num_kv_heads,
+            head_dim=scenario.model.head_dim,
+            dtype=scenario.model.dtype,
+            topk=scenario.spec.topk,
+            num_steps=scenario.spec.num_steps,
+            num_draft_tokens=scenario.spec.num_draft_tokens,
+            gpu_only=scenario.gpu_only,
+            seed=scenario.seed,
+            device=device,
+            builder=scenario.builder,
             capture_bs=list(scenario.capture_bs) if scenario.capture_bs else None,
         )
         return Prepared(case=case, num_slots=case.model_runner.token_to_kv_pool.num_slots)
@@ -45,8 +54,11 @@ class TritonAdapter(CaseAdapter):
         return TritonAttnBackend(model_runner=prepared.case.model_runner)
 
     def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
-        rows = (len(forward_batch.req_pool_indices) if forward_batch.req_pool_indices is not None
-                else forward_batch.batch_size)
+        rows = (
+            len(forward_batch.req_pool_indices)
+            if forward_batch.req_pool_indices is not None
+            else forward_batch.batch_size
+        )
         return [("", backend.forward_metadata, rows)]
 
 

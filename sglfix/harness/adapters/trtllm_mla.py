@@ -38,12 +38,21 @@ class TrtllmMLAAdapter(CaseAdapter):
 
         model = scenario.model
         case = build_mla_draft_extend_case(
-            mode=scenario.mode, prefix_lens=list(scenario.prefix_lens), accept_lens=list(scenario.accept_lens),
-            num_draft_tokens=scenario.spec.num_draft_tokens, num_steps=scenario.spec.num_steps,
-            page_size=scenario.page_size, num_heads=model.num_heads, kv_lora_rank=model.kv_lora_rank,
-            qk_rope_head_dim=model.qk_rope_head_dim, dtype=model.dtype, seed=scenario.seed, device=device,
+            mode=scenario.mode,
+            prefix_lens=list(scenario.prefix_lens),
+            accept_lens=list(scenario.accept_lens),
+            num_draft_tokens=scenario.spec.num_draft_tokens,
+            num_steps=scenario.spec.num_steps,
+            page_size=scenario.page_size,
+            num_heads=model.num_heads,
+            kv_lora_rank=model.kv_lora_rank,
+            qk_rope_head_dim=model.qk_rope_head_dim,
+            dtype=model.dtype,
+            seed=scenario.seed,
+            device=device,
             max_context_len=scenario.max_context_len,
-            capture_bs=list(scenario.capture_bs) if scenario.capture_bs else None, gpu_only=scenario.gpu_only,
+            capture_bs=list(scenario.capture_bs) if scenario.capture_bs else None,
+            gpu_only=scenario.gpu_only,
         )
         return Prepared(case=case, num_slots=case.model_runner.token_to_kv_pool.num_slots)
 
@@ -53,8 +62,11 @@ class TrtllmMLAAdapter(CaseAdapter):
         return TRTLLMMLABackend(model_runner=prepared.case.model_runner)
 
     def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
-        rows = (len(forward_batch.req_pool_indices) if forward_batch.req_pool_indices is not None
-                else forward_batch.batch_size)
+        rows = (
+            len(forward_batch.req_pool_indices)
+            if forward_batch.req_pool_indices is not None
+            else forward_batch.batch_size
+        )
         metadata = backend.forward_decode_metadata
         # The block-table check needs the page size, which the metadata does not carry.
         view = SimpleNamespace(**vars(metadata), page_size=backend.page_size) if metadata is not None else None

@@ -32,6 +32,8 @@ def kit(part: str) -> ModuleType:
         raise ValueError(f"no kit part {part!r}; the parts are {', '.join(PARTS)}")
     codebase = active()
     if not codebase.kit:
-        raise RuntimeError(f"the code base {codebase.name} has no pinned test kit (CodeBase.kit); its adapters "
-                           f"cannot use sglang's attention test kit")
+        raise RuntimeError(
+            f"the code base {codebase.name} has no pinned test kit (CodeBase.kit); its adapters "
+            f"cannot use sglang's attention test kit"
+        )
     return importlib.import_module(f"{codebase.kit}.{part}")

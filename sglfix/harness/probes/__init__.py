@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import importlib
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sglfix.common.errors import ConfigError
 
@@ -41,12 +42,11 @@ class Probe(Protocol):
 
     name: str
 
-    def run(self, scenario: "Scenario", *, device: str, result: "CellResult",
-            stage: Callable[[str], None]) -> None:
+    def run(self, scenario: Scenario, *, device: str, result: CellResult, stage: Callable[[str], None]) -> None:
         """Build the inputs, run the code under test, judge; findings go to ``result``."""
 
 
-def get_probe(name: str, codebase: "CodeBase | None" = None) -> Probe:
+def get_probe(name: str, codebase: CodeBase | None = None) -> Probe:
     """The probe ``name`` of ``codebase`` (default: the code base this process replays through)."""
     from sglfix.codebases import active
 
@@ -60,7 +60,7 @@ def get_probe(name: str, codebase: "CodeBase | None" = None) -> Probe:
     return probe
 
 
-def run_probe(scenario: "Scenario", *, device: str, result: "CellResult", stage: Callable[[str], None]) -> Any:
+def run_probe(scenario: Scenario, *, device: str, result: CellResult, stage: Callable[[str], None]) -> Any:
     """Run the scenario's probe into ``result`` (exceptions propagate to the cell's classifier)."""
     stage("setup")
     probe = get_probe(scenario.probe)

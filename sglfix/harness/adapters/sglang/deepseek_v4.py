@@ -32,8 +32,10 @@ from sglfix.harness.invariants import MetadataFields
 
 __all__ = ["ADAPTER", "DeepseekV4DraftAdapter"]
 
-_CPU_REASON = ("the DSv4 draft attention needs flash_mla (CUDA): only each step backend's "
-               "_build_forward_metadata ran (the part of init_forward_metadata before FlashMLA's schedule)")
+_CPU_REASON = (
+    "the DSv4 draft attention needs flash_mla (CUDA): only each step backend's "
+    "_build_forward_metadata ran (the part of init_forward_metadata before FlashMLA's schedule)"
+)
 _GPU_REASON = "the DSv4 draft attention (FlashMLA sparse decode over an FP8 cache) is not compared by this adapter"
 
 
@@ -51,19 +53,24 @@ class DeepseekV4DraftAdapter:
 
     def build(self, scenario: Any, *, device: str) -> Prepared:
         if scenario.mode != "DRAFT_DECODE":
-            raise Unavailable(f"the sglang {self.name} adapter runs the multi-step draft (DRAFT_DECODE), "
-                              f"not {scenario.mode}")
+            raise Unavailable(
+                f"the sglang {self.name} adapter runs the multi-step draft (DRAFT_DECODE), not {scenario.mode}"
+            )
         if scenario.capture_bs:
-            raise Unavailable("the sglang DSv4 adapter runs the draft with graphs off only: the graph path "
-                              "(EAGLEDraftCudaGraphRunner, init_forward_metadata_in_graph) is not driven here")
+            raise Unavailable(
+                "the sglang DSv4 adapter runs the draft with graphs off only: the graph path "
+                "(EAGLEDraftCudaGraphRunner, init_forward_metadata_in_graph) is not driven here"
+            )
         from sglfix.harness.kits import kit
 
         build_dsv4_draft, flash_mla_available = kit("drafts").build_dsv4_draft, kit("drafts").flash_mla_available
 
         if device != "cpu" and not flash_mla_available():
             # On CUDA sglang's DSv4 constructor imports flash_mla (the CPU path does not).
-            raise Unavailable("DeepseekV4AttnBackend needs flash_mla on CUDA, which is not installed here "
-                              "(pip install sgl-flash-mla; or run the DSv4 scenarios with --device cpu)")
+            raise Unavailable(
+                "DeepseekV4AttnBackend needs flash_mla on CUDA, which is not installed here "
+                "(pip install sgl-flash-mla; or run the DSv4 scenarios with --device cpu)"
+            )
         case = build_dsv4_draft(scenario, device=device)
         return Prepared(case=case, num_slots=case.num_slots)
 
@@ -131,8 +138,10 @@ class DeepseekV4DraftAdapter:
                 else:
                     want = expected
                 findings += _compare_locations(f"step {i} {name}", got, want)
-            for name, want in (("req_pool_indices", list(range(slots.batch_size))),
-                               ("seq_lens", list(slots.prefix_lens))):
+            for name, want in (
+                ("req_pool_indices", list(range(slots.batch_size))),
+                ("seq_lens", list(slots.prefix_lens)),
+            ):
                 got = getattr(view, name, None)
                 if got is not None and got.reshape(-1).tolist() != want:
                     findings.append(("DIVERGE", f"metadata reference: step {i} {name} {got.tolist()} != {want}"))
@@ -140,8 +149,13 @@ class DeepseekV4DraftAdapter:
         if bad:
             return bad
         fields = "raw out_cache_loc" if not self._full_init(prepared) else "raw_out_loc and swa_out_cache_loc"
-        return [("PASS", f"metadata reference: the baked write locations ({fields}) of {len(steps)} draft step(s) "
-                         f"x {slots.batch_size * slots.topk} row(s) are each step's own slots")]
+        return [
+            (
+                "PASS",
+                f"metadata reference: the baked write locations ({fields}) of {len(steps)} draft step(s) "
+                f"x {slots.batch_size * slots.topk} row(s) are each step's own slots",
+            )
+        ]
 
     def reference(self, prepared: Prepared) -> tuple[Any, Any]:
         raise NotImplementedError("the sglang DSv4 draft adapter compares metadata only")
@@ -149,13 +163,23 @@ class DeepseekV4DraftAdapter:
 
 def _compare_locations(what: str, got: Any, want: Any) -> list[tuple[str, str]]:
     if got.numel() != want.numel():
-        return [("DIVERGE", f"metadata reference: {what} has {got.numel()} entries, the step writes "
-                            f"{want.numel()} (one per request and branch)")]
+        return [
+            (
+                "DIVERGE",
+                f"metadata reference: {what} has {got.numel()} entries, the step writes "
+                f"{want.numel()} (one per request and branch)",
+            )
+        ]
     diff = (got != want).nonzero()
     if diff.numel():
         r = int(diff[0, 0])
-        return [("DIVERGE", f"metadata reference: {what}[{r}] = {int(got[r])}, the step's slot is {int(want[r])} "
-                            f"({diff.shape[0]}/{want.numel()} rows wrong)")]
+        return [
+            (
+                "DIVERGE",
+                f"metadata reference: {what}[{r}] = {int(got[r])}, the step's slot is {int(want[r])} "
+                f"({diff.shape[0]}/{want.numel()} rows wrong)",
+            )
+        ]
     return []
 
 
@@ -166,8 +190,9 @@ def _view(metadata: Any) -> Any:
     if core is not None:  # DSV4Metadata (full init): the core's fields; window indices are slots
         return SimpleNamespace(**vars(core), swa_index_page_size=1)
     if hasattr(metadata, "out_cache_loc"):  # DSV4RawDecodeMetadata
-        return SimpleNamespace(req_pool_indices=metadata.req_pool_indices, seq_lens=metadata.seq_lens,
-                               out_cache_loc=metadata.out_cache_loc)
+        return SimpleNamespace(
+            req_pool_indices=metadata.req_pool_indices, seq_lens=metadata.seq_lens, out_cache_loc=metadata.out_cache_loc
+        )
     return None
 
 

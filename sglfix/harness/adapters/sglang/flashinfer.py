@@ -44,8 +44,10 @@ from sglfix.harness.invariants import MetadataFields
 
 __all__ = ["ADAPTER", "FlashInferDraftAdapter"]
 
-_HOST_REASON = ("FlashInfer is not available here (needs CUDA): the step backends' page tables were recorded "
-                "from sglang's own multi-step code, no attention ran")
+_HOST_REASON = (
+    "FlashInfer is not available here (needs CUDA): the step backends' page tables were recorded "
+    "from sglang's own multi-step code, no attention ran"
+)
 
 
 class FlashInferDraftAdapter:
@@ -59,8 +61,9 @@ class FlashInferDraftAdapter:
 
     def build(self, scenario: Any, *, device: str) -> Prepared:
         if scenario.mode != "DRAFT_DECODE":
-            raise Unavailable(f"the sglang {self.name} adapter runs the multi-step draft (DRAFT_DECODE), "
-                              f"not {scenario.mode}")
+            raise Unavailable(
+                f"the sglang {self.name} adapter runs the multi-step draft (DRAFT_DECODE), not {scenario.mode}"
+            )
         from sglfix.harness.kits import kit as _kit
 
         kit = _kit("drafts")
@@ -72,9 +75,11 @@ class FlashInferDraftAdapter:
             # buffers (qo_indptr, sized for max_bs rows) cannot even capture bs * topk rows. What PR
             # 27460 fixed is the multi-step backend's own sizing and kernel, which still run for real.
             case.host = True
-            case.notes.append("topk > 1: sglang's MLA step backends are recorded, not run (their CUDA-graph "
-                              "qo_indptr buffer holds max_bs rows); the multi-step backend's sizing and its "
-                              "kv-indices kernel run on the GPU")
+            case.notes.append(
+                "topk > 1: sglang's MLA step backends are recorded, not run (their CUDA-graph "
+                "qo_indptr buffer holds max_bs rows); the multi-step backend's sizing and its "
+                "kv-indices kernel run on the GPU"
+            )
         case.allocs = kit.CudaAllocations(remap=True)
         case.tables = {}  # step -> the page table its step backend was handed last
         case.plans = {}  # step -> what its MLA decode wrapper was planned to read last (CUDA)
@@ -96,8 +101,9 @@ class FlashInferDraftAdapter:
         case = prepared.case
         with contextlib.ExitStack() as stack:
             if case.host:
-                stack.enter_context(kit.host_step_children(importlib.import_module(self.backend_module),
-                                                           self.step_class))
+                stack.enter_context(
+                    kit.host_step_children(importlib.import_module(self.backend_module), self.step_class)
+                )
             if self.mla and case.topk > 1:
                 stack.enter_context(kit.lift_mla_topk_gate())
                 case.notes.append(kit.MLA_GATE_NOTE)
@@ -131,9 +137,16 @@ class FlashInferDraftAdapter:
             backend.init_cuda_graph_state(max_bs, max_bs * case.topk)
         fill = backend.attn_backends[0].get_cuda_graph_seq_len_fill_value()
         for bs in scenario.capture_bs:
-            batch = kit.make_capture_batch(bs, topk=case.topk, num_steps=case.num_steps, fill=fill,
-                                           device=case.device, hidden_size=case.hidden_size, dtype=case.dtype,
-                                           runner=case.runner)
+            batch = kit.make_capture_batch(
+                bs,
+                topk=case.topk,
+                num_steps=case.num_steps,
+                fill=fill,
+                device=case.device,
+                hidden_size=case.hidden_size,
+                dtype=case.dtype,
+                runner=case.runner,
+            )
             with case.allocs:
                 backend.init_forward_metadata_out_graph(batch, in_capture=True)
             on_metadata(_Owner(backend, case), batch, f"capture bs={bs}")
@@ -196,9 +209,14 @@ class FlashInferDraftAdapter:
             need = int(view.seq_lens_sum) * topk + bs * topk * steps
             width = int(buffer.shape[1])
             if width < need:
-                findings.append(("INVARIANT", f"kv_indices rows are {width} wide, the draft kernel writes {need} per "
-                                              f"row (seq_lens_sum {int(view.seq_lens_sum)} x topk {topk} + "
-                                              f"{bs} x {topk} branches x {steps} steps)"))
+                findings.append(
+                    (
+                        "INVARIANT",
+                        f"kv_indices rows are {width} wide, the draft kernel writes {need} per "
+                        f"row (seq_lens_sum {int(view.seq_lens_sum)} x topk {topk} + "
+                        f"{bs} x {topk} branches x {steps} steps)",
+                    )
+                )
         tables = self._tables(case, backend)
         raw_rows = case.slots.batch_size * topk
         checked = 0
@@ -212,22 +230,33 @@ class FlashInferDraftAdapter:
             if got_ptr != want_ptr:
                 padded = got_ptr + [None] * len(want_ptr)
                 r = next(k for k, (a, b) in enumerate(zip(padded, want_ptr)) if a != b)
-                findings.append(("DIVERGE", f"metadata reference: step {i} kv_indptr[{r}] = {padded[r]}, "
-                                            f"expected {want_ptr[r]}"))
+                findings.append(
+                    ("DIVERGE", f"metadata reference: step {i} kv_indptr[{r}] = {padded[r]}, expected {want_ptr[r]}")
+                )
                 continue
             got_idx = table.kv_indices.to(torch.int64).cpu()[: len(want_idx)]
             want = torch.tensor(want_idx, dtype=torch.int64)
             if got_idx.numel() < want.numel():
-                findings.append(("DIVERGE", f"metadata reference: step {i} kv_indices holds {got_idx.numel()} of the "
-                                            f"{want.numel()} slots its real rows attend"))
+                findings.append(
+                    (
+                        "DIVERGE",
+                        f"metadata reference: step {i} kv_indices holds {got_idx.numel()} of the "
+                        f"{want.numel()} slots its real rows attend",
+                    )
+                )
                 continue
             bad = (got_idx != want).nonzero()
             if bad.numel():
                 k = int(bad[0, 0])
                 row = next(r for r in range(raw_rows) if want_ptr[r] <= k < want_ptr[r + 1])
-                findings.append(("DIVERGE", f"metadata reference: step {i} kv_indices[{k}] = {int(got_idx[k])} "
-                                            f"(row {row}), the slot is {int(want[k])}; {bad.shape[0]}/{want.numel()} "
-                                            f"entries wrong"))
+                findings.append(
+                    (
+                        "DIVERGE",
+                        f"metadata reference: step {i} kv_indices[{k}] = {int(got_idx[k])} "
+                        f"(row {row}), the slot is {int(want[k])}; {bad.shape[0]}/{want.numel()} "
+                        f"entries wrong",
+                    )
+                )
                 continue
             checked += 1
         if self.mla and not case.host:
@@ -235,8 +264,13 @@ class FlashInferDraftAdapter:
         if any(v != "PASS" for v, _ in findings):
             return findings
         notes = [("PASS", f"note: {n}") for n in case.notes]
-        return [("PASS", f"metadata reference: the page tables of {checked} draft step(s) x {raw_rows} branch row(s) "
-                         f"are each branch's prefix then its own draft path")] + notes
+        return [
+            (
+                "PASS",
+                f"metadata reference: the page tables of {checked} draft step(s) x {raw_rows} branch row(s) "
+                f"are each branch's prefix then its own draft path",
+            )
+        ] + notes
 
     def _planned_reads(self, case: Any, step: int) -> list[list[int]] | None:
         """Per real branch row, the slots step ``step``'s MLA kernel was planned to read."""
@@ -249,8 +283,9 @@ class FlashInferDraftAdapter:
         lens = plan.kv_len.to(torch.int64).cpu().tolist()
         idx = plan.kv_indices.to(torch.int64).cpu()
         rows = case.slots.batch_size * case.topk
-        return [idx[ptr[r]: ptr[r] + lens[r]].tolist() if r < len(lens) and r + 1 < len(ptr) else []
-                for r in range(rows)]
+        return [
+            idx[ptr[r] : ptr[r] + lens[r]].tolist() if r < len(lens) and r + 1 < len(ptr) else [] for r in range(rows)
+        ]
 
     def _check_planned_reads(self, case: Any) -> list[tuple[str, str]]:
         """Each step's planned read (``kv_indptr``/``kv_len_arr`` of the plan over its
@@ -268,32 +303,49 @@ class FlashInferDraftAdapter:
                 continue
             planned[i] = reads
             want_ptr, want_idx = slots.step_page_table(i)
-            bad = [r for r in range(len(reads)) if reads[r] != want_idx[want_ptr[r]: want_ptr[r + 1]]]
+            bad = [r for r in range(len(reads)) if reads[r] != want_idx[want_ptr[r] : want_ptr[r + 1]]]
             if not bad:
                 continue
             r = bad[0]
-            got, want = reads[r], want_idx[want_ptr[r]: want_ptr[r + 1]]
+            got, want = reads[r], want_idx[want_ptr[r] : want_ptr[r + 1]]
             b, j = divmod(r, topk)
             if got == want[: len(got)]:
-                what = (f"reads {len(got)} slots, its page table has {len(want)} (prefix {slots.prefix_lens[b]} + "
-                        f"{i + 1} draft): the plan's kv_len_arr leaves out {_describe(want[len(got):], owner)}")
+                what = (
+                    f"reads {len(got)} slots, its page table has {len(want)} (prefix {slots.prefix_lens[b]} + "
+                    f"{i + 1} draft): the plan's kv_len_arr leaves out {_describe(want[len(got) :], owner)}"
+                )
             else:
-                k = next(k for k in range(min(len(got), len(want)) + 1)
-                         if k >= len(got) or k >= len(want) or got[k] != want[k])
+                k = next(
+                    k
+                    for k in range(min(len(got), len(want)) + 1)
+                    if k >= len(got) or k >= len(want) or got[k] != want[k]
+                )
                 seen = owner.get(got[k], "no slot of this batch") if k < len(got) else "nothing"
                 expected = owner.get(want[k], "?") if k < len(want) else "nothing"
-                what = (f"reads {len(got)} slots, its page table has {len(want)}; entry {k} is {seen}, the branch "
-                        f"attends {expected} there")
-            findings.append(("DIVERGE", f"planned read: step {i} row {r} (request {b} branch {j}) {what}; "
-                                        f"{len(bad)}/{len(reads)} rows wrong"))
+                what = (
+                    f"reads {len(got)} slots, its page table has {len(want)}; entry {k} is {seen}, the branch "
+                    f"attends {expected} there"
+                )
+            findings.append(
+                (
+                    "DIVERGE",
+                    f"planned read: step {i} row {r} (request {b} branch {j}) {what}; "
+                    f"{len(bad)}/{len(reads)} rows wrong",
+                )
+            )
         if findings and case.output is not None and planned:
             err = self._attention_over(case, planned)
             if err is not None:
                 tol = 2e-2 if case.dtype is not None and "16" in str(case.dtype) else 1e-4
                 verdict = "equals" if err <= tol else "differs from"
-                findings.append(("PASS", f"note: the kernel's output {verdict} attention over what its wrappers "
-                                         f"were planned to read (max abs err {err:.3g})"
-                                         + (": the divergence is the plan's, not the kernel's" if err <= tol else "")))
+                findings.append(
+                    (
+                        "PASS",
+                        f"note: the kernel's output {verdict} attention over what its wrappers "
+                        f"were planned to read (max abs err {err:.3g})"
+                        + (": the divergence is the plan's, not the kernel's" if err <= tol else ""),
+                    )
+                )
         return findings
 
     def _attention_over(self, case: Any, planned: dict[int, list[list[int]]]) -> float | None:
@@ -345,14 +397,30 @@ class FlashInferDraftAdapter:
             prefix_v = [rand(p, kv_heads, dim) for p in slots.prefix_lens]
             draft_v = rand(bs, topk, steps, kv_heads, dim)
         q = rand(bs, topk, max(steps - 1, 1), heads, dim)
-        return SimpleNamespace(prefix_k=prefix_k, prefix_v=prefix_v, draft_k=draft_k, draft_v=draft_v, q=q,
-                               heads=heads, kv_heads=kv_heads, dim=dim, dim_v=dim_v, scale=dim ** -0.5)
+        return SimpleNamespace(
+            prefix_k=prefix_k,
+            prefix_v=prefix_v,
+            draft_k=draft_k,
+            draft_v=draft_v,
+            q=q,
+            heads=heads,
+            kv_heads=kv_heads,
+            dim=dim,
+            dim_v=dim_v,
+            scale=dim**-0.5,
+        )
 
     def _layer(self, truth: SimpleNamespace) -> Any:
         from sglang.srt.layers.radix_attention import RadixAttention
 
-        return RadixAttention(num_heads=truth.heads, head_dim=truth.dim, scaling=truth.scale,
-                              num_kv_heads=truth.kv_heads, layer_id=0, v_head_dim=truth.dim_v)
+        return RadixAttention(
+            num_heads=truth.heads,
+            head_dim=truth.dim,
+            scaling=truth.scale,
+            num_kv_heads=truth.kv_heads,
+            layer_id=0,
+            v_head_dim=truth.dim_v,
+        )
 
     def _write(self, pool: Any, layer: Any, loc: Any, k: Any, v: Any) -> None:
         if self.mla:
@@ -379,8 +447,13 @@ class FlashInferDraftAdapter:
         if loc.numel():
             self._write(pool, layer, loc, torch.cat(truth.prefix_k), torch.cat(truth.prefix_v))
         draft_loc = torch.tensor(slots.draft, dtype=torch.int64, device=dev)  # [bs, topk, steps]
-        self._write(pool, layer, draft_loc.reshape(-1), truth.draft_k.reshape(bs * topk * steps, truth.kv_heads, -1),
-                    truth.draft_v.reshape(bs * topk * steps, truth.kv_heads, -1))
+        self._write(
+            pool,
+            layer,
+            draft_loc.reshape(-1),
+            truth.draft_k.reshape(bs * topk * steps, truth.kv_heads, -1),
+            truth.draft_v.reshape(bs * topk * steps, truth.kv_heads, -1),
+        )
         rows = view.batch_size * topk
         outs = []
         for i in range(steps - 1):
@@ -418,7 +491,7 @@ class FlashInferDraftAdapter:
             for j in range(topk):
                 r = b * topk + j
                 k_pad[r, :p], v_pad[r, :p] = truth.prefix_k[b], truth.prefix_v[b]
-                k_pad[r, p: p + nq], v_pad[r, p: p + nq] = truth.draft_k[b, j, :nq], truth.draft_v[b, j, :nq]
+                k_pad[r, p : p + nq], v_pad[r, p : p + nq] = truth.draft_k[b, j, :nq], truth.draft_v[b, j, :nq]
                 for i in range(nq):
                     mask[r, i, : p + i + 1] = True
         q_pad = truth.q[:, :, :nq].reshape(rows, nq, truth.heads, truth.dim)
@@ -440,8 +513,9 @@ def _observe_plan(wrapper: Any, plans: dict, step: int) -> None:
     original = wrapper.plan
 
     def plan(qo_indptr: Any, kv_indptr: Any, kv_indices: Any, kv_len_arr: Any, *args: Any, **kwargs: Any) -> Any:
-        plans[step] = SimpleNamespace(kv_indptr=kv_indptr.clone(), kv_indices=kv_indices.clone(),
-                                      kv_len=kv_len_arr.clone())
+        plans[step] = SimpleNamespace(
+            kv_indptr=kv_indptr.clone(), kv_indices=kv_indices.clone(), kv_len=kv_len_arr.clone()
+        )
         return original(qo_indptr, kv_indptr, kv_indices, kv_len_arr, *args, **kwargs)
 
     wrapper.plan = plan

@@ -25,15 +25,16 @@ calls ``sglfix.codebases.activate("sglang-0.5.23")`` before sglang is imported (
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 from sglfix.harness.adapters.base import MetadataHook, Prepared, Unavailable
-from sglfix.harness.kits import kit as _kit
 from sglfix.harness.invariants import MetadataFields
+from sglfix.harness.kits import kit as _kit
 
-__all__ = ["ADAPTER", "SglangTritonAdapter", "SglangCase", "GroundTruth", "GraphRunner"]
+__all__ = ["ADAPTER", "GraphRunner", "GroundTruth", "SglangCase", "SglangTritonAdapter"]
 
 # A graph replay pads its batch with rows that write here: page 0 is never given to a request.
 _SINK_PAGE = 0
@@ -45,6 +46,7 @@ _VOCAB = 64
 
 
 # ----------------------------------------------------------------------------- the case
+
 
 @dataclass
 class GroundTruth:
@@ -115,7 +117,7 @@ def _scatter_layout(*, totals: list[int], page_size: int, num_pages: int, gen: A
         raise ValueError(f"the KV pool has {len(perm)} free pages, the batch needs {sum(needed)}")
     pages, start = [], 0
     for n in needed:
-        pages.append(perm[start:start + n])
+        pages.append(perm[start : start + n])
         start += n
 
     def loc(req: int, pos: int) -> int:
@@ -151,6 +153,7 @@ def _move_request_rows(*, runner: Any, batch: Any, gen: Any) -> None:
 
 # ----------------------------------------------------------------------------- draft tree (verify)
 
+
 def _draft_tree(*, num_draft_tokens: int, topk: int, num_steps: int, gen: Any) -> tuple[list[int], list[int]]:
     """Parents (-1 for the root) and depths of a seeded draft tree in BFS order: node 0 is the
     verified token, each node has at most ``topk`` children, depth at most ``num_steps``; a chain
@@ -161,8 +164,9 @@ def _draft_tree(*, num_draft_tokens: int, topk: int, num_steps: int, gen: Any) -
     for i in range(1, num_draft_tokens):
         open_nodes = [j for j in range(i) if children[j] < topk and depth[j] < num_steps]
         if not open_nodes:
-            raise ValueError(f"num_draft_tokens={num_draft_tokens} does not fit a tree of topk={topk}, "
-                             f"num_steps={num_steps}")
+            raise ValueError(
+                f"num_draft_tokens={num_draft_tokens} does not fit a tree of topk={topk}, num_steps={num_steps}"
+            )
         j = open_nodes[-1] if topk == 1 else open_nodes[int(torch.randint(len(open_nodes), (1,), generator=gen))]
         parents.append(j)
         depth.append(depth[j] + 1)
@@ -204,6 +208,7 @@ def _retrieve_tensors(parents: list[int]) -> tuple[Any, Any, Any]:
 
 # ----------------------------------------------------------------------------- building
 
+
 def _new_tokens(*, scenario: Any, dtype: Any, device: str, gen: Any) -> tuple[Any, Any, Any]:
     import torch
 
@@ -213,12 +218,16 @@ def _new_tokens(*, scenario: Any, dtype: Any, device: str, gen: Any) -> tuple[An
     def randn(*shape: int) -> Any:
         return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype).to(device)
 
-    return randn(total, m.num_heads, m.head_dim), randn(total, m.num_kv_heads, m.head_dim), \
-        randn(total, m.num_kv_heads, m.head_dim)
+    return (
+        randn(total, m.num_heads, m.head_dim),
+        randn(total, m.num_kv_heads, m.head_dim),
+        randn(total, m.num_kv_heads, m.head_dim),
+    )
 
 
-def _ground_truth(*, scenario: Any, runner: Any, loc: Callable[[int, int], int], q: Any, k: Any, v: Any,
-                  trees: list[Any] | None) -> GroundTruth:
+def _ground_truth(
+    *, scenario: Any, runner: Any, loc: Callable[[int, int], int], q: Any, k: Any, v: Any, trees: list[Any] | None
+) -> GroundTruth:
     """Padded ground truth from the pool's prefix K/V (read at the layout's slots) and the new
     tokens; causal within the new tokens, or the draft tree's visibility for verify."""
     import torch
@@ -237,15 +246,16 @@ def _ground_truth(*, scenario: Any, runner: Any, loc: Callable[[int, int], int],
     for b, (p, e) in enumerate(zip(prefix, ext)):
         slots = torch.tensor([loc(b, i) for i in range(p)], dtype=torch.int64, device=k_cache.device)
         k_pad[b, :p], v_pad[b, :p] = k_cache[slots], v_cache[slots]
-        k_pad[b, p:p + e], v_pad[b, p:p + e] = k[start:start + e], v[start:start + e]
-        q_pad[b, :e] = q[start:start + e]
+        k_pad[b, p : p + e], v_pad[b, p : p + e] = k[start : start + e], v[start : start + e]
+        q_pad[b, :e] = q[start : start + e]
         q_valid[b, :e] = True
         visible[b, :e, :p] = True
         new = trees[b] if trees is not None else torch.tril(torch.ones((e, e), dtype=torch.bool))
-        visible[b, :e, p:p + e] = new.to(q.device)
+        visible[b, :e, p : p + e] = new.to(q.device)
         start += e
-    return GroundTruth(q_pad=q_pad, k_pad=k_pad, v_pad=v_pad, visible=visible, q_valid=q_valid,
-                       sm_scale=1.0 / math.sqrt(dim))
+    return GroundTruth(
+        q_pad=q_pad, k_pad=k_pad, v_pad=v_pad, visible=visible, q_valid=q_valid, sm_scale=1.0 / math.sqrt(dim)
+    )
 
 
 def _null_cpu_mirrors(batch: Any, *, keep_extend_seq_lens: bool = False) -> None:
@@ -273,13 +283,18 @@ def _verify_spec_info(*, batch: Any, scenario: Any, parents: list[list[int]], tr
     walks = [_retrieve_tensors(par) for par in parents]
     bs = len(parents)
     return EagleVerifyInput(
-        draft_token=batch.input_ids, custom_mask=torch.cat(masks).to(device), positions=batch.positions,
+        draft_token=batch.input_ids,
+        custom_mask=torch.cat(masks).to(device),
+        positions=batch.positions,
         retrieve_index=torch.stack([w[0] + b * spec.num_draft_tokens for b, w in enumerate(walks)]).to(device),
         retrieve_next_token=torch.stack([w[1] for w in walks]).to(device),
         retrieve_next_sibling=torch.stack([w[2] for w in walks]).to(device),
         retrieve_cum_len=(torch.arange(bs + 1, dtype=torch.int32) * spec.num_draft_tokens).to(device),
-        spec_steps=spec.num_steps, topk=spec.topk, draft_token_num=spec.num_draft_tokens,
-        capture_hidden_mode=CaptureHiddenMode.FULL, seq_lens_sum=batch.seq_lens_sum,
+        spec_steps=spec.num_steps,
+        topk=spec.topk,
+        draft_token_num=spec.num_draft_tokens,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        seq_lens_sum=batch.seq_lens_sum,
         seq_lens_cpu=batch.seq_lens_cpu,
     )
 
@@ -292,12 +307,15 @@ def _prepare_verify(*, batch: Any, case: Any, scenario: Any, device: str, gen: A
 
     kit.prepare_target_verify_batch(batch=batch, case=case, device=device)
     spec = scenario.spec
-    shapes = [_draft_tree(num_draft_tokens=spec.num_draft_tokens, topk=spec.topk, num_steps=spec.num_steps, gen=gen)
-              for _ in scenario.prefix_lens]
+    shapes = [
+        _draft_tree(num_draft_tokens=spec.num_draft_tokens, topk=spec.topk, num_steps=spec.num_steps, gen=gen)
+        for _ in scenario.prefix_lens
+    ]
     parents = [s[0] for s in shapes]
     trees = [_tree_visibility(par) for par in parents]
-    batch.positions = torch.cat([torch.tensor(d, dtype=torch.int64) + p
-                                 for (_, d), p in zip(shapes, scenario.prefix_lens)]).to(device)
+    batch.positions = torch.cat(
+        [torch.tensor(d, dtype=torch.int64) + p for (_, d), p in zip(shapes, scenario.prefix_lens)]
+    ).to(device)
     if scenario.gpu_only:
         _null_cpu_mirrors(batch)
     batch.spec_info = _verify_spec_info(batch=batch, scenario=scenario, parents=parents, trees=trees, device=device)
@@ -357,23 +375,32 @@ def _glue_inputs(*, batch: Any, runner: Any, scenario: Any, device: str) -> Glue
     bs = len(scenario.prefix_lens)
     _configure_draft_runner(runner)
     schedule_batch = ScheduleBatch(
-        reqs=[], req_to_token_pool=runner.req_to_token_pool,
-        token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator, model_config=runner.model_config,
-        device=device, forward_mode=ForwardMode.DECODE, req_pool_indices=batch.req_pool_indices.to(torch.int64),
-        seq_lens=prefix.to(device), seq_lens_cpu=None if scenario.gpu_only else prefix.clone(),
-        seq_lens_sum=None if scenario.gpu_only else int(prefix.sum()), out_cache_loc=batch.out_cache_loc,
-        multimodal_inputs=[None] * bs, spec_algorithm=SpeculativeAlgorithm.EAGLE,
+        reqs=[],
+        req_to_token_pool=runner.req_to_token_pool,
+        token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
+        model_config=runner.model_config,
+        device=device,
+        forward_mode=ForwardMode.DECODE,
+        req_pool_indices=batch.req_pool_indices.to(torch.int64),
+        seq_lens=prefix.to(device),
+        seq_lens_cpu=None if scenario.gpu_only else prefix.clone(),
+        seq_lens_sum=None if scenario.gpu_only else int(prefix.sum()),
+        out_cache_loc=batch.out_cache_loc,
+        multimodal_inputs=[None] * bs,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE,
     )
     ndt = scenario.spec.num_draft_tokens
-    return GlueInputs(schedule_batch=schedule_batch, predict=batch.input_ids.to(torch.int64) % _VOCAB,
-                      num_accept_tokens=torch.full((bs,), ndt, dtype=torch.int32, device=device))
+    return GlueInputs(
+        schedule_batch=schedule_batch,
+        predict=batch.input_ids.to(torch.int64) % _VOCAB,
+        num_accept_tokens=torch.full((bs,), ndt, dtype=torch.int32, device=device),
+    )
 
 
 def build_case(*, scenario: Any, device: str) -> SglangCase:
     """Pools, layout, batch (or the glue's inputs) and ground truth for ``scenario``."""
     kit = _kit("attention")
     import torch
-
     from sglang.srt.layers.radix_attention import RadixAttention
 
     mode = _forward_mode(scenario.mode)
@@ -382,15 +409,32 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
     ctx = _max_context_len(scenario)
     bs = len(scenario.prefix_lens)
     rows = max(_MIN_POOL_ROWS, bs + 1, (scenario.graph_bs or 0) + 1)
-    case = kit.make_case(name=scenario.name, mode=mode, num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
-                         page_size=scenario.page_size, prefix_lens=tuple(scenario.prefix_lens),
-                         extend_lens=tuple(scenario.extend_lens))
-    runner = kit.make_model_runner(case=case, head_dim=model.head_dim, dtype=dtype, device=device,
-                                   max_context_len=ctx, pool_rows=rows, graph=scenario.cuda_graph)
+    case = kit.make_case(
+        name=scenario.name,
+        mode=mode,
+        num_heads=model.num_heads,
+        num_kv_heads=model.num_kv_heads,
+        page_size=scenario.page_size,
+        prefix_lens=tuple(scenario.prefix_lens),
+        extend_lens=tuple(scenario.extend_lens),
+    )
+    runner = kit.make_model_runner(
+        case=case,
+        head_dim=model.head_dim,
+        dtype=dtype,
+        device=device,
+        max_context_len=ctx,
+        pool_rows=rows,
+        graph=scenario.cuda_graph,
+    )
     _fill_pool(runner=runner, gen=gen)
     totals = [p + e for p, e in zip(scenario.prefix_lens, scenario.extend_lens)]
-    loc = _scatter_layout(totals=totals, page_size=scenario.page_size, gen=gen,
-                          num_pages=runner.token_to_kv_pool.size // scenario.page_size)
+    loc = _scatter_layout(
+        totals=totals,
+        page_size=scenario.page_size,
+        gen=gen,
+        num_pages=runner.token_to_kv_pool.size // scenario.page_size,
+    )
     batch = kit.make_forward_batch(case=case, runner=runner, max_context_len=ctx, device=device, loc_fn=loc)
     _move_request_rows(runner=runner, batch=batch, gen=gen)
     q, k, v = _new_tokens(scenario=scenario, dtype=dtype, device=device, gen=gen)
@@ -404,13 +448,31 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
     elif scenario.gpu_only:
         _null_cpu_mirrors(batch)
     truth = _ground_truth(scenario=scenario, runner=runner, loc=loc, q=q, k=k, v=v, trees=trees)
-    layer = RadixAttention(num_heads=model.num_heads, head_dim=model.head_dim, scaling=truth.sm_scale,
-                           num_kv_heads=model.num_kv_heads, layer_id=0)
-    return SglangCase(scenario=scenario, mode=mode, device=device, runner=runner, kit_case=case, layer=layer,
-                      forward_batch=batch, q=q, k=k, v=v, truth=truth, glue=glue)
+    layer = RadixAttention(
+        num_heads=model.num_heads,
+        head_dim=model.head_dim,
+        scaling=truth.sm_scale,
+        num_kv_heads=model.num_kv_heads,
+        layer_id=0,
+    )
+    return SglangCase(
+        scenario=scenario,
+        mode=mode,
+        device=device,
+        runner=runner,
+        kit_case=case,
+        layer=layer,
+        forward_batch=batch,
+        q=q,
+        k=k,
+        v=v,
+        truth=truth,
+        glue=glue,
+    )
 
 
 # ----------------------------------------------------------------------------- forward and glue
+
 
 def _attend(*, backend: Any, layer: Any, batch: Any, q: Any, k: Any, v: Any) -> Any:
     """One attention layer through sglang's RadixAttention, the backend published in the forward
@@ -435,13 +497,25 @@ def _run_glue(*, case: SglangCase, backend: Any, graph_runner: Any) -> Any:
     if case.scenario.gpu_only and decide_needs_cpu_seq_lens([backend, None]):
         raise Unavailable("the scheduler keeps CPU seq_lens for this backend set: not a gpu_only batch")
     draft_extend_input = EagleDraftExtendInput(
-        hidden_states=None, num_correct_drafts=glue.num_accept_tokens - 1, num_accept_tokens=glue.num_accept_tokens,
-        num_tokens_per_req=ndt, num_tokens_for_logprob_per_req=ndt)
-    return prepare_for_draft_extend(draft_extend_input, glue.schedule_batch, glue.predict, ndt, case.runner,
-                                    graph_runner, return_hidden_states_before_norm=False)
+        hidden_states=None,
+        num_correct_drafts=glue.num_accept_tokens - 1,
+        num_accept_tokens=glue.num_accept_tokens,
+        num_tokens_per_req=ndt,
+        num_tokens_for_logprob_per_req=ndt,
+    )
+    return prepare_for_draft_extend(
+        draft_extend_input,
+        glue.schedule_batch,
+        glue.predict,
+        ndt,
+        case.runner,
+        graph_runner,
+        return_hidden_states_before_norm=False,
+    )
 
 
 # ----------------------------------------------------------------------------- guard zones
+
 
 @dataclass
 class GuardedBuffer:
@@ -462,8 +536,8 @@ def _guarded_copy(t: Any, *, name: str) -> tuple[Any, GuardedBuffer]:
 
     guard = max(64, t.numel() // 4)
     flat = torch.empty(t.numel() + guard, dtype=t.dtype, device=t.device)
-    flat[t.numel():].view(torch.uint8).fill_(SENTINEL_BYTE)
-    view = flat[:t.numel()].view(t.shape)
+    flat[t.numel() :].view(torch.uint8).fill_(SENTINEL_BYTE)
+    view = flat[: t.numel()].view(t.shape)
     view.copy_(t)
     return view, GuardedBuffer(name=name, flat=flat, numel=t.numel(), shape=tuple(t.shape))
 
@@ -471,8 +545,13 @@ def _guarded_copy(t: Any, *, name: str) -> tuple[Any, GuardedBuffer]:
 # The backend's buffers whose contents persist between metadata inits (indptrs sized for the
 # request pool; the CUDA-graph state), guarded before anything points into them.
 _PERSISTENT = ("kv_indptr", "qo_indptr", "mask_indptr", "window_kv_indptr")
-_GRAPH_STATE = ("cuda_graph_kv_indices", "cuda_graph_num_kv_splits", "cuda_graph_attn_logits", "cuda_graph_attn_lse",
-                "cuda_graph_window_kv_indices")
+_GRAPH_STATE = (
+    "cuda_graph_kv_indices",
+    "cuda_graph_num_kv_splits",
+    "cuda_graph_attn_logits",
+    "cuda_graph_attn_lse",
+    "cuda_graph_window_kv_indices",
+)
 
 
 def _registry(backend: Any) -> list:
@@ -504,6 +583,7 @@ def guard_verify_mask(backend: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- graphs
+
 
 @dataclass
 class _Captured:
@@ -573,8 +653,11 @@ class GraphRunner:
             seq_lens_cpu=torch.full((bs,), self.fill, dtype=torch.int64),
             extend_seq_lens=torch.full((bs,), self.width, dtype=torch.int32, device=dev),
             num_accept_tokens=torch.full((bs,), self.width, dtype=torch.int32, device=dev),
-            custom_mask=torch.ones((bs * self.width * (self.case.runner.model_config.context_len + self.width),),
-                                   dtype=torch.bool, device=dev),
+            custom_mask=torch.ones(
+                (bs * self.width * (self.case.runner.model_config.context_len + self.width),),
+                dtype=torch.bool,
+                device=dev,
+            ),
             mamba_track_indices=None,
             q=torch.zeros((n,) + tuple(q.shape[1:]), dtype=q.dtype, device=dev),
             k=torch.zeros((n,) + tuple(k.shape[1:]), dtype=k.dtype, device=dev),
@@ -592,15 +675,28 @@ class GraphRunner:
         spec, b = self.case.scenario.spec, self.buffers
         if self.case.scenario.mode == "TARGET_VERIFY":
             return EagleVerifyInput(
-                draft_token=None, custom_mask=b.custom_mask, positions=None, retrieve_index=None,
-                retrieve_next_token=None, retrieve_next_sibling=None, retrieve_cum_len=None,
-                spec_steps=spec.num_steps, topk=spec.topk, draft_token_num=spec.num_draft_tokens,
-                capture_hidden_mode=CaptureHiddenMode.FULL, seq_lens_sum=None, seq_lens_cpu=None)
+                draft_token=None,
+                custom_mask=b.custom_mask,
+                positions=None,
+                retrieve_index=None,
+                retrieve_next_token=None,
+                retrieve_next_sibling=None,
+                retrieve_cum_len=None,
+                spec_steps=spec.num_steps,
+                topk=spec.topk,
+                draft_token_num=spec.num_draft_tokens,
+                capture_hidden_mode=CaptureHiddenMode.FULL,
+                seq_lens_sum=None,
+                seq_lens_cpu=None,
+            )
         if self.case.scenario.mode == "DRAFT_EXTEND_V2":
             return EagleDraftExtendInput(
-                hidden_states=None, num_correct_drafts=b.num_accept_tokens[:bs] - 1,
-                num_accept_tokens=b.num_accept_tokens[:bs], num_tokens_per_req=self.width,
-                num_tokens_for_logprob_per_req=1)
+                hidden_states=None,
+                num_correct_drafts=b.num_accept_tokens[:bs] - 1,
+                num_accept_tokens=b.num_accept_tokens[:bs],
+                num_tokens_per_req=self.width,
+                num_tokens_for_logprob_per_req=1,
+            )
         return None
 
     def _capture_batch(self, bs: int) -> Any:
@@ -609,16 +705,23 @@ class GraphRunner:
         b, n = self.buffers, bs * self.width
         draft_extend = self.case.scenario.mode == "DRAFT_EXTEND_V2"
         batch = ForwardBatch(
-            forward_mode=self.case.mode, batch_size=bs, input_ids=b.input_ids[:n],
-            req_pool_indices=b.req_pool_indices[:bs], seq_lens=b.seq_lens[:bs], seq_lens_cpu=b.seq_lens_cpu[:bs],
-            out_cache_loc=b.out_cache_loc[:n], seq_lens_sum=int(b.seq_lens_cpu[:bs].sum()), positions=b.positions[:n],
+            forward_mode=self.case.mode,
+            batch_size=bs,
+            input_ids=b.input_ids[:n],
+            req_pool_indices=b.req_pool_indices[:bs],
+            seq_lens=b.seq_lens[:bs],
+            seq_lens_cpu=b.seq_lens_cpu[:bs],
+            out_cache_loc=b.out_cache_loc[:n],
+            seq_lens_sum=int(b.seq_lens_cpu[:bs].sum()),
+            positions=b.positions[:n],
             extend_seq_lens=b.extend_seq_lens[:bs] if draft_extend else None,
             extend_seq_lens_cpu=[self.width] * bs if draft_extend else None,
-            spec_info=self._capture_spec_info(bs))
+            spec_info=self._capture_spec_info(bs),
+        )
         self.case.runner.kv_index_translator.bind_runner_slots(batch)
         return batch
 
-    def capture(self) -> "GraphRunner":
+    def capture(self) -> GraphRunner:
         for bs in reversed(self.capture_bs):  # sglang captures the largest size first
             self.captured[bs] = self._capture_one(bs)
         return self
@@ -641,8 +744,14 @@ class GraphRunner:
         """The captured body: the in-graph metadata step, then the layer on the static buffers."""
         n = bs * self.width
         self.backend.init_forward_metadata_in_graph(captured.batch)
-        return _attend(backend=self.backend, layer=self.case.layer, batch=captured.batch, q=self.buffers.q[:n],
-                       k=self.buffers.k[:n], v=self.buffers.v[:n])
+        return _attend(
+            backend=self.backend,
+            layer=self.case.layer,
+            batch=captured.batch,
+            q=self.buffers.q[:n],
+            k=self.buffers.k[:n],
+            v=self.buffers.v[:n],
+        )
 
     def _record_graph(self, captured: _Captured, bs: int) -> None:
         """CUDA: warm up on a side stream, then record the body into a torch.cuda.CUDAGraph."""
@@ -695,9 +804,17 @@ class GraphRunner:
         from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
 
         n = bs * self.width
-        return build_replay_fb_view(forward_batch=batch, buffers=self.buffers, bs=bs, raw_bs=raw_bs, num_tokens=n,
-                                    global_num_tokens_cpu=None, seq_len_fill_value=self.fill,
-                                    capture_forward_mode=self.case.mode, is_encoder_decoder=False)
+        return build_replay_fb_view(
+            forward_batch=batch,
+            buffers=self.buffers,
+            bs=bs,
+            raw_bs=raw_bs,
+            num_tokens=n,
+            global_num_tokens_cpu=None,
+            seq_len_fill_value=self.fill,
+            capture_forward_mode=self.case.mode,
+            is_encoder_decoder=False,
+        )
 
     def _draft_extend_view(self, batch: Any, *, raw_bs: int, bs: int) -> Any:
         """Draft extend: what ``EAGLEDraftExtendCudaGraphRunner.execute`` hands the backend."""
@@ -715,14 +832,23 @@ class GraphRunner:
         if seq_lens_sum is not None:
             seq_lens_sum = seq_lens_sum + (bs - raw_bs) * self.fill
         return SimpleNamespace(
-            batch_size=bs, forward_mode=self.case.mode, input_ids=batch.input_ids, req_pool_indices=b.req_pool_indices,
-            seq_lens=b.seq_lens, seq_lens_sum=seq_lens_sum,
+            batch_size=bs,
+            forward_mode=self.case.mode,
+            input_ids=batch.input_ids,
+            req_pool_indices=b.req_pool_indices,
+            seq_lens=b.seq_lens,
+            seq_lens_sum=seq_lens_sum,
             seq_lens_cpu=None if batch.seq_lens_cpu is None else b.seq_lens_cpu,
-            max_seq_len_host=getattr(batch, "max_seq_len_host", None), encoder_lens=None,
-            out_cache_loc=b.out_cache_loc[:n], out_cache_loc_virtual=batch.out_cache_loc_virtual,
-            kv_loc_plan=batch.kv_loc_plan, kv_loc_cols=batch.kv_loc_cols,
+            max_seq_len_host=getattr(batch, "max_seq_len_host", None),
+            encoder_lens=None,
+            out_cache_loc=b.out_cache_loc[:n],
+            out_cache_loc_virtual=batch.out_cache_loc_virtual,
+            kv_loc_plan=batch.kv_loc_plan,
+            kv_loc_cols=batch.kv_loc_cols,
             out_cache_loc_dsv4=getattr(batch, "out_cache_loc_dsv4", None),
-            mamba_track_indices=None, spec_info=batch.spec_info)
+            mamba_track_indices=None,
+            spec_info=batch.spec_info,
+        )
 
     def replay(self, batch: Any, *, q: Any, k: Any, v: Any) -> Any:
         """The replay of the smallest captured size that fits ``batch``; output of its real rows."""
@@ -749,6 +875,7 @@ class GraphRunner:
 
 
 # ----------------------------------------------------------------------------- the adapter
+
 
 def _watch(backend: Any, on_metadata: MetadataHook) -> None:
     """Wrap this backend instance's metadata inits so that the judge sees every one of them:
@@ -824,8 +951,9 @@ class SglangTritonAdapter:
         from sglfix.harness.reference import reference_attention
 
         truth = prepared.case.truth
-        ref = reference_attention(q_pad=truth.q_pad, k_pad=truth.k_pad, v_pad=truth.v_pad, mask=truth.visible,
-                                  scale=truth.sm_scale)
+        ref = reference_attention(
+            q_pad=truth.q_pad, k_pad=truth.k_pad, v_pad=truth.v_pad, mask=truth.visible, scale=truth.sm_scale
+        )
         return ref, truth.q_valid
 
 

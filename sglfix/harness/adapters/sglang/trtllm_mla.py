@@ -33,8 +33,10 @@ from sglfix.harness.invariants import MetadataFields
 
 __all__ = ["ADAPTER", "TrtllmMLADraftExtendAdapter"]
 
-_NO_KERNEL = ("the trtllm-gen MLA kernel runs on SM100/SM12x (Blackwell) only: it did not run; the metadata it "
-              "would read was checked")
+_NO_KERNEL = (
+    "the trtllm-gen MLA kernel runs on SM100/SM12x (Blackwell) only: it did not run; the metadata it "
+    "would read was checked"
+)
 
 
 class TrtllmMLADraftExtendAdapter:
@@ -49,9 +51,11 @@ class TrtllmMLADraftExtendAdapter:
         import torch
 
         if torch.device(device).type != "cuda" or not torch.cuda.is_available():
-            raise Unavailable("TRTLLMMLABackend is a FlashInferMLAAttnBackend: its constructor builds FlashInfer "
-                              "wrappers, which need CUDA and FlashInfer (its kernel needs SM100); run on a CUDA "
-                              "machine with flashinfer-python for its capture/replay metadata")
+            raise Unavailable(
+                "TRTLLMMLABackend is a FlashInferMLAAttnBackend: its constructor builds FlashInfer "
+                "wrappers, which need CUDA and FlashInfer (its kernel needs SM100); run on a CUDA "
+                "machine with flashinfer-python for its capture/replay metadata"
+            )
 
     def build(self, scenario: Any, *, device: str) -> Prepared:
         if scenario.mode != "DRAFT_EXTEND_V2":
@@ -134,9 +138,14 @@ class TrtllmMLADraftExtendAdapter:
             values = got.reshape(-1).to(torch.int64).cpu().tolist()[: len(want)]
             if values != want:
                 r = next((i for i, (a, b) in enumerate(zip(values, want)) if a != b), len(values))
-                findings.append(("DIVERGE", f"metadata reference: {name}[{r}] = "
-                                            f"{values[r] if r < len(values) else None}, expected {want[r]} "
-                                            f"(uniform stride N = {n}); {name}[:{len(want)}] = {values}"))
+                findings.append(
+                    (
+                        "DIVERGE",
+                        f"metadata reference: {name}[{r}] = "
+                        f"{values[r] if r < len(values) else None}, expected {want[r]} "
+                        f"(uniform stride N = {n}); {name}[:{len(want)}] = {values}",
+                    )
+                )
 
         compare("cu_seqlens_q", metadata.cu_seqlens_q, [i * n for i in range(raw + 1)])
         compare("seq_lens_q", metadata.seq_lens_q, [n] * raw)
@@ -153,13 +162,22 @@ class TrtllmMLADraftExtendAdapter:
                 pages = case.slots.pages[b]
                 got = t[b, : len(pages)].tolist()
                 if got != pages:
-                    findings.append(("DIVERGE", f"metadata reference: block_kv_indices row {b} = {got}, the request's "
-                                                f"pages are {pages}"))
+                    findings.append(
+                        (
+                            "DIVERGE",
+                            f"metadata reference: block_kv_indices row {b} = {got}, the request's pages are {pages}",
+                        )
+                    )
                     break
         if findings:
             return findings
-        return [("PASS", f"metadata reference: uniform-stride layout (cu_seqlens_q, seq_lens_q/k, max/sum_seq_lens_q) "
-                         f"and block tables of {raw} request(s) at bs {bs}, N = {n}, match")]
+        return [
+            (
+                "PASS",
+                f"metadata reference: uniform-stride layout (cu_seqlens_q, seq_lens_q/k, max/sum_seq_lens_q) "
+                f"and block tables of {raw} request(s) at bs {bs}, N = {n}, match",
+            )
+        ]
 
     def reference(self, prepared: Prepared) -> tuple[Any, Any]:
         raise NotImplementedError("the sglang trtllm_mla adapter compares metadata only")

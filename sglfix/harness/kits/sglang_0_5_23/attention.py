@@ -22,12 +22,23 @@ Nothing here judges: the kit's own references and asserts (``assert_close``,
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
-__all__ = ["KIT_VERSION", "DENSE", "DRAFT_EXTEND", "TARGET_VERIFY", "make_case", "make_model_runner",
-           "restore_server_args", "make_forward_batch", "set_draft_extend_v2_prefix_lens",
-           "make_draft_extend_v2_input", "prepare_target_verify_batch"]
+__all__ = [
+    "DENSE",
+    "DRAFT_EXTEND",
+    "KIT_VERSION",
+    "TARGET_VERIFY",
+    "make_case",
+    "make_draft_extend_v2_input",
+    "make_forward_batch",
+    "make_model_runner",
+    "prepare_target_verify_batch",
+    "restore_server_args",
+    "set_draft_extend_v2_prefix_lens",
+]
 
 KIT_VERSION = "0.5.23"
 _KIT = "sglang.test.kits.attention_unittest"
@@ -50,17 +61,33 @@ def _kit_function(module: str, name: str) -> Callable:
     return getattr(_module(module), name)
 
 
-def make_case(*, name: str, mode: Any, num_heads: int, num_kv_heads: int, page_size: int,
-              prefix_lens: tuple[int, ...], extend_lens: tuple[int, ...]) -> Any:
+def make_case(
+    *,
+    name: str,
+    mode: Any,
+    num_heads: int,
+    num_kv_heads: int,
+    page_size: int,
+    prefix_lens: tuple[int, ...],
+    extend_lens: tuple[int, ...],
+) -> Any:
     """The kit's case record for a Triton batch (backend name ``triton``; no sliding window)."""
     dense = _module(DENSE)
-    return dense.DenseAttentionCase(name=name, backend="triton", forward_mode=mode, num_heads=num_heads,
-                                    num_kv_heads=num_kv_heads, page_size=page_size,
-                                    prefix_lens=tuple(prefix_lens), extend_lens=tuple(extend_lens))
+    return dense.DenseAttentionCase(
+        name=name,
+        backend="triton",
+        forward_mode=mode,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        page_size=page_size,
+        prefix_lens=tuple(prefix_lens),
+        extend_lens=tuple(extend_lens),
+    )
 
 
-def make_model_runner(*, case: Any, head_dim: int, dtype: Any, device: str, max_context_len: int,
-                      pool_rows: int, graph: bool) -> Any:
+def make_model_runner(
+    *, case: Any, head_dim: int, dtype: Any, device: str, max_context_len: int, pool_rows: int, graph: bool
+) -> Any:
     """The kit's ``MockModelRunner`` with ``pool_rows`` request rows; it publishes its server args.
 
     The previous runner's published args are restored first (see ``restore_server_args``).
@@ -68,11 +95,23 @@ def make_model_runner(*, case: Any, head_dim: int, dtype: Any, device: str, max_
     """
     dense = _module(DENSE)
     restore_server_args()
-    config = dense.TinyModelConfig(num_heads=case.num_heads, num_kv_heads=case.num_kv_heads, head_dim=head_dim,
-                                   hidden_size=case.num_heads * head_dim, context_len=max_context_len)
-    runner = dense.MockModelRunner(case=case, model_config=config, dtype=dtype, device=device,
-                                   max_context_len=max_context_len, head_dim=head_dim,
-                                   disable_cuda_graph=not graph, runner_batch_size=pool_rows)
+    config = dense.TinyModelConfig(
+        num_heads=case.num_heads,
+        num_kv_heads=case.num_kv_heads,
+        head_dim=head_dim,
+        hidden_size=case.num_heads * head_dim,
+        context_len=max_context_len,
+    )
+    runner = dense.MockModelRunner(
+        case=case,
+        model_config=config,
+        dtype=dtype,
+        device=device,
+        max_context_len=max_context_len,
+        head_dim=head_dim,
+        disable_cuda_graph=not graph,
+        runner_batch_size=pool_rows,
+    )
     _published.append((runner._server_args_override, runner.server_args))
     return runner
 
@@ -96,8 +135,9 @@ def restore_server_args() -> None:
             override.restore()
 
 
-def make_forward_batch(*, case: Any, runner: Any, max_context_len: int, device: str,
-                       loc_fn: Callable[[int, int], int]) -> Any:
+def make_forward_batch(
+    *, case: Any, runner: Any, max_context_len: int, device: str, loc_fn: Callable[[int, int], int]
+) -> Any:
     """The kit's ForwardBatch for ``case`` over the slot layout ``loc_fn(request, position)``:
     fills ``req_to_token`` rows 0..bs-1, sets ``out_cache_loc``/``positions`` and the CPU mirrors,
     and binds the batch to its own KV plan."""

@@ -19,9 +19,10 @@ import contextlib
 import importlib
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -29,10 +30,26 @@ from torch.overrides import TorchFunctionMode
 from sglfix.harness.guards import SENTINEL_BYTE
 
 __all__ = [
-    "SGLANG_ROOT", "prepare", "has_cuda", "flashinfer_available", "flash_mla_available", "DraftSlots",
-    "GuardedBuffer", "CudaAllocations", "HostStepRecorder", "host_step_children", "lift_mla_topk_gate",
-    "build_dsv4_draft", "build_flashinfer_draft", "make_draft_batch", "make_capture_batch", "pad_for_replay",
-    "build_trtllm_draft_extend", "PagedSlots", "trtllm_replay_view", "trtllm_capture_batch",
+    "SGLANG_ROOT",
+    "CudaAllocations",
+    "DraftSlots",
+    "GuardedBuffer",
+    "HostStepRecorder",
+    "PagedSlots",
+    "build_dsv4_draft",
+    "build_flashinfer_draft",
+    "build_trtllm_draft_extend",
+    "flash_mla_available",
+    "flashinfer_available",
+    "has_cuda",
+    "host_step_children",
+    "lift_mla_topk_gate",
+    "make_capture_batch",
+    "make_draft_batch",
+    "pad_for_replay",
+    "prepare",
+    "trtllm_capture_batch",
+    "trtllm_replay_view",
 ]
 
 CODEBASE = "sglang-0.5.23"
@@ -42,6 +59,7 @@ _PREPARED = False
 
 
 # ----------------------------------------------------------------------------- environment
+
 
 def prepare() -> None:
     """Make this process ready to import the kit: the sglang code base active, ``datasets`` stood in
@@ -54,8 +72,10 @@ def prepare() -> None:
     from sglfix.codebases import active, standins
 
     if active().name != CODEBASE:
-        raise RuntimeError(f"the {CODEBASE} adapters need the {CODEBASE} code base active in this process "
-                           f"(sglfix.codebases.activate), not {active().name}")
+        raise RuntimeError(
+            f"the {CODEBASE} adapters need the {CODEBASE} code base active in this process "
+            f"(sglfix.codebases.activate), not {active().name}"
+        )
     standins.install(("datasets",))
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
@@ -87,17 +107,18 @@ def flash_mla_available() -> bool:
 class _TestCase:
     """The kit's fixtures take a unittest case for ``skipTest``; here that is an error, not a skip."""
 
-    def skipTest(self, reason: str) -> None:  # noqa: N802 - unittest's name
+    def skipTest(self, reason: str) -> None:
         raise RuntimeError(f"the sglang kit gave up building the fixture: {reason}")
 
-    def assertEqual(self, a: Any, b: Any) -> None:  # noqa: N802
+    def assertEqual(self, a: Any, b: Any) -> None:
         assert a == b, (a, b)
 
-    def assertTrue(self, a: Any) -> None:  # noqa: N802
+    def assertTrue(self, a: Any) -> None:
         assert a
 
 
 # ----------------------------------------------------------------------------- slots
+
 
 @dataclass
 class DraftSlots:
@@ -115,8 +136,9 @@ class DraftSlots:
     draft: list[list[list[int]]]  # [b][j][s]
 
     @classmethod
-    def allocate(cls, prefix_lens: tuple[int, ...], *, topk: int, num_steps: int, num_slots: int,
-                 seed: int) -> "DraftSlots":
+    def allocate(
+        cls, prefix_lens: tuple[int, ...], *, topk: int, num_steps: int, num_slots: int, seed: int
+    ) -> DraftSlots:
         need = sum(prefix_lens) + len(prefix_lens) * topk * num_steps
         if need > num_slots - 1:
             raise ValueError(f"the batch needs {need} KV slots, the pool has {num_slots - 1}")
@@ -136,14 +158,17 @@ class DraftSlots:
         for b, p in enumerate(self.prefix_lens):
             end = p + self.topk * self.num_steps
             if end > width:
-                raise ValueError(f"request {b}: prefix {p} + {self.topk} x {self.num_steps} draft slots need "
-                                 f"{end} req_to_token columns, the pool has {width} (raise max_context_len)")
+                raise ValueError(
+                    f"request {b}: prefix {p} + {self.topk} x {self.num_steps} draft slots need "
+                    f"{end} req_to_token columns, the pool has {width} (raise max_context_len)"
+                )
             row = self.prefix[b] + [self.draft[b][j][s] for j in range(self.topk) for s in range(self.num_steps)]
             req_to_token[b, :end] = torch.tensor(row, dtype=req_to_token.dtype, device=req_to_token.device)
 
     def out_cache_loc(self) -> list[int]:
-        return [self.draft[b][j][s] for b in range(self.batch_size) for j in range(self.topk)
-                for s in range(self.num_steps)]
+        return [
+            self.draft[b][j][s] for b in range(self.batch_size) for j in range(self.topk) for s in range(self.num_steps)
+        ]
 
     def step_slots(self, step: int) -> list[int]:
         """The slots step ``step`` writes, one per (request, branch): the reference for the per-step
@@ -172,7 +197,7 @@ class PagedSlots:
     pages: list[list[int]]  # [b] -> page ids, ceil(seq_len / page_size) of them
 
     @classmethod
-    def allocate(cls, seq_lens: tuple[int, ...], *, page_size: int, num_slots: int, seed: int) -> "PagedSlots":
+    def allocate(cls, seq_lens: tuple[int, ...], *, page_size: int, num_slots: int, seed: int) -> PagedSlots:
         counts = [(n + page_size - 1) // page_size for n in seq_lens]
         num_pages = num_slots // page_size
         if sum(counts) > num_pages - 1:
@@ -181,7 +206,7 @@ class PagedSlots:
         order = (torch.randperm(num_pages - 1, generator=gen)[: sum(counts)] + 1).tolist()
         pages, at = [], 0
         for c in counts:
-            pages.append(order[at: at + c])
+            pages.append(order[at : at + c])
             at += c
         return cls(tuple(seq_lens), page_size, pages)
 
@@ -195,6 +220,7 @@ class PagedSlots:
 
 
 # ----------------------------------------------------------------------------- allocations
+
 
 @dataclass
 class GuardedBuffer:
@@ -261,8 +287,9 @@ class CudaAllocations(TorchFunctionMode):
             self.remapped += 1
         dtype = kwargs.get("dtype")
         size = args[0] if args else kwargs.get("size", ())
-        shape = (tuple(size) if isinstance(size, (tuple, list, torch.Size))
-                 else tuple(args[: len(args) - (kind == "full")]))
+        shape = (
+            tuple(size) if isinstance(size, (tuple, list, torch.Size)) else tuple(args[: len(args) - (kind == "full")])
+        )
         if not (self.guard and len(shape) == 2 and dtype in (torch.int32, torch.int64)):
             return func(*args, **kwargs)
         numel = int(shape[0]) * int(shape[1])
@@ -283,6 +310,7 @@ class CudaAllocations(TorchFunctionMode):
 
 # ----------------------------------------------------------------------------- host-only step backends
 
+
 class HostStepRecorder:
     """Stands in for one step's FlashInfer backend on a machine without FlashInfer/CUDA.
 
@@ -292,8 +320,15 @@ class HostStepRecorder:
     ``spec_info.kv_indices``) is recorded here instead of being planned into FlashInfer. Nothing of
     FlashInfer runs: attention output is not computed."""
 
-    def __init__(self, model_runner: Any, skip_prefill: bool = False, kv_indptr_buf: Any = None,
-                 kv_last_page_len_buf: Any = None, q_indptr_decode_buf: Any = None, **_: Any) -> None:
+    def __init__(
+        self,
+        model_runner: Any,
+        skip_prefill: bool = False,
+        kv_indptr_buf: Any = None,
+        kv_last_page_len_buf: Any = None,
+        q_indptr_decode_buf: Any = None,
+        **_: Any,
+    ) -> None:
         self.max_context_len = model_runner.model_config.context_len
         self.kv_indptr_buf = kv_indptr_buf
         self.kv_indices_buf: torch.Tensor | None = None
@@ -337,15 +372,19 @@ def host_step_children(module: Any, class_name: str) -> Iterator[None]:
 
 _MLA_GATE = {
     "target": "sglang.srt.layers.attention.flashinfer_mla_backend.FlashInferMLAMultiStepDraftBackend.__init__",
-    "edits": [{
-        "match": 'if topk > 1:\n    raise ValueError(\n'
-                 '        "Currently Flashinfer MLA only supports topk=1 for speculative decoding"\n    )\n',
-        "replacement": "",
-    }],
+    "edits": [
+        {
+            "match": "if topk > 1:\n    raise ValueError(\n"
+            '        "Currently Flashinfer MLA only supports topk=1 for speculative decoding"\n    )\n',
+            "replacement": "",
+        }
+    ],
 }
-MLA_GATE_NOTE = ("FlashInferMLAMultiStepDraftBackend refuses topk > 1 in sglang 0.5.23 (the bug of PR 27460 is "
-                 "latent there); the harness lifted that gate for this construction only, as upstream's "
-                 "repro script does")
+MLA_GATE_NOTE = (
+    "FlashInferMLAMultiStepDraftBackend refuses topk > 1 in sglang 0.5.23 (the bug of PR 27460 is "
+    "latent there); the harness lifted that gate for this construction only, as upstream's "
+    "repro script does"
+)
 
 
 @contextlib.contextmanager
@@ -357,6 +396,7 @@ def lift_mla_topk_gate() -> Iterator[None]:
 
 
 # ----------------------------------------------------------------------------- batches
+
 
 def make_draft_batch(slots: DraftSlots, *, device: str, hidden_size: int, dtype: torch.dtype, runner: Any) -> Any:
     """The EAGLE multi-step draft ``ForwardBatch`` (DECODE, spec_info an ``EagleDraftInput``) as the
@@ -376,21 +416,26 @@ def make_draft_batch(slots: DraftSlots, *, device: str, hidden_size: int, dtype:
     )
     seq_lens = torch.tensor(slots.prefix_lens, dtype=torch.int32, device=device)
     batch = ForwardBatch(
-        forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=None,
+        forward_mode=ForwardMode.DECODE,
+        batch_size=bs,
+        input_ids=None,
         req_pool_indices=torch.arange(bs, dtype=torch.int32, device=device),
-        seq_lens=seq_lens, seq_lens_cpu=torch.tensor(slots.prefix_lens, dtype=torch.int32),
+        seq_lens=seq_lens,
+        seq_lens_cpu=torch.tensor(slots.prefix_lens, dtype=torch.int32),
         out_cache_loc=torch.tensor(slots.out_cache_loc(), dtype=torch.int64, device=device),
         seq_lens_sum=sum(slots.prefix_lens),
         positions=seq_lens.repeat_interleave(topk).to(torch.int64),
-        spec_algorithm=SpeculativeAlgorithm.EAGLE, spec_info=spec_info,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE,
+        spec_info=spec_info,
         capture_hidden_mode=CaptureHiddenMode.LAST,
     )
     runner.kv_index_translator.bind_own_plan(batch)
     return batch
 
 
-def make_capture_batch(bs: int, *, topk: int, num_steps: int, fill: int, device: str, hidden_size: int,
-                       dtype: torch.dtype, runner: Any) -> Any:
+def make_capture_batch(
+    bs: int, *, topk: int, num_steps: int, fill: int, device: str, hidden_size: int, dtype: torch.dtype, runner: Any
+) -> Any:
     """The batch ``EAGLEDraftCudaGraphRunner.capture_one_shape`` builds from its static buffers:
     seq_lens = the fill value, everything else zero."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
@@ -405,12 +450,17 @@ def make_capture_batch(bs: int, *, topk: int, num_steps: int, fill: int, device:
     )
     seq_lens = torch.full((bs,), fill, dtype=torch.int64, device=device)
     batch = ForwardBatch(
-        forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=None,
+        forward_mode=ForwardMode.DECODE,
+        batch_size=bs,
+        input_ids=None,
         req_pool_indices=torch.zeros((bs,), dtype=torch.int64, device=device),
-        seq_lens=seq_lens, seq_lens_cpu=torch.full((bs,), fill, dtype=torch.int64),
+        seq_lens=seq_lens,
+        seq_lens_cpu=torch.full((bs,), fill, dtype=torch.int64),
         out_cache_loc=torch.zeros((bs * topk * num_steps,), dtype=torch.int64, device=device),
-        seq_lens_sum=int(bs * fill), positions=torch.zeros((bs * topk,), dtype=torch.int64, device=device),
-        spec_algorithm=SpeculativeAlgorithm.EAGLE, spec_info=spec_info,
+        seq_lens_sum=int(bs * fill),
+        positions=torch.zeros((bs * topk,), dtype=torch.int64, device=device),
+        spec_algorithm=SpeculativeAlgorithm.EAGLE,
+        spec_info=spec_info,
         capture_hidden_mode=CaptureHiddenMode.LAST,
     )
     runner.kv_index_translator.bind_own_plan(batch)
@@ -446,18 +496,35 @@ def pad_for_replay(batch: Any, *, bs: int, topk: int, num_steps: int, fill: int)
 
 # ----------------------------------------------------------------------------- cases
 
+
 def _torch_dtype(name: str) -> torch.dtype:
     return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[name]
 
 
-def _draft_settings(*, topk: int, num_steps: int, capture_bs: int, hidden_size: int, max_context_len: int,
-                    dtype: torch.dtype, device: str) -> Any:
+def _draft_settings(
+    *,
+    topk: int,
+    num_steps: int,
+    capture_bs: int,
+    hidden_size: int,
+    max_context_len: int,
+    dtype: torch.dtype,
+    device: str,
+) -> Any:
     from sglang.test.kits.attention_unittest.runner_modes.speculative_draft_runner import EagleDraftRunnerSettings
 
     return EagleDraftRunnerSettings(
-        topk=topk, speculative_num_steps=num_steps, speculative_num_draft_tokens=num_steps + 1,
-        capture_batch_size=capture_bs, hidden_size=hidden_size, vocab_size=64, max_context_len=max_context_len,
-        dtype=dtype, device=device, atol=0.0, rtol=0.0,
+        topk=topk,
+        speculative_num_steps=num_steps,
+        speculative_num_draft_tokens=num_steps + 1,
+        capture_batch_size=capture_bs,
+        hidden_size=hidden_size,
+        vocab_size=64,
+        max_context_len=max_context_len,
+        dtype=dtype,
+        device=device,
+        atol=0.0,
+        rtol=0.0,
     )
 
 
@@ -491,7 +558,9 @@ def build_dsv4_draft(scenario: Any, *, device: str) -> DraftCase:
     prepare()
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.test.kits.attention_unittest.attention_methods.dsv4_attention import (
-        DSV4_HEAD_DIM, DSV4AttentionCase, build_dsv4_attention_fixture,
+        DSV4_HEAD_DIM,
+        DSV4AttentionCase,
+        build_dsv4_attention_fixture,
     )
     from sglang.test.kits.attention_unittest.runner_modes.speculative_draft_runner import (
         _configure_runner_for_eagle_draft,
@@ -506,23 +575,54 @@ def build_dsv4_draft(scenario: Any, *, device: str) -> DraftCase:
     capture = tuple(scenario.capture_bs) if scenario.capture_bs else None
     pool_bs = max(capture) if capture else bs
     swa_size = _round_up(pool_bs * max_context_len + 1, DSV4_PAGE_SIZE)
-    case = DSV4AttentionCase(name=scenario.name, backend="dsv4", forward_mode=ForwardMode.DECODE,
-                             num_heads=scenario.model.num_heads, page_size=DSV4_PAGE_SIZE, prefix_lens=prefix)
+    case = DSV4AttentionCase(
+        name=scenario.name,
+        backend="dsv4",
+        forward_mode=ForwardMode.DECODE,
+        num_heads=scenario.model.num_heads,
+        page_size=DSV4_PAGE_SIZE,
+        prefix_lens=prefix,
+    )
     fixture = build_dsv4_attention_fixture(
-        _TestCase(), case, swa_size=swa_size, max_context_len=max_context_len, dtype=dtype, device=device,
-        disable_cuda_graph=capture is None, runner_batch_size=pool_bs,
+        _TestCase(),
+        case,
+        swa_size=swa_size,
+        max_context_len=max_context_len,
+        dtype=dtype,
+        device=device,
+        disable_cuda_graph=capture is None,
+        runner_batch_size=pool_bs,
     )
     runner = fixture.runner
-    settings = _draft_settings(topk=topk, num_steps=num_steps, capture_bs=pool_bs, hidden_size=DSV4_HEAD_DIM,
-                               max_context_len=max_context_len, dtype=dtype, device=device)
+    settings = _draft_settings(
+        topk=topk,
+        num_steps=num_steps,
+        capture_bs=pool_bs,
+        hidden_size=DSV4_HEAD_DIM,
+        max_context_len=max_context_len,
+        dtype=dtype,
+        device=device,
+    )
     _configure_runner_for_eagle_draft(runner, case, settings)
     slots = DraftSlots.allocate(prefix, topk=topk, num_steps=num_steps, num_slots=swa_size, seed=scenario.seed)
     runner.req_to_token_pool.req_to_token.zero_()
     slots.fill_req_to_token(runner.req_to_token_pool.req_to_token)
     batch = make_draft_batch(slots, device=device, hidden_size=DSV4_HEAD_DIM, dtype=dtype, runner=runner)
-    return DraftCase(family="dsv4", runner=runner, slots=slots, batch=batch, topk=topk, num_steps=num_steps,
-                     num_slots=swa_size, device=device, dtype=dtype, hidden_size=DSV4_HEAD_DIM, capture_bs=capture,
-                     kit_case=case, fixture=fixture)
+    return DraftCase(
+        family="dsv4",
+        runner=runner,
+        slots=slots,
+        batch=batch,
+        topk=topk,
+        num_steps=num_steps,
+        num_slots=swa_size,
+        device=device,
+        dtype=dtype,
+        hidden_size=DSV4_HEAD_DIM,
+        capture_bs=capture,
+        kit_case=case,
+        fixture=fixture,
+    )
 
 
 def build_flashinfer_draft(scenario: Any, *, device: str, mla: bool) -> DraftCase:
@@ -543,55 +643,113 @@ def build_flashinfer_draft(scenario: Any, *, device: str, mla: bool) -> DraftCas
     pool_bs = max(capture) if capture else bs
     longest = max(prefix) + topk * num_steps
     max_context_len = scenario.max_context_len or _round_up(longest + 8, 32)
-    common = dict(name=scenario.name, backend="flashinfer", forward_mode=ForwardMode.DECODE,
-                  num_heads=model.num_heads, page_size=1, prefix_lens=prefix)
+    common = dict(
+        name=scenario.name,
+        backend="flashinfer",
+        forward_mode=ForwardMode.DECODE,
+        num_heads=model.num_heads,
+        page_size=1,
+        prefix_lens=prefix,
+    )
     if mla:
         from sglang.test.kits.attention_unittest.attention_methods.mla_attention import MLAAttentionCase
 
         case = MLAAttentionCase(**common)
-        runner, hidden_size = _mla_runner(case, model, dtype=dtype, device=device, max_context_len=max_context_len,
-                                          graphs=capture is not None, pool_bs=pool_bs)
+        runner, hidden_size = _mla_runner(
+            case,
+            model,
+            dtype=dtype,
+            device=device,
+            max_context_len=max_context_len,
+            graphs=capture is not None,
+            pool_bs=pool_bs,
+        )
     else:
         from sglang.test.kits.attention_unittest.attention_methods.dense_attention import (
-            DenseAttentionCase, MockModelRunner, TinyModelConfig,
+            DenseAttentionCase,
+            MockModelRunner,
+            TinyModelConfig,
         )
 
         case = DenseAttentionCase(num_kv_heads=model.num_kv_heads, **common)
         hidden_size = model.num_heads * model.head_dim
-        config = TinyModelConfig(num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
-                                 head_dim=model.head_dim, hidden_size=hidden_size, context_len=max_context_len)
-        runner = MockModelRunner(case=case, model_config=config, dtype=dtype, device=device,
-                                 max_context_len=max_context_len, head_dim=model.head_dim,
-                                 disable_cuda_graph=capture is None, runner_batch_size=pool_bs)
-    settings = _draft_settings(topk=topk, num_steps=num_steps, capture_bs=pool_bs, hidden_size=hidden_size,
-                               max_context_len=max_context_len, dtype=dtype, device=device)
+        config = TinyModelConfig(
+            num_heads=model.num_heads,
+            num_kv_heads=model.num_kv_heads,
+            head_dim=model.head_dim,
+            hidden_size=hidden_size,
+            context_len=max_context_len,
+        )
+        runner = MockModelRunner(
+            case=case,
+            model_config=config,
+            dtype=dtype,
+            device=device,
+            max_context_len=max_context_len,
+            head_dim=model.head_dim,
+            disable_cuda_graph=capture is None,
+            runner_batch_size=pool_bs,
+        )
+    settings = _draft_settings(
+        topk=topk,
+        num_steps=num_steps,
+        capture_bs=pool_bs,
+        hidden_size=hidden_size,
+        max_context_len=max_context_len,
+        dtype=dtype,
+        device=device,
+    )
     _configure_runner_for_eagle_draft(runner, case, settings)
     num_slots = int(runner.token_to_kv_pool.size)
     slots = DraftSlots.allocate(prefix, topk=topk, num_steps=num_steps, num_slots=num_slots, seed=scenario.seed)
     runner.req_to_token_pool.req_to_token.zero_()
     slots.fill_req_to_token(runner.req_to_token_pool.req_to_token)
     batch = make_draft_batch(slots, device=device, hidden_size=hidden_size, dtype=dtype, runner=runner)
-    return DraftCase(family="flashinfer_mla" if mla else "flashinfer", runner=runner, slots=slots, batch=batch,
-                     topk=topk, num_steps=num_steps, num_slots=num_slots, device=device, dtype=dtype,
-                     hidden_size=hidden_size, capture_bs=capture, kit_case=case)
+    return DraftCase(
+        family="flashinfer_mla" if mla else "flashinfer",
+        runner=runner,
+        slots=slots,
+        batch=batch,
+        topk=topk,
+        num_steps=num_steps,
+        num_slots=num_slots,
+        device=device,
+        dtype=dtype,
+        hidden_size=hidden_size,
+        capture_bs=capture,
+        kit_case=case,
+    )
 
 
-def _mla_runner(case: Any, model: Any, *, dtype: Any, device: str, max_context_len: int, graphs: bool,
-                pool_bs: int) -> tuple[Any, int]:
+def _mla_runner(
+    case: Any, model: Any, *, dtype: Any, device: str, max_context_len: int, graphs: bool, pool_bs: int
+) -> tuple[Any, int]:
     """The kit's MLA mock runner (latent cache of kv_lora_rank + qk_rope_head_dim) for ``case``,
     and its hidden size."""
     from sglang.test.kits.attention_unittest.attention_methods.mla_attention import (
-        MockMLAModelRunner, TinyMLAModelConfig,
+        MockMLAModelRunner,
+        TinyMLAModelConfig,
     )
 
     hidden_size = model.kv_lora_rank + model.qk_rope_head_dim
-    config = TinyMLAModelConfig(num_heads=model.num_heads, kv_lora_rank=model.kv_lora_rank,
-                                qk_rope_head_dim=model.qk_rope_head_dim, hidden_size=hidden_size,
-                                context_len=max_context_len)
-    runner = MockMLAModelRunner(case=case, model_config=config, dtype=dtype, device=device,
-                                max_context_len=max_context_len, kv_lora_rank=model.kv_lora_rank,
-                                qk_rope_head_dim=model.qk_rope_head_dim, disable_cuda_graph=not graphs,
-                                runner_batch_size=pool_bs)
+    config = TinyMLAModelConfig(
+        num_heads=model.num_heads,
+        kv_lora_rank=model.kv_lora_rank,
+        qk_rope_head_dim=model.qk_rope_head_dim,
+        hidden_size=hidden_size,
+        context_len=max_context_len,
+    )
+    runner = MockMLAModelRunner(
+        case=case,
+        model_config=config,
+        dtype=dtype,
+        device=device,
+        max_context_len=max_context_len,
+        kv_lora_rank=model.kv_lora_rank,
+        qk_rope_head_dim=model.qk_rope_head_dim,
+        disable_cuda_graph=not graphs,
+        runner_batch_size=pool_bs,
+    )
     return runner, hidden_size
 
 
@@ -616,10 +774,24 @@ def build_trtllm_draft_extend(scenario: Any, *, device: str) -> SimpleNamespace:
     pool_bs = max(capture) if capture else bs
     page = scenario.page_size
     max_context_len = _round_up(max(scenario.max_context_len or 0, max(prefix) + n + 1), page)
-    case = MLAAttentionCase(name=scenario.name, backend="trtllm_mla", forward_mode=ForwardMode.DRAFT_EXTEND_V2,
-                            num_heads=model.num_heads, page_size=page, prefix_lens=prefix, extend_lens=(n,) * bs)
-    runner, hidden_size = _mla_runner(case, model, dtype=dtype, device=device, max_context_len=max_context_len,
-                                      graphs=capture is not None, pool_bs=pool_bs)
+    case = MLAAttentionCase(
+        name=scenario.name,
+        backend="trtllm_mla",
+        forward_mode=ForwardMode.DRAFT_EXTEND_V2,
+        num_heads=model.num_heads,
+        page_size=page,
+        prefix_lens=prefix,
+        extend_lens=(n,) * bs,
+    )
+    runner, _hidden_size = _mla_runner(
+        case,
+        model,
+        dtype=dtype,
+        device=device,
+        max_context_len=max_context_len,
+        graphs=capture is not None,
+        pool_bs=pool_bs,
+    )
     seq_lens = tuple(p + n for p in prefix)
     num_slots = int(runner.token_to_kv_pool.size)
     slots = PagedSlots.allocate(seq_lens, page_size=page, num_slots=num_slots, seed=scenario.seed)
@@ -628,12 +800,16 @@ def build_trtllm_draft_extend(scenario: Any, *, device: str) -> SimpleNamespace:
     seq = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     extend = torch.full((bs,), n, dtype=torch.int32, device=device)
     batch = ForwardBatch(
-        forward_mode=ForwardMode.DRAFT_EXTEND_V2, batch_size=bs,
+        forward_mode=ForwardMode.DRAFT_EXTEND_V2,
+        batch_size=bs,
         input_ids=torch.zeros(bs * n, dtype=torch.int64, device=device),
         req_pool_indices=torch.arange(bs, dtype=torch.int32, device=device),
-        seq_lens=seq, seq_lens_cpu=seq.cpu(), seq_lens_sum=sum(seq_lens),
-        out_cache_loc=torch.tensor([slots.slot(b, p + t) for b, p in enumerate(prefix) for t in range(n)],
-                                   dtype=torch.int64, device=device),
+        seq_lens=seq,
+        seq_lens_cpu=seq.cpu(),
+        seq_lens_sum=sum(seq_lens),
+        out_cache_loc=torch.tensor(
+            [slots.slot(b, p + t) for b, p in enumerate(prefix) for t in range(n)], dtype=torch.int64, device=device
+        ),
         positions=torch.tensor([p + t for p in prefix for t in range(n)], dtype=torch.int64, device=device),
     )
     batch.extend_seq_lens, batch.extend_seq_lens_cpu = extend, [n] * bs
@@ -644,10 +820,18 @@ def build_trtllm_draft_extend(scenario: Any, *, device: str) -> SimpleNamespace:
     runner.kv_index_translator.bind_own_plan(batch)
     correct = torch.tensor(accept, dtype=torch.int32, device=device)
     spec = EagleDraftExtendInput(
-        hidden_states=None, num_correct_drafts=correct, num_accept_tokens=correct + 1,
-        num_accept_tokens_cpu=[a + 1 for a in accept], input_ids=batch.input_ids, seq_lens=batch.seq_lens,
-        seq_lens_cpu=batch.seq_lens_cpu, req_pool_indices=batch.req_pool_indices, positions=batch.positions,
-        capture_hidden_mode=CaptureHiddenMode.LAST, num_tokens_per_req=n, num_tokens_for_logprob_per_req=1,
+        hidden_states=None,
+        num_correct_drafts=correct,
+        num_accept_tokens=correct + 1,
+        num_accept_tokens_cpu=[a + 1 for a in accept],
+        input_ids=batch.input_ids,
+        seq_lens=batch.seq_lens,
+        seq_lens_cpu=batch.seq_lens_cpu,
+        req_pool_indices=batch.req_pool_indices,
+        positions=batch.positions,
+        capture_hidden_mode=CaptureHiddenMode.LAST,
+        num_tokens_per_req=n,
+        num_tokens_for_logprob_per_req=1,
     )
     spec.extend_seq_lens_tensor, spec.extend_seq_lens_cpu = extend, [n] * bs
     if scenario.gpu_only:
@@ -656,9 +840,21 @@ def build_trtllm_draft_extend(scenario: Any, *, device: str) -> SimpleNamespace:
         spec.seq_lens_cpu = None
         spec.num_accept_tokens_cpu = None
     batch.spec_info = spec
-    return SimpleNamespace(case=case, runner=runner, slots=slots, batch=batch, num_draft_tokens=n, accept=accept,
-                           prefix=prefix, page_size=page, dtype=dtype, device=device, num_slots=num_slots,
-                           capture_bs=capture, max_context_len=max_context_len)
+    return SimpleNamespace(
+        case=case,
+        runner=runner,
+        slots=slots,
+        batch=batch,
+        num_draft_tokens=n,
+        accept=accept,
+        prefix=prefix,
+        page_size=page,
+        dtype=dtype,
+        device=device,
+        num_slots=num_slots,
+        capture_bs=capture,
+        max_context_len=max_context_len,
+    )
 
 
 def trtllm_replay_view(batch: Any, *, bs: int, n: int, fill: int) -> SimpleNamespace:
@@ -682,13 +878,21 @@ def trtllm_replay_view(batch: Any, *, bs: int, n: int, fill: int) -> SimpleNames
     spec.extend_seq_lens_cpu = list(spec.extend_seq_lens_cpu or [n] * raw_bs) + [n] * (bs - raw_bs)
     sum_ = batch.seq_lens_sum
     return SimpleNamespace(
-        batch_size=bs, forward_mode=batch.forward_mode, input_ids=batch.input_ids,
-        req_pool_indices=pad(batch.req_pool_indices, bs, 0), seq_lens=pad(batch.seq_lens, bs, fill),
+        batch_size=bs,
+        forward_mode=batch.forward_mode,
+        input_ids=batch.input_ids,
+        req_pool_indices=pad(batch.req_pool_indices, bs, 0),
+        seq_lens=pad(batch.seq_lens, bs, fill),
         seq_lens_sum=None if sum_ is None else sum_ + (bs - raw_bs) * fill,
         seq_lens_cpu=None if batch.seq_lens_cpu is None else pad(batch.seq_lens_cpu, bs, fill),
-        max_seq_len_host=None, encoder_lens=None, out_cache_loc=pad(batch.out_cache_loc, bs * n, 0),
-        out_cache_loc_virtual=getattr(batch, "out_cache_loc_virtual", None), kv_loc_plan=batch.kv_loc_plan,
-        kv_loc_cols=getattr(batch, "kv_loc_cols", None), out_cache_loc_dsv4=None, mamba_track_indices=None,
+        max_seq_len_host=None,
+        encoder_lens=None,
+        out_cache_loc=pad(batch.out_cache_loc, bs * n, 0),
+        out_cache_loc_virtual=getattr(batch, "out_cache_loc_virtual", None),
+        kv_loc_plan=batch.kv_loc_plan,
+        kv_loc_cols=getattr(batch, "kv_loc_cols", None),
+        out_cache_loc_dsv4=None,
+        mamba_track_indices=None,
         spec_info=spec,
     )
 
@@ -701,10 +905,13 @@ def trtllm_capture_batch(bs: int, *, n: int, fill: int, device: str, runner: Any
 
     seq = torch.full((bs,), fill, dtype=torch.int64, device=device)
     batch = ForwardBatch(
-        forward_mode=ForwardMode.DRAFT_EXTEND_V2, batch_size=bs,
+        forward_mode=ForwardMode.DRAFT_EXTEND_V2,
+        batch_size=bs,
         input_ids=torch.zeros(bs * n, dtype=torch.int64, device=device),
-        req_pool_indices=torch.zeros(bs, dtype=torch.int64, device=device), seq_lens=seq,
-        seq_lens_cpu=seq.cpu(), seq_lens_sum=int(bs * fill),
+        req_pool_indices=torch.zeros(bs, dtype=torch.int64, device=device),
+        seq_lens=seq,
+        seq_lens_cpu=seq.cpu(),
+        seq_lens_sum=int(bs * fill),
         out_cache_loc=torch.zeros(bs * n, dtype=torch.int64, device=device),
         positions=torch.zeros(bs * n, dtype=torch.int64, device=device),
     )
@@ -713,9 +920,17 @@ def trtllm_capture_batch(bs: int, *, n: int, fill: int, device: str, runner: Any
     runner.kv_index_translator.bind_own_plan(batch)
     full = torch.full((bs,), n, dtype=torch.int32, device=device)
     batch.spec_info = EagleDraftExtendInput(
-        hidden_states=None, num_correct_drafts=full.clone(), num_accept_tokens=full.clone(),
-        num_accept_tokens_cpu=None, input_ids=batch.input_ids, seq_lens=seq, seq_lens_cpu=batch.seq_lens_cpu,
-        req_pool_indices=batch.req_pool_indices, positions=batch.positions, capture_hidden_mode=CaptureHiddenMode.LAST,
-        num_tokens_per_req=n, num_tokens_for_logprob_per_req=1,
+        hidden_states=None,
+        num_correct_drafts=full.clone(),
+        num_accept_tokens=full.clone(),
+        num_accept_tokens_cpu=None,
+        input_ids=batch.input_ids,
+        seq_lens=seq,
+        seq_lens_cpu=batch.seq_lens_cpu,
+        req_pool_indices=batch.req_pool_indices,
+        positions=batch.positions,
+        capture_hidden_mode=CaptureHiddenMode.LAST,
+        num_tokens_per_req=n,
+        num_tokens_for_logprob_per_req=1,
     )
     return batch

@@ -20,13 +20,21 @@ import math
 import os
 import sys
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-__all__ = ["kit_scope", "DraftSetup", "build_eagle_draft", "run_eagle_draft", "draft_context_len", "KIT_HIDDEN_SIZE",
-           "KIT_VOCAB_SIZE"]
+__all__ = [
+    "KIT_HIDDEN_SIZE",
+    "KIT_VOCAB_SIZE",
+    "DraftSetup",
+    "build_eagle_draft",
+    "draft_context_len",
+    "kit_scope",
+    "run_eagle_draft",
+]
 
 KIT_HIDDEN_SIZE = 64  # the kit's DEFAULT_HIDDEN_SIZE
 KIT_VOCAB_SIZE = 64  # the kit's draft runner default
@@ -38,13 +46,13 @@ class _TestCase:
     kit's ``except`` around the backend constructor: re-raise that exception, so that a constructor
     the code under test breaks is its CRASH, not a skip."""
 
-    def skipTest(self, reason: str) -> None:  # noqa: N802 (unittest's name)
+    def skipTest(self, reason: str) -> None:
         exc = sys.exc_info()[1]
         if exc is not None:
             raise exc
         raise RuntimeError(f"the kit skipped: {reason}")
 
-    def assertTrue(self, value: Any, msg: str | None = None) -> None:  # noqa: N802
+    def assertTrue(self, value: Any, msg: str | None = None) -> None:
         if not value:
             raise AssertionError(msg or "the kit's assertTrue failed")
 
@@ -71,21 +79,26 @@ def _test_utils_shim() -> types.ModuleType | None:
     global _SHIM
     if _SHIM is not None:
         return _SHIM
-    import msgspec
     import copy
 
+    import msgspec
     import sglang
 
     path = os.path.join(os.path.dirname(sglang.__file__), "test", "test_utils.py")
     with open(path, encoding="utf-8") as fh:
         tree = ast.parse(fh.read(), filename=path)
     wanted = {"server_args_variant", "_RUNNER_WRITTEN_NAMES"}
-    body = [n for n in tree.body
-            if (isinstance(n, ast.FunctionDef) and n.name in wanted)
-            or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) in wanted for t in n.targets))]
+    body = [
+        n
+        for n in tree.body
+        if (isinstance(n, ast.FunctionDef) and n.name in wanted)
+        or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) in wanted for t in n.targets))
+    ]
     if len(body) != len(wanted):
-        raise RuntimeError(f"{path} no longer defines {', '.join(sorted(wanted))}: the probes' kit module "
-                           f"(sglfix/harness/kits/sglang_0_5_23) is written for sglang 0.5.23")
+        raise RuntimeError(
+            f"{path} no longer defines {', '.join(sorted(wanted))}: the probes' kit module "
+            f"(sglfix/harness/kits/sglang_0_5_23) is written for sglang 0.5.23"
+        )
     module = types.ModuleType("sglang.test.test_utils")
     module.__file__ = path
     module.__dict__.update(copy=copy, msgspec=msgspec)
@@ -160,36 +173,71 @@ def build_eagle_draft(scenario: Any, *, device: str) -> DraftSetup:
     """The kit's dense EAGLE draft fixture for ``scenario`` (call inside ``kit_scope``)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.test.kits.attention_unittest.attention_methods.dense_attention import (
-        DenseAttentionCase, build_dense_attention_fixture,
+        DenseAttentionCase,
+        build_dense_attention_fixture,
     )
     from sglang.test.kits.attention_unittest.runner_modes import speculative_draft_runner as sdr
 
     spec, model = scenario.spec, scenario.model
     context_len = draft_context_len(scenario)
-    case = DenseAttentionCase(name="sglfix-probe", backend="triton", forward_mode=ForwardMode.DECODE,
-                              num_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
-                              page_size=scenario.page_size, prefix_lens=tuple(scenario.prefix_lens))
+    case = DenseAttentionCase(
+        name="sglfix-probe",
+        backend="triton",
+        forward_mode=ForwardMode.DECODE,
+        num_heads=model.num_heads,
+        num_kv_heads=model.num_kv_heads,
+        page_size=scenario.page_size,
+        prefix_lens=tuple(scenario.prefix_lens),
+    )
     dtype = _DTYPES[model.dtype]
     settings = sdr.EagleDraftRunnerSettings(
-        topk=spec.topk, speculative_num_steps=spec.num_steps, speculative_num_draft_tokens=spec.num_draft_tokens,
-        capture_batch_size=len(scenario.prefix_lens), hidden_size=KIT_HIDDEN_SIZE, vocab_size=KIT_VOCAB_SIZE,
-        max_context_len=context_len, dtype=dtype, device=device, atol=0.0, rtol=0.0)
+        topk=spec.topk,
+        speculative_num_steps=spec.num_steps,
+        speculative_num_draft_tokens=spec.num_draft_tokens,
+        capture_batch_size=len(scenario.prefix_lens),
+        hidden_size=KIT_HIDDEN_SIZE,
+        vocab_size=KIT_VOCAB_SIZE,
+        max_context_len=context_len,
+        dtype=dtype,
+        device=device,
+        atol=0.0,
+        rtol=0.0,
+    )
     adapter = sdr.EagleDraftCudaGraphRunnerAdapter(
-        build_fixture=build_dense_attention_fixture, make_model_forward=sdr._make_dense_model_forward,
-        make_draft_inputs=sdr._make_dense_draft_inputs, prepare_replay_state=sdr._prepare_dense_draft_replay_state,
-        make_forward_batch=sdr._make_dense_eagle_draft_forward_batch, check_case=sdr._check_dense_draft_cache_layout)
+        build_fixture=build_dense_attention_fixture,
+        make_model_forward=sdr._make_dense_model_forward,
+        make_draft_inputs=sdr._make_dense_draft_inputs,
+        prepare_replay_state=sdr._prepare_dense_draft_replay_state,
+        make_forward_batch=sdr._make_dense_eagle_draft_forward_batch,
+        check_case=sdr._check_dense_draft_cache_layout,
+    )
     adapter.check_case(case, settings)
     draft_inputs = adapter.make_draft_inputs(case, settings)
     fixture, worker, draft_backend = sdr._build_eagle_draft_fixture(
-        _TestCase(), case, adapter=adapter,
-        build_kwargs=dict(head_dim=model.head_dim, hidden_size=KIT_HIDDEN_SIZE, max_context_len=context_len,
-                          dtype=dtype, device=device),
-        settings=settings)
+        _TestCase(),
+        case,
+        adapter=adapter,
+        build_kwargs=dict(
+            head_dim=model.head_dim,
+            hidden_size=KIT_HIDDEN_SIZE,
+            max_context_len=context_len,
+            dtype=dtype,
+            device=device,
+        ),
+        settings=settings,
+    )
     adapter.prepare_replay_state(fixture, case, draft_inputs, settings)
     batch = adapter.make_forward_batch(case, draft_inputs, settings)
     fixture.runner.kv_index_translator.bind_own_plan(batch)
-    return DraftSetup(fixture=fixture, worker=worker, draft_backend=draft_backend, target_backend=fixture.backend,
-                      batch=batch, settings=settings, case=case)
+    return DraftSetup(
+        fixture=fixture,
+        worker=worker,
+        draft_backend=draft_backend,
+        target_backend=fixture.backend,
+        batch=batch,
+        settings=settings,
+        case=case,
+    )
 
 
 def run_eagle_draft(setup: DraftSetup) -> Any:

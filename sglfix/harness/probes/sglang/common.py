@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["published", "ceil_to"]
+__all__ = ["ceil_to", "published"]
 
 
 @contextlib.contextmanager

@@ -19,7 +19,8 @@ Judged (DIVERGE): ``num_steps - 1`` forwards, step ``i`` at ``seq_len + i`` for 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["PROBE"]
 
@@ -32,7 +33,11 @@ class DraftPositions:
         from sglfix.harness.kits import kit
 
         probes = kit("probes")
-        build_eagle_draft, kit_scope, run_eagle_draft = probes.build_eagle_draft, probes.kit_scope, probes.run_eagle_draft
+        build_eagle_draft, kit_scope, run_eagle_draft = (
+            probes.build_eagle_draft,
+            probes.kit_scope,
+            probes.run_eagle_draft,
+        )
 
         spec = scenario.spec
         seq_lens = [int(p) for p in scenario.prefix_lens]
@@ -55,21 +60,38 @@ class DraftPositions:
         want = [[s + i for s in seq_lens for _ in range(spec.topk)] for i in range(steps)]
         figures = dict(positions=seen, expected=want, topk=spec.topk, num_steps=spec.num_steps)
         if len(seen) != steps:
-            result.add("DIVERGE", f"the draft ran {len(seen)} model forwards, expected num_steps - 1 = {steps}", **figures)
-        bad = [(i, j) for i, (got, exp) in enumerate(zip(seen, want)) for j in range(len(exp))
-               if j >= len(got) or got[j] != exp[j]]
+            result.add(
+                "DIVERGE", f"the draft ran {len(seen)} model forwards, expected num_steps - 1 = {steps}", **figures
+            )
+        bad = [
+            (i, j)
+            for i, (got, exp) in enumerate(zip(seen, want))
+            for j in range(len(exp))
+            if j >= len(got) or got[j] != exp[j]
+        ]
         if bad:
             i, j = bad[0]
             got = seen[i][j] if j < len(seen[i]) else None
-            rows = sum(len(w) for w in want[:len(seen)])
+            rows = sum(len(w) for w in want[: len(seen)])
             shift = "" if got is None else f" ({got - want[i][j]:+d})"
-            result.add("DIVERGE", f"{len(bad)}/{rows} draft queries at wrong positions: step {i} request "
-                                  f"{j // spec.topk} branch {j % spec.topk} runs at {got}{shift}, expected seq_len + "
-                                  f"{i} = {want[i][j]}", first_bad_request=j // spec.topk, first_bad_row=i,
-                       bad_rows=len(bad), rows=rows, **figures)
+            result.add(
+                "DIVERGE",
+                f"{len(bad)}/{rows} draft queries at wrong positions: step {i} request "
+                f"{j // spec.topk} branch {j % spec.topk} runs at {got}{shift}, expected seq_len + "
+                f"{i} = {want[i][j]}",
+                first_bad_request=j // spec.topk,
+                first_bad_row=i,
+                bad_rows=len(bad),
+                rows=rows,
+                **figures,
+            )
         if not result.findings:
-            result.add("PASS", f"{steps} draft steps x {len(seq_lens) * spec.topk} branches at seq_len + step "
-                               f"(step 0 at {want[0][:spec.topk * 2] if want else []})", **figures)
+            result.add(
+                "PASS",
+                f"{steps} draft steps x {len(seq_lens) * spec.topk} branches at seq_len + step "
+                f"(step 0 at {want[0][: spec.topk * 2] if want else []})",
+                **figures,
+            )
 
 
 PROBE = DraftPositions()

@@ -22,7 +22,8 @@ overwritten in place.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["PROBE", "VOCAB_SIZE"]
 
@@ -37,7 +38,6 @@ class EaglePrefillTail:
         from array import array
 
         import torch
-
         from sglang.srt.managers.schedule_batch import Req, ScheduleBatch, _compute_chunked_req_next_prompt_token
         from sglang.srt.sampling.sampling_params import SamplingParams
         from sglang.srt.speculative.eagle_utils import _eagle_prefill_tail_tokens
@@ -55,11 +55,17 @@ class EaglePrefillTail:
             req.extend_end = p + e  # this round extends fill ids [prefix, prefix + extend)
             prompts.append(prompt)
             reqs.append(req)
-        input_ids = torch.tensor([t for prompt, p, e in zip(prompts, prefix, extend) for t in prompt[p:p + e]],
-                                 dtype=torch.int64, device=device)
+        input_ids = torch.tensor(
+            [t for prompt, p, e in zip(prompts, prefix, extend) for t in prompt[p : p + e]],
+            dtype=torch.int64,
+            device=device,
+        )
         batch = ScheduleBatch(
-            reqs=reqs, input_ids=input_ids, chunked_req=reqs[chunked],
-            chunked_req_next_prompt_token=_compute_chunked_req_next_prompt_token(reqs[chunked], VOCAB_SIZE))
+            reqs=reqs,
+            input_ids=input_ids,
+            chunked_req=reqs[chunked],
+            chunked_req_next_prompt_token=_compute_chunked_req_next_prompt_token(reqs[chunked], VOCAB_SIZE),
+        )
         sampled = torch.randint(half, VOCAB_SIZE, (bs,), generator=gen).to(device=device, dtype=torch.int32)
         sampled_before = sampled.clone()
 
@@ -76,17 +82,28 @@ class EaglePrefillTail:
         elif wrong:
             i = wrong[0]
             what = "the target's sampled token" if got[i] == int(sampled_before[i]) else "neither candidate"
-            kind = ("chunked prefill, prompt continues" if i == chunked else "prompt ends in this chunk")
+            kind = "chunked prefill, prompt continues" if i == chunked else "prompt ends in this chunk"
             expect = "the next prompt token" if i == chunked else "the sampled token"
-            result.add("DIVERGE", f"{len(wrong)}/{bs} tail tokens wrong: request {i} ({kind}) gets {got[i]} ({what}), "
-                                  f"expected {expect} {want[i]}", first_bad_request=i, bad_rows=len(wrong), rows=bs,
-                       **figures)
+            result.add(
+                "DIVERGE",
+                f"{len(wrong)}/{bs} tail tokens wrong: request {i} ({kind}) gets {got[i]} ({what}), "
+                f"expected {expect} {want[i]}",
+                first_bad_request=i,
+                bad_rows=len(wrong),
+                rows=bs,
+                **figures,
+            )
         if not torch.equal(sampled.cpu(), sampled_before.cpu()):
-            result.add("DIVERGE", "the target's sampled tokens were overwritten in place by the tail computation",
-                       **figures)
+            result.add(
+                "DIVERGE", "the target's sampled tokens were overwritten in place by the tail computation", **figures
+            )
         if not result.findings:
-            result.add("PASS", f"{bs}/{bs} tail tokens right: request {chunked} (chunked prefill) gets the next prompt "
-                               f"token {want[chunked]}, the others their sampled token", **figures)
+            result.add(
+                "PASS",
+                f"{bs}/{bs} tail tokens right: request {chunked} (chunked prefill) gets the next prompt "
+                f"token {want[chunked]}, the others their sampled token",
+                **figures,
+            )
 
 
 PROBE = EaglePrefillTail()

@@ -21,7 +21,8 @@ none is declared. Judged (DIVERGE): the decision.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["PROBE", "UndeclaredAttnBackend"]
 
@@ -74,8 +75,11 @@ class NeedsCpuSeqLens:
         shown = ", ".join(f"{n} ({f})" for n, f in zip(names, flags))
         figures = dict(decided=decided, expected=want, slots=names, flags=[str(f) for f in flags])
         if not isinstance(decided, bool) or decided != want:
-            result.add("DIVERGE", f"decide_needs_cpu_seq_lens says {decided!r}, expected {want} for the slots {shown}",
-                       **figures)
+            result.add(
+                "DIVERGE",
+                f"decide_needs_cpu_seq_lens says {decided!r}, expected {want} for the slots {shown}",
+                **figures,
+            )
         else:
             path = "CPU mirror kept" if want else "gpu_only path (no seq_lens D2H)"
             result.add("PASS", f"{path}: decide_needs_cpu_seq_lens says {decided} for the slots {shown}", **figures)

@@ -24,8 +24,9 @@ every row still holds its own prefix slots and the new slots, and no row past th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 from sglfix.harness.probes.sglang.common import ceil_to, published
 
@@ -50,7 +51,6 @@ class ReqToTokenHeadroom:
     def run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
         stage("build")
         import torch
-
         from sglang.srt.mem_cache import allocation_sizing as sizing
         from sglang.srt.mem_cache.allocation import assign_req_to_token_pool_func
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
@@ -59,8 +59,13 @@ class ReqToTokenHeadroom:
         committed = [int(p) for p in scenario.prefix_lens]
         bs = len(committed)
         context_len = scenario.max_context_len or max(committed) + 3
-        args = dict(page_size=page, speculative_algorithm="EAGLE", speculative_eagle_topk=spec.topk,
-                    speculative_num_steps=spec.num_steps, speculative_num_draft_tokens=spec.num_draft_tokens)
+        args = dict(
+            page_size=page,
+            speculative_algorithm="EAGLE",
+            speculative_eagle_topk=spec.topk,
+            speculative_num_steps=spec.num_steps,
+            speculative_num_draft_tokens=spec.num_draft_tokens,
+        )
         with published(**args):
             stage("forward")
             headroom = int(sizing.get_req_to_token_extra_context_len())  # the function under test
@@ -68,7 +73,7 @@ class ReqToTokenHeadroom:
             reserve = int(sizing.get_alloc_reserve_per_decode())
             alloc_page = int(sizing.get_alloc_page_size())
             reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=c, kv_committed_len=c)) for c in committed]
-            cur, nxt, needed = sizing.page_aligned_decode_alloc_lens(reqs, reserve=reserve, page_size=alloc_page)
+            cur, nxt, _needed = sizing.page_aligned_decode_alloc_lens(reqs, reserve=reserve, page_size=alloc_page)
             cur, nxt = [int(x) for x in cur], [int(x) for x in nxt]
 
             # Request b in row 1 + b (row 0 is the pool's padding row); rows after the batch are
@@ -88,32 +93,52 @@ class ReqToTokenHeadroom:
             new_total = sum(n - s for s, n in zip(cur, nxt))
             out_cache_loc = torch.arange(next_slot, next_slot + new_total, dtype=torch.int64, device=device)
             assign_req_to_token_pool_func(
-                torch.arange(1, bs + 1, dtype=torch.int64, device=device), table,
-                torch.tensor(cur, dtype=torch.int32, device=device), torch.tensor(nxt, dtype=torch.int32, device=device),
-                out_cache_loc, bs)
+                torch.arange(1, bs + 1, dtype=torch.int64, device=device),
+                table,
+                torch.tensor(cur, dtype=torch.int32, device=device),
+                torch.tensor(nxt, dtype=torch.int32, device=device),
+                out_cache_loc,
+                bs,
+            )
             after = table.cpu()
 
         stage("judge")
-        own = own_decode_reserve(page_size=page, topk=spec.topk, num_steps=spec.num_steps,
-                                 num_draft_tokens=spec.num_draft_tokens)
+        own = own_decode_reserve(
+            page_size=page, topk=spec.topk, num_steps=spec.num_steps, num_draft_tokens=spec.num_draft_tokens
+        )
         need = [max(n, ceil_to(c + own, page)) for c, n in zip(committed, nxt)]
         worst = max(range(bs), key=lambda b: need[b])
-        figures = dict(context_len=context_len, headroom=headroom, row_width=width, reserve=reserve,
-                       own_reserve=own, alloc_end=nxt, own_end=[ceil_to(c + own, page) for c in committed],
-                       committed=committed)
+        figures = dict(
+            context_len=context_len,
+            headroom=headroom,
+            row_width=width,
+            reserve=reserve,
+            own_reserve=own,
+            alloc_end=nxt,
+            own_end=[ceil_to(c + own, page) for c in committed],
+            committed=committed,
+        )
         over = [b for b in range(bs) if need[b] > width]
         if over:
             b = max(over, key=lambda i: need[i])
             by = "the allocation" if nxt[b] >= need[b] else "sglfix's draft footprint"
-            result.add("INVARIANT", f"{len(over)}/{bs} requests need KV positions past their req_to_token row: request "
-                                    f"{b} (committed {committed[b]}) needs up to {need[b]} ({by}), the row holds {width} "
-                                    f"(context {context_len} + headroom {headroom}; page {page}, topk {spec.topk})",
-                       first_bad_request=b, **figures)
+            result.add(
+                "INVARIANT",
+                f"{len(over)}/{bs} requests need KV positions past their req_to_token row: request "
+                f"{b} (committed {committed[b]}) needs up to {need[b]} ({by}), the row holds {width} "
+                f"(context {context_len} + headroom {headroom}; page {page}, topk {spec.topk})",
+                first_bad_request=b,
+                **figures,
+            )
         if any(n < ceil_to(c + own, page) for c, n in zip(committed, nxt)):
             b = next(i for i in range(bs) if nxt[i] < ceil_to(committed[i] + own, page))
-            result.add("INVARIANT", f"request {b}'s decode allocation ends at {nxt[b]}, short of the draft footprint "
-                                    f"sglfix expects ({ceil_to(committed[b] + own, page)}: reserve {own}, allocated {reserve})",
-                       first_bad_request=b, **figures)
+            result.add(
+                "INVARIANT",
+                f"request {b}'s decode allocation ends at {nxt[b]}, short of the draft footprint "
+                f"sglfix expects ({ceil_to(committed[b] + own, page)}: reserve {own}, allocated {reserve})",
+                first_bad_request=b,
+                **figures,
+            )
         expected = torch.full_like(after, _SENTINEL)
         offset = next_slot
         for b, c in enumerate(committed):
@@ -123,20 +148,34 @@ class ReqToTokenHeadroom:
             start = (1 + b) * width + cur[b]
             # Where the new slots belong: inside the row; what lies past its end is the spill.
             keep = min(n_new, width - cur[b])
-            flat[start:start + keep] = torch.arange(offset, offset + keep, dtype=expected.dtype)
+            flat[start : start + keep] = torch.arange(offset, offset + keep, dtype=expected.dtype)
             offset += n_new
         bad_rows = [r for r in range(after.shape[0]) if not torch.equal(after[r], expected[r])]
         if bad_rows:
             r = bad_rows[0]
             changed = int((after[r] != expected[r]).sum())
-            whose = (f"request {r - 1}'s row" if 1 <= r <= bs else
-                     "the pool's padding row" if r == 0 else f"guard row {r - bs} past the batch")
-            result.add("INVARIANT", f"the decode write spilled past a req_to_token row: {changed} entries of {whose} "
-                                    f"overwritten ({len(bad_rows)} rows changed)", rows_changed=bad_rows, **figures)
+            whose = (
+                f"request {r - 1}'s row"
+                if 1 <= r <= bs
+                else "the pool's padding row"
+                if r == 0
+                else f"guard row {r - bs} past the batch"
+            )
+            result.add(
+                "INVARIANT",
+                f"the decode write spilled past a req_to_token row: {changed} entries of {whose} "
+                f"overwritten ({len(bad_rows)} rows changed)",
+                rows_changed=bad_rows,
+                **figures,
+            )
         if not result.findings:
-            result.add("PASS", f"every decode allocation fits its req_to_token row: request {worst} (committed "
-                               f"{committed[worst]}) ends at {need[worst]} of {width} (context {context_len} + headroom "
-                               f"{headroom}; page {page}, topk {spec.topk})", **figures)
+            result.add(
+                "PASS",
+                f"every decode allocation fits its req_to_token row: request {worst} (committed "
+                f"{committed[worst]}) ends at {need[worst]} of {width} (context {context_len} + headroom "
+                f"{headroom}; page {page}, topk {spec.topk})",
+                **figures,
+            )
 
 
 PROBE = ReqToTokenHeadroom()
