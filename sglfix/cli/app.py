@@ -14,11 +14,12 @@ import traceback
 
 import typer
 
+from sglfix.cli.complete import profile_names
 from sglfix.cli.context import Options, err, options
 from sglfix.common.errors import ConfigError, SglfixError
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=False,
     help="Revert historical attention-metadata fixes and see which one causes which divergence.",
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -40,6 +41,7 @@ def _main(
         None,
         "--profile",
         metavar="NAME",
+        autocompletion=profile_names,
         help="Toggle set for one code base: reproduction (default) or sglang-0.5.23 (env SGLFIX_PROFILE).",
     ),
     allow_target: list[str] = typer.Option(

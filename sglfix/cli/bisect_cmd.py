@@ -37,6 +37,7 @@ from sglfix.cli.common import (
     revert_ids,
     write_outputs,
 )
+from sglfix.cli.complete import toggle_ids
 from sglfix.cli.context import err, options, out
 from sglfix.common.errors import ConfigError
 
@@ -88,6 +89,7 @@ def bisect_cmd(
         "--revert",
         "-r",
         metavar="ID",
+        autocompletion=toggle_ids,
         help="Candidate toggles or parts (repeatable; comma lists too); default every registered part.",
     ),
     scenario: ScenarioGlobs = [],

@@ -6,24 +6,59 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
+from sglfix.cli.complete import scenario_names
 from sglfix.cli.context import Options, _has_cuda_device, err
 from sglfix.common.errors import ConfigError
 
 ScenarioGlobs = Annotated[
-    list[str], typer.Option("--scenario", "-s", metavar="GLOB", help="Only scenarios whose name matches (repeatable).")
+    list[str],
+    typer.Option(
+        "--scenario",
+        "-s",
+        metavar="GLOB",
+        autocompletion=scenario_names,
+        help="Only scenarios whose name matches (repeatable).",
+    ),
 ]
 ScenarioFiles = Annotated[
     list[str],
     typer.Option("--scenario-file", metavar="PATH", help="Scenario YAML file (repeatable); replaces the built-in set."),
 ]
 BackendName = Annotated[str | None, typer.Option("--backend", metavar="NAME", help="Only scenarios of this backend.")]
-Device = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
+
+
+class DeviceChoice(StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class ExecutorChoice(StrEnum):
+    local = "local"
+    ray = "ray"
+
+
+def _plain(value: Any) -> Any:
+    # Typer hands an Enum member; the commands, workers and reports deal in plain strings.
+    return value.value if isinstance(value, StrEnum) else value
+
+
+Device = Annotated[
+    DeviceChoice,
+    typer.Option(
+        "--device",
+        help="Where cells run: auto takes cuda when a GPU is visible.",
+        callback=_plain,
+        case_sensitive=False,
+    ),
+]
 Jobs = Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (default: 1 on CUDA, 2 on CPU).")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds per cell before TIMEOUT (finite, > 0).")]
 JsonFile = Annotated[
@@ -65,9 +100,11 @@ DeviceList = Annotated[
     ),
 ]
 Executor = Annotated[
-    str,
+    ExecutorChoice,
     typer.Option(
         "--executor",
+        callback=_plain,
+        case_sensitive=False,
         help="local: worker processes on this machine; ray: one Ray actor per worker (pip install 'sglfix[ray]').",
     ),
 ]

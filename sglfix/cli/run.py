@@ -27,6 +27,7 @@ from sglfix.cli.common import (
     run_plan,
     write_report,
 )
+from sglfix.cli.complete import toggle_ids
 from sglfix.cli.context import options, out
 
 
@@ -37,6 +38,7 @@ def run_cmd(
         "--revert",
         "-r",
         metavar="ID",
+        autocompletion=toggle_ids,
         help="Revert this toggle or part (repeatable; comma lists too); added to what SGLANG_DEBUG_REVERT_PR selects.",
     ),
     scenario: ScenarioGlobs = [],

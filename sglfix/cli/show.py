@@ -7,12 +7,15 @@ import textwrap
 
 import typer
 
+from sglfix.cli.complete import toggle_ids
 from sglfix.cli.context import emit_json, options, out
 
 
 def show_cmd(
     ctx: typer.Context,
-    toggle_id: str = typer.Argument(..., metavar="ID", help="A toggle id: 27460 or 27460:part."),
+    toggle_id: str = typer.Argument(
+        ..., metavar="ID", autocompletion=toggle_ids, help="A toggle id: 27460 or 27460:part."
+    ),
     diff: bool = typer.Option(
         False, "--diff", help="Show the unified diff of each target function (nothing stays patched)."
     ),
