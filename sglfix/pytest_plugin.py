@@ -129,6 +129,11 @@ class SglfixPlugin:
         if self.old_env not in (None, "", "0") and self.old_env.strip() != value.strip():
             raise pytest.UsageError(f"--sglfix-revert {value} but {ENV_VAR}={self.old_env} is set; use one of them")
         try:
+            from sglfix.toggling.env import parse_env_value
+
+            # Checked as the option it was given as, before the hook reads the same ids from
+            # the environment variable it will carry to every child.
+            parse_env_value(value, what="--sglfix-revert")
             was = hook.armed()
             hook.arm(value)
         except SglfixError as exc:

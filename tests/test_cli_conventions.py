@@ -54,3 +54,94 @@ def test_the_completion_script_can_be_shown_for_a_shell():
     r = run_cli("--show-completion", "bash", env={"SHELL": "/bin/bash"}, timeout=60)
     assert r.code == 0, r.err
     assert "_SGLFIX_COMPLETE" in r.out and "complete" in r.out
+
+
+LONG = "triton-decode-ps16-bf16@*"  # the longest built-in names (52 characters)
+MIXED = ["-s", LONG, "-s", "fimla-draft-overflow@*"]
+
+
+@pytest.mark.parametrize("columns", ["60", "80", "250"])
+def test_run_never_cuts_a_scenario_name_and_ends_with_a_summary_line(tmp_path, columns):
+    from sglfix.scenario import load_scenarios, select_scenarios
+
+    names = [s.name for s in select_scenarios(load_scenarios(), globs=[LONG, "fimla-draft-overflow@*"])]
+    report = tmp_path / "r.json"
+    r = run_cli("run", *MIXED, "-r", "27460", "--device", "cpu", "--json", str(report), env={"COLUMNS": columns})
+    assert r.code == 1, r.out + r.err  # 27460 reverted: the overflow scenarios fail
+    lines = r.out.splitlines()
+    for name in names:
+        assert any(name in line for line in lines), (name, r.out)
+    assert not any("…" in line for line in lines), r.out
+    last = lines[-1]
+    assert last.startswith(f"sglfix run: {len(names)} cells in "), last
+    assert "INVARIANT" in last and "PASS" in last and "exit 1:" in last and f"report: {report}" in last, last
+
+
+@pytest.mark.parametrize("columns", ["60", "80"])
+def test_a_matrix_too_wide_for_the_terminal_is_compact_with_every_name_whole(tmp_path, columns):
+    from sglfix.cli.matrix import MARK_CHAR
+
+    r = run_cli("matrix", *MIXED, "--device", "cpu", env={"COLUMNS": columns})
+    assert r.code == 0, r.out + r.err
+    lines = r.out.splitlines()
+    rows = [line for line in lines if line and line[0] in MARK_CHAR.values() and "  " in line]
+    names = [line.split("  ", 1)[1] for line in rows]
+    assert len(names) == 9 and all(n.startswith(("triton-decode-ps16-bf16@", "fimla-draft-overflow@")) for n in names)
+    # A mark per toggle set: the baseline and each registered toggle, in the legend's order.
+    sets = [line.split()[1] for line in lines if line.startswith("    ") and line.split()[0].isdigit()]
+    assert sets[0] == "baseline"
+    assert all(len(row.split("  ", 1)[0].replace(" ", "")) == len(sets) for row in rows)
+    overflow_graph = next(row for row in rows if row.endswith("fimla-draft-overflow@cg=graph"))
+    assert overflow_graph.split("  ", 1)[0].replace(" ", "")[sets.index("27460")] in "ID", overflow_graph
+    assert lines[-1].startswith("sglfix matrix: ") and "gate passed" in lines[-1], lines[-1]
+
+
+def test_the_matrix_summary_line_says_whether_the_gate_passed_and_why_not(tmp_path):
+    import shutil
+
+    from sglfix.toggling.profiles import get_profile
+
+    r = run_cli("matrix", "-s", "fimla-draft-overflow@cg=graph", "--device", "cpu")
+    assert r.code == 0, r.out + r.err
+    assert "gate passed (1 of 1 expectations met, " in r.out.splitlines()[-1], r.out
+    # The same toggle told to expect a PASS where it diverges: the gate fails and the line says so.
+    toggles = tmp_path / "toggles"
+    shutil.copytree(get_profile("reproduction").toggles_dir, toggles)
+    text = (toggles / "27460.yaml").read_text()
+    (toggles / "27460.yaml").write_text(
+        text.replace(
+            'scenario: "fimla-draft-overflow@*cg=graph*", verdict: [INVARIANT, DIVERGE]',
+            'scenario: "fimla-draft-overflow@*cg=graph*", verdict: [PASS]',
+        )
+    )
+    r = run_cli("--toggles", str(toggles), "matrix", "-s", "fimla-draft-overflow@cg=graph", "--device", "cpu")
+    assert r.code == 1, r.out + r.err
+    assert r.out.splitlines()[-1].endswith("gate failed: 1 expectation(s) unmet"), r.out
+
+
+def test_progress_lines_go_to_a_log_when_no_terminal_is_attached(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from sglfix.cli import common
+
+    t = [0.0]
+
+    class Quick(common.LogProgress):
+        def __init__(self, total):
+            super().__init__(total, quiet_s=1.0, every_s=10.0, clock=lambda: t[0])
+
+    class Pool:
+        def run(self, cells, *, on_result):
+            for i, _ in enumerate(cells):
+                t[0] = float(i)  # a cell a second
+                on_result(SimpleNamespace(scenario=f"s{i}", verdict="DIVERGE" if i == 3 else "PASS"))
+            return []
+
+    monkeypatch.setattr(common, "LogProgress", Quick)
+    common.execute(Pool(), SimpleNamespace(cells=list(range(40)), sets=[()]))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sglfix: ")]
+    # Quiet for the first second; then each tenth of the 40 cells; none for the last cell (the
+    # summary line says that).
+    assert lines[0].startswith("sglfix: 2/40 cells (5%), 1 s, 0 not passing"), lines
+    assert any(line.startswith("sglfix: 4/40 cells (10%), 3 s, 1 not passing") for line in lines), lines
+    assert len(lines) == 10 and not any(line.startswith("sglfix: 40/40") for line in lines), lines

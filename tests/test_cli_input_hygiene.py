@@ -293,3 +293,45 @@ def test_a_revert_that_cannot_apply_is_refused_before_any_worker(tmp_path, edit,
         "revert 90002:main",
         "allowed",
     )
+
+
+def test_the_pytest_option_is_named_in_its_own_errors(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "test_x.py").write_text("def test_x():\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_DEBUG_REVERT_PR"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--sglfix-revert", "99999", "-q", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert proc.returncode == 4, proc.stdout + proc.stderr  # pytest's usage error
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ERROR: --sglfix-revert: PR 99999 is not registered"), lines
+    assert "SGLANG_DEBUG_REVERT_PR" not in proc.stderr
+
+
+def test_report_compare_names_a_bisect_report_for_what_it_is(tmp_path):
+    bisect = ROOT / "bench" / "results" / "bisect-cpu.json"
+    assert_one_line_error(
+        run_cli("report", "compare", str(CPU_REPORT), str(bisect), timeout=60),
+        "is a bisect report (sglfix bisect --json), not a run or matrix report",
+    )
+
+
+def test_report_compare_of_reports_with_no_cell_in_common_is_refused(tmp_path):
+    import json
+
+    data = json.loads(CPU_REPORT.read_text())
+    scenarios = sorted({c["scenario"] for c in data["cells"]})
+    for name, keep in (("a", scenarios[:3]), ("b", scenarios[3:6])):
+        part = dict(data, cells=[c for c in data["cells"] if c["scenario"] in keep])
+        (tmp_path / f"{name}.json").write_text(json.dumps(part))
+    out = tmp_path / "cmp.json"
+    r = run_cli("report", "compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json", str(out), timeout=60)
+    assert_one_line_error(r, "have no cell in common")
+    assert not out.exists()

@@ -29,6 +29,7 @@ from sglfix.cli.common import (
     ScenarioFiles,
     ScenarioGlobs,
     Timeout,
+    check_device,
     check_env_knobs,
     check_jobs,
     env_ids,
@@ -128,6 +129,7 @@ def bisect_cmd(
         candidates = list(dict.fromkeys(given))
     else:
         candidates = [rid for t in registry for rid in (t.ids[1:] if len(t.parts) > 1 else t.ids[:1])]
+    check_device(device)
     config = WorkerConfig(
         device=device,
         timeout=timeout,

@@ -10,7 +10,6 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.complete import scenario_names
@@ -158,6 +157,14 @@ VERDICT_STYLE = {
 
 def verdict_text(verdict: str) -> Text:
     return Text(verdict, style=VERDICT_STYLE.get(verdict, ""))
+
+
+def check_device(device: str) -> None:
+    """``--device cuda`` where no GPU is visible is one line before any worker starts. The check
+    reads the device nodes and CUDA_VISIBLE_DEVICES only (this process never imports torch); a
+    GPU that is there but unusable (a CPU build of torch) is still reported by the first worker."""
+    if device == "cuda" and not _has_cuda_device():
+        raise ConfigError("--device cuda: no CUDA device here; use --device cpu")
 
 
 def check_jobs(jobs: int | None, device: str) -> int:
@@ -332,6 +339,7 @@ def run_plan(
         from sglfix.report.load import cell_costs, load_report
 
         timings = cell_costs(load_report(shard_costs))
+    check_device(device)
     check_env_knobs()
     registry = opts.registry()
     codebase = opts.codebase()
@@ -508,11 +516,44 @@ def write_outputs(report: dict, outputs: Outputs, *, gate: bool) -> None:
             err.print(f"sglfix: warning: could not append to {STEP_SUMMARY}={summary}: {exc.strerror or exc}")
 
 
+class LogProgress:
+    """Progress for a log, not a terminal (CI): nothing for a run that ends within ``quiet_s``,
+    then a plain line on stderr at each tenth of the cells or every ``every_s`` seconds,
+    whichever comes first, so a long matrix shows it is alive and how it goes."""
+
+    def __init__(self, total: int, *, quiet_s: float = 5.0, every_s: float = 30.0, clock=time.perf_counter) -> None:
+        self.total, self.quiet_s, self.every_s, self.clock = total, quiet_s, every_s, clock
+        self.start = clock()
+        self.done = 0
+        self.failing = 0
+        self.last_line: float | None = None
+        self.last_tenth = 0
+
+    def tick(self, verdict: str) -> None:
+        from sglfix.common.verdicts import FAILING
+
+        self.done += 1
+        self.failing += verdict in FAILING
+        now = self.clock()
+        tenth = self.done * 10 // max(1, self.total)
+        if now - self.start < self.quiet_s or self.done == self.total:
+            return
+        due = self.last_line is None or tenth > self.last_tenth or now - self.last_line >= self.every_s
+        if due:
+            self.last_line, self.last_tenth = now, tenth
+            err.print(
+                f"sglfix: {self.done}/{self.total} cells ({100 * self.done // max(1, self.total)}%), "
+                f"{now - self.start:.0f} s, {self.failing} not passing so far"
+            )
+
+
 def execute(pool, plan, *, registry=None) -> tuple[list, float]:
-    """Run the plan with a progress bar; with ``registry``, through reachability."""
+    """Run the plan with a progress bar on a terminal, progress lines in a log (``LogProgress``);
+    with ``registry``, through reachability."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     start = time.perf_counter()
+    log = None if err.is_terminal else LogProgress(len(plan.cells))
     with Progress(
         TextColumn("cells"),
         BarColumn(),
@@ -527,6 +568,8 @@ def execute(pool, plan, *, registry=None) -> tuple[list, float]:
 
         def tick(result) -> None:
             progress.update(task, advance=1, last=f"{result.scenario} {result.verdict}")
+            if log is not None:
+                log.tick(result.verdict)
 
         if registry is not None and len(plan.sets) > 1:
             from sglfix.execution.reach import run_reaching
@@ -537,6 +580,26 @@ def execute(pool, plan, *, registry=None) -> tuple[list, float]:
     return results, time.perf_counter() - start
 
 
+def summary_line(what: str, results: Sequence[Any], *, wall: float, outcome: str, outputs: Outputs) -> Text:
+    """The last line of ``run`` and ``matrix``: counts by verdict (most severe first), the
+    outcome (what the exit code says) and the report files written."""
+    from collections import Counter
+
+    from sglfix.common.verdicts import MARKS
+
+    counts = Counter(r.verdict for r in results)
+    text = Text(f"sglfix {what}: {len(results)} cells in {wall:.1f} s: ", style="bold")
+    for i, verdict in enumerate(v for v in MARKS if counts[v]):
+        if i:
+            text.append(", ")
+        text.append(f"{counts[verdict]} {verdict}", style=VERDICT_STYLE.get(verdict, ""))
+    text.append(f"; {outcome}")
+    files = [p for p in (outputs.json, outputs.junit, outputs.markdown, outputs.heatmap) if p and p != "-"]
+    if files:
+        text.append("; report: " + ", ".join(files))
+    return text
+
+
 def header(*, what: str, info: dict, env: Sequence[str], wall: float, cells: int) -> str:
     where = info.get("device_name") or info.get("device") or "?"
     text = f"sglfix {what} on {info.get('device', '?')} ({where}): {cells} cells in {wall:.1f} s"
@@ -545,8 +608,12 @@ def header(*, what: str, info: dict, env: Sequence[str], wall: float, cells: int
     return text
 
 
-def cells_table(results, *, title: str) -> Table:
-    table = Table("scenario", "toggles", "verdict", "key figure", title=Text(title))
-    for r in results:
-        table.add_row(Text(r.scenario), Text(",".join(r.toggles) or "-"), verdict_text(r.verdict), Text(r.key_figure))
-    return table
+def cells_table(results, *, title: str, width: int) -> list:
+    """One row per cell, the scenario name whole at any width (``sglfix.cli.layout``)."""
+    from sglfix.cli.layout import named_rows
+
+    rows = [
+        [Text(r.scenario), Text(",".join(r.toggles) or "-"), verdict_text(r.verdict), Text(r.key_figure)]
+        for r in results
+    ]
+    return named_rows(["scenario", "toggles", "verdict", "key figure"], rows, title=title, width=width)

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.common import (
+    VERDICT_STYLE,
     BackendName,
     Device,
     DeviceList,
@@ -27,36 +28,74 @@ from sglfix.cli.common import (
     Timeout,
     header,
     run_plan,
+    summary_line,
     verdict_text,
     write_report,
 )
-from sglfix.cli.context import options, out
+from sglfix.cli.context import err, options, out
+
+# One character per verdict for the compact grid (a narrow terminal, a CI log): failures are
+# capitals, the three that are no finding are punctuation.
+MARK_CHAR = {
+    "PASS": ".",
+    "NOT_REACHED": "-",
+    "SKIP": "s",
+    "SYNC": "Y",
+    "DIVERGE": "D",
+    "NAN": "N",
+    "INVARIANT": "I",
+    "CRASH": "C",
+    "TIMEOUT": "T",
+    "FAULT": "F",
+    "ERROR": "E",
+}
 
 
-def _grid(plan, results, *, title: str) -> list:
-    """The toggle x scenario grid, with full names when they fit the terminal, else short ids
-    and a legend (names are never cut, piped or not)."""
+def _grid(plan, results, *, title: str, width: int) -> list:
+    """The toggle x scenario grid. With full names and verdicts when it fits ``width``; else
+    compact: a legend numbering the toggle sets, then one line per scenario, one mark per set
+    and the name last and whole (never cut, piped or not, at any width)."""
     from sglfix.execution.planner import set_label
 
     verdicts = {(tuple(r.toggles), r.scenario): r.verdict for r in results}
     set_labels = [set_label(t) for t in plan.sets]
     names = [s.name for s in plan.scenarios]
     need = max(map(len, names)) + sum(max(len(lbl), 9) + 3 for lbl in set_labels) + 4
-    full = need <= out.width
-    cols = set_labels if full else [f"t{i}" for i in range(len(set_labels))]
-    rows = names if full else [f"s{i + 1}" for i in range(len(names))]
-    table = Table("scenario", *cols, title=Text(title))
-    for row, s in zip(rows, plan.scenarios):
-        table.add_row(Text(row), *[verdict_text(verdicts.get((t, s.name), "?")) for t in plan.sets])
-    parts: list = [table]
-    if not full:
-        legend = Table("id", "toggle set", box=None, title=Text("columns"))
-        for c, lbl in zip(cols, set_labels):
-            legend.add_row(c, Text(lbl))
-        rows_legend = Table("id", "scenario", box=None, title=Text("rows"))
-        for r, n in zip(rows, names):
-            rows_legend.add_row(r, Text(n))
-        parts += [legend, rows_legend]
+    if need <= width:
+        table = Table("scenario", *set_labels, title=Text(title))
+        for s in plan.scenarios:
+            table.add_row(Text(s.name), *[verdict_text(verdicts.get((t, s.name), "?")) for t in plan.sets])
+        return [table]
+    parts: list = [Text(title, style="italic"), Text("toggle sets (one mark each, in this order):")]
+    parts += [Text(f"  {i:>3}  {lbl}") for i, lbl in enumerate(set_labels)]
+    key = Text("marks: ")
+    for verdict, ch in MARK_CHAR.items():
+        key.append(ch, style=VERDICT_STYLE.get(verdict, ""))
+        key.append(f" {verdict}  ")
+    key.append("? not run")
+    parts.append(key)
+
+    def grouped(chars: list[Text]) -> Text:
+        line = Text()
+        for i, ch in enumerate(chars):
+            if i and i % 5 == 0:
+                line.append(" ")
+            line.append_text(ch)
+        return line
+
+    n = len(plan.sets)
+    if n > 10:  # a ruler over the marks: tens, then ones
+        parts.append(grouped([Text(str(i // 10) if i % 10 == 0 else " ") for i in range(n)]))
+    parts.append(grouped([Text(str(i % 10)) for i in range(n)]))
+    for s in plan.scenarios:
+        marks = []
+        for t in plan.sets:
+            verdict = verdicts.get((t, s.name), "?")
+            marks.append(Text(MARK_CHAR.get(verdict, "?"), style=VERDICT_STYLE.get(verdict, "")))
+        line = grouped(marks)
+        line.append("  ")
+        line.append(s.name)
+        parts.append(line)
     return parts
 
 
@@ -130,6 +169,7 @@ def matrix_cmd(
         for part in _grid(
             plan,
             results,
+            width=out.width,
             title=header(
                 what="matrix" if ran.shard is None else f"matrix shard {ran.shard}",
                 info=info,
@@ -187,7 +227,30 @@ def matrix_cmd(
             f"shard {ran.shard}: {len(unmet)} expectation(s) not met by this shard's scenarios alone; "
             "`sglfix report merge --gate` judges them over all shards"
         )
-    if stray or (unmet and ran.shard is None) or any(r.verdict == "ERROR" for r in results):
+    errors = sum(r.verdict == "ERROR" for r in results)
+    failed = bool(stray or (unmet and ran.shard is None) or errors)
+    problems = [
+        f"{n} {what}"
+        for n, what in (
+            (len(unmet) if ran.shard is None else 0, "expectation(s) unmet"),
+            (len(stray), "unexpected verdict(s)"),
+            (errors, "ERROR cell(s)"),
+        )
+        if n
+    ]
+    met = sum(c.met for c in checks)
+    if failed:
+        outcome = "gate failed: " + ", ".join(problems)
+    else:
+        outcome = f"gate passed ({met} of {len(checks)} expectations met"
+        outcome += f", {len(not_run)} not checked)" if not_run else ")"
+        if unmet and ran.shard is not None:
+            outcome += f"; {len(unmet)} expectation(s) left to `sglfix report merge --gate`"
+    what = "matrix" if ran.shard is None else f"matrix shard {ran.shard}"
+    (err if json_file == "-" else out).print(
+        summary_line(what, results, wall=ran.wall, outcome=outcome, outputs=outputs)
+    )
+    if failed:
         raise typer.Exit(1)
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.common import JunitFile, MarkdownFile, verdict_text
 from sglfix.cli.context import err, options, out
+from sglfix.cli.layout import named_rows
 from sglfix.common.errors import ConfigError
 
 _SUBCOMMANDS: list[tuple[str, Callable]] = []
@@ -60,20 +60,19 @@ def compare_cmd(
     check_output_path(json_file, option="--json")
     old, new = load_report(old_path), load_report(new_path)
     result = compare_reports(old, new)
+    if result.common == 0:
+        # Nothing was compared: a gate that passes here would pass on any pair of files.
+        raise ConfigError(
+            f"{old_path} ({len(old['cells'])} cells) and {new_path} ({len(new['cells'])} cells) have no cell in "
+            f"common; compare reports of the same scenarios and toggle sets (cells match by toggle set and scenario)"
+        )
     if json_file is not None:
         write_json(json_file, result.to_json(old_path, old, new_path, new))
     if json_file != "-":
         out.print(f"old {_where(old_path, old)}")
         out.print(f"new {_where(new_path, new)}")
         if result.changed:
-            table = Table(
-                "toggle set",
-                "scenario",
-                "old",
-                "new",
-                "key figure (new)",
-                title=Text(f"{len(result.changed)} cell(s) changed verdict"),
-            )
+            rows = []
             for c in result.changed:
                 figure = (
                     Text(c.new_key_figure)
@@ -82,14 +81,19 @@ def compare_cmd(
                     if c.old_key_figure
                     else Text("")
                 )
-                table.add_row(
-                    Text(",".join(c.toggles) or "baseline"),
-                    Text(c.scenario),
-                    verdict_text(c.old),
-                    verdict_text(c.new),
-                    figure,
+                rows.append(
+                    [
+                        Text(c.scenario),
+                        Text(",".join(c.toggles) or "baseline"),
+                        verdict_text(c.old),
+                        verdict_text(c.new),
+                        figure,
+                    ]
                 )
-            out.print(table)
+            headers = ["scenario", "toggle set", "old", "new", "key figure (new)"]
+            title = f"{len(result.changed)} cell(s) changed verdict"
+            for part in named_rows(headers, rows, title=title, width=out.width):
+                out.print(part)
         out.print(
             f"{result.common} common cells: {result.same} same verdict, {len(result.changed)} changed; "
             f"{len(result.only_old)} only in {old_path}, {len(result.only_new)} only in {new_path}"
@@ -101,8 +105,6 @@ def compare_cmd(
                     out.print(f"  {cid}")
                 if len(ids) > _LIST_AT_MOST:
                     out.print(f"  ... and {len(ids) - _LIST_AT_MOST} more (--json FILE lists every one)")
-    if result.common == 0 and old["cells"] and new["cells"]:
-        err.print(f"sglfix: warning: {old_path} and {new_path} have no cell in common: nothing was compared")
     if result.failed(strict=strict):
         raise typer.Exit(1)
 

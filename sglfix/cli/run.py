@@ -25,10 +25,11 @@ from sglfix.cli.common import (
     header,
     revert_ids,
     run_plan,
+    summary_line,
     write_report,
 )
 from sglfix.cli.complete import toggle_ids
-from sglfix.cli.context import options, out
+from sglfix.cli.context import err, options, out
 
 
 def run_cmd(
@@ -94,13 +95,24 @@ def run_cmd(
             wall=ran.wall,
             cells=len(results),
         )
-        out.print(cells_table(results, title=title))
-    if any(r.verdict == "ERROR" for r in results):
-        raise typer.Exit(1)
-    if results and all(r.verdict == "SKIP" for r in results):
-        raise typer.Exit(125)
-    if any(r.verdict != "PASS" for r in results):
-        raise typer.Exit(1)
+        for part in cells_table(results, title=title, width=out.width):
+            out.print(part)
+    errors = sum(r.verdict == "ERROR" for r in results)
+    not_passed = sum(r.verdict != "PASS" for r in results)
+    if errors:
+        code, outcome = 1, f"exit 1: sglfix itself failed in {errors} cell(s) (ERROR)"
+    elif results and all(r.verdict == "SKIP" for r in results):
+        code, outcome = 125, "exit 125: every cell was skipped (cannot test this here)"
+    elif not_passed:
+        code, outcome = 1, f"exit 1: {not_passed} cell(s) did not pass"
+    else:
+        code, outcome = 0, "every cell passed"
+    what = "run" if ran.shard is None else f"run shard {ran.shard}"
+    (err if json_file == "-" else out).print(
+        summary_line(what, results, wall=ran.wall, outcome=outcome, outputs=outputs)
+    )
+    if code:
+        raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.common import ScenarioFiles, ScenarioGlobs, load_selected
 from sglfix.cli.context import emit_json, options, out
+from sglfix.cli.layout import named_rows
 
 
 def scenarios_cmd(
@@ -21,20 +21,24 @@ def scenarios_cmd(
     if as_json:
         emit_json({"scenarios": [s.to_json() for s in chosen]})
         return
-    table = Table("name", "backend", "mode", "graph", "bs", "page", "dtype", "gpu_only", "builder")
+    rows = []
     for s in chosen:
-        table.add_row(
-            Text(s.name),
-            s.backend or f"probe:{s.probe}",
-            s.mode,
-            f"cg{list(s.capture_bs)}" if s.cuda_graph else "eager",
-            str(s.batch_size),
-            str(s.page_size),
-            s.model.dtype,
-            str(s.gpu_only),
-            s.builder,
+        rows.append(
+            [
+                Text(s.name),
+                s.backend or f"probe:{s.probe}",
+                s.mode,
+                f"cg{list(s.capture_bs)}" if s.cuda_graph else "eager",
+                str(s.batch_size),
+                str(s.page_size),
+                s.model.dtype,
+                str(s.gpu_only),
+                s.builder,
+            ]
         )
-    out.print(table)
+    headers = ["name", "backend", "mode", "graph", "bs", "page", "dtype", "gpu_only", "builder"]
+    for part in named_rows(headers, rows, title=f"{len(chosen)} scenarios", width=out.width):
+        out.print(part)
 
 
 def register(app: typer.Typer) -> None:

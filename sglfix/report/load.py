@@ -43,10 +43,24 @@ def key_figure(cell: dict) -> str:
     return ""
 
 
+def _other_kind(data: object) -> str | None:
+    """What another sglfix JSON file is, for the error that refuses it where a report is wanted."""
+    if not isinstance(data, dict):
+        return None
+    if data.get("tool") == "sglfix bisect":
+        return "a bisect report (sglfix bisect --json)"
+    if data.get("tool") == "sglfix" and data.get("kind") == "compare":
+        return "a comparison (sglfix report compare --json)"
+    return None
+
+
 def load_report(path: str) -> dict:
     """The report in ``path`` with ``schema`` set (1 when the file has none) and every cell
     carrying its ``id``; ConfigError (exit 2, one line naming the file) for anything else."""
     data = _read_json(path)
+    kind = _other_kind(data)
+    if kind:
+        raise ConfigError(f"{path} is {kind}, not a run or matrix report; give the JSON of sglfix run or matrix --json")
     if not isinstance(data, dict) or data.get("tool") != "sglfix":
         raise ConfigError(f'{path} is not a sglfix report (no "tool": "sglfix" at the top); {_FIX}')
     schema = data.get("schema", 1)

@@ -25,7 +25,9 @@ def _show(token: str, limit: int = 40) -> str:
     return repr(token if len(token) <= limit else token[:limit] + "...")
 
 
-def parse_env_value(value: str | None, *, registry: Registry | None = None) -> list[Selection]:
+def parse_env_value(value: str | None, *, registry: Registry | None = None, what: str = ENV_VAR) -> list[Selection]:
+    """The selections ``value`` names; ``what`` is how the user gave it (the variable, or an
+    option that carries the same list), for the one-line error."""
     if selects_nothing(value):
         return []
     stripped = value.strip()
@@ -33,30 +35,30 @@ def parse_env_value(value: str | None, *, registry: Registry | None = None) -> l
     known = registry.describe_ids()
     if len(value) > MAX_LEN:
         raise ConfigError(
-            f"{ENV_VAR} is {len(value)} characters long (limit {MAX_LEN}); set it to PR ids like 27460 "
+            f"{what} is {len(value)} characters long (limit {MAX_LEN}); set it to PR ids like 27460 "
             f"or 27460:part, comma-separated; registered: {known}"
         )
     ids: list[ToggleId] = []
     for position, token in enumerate((t.strip() for t in stripped.split(",")), start=1):
         if not token:
             raise ConfigError(
-                f"{ENV_VAR}={_show(value)}: item {position} is empty (stray comma?); "
+                f"{what}={_show(value)}: item {position} is empty (stray comma?); "
                 f"use ids like 27460,26651:clamp; registered: {known}"
             )
         if token == "0":
             raise ConfigError(
-                f"{ENV_VAR}: bad item {_show(token)} (item {position}): 0 means 'none' and "
+                f"{what}: bad item {_show(token)} (item {position}): 0 means 'none' and "
                 f"cannot be combined with ids; registered: {known}"
             )
         try:
-            ids.append(ToggleId.parse(token, what=ENV_VAR))
+            ids.append(ToggleId.parse(token, what=what))
         except ConfigError:
             raise ConfigError(
-                f"{ENV_VAR}: bad item {_show(token)} (item {position}): expected a PR number "
+                f"{what}: bad item {_show(token)} (item {position}): expected a PR number "
                 f"like 27460 or a part like 27460:sizing; registered: {known}"
             ) from None
     try:
-        return parse_toggle_ids(ids, registry=registry, what=ENV_VAR)
+        return parse_toggle_ids(ids, registry=registry, what=what)
     except ConfigError as exc:
         message = str(exc)
         raise ConfigError(message if "registered:" in message else f"{message}; registered: {known}") from None

@@ -1,0 +1,436 @@
+"""Every refusal of bad input, timed as a user meets it: one ``sglfix`` (or ``python``/``pytest``)
+command per row, each in a fresh temporary folder, checked for what the README promises: the
+exit code (2 for bad input), one line on stderr naming the thing, no traceback, within 3 s,
+no worker started (a sampler watches for ``sglfix.execution.worker`` processes while the command
+runs), nothing written where an output was asked for, and no process left behind.
+
+Rows follow the causes of the input-hygiene issue (1-12) and the CLI conventions; a few rows
+are not refusals and say what they expect instead (cause 4: the revert applies; cause 5: a bad
+COLUMNS is ignored; cause 11: doctor reports the broken toggle and checks the rest).
+
+    python bench/refusals.py [--json bench/results/refusals.json] [--limit-s 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = "triton-decode@cg=eager,gpu_only=off"
+CPU_REPORT = ROOT / "bench" / "results" / "matrix-cpu.json"
+BISECT_REPORT = ROOT / "bench" / "results" / "bisect-cpu.json"
+TARGET = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode"
+
+
+@dataclass
+class Row:
+    cause: str
+    what: str
+    argv: list[str]  # "sglfix ..." runs the console script; "python"/"pytest" the interpreter's
+    needle: str  # a text the one stderr line (or the output, for rows that are not refusals) holds
+    code: int = 2
+    env: dict = field(default_factory=dict)
+    must_not_exist: list[str] = field(default_factory=list)
+    stdout_has: str | None = None
+
+
+def _toggle(folder: Path, pr: int, patch: dict) -> str:
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{pr}.yaml").write_text(yaml.safe_dump({"pr": pr, "title": "bench", "patches": [patch]}))
+    return str(folder)
+
+
+def _nested_merges(levels: int) -> str:
+    lines = ["a0: &a0 {x: 1, y: 2}"]
+    lines += [f"a{i}: &a{i} {{<<: [*a{i - 1}, *a{i - 1}], k{i}: {i}}}" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def _nested_aliases(levels: int) -> str:
+    lines = ["l0: &l0 [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"]
+    lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def rows(tmp: Path) -> list[Row]:
+    fifo = tmp / "pipe.yaml"
+    os.mkfifo(fifo)
+    fifo_toggles = tmp / "fifo-toggles"
+    fifo_toggles.mkdir()
+    os.mkfifo(fifo_toggles / "11111.yaml")
+    merges, aliases = tmp / "merges.yaml", tmp / "aliases.yaml"
+    merges.write_text(_nested_merges(12))
+    aliases.write_text(_nested_aliases(9))
+    merge_toggles = tmp / "merge-toggles"
+    merge_toggles.mkdir()
+    (merge_toggles / "11111.yaml").write_text(_nested_merges(12))
+    report = json.loads(CPU_REPORT.read_text())
+    report["cells"] = report["cells"][:20]
+    damaged = tmp / "damaged.json"
+    damaged.write_text(json.dumps(dict(report, wall_s="long")))
+    scenarios = sorted({c["scenario"] for c in report["cells"]})
+    only_a, only_b = tmp / "a.json", tmp / "b.json"
+    only_a.write_text(json.dumps(dict(report, cells=[c for c in report["cells"] if c["scenario"] == scenarios[0]])))
+    only_b.write_text(json.dumps(dict(report, cells=[c for c in report["cells"] if c["scenario"] != scenarios[0]])))
+    no_match = _toggle(
+        tmp / "t-nomatch",
+        90001,
+        {"target": TARGET, "edits": [{"match": "not in the source\n", "replacement": "pass\n"}]},
+    )
+    no_parse = _toggle(
+        tmp / "t-noparse",
+        90001,
+        {
+            "target": TARGET,
+            "edits": [{"match": "        md = self.forward_metadata\n", "replacement": "        md = = 1\n"}],
+        },
+    )
+    outside = _toggle(
+        tmp / "t-outside",
+        90002,
+        {"target": "colorsys.rgb_to_yiq", "edits": [{"match": "y = 0.30*r + 0.59*g + 0.11*b\n", "append": "pass\n"}]},
+    )
+    script = tmp / "sglfix"
+    script.write_text(
+        "import sglfix.backends.srt.managers.overlap_utils as m\n"
+        "try:\n    m.decide_needs_cpu_seq_lens([None]); print('fixed')\nexcept AttributeError:\n    print('pre-fix')\n"
+    )
+    broken_src = tmp / "src"
+    shutil.copytree(ROOT / "backends", broken_src / "sglfix" / "backends")
+    (broken_src / "sglfix" / "__init__.py").write_text("")
+    (broken_src / "sglfix" / "backends" / "srt" / "managers" / "overlap_utils.py").write_text("def f(:\n")
+    (tmp / "test_x.py").write_text("def test_x():\n    pass\n")
+    run = ["sglfix", "run", "-s", FAST, "--device", "cpu"]
+    out = [
+        Row(
+            "1",
+            "scenario file is a FIFO",
+            ["sglfix", "run", "--scenario-file", str(fifo), "--device", "cpu"],
+            "is a FIFO",
+        ),
+        Row(
+            "1",
+            "scenario file is /dev/zero",
+            ["sglfix", "run", "--scenario-file", "/dev/zero", "--device", "cpu"],
+            "is a device",
+        ),
+        Row("1", "report compare of a FIFO", ["sglfix", "report", "compare", str(CPU_REPORT), str(fifo)], "is a FIFO"),
+        Row(
+            "1",
+            "--shard-costs is a FIFO",
+            ["sglfix", "matrix", "--shard", "1/2", "--shard-costs", str(fifo), "-s", FAST, "--device", "cpu"],
+            "is a FIFO",
+        ),
+        Row("1", "a FIFO in the toggles dir", ["sglfix", "--toggles", str(fifo_toggles), "list"], "is a FIFO"),
+        Row(
+            "1",
+            "start-up hook, FIFO in the toggles dir",
+            ["python", "-c", "print('ran')"],
+            "is a FIFO",
+            env={"SGLANG_DEBUG_REVERT_PR": "11111", "SGLFIX_TOGGLES_DIR": str(fifo_toggles)},
+        ),
+        Row(
+            "2",
+            "--json under /proc",
+            [*run, "--json", "/proc/x.json"],
+            "cannot create a file",
+            must_not_exist=["/proc/x.json"],
+        ),
+        Row("2", "--json ''", [*run, "--json", ""], "the path is empty"),
+        Row(
+            "3",
+            "revert whose match is not in the code",
+            ["sglfix", "--toggles", no_match, "run", "-r", "90001", "-s", FAST, "--device", "cpu"],
+            "match text not found",
+        ),
+        Row(
+            "3",
+            "revert whose replacement does not parse",
+            ["sglfix", "--toggles", no_parse, "matrix", "-s", FAST, "--device", "cpu"],
+            "does not parse",
+        ),
+        Row(
+            "3",
+            "revert of a target outside the allow-list",
+            ["sglfix", "--toggles", outside, "run", "-r", "90002", "-s", FAST, "--device", "cpu"],
+            "allowed",
+        ),
+        Row(
+            "3",
+            "show --diff of a revert that does not apply",
+            ["sglfix", "--toggles", no_match, "show", "90001", "--diff"],
+            "sglfix doctor",
+        ),
+        Row(
+            "4",
+            "a user's script named sglfix gets the revert",
+            ["python", str(script)],
+            "pre-fix",
+            code=0,
+            env={"SGLANG_DEBUG_REVERT_PR": "26738:overlap-guard"},
+            stdout_has="pre-fix",
+        ),
+        Row("5", "COLUMNS=abc, piped", ["sglfix", "list"], "", code=0, env={"COLUMNS": "abc"}),
+        Row(
+            "6",
+            "scenario file with nested merge keys",
+            ["sglfix", "run", "--scenario-file", str(merges), "--device", "cpu"],
+            "merge keys (<<) are not supported",
+        ),
+        Row(
+            "6",
+            "scenario file with nested aliases",
+            ["sglfix", "run", "--scenario-file", str(aliases), "--device", "cpu"],
+            "more than 32 YAML aliases",
+        ),
+        Row(
+            "6",
+            "toggle file with nested merge keys",
+            ["sglfix", "--toggles", str(merge_toggles), "list"],
+            "merge keys (<<) are not supported",
+        ),
+        Row(
+            "7",
+            "merge --gate of a damaged report",
+            ["sglfix", "report", "merge", str(damaged), "-o", str(tmp / "merged.json"), "--gate"],
+            str(damaged),
+            must_not_exist=[str(tmp / "merged.json")],
+        ),
+        Row(
+            "7",
+            "compare with a damaged report",
+            ["sglfix", "report", "compare", str(CPU_REPORT), str(damaged)],
+            str(damaged),
+        ),
+        Row(
+            "8",
+            "ray: an id that is not registered",
+            ["sglfix", "run", "--executor", "ray", "--device", "cpu", "-s", FAST, "-r", "99999"],
+            "99999",
+        ),
+        Row(
+            "8",
+            "ray: an address nobody answers",
+            ["sglfix", "run", "--executor", "ray", "--device", "cpu", "-s", FAST, "--ray-address", "127.0.0.1:1"],
+            "nothing answers there",
+        ),
+        Row(
+            "9",
+            "bisect naming a part twice",
+            ["sglfix", "bisect", "-r", "26651", "-r", "26651:clamp", "-s", FAST, "--device", "cpu"],
+            "already names 26651:clamp",
+        ),
+        Row(
+            "9",
+            "bisect --device cuda without a GPU",
+            ["sglfix", "bisect", "--device", "cuda", "-s", FAST, "-r", "26738"],
+            "--device cuda",
+            env={"CUDA_VISIBLE_DEVICES": ""},
+        ),
+        Row("10", "--toggles ''", ["sglfix", "--toggles", "", "list"], "the directory is empty"),
+        Row("10", "doctor --source ''", ["sglfix", "doctor", "--source", ""], "the path is empty"),
+        Row(
+            "11",
+            "doctor --source with a target file that does not parse",
+            ["sglfix", "doctor", "--source", str(broken_src)],
+            "not valid Python",
+            code=1,
+        ),
+        Row("12", "--allow-target ''", ["sglfix", "--allow-target", "", "list"], "is not a module prefix"),
+        Row(
+            "12",
+            "--allow-target 'not a module!'",
+            ["sglfix", "--allow-target", "not a module!", "list"],
+            "is not a module prefix",
+        ),
+        Row(
+            "12", "SGLFIX_KERNEL_MEMO_MB=abc", run, "SGLFIX_KERNEL_MEMO_MB='abc'", env={"SGLFIX_KERNEL_MEMO_MB": "abc"}
+        ),
+        Row("conventions", "--device gpu", [*run[:-2], "--device", "gpu"], "'gpu' is not one of"),
+        Row("conventions", "--executor foo", [*run, "--executor", "foo"], "'foo' is not one of"),
+        Row(
+            "conventions",
+            "pytest --sglfix-revert 99999",
+            ["pytest", "-p", "no:cacheprovider", "--sglfix-revert", "99999", "-q", str(tmp / "test_x.py")],
+            "--sglfix-revert: PR 99999 is not registered",
+            code=4,
+        ),
+        Row(
+            "conventions",
+            "report compare of a bisect report",
+            ["sglfix", "report", "compare", str(CPU_REPORT), str(BISECT_REPORT)],
+            "is a bisect report",
+        ),
+        Row(
+            "conventions",
+            "report compare with no cell in common",
+            ["sglfix", "report", "compare", str(only_a), str(only_b)],
+            "no cell in common",
+        ),
+    ]
+    return out
+
+
+def _workers_of(pid: int) -> set[int]:
+    """Worker processes that descend from ``pid`` (scanned in /proc)."""
+    parents: dict[int, int] = {}
+    workers = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+        if b"sglfix.execution.worker" in cmd:
+            workers.add(int(entry))
+    found = set()
+    for w in workers:
+        p = w
+        while p > 1:
+            p = parents.get(p, 0)
+            if p == pid:
+                found.add(w)
+                break
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an exited worker waiting for init to reap it holds no resource)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _argv(row: Row) -> list[str]:
+    head, rest = row.argv[0], row.argv[1:]
+    if head == "sglfix":
+        exe = shutil.which("sglfix") or ""
+        return [exe, *rest] if exe else [sys.executable, "-m", "sglfix", *rest]
+    if head == "pytest":
+        return [sys.executable, "-m", "pytest", *rest]
+    return [sys.executable, *rest]
+
+
+def measure(row: Row, *, tmp: Path) -> dict:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_TOGGLES_DIR", "SGLFIX_PROFILE")
+    }
+    env.setdefault("COLUMNS", "120")
+    env.update(row.env)
+    argv = _argv(row)
+    seen_workers: set[int] = set()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            seen_workers.update(_workers_of(proc.pid))
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        stdout, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    wall = time.perf_counter() - t0
+    done.set()
+    sampler.join()
+    time.sleep(0.5)
+    left = [w for w in seen_workers if _running(w)]
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    checks = {"exit_code": proc.returncode == row.code, "no_traceback": "Traceback" not in stderr + stdout}
+    if row.code == 2 or (row.code == 4 and row.argv[0] == "pytest"):
+        checks["one_line"] = len(lines) == 1
+        checks["names_the_thing"] = bool(lines) and row.needle in lines[0]
+        checks["no_worker_started"] = not seen_workers
+    elif row.stdout_has is not None:
+        checks["output"] = row.stdout_has in stdout
+    elif row.needle:
+        checks["output"] = row.needle in stdout + stderr
+    checks["nothing_left_running"] = not left
+    checks["nothing_written"] = not any(os.path.exists(p) for p in row.must_not_exist)
+    return {
+        "cause": row.cause,
+        "what": row.what,
+        "command": " ".join(row.argv).replace(str(tmp), "$TMP"),
+        "env": {k: v.replace(str(tmp), "$TMP") for k, v in row.env.items()},
+        "exit_code": proc.returncode,
+        "wanted_exit_code": row.code,
+        "stderr": (lines[0] if len(lines) == 1 else "\n".join(lines))[:400].replace(str(tmp), "$TMP"),
+        "wall_s": round(wall, 3),
+        "checks": checks,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--limit-s", type=float, default=3.0)
+    ns = ap.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="sglfix-refusals-") as name:
+        tmp = Path(name)
+        for row in rows(tmp):
+            r = measure(row, tmp=tmp)
+            r["checks"]["within_limit"] = r["wall_s"] <= ns.limit_s
+            r["ok"] = all(r["checks"].values())
+            results.append(r)
+            print(
+                f"{'ok ' if r['ok'] else 'BAD'} {r['wall_s']:6.2f} s  [{row.cause:>2}] {row.what}"
+                + ("" if r["ok"] else f"  {[k for k, v in r['checks'].items() if not v]} {r['stderr'][:200]}"),
+                flush=True,
+            )
+    walls = sorted(r["wall_s"] for r in results)
+    summary = {
+        "rows": len(results),
+        "ok": sum(r["ok"] for r in results),
+        "max_wall_s": walls[-1],
+        "median_wall_s": walls[len(walls) // 2],
+        "limit_s": ns.limit_s,
+    }
+    print(
+        f"{summary['ok']}/{summary['rows']} rows as promised; wall median {summary['median_wall_s']} s, "
+        f"max {summary['max_wall_s']} s (limit {ns.limit_s} s)"
+    )
+    if ns.json:
+        out = {
+            "bench": "refusals",
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "command": "python bench/refusals.py --json " + ns.json,
+            "machine": {
+                "cpu_count": os.cpu_count(),
+                "python": platform.python_version(),
+                "sglfix": shutil.which("sglfix") or f"{sys.executable} -m sglfix",
+            },
+            "summary": summary,
+            "rows": results,
+        }
+        Path(ns.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0 if summary["ok"] == summary["rows"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
