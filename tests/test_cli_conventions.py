@@ -145,3 +145,30 @@ def test_progress_lines_go_to_a_log_when_no_terminal_is_attached(monkeypatch, ca
     assert lines[0].startswith("sglfix: 2/40 cells (5%), 1 s, 0 not passing"), lines
     assert any(line.startswith("sglfix: 4/40 cells (10%), 3 s, 1 not passing") for line in lines), lines
     assert len(lines) == 10 and not any(line.startswith("sglfix: 40/40") for line in lines), lines
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 120, 200])
+def test_named_rows_keep_every_name_whole_at_any_width(width):
+    import io
+
+    from rich.console import Console
+
+    from sglfix.cli.layout import named_rows
+
+    names = ["triton-decode-ps16-bf16@cg=graph-padded,gpu_only=off", "fimla-draft-overflow@cg=graph"]
+    figure = "AssertionError: EAGLE draft kv_indices row too small: needs 564 entries, row width 384"
+    rows = [[names[0], "26651", "PASS", ""], [names[1], "27460", "CRASH", figure]]
+    console = Console(file=io.StringIO(), width=width, soft_wrap=True, color_system=None)
+    for part in named_rows(["scenario", "toggles", "verdict", "key figure"], rows, title="t", width=width):
+        console.print(part)
+    text = console.file.getvalue()
+    for name in names:
+        assert any(name in line for line in text.splitlines()), (width, text)
+    assert "…" not in text
+    # Every value is shown (wrapped in its column or on a record line), none dropped.
+    assert all(word in text for word in figure.split()), text
+    # An empty column takes no room.
+    from rich.table import Table
+
+    (only,) = named_rows(["scenario", "key figure"], [[names[0], ""]], title="t", width=200)
+    assert isinstance(only, Table) and [c.header for c in only.columns] == ["scenario"]

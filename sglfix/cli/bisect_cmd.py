@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.common import (
@@ -40,6 +39,7 @@ from sglfix.cli.common import (
 )
 from sglfix.cli.complete import toggle_ids
 from sglfix.cli.context import err, options, out
+from sglfix.cli.layout import named_rows
 from sglfix.common.errors import ConfigError
 
 
@@ -308,27 +308,24 @@ def bisect_cmd(
         write_json(json_file, report)
     _write_ci_reports(report, cells, info=pool.info, junit=junit, markdown=markdown)
     if json_file != "-":
-        table = Table(
-            "group",
-            "culprit",
-            "verdict",
-            "scenarios",
-            "key figure",
-            title=Text(
-                f"sglfix bisect: {len(candidates)} candidates, the baseline and {report['sets_run']} toggle "
-                f"sets ({report['runs']} searched, {report['masking_runs']} for masking), "
-                f"{report['cells']} cells"
-            ),
+        title = (
+            f"sglfix bisect: {len(candidates)} candidates, the baseline and {report['sets_run']} toggle "
+            f"sets ({report['runs']} searched, {report['masking_runs']} for masking), "
+            f"{report['cells']} cells"
         )
-        for c in culprits_flat:
-            table.add_row(
+        rows = [
+            [
                 Text(c["group"]),
                 Text(",".join(c["ids"])),
                 Text(c["verdict"]),
                 Text(str(len(c["scenarios"]))),
                 Text(c["key_figure"]),
-            )
-        out.print(table)
+            ]
+            for c in culprits_flat
+        ]
+        headers = ["group", "culprit", "verdict", "scenarios", "key figure"]
+        for part in named_rows(headers, rows, title=title, width=out.width):
+            out.print(part)
         for m in masking_out:
             where = "all" if m["all"] else f"{len(m['scenarios'])}"
             out.print(

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from rich.table import Table
 from rich.text import Text
 
-# The narrowest a wrapped column may get before a table stops being the readable layout.
-_MIN_COLUMN = 8
+# The narrowest a wrapped column may get (unless its longest value is shorter) before a table
+# stops being the readable layout: a key figure folded into a few characters a line is not.
+_MIN_COLUMN = 20
 
 
 def named_rows(
