@@ -33,7 +33,7 @@ def test_bad_device_lists_are_config_errors(text):
         (["--devices", "0", "--jobs", "2"], "not both"),
         (["--devices", "0", "--device", "cpu"], "--device cpu"),
         (["--ray-address", "auto"], "--executor ray"),
-        (["--executor", "dask"], "use local or ray"),
+        (["--executor", "dask"], "'dask' is not one of 'local', 'ray'"),
     ],
 )
 @pytest.mark.parametrize("command", ["run", "matrix"])

@@ -84,9 +84,21 @@ def _main(
 
 
 def _register_commands() -> None:
-    from sglfix.cli import bisect_cmd, doctor, env, list_cmd, matrix, report_cmd, run, scenarios, show
+    from sglfix.cli import (
+        bisect_cmd,
+        doctor,
+        env,
+        list_cmd,
+        matrix,
+        report_cmd,
+        run,
+        scenarios,
+        schema_cmd,
+        show,
+        toggle_cmd,
+    )
 
-    for module in (list_cmd, show, doctor, env, scenarios, run, matrix, bisect_cmd, report_cmd):
+    for module in (list_cmd, show, doctor, env, scenarios, run, matrix, bisect_cmd, report_cmd, toggle_cmd, schema_cmd):
         module.register(app)
 
 

@@ -339,6 +339,11 @@ def run_plan(
         from sglfix.report.load import cell_costs, load_report
 
         timings = cell_costs(load_report(shard_costs))
+    if gpus is not None and not _has_cuda_device():
+        raise ConfigError(
+            f"--devices {devices}: no CUDA device {gpus[0]} here (CUDA_VISIBLE_DEVICES={gpus[0]}); give --devices "
+            "the GPUs this machine has (or all), or use --device cpu"
+        )
     check_device(device)
     check_env_knobs()
     registry = opts.registry()

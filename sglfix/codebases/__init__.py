@@ -65,11 +65,15 @@ class CodeBase:
     # before a CPU run, not pinned in an extra: a CUDA torch pins its own triton, and on a GPU the
     # kernels are compiled, not interpreted.
     interpreter_triton: str | None = None
+    # Where the package's files sit in the code base's own repository, as a fix's diff names them
+    # (``sglfix toggle from-diff``): backends/... for the reproduction, python/sglang/... for sglang.
+    repo_prefix: str = ""
 
 
 REPRODUCTION = CodeBase(
     name="reproduction",
     package="sglfix.backends",
+    repo_prefix="backends/",
     summary="the reproduction under sglfix.backends, shipped with sglfix",
     adapters={
         "triton": "sglfix.harness.adapters.triton",
@@ -83,6 +87,7 @@ REPRODUCTION = CodeBase(
 SGLANG_0_5_23 = CodeBase(
     name="sglang-0.5.23",
     package="sglang",
+    repo_prefix="python/sglang/",
     distribution="sglang",
     version="0.5.23",
     kit="sglfix.harness.kits.sglang_0_5_23",

@@ -13,7 +13,15 @@ import unicodedata
 from functools import partial
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from sglfix.common.schema import StrictModel, describe_kind, nearest, show, validate_node
 from sglfix.scenario.limits import (
@@ -231,7 +239,17 @@ class SpecShape(StrictModel):
 class BatchNode(StrictModel):
     prefix_lens: PrefixList
     # One integer for every request, or one per request.
-    extend_lens: NewTokenList | None = None
+    extend_lens: Annotated[
+        NewTokenList | None,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "integer", "minimum": 1},
+                    {"type": "array", "items": {"type": "integer", "minimum": 1}},
+                ]
+            }
+        ),
+    ] = None
     accept_lens: AcceptList | None = None
 
     @field_validator("extend_lens", mode="wrap")

@@ -15,7 +15,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, StrictBool, StrictStr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from sglfix.common.errors import ConfigError
 from sglfix.common.schema import NodeError, StrictModel, describe_kind, nearest, validate_node
@@ -107,12 +116,27 @@ def _device(value: Any) -> Any:
     return value
 
 
+_VERDICT = {"enum": list(VERDICTS)}
+
+
 class ExpectFile(StrictModel):
     """Reverting ``revert`` (default: the whole toggle) gives one of ``verdict`` on ``scenario``."""
 
     scenario: NonEmptyText
-    verdict: Annotated[tuple[Verdict, ...], BeforeValidator(_verdicts)]
-    revert: Annotated[tuple[str, ...] | None, BeforeValidator(_revert_ids)] = None
+    # The JSON Schema describes what a file may hold (one verdict or a list; an id, a comma list
+    # or a list of ids), not the tuple it validates to.
+    verdict: Annotated[
+        tuple[Verdict, ...],
+        BeforeValidator(_verdicts),
+        WithJsonSchema({"anyOf": [_VERDICT, {"type": "array", "items": _VERDICT, "minItems": 1}]}),
+    ]
+    revert: Annotated[
+        tuple[str, ...] | None,
+        BeforeValidator(_revert_ids),
+        WithJsonSchema(
+            {"anyOf": [{"type": ["string", "integer"]}, {"type": "array", "items": {"type": ["string", "integer"]}}]}
+        ),
+    ] = None
     device: Annotated[str, BeforeValidator(_device)] = "any"
 
 
