@@ -221,3 +221,53 @@ def test_generated_parts_give_the_same_verdicts_as_the_hand_written_ones(tmp_pat
     assert compared == len(PARTS) * len(scenarios) and len(scenarios) > 100
     # Not all the same verdict: the parts do change verdicts somewhere.
     assert {cells[(pr, s)] for pr in twin for s in scenarios} - {"PASS", "NOT_REACHED"}
+
+
+POST = """\
+class Worker:
+    def draft(self, score_list, token_list):
+        score_list = normalize(
+            score_list
+        )
+        parents, draft_tokens = organize(
+            score_list, token_list
+        )
+
+        return parents, draft_tokens
+
+    def size(self, max_bs: int):
+        return max_bs * 2
+"""
+
+
+def _synthetic(tmp_path: Path, pre: str) -> tuple[fromdiff.Plan, Path]:
+    """A one-file package ``pkgx`` whose installed (post-fix) source is ``POST``."""
+    root = tmp_path / "pkgx"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "worker.py").write_text(POST)
+    diff = "".join(
+        difflib.unified_diff(
+            pre.splitlines(True), POST.splitlines(True), "a/src/pkgx/worker.py", "b/src/pkgx/worker.py"
+        )
+    )
+    return fromdiff.plan(diff, where="fix.patch", pr=1, package="pkgx", repo_prefix="src/pkgx/", source_root=root), root
+
+
+def test_an_anchor_never_starts_inside_brackets(tmp_path):
+    # The fix removed a line right after a call whose arguments sit on their own lines: an anchor
+    # starting at the closing bracket would shift the line it restores to the bracket's indent.
+    pre = POST.replace("        )\n\n", "        )\n        draft_tokens = draft_tokens.contiguous()\n\n")
+    plan, root = _synthetic(tmp_path, pre)
+    assert not plan.refusals and fromdiff.check(plan, package="pkgx", source_root=root) == []
+    (edit,) = plan.reverts[0].edits
+    indents = [len(s) - len(s.lstrip()) for s in edit.match.splitlines() if s.strip()]
+    assert indents[0] == min(indents) and edit.match.strip() != ")", edit.match
+    assert "draft_tokens = draft_tokens.contiguous()" in edit.replacement
+
+
+def test_a_signature_change_is_reverted_with_a_note(tmp_path):
+    plan, root = _synthetic(tmp_path, POST.replace("def size(self, max_bs: int):", "def size(self, max_bs):"))
+    assert not plan.refusals and fromdiff.check(plan, package="pkgx", source_root=root) == []
+    assert [r.target for r in plan.reverts] == ["pkgx.worker.Worker.size"]
+    assert any("changes the signature of Worker.size" in n.why and not n.blocking for n in plan.notes)

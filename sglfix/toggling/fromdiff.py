@@ -279,6 +279,15 @@ def _plan_file(pf: Any, *, path: str, module: str, post: list[str], notes: list[
             if not change.post:  # a pure deletion sits between two lines: inside a function if both are
                 first, last = change.at - 1, change.at
             func = _enclosing(functions, first, last)
+            if func is not None and first <= func.node.body[0].lineno - 2:
+                notes.append(
+                    Note(
+                        name,
+                        f"changes the signature of {func.qualname}: the revert gives back the old one, and "
+                        "callers the fix changed are reverted only if their hunks are in this diff",
+                        False,
+                    )
+                )
             if func is not None:
                 per_function.setdefault(func.qualname, []).append(change)
                 hunks_of.setdefault(func.qualname, [])
@@ -428,7 +437,9 @@ def _anchor(lines: list[str], i: int, c: Change, *, floor: int, current: str) ->
             if lo < floor or hi > len(lines):
                 continue
             match = lines[lo:hi]
-            if not any(s.strip() for s in match):
+            # A lone bracket or blank is no anchor a reader (or a later release) can keep: a
+            # match holds at least one line with a name or a number in it.
+            if not any(re.search(r"\w", s) for s in match):
                 continue
             # Blank context adds nothing (the editor strips the ends); skip widenings that only add them.
             if (before and not lines[lo].strip()) or (after and not lines[hi - 1].strip()):
@@ -450,10 +461,15 @@ def _indent(line: str) -> int:
 
 
 def _same_base(match: list[str], replacement: list[str]) -> bool:
-    """The editor puts the replacement's first non-blank line at the match's first line's indent."""
-    m = next((s for s in match if s.strip()), None)
-    r = next((s for s in replacement if s.strip()), None)
-    return r is None or (m is not None and _indent(m) == _indent(r))
+    """The editor puts the replacement's first non-blank line at the match's first line's indent
+    and keeps every other line's indent relative to it, but cannot place a line to the left of
+    that first one: an anchor starting inside brackets (a call's last argument) would move the
+    lines after it. Both must start on their least indented line, at the same indent."""
+    m = [_indent(s) for s in match if s.strip()]
+    r = [_indent(s) for s in replacement if s.strip()]
+    if not m or m[0] != min(m) or (r and r[0] != min(r)):
+        return False
+    return not r or r[0] == m[0]
 
 
 def _block(lines: list[str]) -> str:
