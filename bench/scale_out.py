@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from sglfix.common.verdicts import stands_for
+
 
 def _gpu_count() -> int:
     out = subprocess.run(
@@ -62,6 +64,16 @@ def _matrix(
     }
 
 
+def _default_workers() -> int:
+    out = subprocess.run(
+        [sys.executable, "-c", "from sglfix.cli.common import default_gpu_workers as d; print(d())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout.strip())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", required=True)
@@ -74,6 +86,13 @@ def main() -> int:
         default=None,
         help="stop starting runs once this many seconds have passed (a device call has a hard limit); "
         "a run cut by it is recorded as missing, and the JSON is rewritten after every run",
+    )
+    ap.add_argument(
+        "--plan",
+        choices=("scale", "workers"),
+        default="scale",
+        help="scale: 1 GPU, every GPU, Ray, 2 workers on 1 GPU; workers: 1 worker against the default "
+        "number of workers per GPU (every cell, and with reachability) and 2 and 4 workers",
     )
     ns = ap.parse_args()
     logs = ns.logs or os.path.dirname(os.path.abspath(ns.json))
@@ -93,6 +112,17 @@ def main() -> int:
 
     plan: list[tuple[str, list[str]]] = [("local, 1 GPU", ["--devices", "0"])]
     missing: list[str] = []
+    reach_labels: set[str] = set()
+    if ns.plan == "workers":
+        default = _default_workers()
+        plan += [
+            (f"local, default options ({default} workers on 1 GPU)", ["--device", "cuda"]),
+            (f"local, default options ({default} workers), with reachability", ["--device", "cuda"]),
+            ("local, 4 workers on 1 GPU", ["--device", "cuda", "--jobs", "4"]),
+            ("local, 2 workers on 1 GPU", ["--device", "cuda", "--jobs", "2"]),
+        ]
+        reach_labels.add(plan[2][0])
+        ns.skip_ray = True  # Ray gets its own run (--plan scale)
     if gpus >= 2:
         plan.append((f"local, {gpus} GPUs", ["--devices", "all"]))
     else:
@@ -130,7 +160,13 @@ def main() -> int:
             missing.append(f"{label}: not started, the time budget ({ns.budget_s:.0f} s) was spent")
             continue
         print(f"== {label}", flush=True)
-        r = _matrix([*args, *sel], f"{tmp}/run{i}.json", f"{logs}/scale-run{i}.txt", timeout=left)
+        r = _matrix(
+            [*args, *sel],
+            f"{tmp}/run{i}.json",
+            f"{logs}/scale-run{i}.txt",
+            timeout=left,
+            every_cell=label not in reach_labels,
+        )
         rep = r.pop("report")
         row = {k: v for k, v in r.items() if k != "log"}
         row["label"] = label
@@ -141,7 +177,8 @@ def main() -> int:
                 error="cut by the time budget" if r["rc"] == 124 else "no report written",
             )
         else:
-            verdicts = {c["id"]: c["verdict"] for c in rep["cells"]}
+            # A NOT_REACHED cell stands for its baseline's verdict: reachability must change none.
+            verdicts = {c["id"]: stands_for(c["verdict"], c.get("findings")) for c in rep["cells"]}
             if i == 0:
                 base_verdicts, base_wall = verdicts, (r["process_wall_s"], rep["wall_s"])
             row.update(cells=len(verdicts), cells_wall_s=rep.get("wall_s"), summary=rep.get("summary"))

@@ -58,7 +58,12 @@ Device = Annotated[
         case_sensitive=False,
     ),
 ]
-Jobs = Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes (default: 1 on CUDA, 2 on CPU).")]
+Jobs = Annotated[
+    int | None,
+    typer.Option(
+        "--jobs", "-j", help="Worker processes (default on a GPU: from its memory and the cores, up to 8; 2 on CPU)."
+    ),
+]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds per cell before TIMEOUT (finite, > 0).")]
 JsonFile = Annotated[
     str | None, typer.Option("--json", metavar="FILE", help="Write the report as JSON (- for stdout).")
@@ -167,9 +172,39 @@ def check_device(device: str) -> None:
         raise ConfigError("--device cuda: no CUDA device here; use --device cpu")
 
 
+# A worker's worst case on the GPU: one scenario at the default memory budget (8 GiB) and a CUDA
+# context with its kernels.
+_GPU_GIB_PER_WORKER = 9
+_MAX_GPU_WORKERS = 8
+
+
+def default_gpu_workers() -> int:
+    """Workers sharing one GPU when --jobs is not given. A cell is host-bound (Python, kernel
+    launches, metadata building), so several workers keep one GPU busy: half the cores this
+    process may use (the rest serve the parent and the kernel compilers), no more than the GPU's
+    memory holds at one worst-case scenario each, and at most 8."""
+    import subprocess
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    by_cores = max(1, cores // 2)
+    try:
+        probe = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        mib = min(int(line) for line in probe.stdout.split())
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return min(by_cores, 2)  # memory unknown: the two that fit any GPU sglfix runs on
+    return max(1, min(by_cores, mib // (_GPU_GIB_PER_WORKER * 1024), _MAX_GPU_WORKERS))
+
+
 def check_jobs(jobs: int | None, device: str) -> int:
     if jobs is None:
-        return 1 if device == "cuda" else max(1, min(2, os.cpu_count() or 1))
+        if device == "cuda" or (device == "auto" and _has_cuda_device()):
+            return default_gpu_workers()
+        return max(1, min(2, os.cpu_count() or 1))
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs} must be at least 1")
     return jobs
