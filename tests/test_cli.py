@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+import yaml
 from clihelp import assert_one_line_error, run_cli
 from procs import alive
 
@@ -301,3 +302,47 @@ def _workers_of(parent: int) -> list[int]:
         if ppid == parent and b"sglfix.execution.worker" in cmd:
             found.append(int(entry))
     return found
+
+
+def test_running_out_of_gpu_memory_is_an_error_of_sglfix_never_a_crash_of_the_code(tmp_path):
+    # Workers share the GPU: an allocation that fails there says nothing about the code under
+    # test. The same message raised as another error type stays a CRASH: the judge still judges.
+    target = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata"
+    verdicts = {}
+    for pr, error in ((88801, "__import__('torch').OutOfMemoryError"), (88802, "RuntimeError")):
+        d = tmp_path / str(pr)
+        d.mkdir()
+        raise_line = f"raise {error}('CUDA out of memory. Tried to allocate 384.00 MiB')\n"
+        (d / f"{pr}.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "pr": pr,
+                    "title": "raises",
+                    "patches": [
+                        {
+                            "target": target,
+                            "edits": [{"match": "bs = forward_batch.batch_size\n", "append": raise_line}],
+                        }
+                    ],
+                }
+            )
+        )
+        out = tmp_path / f"{pr}.json"
+        r = run_cli(
+            "--toggles",
+            str(d),
+            "run",
+            "-r",
+            str(pr),
+            "-s",
+            "triton-decode@cg=eager,gpu_only=off",
+            "--device",
+            "cpu",
+            "--json",
+            str(out),
+        )
+        assert r.code == 1, r.err
+        (cell,) = json.loads(out.read_text())["cells"]
+        verdicts[pr] = (cell["verdict"], cell["findings"][0]["message"])
+    assert verdicts[88801][0] == "ERROR" and "out of GPU memory" in verdicts[88801][1], verdicts
+    assert verdicts[88802][0] == "CRASH", verdicts

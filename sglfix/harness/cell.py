@@ -129,6 +129,11 @@ def _frame_under_test(exc: BaseException) -> str:
     return f"{os.path.basename(fr.filename)}:{fr.lineno} in {fr.name}" if fr else "?"
 
 
+def is_out_of_gpu_memory(exc: BaseException) -> bool:
+    """torch's CUDA out-of-memory error (torch.OutOfMemoryError), found without importing torch."""
+    return any(c.__name__ == "OutOfMemoryError" and c.__module__.startswith("torch") for c in type(exc).__mro__)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc)
     return text.splitlines()[0] if text else ""
@@ -147,7 +152,18 @@ def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = Non
         result.add("SKIP", str(exc), stage=stage)
         return result.finish()
     where = _frame_under_test(exc)
-    if raised_by_code_under_test(exc):
+    if is_out_of_gpu_memory(exc):
+        # The GPU is shared by the workers (and whatever else runs there): running out of its
+        # memory says nothing about the code under test, so it is never a finding.
+        result.add(
+            "ERROR",
+            f"out of GPU memory in {stage}: {_first_line(exc)[:160]}; other workers share this GPU: "
+            f"rerun with fewer (--jobs) [{where}]",
+            type=type(exc).__name__,
+            stage=stage,
+            frame=where,
+        )
+    elif raised_by_code_under_test(exc):
         result.add(
             "CRASH",
             f"{type(exc).__name__}: {_first_line(exc)} [{stage}, {where}]",
