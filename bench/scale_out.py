@@ -118,24 +118,26 @@ def main() -> int:
         plan += [
             (f"local, default options ({default} workers on 1 GPU)", ["--device", "cuda"]),
             (f"local, default options ({default} workers), with reachability", ["--device", "cuda"]),
-            ("local, 4 workers on 1 GPU", ["--device", "cuda", "--jobs", "4"]),
-            ("local, 2 workers on 1 GPU", ["--device", "cuda", "--jobs", "2"]),
+            ("local, 6 workers on 1 GPU", ["--device", "cuda", "--jobs", "6"]),
+            ("local, 8 workers on 1 GPU", ["--device", "cuda", "--jobs", "8"]),
         ]
         reach_labels.add(plan[2][0])
-        ns.skip_ray = True  # Ray gets its own run (--plan scale)
-    if gpus >= 2:
+    elif gpus >= 2:
         plan.append((f"local, {gpus} GPUs", ["--devices", "all"]))
     else:
         missing.append(f"local on 2+ GPUs (this machine has {gpus})")
-    if not ns.skip_ray:
+    if ns.plan == "workers":
+        missing.append("ray and several GPUs: --plan scale")
+    elif not ns.skip_ray:
         plan.append((f"ray, {gpus} GPU{'s' if gpus > 1 else ''}", ["--executor", "ray", "--devices", "all"]))
         if gpus < 2:
             missing.append(f"ray on 2+ GPUs (this machine has {gpus}; the Ray run used {gpus})")
     else:
         missing.append("ray (not installed on this machine)")
-    # Two workers sharing one GPU: not the 2-GPU figure, but it shows how far the matrix is bound
-    # by the host side (Python, launches) that a second worker, on any GPU, takes in parallel.
-    plan.append(("local, 2 workers on 1 GPU", ["--device", "cuda", "--jobs", "2"]))
+    if ns.plan == "scale":
+        # Two workers sharing one GPU: not the 2-GPU figure, but it shows how far the matrix is
+        # bound by the host side (Python, launches) that a second worker, on any GPU, takes in parallel.
+        plan.append(("local, 2 workers on 1 GPU", ["--device", "cuda", "--jobs", "2"]))
 
     dev = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"], capture_output=True, text=True
