@@ -105,8 +105,20 @@ def main() -> None:
         compile_us = timeit.timeit(lambda: compile(line, PTH, "exec"), number=2000) / 2000 * 1e6
         if saved is not None:
             os.environ["SGLANG_DEBUG_REVERT_PR"] = saved
-        set_env = {**env, "SGLANG_DEBUG_REVERT_PR": "26738:overlap-guard"}
-        set_ms = statistics.median(_median_ms([py, "-c", "pass"], set_env, max(5, args.runs // 3)) for _ in range(3))
+        # Set, side by side with unset in the same rounds: with the content-keyed cache warm (every
+        # process after the first), and cold (an empty cache folder for every process).
+        set_env = {**env, "SGLANG_DEBUG_REVERT_PR": "26738:overlap-guard", "SGLFIX_CACHE_DIR": str(tmp / "cache")}
+        subprocess.run([py, "-c", "pass"], env=set_env, check=True)  # fills the cache
+        set_warm, set_cold, unset = [], [], []
+        cold_runs = max(3, args.runs // 3)
+        for r in range(args.rounds):
+            set_warm.append(_median_ms([py, "-c", "pass"], set_env, args.runs))
+            unset.append(_median_ms([py, "-c", "pass"], env, args.runs))
+            cold = []
+            for i in range(cold_runs):
+                cold_env = {**set_env, "SGLFIX_CACHE_DIR": str(tmp / f"cold-{r}-{i}")}
+                cold.append(_median_ms([py, "-c", "pass"], cold_env, 1))
+            set_cold.append(statistics.median(cold))
         report = {
             "tool": "sglfix bench/startup_hook.py",
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -125,7 +137,17 @@ def main() -> None:
                 "median_with_ms": round(statistics.median(with_hook), 2),
                 "median_without_ms": round(statistics.median(without), 2),
             },
-            "set": {"value": "26738:overlap-guard", "python_c_pass_ms": round(set_ms, 1)},
+            "set": {
+                "value": "26738:overlap-guard",
+                "python_c_pass_ms_cache_warm": [round(x, 2) for x in set_warm],
+                "python_c_pass_ms_cache_cold": [round(x, 2) for x in set_cold],
+                "python_c_pass_ms_unset_same_rounds": [round(x, 2) for x in unset],
+                "median_warm_ms": round(statistics.median(set_warm), 2),
+                "median_cold_ms": round(statistics.median(set_cold), 2),
+                "median_unset_ms": round(statistics.median(unset), 2),
+                "added_ms_warm": round(statistics.median(w - u for w, u in zip(set_warm, unset)), 2),
+                "added_ms_cold": round(statistics.median(c - u for c, u in zip(set_cold, unset)), 2),
+            },
         }
     print(json.dumps(report, indent=2))
     if args.json:

@@ -7,7 +7,11 @@ must not pay for torch or for the backends.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+# typing costs every process that imports sglfix (the start-up hook's included) a few ms; the
+# annotations are strings, so a type checker alone needs it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
 
 __version__ = "0.1.0"
 

@@ -345,3 +345,50 @@ def test_torchrun_ranks_each_run_the_pre_fix_code(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     ranks = sorted(p.read_text() for p in tmp_path.glob("rank-*.txt"))
     assert ranks == ["rank 0: pre-fix 26738:overlap-guard", "rank 1: pre-fix 26738:overlap-guard"], r.stdout
+
+
+def test_a_set_process_reads_the_cache_and_imports_neither_yaml_nor_pydantic(tmp_path):
+    """The second process with the variable set arms from the content-keyed cache: no YAML,
+    no pydantic at start; the patches are read when the target module arrives, and it reverts."""
+    env = _env(SGLANG_DEBUG_REVERT_PR="26738:overlap-guard", SGLFIX_CACHE_DIR=str(tmp_path / "cache"))
+    heavy = "import sys; print(sorted(m for m in ('yaml', 'pydantic') if m in sys.modules))"
+    first = _py(heavy, env=env)
+    assert first.returncode == 0 and first.stdout.strip() == "['pydantic', 'yaml']", first.stdout + first.stderr
+    assert list((tmp_path / "cache").glob("arm-*.json"))
+    second = _py(heavy, env=env)
+    assert second.returncode == 0 and second.stdout.strip() == "[]", second.stdout + second.stderr
+    probe = _py(PROBE + "\nimport sglfix\nprint(','.join(sglfix.reverted_ids()))\n", env=env)
+    assert probe.stdout.split() == ["pre-fix", "26738:overlap-guard"], probe.stdout + probe.stderr
+    # A value the cache cannot answer goes the full way, which words the error.
+    bad = _py("print('ran')", env={**env, "SGLANG_DEBUG_REVERT_PR": "26738:overlap"})
+    assert bad.returncode == 2 and "did you mean 'overlap-guard'" in bad.stderr and "ran" not in bad.stdout
+
+
+def test_the_cache_is_never_stale(tmp_path):
+    """A toggle file edited after the cache was written makes the entry miss: the process sees
+    the edit (and the entry is written again). A damaged entry is ignored, never trusted."""
+    import json
+    import shutil
+
+    toggles = tmp_path / "toggles"
+    shutil.copytree(ROOT / "toggles", toggles)
+    cache = tmp_path / "cache"
+    env = _env(
+        SGLANG_DEBUG_REVERT_PR="26738:overlap-guard", SGLFIX_TOGGLES_DIR=str(toggles), SGLFIX_CACHE_DIR=str(cache)
+    )
+    assert _py(PROBE, env=env).stdout.strip() == "pre-fix"
+    (entry,) = cache.glob("arm-*.json")
+    # The part now reverts nothing observable: its replacement is the fixed line itself.
+    fixed = 'return any(getattr(b, "needs_cpu_seq_lens", True) for b in attn_backends if b is not None)'
+    text = (toggles / "26738.yaml").read_text()
+    (toggles / "26738.yaml").write_text(text.replace("return any(b.needs_cpu_seq_lens for b in attn_backends)", fixed))
+    assert _py(PROBE, env=env).stdout.strip() == "fixed"
+    assert fixed in json.loads(entry.read_text())["files"]["26738.yaml"]  # written again, with the edit
+    entry.write_text("{not json")
+    assert _py(PROBE, env=env).stdout.strip() == "fixed"
+    assert json.loads(entry.read_text())["select"]  # the full way wrote it whole again
+    # The part renamed: a stale entry would still accept the old id; the process refuses it.
+    text = (toggles / "26738.yaml").read_text()
+    (toggles / "26738.yaml").write_text(text.replace("  overlap-guard:", "  none-guard:"))
+    r = _py("print('ran')", env=env)
+    assert r.returncode == 2 and "26738:overlap-guard" in r.stderr and "ran" not in r.stdout, r.stderr

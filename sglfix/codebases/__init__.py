@@ -12,7 +12,6 @@ runs backend X?" reads ``active()``. Imports nothing heavy.
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 from dataclasses import dataclass, field
@@ -180,11 +179,13 @@ class Installed:
 def installed(cb: CodeBase) -> Installed | None:
     """Where the code base is and which version, without importing it (None: not importable)."""
     if cb.distribution is None:
+        from importlib import metadata
+
         from sglfix.common.codebase import _package_dirs
 
         try:
-            version = importlib.metadata.version("sglfix")
-        except importlib.metadata.PackageNotFoundError:
+            version = metadata.version("sglfix")
+        except metadata.PackageNotFoundError:
             version = "unknown"
         dirs = _package_dirs(cb.package)
         return Installed(
@@ -201,11 +202,29 @@ def installed(cb: CodeBase) -> Installed | None:
     return Installed(distribution=cb.distribution, version=version or "unknown", path=path)
 
 
+def _dist_info_beside(path: str, distribution: str) -> str | None:
+    """The version in the one ``<distribution>-<version>.dist-info`` folder next to the package
+    at ``path`` (how pip installs it), read from the folder's name: the start-up hook asks in
+    every process, and importlib.metadata costs it more than the rest of its check."""
+    site = os.path.dirname(path)
+    prefix = distribution.replace("-", "_").lower() + "-"
+    try:
+        names = [n for n in os.listdir(site) if n.endswith(".dist-info") and n.lower().startswith(prefix)]
+    except OSError:
+        return None
+    return names[0][len(prefix) : -len(".dist-info")] if len(names) == 1 else None
+
+
 def _version_at(path: str, cb: CodeBase) -> str | None:
     """The version of the distribution that owns ``path`` (the one that would be imported)."""
+    beside = _dist_info_beside(path, cb.distribution)
+    if beside is not None:
+        return beside
+    from importlib import metadata
+
     try:
-        dist = importlib.metadata.distribution(cb.distribution)
-    except importlib.metadata.PackageNotFoundError:
+        dist = metadata.distribution(cb.distribution)
+    except metadata.PackageNotFoundError:
         dist = None
     if dist is not None:
         where = os.path.abspath(str(dist.locate_file(cb.package)))
@@ -259,9 +278,11 @@ def check_interpreter(cb: CodeBase, *, what: str) -> None:
     its kernels (read from the installed metadata; triton is not imported)."""
     if cb.interpreter_triton is None:
         return
+    from importlib import metadata
+
     try:
-        version = importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
+        version = metadata.version("triton")
+    except metadata.PackageNotFoundError:
         version = None
     if version is None or _release(version) < _release(cb.interpreter_triton):
         raise ConfigError(

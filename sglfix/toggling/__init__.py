@@ -8,6 +8,8 @@ pydantic or inspect).
 from __future__ import annotations
 
 ENV_VAR = "SGLANG_DEBUG_REVERT_PR"
+# Where a toggles directory other than the profile's is named (read by the start-up hook too).
+TOGGLES_ENV = "SGLFIX_TOGGLES_DIR"
 
 
 def selects_nothing(value: str | None) -> bool:

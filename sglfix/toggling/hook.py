@@ -26,18 +26,21 @@ variable itself (it hands the selection to each cell's worker), so the hook stan
 
 from __future__ import annotations
 
+import _thread  # threading costs every set process a few ms; the hook needs a lock and a local
 import os
 import sys
-import threading
-from importlib.abc import MetaPathFinder
-from typing import Any
 
 from sglfix.toggling import ENV_VAR, selects_nothing
+
+# typing costs every set process a few ms; the annotations are strings.
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
 
 __all__ = ["VERBOSE_ENV", "arm", "armed", "boot", "disarm", "ensure_first", "settle"]
 
 VERBOSE_ENV = "SGLFIX_VERBOSE"
-_LOCK = threading.RLock()
+_LOCK = _thread.RLock()
 _STATE: _EnvReverts | None = None
 
 
@@ -148,16 +151,35 @@ def arm(value: str | None) -> _EnvReverts | None:
         return _arm_with(value.strip(), chosen)
 
 
+class _Light:
+    """A selected part as the content-keyed cache knows it (``armcache``): its id and the
+    functions it reverts; its patches are read the full way when the first target arrives."""
+
+    def __init__(self, pid: str, targets: tuple[str, ...]) -> None:
+        self.id = pid
+        self.targets = targets
+
+
 def _selections(value: str, profile: Any, chosen: Any) -> Any:
     """The selections ``value`` makes in ``profile``, or the ConfigError to raise: an id another
-    profile has names ``SGLFIX_PROFILE`` (sglang's own ids are not all in every profile)."""
+    profile has names ``SGLFIX_PROFILE`` (sglang's own ids are not all in every profile). From
+    the cache (``_Light`` items) when it holds the answer."""
+    from sglfix.toggling import armcache
+
+    toggles = _toggles_dir(profile)
+    light = armcache.lookup(value, toggles)
+    if light is not None:
+        return [_Light(pid, targets) for pid, targets in light]
     from sglfix.common.errors import ConfigError
     from sglfix.toggling.env import parse_env_value
     from sglfix.toggling.profiles import PROFILE_ENV, PROFILES
     from sglfix.toggling.registry import load_registry
 
     try:
-        return parse_env_value(value, registry=load_registry(_toggles_dir(profile)))
+        registry = load_registry(toggles)
+        selections = parse_env_value(value, registry=registry)
+        armcache.store(toggles, registry)
+        return selections
     except ConfigError as exc:
         for other in PROFILES.values():
             if other is profile:
@@ -174,7 +196,7 @@ def _selections(value: str, profile: Any, chosen: Any) -> Any:
 
 
 def _toggles_dir(profile: Any) -> str:
-    from sglfix.toggling.registry import TOGGLES_ENV
+    from sglfix.toggling import TOGGLES_ENV
 
     return os.environ.get(TOGGLES_ENV) or profile.toggles_dir
 
@@ -184,7 +206,9 @@ def _arm_with(value: str, chosen: Any) -> _EnvReverts:
     selections = _selections(value, chosen.profile, chosen)
     if isinstance(selections, Exception):
         raise selections
-    state = _EnvReverts(value=value, profile=chosen.profile, selections=selections)
+    state = _EnvReverts(
+        value=value, profile=chosen.profile, selections=selections, toggles_dir=_toggles_dir(chosen.profile)
+    )
     state.choice = chosen
     _STATE = state
     sys.meta_path.insert(0, _Finder(state))
@@ -215,7 +239,7 @@ class _Pending:
         return _arm_with(self.value, Choice(pick, why))
 
 
-class _Decider(MetaPathFinder):
+class _Decider:  # a meta path finder (importlib.abc is not imported: it costs every process)
     """Finds nothing itself: the first import of a candidate code base arms its profile, then the
     armed finder handles that very import (so its targets are reverted as it arrives)."""
 
@@ -321,6 +345,8 @@ def disarm() -> None:
         if state is None:
             return
         sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _Finder) and f.state is state)]
+        if state._record is None and not state.done:
+            return  # nothing was ever installed (and the patches were never read)
         from sglfix.toggling import revert as revert_mod
 
         for sel in state.selections:
@@ -331,17 +357,22 @@ def disarm() -> None:
 class _EnvReverts:
     """The selected parts, the targets still waiting for their module, and what is installed."""
 
-    def __init__(self, *, value: str, profile: Any, selections: list) -> None:
-        from sglfix.toggling.revert import Reverted
-
+    def __init__(self, *, value: str, profile: Any, selections: list, toggles_dir: str | None = None) -> None:
         self.value = value
         self.profile = profile
-        self.selections = selections
-        self.record = Reverted(selections=list(selections))
-        # target -> [(spec, label)] in selection order: two parts on one function stack.
+        self.toggles_dir = toggles_dir
+        self._selections = selections
+        self._record: Any = None
+        # target -> [(spec, label)] in selection order: two parts on one function stack. A spec
+        # is None while the selections are the cache's (_Light): read on the first install.
         self.pending: dict[str, list[tuple[Any, str]]] = {}
         self.part_targets: dict[str, set[str]] = {}
         for sel in selections:
+            if isinstance(sel, _Light):
+                self.part_targets[sel.id] = set(sel.targets)
+                for target in sel.targets:
+                    self.pending.setdefault(target, []).append((None, f"revert {sel.id}"))
+                continue
             self.part_targets[sel.id] = set(sel.part.targets)
             for spec in sel.part.patches:
                 self.pending.setdefault(spec.target, []).append((spec, f"revert {sel.id}"))
@@ -360,7 +391,40 @@ class _EnvReverts:
 
     @property
     def ids(self) -> list[str]:
-        return [s.id for s in self.selections]
+        return [s.id for s in self._selections]
+
+    @property
+    def selections(self) -> list:
+        self._materialize()
+        return self._selections
+
+    @property
+    def record(self) -> Any:
+        """The ``Reverted`` of this process's parts (made on first use: it needs the patches)."""
+        if self._record is None:
+            from sglfix.toggling.revert import Reverted
+
+            self._materialize()
+            self._record = Reverted(selections=list(self._selections))
+        return self._record
+
+    def _materialize(self) -> None:
+        """Replace the cache's selections by the registry's own, and fill in the waiting specs."""
+        if not any(isinstance(s, _Light) for s in self._selections):
+            return
+        from sglfix.toggling.env import parse_env_value
+        from sglfix.toggling.registry import load_registry
+
+        full = parse_env_value(self.value, registry=load_registry(self.toggles_dir))
+        if [s.id for s in full] != [s.id for s in self._selections]:
+            raise RuntimeError(f"{ENV_VAR}={self.value}: the toggle files changed while the process ran")
+        specs: dict[str, list[tuple[Any, str]]] = {}
+        for sel in full:
+            for spec in sel.part.patches:
+                specs.setdefault(spec.target, []).append((spec, f"revert {sel.id}"))
+        for target in self.pending:
+            self.pending[target] = specs[target]
+        self._selections = full
 
     def applied_ids(self) -> list[str]:
         return [pid for pid, targets in self.part_targets.items() if targets <= self.done]
@@ -387,6 +451,8 @@ class _EnvReverts:
         from sglfix.patching.patcher import install_prepared, prepare_specs
         from sglfix.toggling import revert as revert_mod
 
+        if target in self.pending:
+            self._materialize()
         # Taken off the list first: preparing may import the module, whose arrival must not
         # install the same target a second time underneath this call.
         items = self.pending.pop(target, None)
@@ -403,7 +469,7 @@ class _EnvReverts:
             raise type(exc)(f"{ENV_VAR}: revert {names} cannot be applied to {target}: {exc}") from exc
         self.record.states.extend(states)
         self.done.add(target)
-        for sel in self.selections:
+        for sel in self._selections:
             if target in self.part_targets[sel.id] and self.part_targets[sel.id] <= self.done:
                 revert_mod._ACTIVE[sel.id] = self.record
                 _log(f"reverted {sel.id} ({', '.join(sorted(self.part_targets[sel.id]))})")
@@ -459,12 +525,12 @@ def _loaded_function(target: str) -> Any:
     return None
 
 
-class _Finder(MetaPathFinder):
+class _Finder:  # a meta path finder, duck-typed like _Decider
     """Finds nothing itself: for a watched module it wraps the loader another finder returns."""
 
     def __init__(self, state: _EnvReverts) -> None:
         self.state = state
-        self._busy = threading.local()
+        self._busy = _thread._local()
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname not in self.state.watched or getattr(self._busy, "name", None) == fullname:

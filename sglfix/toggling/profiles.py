@@ -40,10 +40,7 @@ class Profile:
 
     @property
     def toggles_dir(self) -> str:
-        from importlib.resources import files
-
-        root = files(self.package)
-        return str(root / self.subdir if self.subdir else root)
+        return _in_package(self.package, self.subdir)
 
     # A list of confirmed upstream divergences the gate accepts (sglfix.execution.known), if any.
     known_subdir: str = ""
@@ -52,16 +49,25 @@ class Profile:
     def known_file(self) -> str | None:
         if not self.known_subdir:
             return None
-        from importlib.resources import files
-
-        return str(files(self.package) / self.known_subdir)
+        return _in_package(self.package, self.known_subdir)
 
     @property
     def scenarios_dir(self) -> str:
+        return _in_package(self.scenarios_package, self.scenarios_subdir)
+
+
+def _in_package(package: str, sub: str) -> str:
+    """A path inside an installed sglfix package (data files live beside its modules). Found
+    with ``find_spec``, not importlib.resources: the start-up hook asks in every process."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    root = next(iter(spec.submodule_search_locations)) if spec and spec.submodule_search_locations else None
+    if root is None:
         from importlib.resources import files
 
-        root = files(self.scenarios_package)
-        return str(root / self.scenarios_subdir if self.scenarios_subdir else root)
+        root = str(files(package))
+    return os.path.join(root, sub) if sub else root
 
 
 PROFILES: dict[str, Profile] = {

@@ -31,6 +31,7 @@ from sglfix.common.schema import NodeError, StrictModel, describe_kind, nearest,
 from sglfix.common.verdicts import VERDICTS, Verdict
 from sglfix.common.yamlio import line_of, load_yaml, read_text_file
 from sglfix.patching.types import PatchList, PatchSpec, Text
+from sglfix.toggling import TOGGLES_ENV
 from sglfix.toggling.ids import EXAMPLE, MAX_PR, PART_NAME_RE, ToggleId
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
     "parse_toggle_ids",
 ]
 
-TOGGLES_ENV = "SGLFIX_TOGGLES_DIR"
 MAIN_PART = "main"
 DEVICES = ("any", "cpu", "cuda")
 
