@@ -119,7 +119,6 @@ def main() -> int:
             (f"local, default options ({default} workers on 1 GPU)", ["--device", "cuda"]),
             (f"local, default options ({default} workers), with reachability", ["--device", "cuda"]),
             ("local, 6 workers on 1 GPU", ["--device", "cuda", "--jobs", "6"]),
-            ("local, 8 workers on 1 GPU", ["--device", "cuda", "--jobs", "8"]),
         ]
         reach_labels.add(plan[2][0])
     elif gpus >= 2:
@@ -127,7 +126,12 @@ def main() -> int:
     else:
         missing.append(f"local on 2+ GPUs (this machine has {gpus})")
     if ns.plan == "workers":
-        missing.append("ray and several GPUs: --plan scale")
+        if ns.skip_ray:
+            missing.append("ray (not installed on this machine)")
+        else:  # the same workers as Ray actors sharing the GPU, against the local default
+            plan.insert(
+                3, (f"ray, default options ({default} actors on 1 GPU)", ["--executor", "ray", "--device", "cuda"])
+            )
     elif not ns.skip_ray:
         plan.append((f"ray, {gpus} GPU{'s' if gpus > 1 else ''}", ["--executor", "ray", "--devices", "all"]))
         if gpus < 2:

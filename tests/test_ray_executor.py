@@ -183,3 +183,28 @@ def test_a_hang_is_timeout_at_the_same_limit_under_ray(tmp_path, hanging):
         got[executor] = (cell["verdict"], cell["findings"][0]["message"].split(";")[0])
     assert got["ray"] == got["local"] and got["ray"][0] == "TIMEOUT", got
     assert not wait_untagged(tag), "processes left behind"
+
+
+@pytest.mark.parametrize(
+    ("gpus", "size", "devices", "share"),
+    [(1, 4, None, 0.25), (2, 4, None, 0.5), (2, 2, None, 1), (1, 3, None, 0.3333), (2, 2, ["0", "1"], 1)],
+)
+def test_actors_share_the_gpus_ray_sees_as_local_workers_do(gpus, size, devices, share):
+    from types import SimpleNamespace
+
+    from sglfix.execution.ray_pool import _gpu_share
+
+    ray = SimpleNamespace(cluster_resources=lambda: {"CPU": 16.0, "GPU": float(gpus)})
+    assert _gpu_share(ray, size, devices) == share
+    # Every actor fits: the shares of one GPU never add up to more than it.
+    assert share * size <= max(gpus, len(devices or ()))
+
+
+def test_ray_without_a_gpu_on_cuda_is_one_line():
+    from types import SimpleNamespace
+
+    from sglfix.common.errors import ConfigError
+    from sglfix.execution.ray_pool import _gpu_share
+
+    with pytest.raises(ConfigError, match="Ray sees no GPU"):
+        _gpu_share(SimpleNamespace(cluster_resources=lambda: {"CPU": 2.0}), 2, None)

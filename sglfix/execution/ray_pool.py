@@ -5,7 +5,8 @@ pool uses, so isolation, timeouts and verdicts do not depend on where a cell ran
 the code under test is FAULT and the actor starts a fresh worker; a hang is TIMEOUT at the same
 limit; the worker applies each toggle set through ``SGLANG_DEBUG_REVERT_PR`` exactly as locally.
 An actor that itself dies (its node lost, its process killed) is FAULT for the cell it held and
-is replaced. Actors ask Ray for ``num_gpus=1`` on CUDA (Ray then sets ``CUDA_VISIBLE_DEVICES``,
+is replaced. Actors ask Ray for a GPU on CUDA (a whole one per ``--devices`` entry, else a share
+of the GPUs, several actors to a GPU as the local pool does; Ray then sets ``CUDA_VISIBLE_DEVICES``,
 which the worker inherits) and ``num_cpus=1`` on CPU.
 
 Without an address a private local Ray instance is started (and stopped at the end); with
@@ -74,6 +75,20 @@ def _ray():
     return ray
 
 
+def _gpu_share(ray: Any, size: int, devices: Sequence[str] | None) -> float:
+    """The GPU each actor asks Ray for: a whole one per --devices entry; otherwise the GPUs Ray
+    sees shared among the actors (four actors on one GPU ask 0.25 each), as the local pool puts
+    several workers on one GPU. Whole GPUs for an actor would leave all but one of them waiting."""
+    if devices:
+        return 1
+    gpus = float(ray.cluster_resources().get("GPU", 0))
+    if gpus <= 0:
+        raise ConfigError("--executor ray --device cuda: Ray sees no GPU on this machine or cluster; use --device cpu")
+    if size <= gpus:
+        return 1
+    return int(gpus / size * 10000) / 10000  # Ray takes GPU fractions to four decimals
+
+
 class RayPool:
     """The ``WorkerPool`` interface (``run``, ``info``, ``close``) over Ray actors."""
 
@@ -113,7 +128,9 @@ class RayPool:
                     os.environ.pop("CUDA_VISIBLE_DEVICES", None)
                 else:
                     os.environ["CUDA_VISIBLE_DEVICES"] = saved
-        resources = {"num_gpus": 1, "num_cpus": 0} if config.device == "cuda" else {"num_cpus": 1}
+        resources = (
+            {"num_gpus": _gpu_share(ray, size, devices), "num_cpus": 0} if config.device == "cuda" else {"num_cpus": 1}
+        )
         self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0, **resources)(_CellActor)
         self.actors = [self._new_actor() for _ in range(size)]
         self._info: dict | None = None
