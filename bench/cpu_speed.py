@@ -29,6 +29,12 @@ HERE = Path(__file__).resolve().parent.parent
 MATRIX = ["-m", "sglfix", "matrix", "--parts", "--device", "cpu"]
 
 
+def _has_reachability(checkout: Path) -> bool:
+    """Whether that checkout's matrix marks unreached cells (then --no-reachability runs every
+    cell there too, so both sides do the same work)."""
+    return any("--no-reachability" in p.read_text() for p in (checkout / "sglfix" / "cli").glob("*.py"))
+
+
 def timed(checkout: Path, out: Path, *, new: bool) -> dict:
     args = [sys.executable, *MATRIX, *(["--no-reachability"] if new else []), "--json", str(out)]
     env = {**os.environ, "PYTHONPATH": str(checkout)}
@@ -59,7 +65,7 @@ def main() -> int:
         for i in range(args.runs):
             a, b = Path(tmp) / f"a{i}.json", Path(tmp) / f"b{i}.json"
             runs["A"].append(timed(HERE, a, new=True))
-            runs["B"].append(timed(args.before.resolve(), b, new=False))
+            runs["B"].append(timed(args.before.resolve(), b, new=_has_reachability(args.before.resolve())))
             same = same and cells(a) == cells(b)
             print(f"pair {i + 1}: A {runs['A'][-1]}  B {runs['B'][-1]}  same cells: {same}", flush=True)
     ratio = [x["wall_s"] / y["wall_s"] for x, y in zip(runs["A"], runs["B"])]
