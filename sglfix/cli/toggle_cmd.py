@@ -5,7 +5,6 @@ it is written: every function revert applies and gives the pre-fix function the 
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -15,17 +14,17 @@ import typer
 from sglfix.cli.context import err, options
 from sglfix.common.errors import ConfigError
 
-MAX_DIFF_BYTES = 4 * 1024 * 1024
-
 Pr = typer.Option(..., "--pr", metavar="N", help="The fix's pull-request number (the toggle's id).")
 Output = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the toggle here (default: stdout).")
 
 
 def _source_root(package: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
+    from sglfix.common.codebase import package_dir
+
+    root = package_dir(package)
+    if root is None:
         raise ConfigError(f"{package} is not installed here: the toggle is built against its installed source")
-    return Path(next(iter(spec.submodule_search_locations)))
+    return Path(root)
 
 
 def _build(ctx: typer.Context, text: str, *, where: str, pr: int, output: str | None) -> None:
@@ -105,6 +104,7 @@ def from_diff_cmd(
 ) -> None:
     """A revert toggle from a fix's unified diff, checked against the installed code base."""
     from sglfix.common.yamlio import read_text_file
+    from sglfix.toggling.fromdiff import MAX_DIFF_BYTES
 
     if patch == "-":
         text = sys.stdin.read(MAX_DIFF_BYTES + 1)

@@ -12,7 +12,6 @@ runs backend X?" reads ``active()``. Imports nothing heavy.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass, field
 
@@ -178,26 +177,19 @@ class Installed:
 
 def installed(cb: CodeBase) -> Installed | None:
     """Where the code base is and which version, without importing it (None: not importable)."""
+    from sglfix.common.codebase import package_dir
+
+    path = package_dir(cb.package)
     if cb.distribution is None:
         from importlib import metadata
-
-        from sglfix.common.codebase import _package_dirs
 
         try:
             version = metadata.version("sglfix")
         except metadata.PackageNotFoundError:
             version = "unknown"
-        dirs = _package_dirs(cb.package)
-        return Installed(
-            distribution="sglfix (reproduction)", version=version, path=dirs[0].rstrip(os.sep) if dirs else "?"
-        )
-    try:
-        spec = importlib.util.find_spec(cb.package)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
+        return Installed(distribution="sglfix (reproduction)", version=version, path=path or "?")
+    if path is None:
         return None
-    path = os.path.abspath(next(iter(spec.submodule_search_locations)))
     version = _version_at(path, cb)
     return Installed(distribution=cb.distribution, version=version or "unknown", path=path)
 

@@ -44,6 +44,18 @@ def under(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
+def package_dir(package: str) -> str | None:
+    """The (first) directory of an installed package, found without importing it (its parent
+    packages are imported, as ``find_spec`` does); None when it is not importable as a package."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.abspath(next(iter(spec.submodule_search_locations)))
+
+
 @lru_cache(maxsize=8)
 def _package_dirs(package: str) -> tuple[str, ...]:
     try:

@@ -166,14 +166,13 @@ def precheck_selections(selections: Iterable, *, package: str, allowed_prefixes:
     without importing it: its target allowed, its function found, its edits matching and the
     edited function parsing. The first problem is one SglfixError naming the part: what a worker
     would meet at its first cell, found before any worker starts."""
-    import importlib.util
-
+    from sglfix.common.codebase import package_dir
     from sglfix.patching.targets import check_allowed
 
-    spec = importlib.util.find_spec(package)  # imports at most the parents of package, never it
-    if spec is None or not spec.submodule_search_locations:
+    found = package_dir(package)  # imports at most the parents of package, never it
+    if found is None:
         return  # no installed source to read: the workers report what they meet
-    root = Path(next(iter(spec.submodule_search_locations)))
+    root = Path(found)
     current: dict[str, tuple[str, str, int]] = {}
     for sel in selections:
         for patch in sel.part.patches:

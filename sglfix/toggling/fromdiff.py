@@ -407,7 +407,6 @@ def _edits(func: Function, changes: list[Change], post: list[str]) -> tuple[list
     edits: list[EditSpec] = []
     # Lines of the post-fix function already taken by an earlier edit's anchor cannot anchor again.
     taken_until = 0
-    shift = 0  # how many lines the earlier edits added (+) or removed (-) in ``current``
     for c in sorted(changes, key=lambda c: c.at):
         i = c.at - base
         edit = _anchor(lines, i, c, floor=taken_until, current=current)
@@ -416,18 +415,17 @@ def _edits(func: Function, changes: list[Change], post: list[str]) -> tuple[list
                 f"no anchor occurs once in the function for the change at line {c.at + 1} "
                 f"({c.hunk}); revert this function by hand"
             )
-        spec, before, after = edit
+        spec, after = edit
         current = apply_single_edit(source=current, edit=spec)
         edits.append(spec)
         taken_until = i + len(c.post) + after
-        shift += len(c.pre) - len(c.post)
-        del before
     return edits, "\n".join(pre_lines) + "\n"
 
 
-def _anchor(lines: list[str], i: int, c: Change, *, floor: int, current: str) -> tuple[EditSpec, int, int] | None:
-    """The smallest (before, after) context widening that makes ``match`` occur exactly once in
-    ``current`` and keeps the replacement's indentation base that of the match."""
+def _anchor(lines: list[str], i: int, c: Change, *, floor: int, current: str) -> tuple[EditSpec, int] | None:
+    """The edit for change ``c`` with the smallest (before, after) context widening that makes
+    ``match`` occur exactly once in ``current`` and keeps the replacement's indentation base that
+    of the match, and how many lines after the change its anchor took."""
     cur_lines = current.splitlines()
     n = len(c.post)
     for total in range(12):
@@ -452,7 +450,7 @@ def _anchor(lines: list[str], i: int, c: Change, *, floor: int, current: str) ->
                 != 1
             ):
                 continue
-            return EditSpec(match=_block(match), replacement=_block(replacement)), before, after
+            return EditSpec(match=_block(match), replacement=_block(replacement)), after
     return None
 
 

@@ -59,10 +59,9 @@ class Profile:
 def _in_package(package: str, sub: str) -> str:
     """A path inside an installed sglfix package (data files live beside its modules). Found
     with ``find_spec``, not importlib.resources: the start-up hook asks in every process."""
-    import importlib.util
+    from sglfix.common.codebase import package_dir
 
-    spec = importlib.util.find_spec(package)
-    root = next(iter(spec.submodule_search_locations)) if spec and spec.submodule_search_locations else None
+    root = package_dir(package)
     if root is None:
         from importlib.resources import files
 
