@@ -563,6 +563,9 @@ class LogProgress:
     whichever comes first, so a long matrix shows it is alive and how it goes."""
 
     def __init__(self, total: int, *, quiet_s: float = 5.0, every_s: float = 30.0, clock=time.perf_counter) -> None:
+        from sglfix.common.verdicts import FAILING
+
+        self.failing_verdicts = FAILING
         self.total, self.quiet_s, self.every_s, self.clock = total, quiet_s, every_s, clock
         self.start = clock()
         self.done = 0
@@ -571,10 +574,8 @@ class LogProgress:
         self.last_tenth = 0
 
     def tick(self, verdict: str) -> None:
-        from sglfix.common.verdicts import FAILING
-
         self.done += 1
-        self.failing += verdict in FAILING
+        self.failing += verdict in self.failing_verdicts
         now = self.clock()
         tenth = self.done * 10 // max(1, self.total)
         if now - self.start < self.quiet_s or self.done == self.total:
