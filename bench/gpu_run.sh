@@ -6,6 +6,7 @@
 # isolation on CUDA.
 # Carry .cache (pydantic and FlashInfer wheels, JIT caches). ONLY=probe stops after the matrices and the probe;
 # ONLY=scale runs only the scale-out benchmark (bench/scale_out.py; Ray from .cache/ray-whl).
+# ONLY=profile times where a cell's time goes (bench/cell_profile.py, the parent under cProfile).
 # ONLY=sglang runs the real-sglang matrix (--profile sglang-0.5.23; sglang from .cache/sglang-gpu).
 # Everything lands in $OUT; a short table is printed last.
 set -uo pipefail
@@ -40,6 +41,11 @@ else
   if [ -f .cache/flashinfer-jit.tgz ]; then mkdir -p ~/.cache/flashinfer && tar -xzf .cache/flashinfer-jit.tgz -C ~/.cache/flashinfer && JIT=warm; fi
 fi
 echo "flashinfer JIT cache at start: $JIT" | tee "$OUT/jit-state.txt"
+# A regular pip install leaves bytecode beside the sources; the unpacked tarballs do not, and
+# without it every worker compiles the same modules again on first import.
+echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset}"
+[ -d /tmp/site ] && python3 -m compileall -q -j 0 /tmp/site > /dev/null 2>&1
+python3 -m compileall -q -j 0 sglfix backends > /dev/null 2>&1
 python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
 if [ "${ONLY:-}" = scale ]; then
   # Scale-out: the full matrix on 1 GPU, on every GPU and through Ray (bench/scale_out.py).
@@ -57,6 +63,54 @@ if [ "${ONLY:-}" = scale ]; then
   (cd "$OUT" && tar -czf scale-logs.tgz scale-logs gpu.txt jit-state.txt && rm -rf scale-logs)
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
   tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
+  exit 0
+fi
+if [ "${ONLY:-}" = profile ]; then
+  # Where the time goes (bench/cell_profile.py): the default matrix once to warm the kernel caches,
+  # again under cProfile (the parent's share: boot wait, dispatch, report, close), then the cells
+  # in-process by 1 and by several processes at once, GPU utilisation sampled meanwhile.
+  log "warm-up: default matrix with reachability"
+  t0=$(date +%s.%N)
+  COLUMNS=250 python3 -m sglfix matrix --parts --device cuda --json "$OUT/warm.json" > "$OUT/warm.txt" 2>&1
+  echo "warm-up rc=$? $(python3 -c "import time;print(round(time.time()-$t0,1))") s"; tail -1 "$OUT/warm.txt"
+  for mode in ${PARENT_MODES-reach every}; do
+    flag=""; [ $mode = every ] && flag=--no-reachability
+    t0=$(date +%s.%N)
+    COLUMNS=250 python3 -m cProfile -o "$OUT/parent-$mode.prof" -m sglfix matrix --parts $flag --device cuda \
+      --json "$OUT/parent-$mode.json" > "$OUT/parent-$mode.txt" 2>&1
+    echo "parent $mode rc=$? $(python3 -c "import time;print(round(time.time()-$t0,1))") s"; tail -1 "$OUT/parent-$mode.txt"
+    python3 -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(30)" "$OUT/parent-$mode.prof" \
+      > "$OUT/parent-$mode-prof.txt" 2>&1; grep -E "run_plan|execute|\(info\)|close|write_report|run_reaching|_wait|poll|json" "$OUT/parent-$mode-prof.txt" | head -14
+  done
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 250 > "$OUT/gpu-util.csv" 2>&1 &
+  smi=$!
+  python3 bench/cell_profile.py --device cuda --procs ${PROCS:-1 4 6} --sets ${SETS:-12} --profile-sets ${PROFILE_SETS:-3} \
+    --prof-out "$OUT/cells.prof" --json "$OUT/cell-profile.json" > "$OUT/cell-profile.txt" 2>&1; echo "cell_profile rc=$?"
+  head -6 "$OUT/cell-profile.txt"
+  if [ -n "${KEEP:-}" ]; then
+    python3 bench/cell_profile.py --device cuda --procs ${PROCS:-1 4 6} --sets ${SETS:-12} --profile-sets 0 --keep-cache \
+      --json "$OUT/cell-profile-keep.json" > "$OUT/cell-profile-keep.txt" 2>&1; echo "cell_profile --keep-cache rc=$?"
+    head -6 "$OUT/cell-profile-keep.txt"
+  fi
+  kill $smi 2>/dev/null
+  if [ -n "${MPS:-}" ] && command -v nvidia-cuda-mps-control >/dev/null; then
+    # The same cells with the processes sharing one GPU context through a private MPS daemon
+    # (stopped again below): tells GPU time-slicing between contexts from host-side contention.
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d && echo "MPS daemon started"
+    python3 bench/cell_profile.py --device cuda --procs ${PROCS:-1 4 6} --sets ${SETS:-12} --profile-sets 0 \
+      --json "$OUT/cell-profile-mps.json" > "$OUT/cell-profile-mps.txt" 2>&1; echo "cell_profile under MPS rc=$?"
+    head -6 "$OUT/cell-profile-mps.txt"
+    t0=$(date +%s.%N)
+    COLUMNS=250 python3 -m sglfix matrix --parts --no-reachability --device cuda --json "$OUT/mps-every.json" > "$OUT/mps-every.txt" 2>&1
+    echo "matrix every cell under MPS rc=$? $(python3 -c "import time;print(round(time.time()-$t0,1))") s"; tail -1 "$OUT/mps-every.txt"
+    echo quit | nvidia-cuda-mps-control; sleep 1
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
+  (cd "$OUT" && tar -czf profile-logs.tgz --remove-files warm.* parent-* mps-* gpu-util.csv cell-profile*.txt cells.prof 2>/dev/null)
+  tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
+  tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
   exit 0
 fi
 if [ "${ONLY:-}" = sglang ]; then
