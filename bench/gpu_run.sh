@@ -17,6 +17,11 @@ log() { echo "== $*"; }
 log "device"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
 if [ "${JIT:-}" != cold ] && [ -f .cache/triton.tgz ]; then mkdir -p ~/.triton && tar -xzf .cache/triton.tgz -C ~/.triton; fi
+# The image sets PYTHONDONTWRITEBYTECODE=1 and ships torch without bytecode, so every process
+# would compile torch's modules again on import (4.4 s against 2.3 s with bytecode, measured on
+# the H100). A regular install has bytecode: a private cache stands in for it.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=/tmp/pycache
 log "install"
 # pydantic is not on the GPU machine and there is no network: wheels carried in .cache/pydeps-whl
 if ls .cache/pydeps-whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-deps --no-index .cache/pydeps-whl/*.whl 2>&1 | tail -2; fi
@@ -43,9 +48,9 @@ fi
 echo "flashinfer JIT cache at start: $JIT" | tee "$OUT/jit-state.txt"
 # A regular pip install leaves bytecode beside the sources; the unpacked tarballs do not, and
 # without it every worker compiles the same modules again on first import.
-echo "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset}"
 [ -d /tmp/site ] && python3 -m compileall -q -j 0 /tmp/site > /dev/null 2>&1
 python3 -m compileall -q -j 0 sglfix backends > /dev/null 2>&1
+python3 -c "import torch, triton" 2>/dev/null  # torch's bytecode written once, before any timed run
 python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
 if [ "${ONLY:-}" = scale ]; then
   # Scale-out: the full matrix on 1 GPU, on every GPU and through Ray (bench/scale_out.py).

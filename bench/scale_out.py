@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -119,6 +120,7 @@ def main() -> int:
             (f"local, default options ({default} workers on 1 GPU)", ["--device", "cuda"]),
             (f"local, default options ({default} workers), with reachability", ["--device", "cuda"]),
             ("local, 6 workers on 1 GPU", ["--device", "cuda", "--jobs", "6"]),
+            ("local, 8 workers on 1 GPU", ["--device", "cuda", "--jobs", "8"]),
         ]
         reach_labels.add(plan[2][0])
     elif gpus >= 2:
@@ -174,6 +176,8 @@ def main() -> int:
             every_cell=label not in reach_labels,
         )
         rep = r.pop("report")
+        if os.path.exists(f"{tmp}/run{i}.json"):  # every cell's verdict and timings, with the logs
+            shutil.copy(f"{tmp}/run{i}.json", f"{logs}/scale-run{i}.json")
         row = {k: v for k, v in r.items() if k != "log"}
         row["label"] = label
         if rep is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sglfix.execution.reach import RecordingCell, UnreachedCell, run_reaching, targets_of
-from sglfix.harness.cell import CellResult
+from sglfix.harness.cell import CellResult, not_reached_result
 from sglfix.toggling.registry import load_registry
 
 
@@ -92,3 +92,64 @@ def test_a_real_baseline_records_the_targets_it_enters_and_an_unreached_set_stil
     assert verdicts == ["PASS", "NOT_REACHED", "NOT_REACHED", "PASS"], [r.findings for r in results]
     assert results[1].revert_env == "27460"  # the worker applied the set before answering
     assert results[1].findings[0]["same_as"] == "PASS"
+
+
+class ApplyingPool(FakePool):
+    """Like a worker: an unreached cell's answer carries the revert it applied; ``broken`` sets
+    fail to apply (ERROR)."""
+
+    def __init__(self, entered, broken=()):
+        super().__init__(entered)
+        self.broken = set(broken)
+
+    def run(self, cells, on_result=None):
+        out = []
+        for c, r in zip(cells, super().run(cells)):
+            if isinstance(c, UnreachedCell) and c.toggles in self.broken:
+                r = CellResult(scenario=c.scenario.name, toggles=list(c.toggles), device="cpu")
+                r.add("ERROR", f"revert {','.join(c.toggles)} failed: no such code")
+                r.finish()
+            elif isinstance(c, UnreachedCell):  # what the worker's session answers
+                r = not_reached_result(
+                    c.scenario.name, list(c.toggles), device="cpu", same_as=c.same_as, targets=list(c.targets)
+                )
+                r.kernels = {"launches": 0, "hits": 0}
+            r.revert_env = ",".join(c.toggles) or "0"
+            out.append(r)
+            if on_result:
+                on_result(r)
+        return out
+
+
+def test_a_sets_unreached_cells_take_one_round_trip_and_its_answer():
+    registry = load_registry()
+    kv = sorted(targets_of(["26651:triton-kv-lens"], registry=registry))
+    scens = [Scen(f"s{i}") for i in range(5)]
+    sets = [(), ("26651:fixture",), ("26738:glue-constant",)]
+    cells = [Cell(s, t) for t in sets for s in scens]
+    pool = ApplyingPool({s.name: kv[:1] for s in scens})
+    seen = []
+    results = run_reaching(pool, cells, base=(), registry=registry, on_result=seen.append)
+    sent = [c for c in pool.batches[1] if isinstance(c, UnreachedCell)]
+    assert sorted(c.toggles for c in sent) == [("26651:fixture",), ("26738:glue-constant",)]  # one per set
+    # Every unreached cell reads as a worker's own answer would: its scenario, its set's revert.
+    direct = ApplyingPool({})
+    for c, r in zip(cells, results):
+        if not c.toggles:
+            continue
+        (want,) = direct.run(
+            [UnreachedCell(c.scenario, c.toggles, "PASS", tuple(sorted(targets_of(c.toggles, registry=registry))))]
+        )
+        assert r.to_json() == want.to_json()
+    assert len(seen) == len(cells)
+
+
+def test_a_set_that_fails_to_apply_sends_each_of_its_cells_to_a_worker():
+    registry = load_registry()
+    kv = sorted(targets_of(["26651:triton-kv-lens"], registry=registry))
+    scens = [Scen(f"s{i}") for i in range(4)]
+    cells = [Cell(s, t) for t in [(), ("26651:fixture",)] for s in scens]
+    pool = ApplyingPool({s.name: kv[:1] for s in scens}, broken={("26651:fixture",)})
+    results = run_reaching(pool, cells, base=(), registry=registry)
+    assert [r.verdict for r in results[4:]] == ["ERROR"] * 4
+    assert [len([c for c in b if isinstance(c, UnreachedCell)]) for b in pool.batches[1:]] == [1, 3]

@@ -82,7 +82,10 @@ def run_reaching(
     for i, r in zip(first, ran):
         results[i] = r
         baseline[r.scenario] = r
+    # A set's unreached cells need a worker only to show that the set applies there: the first
+    # goes to a worker, the others take its answer (one round trip per set, not per cell).
     rest, queued = [], []
+    held_back: dict[tuple[str, ...], list[tuple[int, UnreachedCell]]] = {}
     for i, c in enumerate(cells):
         if results[i] is not None:
             continue
@@ -90,10 +93,43 @@ def run_reaching(
         reached = None if base_result is None else base_result.reached
         targets = extra[tuple(c.toggles)]
         if reached is not None and not targets & set(reached):
-            queued.append(UnreachedCell(c.scenario, tuple(c.toggles), base_result.verdict, tuple(sorted(targets))))
+            cell = UnreachedCell(c.scenario, tuple(c.toggles), base_result.verdict, tuple(sorted(targets)))
+            if cell.toggles in held_back:
+                held_back[cell.toggles].append((i, cell))
+                continue
+            held_back[cell.toggles] = []
+            queued.append(cell)
         else:
             queued.append(c)
         rest.append(i)
-    for i, r in zip(rest, pool.run(queued, on_result=on_result)):
+    answered: dict[tuple[str, ...], CellResult] = {}
+    for i, cell, r in zip(rest, queued, pool.run(queued, on_result=on_result)):
         results[i] = r
+        if isinstance(cell, UnreachedCell):
+            answered[cell.toggles] = r
+    unsure = []
+    for toggles, waiting in held_back.items():
+        probe = answered.get(toggles)
+        for i, cell in waiting:
+            if probe is None or probe.verdict != "NOT_REACHED":
+                unsure.append((i, cell))  # the set did not apply cleanly there: each cell says so itself
+                continue
+            results[i] = _like(probe, cell)
+            if on_result is not None:
+                on_result(results[i])
+    if unsure:
+        for (i, _), r in zip(unsure, pool.run([cell for _, cell in unsure], on_result=on_result)):
+            results[i] = r
     return [r for r in results if r is not None]
+
+
+def _like(probe: CellResult, cell: UnreachedCell) -> CellResult:
+    """An unreached cell of the set ``probe`` (a NOT_REACHED answer from a worker) applied."""
+    from sglfix.harness.cell import not_reached_result
+
+    result = not_reached_result(
+        cell.scenario.name, list(cell.toggles), device=probe.device, same_as=cell.same_as, targets=list(cell.targets)
+    )
+    result.revert_env = probe.revert_env
+    result.kernels = dict(probe.kernels) if probe.kernels is not None else None
+    return result

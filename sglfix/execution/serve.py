@@ -147,6 +147,11 @@ def _boot(device: str, codebase: str = "reproduction") -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
+    keeps_caches = False
+    if device == "cuda":
+        from sglfix.harness.allocator import keep_caches_across_captures
+
+        keeps_caches = keep_caches_across_captures()
     interpreter = None
     if device == "cpu":
         from sglfix.harness import interpreter as interp
@@ -162,6 +167,7 @@ def _boot(device: str, codebase: str = "reproduction") -> dict:
         "pid": os.getpid(),
         "skipped": skipped,
         "interpreter": interpreter,
+        "keeps_caches": keeps_caches,
         "codebase": {
             "name": cb.name,
             **found.to_json(),

@@ -22,9 +22,9 @@ def _guard_bytes(entry: Any):
     return guard.contiguous().view(torch.uint8)
 
 
-def _overwritten(entry: Any) -> tuple[int, int] | None:
-    """(first overwritten element past the end, elements overwritten) or None."""
-    raw = _guard_bytes(entry)
+def _overwritten(entry: Any, raw: Any) -> tuple[int, int] | None:
+    """(first overwritten element past the end, elements overwritten) or None; ``raw`` is the
+    guard zone's bytes on the host."""
     size = entry.flat.element_size()
     bad = (raw != SENTINEL_BYTE).view(-1, size).any(dim=1).nonzero()
     if not bad.numel():
@@ -32,21 +32,24 @@ def _overwritten(entry: Any) -> tuple[int, int] | None:
     return int(bad[0, 0]), int(bad.numel())
 
 
-def _first_bad_offset(entry: Any) -> int | None:
-    hit = _overwritten(entry)
-    return None if hit is None else hit[0]
+def _hits(registry: Sequence[Any]) -> list[tuple[Any, tuple[int, int] | None]]:
+    """Every entry with its overwrite, the guard zones read in one wait for the device."""
+    from sglfix.harness.hostcopy import to_host
+
+    entries = list(registry)
+    raws = to_host([_guard_bytes(e) for e in entries])
+    return [(e, _overwritten(e, raw)) for e, raw in zip(entries, raws)]
 
 
 def check_guards(registry: Sequence[Any]) -> list[str]:
     """Names of the registered buffers whose guard zone was overwritten."""
-    return [entry.name for entry in registry if _first_bad_offset(entry) is not None]
+    return [entry.name for entry, hit in _hits(registry) if hit is not None]
 
 
 def describe_guards(registry: Sequence[Any]) -> list[str]:
     """The overwritten buffers with shape and first overwritten offset, for reports."""
     out = []
-    for entry in registry:
-        hit = _overwritten(entry)
+    for entry, hit in _hits(registry):
         if hit is not None:
             first, count = hit
             out.append(

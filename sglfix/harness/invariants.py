@@ -121,10 +121,39 @@ def _locations(name: str, t: torch.Tensor, rows: int, num_slots: int, found: lis
         found.append(f"{name}[{i}] = {int(v[i])} outside the KV pool [0, {num_slots})")
 
 
+_WHOLE_INDICES = 1 << 16
+
+
+class _HostView:
+    """The metadata's checked fields as host tensors (read in one wait), anything else as is."""
+
+    def __init__(self, metadata: Any, host: dict[str, Any]) -> None:
+        self._metadata, self._host = metadata, host
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._host:
+            return self._host[name]
+        return getattr(self._metadata, name)
+
+
+def _on_host(metadata: Any, fields: MetadataFields) -> _HostView:
+    from sglfix.harness.hostcopy import to_host
+
+    names = [*fields.indptr, *fields.lengths, *fields.indices, *fields.locations]
+    for table, (len_name, _page) in fields.block_tables.items():
+        names += [table, len_name]
+    names = [n for n in dict.fromkeys(names) if isinstance(getattr(metadata, n, None), torch.Tensor)]
+    # An indices buffer sized for the largest batch is read up to its offsets' end only, a second
+    # wait, rather than copied whole.
+    names = [n for n in names if n not in fields.indices or getattr(metadata, n).numel() <= _WHOLE_INDICES]
+    return _HostView(metadata, dict(zip(names, to_host([getattr(metadata, n) for n in names]))))
+
+
 def check_metadata(
     metadata: Any, *, fields: MetadataFields = UPSTREAM_FIELDS, rows: int, num_slots: int, phase: str
 ) -> list[str]:
     """Findings (empty when sound) for a backend's metadata covering ``rows`` requests."""
+    metadata = _on_host(metadata, fields)
     found: list[str] = []
     offsets: dict[str, torch.Tensor] = {}
     for name in fields.indptr:

@@ -68,13 +68,17 @@ def compare_outputs(*, out: torch.Tensor, ref: torch.Tensor, q_valid: torch.Tens
     A row (one query token) is bad when any element differs by more than
     tolerance * (1 + |ref|): absolute near zero, relative for large values.
     """
-    expected = ref[q_valid].to(torch.float64).cpu()
-    got = out.reshape(expected.shape).to(torch.float64).cpu()
+    from sglfix.harness.hostcopy import to_host
+
+    # On the host, read in one wait: a boolean mask on the device would wait for its own count.
+    ref, q_valid, out = to_host([ref, q_valid, out])
+    expected = ref[q_valid].to(torch.float64)
+    got = out.reshape(expected.shape).to(torch.float64)
     nonfinite = int((~torch.isfinite(got)).sum())
     diff = (got - expected).abs().nan_to_num(nan=float("inf"))
     rel = diff / expected.abs().clamp_min(1e-6)
     bad = (diff > tolerance * (1.0 + expected.abs())).flatten(1).any(dim=1)
-    owner = q_valid.nonzero().cpu()  # (request, row) per packed token
+    owner = q_valid.nonzero()  # (request, row) per packed token
     first = int(bad.nonzero()[0]) if bool(bad.any()) else None
     return Comparison(
         max_abs=float(diff.max()) if diff.numel() else 0.0,

@@ -1,0 +1,65 @@
+"""A worker's caching allocators kept across CUDA graph captures, up to a memory budget.
+
+``torch.cuda.graph`` empties both of torch's caching allocators (device memory and pinned host
+memory) before every capture, so that a server capturing once at start-up gives the graphs all
+it can. A worker captures in nearly every cell: emptied each time, every cell hands its memory
+back to the driver and takes it again, and the driver's frees wait for the device and serialise
+the processes sharing the GPU (``bench/results/contention-h100.json``). A worker therefore keeps
+its caches at a capture while its reserved device memory is within ``budget_bytes``, and empties
+them as torch does once it is above. Capture and replay themselves are untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+__all__ = ["WORKER_CACHE_BUDGET", "keep_caches_across_captures"]
+
+# Half of what the pool budgets per worker on a shared GPU (sglfix.cli.common): room for the
+# graphs' own pools above the cache.
+WORKER_CACHE_BUDGET = 8 << 30
+
+_MARK = "_sglfix_keeps_caches"
+
+
+@contextlib.contextmanager
+def _no_emptying() -> Iterator[None]:
+    import torch
+
+    saved = torch.cuda.empty_cache, getattr(torch._C, "_host_emptyCache", None)
+    torch.cuda.empty_cache = _nothing
+    if saved[1] is not None:
+        torch._C._host_emptyCache = _nothing
+    try:
+        yield
+    finally:
+        torch.cuda.empty_cache = saved[0]
+        if saved[1] is not None:
+            torch._C._host_emptyCache = saved[1]
+
+
+def _nothing() -> None:
+    return None
+
+
+def keep_caches_across_captures(*, budget_bytes: int = WORKER_CACHE_BUDGET) -> bool:
+    """Install the policy in this process (once); False where torch has no CUDA graphs."""
+    import torch
+
+    graph = getattr(torch.cuda, "graph", None)
+    enter = getattr(graph, "__enter__", None)
+    if enter is None:
+        return False
+    if getattr(enter, _MARK, False):
+        return True
+
+    def __enter__(self):
+        if torch.cuda.memory_reserved() > budget_bytes:
+            return enter(self)
+        with _no_emptying():
+            return enter(self)
+
+    setattr(__enter__, _MARK, True)
+    graph.__enter__ = __enter__
+    return True
