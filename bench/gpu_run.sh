@@ -64,7 +64,7 @@ if [ "${ONLY:-}" = scale ]; then
   python3 -c "import ray; print('ray', ray.__version__)" 2>&1 | tail -1 | tee -a "$OUT/gpu.txt" || true
   python3 -c "import ray" 2>/dev/null || skip_ray=--skip-ray
   python3 -c "import torch; print('GPUs', torch.cuda.device_count())" | tee -a "$OUT/gpu.txt"
-  python3 bench/scale_out.py --json "$OUT/scale-out.json" --logs "$OUT/scale-logs" --budget-s ${SCALE_BUDGET:-470} --plan ${SCALE_PLAN:-scale} $skip_ray; echo "scale rc=$?"
+  python3 bench/scale_out.py --json "$OUT/scale-out.json" --logs "$OUT/scale-logs" --budget-s ${SCALE_BUDGET:-470} --plan ${SCALE_PLAN:-scale} $skip_ray ${SCALE_ARGS:-}; echo "scale rc=$?"
   (cd "$OUT" && tar -czf scale-logs.tgz scale-logs gpu.txt jit-state.txt && rm -rf scale-logs)
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
   tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true

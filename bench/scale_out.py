@@ -95,6 +95,17 @@ def main() -> int:
         help="scale: 1 GPU, every GPU, Ray, 2 workers on 1 GPU; workers: 1 worker against the default "
         "number of workers per GPU (every cell, and with reachability) and 2 and 4 workers",
     )
+    ap.add_argument(
+        "--skip-single",
+        action="store_true",
+        help="no one-worker run: the first run of the plan is the baseline the others are compared with",
+    )
+    ap.add_argument(
+        "--reference",
+        default=None,
+        help="a committed every-cell matrix report (e.g. bench/results/matrix-cpu.json): each run's "
+        "verdicts are compared with it cell by cell too",
+    )
     ns = ap.parse_args()
     logs = ns.logs or os.path.dirname(os.path.abspath(ns.json))
     os.makedirs(logs, exist_ok=True)
@@ -111,7 +122,7 @@ def main() -> int:
     print("== warm-up (not timed)", flush=True)
     warm = _matrix(["--devices", "0", *sel], f"{tmp}/warm.json", f"{logs}/scale-warm.txt", every_cell=False)
 
-    plan: list[tuple[str, list[str]]] = [("local, 1 GPU", ["--devices", "0"])]
+    plan: list[tuple[str, list[str]]] = [] if ns.skip_single else [("local, 1 GPU", ["--devices", "0"])]
     missing: list[str] = []
     reach_labels: set[str] = set()
     if ns.plan == "workers":
@@ -119,10 +130,11 @@ def main() -> int:
         plan += [
             (f"local, default options ({default} workers on 1 GPU)", ["--device", "cuda"]),
             (f"local, default options ({default} workers), with reachability", ["--device", "cuda"]),
-            ("local, 6 workers on 1 GPU", ["--device", "cuda", "--jobs", "6"]),
-            ("local, 8 workers on 1 GPU", ["--device", "cuda", "--jobs", "8"]),
         ]
-        reach_labels.add(plan[2][0])
+        reach_labels.add(plan[-1][0])
+        plan += [
+            (f"local, {n} workers on 1 GPU", ["--device", "cuda", "--jobs", str(n)]) for n in (4, 6, 8) if n != default
+        ]
     elif gpus >= 2:
         plan.append((f"local, {gpus} GPUs", ["--devices", "all"]))
     else:
@@ -132,7 +144,8 @@ def main() -> int:
             missing.append("ray (not installed on this machine)")
         else:  # the same workers as Ray actors sharing the GPU, against the local default
             plan.insert(
-                3, (f"ray, default options ({default} actors on 1 GPU)", ["--executor", "ray", "--device", "cuda"])
+                len(plan) - 2,
+                (f"ray, default options ({default} actors on 1 GPU)", ["--executor", "ray", "--device", "cuda"]),
             )
     elif not ns.skip_ray:
         plan.append((f"ray, {gpus} GPU{'s' if gpus > 1 else ''}", ["--executor", "ray", "--devices", "all"]))
@@ -160,6 +173,13 @@ def main() -> int:
         "runs": [],
         "missing": missing,
     }
+    reference = None
+    if ns.reference:
+        with open(ns.reference) as f:
+            ref_report = json.load(f)
+        reference = {c["id"]: stands_for(c["verdict"], c.get("findings")) for c in ref_report["cells"]}
+        result["reference"] = ns.reference
+    result["baseline"] = plan[0][0] if plan else None
     base_verdicts: dict[str, str] | None = None
     base_wall: tuple[float, float] | None = None
     for i, (label, args) in enumerate(plan):
@@ -192,6 +212,9 @@ def main() -> int:
             if i == 0:
                 base_verdicts, base_wall = verdicts, (r["process_wall_s"], rep["wall_s"])
             row.update(cells=len(verdicts), cells_wall_s=rep.get("wall_s"), summary=rep.get("summary"))
+            if reference is not None:
+                off = sorted(k for k in set(verdicts) | set(reference) if verdicts.get(k) != reference.get(k))
+                row.update(identical_to_reference=not off, differ_from_reference=off[:20])
             if base_verdicts is None:  # the 1-GPU run left no report: nothing to compare with
                 row.update(identical_to_1gpu=None, speedup_vs_1gpu=None, cells_speedup_vs_1gpu=None)
             else:
@@ -209,6 +232,16 @@ def main() -> int:
         with open(ns.json, "w") as f:
             json.dump(result, f, indent=1)
     rows = result["runs"]
+    ray_row = next((r for r in rows if r["label"].startswith("ray, default")), None)
+    local_row = next(
+        (r for r in rows if r["label"].startswith("local, default options") and "reach" not in r["label"]), None
+    )
+    if ray_row and local_row and ray_row.get("cells_wall_s") and local_row.get("cells_wall_s"):
+        result["ray_vs_local"] = {
+            "process": round(local_row["process_wall_s"] / ray_row["process_wall_s"], 3),
+            "cells": round(local_row["cells_wall_s"] / ray_row["cells_wall_s"], 3),
+            "note": "local wall / Ray wall for the same cells and worker count: >= 1 means Ray is as fast",
+        }
     with open(ns.json, "w") as f:
         json.dump(result, f, indent=1)
     print(f"{'run':<26} {'rc':>3} {'cells':>6} {'wall_s':>8} {'cells_s':>8} {'speedup':>8} identical")
