@@ -53,28 +53,3 @@ def test_installed_once(monkeypatch):
     wrapped = _Graph.__enter__
     assert allocator.keep_caches_across_captures(budget_bytes=1)
     assert _Graph.__enter__ is wrapped
-
-
-def test_workers_sharing_a_gpu_each_get_a_share_of_its_memory():
-    import json
-
-    from sglfix.common.errors import ConfigError
-    from sglfix.execution.pool import WorkerConfig, WorkerPool, shared_fraction
-    from sglfix.execution.worker import Worker
-
-    assert shared_fraction(4) == 0.2375 and shared_fraction(1) == 0.95
-    with WorkerPool(WorkerConfig(device="cpu"), jobs=2) as pool:
-        assert pool.config.memory_fraction == shared_fraction(2)
-        info = pool.info  # the worker booted with it (a CPU worker has no GPU memory to limit)
-        assert info["device"] == "cpu"
-    with WorkerPool(WorkerConfig(device="cpu"), jobs=1) as pool:
-        assert pool.config.memory_fraction is None
-    spec = json.loads(Worker(WorkerConfig(device="cuda", memory_fraction=0.25))._env(3, 4)["SGLFIX_WORKER"])
-    assert spec["memory_fraction"] == 0.25
-    for bad in (0, 1.5, True, "0.5"):
-        try:
-            WorkerConfig(device="cpu", memory_fraction=bad)
-        except ConfigError as exc:
-            assert "memory fraction" in str(exc)
-        else:
-            raise AssertionError(f"memory_fraction={bad!r} was accepted")

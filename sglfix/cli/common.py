@@ -172,11 +172,10 @@ def check_device(device: str) -> None:
         raise ConfigError("--device cuda: no CUDA device here; use --device cpu")
 
 
-# The GPU memory a worker is given when several share a GPU (each is held to its share,
-# sglfix.execution.pool.shared_fraction, and frees its own cache past it). Six workers of an
-# 80 GB H100 ran the full matrix with every verdict as one worker gives; eight ran out of memory
-# in the FlashInfer draft scenarios (bench/results/workers-h100.json).
-_GPU_GIB_PER_WORKER = 12
+# What a worker holds on the GPU once it has run the larger scenarios: PyTorch's caching allocator
+# keeps what a cell freed, CUDA graphs keep their pools; measured 8 to 15 GiB per worker on an
+# H100 over the FlashInfer draft scenarios (8 workers there ran out of memory, 4 did not).
+_GPU_GIB_PER_WORKER = 16
 _MAX_GPU_WORKERS = 8
 
 

@@ -12,7 +12,6 @@ and an apply, and a worker that held a set may have to be replaced before the ne
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import signal
 import time
@@ -78,12 +77,6 @@ class _Queue:
         return i
 
 
-def shared_fraction(workers: int) -> float:
-    """Each of ``workers`` sharing one GPU may hold this share of its memory (what the CUDA
-    contexts themselves take, outside the allocators, is left over)."""
-    return round(0.95 / workers, 4)
-
-
 def check_pool_size(jobs: object) -> None:
     """A pool's ``jobs`` (local or Ray): a whole number of workers, at least one."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
@@ -99,8 +92,6 @@ class WorkerPool:
 
     def __init__(self, config: WorkerConfig, *, jobs: int = 1, devices: Sequence[str] | None = None) -> None:
         check_pool_size(jobs)
-        if not devices and jobs > 1 and config.memory_fraction is None:
-            config = dataclasses.replace(config, memory_fraction=shared_fraction(jobs))
         self.config = config
         if devices:
             # One worker per GPU, each seeing only its own (CUDA_VISIBLE_DEVICES): a fault or a

@@ -16,13 +16,12 @@ Without an address a private local Ray instance is started (and stopped at the e
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sglfix.common.errors import ConfigError
-from sglfix.execution.pool import WorkerPool, _Queue, check_pool_size, shared_fraction
+from sglfix.execution.pool import WorkerPool, _Queue, check_pool_size
 from sglfix.execution.worker import WorkerConfig
 from sglfix.harness.cell import CellResult
 
@@ -132,9 +131,6 @@ class RayPool:
         resources = (
             {"num_gpus": _gpu_share(ray, size, devices), "num_cpus": 0} if config.device == "cuda" else {"num_cpus": 1}
         )
-        share = resources.get("num_gpus", 1)
-        if share < 1 and config.memory_fraction is None:  # actors sharing a GPU share its memory too
-            self.config = config = dataclasses.replace(config, memory_fraction=shared_fraction(round(1 / share)))
         self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0, **resources)(_CellActor)
         self.actors = [self._new_actor() for _ in range(size)]
         self._info: dict | None = None

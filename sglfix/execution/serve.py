@@ -119,7 +119,7 @@ def _import_under_test(cb) -> list[str]:
     return skipped
 
 
-def _boot(device: str, codebase: str = "reproduction", *, memory_fraction: float | None = None) -> dict:
+def _boot(device: str, codebase: str = "reproduction") -> dict:
     from sglfix import codebases
 
     cb = codebases.get_codebase(codebase)
@@ -149,14 +149,9 @@ def _boot(device: str, codebase: str = "reproduction", *, memory_fraction: float
         triton_version = None
     keeps_caches = False
     if device == "cuda":
-        from sglfix.harness.allocator import WORKER_CACHE_BUDGET, keep_caches_across_captures
+        from sglfix.harness.allocator import keep_caches_across_captures
 
-        budget = WORKER_CACHE_BUDGET
-        if memory_fraction is not None:
-            torch.cuda.set_per_process_memory_fraction(memory_fraction)
-            share = int(memory_fraction * torch.cuda.get_device_properties(0).total_memory)
-            budget = min(budget, share // 2)
-        keeps_caches = keep_caches_across_captures(budget_bytes=budget)
+        keeps_caches = keep_caches_across_captures()
     interpreter = None
     if device == "cpu":
         from sglfix.harness import interpreter as interp
@@ -173,7 +168,6 @@ def _boot(device: str, codebase: str = "reproduction", *, memory_fraction: float
         "skipped": skipped,
         "interpreter": interpreter,
         "keeps_caches": keeps_caches,
-        "memory_fraction": memory_fraction if device == "cuda" else None,
         "codebase": {
             "name": cb.name,
             **found.to_json(),
@@ -206,7 +200,7 @@ def serve() -> None:
     _guard_group(read_fd, write_fd)
     _CHANNEL = channel = _Channel(read_fd, write_fd)
     try:
-        info = _boot(spec["device"], spec.get("codebase", "reproduction"), memory_fraction=spec.get("memory_fraction"))
+        info = _boot(spec["device"], spec.get("codebase", "reproduction"))
     except ConfigError as exc:
         channel.send({"fatal": first_line(exc)})
         sys.exit(2)

@@ -63,9 +63,6 @@ class WorkerConfig:
     allowed_prefixes: tuple[str, ...] | None = None
     timeout: float = 300.0
     codebase: str = "reproduction"  # what the cells replay through (sglfix.codebases)
-    # The share of the GPU's memory this worker's allocator may hold, when several share a GPU:
-    # past it the worker frees its own cache instead of crowding out the others.
-    memory_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -74,9 +71,6 @@ class WorkerConfig:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
             shown = f"{t:g}" if isinstance(t, (int, float)) and not isinstance(t, bool) else repr(t)
             raise ConfigError(f"--timeout {shown}: must be a finite number of seconds > 0; pass e.g. --timeout 300")
-        f = self.memory_fraction
-        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1):
-            raise ConfigError(f"a worker's memory fraction must be in (0, 1], not {f!r}")
         if self.toggles_dir is not None:
             path = os.path.abspath(os.fspath(self.toggles_dir))
             if not os.path.isdir(path):
@@ -222,7 +216,6 @@ class Worker:
                 "parent": os.getpid(),
                 "device": self.config.device,
                 "codebase": self.config.codebase,
-                "memory_fraction": self.config.memory_fraction,
                 "allowed_prefixes": list(self.config.allowed_prefixes)
                 if self.config.allowed_prefixes is not None
                 else None,
