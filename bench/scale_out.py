@@ -43,6 +43,14 @@ def _matrix(
 ) -> dict:
     reach = ["--no-reachability"] if every_cell else []
     cmd = [sys.executable, "-m", "sglfix", "matrix", "--parts", *reach, *args, "--json", json_path]
+    # GPU memory in use, sampled while the run lasts: its peak says how close the workers came
+    # to filling the GPU.
+    sampler = subprocess.Popen(
+        ["nvidia-smi", "--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits", "-lms", "250"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     start = time.perf_counter()
     with open(log_path, "w") as log:
         try:
@@ -52,6 +60,10 @@ def _matrix(
         except subprocess.TimeoutExpired:
             rc = 124
     wall = time.perf_counter() - start
+    sampler.terminate()
+    samples = [line.split(",") for line in sampler.communicate()[0].splitlines() if "," in line]
+    used = [int(a) for a, _ in samples if a.strip().isdigit()]
+    total = next((int(b) for _, b in samples if b.strip().isdigit()), None)
     report = None
     if rc != 124 and os.path.exists(json_path):
         with open(json_path) as f:
@@ -60,6 +72,8 @@ def _matrix(
         "command": " ".join(["sglfix", *cmd[3:]]),
         "rc": rc,
         "process_wall_s": round(wall, 2),
+        "gpu_memory_peak_mib": max(used) if used else None,
+        "gpu_memory_total_mib": total,
         "report": report,
         "log": log_path,
     }
@@ -95,6 +109,7 @@ def main() -> int:
         help="scale: 1 GPU, every GPU, Ray, 2 workers on 1 GPU; workers: 1 worker against the default "
         "number of workers per GPU (every cell, and with reachability) and 2 and 4 workers",
     )
+    ap.add_argument("--workers", type=int, nargs="*", default=[4, 6, 8], help="workers plan: other worker counts")
     ap.add_argument(
         "--skip-single",
         action="store_true",
@@ -133,7 +148,7 @@ def main() -> int:
         ]
         reach_labels.add(plan[-1][0])
         plan += [
-            (f"local, {n} workers on 1 GPU", ["--device", "cuda", "--jobs", str(n)]) for n in (4, 6, 8) if n != default
+            (f"local, {n} workers on 1 GPU", ["--device", "cuda", "--jobs", str(n)]) for n in ns.workers if n != default
         ]
     elif gpus >= 2:
         plan.append((f"local, {gpus} GPUs", ["--devices", "all"]))

@@ -22,25 +22,31 @@ class Cell:
 
 
 class FakePool:
-    """Answers like the worker would: baselines report ``entered``; unreached cells are marked."""
+    """Answers like the worker would: baselines report ``entered``; unreached cells are marked.
+    Cells run in the order they are queued, and ``feed`` adds to the queue, as in the real pool."""
 
     def __init__(self, entered: dict[str, list[str] | None]):
         self.entered = entered
-        self.batches: list[list] = []
+        self.sent: list = []  # every cell given to a worker, in the order run
 
-    def run(self, cells, on_result=None):
-        cells = list(cells)
-        self.batches.append(cells)
-        out = []
-        for c in cells:
-            r = CellResult(scenario=c.scenario.name, toggles=list(c.toggles), device="cpu")
-            if isinstance(c, RecordingCell):
-                r.reached = self.entered[c.scenario.name]
-            elif isinstance(c, UnreachedCell):
-                r.add("NOT_REACHED", "not reached", same_as=c.same_as, targets=list(c.targets))
-            out.append(r.finish())
+    def answer(self, c):
+        r = CellResult(scenario=c.scenario.name, toggles=list(c.toggles), device="cpu")
+        if isinstance(c, RecordingCell):
+            r.reached = self.entered[c.scenario.name]
+        elif isinstance(c, UnreachedCell):
+            r.add("NOT_REACHED", "not reached", same_as=c.same_as, targets=list(c.targets))
+        return r.finish()
+
+    def run(self, cells, on_result=None, feed=None):
+        queue, out = list(cells), []
+        while queue:
+            c = queue.pop(0)
+            self.sent.append(c)
+            out.append(self.answer(c))
             if on_result:
                 on_result(out[-1])
+            if feed:
+                queue += feed(c, out[-1])
         return out
 
 
@@ -61,10 +67,11 @@ def test_cells_whose_targets_the_baseline_never_enters_are_marked_not_run():
     assert verdicts[("a", ("26651:fixture",))] == "NOT_REACHED"
     assert verdicts[("a", ("26651:fixture", "26651:triton-kv-lens"))] == "PASS"  # one of them entered
     assert all(v != "NOT_REACHED" for (s, _), v in verdicts.items() if s == "b")
-    first, second = pool.batches
-    assert all(isinstance(c, RecordingCell) and c.toggles == () for c in first)
-    assert set(first[0].record) == set(kv) | fixture
-    unreached = [c for c in second if isinstance(c, UnreachedCell)]
+    recorded = [c for c in pool.sent if isinstance(c, RecordingCell)]
+    assert [c.scenario.name for c in recorded] == ["a", "b"] and all(c.toggles == () for c in recorded)
+    assert pool.sent[:2] == recorded  # the baselines are first in line
+    assert set(recorded[0].record) == set(kv) | fixture
+    unreached = [c for c in pool.sent if isinstance(c, UnreachedCell)]
     assert [(c.scenario.name, c.toggles) for c in unreached] == [("a", ("26651:fixture",))]
     assert unreached[0].same_as == "PASS" and set(unreached[0].targets) == fixture
     assert unreached[0].extra == {"not_reached": {"same_as": "PASS", "targets": sorted(fixture)}}
@@ -102,23 +109,20 @@ class ApplyingPool(FakePool):
         super().__init__(entered)
         self.broken = set(broken)
 
-    def run(self, cells, on_result=None):
-        out = []
-        for c, r in zip(cells, super().run(cells)):
-            if isinstance(c, UnreachedCell) and c.toggles in self.broken:
-                r = CellResult(scenario=c.scenario.name, toggles=list(c.toggles), device="cpu")
-                r.add("ERROR", f"revert {','.join(c.toggles)} failed: no such code")
-                r.finish()
-            elif isinstance(c, UnreachedCell):  # what the worker's session answers
-                r = not_reached_result(
-                    c.scenario.name, list(c.toggles), device="cpu", same_as=c.same_as, targets=list(c.targets)
-                )
-                r.kernels = {"launches": 0, "hits": 0}
-            r.revert_env = ",".join(c.toggles) or "0"
-            out.append(r)
-            if on_result:
-                on_result(r)
-        return out
+    def answer(self, c):
+        if isinstance(c, UnreachedCell) and c.toggles in self.broken:
+            r = CellResult(scenario=c.scenario.name, toggles=list(c.toggles), device="cpu")
+            r.add("ERROR", f"revert {','.join(c.toggles)} failed: no such code")
+            r.finish()
+        elif isinstance(c, UnreachedCell):  # what the worker's session answers
+            r = not_reached_result(
+                c.scenario.name, list(c.toggles), device="cpu", same_as=c.same_as, targets=list(c.targets)
+            )
+            r.kernels = {"launches": 0, "hits": 0}
+        else:
+            r = super().answer(c)
+        r.revert_env = ",".join(c.toggles) or "0"
+        return r
 
 
 def test_a_sets_unreached_cells_take_one_round_trip_and_its_answer():
@@ -130,7 +134,7 @@ def test_a_sets_unreached_cells_take_one_round_trip_and_its_answer():
     pool = ApplyingPool({s.name: kv[:1] for s in scens})
     seen = []
     results = run_reaching(pool, cells, base=(), registry=registry, on_result=seen.append)
-    sent = [c for c in pool.batches[1] if isinstance(c, UnreachedCell)]
+    sent = [c for c in pool.sent if isinstance(c, UnreachedCell)]
     assert sorted(c.toggles for c in sent) == [("26651:fixture",), ("26738:glue-constant",)]  # one per set
     # Every unreached cell reads as a worker's own answer would: its scenario, its set's revert.
     direct = ApplyingPool({})
@@ -152,4 +156,22 @@ def test_a_set_that_fails_to_apply_sends_each_of_its_cells_to_a_worker():
     pool = ApplyingPool({s.name: kv[:1] for s in scens}, broken={("26651:fixture",)})
     results = run_reaching(pool, cells, base=(), registry=registry)
     assert [r.verdict for r in results[4:]] == ["ERROR"] * 4
-    assert [len([c for c in b if isinstance(c, UnreachedCell)]) for b in pool.batches[1:]] == [1, 3]
+    assert len([c for c in pool.sent if isinstance(c, UnreachedCell)]) == 4  # the probe, then each one
+
+
+def test_the_pool_runs_cells_a_result_feeds_it():
+    from sglfix.execution.pool import WorkerConfig, WorkerPool
+    from sglfix.scenario import load_scenarios
+
+    scens = [s for s in load_scenarios([], builtin=True) if s.name.startswith("triton-decode@cg=eager")][:2]
+    first, then = Cell(scens[0], ()), Cell(scens[1], ("26738",))
+    fed = []
+
+    def feed(cell, result):
+        fed.append((cell.scenario.name, result.verdict))
+        return [then] if cell is first else []
+
+    with WorkerPool(WorkerConfig(device="cpu", timeout=120), jobs=1) as pool:
+        results = pool.run([first], feed=feed)
+    assert [(r.scenario, tuple(r.toggles)) for r in results] == [(scens[0].name, ()), (scens[1].name, ("26738",))]
+    assert fed == [(scens[0].name, "PASS"), (scens[1].name, results[1].verdict)]

@@ -173,9 +173,11 @@ def check_device(device: str) -> None:
 
 
 # What a worker holds on the GPU once it has run the larger scenarios: PyTorch's caching allocator
-# keeps what a cell freed, CUDA graphs keep their pools; measured 8 to 15 GiB per worker on an
-# H100 over the FlashInfer draft scenarios (8 workers there ran out of memory, 4 did not).
-_GPU_GIB_PER_WORKER = 16
+# keeps up to 4 GiB between cells (sglfix.harness.allocator), CUDA graphs keep their pools, the
+# FlashInfer workspace is 384 MiB. Six workers ran the full matrix on an 80 GB H100 with every
+# verdict the CPU matrix gives; eight ran out of memory in the FlashInfer draft scenarios
+# (bench/results/workers-h100.json).
+_GPU_GIB_PER_WORKER = 12
 _MAX_GPU_WORKERS = 8
 
 

@@ -57,6 +57,10 @@ class _Queue:
     def __bool__(self) -> bool:
         return bool(self.groups)
 
+    def add(self, i: int, key: tuple[str, ...]) -> None:
+        """Last in line (a cell that a result made known while the plan runs)."""
+        self.groups.setdefault(key, deque()).append(i)
+
     def put_back(self, i: int, key: tuple[str, ...]) -> None:
         """First in line again: the cell was taken but never ran."""
         group = self.groups.pop(key, deque())
@@ -139,8 +143,16 @@ class WorkerPool:
 
     # -- running ------------------------------------------------------------------------------
 
-    def run(self, cells: Iterable[Any], *, on_result: Callable[[CellResult], None] | None = None) -> list[CellResult]:
-        """Run every cell (``.scenario`` with ``.name``/``.to_json()``, ``.toggles``); results in cell order."""
+    def run(
+        self,
+        cells: Iterable[Any],
+        *,
+        on_result: Callable[[CellResult], None] | None = None,
+        feed: Callable[[Any, CellResult], Iterable[Any]] | None = None,
+    ) -> list[CellResult]:
+        """Run every cell (``.scenario`` with ``.name``/``.to_json()``, ``.toggles``); results in cell order.
+        ``feed(cell, result)``, called as each result arrives, may return more cells to run (they
+        join the end of the line, and their results the end of the list)."""
         self._check_open()
         cells = list(cells)
         keys = [tuple(c.toggles) for c in cells]
@@ -149,6 +161,18 @@ class WorkerPool:
         running: dict[Worker, int] = {}
         replaced = [0] * len(cells)
         left = len(cells)
+
+        def more(i: int, result: CellResult) -> int:
+            added = 0
+            for cell in feed(cells[i], result) if feed is not None else ():
+                cells.append(cell)
+                keys.append(tuple(cell.toggles))
+                results.append(None)
+                replaced.append(0)
+                queue.add(len(cells) - 1, keys[-1])
+                added += 1
+            return added
+
         while left:
             self._dispatch(queue, cells, running)
             for w, event in self._wait():
@@ -166,6 +190,7 @@ class WorkerPool:
                 left -= 1
                 if on_result is not None:
                     on_result(result)
+                left += more(i, result)
         return [r for r in results if r is not None]
 
     def _outcome(self, w: Worker, event: Event, cell: Any, key: tuple[str, ...], *, replaced: int) -> CellResult | None:

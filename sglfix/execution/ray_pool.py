@@ -167,8 +167,14 @@ class RayPool:
                 continue
         return out
 
-    def run(self, cells: Iterable[Any], *, on_result: Callable[[CellResult], None] | None = None) -> list[CellResult]:
-        """Every cell, results in cell order, as ``WorkerPool.run``.
+    def run(
+        self,
+        cells: Iterable[Any],
+        *,
+        on_result: Callable[[CellResult], None] | None = None,
+        feed: Callable[[Any, CellResult], Iterable[Any]] | None = None,
+    ) -> list[CellResult]:
+        """Every cell, results in cell order, as ``WorkerPool.run`` (``feed`` too).
 
         A Ray call costs a few milliseconds, about a fast cell's run, so a call carries several
         cells of one toggle set (fewer as the queue empties, so the last cells still spread over
@@ -196,6 +202,11 @@ class RayPool:
             results[i] = result
             if on_result is not None:
                 on_result(result)
+            for cell in feed(cells[i], result) if feed is not None else ():
+                cells.append(cell)
+                keys.append(tuple(cell.toggles))
+                results.append(None)
+                queue.add(len(cells) - 1, keys[-1])
 
         def take(slot: int) -> list[int]:
             elsewhere = {t for s, t in held.items() if s != slot and t is not None}

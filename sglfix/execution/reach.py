@@ -65,7 +65,13 @@ def run_reaching(
     on_result: Callable[[CellResult], None] | None = None,
 ) -> list[CellResult]:
     """Results for ``cells`` in order: the ``base`` set's cells first (recording which targets
-    they enter), then the rest, each run only where its reverted targets were entered."""
+    they enter); as each baseline comes back its scenario's other cells join the line, each run
+    only where its reverted targets were entered. No barrier: one scenario's cells run while
+    other baselines are still running.
+
+    A set's unreached cells need a worker only to show that the set applies there: the first
+    goes to a worker, the others take its answer (one round trip per set, not per cell); where
+    it did not answer NOT_REACHED, each of them goes to a worker and says for itself."""
     cells = list(cells)
     extra = {
         tuple(c.toggles): targets_of([t for t in c.toggles if t not in base], registry=registry)
@@ -73,54 +79,63 @@ def run_reaching(
         if tuple(c.toggles) != base
     }
     record = tuple(sorted(set().union(*extra.values()))) if extra else ()
-    first = [i for i, c in enumerate(cells) if tuple(c.toggles) == base]
     results: list[CellResult | None] = [None] * len(cells)
-    ran = pool.run(
-        [RecordingCell(cells[i].scenario, tuple(cells[i].toggles), record) for i in first], on_result=on_result
-    )
-    baseline: dict[str, CellResult] = {}
-    for i, r in zip(first, ran):
-        results[i] = r
-        baseline[r.scenario] = r
-    # A set's unreached cells need a worker only to show that the set applies there: the first
-    # goes to a worker, the others take its answer (one round trip per set, not per cell).
-    rest, queued = [], []
-    held_back: dict[tuple[str, ...], list[tuple[int, UnreachedCell]]] = {}
+    index: dict[int, int] = {}  # id of a cell sent to the pool -> its place in ``cells``
+    sent: list[Any] = []  # keeps every sent cell alive, so that ids stay unique
+    others: dict[str, list[int]] = {}
+    first = []
     for i, c in enumerate(cells):
-        if results[i] is not None:
-            continue
-        base_result = baseline.get(c.scenario.name)
-        reached = None if base_result is None else base_result.reached
-        targets = extra[tuple(c.toggles)]
-        if reached is not None and not targets & set(reached):
-            cell = UnreachedCell(c.scenario, tuple(c.toggles), base_result.verdict, tuple(sorted(targets)))
-            if cell.toggles in held_back:
-                held_back[cell.toggles].append((i, cell))
-                continue
-            held_back[cell.toggles] = []
-            queued.append(cell)
+        if tuple(c.toggles) == base:
+            first.append(_send(RecordingCell(c.scenario, tuple(c.toggles), record), i, index, sent))
         else:
-            queued.append(c)
-        rest.append(i)
-    answered: dict[tuple[str, ...], CellResult] = {}
-    for i, cell, r in zip(rest, queued, pool.run(queued, on_result=on_result)):
-        results[i] = r
-        if isinstance(cell, UnreachedCell):
-            answered[cell.toggles] = r
-    unsure = []
-    for toggles, waiting in held_back.items():
-        probe = answered.get(toggles)
-        for i, cell in waiting:
-            if probe is None or probe.verdict != "NOT_REACHED":
-                unsure.append((i, cell))  # the set did not apply cleanly there: each cell says so itself
-                continue
-            results[i] = _like(probe, cell)
-            if on_result is not None:
-                on_result(results[i])
-    if unsure:
-        for (i, _), r in zip(unsure, pool.run([cell for _, cell in unsure], on_result=on_result)):
-            results[i] = r
+            others.setdefault(c.scenario.name, []).append(i)
+    probes: dict[tuple[str, ...], CellResult | None] = {}  # a set's probe and, once back, its answer
+    held_back: dict[tuple[str, ...], list[tuple[int, UnreachedCell]]] = {}
+
+    def settle(i: int, result: CellResult) -> None:
+        results[i] = result
+        if on_result is not None:
+            on_result(result)
+
+    def feed(cell: Any, result: CellResult) -> list[Any]:
+        i = index[id(cell)]
+        results[i] = result
+        out: list[Any] = []
+        if isinstance(cell, RecordingCell):
+            for j in others.pop(cell.scenario.name, []):
+                c = cells[j]
+                targets = extra[tuple(c.toggles)]
+                if result.reached is None or targets & set(result.reached):
+                    out.append(_send(c, j, index, sent))
+                    continue
+                unreached = UnreachedCell(c.scenario, tuple(c.toggles), result.verdict, tuple(sorted(targets)))
+                key = unreached.toggles
+                if key not in probes:
+                    probes[key] = None
+                    out.append(_send(unreached, j, index, sent))
+                elif probes[key] is None:
+                    held_back.setdefault(key, []).append((j, unreached))
+                elif probes[key].verdict == "NOT_REACHED":
+                    settle(j, _like(probes[key], unreached))
+                else:
+                    out.append(_send(unreached, j, index, sent))
+        elif isinstance(cell, UnreachedCell) and cell.toggles in probes and probes[cell.toggles] is None:
+            probes[cell.toggles] = result
+            for j, unreached in held_back.pop(cell.toggles, []):
+                if result.verdict == "NOT_REACHED":
+                    settle(j, _like(result, unreached))
+                else:
+                    out.append(_send(unreached, j, index, sent))
+        return out
+
+    pool.run(first, on_result=on_result, feed=feed)
     return [r for r in results if r is not None]
+
+
+def _send(cell: Any, i: int, index: dict[int, int], sent: list[Any]) -> Any:
+    index[id(cell)] = i
+    sent.append(cell)
+    return cell
 
 
 def _like(probe: CellResult, cell: UnreachedCell) -> CellResult:

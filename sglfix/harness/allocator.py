@@ -16,9 +16,9 @@ from collections.abc import Iterator
 
 __all__ = ["WORKER_CACHE_BUDGET", "keep_caches_across_captures"]
 
-# Half of what the pool budgets per worker on a shared GPU (sglfix.cli.common): room for the
-# graphs' own pools above the cache.
-WORKER_CACHE_BUDGET = 8 << 30
+# A third of what the pool budgets per worker on a shared GPU (sglfix.cli.common): room for the
+# live tensors and the graphs' own pools above the cache.
+WORKER_CACHE_BUDGET = 4 << 30
 
 _MARK = "_sglfix_keeps_caches"
 
