@@ -26,6 +26,7 @@ def _install(monkeypatch, *, reserved: int, budget: int) -> list[str]:
     monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: calls.append("host"), raising=False)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: reserved)
     monkeypatch.setattr(_Graph, "__enter__", _Graph.__enter__)  # restored after the test
+    monkeypatch.setattr(allocator, "_BUDGET", [])
     assert allocator.keep_caches_across_captures(budget_bytes=budget)
     return calls
 
@@ -53,3 +54,12 @@ def test_installed_once(monkeypatch):
     wrapped = _Graph.__enter__
     assert allocator.keep_caches_across_captures(budget_bytes=1)
     assert _Graph.__enter__ is wrapped
+
+
+def test_after_a_cell_a_cache_past_the_budget_is_given_back(monkeypatch):
+    monkeypatch.setattr(allocator, "_BUDGET", [])
+    assert not allocator.trim_after_cell()  # no policy installed: nothing to trim
+    calls = _install(monkeypatch, reserved=3 << 30, budget=2 << 30)
+    assert allocator.trim_after_cell() and calls == ["device"]
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 1 << 30)
+    assert not allocator.trim_after_cell() and calls == ["device"]

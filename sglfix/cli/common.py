@@ -172,12 +172,11 @@ def check_device(device: str) -> None:
         raise ConfigError("--device cuda: no CUDA device here; use --device cpu")
 
 
-# What a worker holds on the GPU once it has run the larger scenarios: PyTorch's caching allocator
-# keeps up to 4 GiB between cells (sglfix.harness.allocator), CUDA graphs keep their pools, the
-# FlashInfer workspace is 384 MiB. Six workers ran the full matrix on an 80 GB H100 with every
-# verdict the CPU matrix gives; eight ran out of memory in the FlashInfer draft scenarios
-# (bench/results/workers-h100.json).
-_GPU_GIB_PER_WORKER = 12
+# What a worker holds on the GPU: up to 4 GiB of allocator cache between cells
+# (sglfix.harness.allocator) plus what its current cell needs (inputs, KV pools, the graphs'
+# pools, the 384 MiB FlashInfer workspace). Measured peaks of the whole GPU per worker count are
+# in bench/results/workers-h100.json; eight workers with caches kept whole ran out of memory.
+_GPU_GIB_PER_WORKER = 10
 _MAX_GPU_WORKERS = 8
 
 

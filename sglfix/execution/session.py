@@ -107,6 +107,10 @@ class Session:
                 rid, name, toggles, f"sglfix failed: {type(exc).__name__}: {first_line(exc)} [{_frame(exc)}]", exc
             )
         result.revert_env = os.environ.get(_REVERT_ENV)
+        if self.device == "cuda":
+            from sglfix.harness.allocator import trim_after_cell
+
+            trim_after_cell()
         return {"id": rid, "result": result.to_json()}
 
     def _run_recording(self, scenario: Any, toggles: list[str], record: list[str]) -> Any:

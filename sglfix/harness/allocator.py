@@ -6,7 +6,9 @@ it can. A worker captures in nearly every cell: emptied each time, every cell ha
 back to the driver and takes it again, and the driver's frees wait for the device and serialise
 the processes sharing the GPU (``bench/results/contention-h100.json``). A worker therefore keeps
 its caches at a capture while its reserved device memory is within ``budget_bytes``, and empties
-them as torch does once it is above. Capture and replay themselves are untouched.
+them as torch does once it is above; after a cell it gives back a cache grown past the budget
+(``trim_after_cell``), so workers sharing a GPU each hold little more than the budget between
+cells. Capture and replay themselves are untouched.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-__all__ = ["WORKER_CACHE_BUDGET", "keep_caches_across_captures"]
+__all__ = ["WORKER_CACHE_BUDGET", "keep_caches_across_captures", "trim_after_cell"]
 
 # A third of what the pool budgets per worker on a shared GPU (sglfix.cli.common): room for the
 # live tensors and the graphs' own pools above the cache.
 WORKER_CACHE_BUDGET = 4 << 30
 
 _MARK = "_sglfix_keeps_caches"
+_BUDGET: list[int] = []  # the installed policy's budget, once installed
 
 
 @contextlib.contextmanager
@@ -62,4 +65,19 @@ def keep_caches_across_captures(*, budget_bytes: int = WORKER_CACHE_BUDGET) -> b
 
     setattr(__enter__, _MARK, True)
     graph.__enter__ = __enter__
+    _BUDGET[:] = [budget_bytes]
+    return True
+
+
+def trim_after_cell() -> bool:
+    """Between cells: a worker whose cache grew past the budget (a large cell, or one that
+    never captured) gives it back, so that what it holds while idle stays within the budget.
+    True when it emptied."""
+    if not _BUDGET:
+        return False
+    import torch
+
+    if torch.cuda.memory_reserved() <= _BUDGET[0]:
+        return False
+    torch.cuda.empty_cache()
     return True
