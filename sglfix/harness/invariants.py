@@ -136,24 +136,46 @@ class _HostView:
         return getattr(self._metadata, name)
 
 
-def _on_host(metadata: Any, fields: MetadataFields) -> _HostView:
+def _on_host(metadata: Any, fields: MetadataFields, rows: int) -> _HostView:
+    """The checked fields on the host, each cut to what its check reads (buffers are sized for
+    the largest batch), all read in one wait."""
     from sglfix.harness.hostcopy import to_host
 
-    names = [*fields.indptr, *fields.lengths, *fields.indices, *fields.locations]
+    def head(t: torch.Tensor, n: int) -> torch.Tensor:
+        return t[:n] if t.dim() else t
+
+    def flat_head(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(-1)[:rows] if t.dim() else t
+
+    cuts: dict[str, set] = {}
+    for name in fields.indptr:
+        cuts.setdefault(name, set()).add(("head", rows + 1))
+    for name in fields.lengths:
+        cuts.setdefault(name, set()).add(("flat", rows))
     for table, (len_name, _page) in fields.block_tables.items():
-        names += [table, len_name]
-    names = [n for n in dict.fromkeys(names) if isinstance(getattr(metadata, n, None), torch.Tensor)]
-    # An indices buffer sized for the largest batch is read up to its offsets' end only, a second
-    # wait, rather than copied whole.
-    names = [n for n in names if n not in fields.indices or getattr(metadata, n).numel() <= _WHOLE_INDICES]
-    return _HostView(metadata, dict(zip(names, to_host([getattr(metadata, n) for n in names]))))
+        cuts.setdefault(table, set()).add(("head", rows))
+        cuts.setdefault(len_name, set()).add(("flat", rows))
+    for name in [*fields.indices, *fields.locations]:
+        cuts.setdefault(name, set()).add(("whole", 0))
+    picked: dict[str, torch.Tensor] = {}
+    for name, how in cuts.items():
+        t = getattr(metadata, name, None)
+        if not isinstance(t, torch.Tensor):
+            continue
+        # An indices buffer sized for the largest batch is read up to its offsets' end only, a
+        # second wait, rather than copied whole.
+        if name in fields.indices and t.numel() > _WHOLE_INDICES:
+            continue
+        kind, n = next(iter(how)) if len(how) == 1 else ("whole", 0)  # read two ways: copied whole
+        picked[name] = head(t, n) if kind == "head" else flat_head(t) if kind == "flat" else t
+    return _HostView(metadata, dict(zip(picked, to_host(list(picked.values())))))
 
 
 def check_metadata(
     metadata: Any, *, fields: MetadataFields = UPSTREAM_FIELDS, rows: int, num_slots: int, phase: str
 ) -> list[str]:
     """Findings (empty when sound) for a backend's metadata covering ``rows`` requests."""
-    metadata = _on_host(metadata, fields)
+    metadata = _on_host(metadata, fields, rows)
     found: list[str] = []
     offsets: dict[str, torch.Tensor] = {}
     for name in fields.indptr:
