@@ -28,13 +28,9 @@ import time
 from sglfix.common.verdicts import stands_for
 
 
-def _gpu_count() -> int:
-    out = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+def _python_int(code: str) -> int:
+    """What ``python -c code`` prints last, as an int (a fresh process: CUDA stays out of this one)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return int(out.stdout.strip().splitlines()[-1])
 
 
@@ -91,16 +87,6 @@ def _ray_head(*, start: bool, cpus: int = 2) -> float:
     return round(time.perf_counter() - t, 2)
 
 
-def _default_workers() -> int:
-    out = subprocess.run(
-        [sys.executable, "-c", "from sglfix.cli.common import default_gpu_workers as d; print(d())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return int(out.stdout.strip())
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", required=True)
@@ -137,7 +123,7 @@ def main() -> int:
     logs = ns.logs or os.path.dirname(os.path.abspath(ns.json))
     os.makedirs(logs, exist_ok=True)
     sel = [a for g in ns.scenario for a in ("-s", g)]
-    gpus = _gpu_count()
+    gpus = _python_int("import torch; print(torch.cuda.device_count())")
     if gpus < 1:
         print("no CUDA device here", file=sys.stderr)
         return 2
@@ -153,7 +139,7 @@ def main() -> int:
     missing: list[str] = []
     reach_labels: set[str] = set()
     if ns.plan == "workers":
-        default = _default_workers()
+        default = _python_int("from sglfix.cli.common import default_gpu_workers as d; print(d())")
         plan += [
             (f"local, default options ({default} workers on 1 GPU)", ["--device", "cuda"]),
             (f"local, default options ({default} workers), with reachability", ["--device", "cuda"]),

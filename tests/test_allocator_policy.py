@@ -26,7 +26,6 @@ def _install(monkeypatch, *, reserved: int, budget: int) -> list[str]:
     monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: calls.append("host"), raising=False)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: reserved)
     monkeypatch.setattr(_Graph, "__enter__", _Graph.__enter__)  # restored after the test
-    monkeypatch.setattr(allocator, "_BUDGET", [])
     assert allocator.keep_caches_across_captures(budget_bytes=budget)
     return calls
 
@@ -57,7 +56,8 @@ def test_installed_once(monkeypatch):
 
 
 def test_after_a_cell_a_cache_past_the_budget_is_given_back(monkeypatch):
-    monkeypatch.setattr(allocator, "_BUDGET", [])
+    monkeypatch.setattr(torch.cuda, "graph", _Graph)
+    monkeypatch.setattr(_Graph, "__enter__", _Graph.__enter__)
     assert not allocator.trim_after_cell()  # no policy installed: nothing to trim
     calls = _install(monkeypatch, reserved=3 << 30, budget=2 << 30)
     assert allocator.trim_after_cell() and calls == ["device"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -102,3 +103,21 @@ def emit_json(data: object) -> None:
     import json
 
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def add_group(app: typer.Typer, *, name: str, help: str, commands: list[tuple[str, Any]]) -> None:
+    """A group of subcommands (``sglfix report``, ``sglfix toggle``); given bare, it prints its
+    help, as bare ``sglfix`` does."""
+    group = typer.Typer(
+        name=name, help=help, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None
+    )
+
+    @group.callback(invoke_without_command=True)
+    def _bare(ctx: typer.Context) -> None:
+        if ctx.invoked_subcommand is None:
+            typer.echo(ctx.get_help())
+            raise typer.Exit(0)
+
+    for command, fn in commands:
+        group.command(command)(fn)
+    app.add_typer(group, name=name)

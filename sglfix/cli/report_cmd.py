@@ -13,7 +13,7 @@ import typer
 from rich.text import Text
 
 from sglfix.cli.common import JunitFile, MarkdownFile, verdict_text
-from sglfix.cli.context import err, options, out
+from sglfix.cli.context import add_group, err, options, out
 from sglfix.cli.layout import named_rows
 from sglfix.common.errors import ConfigError
 
@@ -186,20 +186,4 @@ def _gate_failures(report: dict) -> list[str]:
 
 
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(
-        name="report",
-        help="Compare and merge JSON reports (runs no cells).",
-        add_completion=False,
-        pretty_exceptions_enable=False,
-        rich_markup_mode=None,
-    )
-
-    @group.callback(invoke_without_command=True)
-    def _report(ctx: typer.Context) -> None:
-        if ctx.invoked_subcommand is None:  # bare ``sglfix report``: its help, as bare ``sglfix``
-            typer.echo(ctx.get_help())
-            raise typer.Exit(0)
-
-    for name, fn in _SUBCOMMANDS:
-        group.command(name)(fn)
-    app.add_typer(group, name="report")
+    add_group(app, name="report", help="Compare and merge JSON reports (runs no cells).", commands=_SUBCOMMANDS)

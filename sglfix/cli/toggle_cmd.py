@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from sglfix.cli.context import err, options
+from sglfix.cli.context import add_group, err, options
 from sglfix.common.errors import ConfigError
 
 Pr = typer.Option(..., "--pr", metavar="N", help="The fix's pull-request number (the toggle's id).")
@@ -149,20 +149,9 @@ def from_git_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(
+    add_group(
+        app,
         name="toggle",
         help="Write revert toggles from a fix's diff.",
-        add_completion=False,
-        pretty_exceptions_enable=False,
-        rich_markup_mode=None,
+        commands=[("from-diff", from_diff_cmd), ("from-git", from_git_cmd)],
     )
-
-    @group.callback(invoke_without_command=True)
-    def _toggle(ctx: typer.Context) -> None:
-        if ctx.invoked_subcommand is None:
-            typer.echo(ctx.get_help())
-            raise typer.Exit(0)
-
-    group.command("from-diff")(from_diff_cmd)
-    group.command("from-git")(from_git_cmd)
-    app.add_typer(group, name="toggle")

@@ -15,7 +15,7 @@ import contextlib
 import math
 import signal
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -79,6 +79,41 @@ class _Queue:
         if not group:
             del self.groups[key]
         return i
+
+
+class _Line:
+    """One ``run``'s cells in cell order, their results, and the queue of those still to run.
+    ``settle`` records a result, tells ``on_result``, and adds whatever cells ``feed(cell,
+    result)`` returns (they join the end of the line, their results the end of the list)."""
+
+    def __init__(
+        self,
+        cells: Iterable[Any],
+        *,
+        on_result: Callable[[CellResult], None] | None,
+        feed: Callable[[Any, CellResult], Iterable[Any]] | None,
+    ) -> None:
+        self.cells = list(cells)
+        self.keys = [tuple(c.toggles) for c in self.cells]
+        self.queue = _Queue(self.keys)
+        self.results: list[CellResult | None] = [None] * len(self.cells)
+        self.left = len(self.cells)  # cells without a result yet
+        self._on_result, self._feed = on_result, feed
+
+    def settle(self, i: int, result: CellResult) -> None:
+        self.results[i] = result
+        self.left -= 1
+        if self._on_result is not None:
+            self._on_result(result)
+        for cell in self._feed(self.cells[i], result) if self._feed is not None else ():
+            self.cells.append(cell)
+            self.keys.append(tuple(cell.toggles))
+            self.results.append(None)
+            self.queue.add(len(self.cells) - 1, self.keys[-1])
+            self.left += 1
+
+    def finished(self) -> list[CellResult]:
+        return [r for r in self.results if r is not None]
 
 
 def check_pool_size(jobs: object) -> None:
@@ -154,26 +189,11 @@ class WorkerPool:
         ``feed(cell, result)``, called as each result arrives, may return more cells to run (they
         join the end of the line, and their results the end of the list)."""
         self._check_open()
-        cells = list(cells)
-        keys = [tuple(c.toggles) for c in cells]
-        queue = _Queue(keys)
-        results: list[CellResult | None] = [None] * len(cells)
+        line = _Line(cells, on_result=on_result, feed=feed)
+        cells, keys, queue = line.cells, line.keys, line.queue  # grown in place as ``feed`` adds
         running: dict[Worker, int] = {}
-        replaced = [0] * len(cells)
-        left = len(cells)
-
-        def more(i: int, result: CellResult) -> int:
-            added = 0
-            for cell in feed(cells[i], result) if feed is not None else ():
-                cells.append(cell)
-                keys.append(tuple(cell.toggles))
-                results.append(None)
-                replaced.append(0)
-                queue.add(len(cells) - 1, keys[-1])
-                added += 1
-            return added
-
-        while left:
+        replaced: Counter[int] = Counter()
+        while line.left:
             self._dispatch(queue, cells, running)
             for w, event in self._wait():
                 raise_for_start(event)
@@ -186,12 +206,8 @@ class WorkerPool:
                 if result is None:
                     queue.put_back(i, keys[i])
                     continue
-                results[i] = result
-                left -= 1
-                if on_result is not None:
-                    on_result(result)
-                left += more(i, result)
-        return [r for r in results if r is not None]
+                line.settle(i, result)
+        return line.finished()
 
     def _outcome(self, w: Worker, event: Event, cell: Any, key: tuple[str, ...], *, replaced: int) -> CellResult | None:
         """The cell's result, or None when it never ran and goes back in line."""

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sglfix.common.errors import ConfigError
-from sglfix.execution.pool import WorkerPool, _Queue, check_pool_size
+from sglfix.execution.pool import WorkerPool, _Line, check_pool_size
 from sglfix.execution.worker import WorkerConfig
 from sglfix.harness.cell import CellResult
 
@@ -187,26 +187,14 @@ class RayPool:
         ray = _ray()
         if self._closed:
             raise RuntimeError("this RayPool is closed; make a new one")
-        cells = list(cells)
-        keys = [tuple(c.toggles) for c in cells]
-        queue = _Queue(keys)
-        results: list[CellResult | None] = [None] * len(cells)
+        line = _Line(cells, on_result=on_result, feed=feed)
+        cells, keys, queue = line.cells, line.keys, line.queue  # grown in place as ``feed`` adds
         slots = range(len(self.actors))
         held: dict[int, tuple[str, ...] | None] = dict.fromkeys(slots)
         inflight: dict[int, list[Any]] = {k: [] for k in slots}  # each actor's calls, in the order sent
         running: dict[Any, tuple[int, list[int]]] = {}  # ref -> (actor slot, cell indices)
         alone: set[int] = set()  # cells of a lost multi-cell call: they run one to a call
         per_cell = self.config.timeout * 3 + ACTOR_GRACE  # a cell may restart its worker twice
-
-        def done(i: int, result: CellResult) -> None:
-            results[i] = result
-            if on_result is not None:
-                on_result(result)
-            for cell in feed(cells[i], result) if feed is not None else ():
-                cells.append(cell)
-                keys.append(tuple(cell.toggles))
-                results.append(None)
-                queue.add(len(cells) - 1, keys[-1])
 
         def take(slot: int) -> list[int]:
             elsewhere = {t for s, t in held.items() if s != slot and t is not None}
@@ -224,7 +212,7 @@ class RayPool:
 
         def finish(ref: Any, batch: list[int]) -> None:
             for i, value in zip(batch, ray.get(ref)):
-                done(i, WorkerPool._checked(CellResult.from_json(value), cells[i], keys[i]))
+                line.settle(i, WorkerPool._checked(CellResult.from_json(value), cells[i], keys[i]))
 
         def lose(slot: int, why: str) -> None:
             refs, inflight[slot] = inflight[slot], []
@@ -241,7 +229,7 @@ class RayPool:
                 if not charged:
                     charged = True
                     if len(batch) == 1:
-                        done(batch[0], self._lost(slot, cells[batch[0]], keys[batch[0]], why))
+                        line.settle(batch[0], self._lost(slot, cells[batch[0]], keys[batch[0]], why))
                         continue
                     alone.update(batch)
                     self._replace(slot, why)
@@ -286,7 +274,7 @@ class RayPool:
                     continue
                 del running[ref]
                 inflight[slot].remove(ref)
-        return [r for r in results if r is not None]
+        return line.finished()
 
     def _replace(self, slot: int, why: str) -> None:
         ray = _ray()

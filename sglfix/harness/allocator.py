@@ -22,8 +22,7 @@ __all__ = ["WORKER_CACHE_BUDGET", "keep_caches_across_captures", "trim_after_cel
 # live tensors and the graphs' own pools above the cache.
 WORKER_CACHE_BUDGET = 4 << 30
 
-_MARK = "_sglfix_keeps_caches"
-_BUDGET: list[int] = []  # the installed policy's budget, once installed
+_MARK = "_sglfix_cache_budget"  # set on the installed wrapper: its budget in bytes
 
 
 @contextlib.contextmanager
@@ -54,7 +53,7 @@ def keep_caches_across_captures(*, budget_bytes: int = WORKER_CACHE_BUDGET) -> b
     enter = getattr(graph, "__enter__", None)
     if enter is None:
         return False
-    if getattr(enter, _MARK, False):
+    if getattr(enter, _MARK, None) is not None:
         return True
 
     def __enter__(self):
@@ -63,9 +62,8 @@ def keep_caches_across_captures(*, budget_bytes: int = WORKER_CACHE_BUDGET) -> b
         with _no_emptying():
             return enter(self)
 
-    setattr(__enter__, _MARK, True)
+    setattr(__enter__, _MARK, budget_bytes)
     graph.__enter__ = __enter__
-    _BUDGET[:] = [budget_bytes]
     return True
 
 
@@ -73,11 +71,10 @@ def trim_after_cell() -> bool:
     """Between cells: a worker whose cache grew past the budget (a large cell, or one that
     never captured) gives it back, so that what it holds while idle stays within the budget.
     True when it emptied."""
-    if not _BUDGET:
-        return False
     import torch
 
-    if torch.cuda.memory_reserved() <= _BUDGET[0]:
+    budget = getattr(getattr(getattr(torch.cuda, "graph", None), "__enter__", None), _MARK, None)
+    if budget is None or torch.cuda.memory_reserved() <= budget:
         return False
     torch.cuda.empty_cache()
     return True

@@ -354,6 +354,16 @@ def disarm() -> None:
         state.record.restore()
 
 
+def _specs_by_target(selections: list) -> dict[str, list[tuple[Any, str]]]:
+    """Each target's patch specs with their labels, in selection order: two parts on one
+    function stack."""
+    out: dict[str, list[tuple[Any, str]]] = {}
+    for sel in selections:
+        for spec in sel.part.patches:
+            out.setdefault(spec.target, []).append((spec, f"revert {sel.id}"))
+    return out
+
+
 class _EnvReverts:
     """The selected parts, the targets still waiting for their module, and what is installed."""
 
@@ -372,10 +382,10 @@ class _EnvReverts:
                 self.part_targets[sel.id] = set(sel.targets)
                 for target in sel.targets:
                     self.pending.setdefault(target, []).append((None, f"revert {sel.id}"))
-                continue
-            self.part_targets[sel.id] = set(sel.part.targets)
-            for spec in sel.part.patches:
-                self.pending.setdefault(spec.target, []).append((spec, f"revert {sel.id}"))
+            else:
+                self.part_targets[sel.id] = set(sel.part.targets)
+        if not any(isinstance(sel, _Light) for sel in selections):
+            self.pending = _specs_by_target(selections)
         # Every engine's own reader, whatever the profile: while sglfix applies the variable, an
         # engine must neither re-apply its reverts nor choke on an id it does not register.
         from sglfix.toggling.profiles import PROFILES
@@ -418,10 +428,7 @@ class _EnvReverts:
         full = parse_env_value(self.value, registry=load_registry(self.toggles_dir))
         if [s.id for s in full] != [s.id for s in self._selections]:
             raise RuntimeError(f"{ENV_VAR}={self.value}: the toggle files changed while the process ran")
-        specs: dict[str, list[tuple[Any, str]]] = {}
-        for sel in full:
-            for spec in sel.part.patches:
-                specs.setdefault(spec.target, []).append((spec, f"revert {sel.id}"))
+        specs = _specs_by_target(full)
         for target in self.pending:
             self.pending[target] = specs[target]
         self._selections = full
