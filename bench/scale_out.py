@@ -27,6 +27,9 @@ import time
 
 from sglfix.common.verdicts import stands_for
 
+KEPT_FIRST = "ray, joined, --ray-keep: first run"
+KEPT_NEXT = "ray, joined, --ray-keep: next run"
+
 
 def _python_int(code: str) -> int:
     """What ``python -c code`` prints last, as an int (a fresh process: CUDA stays out of this one)."""
@@ -152,11 +155,13 @@ def main() -> int:
         plan.append((f"local, {gpus} GPUs", ["--devices", "all"]))
     else:
         missing.append(f"local on 2+ GPUs (this machine has {gpus})")
+    kept = ["--executor", "ray", "--ray-address", "auto", "--ray-keep", "600"]
     if ns.plan == "workers":
         if ns.skip_ray:
             missing.append("ray (not installed on this machine)")
         else:  # the same workers as Ray actors sharing the GPU, against the local default
-            plan[len(plan) - 2 : len(plan) - 2] = [
+            after = next(n for n, (label, _) in enumerate(plan) if label in reach_labels) + 1
+            plan[after:after] = [
                 (f"ray, default options ({default} actors on 1 GPU)", ["--executor", "ray", "--device", "cuda"]),
                 # A Ray head already running on the host (ray start --head), as a Ray user keeps
                 # one: the run joins it and leaves it up, so it pays no cluster start or stop.
@@ -164,6 +169,10 @@ def main() -> int:
                     f"ray, joined to a running head ({default} actors on 1 GPU)",
                     ["--executor", "ray", "--ray-address", "auto", "--device", "cuda"],
                 ),
+                # --ray-keep: the first run leaves its actors in the cluster, the next one takes
+                # them warm (the head stays up between the two).
+                (f"{KEPT_FIRST} ({default} actors on 1 GPU)", [*kept, "--device", "cuda"]),
+                (f"{KEPT_NEXT} ({default} actors on 1 GPU)", [*kept, "--device", "cuda"]),
             ]
     elif not ns.skip_ray:
         plan.append((f"ray, {gpus} GPU{'s' if gpus > 1 else ''}", ["--executor", "ray", "--devices", "all"]))
@@ -200,6 +209,7 @@ def main() -> int:
     result["baseline"] = plan[0][0] if plan else None
     base_verdicts: dict[str, str] | None = None
     base_wall: tuple[float, float] | None = None
+    head_start = None
     for i, (label, args) in enumerate(plan):
         left = None if ns.budget_s is None else ns.budget_s - (time.perf_counter() - began)
         if left is not None and left < 20:
@@ -207,8 +217,9 @@ def main() -> int:
             continue
         print(f"== {label}", flush=True)
         head = None
-        if "--ray-address" in args:
+        if "--ray-address" in args and not label.startswith(KEPT_NEXT):
             head = _ray_head(start=True, cpus=os.cpu_count() or 2)
+            head_start = head
         r = _matrix(
             [*args, *sel],
             f"{tmp}/run{i}.json",
@@ -216,8 +227,11 @@ def main() -> int:
             timeout=left,
             every_cell=label not in reach_labels,
         )
-        if head is not None:
-            r["ray_head"] = {"start_s": head, "stop_s": _ray_head(start=False)}
+        following = plan[i + 1][0] if i + 1 < len(plan) else ""
+        if "--ray-address" in args and not following.startswith(KEPT_NEXT):
+            r["ray_head"] = {"start_s": head_start, "stop_s": _ray_head(start=False)}
+        elif head is not None:
+            r["ray_head"] = {"start_s": head, "left_up_for_the_next_run": True}
         rep = r.pop("report")
         if os.path.exists(f"{tmp}/run{i}.json"):  # every cell's verdict and timings, with the logs
             shutil.copy(f"{tmp}/run{i}.json", f"{logs}/scale-run{i}.json")
@@ -234,7 +248,12 @@ def main() -> int:
             verdicts = {c["id"]: stands_for(c["verdict"], c.get("findings")) for c in rep["cells"]}
             if i == 0:
                 base_verdicts, base_wall = verdicts, (r["process_wall_s"], rep["wall_s"])
-            row.update(cells=len(verdicts), cells_wall_s=rep.get("wall_s"), summary=rep.get("summary"))
+            row.update(
+                cells=len(verdicts),
+                cells_wall_s=rep.get("wall_s"),
+                summary=rep.get("summary"),
+                executor=rep.get("executor"),
+            )
             if reference is not None:
                 off = sorted(k for k in set(verdicts) | set(reference) if verdicts.get(k) != reference.get(k))
                 row.update(identical_to_reference=not off, differ_from_reference=off[:20])
@@ -254,11 +273,18 @@ def main() -> int:
         # Rewritten after every run: a device call cut short still returns what it measured.
         with open(ns.json, "w") as f:
             json.dump(result, f, indent=1)
+    if any("--ray-address" in args for _, args in plan):
+        _ray_head(start=False)  # a head left up for a kept run that the budget cut
     rows = result["runs"]
     local_row = next(
         (r for r in rows if r["label"].startswith("local, default options") and "reach" not in r["label"]), None
     )
-    for key, prefix in (("ray_vs_local", "ray, default"), ("ray_joined_vs_local", "ray, joined")):
+    for key, prefix in (
+        ("ray_vs_local", "ray, default"),
+        ("ray_joined_vs_local", "ray, joined to"),
+        ("ray_kept_first_vs_local", KEPT_FIRST),
+        ("ray_kept_next_vs_local", KEPT_NEXT),
+    ):
         ray_row = next((r for r in rows if r["label"].startswith(prefix)), None)
         if ray_row and local_row and ray_row.get("cells_wall_s") and local_row.get("cells_wall_s"):
             result[key] = {

@@ -90,6 +90,7 @@ def _register_commands() -> None:
         env,
         list_cmd,
         matrix,
+        ray_cmd,
         report_cmd,
         run,
         scenarios,
@@ -98,7 +99,20 @@ def _register_commands() -> None:
         toggle_cmd,
     )
 
-    for module in (list_cmd, show, doctor, env, scenarios, run, matrix, bisect_cmd, report_cmd, toggle_cmd, schema_cmd):
+    for module in (
+        list_cmd,
+        show,
+        doctor,
+        env,
+        scenarios,
+        run,
+        matrix,
+        bisect_cmd,
+        ray_cmd,
+        report_cmd,
+        toggle_cmd,
+        schema_cmd,
+    ):
         module.register(app)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -118,6 +119,15 @@ RayAddress = Annotated[
         "--ray-address",
         metavar="ADDR",
         help="Join this Ray cluster (e.g. auto, ray://head:10001); default: a private local Ray instance.",
+    ),
+]
+RayKeep = Annotated[
+    float | None,
+    typer.Option(
+        "--ray-keep",
+        metavar="SECONDS",
+        help="With --ray-address: leave the actors in the cluster, idle, this long (at most 86400) for the "
+        "next run to take warm; a run of the same sglfix, toggles and options claims them.",
     ),
 ]
 ShardSpec = Annotated[
@@ -347,6 +357,7 @@ def run_plan(
     devices: str | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    ray_keep: float | None = None,
 ) -> Ran:
     """Every option checked first (exit 2 before any cell runs: the worker config checks device
     and timeout), then the workers boot while the scenarios load and the plan is built.
@@ -360,6 +371,7 @@ def run_plan(
         raise ConfigError(f"--executor {executor!r}: use local or ray")
     if ray_address is not None and executor != "ray":
         raise ConfigError("--ray-address joins a Ray cluster: give --executor ray with it")
+    check_ray_keep(ray_keep, executor=executor, address=ray_address)
     gpus = None
     if devices is not None:
         if device not in ("auto", "cuda"):
@@ -404,7 +416,7 @@ def run_plan(
         # Ray takes seconds to start or join: an address that answers nothing is refused instead
         # of waited on.
         check_ray_address(ray_address)
-        pool_class, where = RayPool, {"address": ray_address}
+        pool_class, where = RayPool, {"address": ray_address, "keep": ray_keep}
     jobs = check_jobs(jobs, device)
     # Everything a cell would meet first is checked before any worker starts: the scenarios, the
     # plan, and every revert of every set against the code base's installed source.
@@ -475,6 +487,20 @@ def check_ray_address(address: str | None) -> None:
             f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); start the Ray "
             f"head (ray start --head) or give its address"
         ) from None
+
+
+def check_ray_keep(keep: float | None, *, executor: str, address: str | None) -> None:
+    """``--ray-keep``: seconds in (0, 86400], only for a run joined to a cluster."""
+    if keep is None:
+        return
+    from sglfix.execution.ray_pool import MAX_KEEP_S
+
+    if executor != "ray" or address is None:
+        raise ConfigError(
+            "--ray-keep leaves actors in a running Ray cluster: give --executor ray --ray-address ADDR with it"
+        )
+    if not math.isfinite(keep) or not 0 < keep <= MAX_KEEP_S:
+        raise ConfigError(f"--ray-keep {keep:g}: give seconds above 0 and at most {MAX_KEEP_S:g} (e.g. --ray-keep 600)")
 
 
 def check_env_knobs() -> None:

@@ -21,6 +21,7 @@ from sglfix.cli.common import (
     NoReachability,
     Outputs,
     RayAddress,
+    RayKeep,
     ScenarioFiles,
     ScenarioGlobs,
     ShardCosts,
@@ -120,6 +121,7 @@ def matrix_cmd(
     devices: DeviceList = None,
     executor: Executor = "local",
     ray_address: RayAddress = None,
+    ray_keep: RayKeep = None,
     shard: ShardSpec = None,
     shard_costs: ShardCosts = None,
     no_reachability: NoReachability = False,
@@ -153,6 +155,7 @@ def matrix_cmd(
         devices=devices,
         executor=executor,
         ray_address=ray_address,
+        ray_keep=ray_keep,
         reachability=not no_reachability,
     )
     plan, results, env, info, wall = ran.plan, ran.results, ran.env, ran.info, ran.wall

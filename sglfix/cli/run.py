@@ -16,6 +16,7 @@ from sglfix.cli.common import (
     MemoryBudget,
     Outputs,
     RayAddress,
+    RayKeep,
     ScenarioFiles,
     ScenarioGlobs,
     ShardCosts,
@@ -55,6 +56,7 @@ def run_cmd(
     devices: DeviceList = None,
     executor: Executor = "local",
     ray_address: RayAddress = None,
+    ray_keep: RayKeep = None,
     shard: ShardSpec = None,
     shard_costs: ShardCosts = None,
 ) -> None:
@@ -84,6 +86,7 @@ def run_cmd(
         devices=devices,
         executor=executor,
         ray_address=ray_address,
+        ray_keep=ray_keep,
     )
     results = ran.results
     write_report(opts, ran, outputs, gate=False)

@@ -33,6 +33,7 @@ ACTOR_GRACE = 120.0
 # Calls queued on each actor at once, and the most cells in one call (see ``RayPool.run``).
 DEPTH = 2
 MAX_BATCH = 8
+MAX_KEEP_S = 86400.0  # --ray-keep's documented limit (sglfix.execution.ray_keep): a day
 
 
 class _CellActor:
@@ -93,9 +94,17 @@ class RayPool:
     """The ``WorkerPool`` interface (``run``, ``info``, ``close``) over Ray actors."""
 
     def __init__(
-        self, config: WorkerConfig, *, jobs: int = 1, devices: Sequence[str] | None = None, address: str | None = None
+        self,
+        config: WorkerConfig,
+        *,
+        jobs: int = 1,
+        devices: Sequence[str] | None = None,
+        address: str | None = None,
+        keep: float | None = None,
     ) -> None:
         check_pool_size(jobs)
+        if keep is not None and address is None:
+            raise ConfigError("--ray-keep keeps actors in a running cluster: give --ray-address with it")
         ray = _ray()
         self.config = config
         self.replacements: list[str] = []
@@ -131,19 +140,29 @@ class RayPool:
         resources = (
             {"num_gpus": _gpu_share(ray, size, devices), "num_cpus": 0} if config.device == "cuda" else {"num_cpus": 1}
         )
-        self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0, **resources)(_CellActor)
-        self.actors = [self._new_actor() for _ in range(size)]
+        self._keeper = None
+        self.actors: list[Any] = []
+        if keep is not None:
+            from sglfix.execution.ray_keep import Keeper
+
+            self._keeper = Keeper(config, resources, keep)
+            self.actors = self._keeper.claim(size)
+        else:
+            self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0, **resources)(_CellActor)
+        self.actors += [self._new_actor() for _ in range(size - len(self.actors))]
         self._info: dict | None = None
         self._boots = [a.boot.remote() for a in self.actors]
 
     def _new_actor(self) -> Any:
-        return self._actor_cls.remote(self.config)
+        return self._keeper.new() if self._keeper is not None else self._actor_cls.remote(self.config)
 
     def __enter__(self) -> RayPool:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # Kept actors are given back only after a run that ended normally; after an error or a
+        # signal they may be mid-cell, so they go.
+        self.close(keep=exc_type is None)
 
     @property
     def info(self) -> dict:
@@ -154,6 +173,8 @@ class RayPool:
                 k: first.get(k) for k in ("device", "device_name", "torch", "triton", "interpreter", "codebase")
             }
             self._info["executor"] = "ray"
+            if self._keeper is not None:
+                self._info["kept"] = self._keeper.info()
         return dict(self._info)
 
     @property
@@ -292,14 +313,22 @@ class RayPool:
         result.add("FAULT", f"{why}; actor replaced")
         return result.finish()
 
-    def close(self) -> None:
+    def close(self, *, keep: bool = True) -> None:
+        """Stop every actor, or, kept (``--ray-keep``) and ``keep``, give them back idle to the
+        cluster (those it will not keep are stopped)."""
         if self._closed:
             return
         self._closed = True
         ray = _ray()
+        actors = self.actors
+        if self._keeper is not None and keep:
+            try:
+                actors = self._keeper.give_back(self.actors)
+            except Exception:
+                actors = self.actors
         # Every actor stops its worker at once (each kill waits for the worker to go).
         refs = []
-        for a in self.actors:
+        for a in actors:
             try:
                 refs.append(a.close.remote())
             except Exception:
@@ -308,7 +337,7 @@ class RayPool:
             ray.wait(refs, num_returns=len(refs), timeout=30)
         except Exception:
             pass
-        for a in self.actors:
+        for a in actors:
             try:
                 ray.kill(a, no_restart=True)
             except Exception:

@@ -1,0 +1,188 @@
+"""--ray-keep against a real Ray head (CPU, as CI runs it): a second run takes the first run's
+actors warm with the same verdicts; a changed toggle file, or one touched on disk, is never served
+by a stale worker; kept actors exit after their keep time, on ``sglfix ray-workers --stop``, and
+when a run is interrupted; bad values are one line before Ray is joined."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from clihelp import assert_one_line_error, run_cli
+from procs import alive, wait_gone
+
+pytest.importorskip("ray", reason="the test extra installs ray")
+
+SUBSET = ["-s", "triton-decode@cg=eager*"]
+ENV = {"RAY_AUTH_MODE": "disabled"}  # a private test head; the token file of another cluster is not ours
+TOGGLES = Path(__file__).resolve().parents[1] / "toggles"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def head():
+    """A Ray head of its own for this module (``ray start --head --block``), torn down with it."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}"]
+    cmd += ["--num-cpus=2", "--include-dashboard=false"]
+    cmd += ["--disable-usage-stats"]
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, **ENV},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the Ray head did not start (exit {proc.poll()})")
+            time.sleep(0.5)
+    yield address
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def _matrix(head: str, tmp_path: Path, name: str, *pre: str, keep: str = "120"):
+    path = tmp_path / f"{name}.json"
+    r = run_cli(
+        *pre, "matrix", "--parts", *SUBSET, "--device", "cpu", "--jobs", "2", "--executor", "ray", "--ray-address", head,
+        "--ray-keep", keep, "--json", str(path), env=ENV, timeout=600,
+    )  # fmt: skip
+    assert r.code == 0, r.out[-2000:] + r.err[-3000:]
+    return json.loads(path.read_text())
+
+
+def _kept(head: str) -> list[dict]:
+    r = run_cli("ray-workers", "--ray-address", head, "--json", env=ENV, timeout=120)
+    assert r.code == 0, r.err[-2000:]
+    return json.loads(r.out)
+
+
+def _stop_all(head: str) -> None:
+    r = run_cli("ray-workers", "--ray-address", head, "--stop", "--all", "--json", env=ENV, timeout=120)
+    assert r.code == 0, r.err[-2000:]
+    wait_gone([row["pid"] for row in json.loads(r.out) if "pid" in row], timeout=30)
+
+
+def _verdicts(report: dict) -> dict:
+    return {c["id"]: (c["verdict"], c.get("findings")) for c in report["cells"]}
+
+
+def test_a_second_run_takes_the_kept_actors_warm_with_the_same_verdicts(head, tmp_path):
+    _stop_all(head)
+    first = _matrix(head, tmp_path, "first")
+    assert first["executor"]["kept"]["started"] == 2 and first["executor"]["kept"]["reused"] == 0
+    kept = _kept(head)
+    assert len(kept) == 2 and not any(row["claimed"] for row in kept), kept
+    second = _matrix(head, tmp_path, "second")
+    assert second["executor"]["name"] == "ray"
+    assert second["executor"]["kept"]["reused"] == 2 and second["executor"]["kept"]["started"] == 0
+    assert _verdicts(second) == _verdicts(first)
+    # The same two actors (processes), idle again, their keep time counting from the second run.
+    again = _kept(head)
+    assert sorted(r["pid"] for r in again) == sorted(r["pid"] for r in kept)
+    assert all(r["exits_in_s"] > 60 for r in again), again
+    _stop_all(head)
+
+
+def test_a_changed_or_touched_toggle_file_is_never_served_by_a_stale_worker(head, tmp_path):
+    _stop_all(head)
+    toggles = tmp_path / "toggles"
+    shutil.copytree(TOGGLES, toggles)
+    first = _matrix(head, tmp_path, "first", "--toggles", str(toggles))
+    old = {r["pid"] for r in _kept(head)}
+    assert first["executor"]["kept"]["started"] == 2
+    # Content changed: another identity, so the old actors are not even asked.
+    victim = sorted(toggles.glob("*.yaml"))[0]
+    victim.write_text(victim.read_text() + "\n# edited\n")
+    second = _matrix(head, tmp_path, "second", "--toggles", str(toggles))
+    assert second["executor"]["kept"]["reused"] == 0, second["executor"]
+    # Same content, touched on disk after those actors booted: asked, each refuses and exits.
+    newer = {r["pid"] for r in _kept(head)} - old
+    assert len(newer) == 2
+    stamp = time.time() + 5
+    os.utime(victim, (stamp, stamp))
+    third = _matrix(head, tmp_path, "third", "--toggles", str(toggles))
+    assert third["executor"]["kept"]["reused"] == 0, third["executor"]
+    assert not wait_gone(sorted(newer), timeout=30), "a stale actor outlived its refusal"
+    assert _verdicts(third) == _verdicts(second)
+    _stop_all(head)
+
+
+def test_kept_actors_exit_after_their_keep_time_and_on_stop(head, tmp_path):
+    _stop_all(head)
+    _matrix(head, tmp_path, "short", keep="3")
+    pids = [r["pid"] for r in _kept(head)]
+    assert len(pids) == 2
+    assert not wait_gone(pids, timeout=40), "kept actors outlived --ray-keep 3"
+    assert _kept(head) == []
+    _matrix(head, tmp_path, "long", keep="600")
+    pids = [r["pid"] for r in _kept(head)]
+    r = run_cli("ray-workers", "--ray-address", head, "--stop", env=ENV, timeout=120)
+    assert r.code == 0 and r.out.count("-> stopped") == 2, r.out + r.err[-2000:]
+    assert not wait_gone(pids, timeout=30)
+    assert _kept(head) == []
+
+
+def test_an_interrupted_run_keeps_nothing(head, tmp_path):
+    _stop_all(head)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglfix", "matrix", "--parts", "--device", "cpu", "--jobs", "2", "--executor", "ray",
+         "--ray-address", head, "--ray-keep", "600", "--json", str(tmp_path / "r.json")],
+        env={**os.environ, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not _kept(head) and time.monotonic() < deadline:  # its actors exist: the run is under way
+        time.sleep(0.5)
+    pids = [r["pid"] for r in _kept(head)]
+    assert pids, "the run never started its actors"
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert not (tmp_path / "r.json").exists()
+    assert not wait_gone(pids, timeout=30), "an interrupted run left its actors behind"
+    assert _kept(head) == []
+    assert all(not alive(p) for p in pids)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--ray-keep", "60"], "--executor ray --ray-address"),
+        (["--executor", "ray", "--ray-keep", "60"], "--executor ray --ray-address"),
+        (["--executor", "ray", "--ray-address", "auto", "--ray-keep", "0"], "--ray-keep 0"),
+        (["--executor", "ray", "--ray-address", "auto", "--ray-keep", "nan"], "--ray-keep nan"),
+        (["--executor", "ray", "--ray-address", "auto", "--ray-keep", "90000"], "at most 86400"),
+    ],
+)
+def test_bad_ray_keep_is_one_line_before_ray_is_joined(args, needle):
+    r = run_cli("matrix", "--parts", *SUBSET, "--device", "cpu", *args, env=ENV)
+    assert_one_line_error(r, needle)
+
+
+def test_ray_workers_all_without_stop_is_one_line():
+    assert_one_line_error(run_cli("ray-workers", "--ray-address", "auto", "--all"), "--all goes with --stop")
