@@ -186,3 +186,23 @@ def test_bad_ray_keep_is_one_line_before_ray_is_joined(args, needle):
 
 def test_ray_workers_all_without_stop_is_one_line():
     assert_one_line_error(run_cli("ray-workers", "--ray-address", "auto", "--all"), "--all goes with --stop")
+
+
+def test_an_idle_worker_gives_its_cache_back_and_still_runs_cells():
+    """``Worker.idle`` (what a kept actor asks when given back) answers, changes no verdict, and
+    leaves the worker up: the next cell runs in the same process."""
+    from sglfix.execution.worker import Worker, WorkerConfig
+    from sglfix.scenario import load_scenarios
+
+    scenario = next(s for s in load_scenarios() if s.name == "triton-decode@cg=eager,gpu_only=off")
+    worker = Worker(WorkerConfig(device="cpu"))
+    try:
+        assert worker.idle() is None  # not up yet: nothing to give back
+        first = worker.run(scenario_json=scenario.to_json(), scenario_name=scenario.name, toggles=())
+        pid = worker.proc.pid
+        assert worker.idle() == {"device_reserved_mib": None}
+        again = worker.run(scenario_json=scenario.to_json(), scenario_name=scenario.name, toggles=())
+        assert worker.proc.pid == pid and worker.restarts == 0
+        assert (first.verdict, again.verdict) == ("PASS", "PASS")
+    finally:
+        worker.kill()

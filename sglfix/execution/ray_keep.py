@@ -13,6 +13,10 @@ again and checks that the files its worker was booted from (those, and the code 
 by size and modification time) are still what its node has; otherwise it refuses, stops its
 worker and exits, and the run starts a fresh actor.
 
+Never in the way. On being given back, the worker gives its allocator's cached device memory back
+(``Worker.idle``): an idle kept worker holds its CUDA context and compiled kernels, not a cache
+sized for the last run's cells, and the next run starts from what a fresh worker would hold.
+
 Never leaked. An idle actor exits after its keep time. One claimed by a run that stopped calling
 it (its driver was killed) counts as given back after ``HOLD_S`` without a call. A run that ends
 on an error or a signal kills its actors instead of keeping them. ``sglfix ray-workers`` lists
@@ -135,6 +139,7 @@ class KeptActor(_CellActor):
         self.busy = 0
         self.last = time.monotonic()
         self.exiting = False
+        self.held: dict | None = None  # what the worker holds while idle (Worker.idle)
         self.lock = threading.Lock()
         threading.Thread(target=self._watch, name="sglfix-keep", daemon=True).start()
 
@@ -172,6 +177,10 @@ class KeptActor(_CellActor):
         with self.lock:
             if self.owner != owner:
                 return False
+            busy = self.busy
+        # The run is over (its driver has every result): nothing else talks to the worker now.
+        self.held = self.worker.idle() if not busy else None
+        with self.lock:
             self.owner, self.keep_s, self.last = None, keep_s, time.monotonic()
             return self._reusable
 
@@ -189,6 +198,7 @@ class KeptActor(_CellActor):
                 "keep_s": self.keep_s,
                 "exits_in_s": None if self.owner is not None else round(max(0.0, self.keep_s - idle), 1),
                 "toggles_held": list(self.worker.toggles) if self.worker.toggles is not None else None,
+                "device_reserved_mib": (self.held or {}).get("device_reserved_mib"),
             }
 
     @ray.method(concurrency_group="control")

@@ -63,6 +63,8 @@ class Session:
     def handle(self, request: dict) -> dict:
         """The reply to one request; never raises for a failure of a cell."""
         rid = request.get("id")
+        if request.get("idle"):
+            return {"id": rid, "idle": self._idle()}
         toggles = [str(t) for t in request.get("toggles") or []]
         scenario_data = request.get("scenario") or {}
         name = str(scenario_data.get("name", "?"))
@@ -115,6 +117,18 @@ class Session:
             except Exception:  # a device the cell left broken: the next cell meets it, this result stands
                 pass
         return {"id": rid, "result": result.to_json()}
+
+    def _idle(self) -> dict:
+        """Nothing to run for a while: give the allocator's cached device memory back."""
+        import gc
+
+        gc.collect()
+        if self.device != "cuda":
+            return {"device_reserved_mib": None}
+        import torch
+
+        torch.cuda.empty_cache()
+        return {"device_reserved_mib": round(torch.cuda.memory_reserved() / 2**20, 1)}
 
     def _run_recording(self, scenario: Any, toggles: list[str], record: list[str]) -> Any:
         """The cell, and which of the ``record`` targets it entered (``sglfix.execution.entered``;

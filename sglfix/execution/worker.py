@@ -130,7 +130,7 @@ def _kill_live() -> None:
 
 @dataclass
 class Event:
-    """What a worker reported: ready, reply, restart, died, timeout, start_failed, config_error."""
+    """What a worker reported: ready, reply, idle, restart, died, timeout, start_failed, config_error."""
 
     kind: str
     data: Any = None
@@ -372,6 +372,8 @@ class Worker:
                 self.pending, self.state, self._deadline = None, "idle", math.inf
                 if "restart" in message:
                     return Event("restart", message["restart"])
+                if "idle" in message:
+                    return Event("idle", message["idle"])
                 return Event("reply", message.get("result"))
             self.discarded += 1  # a stale or forged reply: never attributed to a cell
         return None
@@ -429,6 +431,10 @@ class Worker:
         self._deadline = time.monotonic() + limit
         request = {"id": rid, "toggles": list(toggles), "scenario": scenario_json}
         request.update(extra or {})
+        self._write(request)
+        return rid
+
+    def _write(self, request: dict) -> None:
         data = (json.dumps(request) + "\n").encode()
         try:
             view = memoryview(data)
@@ -436,7 +442,27 @@ class Worker:
                 view = view[os.write(self._req, view) :]
         except OSError:
             pass  # it died: service() reports it with this request pending
-        return rid
+
+    def idle(self, *, timeout: float = 60.0) -> dict | None:
+        """Between runs: the worker gives back the device memory its allocator caches, so that a
+        worker kept warm (``--ray-keep``) starts the next run holding what a fresh one would.
+        What it then holds; None when it was not up, or did not answer (then it is stopped and
+        the next cell starts a fresh one)."""
+        if self.state != "idle":
+            return None
+        rid = next(_IDS)
+        self.pending, self.state = {"id": rid, "timeout": timeout}, "busy"
+        self._deadline = time.monotonic() + timeout
+        self._write({"id": rid, "idle": True})
+        while True:
+            event = self.wait_event(until=math.inf)
+            if event is None:
+                continue
+            if event.kind == "idle":
+                return event.data
+            if self.proc is not None:
+                self.kill()
+            return None
 
     # -- results ------------------------------------------------------------------------------
 
