@@ -122,6 +122,7 @@ def main() -> int:
         help="a committed every-cell matrix report (e.g. bench/results/matrix-cpu.json): each run's "
         "verdicts are compared with it cell by cell too",
     )
+    ap.add_argument("--kept-next", type=int, default=1, help="workers plan: warm runs after the first --ray-keep run")
     ns = ap.parse_args()
     logs = ns.logs or os.path.dirname(os.path.abspath(ns.json))
     os.makedirs(logs, exist_ok=True)
@@ -155,7 +156,7 @@ def main() -> int:
         plan.append((f"local, {gpus} GPUs", ["--devices", "all"]))
     else:
         missing.append(f"local on 2+ GPUs (this machine has {gpus})")
-    kept = ["--executor", "ray", "--ray-address", "auto", "--ray-keep", "600"]
+    kept_args = ["--executor", "ray", "--ray-address", "auto", "--ray-keep", "600", "--device", "cuda"]
     if ns.plan == "workers":
         if ns.skip_ray:
             missing.append("ray (not installed on this machine)")
@@ -171,8 +172,11 @@ def main() -> int:
                 ),
                 # --ray-keep: the first run leaves its actors in the cluster, the next one takes
                 # them warm (the head stays up between the two).
-                (f"{KEPT_FIRST} ({default} actors on 1 GPU)", [*kept, "--device", "cuda"]),
-                (f"{KEPT_NEXT} ({default} actors on 1 GPU)", [*kept, "--device", "cuda"]),
+                (f"{KEPT_FIRST} ({default} actors on 1 GPU)", kept_args),
+                *[
+                    (f"{KEPT_NEXT} ({default} actors on 1 GPU){'' if n == 0 else f', again ({n + 1})'}", kept_args)
+                    for n in range(ns.kept_next)
+                ],
             ]
     elif not ns.skip_ray:
         plan.append((f"ray, {gpus} GPU{'s' if gpus > 1 else ''}", ["--executor", "ray", "--devices", "all"]))
