@@ -29,6 +29,7 @@ from sglfix.common.verdicts import stands_for
 
 KEPT_FIRST = "ray, joined, --ray-keep: first run"
 KEPT_NEXT = "ray, joined, --ray-keep: next run"
+KEPT_OTHER = f"{KEPT_NEXT} with other options"  # another identity: it must evict the kept actors
 
 
 def _python_int(code: str) -> int:
@@ -123,6 +124,11 @@ def main() -> int:
         "verdicts are compared with it cell by cell too",
     )
     ap.add_argument("--kept-next", type=int, default=1, help="workers plan: warm runs after the first --ray-keep run")
+    ap.add_argument(
+        "--kept-other",
+        action="store_true",
+        help="workers plan: then one kept run with other options, which stops the idle kept actors to make room",
+    )
     ns = ap.parse_args()
     logs = ns.logs or os.path.dirname(os.path.abspath(ns.json))
     os.makedirs(logs, exist_ok=True)
@@ -177,6 +183,11 @@ def main() -> int:
                     (f"{KEPT_NEXT} ({default} actors on 1 GPU){'' if n == 0 else f', again ({n + 1})'}", kept_args)
                     for n in range(ns.kept_next)
                 ],
+                *(
+                    [(f"{KEPT_OTHER} (--timeout 301, {default} actors)", [*kept_args, "--timeout", "301"])]
+                    if ns.kept_other
+                    else []
+                ),
             ]
     elif not ns.skip_ray:
         plan.append((f"ray, {gpus} GPU{'s' if gpus > 1 else ''}", ["--executor", "ray", "--devices", "all"]))
@@ -288,6 +299,7 @@ def main() -> int:
         ("ray_joined_vs_local", "ray, joined to"),
         ("ray_kept_first_vs_local", KEPT_FIRST),
         ("ray_kept_next_vs_local", KEPT_NEXT),
+        ("ray_kept_other_vs_local", KEPT_OTHER),
     ):
         ray_row = next((r for r in rows if r["label"].startswith(prefix)), None)
         if ray_row and local_row and ray_row.get("cells_wall_s") and local_row.get("cells_wall_s"):

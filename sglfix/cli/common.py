@@ -416,6 +416,7 @@ def run_plan(
         # Ray takes seconds to start or join: an address that answers nothing is refused instead
         # of waited on.
         check_ray_address(ray_address)
+        quiet_ray_logs()
         pool_class, where = RayPool, {"address": ray_address, "keep": ray_keep}
     jobs = check_jobs(jobs, device)
     # Everything a cell would meet first is checked before any worker starts: the scenarios, the
@@ -487,6 +488,14 @@ def check_ray_address(address: str | None) -> None:
             f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); start the Ray "
             f"head (ray start --head) or give its address"
         ) from None
+
+
+def quiet_ray_logs() -> None:
+    """Ray's own warnings (token authentication on or off, and the like) are not this command's
+    output: the CLI keeps Ray's loggers at ERROR. A library user of RayPool keeps theirs."""
+    import logging
+
+    logging.getLogger("ray").setLevel(logging.ERROR)
 
 
 def check_ray_keep(keep: float | None, *, executor: str, address: str | None) -> None:

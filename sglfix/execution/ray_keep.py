@@ -15,7 +15,9 @@ worker and exits, and the run starts a fresh actor.
 
 Never in the way. On being given back, the worker gives its allocator's cached device memory back
 (``Worker.idle``): an idle kept worker holds its CUDA context and compiled kernels, not a cache
-sized for the last run's cells, and the next run starts from what a fresh worker would hold.
+sized for the last run's cells, and the next run starts from what a fresh worker would hold. A run
+that must start actors for which the cluster has no free resources first stops idle kept actors of
+other identities, longest idle first, instead of waiting for their keep time to run out.
 
 Never leaked. An idle actor exits after its keep time. One claimed by a run that stopped calling
 it (its driver was killed) counts as given back after ``HOLD_S`` without a call. A run that ends
@@ -51,6 +53,7 @@ PREFIX = "sglfix-worker-"
 HOLD_S = 600.0
 _TICK = 0.25
 _CLAIM_WAIT = 30.0
+_RAY_NAMES = {"num_gpus": "GPU", "num_cpus": "CPU"}  # an actor's resource options as Ray counts them
 _PACKAGES = ("torch", "triton", "flashinfer-python", "sglang", "ray", "pydantic", "PyYAML")
 _SGLFIX_PACKAGES = ("sglfix", "sglfix.backends", "sglfix.toggles", "sglfix.scenarios", "sglfix.profiles")
 
@@ -157,19 +160,26 @@ class KeptActor(_CellActor):
                 self.last = time.monotonic()
 
     @ray.method(concurrency_group="control")
-    def claim(self, key: str, owner: str) -> bool:
-        """This actor for ``owner``'s run, if it is free and not stale (then it exits)."""
+    def claim(self, key: str, owner: str) -> str | None:
+        """This actor for ``owner``'s run (None), or why not: in use, exiting, or stale (then
+        it exits)."""
         with self.lock:
-            if self.exiting or self.owner is not None or key != self.key or not self._reusable:
-                return False
+            if self.exiting:
+                return "exiting"
+            if self.owner is not None:
+                return "in use by another run"
             self.owner = owner  # held while checking: no second run claims it meanwhile
-        fresh = identity(self.config, self.resources) == key and disk_state(self.config) == self._state
+        why = None
+        if key != self.key or not self._reusable or identity(self.config, self.resources) != key:
+            why = "stale: sglfix, the toggles or the packages changed since it booted"
+        elif disk_state(self.config) != self._state:
+            why = "stale: files it booted from changed on disk since"
         with self.lock:
-            if fresh:
+            if why is None:
                 self.last = time.monotonic()
             else:
                 self.owner, self.exiting = None, True
-        return fresh
+        return why
 
     @ray.method(concurrency_group="control")
     def release(self, owner: str, keep_s: float) -> bool:
@@ -196,6 +206,7 @@ class KeptActor(_CellActor):
                 "busy": self.busy > 0,
                 "idle_s": round(idle, 1),
                 "keep_s": self.keep_s,
+                "resources": self.resources,
                 "exits_in_s": None if self.owner is not None else round(max(0.0, self.keep_s - idle), 1),
                 "toggles_held": list(self.worker.toggles) if self.worker.toggles is not None else None,
                 "device_reserved_mib": (self.held or {}).get("device_reserved_mib"),
@@ -254,6 +265,8 @@ class Keeper:
         self.owner = uuid.uuid4().hex
         self.reused = 0
         self.started = 0
+        self.declined: dict[str, int] = {}  # why kept actors of this identity were not taken
+        self.evicted = 0  # idle kept actors of other identities stopped to make room
         self._cls = ray.remote(max_restarts=0, max_task_retries=0, concurrency_groups={"control": 1}, **resources)(
             KeptActor
         )
@@ -267,12 +280,50 @@ class Keeper:
             refs = [handle.claim.remote(self.key, self.owner) for _, handle in batch]
             for (_, handle), ref in zip(batch, refs):
                 try:
-                    if ray.get(ref, timeout=_CLAIM_WAIT):
-                        got.append(handle)
-                except Exception:  # it died or exited meanwhile
-                    continue
+                    why = ray.get(ref, timeout=_CLAIM_WAIT)
+                except Exception as exc:  # it died or exited meanwhile, or did not answer
+                    why = f"no answer: {type(exc).__name__}"
+                if why is None:
+                    got.append(handle)
+                else:
+                    self.declined[why] = self.declined.get(why, 0) + 1
         self.reused += len(got)
         return got
+
+    def make_room(self, count: int) -> None:
+        """Before ``count`` new actors: when the cluster has not the resources free for them,
+        idle kept actors of other identities (another toggles directory, other options) are
+        stopped, longest idle first, until it has. They are a cache: left alone they would hold
+        their GPU share until their keep time ran out, and this run would wait for it."""
+        need = {_RAY_NAMES[k]: v * count for k, v in self.resources.items() if v}
+        free = ray.available_resources()
+        short = {k: v - free.get(k, 0.0) for k, v in need.items() if free.get(k, 0.0) + 1e-6 < v}
+        if not short:
+            return
+        others = [(n, h) for n, h in kept_actors() if not n.startswith(f"{PREFIX}{self.key}-")]
+        refs = [h.status.remote() for _, h in others]
+        idle = []
+        for (_, handle), ref in zip(others, refs):
+            try:
+                row = ray.get(ref, timeout=_CLAIM_WAIT)
+            except Exception:
+                continue
+            if not row["claimed"]:
+                idle.append((row["idle_s"], handle, row.get("resources") or {}))
+        for _, handle, held in sorted(idle, key=lambda r: -r[0]):
+            if not short:
+                break
+            try:
+                if not ray.get(handle.stop.remote(False), timeout=_CLAIM_WAIT):
+                    continue  # a run claimed it meanwhile
+            except Exception:
+                continue
+            self.evicted += 1
+            for k, v in held.items():
+                name = _RAY_NAMES.get(k)
+                if name in short:
+                    short[name] -= v
+            short = {k: v for k, v in short.items() if v > 1e-6}
 
     def new(self) -> Any:
         self.started += 1
@@ -294,4 +345,11 @@ class Keeper:
         return refused
 
     def info(self) -> dict:
-        return {"keep_s": self.keep_s, "identity": self.key, "reused": self.reused, "started": self.started}
+        return {
+            "keep_s": self.keep_s,
+            "identity": self.key,
+            "reused": self.reused,
+            "started": self.started,
+            "declined": dict(self.declined),
+            "evicted": self.evicted,
+        }

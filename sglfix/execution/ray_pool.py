@@ -10,7 +10,8 @@ of the GPUs, several actors to a GPU as the local pool does; Ray then sets ``CUD
 which the worker inherits) and ``num_cpus=1`` on CPU.
 
 Without an address a private local Ray instance is started (and stopped at the end); with
-``--ray-address`` (or ``auto``) the run joins that cluster, whose nodes need the same sglfix.
+``--ray-address`` (or ``auto``) the run joins that cluster, whose nodes need the same sglfix;
+``--ray-keep`` then leaves the actors there, warm, for the next run (``sglfix.execution.ray_keep``).
 ``pip install 'sglfix[ray]'``.
 """
 
@@ -147,6 +148,7 @@ class RayPool:
 
             self._keeper = Keeper(config, resources, keep)
             self.actors = self._keeper.claim(size)
+            self._keeper.make_room(size - len(self.actors))
         else:
             self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0, **resources)(_CellActor)
         self.actors += [self._new_actor() for _ in range(size - len(self.actors))]
