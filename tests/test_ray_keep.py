@@ -218,3 +218,27 @@ def test_an_idle_worker_gives_its_cache_back_and_still_runs_cells():
         assert (first.verdict, again.verdict) == ("PASS", "PASS")
     finally:
         worker.kill()
+
+
+def test_identity_and_disk_state_cover_what_a_worker_runs_and_nothing_else(tmp_path):
+    """The identity follows the toggles' content (not their times), the disk state follows their
+    times too, and neither reads the checkout around the packages (tests, benchmarks, caches)."""
+    from sglfix.execution.ray_keep import _SGLFIX_PACKAGES, _package_dirs, disk_state, identity
+    from sglfix.execution.worker import WorkerConfig
+
+    dirs = _package_dirs(_SGLFIX_PACKAGES)
+    assert dirs and all(os.path.isfile(os.path.join(d, "__init__.py")) for d in dirs), dirs
+    assert not any(os.path.isfile(os.path.join(d, "pyproject.toml")) for d in dirs), dirs
+    toggles = tmp_path / "toggles"
+    shutil.copytree(TOGGLES, toggles)
+    config = WorkerConfig(device="cpu", toggles_dir=str(toggles))
+    key, state = identity(config, {"num_cpus": 1}), disk_state(config)
+    assert identity(config, {"num_cpus": 1}) == key and disk_state(config) == state
+    assert identity(config, {"num_gpus": 0.5, "num_cpus": 0}) != key  # another Ray share
+    assert identity(WorkerConfig(device="cpu", toggles_dir=str(toggles), timeout=301), {"num_cpus": 1}) != key
+    victim = sorted(toggles.glob("*.yaml"))[0]
+    stamp = time.time() + 5
+    os.utime(victim, (stamp, stamp))
+    assert identity(config, {"num_cpus": 1}) == key and disk_state(config) != state
+    victim.write_text(victim.read_text() + "\n# edited\n")
+    assert identity(config, {"num_cpus": 1}) != key

@@ -59,14 +59,22 @@ _SGLFIX_PACKAGES = ("sglfix", "sglfix.backends", "sglfix.toggles", "sglfix.scena
 
 
 def _package_dirs(names: tuple[str, ...]) -> list[str]:
-    """The directories of these packages, found without importing them, nested ones left out."""
+    """The directories of these packages, found without importing them, nested ones left out.
+    A package's own directory (its ``__init__``'s), not its whole search path: run from a source
+    checkout, sglfix's path also holds the checkout's root (``sglfix._source_checkout_layout``),
+    and the tests, benchmarks and caches there are not what a worker runs."""
     dirs: list[str] = []
     for name in names:
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
             spec = None
-        for d in (spec.submodule_search_locations or ()) if spec is not None else ():
+        if spec is None:
+            continue
+        if spec.origin and os.path.basename(spec.origin).startswith("__init__."):
+            dirs.append(os.path.realpath(os.path.dirname(spec.origin)))
+            continue
+        for d in spec.submodule_search_locations or ():  # a namespace package: every part
             dirs.append(os.path.realpath(d))
     dirs = sorted(set(dirs))
     return [d for d in dirs if not any(d.startswith(o + os.sep) for o in dirs)]
