@@ -19,17 +19,21 @@ def ray_workers_cmd(
 ) -> None:
     """List (or stop) the sglfix workers kept warm in a Ray cluster by --ray-keep."""
     from sglfix.cli.common import check_ray_address, quiet_ray_logs
-    from sglfix.execution.ray_pool import _ray
+    from sglfix.execution.ray_pool import _ray, init_ray
 
     if stop_all and not stop:
         raise ConfigError("--all goes with --stop: give --stop --all to stop every kept worker")
     check_ray_address(ray_address)
     quiet_ray_logs()
     ray = _ray()
-    try:
-        ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    except (ConnectionError, ValueError, RuntimeError) as exc:
-        raise ConfigError(f"--ray-address {ray_address}: cannot join Ray: {str(exc).splitlines()[0]}") from None
+    init_ray(
+        ray,
+        shown=ray_address,
+        address=ray_address,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     try:
         rows = _rows(ray, stop=stop, force=stop_all)
     finally:
@@ -50,22 +54,18 @@ def ray_workers_cmd(
 
 
 def _rows(ray, *, stop: bool, force: bool) -> list[dict]:
-    from sglfix.execution.ray_keep import kept_actors
+    from sglfix.execution.ray_keep import answers, kept_actors
 
     actors = kept_actors()
-    refs = [handle.status.remote() for _, handle in actors]
     rows = []
-    for (name, handle), ref in zip(actors, refs):
-        try:
-            row = {"name": name, **ray.get(ref, timeout=30)}
-        except Exception:
+    for (name, handle), status in zip(actors, answers([h.status.remote() for _, h in actors])):
+        if isinstance(status, Exception):
             rows.append({"name": name, "gone": True})
             continue
+        row = {"name": name, **status}
         if stop:
-            try:
-                row["stopped"] = bool(ray.get(handle.stop.remote(force), timeout=30))
-            except Exception:
-                row["stopped"] = True  # it exited meanwhile
+            stopped = answers([handle.stop.remote(force)])[0]
+            row["stopped"] = True if isinstance(stopped, Exception) else bool(stopped)  # an error: it exited
             if row["stopped"] and force:
                 ray.kill(handle, no_restart=True)  # a claimed one may be mid-cell: not waited on
         rows.append(row)

@@ -44,7 +44,17 @@ import ray
 from sglfix.execution.ray_pool import MAX_KEEP_S, _CellActor
 from sglfix.execution.worker import WorkerConfig
 
-__all__ = ["HOLD_S", "MAX_KEEP_S", "NAMESPACE", "Keeper", "KeptActor", "disk_state", "identity", "kept_actors"]
+__all__ = [
+    "HOLD_S",
+    "MAX_KEEP_S",
+    "NAMESPACE",
+    "Keeper",
+    "KeptActor",
+    "answers",
+    "disk_state",
+    "identity",
+    "kept_actors",
+]
 
 NAMESPACE = "sglfix"
 PREFIX = "sglfix-worker-"
@@ -251,16 +261,26 @@ def kept_actors(*, key: str | None = None) -> list[tuple[str, Any]]:
     """(name, handle) of every live kept actor in the cluster this driver joined (of ``key``)."""
     prefix = PREFIX + (f"{key}-" if key else "")
     out = []
-    for entry in ray.util.list_named_actors(all_namespaces=True):
-        name = entry.get("name", "") if isinstance(entry, dict) else str(entry)
-        if isinstance(entry, dict) and entry.get("namespace") != NAMESPACE:
-            continue
-        if not name.startswith(prefix):
+    for entry in ray.util.list_named_actors(all_namespaces=True):  # {"name", "namespace"} each
+        if entry["namespace"] != NAMESPACE or not entry["name"].startswith(prefix):
             continue
         try:
-            out.append((name, ray.get_actor(name, namespace=NAMESPACE)))
+            out.append((entry["name"], ray.get_actor(entry["name"], namespace=NAMESPACE)))
         except ValueError:  # gone since it was listed
             continue
+    return out
+
+
+def answers(refs: list[Any]) -> list[Any]:
+    """The value of each call sent to a kept actor, or the exception it ended in (the actor died
+    or exited meanwhile, or gave no answer within ``_CLAIM_WAIT``). The calls are sent together;
+    one actor's failure is that actor's answer, never the others'."""
+    out: list[Any] = []
+    for ref in refs:
+        try:
+            out.append(ray.get(ref, timeout=_CLAIM_WAIT))
+        except Exception as exc:
+            out.append(exc)
     return out
 
 
@@ -285,12 +305,9 @@ class Keeper:
         got: list[Any] = []
         while candidates and len(got) < size:
             batch, candidates = candidates[: size - len(got)], candidates[size - len(got) :]
-            refs = [handle.claim.remote(self.key, self.owner) for _, handle in batch]
-            for (_, handle), ref in zip(batch, refs):
-                try:
-                    why = ray.get(ref, timeout=_CLAIM_WAIT)
-                except Exception as exc:  # it died or exited meanwhile, or did not answer
-                    why = f"no answer: {type(exc).__name__}"
+            for (_, handle), why in zip(batch, answers([h.claim.remote(self.key, self.owner) for _, h in batch])):
+                if isinstance(why, Exception):
+                    why = f"no answer: {type(why).__name__}"
                 if why is None:
                     got.append(handle)
                 else:
@@ -309,23 +326,16 @@ class Keeper:
         if not short:
             return
         others = [(n, h) for n, h in kept_actors() if not n.startswith(f"{PREFIX}{self.key}-")]
-        refs = [h.status.remote() for _, h in others]
-        idle = []
-        for (_, handle), ref in zip(others, refs):
-            try:
-                row = ray.get(ref, timeout=_CLAIM_WAIT)
-            except Exception:
-                continue
-            if not row["claimed"]:
-                idle.append((row["idle_s"], handle, row.get("resources") or {}))
+        idle = [
+            (row["idle_s"], handle, row.get("resources") or {})  # an older sglfix's actor has none
+            for (_, handle), row in zip(others, answers([h.status.remote() for _, h in others]))
+            if not isinstance(row, Exception) and not row["claimed"]
+        ]
         for _, handle, held in sorted(idle, key=lambda r: -r[0]):
             if not short:
                 break
-            try:
-                if not ray.get(handle.stop.remote(False), timeout=_CLAIM_WAIT):
-                    continue  # a run claimed it meanwhile
-            except Exception:
-                continue
+            if answers([handle.stop.remote(False)])[0] is not True:
+                continue  # a run claimed it meanwhile, or it is gone already
             self.evicted += 1
             for k, v in held.items():
                 name = _RAY_NAMES.get(k)
@@ -342,15 +352,8 @@ class Keeper:
     def give_back(self, actors: list[Any]) -> list[Any]:
         """Each actor idle for the keep time from now; those that cannot be kept (claimed by
         another run meanwhile, an install that differs on their node) are returned to be killed."""
-        refs = [a.release.remote(self.owner, self.keep_s) for a in actors]
-        refused = []
-        for a, ref in zip(actors, refs):
-            try:
-                if not ray.get(ref, timeout=_CLAIM_WAIT):
-                    refused.append(a)
-            except Exception:
-                refused.append(a)
-        return refused
+        kept = answers([a.release.remote(self.owner, self.keep_s) for a in actors])
+        return [a for a, ok in zip(actors, kept) if ok is not True]
 
     def info(self) -> dict:
         return {

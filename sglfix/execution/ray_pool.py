@@ -77,6 +77,18 @@ def _ray():
     return ray
 
 
+def init_ray(ray: Any, *, shown: str, **kwargs: Any) -> None:
+    """``ray.init(**kwargs)``; a cluster that cannot be started or joined is one line naming
+    ``--ray-address shown``."""
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise ConfigError(
+            f"--ray-address {shown}: cannot start or join Ray: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
+
+
 def _gpu_share(ray: Any, size: int, devices: Sequence[str] | None) -> float:
     """The GPU each actor asks Ray for: a whole one per --devices entry; otherwise the GPUs Ray
     sees shared among the actors (four actors on one GPU ask 0.25 each), as the local pool puts
@@ -127,12 +139,7 @@ class RayPool:
                 # get exactly the --devices given (Ray sets each actor's CUDA_VISIBLE_DEVICES).
                 os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
             try:
-                ray.init(**kwargs)
-            except (ConnectionError, ValueError, RuntimeError) as exc:
-                raise ConfigError(
-                    f"--ray-address {address or 'local'}: cannot start or join Ray: "
-                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-                ) from None
+                init_ray(ray, shown=address or "local", **kwargs)
             finally:
                 if saved is None:
                     os.environ.pop("CUDA_VISIBLE_DEVICES", None)

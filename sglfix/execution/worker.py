@@ -423,25 +423,23 @@ class Worker:
         keys (``record``: target paths whose entry the cell reports; ``not_reached``: apply the
         set, then answer NOT_REACHED without running)."""
         assert self.state == "idle", self.state
-        rid = next(_IDS)
-        limit = timeout if timeout is not None else self.config.timeout
-        self.pending = {"id": rid, "timeout": limit}
-        self.state = "busy"
         self.toggles = tuple(toggles)
-        self._deadline = time.monotonic() + limit
-        request = {"id": rid, "toggles": list(toggles), "scenario": scenario_json}
-        request.update(extra or {})
-        self._write(request)
-        return rid
+        request = {"toggles": list(toggles), "scenario": scenario_json, **(extra or {})}
+        return self._request(request, timeout=timeout if timeout is not None else self.config.timeout)
 
-    def _write(self, request: dict) -> None:
-        data = (json.dumps(request) + "\n").encode()
+    def _request(self, request: dict, *, timeout: float) -> int:
+        """Send one request to the idle worker, pending until its reply or ``timeout`` seconds."""
+        rid = next(_IDS)
+        self.pending, self.state = {"id": rid, "timeout": timeout}, "busy"
+        self._deadline = time.monotonic() + timeout
+        data = (json.dumps({"id": rid, **request}) + "\n").encode()
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(self._req, view) :]
         except OSError:
             pass  # it died: service() reports it with this request pending
+        return rid
 
     def idle(self, *, timeout: float = 60.0) -> dict | None:
         """Between runs: the worker gives back the device memory its allocator caches, so that a
@@ -450,10 +448,7 @@ class Worker:
         the next cell starts a fresh one)."""
         if self.state != "idle":
             return None
-        rid = next(_IDS)
-        self.pending, self.state = {"id": rid, "timeout": timeout}, "busy"
-        self._deadline = time.monotonic() + timeout
-        self._write({"id": rid, "idle": True})
+        self._request({"idle": True}, timeout=timeout)
         while True:
             event = self.wait_event(until=math.inf)
             if event is None:
