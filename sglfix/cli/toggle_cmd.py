@@ -8,11 +8,15 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from sglfix.cli.context import add_group, err, options
 from sglfix.common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sglfix.toggling.fromdiff import PatchHeader
 
 Pr = typer.Option(..., "--pr", metavar="N", help="The fix's pull-request number (the toggle's id).")
 Output = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the toggle here (default: stdout).")
@@ -27,7 +31,9 @@ def _source_root(package: str) -> Path:
     return Path(root)
 
 
-def _build(ctx: typer.Context, text: str, *, where: str, pr: int, output: str | None) -> None:
+def _build(
+    ctx: typer.Context, text: str, *, where: str, pr: int, output: str | None, header: PatchHeader | None = None
+) -> None:
     from sglfix.report.output import check_output_path, write_atomic
     from sglfix.toggling import fromdiff
     from sglfix.toggling.ids import MAX_PR
@@ -39,7 +45,13 @@ def _build(ctx: typer.Context, text: str, *, where: str, pr: int, output: str | 
     codebase = opts.codebase()
     root = _source_root(codebase.package)
     plan = fromdiff.plan(
-        text, where=where, pr=pr, package=codebase.package, repo_prefix=codebase.repo_prefix, source_root=root
+        text,
+        where=where,
+        pr=pr,
+        package=codebase.package,
+        repo_prefix=codebase.repo_prefix,
+        source_root=root,
+        header=header,
     )
     for note in plan.notes:
         if not note.blocking:
@@ -117,6 +129,77 @@ def from_diff_cmd(
     _build(ctx, text, where="the diff on stdin" if patch == "-" else patch, pr=pr, output=output)
 
 
+# git as a script runs it: no pager, no colour, paths unquoted, and (diff-tree being plumbing) no
+# external diff, textconv, prefix or rename setting of the user's configuration in the diff.
+_GIT = ("git", "--no-pager", "-c", "core.quotepath=off", "-c", "color.ui=never")
+_GIT_TIMEOUT = 60
+
+
+def _git(repo: str, *args: str) -> tuple[int, str, str]:
+    try:
+        proc = subprocess.run(
+            [*_GIT, "-C", repo, *args],
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            timeout=_GIT_TIMEOUT,
+        )
+    except FileNotFoundError:
+        raise ConfigError("git is not installed here; save the fix with git format-patch and use from-diff") from None
+    except subprocess.TimeoutExpired:
+        raise ConfigError(
+            f"git {args[0]} in {repo} took over {_GIT_TIMEOUT} s; save the fix's diff and use from-diff"
+        ) from None
+    why = (proc.stderr.strip().splitlines() or ["git failed"])[-1]
+    return proc.returncode, proc.stdout, why
+
+
+def _commit_diff(repo: str, rev: str) -> tuple[str, PatchHeader, list[str]]:
+    """REV's diff against its first parent (a merge's too: what it brought in), its header from
+    its own message, and its parents."""
+    from sglfix.toggling.fromdiff import commit_header
+
+    # REV does not start with '-' (refused before), and every later argument is a full sha.
+    code, out, why = _git(repo, "rev-parse", "--verify", f"{rev}^{{commit}}")
+    if code != 0:
+        raise ConfigError(f"{rev} is not a commit of {repo} ({why}); give the fix's commit (sha, tag, HEAD~1, ...)")
+    sha = out.strip()
+    code, out, why = _git(
+        repo, "log", "-1", "--no-show-signature", "--encoding=UTF-8", "--format=%P%x00%s%x00%b", sha, "--"
+    )
+    if code != 0 or out.count("\0") < 2:
+        raise ConfigError(f"git log {rev} in {repo}: {why}")
+    parents, subject, body = out.split("\0", 2)
+    first = parents.split()[:1]
+    if not first:
+        raise ConfigError(
+            f"{rev} in {repo} is a root commit (no parent): every file in it is new, so there is no pre-fix "
+            f"code to revert to; give the fix's own commit"
+        )
+    code, out, why = _git(
+        repo,
+        "diff-tree",
+        "-p",
+        "-r",
+        "-M",  # renames as git format-patch shows them
+        "--no-color",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--src-prefix=a/",
+        "--dst-prefix=b/",
+        first[0],
+        sha,
+    )
+    if code != 0:
+        raise ConfigError(f"git diff {rev}^1 {rev} in {repo}: {why}")
+    if not out.strip():
+        raise ConfigError(
+            f"{rev} in {repo} changes no file against its first parent {first[0][:12]}; give the fix's own commit"
+        )
+    return out, commit_header(sha, subject, body), parents.split()
+
+
 def from_git_cmd(
     ctx: typer.Context,
     rev: str = typer.Argument(..., metavar="REV", help="The fix's commit (any git revision)."),
@@ -124,28 +207,21 @@ def from_git_cmd(
     pr: int = Pr,
     output: str | None = Output,
 ) -> None:
-    """A revert toggle from a commit of a checkout (its diff against its first parent)."""
+    """A revert toggle from a commit of a checkout (its diff against its first parent, a merge's
+    too; the title and description from the commit's own message)."""
     if not repo.strip():
         raise ConfigError("--repo '': the path is empty; give the checkout's directory")
     if not Path(repo).is_dir():
         raise ConfigError(f"--repo {repo}: not a directory; give the checkout's directory")
     if rev.startswith("-"):
         raise ConfigError(f"{rev!r} is not a revision; give a commit (sha, tag, HEAD~1, ...)")
-    try:
-        proc = subprocess.run(
-            ["git", "-C", repo, "format-patch", "-1", "--stdout", "--no-signature", rev, "--"],
-            capture_output=True,
-            text=True,
-            timeout=60,
+    diff, header, parents = _commit_diff(repo, rev)
+    if len(parents) > 1:
+        err.print(
+            f"sglfix: note: {rev} is a merge: the toggle reverts what it brought in against its first "
+            f"parent {parents[0][:12]}, under the merge's own title"
         )
-    except FileNotFoundError:
-        raise ConfigError("git is not installed here; save the fix with git format-patch and use from-diff") from None
-    if proc.returncode != 0:
-        why = (proc.stderr.strip().splitlines() or ["git failed"])[-1]
-        raise ConfigError(f"git format-patch {rev} in {repo}: {why}")
-    if not proc.stdout.strip():
-        raise ConfigError(f"{rev} in {repo} changes no file (a merge commit?); give the fix's own commit")
-    _build(ctx, proc.stdout, where=f"{repo}@{rev}", pr=pr, output=output)
+    _build(ctx, diff, where=f"{repo}@{rev}", pr=pr, output=output, header=header)
 
 
 def register(app: typer.Typer) -> None:

@@ -18,7 +18,18 @@ from sglfix.common.errors import ConfigError
 from sglfix.patching.editor import apply_single_edit, find_match_positions
 from sglfix.patching.types import EditSpec
 
-__all__ = ["Change", "FunctionRevert", "Note", "PatchHeader", "Plan", "check", "parse_diff", "plan", "to_yaml"]
+__all__ = [
+    "Change",
+    "FunctionRevert",
+    "Note",
+    "PatchHeader",
+    "Plan",
+    "check",
+    "commit_header",
+    "parse_diff",
+    "plan",
+    "to_yaml",
+]
 
 MAX_DIFF_BYTES = 4 * 1024 * 1024
 _URL_RE = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/pull/\d+")
@@ -125,6 +136,14 @@ def _header(text: str) -> PatchHeader:
     return header
 
 
+def commit_header(commit: str, subject: str, body: str) -> PatchHeader:
+    """The header of a commit read from git (``%H``, ``%s``, ``%b``) rather than from a patch's
+    mail header: the title is the subject, as ``format-patch`` would give it less its ``[PATCH]``."""
+    description = "\n".join(line.rstrip() for line in body.strip().splitlines()).strip()
+    m = _URL_RE.search(subject + "\n" + body)
+    return PatchHeader(title=subject.strip(), description=description, url=m.group(0) if m else "", commit=commit)
+
+
 # ----------------------------------------------------------------------------- functions
 
 
@@ -165,12 +184,23 @@ def _defined_names(tree: ast.Module) -> dict[str, tuple[int, int]]:
 # ----------------------------------------------------------------------------- the plan
 
 
-def plan(text: str, *, where: str, pr: int, package: str, repo_prefix: str, source_root: Path) -> Plan:
+def plan(
+    text: str,
+    *,
+    where: str,
+    pr: int,
+    package: str,
+    repo_prefix: str,
+    source_root: Path,
+    header: PatchHeader | None = None,
+) -> Plan:
     """Map every hunk of the diff in ``text`` to a function revert of ``package`` (installed at
     ``source_root``; the diff's paths start with ``repo_prefix``). Nothing is refused here by
     raising except a diff that is not one: what cannot be a function revert becomes a blocking
-    ``Note`` (the caller prints them all, one per line)."""
-    header, files = parse_diff(text, where=where)
+    ``Note`` (the caller prints them all, one per line). ``header``, when given, is the fix's
+    metadata (a commit read from git); else it is read from the text before the diff."""
+    parsed, files = parse_diff(text, where=where)
+    header = parsed if header is None else header
     notes: list[Note] = []
     reverts: list[FunctionRevert] = []
     for pf in files:
