@@ -6,13 +6,23 @@ bug they claim to guard (mutation testing where the mutant is the historical fix
   engines a test starts) through ``SGLANG_DEBUG_REVERT_PR``.
 - ``@pytest.mark.fixed_by("26651:clamp", ...)``: the fixes a test claims to guard.
 - ``pytest --sglfix-check-fixes``: each marked test also runs once per claimed fix with that fix
-  reverted (in this process and, through the variable, in the processes the test starts). A
-  failing run is "caught", a passing one "NOT caught" and fails the session (exit 1); a test
-  that was skipped or is xfail is "not run" (it cannot show the revert; the session does not
-  fail on it). Each claim is also a result of its own, ``<test>[sglfix-revert=ID]`` (passed,
-  failed or skipped), so the counts, ``--junitxml`` and the exit status agree. Unknown ids are a
-  usage error before any test runs. Results travel on the test reports, so xdist workers'
-  results reach the summary too.
+  reverted (in this process and, through the variable, in the processes the test starts), then
+  once as usual, last: that run is the test's result, its teardown the real one. Each claim is
+  judged from both runs by ``sglfix.report.outcome.judge_claim`` (the plugin does not re-derive
+  the rule): "caught" only when the test passes with the fix in place and fails with it reverted;
+  "NOT caught" when it passes reverted (the session fails, exit 1); "inconclusive" when it fails
+  with the fix in place too (an ``ImportError``, a broken fixture: failing reverted proves
+  nothing); "not run" when either run was skipped or is xfail (it cannot show the revert);
+  "ERROR" when the revert could not be applied (the session fails). Each claim is also a result
+  of its own, ``<test>[sglfix-revert=ID]``: caught passes, NOT caught and ERROR fail, not run and
+  inconclusive are skipped with the reason. An inconclusive claim does not fail the session on
+  its own: the test's own failure already does, and a second failure for the same cause would
+  only repeat it. So the counts, ``--junitxml`` and the exit status agree. The summary lists
+  inconclusive claims apart and says why. Unknown ids are a usage error before any test runs.
+  Results travel on the test's last report (its teardown's), so xdist workers' results reach the
+  summary too; ``SGLFIX_CHECK_REPORT`` names a JSON file for them, ``{nodeid: [{id, outcome,
+  detail, fixed, reverted}]}`` (``outcome`` a ``Claim``, ``fixed``/``reverted`` the two runs'
+  outcomes).
 - With ``SGLANG_DEBUG_REVERT_PR`` (or ``--sglfix-revert``) in effect, the start-up hook's finders
   are kept in front of pytest's assertion rewriter, and every selected target whose module is
   imported by collection's end or a test's setup is reverted, whichever loader imported it; one
@@ -117,6 +127,9 @@ class SglfixPlugin:
         if revert is not None:
             self._arm(revert)
         self.extra_claims: dict[str, list[str]] = json.loads(os.environ.get(CLAIMS_ENV) or "{}")
+        # While a checked test's ordinary run runs: the item, its reports so far, and each claim's
+        # reverted run (outcome, what shows it).
+        self._ordinary: tuple[pytest.Item, list, dict[str, tuple[str, str]]] | None = None
 
     # -- --sglfix-revert ------------------------------------------------------------------------
 
@@ -202,16 +215,36 @@ class SglfixPlugin:
         from _pytest.runner import runtestprotocol
 
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        outcomes = []
-        for rid in claims:
-            outcomes.append(self._mutant(item, rid, runtestprotocol))
-        # The ordinary run last: its reports are the test's result, its teardown the real one.
-        item.user_properties.append((PROPERTY, json.dumps(outcomes)))
-        runtestprotocol(item, nextitem=nextitem, log=True)
+        reverted = {rid: self._mutant(item, rid, runtestprotocol) for rid in claims}
+        # The ordinary run last: its reports are the test's result, logged as pytest logs them (so
+        # -x, --pdb and the terminal see each phase when it happens), its teardown the real one.
+        # The claims need its outcome, known only at its end: pytest_runtest_makereport gathers
+        # its reports and puts the judged claims on the last one, the teardown's, before it is
+        # logged (an xdist worker sends it to the controller from pytest_runtest_logreport).
+        self._ordinary = (item, [], reverted)
+        try:
+            runtestprotocol(item, nextitem=nextitem, log=True)
+        finally:
+            self._ordinary = None
         item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 
-    def _mutant(self, item: pytest.Item, rid: str, runtestprotocol: Any) -> dict:
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Any:
+        # Outermost wrapper: the report as every plugin left it (skipping's xfail included).
+        report = yield
+        if self._ordinary is not None and self._ordinary[0] is item:
+            _, reports, reverted = self._ordinary
+            reports.append(report)
+            if report.when == "teardown":
+                fixed = _run_outcome(reports)
+                judged = [_judge(rid, fixed, rev) for rid, rev in reverted.items()]
+                report.user_properties.append((PROPERTY, json.dumps(judged)))
+        return report
+
+    def _mutant(self, item: pytest.Item, rid: str, runtestprotocol: Any) -> tuple[str, str]:
+        """The test's outcome with ``rid`` reverted (``error``: the revert could not be applied)
+        and what shows it."""
         from sglfix.common.errors import SglfixError
         from sglfix.toggling.revert import revert
 
@@ -219,7 +252,7 @@ class SglfixPlugin:
         try:
             held = revert([rid], what=f"{item.nodeid}: @pytest.mark.{MARK}")
         except SglfixError as exc:
-            return {"id": rid, "outcome": "error", "detail": str(exc).splitlines()[0]}
+            return "error", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         os.environ[ENV_VAR] = ",".join(filter(None, [self.revert_value, rid]))
         try:
             # Torn down to the parent: module and session fixtures stay for the ordinary run.
@@ -230,25 +263,9 @@ class SglfixPlugin:
                 os.environ.pop(ENV_VAR, None)
             else:
                 os.environ[ENV_VAR] = old
-        failed = [r for r in reports if r.failed]
-        xfail = next((r for r in reports if hasattr(r, "wasxfail")), None)
-        if xfail is not None:  # expected to fail either way: it cannot tell the revert
-            return {
-                "id": rid,
-                "outcome": "not-run",
-                "detail": f"xfail ({xfail.wasxfail or 'no reason'}): a test "
-                f"expected to fail cannot show the fix's revert",
-            }
-        skipped = next((r for r in reports if r.skipped), None)
-        if not failed and skipped is not None:
-            reason = skipped.longrepr[2] if isinstance(skipped.longrepr, tuple) else str(skipped.longrepr)
-            return {"id": rid, "outcome": "not-run", "detail": f"skipped ({reason.removeprefix('Skipped: ')})"}
-        if not failed:
-            return {"id": rid, "outcome": "not-caught", "detail": "passed with the fix reverted"}
-        first = failed[0]
-        text = str((getattr(first.longrepr, "reprcrash", None) and first.longrepr.reprcrash.message) or first.longrepr)
-        return {"id": rid, "outcome": "caught", "detail": f"{first.when}: {text.splitlines()[0] if text else 'failed'}"}
+        return _run_outcome(reports)
 
+    @pytest.hookimpl(trylast=True)  # the test's own report first, everywhere; then its claims'
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if not self.check or report.nodeid in self.results:
             return
@@ -270,16 +287,18 @@ class SglfixPlugin:
                 json.dump(self.results, fh, indent=1)
 
     def _uncaught(self) -> list[tuple[str, dict]]:
+        """The claims that fail the session (``Claim.fails_session``)."""
+        from sglfix.report.outcome import Claim
+
         return [
-            (node, o)
-            for node, outcomes in self.results.items()
-            for o in outcomes
-            if o["outcome"] in ("not-caught", "error")
+            (node, o) for node, outcomes in self.results.items() for o in outcomes if Claim(o["outcome"]).fails_session
         ]
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
         if not self.check or exitstatus == pytest.ExitCode.USAGE_ERROR:
             return
+        from sglfix.report.outcome import Claim
+
         tr = terminalreporter
         tr.write_sep("=", "sglfix: does each test catch the fixes it claims?")
         if not self.results:
@@ -287,40 +306,90 @@ class SglfixPlugin:
             return
         for node, outcomes in self.results.items():
             for o in outcomes:
-                label = {"caught": "caught", "not-caught": "NOT caught", "error": "ERROR", "not-run": "not run"}[
-                    o["outcome"]
-                ]
+                claim = Claim(o["outcome"])
                 tr.write_line(
-                    f"{label:<11} {o['id']:<24} {node}  ({o['detail']})",
-                    green=o["outcome"] == "caught",
-                    red=o["outcome"] in ("not-caught", "error"),
-                    yellow=o["outcome"] == "not-run",
+                    f"{_LABELS[claim]:<12} {o['id']:<24} {node}  ({o['detail']})",
+                    green=claim is Claim.CAUGHT,
+                    red=claim.fails_session,
+                    yellow=claim is not Claim.CAUGHT and not claim.fails_session,
                 )
         bad = self._uncaught()
-        total = sum(len(v) for v in self.results.values())
-        not_run = sum(o["outcome"] == "not-run" for v in self.results.values() for o in v)
-        caught = total - len(bad) - not_run
+        claims = [Claim(o["outcome"]) for v in self.results.values() for o in v]
+        caught, not_run, inconclusive = (claims.count(c) for c in (Claim.CAUGHT, Claim.NOT_RUN, Claim.INCONCLUSIVE))
         tr.write_line(
-            f"{caught}/{total} claims caught"
+            f"{caught}/{len(claims)} claims caught"
             + (f"; {not_run} not run (skipped or xfail)" if not_run else "")
+            + (f"; {inconclusive} inconclusive (fails with the fix in place too)" if inconclusive else "")
             + (f"; {len(bad)} not: exit 1" if bad else "")
         )
 
 
+_LABELS = {
+    "caught": "caught",
+    "not-caught": "NOT caught",
+    "inconclusive": "inconclusive",
+    "not-run": "not run",
+    "error": "ERROR",
+}
+
+
+def _run_outcome(reports: list) -> tuple[str, str]:
+    """One run's reports (setup, call, teardown) taken together, as one of
+    ``sglfix.report.outcome.TEST_OUTCOMES`` but ``error`` (a revert that could not be applied),
+    and what shows it: the first failure, the skip's or the xfail's reason."""
+    xfail = next((r for r in reports if hasattr(r, "wasxfail")), None)
+    if xfail is not None:  # expected to fail (or xpassed): it cannot tell the revert either way
+        return "xfail", xfail.wasxfail or "no reason given"
+    failed = next((r for r in reports if r.failed), None)
+    if failed is not None:
+        crash = getattr(failed.longrepr, "reprcrash", None)
+        text = str((crash and crash.message) or failed.longrepr or "")
+        return "failed", f"{failed.when}: {text.splitlines()[0] if text.strip() else 'failed'}"
+    skipped = next((r for r in reports if r.skipped), None)
+    if skipped is not None:
+        reason = skipped.longrepr[2] if isinstance(skipped.longrepr, tuple) else str(skipped.longrepr)
+        return "skipped", reason.removeprefix("Skipped: ")
+    return "passed", ""
+
+
+def _judge(rid: str, fixed: tuple[str, str], reverted: tuple[str, str]) -> dict:
+    """A claim judged by ``judge_claim`` from the runs with the fix in place and reverted (each
+    an outcome and what shows it), as the report carries it: the detail is judge_claim's reason
+    and what shows it (the reverted run's, but the run with the fix in place's where that run is
+    what the judgement rests on)."""
+    from sglfix.report.outcome import Claim, judge_claim
+
+    claim, why = judge_claim(fixed=fixed[0], reverted=reverted[0])
+    shown = reverted[1]
+    if claim is Claim.INCONCLUSIVE or (claim is Claim.NOT_RUN and reverted[0] not in ("skipped", "xfail")):
+        shown = fixed[1]
+    return {
+        "id": rid,
+        "outcome": claim.value,
+        "detail": f"{why} ({shown})" if shown else why,
+        "fixed": fixed[0],
+        "reverted": reverted[0],
+    }
+
+
 def _log_claim(config: pytest.Config, report: pytest.TestReport, outcome: dict) -> None:
     """Each claim as a result of its own (``<test>[sglfix-revert=ID]``): caught passes, NOT caught
-    and ERROR fail, not run is skipped. Reported through pytest's own hook, so the terminal
-    counts and ``--junitxml`` see what the exit status says."""
+    and ERROR fail (``Claim.fails_session``), not run and inconclusive are skipped with the
+    reason. Reported through pytest's own hook, so the terminal counts and ``--junitxml`` see what
+    the exit status says."""
     from _pytest.reports import TestReport
+
+    from sglfix.report.outcome import Claim
 
     nodeid = f"{report.nodeid}[sglfix-revert={outcome['id']}]"
     location = report.location
-    kind = outcome["outcome"]
-    if kind == "not-run":
-        result, longrepr = "skipped", (str(location[0]), (location[1] or 0) + 1, f"not run: {outcome['detail']}")
-    elif kind == "caught":
+    claim = Claim(outcome["outcome"])
+    label = _LABELS[claim]
+    if claim is Claim.CAUGHT:
         result, longrepr = "passed", None
+    elif claim.fails_session:
+        result, longrepr = "failed", f"{label}: {outcome['detail']}"
     else:
-        result, longrepr = "failed", f"{'NOT caught' if kind == 'not-caught' else 'ERROR'}: {outcome['detail']}"
+        result, longrepr = "skipped", (str(location[0]), (location[1] or 0) + 1, f"{label}: {outcome['detail']}")
     for when, res, rep in (("setup", "passed", None), ("call", result, longrepr), ("teardown", "passed", None)):
         config.hook.pytest_runtest_logreport(report=TestReport(nodeid, location, {}, res, rep, when))

@@ -138,6 +138,87 @@ def test_a_claim_of_a_test_that_did_not_run_is_not_run_and_the_junit_file_agrees
     assert int(suite.get("failures")) == 0
 
 
+def test_a_test_that_fails_with_the_fix_in_place_too_is_inconclusive_not_caught(user_dir):
+    """Failing with the fix reverted proves nothing when the test fails with it in place too (an
+    ImportError, a broken fixture): such a claim is inconclusive, counted apart and said why; the
+    test's own failure fails the session, the claim adds no second failure. Under xdist too."""
+    text = USER_TESTS.replace('@pytest.mark.fixed_by("26738:glue-constant")\n', "") + textwrap.dedent("""
+        @pytest.mark.fixed_by("26738:overlap-guard")
+        def test_broken_import():
+            from sglfix.backends.srt.managers.overlap_utils import no_such_name
+            assert no_such_name([None]) is False
+
+        @pytest.fixture
+        def broken():
+            import sglfix_no_such_module
+
+        @pytest.mark.fixed_by("26738:overlap-guard")
+        def test_broken_fixture(broken):
+            assert decide_needs_cpu_seq_lens([None]) is False
+    """)
+    (user_dir / "test_user.py").write_text(text)
+    for args in ((), ("-n", "2")):
+        report = user_dir / "claims.json"
+        report.unlink(missing_ok=True)
+        r = _pytest(
+            user_dir, "--sglfix-check-fixes", "--junitxml", "out.xml", *args, env={"SGLFIX_CHECK_REPORT": str(report)}
+        )
+        out = r.stdout + r.stderr
+        lines = {
+            line.split("::")[-1].split()[0]: line
+            # the plugin's section only (the short summary's "ERROR <test>" lines are pytest's)
+            for line in r.stdout.split("catch the fixes it claims?")[-1].split("short test summary")[0].splitlines()
+            if line.startswith(("caught ", "NOT caught ", "inconclusive ", "not run ", "ERROR ")) and "::" in line
+        }
+        assert lines["test_broken_import"].startswith("inconclusive "), out
+        assert (
+            "ImportError" in lines["test_broken_import"]
+            and "fails with the fix in place too" in lines["test_broken_import"]
+        )
+        assert (
+            lines["test_broken_fixture"].startswith("inconclusive ")
+            and "setup: ModuleNotFoundError" in lines["test_broken_fixture"]
+        ), out
+        # The test that passes with the fix and fails with it reverted is still caught.
+        assert (
+            lines["test_none_backends_are_skipped"].startswith("caught ")
+            and "AttributeError" in lines["test_none_backends_are_skipped"]
+        )
+        assert "1/3 claims caught; 2 inconclusive (fails with the fix in place too)" in r.stdout, out
+        assert "not: exit 1" not in r.stdout
+        # The two tests fail on their own (the exit status stands for them); their claims are
+        # skipped with the reason, the caught one passes.
+        assert r.returncode == 1, out
+        assert "1 failed, 5 passed, 2 skipped, 1 error" in r.stdout, out
+        import xml.etree.ElementTree as ET
+
+        suite = ET.parse(user_dir / "out.xml").getroot().find("testsuite")
+        cases = {c.get("name"): c for c in suite.iter("testcase")}
+        skipped = cases["test_broken_import[sglfix-revert=26738:overlap-guard]"].find("skipped")
+        assert skipped is not None and "inconclusive" in skipped.get("message", ""), ET.tostring(suite)[:3000]
+        assert cases["test_broken_import"].find("failure") is not None
+        assert int(suite.get("failures")) + int(suite.get("errors")) == 2
+        claims = json.loads(report.read_text())
+        assert claims["test_user.py::test_broken_import"] == [
+            {
+                "id": "26738:overlap-guard",
+                "outcome": "inconclusive",
+                "detail": claims["test_user.py::test_broken_import"][0]["detail"],
+                "fixed": "failed",
+                "reverted": "failed",
+            }
+        ], claims
+        assert claims["test_user.py::test_broken_fixture"][0]["outcome"] == "inconclusive"
+        assert claims["test_user.py::test_none_backends_are_skipped"][0]["outcome"] == "caught"
+        assert claims["test_user.py::test_none_backends_are_skipped"][0]["fixed"] == "passed"
+    # Without the broken tests nothing is inconclusive, and the session passes.
+    (user_dir / "test_user.py").write_text(
+        text.split('@pytest.mark.fixed_by("26738:overlap-guard")\ndef test_broken_import')[0]
+    )
+    r = _pytest(user_dir, "--sglfix-check-fixes")
+    assert r.returncode == 0 and "1/1 claims caught" in r.stdout and "inconclusive" not in r.stdout, r.stdout
+
+
 def test_all_claims_caught_exits_0(user_dir):
     (user_dir / "test_user.py").write_text(USER_TESTS.replace('@pytest.mark.fixed_by("26738:glue-constant")\n', ""))
     r = _pytest(user_dir, "--sglfix-check-fixes")
