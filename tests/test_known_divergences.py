@@ -9,9 +9,9 @@ import textwrap
 import pytest
 
 from sglfix.common.errors import ConfigError
-from sglfix.execution.expectations import check_expectations, known_hits
 from sglfix.execution.known import load_known
 from sglfix.harness.cell import CellResult
+from sglfix.report.outcome import Expect, Meaning, judge
 from sglfix.toggling.profiles import PROFILES
 from sglfix.toggling.registry import load_registry
 
@@ -29,6 +29,16 @@ def _entries(tmp_path, text: str):
     return load_known(str(path))
 
 
+def _judge(results, *, device: str, known=()):
+    registry = load_registry(PROFILES["sglang-0.5.23"].toggles_dir)
+    report = {"cells": [r.to_json() for r in results], "device": device}
+    return judge(report, mode="gate", expects=Expect.of_registry(registry), known=known)
+
+
+def _stray(j):
+    return [(list(c.toggles), c.scenario, c.verdict) for c in j.cells if c.meaning is Meaning.UNEXPECTED]
+
+
 def test_a_known_baseline_divergence_is_no_stray_and_anything_else_still_is(tmp_path):
     known = _entries(
         tmp_path,
@@ -40,24 +50,25 @@ def test_a_known_baseline_divergence_is_no_stray_and_anything_else_still_is(tmp_
             reproduce: sglfix run --profile sglang-0.5.23 -s probe-req-to-token-tree-ps1 --device cpu
     """,
     )
-    registry = load_registry(PROFILES["sglang-0.5.23"].toggles_dir)
     results = [
         _cell("probe-req-to-token-tree-ps1", "INVARIANT"),
         _cell("probe-req-to-token-tree-ps1", "INVARIANT", toggles=["26329"]),  # the bug stays
         _cell("probe-eagle-prefill-tail", "DIVERGE"),
     ]  # new: not on the list
-    _, stray, _ = check_expectations(registry, results, device="cpu", known=known)
-    assert [(s["toggles"], s["scenario"]) for s in stray] == [([], "probe-eagle-prefill-tail")]
-    _, without, _ = check_expectations(registry, results, device="cpu")
-    assert {s["scenario"] for s in without} == {"probe-req-to-token-tree-ps1", "probe-eagle-prefill-tail"}
+    j = _judge(results, device="cpu", known=known)
+    assert _stray(j) == [([], "probe-eagle-prefill-tail", "DIVERGE")]
+    assert [c.meaning for c in j.cells[:2]] == [Meaning.KNOWN, Meaning.KNOWN]
+    without = _judge(results, device="cpu")
+    assert {s for _, s, _ in _stray(without) if True} == {"probe-req-to-token-tree-ps1", "probe-eagle-prefill-tail"}
+    # ... and without the entry, the toggle cell shows its baseline's own verdict: not the toggle's.
+    assert without.cells[1].meaning is Meaning.SAME_AS_BASELINE
     # Another verdict on the listed scenario is new too.
-    _, other, _ = check_expectations(
-        registry, [_cell("probe-req-to-token-tree-ps1", "CRASH")], device="cpu", known=known
-    )
-    assert [s["verdict"] for s in other] == ["CRASH"]
-    hits = known_hits(known, results)
-    assert hits[0]["seen_on"] == ["probe-req-to-token-tree-ps1"] and "reproduce" in hits[0]
-    assert known_hits(known, [_cell("probe-req-to-token-tree-ps1", "PASS")])[0]["seen_on"] == []  # fixed?
+    other = _judge([_cell("probe-req-to-token-tree-ps1", "CRASH")], device="cpu", known=known)
+    assert [v for _, _, v in _stray(other)] == ["CRASH"]
+    hit = j.known[0]
+    assert hit.seen_on == ["probe-req-to-token-tree-ps1"] and hit.known.reproduce and hit.status == "seen"
+    fixed = _judge([_cell("probe-req-to-token-tree-ps1", "PASS")], device="cpu", known=known).known[0]
+    assert fixed.seen_on == [] and "fixed?" in fixed.status
 
 
 def test_a_device_limited_entry_covers_that_device_only_and_a_toggle_that_leaves_the_bug_meets_pass(tmp_path):
@@ -72,28 +83,44 @@ def test_a_device_limited_entry_covers_that_device_only_and_a_toggle_that_leaves
             device: cuda
     """,
     )
-    registry = load_registry(PROFILES["sglang-0.5.23"].toggles_dir)
     on_gpu = [
         _cell("fimla-draft-topk1@cg=eager", "DIVERGE", device="cuda"),
         _cell("fimla-draft-topk1@cg=eager", "DIVERGE", toggles=["27460:sizing"], device="cuda"),
     ]
-    checks, stray, _ = check_expectations(registry, on_gpu, device="cuda", known=known)
-    assert stray == []
-    wanted_pass = [c for c in checks if c.revert == ("27460:sizing",) and c.scenario.startswith("fimla-draft-topk1")]
+    j = _judge(on_gpu, device="cuda", known=known)
+    assert _stray(j) == []
+    wanted_pass = [
+        c
+        for c in j.checks
+        if c.expect.revert == ("27460:sizing",) and c.expect.scenario.startswith("fimla-draft-topk1")
+    ]
     assert wanted_pass and all(c.met for c in wanted_pass)
-    # A toggle whose expectation wants the known verdict itself still meets it with that cell.
+    # A known divergence the toggle leaves in place is no catch: an expectation that wants the
+    # known verdict itself is not met by that cell alone (its baseline fails the same way) ...
     known_ps1 = load_known(PROFILES["sglang-0.5.23"].known_file)
-    checks, _, _ = check_expectations(
-        registry, [_cell("probe-req-to-token-tree-ps1", "INVARIANT", toggles=["26972"])], device="cpu", known=known_ps1
+    alone = _judge(
+        [_cell("probe-req-to-token-tree-ps1", "INVARIANT", toggles=["26972"])], device="cpu", known=known_ps1
     )
-    assert [c.met for c in checks if c.revert == ("26972",) and c.scenario.startswith("probe-req-to-token")] == [True]
+    checks = [c for c in alone.checks if c.expect.revert == ("26972",) and c.expect.scenario.startswith("probe-req")]
+    assert [c.met for c in checks] == [False]
+    # ... but by a scenario whose baseline passes and whose revert shows it.
+    both = _judge(
+        [
+            _cell("probe-req-to-token-tree-ps1", "INVARIANT", toggles=["26972"]),
+            _cell("probe-req-to-token-tree-paged", "PASS"),
+            _cell("probe-req-to-token-tree-paged", "INVARIANT", toggles=["26972"]),
+        ],
+        device="cpu",
+        known=known_ps1,
+    )
+    checks = [c for c in both.checks if c.expect.revert == ("26972",) and c.expect.scenario.startswith("probe-req")]
+    assert [c.met for c in checks] == [True]
     # The same verdict on the CPU is not covered: a host-only path that diverges is new.
-    _, stray, _ = check_expectations(
-        registry, [_cell("fimla-draft-topk1@cg=eager", "DIVERGE")], device="cpu", known=known
-    )
-    assert [s["scenario"] for s in stray] == ["fimla-draft-topk1@cg=eager"]
-    assert known_hits(known, on_gpu)[0]["seen_on"] == ["fimla-draft-topk1@cg=eager"]
-    assert known_hits(known, on_gpu)[0]["device"] == "cuda"
+    cpu = _judge([_cell("fimla-draft-topk1@cg=eager", "DIVERGE")], device="cpu", known=known)
+    assert [s for _, s, _ in _stray(cpu)] == ["fimla-draft-topk1@cg=eager"]
+    assert j.known[0].seen_on == ["fimla-draft-topk1@cg=eager"]
+    assert j.known[0].known.device == "cuda"
+    assert "cuda only" in cpu.known[0].status
     with pytest.raises(ConfigError):
         _entries(
             tmp_path,

@@ -270,20 +270,24 @@ def test_merge_keeps_identical_duplicates_once_and_marks_mixed_devices():
 
 def test_merge_joins_an_expectation_checked_in_two_shards():
     check = {"toggle": "1", "revert": ["1"], "scenario": "s*", "wanted": ["DIVERGE"], "device": "any"}
-    stray = {"toggles": ["2"], "scenario": "s9", "verdict": "CRASH", "why": "no expectation"}
+    other = {"toggle": "3", "revert": ["3"], "scenario": "t*", "wanted": ["DIVERGE"], "device": "any"}
     a = _report(
         _cell("s1", ["1"]),
+        _cell("s9", ["2"], "CRASH"),
+        expect=[check, other],
         expectations=[{**check, "met": False, "got": {"s1": "PASS"}}],
-        stray=[stray],
-        not_run=["revert 1 on s*", "revert 3 on t*"],
     )
     b = _report(
-        _cell("s2", ["1"], "DIVERGE"), expectations=[{**check, "met": True, "got": {"s2": "DIVERGE"}}], stray=[stray]
+        _cell("s2", ["1"], "DIVERGE"),
+        _cell("s9", ["2"], "CRASH"),
+        expect=[check, other],
+        expectations=[{**check, "met": True, "got": {"s2": "DIVERGE"}}],
     )
     merged = merge_reports([("a", a), ("b", b)], command=["sglfix"])
+    # Judged again over the merged cells: met on s2, the stray cell once, the unrun set with its reason.
     assert merged["expectations"] == [{**check, "met": True, "got": {"s1": "PASS", "s2": "DIVERGE"}}]
-    assert merged["stray"] == [stray]
-    assert merged["not_run"] == ["revert 3 on t*"]  # revert 1 on s* was checked in shard b
+    assert [(s["toggles"], s["scenario"], s["verdict"]) for s in merged["stray"]] == [(["2"], "s9", "CRASH")]
+    assert merged["not_run"] == ["revert 3 on t* (its toggle set did not run)"]
 
 
 def test_merge_counts_a_known_divergence_of_the_cells_device_as_meeting_a_wanted_pass():

@@ -18,6 +18,7 @@ from rich.text import Text
 from sglfix.cli.common import (
     BackendName,
     Device,
+    EnvBaseline,
     Jobs,
     JsonFile,
     JunitFile,
@@ -29,16 +30,18 @@ from sglfix.cli.common import (
     ScenarioGlobs,
     Timeout,
     check_device,
+    check_env_baseline,
     check_env_knobs,
     check_jobs,
     env_ids,
     load_selected,
+    precheck_plan,
     report_replacements,
     revert_ids,
     write_outputs,
 )
 from sglfix.cli.complete import toggle_ids
-from sglfix.cli.context import err, options, out
+from sglfix.cli.context import _has_cuda_device, err, options, out
 from sglfix.cli.layout import named_rows
 from sglfix.common.errors import ConfigError
 
@@ -104,16 +107,21 @@ def bisect_cmd(
     markdown: MarkdownFile = None,
     memory_budget: MemoryBudget = None,
     no_reachability: NoReachability = False,
+    env_baseline: EnvBaseline = False,
 ) -> None:
     """Find the reverted parts that make each scenario group fail (delta debugging) and the masking pairs."""
     from sglfix.common.verdicts import worst
     from sglfix.execution.bisect import Oracle, find_culprits
+    from sglfix.execution.known import load_known
+    from sglfix.execution.planner import Plan
     from sglfix.execution.pool import WorkerConfig, WorkerPool, signals_raise
+    from sglfix.report.outcome import Known, Meaning, Rules
     from sglfix.report.output import write_json
 
     opts = options(ctx)
     check_env_knobs()
     Outputs(json=json_file, junit=junit, markdown=markdown).check()
+    known = load_known(opts.active_profile().known_file)
     registry = opts.registry()
     given = revert_ids(revert)
     if given:
@@ -130,14 +138,32 @@ def bisect_cmd(
     else:
         candidates = [rid for t in registry for rid in (t.ids[1:] if len(t.parts) > 1 else t.ids[:1])]
     check_device(device)
+    codebase = opts.codebase()
+    if device == "cpu" or (device == "auto" and not _has_cuda_device()):
+        from sglfix.codebases import check_interpreter
+
+        check_interpreter(codebase, what=f"--profile {opts.active_profile().name}")
     config = WorkerConfig(
         device=device,
         timeout=timeout,
         allowed_prefixes=opts.allowed_prefixes(),
         toggles_dir=str(registry.directory) if opts.toggles is not None else None,
-        codebase=opts.codebase().name,
+        codebase=codebase.name,
     )
     env = env_ids(registry)
+    check_env_baseline(env, env_baseline, what="bisect")
+    chosen = load_selected(opts, scenario, scenario_file, backend, memory_budget)
+    # Every revert the search may apply, checked against the installed source before any worker
+    # starts (as run and matrix do): a match that is not in the code is one line, exit 2.
+    precheck_plan(
+        Plan(scenarios=chosen[:1], sets=[tuple(env) + (c,) for c in candidates]),
+        registry=registry,
+        codebase=codebase,
+        allowed_prefixes=opts.allowed_prefixes(),
+    )
+    # What a cell means is judged as everywhere (sglfix.report.outcome): a known divergence of the
+    # profile, or the verdict its baseline shows too, is no failure of the set reverted.
+    rules = Rules(mode="findings", known=tuple(Known.of(known)), base=tuple(env))
 
     from sglfix.toggling.ids import ToggleId
 
@@ -157,7 +183,6 @@ def bisect_cmd(
     started = time.perf_counter()
     groups_out, masking_out, masking_sets = [], [], set()
     with signals_raise(), WorkerPool(config, jobs=check_jobs(jobs, device)) as pool:
-        chosen = load_selected(opts, scenario, scenario_file, backend, memory_budget)
         _ = pool.info  # the workers' handshake (a device they cannot use) before any progress line
         cells = _Cells(pool, chosen, env)
         cells.rank = {c: i for i, c in enumerate(candidates)}
@@ -167,7 +192,11 @@ def bisect_cmd(
         targets = {c: targets_of([c], registry=registry) for c in candidates}
         record = None if no_reachability else tuple(sorted(set().union(*targets.values())))
         baseline = cells.run((), names, record=record)
-        bad = {n: r for n, r in baseline.items() if r.verdict != "PASS"}
+        base_json = {n: r.to_json() for n, r in baseline.items()}
+        judged = {n: rules.meaning(base_json[n], None) for n in names}
+        skipped = [n for n in names if judged[n][0] is Meaning.SKIPPED]
+        known_base = [n for n in names if judged[n][0] is Meaning.KNOWN]
+        bad = {n: baseline[n] for n in names if judged[n][0].fails}
         if bad:
             first = next(iter(bad.values()))
             err.print(
@@ -177,6 +206,33 @@ def bisect_cmd(
                 markup=False,
             )
             raise typer.Exit(1)
+        if skipped or known_base:
+            err.print(
+                "bisect: "
+                + "; ".join(
+                    text
+                    for text in (
+                        f"{len(skipped)} scenario(s) SKIP here, left out ({', '.join(skipped[:3])}"
+                        f"{', ...' if len(skipped) > 3 else ''})"
+                        if skipped
+                        else "",
+                        f"{len(known_base)} scenario(s) show a known divergence in the baseline: that verdict "
+                        f"is not counted ({', '.join(known_base[:3])}{', ...' if len(known_base) > 3 else ''})"
+                        if known_base
+                        else "",
+                    )
+                    if text
+                ),
+                highlight=False,
+                markup=False,
+            )
+        names = [n for n in names if n not in skipped]
+
+        def failing(results: dict) -> list[str]:
+            """The scenarios whose cell fails, as the judgement means it (never a known
+            divergence, never the baseline's own verdict)."""
+            return sorted(n for n, r in results.items() if rules.meaning(r.to_json(), base_json.get(n))[0].fails)
+
         groups: dict[str, list[str]] = {}
         for n in names:
             groups.setdefault(_group(n), []).append(n)
@@ -186,7 +242,7 @@ def bisect_cmd(
 
             def fails(ids, members=members, asked=asked):
                 asked.add(frozenset(ids))
-                return any(r.verdict != "PASS" for r in cells.run(tuple(ids), members).values())
+                return bool(failing(cells.run(tuple(ids), members)))
 
             # Candidates none of whose functions the group's baselines enter cannot change its
             # cells alone; they are left out of the search unless only they explain the failure.
@@ -233,15 +289,19 @@ def bisect_cmd(
             found = []
             for culprit in narrowed:
                 results = cells.run(tuple(culprit), members)
-                failing = sorted(n for n, r in results.items() if r.verdict != "PASS")
-                if not failing:
+                bad_names = failing(results)
+                if not bad_names:
                     continue
+                verdict = worst([results[n].verdict for n in bad_names])
+                # The figure of a cell that gave the verdict shown, never another scenario's.
+                shown = next(n for n in bad_names if results[n].verdict == verdict)
                 found.append(
                     {
                         "ids": list(culprit),
-                        "verdict": worst([results[n].verdict for n in failing]),
-                        "scenarios": failing,
-                        "key_figure": results[failing[0]].key_figure,
+                        "verdict": verdict,
+                        "scenarios": bad_names,
+                        "key_figure": results[shown].key_figure,
+                        "key_scenario": shown,
                         "found_by": "masking sweep" if culprit[0] in swept else "search",
                     }
                 )
@@ -256,7 +316,7 @@ def bisect_cmd(
                 for partner in dict.fromkeys(partners):
                     # On the scenarios the culprit fails alone: which pass with both reverted?
                     both = cells.run((c, partner), culprit["scenarios"])
-                    hidden = sorted(n for n, r in both.items() if r.verdict == "PASS")
+                    hidden = sorted(set(both) - set(failing(both)))
                     if hidden:
                         masking_out.append(
                             {
@@ -301,6 +361,9 @@ def bisect_cmd(
         "cells": len(cells.results),
         "culprits": culprits_flat,
         "masking": masking_out,
+        # Scenarios left out of the search (SKIP here) and those whose baseline shows a known
+        # divergence (that verdict is not counted against any set).
+        "left_out": {"skip": skipped, "known": known_base},
         "groups": groups_out,
         "worker_replacements": report_replacements(pool),
     }

@@ -98,6 +98,15 @@ NoReachability = Annotated[
         help="Run every cell, also those whose reverted functions the scenario's baseline never enters (otherwise marked NOT_REACHED, not run).",
     ),
 ]
+EnvBaseline = Annotated[
+    bool,
+    typer.Option(
+        "--env-baseline",
+        help="Judge against the set SGLANG_DEBUG_REVERT_PR selects as the baseline (otherwise a set variable is "
+        "refused: the baseline must be the code as installed); the header and the gate name it, and no "
+        "expectation is checked.",
+    ),
+]
 DeviceList = Annotated[
     str | None,
     typer.Option(
@@ -358,6 +367,7 @@ def run_plan(
     executor: str = "local",
     ray_address: str | None = None,
     ray_keep: float | None = None,
+    env_baseline: bool | None = None,
 ) -> Ran:
     """Every option checked first (exit 2 before any cell runs: the worker config checks device
     and timeout), then the workers boot while the scenarios load and the plan is built.
@@ -409,6 +419,7 @@ def run_plan(
         codebase=codebase.name,
     )
     env = env_ids(registry)
+    check_env_baseline(env, env_baseline, what="matrix")
     pool_class, where = WorkerPool, {}
     if executor == "ray":
         from sglfix.execution.ray_pool import RayPool
@@ -436,6 +447,20 @@ def run_plan(
         wall=wall,
         shard=part,
         replacements=replacements,
+    )
+
+
+def check_env_baseline(env: Sequence[str], accepted: bool | None, *, what: str) -> None:
+    """A matrix or bisect judges toggles against a baseline that must be the code as installed:
+    a revert inherited from the environment is refused in one line (``accepted`` None: a ``run``,
+    whose reverts add to the variable's by design)."""
+    if not env or accepted is None or accepted:
+        return
+    from sglfix.toggling import ENV_VAR
+
+    raise ConfigError(
+        f"{ENV_VAR}={','.join(env)} is set: the {what}'s baseline would not be the code as installed; "
+        f"unset it (env -u {ENV_VAR} sglfix {what} ...), or give --env-baseline to judge against that set"
     )
 
 
@@ -537,16 +562,14 @@ def report_replacements(pool: Any) -> list[str]:
     return whys
 
 
-def write_report(opts: Options, ran: Ran, outputs: Outputs, *, gate: bool, **expectations: Any) -> None:
-    """The report of ``ran`` in every form asked for (JSON first), and the Markdown summary appended
-    to ``$GITHUB_STEP_SUMMARY`` when that is set. ``gate``: JUnit and Markdown judge cells as the
-    matrix does (stray verdicts and unmet expectations fail) instead of every non-PASS cell."""
-    from sglfix.report.markdown import STEP_SUMMARY
-
-    summary = os.environ.get(STEP_SUMMARY)
-    if not any((outputs.json, outputs.junit, outputs.markdown, outputs.heatmap, summary)):
-        return
+def judge_ran(
+    opts: Options, ran: Ran, *, mode: str, expects: Sequence[Any] = (), known: Sequence[Any] = ()
+) -> tuple[dict, Any]:
+    """The report of ``ran`` and its judgement (``sglfix.report.outcome``): every cell's meaning,
+    the expectations checked and not, the known divergences seen. The console, the exit code and
+    every report file read this one judgement."""
     from sglfix.report.jsonreport import build_report
+    from sglfix.report.outcome import judge
     from sglfix.toggling import ENV_VAR
 
     report = build_report(
@@ -556,26 +579,34 @@ def write_report(opts: Options, ran: Ran, outputs: Outputs, *, gate: bool, **exp
         cell_ids=[c.id for c in ran.plan.cells],
         wall_s=ran.wall,
         env_revert=os.environ.get(ENV_VAR),
-        **expectations,
     )
     if ran.shard is not None:
         report["shard"] = str(ran.shard)
     report["worker_replacements"] = list(ran.replacements)
-    write_outputs(report, outputs, gate=gate)
+    judgement = judge(report, mode=mode, expects=expects, known=known, base=ran.env)
+    judgement.annotate(report)
+    return report, judgement
 
 
-def write_outputs(report: dict, outputs: Outputs, *, gate: bool) -> None:
-    """``report`` to every file ``outputs`` names, and its Markdown to the step summary."""
+def write_outputs(report: dict, outputs: Outputs, *, gate: bool | None = None, judgement: Any = None) -> None:
+    """``report`` to every file ``outputs`` names, and its Markdown to the step summary; the
+    JUnit and Markdown read ``judgement`` (the report's own when not given)."""
     from sglfix.report.markdown import STEP_SUMMARY
     from sglfix.report.output import write_json
 
     summary = os.environ.get(STEP_SUMMARY)
+    if not any((outputs.json, outputs.junit, outputs.markdown, outputs.heatmap, summary)):
+        return
+    if judgement is None:
+        from sglfix.report.outcome import judge
+
+        judgement = judge(report, mode=None if gate is None else "gate" if gate else "findings")
     if outputs.json:
         write_json(outputs.json, report)
     if outputs.junit:
         from sglfix.report.junit import write_junit
 
-        write_junit(report, outputs.junit, gate=gate)
+        write_junit(report, outputs.junit, judgement=judgement)
     if outputs.heatmap:
         from sglfix.report.heatmap import write_heatmap
 
@@ -584,7 +615,7 @@ def write_outputs(report: dict, outputs: Outputs, *, gate: bool) -> None:
         from sglfix.report.markdown import append_step_summary, render_markdown
         from sglfix.report.output import write_atomic
 
-        text = render_markdown(report, gate=gate)
+        text = render_markdown(report, judgement=judgement)
         if outputs.markdown:
             write_atomic(outputs.markdown, text)
         try:
@@ -678,20 +709,78 @@ def summary_line(what: str, results: Sequence[Any], *, wall: float, outcome: str
     return text
 
 
-def header(*, what: str, info: dict, env: Sequence[str], wall: float, cells: int) -> str:
+def header(*, what: str, info: dict, env: Sequence[str], wall: float, cells: int, report: dict | None = None) -> str:
+    from sglfix.report.outcome import codebase_label
+
     where = info.get("device_name") or info.get("device") or "?"
     text = f"sglfix {what} on {info.get('device', '?')} ({where}): {cells} cells in {wall:.1f} s"
+    if report is not None:
+        text += f"; code base: {codebase_label(report)}"
     if env:
         text += f"; SGLANG_DEBUG_REVERT_PR={','.join(env)} applied to every cell"
     return text
 
 
-def cells_table(results, *, title: str, width: int) -> list:
-    """One row per cell, the scenario name whole at any width (``sglfix.cli.layout``)."""
+# How a table marks a non-PASS verdict that fails nothing (its meaning, sglfix.report.outcome).
+MEANING_MARK = {
+    "expected": "expected",
+    "covered": "within an expectation",
+    "known": "known",
+    "same-as-baseline": "as baseline",
+    "unchecked": "unchecked",
+}
+
+
+def verdict_cell(verdict: str, meaning: Any = None) -> Text:
+    """The verdict, and for one that fails nothing, why in brackets (``INVARIANT (known)``)."""
+    text = verdict_text(verdict)
+    mark = MEANING_MARK.get(getattr(getattr(meaning, "meaning", None), "value", ""))
+    if mark and verdict not in ("PASS", "NOT_REACHED", "SKIP"):
+        text.append(f" ({mark})", style="dim")
+    return text
+
+
+def cells_table(results, *, title: str, width: int, judgement: Any = None) -> list:
+    """One row per cell, the scenario name whole at any width (``sglfix.cli.layout``); with
+    ``judgement``, a verdict that fails nothing says why."""
     from sglfix.cli.layout import named_rows
+    from sglfix.execution.planner import set_label
 
     rows = [
-        [Text(r.scenario), Text(",".join(r.toggles) or "-"), verdict_text(r.verdict), Text(r.key_figure)]
+        [
+            Text(r.scenario),
+            Text(",".join(r.toggles) or "-"),
+            verdict_cell(r.verdict, judgement.of(f"{set_label(r.toggles)}::{r.scenario}") if judgement else None),
+            Text(r.key_figure),
+        ]
         for r in results
     ]
     return named_rows(["scenario", "toggles", "verdict", "key figure"], rows, title=title, width=width)
+
+
+def print_known(judgement: Any, *, device: str | None, only_shown: bool = False) -> None:
+    """One line per known divergence of the profile: where it was seen, or why not (``only_shown``:
+    only those some cell showed). The reason's first sentence; the reports keep it whole."""
+    from sglfix.cli.context import out
+
+    for hit in judgement.known:
+        k = hit.known
+        shown = [
+            c
+            for c in judgement.cells
+            if c.meaning.value == "known" and k.matches(scenario=c.scenario, verdict=c.stands_for, device=device)
+        ]
+        if only_shown and not shown:
+            continue
+        seen = f"seen on {len(hit.seen_on)} baseline cell(s)" if hit.seen_on else hit.status
+        if shown and not hit.seen_on:
+            seen = f"shown by {len(shown)} cell(s)"
+        reason = " ".join(k.reason.split())
+        if len(reason) > 160:
+            reason = reason[:157].rsplit(" ", 1)[0] + " ..."
+        out.print(Text("known ", style="yellow"), end="")
+        out.print(
+            f"{k.scenario} -> {'|'.join(k.verdict)}: {seen}; {reason} (reproduce: {k.reproduce})",
+            highlight=False,
+            markup=False,
+        )

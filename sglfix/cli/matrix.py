@@ -11,6 +11,7 @@ from sglfix.cli.common import (
     BackendName,
     Device,
     DeviceList,
+    EnvBaseline,
     Executor,
     HeatmapFile,
     Jobs,
@@ -28,10 +29,12 @@ from sglfix.cli.common import (
     ShardSpec,
     Timeout,
     header,
+    judge_ran,
+    print_known,
     run_plan,
     summary_line,
     verdict_text,
-    write_report,
+    write_outputs,
 )
 from sglfix.cli.context import err, options, out
 
@@ -125,12 +128,12 @@ def matrix_cmd(
     shard: ShardSpec = None,
     shard_costs: ShardCosts = None,
     no_reachability: NoReachability = False,
+    env_baseline: EnvBaseline = False,
 ) -> None:
     """Baseline plus each registered toggle (and part) over the scenarios: the toggle x scenario grid."""
-    from sglfix.execution.expectations import check_expectations, known_hits
     from sglfix.execution.known import load_known
-    from sglfix.execution.planner import plan_matrix, set_label
-    from sglfix.toggling.env import ENV_VAR
+    from sglfix.execution.planner import plan_matrix
+    from sglfix.report.outcome import Expect
 
     opts = options(ctx)
     outputs = Outputs(json=json_file, junit=junit, markdown=markdown, heatmap=heatmap)
@@ -157,104 +160,90 @@ def matrix_cmd(
         ray_address=ray_address,
         ray_keep=ray_keep,
         reachability=not no_reachability,
+        env_baseline=env_baseline,
     )
     plan, results, env, info, wall = ran.plan, ran.results, ran.env, ran.info, ran.wall
-    if env:
-        # Every set carries the env ids: the expectations (written without them) do not apply.
-        checks, stray, not_run = [], [], [f"all expectations: {ENV_VAR} is set"]
-    else:
-        checks, stray, not_run = check_expectations(
-            ran.registry, results, device=info.get("device", device), known=known
-        )
-    known_seen = known_hits(known, results)
-    write_report(opts, ran, outputs, gate=True, checks=checks, stray=stray, not_run=not_run, known=known_seen)
+    report, judgement = judge_ran(opts, ran, mode="gate", expects=Expect.of_registry(ran.registry), known=known)
+    write_outputs(report, outputs, judgement=judgement)
+    what = "matrix" if ran.shard is None else f"matrix shard {ran.shard}"
     if json_file != "-":
-        for part in _grid(
-            plan,
-            results,
-            width=out.width,
-            title=header(
-                what="matrix" if ran.shard is None else f"matrix shard {ran.shard}",
-                info=info,
-                env=env,
-                wall=wall,
-                cells=len(results),
-            ),
-        ):
+        title = header(what=what, info=info, env=env, wall=wall, cells=len(results), report=report)
+        if judgement.baseline_note():
+            title += f"; {judgement.baseline_note()}"
+        for part in _grid(plan, results, width=out.width, title=title):
             out.print(part)
-        by_set: dict[tuple, list] = {}
-        for r in results:
-            by_set.setdefault(tuple(r.toggles), []).append(r)
-        for t in plan.sets[1:]:
-            bad = [f"{r.scenario} ({r.verdict})" for r in by_set.get(t, []) if r.verdict not in ("PASS", "NOT_REACHED")]
-            out.print(Text(f"{set_label(t)}: ", style="bold"), end="")
-            cells = by_set.get(t, [])
-            unreached = sum(r.verdict == "NOT_REACHED" for r in cells)
-            if cells and unreached == len(cells):
-                out.print("not reached: these scenarios never run the functions it reverts")
-            else:
-                out.print(
-                    (f"differs on {len(bad)}: " + ", ".join(bad) if bad else "no effect on these scenarios")
-                    + (f" ({unreached} not reached)" if unreached else "")
-                )
-        for c in checks:
+        _print_sets(plan, judgement)
+        for c in judgement.checks:
             out.print(Text("met   " if c.met else "UNMET ", style="green" if c.met else "red"), end="")
             out.print(
-                f"expect revert {','.join(c.revert)} on {c.scenario} -> {'|'.join(c.wanted)}"
-                + ("" if c.met else f"; got {sorted(set(c.got.values()))}")
+                f"expect {c.expect.text} -> {'|'.join(c.expect.wanted)}"
+                + ("" if c.met else f"; got {sorted(set(c.got.values()))}"),
+                highlight=False,
+                markup=False,
             )
-        for k in known_seen:
-            out.print(Text("known ", style="yellow"), end="")
-            out.print(
-                f"{k['scenario']} -> {'|'.join(k['verdict'])}: "
-                + (
-                    f"seen on {len(k['seen_on'])} baseline cell(s)"
-                    if k["seen_on"]
-                    else f"{k['device']} only, not expected on {info.get('device', device)}"
-                    if k.get("device", "any") not in ("any", info.get("device", device))
-                    else "not seen (fixed?)"
-                )
-                + f"; {k['reason']} (reproduce: {k['reproduce']})"
-            )
-        for s in stray:
+        print_known(judgement, device=info.get("device", device))
+        for s in judgement.stray():
             out.print(Text("unexpected ", style="red"), end="")
-            out.print(f"{','.join(s['toggles']) or 'baseline'} on {s['scenario']}: {s['verdict']} ({s['why']})")
-        if not_run:
-            hint = "" if env else " (part-level expectations run with --parts; or their scenarios were not selected)"
-            out.print(f"{len(not_run)} expectation(s) not checked{hint}")
-    # A shard sees only some of an expectation's scenarios: whether it is met is decided on the
-    # merged report (`sglfix report merge --gate`); stray verdicts and errors are per cell.
-    unmet = [c for c in checks if not c.met]
-    if unmet and ran.shard is not None and json_file != "-":
-        out.print(
-            f"shard {ran.shard}: {len(unmet)} expectation(s) not met by this shard's scenarios alone; "
-            "`sglfix report merge --gate` judges them over all shards"
-        )
-    errors = sum(r.verdict == "ERROR" for r in results)
-    failed = bool(stray or (unmet and ran.shard is None) or errors)
-    problems = [
-        f"{n} {what}"
-        for n, what in (
-            (len(unmet) if ran.shard is None else 0, "expectation(s) unmet"),
-            (len(stray), "unexpected verdict(s)"),
-            (errors, "ERROR cell(s)"),
-        )
-        if n
-    ]
-    met = sum(c.met for c in checks)
-    if failed:
-        outcome = "gate failed: " + ", ".join(problems)
-    else:
-        outcome = f"gate passed ({met} of {len(checks)} expectations met"
-        outcome += f", {len(not_run)} not checked)" if not_run else ")"
-        if unmet and ran.shard is not None:
-            outcome += f"; {len(unmet)} expectation(s) left to `sglfix report merge --gate`"
-    what = "matrix" if ran.shard is None else f"matrix shard {ran.shard}"
+            out.print(
+                f"{','.join(s['toggles']) or 'baseline'} on {s['scenario']}: {s['verdict']} ({s['why']})",
+                highlight=False,
+                markup=False,
+            )
+        if judgement.not_checked:
+            out.print(judgement.not_checked_summary().replace(" not checked", " expectation(s) not checked", 1))
+        # A shard sees only some of an expectation's scenarios: whether it is met is decided on the
+        # merged report (`sglfix report merge --gate`); stray verdicts and errors are per cell.
+        if judgement.unmet and judgement.sharded:
+            out.print(
+                f"shard {ran.shard}: {len(judgement.unmet)} expectation(s) not met by this shard's scenarios "
+                "alone; `sglfix report merge --gate` judges them over all shards"
+            )
     (err if json_file == "-" else out).print(
-        summary_line(what, results, wall=ran.wall, outcome=outcome, outputs=outputs)
+        summary_line(what, results, wall=ran.wall, outcome=judgement.outcome(), outputs=outputs)
     )
-    if failed:
+    if judgement.failed:
         raise typer.Exit(1)
+
+
+# What a toggle set's line counts as its effect: a verdict the toggle set caused, met or not.
+_EFFECT = frozenset({"expected", "covered", "unexpected", "unmet", "unchecked"})
+
+
+def _print_sets(plan, judgement) -> None:
+    """One line per toggle set: the scenarios it changes (never a cell showing its baseline's own
+    verdict or a known divergence), or why it changes none here (not reached, skipped)."""
+    from sglfix.execution.planner import set_label
+
+    by_set: dict[tuple, list] = {}
+    for c in judgement.cells:
+        by_set.setdefault(c.toggles, []).append(c)
+    for t in plan.sets[1:]:
+        cells = by_set.get(t, [])
+        out.print(Text(f"{set_label(t)}: ", style="bold"), end="")
+        changed = [c for c in cells if c.meaning.value in _EFFECT and c.stands_for != "PASS"]
+        unreached = sum(c.verdict == "NOT_REACHED" for c in cells)
+        skipped = sum(c.verdict == "SKIP" for c in cells)
+        as_before = sum(c.meaning.value in ("same-as-baseline", "known") and c.verdict != "NOT_REACHED" for c in cells)
+        if cells and skipped == len(cells):
+            out.print(f"every scenario SKIPs here ({len(cells)}): nothing tested on this device")
+            continue
+        if cells and unreached + skipped == len(cells):
+            out.print(
+                "not reached: these scenarios never run the functions it reverts"
+                + (f" ({skipped} SKIP here)" if skipped else "")
+            )
+            continue
+        text = (
+            f"differs on {len(changed)}: " + ", ".join(f"{c.scenario} ({c.verdict})" for c in changed)
+            if changed
+            else "no effect on these scenarios"
+        )
+        notes = [
+            f"{n} {what}"
+            for n, what in ((unreached, "not reached"), (skipped, "SKIP here"), (as_before, "as baseline or known"))
+            if n
+        ]
+        out.print(text + (f" ({', '.join(notes)})" if notes else ""), highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:

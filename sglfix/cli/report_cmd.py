@@ -33,10 +33,20 @@ def subcommand(name: str) -> Callable[[Callable], Callable]:
 
 
 def _where(path: str, report: dict) -> str:
+    from sglfix.report.outcome import codebase_label
+
     device = report.get("device") or "?"
     name = report.get("device_name")
     where = f"{device} ({name})" if name and name != device else device
-    return f"{path}: {len(report['cells'])} cells on {where}, schema {report['schema']}"
+    return f"{path}: {len(report['cells'])} cells of {codebase_label(report)} on {where}, schema {report['schema']}"
+
+
+def _stands(verdict: str, stands_for: str) -> Text:
+    """A verdict, and for NOT_REACHED the baseline's it stands for."""
+    text = verdict_text(verdict or stands_for)
+    if verdict and verdict != stands_for:
+        text.append(f" (= {stands_for})", style="dim")
+    return text
 
 
 def _summary_text(counts: dict) -> str:
@@ -51,15 +61,21 @@ def compare_cmd(
     json_file: str | None = typer.Option(
         None, "--json", metavar="FILE", help="Write the comparison as JSON (- for stdout, instead of the table)."
     ),
+    across_codebases: bool = typer.Option(
+        False,
+        "--across-codebases",
+        help="Compare reports of different code bases (the reproduction and real sglang, or two sglang versions); refused otherwise.",
+    ),
 ) -> None:
-    """Compare two reports cell by cell: exit 1 if any cell's verdict changed (a CI regression gate)."""
-    from sglfix.report.compare import compare_reports
+    """Compare two reports cell by cell: exit 1 if what any cell stands for changed (a CI regression gate)."""
+    from sglfix.report.compare import check_codebases, compare_reports
     from sglfix.report.load import load_report
     from sglfix.report.output import check_output_path, write_json
 
     check_output_path(json_file, option="--json")
     old, new = load_report(old_path), load_report(new_path)
-    result = compare_reports(old, new)
+    across = check_codebases(old, new, across=across_codebases, old_path=old_path, new_path=new_path)
+    result = compare_reports(old, new, across=across)
     if result.common == 0:
         # Nothing was compared: a gate that passes here would pass on any pair of files.
         raise ConfigError(
@@ -69,6 +85,8 @@ def compare_cmd(
     if json_file is not None:
         write_json(json_file, result.to_json(old_path, old, new_path, new))
     if json_file != "-":
+        if across:
+            out.print(f"across code bases, as asked: {across}", highlight=False, markup=False)
         out.print(f"old {_where(old_path, old)}")
         out.print(f"new {_where(new_path, new)}")
         if result.changed:
@@ -85,8 +103,8 @@ def compare_cmd(
                     [
                         Text(c.scenario),
                         Text(",".join(c.toggles) or "baseline"),
-                        verdict_text(c.old),
-                        verdict_text(c.new),
+                        _stands(c.old_verdict, c.old),
+                        _stands(c.new_verdict, c.new),
                         figure,
                     ]
                 )
@@ -156,30 +174,37 @@ def merge_cmd(
         f"merged {len(inputs)} report(s) into {output}: {kept} cells ({_summary_text(merged['summary'])}){note}"
     )
     if gate:
+        from sglfix.report.outcome import judge
+
         failing = _gate_failures(merged)
         for line in failing:
-            (err if output == "-" else out).print(line)
+            (err if output == "-" else out).print(line, highlight=False, markup=False)
+        outcome = judge(merged).outcome()
+        if failing and not outcome.startswith("gate failed"):
+            outcome = "gate failed: the set of shards is not the whole run"
+        (err if output == "-" else out).print(f"merged report: {outcome}", highlight=False, markup=False)
         if failing:
             raise typer.Exit(1)
 
 
 def _gate_failures(report: dict) -> list[str]:
-    """What fails the matrix's gate in a (merged) report: unmet expectations, stray verdicts, ERROR cells."""
+    """What fails the matrix's gate in a (merged) report, as its judgement says
+    (``sglfix.report.outcome``): unmet expectations, unexpected verdicts, ERROR cells; and shards
+    missing or given twice."""
+    from sglfix.report.outcome import Meaning, judge
+
+    judgement = judge(report)
     lines = [
-        f"UNMET expect revert {','.join(e['revert'])} on {e['scenario']} -> {'|'.join(e['wanted'])}; "
-        f"got {sorted(set(e['got'].values()))}"
-        for e in report.get("expectations", [])
-        if isinstance(e, dict) and e.get("met") is False
+        f"UNMET expect {c.expect.text} -> {'|'.join(c.expect.wanted)}; got {sorted(set(c.got.values()))}"
+        for c in judgement.unmet
     ]
     lines += [
-        f"unexpected {','.join(s.get('toggles') or []) or 'baseline'} on {s.get('scenario')}: {s.get('verdict')}"
-        for s in report.get("stray", [])
-        if isinstance(s, dict)
+        f"unexpected {','.join(c.toggles) or 'baseline'} on {c.scenario}: {c.verdict} ({c.why})"
+        for c in judgement.with_meaning(Meaning.UNEXPECTED, Meaning.FAILED)
     ]
     lines += [
-        f"ERROR {c.get('scenario')} ({','.join(c.get('toggles') or []) or 'baseline'})"
-        for c in report.get("cells", [])
-        if c.get("verdict") == "ERROR"
+        f"ERROR {c.scenario} ({','.join(c.toggles) or 'baseline'}): {c.key_figure}"
+        for c in judgement.with_meaning(Meaning.ERROR)
     ]
     lines += [f"SHARDS {p}" for p in ((report.get("shards") or {}).get("problems") or [])]
     return lines

@@ -18,9 +18,7 @@ cells of one device: a bug only a kernel shows is not expected where the kernel 
 
 from __future__ import annotations
 
-import fnmatch
 import os
-from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator
@@ -29,7 +27,7 @@ from sglfix.common.errors import ConfigError
 from sglfix.common.schema import StrictModel, validate_node
 from sglfix.common.verdicts import Verdict
 
-__all__ = ["KnownDivergence", "load_known", "match_known"]
+__all__ = ["KnownDivergence", "load_known"]
 
 
 def _verdicts(value: Any) -> Any:
@@ -61,16 +59,3 @@ def load_known(path: str | None) -> list[KnownDivergence]:
     if not isinstance(node, dict):
         raise ConfigError(f"{path}:1: a known-divergences file is a mapping with the key known_divergences")
     return list(validate_node(KnownFile, node, where=path, root="known-divergences file").known_divergences)
-
-
-def match_known(
-    known: Sequence[KnownDivergence], *, scenario: str, verdict: str, device: str
-) -> KnownDivergence | None:
-    return next(
-        (
-            k
-            for k in known
-            if verdict in k.verdict and k.device in ("any", device) and fnmatch.fnmatchcase(scenario, k.scenario)
-        ),
-        None,
-    )

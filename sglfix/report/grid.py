@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["BASELINE", "Grid", "gate_failures", "group_of", "key_figure", "set_label"]
+__all__ = ["BASELINE", "Grid", "group_of", "key_figure", "set_label"]
 
 BASELINE = "baseline"
 
@@ -59,26 +59,3 @@ class Grid:
     def verdict(self, column: str, scenario: str) -> str | None:
         cell = self.cells.get((column, scenario))
         return cell.get("verdict") if cell else None
-
-
-def gate_failures(report: dict) -> dict[str, str]:
-    """Cell id -> why the matrix gate fails on it: a stray verdict, or a cell of an unmet
-    expectation (every matching cell, since none of them showed the wanted verdict)."""
-    by_key = {(set_label(c.get("toggles") or ()), c["scenario"]): c["id"] for c in report.get("cells") or ()}
-    why: dict[str, str] = {}
-    for s in report.get("stray") or ():
-        cid = by_key.get((set_label(s.get("toggles") or ()), s.get("scenario")))
-        if cid is not None:
-            why[cid] = f"unexpected {s.get('verdict')}: {s.get('why', 'stray verdict')}"
-    for e in report.get("expectations") or ():
-        if e.get("met", True):
-            continue
-        label = set_label(e.get("revert") or ())
-        for scenario, got in (e.get("got") or {}).items():
-            cid = by_key.get((label, scenario))
-            if cid is not None and cid not in why:
-                why[cid] = (
-                    f"expectation unmet: revert {label} on {e.get('scenario')} -> "
-                    f"{'|'.join(e.get('wanted') or ())}; got {got}"
-                )
-    return why

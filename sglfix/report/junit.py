@@ -1,11 +1,14 @@
 """JUnit XML from a report dict, for CI test-report views: one ``<testsuite>`` per toggle set,
 one ``<testcase>`` per cell (classname = the toggle set, name = the scenario).
 
-``gate=False`` (``run``): every non-PASS cell fails. ``gate=True`` (``matrix``): the XML says what
-the matrix's exit code says: a cell fails when its verdict is stray (unexpected) or it belongs to
-an unmet expectation; an expected non-PASS verdict is a passing testcase with the verdict and key
-figure in ``<system-out>``. ERROR, FAULT and TIMEOUT (sglfix could not judge the cell) are
-``<error>``; SKIP is ``<skipped>`` with the reason, and so is NOT_REACHED (never a pass: it did not run).
+Each cell's testcase says what its meaning (``sglfix.report.outcome``) says, the meaning the exit
+code reads: ``gate=False`` (``run``) judges findings (a verdict that is not a pass fails unless it
+is a known divergence or its baseline's own); ``gate=True`` (``matrix``) judges by the
+expectations (an unexpected verdict or a cell of an unmet expectation fails). An explained
+non-PASS verdict (expected, known, same as baseline) is a passing testcase with the verdict, the
+reason and the key figure in ``<system-out>``. ERROR, FAULT and TIMEOUT (sglfix could not judge
+the cell) are ``<error>``; SKIP is ``<skipped>`` with the reason, and so is NOT_REACHED (never a
+pass: it did not run). The suites' properties name the code base and the baseline.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import json
 import re
 
 from sglfix.common.errors import ConfigError
-from sglfix.report.grid import gate_failures, key_figure, set_label
+from sglfix.report.grid import key_figure, set_label
 from sglfix.report.output import check_output_file, write_atomic
 
 __all__ = ["SUFFIXES", "build_junit", "check_junit_path", "junit_xml", "write_junit"]
@@ -54,11 +57,16 @@ def _details(cell: dict, why: str | None = None) -> str:
     return _xml_text("\n".join(lines))
 
 
-def build_junit(report: dict, *, gate: bool):
-    """The ``junitparser.JUnitXml`` of ``report``."""
+def build_junit(report: dict, *, gate: bool | None = None, judgement=None):
+    """The ``junitparser.JUnitXml`` of ``report`` (``judgement``: its ``outcome.judge``, made here
+    when not given; ``gate`` picks the mode, default the report's own)."""
     from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
-    failing = gate_failures(report) if gate else {}
+    from sglfix.report.outcome import codebase_label, judge
+
+    if judgement is None:
+        judgement = judge(report, mode=None if gate is None else "gate" if gate else "findings")
+    baseline = judgement.baseline_note() or "the code as installed"
     suites: dict[str, TestSuite] = {}
     for cell in report.get("cells") or ():
         label = set_label(cell.get("toggles") or ())
@@ -72,6 +80,8 @@ def build_junit(report: dict, *, gate: bool):
             for key in ("command", "device", "device_name", "env_revert"):
                 if report.get(key) is not None:
                     suite.add_property(key, _xml_text(report[key]))
+            suite.add_property("codebase", _xml_text(codebase_label(report)))
+            suite.add_property("baseline", _xml_text(baseline))
         verdict = cell.get("verdict", "?")
         case = TestCase(
             _xml_text(cell["scenario"]),
@@ -79,17 +89,18 @@ def build_junit(report: dict, *, gate: bool):
             round(float((cell.get("timings_ms") or {}).get("total", 0.0)) / 1000, 6),
         )
         figure = _xml_text(key_figure(cell) or verdict)
-        why = failing.get(cell.get("id")) if gate else None
-        # The matrix fails on stray verdicts, unmet expectations and any ERROR; an expected FAULT passes.
-        fails = (why is not None or verdict == "ERROR") if gate else verdict not in ("PASS", "SKIP", "NOT_REACHED")
-        if verdict in ("SKIP", "NOT_REACHED") and why is None:
+        meaning = judgement.of(cell.get("id"))
+        fails = meaning is not None and meaning.meaning.fails
+        if verdict in ("SKIP", "NOT_REACHED") and not fails:
             case.result = [Skipped(figure)]
         elif fails:
             result = (Error if verdict in UNJUDGED else Failure)(figure, verdict)
-            result.text = _details(cell, why)
+            result.text = _details(cell, f"{meaning.meaning.value} {verdict}: {meaning.why}")
             case.result = [result]
         elif verdict != "PASS":
-            case.system_out = f"expected {verdict}: {figure}"
+            what = meaning.meaning.value if meaning is not None else "expected"
+            why = f" ({meaning.why})" if meaning is not None else ""
+            case.system_out = _xml_text(f"{what} {verdict}: {figure}{why}")
         suite.add_testcase(case)
     xml = JUnitXml("sglfix")
     for suite in suites.values():
@@ -99,18 +110,18 @@ def build_junit(report: dict, *, gate: bool):
     return xml
 
 
-def junit_xml(report: dict, *, gate: bool) -> str:
+def junit_xml(report: dict, *, gate: bool | None = None, judgement=None) -> str:
     from xml.dom.minidom import parseString
 
     # tostring() and minidom's indentation, as junitparser's own pretty writer (whose file
     # argument changed in junitparser 4): the text goes through write_atomic.
     return (
-        parseString(build_junit(report, gate=gate).tostring())
+        parseString(build_junit(report, gate=gate, judgement=judgement).tostring())
         .toprettyxml(indent="\t", encoding="utf-8")
         .decode("utf-8")
     )
 
 
-def write_junit(report: dict, path: str, *, gate: bool) -> None:
+def write_junit(report: dict, path: str, *, gate: bool | None = None, judgement=None) -> None:
     """JUnit XML of ``report`` to ``path``, atomically (``gate``: the matrix's pass/fail rule)."""
-    write_atomic(path, junit_xml(report, gate=gate))
+    write_atomic(path, junit_xml(report, gate=gate, judgement=judgement))

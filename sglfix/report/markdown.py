@@ -8,7 +8,8 @@ import os
 import re
 
 from sglfix.common.verdicts import MARKS, worst
-from sglfix.report.grid import Grid, key_figure
+from sglfix.report.grid import Grid
+from sglfix.report.outcome import Meaning, codebase_label
 from sglfix.report.output import check_output_file, write_atomic
 
 __all__ = [
@@ -60,7 +61,7 @@ def _counts(report: dict) -> str:
     return ", ".join(f"{summary[v]} {v}" for v in order if summary.get(v))
 
 
-def _summary_line(report: dict) -> str:
+def _summary_line(report: dict, judgement) -> str:
     cells = len(report.get("cells") or ())
     device = report.get("device") or "?"
     name = report.get("device_name") or device
@@ -73,7 +74,11 @@ def _summary_line(report: dict) -> str:
         if report.get("env_revert") not in (None, "", "0")
         else ""
     )
-    return f"**{cells} cell{'s' * (cells != 1)}** on {_esc(where)}{took}: {counts}{env}"
+    base = judgement.baseline_note()
+    return (
+        f"**{cells} cell{'s' * (cells != 1)}** of {_esc(codebase_label(report))} on {_esc(where)}{took}: "
+        f"{counts}{env}" + (f"; {_esc(base)}" if base else "")
+    )
 
 
 def _mark(verdict: str | None) -> str:
@@ -133,24 +138,24 @@ def _capped(items: list[str]) -> list[str]:
     return items[:LIST_AT_MOST] + ([f"- ... and {more} more (see the JSON report)"] if more > 0 else [])
 
 
-def _gate_lines(report: dict) -> list[str]:
-    checks = report.get("expectations") or []
-    unmet = [e for e in checks if not e.get("met", True)]
-    stray = report.get("stray") or []
-    not_run = report.get("not_run") or []
-    errors = [c for c in report.get("cells") or () if c.get("verdict") == "ERROR"]
-    ok = not unmet and not stray and not errors
+def _gate_lines(report: dict, judgement) -> list[str]:
+    checks = judgement.checks
+    unmet = judgement.unmet if not judgement.sharded else []
+    stray = judgement.stray()
+    errors = judgement.with_meaning(Meaning.ERROR)
+    not_checked = judgement.not_checked_summary() or "0 not checked"
     lines = [
-        f"**Gate: {'passed' if ok else 'FAILED'}**: {len(checks) - len(unmet)}/{len(checks)} expectations met, "
-        f"{len(stray)} unexpected verdict(s), {len(errors)} ERROR cell(s), {len(not_run)} expectation(s) not checked."
+        f"**Gate: {'passed' if not judgement.failed else 'FAILED'}**: {len(checks) - len(judgement.unmet)}/"
+        f"{len(checks)} expectations met, {len(stray)} unexpected verdict(s), {len(errors)} ERROR cell(s), "
+        f"{_esc(not_checked)}."
     ]
     if unmet:
         lines += ["", "Unmet expectations:", ""]
         lines += _capped(
             [
-                f"- revert {_code(','.join(e.get('revert') or ()))} on {_code(e.get('scenario'))}: wanted "
-                f"{_esc('|'.join(e.get('wanted') or ()))}, got {_esc(', '.join(sorted(set((e.get('got') or {}).values()))))}"
-                for e in unmet
+                f"- revert {_code(','.join(c.expect.revert))} on {_code(c.expect.scenario)}: wanted "
+                f"{_esc('|'.join(c.expect.wanted))}, got {_esc(', '.join(sorted(set(c.got.values()))))}"
+                for c in unmet
             ]
         )
     if stray:
@@ -164,20 +169,46 @@ def _gate_lines(report: dict) -> list[str]:
         )
     if errors:
         lines += ["", "ERROR cells (sglfix could not judge them):", ""]
-        lines += _capped([f"- {_code(c.get('id'))}: {_esc(key_figure(c))}" for c in errors])
+        lines += _capped([f"- {_code(c.id)}: {_esc(c.key_figure)}" for c in errors])
+    if judgement.not_checked:
+        lines += ["", "Expectations not checked:", ""]
+        lines += _capped([f"- {_code(n.expect.text)}: {_esc(n.reason)}" for n in judgement.not_checked])
+    return lines + _known_lines(judgement)
+
+
+def _known_lines(judgement) -> list[str]:
+    if not judgement.known:
+        return []
+    lines = ["", "Known divergences (confirmed upstream bugs; they fail no gate):", ""]
+    for hit in judgement.known:
+        k = hit.known
+        lines.append(
+            f"- {_code(k.scenario)} -> {_esc('|'.join(k.verdict))}: {_esc(hit.status)}"
+            + (f" on {len(hit.seen_on)} baseline cell(s)" if hit.seen_on else "")
+            + f"; reproduce: {_code(k.reproduce)}"
+        )
     return lines
 
 
-def _failing_lines(report: dict) -> list[str]:
-    bad = [c for c in report.get("cells") or () if c.get("verdict") not in ("PASS", "SKIP", "NOT_REACHED")]
-    if not bad:
-        return []
-    return [
-        "",
-        "Not passing:",
-        "",
-        *_capped([f"- {_code(c.get('id'))}: **{_esc(c.get('verdict'))}** {_esc(key_figure(c))}" for c in bad]),
-    ]
+def _failing_lines(report: dict, judgement) -> list[str]:
+    bad = judgement.failing
+    explained = [c for c in judgement.cells if c.meaning.explained]
+    lines = []
+    if bad:
+        lines += [
+            "",
+            "Not passing:",
+            "",
+            *_capped([f"- {_code(c.id)}: **{_esc(c.verdict)}** {_esc(c.key_figure)}" for c in bad]),
+        ]
+    if explained:
+        lines += [
+            "",
+            "Not passing, and failing nothing:",
+            "",
+            *_capped([f"- {_code(c.id)}: {_esc(c.verdict)}: {_esc(c.why)}" for c in explained]),
+        ]
+    return lines
 
 
 def _bisect_lines(report: dict) -> list[str]:
@@ -211,26 +242,29 @@ def _bisect_lines(report: dict) -> list[str]:
     return lines
 
 
-def render_markdown(report: dict, *, gate: bool | None = None) -> str:
-    """The Markdown summary. ``gate`` (default: the report has expectations, stray verdicts or
-    unchecked expectations, as a matrix report does): report the matrix's gate instead of
-    listing every non-PASS cell."""
-    if gate is None:
-        gate = bool(report.get("expectations") or report.get("stray") or report.get("not_run"))
-    lines = [f"### {_esc(_command(report))}", "", _summary_line(report), ""]
+def render_markdown(report: dict, *, gate: bool | None = None, judgement=None) -> str:
+    """The Markdown summary. ``gate`` (default: the report's own mode, a matrix's gate): report the
+    matrix's gate instead of listing every cell that did not pass. Every cell's meaning is read
+    from ``judgement`` (``sglfix.report.outcome.judge`` of the report, made here when not given)."""
+    from sglfix.report.outcome import judge
+
+    if judgement is None:
+        judgement = judge(report, mode=None if gate is None else "gate" if gate else "findings")
+    gate = judgement.mode == "gate"
+    lines = [f"### {_esc(_command(report))}", "", _summary_line(report, judgement), ""]
     bisect = "culprits" in report
     if bisect:
         lines += _bisect_lines(report)
     elif gate:
-        lines += _gate_lines(report) + [""]
+        lines += _gate_lines(report, judgement) + [""]
     lines += _grid_lines(Grid.of(report))
     if not gate and not bisect:
-        lines += _failing_lines(report)
+        lines += _failing_lines(report, judgement) + _known_lines(judgement)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def write_markdown(report: dict, path: str, *, gate: bool | None = None) -> None:
-    write_atomic(path, render_markdown(report, gate=gate))
+def write_markdown(report: dict, path: str, *, gate: bool | None = None, judgement=None) -> None:
+    write_atomic(path, render_markdown(report, gate=gate, judgement=judgement))
 
 
 def append_step_summary(text: str) -> str | None:

@@ -2,13 +2,12 @@
 
 - The same cell (toggle set, scenario) in two inputs: kept once (the first input's copy) when the
   verdicts agree; a one-line error naming the cell and both files when they do not.
-- ``expectations``: the inputs' checks, duplicates removed; the same expectation checked in
-  several shards becomes one check over all the scenarios the shards ran (``got`` joined, ``met``
-  recomputed as ``check_expectations`` does: the wanted verdict on at least one of them, a
-  NOT_REACHED cell counting as its baseline's verdict, a cell showing one of the reports' known
-  divergences meeting a wanted PASS).
-- ``stray``: concatenated, duplicates removed. ``not_run``: likewise, less the expectations some
-  shard did check.
+- What the cells mean is judged again over the merged cells (``sglfix.report.outcome.judge``),
+  from the inputs' expectation rows and known divergences joined: an expectation checked in
+  several shards becomes one check over every scenario the shards ran, and the merged report's
+  ``expectations``, ``stray``, ``not_run``/``not_checked``, ``known_divergences`` and each cell's
+  meaning are exactly what the unsharded run's would be. Inputs judged against different
+  baselines (``SGLANG_DEBUG_REVERT_PR``) or of different code bases are refused.
 - ``wall_s``: the largest (shards run side by side). Device and environment fields (device,
   device_name, host, python, torch, ...): the common value, or ``"mixed"`` when the inputs differ;
   ``merged_from`` records each input's own.
@@ -17,15 +16,14 @@
 from __future__ import annotations
 
 import datetime
-import fnmatch
 import json
 from collections.abc import Sequence
 from typing import Any
 
 from sglfix.common.errors import ConfigError
-from sglfix.common.verdicts import stands_for
 from sglfix.report.jsonreport import SCHEMA
 from sglfix.report.load import cell_id, cell_key, count_verdicts, describe
+from sglfix.report.outcome import Known, _base_of, _expects_of, _mode_of, codebase_identity, judge
 
 __all__ = ["ENV_FIELDS", "MIXED", "merge_reports"]
 
@@ -61,15 +59,13 @@ def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str])
                     f"in {path}; shards of one report must agree: rerun that cell, or leave one "
                     f"of the files out"
                 )
-    merged_cells = list(cells.values())
+    merged_cells = [dict(c) for c in cells.values()]
     reports = [r for _, r in inputs]
-    verdicts = {key: stands_for(c.get("verdict"), c.get("findings")) for key, c in cells.items()}
-    devices = {key: c.get("device") for key, c in cells.items()}
-    known = _merge_known([k for r in reports for k in r.get("known_divergences", [])])
-    expectations = _merge_expectations(
-        [e for r in reports for e in r.get("expectations", [])], verdicts, devices=devices, known=known
-    )
-    checked = {f"revert {','.join(e['revert'])} on {e['scenario']}" for e in expectations if _is_check(e)}
+    _same(inputs, "baseline", _base_of, fix="merge reports run with the same SGLANG_DEBUG_REVERT_PR")
+    _same(inputs, "code base", codebase_identity, fix="merge reports of one code base and version")
+    expects = list(dict.fromkeys(e for r in reports for e in _expects_of(r)))
+    known = list(dict.fromkeys(Known.from_json(k) for r in reports for k in r.get("known_divergences", [])))
+    mode = "gate" if any(_mode_of(r) == "gate" for r in reports) else "findings"
     walls = [r["wall_s"] for r in reports if isinstance(r.get("wall_s"), (int, float))]
     out: dict[str, Any] = {
         "tool": "sglfix",
@@ -85,49 +81,35 @@ def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str])
             "wall_s": max(walls) if walls else None,
             "cells": merged_cells,
             "summary": count_verdicts(merged_cells),
-            "expectations": expectations,
-            "stray": _unique([s for r in reports for s in r.get("stray", [])]),
-            "not_run": [n for n in _unique([n for r in reports for n in r.get("not_run", [])]) if n not in checked],
-            "known_divergences": known,
             "shards": _shard_set(inputs),
             "merged_from": [{**describe(path, r), "host": r.get("host")} for path, r in inputs],
         }
     )
+    judge(out, mode=mode, expects=expects, known=known, base=_base_of(reports[0])).annotate(out)
     return out
 
 
-def _merge_known(entries: Sequence[dict]) -> list[dict]:
-    """One entry per known divergence, seen on the union of the shards' cells."""
-    merged: dict[str, dict] = {}
-    for k in entries:
-        into = merged.setdefault(k["scenario"], {**k, "seen_on": []})
-        into["seen_on"] = sorted(set(into["seen_on"]) | set(k.get("seen_on", [])))
-    return list(merged.values())
+def _same(inputs: Sequence[tuple[str, dict]], what: str, of: Any, *, fix: str) -> None:
+    """The inputs agree on ``of(report)`` (a report that does not record it agrees with any)."""
+    seen: dict[Any, str] = {}
+    for path, report in inputs:
+        value = of(report)
+        if value is None:
+            continue
+        seen.setdefault(value, path)
+    if len(seen) > 1:
+        (a, pa), (b, pb) = list(seen.items())[:2]
+        raise ConfigError(f"{pa} and {pb} differ in {what} ({_show(a)} vs {_show(b)}); {fix}")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return " ".join(value) or "the code as installed"
+    return str(value)
 
 
 def _hashable(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
-
-
-def _unique(items: Sequence[Any]) -> list:
-    seen: set[str] = set()
-    out = []
-    for item in items:
-        key = _hashable(item)
-        if key not in seen:
-            seen.add(key)
-            out.append(item)
-    return out
-
-
-def _is_check(e: Any) -> bool:
-    return (
-        isinstance(e, dict)
-        and isinstance(e.get("revert"), list)
-        and isinstance(e.get("scenario"), str)
-        and isinstance(e.get("wanted"), list)
-        and isinstance(e.get("got"), dict)
-    )
 
 
 def _shard_set(inputs: Sequence[tuple[str, dict]]) -> dict | None:
@@ -173,45 +155,3 @@ def _shard_set(inputs: Sequence[tuple[str, dict]]) -> dict | None:
         "problems": problems,
         "partial_allowed": False,
     }
-
-
-def _is_known(known: Sequence[dict], *, scenario: str, verdict: str, device: Any) -> bool:
-    return any(
-        verdict in k.get("verdict", [])
-        and k.get("device", "any") in ("any", device)
-        and fnmatch.fnmatchcase(scenario, k.get("scenario", ""))
-        for k in known
-    )
-
-
-def _meets(
-    wanted: Sequence[str], revert: str, name: str, verdict: str, *, verdicts: dict, devices: dict, known: Sequence[dict]
-) -> bool:
-    """Whether one scenario's verdict meets an expectation: a NOT_REACHED cell counts as its
-    baseline's verdict, and a known divergence meets an expectation of PASS."""
-    eff = verdicts.get((revert, name), verdict) if verdict == "NOT_REACHED" else verdict
-    return eff in wanted or (
-        "PASS" in wanted and _is_known(known, scenario=name, verdict=eff, device=devices.get((revert, name)))
-    )
-
-
-def _merge_expectations(items: Sequence[Any], verdicts: dict, *, devices: dict, known: Sequence[dict]) -> list:
-    by_key: dict[str, dict] = {}
-    out: list = []
-    for e in _unique(items):
-        if not _is_check(e):
-            out.append(e)
-            continue
-        key = _hashable([e.get("toggle"), e["revert"], e["scenario"], e["wanted"], e.get("device")])
-        if key not in by_key:
-            by_key[key] = dict(e)
-            out.append(by_key[key])
-            continue
-        m = by_key[key]
-        m["got"] = {**m["got"], **e["got"]}
-        revert = ",".join(m["revert"])
-        m["met"] = any(
-            _meets(m["wanted"], revert, name, v, verdicts=verdicts, devices=devices, known=known)
-            for name, v in m["got"].items()
-        )
-    return out
