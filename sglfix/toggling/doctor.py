@@ -289,7 +289,9 @@ def caught_by_check(registry: Registry, *, root: str | Path, timeout: float = 36
                 problems.append(f"{node}: no such test ran")
             for nid, o in ran:
                 if o["outcome"] != "caught":
-                    problems.append(f"{nid}: NOT caught ({o['detail']})")
+                    # The claim's outcome as the one rule names it (sglfix.report.outcome.Claim).
+                    label = {"inconclusive": "inconclusive", "not-run": "not run", "error": "ERROR"}
+                    problems.append(f"{nid}: {label.get(o['outcome'], 'NOT caught')} ({o['detail']})")
         if toggle.caught_by:
             results.append(
                 CheckResult(f"{toggle.id} caught_by", not problems, "\n".join(problems), list(toggle.caught_by))
