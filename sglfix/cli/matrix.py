@@ -221,16 +221,19 @@ def _print_sets(plan, judgement) -> None:
         cells = by_set.get(t, [])
         out.print(Text(f"{set_label(t)}: ", style="bold"), end="")
         changed = [c for c in cells if c.meaning.value in _EFFECT and c.stands_for != "PASS"]
-        unreached = sum(c.verdict == "NOT_REACHED" for c in cells)
-        skipped = sum(c.verdict == "SKIP" for c in cells)
+        # A cell standing for SKIP (its own, or not reached where its baseline SKIPs) was not run here.
+        skipped = sum(c.stands_for == "SKIP" for c in cells)
+        unreached = sum(c.verdict == "NOT_REACHED" and c.stands_for != "SKIP" for c in cells)
         as_before = sum(c.meaning.value in ("same-as-baseline", "known") and c.verdict != "NOT_REACHED" for c in cells)
         if cells and skipped == len(cells):
             out.print(f"every scenario SKIPs here ({len(cells)}): nothing tested on this device")
             continue
         if cells and unreached + skipped == len(cells):
             out.print(
-                "not reached: these scenarios never run the functions it reverts"
-                + (f" ({skipped} SKIP here)" if skipped else "")
+                f"nothing tested here: {skipped} scenario(s) SKIP on this device, the other {unreached} never run "
+                "the functions it reverts"
+                if skipped
+                else "not reached: these scenarios never run the functions it reverts"
             )
             continue
         text = (

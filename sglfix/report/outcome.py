@@ -262,6 +262,8 @@ class Rules:
             return Meaning.SKIPPED, "cannot run here"
         v = effective(cell)
         unreached = verdict == NOT_REACHED
+        if v == "SKIP":  # not reached, where the baseline itself could not run
+            return Meaning.SKIPPED, "cannot run here (its baseline SKIPs: never run)"
         if v == "PASS":
             return Meaning.PASSED, "not reached: same as its baseline, which passed" if unreached else "passed"
         k = self.known_for(cell, v)
