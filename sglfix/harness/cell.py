@@ -122,9 +122,13 @@ def raised_by_code_under_test(exc: BaseException) -> bool:
 
 def _frame_under_test(exc: BaseException) -> str:
     frames = _frames(exc)
+    from sglfix.patching.patcher import real_filename
+
     for fr in reversed(frames):
         if is_code_under_test(fr.filename):
-            return f"{os.path.relpath(fr.filename, _backends_dir())}:{fr.lineno} in {fr.name}"
+            # A reverted function runs under its revert's file name (its source in linecache);
+            # the report names the real file and line, which the revert keeps.
+            return f"{os.path.relpath(real_filename(fr.filename), _backends_dir())}:{fr.lineno} in {fr.name}"
     fr = frames[-1] if frames else None
     return f"{os.path.basename(fr.filename)}:{fr.lineno} in {fr.name}" if fr else "?"
 

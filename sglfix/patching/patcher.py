@@ -11,7 +11,12 @@ Compared with sglang's source_patcher (whose call shapes are kept: ``apply_patch
   function object, not in its code), so a decorated function is not wrapped a second time;
 - remembers what it derived (a function's source, an edited source's compiled code, a parsed
   YAML), keyed by everything that decides it, so applying the same revert again (every toggle
-  switch of a long-lived worker, every process of an engine) costs string edits and a swap.
+  switch of a long-lived worker, every process of an engine) costs string edits and a swap;
+- compiles the edited function under its own file name, ``<dir>/[sglfix revert 26738:overlap-guard]/
+  <file>.py``, registered in ``linecache`` as the real file with the function's lines replaced by
+  the edited text (at the original line numbers and indentation), so tracebacks,
+  ``inspect.getsource`` and debuggers quote the code that runs, not the fix on disk; a restore
+  puts back the original code, whose file is the real one (``real_filename`` undoes the name).
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ import __future__ as _future
 
 import ast
 import inspect
+import itertools
+import linecache
+import os
+import sys
 import textwrap
 import threading
 import types
@@ -43,6 +52,7 @@ __all__ = [
     "is_patched",
     "patch_function",
     "prepare_specs",
+    "real_filename",
     "restore_all",
 ]
 
@@ -85,6 +95,7 @@ class PatchState:
             if not stack:
                 del _STACKS[self.target_fn]
             self.restored = True
+            _unshow(self.new_code.co_filename)
 
     def describe(self) -> str:
         return f"{self.label} on {self.target}" if self.label else f"the patch on {self.target}"
@@ -100,6 +111,8 @@ class PreparedPatch:
     source_after: str
     new_code: types.CodeType
     label: str = ""
+    # The file as the new code sees it (linecache's lines for new_code.co_filename).
+    shown_lines: list[str] = field(default_factory=list, compare=False, repr=False)
 
 
 # The source of a loaded code object never changes (a file edited on disk afterwards does not
@@ -115,6 +128,116 @@ def _remember(cache: dict, key: Any, value: Any) -> Any:
         cache.pop(next(iter(cache)))
     cache[key] = value
     return value
+
+
+# -- the source a patched code object shows --------------------------------------------------
+# Each patched code object gets a file name of its own, whose linecache lines are the real file
+# with the function's span replaced by the edited text: the code keeps the file's line numbers,
+# so everything outside the span reads as in the real file, and a traceback, inspect.getsource
+# or pdb quotes what runs. name -> [linecache entry, live patches using it].
+_SHOWN: dict[str, list] = {}
+# Entries no live patch uses stay registered (a traceback kept from a reverted run and formatted
+# after the restore must still quote what ran), the oldest dropped past this many.
+_SHOWN_IDLE_LIMIT = 64
+_TAG = "[sglfix "
+
+
+def real_filename(filename: str) -> str:
+    """The file a patched code object's ``co_filename`` stands for (any other name: itself)."""
+    head, tail = os.path.split(filename)
+    parent, tag = os.path.split(head)
+    return os.path.join(parent, tail) if tag.startswith(_TAG) and tag.endswith("]") else filename
+
+
+def _origin(fn: types.FunctionType) -> tuple[str, int, str]:
+    """The unpatched function's file, how many lines its source spans there, and the indentation
+    the edited (dedented) text must get back to read as the file does."""
+    stack = _STACKS.get(fn)
+    if stack:
+        filename, text = stack[0].original_code.co_filename, stack[0].source_before
+    else:
+        filename, text = fn.__code__.co_filename, current_source(fn)[0]
+    first = text.split("\n", 1)[0]
+    return filename, len(text.splitlines()), first[: _indent(first)]
+
+
+def _shown_file(
+    *, fn: types.FunctionType, filename: str, first_lineno: int, span: int, text: str, margin: str
+) -> list[str]:
+    lines = linecache.getlines(filename, fn.__globals__)
+    before = lines[: first_lineno - 1]
+    before += ["\n"] * (first_lineno - 1 - len(before))  # no file text: the lines still count
+    body = textwrap.indent(text, margin).splitlines(keepends=True)
+    if body and not body[-1].endswith("\n"):
+        body[-1] += "\n"
+    return before + body + lines[first_lineno - 1 + span :]
+
+
+def _shown_name(
+    *, filename: str, labels: Sequence[str], qualname: str, lines: list[str], claimed: dict[str, list[str]]
+) -> str:
+    """``<dir>/[sglfix revert A + revert B]/<file>``: the patches in the code, oldest first. The
+    directory and base name stay the real ones: a frame still belongs to its package, a tool
+    matching ``*.py`` or the base name still finds it. A name taken by other text (another
+    function of the file patched by the same revert) also names the function."""
+    tag = " + ".join(label or "patch" for label in labels).replace(os.sep, "_").replace("/", "_")
+    head, tail = os.path.split(filename)
+    extras = itertools.chain(("", f", {qualname}"), (f", {qualname} #{n}" for n in itertools.count(2)))
+    for extra in extras:
+        name = os.path.join(head, f"{_TAG}{tag}{extra}]", tail)
+        held = claimed.get(name)
+        if held is None and name in _SHOWN and _SHOWN[name][1]:
+            held = _SHOWN[name][0][2]
+        if held is None or held == lines:
+            claimed[name] = lines
+            return name
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _reshow() -> None:
+    # Re-registered on every install and restore: linecache.clearcache() elsewhere drops them.
+    cache = linecache.cache
+    for name, (entry, _users) in _SHOWN.items():
+        if cache.get(name) is not entry:
+            cache[name] = entry
+
+
+def _print_exception(exc_type: Any, exc: Any, tb: Any) -> None:
+    """sys.excepthook where the built-in one reads source lines from the files on disk (Python
+    before 3.13), which a patched code's file name is not: traceback's renderer reads linecache."""
+    try:
+        import traceback
+
+        traceback.print_exception(exc_type, exc, tb)
+    except Exception:
+        sys.__excepthook__(exc_type, exc, tb)
+
+
+def _show(name: str, lines: list[str]) -> None:
+    if sys.version_info < (3, 13) and sys.excepthook is sys.__excepthook__:
+        # An uncaught exception would otherwise quote no line of the code that raised it.
+        sys.excepthook = _print_exception
+    held = _SHOWN.pop(name, None)
+    if held is None or held[0][2] != lines:
+        # mtime None: linecache.checkcache keeps the entry (no file on disk to compare with).
+        held = [(sum(map(len, lines)), None, lines, name), held[1] if held else 0]
+    held[1] += 1
+    _SHOWN[name] = held
+    _reshow()
+
+
+def _unshow(name: str) -> None:
+    held = _SHOWN.get(name)
+    if held is not None:
+        held[1] -= 1
+        if held[1] <= 0:
+            _SHOWN[name] = _SHOWN.pop(name)  # newest idle entry last
+            idle = [n for n, (_, users) in _SHOWN.items() if users <= 0]
+            for old in idle[: max(0, len(idle) - _SHOWN_IDLE_LIMIT)]:
+                entry = _SHOWN.pop(old)[0]
+                if linecache.cache.get(old) is entry:
+                    del linecache.cache[old]
+    _reshow()
 
 
 def _last_code_line(code: types.CodeType) -> int:
@@ -260,23 +383,47 @@ def _insert_preamble(node: ast.FunctionDef | ast.AsyncFunctionDef, preamble: str
 
 
 def _compile_function(
-    *, fn: types.FunctionType, target: str, source: str, first_lineno: int, preamble: str
+    *,
+    fn: types.FunctionType,
+    target: str,
+    source: str,
+    first_lineno: int,
+    preamble: str,
+    filename: str | None = None,
+    margin: str = "",
 ) -> types.CodeType:
-    """``source``: the edited function, dedented."""
-    # The original code object decides name, flags, file and closure shape; the rest is the text.
-    key = (fn.__code__, fn.__code__.co_filename, source, first_lineno, preamble)
+    """``source``: the edited function, dedented; ``margin``: the indentation it had in the file;
+    ``filename``: the name the new code shows (its linecache entry), the original's if None."""
+    # The original code object decides name, flags and closure shape; the rest is the text.
+    filename = fn.__code__.co_filename if filename is None else filename
+    key = (fn.__code__, fn.__code__.co_filename, source, first_lineno, preamble, filename, margin)
     code = _COMPILED.get(key)
     if code is None:
         code = _remember(
             _COMPILED,
             key,
-            _compile_uncached(fn=fn, target=target, source=source, first_lineno=first_lineno, preamble=preamble),
+            _compile_uncached(
+                fn=fn,
+                target=target,
+                source=source,
+                first_lineno=first_lineno,
+                preamble=preamble,
+                filename=filename,
+                margin=margin,
+            ),
         )
     return code
 
 
 def _compile_uncached(
-    *, fn: types.FunctionType, target: str, source: str, first_lineno: int, preamble: str
+    *,
+    fn: types.FunctionType,
+    target: str,
+    source: str,
+    first_lineno: int,
+    preamble: str,
+    filename: str | None = None,
+    margin: str = "",
 ) -> types.CodeType:
     original = fn.__code__
     dedented = source  # the caller dedented it (it is also the patch's source_after)
@@ -289,6 +436,18 @@ def _compile_uncached(
             f"{exc.lineno or first_lineno}); check the replacement's indentation"
         ) from None
     node = _function_node(tree, name=fn.__name__, target=target)
+    if margin:
+        # Columns as in the file, where the shown text is indented: a traceback's carets
+        # underline the right characters. Positions only: string values keep the dedented text.
+        for child in ast.walk(node):
+            if "col_offset" in child._attributes:
+                child.col_offset += len(margin)
+                if child.end_col_offset is not None:
+                    child.end_col_offset += len(margin)
+    if node.decorator_list:
+        # The code starts at the first decorator, as the original's does (co_firstlineno, and
+        # so where inspect.getsource starts reading).
+        node.lineno = node.decorator_list[0].lineno
     _strip_signature_extras(node)
     if preamble.strip():
         _insert_preamble(node, preamble, target)
@@ -311,7 +470,7 @@ def _compile_uncached(
     # have locations: no fix-up walk over the whole function.
     flags = original.co_flags & _FUTURE_FLAGS
     try:
-        module_code = compile(tree, original.co_filename, "exec", flags=flags, dont_inherit=True)
+        module_code = compile(tree, filename or original.co_filename, "exec", flags=flags, dont_inherit=True)
     except SyntaxError as exc:
         raise PatchApplicationError(f"{target}: the edited source does not compile: {exc.msg}") from None
     namespace: dict[str, Any] = {}
@@ -334,21 +493,42 @@ def _compile_uncached(
 
 
 def _prepare_one(
-    *, spec: PatchSpec, resolved: ResolvedTarget, source: str, first_lineno: int, label: str
+    *,
+    spec: PatchSpec,
+    resolved: ResolvedTarget,
+    source: str,
+    first_lineno: int,
+    label: str,
+    labels: Sequence[str] = (),
+    claimed: dict[str, list[str]] | None = None,
 ) -> PreparedPatch:
+    """``labels``: those of the patches already on the function (or before this one in the set)."""
+    fn = resolved.function
+    filename, span, margin = _origin(fn)
     key = (source, spec.edits)
     known = _EDITED.get(key)
     if known is None:
-        origin = SourceOrigin(target=spec.target, filename=resolved.filename, first_lineno=first_lineno)
+        # The real file, not a patched code's name: messages cite lines a reader can open.
+        origin = SourceOrigin(target=spec.target, filename=filename, first_lineno=first_lineno)
         edited = apply_edits(source=source, edits=spec.edits, origin=origin)
         known = _remember(_EDITED, key, textwrap.dedent(edited))
     dedented = known
+    shown = _shown_file(fn=fn, filename=filename, first_lineno=first_lineno, span=span, text=dedented, margin=margin)
+    name = _shown_name(
+        filename=filename,
+        labels=[*labels, label],
+        qualname=fn.__qualname__,
+        lines=shown,
+        claimed={} if claimed is None else claimed,
+    )
     new_code = _compile_function(
-        fn=resolved.function,
+        fn=fn,
         target=spec.target,
         source=dedented,
         first_lineno=first_lineno,
         preamble=spec.preamble,
+        filename=name,
+        margin=margin,
     )
     return PreparedPatch(
         spec=spec,
@@ -357,6 +537,7 @@ def _prepare_one(
         source_after=dedented,
         new_code=new_code,
         label=label,
+        shown_lines=shown,
     )
 
 
@@ -372,14 +553,27 @@ def prepare_specs(
     """
     allowed = tuple(allowed_prefixes) if allowed_prefixes is not None else None
     prepared: list[PreparedPatch] = []
-    pending: dict[types.FunctionType, tuple[str, int]] = {}
+    pending: dict[types.FunctionType, tuple[str, int, list[str]]] = {}
+    claimed: dict[str, list[str]] = {}  # the names this set's patches show, with their lines
     for i, spec in enumerate(specs):
         label = labels[i] if labels else ""
         resolved = resolve_target(spec.target, allowed_prefixes=allowed)
         fn = resolved.function
-        source, first_lineno = pending[fn] if fn in pending else current_source(fn)
-        item = _prepare_one(spec=spec, resolved=resolved, source=source, first_lineno=first_lineno, label=label)
-        pending[fn] = (item.source_after, first_lineno)
+        if fn in pending:
+            source, first_lineno, below = pending[fn]
+        else:
+            source, first_lineno = current_source(fn)
+            below = [s.label for s in _STACKS.get(fn, [])]
+        item = _prepare_one(
+            spec=spec,
+            resolved=resolved,
+            source=source,
+            first_lineno=first_lineno,
+            label=label,
+            labels=below,
+            claimed=claimed,
+        )
+        pending[fn] = (item.source_after, first_lineno, [*below, label])
         prepared.append(item)
     return prepared
 
@@ -398,6 +592,8 @@ def _install(item: PreparedPatch) -> PatchState:
     )
     fn.__code__ = item.new_code
     _STACKS.setdefault(fn, []).append(state)
+    if item.shown_lines:
+        _show(item.new_code.co_filename, item.shown_lines)
     return state
 
 
