@@ -26,8 +26,10 @@ from sglfix.harness.cell import CellResult
 
 __all__ = ["Terminated", "WorkerConfig", "WorkerPool", "WorkerStartError", "signals_raise"]
 
-# A cell whose worker asks to be replaced again and again (it cannot restore cleanly) ends as
-# ERROR after this many fresh starts rather than looping.
+# A worker that asks to be replaced (the set it held left state behind) is replaced by a fresh one
+# that runs the waiting cell first: nothing held, nothing to restore. A cell that even fresh
+# workers ask to be replaced for (a worker that cannot start clean) ends as ERROR after this many
+# fresh starts rather than looping; replacements after other cells never count against it.
 MAX_REPLACEMENTS = 2
 _TICK = 0.5  # longest poll wait: bounds how late a deadline is noticed without a pidfd
 
@@ -139,6 +141,7 @@ class WorkerPool:
         else:
             self.workers = [Worker(config) for _ in range(jobs)]
         self.replacements: list[str] = []  # why a worker was replaced between toggle sets
+        self._served: dict[Worker, Any] = {}  # each worker's process that was last sent a cell
         self._info: dict | None = None
         self._closed = False
         try:
@@ -192,19 +195,25 @@ class WorkerPool:
         line = _Line(cells, on_result=on_result, feed=feed)
         cells, keys, queue = line.cells, line.keys, line.queue  # grown in place as ``feed`` adds
         running: dict[Worker, int] = {}
-        replaced: Counter[int] = Counter()
+        first: set[Worker] = set()  # workers whose running cell is the first of their process
+        reserved: dict[Worker, int] = {}  # a replaced worker's fresh process runs this cell first
+        replaced: Counter[int] = Counter()  # fresh processes that asked to be replaced for a cell
         while line.left:
-            self._dispatch(queue, cells, running)
+            self._dispatch(queue, cells, running, reserved=reserved, first=first)
             for w, event in self._wait():
                 raise_for_start(event)
                 i = running.pop(w, None) if event.kind in ("reply", "restart", "died", "timeout") else None
                 if i is None:
                     continue
-                if event.kind == "restart":
-                    replaced[i] += 1
+                if event.kind == "restart" and w in first:
+                    replaced[i] += 1  # not even a fresh worker could run it
+                first.discard(w)
                 result = self._outcome(w, event, cells[i], keys[i], replaced=replaced[i])
                 if result is None:
-                    queue.put_back(i, keys[i])
+                    if event.kind == "restart":
+                        reserved[w] = i
+                    else:
+                        queue.put_back(i, keys[i])
                     continue
                 line.settle(i, result)
         return line.finished()
@@ -221,21 +230,35 @@ class WorkerPool:
                 return None
             result = CellResult(scenario=cell.scenario.name, toggles=list(key), device=self.config.device)
             result.add(
-                "ERROR", f"sglfix failed: worker replaced {replaced} times before this cell could run: {event.data}"
+                "ERROR",
+                f"sglfix failed: {replaced} fresh workers in a row asked to be replaced before this cell "
+                f"could run: {event.data}",
             )
             return result.finish()
         return self._checked(w.result_for(event, scenario=cell.scenario.name, toggles=key), cell, key)
 
-    def _dispatch(self, queue: _Queue, cells: list, running: dict[Worker, int]) -> None:
+    def _dispatch(
+        self, queue: _Queue, cells: list, running: dict[Worker, int], *, reserved: dict[Worker, int], first: set[Worker]
+    ) -> None:
         for w in self.workers:
-            if not queue:
-                return
+            if not queue and w not in reserved:
+                continue
             if w.state == "down":
                 w.start()
             if w.state != "idle" or w in running:
                 continue
-            elsewhere = {x.toggles for x in self.workers if x is not w and x.state != "down" and x.toggles is not None}
-            i = queue.take(held=w.toggles, elsewhere=elsewhere)
+            if w in reserved:  # the cell it was replaced for, before any other
+                i = reserved.pop(w)
+            else:
+                elsewhere = {
+                    x.toggles for x in self.workers if x is not w and x.state != "down" and x.toggles is not None
+                }
+                i = queue.take(held=w.toggles, elsewhere=elsewhere)
+            if self._served.get(w) is not w.proc:  # its process's first cell
+                self._served[w] = w.proc
+                first.add(w)
+            else:
+                first.discard(w)
             w.send(
                 scenario_json=cells[i].scenario.to_json(),
                 toggles=tuple(cells[i].toggles),

@@ -6,6 +6,8 @@ change means the next set would not start from clean code, so the worker is repl
 
 from __future__ import annotations
 
+import dis
+import functools
 import sys
 import types
 from typing import Any
@@ -13,6 +15,75 @@ from typing import Any
 __all__ = ["StateSnapshot"]
 
 _MISSING = object()
+_SCALARS = (bool, int, str, bytes, type(None))
+_REBINDS = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
+
+
+def _unset(value: Any) -> bool:
+    """An "unset" marker: ``None``, or a bare ``object()`` (upstream's "not resolved yet"
+    sentinel, e.g. ``_UNRESOLVED = object()``): nothing but its identity means anything."""
+    return value is None or type(value) is object
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Immutable data all the way down: a number, a string, bytes, or a tuple/frozenset of them."""
+    kind = type(value)
+    if kind in _SCALARS or kind is float or kind is complex:
+        return True
+    return kind in (tuple, frozenset) and depth < 4 and all(_plain(v, depth + 1) for v in value)
+
+
+def _equal_value(old: Any, new: Any) -> bool:
+    """Equal immutable values of one type: no code can tell them apart but by ``is``
+    (``frozenset()`` made anew, ``64 * 1024 * 1024`` computed again). Floats compare by their
+    bits, so ``-0.0`` is not ``0.0`` and a NaN is itself."""
+    kind = type(old)
+    if kind is not type(new):
+        return False
+    if kind is float:
+        return old.hex() == new.hex()
+    if kind is complex:
+        return old.real.hex() == new.real.hex() and old.imag.hex() == new.imag.hex()
+    if kind in (tuple, frozenset):
+        if len(old) != len(new) or not (_plain(old) and _plain(new)):
+            return False
+        if kind is tuple:
+            return all(_equal_value(a, b) for a, b in zip(old, new))
+        return old == new and all(type(v) not in (float, complex) for v in old)
+    return kind in _SCALARS and old == new
+
+
+def _codes_of(value: Any, module_dict: dict, out: list) -> None:
+    """The code objects of ``value`` that run with ``module_dict`` as their globals: a function
+    of the module (through ``functools.wraps``/``lru_cache`` wrappers), or a class's methods,
+    static and class methods and property accessors."""
+    for _ in range(8):  # a chain of wrappers, bounded
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        if isinstance(value, property):
+            for accessor in (value.fget, value.fset, value.fdel):
+                _codes_of(accessor, module_dict, out)
+            return
+        if isinstance(value, functools.cached_property):
+            value = value.func
+        if isinstance(value, types.FunctionType):
+            if value.__globals__ is module_dict:
+                out.append(value.__code__)
+            value = value.__dict__.get("__wrapped__")
+        elif isinstance(value, functools._lru_cache_wrapper):
+            value = value.__wrapped__
+        else:
+            return
+
+
+def _rebound_names(code: types.CodeType, out: set[str]) -> None:
+    """Every module global that ``code`` (or code nested in it) rebinds: ``global X; X = ...``."""
+    for ins in dis.get_instructions(code):
+        if ins.opname in _REBINDS:
+            out.add(ins.argval)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _rebound_names(const, out)
 
 
 class _Contents:
@@ -45,32 +116,62 @@ class StateSnapshot:
     rebinding of them is seen. Holds references, so an id cannot be reused between snapshots.
     In-place changes deeper than one level (a tensor's contents, an object's fields) are not seen.
 
-    A module attribute that was ``None`` in the snapshot and is bound now is upstream's lazy
-    module cache (``global_workspace_buffer``: allocated by the first backend built in the
-    process): ``reset_lazy`` puts ``None`` back, which is exactly the snapshot's state, so the
-    next set starts from it without a fresh process. Likewise a module-level dict that only
-    gained keys is a memo filled by use (sglang's JIT ``_digest_cache``): ``reset_lazy`` removes
-    the added keys, so the dict holds again exactly what the snapshot saw (a value changed or a
-    key removed is still a change).
+    What the code under test does to its own module state as it runs is no leftover:
+
+    - Lazy initialisation. A module attribute that was unset in the snapshot (``None``, or a
+      bare ``object()`` sentinel such as sglang's ``fused_op._UNRESOLVED``) and is bound now is
+      a cache filled on first use (``global_workspace_buffer``: allocated by the first backend
+      built in the process; ``_forced_backend``: read from the environment on first use):
+      ``reset_lazy`` puts the unset value back, which is exactly the snapshot's state, so the
+      next set starts from it without a fresh process, computes it afresh with its own code,
+      and its first-use code paths run again (reachability recording relies on that).
+      Likewise a module-level dict that only gained keys is a memo filled by use (sglang's JIT
+      ``_digest_cache``): ``reset_lazy`` removes the added keys, so the dict holds again
+      exactly what the snapshot saw (a value changed or a key removed is still a change).
+    - The module's own run-time state. A global that a function of its own module rebinds
+      (``global X; X = ...`` in the code the snapshot saw: a setter's configuration such as
+      sglang's ``_allowed_media_domains``, a calibration such as
+      ``global_diff_realtime_monotonic``, a once-flag guarding a registration) is state the
+      module keeps by design, not code: a new binding is accepted and the snapshot takes it.
+      It is not reset: a flag put back while what it guards (an op registered with torch, a
+      signal handler, a hook) stays done is a state no process is ever in. A revert's own
+      rebindings are put back by the revert itself (``sglfix.toggling.modstate``).
+    - An equal immutable value. A name rebound to an equal number, string, bytes, or a
+      tuple/frozenset of them (a setter recomputing its default) cannot be told apart by any
+      code but ``is``: no change.
+
+    Still a change: a function's code or defaults changed, a class attribute rebound, a global
+    that no function of its module rebinds (a constant) rebound to another value, even by code
+    a revert added to the module, a dict value changed or a key removed.
     """
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self.entries = self._take()
+        self._codes: dict[str, list[types.CodeType]] = {}  # module -> code that runs in its globals
+        self._owned: dict[str, frozenset[str]] = {}  # module -> globals its own code rebinds
+        self.entries = self._take(codes=self._codes)
 
-    def _take(self) -> dict[str, Any]:
+    def _take(self, codes: dict[str, list] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name, module in sorted(sys.modules.items()):
             if module is None or not (name == self.prefix or name.startswith(self.prefix + ".")):
                 continue
             out[name] = module
-            for key, value in list(vars(module).items()):
+            namespace = vars(module)
+            found: list = [] if codes is not None else None
+            for key, value in list(namespace.items()):
                 self._add(out, f"{name}.{key}", value)
                 if isinstance(value, (dict, list, set)) and not key.startswith("__"):
                     out[f"{name}.{key}[...]"] = _Contents(value)
-                if isinstance(value, type) and value.__module__ == name:
+                is_class = isinstance(value, type) and value.__module__ == name
+                if is_class:
                     for attr, member in list(vars(value).items()):
                         self._add(out, f"{name}.{key}.{attr}", member)
+                if found is not None:
+                    for member in vars(value).values() if is_class else (value,):
+                        _codes_of(member, namespace, found)
+            if codes is not None:
+                codes[name] = found
         return out
 
     @staticmethod
@@ -84,9 +185,31 @@ class StateSnapshot:
             out[path + ".__defaults__"] = fn.__defaults__
             out[path + ".__kwdefaults__"] = fn.__kwdefaults__
 
+    def _module_of(self, path: str) -> tuple[str, types.ModuleType | None, str]:
+        """For a ``module.name`` path: the module's name, the module, and the name (the module
+        is None for any other path)."""
+        owner, _, name = path.rpartition(".")
+        module = self.entries.get(owner)
+        return owner, (module if isinstance(module, types.ModuleType) else None), name
+
+    def owns(self, path: str) -> bool:
+        """Whether ``path`` is a global of its module that the module's own code, as the
+        snapshot saw it, rebinds (``global X; X = ...``)."""
+        owner, module, name = self._module_of(path)
+        if module is None or owner not in self._codes:
+            return False
+        owned = self._owned.get(owner)
+        if owned is None:
+            names: set[str] = set()
+            for code in self._codes[owner]:
+                _rebound_names(code, names)
+            owned = self._owned[owner] = frozenset(names)
+        return name in owned
+
     def reset_lazy(self) -> list[str]:
-        """Rebind to ``None`` every module attribute that was ``None`` in the snapshot, and drop
-        the keys a module-level dict gained since; the paths."""
+        """Put the unset value back (``None`` or the very sentinel) in every module attribute
+        that held it in the snapshot and holds a value now, and drop the keys a module-level
+        dict gained since; the paths."""
         reset = []
         for path, old in self.entries.items():
             if isinstance(old, _Contents) and old.mapping is not None:
@@ -96,13 +219,17 @@ class StateSnapshot:
                         del current[key]
                     reset.append(path)
                 continue
-            if old is not None:
+            if not _unset(old):
                 continue
-            owner, _, name = path.rpartition(".")
-            module = self.entries.get(owner)
-            if isinstance(module, type(sys)) and getattr(module, name, None) is not None:
-                setattr(module, name, None)
-                reset.append(path)
+            _, module, name = self._module_of(path)
+            if module is None:
+                continue
+            # vars(), never getattr: a module's __getattr__ may import on a missing name.
+            current = vars(module).get(name, _MISSING)
+            if current is old or current is _MISSING or (type(old) is object and type(current) is object):
+                continue  # unset still; or gone, or another marker: a change
+            setattr(module, name, old)
+            reset.append(path)
         return reset
 
     def changes(self) -> list[str]:
@@ -111,13 +238,23 @@ class StateSnapshot:
 
         now = self._take()
         changed = []
+        accepted: list[str] = []  # the module's own state, rebound by its own code
+
+        def under_accepted(path: str) -> bool:
+            return any(path.startswith(a) and path[len(a)] in ".[" for a in accepted if len(path) > len(a))
+
         for path, old in self.entries.items():
+            if accepted and under_accepted(path):
+                continue  # what the accepted binding holds: taken afresh below
             new = now.get(path, _MISSING)
             if isinstance(old, _Contents) and isinstance(new, _Contents):
                 if not old.same(new):
                     changed.append(path)
-            elif old is not new:
-                changed.append(path)
+            elif old is not new and not _equal_value(old, new):
+                if not _unset(old) and self.owns(path):  # unset ones: reset_lazy's
+                    accepted.append(path)
+                else:
+                    changed.append(path)
         added = now.keys() - self.entries.keys()
         shadows = []
         for path in added:
@@ -126,5 +263,10 @@ class StateSnapshot:
                 shadows.append(path)
         changed.extend(sorted(shadows))
         if not changed:
+            if accepted:  # the snapshot takes them (and what they hold) as they are now
+                mine = set(accepted)
+                for path in [p for p in self.entries if p in mine or under_accepted(p)]:
+                    del self.entries[path]
+                self.entries.update((p, v) for p, v in now.items() if p in mine or under_accepted(p))
             self.entries.update((p, now[p]) for p in added)
         return changed
