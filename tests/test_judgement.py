@@ -275,3 +275,37 @@ def test_run_applies_the_profiles_known_divergences_as_the_matrix_does(tmp_path)
     assert [k["scenario"] for k in data["known_divergences"]][:1] == ["probe-req-to-token-tree-ps1"]
     assert "INVARIANT (known)" in r.out and "known probe-req-to-token-tree-ps1" in r.out
     assert "1 known divergence" in r.out.strip().splitlines()[-1]
+
+
+def test_the_meaning_of_a_cell_is_decided_in_one_module():
+    """No other module of sglfix reads what a verdict stands for or matches expectations and known
+    divergences itself: they read sglfix.report.outcome (a second matcher is how the gate, the
+    comparison and the merge came to disagree)."""
+    import ast
+
+    pkg = ROOT / "sglfix"
+    home = pkg / "report" / "outcome.py"
+    rules = {"stands_for", "match_known", "check_expectations", "gate_failures", "known_hits"}
+    offenders = []
+    for path in pkg.rglob("*.py"):
+        if path == home or path == pkg / "common" / "verdicts.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            name = None
+            if isinstance(node, ast.Call):
+                fn = node.func
+                name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else None
+            elif isinstance(node, ast.FunctionDef | ast.ImportFrom):
+                names = [node.name] if isinstance(node, ast.FunctionDef) else [a.name for a in node.names]
+                name = next((n for n in names if n in rules), None)
+            if name in rules:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert not offenders, offenders
+    # And the module is a leaf: it imports nothing of sglfix but sglfix.common.
+    imports = [
+        n.module
+        for n in ast.walk(ast.parse(home.read_text()))
+        if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("sglfix")
+    ]
+    assert all(m.startswith("sglfix.common") for m in imports), imports
