@@ -141,6 +141,16 @@ if [ "${ONLY:-}" = sglang ]; then
   done
   ls "$OUT"/matrix-sglang-cuda-*.json >/dev/null 2>&1 && python3 -m sglfix report merge "$OUT"/matrix-sglang-cuda-*.json \
     -o "$OUT/matrix-sglang-cuda.json" --gate > "$OUT/merge.txt" 2>&1; echo "merge --gate rc=$?"; tail -12 "$OUT/merge.txt"
+  [ -f "$OUT/matrix-sglang-cuda.json" ] && python3 - "$OUT/matrix-sglang-cuda.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+reps = m.get("worker_replacements") or []
+print(f"sglang on cuda: {len(m['cells'])} cells {m['summary']}; ERROR cells: {m['summary'].get('ERROR', 0)}; "
+      f"workers replaced: {len(reps)}")
+for r in reps:
+    print("  replaced:", r[:300])
+print("judged:", (m.get("judged") or {}).get("outcome"))
+PY
   if [ -f bench/results/matrix-sglang-cpu.json ] && [ -f "$OUT/matrix-sglang-cuda.json" ]; then
     log "parity with the real-sglang CPU matrix"
     python3 -m sglfix report compare bench/results/matrix-sglang-cpu.json "$OUT/matrix-sglang-cuda.json" \

@@ -82,6 +82,8 @@ def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str])
             "cells": merged_cells,
             "summary": count_verdicts(merged_cells),
             "shards": _shard_set(inputs),
+            # Every input's worker replacements (a set that left state behind), with their reasons.
+            "worker_replacements": [w for r in reports for w in r.get("worker_replacements") or []],
             "merged_from": [{**describe(path, r), "host": r.get("host")} for path, r in inputs],
         }
     )
