@@ -86,19 +86,15 @@ def test_parts_that_mask_each_other_are_found_though_reverting_both_passes(tmp_p
 
 def test_bisect_refuses_unknown_ids_and_a_failing_baseline():
     assert_one_line_error(run_cli("bisect", "-r", "99999", "-s", SCENARIOS, "--device", "cpu"), "99999")
-    # What SGLANG_DEBUG_REVERT_PR selects is part of every set, the baseline included.
-    r = run_cli(
-        "bisect",
-        "-r",
-        "26738:glue-constant",
-        "-s",
-        SCENARIOS,
-        "--device",
-        "cpu",
-        env={"SGLANG_DEBUG_REVERT_PR": "26651:clamp"},
-        timeout=600,
-    )
-    assert r.code == 1 and "the baseline (nothing reverted) fails 2 scenario(s)" in r.err, r.err[-2000:]
+    # What SGLANG_DEBUG_REVERT_PR selects would be part of every set, the baseline included: refused,
+    # unless --env-baseline takes it as the baseline on purpose (which must then pass).
+    env = {"SGLANG_DEBUG_REVERT_PR": "26651:clamp"}
+    args = ("bisect", "-r", "26738:glue-constant", "-s", SCENARIOS, "--device", "cpu")
+    assert_one_line_error(run_cli(*args, env=env), "SGLANG_DEBUG_REVERT_PR=26651:clamp", "--env-baseline")
+    r = run_cli(*args, "--env-baseline", env=env, timeout=600)
+    assert r.code == 1 and "the baseline (SGLANG_DEBUG_REVERT_PR=26651:clamp) fails 2 scenario(s)" in r.err, r.err[
+        -2000:
+    ]
 
 
 DECODE = "triton-decode@cg=eager,gpu_only=off"

@@ -82,6 +82,19 @@ def test_compare_reads_a_not_reached_cell_as_its_baselines_verdict(tmp_path):
     assert r.code == 1 and "1 changed" in r.out and "NOT_REACHED (= CRASH)" in r.out, r.out
 
 
+def test_compare_counts_a_cell_skipped_on_one_side_apart(tmp_path):
+    # The TRTLLM-MLA cells SKIP on CPU and run on a GPU: not a changed verdict, named apart.
+    cpu = _report(_cell("g", (), "SKIP"), _cell("g", ("1",), "NOT_REACHED", same_as="SKIP"), _cell("s"))
+    gpu = _report(_cell("g"), _cell("g", ("1",), "DIVERGE"), _cell("s"), device="cuda")
+    a, b = _write(tmp_path, "cpu.json", cpu), _write(tmp_path, "gpu.json", gpu)
+    r = run_cli("report", "compare", a, b, "--json", str(tmp_path / "c.json"))
+    assert r.code == 0, r.out
+    assert "1 same verdict, 0 changed, 2 skipped on one side only" in r.out, r.out
+    data = json.loads((tmp_path / "c.json").read_text())
+    assert [c["id"] for c in data["skipped_on_one_side"]] == ["baseline::g", "1::g"]
+    assert run_cli("report", "compare", a, b, "--strict").code == 1
+
+
 def test_compare_refuses_reports_of_two_code_bases_unless_asked(tmp_path):
     repro = {"name": "reproduction", "distribution": None, "version": "0.1.0", "path": "/x/backends"}
     real = {"name": "sglang-0.5.23", "distribution": "sglang", "version": "0.5.23", "path": "/x/sglang"}

@@ -115,7 +115,7 @@ def bisect_cmd(
     from sglfix.execution.known import load_known
     from sglfix.execution.planner import Plan
     from sglfix.execution.pool import WorkerConfig, WorkerPool, signals_raise
-    from sglfix.report.outcome import Known, Meaning, Rules
+    from sglfix.report.outcome import ENV_VAR, Known, Meaning, Rules
     from sglfix.report.output import write_json
 
     opts = options(ctx)
@@ -199,8 +199,10 @@ def bisect_cmd(
         bad = {n: baseline[n] for n in names if judged[n][0].fails}
         if bad:
             first = next(iter(bad.values()))
+            what = f"{ENV_VAR}={','.join(env)}" if env else "nothing reverted"
             err.print(
-                f"sglfix: error: the baseline (nothing reverted) fails {len(bad)} scenario(s), e.g. "
+                f"sglfix: error: the baseline ({what}) "
+                f"fails {len(bad)} scenario(s), e.g. "
                 f"{first.scenario}: {first.verdict} {first.key_figure}; bisect needs a passing baseline",
                 highlight=False,
                 markup=False,

@@ -113,9 +113,19 @@ def compare_cmd(
             for part in named_rows(headers, rows, title=title, width=out.width):
                 out.print(part)
         out.print(
-            f"{result.common} common cells: {result.same} same verdict, {len(result.changed)} changed; "
-            f"{len(result.only_old)} only in {old_path}, {len(result.only_new)} only in {new_path}"
+            f"{result.common} common cells: {result.same} same verdict, {len(result.changed)} changed"
+            + (f", {len(result.skipped)} skipped on one side only (not compared)" if result.skipped else "")
+            + f"; {len(result.only_old)} only in {old_path}, {len(result.only_new)} only in {new_path}"
         )
+        if result.skipped:
+            sides = {
+                "old": sum(c.old == "SKIP" for c in result.skipped),
+                "new": sum(c.new == "SKIP" for c in result.skipped),
+            }
+            out.print(
+                f"skipped on one side: {sides['old']} cell(s) SKIP in {old_path}, {sides['new']} in {new_path} "
+                "(they could not run there; --json FILE lists them, --strict fails on them)"
+            )
         for path, ids in ((old_path, result.only_old), (new_path, result.only_new)):
             if ids:
                 out.print(Text(f"only in {path}:", style="bold"))

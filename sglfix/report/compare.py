@@ -6,7 +6,9 @@ What is compared is what a cell stands for (``sglfix.report.outcome.effective``)
 cell stands for its baseline's verdict, so a report with reachability and one without, or a
 ``run`` and a ``matrix`` of the same cells, differ only where the code did. Reports of different
 code bases (the reproduction and real sglang, or two sglang versions) are compared only on
-request (``across_codebases``).
+request (``across_codebases``). A cell that stands for SKIP in one report and not in the other could
+not run on one side (a GPU-only kernel on CPU): it is counted apart and named, never a changed
+verdict; ``--strict`` fails on it as on a cell in one report only.
 """
 
 from __future__ import annotations
@@ -53,14 +55,16 @@ class Comparison:
     only_old: list[str] = field(default_factory=list)  # cell ids, in the old report's order
     only_new: list[str] = field(default_factory=list)  # cell ids, in the new report's order
     across: str | None = None  # "old code base vs new code base" when compared across them on request
+    skipped: list[Change] = field(default_factory=list)  # cells that stand for SKIP on one side only
 
     @property
     def same(self) -> int:
-        return self.common - len(self.changed)
+        return self.common - len(self.changed) - len(self.skipped)
 
     def failed(self, *, strict: bool = False) -> bool:
-        """The CI gate: any changed verdict; with ``strict``, any cell in one report only too."""
-        return bool(self.changed) or (strict and bool(self.only_old or self.only_new))
+        """The CI gate: any changed verdict; with ``strict``, any cell in one report only, or
+        skipped on one side only, too."""
+        return bool(self.changed) or (strict and bool(self.only_old or self.only_new or self.skipped))
 
     def to_json(self, old_path: str, old: dict, new_path: str, new: dict) -> dict:
         return {
@@ -71,6 +75,7 @@ class Comparison:
             "common_cells": self.common,
             "same": self.same,
             "changed": [c.to_json() for c in self.changed],
+            "skipped_on_one_side": [c.to_json() for c in self.skipped],
             "only_old": list(self.only_old),
             "only_new": list(self.only_new),
             "across_codebases": self.across,
@@ -108,7 +113,7 @@ def compare_reports(old: dict, new: dict, *, across: str | None = None) -> Compa
         result.common += 1
         was, now = effective(before), effective(c)
         if was != now:
-            result.changed.append(
+            (result.skipped if "SKIP" in (was, now) else result.changed).append(
                 Change(
                     id=cell_id(c),
                     toggles=tuple(c["toggles"]),
