@@ -139,6 +139,31 @@ def test_fresh_virtualenv_install_works_from_any_directory(tmp_path, wheel):
             [str(py), "-c", probe], cwd=elsewhere, capture_output=True, text=True, env=run_env, timeout=120
         )
         assert r.returncode == 0 and r.stdout.strip() == expected, (value, r.stdout, r.stderr)
+    # A production process of a regular install: the traceback of the reverted code quotes the
+    # reverted line, under a file name that says which revert runs.
+    crash = "import sglfix.backends.srt.managers.overlap_utils as m\nm.decide_needs_cpu_seq_lens([None])"
+    r = subprocess.run(
+        [str(py), "-c", crash],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        env={**env, "SGLANG_DEBUG_REVERT_PR": "26738:overlap-guard"},
+        timeout=120,
+    )
+    assert r.returncode == 1 and "AttributeError" in r.stderr, r.stderr
+    assert "[sglfix revert 26738:overlap-guard]" in r.stderr and "b.needs_cpu_seq_lens for b in" in r.stderr, r.stderr
+    assert 'getattr(b, "needs_cpu_seq_lens", True)' not in r.stderr, r.stderr
+    # The installed command compares reports by what their cells stand for.
+    results = ROOT / "bench" / "results"
+    r = subprocess.run(
+        [str(exe), "report", "compare", str(results / "matrix-cpu.json"), str(results / "matrix-cpu-reach.json")],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert r.returncode == 0 and "0 changed" in r.stdout, r.stdout[-2000:] + r.stderr
 
 
 def test_every_package_directory_is_listed_in_pyproject():
