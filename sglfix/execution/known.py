@@ -7,6 +7,8 @@ cells of its scenarios (glob) whose verdict it names, under every toggle set (a 
 the bug in place gives the same verdict); an entry whose scenarios all pass is reported, not
 failed: the bug may have been fixed. ``device`` (``any``, ``cpu``, ``cuda``) limits an entry to the
 cells of one device: a bug only a kernel shows is not expected where the kernel cannot run.
+This module loads and checks the list; what a cell showing an entry means (``known``, for run,
+matrix, bisect and every report alike) is decided in ``sglfix.report.outcome``.
 
     known_divergences:
       - scenario: probe-req-to-token-tree-ps1
