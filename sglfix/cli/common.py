@@ -221,6 +221,18 @@ def default_gpu_workers() -> int:
     return max(1, min(by_cores, mib // (_GPU_GIB_PER_WORKER * 1024), _MAX_GPU_WORKERS))
 
 
+def max_jobs() -> int:
+    """The most worker processes sglfix starts here: 4 per core this process may use, and no more
+    than one per GiB of the machine's memory (a worker holds torch and the code base; past that
+    the machine swaps instead of running cells)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**30
+    except (ValueError, OSError, AttributeError):
+        gib = 4 * cores
+    return max(1, min(4 * cores, gib))
+
+
 def check_jobs(jobs: int | None, device: str) -> int:
     if jobs is None:
         if device == "cuda" or (device == "auto" and _has_cuda_device()):
@@ -228,6 +240,12 @@ def check_jobs(jobs: int | None, device: str) -> int:
         return max(1, min(2, os.cpu_count() or 1))
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs} must be at least 1")
+    ceiling = max_jobs()
+    if jobs > ceiling:
+        raise ConfigError(
+            f"--jobs {jobs} is more workers than this machine can run at once (at most {ceiling}: 4 per core, "
+            f"one per GiB of memory); give --jobs {ceiling} or fewer"
+        )
     return jobs
 
 
@@ -434,8 +452,10 @@ def run_plan(
     # plan, and every revert of every set against the code base's installed source.
     plan = _plan(opts, build_plan, scenario, scenario_file, backend, memory_budget, registry, env, part, timings)
     precheck_plan(plan, registry=registry, codebase=codebase, allowed_prefixes=opts.allowed_prefixes())
+    # Never more workers than cells: a worker costs a process start and its memory for nothing.
+    jobs = max(1, min(jobs, len(plan.cells)))
     with signals_raise(), pool_class(config, jobs=jobs, devices=gpus, **where) as pool:
-        info = pool.info
+        info = {**pool.info, "workers": len(getattr(pool, "workers", ()) or ()) or jobs}
         results, wall = execute(pool, plan, registry=registry if reachability else None)
         replacements = report_replacements(pool)
     return Ran(

@@ -64,7 +64,8 @@ def merge_sets(base: Sequence[str], extra: Sequence[str], *, registry: Registry,
 def plan_run(
     scenarios: Sequence[Scenario], *, revert: Sequence[str], env_ids: Sequence[str], registry: Registry
 ) -> Plan:
-    ids = merge_sets(env_ids, revert, registry=registry, what="--revert with SGLANG_DEBUG_REVERT_PR")
+    what = "--revert with SGLANG_DEBUG_REVERT_PR" if env_ids else "--revert"
+    ids = merge_sets(env_ids, revert, registry=registry, what=what)
     return Plan(scenarios=list(scenarios), sets=[ids], env_ids=tuple(env_ids))
 
 

@@ -69,8 +69,11 @@ class WorkerConfig:
             raise ConfigError(f"--device {self.device!r} is not one of auto, cpu, cuda")
         t = self.timeout
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-            shown = f"{t:g}" if isinstance(t, (int, float)) and not isinstance(t, bool) else repr(t)
-            raise ConfigError(f"--timeout {shown}: must be a finite number of seconds > 0; pass e.g. --timeout 300")
+            if isinstance(t, float) and math.isinf(t):
+                shown = ": the value is too large to be a number of seconds"
+            else:
+                shown = f" {t:g}" if isinstance(t, (int, float)) and not isinstance(t, bool) else f" {t!r}"
+            raise ConfigError(f"--timeout{shown}: must be a finite number of seconds > 0; pass e.g. --timeout 300")
         if self.toggles_dir is not None:
             path = os.path.abspath(os.fspath(self.toggles_dir))
             if not os.path.isdir(path):

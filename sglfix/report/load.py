@@ -124,12 +124,19 @@ def _number_or_none(value: Any) -> bool:
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
+def _time_or_none(value: Any) -> bool:
+    """A duration: a finite number of at least 0 (JSON from Python may hold NaN or Infinity)."""
+    import math
+
+    return value is None or (_number_or_none(value) and math.isfinite(value) and value >= 0)
+
+
 def _check_top(path: str, data: dict) -> None:
     """The fields ``compare``, ``merge`` and the gate read besides the cells, by type: a damaged
     report is refused here, not merged or compared into a wrong answer."""
     damaged = f"the file is damaged: {_FIX}"
-    if not _number_or_none(data.get("wall_s")):
-        raise ConfigError(f'{path}: "wall_s" is {data.get("wall_s")!r}, not a number; {damaged}')
+    if not _time_or_none(data.get("wall_s")):
+        raise ConfigError(f'{path}: "wall_s" is {data.get("wall_s")!r}, not a duration in seconds; {damaged}')
     for key in ("device", "device_name", "date", "command", "shard"):
         if not (data.get(key) is None or isinstance(data.get(key), str)):
             raise ConfigError(f'{path}: "{key}" is {data.get(key)!r}, not text; {damaged}')
@@ -180,8 +187,15 @@ def _check_cell(path: str, i: int, cell: Any) -> dict:
     if not (cell.get("device") is None or isinstance(cell.get("device"), str)):
         raise ConfigError(f"{where} ({scenario}) has device {cell.get('device')!r}, not text; {_FIX}")
     timings = cell.get("timings_ms", {})
-    if not (timings is None or (isinstance(timings, dict) and all(_number_or_none(v) for v in timings.values()))):
-        raise ConfigError(f'{where} ({scenario}) has "timings_ms" that are not numbers; {_FIX}')
+    if not (timings is None or (isinstance(timings, dict) and all(_time_or_none(v) for v in timings.values()))):
+        bad = (
+            next((v for v in (timings or {}).values() if not _time_or_none(v)), timings)
+            if isinstance(timings, dict)
+            else timings
+        )
+        raise ConfigError(
+            f'{where} ({scenario}) has "timings_ms" that are not durations (finite, at least 0): {bad!r}; {_FIX}'
+        )
     if not (cell.get("error") is None or isinstance(cell.get("error"), dict)):
         raise ConfigError(f'{where} ({scenario}) has "error" {cell.get("error")!r}, not an object; {_FIX}')
     cid = cell_id(cell)

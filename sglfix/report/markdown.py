@@ -47,9 +47,25 @@ def _code(text: object, *, in_table: bool = False) -> str:
     return span.replace("|", "\\|") if in_table else span
 
 
+# sglfix's own options before the command, and those that take a value (sglfix.cli.app).
+_GLOBAL_WITH_VALUE = ("--toggles", "--profile", "--allow-target")
+_GROUPS = ("report", "toggle")  # commands whose first argument is a subcommand
+
+
 def _command(report: dict) -> str:
+    """``sglfix matrix`` (``sglfix report merge``): the command of the report's command line,
+    past sglfix's own options (``--profile NAME``, ``--debug``, ...)."""
     words = str(report.get("command") or "").split()
-    return " ".join(words[:2]) if len(words) >= 2 and words[0] == "sglfix" else "sglfix"
+    if not words or words[0] != "sglfix":
+        return "sglfix"
+    rest = iter(words[1:])
+    for word in rest:
+        if word in _GLOBAL_WITH_VALUE:
+            next(rest, None)
+        elif not word.startswith("-"):
+            sub = next(rest, "") if word in _GROUPS else ""
+            return " ".join(["sglfix", word] + ([sub] if sub and not sub.startswith("-") else []))
+    return "sglfix"
 
 
 def _counts(report: dict) -> str:

@@ -259,6 +259,15 @@ def select_scenarios(
 ) -> list[Scenario]:
     """The scenarios whose name matches one of ``globs`` (all when none), of ``backend`` if given."""
     globs = list(globs)
+    if any(not g.strip() for g in globs):
+        raise ConfigError(
+            "-s '': an empty scenario glob selects nothing; give a name or glob (sglfix scenarios lists them)"
+        )
+    if backend is not None and backend not in {s.backend for s in scenarios}:
+        known = sorted({s.backend for s in scenarios})
+        raise ConfigError(
+            f"--backend {backend}: no scenario uses this backend{nearest(backend, known)}; backends: {', '.join(known)}"
+        )
     chosen = [
         s
         for s in scenarios

@@ -1,0 +1,67 @@
+"""Output that names the right thing, and the limits bad input meets before any worker starts
+(issue 34: the Markdown title, the code base named, --jobs, --shard-costs and the words of a few
+refusals)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from clihelp import assert_one_line_error, run_cli
+
+DECODE = "triton-decode@cg=eager,gpu_only=off"
+
+
+def test_the_markdown_title_names_the_command_past_sglfixs_own_options():
+    from sglfix.report.markdown import render_markdown
+
+    base = {"cells": [], "device": "cpu"}
+    for command, title in (
+        ("sglfix --profile sglang-0.5.23 matrix --parts", "### sglfix matrix"),
+        ("sglfix --debug --toggles d run -r 1", "### sglfix run"),
+        ("sglfix report merge a.json -o b.json --gate", "### sglfix report merge"),
+    ):
+        assert render_markdown({**base, "command": command}).splitlines()[0] == title, command
+
+
+def test_the_code_base_is_named_in_the_header_markdown_and_junit(tmp_path):
+    md, xml = tmp_path / "r.md", tmp_path / "r.xml"
+    r = run_cli("run", "-s", DECODE, "--device", "cpu", "--markdown", str(md), "--junit", str(xml))
+    assert r.code == 0, r.err
+    assert "code base: built-in reproduction" in r.out.splitlines()[0], r.out
+    assert "of built-in reproduction on cpu" in md.read_text()
+    assert 'name="codebase" value="built-in reproduction"' in xml.read_text()
+
+
+def test_jobs_has_a_ceiling_and_never_more_workers_than_cells(tmp_path):
+    line = assert_one_line_error(run_cli("run", "-j", "100000", "-s", DECODE, "--device", "cpu"), "--jobs 100000")
+    assert "at most" in line
+    # One cell with -j 4 starts one worker: the report's run is the same, only one process.
+    out = tmp_path / "r.json"
+    r = run_cli("run", "-j", "4", "-s", DECODE, "--device", "cpu", "--json", str(out))
+    assert r.code == 0, r.err
+    data = json.loads(out.read_text())
+    assert [c["verdict"] for c in data["cells"]] == ["PASS"] and data["workers"] == 1
+
+
+def test_shard_costs_refuse_timings_that_are_not_durations(tmp_path):
+    from pathlib import Path
+
+    report = json.loads((Path(__file__).resolve().parent.parent / "bench/results/matrix-cpu.json").read_text())
+    for bad in ("NaN", "Infinity", "-5"):
+        data = dict(report, cells=[dict(c) for c in report["cells"][:4]])
+        data["cells"][1]["timings_ms"] = {"total": "@"}
+        path = tmp_path / "costs.json"
+        path.write_text(json.dumps(data).replace('"@"', bad))
+        r = run_cli("matrix", "--shard", "1/2", "--shard-costs", str(path), "-s", DECODE, "--device", "cpu")
+        assert_one_line_error(r, "timings_ms", "not durations")
+
+
+def test_refusals_name_the_right_thing():
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_DEBUG_REVERT_PR"}
+    line = assert_one_line_error(run_cli("run", "-r", "27640", "--device", "cpu", env=env), "27640")
+    assert "SGLANG_DEBUG_REVERT_PR" not in line and "did you mean '27460'" in line
+    assert_one_line_error(run_cli("run", "-s", "", "--device", "cpu"), "empty scenario glob")
+    line = assert_one_line_error(run_cli("run", "--timeout", "1e400", "-s", DECODE, "--device", "cpu"), "--timeout")
+    assert "inf" not in line.split(":")[1]
+    assert_one_line_error(run_cli("run", "--backend", "tritn", "--device", "cpu"), "did you mean 'triton'")
