@@ -85,7 +85,7 @@ def test_from_diff_writes_a_toggle_that_loads_and_reverts_like_the_hand_written_
     )
     out = tmp_path / "toggles" / "26738.yaml"
     out.parent.mkdir()
-    r = run_cli("toggle", "from-diff", str(patch), "--pr", "26738", "-o", str(out), timeout=120)
+    r = run_cli("toggle", "from-diff", str(patch), "--pr", "26738", "--force", "-o", str(out), timeout=120)
     assert r.code == 0, r.err
     assert "3 function(s) in 3 part(s)" in r.err, r.err
     data = yaml.safe_load(out.read_text())
@@ -121,7 +121,7 @@ def test_from_git_reads_the_commit_of_a_checkout(tmp_path):
     git("-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "-m", "before")
     pre_file.write_text(post)
     git("-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "-am", "Size the draft row from the tree")
-    r = run_cli("toggle", "from-git", "HEAD", "--repo", str(repo), "--pr", "27460", timeout=120)
+    r = run_cli("toggle", "from-git", "HEAD", "--repo", str(repo), "--pr", "27460", "--force", timeout=120)
     assert r.code == 0, r.err
     data = yaml.safe_load(r.out)
     assert data["title"] == "Size the draft row from the tree"
@@ -271,3 +271,22 @@ def test_a_signature_change_is_reverted_with_a_note(tmp_path):
     assert not plan.refusals and fromdiff.check(plan, package="pkgx", source_root=root) == []
     assert [r.target for r in plan.reverts] == ["pkgx.worker.Worker.size"]
     assert any("changes the signature of Worker.size" in n.why and not n.blocking for n in plan.notes)
+
+
+def test_from_diff_never_overwrites_a_file_nor_adds_a_second_toggle_for_a_registered_pr_unless_forced(tmp_path):
+    diff, _ = fix_diff("26738")
+    patch = tmp_path / "fix.patch"
+    patch.write_text(diff)
+    hand = tmp_path / "26738.yaml"
+    hand.write_text("# hand-written: expect: and caught_by live here\n" * 68)
+    # A PR the toggle files register: refused before anything runs, naming the registered file.
+    r = run_cli("toggle", "from-diff", str(patch), "--pr", "26738", timeout=60)
+    assert_one_line_error(r, "--pr 26738 is already registered", "26738.yaml", "--force")
+    # An existing output file: refused, and left as it was.
+    r = run_cli("toggle", "from-diff", str(patch), "--pr", "26738", "--force", "-o", str(hand), timeout=60)
+    assert r.code == 0, r.err  # --force replaces it, and says the PR is registered
+    assert "already registered" in r.err and yaml.safe_load(hand.read_text())["pr"] == 26738
+    hand.write_text("# hand-written\n" * 68)
+    r = run_cli("toggle", "from-diff", str(patch), "--pr", "90002", "-o", str(hand), timeout=60)
+    assert_one_line_error(r, f"--output {hand} exists (68 lines)", "--force")
+    assert hand.read_text() == "# hand-written\n" * 68

@@ -137,7 +137,7 @@ def test_the_wheels_fix_diff_reverts_like_the_hand_written_part(part, tmp_path):
     pr = part.split(":")[0]
     out = tmp_path / "toggles" / f"{pr}.yaml"
     out.parent.mkdir()
-    r = run_cli("--profile", "sglang-0.5.23", "toggle", "from-diff", str(patch), "--pr", pr, "-o", str(out))
+    r = run_cli("--profile", "sglang-0.5.23", "toggle", "from-diff", str(patch), "--pr", pr, "--force", "-o", str(out))
     assert r.code == 0, r.err
     d = run_cli("--profile", "sglang-0.5.23", "doctor", "--source", str(root.parent), "--toggles", str(out.parent))
     assert d.code == 0 and "1/1 checks pass" in d.out, d.out + d.err

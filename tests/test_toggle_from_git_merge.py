@@ -89,7 +89,7 @@ def _merge_repo(tmp_path: Path, *, newest: str) -> tuple[Path, Path]:
 @pytest.mark.parametrize("newest", ["main", "side"])
 def test_a_merge_commit_gives_its_diff_against_its_first_parent_under_its_own_title(tmp_path, newest):
     repo, _ = _merge_repo(tmp_path, newest=newest)
-    r = run_cli("toggle", "from-git", "HEAD", "--repo", str(repo), "--pr", "27460", timeout=120)
+    r = run_cli("toggle", "from-git", "HEAD", "--repo", str(repo), "--pr", "27460", "--force", timeout=120)
     assert r.code == 0, r.err
     data = yaml.safe_load(r.out)
     assert data["title"] == "Merge branch 'assert-fits': check the draft row before the launch"
@@ -103,12 +103,12 @@ def test_a_merge_commit_gives_its_diff_against_its_first_parent_under_its_own_ti
     assert F_TARGET not in r.out and "Fix the draft row size" not in r.out
     assert "Assert the draft row fits" not in r.out
     # The side branch's own commit, given by name, is the same change under its own title.
-    r = run_cli("toggle", "from-git", "assert-fits", "--repo", str(repo), "--pr", "27460", timeout=120)
+    r = run_cli("toggle", "from-git", "assert-fits", "--repo", str(repo), "--pr", "27460", "--force", timeout=120)
     assert r.code == 0, r.err
     side = yaml.safe_load(r.out)
     assert side["title"] == "Assert the draft row fits" and side["patches"] == data["patches"]
     # The first parent's commit, HEAD^1, is F's fix alone.
-    r = run_cli("toggle", "from-git", "HEAD^1", "--repo", str(repo), "--pr", "27460", timeout=120)
+    r = run_cli("toggle", "from-git", "HEAD^1", "--repo", str(repo), "--pr", "27460", "--force", timeout=120)
     assert r.code == 0, r.err
     main = yaml.safe_load(r.out)
     assert main["title"] == "Fix the draft row size"
@@ -119,7 +119,7 @@ def test_what_has_no_first_parent_diff_or_is_no_commit_is_refused_in_one_line(tm
     repo, path = _merge_repo(tmp_path, newest="main")
     root = _git(repo, "rev-list", "--max-parents=0", "HEAD")
     line = assert_one_line_error(
-        run_cli("toggle", "from-git", root, "--repo", str(repo), "--pr", "27460", timeout=60), root, "root commit"
+        run_cli("toggle", "from-git", root, "--repo", str(repo), "--pr", "27460", "--force", timeout=60), root, "root commit"
     )
     assert "give the fix's own commit" in line
     # A merge that keeps its first parent's tree (-s ours) changes no file against it.
@@ -129,7 +129,7 @@ def test_what_has_no_first_parent_diff_or_is_no_commit_is_refused_in_one_line(tm
     _git(repo, "checkout", "-q", "main")
     _git(repo, "merge", "-q", "-s", "ours", "-m", "Merge other, keeping ours", "other")
     assert_one_line_error(
-        run_cli("toggle", "from-git", "HEAD", "--repo", str(repo), "--pr", "27460", timeout=60),
+        run_cli("toggle", "from-git", "HEAD", "--repo", str(repo), "--pr", "27460", "--force", timeout=60),
         "changes no file against its first parent",
     )
     for rev, needle in (
@@ -139,8 +139,8 @@ def test_what_has_no_first_parent_diff_or_is_no_commit_is_refused_in_one_line(tm
         ("no-such-rev", "no-such-rev"),
     ):
         assert_one_line_error(
-            run_cli("toggle", "from-git", "--pr", "27460", "--repo", str(repo), "--", rev, timeout=60), needle
+            run_cli("toggle", "from-git", "--pr", "27460", "--force", "--repo", str(repo), "--", rev, timeout=60), needle
         )
     assert_one_line_error(
-        run_cli("toggle", "from-git", "HEAD", "--repo", str(tmp_path), "--pr", "27460", timeout=60), str(tmp_path)
+        run_cli("toggle", "from-git", "HEAD", "--repo", str(tmp_path), "--pr", "27460", "--force", timeout=60), str(tmp_path)
     )

@@ -20,6 +20,35 @@ if TYPE_CHECKING:
 
 Pr = typer.Option(..., "--pr", metavar="N", help="The fix's pull-request number (the toggle's id).")
 Output = typer.Option(None, "--output", "-o", metavar="FILE", help="Write the toggle here (default: stdout).")
+Force = typer.Option(
+    False,
+    "--force",
+    help="Replace an existing --output file, and write a toggle for a PR the toggle files already register.",
+)
+
+
+def _check_target(ctx: typer.Context, *, pr: int, output: str | None, force: bool) -> None:
+    """Before any work: never overwrite a file (a hand-written toggle loses its expect: and
+    caught_by), never a second toggle for a registered PR, unless --force says so."""
+    from sglfix.report.output import check_output_path
+    from sglfix.toggling.ids import MAX_PR
+
+    if not 0 < pr <= MAX_PR:
+        raise ConfigError(f"--pr {pr}: give the fix's pull-request number (1 to {MAX_PR})")
+    check_output_path(output, option="--output")
+    if output not in (None, "-") and Path(output).exists() and not force:
+        lines = len(Path(output).read_text(errors="replace").splitlines()) if Path(output).is_file() else 0
+        raise ConfigError(
+            f"--output {output} exists ({lines} lines); give --force to replace it, or write elsewhere (-o NEW.yaml)"
+        )
+    registered = options(ctx).registry().toggles.get(pr)
+    if registered is not None:
+        if not force:
+            raise ConfigError(
+                f"--pr {pr} is already registered ({registered.path}); give --force to write another toggle for it, "
+                f"or edit that file"
+            )
+        err.print(f"sglfix: note: PR {pr} is already registered ({registered.path}); writing another toggle for it")
 
 
 def _source_root(package: str) -> Path:
@@ -34,13 +63,9 @@ def _source_root(package: str) -> Path:
 def _build(
     ctx: typer.Context, text: str, *, where: str, pr: int, output: str | None, header: PatchHeader | None = None
 ) -> None:
-    from sglfix.report.output import check_output_path, write_atomic
+    from sglfix.report.output import write_atomic
     from sglfix.toggling import fromdiff
-    from sglfix.toggling.ids import MAX_PR
 
-    if not 0 < pr <= MAX_PR:
-        raise ConfigError(f"--pr {pr}: give the fix's pull-request number (1 to {MAX_PR})")
-    check_output_path(output, option="--output")
     opts = options(ctx)
     codebase = opts.codebase()
     root = _source_root(codebase.package)
@@ -113,8 +138,10 @@ def from_diff_cmd(
     ),
     pr: int = Pr,
     output: str | None = Output,
+    force: bool = Force,
 ) -> None:
     """A revert toggle from a fix's unified diff, checked against the installed code base."""
+    _check_target(ctx, pr=pr, output=output, force=force)
     from sglfix.common.yamlio import read_text_file
     from sglfix.toggling.fromdiff import MAX_DIFF_BYTES
 
@@ -206,9 +233,11 @@ def from_git_cmd(
     repo: str = typer.Option(".", "--repo", metavar="DIR", help="The checkout holding the commit."),
     pr: int = Pr,
     output: str | None = Output,
+    force: bool = Force,
 ) -> None:
     """A revert toggle from a commit of a checkout (its diff against its first parent, a merge's
     too; the title and description from the commit's own message)."""
+    _check_target(ctx, pr=pr, output=output, force=force)
     if not repo.strip():
         raise ConfigError("--repo '': the path is empty; give the checkout's directory")
     if not Path(repo).is_dir():
