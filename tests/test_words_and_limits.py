@@ -65,3 +65,10 @@ def test_refusals_name_the_right_thing():
     line = assert_one_line_error(run_cli("run", "--timeout", "1e400", "-s", DECODE, "--device", "cpu"), "--timeout")
     assert "inf" not in line.split(":")[1]
     assert_one_line_error(run_cli("run", "--backend", "tritn", "--device", "cpu"), "did you mean 'triton'")
+
+
+def test_a_missing_choice_and_a_non_ascii_device_are_one_line_naming_the_input():
+    assert_one_line_error(run_cli("schema"), "Missing argument", "toggle", "scenario")
+    for value in ("²", "cuda:²"):
+        line = assert_one_line_error(run_cli("run", "--devices", value, "-s", DECODE), "is not a CUDA device")
+        assert "internal error" not in line

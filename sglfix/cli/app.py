@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> None:
     except usage_error as exc:
         if debug:
             traceback.print_exc()
-        err.print(f"sglfix: error: {exc.format_message()} (see sglfix --help)")
+        # One line, whatever click wraps (its "Choose from:" lists one choice per line).
+        message = " ".join(exc.format_message().split())
+        err.print(f"sglfix: error: {message} (see sglfix --help)")
         code = 2
     except SglfixError as exc:
         if debug:

@@ -261,7 +261,8 @@ def parse_devices(text: str) -> list[str]:
     for item in value.split(","):
         item = item.strip()
         index = item[len("cuda:") :] if item.startswith("cuda:") else item
-        if not index.isdigit() or len(index) > 4:
+        # ASCII digits only: str.isdigit() also takes superscripts ("²"), which int() refuses.
+        if not (index.isascii() and index.isdigit()) or len(index) > 4:
             raise ConfigError(f"--devices {text!r}: {item!r} is not a CUDA device; give cuda:0,cuda:1 (or 0,1) or all")
         if index in out:
             raise ConfigError(f"--devices {text!r}: cuda:{index} is listed twice")
