@@ -72,3 +72,38 @@ def test_a_missing_choice_and_a_non_ascii_device_are_one_line_naming_the_input()
     for value in ("²", "cuda:²"):
         line = assert_one_line_error(run_cli("run", "--devices", value, "-s", DECODE), "is not a CUDA device")
         assert "internal error" not in line
+
+
+def test_a_signal_while_a_report_is_written_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import signal
+    import tempfile
+
+    from sglfix.report import output
+
+    class Stopped(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stopped
+
+    made = []
+    real = tempfile.mkstemp
+
+    def mkstemp_then_sigterm(*args, **kwargs):
+        fd, name = real(*args, **kwargs)
+        made.append(name)
+        os.kill(os.getpid(), signal.SIGTERM)  # in the window before the write's own clean-up
+        return fd, name
+
+    old = signal.signal(signal.SIGTERM, stop)
+    monkeypatch.setattr(output.tempfile, "mkstemp", mkstemp_then_sigterm)
+    try:
+        target = tmp_path / "r.json"
+        try:
+            output.write_atomic(str(target), "{}\n")
+        except Stopped:
+            pass
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert made and not any(os.path.exists(n) for n in made), os.listdir(tmp_path)
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]

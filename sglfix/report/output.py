@@ -6,10 +6,14 @@ half-written report is worse than none.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +62,28 @@ def check_output_file(path: str | None, *, option: str, suffixes: tuple[str, ...
     check_output_path(path, option=option)
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait until the block ends: a handler that raises between creating the
+    temporary file and the ``try`` that removes it would leave the file behind. The write is short;
+    the signal is delivered (and the command stops) right after it."""
+    hold = {signal.SIGINT, signal.SIGTERM}
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, hold)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def write_atomic(path: str, text: str | bytes) -> None:
+    with _signals_held():
+        _write_atomic(path, text)
+
+
+def _write_atomic(path: str, text: str | bytes) -> None:
     p = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent if str(p.parent) else "."))
     try:
