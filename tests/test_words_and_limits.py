@@ -107,3 +107,16 @@ def test_a_signal_while_a_report_is_written_leaves_no_temporary_file(tmp_path, m
         signal.signal(signal.SIGTERM, old)
     assert made and not any(os.path.exists(n) for n in made), os.listdir(tmp_path)
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+def test_a_new_toggle_beside_the_command_is_never_ignored_silently(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    (tmp_path / "toggles").mkdir()
+    text = (root / "toggles" / "27460.yaml").read_text().replace("27460", "27545")
+    (tmp_path / "toggles" / "27545.yaml").write_text(text)
+    r = run_cli("list", cwd=str(tmp_path))
+    assert r.code == 0 and "./toggles holds 27545.yaml" in r.err and "--toggles toggles" in r.err, r.err
+    r = run_cli("--toggles", "toggles", "list", "--json", cwd=str(tmp_path))
+    assert r.code == 0 and "note" not in r.err and [t["id"] for t in json.loads(r.out)["toggles"]] == ["27545"]

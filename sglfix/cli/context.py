@@ -80,7 +80,40 @@ class Options:
     def registry(self, directory: str | None = None):
         from sglfix.toggling.registry import load_registry
 
-        return load_registry(directory or self.toggles)
+        registry = load_registry(directory or self.toggles)
+        if directory is None and self.toggles is None:
+            _note_other_toggles(registry)
+        return registry
+
+
+_NOTED: set[str] = set()
+
+
+def _note_other_toggles(registry) -> None:
+    """Toggle files in a ``toggles/`` folder of the current directory that the registry in use
+    lacks (a regular install reads its own copy, so a new ``toggles/99999.yaml`` would be ignored)
+    are never ignored silently: one line, once, naming ``--toggles``."""
+    here = os.path.abspath("toggles")
+    if here in _NOTED or not os.path.isdir(here):
+        return
+    try:
+        if os.path.samefile(here, os.fspath(registry.directory)):
+            return
+        names = sorted(n for n in os.listdir(here) if n.endswith((".yaml", ".yml")))
+    except OSError:
+        return
+    known = {str(t.pr) for t in registry}
+    new = [n for n in names if n.rsplit(".", 1)[0] not in known]
+    if not new:
+        return
+    _NOTED.add(here)
+    shown = ", ".join(new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else "")
+    err.print(
+        f"sglfix: note: ./toggles holds {shown}, which the toggle files in use ({registry.directory}) lack; "
+        "give --toggles toggles to use them",
+        highlight=False,
+        markup=False,
+    )
 
 
 def _has_cuda_device() -> bool:
