@@ -120,3 +120,25 @@ def test_a_new_toggle_beside_the_command_is_never_ignored_silently(tmp_path):
     assert r.code == 0 and "./toggles holds 27545.yaml" in r.err and "--toggles toggles" in r.err, r.err
     r = run_cli("--toggles", "toggles", "list", "--json", cwd=str(tmp_path))
     assert r.code == 0 and "note" not in r.err and [t["id"] for t in json.loads(r.out)["toggles"]] == ["27545"]
+
+
+def test_a_report_with_a_damaged_judgement_field_is_refused_and_nothing_is_written(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    good = json.loads((root / "bench/results/matrix-sglang-cpu.json").read_text())
+    known = good["known_divergences"][0]
+    bad_cases = {
+        "string verdict": {"known_divergences": [{**known, "verdict": "INVARIANT"}]},
+        "gpu device": {"known_divergences": [{**known, "device": "gpu"}]},
+        "shard 0/2": {"shard": "0/2"},
+        "bad expect row": {"expect": [{"revert": "26738", "scenario": "x", "wanted": ["CRASH"]}]},
+        "NaN wall": {"wall_s": float("nan")},
+    }
+    for name, change in bad_cases.items():
+        path = tmp_path / f"{name.replace(' ', '-').replace('/', '-')}.json"
+        path.write_text(json.dumps({**good, **change}))
+        out = tmp_path / "merged.json"
+        r = run_cli("report", "merge", str(path), "-o", str(out), "--gate")
+        assert_one_line_error(r, str(path))
+        assert not out.exists(), name

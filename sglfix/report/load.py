@@ -124,6 +124,10 @@ def _number_or_none(value: Any) -> bool:
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
+def _verdict_list(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(v in MARKS for v in value)
+
+
 def _time_or_none(value: Any) -> bool:
     """A duration: a finite number of at least 0 (JSON from Python may hold NaN or Infinity)."""
     import math
@@ -161,6 +165,36 @@ def _check_top(path: str, data: dict) -> None:
         for i, item in enumerate(data.get(key, [])):
             if not isinstance(item, dict) or not isinstance(item.get("scenario"), str):
                 raise ConfigError(f"{path}: {key}[{i}] is not an object naming a scenario; {damaged}")
+    # What the judgement reads again from a saved report (sglfix.report.outcome): known divergences
+    # and expectation rows, each field by type; a verdict is a list of verdict names, never a string
+    # (matched by substring), and a device is any, cpu or cuda.
+    for i, item in enumerate(data.get("known_divergences", [])):
+        if not (_verdict_list(item.get("verdict")) and item.get("device", "any") in ("any", "cpu", "cuda")):
+            raise ConfigError(
+                f"{path}: known_divergences[{i}] needs a list of verdicts and a device of any, cpu or cuda; {damaged}"
+            )
+    rows = data.get("expect", [])
+    if not isinstance(rows, list):
+        raise ConfigError(f'{path}: "expect" is not a list; {damaged}')
+    for i, row in enumerate(rows):
+        ok = (
+            isinstance(row, dict)
+            and isinstance(row.get("revert"), list)
+            and row["revert"]
+            and all(isinstance(r, str) and r for r in row["revert"])
+            and isinstance(row.get("scenario"), str)
+            and _verdict_list(row.get("wanted"))
+            and row.get("device", "any") in ("any", "cpu", "cuda")
+        )
+        if not ok:
+            raise ConfigError(
+                f"{path}: expect[{i}] is not an expectation (revert ids, scenario, wanted verdicts, device); {damaged}"
+            )
+    shard = data.get("shard")
+    if shard is not None:
+        i, sep, n = str(shard).partition("/")
+        if not (sep and i.isascii() and i.isdigit() and n.isascii() and n.isdigit() and 1 <= int(i) <= int(n)):
+            raise ConfigError(f'{path}: "shard" is {shard!r}, not I/N with 1 <= I <= N; {damaged}')
     for i, item in enumerate(data.get("not_run", [])):
         if not isinstance(item, str):
             raise ConfigError(f"{path}: not_run[{i}] is {item!r}, not text; {damaged}")
