@@ -6,14 +6,12 @@ half-written report is worse than none.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,44 +60,47 @@ def check_output_file(path: str | None, *, option: str, suffixes: tuple[str, ...
     check_output_path(path, option=option)
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block ends: a handler that raises between creating the
-    temporary file and the ``try`` that removes it would leave the file behind. The write is short;
-    the signal is delivered (and the command stops) right after it."""
-    hold = {signal.SIGINT, signal.SIGTERM}
+def _hold_signals() -> Any:
+    """Block SIGINT and SIGTERM (the mask to restore), or None where that cannot be done."""
     if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, hold)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def write_atomic(path: str, text: str | bytes) -> None:
-    with _signals_held():
-        _write_atomic(path, text)
-
-
-def _write_atomic(path: str, text: str | bytes) -> None:
+    """``text`` to ``path`` through a temporary file renamed over it: never half a file. SIGINT and
+    SIGTERM are held from before the temporary file exists until the ``try`` that removes it is
+    entered, so a signal at any moment leaves neither the file nor its temporary one behind (a
+    held signal is delivered there, and the write is abandoned)."""
     p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent if str(p.parent) else "."))
+    held = _hold_signals()
     try:
-        # mkstemp's file is private (0600); give the report the mode a plain open() would.
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
-    except BaseException:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent if str(p.parent) else "."))
+        handed = False  # the fd belongs to the file object once fdopen took it
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+            if held is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held signal raises here, inside the try
+                held = None
+            # mkstemp's file is private (0600); give the report the mode a plain open() would.
+            os.fchmod(fd, 0o666 & ~_umask())
+            fh = os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8")
+            handed = True
+            with fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, p)
+        except BaseException:
+            if not handed:
+                os.close(fd)
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+    finally:
+        if held is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _umask() -> int:
