@@ -119,7 +119,7 @@ def test_what_has_no_first_parent_diff_or_is_no_commit_is_refused_in_one_line(tm
     repo, path = _merge_repo(tmp_path, newest="main")
     root = _git(repo, "rev-list", "--max-parents=0", "HEAD")
     line = assert_one_line_error(
-        run_cli("toggle", "from-git", root, "--repo", str(repo), "--pr", "27460", "--force", timeout=60), root, "root commit"
+        run_cli("toggle", "from-git", root, "--repo", str(repo), "--pr", "90027", timeout=60), root, "root commit"
     )
     assert "give the fix's own commit" in line
     # A merge that keeps its first parent's tree (-s ours) changes no file against it.
@@ -129,7 +129,7 @@ def test_what_has_no_first_parent_diff_or_is_no_commit_is_refused_in_one_line(tm
     _git(repo, "checkout", "-q", "main")
     _git(repo, "merge", "-q", "-s", "ours", "-m", "Merge other, keeping ours", "other")
     assert_one_line_error(
-        run_cli("toggle", "from-git", "HEAD", "--repo", str(repo), "--pr", "27460", "--force", timeout=60),
+        run_cli("toggle", "from-git", "HEAD", "--repo", str(repo), "--pr", "90027", timeout=60),
         "changes no file against its first parent",
     )
     for rev, needle in (
@@ -139,8 +139,8 @@ def test_what_has_no_first_parent_diff_or_is_no_commit_is_refused_in_one_line(tm
         ("no-such-rev", "no-such-rev"),
     ):
         assert_one_line_error(
-            run_cli("toggle", "from-git", "--pr", "27460", "--force", "--repo", str(repo), "--", rev, timeout=60), needle
+            run_cli("toggle", "from-git", "--pr", "90027", "--repo", str(repo), "--", rev, timeout=60), needle
         )
     assert_one_line_error(
-        run_cli("toggle", "from-git", "HEAD", "--repo", str(tmp_path), "--pr", "27460", "--force", timeout=60), str(tmp_path)
+        run_cli("toggle", "from-git", "HEAD", "--repo", str(tmp_path), "--pr", "90027", timeout=60), str(tmp_path)
     )

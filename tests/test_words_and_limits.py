@@ -74,39 +74,35 @@ def test_a_missing_choice_and_a_non_ascii_device_are_one_line_naming_the_input()
         assert "internal error" not in line
 
 
-def test_a_signal_while_a_report_is_written_leaves_no_temporary_file(tmp_path, monkeypatch):
-    import signal
-    import tempfile
+def test_a_signal_while_a_report_is_written_leaves_no_temporary_file(tmp_path):
+    """SIGTERM just after the path probe's or the report's temporary file is created (before the
+    code could arm its clean-up): exit 143, neither the report nor any temporary file left. In a
+    process of its own: a signal handler runs in the main thread, which an xdist worker's test may
+    not be."""
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    from sglfix.report import output
-
-    class Stopped(Exception):
-        pass
-
-    def stop(signum, frame):
-        raise Stopped
-
-    made = []
-    real = tempfile.mkstemp
-
-    def mkstemp_then_sigterm(*args, **kwargs):
-        fd, name = real(*args, **kwargs)
-        made.append(name)
-        os.kill(os.getpid(), signal.SIGTERM)  # in the window before the write's own clean-up
-        return fd, name
-
-    old = signal.signal(signal.SIGTERM, stop)
-    monkeypatch.setattr(output.tempfile, "mkstemp", mkstemp_then_sigterm)
-    try:
-        target = tmp_path / "r.json"
-        try:
-            output.write_atomic(str(target), "{}\n")
-        except Stopped:
-            pass
-    finally:
-        signal.signal(signal.SIGTERM, old)
-    assert made and not any(os.path.exists(n) for n in made), os.listdir(tmp_path)
-    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    report = Path(__file__).resolve().parent.parent / "bench" / "results" / "matrix-cpu-reach.json"
+    for suffix in (".check", ".tmp"):
+        where = tmp_path / suffix.strip(".")
+        where.mkdir()
+        out = where / "merged.json"
+        code = (
+            "import os, signal, tempfile\n"
+            "real = tempfile.mkstemp\n"
+            "def mkstemp(*a, **k):\n"
+            "    made = real(*a, **k)\n"
+            f"    if k.get('suffix') == {suffix!r}:\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    return made\n"
+            "tempfile.mkstemp = mkstemp\n"
+            "from sglfix.cli import main\n"
+            f"main(['report', 'merge', {str(report)!r}, '-o', {str(out)!r}])\n"
+        )
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=where)
+        assert r.returncode == 143, (suffix, r.returncode, r.stderr[-2000:])
+        assert not list(where.iterdir()), (suffix, list(where.iterdir()))
 
 
 def test_a_new_toggle_beside_the_command_is_never_ignored_silently(tmp_path):

@@ -38,14 +38,20 @@ def check_output_path(path: str | None, *, option: str) -> None:
         raise ConfigError(f"{option} {path} exists and is not a writable regular file; choose another path")
     # Permission bits do not tell whether a file can be created there (/proc, a read-only
     # mount): create one the way the report will be written, and remove it.
+    # Signals held meanwhile: one between creating the probe and removing it would leave it behind.
+    held = _hold_signals()
     try:
-        fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".check", dir=str(parent))
-    except OSError as exc:
-        raise ConfigError(
-            f"{option} {path}: cannot create a file in {parent} ({exc.strerror or exc}); choose another path"
-        ) from None
-    os.close(fd)
-    os.unlink(probe)
+        try:
+            fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".check", dir=str(parent))
+        except OSError as exc:
+            raise ConfigError(
+                f"{option} {path}: cannot create a file in {parent} ({exc.strerror or exc}); choose another path"
+            ) from None
+        os.close(fd)
+        os.unlink(probe)
+    finally:
+        if held is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def check_output_file(path: str | None, *, option: str, suffixes: tuple[str, ...]) -> None:
