@@ -81,7 +81,8 @@ class Options:
         from sglfix.toggling.registry import load_registry
 
         registry = load_registry(directory or self.toggles)
-        if directory is None and self.toggles is None:
+        # Only when nothing chose the toggle files (--toggles, SGLFIX_TOGGLES_DIR): a choice is no accident.
+        if directory is None and self.toggles is None and not os.environ.get("SGLFIX_TOGGLES_DIR"):
             _note_other_toggles(registry)
         return registry
 
