@@ -9,6 +9,7 @@ the pre-fix function the diff describes, before anything is written.
 from __future__ import annotations
 
 import ast
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,10 @@ def parse_diff(text: str, *, where: str) -> tuple[PatchHeader, Any]:
     from unidiff import PatchSet
     from unidiff.errors import UnidiffParseError
 
+    if not text.strip():
+        raise ConfigError(
+            f"{where} is empty; give the fix's diff (the output of git show, git format-patch or diff -u)"
+        )
     try:
         files = PatchSet(text)
     except UnidiffParseError as exc:
@@ -196,15 +201,31 @@ def plan(
 ) -> Plan:
     """Map every hunk of the diff in ``text`` to a function revert of ``package`` (installed at
     ``source_root``; the diff's paths start with ``repo_prefix``). Nothing is refused here by
-    raising except a diff that is not one: what cannot be a function revert becomes a blocking
-    ``Note`` (the caller prints them all, one per line). ``header``, when given, is the fix's
-    metadata (a commit read from git); else it is read from the text before the diff."""
+    raising except a diff that is not one, or one that changes no code at all: what cannot be a
+    function revert becomes a blocking ``Note`` (the caller prints them all, one per line).
+    ``header``, when given, is the fix's metadata (a commit read from git); else it is read from
+    the text before the diff."""
     parsed, files = parse_diff(text, where=where)
     header = parsed if header is None else header
     notes: list[Note] = []
     reverts: list[FunctionRevert] = []
+    comment_only = 0  # files whose every change is to comments or docstrings
     for pf in files:
         path = pf.path
+        # 'a/./x.py' or 'a/pkg/../pkg/x.py' names the same file as 'a/x.py' and must map the same;
+        # one that climbs past the top names nothing of the checkout.
+        normal = posixpath.normpath(path)
+        if normal == ".." or normal.startswith("../"):
+            notes.append(
+                Note(
+                    path,
+                    "climbs above the repository's root ('..' past its top); give paths relative to the "
+                    "checkout, as git diff writes them",
+                    True,
+                )
+            )
+            continue
+        path = normal
         if pf.is_binary_file:
             notes.append(Note(path, "a binary file: no function to revert", True))
             continue
@@ -235,7 +256,15 @@ def plan(
             notes.append(Note(path, f"not in the installed code base (looked for {installed})", True))
             continue
         post = installed.read_text().splitlines()
-        reverts += _plan_file(pf, path=path, module=module, post=post, notes=notes)
+        file_reverts, no_code = _plan_file(pf, path=path, module=module, post=post, notes=notes)
+        reverts += file_reverts
+        comment_only += no_code
+    if comment_only and comment_only == len(files):
+        # A revert of such a diff would leave every function's code as it is: no toggle to write.
+        raise ConfigError(
+            f"{where} changes no code (only comments or docstrings): a revert of it would change nothing; "
+            f"give the diff of the fix's code change"
+        )
     return Plan(pr=pr, header=header, reverts=reverts, notes=notes)
 
 
@@ -279,17 +308,22 @@ def _changes(hunk: Any, start: int, name: str) -> list[Change]:
     return out
 
 
-def _plan_file(pf: Any, *, path: str, module: str, post: list[str], notes: list[Note]) -> list[FunctionRevert]:
+def _plan_file(
+    pf: Any, *, path: str, module: str, post: list[str], notes: list[Note]
+) -> tuple[list[FunctionRevert], bool]:
+    """The function reverts of one file of the diff, and whether every change the fix makes to
+    it is to comments or docstrings only (then it gives no revert)."""
     try:
         tree = ast.parse("\n".join(post) + "\n")
     except SyntaxError as exc:
         notes.append(Note(path, f"the installed file does not parse (line {exc.lineno}): {exc.msg}", True))
-        return []
+        return [], False
     functions = _functions(tree)
     top = _defined_names(tree)
     per_function: dict[str, list[Change]] = {}
     hunks_of: dict[str, list[str]] = {}
     new_defs: list[tuple[str, str]] = []  # (name, hunk) of top-level definitions the fix adds
+    placed: list[tuple[str, list[Change]]] = []
     for hunk in pf:
         name = _hunk_name(path, hunk)
         start = _locate_hunk(hunk, post)
@@ -303,7 +337,14 @@ def _plan_file(pf: Any, *, path: str, module: str, post: list[str], notes: list[
                 )
             )
             continue
-        for change in _changes(hunk, start, name):
+        placed.append((name, _changes(hunk, start, name)))
+    post_code = _code("\n".join(post) + "\n")
+    every = [c for _, changes in placed for c in changes]
+    if len(placed) == len(pf) and every and _same_code(post_code, _undo(post, every)):
+        notes.append(Note(path, "changes only comments or docstrings: nothing of it to revert", False))
+        return [], True
+    for name, changes in placed:
+        for change in changes:
             first = change.at
             last = change.at + max(len(change.post), 1) - 1
             if not change.post:  # a pure deletion sits between two lines: inside a function if both are
@@ -342,10 +383,19 @@ def _plan_file(pf: Any, *, path: str, module: str, post: list[str], notes: list[
                     )
                 )
                 continue
+            if _same_code(post_code, _undo(post, [change])):
+                notes.append(
+                    Note(f"{name} (line {first + 1})", "changes only comments or docstrings: left as it is", False)
+                )
+                continue
             notes.append(Note(f"{name} (line {first + 1})", _outside_why(tree, first), True))
     reverts = []
     for qualname, changes in per_function.items():
         func = next(f for f in functions if f.qualname == qualname)
+        if _same_code(post_code, _undo(post, changes)):
+            # Its revert would be a part that changes no behaviour: a matrix column of noise.
+            notes.append(Note(f"{path}: {qualname}", "changes only comments or docstrings: not reverted", False))
+            continue
         try:
             edits, pre_source = _edits(func, changes, post)
         except _NoAnchor as exc:
@@ -382,7 +432,38 @@ def _plan_file(pf: Any, *, path: str, module: str, post: list[str], notes: list[
                     False,
                 )
             )
-    return reverts
+    return reverts, False
+
+
+def _undo(post: list[str], changes: list[Change]) -> str:
+    """The file with ``changes`` undone (each placed in ``post``), bottom to top."""
+    lines = list(post)
+    for c in sorted(changes, key=lambda c: c.at, reverse=True):
+        lines[c.at : c.at + len(c.post)] = c.pre
+    return "\n".join(lines) + "\n"
+
+
+def _code(source: str) -> str | None:
+    """The module's code without its comments and docstrings (None when it does not parse):
+    two sources with the same one differ in nothing the interpreter runs."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                node.body = node.body[1:]
+    return ast.dump(tree)
+
+
+def _same_code(post_code: str | None, pre_source: str) -> bool:
+    return post_code is not None and post_code == _code(pre_source)
 
 
 def _inside_any(top: dict[str, tuple[int, int]], i: int) -> bool:
