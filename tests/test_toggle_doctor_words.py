@@ -1,11 +1,14 @@
 """Bad input to ``sglfix toggle`` is one line on stderr that names the input and the fix, exit 2:
 a diff that changes only comments or docstrings, an empty diff, diff paths with '.' or '..'
-components (mapped like the plain path, or refused when they climb past the top)."""
+components (mapped like the plain path, or refused when they climb past the top), a commit
+whose diff is not UTF-8."""
 
 from __future__ import annotations
 
 import difflib
 import importlib.util
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -122,3 +125,33 @@ def test_a_checkout_subfolder_path_with_dot_dot_maps_to_the_package(tmp_path):
     plan = fromdiff.plan(diff, where="fix.patch", pr=1, package="pkgx", repo_prefix="python/sglang/", source_root=root)
     assert not plan.refusals, [n.why for n in plan.refusals]
     assert [r.target for r in plan.reverts] == ["pkgx.worker.size"]
+
+
+# --------------------------------------------------------------------------- 4. from-git, not UTF-8
+
+
+def test_a_commit_whose_diff_is_not_utf8_is_refused_naming_the_file(tmp_path):
+    repo = tmp_path / "repo"
+    path = repo / "backends" / REL
+    path.parent.mkdir(parents=True)
+    # Before the fix the line held a Latin-1 byte: read as UTF-8 it would reach the toggle as U+FFFD.
+    path.write_bytes(POST.encode().replace(CLAMP.encode(), b"                kv_lens = kv_lens  # caf\xe9\n", 1))
+
+    def git(*args: str) -> None:
+        env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+        subprocess.run(
+            ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b", *args],
+            check=True,
+            capture_output=True,
+            env=env,
+        )
+
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "before")
+    path.write_text(POST)
+    git("commit", "-q", "-am", "Clamp the draft kv lengths")
+    out = tmp_path / "t.yaml"
+    r = run_cli("toggle", "from-git", "HEAD", "--repo", str(repo), "--pr", "90001", "-o", str(out), timeout=120)
+    line = assert_one_line_error(r, f"backends/{REL}", "is not UTF-8 text", "byte 0xe9")
+    assert "internal error" not in line and not out.exists()

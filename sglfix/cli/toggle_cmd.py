@@ -162,24 +162,41 @@ _GIT = ("git", "--no-pager", "-c", "core.quotepath=off", "-c", "color.ui=never")
 _GIT_TIMEOUT = 60
 
 
-def _git(repo: str, *args: str) -> tuple[int, str, str]:
+def _git(repo: str, *args: str) -> tuple[int, bytes, str]:
+    """git's exit code, its output as bytes (each caller decodes it as strictly as it needs)
+    and its last line on stderr."""
     try:
-        proc = subprocess.run(
-            [*_GIT, "-C", repo, *args],
-            capture_output=True,
-            text=True,
-            encoding="utf-8",
-            errors="replace",
-            timeout=_GIT_TIMEOUT,
-        )
+        proc = subprocess.run([*_GIT, "-C", repo, *args], capture_output=True, timeout=_GIT_TIMEOUT)
     except FileNotFoundError:
         raise ConfigError("git is not installed here; save the fix with git format-patch and use from-diff") from None
     except subprocess.TimeoutExpired:
         raise ConfigError(
             f"git {args[0]} in {repo} took over {_GIT_TIMEOUT} s; save the fix's diff and use from-diff"
         ) from None
-    why = (proc.stderr.strip().splitlines() or ["git failed"])[-1]
+    why = (proc.stderr.decode("utf-8", "replace").strip().splitlines() or ["git failed"])[-1]
     return proc.returncode, proc.stdout, why
+
+
+def _lines(raw: bytes) -> str:
+    """Text as a text-mode pipe would give it: CRLF and CR read as LF."""
+    return raw.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _diff_text(raw: bytes, *, rev: str, repo: str) -> str:
+    """The diff as text; a byte that is not UTF-8 (a file in another encoding) would reach the
+    toggle as a replacement character, so it is refused, naming the file it is in."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        head = raw.rfind(b"\ndiff --git ", 0, exc.start) + 1
+        header = raw[head : raw.find(b"\n", head)].decode("utf-8", "backslashreplace")
+        path = header.split(" b/", 1)[-1] if header.startswith("diff --git ") else "?"
+        line = raw[: exc.start].count(b"\n") - raw[:head].count(b"\n") + 1
+        raise ConfigError(
+            f"{rev} in {repo}: its diff of {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line} "
+            f"of that file's diff); a toggle is UTF-8: save the diff, convert it to UTF-8 and use from-diff"
+        ) from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _commit_diff(repo: str, rev: str) -> tuple[str, PatchHeader, list[str]]:
@@ -191,13 +208,14 @@ def _commit_diff(repo: str, rev: str) -> tuple[str, PatchHeader, list[str]]:
     code, out, why = _git(repo, "rev-parse", "--verify", f"{rev}^{{commit}}")
     if code != 0:
         raise ConfigError(f"{rev} is not a commit of {repo} ({why}); give the fix's commit (sha, tag, HEAD~1, ...)")
-    sha = out.strip()
+    sha = _lines(out).strip()
     code, out, why = _git(
         repo, "log", "-1", "--no-show-signature", "--encoding=UTF-8", "--format=%P%x00%s%x00%b", sha, "--"
     )
-    if code != 0 or out.count("\0") < 2:
+    log = _lines(out)
+    if code != 0 or log.count("\0") < 2:
         raise ConfigError(f"git log {rev} in {repo}: {why}")
-    parents, subject, body = out.split("\0", 2)
+    parents, subject, body = log.split("\0", 2)
     first = parents.split()[:1]
     if not first:
         raise ConfigError(
@@ -224,7 +242,7 @@ def _commit_diff(repo: str, rev: str) -> tuple[str, PatchHeader, list[str]]:
         raise ConfigError(
             f"{rev} in {repo} changes no file against its first parent {first[0][:12]}; give the fix's own commit"
         )
-    return out, commit_header(sha, subject, body), parents.split()
+    return _diff_text(out, rev=rev, repo=repo), commit_header(sha, subject, body), parents.split()
 
 
 def from_git_cmd(
