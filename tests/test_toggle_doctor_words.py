@@ -1,7 +1,8 @@
-"""Bad input to ``sglfix toggle`` is one line on stderr that names the input and the fix, exit 2:
-a diff that changes only comments or docstrings, an empty diff, diff paths with '.' or '..'
-components (mapped like the plain path, or refused when they climb past the top), a commit
-whose diff is not UTF-8."""
+"""Bad input to ``sglfix toggle`` and ``sglfix doctor`` is one line on stderr that names the input
+and the fix, exit 2: a diff that changes only comments or docstrings, an empty diff, diff paths
+with '.' or '..' components (mapped like the plain path, or refused when they climb past the
+top), a commit whose diff is not UTF-8, a --source folder without the toggles' packages, and
+--caught-by where pytest cannot be imported."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import difflib
 import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,3 +157,55 @@ def test_a_commit_whose_diff_is_not_utf8_is_refused_naming_the_file(tmp_path):
     r = run_cli("toggle", "from-git", "HEAD", "--repo", str(repo), "--pr", "90001", "-o", str(out), timeout=120)
     line = assert_one_line_error(r, f"backends/{REL}", "is not UTF-8 text", "byte 0xe9")
     assert "internal error" not in line and not out.exists()
+
+
+# --------------------------------------------------------------------------- 5. doctor --source layout
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("where", ["backends", "empty"])
+def test_doctor_source_without_the_package_folder_is_refused_before_any_check(tmp_path, where):
+    source = "backends" if where == "backends" else str(tmp_path)
+    r = run_cli("doctor", "--source", source, cwd=str(REPO), timeout=120)
+    assert_one_line_error(r, f"--source {source}", "has no sglfix/backends/ folder")
+    assert "DRIFTED" not in r.out
+
+
+def test_doctor_source_names_the_checkout_subfolder_that_holds_the_package(tmp_path):
+    toggles = tmp_path / "toggles"
+    toggles.mkdir()
+    (toggles / "44444.yaml").write_text(
+        "pr: 44444\ntitle: t\npatches:\n  - target: sglang.srt.worker.size\n    edits:\n"
+        "      - match: return max_bs * 2\n        replacement: return max_bs\n"
+    )
+    # A checkout named after the package, as a clone of it is: the python/ inside is what to give.
+    checkout = tmp_path / "sglang"
+    (checkout / "python" / "sglang" / "srt").mkdir(parents=True)
+    (checkout / "python" / "sglang" / "__init__.py").write_text("")
+    r = run_cli("--toggles", str(toggles), "doctor", "--source", str(checkout), timeout=120)
+    assert_one_line_error(r, "has no sglang/ folder", f"give {checkout / 'python'}")
+    r = run_cli("--toggles", str(toggles), "doctor", "--source", str(checkout / "python" / "sglang"), timeout=120)
+    assert_one_line_error(r, "has no sglang/ folder", f"give {checkout / 'python'}, the folder that holds it")
+
+
+# --------------------------------------------------------------------------- 6. --caught-by, no pytest
+
+
+def test_doctor_caught_by_without_pytest_names_the_install(tmp_path):
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "pytest.py").write_text('raise ImportError("No module named pytest")\n')
+    env = {"PYTHONPATH": str(shadow)}
+    # The shadow is what the CLI's interpreter imports as pytest: the path under test is taken.
+    probe = subprocess.run(
+        [sys.executable, "-c", "import pytest"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
+    assert probe.returncode != 0 and "No module named pytest" in probe.stderr, probe.stderr
+    r = run_cli("doctor", "--caught-by", "--tests-root", str(REPO), env=env, cwd=str(REPO), timeout=120)
+    line = assert_one_line_error(r, "--caught-by", "pytest", "pip install 'sglfix[test]'")
+    assert "cannot import" in line

@@ -32,15 +32,35 @@ def doctor_cmd(
     ),
 ) -> None:
     """Check that every toggle and part applies and restores cleanly against the code now."""
-    from sglfix.toggling.doctor import caught_by_check, expectation_check, live_check, static_check
+    import sys
+
+    from sglfix.common.errors import ConfigError
+    from sglfix.toggling.doctor import (
+        PYTEST_HINT,
+        caught_by_check,
+        expectation_check,
+        live_check,
+        pytest_missing,
+        static_check,
+    )
 
     opts = options(ctx)
-    from sglfix.common.errors import ConfigError
-
     for option, value in (("--source", source), ("--toggles", toggles), ("--tests-root", tests_root)):
         if value is not None and not value.strip():
             raise ConfigError(f"{option} '': the path is empty; give a directory")
     registry = opts.registry(toggles)
+    # What --caught-by needs is refused before the other checks, not after them.
+    if caught_by:
+        if not Path(tests_root).is_dir():
+            raise ConfigError(
+                f"--tests-root {tests_root} is not a directory; give the project root the caught_by paths start from"
+            )
+        why = pytest_missing() if any(t.caught_by for t in registry) else None
+        if why is not None:
+            raise ConfigError(
+                f"--caught-by runs each toggle's caught_by tests with pytest, which {sys.executable} cannot "
+                f"import ({why}); install it: {PYTEST_HINT}"
+            )
     if source is not None:
         results = static_check(registry, source_dir=source)
         mode = "static"
@@ -66,12 +86,6 @@ def doctor_cmd(
         else f"the {len(names)} built-in scenarios of profile {profile.name}"
     )
     if caught_by:
-        if not Path(tests_root).is_dir():
-            from sglfix.common.errors import ConfigError
-
-            raise ConfigError(
-                f"--tests-root {tests_root} is not a directory; give the project root the caught_by paths start from"
-            )
         results += caught_by_check(registry, root=tests_root)
     failed = [r for r in results if not r.ok]
     if as_json:

@@ -13,6 +13,7 @@ import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sglfix.common.errors import SglfixError
 from sglfix.common.schema import nearest
@@ -22,7 +23,10 @@ from sglfix.patching.patcher import install_prepared, prepare_specs, restore_all
 from sglfix.patching.types import PatchSpec
 from sglfix.toggling.registry import Registry, Selection, Toggle
 
-__all__ = ["CheckResult", "live_check", "locate_source", "static_check"]
+if TYPE_CHECKING:
+    from sglfix.codebases import CodeBase
+
+__all__ = ["CheckResult", "check_source_layout", "live_check", "locate_source", "static_check"]
 
 
 @dataclass
@@ -216,16 +220,72 @@ def _locate_in(root: Path, rel: list[str], target: str) -> tuple[str, str, int]:
     raise SglfixError(f"{target}: no module file for it under {root}")
 
 
+def _package_of(target: str) -> tuple[str, CodeBase | None]:
+    """The package a target's module lives in as a source tree lays it out, and its code base: a
+    known code base's (sglfix.backends, sglang) when the target is under one, else its top-level
+    name and None."""
+    from sglfix.codebases import CODEBASES
+
+    for cb in CODEBASES.values():
+        if target == cb.package or target.startswith(cb.package + "."):
+            return cb.package, cb
+    return target.split(".")[0], None
+
+
+def check_source_layout(registry: Registry, source_dir: str | Path) -> None:
+    """Refuse a --source DIR that lacks a package the toggles target: with the wrong folder (the
+    package itself, a checkout's root above python/) every toggle would read as drifted, when
+    nothing was compared."""
+    from sglfix.common.errors import ConfigError
+
+    root = Path(source_dir)
+    targets = [p.target for t in registry for part in t.parts.values() for p in part.patches]
+    for pkg, cb in dict(_package_of(t) for t in targets).items():
+        parts = pkg.split(".")
+        if root.joinpath(*parts).is_dir() or root.joinpath(*parts).with_suffix(".py").is_file():
+            continue
+        folder = "/".join(parts) + "/"
+        fix = f"give the directory that holds {folder} (an unpacked wheel's root"
+        here = root.resolve()
+        if list(here.parts[-len(parts) :]) == parts and (root / "__init__.py").is_file():
+            fix = f"give {here.parents[len(parts) - 1]}, the folder that holds it"  # DIR is the package itself
+        # Where a checkout of the code base keeps the package, as a fix's diff names its files.
+        elif cb is not None and cb.repo_prefix.endswith(folder):
+            sub = cb.repo_prefix[: -len(folder)]
+            fix += f", or a checkout's {sub or 'root'})"
+            if sub and root.joinpath(sub, *parts).is_dir():
+                fix = f"give {root / sub.rstrip('/')}, which holds it"
+        else:
+            fix += ")"
+        raise ConfigError(
+            f"--source {source_dir} has no {folder} folder (the toggles' targets are modules of {pkg}); {fix}"
+        )
+
+
 def static_check(registry: Registry, *, source_dir: str | Path) -> list[CheckResult]:
     root = Path(source_dir)
     if not root.is_dir():
         raise SglfixError(f"--source {source_dir} is not a directory; give the root that holds the packages")
+    check_source_layout(registry, root)
 
     def apply_to_source(specs: list[PatchSpec]) -> str:
         _static_apply(specs, root)
         return ""
 
     return _check_units(registry, apply_to_source)
+
+
+PYTEST_HINT = "pip install 'sglfix[test]' (or pip install pytest)"
+
+
+def pytest_missing() -> str | None:
+    """Why this Python cannot import pytest (None when it can): ``--caught-by`` runs the tests
+    with it, and without it every claim would fail the same way, after the other checks."""
+    try:
+        import pytest  # noqa: F401
+    except ImportError as exc:  # a module that is absent, or one whose own imports fail
+        return str(exc) or type(exc).__name__
+    return None
 
 
 def caught_by_check(registry: Registry, *, root: str | Path, timeout: float = 3600) -> list[CheckResult]:
@@ -269,8 +329,11 @@ def caught_by_check(registry: Registry, *, root: str | Path, timeout: float = 36
             )
             if not os.path.exists(report):
                 tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+                # Run from the tests' root, pytest may still fail to import where the CLI did not.
+                last = tail[-1] if tail else ""
+                hint = f"; install it: {PYTEST_HINT}" if "No module named" in last and "pytest" in last else ""
                 raise SglfixError(
-                    f"--caught-by: pytest did not run the checks (exit {proc.returncode}): " + " | ".join(tail)
+                    f"--caught-by: pytest did not run the checks (exit {proc.returncode}): " + " | ".join(tail) + hint
                 )
             with open(report, encoding="utf-8") as fh:
                 outcomes = json.load(fh)
