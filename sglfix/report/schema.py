@@ -1,0 +1,480 @@
+"""The JSON report's schema as pydantic models: ``Report`` (the top level) and ``Cell`` (one cell).
+
+Every field a run, a matrix or ``report merge`` writes is here with its type, for schema 2
+(``build_report`` and the judgement's keys) and schema 1 (a subset of the same keys). A report
+read back (``sglfix.report.load``) is checked against these models before anything merges,
+compares or balances shards by it; ``check_report`` turns the first problem into one line naming
+the field, and the cell for a cell's field.
+
+The schema is closed: an unknown key is refused as damage rather than ignored, so that a field
+misspelt by a hand edit or a tool never passes for absent. Only a finding's own data (what each
+check measured) is open.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import typing
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WrapValidator,
+    model_validator,
+)
+
+from sglfix.common.errors import ConfigError
+from sglfix.common.schema import nearest, show
+from sglfix.common.verdicts import MARKS
+from sglfix.report.jsonreport import SCHEMA
+from sglfix.report.outcome import BASELINE, Meaning
+
+__all__ = ["MIXED", "Cell", "Damaged", "Report", "cell_label", "check_report"]
+
+# What ``report merge`` writes for a field its inputs disagree on (sglfix.report.merge.MIXED).
+MIXED = "mixed"
+
+
+class Damaged(ValueError):
+    """A validator's own words for a bad value.
+
+    ``text`` follows the field and its value (``"shard" is '0/2', <text>``); with ``whole`` it
+    is everything after the file or the cell (``cell 3 (s) <text>``), for wording that names the
+    field itself."""
+
+    def __init__(self, text: str, *, whole: bool = False) -> None:
+        super().__init__(text)
+        self.text, self.whole = text, whole
+
+
+def cell_label(toggles: list[str], scenario: str) -> str:
+    """A cell's id: ``<toggle set>::<scenario>``, ``baseline`` for no toggle."""
+    return f"{','.join(toggles) or BASELINE}::{scenario}"
+
+
+def _is_duration(value: Any) -> bool:
+    # JSON written by Python may hold NaN or Infinity: neither is a time.
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _duration(value: Any) -> Any:
+    if _is_duration(value):
+        return value
+    raise Damaged("not a duration in seconds (finite, at least 0)")
+
+
+def _shard(value: Any) -> Any:
+    i, sep, n = value.partition("/") if isinstance(value, str) else ("", "", "")
+    if sep and i.isascii() and i.isdigit() and n.isascii() and n.isdigit() and 1 <= int(i) <= int(n):
+        return value
+    raise Damaged("not I/N with 1 <= I <= N")
+
+
+def _or_mixed(value: Any, handler: Any) -> Any:
+    return value if value == MIXED else handler(value)
+
+
+Count = Annotated[int, Field(ge=0)]
+Duration = Annotated[float, BeforeValidator(_duration)]
+Verdict = Literal[MARKS]
+Verdicts = Annotated[list[Verdict], Field(min_length=1)]
+Device = Literal["any", "cpu", "cuda"]
+MeaningName = Literal[tuple(m.value for m in Meaning)]
+ToggleIds = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+Shard = Annotated[str, BeforeValidator(_shard)]
+
+
+class _Closed(BaseModel):
+    """Unknown keys are damage; no value is converted (``"2"`` is not a number here)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# --- a cell --------------------------------------------------------------------------------------
+
+
+class Finding(BaseModel):
+    """A verdict and its message; the rest is what the check measured, different for each check."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    verdict: Verdict
+    message: str = ""
+
+
+class Comparison(_Closed):
+    """The output against the reference (sglfix.harness.reference.Comparison); NaN and infinite
+    errors are results, not damage."""
+
+    max_abs_err: float
+    max_rel_err: float
+    bad_rows: Count
+    rows: Count
+    bad_fraction: float
+    first_bad_request: int | None
+    first_bad_row: int | None
+    nonfinite: Count
+
+
+class Kernels(_Closed):
+    """Interpreted kernel launches of the cell and how many the launch memo answered."""
+
+    launches: Count
+    hits: Count
+
+
+def _scenario(value: Any) -> Any:
+    if isinstance(value, str) and value:
+        return value
+    raise Damaged('has no "scenario" name', whole=True)
+
+
+def _toggles(value: Any) -> Any:
+    if isinstance(value, list) and all(isinstance(t, str) and t for t in value):
+        return value
+    raise Damaged('has no "toggles" list of toggle ids', whole=True)
+
+
+def _timings(value: Any) -> Any:
+    if value is None:
+        return value
+    if isinstance(value, dict):
+        bad = next((v for v in value.values() if v is not None and not _is_duration(v)), None)
+        if bad is None:
+            return value
+    else:
+        bad = value
+    raise Damaged(f'has "timings_ms" that are not durations (finite, at least 0): {show(bad)}', whole=True)
+
+
+class Cell(_Closed):
+    """One cell: a toggle set on a scenario, its verdict and findings, and (schema 2, judged)
+    what the verdict means. The fields that identify it are checked first, in the words that
+    name them."""
+
+    id: str | None = None
+    scenario: Annotated[str, BeforeValidator(_scenario)] = Field(None, validate_default=True)
+    toggles: Annotated[list[str], BeforeValidator(_toggles)] = Field(None, validate_default=True)
+    device: str | None = None
+    verdict: Verdict = Field(None, validate_default=True)
+    findings: list[Finding] = []
+    error: Comparison | None = None
+    timings_ms: Annotated[dict[str, float | None] | None, BeforeValidator(_timings)] = None
+    revert_env: str | None = None
+    kernels: Kernels | None = None
+    reached: list[str] | None = None
+    meaning: MeaningName | None = None
+    why: str | None = None
+
+    @model_validator(mode="after")
+    def _id_is_its_key(self) -> Cell:
+        made = cell_label(self.toggles, self.scenario)
+        if self.id is not None and self.id != made:
+            raise Damaged(f"has id {self.id!r} but its toggles and scenario make {made!r}", whole=True)
+        return self
+
+
+# --- the judgement's keys ------------------------------------------------------------------------
+
+
+class ExpectRow(_Closed):
+    """An ``expect:`` row of a toggle file: what the judgement reads again from a saved report."""
+
+    toggle: str | None = None
+    revert: ToggleIds
+    scenario: str
+    wanted: Verdicts
+    device: Device = "any"
+
+
+class Check(ExpectRow):
+    """An expectation judged over the cells that ran."""
+
+    met: bool = True
+    got: dict[str, Verdict]
+
+
+class NotChecked(ExpectRow):
+    reason: str
+
+
+class Stray(_Closed):
+    """A cell whose verdict nothing explains."""
+
+    toggles: list[str]
+    scenario: str
+    verdict: Verdict
+    why: str
+
+
+class KnownSeen(_Closed):
+    """A profile's known divergence and the baseline cells that showed it (``status`` since the
+    judgement has a home)."""
+
+    scenario: str
+    verdict: Verdicts
+    reason: str = ""
+    reproduce: str = ""
+    device: Device = "any"
+    seen_on: list[str] = []
+    status: str | None = None
+
+
+class Judged(_Closed):
+    mode: Literal["gate", "findings"]
+    baseline: list[str]
+    passed: bool
+    exit_code: int
+    outcome: str
+    counts: dict[MeaningName, Count]
+
+
+# --- what ran where ------------------------------------------------------------------------------
+
+
+class Codebase(_Closed):
+    """The code the cells replayed through (a worker's boot, sglfix.execution.serve)."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+    path: str | None = None
+    standins: list[str] = []
+    modules_loaded: Count | None = None
+    reproduction_modules_loaded: Count | None = None
+
+
+class Kept(_Closed):
+    """Kept Ray actors a run took warm and started (sglfix.execution.ray_keep)."""
+
+    keep_s: float = Field(gt=0, allow_inf_nan=False)
+    identity: str
+    reused: Count
+    started: Count
+    declined: dict[str, Count]
+    evicted: Count
+
+
+class Executor(_Closed):
+    name: Literal["local", "ray"]
+    kept: Kept | None = None
+
+
+class KernelMemo(_Closed):
+    """Interpreted launches and memo hits over a CPU run."""
+
+    memo: bool
+    launches: Count
+    hits: Count
+
+
+class Shards(_Closed):
+    """Which shards a merged report joined (sglfix.report.merge)."""
+
+    count: Count
+    given: list[int]
+    missing: list[int]
+    repeated: list[int]
+    problems: list[str]
+    partial_allowed: bool
+
+
+class MergedFrom(_Closed):
+    """One input of a merged report, as ``sglfix.report.load.describe`` records it."""
+
+    file: str
+    schema_: int | None = Field(None, alias="schema")
+    date: str | None = None
+    command: str | None = None
+    device: str | None = None
+    device_name: str | None = None
+    wall_s: Duration | None = None
+    cells: Count | None = None
+    summary: dict[Verdict, Count] = {}
+    host: str | None = None
+
+
+class Report(_Closed):
+    """A run's, a matrix's or a merge's report. Only ``tool`` and ``cells`` are required:
+    schema 1 and hand-made reports leave the rest out."""
+
+    tool: Literal["sglfix"]
+    schema_: int = Field(1, alias="schema", ge=1, le=SCHEMA)
+    date: str | None = None
+    command: str | None = None
+    device: str | None = None
+    device_name: str | None = None
+    host: str | None = None
+    python: str | None = None
+    torch: str | None = None
+    triton: str | None = None
+    flashinfer: str | None = None
+    sglfix: str | None = None
+    env_revert: str | None = None
+    # A merge of reports whose code bases differ only in where they were installed says so.
+    codebase: Annotated[Codebase | None, WrapValidator(_or_mixed)] = None
+    wall_s: Duration | None = None
+    workers: Count | None = None
+    executor: Executor | None = None
+    kernel_memo: KernelMemo | None = None
+    cells: list[Cell]
+    summary: dict[Verdict, Count] = {}
+    expectations: list[Check] = []
+    stray: list[Stray] = []
+    not_run: list[str] = []
+    known_divergences: list[KnownSeen] = []
+    worker_replacements: list[str] = []
+    shard: Shard | None = None
+    shards: Shards | None = None
+    merged_from: list[MergedFrom] = []
+    judged: Judged | None = None
+    expect: list[ExpectRow] = []
+    not_checked: list[NotChecked] = []
+
+    @model_validator(mode="after")
+    def _each_cell_once(self) -> Report:
+        seen: dict[str, int] = {}
+        for i, cell in enumerate(self.cells):
+            key = cell_label(cell.toggles, cell.scenario)
+            if key in seen:
+                raise Damaged(
+                    f"cell {key} appears twice (cells {seen[key]} and {i}); a report holds each cell once", whole=True
+                )
+            seen[key] = i
+        return self
+
+
+# --- one line per damaged report -----------------------------------------------------------------
+
+
+def check_report(data: Any, *, where: str, fix: str) -> Report:
+    """``data`` as a ``Report``; else a one-line ConfigError: ``where: "<field>" is <value>,
+    <what is wrong>; the file is damaged: <fix>`` (``cell N (scenario) has <field> ...`` for a cell's)."""
+    try:
+        return Report.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {_explain(exc, data)}; the file is damaged: {fix}") from None
+
+
+_PROBLEMS = {
+    "string_type": "not text",
+    "list_type": "not a list",
+    "dict_type": "not an object",
+    "model_type": "not an object",
+    "model_attributes_type": "not an object",
+    "bool_type": "not true or false",
+    "int_type": "not a whole number",
+    "float_type": "not a number",
+    "finite_number": "not a finite number",
+    "too_short": "empty",
+}
+_BOUNDS = {
+    "greater_than_equal": ("below", "ge"),
+    "greater_than": ("not above", "gt"),
+    "less_than_equal": ("above", "le"),
+}
+
+
+def _problem(err: dict, value: Any) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind in _PROBLEMS:
+        return _PROBLEMS[kind]
+    if kind == "literal_error":
+        choices = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        hint = nearest(str(value), choices) if isinstance(value, str) else ""
+        return f"not one of {', '.join(choices)}{hint}"
+    if kind in _BOUNDS:
+        word, key = _BOUNDS[kind]
+        return f"{word} {ctx.get(key)}"
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
+def _at(data: Any, loc: tuple) -> Any:
+    """The value at ``loc`` in ``data`` (None where there is none)."""
+    node = data
+    for key in loc:
+        inside = (isinstance(node, dict) and key in node) or (
+            isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node)
+        )
+        if not inside:
+            return None
+        node = node[key]
+    return node
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for key in loc:
+        out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else str(key))
+    return out
+
+
+def _explain(exc: ValidationError, data: Any) -> str:
+    """The first error as words: the field's path (under ``cell N (scenario)`` for a cell's),
+    its value, what is wrong with it."""
+    errors = exc.errors(include_url=False)
+    err = errors[0]
+    # A misspelt key shows as the key missing and an unknown one beside it: the unknown one says why.
+    err = next((e for e in errors if e["type"] == "extra_forbidden" and e["loc"][:-1] == err["loc"][:-1]), err)
+    loc = tuple(err["loc"])
+    cell, model, node = None, Report, data
+    if len(loc) >= 2 and loc[0] == "cells" and isinstance(loc[1], int):
+        node = _at(data, loc[:2])
+        scenario = node.get("scenario") if isinstance(node, dict) else None
+        cell = f"cell {loc[1]}" + (f" ({scenario})" if isinstance(scenario, str) and scenario else "")
+        loc, model = loc[2:], Cell
+    value = _at(node, loc)
+    cause = (err.get("ctx") or {}).get("error")
+    if isinstance(cause, Damaged) and cause.whole:
+        return f"{cell} {cause.text}" if cell else cause.text
+    if cell is not None and not loc:
+        return f"{cell} is {show(value)}, not an object"
+    field = _dotted(loc)
+    if err["type"] == "missing":
+        return f"{cell} has no {field}" if cell else f'"{field}" is missing'
+    if err["type"] == "extra_forbidden":
+        owner, key = _dotted(loc[:-1]), str(loc[-1])
+        holder = _model_at(model, loc[:-1])
+        hint = nearest(key, _keys(holder)) if holder else ""
+        if cell:
+            return f"{cell} has an unknown key {key!r}" + (f" in {owner}" if owner else "") + hint
+        return f'"{owner}" has an unknown key {key!r}{hint}' if owner else f"an unknown key {key!r} at the top{hint}"
+    problem = cause.text if isinstance(cause, Damaged) else _problem(err, value)
+    if loc and loc[-1] == "[key]":
+        field, key = _dotted(loc[:-2]), show(loc[-2])
+        return (
+            f"{cell} has {field} with the key {key}, {problem}" if cell else f'"{field}" has the key {key}, {problem}'
+        )
+    return f"{cell} has {field} {show(value)}, {problem}" if cell else f'"{field}" is {show(value)}, {problem}'
+
+
+def _keys(model: type[BaseModel]) -> list[str]:
+    return [info.alias or name for name, info in model.model_fields.items()]
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The model whose keys are allowed at ``loc`` below ``model`` (None where no model is)."""
+    for key in loc:
+        if isinstance(key, int):
+            continue
+        info = next((f for name, f in model.model_fields.items() if (f.alias or name) == key), None)
+        found = _model_in(info.annotation) if info is not None else None
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
