@@ -3,6 +3,8 @@ listed GPU, each seeing only its own (checked on the worker processes' real envi
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from clihelp import assert_one_line_error, run_cli
 
@@ -49,8 +51,16 @@ def test_a_listed_gpu_that_is_not_there_is_named(tmp_path):
 
     index = str(max(torch.cuda.device_count(), 0) + 7)  # never a GPU of this machine
     out = tmp_path / "r.json"
-    r = run_cli("matrix", "--devices", f"cuda:{index}", "-s", "triton-decode@cg=eager,gpu_only=off", "--json", str(out))
-    assert_one_line_error(r, f"CUDA_VISIBLE_DEVICES={index}", "--devices")
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    argv = ("matrix", "--devices", f"cuda:{index}", "-s", "triton-decode@cg=eager,gpu_only=off", "--json", str(out))
+    r = run_cli(*argv, env=env)
+    if torch.cuda.device_count():  # the worker given that GPU says which one it lacks
+        assert_one_line_error(r, f"CUDA_VISIBLE_DEVICES={index}", "--devices")
+    else:  # no GPU at all: nothing claims a variable the user never set
+        line = assert_one_line_error(r, f"--devices cuda:{index}", "no CUDA device")
+        assert "CUDA_VISIBLE_DEVICES" not in line
+        line = assert_one_line_error(run_cli(*argv, env={**env, "CUDA_VISIBLE_DEVICES": "3"}), "--devices")
+        assert "CUDA_VISIBLE_DEVICES=3 is set" in line
     assert not out.exists()
 
 

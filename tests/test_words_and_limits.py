@@ -65,6 +65,9 @@ def test_refusals_name_the_right_thing():
     line = assert_one_line_error(run_cli("run", "--timeout", "1e400", "-s", DECODE, "--device", "cpu"), "--timeout")
     assert "inf" not in line.split(":")[1]
     assert_one_line_error(run_cli("run", "--backend", "tritn", "--device", "cpu"), "did you mean 'triton'")
+    # The budget is checked on the scenarios selected, and the one named is one of them.
+    line = assert_one_line_error(run_cli("run", "--memory-budget", "1K", "-s", DECODE, "--device", "cpu"), DECODE)
+    assert "over the memory budget of 1.0 KiB" in line
 
 
 def test_a_missing_choice_and_a_non_ascii_device_are_one_line_naming_the_input():

@@ -225,12 +225,14 @@ def load_scenarios(
     builtin: bool = True,
     memory_budget: int | None = None,
     builtin_dir: str | None = None,
+    check_budget: bool = True,
 ) -> list[Scenario]:
     """The built-in scenarios (unless ``builtin=False``; those of ``builtin_dir``, a profile's,
     when given) followed by those of ``files``.
 
     Names must be unique; the total is bounded; each scenario's memory estimate must fit
-    ``memory_budget`` bytes (None: ``SGLFIX_MEMORY_BUDGET``, else 8 GiB).
+    ``memory_budget`` bytes (None: ``SGLFIX_MEMORY_BUDGET``, else 8 GiB); ``check_budget=False``
+    leaves that to the caller, who checks only the scenarios it selects.
     """
     paths = list(files)
     if builtin:
@@ -250,7 +252,8 @@ def load_scenarios(
                 f"{path}: with this file {len(out)} scenarios are loaded, over the limit of "
                 f"{MAX_SCENARIOS} ({LIMITS_HINT}); give fewer files"
             )
-    check_memory(out, budget_bytes=memory_budget)
+    if check_budget:
+        check_memory(out, budget_bytes=memory_budget)
     return out
 
 
