@@ -71,6 +71,7 @@ def test_parts_that_mask_each_other_are_found_though_reverting_both_passes(tmp_p
         "cpu",
         "--json",
         str(out),
+        "--all",  # a progress line per toggle set: each set is run once
         timeout=900,
     )
     assert r.code == 1, r.out[-2000:] + r.err[-2000:]

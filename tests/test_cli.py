@@ -215,14 +215,22 @@ def test_matrix_with_an_error_cell_exits_1(tmp_path):
 def test_scenario_names_are_not_markup(tmp_path):
     f = tmp_path / "s.yaml"
     f.write_text("name: x[/red]\nmode: decode\nbatch: {prefix_lens: [5, 9]}\n")
-    r = run_cli("run", "--scenario-file", str(f), "--device", "cpu")
+    r = run_cli("run", "--scenario-file", str(f), "--device", "cpu", "--all")
     assert r.code == 0, r.err
     assert "x[/red]" in r.out
 
 
 def test_matrix_grid_is_readable_when_piped_and_narrow(tmp_path):
     r = run_cli(
-        "matrix", "-s", "triton-decode@cg=eager*", "-s", "triton-extend", "--device", "cpu", env={"COLUMNS": "60"}
+        "matrix",
+        "-s",
+        "triton-decode@cg=eager*",
+        "-s",
+        "triton-extend",
+        "--device",
+        "cpu",
+        "--all",
+        env={"COLUMNS": "60"},
     )
     assert r.code == 0, r.out + r.err
     for name in ("triton-decode@cg=eager,gpu_only=off", "triton-decode@cg=eager,gpu_only=on", "triton-extend"):

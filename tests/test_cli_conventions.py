@@ -66,7 +66,8 @@ def test_run_never_cuts_a_scenario_name_and_ends_with_a_summary_line(tmp_path, c
 
     names = [s.name for s in select_scenarios(load_scenarios(), globs=[LONG, "fimla-draft-overflow@*"])]
     report = tmp_path / "r.json"
-    r = run_cli("run", *MIXED, "-r", "27460", "--device", "cpu", "--json", str(report), env={"COLUMNS": columns})
+    argv = ("run", *MIXED, "-r", "27460", "--device", "cpu", "--json", str(report), "--all")  # every row
+    r = run_cli(*argv, env={"COLUMNS": columns})
     assert r.code == 1, r.out + r.err  # 27460 reverted: the overflow scenarios fail
     lines = r.out.splitlines()
     for name in names:
@@ -81,7 +82,7 @@ def test_run_never_cuts_a_scenario_name_and_ends_with_a_summary_line(tmp_path, c
 def test_a_matrix_too_wide_for_the_terminal_is_compact_with_every_name_whole(tmp_path, columns):
     from sglfix.cli.matrix import MARK_CHAR
 
-    r = run_cli("matrix", *MIXED, "--device", "cpu", env={"COLUMNS": columns})
+    r = run_cli("matrix", *MIXED, "--device", "cpu", "--all", env={"COLUMNS": columns})
     assert r.code == 0, r.out + r.err
     lines = r.out.splitlines()
     rows = [line for line in lines if line and line[0] in MARK_CHAR.values() and "  " in line]
@@ -127,8 +128,8 @@ def test_progress_lines_go_to_a_log_when_no_terminal_is_attached(monkeypatch, ca
     t = [0.0]
 
     class Quick(common.LogProgress):
-        def __init__(self, total):
-            super().__init__(total, quiet_s=1.0, every_s=10.0, clock=lambda: t[0])
+        def __init__(self, work):
+            super().__init__(work, quiet_s=1.0, every_s=10.0, clock=lambda: t[0])
 
     class Pool:
         def run(self, cells, *, on_result):
@@ -142,8 +143,8 @@ def test_progress_lines_go_to_a_log_when_no_terminal_is_attached(monkeypatch, ca
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sglfix: ")]
     # Quiet for the first second; then each tenth of the 40 cells; none for the last cell (the
     # summary line says that).
-    assert lines[0].startswith("sglfix: 2/40 cells (5%), 1 s, 0 not passing"), lines
-    assert any(line.startswith("sglfix: 4/40 cells (10%), 3 s, 1 not passing") for line in lines), lines
+    assert lines[0].startswith("sglfix: 2/40 cells, 5% of the work, 1 s, 0 not passing"), lines
+    assert any(line.startswith("sglfix: 4/40 cells, 10% of the work, 3 s, 1 not passing") for line in lines), lines
     assert len(lines) == 10 and not any(line.startswith("sglfix: 40/40") for line in lines), lines
 
 

@@ -28,6 +28,7 @@ from sglfix.cli.common import (
     Outputs,
     ScenarioFiles,
     ScenarioGlobs,
+    ShowAll,
     Timeout,
     check_device,
     check_env_baseline,
@@ -45,6 +46,10 @@ from sglfix.cli.context import _has_cuda_device, err, options, out
 from sglfix.cli.layout import named_rows
 from sglfix.common.errors import ConfigError
 
+# Progress of a search: silent for a quick one, then a line at most this often (--all: per set).
+_QUIET_S = 5.0
+_EVERY_S = 15.0
+
 
 def _group(name: str) -> str:
     return name.split("@", 1)[0]
@@ -53,10 +58,17 @@ def _group(name: str) -> str:
 class _Cells:
     """Runs (set, scenario) cells through the pool on demand, each once."""
 
-    def __init__(self, pool, scenarios, env: tuple[str, ...]):
+    def __init__(self, pool, scenarios, env: tuple[str, ...], *, every_set: bool = False, clock=None):
+        import time
+
         from sglfix.execution.planner import PlannedCell
 
         self._pool, self._env, self._planned = pool, env, PlannedCell
+        # A line per toggle set is a few hundred lines for a full search: by default one line at
+        # most every ``_EVERY_S`` seconds, after the first ``_QUIET_S`` (``every_set``: each set).
+        self._every_set, self._clock = every_set, clock or time.perf_counter
+        self._start = self._clock()
+        self._last: float | None = None
         self.rank: dict[str, int] = {}  # candidate -> position: the order every set is applied in
         self.by_name = {s.name: s for s in scenarios}
         self.results: dict[tuple[tuple[str, ...], str], Any] = {}
@@ -73,10 +85,7 @@ class _Cells:
         todo = [n for n in names if (toggles, n) not in self.results]
         if todo:
             self.sets.add(ids)
-            shown = ",".join(ids[:4]) + (f",... ({len(ids)} parts)" if len(ids) > 4 else "") if ids else "nothing"
-            err.print(
-                f"bisect [{self.context}]: {len(todo)} cell(s) with {shown} reverted", highlight=False, markup=False
-            )
+            self._progress(ids, len(todo))
             if record is None:
                 cells = [self._planned(self.by_name[n], toggles) for n in todo]
             else:
@@ -84,6 +93,22 @@ class _Cells:
             for cell, result in zip(cells, self._pool.run(cells)):
                 self.results[(toggles, cell.scenario.name)] = result
         return {n: self.results[(toggles, n)] for n in names}
+
+    def _progress(self, ids: tuple[str, ...], todo: int) -> None:
+        now = self._clock()
+        if not self._every_set:
+            if now - self._start < _QUIET_S or (self._last is not None and now - self._last < _EVERY_S):
+                return
+            self._last = now
+            err.print(
+                f"bisect [{self.context}]: {len(self.sets)} toggle set(s), {len(self.results)} cell(s) run, "
+                f"{now - self._start:.0f} s",
+                highlight=False,
+                markup=False,
+            )
+            return
+        shown = ",".join(ids[:4]) + (f",... ({len(ids)} parts)" if len(ids) > 4 else "") if ids else "nothing"
+        err.print(f"bisect [{self.context}]: {todo} cell(s) with {shown} reverted", highlight=False, markup=False)
 
 
 def bisect_cmd(
@@ -108,6 +133,7 @@ def bisect_cmd(
     memory_budget: MemoryBudget = None,
     no_reachability: NoReachability = False,
     env_baseline: EnvBaseline = False,
+    show_all: ShowAll = False,
 ) -> None:
     """Find the reverted parts that make each scenario group fail (delta debugging) and the masking pairs."""
     from sglfix.common.verdicts import worst
@@ -184,7 +210,7 @@ def bisect_cmd(
     groups_out, masking_out, masking_sets = [], [], set()
     with signals_raise(), WorkerPool(config, jobs=check_jobs(jobs, device)) as pool:
         _ = pool.info  # the workers' handshake (a device they cannot use) before any progress line
-        cells = _Cells(pool, chosen, env)
+        cells = _Cells(pool, chosen, env, every_set=show_all)
         cells.rank = {c: i for i, c in enumerate(candidates)}
         names = [s.name for s in chosen]
         from sglfix.execution.reach import targets_of
@@ -354,6 +380,7 @@ def bisect_cmd(
         "wall_s": round(time.perf_counter() - started, 2),
         "device": pool.info.get("device"),
         "device_name": pool.info.get("device_name"),
+        "codebase": pool.info.get("codebase"),
         "candidates": len(candidates),
         # Distinct toggle sets that ran (the baseline, nothing reverted, is not one of them).
         "runs": len(cells.sets - masking_sets - {()}),
@@ -373,10 +400,13 @@ def bisect_cmd(
         write_json(json_file, report)
     _write_ci_reports(report, cells, info=pool.info, junit=junit, markdown=markdown)
     if json_file != "-":
+        from sglfix.report.outcome import codebase_label
+
         title = (
-            f"sglfix bisect: {len(candidates)} candidates, the baseline and {report['sets_run']} toggle "
+            f"sglfix bisect on {report['device']} ({report['device_name'] or report['device']}): "
+            f"{len(candidates)} candidates, the baseline and {report['sets_run']} toggle "
             f"sets ({report['runs']} searched, {report['masking_runs']} for masking), "
-            f"{report['cells']} cells"
+            f"{report['cells']} cells in {report['wall_s']:.1f} s; code base: {codebase_label(report)}"
         )
         rows = [
             [

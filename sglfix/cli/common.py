@@ -98,6 +98,13 @@ NoReachability = Annotated[
         help="Run every cell, also those whose reverted functions the scenario's baseline never enters (otherwise marked NOT_REACHED, not run).",
     ),
 ]
+ShowAll = Annotated[
+    bool,
+    typer.Option(
+        "--all",
+        help="Show every cell (the whole table or grid) and every name; by default the console shows what did not pass and the counts. The reports keep everything either way.",
+    ),
+]
 EnvBaseline = Annotated[
     bool,
     typer.Option(
@@ -320,14 +327,16 @@ def load_selected(
     before any cell runs)."""
     from sglfix.codebases import check_scenarios_runnable, get_codebase
     from sglfix.scenario import load_scenarios, select_scenarios
-    from sglfix.scenario.memory import parse_size
+    from sglfix.scenario.memory import check_memory, parse_size
 
     profile = opts.active_profile()
     budget = parse_size(memory_budget, what="--memory-budget") if memory_budget is not None else None
     scenarios = load_scenarios(
-        list(scenario_files), builtin=not scenario_files, memory_budget=budget, builtin_dir=profile.scenarios_dir
+        list(scenario_files), builtin=not scenario_files, check_budget=False, builtin_dir=profile.scenarios_dir
     )
     chosen = select_scenarios(scenarios, globs=list(scenario_globs), backend=backend)
+    # The budget is what a worker will hold: only the scenarios that run are measured against it.
+    check_memory(chosen, budget_bytes=budget)
     check_scenarios_runnable(chosen, get_codebase(profile.codebase))
     return chosen
 
@@ -418,9 +427,12 @@ def run_plan(
 
         timings = cell_costs(load_report(shard_costs))
     if gpus is not None and not _has_cuda_device():
+        # Name CUDA_VISIBLE_DEVICES only when the user set it: it may be what hides the GPU.
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        hidden = f" (CUDA_VISIBLE_DEVICES={shown} is set)" if shown is not None else ""
         raise ConfigError(
-            f"--devices {devices}: no CUDA device {gpus[0]} here (CUDA_VISIBLE_DEVICES={gpus[0]}); give --devices "
-            "the GPUs this machine has (or all), or use --device cpu"
+            f"--devices {devices}: this machine has no CUDA device{hidden}; run it on a GPU machine, "
+            "or use --device cpu (--jobs N for several workers)"
         )
     check_device(device)
     check_env_knobs()
@@ -645,61 +657,102 @@ def write_outputs(report: dict, outputs: Outputs, *, gate: bool | None = None, j
             err.print(f"sglfix: warning: could not append to {STEP_SUMMARY}={summary}: {exc.strerror or exc}")
 
 
+class Work:
+    """How far a plan has come, by the expected cost of its cells rather than their number: a
+    cell weighs its scenario's size estimate (``sglfix.execution.shards.scenario_cost``), and one
+    that turns out NOT_REACHED (never run: it costs nothing) leaves the total instead of advancing,
+    so the fraction tracks time even when most cells are not reached."""
+
+    def __init__(self, cells: Sequence[Any]) -> None:
+        from sglfix.execution.shards import scenario_cost
+
+        self.weight: dict[str, float] = {}
+        for cell in cells:
+            scenario = getattr(cell, "scenario", None)
+            if scenario is not None and scenario.name not in self.weight:
+                self.weight[scenario.name] = scenario_cost(scenario)
+        self.cells = len(cells)
+        self.total = sum(self.weight.get(getattr(getattr(c, "scenario", None), "name", ""), 1.0) for c in cells)
+        self.done = 0.0
+        self.count = 0
+
+    def settle(self, result: Any) -> float:
+        """Count ``result``'s cell; returns how much work it did (0 for one not reached)."""
+        self.count += 1
+        weight = self.weight.get(getattr(result, "scenario", ""), 1.0)
+        if result.verdict == "NOT_REACHED":
+            self.total -= weight
+            return 0.0
+        self.done += weight
+        return weight
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if self.total <= 0 else min(1.0, self.done / self.total)
+
+
 class LogProgress:
     """Progress for a log, not a terminal (CI): nothing for a run that ends within ``quiet_s``,
-    then a plain line on stderr at each tenth of the cells or every ``every_s`` seconds,
-    whichever comes first, so a long matrix shows it is alive and how it goes."""
+    then a plain line on stderr at each tenth of the expected work (``Work``) or every ``every_s``
+    seconds, whichever comes first, so a long matrix shows it is alive and how it goes."""
 
-    def __init__(self, total: int, *, quiet_s: float = 5.0, every_s: float = 30.0, clock=time.perf_counter) -> None:
+    def __init__(self, work: Work, *, quiet_s: float = 5.0, every_s: float = 30.0, clock=time.perf_counter) -> None:
         from sglfix.common.verdicts import FAILING
 
         self.failing_verdicts = FAILING
-        self.total, self.quiet_s, self.every_s, self.clock = total, quiet_s, every_s, clock
+        self.work, self.quiet_s, self.every_s, self.clock = work, quiet_s, every_s, clock
         self.start = clock()
-        self.done = 0
         self.failing = 0
         self.last_line: float | None = None
         self.last_tenth = 0
 
-    def tick(self, verdict: str) -> None:
-        self.done += 1
-        self.failing += verdict in self.failing_verdicts
-        now = self.clock()
-        tenth = self.done * 10 // max(1, self.total)
-        if now - self.start < self.quiet_s or self.done == self.total:
+    def tick(self, result: Any) -> None:
+        """After ``work.settle(result)``."""
+        self.failing += result.verdict in self.failing_verdicts
+        now, work = self.clock(), self.work
+        tenth = int(work.fraction * 10)
+        if now - self.start < self.quiet_s or work.count == work.cells:
             return
         due = self.last_line is None or tenth > self.last_tenth or now - self.last_line >= self.every_s
         if due:
             self.last_line, self.last_tenth = now, tenth
             err.print(
-                f"sglfix: {self.done}/{self.total} cells ({100 * self.done // max(1, self.total)}%), "
+                f"sglfix: {work.count}/{work.cells} cells, {100 * work.fraction:.0f}% of the work, "
                 f"{now - self.start:.0f} s, {self.failing} not passing so far"
             )
 
 
 def execute(pool, plan, *, registry=None) -> tuple[list, float]:
-    """Run the plan with a progress bar on a terminal, progress lines in a log (``LogProgress``);
-    with ``registry``, through reachability."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """Run the plan with a progress bar on a terminal, progress lines in a log (``LogProgress``),
+    both by expected work (``Work``); with ``registry``, through reachability."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     start = time.perf_counter()
-    log = None if err.is_terminal else LogProgress(len(plan.cells))
+    work = Work(plan.cells)
+    log = None if err.is_terminal else LogProgress(work)
     with Progress(
         TextColumn("cells"),
         BarColumn(),
-        MofNCompleteColumn(),
+        TextColumn("{task.fields[count]} {task.percentage:>3.0f}%", markup=False),
         TimeElapsedColumn(),
         TextColumn("{task.fields[last]}", markup=False),
         console=err,
         transient=True,
         disable=not err.is_terminal,
     ) as progress:
-        task = progress.add_task("", total=len(plan.cells), last="")
+        task = progress.add_task("", total=work.total, last="", count=f"0/{work.cells}")
 
         def tick(result) -> None:
-            progress.update(task, advance=1, last=f"{result.scenario} {result.verdict}")
+            work.settle(result)
+            progress.update(
+                task,
+                completed=work.done,
+                total=work.total,
+                last=f"{result.scenario} {result.verdict}",
+                count=f"{work.count}/{work.cells}",
+            )
             if log is not None:
-                log.tick(result.verdict)
+                log.tick(result)
 
         if registry is not None and len(plan.sets) > 1:
             from sglfix.execution.reach import run_reaching
@@ -761,12 +814,14 @@ def verdict_cell(verdict: str, meaning: Any = None) -> Text:
     return text
 
 
-def cells_table(results, *, title: str, width: int, judgement: Any = None) -> list:
+def cells_table(results, *, title: str, width: int, judgement: Any = None, show_all: bool = False) -> list:
     """One row per cell, the scenario name whole at any width (``sglfix.cli.layout``); with
-    ``judgement``, a verdict that fails nothing says why."""
+    ``judgement``, a verdict that fails nothing says why. Findings first: unless ``show_all``,
+    only the cells that did not PASS, and one line counting those left out."""
     from sglfix.cli.layout import named_rows
     from sglfix.execution.planner import set_label
 
+    shown = list(results) if show_all else [r for r in results if r.verdict != "PASS"]
     rows = [
         [
             Text(r.scenario),
@@ -774,9 +829,39 @@ def cells_table(results, *, title: str, width: int, judgement: Any = None) -> li
             verdict_cell(r.verdict, judgement.of(f"{set_label(r.toggles)}::{r.scenario}") if judgement else None),
             Text(r.key_figure),
         ]
-        for r in results
+        for r in shown
     ]
-    return named_rows(["scenario", "toggles", "verdict", "key figure"], rows, title=title, width=width)
+    parts: list = (
+        named_rows(["scenario", "toggles", "verdict", "key figure"], rows, title=title, width=width)
+        if rows
+        else [Text(title, style="italic")]
+    )
+    left_out = len(results) - len(shown)
+    if left_out:
+        every = "every cell" if not shown else f"{left_out} cell(s)"
+        parts.append(Text(f"{every} passed, not listed; --all lists every cell", style="dim"))
+    return parts
+
+
+def name_lines(names: Sequence[str], *, lead: str, width: int, limit: int | None) -> list[str]:
+    """``lead`` then the names, comma separated and wrapped at ``width`` (a name is never cut),
+    the lines after the first indented; past ``limit`` names, how many more and how to see them."""
+    import textwrap
+
+    names = list(names)
+    more = len(names) - limit if limit is not None and len(names) > limit else 0
+    items = [f"{n}," for n in names[: len(names) - more]]
+    if items:
+        items[-1] = items[-1][:-1]
+    if more:
+        items[-1] += ","
+        items.append(f"... and {more} more (--all lists them)")
+    width = max(40, width)
+    wrap = dict(width=width, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
+    lines = textwrap.wrap(" ".join(items), initial_indent=lead, **wrap) or [lead.rstrip()]
+    if len(lines[0]) > width:  # the first name does not fit beside the lead: the names start below it
+        lines = [lead.rstrip(), *textwrap.wrap(" ".join(items), initial_indent="    ", **wrap)]
+    return lines
 
 
 def print_known(judgement: Any, *, device: str | None, only_shown: bool = False) -> None:

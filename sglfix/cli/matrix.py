@@ -27,9 +27,11 @@ from sglfix.cli.common import (
     ScenarioGlobs,
     ShardCosts,
     ShardSpec,
+    ShowAll,
     Timeout,
     header,
     judge_ran,
+    name_lines,
     print_known,
     run_plan,
     summary_line,
@@ -55,20 +57,46 @@ MARK_CHAR = {
 }
 
 
-def _grid(plan, results, *, title: str, width: int) -> list:
+# What a grid row or column needs to be shown by default: a cell that is a finding (not a PASS,
+# nor a cell that never ran the reverted code, nor one that cannot run on this device).
+_QUIET = frozenset({"PASS", "NOT_REACHED", "SKIP"})
+
+
+def _grid(plan, results, *, title: str, width: int, show_all: bool = False) -> list:
     """The toggle x scenario grid. With full names and verdicts when it fits ``width``; else
     compact: a legend numbering the toggle sets, then one line per scenario, one mark per set
-    and the name last and whole (never cut, piped or not, at any width)."""
+    and the name last and whole (never cut, piped or not, at any width). Findings first: unless
+    ``show_all``, only the scenarios and toggle sets with a cell that is not PASS, NOT_REACHED
+    or SKIP (the baseline column always), and a line saying what was left out."""
+    verdicts = {(tuple(r.toggles), r.scenario): r.verdict for r in results}
+    scenarios, sets, note = list(plan.scenarios), list(plan.sets), None
+    if not show_all:
+        loud = {(t, n) for (t, n), v in verdicts.items() if v not in _QUIET}
+        scenarios = [s for s in plan.scenarios if any((t, s.name) in loud for t in plan.sets)]
+        sets = [t for i, t in enumerate(plan.sets) if i == 0 or any((t, s.name) in loud for s in plan.scenarios)]
+        hidden = (len(plan.scenarios) - len(scenarios), len(plan.sets) - len(sets))
+        if any(hidden):
+            note = Text(
+                f"not shown: {hidden[0]} scenario(s), {hidden[1]} toggle set(s) with only PASS, NOT_REACHED or "
+                "SKIP (--all shows the whole grid)",
+                style="dim",
+            )
+        if not scenarios:
+            return [Text(title, style="italic"), note] if note else [Text(title, style="italic")]
+    parts = _draw(plan, verdicts, scenarios, sets, title=title, width=width)
+    return parts + ([note] if note else [])
+
+
+def _draw(plan, verdicts, scenarios, sets, *, title: str, width: int) -> list:
     from sglfix.execution.planner import set_label
 
-    verdicts = {(tuple(r.toggles), r.scenario): r.verdict for r in results}
-    set_labels = [set_label(t) for t in plan.sets]
-    names = [s.name for s in plan.scenarios]
+    set_labels = [set_label(t) for t in sets]
+    names = [s.name for s in scenarios]
     need = max(map(len, names)) + sum(max(len(lbl), 9) + 3 for lbl in set_labels) + 4
     if need <= width:
         table = Table("scenario", *set_labels, title=Text(title))
-        for s in plan.scenarios:
-            table.add_row(Text(s.name), *[verdict_text(verdicts.get((t, s.name), "?")) for t in plan.sets])
+        for s in scenarios:
+            table.add_row(Text(s.name), *[verdict_text(verdicts.get((t, s.name), "?")) for t in sets])
         return [table]
     parts: list = [Text(title, style="italic"), Text("toggle sets (one mark each, in this order):")]
     parts += [Text(f"  {i:>3}  {lbl}") for i, lbl in enumerate(set_labels)]
@@ -87,13 +115,13 @@ def _grid(plan, results, *, title: str, width: int) -> list:
             line.append_text(ch)
         return line
 
-    n = len(plan.sets)
+    n = len(sets)
     if n > 10:  # a ruler over the marks: tens, then ones
         parts.append(grouped([Text(str(i // 10) if i % 10 == 0 else " ") for i in range(n)]))
     parts.append(grouped([Text(str(i % 10)) for i in range(n)]))
-    for s in plan.scenarios:
+    for s in scenarios:
         marks = []
-        for t in plan.sets:
+        for t in sets:
             verdict = verdicts.get((t, s.name), "?")
             marks.append(Text(MARK_CHAR.get(verdict, "?"), style=VERDICT_STYLE.get(verdict, "")))
         line = grouped(marks)
@@ -129,6 +157,7 @@ def matrix_cmd(
     shard_costs: ShardCosts = None,
     no_reachability: NoReachability = False,
     env_baseline: EnvBaseline = False,
+    show_all: ShowAll = False,
 ) -> None:
     """Baseline plus each registered toggle (and part) over the scenarios: the toggle x scenario grid."""
     from sglfix.execution.known import load_known
@@ -170,9 +199,9 @@ def matrix_cmd(
         title = header(what=what, info=info, env=env, wall=wall, cells=len(results), report=report)
         if judgement.baseline_note():
             title += f"; {judgement.baseline_note()}"
-        for part in _grid(plan, results, width=out.width, title=title):
+        for part in _grid(plan, results, width=out.width, title=title, show_all=show_all):
             out.print(part)
-        _print_sets(plan, judgement)
+        _print_sets(plan, judgement, show_all=show_all)
         for c in judgement.checks:
             out.print(Text("met   " if c.met else "UNMET ", style="green" if c.met else "red"), end="")
             out.print(
@@ -205,13 +234,17 @@ def matrix_cmd(
         raise typer.Exit(1)
 
 
+# How many scenario names a toggle set's line shows by default (--all: every one).
+_NAMES = 6
+
 # What a toggle set's line counts as its effect: a verdict the toggle set caused, met or not.
 _EFFECT = frozenset({"expected", "covered", "unexpected", "unmet", "unchecked"})
 
 
-def _print_sets(plan, judgement) -> None:
+def _print_sets(plan, judgement, *, show_all: bool = False) -> None:
     """One line per toggle set: the scenarios it changes (never a cell showing its baseline's own
-    verdict or a known divergence), or why it changes none here (not reached, skipped)."""
+    verdict or a known divergence), or why it changes none here (not reached, skipped). The names
+    wrap at the terminal's width; unless ``show_all``, the first few and how many more."""
     from sglfix.execution.planner import set_label
 
     by_set: dict[tuple, list] = {}
@@ -236,17 +269,29 @@ def _print_sets(plan, judgement) -> None:
                 else "not reached: these scenarios never run the functions it reverts"
             )
             continue
-        text = (
-            f"differs on {len(changed)}: " + ", ".join(f"{c.scenario} ({c.verdict})" for c in changed)
-            if changed
-            else "no effect on these scenarios"
-        )
         notes = [
             f"{n} {what}"
             for n, what in ((unreached, "not reached"), (skipped, "SKIP here"), (as_before, "as baseline or known"))
             if n
         ]
-        out.print(text + (f" ({', '.join(notes)})" if notes else ""), highlight=False, markup=False)
+        aside = f" ({', '.join(notes)})" if notes else ""
+        if not changed:
+            out.print("no effect on these scenarios" + aside, highlight=False, markup=False)
+            continue
+        from collections import Counter
+
+        counts = Counter(c.verdict for c in changed)
+        what = ", ".join(f"{n} {v}" for v, n in counts.most_common())
+        lead = f"differs on {len(changed)} ({what}{'; ' + ', '.join(notes) if notes else ''}): "
+        lines = name_lines(
+            # Each name with its verdict only where the verdicts differ.
+            [c.scenario if len(counts) == 1 else f"{c.scenario} ({c.verdict})" for c in changed],
+            lead=lead,
+            width=out.width - len(set_label(t)) - 2,
+            limit=None if show_all else _NAMES,
+        )
+        for line in lines:
+            out.print(line, highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:

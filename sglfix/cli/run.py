@@ -21,6 +21,7 @@ from sglfix.cli.common import (
     ScenarioGlobs,
     ShardCosts,
     ShardSpec,
+    ShowAll,
     Timeout,
     cells_table,
     header,
@@ -61,6 +62,7 @@ def run_cmd(
     ray_keep: RayKeep = None,
     shard: ShardSpec = None,
     shard_costs: ShardCosts = None,
+    show_all: ShowAll = False,
 ) -> None:
     """Run scenarios with the given fixes reverted (through SGLANG_DEBUG_REVERT_PR in the workers)."""
     from sglfix.execution.known import load_known
@@ -106,7 +108,7 @@ def run_cmd(
             cells=len(results),
             report=report,
         )
-        for part in cells_table(results, title=title, width=out.width, judgement=judgement):
+        for part in cells_table(results, title=title, width=out.width, judgement=judgement, show_all=show_all):
             out.print(part)
         print_known(judgement, device=ran.info.get("device"), only_shown=True)
     code = judgement.exit_code
