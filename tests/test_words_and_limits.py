@@ -65,7 +65,9 @@ def test_refusals_name_the_right_thing():
     line = assert_one_line_error(run_cli("run", "--timeout", "1e400", "-s", DECODE, "--device", "cpu"), "--timeout")
     assert "inf" not in line.split(":")[1]
     assert_one_line_error(run_cli("run", "--backend", "tritn", "--device", "cpu"), "did you mean 'triton'")
-    # The budget is checked on the scenarios selected, and the one named is one of them.
+
+
+def test_the_memory_budget_names_a_scenario_that_was_selected():
     line = assert_one_line_error(run_cli("run", "--memory-budget", "1K", "-s", DECODE, "--device", "cpu"), DECODE)
     assert "over the memory budget of 1.0 KiB" in line
 
