@@ -4,9 +4,10 @@ exit code (2 for bad input), one line on stderr naming the thing, no traceback, 
 no worker started (a sampler watches for ``sglfix.execution.worker`` processes while the command
 runs), nothing written where an output was asked for, and no process left behind.
 
-Rows follow the causes of the input-hygiene issue (1-12) and the CLI conventions; a few rows
-are not refusals and say what they expect instead (cause 4: the revert applies; cause 5: a bad
-COLUMNS is ignored; cause 11: doctor reports the broken toggle and checks the rest).
+Rows follow the causes of the input-hygiene issue (1-12), the last bad inputs (34.8-34.14) and the
+CLI conventions; a few rows are not refusals and say what they expect instead (cause 4: the revert
+applies; cause 5: a bad COLUMNS is ignored; cause 11: doctor reports the broken toggle and checks
+the rest; cause 34.13: a SIGTERM while a report is written leaves nothing, exit 143).
 
     python bench/refusals.py [--json bench/results/refusals.json] [--limit-s 3]
 """
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FAST = "triton-decode@cg=eager,gpu_only=off"
 CPU_REPORT = ROOT / "bench" / "results" / "matrix-cpu.json"
 BISECT_REPORT = ROOT / "bench" / "results" / "bisect-cpu.json"
+SGLANG_REPORT = ROOT / "bench" / "results" / "matrix-sglang-cpu.json"
 TARGET = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode"
 
 
@@ -44,6 +46,7 @@ class Row:
     env: dict = field(default_factory=dict)
     must_not_exist: list[str] = field(default_factory=list)
     stdout_has: str | None = None
+    empty_dir: str | None = None  # a folder that must hold nothing afterwards (no temporary file left)
 
 
 def _toggle(folder: Path, pr: int, patch: dict) -> str:
@@ -64,6 +67,93 @@ def _nested_aliases(levels: int) -> str:
     lines = ["l0: &l0 [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"]
     lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, levels)]
     return "\n".join(lines) + "\n"
+
+
+def _silent_listener() -> int:
+    """A TCP port that accepts connections and never says a word (not Ray): the port."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list = []
+
+    def accept() -> None:
+        while True:
+            conn, _ = server.accept()
+            held.append(conn)  # kept open and silent until the bench exits
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server.getsockname()[1]
+
+
+def _sigterm_during_write(report: Path, out: Path) -> str:
+    """A ``python -c`` program: ``report merge`` that gets SIGTERM just after its report's
+    temporary file is created."""
+    return (
+        "import os, signal, tempfile\n"
+        "real = tempfile.mkstemp\n"
+        "def mkstemp(*a, **k):\n"
+        "    made = real(*a, **k)\n"
+        "    if k.get('suffix') == '.tmp':\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return made\n"
+        "tempfile.mkstemp = mkstemp\n"
+        "from sglfix.cli import main\n"
+        f"main(['report', 'merge', {str(report)!r}, '-o', {str(out)!r}])\n"
+    )
+
+
+def _diffs_34(tmp: Path) -> dict[str, list[str]]:
+    """``toggle from-diff`` / ``from-git`` commands over bad diffs of the reproduction's Triton
+    backend: one that edits a comment only, an empty file, a path that climbs above the root, and
+    a git commit whose diff holds a Latin-1 byte."""
+    import difflib
+
+    rel = "backends/srt/layers/attention/triton_backend.py"
+    post = (ROOT / rel).read_text()
+    clamp = "                kv_lens = torch.clamp(kv_lens, min=0)\n"
+
+    def diff(pre: str, a: str = f"a/{rel}", b: str = f"b/{rel}") -> str:
+        return "".join(difflib.unified_diff(pre.splitlines(True), post.splitlines(True), a, b))
+
+    def from_diff(name: str, text: str) -> list[str]:
+        (tmp / name).write_text(text)
+        return ["sglfix", "toggle", "from-diff", str(tmp / name), "--pr", "90001"]
+
+    comment = post.replace("# PR 26651: padded rows", "# PR 26651: the padded rows", 1)
+    assert comment != post
+    repo = tmp / "repo"
+    path = repo / rel
+    path.parent.mkdir(parents=True)
+    path.write_bytes(post.encode().replace(clamp.encode(), b"                kv_lens = kv_lens  # caf\xe9\n", 1))
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+    for args in (["init", "-q"], ["add", "."], ["commit", "-q", "-m", "before"]):
+        subprocess.run(
+            ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b", *args],
+            check=True,
+            capture_output=True,
+            env=env,
+        )
+    path.write_text(post)
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "-am", "fix"],
+        check=True,
+        capture_output=True,
+        env=env,
+    )
+    return {
+        "comment": from_diff("comment.patch", diff(comment)),
+        "empty": from_diff("empty.patch", ""),
+        "climb": from_diff("climb.patch", diff(post.replace(clamp, "", 1), f"a/../{rel}", f"b/../{rel}")),
+        "latin1": ["sglfix", "toggle", "from-git", "HEAD", "--repo", str(repo), "--pr", "90001"],
+    }
+
+
+def _damaged(tmp: Path, report: dict, name: str, **change) -> Path:
+    path = tmp / f"damaged-{name}.json"
+    path.write_text(json.dumps({**report, **change}))
+    return path
 
 
 def rows(tmp: Path) -> list[Row]:
@@ -282,7 +372,96 @@ def rows(tmp: Path) -> list[Row]:
             "no cell in common",
         ),
     ]
-    return out
+    return out + _rows_34(tmp, report)
+
+
+def _rows_34(tmp: Path, report: dict) -> list[Row]:
+    """The last bad inputs (issue 34, items 8-14)."""
+    run = ["sglfix", "run", "-s", FAST, "--device", "cpu"]
+    merged = str(tmp / "merged-34.json")
+    sglang = json.loads(SGLANG_REPORT.read_text())
+    known = sglang["known_divergences"][0]
+    costs = dict(report, cells=[dict(c) for c in report["cells"][:4]])
+    costs["cells"][1]["timings_ms"] = {"total": "@"}
+    nan_costs = tmp / "nan-costs.json"
+    nan_costs.write_text(json.dumps(costs).replace('"@"', "NaN"))
+    quiet = _silent_listener()
+    signal_dir = tmp / "sigterm"
+    signal_dir.mkdir()
+    diffs = _diffs_34(tmp)
+
+    def merge_row(what: str, path: Path) -> Row:
+        return Row(
+            "34.9",
+            what,
+            ["sglfix", "report", "merge", str(path), "-o", merged, "--gate"],
+            str(path),
+            must_not_exist=[merged],
+        )
+
+    return [
+        Row("34.8", "--jobs above the ceiling", [*run, "-j", "100000"], "at most"),
+        merge_row(
+            "known divergence with a string verdict",
+            _damaged(tmp, sglang, "known", known_divergences=[{**known, "verdict": "INVARIANT"}]),
+        ),
+        merge_row(
+            "known divergence on device gpu",
+            _damaged(tmp, sglang, "device", known_divergences=[{**known, "device": "gpu"}]),
+        ),
+        merge_row("shard 0/2", _damaged(tmp, sglang, "shard", shard="0/2")),
+        merge_row("wall_s NaN", _damaged(tmp, sglang, "wall", wall_s=float("nan"))),
+        merge_row(
+            "expectation row without its keys",
+            _damaged(tmp, sglang, "expect", expect=[{"revert": "26738", "scenario": "x", "wanted": ["CRASH"]}]),
+        ),
+        merge_row("codebase not an object", _damaged(tmp, sglang, "codebase", codebase=7)),
+        merge_row("executor unknown", _damaged(tmp, sglang, "executor", executor=["ray"])),
+        merge_row("worker_replacements not a list", _damaged(tmp, sglang, "replacements", worker_replacements=3)),
+        merge_row(
+            "kernel_memo with a text flag",
+            _damaged(tmp, sglang, "memo", kernel_memo={"memo": "yes", "launches": 1, "hits": 0}),
+        ),
+        merge_row("a misspelt top-level key", _damaged(tmp, sglang, "unknown", exeutor={"name": "local"})),
+        Row(
+            "34.10",
+            "--shard-costs with a NaN timing",
+            ["sglfix", "matrix", "--shard", "1/2", "--shard-costs", str(nan_costs), "-s", FAST, "--device", "cpu"],
+            "not durations",
+        ),
+        Row(
+            "34.11",
+            "--ray-address that accepts TCP but is not Ray",
+            [*run, "--executor", "ray", "--ray-address", f"127.0.0.1:{quiet}"],
+            "is not a Ray head",
+        ),
+        Row(
+            "34.11",
+            "ray-workers at an address that accepts TCP but is not Ray",
+            ["sglfix", "ray-workers", "--ray-address", f"127.0.0.1:{quiet}"],
+            "is not a Ray head",
+        ),
+        Row(
+            "34.13",
+            "SIGTERM while a report is written",
+            ["python", "-c", _sigterm_during_write(SGLANG_REPORT, signal_dir / "merged.json")],
+            "",
+            code=143,
+            empty_dir=str(signal_dir),
+        ),
+        Row("34.6", "from-diff of a diff that changes no code", [*diffs["comment"]], "changes no code"),
+        Row("34.7", "from-diff of an empty file", [*diffs["empty"]], "is empty"),
+        Row(
+            "34.7",
+            "doctor --source on a folder of the wrong layout",
+            ["sglfix", "doctor", "--source", str(ROOT / "backends")],
+            "has no sglfix/backends/ folder",
+        ),
+        Row("34.12", "from-diff with a path climbing above the root", [*diffs["climb"]], "climbs above"),
+        Row("34.14", "from-git of a commit whose diff is not UTF-8", [*diffs["latin1"]], "is not UTF-8 text"),
+        Row("34.14", "--devices ²", ["sglfix", "run", "-s", FAST, "--devices", "²"], "is not a CUDA device"),
+        Row("34.14", "schema without a kind", ["sglfix", "schema"], "Missing argument"),
+    ]
 
 
 def _workers_of(pid: int) -> set[int]:
@@ -371,7 +550,9 @@ def measure(row: Row, *, tmp: Path) -> dict:
     elif row.needle:
         checks["output"] = row.needle in stdout + stderr
     checks["nothing_left_running"] = not left
-    checks["nothing_written"] = not any(os.path.exists(p) for p in row.must_not_exist)
+    checks["nothing_written"] = not any(os.path.exists(p) for p in row.must_not_exist) and not (
+        row.empty_dir and os.listdir(row.empty_dir)
+    )
     return {
         "cause": row.cause,
         "what": row.what,

@@ -529,23 +529,29 @@ def precheck_plan(plan: Any, *, registry: Any, codebase: Any, allowed_prefixes: 
 
 
 def check_ray_address(address: str | None) -> None:
-    """``--ray-address``: ``auto``, or ``[ray://]host:port`` that accepts a connection within a few
-    seconds (one line otherwise, before Ray is imported)."""
+    """``--ray-address``: ``auto``, or ``[ray://]host:port`` that answers as a Ray head (gRPC)
+    within a few seconds (one line otherwise, before Ray is imported)."""
     if address is None or address == "auto":
         return
-    import socket
+    from sglfix.execution.ray_probe import probe_ray
 
     text = address.removeprefix("ray://")
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"--ray-address {address!r}: give auto or host:port (e.g. 10.0.0.5:6379)")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=3.0).close()
+        why = probe_ray(host.strip("[]"), int(port), connect_s=3.0)
     except OSError as exc:
         raise ConfigError(
             f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); start the Ray "
             f"head (ray start --head) or give its address"
         ) from None
+    # Ray's own join would wait a minute or more on a server that is not Ray before it gives up.
+    if why is not None:
+        raise ConfigError(
+            f"--ray-address {address} is not a Ray head: {why}; give the address ray start --head "
+            f"prints (e.g. 10.0.0.5:6379) or ray://head:10001"
+        )
 
 
 def quiet_ray_logs() -> None:
