@@ -149,7 +149,7 @@ def main() -> int:
     missing: list[str] = []
     reach_labels: set[str] = set()
     if ns.plan == "workers":
-        default = _python_int("from sglfix.cli.common import default_gpu_workers as d; print(d())")
+        default = _python_int("from sglfix.execution.devices import default_gpu_workers as d; print(d())")
         plan += [
             (f"local, default options ({default} workers on 1 GPU)", ["--device", "cuda"]),
             (f"local, default options ({default} workers), with reachability", ["--device", "cuda"]),

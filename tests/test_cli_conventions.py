@@ -139,7 +139,9 @@ def test_progress_lines_go_to_a_log_when_no_terminal_is_attached(monkeypatch, ca
             return []
 
     monkeypatch.setattr(common, "LogProgress", Quick)
-    common.execute(Pool(), SimpleNamespace(cells=list(range(40)), sets=[()]))
+    plan = SimpleNamespace(cells=list(range(40)), sets=[()])
+    with common.progress(plan) as tick:
+        Pool().run(plan.cells, on_result=tick)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sglfix: ")]
     # Quiet for the first second; then each tenth of the 40 cells; none for the last cell (the
     # summary line says that).

@@ -111,7 +111,8 @@ def test_progress_counts_expected_work_and_not_reached_cells_cost_nothing(monkey
             return []
 
     monkeypatch.setattr(common, "LogProgress", Quick)
-    common.execute(Pool(), SimpleNamespace(cells=cells, sets=[()]))
+    with common.progress(SimpleNamespace(cells=cells, sets=[()])) as tick:
+        Pool().run(cells, on_result=tick)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sglfix: ")]
     # The nine cells not reached are 82 % of the cells and none of the work.
     assert lines[0].startswith("sglfix: 2/11 cells, 0% of the work"), lines

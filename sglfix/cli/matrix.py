@@ -2,33 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.common import (
     VERDICT_STYLE,
-    BackendName,
-    Device,
-    DeviceList,
-    EnvBaseline,
-    Executor,
-    HeatmapFile,
-    Jobs,
-    JsonFile,
-    JunitFile,
-    MarkdownFile,
-    MemoryBudget,
-    NoReachability,
     Outputs,
-    RayAddress,
-    RayKeep,
-    ScenarioFiles,
-    ScenarioGlobs,
-    ShardCosts,
-    ShardSpec,
-    ShowAll,
-    Timeout,
     header,
     judge_ran,
     name_lines,
@@ -39,6 +21,7 @@ from sglfix.cli.common import (
     write_outputs,
 )
 from sglfix.cli.context import err, options, out
+from sglfix.cli.options import takes
 
 # One character per verdict for the compact grid (a narrow terminal, a CI log): failures are
 # capitals, the three that are no finding are punctuation.
@@ -131,66 +114,49 @@ def _draw(plan, verdicts, scenarios, sets, *, title: str, width: int) -> list:
     return parts
 
 
-def matrix_cmd(
-    ctx: typer.Context,
-    parts: bool = typer.Option(
-        False,
-        "--parts",
-        help="Also revert each part of each toggle alone, and the part combinations expectations name (checks those expectations).",
-    ),
-    scenario: ScenarioGlobs = [],
-    scenario_file: ScenarioFiles = [],
-    backend: BackendName = None,
-    device: Device = "auto",
-    jobs: Jobs = None,
-    timeout: Timeout = 300.0,
-    json_file: JsonFile = None,
-    junit: JunitFile = None,
-    markdown: MarkdownFile = None,
-    heatmap: HeatmapFile = None,
-    memory_budget: MemoryBudget = None,
-    devices: DeviceList = None,
-    executor: Executor = "local",
-    ray_address: RayAddress = None,
-    ray_keep: RayKeep = None,
-    shard: ShardSpec = None,
-    shard_costs: ShardCosts = None,
-    no_reachability: NoReachability = False,
-    env_baseline: EnvBaseline = False,
-    show_all: ShowAll = False,
-) -> None:
+MATRIX_OPTIONS = (
+    "parts",
+    "scenario",
+    "scenario_file",
+    "backend",
+    "device",
+    "jobs",
+    "timeout",
+    "json_file",
+    "junit",
+    "markdown",
+    "heatmap",
+    "memory_budget",
+    "devices",
+    "executor",
+    "ray_address",
+    "ray_keep",
+    "shard",
+    "shard_costs",
+    "no_reachability",
+    "env_baseline",
+    "show_all",
+)
+
+
+@takes(*MATRIX_OPTIONS)
+def matrix_cmd(ctx: typer.Context, **given: Any) -> None:
     """Baseline plus each registered toggle (and part) over the scenarios: the toggle x scenario grid."""
     from sglfix.execution.known import load_known
     from sglfix.execution.planner import plan_matrix
+    from sglfix.execution.settings import Settings
     from sglfix.report.outcome import Expect
 
     opts = options(ctx)
-    outputs = Outputs(json=json_file, junit=junit, markdown=markdown, heatmap=heatmap)
+    json_file, show_all = given["json_file"], given["show_all"]
+    outputs = Outputs(json=json_file, junit=given["junit"], markdown=given["markdown"], heatmap=given["heatmap"])
     known = load_known(opts.active_profile().known_file)  # a bad list is one line before any cell
 
     def build_plan(chosen, *, registry, env_ids):
-        return plan_matrix(chosen, registry=registry, parts=parts, env_ids=env_ids)
+        return plan_matrix(chosen, registry=registry, parts=given["parts"], env_ids=env_ids)
 
-    ran = run_plan(
-        opts,
-        build_plan=build_plan,
-        scenario=scenario,
-        scenario_file=scenario_file,
-        backend=backend,
-        device=device,
-        jobs=jobs,
-        timeout=timeout,
-        outputs=outputs,
-        memory_budget=memory_budget,
-        shard=shard,
-        shard_costs=shard_costs,
-        devices=devices,
-        executor=executor,
-        ray_address=ray_address,
-        ray_keep=ray_keep,
-        reachability=not no_reachability,
-        env_baseline=env_baseline,
-    )
+    settings = Settings.of(given, reachability=not given["no_reachability"])
+    ran = run_plan(opts, settings, outputs=outputs, build_plan=build_plan, what="matrix")
     plan, results, env, info, wall = ran.plan, ran.results, ran.env, ran.info, ran.wall
     report, judgement = judge_ran(opts, ran, mode="gate", expects=Expect.of_registry(ran.registry), known=known)
     write_outputs(report, outputs, judgement=judgement)
@@ -210,7 +176,7 @@ def matrix_cmd(
                 highlight=False,
                 markup=False,
             )
-        print_known(judgement, device=info.get("device", device))
+        print_known(judgement, device=info.get("device", settings.device))
         for s in judgement.stray():
             out.print(Text("unexpected ", style="red"), end="")
             out.print(

@@ -12,9 +12,10 @@ from collections.abc import Callable
 import typer
 from rich.text import Text
 
-from sglfix.cli.common import JunitFile, MarkdownFile, verdict_text
+from sglfix.cli.common import verdict_text
 from sglfix.cli.context import add_group, err, options, out
 from sglfix.cli.layout import named_rows
+from sglfix.cli.options import JunitFile, MarkdownFile
 from sglfix.common.errors import ConfigError
 
 _SUBCOMMANDS: list[tuple[str, Callable]] = []

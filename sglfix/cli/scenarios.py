@@ -5,9 +5,10 @@ from __future__ import annotations
 import typer
 from rich.text import Text
 
-from sglfix.cli.common import ScenarioFiles, ScenarioGlobs, load_selected
+from sglfix.cli.common import load_selected
 from sglfix.cli.context import emit_json, options, out
 from sglfix.cli.layout import named_rows
+from sglfix.cli.options import ScenarioFiles, ScenarioGlobs
 
 
 def scenarios_cmd(

@@ -14,7 +14,9 @@ import os
 import socket
 import time
 
-__all__ = ["ANSWER_S", "probe_ray"]
+from sglfix.common.errors import ConfigError
+
+__all__ = ["ANSWER_S", "check_ray_address", "probe_ray", "quiet_ray_logs"]
 
 # A GCS sends its SETTINGS as soon as it reads the preface: one round trip, milliseconds on a
 # network, seconds nowhere. The wait stays short so that a refusal, with the command's own
@@ -78,3 +80,35 @@ def _exchange(conn: socket.socket, answer_s: float) -> tuple[bytes, str]:
     except ConnectionError as exc:
         return got, f"it accepts a connection, then drops it ({exc.strerror or type(exc).__name__})"
     return got, ""
+
+
+def check_ray_address(address: str | None) -> None:
+    """``--ray-address``: ``auto``, or ``[ray://]host:port`` that answers as a Ray head (gRPC)
+    within a few seconds (one line otherwise, before Ray is imported)."""
+    if address is None or address == "auto":
+        return
+    text = address.removeprefix("ray://")
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--ray-address {address!r}: give auto or host:port (e.g. 10.0.0.5:6379)")
+    try:
+        why = probe_ray(host.strip("[]"), int(port), connect_s=3.0)
+    except OSError as exc:
+        raise ConfigError(
+            f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); start the Ray "
+            f"head (ray start --head) or give its address"
+        ) from None
+    # Ray's own join would wait a minute or more on a server that is not Ray before it gives up.
+    if why is not None:
+        raise ConfigError(
+            f"--ray-address {address} is not a Ray head: {why}; give the address ray start --head "
+            f"prints (e.g. 10.0.0.5:6379) or ray://head:10001"
+        )
+
+
+def quiet_ray_logs() -> None:
+    """Ray's own warnings (token authentication on or off, and the like) are not this command's
+    output: the CLI keeps Ray's loggers at ERROR. A library user of RayPool keeps theirs."""
+    import logging
+
+    logging.getLogger("ray").setLevel(logging.ERROR)

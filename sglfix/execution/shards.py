@@ -21,7 +21,7 @@ from sglfix.common.errors import ConfigError
 from sglfix.execution.planner import Plan
 from sglfix.scenario import Scenario
 
-__all__ = ["MAX_SHARDS", "Shard", "parse_shard", "scenario_cost", "shard_plan"]
+__all__ = ["MAX_SHARDS", "Shard", "deal", "parse_shard", "scenario_cost", "shard_plan"]
 
 MAX_SHARDS = 1024
 _SHARD_RE = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
@@ -71,15 +71,21 @@ def shard_plan(plan: Plan, shard: Shard, *, timings: Mapping[str, float] | None 
         if cost is None:
             cost = scenario_cost(cell.scenario) * per_unit
         load[cell.scenario.name] = load.get(cell.scenario.name, 0.0) + cost
-    order = sorted(plan.scenarios, key=lambda s: (-load[s.name], s.name))
+    mine = deal(load, shard)
+    return Plan(scenarios=[s for s in plan.scenarios if s.name in mine], sets=list(plan.sets), env_ids=plan.env_ids)
+
+
+def deal(load: Mapping[str, float], shard: Shard) -> set[str]:
+    """The names ``shard`` takes of ``load`` (name -> cost): largest first, each to the shard with
+    the least cost so far (ties: the lower shard number; equal costs in name order)."""
     totals = [0.0] * shard.count
     mine: set[str] = set()
-    for s in order:
+    for name in sorted(load, key=lambda n: (-load[n], n)):
         target = min(range(shard.count), key=lambda k: (totals[k], k))
-        totals[target] += load[s.name]
+        totals[target] += load[name]
         if target == shard.index - 1:
-            mine.add(s.name)
-    return Plan(scenarios=[s for s in plan.scenarios if s.name in mine], sets=list(plan.sets), env_ids=plan.env_ids)
+            mine.add(name)
+    return mine
 
 
 def _ms_per_unit(plan: Plan, timings: Mapping[str, float]) -> float:

@@ -1,0 +1,243 @@
+"""Every option of the commands that run cells, declared once. A command takes the ones it
+needs by name (``takes``) and receives them as keyword arguments; ``sglfix.execution.settings``
+turns those into the one ``Settings`` the runner checks."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+
+from sglfix.cli.complete import scenario_names, toggle_ids
+
+ScenarioGlobs = Annotated[
+    list[str],
+    typer.Option(
+        "--scenario",
+        "-s",
+        metavar="GLOB",
+        autocompletion=scenario_names,
+        help="Only scenarios whose name matches (repeatable).",
+    ),
+]
+ScenarioFiles = Annotated[
+    list[str],
+    typer.Option("--scenario-file", metavar="PATH", help="Scenario YAML file (repeatable); replaces the built-in set."),
+]
+BackendName = Annotated[str | None, typer.Option("--backend", metavar="NAME", help="Only scenarios of this backend.")]
+
+
+class DeviceChoice(StrEnum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class ExecutorChoice(StrEnum):
+    local = "local"
+    ray = "ray"
+
+
+def _plain(value: Any) -> Any:
+    # Typer hands an Enum member; the commands, workers and reports deal in plain strings.
+    return value.value if isinstance(value, StrEnum) else value
+
+
+Device = Annotated[
+    DeviceChoice,
+    typer.Option(
+        "--device",
+        help="Where cells run: auto takes cuda when a GPU is visible.",
+        callback=_plain,
+        case_sensitive=False,
+    ),
+]
+Jobs = Annotated[
+    int | None,
+    typer.Option(
+        "--jobs", "-j", help="Worker processes (default on a GPU: from its memory and the cores, up to 8; 2 on CPU)."
+    ),
+]
+Timeout = Annotated[float, typer.Option("--timeout", help="Seconds per cell before TIMEOUT (finite, > 0).")]
+JsonFile = Annotated[
+    str | None, typer.Option("--json", metavar="FILE", help="Write the report as JSON (- for stdout).")
+]
+JunitFile = Annotated[
+    str | None,
+    typer.Option(
+        "--junit", metavar="FILE", help="Also write JUnit XML (.xml): one testcase per cell, for CI test views."
+    ),
+]
+MarkdownFile = Annotated[
+    str | None,
+    typer.Option(
+        "--markdown",
+        metavar="FILE",
+        help="Also write a Markdown summary (.md); it is appended to $GITHUB_STEP_SUMMARY whenever that is set, option or not.",
+    ),
+]
+HeatmapFile = Annotated[
+    str | None,
+    typer.Option(
+        "--heatmap",
+        metavar="FILE",
+        help="Also draw the grid coloured by verdict (.png or .svg; pip install 'sglfix[plot]').",
+    ),
+]
+NoReachability = Annotated[
+    bool,
+    typer.Option(
+        "--no-reachability",
+        help="Run every cell, also those whose reverted functions the scenario's baseline never enters (otherwise marked NOT_REACHED, not run).",
+    ),
+]
+ShowAll = Annotated[
+    bool,
+    typer.Option(
+        "--all",
+        help="Show every cell (the whole table or grid) and every name; by default the console shows what did not pass and the counts. The reports keep everything either way.",
+    ),
+]
+EnvBaseline = Annotated[
+    bool,
+    typer.Option(
+        "--env-baseline",
+        help="Judge against the set SGLANG_DEBUG_REVERT_PR selects as the baseline (otherwise a set variable is "
+        "refused: the baseline must be the code as installed); the header and the gate name it, and no "
+        "expectation is checked.",
+    ),
+]
+DeviceList = Annotated[
+    str | None,
+    typer.Option(
+        "--devices", metavar="LIST", help="One worker per GPU: cuda:0,cuda:1 (or 0,1), or all; implies --device cuda."
+    ),
+]
+Executor = Annotated[
+    ExecutorChoice,
+    typer.Option(
+        "--executor",
+        callback=_plain,
+        case_sensitive=False,
+        help="local: worker processes on this machine; ray: one Ray actor per worker (pip install 'sglfix[ray]').",
+    ),
+]
+RayAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--ray-address",
+        metavar="ADDR",
+        help="Join this Ray cluster (e.g. auto, ray://head:10001); default: a private local Ray instance.",
+    ),
+]
+RayKeep = Annotated[
+    float | None,
+    typer.Option(
+        "--ray-keep",
+        metavar="SECONDS",
+        help="With --ray-address: leave the actors in the cluster, idle, this long (at most 86400) for the "
+        "next run to take warm; a run of the same sglfix, toggles and options claims them.",
+    ),
+]
+ShardSpec = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        metavar="I/N",
+        help="Run only the i-th of N shards (whole scenarios, balanced by cost); `sglfix report merge` joins the shards' reports into the whole run's.",
+    ),
+]
+ShardCosts = Annotated[
+    str | None,
+    typer.Option(
+        "--shard-costs",
+        metavar="REPORT.json",
+        help="Balance the shards by the cell timings of an earlier report (default: an estimate from each scenario's size).",
+    ),
+]
+MemoryBudget = Annotated[
+    str | None,
+    typer.Option(
+        "--memory-budget",
+        metavar="SIZE",
+        help="Refuse scenarios estimated to need more memory (e.g. 16G; env SGLFIX_MEMORY_BUDGET).",
+    ),
+]
+
+Revert = Annotated[
+    list[str],
+    typer.Option(
+        "--revert",
+        "-r",
+        metavar="ID",
+        autocompletion=toggle_ids,
+        help="Revert this toggle or part (repeatable; comma lists too); added to what SGLANG_DEBUG_REVERT_PR selects.",
+    ),
+]
+Candidates = Annotated[
+    list[str],
+    typer.Option(
+        "--revert",
+        "-r",
+        metavar="ID",
+        autocompletion=toggle_ids,
+        help="Candidate toggles or parts (repeatable; comma lists too); default every registered part.",
+    ),
+]
+Parts = Annotated[
+    bool,
+    typer.Option(
+        "--parts",
+        help="Also revert each part of each toggle alone, and the part combinations expectations name (checks those expectations).",
+    ),
+]
+
+# name -> (annotation, default): the parameter a command function receives for each option.
+OPTIONS: dict[str, tuple[Any, Any]] = {
+    "revert": (Revert, []),
+    "candidates": (Candidates, []),
+    "parts": (Parts, False),
+    "scenario": (ScenarioGlobs, []),
+    "scenario_file": (ScenarioFiles, []),
+    "backend": (BackendName, None),
+    "device": (Device, "auto"),
+    "jobs": (Jobs, None),
+    "timeout": (Timeout, 300.0),
+    "json_file": (JsonFile, None),
+    "junit": (JunitFile, None),
+    "markdown": (MarkdownFile, None),
+    "heatmap": (HeatmapFile, None),
+    "memory_budget": (MemoryBudget, None),
+    "devices": (DeviceList, None),
+    "executor": (Executor, "local"),
+    "ray_address": (RayAddress, None),
+    "ray_keep": (RayKeep, None),
+    "shard": (ShardSpec, None),
+    "shard_costs": (ShardCosts, None),
+    "no_reachability": (NoReachability, False),
+    "env_baseline": (EnvBaseline, False),
+    "show_all": (ShowAll, False),
+}
+
+
+def takes(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command written ``def cmd(ctx, **given)`` the options ``names``, in that order (the
+    order of its --help): typer reads the signature set here and calls it with each by name."""
+    unknown = [n for n in names if n not in OPTIONS]
+    if unknown:
+        raise KeyError(f"no option {unknown}")
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
+        for name in names:
+            annotation, default = OPTIONS[name]
+            params.append(
+                inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+            )
+        fn.__signature__ = inspect.Signature(params)
+        return fn
+
+    return wrap

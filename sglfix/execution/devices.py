@@ -1,0 +1,122 @@
+"""Where cells may run and how many workers: the device, the GPUs of --devices and the worker
+count, checked in the parent before any worker starts (this process never imports torch)."""
+
+from __future__ import annotations
+
+import os
+
+from sglfix.common.errors import ConfigError
+
+
+def has_cuda_device() -> bool:
+    """Whether a GPU is visible, without importing torch (the CLI parent never does)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
+
+
+def check_device(device: str) -> None:
+    """``--device cuda`` where no GPU is visible is one line before any worker starts. The check
+    reads the device nodes and CUDA_VISIBLE_DEVICES only (this process never imports torch); a
+    GPU that is there but unusable (a CPU build of torch) is still reported by the first worker."""
+    if device == "cuda" and not has_cuda_device():
+        raise ConfigError("--device cuda: no CUDA device here; use --device cpu")
+
+
+# What a worker holds on the GPU: up to 4 GiB of allocator cache between cells
+# (sglfix.harness.allocator) plus what its current cell needs (inputs, KV pools, the graphs'
+# pools, the 384 MiB FlashInfer workspace). Measured peaks of the whole GPU per worker count are
+# in bench/results/workers-h100.json; eight workers with caches kept whole ran out of memory.
+_GPU_GIB_PER_WORKER = 10
+_MAX_GPU_WORKERS = 8
+
+
+def default_gpu_workers() -> int:
+    """Workers sharing one GPU when --jobs is not given. A cell is host-bound (Python, kernel
+    launches, metadata building), so several workers keep one GPU busy: half the cores this
+    process may use (the rest serve the parent and the kernel compilers), no more than the GPU's
+    memory holds at what one worker keeps, and at most 8."""
+    import subprocess
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    by_cores = max(1, cores // 2)
+    try:
+        probe = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        mib = min(int(line) for line in probe.stdout.split())
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return min(by_cores, 2)  # memory unknown: the two that fit any GPU sglfix runs on
+    return max(1, min(by_cores, mib // (_GPU_GIB_PER_WORKER * 1024), _MAX_GPU_WORKERS))
+
+
+def max_jobs() -> int:
+    """The most worker processes sglfix starts here: 4 per core this process may use, and no more
+    than one per GiB of the machine's memory (a worker holds torch and the code base; past that
+    the machine swaps instead of running cells)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**30
+    except (ValueError, OSError, AttributeError):
+        gib = 4 * cores
+    return max(1, min(4 * cores, gib))
+
+
+def check_jobs(jobs: int | None, device: str) -> int:
+    if jobs is None:
+        if device == "cuda" or (device == "auto" and has_cuda_device()):
+            return default_gpu_workers()
+        return max(1, min(2, os.cpu_count() or 1))
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs} must be at least 1")
+    ceiling = max_jobs()
+    if jobs > ceiling:
+        raise ConfigError(
+            f"--jobs {jobs} is more workers than this machine can run at once (at most {ceiling}: 4 per core, "
+            f"one per GiB of memory); give --jobs {ceiling} or fewer"
+        )
+    return jobs
+
+
+def parse_devices(text: str) -> list[str]:
+    """``cuda:0,cuda:1`` / ``0,1`` / ``all`` -> CUDA device indices, checked (exit 2 if bad)."""
+    value = text.strip()
+    if value == "all":
+        count = _cuda_device_count()
+        if count < 1:
+            raise ConfigError("--devices all: no CUDA device here; run on a GPU machine or use --jobs N on CPU")
+        return [str(i) for i in range(count)]
+    out: list[str] = []
+    for item in value.split(","):
+        item = item.strip()
+        index = item[len("cuda:") :] if item.startswith("cuda:") else item
+        # ASCII digits only: str.isdigit() also takes superscripts ("²"), which int() refuses.
+        if not (index.isascii() and index.isdigit()) or len(index) > 4:
+            raise ConfigError(f"--devices {text!r}: {item!r} is not a CUDA device; give cuda:0,cuda:1 (or 0,1) or all")
+        if index in out:
+            raise ConfigError(f"--devices {text!r}: cuda:{index} is listed twice")
+        out.append(str(int(index)))
+    return out
+
+
+def _cuda_device_count() -> int:
+    """How many GPUs a worker would see, asked of a fresh interpreter (this process never imports torch)."""
+    import subprocess
+    import sys
+
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    try:
+        return int(probe.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise ConfigError(
+            f"--devices all: could not count the GPUs ({(probe.stderr or probe.stdout).strip()[-200:]})"
+        ) from None

@@ -1,0 +1,273 @@
+"""The one way cells are run: ``run``, ``matrix`` and ``bisect`` hand their ``Settings`` and the
+code base they resolved (``Target``) to a ``Runner``, which checks every setting against the
+machine and the code base before any worker starts (one line, exit 2), plans, starts the workers
+(local processes, one per GPU with ``--devices``, or Ray actors) and runs cells on them.
+
+Plan once, run many: a ``Runner`` is built and checked once; ``plan`` makes the cells of a
+command's plan (scenarios chosen, shard taken, every revert prechecked against the installed
+source); ``workers`` opens the pool a command runs one plan on (``run``) or many small ones on
+(``bisect``'s search)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglfix.common.errors import ConfigError
+from sglfix.execution.devices import check_device, check_jobs, has_cuda_device, parse_devices
+from sglfix.execution.settings import Settings
+
+
+@dataclass(frozen=True)
+class Target:
+    """The code base cells replay through and the toggles they revert, as the command resolved
+    them (``--profile``, ``--toggles``, ``--allow-target``)."""
+
+    profile: Any  # sglfix.toggling.profiles.Profile
+    registry: Any  # sglfix.toggling.registry.Registry
+    codebase: Any  # sglfix.codebases.CodeBase
+    allowed_prefixes: tuple[str, ...] | None = None
+    toggles_dir: str | None = None  # given explicitly: every worker reads the same files
+
+
+@dataclass
+class Ran:
+    """A plan run through the workers, with what the report and the tables need."""
+
+    registry: Any
+    env: tuple[str, ...]
+    plan: Any
+    info: dict
+    results: list
+    wall: float
+    shard: Any = None  # the Shard this run was, if --shard
+    replacements: list = field(default_factory=list)  # why each worker was replaced between sets
+
+
+class Runner:
+    """Settings checked once (in the order a user meets them), then plans and workers."""
+
+    def __init__(self, settings: Settings, target: Target, *, what: str) -> None:
+        from sglfix.execution.pool import WorkerConfig
+        from sglfix.execution.shards import parse_shard
+
+        self.settings, self.target, self.what = settings, target, what
+        s = settings
+        if s.executor not in ("local", "ray"):
+            raise ConfigError(f"--executor {s.executor!r}: use local or ray")
+        if s.ray_address is not None and s.executor != "ray":
+            raise ConfigError("--ray-address joins a Ray cluster: give --executor ray with it")
+        check_ray_keep(s.ray_keep, executor=s.executor, address=s.ray_address)
+        device, self.gpus = s.device, None
+        if s.devices is not None:
+            if device not in ("auto", "cuda"):
+                raise ConfigError(
+                    f"--devices {s.devices} runs on GPUs; drop --device {device} (or use --jobs N on CPU)"
+                )
+            if s.jobs is not None:
+                raise ConfigError("--devices starts one worker per GPU; give --devices or --jobs, not both")
+            self.gpus = parse_devices(s.devices)
+            device = "cuda"
+        self.shard = parse_shard(s.shard) if s.shard is not None else None
+        if s.shard_costs is not None and self.shard is None:
+            raise ConfigError("--shard-costs balances shards: give --shard I/N with it")
+        self.timings = None
+        if s.shard_costs is not None:
+            from sglfix.report.load import cell_costs, load_report
+
+            self.timings = cell_costs(load_report(s.shard_costs))
+        if self.gpus is not None and not has_cuda_device():
+            # Name CUDA_VISIBLE_DEVICES only when the user set it: it may be what hides the GPU.
+            shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+            hidden = f" (CUDA_VISIBLE_DEVICES={shown} is set)" if shown is not None else ""
+            raise ConfigError(
+                f"--devices {s.devices}: this machine has no CUDA device{hidden}; run it on a GPU machine, "
+                "or use --device cpu (--jobs N for several workers)"
+            )
+        check_device(device)
+        check_env_knobs()
+        if device == "cpu" or (device == "auto" and not has_cuda_device()):
+            from sglfix.codebases import check_interpreter
+
+            check_interpreter(target.codebase, what=f"--profile {target.profile.name}")
+        self.device = device
+        self.config = WorkerConfig(
+            device=device,
+            timeout=s.timeout,
+            allowed_prefixes=target.allowed_prefixes,
+            toggles_dir=target.toggles_dir,
+            codebase=target.codebase.name,
+        )
+        self.env = env_ids(target.registry)
+        check_env_baseline(self.env, s.env_baseline, what=what)
+        if s.executor == "ray":
+            from sglfix.execution.ray_probe import check_ray_address, quiet_ray_logs
+
+            # Ray takes seconds to start or join: an address that answers nothing is refused
+            # instead of waited on.
+            check_ray_address(s.ray_address)
+            quiet_ray_logs()
+        self.jobs = check_jobs(s.jobs, device)
+
+    def scenarios(self) -> list:
+        """The scenarios the settings select, checked at load (sizes, memory, what the code base
+        can run)."""
+        s = self.settings
+        return choose_scenarios(
+            profile=self.target.profile,
+            globs=s.scenario,
+            files=s.scenario_file,
+            backend=s.backend,
+            memory_budget=s.memory_budget,
+        )
+
+    def plan(self, build_plan: Callable[..., Any], chosen: Sequence[Any] | None = None) -> Any:
+        """``build_plan(scenarios, registry=, env_ids=)``'s plan, this shard of it, every revert
+        of every set checked against the installed source (one line before any worker)."""
+        from sglfix.execution.shards import shard_plan
+
+        chosen = self.scenarios() if chosen is None else chosen
+        plan = build_plan(chosen, registry=self.target.registry, env_ids=self.env)
+        if self.shard is not None:
+            plan = shard_plan(plan, self.shard, timings=self.timings)
+        self.precheck(plan)
+        return plan
+
+    def precheck(self, plan: Any) -> None:
+        """Each toggle set of ``plan`` applied on paper to the installed source of the code base:
+        a revert that would fail in every worker (its match not in the code, its target not
+        allowed, its replacement not Python) is one line before any worker starts."""
+        from sglfix.toggling.doctor import precheck_selections
+
+        registry = self.target.registry
+        for toggles in dict.fromkeys(tuple(c.toggles) for c in plan.cells):
+            selections = [sel for rid in toggles for sel in registry.select(rid)]
+            if selections:
+                precheck_selections(
+                    selections, package=self.target.codebase.package, allowed_prefixes=self.target.allowed_prefixes
+                )
+
+    @contextmanager
+    def workers(self, *, cells: int | None = None) -> Iterator[Any]:
+        """The pool of workers (never more than ``cells``: a worker costs a process start and its
+        memory for nothing), SIGTERM turned into an exception while it is open."""
+        from sglfix.execution.pool import WorkerPool, signals_raise
+
+        jobs = self.jobs if cells is None else max(1, min(self.jobs, cells))
+        s = self.settings
+        if s.executor == "ray":
+            from sglfix.execution.ray_pool import RayPool
+
+            pool = RayPool(self.config, jobs=jobs, devices=self.gpus, address=s.ray_address, keep=s.ray_keep)
+        else:
+            pool = WorkerPool(self.config, jobs=jobs, devices=self.gpus)
+        with signals_raise(), pool:
+            yield pool
+
+    def run(self, plan: Any, *, progress: Callable[[Any], Any]) -> Ran:
+        """Every cell of ``plan`` on a fresh pool, through reachability when the settings ask for
+        it. ``progress(plan)`` is a context manager giving the function each result is passed to."""
+        registry = self.target.registry if self.settings.reachability else None
+        with self.workers(cells=len(plan.cells)) as pool:
+            info = {**pool.info, "workers": len(getattr(pool, "workers", ()) or ()) or self.jobs}
+            start = time.perf_counter()
+            with progress(plan) as tick:
+                if registry is not None and len(plan.sets) > 1:
+                    from sglfix.execution.reach import run_reaching
+
+                    results = run_reaching(pool, plan.cells, base=plan.sets[0], registry=registry, on_result=tick)
+                else:
+                    results = pool.run(plan.cells, on_result=tick)
+            wall = time.perf_counter() - start
+            replacements = list(getattr(pool, "replacements", []))
+        return Ran(
+            registry=self.target.registry,
+            env=self.env,
+            plan=plan,
+            info=info,
+            results=results,
+            wall=wall,
+            shard=self.shard,
+            replacements=replacements,
+        )
+
+
+def choose_scenarios(
+    *, profile: Any, globs: Sequence[str], files: Sequence[str], backend: str | None, memory_budget: str | None = None
+) -> list:
+    """The profile's built-in scenarios, or only ``files`` when given; those ``globs`` and
+    ``backend`` select, checked (sizes, the memory estimate of each selected one, what the
+    profile's code base can run) before any cell runs."""
+    from sglfix.codebases import check_scenarios_runnable, get_codebase
+    from sglfix.scenario import load_scenarios, select_scenarios
+    from sglfix.scenario.memory import check_memory, parse_size
+
+    budget = parse_size(memory_budget, what="--memory-budget") if memory_budget is not None else None
+    scenarios = load_scenarios(list(files), builtin=not files, check_budget=False, builtin_dir=profile.scenarios_dir)
+    chosen = select_scenarios(scenarios, globs=list(globs), backend=backend)
+    # The budget is what a worker will hold: only the scenarios that run are measured against it.
+    check_memory(chosen, budget_bytes=budget)
+    check_scenarios_runnable(chosen, get_codebase(profile.codebase))
+    return chosen
+
+
+def env_ids(registry: Any) -> tuple[str, ...]:
+    """What SGLANG_DEBUG_REVERT_PR selects, as the ids the user wrote (validated: exit 2 if bad)."""
+    from sglfix.toggling import ENV_VAR, selects_nothing
+    from sglfix.toggling.env import parse_env_value
+
+    value = os.environ.get(ENV_VAR)
+    parse_env_value(value, registry=registry)
+    if selects_nothing(value):
+        return ()
+    return tuple(t.strip() for t in value.split(","))
+
+
+def check_env_baseline(env: Sequence[str], accepted: bool | None, *, what: str) -> None:
+    """A matrix or bisect judges toggles against a baseline that must be the code as installed:
+    a revert inherited from the environment is refused in one line (``accepted`` None: a ``run``,
+    whose reverts add to the variable's by design)."""
+    if not env or accepted is None or accepted:
+        return
+    from sglfix.toggling import ENV_VAR
+
+    raise ConfigError(
+        f"{ENV_VAR}={','.join(env)} is set: the {what}'s baseline would not be the code as installed; "
+        f"unset it (env -u {ENV_VAR} sglfix {what} ...), or give --env-baseline to judge against that set"
+    )
+
+
+def check_ray_keep(keep: float | None, *, executor: str, address: str | None) -> None:
+    """``--ray-keep``: seconds in (0, 86400], only for a run joined to a cluster."""
+    import math
+
+    if keep is None:
+        return
+    from sglfix.execution.ray_pool import MAX_KEEP_S
+
+    if executor != "ray" or address is None:
+        raise ConfigError(
+            "--ray-keep leaves actors in a running Ray cluster: give --executor ray --ray-address ADDR with it"
+        )
+    if not math.isfinite(keep) or not 0 < keep <= MAX_KEEP_S:
+        raise ConfigError(f"--ray-keep {keep:g}: give seconds above 0 and at most {MAX_KEEP_S:g} (e.g. --ray-keep 600)")
+
+
+def check_env_knobs() -> None:
+    """The environment settings a worker reads, checked in the parent: a bad value is one line
+    before any worker starts, never a silent default."""
+    raw = os.environ.get("SGLFIX_KERNEL_MEMO_MB")
+    if raw is not None:
+        try:
+            ok = float(raw) >= 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ConfigError(
+                f"SGLFIX_KERNEL_MEMO_MB={raw!r}: give the kernel memo's size in MiB (e.g. 256; 0 "
+                f"turns it off), or unset it"
+            )
