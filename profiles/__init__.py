@@ -1,4 +1,7 @@
-"""Toggle profiles for code bases other than the reproduction (installed as ``sglfix.profiles``).
+"""Profile folders (installed as ``sglfix.profiles``): each subfolder holding a ``profile.toml`` is
+one profile, found by listing this folder (``sglfix.codebases.search_folders``).
 
-Each subdirectory is one profile's toggle files; ``sglfix.toggling.profiles`` names them.
+``reproduction/`` describes the built-in reproduction (its toggle and scenario files are the
+``sglfix.toggles`` and ``sglfix.scenarios`` packages); every other folder holds a real code base's
+toggle files beside its record, its scenarios and its known divergences.
 """

@@ -32,7 +32,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=
 @dataclass
 class Options:
     toggles: str | None = None
-    profile: object = None  # the --profile given (sglfix.toggling.profiles.Profile), if any
+    profile: object = None  # the --profile given (sglfix.codebases.Profile), if any
     allow: tuple[str, ...] = ()
     debug: bool = False
     argv: list[str] = field(default_factory=list)
@@ -46,21 +46,18 @@ class Options:
 
     def active_profile(self):
         """The profile of this command: ``--profile``, else ``SGLFIX_PROFILE``, else the reproduction."""
-        if self.profile is not None:
-            return self.profile
-        from sglfix.toggling.profiles import current_profile
+        from sglfix.toggling.profiles import resolve_profile
 
-        return current_profile()
+        return resolve_profile(option=self.profile.name if self.profile is not None else None).profile
 
     def codebase(self, *, check: bool = True):
-        """The code base this command replays through; ``check``: it must be installed, in the
-        profile's version (one-line ConfigError, exit 2, before any cell)."""
-        from sglfix.codebases import check_installed, get_codebase
+        """The code base this command replays through; ``check``: it must be installed, in a
+        version the profile covers (one-line ConfigError, exit 2, before any cell)."""
+        from sglfix.codebases import check_installed
 
-        profile = self.active_profile()
-        cb = get_codebase(profile.codebase)
-        if check and cb.distribution is not None:
-            shown = f"--profile {profile.name}" if self.profile is not None else f"SGLFIX_PROFILE={profile.name}"
+        cb = self.active_profile()
+        if check and not cb.is_reproduction:
+            shown = f"--profile {cb.name}" if self.profile is not None else f"SGLFIX_PROFILE={cb.name}"
             check_installed(cb, what=shown)
         return cb
 
@@ -69,7 +66,7 @@ class Options:
         for what a CPU box lacks, Triton's interpreter without a GPU) before a command imports
         its targets, as a worker does; the code base."""
         cb = self.codebase()
-        if cb.distribution is not None:
+        if not cb.is_reproduction:
             from sglfix.codebases import activate
 
             if not _has_cuda_device():

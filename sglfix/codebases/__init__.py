@@ -1,9 +1,9 @@
-"""Code bases the harness replays scenarios through: the reproduction, or an installed sglang.
+"""Code bases the harness replays scenarios through, one record per version (``records``).
 
-A profile (``sglfix.toggling.profiles``) names its toggle files *and* its code base. The
-reproduction (``sglfix.backends``) is part of sglfix and always there; a real-sglang code base
-is the ``sglang`` distribution of one exact version, found without importing it (the CLI parent
-never imports the engine), and refused in one line when it is missing or of another version.
+A profile's record (``Profile``, read from its folder's ``profile.toml``) names its code base: the
+reproduction (``sglfix.backends``, part of sglfix and always there) or an engine distribution in a
+range of versions, found without importing it (the CLI parent never imports the engine) and
+refused in one line when it is missing or of a version the range does not cover.
 
 Which code base a process replays through is process state: a worker activates one at boot
 (``activate``) and everything that asks "is this frame the code under test?", "which adapter
@@ -13,15 +13,31 @@ runs backend X?" reads ``active()``. Imports nothing heavy.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
+from sglfix.codebases.records import (
+    CODEBASES,
+    PROFILE_FILE,
+    PROFILES_PATH_ENV,
+    REPRODUCTION_NAME,
+    CodeBase,
+    Profile,
+    get_codebase,
+    profiles,
+    search_folders,
+)
 from sglfix.common.errors import ConfigError
 
 __all__ = [
     "CODEBASES",
+    "PROFILES_PATH_ENV",
+    "PROFILE_FILE",
     "REPRODUCTION",
+    "REPRODUCTION_NAME",
     "CodeBase",
     "Installed",
+    "Profile",
     "activate",
     "active",
     "check_installed",
@@ -29,127 +45,35 @@ __all__ = [
     "check_scenarios_runnable",
     "get_codebase",
     "installed",
+    "profiles",
+    "search_folders",
 ]
 
 
-@dataclass(frozen=True)
-class CodeBase:
-    name: str
-    package: str  # the top-level package whose modules are the code under test
-    summary: str
-    # backend name -> module defining ``ADAPTER`` for this code base
-    adapters: dict[str, str] = field(default_factory=dict)
-    distribution: str | None = None  # None: the reproduction, shipped inside sglfix
-    version: str | None = None  # the exact version a profile is written for
-    # Forward modes the scenario format has and this code base does not (refused before any cell).
-    lacks_modes: dict[str, str] = field(default_factory=dict)
-    # Packages the code base imports at module level that a CPU machine cannot install.
-    standins: tuple[str, ...] = ()
-    # Capability queries of a stood-in package that the code base implements itself
-    # (stand-in path -> "module:function"); see sglfix.codebases.standins.
-    standin_equivalents: dict[str, str] = field(default_factory=dict)
-    # How to install it, for the one-line refusal.
-    install_hint: str = ""
-    # Modules a worker imports at boot (an installed engine is far larger than what the harness
-    # drives; the reproduction is imported whole): every module a toggle of the profile targets
-    # or an adapter drives, so the worker's state snapshot covers them.
-    preload: tuple[str, ...] = ()
-    # probe name (sglfix.scenario.modes.PROBE_RULES) -> module defining ``PROBE`` for this code base
-    probes: dict[str, str] = field(default_factory=dict)
-    # The package holding every use of the engine's private attention test kit, pinned to this
-    # version (sglfix.harness.kits; its KIT_MODULES are preloaded too); None: the code base has no kit.
-    kit: str | None = None
-    # The oldest triton whose interpreter runs this code base's kernels on CPU (None: any). Checked
-    # before a CPU run, not pinned in an extra: a CUDA torch pins its own triton, and on a GPU the
-    # kernels are compiled, not interpreted.
-    interpreter_triton: str | None = None
-    # Where the package's files sit in the code base's own repository, as a fix's diff names them
-    # (``sglfix toggle from-diff``): backends/... for the reproduction, python/sglang/... for sglang.
-    repo_prefix: str = ""
+def __getattr__(name: str) -> Any:
+    # REPRODUCTION, and SGLANG_0_5_23-style names of the other records, are read on first use:
+    # importing this module reads no file.
+    if not name.isupper() or name.startswith("_"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name == "REPRODUCTION":
+        return get_codebase(REPRODUCTION_NAME)
+    for record in profiles().values():
+        if record.name.upper().replace("-", "_").replace(".", "_") == name:
+            return record
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-REPRODUCTION = CodeBase(
-    name="reproduction",
-    package="sglfix.backends",
-    repo_prefix="backends/",
-    summary="the reproduction under sglfix.backends, shipped with sglfix",
-    adapters={
-        "triton": "sglfix.harness.adapters.triton",
-        "flashinfer": "sglfix.harness.adapters.flashinfer",
-        "flashinfer_mla": "sglfix.harness.adapters.flashinfer_mla",
-        "trtllm_mla": "sglfix.harness.adapters.trtllm_mla",
-        "deepseek_v4": "sglfix.harness.adapters.deepseek_v4",
-    },
-)
+# ----------------------------------------------------------------------------- the active one
 
-SGLANG_0_5_23 = CodeBase(
-    name="sglang-0.5.23",
-    package="sglang",
-    repo_prefix="python/sglang/",
-    distribution="sglang",
-    version="0.5.23",
-    kit="sglfix.harness.kits.sglang_0_5_23",
-    interpreter_triton="3.9",  # older interpreters fail on sglang's kv_index_translator kernels
-    summary="the installed sglang 0.5.23 (its own backends, memory pools, ForwardBatch and test kit)",
-    adapters={
-        "triton": "sglfix.harness.adapters.sglang.triton",
-        "deepseek_v4": "sglfix.harness.adapters.sglang.deepseek_v4",
-        "flashinfer": "sglfix.harness.adapters.sglang.flashinfer",
-        "flashinfer_mla": "sglfix.harness.adapters.sglang.flashinfer_mla",
-        "trtllm_mla": "sglfix.harness.adapters.sglang.trtllm_mla",
-    },
-    lacks_modes={"DRAFT_EXTEND": "sglang 0.5.23 has no ForwardMode.DRAFT_EXTEND (spec v1); use DRAFT_EXTEND_V2"},
-    standins=("sgl_kernel", "torchvision"),
-    standin_equivalents={
-        # TritonAttnBackend asks sgl_kernel whether the GPU supports programmatic dependent launch;
-        # sglang's own JIT kernels ask the same of sglang.kernels.jit (compute capability >= 9).
-        "sgl_kernel.utils.is_arch_support_pdl": "sglang.kernels.jit.utils.arch:is_arch_support_pdl",
-    },
-    probes={
-        "req-to-token-headroom": "sglfix.harness.probes.sglang.req_to_token_headroom",
-        "eagle-prefill-tail": "sglfix.harness.probes.sglang.eagle_prefill_tail",
-        "draft-positions": "sglfix.harness.probes.sglang.draft_positions",
-        "needs-cpu-seq-lens": "sglfix.harness.probes.sglang.needs_cpu_seq_lens",
-    },
-    preload=tuple(
-        f"sglang.{m}"
-        for m in (
-            "srt.layers.attention.triton_backend",
-            "srt.layers.attention.flashinfer_backend",
-            "srt.layers.attention.flashinfer_mla_backend",
-            "srt.layers.attention.trtllm_mla_backend",
-            "srt.layers.attention.deepseek_v4_backend",
-            "srt.layers.attention.flashattention_backend",
-            "srt.managers.overlap_utils",
-            "srt.mem_cache.allocation_sizing",
-            "srt.speculative.eagle_utils",
-            "srt.speculative.eagle_worker_v2",
-            "srt.speculative.eagle_worker_common",
-            "srt.speculative.eagle_draft_cuda_graph_runner",
-            "srt.debug_utils.pr_fix_toggle",
-        )
-    ),
-    install_hint="pip install torch==2.13.0 && pip install --no-deps sglang==0.5.23 && pip install 'sglfix[sglang]'",
-)
-
-CODEBASES: dict[str, CodeBase] = {c.name: c for c in (REPRODUCTION, SGLANG_0_5_23)}
-
-_ACTIVE: CodeBase = REPRODUCTION
+_ACTIVE: Profile | None = None
 
 
-def get_codebase(name: str) -> CodeBase:
-    try:
-        return CODEBASES[name]
-    except KeyError:
-        raise ConfigError(f"no code base {name!r}; known: {', '.join(CODEBASES)}") from None
-
-
-def active() -> CodeBase:
+def active() -> Profile:
     """The code base this process replays through (the reproduction unless a worker chose another)."""
-    return _ACTIVE
+    return _ACTIVE if _ACTIVE is not None else get_codebase(REPRODUCTION_NAME)
 
 
-def activate(codebase: CodeBase | str) -> list[str]:
+def activate(codebase: Profile | str) -> list[str]:
     """Make ``codebase`` this process's code under test; install its stand-ins where the packages
     are missing. Returns the stand-ins in use. Call before the code base is imported."""
     global _ACTIVE
@@ -180,7 +104,7 @@ def installed(cb: CodeBase) -> Installed | None:
     from sglfix.common.codebase import package_dir
 
     path = package_dir(cb.package)
-    if cb.distribution is None:
+    if cb.is_reproduction:
         from importlib import metadata
 
         try:
@@ -244,11 +168,17 @@ def check_installed(cb: CodeBase, *, what: str) -> Installed:
             f"{what} replays through {cb.package} {cb.version}, but {cb.package} is not importable "
             f"here; install it: {cb.install_hint}"
         )
-    if cb.version is not None and found.version != cb.version:
+    if not cb.is_reproduction and not cb.covers(found.version):
+        written = f"{cb.version}" + (f" ({cb.versions})" if cb.versions else "")
+        others = [
+            p.name
+            for p in profiles().values()
+            if p.package == cb.package and p.distribution and p.covers(found.version)
+        ]
+        pick = f"pick profile {others[0]}" if others else f"pick the profile of {found.version}"
         raise ConfigError(
-            f"{what} is written for {cb.package} {cb.version}, but {cb.package} {found.version} is "
-            f"installed ({found.path}); install {cb.distribution}=={cb.version} or pick the "
-            f"profile of {found.version}"
+            f"{what} is written for {cb.package} {written}, but {cb.package} {found.version} is "
+            f"installed ({found.path}); install {cb.distribution}=={cb.version} or {pick}"
         )
     return found
 

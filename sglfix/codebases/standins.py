@@ -1,12 +1,13 @@
 """Stand-ins for packages a CPU machine cannot install, so that real sglang imports there.
 
-sglang 0.5.23 imports ``sgl_kernel`` (CUDA-only wheel) and ``torchvision`` (PyPI's build does not
+Real sglang imports ``sgl_kernel`` (CUDA-only wheel) and ``torchvision`` (PyPI's build does not
 load beside a CPU torch) at module level in files the attention backends pull in, although none
 of the CPU code paths calls them. A stand-in is a module whose every attribute is a stand-in
 object: importing, ``from x import y``, subclassing and attribute chains work; **calling** one
 raises ``StandInCalled``, so a kernel is never silently turned into a no-op: a cell that reaches
 one is a CRASH naming the package.
 
+A profile names the packages its code base needs stood in for (``Profile.standins``).
 Installed only in a worker of a real-sglang run and only for a package that is missing
 (``install`` checks ``find_spec`` first); ``used()`` lists those a process installed.
 
@@ -24,10 +25,7 @@ import importlib.util
 import sys
 import types
 
-__all__ = ["MISSING_ON_CPU", "StandInCalled", "install", "used"]
-
-# The packages sglang 0.5.23 imports at module level that a CPU box cannot have.
-MISSING_ON_CPU = ("sgl_kernel", "torchvision")
+__all__ = ["StandInCalled", "install", "used"]
 
 
 class StandInCalled(RuntimeError):
@@ -103,9 +101,14 @@ class _Finder(importlib.abc.MetaPathFinder):
 _INSTALLED: list[str] = []
 
 
-def install(packages: tuple[str, ...] = MISSING_ON_CPU, *, equivalents: dict[str, str] | None = None) -> list[str]:
-    """Stand in for each of ``packages`` that cannot be found; the ones stood in for.
-    ``equivalents``: stand-in path -> ``module:function`` answering that capability query."""
+def install(packages: tuple[str, ...] | None = None, *, equivalents: dict[str, str] | None = None) -> list[str]:
+    """Stand in for each of ``packages`` that cannot be found (None: those any profile names);
+    the ones stood in for. ``equivalents``: stand-in path -> ``module:function`` answering that
+    capability query."""
+    if packages is None:
+        from sglfix.codebases.records import profiles
+
+        packages = tuple(dict.fromkeys(p for record in profiles().values() for p in record.standins))
     _EQUIVALENTS.update(equivalents or {})
     missing = []
     for name in packages:

@@ -1,0 +1,332 @@
+"""The profile record and where records are found: one ``profile.toml`` per profile folder.
+
+A profile folder describes itself in one file, ``profile.toml`` (``Profile``): its toggle files,
+scenarios and known divergences, and its code base: the reproduction (``sglfix.backends``, part of
+sglfix) or an engine distribution in a range of versions. Profiles are found by listing folders
+(``search_folders``): the built-in ``sglfix.profiles`` (``profiles/`` of a checkout), then every
+folder ``SGLFIX_PROFILES_PATH`` names; each folder there holding ``profile.toml`` (and a named
+folder itself, if it holds one) is a profile. Nothing lists them by hand.
+
+Imports nothing heavy: the start-up hook reads the records with tomllib and the dataclass's own
+constructor; ``profiles(checked=True)`` validates every file with pydantic as well.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from sglfix.common.errors import ConfigError
+
+__all__ = [
+    "CODEBASES",
+    "PROFILES_PATH_ENV",
+    "PROFILE_FILE",
+    "REPRODUCTION_NAME",
+    "CodeBase",
+    "Profile",
+    "get_codebase",
+    "profiles",
+    "search_folders",
+]
+
+PROFILE_FILE = "profile.toml"
+PROFILES_PATH_ENV = "SGLFIX_PROFILES_PATH"
+REPRODUCTION_NAME = "reproduction"
+_PACKAGE_PREFIX = "package:"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class Profile:
+    """A profile and the code base it is written for, as its ``profile.toml`` says.
+
+    Paths (``toggles``, ``scenarios``, ``known``) are relative to the file's folder, or
+    ``package:NAME`` for the folder of an installed package (the reproduction's files are
+    packages of sglfix). The record is a plain dataclass so that the start-up hook can build it
+    without pydantic; pydantic validates the same fields (``profiles(checked=True)``)."""
+
+    __pydantic_config__: ClassVar[dict] = {"extra": "forbid"}
+
+    name: str
+    package: str  # the top-level package whose modules are the code under test
+    summary: str  # the profile, in words
+    code_summary: str = ""  # its code base, in words
+    toggles: str = "."
+    scenarios: str = "scenarios"
+    # A list of confirmed upstream divergences the gate accepts (sglfix.execution.known), if any.
+    known: str | None = None
+    distribution: str | None = None  # None: the reproduction, shipped inside sglfix
+    version: str | None = None  # the version the profile is written for (messages, install pins)
+    versions: str | None = None  # the versions it covers, PEP 440 specifiers (default: ==version)
+    # How to install it, for the one-line refusal.
+    install_hint: str = ""
+    # The engine's own reader of SGLANG_DEBUG_REVERT_PR. While sglfix applies the variable in a
+    # process, that function must neither apply its own (possibly dead) reverts again nor choke
+    # on a comma list: its code is replaced, so callers that bound it by name get the new code.
+    engine_toggle: str | None = None
+    # The package holding every use of the engine's private attention test kit, and everything else
+    # copied from this one version (sglfix.harness.kits; its KIT_MODULES are preloaded too);
+    # None: the code base has no kit.
+    kit: str | None = None
+    # backend name -> module defining ``ADAPTER`` for this code base
+    adapters: dict[str, str] = field(default_factory=dict)
+    # probe name (sglfix.scenario.modes.PROBE_RULES) -> module defining ``PROBE`` for this code base
+    probes: dict[str, str] = field(default_factory=dict)
+    # Forward modes the scenario format has and this code base does not (refused before any cell).
+    lacks_modes: dict[str, str] = field(default_factory=dict)
+    # Packages the code base imports at module level that a CPU machine cannot install.
+    standins: tuple[str, ...] = ()
+    # Capability queries of a stood-in package that the code base implements itself
+    # (stand-in path -> "module:function"); see sglfix.codebases.standins.
+    standin_equivalents: dict[str, str] = field(default_factory=dict)
+    # Modules a worker imports at boot (an installed engine is far larger than what the harness
+    # drives; the reproduction is imported whole): every module a toggle of the profile targets
+    # or an adapter drives, so the worker's state snapshot covers them.
+    preload: tuple[str, ...] = ()
+    # The oldest triton whose interpreter runs this code base's kernels on CPU (None: any). Checked
+    # before a CPU run, not pinned in an extra: a CUDA torch pins its own triton, and on a GPU the
+    # kernels are compiled, not interpreted.
+    interpreter_triton: str | None = None
+    # Where the package's files sit in the code base's own repository, as a fix's diff names them
+    # (``sglfix toggle from-diff``): backends/... for the reproduction, python/sglang/... for sglang.
+    repo_prefix: str = ""
+    # The folder the record was read from (not a key of the file).
+    folder: str = field(default="", init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # TOML has arrays, not tuples; pydantic converts them itself.
+        for name in ("standins", "preload"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+
+    def __repr__(self) -> str:
+        return f"Profile({self.name!r}, folder={self.folder!r})"
+
+    @property
+    def is_reproduction(self) -> bool:
+        return self.distribution is None
+
+    @property
+    def label(self) -> str:
+        """The code base in words: distribution and version (``sglang X.Y.Z``), or ``the reproduction``."""
+        return "the reproduction" if self.is_reproduction else f"{self.distribution} {self.version}"
+
+    @property
+    def codebase(self) -> str:
+        """The code base's name (a profile is its own code base)."""
+        return self.name
+
+    @property
+    def source(self) -> str:
+        """What ``pip download`` fetches to check the toggles against (empty: the reproduction)."""
+        return "" if self.is_reproduction else f"{self.distribution}=={self.version}"
+
+    @property
+    def toggles_dir(self) -> str:
+        return self._place(self.toggles)
+
+    @property
+    def scenarios_dir(self) -> str:
+        return self._place(self.scenarios)
+
+    @property
+    def known_file(self) -> str | None:
+        return None if self.known is None else self._place(self.known)
+
+    def covers(self, version: str) -> bool:
+        """Whether this profile is written for ``version`` of its distribution."""
+        if self.versions is None:
+            return version == self.version
+        return version in _specifiers(self.versions, where=self.name)
+
+    def _place(self, where: str) -> str:
+        if where.startswith(_PACKAGE_PREFIX):
+            from sglfix.common.codebase import package_dir
+
+            package, _, sub = where[len(_PACKAGE_PREFIX) :].partition("/")
+            root = package_dir(package)
+            if root is None:
+                raise ConfigError(f"profile {self.name}: {where}: no package {package} is importable here")
+            return os.path.join(root, sub) if sub else root
+        return os.path.normpath(os.path.join(self.folder or os.getcwd(), where))
+
+    def _check(self, *, path: str) -> None:
+        """What the field types cannot say, worded for the file's author."""
+        folder = os.path.basename(os.path.dirname(path))
+        if self.name != folder:
+            raise ConfigError(f"{path}: name {self.name!r} is not its folder's name {folder!r}; make them agree")
+        if self.is_reproduction:
+            extra = [k for k in ("version", "versions", "kit", "install_hint") if getattr(self, k)]
+            if extra:
+                raise ConfigError(f"{path}: {', '.join(extra)} need a distribution (the code base of an engine)")
+            return
+        if not self.version:
+            raise ConfigError(f"{path}: distribution {self.distribution} needs the version it is written for")
+        if self.versions is not None and not self.covers(self.version):
+            raise ConfigError(f"{path}: versions {self.versions!r} does not cover version {self.version}")
+
+
+CodeBase = Profile  # what a profile's scenarios replay through: the same record
+
+
+def _specifiers(text: str, *, where: str) -> Any:
+    try:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    except ImportError:
+        raise ConfigError(
+            f"profile {where}: reading its versions range ({text}) needs packaging; pip install packaging"
+        ) from None
+    try:
+        return SpecifierSet(text, prereleases=True)
+    except InvalidSpecifier as exc:
+        raise ConfigError(f"profile {where}: versions {text!r} is not a version range ({exc})") from None
+
+
+# ----------------------------------------------------------------------------- discovery
+
+
+def search_folders() -> list[str]:
+    """Where profiles are looked for, in order: the built-in ``sglfix.profiles``, then every
+    folder ``SGLFIX_PROFILES_PATH`` names (``os.pathsep``-separated)."""
+    from sglfix.common.codebase import package_dir
+
+    builtin = package_dir("sglfix.profiles")
+    folders = [builtin] if builtin else []
+    for entry in os.environ.get(PROFILES_PATH_ENV, "").split(os.pathsep):
+        if not entry.strip():
+            continue
+        path = os.path.abspath(os.path.expanduser(entry.strip()))
+        if not os.path.isdir(path):
+            raise ConfigError(f"{PROFILES_PATH_ENV}: {entry.strip()} is not a folder; name folders that hold profiles")
+        folders.append(path)
+    return folders
+
+
+def _record_files(folder: str) -> list[str]:
+    here = os.path.join(folder, PROFILE_FILE)
+    found = [here] if os.path.isfile(here) else []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as exc:
+        raise ConfigError(f"profiles folder {folder} cannot be read: {exc.strerror or exc}") from None
+    found += [
+        os.path.join(folder, n, PROFILE_FILE) for n in names if os.path.isfile(os.path.join(folder, n, PROFILE_FILE))
+    ]
+    return found
+
+
+def _read(path: str) -> dict:
+    import tomllib
+
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not TOML: {exc}") from None
+    return data
+
+
+def _build(data: dict, *, path: str) -> Profile:
+    """The record, from the dataclass's own constructor (unknown and missing keys refused)."""
+    try:
+        record = Profile(**data)
+    except TypeError as exc:
+        from sglfix.common.schema import nearest
+
+        text = str(exc).split("__init__() ", 1)[-1]
+        key = text.rsplit("'", 2)[-2] if text.count("'") >= 2 else ""
+        fields = [f for f in Profile.__dataclass_fields__ if f != "folder"]
+        hint = nearest(key, fields) if "unexpected" in text else ""
+        raise ConfigError(f"{path}: {text}{hint}") from None
+    object.__setattr__(record, "folder", os.path.dirname(path))
+    return record
+
+
+def _validate(data: dict, *, path: str) -> None:
+    """pydantic's check of the file against ``Profile``: every key's type, as one line."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        TypeAdapter(Profile).validate_python(data)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(k) for k in err["loc"]) or "the file"
+        raise ConfigError(f"{path}: {where}: {err['msg']}") from None
+
+
+@dataclass
+class _Found:
+    records: dict[str, Profile]
+    data: dict[str, tuple[str, dict]]  # name -> (path, the file's keys)
+    checked: bool = False
+
+
+_FOUND: dict[tuple[str, ...], _Found] = {}
+
+
+def _discover(folders: tuple[str, ...]) -> _Found:
+    records: dict[str, Profile] = {}
+    data: dict[str, tuple[str, dict]] = {}
+    for folder in folders:
+        for path in _record_files(folder):
+            keys = _read(path)
+            record = _build(keys, path=path)
+            if record.name in records:
+                raise ConfigError(
+                    f"{path}: profile {record.name} is also {data[record.name][0]}; give one of them another name"
+                )
+            records[record.name] = record
+            data[record.name] = (path, keys)
+    if REPRODUCTION_NAME not in records:
+        raise ConfigError(f"no {REPRODUCTION_NAME} profile in {', '.join(folders) or 'no folder'}: reinstall sglfix")
+    return _Found(records=records, data=data)
+
+
+def profiles(*, checked: bool = False) -> dict[str, Profile]:
+    """Every profile in ``search_folders()``, by name (read once per set of folders). ``checked``:
+    each file validated by pydantic too (once); the start-up hook never asks, as it must not import it."""
+    folders = tuple(search_folders())
+    found = _FOUND.get(folders)
+    if found is None:
+        found = _FOUND[folders] = _discover(folders)
+    if checked and not found.checked:
+        for name, (path, keys) in found.data.items():
+            _validate(keys, path=path)
+            found.records[name]._check(path=path)
+        found.checked = True
+    return found.records
+
+
+def get_codebase(name: str, *, what: str = "code base", checked: bool = False) -> Profile:
+    """The profile (and code base) ``name``, or a one-line ConfigError listing those there are."""
+    records = profiles(checked=checked)
+    record = records.get(name.strip())
+    if record is None:
+        from sglfix.common.schema import nearest
+
+        raise ConfigError(
+            f"{what}: no profile {name!r}{nearest(name, records)}; profiles: {', '.join(records)} "
+            f"(found in {', '.join(search_folders())}; {PROFILES_PATH_ENV} adds folders)"
+        )
+    return record
+
+
+class _Records(Mapping):
+    """The profiles found now, by name, as a mapping (read on first use, not at import)."""
+
+    def __getitem__(self, name: str) -> Profile:
+        return profiles()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(profiles())
+
+    def __len__(self) -> int:
+        return len(profiles())
+
+
+CODEBASES: Mapping[str, Profile] = _Records()
