@@ -1,4 +1,4 @@
-"""Real sglang 0.5.23's DeepSeek-V4 multi-step draft (``DeepseekV4MultiStepBackend``, DRAFT_DECODE,
+"""Real sglang's DeepSeek-V4 multi-step draft (``DeepseekV4MultiStepBackend``, DRAFT_DECODE,
 topk 1, graphs off): PR 26239's path.
 
 The backend is built as production builds it (``DraftBackendFactory(...).create_decode_backend()``

@@ -1,4 +1,4 @@
-"""Real sglang 0.5.23's FlashInfer multi-step EAGLE draft (DRAFT_DECODE): ``FlashInferMultiStepDraftBackend``
+"""Real sglang's FlashInfer multi-step EAGLE draft (DRAFT_DECODE): ``FlashInferMultiStepDraftBackend``
 here (GQA; PR 27338), ``FlashInferMLAMultiStepDraftBackend`` in ``flashinfer_mla`` (PR 27460).
 
 The backend is built as production builds it (``DraftBackendFactory(...).create_decode_backend()``
@@ -70,16 +70,10 @@ class FlashInferDraftAdapter:
 
         case = kit.build_flashinfer_draft(scenario, device=device, mla=self.mla)
         case.host = not (device != "cpu" and kit.has_cuda() and kit.flashinfer_available())
-        if self.mla and case.topk > 1 and not case.host:
-            # sglang 0.5.23 refuses topk > 1 for MLA; with the gate lifted its step backends' graph
-            # buffers (qo_indptr, sized for max_bs rows) cannot even capture bs * topk rows. What PR
-            # 27460 fixed is the multi-step backend's own sizing and kernel, which still run for real.
+        recorded = kit.mla_steps_recorded(topk=case.topk) if self.mla and not case.host else None
+        if recorded:
             case.host = True
-            case.notes.append(
-                "topk > 1: sglang's MLA step backends are recorded, not run (their CUDA-graph "
-                "qo_indptr buffer holds max_bs rows); the multi-step backend's sizing and its "
-                "kv-indices kernel run on the GPU"
-            )
+            case.notes.append(recorded)
         case.allocs = kit.CudaAllocations(remap=True)
         case.tables = {}  # step -> the page table its step backend was handed last
         case.plans = {}  # step -> what its MLA decode wrapper was planned to read last (CUDA)

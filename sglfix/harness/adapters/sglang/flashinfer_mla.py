@@ -1,8 +1,8 @@
-"""Real sglang 0.5.23's FlashInfer MLA multi-step EAGLE draft (``FlashInferMLAMultiStepDraftBackend``,
+"""Real sglang's FlashInfer MLA multi-step EAGLE draft (``FlashInferMLAMultiStepDraftBackend``,
 DRAFT_DECODE): PR 27460's path. Everything as the GQA adapter (``flashinfer``), over the kit's MLA
 runner (latent cache: kv_lora_rank + qk_rope_head_dim values, one KV head).
 
-sglang 0.5.23's constructor refuses ``topk > 1`` (the bug of PR 27460 is latent there); for a
+sglang's constructor refuses ``topk > 1`` (the bug of PR 27460 is latent there); for a
 scenario with topk > 1 the harness lifts that gate for the construction only (a patch of
 ``__init__`` applied and restored around it, as upstream's repro script lifts it) and the cell
 says so.

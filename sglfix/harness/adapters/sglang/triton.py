@@ -1,4 +1,4 @@
-"""Replays ``backend: triton`` scenarios through the installed sglang 0.5.23's own ``TritonAttnBackend``.
+"""Replays ``backend: triton`` scenarios through the installed sglang's own ``TritonAttnBackend``.
 
 The code under test is sglang's: the backend (built through ``ATTENTION_BACKENDS``), its memory
 pools, ``ForwardBatch``, spec-info classes (``EagleVerifyInput``, ``EagleDraftExtendInput``), the
@@ -11,15 +11,16 @@ invariants run after every metadata init and guard zones surround the backend's 
 Modes: DECODE, EXTEND, TARGET_VERIFY (a seeded draft tree as the custom mask) and
 DRAFT_EXTEND_V2, built by the kit fixture (``builder: kit``) or by the production glue from the
 pre-step scheduler state (``builder: glue``). ``gpu_only`` leaves the CPU mirrors None, as the
-spec-v2 overlap path does. Graph scenarios (``capture_bs``) go through ``GraphRunner``: the
-backend's ``init_cuda_graph_state``, its capture metadata at every captured size, then a replay
-padded the way sglang's graph runners pad (padded rows: ``seq_lens`` = the backend's fill value,
+spec-v2 overlap path does. Graph scenarios (``capture_bs``) go through the kit's ``GraphRunner``
+(``kit("graphs")``, this version's graph runners): the backend's ``init_cuda_graph_state``, its
+capture metadata at every captured size, then a replay padded the way sglang's graph runners pad (padded rows: ``seq_lens`` = the backend's fill value,
 request row 0, write slot 0, draft-extend window = ``num_draft_tokens``). On CUDA the forward is
 a captured ``torch.cuda.CUDAGraph``; on CPU the same capture/replay metadata code runs and the
 forward runs eagerly on the same static buffers (Triton kernels under the interpreter).
 
 Every process that imports this sets ``TRITON_INTERPRET=1`` on CPU before triton is imported and
-calls ``sglfix.codebases.activate("sglang-0.5.23")`` before sglang is imported (the worker does).
+activates the profile's code base (``sglfix.codebases.activate``) before sglang is imported (the
+worker does); which sglang version, and so which kit, is the active record's.
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 from sglfix.harness.adapters.base import MetadataHook, Prepared, Unavailable
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.kits import kit as _kit
 
-__all__ = ["ADAPTER", "GraphRunner", "GroundTruth", "SglangCase", "SglangTritonAdapter"]
+__all__ = ["ADAPTER", "GroundTruth", "SglangCase", "SglangTritonAdapter"]
 
 # A graph replay pads its batch with rows that write here: page 0 is never given to a request.
 _SINK_PAGE = 0
@@ -88,7 +88,9 @@ def _forward_mode(name: str) -> Any:
     try:
         return ForwardMode[name]
     except KeyError:
-        raise Unavailable(f"sglang 0.5.23 has no ForwardMode.{name}") from None
+        from sglfix.codebases import active
+
+        raise Unavailable(f"{active().label} has no ForwardMode.{name}") from None
 
 
 def _dtype(name: str) -> Any:
@@ -474,17 +476,6 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
 # ----------------------------------------------------------------------------- forward and glue
 
 
-def _attend(*, backend: Any, layer: Any, batch: Any, q: Any, k: Any, v: Any) -> Any:
-    """One attention layer through sglang's RadixAttention, the backend published in the forward
-    context as a model forward does; returns [tokens, H, D]."""
-    import torch
-    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-
-    with torch.no_grad(), forward_context(ForwardContext(attn_backend=backend)):
-        out = layer(q.reshape(q.shape[0], -1), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1), batch)
-    return out.view(q.shape[0], q.shape[1], -1)
-
-
 def _run_glue(*, case: SglangCase, backend: Any, graph_runner: Any) -> Any:
     """The production spec-v2 draft-extend glue on the pre-step state: decides the CPU mirrors as
     the scheduler does (gpu_only: the draft-extend slot unset), bumps ``seq_lens`` and, unless a
@@ -543,15 +534,8 @@ def _guarded_copy(t: Any, *, name: str) -> tuple[Any, GuardedBuffer]:
 
 
 # The backend's buffers whose contents persist between metadata inits (indptrs sized for the
-# request pool; the CUDA-graph state), guarded before anything points into them.
+# request pool; the CUDA-graph state is the kit's GRAPH_STATE), guarded before anything points into them.
 _PERSISTENT = ("kv_indptr", "qo_indptr", "mask_indptr", "window_kv_indptr")
-_GRAPH_STATE = (
-    "cuda_graph_kv_indices",
-    "cuda_graph_num_kv_splits",
-    "cuda_graph_attn_logits",
-    "cuda_graph_attn_lse",
-    "cuda_graph_window_kv_indices",
-)
 
 
 def _registry(backend: Any) -> list:
@@ -580,298 +564,6 @@ def guard_verify_mask(backend: Any) -> None:
     view, entry = _guarded_copy(mask.buffer, name="_verify_mask.buffer")
     backend._verify_mask = msgspec.structs.replace(mask, buffer=view)
     _registry(backend).append(entry)
-
-
-# ----------------------------------------------------------------------------- graphs
-
-
-@dataclass
-class _Captured:
-    """One captured size: its static ForwardBatch, the metadata object capture built, the graph."""
-
-    batch: Any
-    metadata: Any
-    graph: Any = None
-    output: Any = None
-
-
-class GraphRunner:
-    """Capture and replay of one attention layer, the way sglang 0.5.23's graph runners drive
-    the backend: static input buffers sized for the largest captured batch, the backend's
-    capture metadata per size (``init_forward_metadata_out_graph(in_capture=True)`` then
-    ``init_forward_metadata_in_graph``), and a replay that copies the live batch into the buffers,
-    pads it to the captured size and calls ``init_forward_metadata_out_graph`` on a view of them
-    (decode/verify: ``build_replay_fb_view``; draft extend: ``EAGLEDraftExtendCudaGraphRunner.execute``).
-    """
-
-    def __init__(self, *, case: SglangCase, backend: Any, capture_bs: list[int]) -> None:
-        import torch
-
-        self.case, self.backend = case, backend
-        self.capture_bs = sorted(capture_bs)
-        self.width = self._tokens_per_request()
-        self.max_bs = self.capture_bs[-1]
-        self.max_tokens = self.max_bs * self.width
-        self.fill = self._seq_len_fill_value()
-        self.cuda = torch.device(case.device).type == "cuda"
-        backend.init_cuda_graph_state(max_bs=self.max_bs, max_num_tokens=self.max_tokens)
-        guard_buffers(backend, _GRAPH_STATE)
-        guard_verify_mask(backend)
-        self.buffers = self._static_buffers()
-        self.captured: dict[int, _Captured] = {}
-
-    def _tokens_per_request(self) -> int:
-        mode = self.case.scenario.mode
-        if mode == "DECODE":
-            return 1
-        if mode in ("TARGET_VERIFY", "DRAFT_EXTEND_V2"):
-            return self.case.scenario.spec.num_draft_tokens
-        raise Unavailable(f"sglang's graph runners do not capture {mode} for the Triton backend")
-
-    def _seq_len_fill_value(self) -> int:
-        """Padded rows' seq_lens, as each of sglang's runners resolves it."""
-        if self.case.scenario.mode == "DRAFT_EXTEND_V2":
-            from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
-                resolve_draft_extend_seq_len_fill_value,
-            )
-
-            return resolve_draft_extend_seq_len_fill_value(self.backend, self.width)
-        return self.backend.get_cuda_graph_seq_len_fill_value()
-
-    def _static_buffers(self) -> SimpleNamespace:
-        """The runner's input buffers, initialised as sglang's graph runners initialise them."""
-        import torch
-
-        dev, n, bs = self.case.device, self.max_tokens, self.max_bs
-        q, k = self.case.q, self.case.k
-        return SimpleNamespace(
-            input_ids=torch.zeros((n,), dtype=torch.int64, device=dev),
-            positions=torch.zeros((n,), dtype=torch.int64, device=dev),
-            out_cache_loc=torch.zeros((n,), dtype=torch.int64, device=dev),
-            req_pool_indices=torch.zeros((bs,), dtype=torch.int64, device=dev),
-            seq_lens=torch.full((bs,), self.fill, dtype=torch.int64, device=dev),
-            seq_lens_cpu=torch.full((bs,), self.fill, dtype=torch.int64),
-            extend_seq_lens=torch.full((bs,), self.width, dtype=torch.int32, device=dev),
-            num_accept_tokens=torch.full((bs,), self.width, dtype=torch.int32, device=dev),
-            custom_mask=torch.ones(
-                (bs * self.width * (self.case.runner.model_config.context_len + self.width),),
-                dtype=torch.bool,
-                device=dev,
-            ),
-            mamba_track_indices=None,
-            q=torch.zeros((n,) + tuple(q.shape[1:]), dtype=q.dtype, device=dev),
-            k=torch.zeros((n,) + tuple(k.shape[1:]), dtype=k.dtype, device=dev),
-            v=torch.zeros((n,) + tuple(k.shape[1:]), dtype=k.dtype, device=dev),
-        )
-
-    # -- capture
-
-    def _capture_spec_info(self, bs: int) -> Any:
-        """What the runner hands the backend at capture: verify input over the custom-mask buffer,
-        draft-extend input of the full window, nothing for decode."""
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-        from sglang.srt.speculative.eagle_info import EagleDraftExtendInput, EagleVerifyInput
-
-        spec, b = self.case.scenario.spec, self.buffers
-        if self.case.scenario.mode == "TARGET_VERIFY":
-            return EagleVerifyInput(
-                draft_token=None,
-                custom_mask=b.custom_mask,
-                positions=None,
-                retrieve_index=None,
-                retrieve_next_token=None,
-                retrieve_next_sibling=None,
-                retrieve_cum_len=None,
-                spec_steps=spec.num_steps,
-                topk=spec.topk,
-                draft_token_num=spec.num_draft_tokens,
-                capture_hidden_mode=CaptureHiddenMode.FULL,
-                seq_lens_sum=None,
-                seq_lens_cpu=None,
-            )
-        if self.case.scenario.mode == "DRAFT_EXTEND_V2":
-            return EagleDraftExtendInput(
-                hidden_states=None,
-                num_correct_drafts=b.num_accept_tokens[:bs] - 1,
-                num_accept_tokens=b.num_accept_tokens[:bs],
-                num_tokens_per_req=self.width,
-                num_tokens_for_logprob_per_req=1,
-            )
-        return None
-
-    def _capture_batch(self, bs: int) -> Any:
-        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-
-        b, n = self.buffers, bs * self.width
-        draft_extend = self.case.scenario.mode == "DRAFT_EXTEND_V2"
-        batch = ForwardBatch(
-            forward_mode=self.case.mode,
-            batch_size=bs,
-            input_ids=b.input_ids[:n],
-            req_pool_indices=b.req_pool_indices[:bs],
-            seq_lens=b.seq_lens[:bs],
-            seq_lens_cpu=b.seq_lens_cpu[:bs],
-            out_cache_loc=b.out_cache_loc[:n],
-            seq_lens_sum=int(b.seq_lens_cpu[:bs].sum()),
-            positions=b.positions[:n],
-            extend_seq_lens=b.extend_seq_lens[:bs] if draft_extend else None,
-            extend_seq_lens_cpu=[self.width] * bs if draft_extend else None,
-            spec_info=self._capture_spec_info(bs),
-        )
-        self.case.runner.kv_index_translator.bind_runner_slots(batch)
-        return batch
-
-    def capture(self) -> GraphRunner:
-        for bs in reversed(self.capture_bs):  # sglang captures the largest size first
-            self.captured[bs] = self._capture_one(bs)
-        return self
-
-    def _capture_one(self, bs: int) -> _Captured:
-        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-
-        batch = self._capture_batch(bs)
-        with forward_context(ForwardContext(attn_backend=self.backend)):
-            self.backend.init_forward_metadata_out_graph(batch, in_capture=True)
-        captured = _Captured(batch=batch, metadata=self.backend.forward_metadata)
-        if self.cuda:
-            self._record_graph(captured, bs)
-        else:
-            # No graph on CPU: the capture forward is the warm-up every runner performs first.
-            self._forward(captured, bs)
-        return captured
-
-    def _forward(self, captured: _Captured, bs: int) -> Any:
-        """The captured body: the in-graph metadata step, then the layer on the static buffers."""
-        n = bs * self.width
-        self.backend.init_forward_metadata_in_graph(captured.batch)
-        return _attend(
-            backend=self.backend,
-            layer=self.case.layer,
-            batch=captured.batch,
-            q=self.buffers.q[:n],
-            k=self.buffers.k[:n],
-            v=self.buffers.v[:n],
-        )
-
-    def _record_graph(self, captured: _Captured, bs: int) -> None:
-        """CUDA: warm up on a side stream, then record the body into a torch.cuda.CUDAGraph."""
-        import torch
-
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._forward(captured, bs)
-        torch.cuda.current_stream().wait_stream(stream)
-        captured.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(captured.graph):
-            captured.output = self._forward(captured, bs)
-
-    # -- replay
-
-    def can_run_graph(self, forward_batch: Any) -> bool:
-        """The draft-extend runner's test: uniform window of the captured width, a size that fits."""
-        spec_info = forward_batch.spec_info
-        width = getattr(spec_info, "num_tokens_per_req", -1) if spec_info is not None else -1
-        if width > 0 and width != self.width:
-            return False
-        return forward_batch.seq_lens.numel() <= self.max_bs
-
-    def _graph_bs(self, raw_bs: int) -> int:
-        return next(bs for bs in self.capture_bs if bs >= raw_bs)
-
-    def _load(self, batch: Any, *, raw_bs: int, bs: int) -> None:
-        """Copy the live batch into the buffers; padded rows as sglang pads them."""
-        b, raw_n = self.buffers, raw_bs * self.width
-        if bs != raw_bs:
-            b.seq_lens.fill_(self.fill)
-            b.seq_lens_cpu.fill_(self.fill)
-            b.out_cache_loc.zero_()
-            b.positions.zero_()
-            b.req_pool_indices.zero_()
-            b.extend_seq_lens.fill_(self.width)
-            b.num_accept_tokens.fill_(self.width)
-        b.input_ids[:raw_n].copy_(batch.input_ids)
-        b.seq_lens[:raw_bs].copy_(batch.seq_lens)
-        b.out_cache_loc[:raw_n].copy_(batch.out_cache_loc)
-        b.positions[:raw_n].copy_(batch.positions)
-        b.req_pool_indices[:raw_bs].copy_(batch.req_pool_indices)
-        if batch.seq_lens_cpu is not None:
-            b.seq_lens_cpu[:raw_bs].copy_(batch.seq_lens_cpu)
-
-    def _decode_view(self, batch: Any, *, raw_bs: int, bs: int) -> Any:
-        """Decode / verify: the decode graph runner's own replay view."""
-        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
-
-        n = bs * self.width
-        return build_replay_fb_view(
-            forward_batch=batch,
-            buffers=self.buffers,
-            bs=bs,
-            raw_bs=raw_bs,
-            num_tokens=n,
-            global_num_tokens_cpu=None,
-            seq_len_fill_value=self.fill,
-            capture_forward_mode=self.case.mode,
-            is_encoder_decoder=False,
-        )
-
-    def _draft_extend_view(self, batch: Any, *, raw_bs: int, bs: int) -> Any:
-        """Draft extend: what ``EAGLEDraftExtendCudaGraphRunner.execute`` hands the backend."""
-        b, n = self.buffers, raw_bs * self.width
-        if batch.extend_seq_lens is not None:
-            b.extend_seq_lens[:raw_bs].copy_(batch.extend_seq_lens)
-        else:
-            b.extend_seq_lens[:raw_bs].fill_(self.width)
-        if batch.spec_info.num_accept_tokens is not None:
-            b.num_accept_tokens[:raw_bs].copy_(batch.spec_info.num_accept_tokens)
-        lens_cpu = list(batch.extend_seq_lens_cpu) if batch.extend_seq_lens_cpu is not None else [self.width] * raw_bs
-        batch.spec_info.extend_seq_lens_cpu = lens_cpu + [self.width] * (bs - raw_bs)
-        batch.spec_info.extend_seq_lens_tensor = b.extend_seq_lens[:bs]
-        seq_lens_sum = batch.seq_lens_sum
-        if seq_lens_sum is not None:
-            seq_lens_sum = seq_lens_sum + (bs - raw_bs) * self.fill
-        return SimpleNamespace(
-            batch_size=bs,
-            forward_mode=self.case.mode,
-            input_ids=batch.input_ids,
-            req_pool_indices=b.req_pool_indices,
-            seq_lens=b.seq_lens,
-            seq_lens_sum=seq_lens_sum,
-            seq_lens_cpu=None if batch.seq_lens_cpu is None else b.seq_lens_cpu,
-            max_seq_len_host=getattr(batch, "max_seq_len_host", None),
-            encoder_lens=None,
-            out_cache_loc=b.out_cache_loc[:n],
-            out_cache_loc_virtual=batch.out_cache_loc_virtual,
-            kv_loc_plan=batch.kv_loc_plan,
-            kv_loc_cols=batch.kv_loc_cols,
-            out_cache_loc_dsv4=getattr(batch, "out_cache_loc_dsv4", None),
-            mamba_track_indices=None,
-            spec_info=batch.spec_info,
-        )
-
-    def replay(self, batch: Any, *, q: Any, k: Any, v: Any) -> Any:
-        """The replay of the smallest captured size that fits ``batch``; output of its real rows."""
-        raw_bs = batch.batch_size
-        bs = self._graph_bs(raw_bs)
-        captured = self.captured[bs]
-        self._load(batch, raw_bs=raw_bs, bs=bs)
-        view_of = self._draft_extend_view if self.case.scenario.mode == "DRAFT_EXTEND_V2" else self._decode_view
-        view = view_of(batch, raw_bs=raw_bs, bs=bs)
-        # The graph's kernels read the metadata capture built for this size: put it back.
-        self.backend.forward_metadata = captured.metadata
-        self.backend.init_forward_metadata_out_graph(view)
-        raw_n, n = q.shape[0], bs * self.width
-        for name, src in (("q", q), ("k", k), ("v", v)):
-            buf = getattr(self.buffers, name)
-            buf[:raw_n].copy_(src)
-            buf[raw_n:n].zero_()
-        if captured.graph is not None:
-            captured.graph.replay()
-            out = captured.output
-        else:
-            out = self._forward(captured, bs)
-        return out[:raw_n].clone()
 
 
 # ----------------------------------------------------------------------------- the adapter
@@ -925,7 +617,15 @@ class SglangTritonAdapter:
         _watch(backend, on_metadata)
         if not scenario.capture_bs:
             return None
-        return GraphRunner(case=prepared.case, backend=backend, capture_bs=list(scenario.capture_bs)).capture()
+        graphs = _kit("graphs")
+
+        def guard(b: Any) -> None:
+            guard_buffers(b, graphs.GRAPH_STATE)
+            guard_verify_mask(b)
+
+        return graphs.GraphRunner(
+            case=prepared.case, backend=backend, capture_bs=list(scenario.capture_bs), guard=guard
+        ).capture()
 
     def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
         case = prepared.case
@@ -939,7 +639,7 @@ class SglangTritonAdapter:
             if not runner.can_run_graph(batch):
                 raise Unavailable(f"no captured size fits a batch of {batch.batch_size}")
             return runner.replay(batch, q=case.q, k=case.k, v=case.v)
-        return _attend(backend=backend, layer=case.layer, batch=batch, q=case.q, k=case.k, v=case.v)
+        return _kit("graphs").attend(backend=backend, layer=case.layer, batch=batch, q=case.q, k=case.k, v=case.v)
 
     def static_buffers(self, backend: Any) -> list:
         return list(backend.__dict__.get("_sglfix_guarded", []))

@@ -1,4 +1,4 @@
-"""Real sglang 0.5.23's TRT-LLM MLA draft extend (``TRTLLMMLABackend``, DRAFT_EXTEND_V2): PR 21987's path,
+"""Real sglang's TRT-LLM MLA draft extend (``TRTLLMMLABackend``, DRAFT_EXTEND_V2): PR 21987's path,
 metadata only.
 
 The kernel (trtllm-gen MLA) runs on Blackwell (SM100/SM12x) only, so no attention output is

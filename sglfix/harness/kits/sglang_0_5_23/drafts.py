@@ -46,13 +46,13 @@ __all__ = [
     "lift_mla_topk_gate",
     "make_capture_batch",
     "make_draft_batch",
+    "mla_steps_recorded",
     "pad_for_replay",
     "prepare",
     "trtllm_capture_batch",
     "trtllm_replay_view",
 ]
 
-CODEBASE = "sglang-0.5.23"
 SGLANG_ROOT = "sglang"
 DSV4_PAGE_SIZE = 256
 _PREPARED = False
@@ -71,9 +71,9 @@ def prepare() -> None:
         return
     from sglfix.codebases import active, standins
 
-    if active().name != CODEBASE:
+    if active().kit != __package__:
         raise RuntimeError(
-            f"the {CODEBASE} adapters need the {CODEBASE} code base active in this process "
+            f"the kit {__package__} needs a code base whose kit it is active in this process "
             f"(sglfix.codebases.activate), not {active().name}"
         )
     standins.install(("datasets",))
@@ -393,6 +393,21 @@ def lift_mla_topk_gate() -> Iterator[None]:
 
     with CodePatcher(patches=[_MLA_GATE]):
         yield
+
+
+def mla_steps_recorded(*, topk: int) -> str | None:
+    """Why sglang's MLA step backends are recorded rather than run on CUDA for ``topk``, or None.
+
+    With the topk gate lifted, the step backends' CUDA-graph ``qo_indptr`` buffer (sized for
+    ``max_bs`` rows) cannot even capture ``bs * topk`` rows. What PR 27460 fixed is the multi-step
+    backend's own sizing and kernel, which still run for real."""
+    if topk <= 1:
+        return None
+    return (
+        "topk > 1: sglang's MLA step backends are recorded, not run (their CUDA-graph "
+        "qo_indptr buffer holds max_bs rows); the multi-step backend's sizing and its "
+        "kv-indices kernel run on the GPU"
+    )
 
 
 # ----------------------------------------------------------------------------- batches
