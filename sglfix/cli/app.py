@@ -42,7 +42,7 @@ def _main(
         "--profile",
         metavar="NAME",
         autocompletion=profile_names,
-        help="Toggle set for one code base: reproduction (default) or sglang-0.5.23 (env SGLFIX_PROFILE).",
+        help="Toggle set for one code base: reproduction (default) or a profile folder's name (the built-in profiles/ and SGLFIX_PROFILES_PATH; env SGLFIX_PROFILE).",
     ),
     allow_target: list[str] = typer.Option(
         [], "--allow-target", metavar="PREFIX", help="Also allow patch targets under this module prefix (repeatable)."
@@ -129,7 +129,7 @@ def _click_exception_type() -> type:
 
 
 def _hoist_profile(args: list[str]) -> list[str]:
-    """``--profile NAME`` is global too (``sglfix doctor --profile sglang-0.5.23``): moved in front."""
+    """``--profile NAME`` is global too (``sglfix doctor --profile NAME``): moved in front."""
     front: list[str] = []
     rest: list[str] = []
     i = 0

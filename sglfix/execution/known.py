@@ -14,7 +14,7 @@ matrix, bisect and every report alike) is decided in ``sglfix.report.outcome``.
       - scenario: probe-req-to-token-tree-ps1
         verdict: [INVARIANT]
         reason: ...
-        reproduce: sglfix run --profile sglang-0.5.23 -s probe-req-to-token-tree-ps1 --device cpu
+        reproduce: sglfix run --profile PROFILE -s probe-req-to-token-tree-ps1 --device cpu
         device: any
 """
 

@@ -684,7 +684,7 @@ def _known_hits(rules: Rules, cells: list[dict], out: Judgement, *, device: str 
 
 
 def codebase_label(report: dict) -> str:
-    """The code base a report's cells replayed through, in words: ``sglang 0.5.23 at PATH
+    """The code base a report's cells replayed through, in words: ``sglang X.Y.Z at PATH
     (stand-ins: sgl_kernel)`` or ``built-in reproduction``; ``code base not recorded`` for a
     report written before it was."""
     cb = report.get("codebase")
