@@ -51,9 +51,16 @@ def test_shell_completion_offers_commands_choices_ids_and_scenario_names():
 
 
 def test_the_completion_script_can_be_shown_for_a_shell():
-    r = run_cli("--show-completion", "bash", env={"SHELL": "/bin/bash"}, timeout=60)
-    assert r.code == 0, r.err
-    assert "_SGLFIX_COMPLETE" in r.out and "complete" in r.out
+    """As a user types it, in bash: the shell is found among the command's parents, so the test
+    does not depend on how pytest itself was started (a job whose shell has exited has none)."""
+    import shlex
+    import subprocess
+    import sys
+
+    line = f"{shlex.quote(sys.executable)} -m sglfix --show-completion bash"
+    r = subprocess.run(["bash", "-c", f"{line}; exit $?"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "_SGLFIX_COMPLETE" in r.stdout and "complete" in r.stdout
 
 
 LONG = "triton-decode-ps16-bf16@*"  # the longest built-in names (52 characters)
