@@ -151,15 +151,21 @@ def _hoist_profile(args: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    usage_error = _click_exception_type()
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or os.environ.get("SGLFIX_DEBUG") == "1"
     # --debug is global: accepted after the command too, removed before typer parses the line.
     args = [a for a in args if a != "--debug"]
     args = _hoist_profile(args)
     opts = Options(debug=debug, argv=["sglfix", *args])
+    sys.exit(_invoke(args, opts=opts, debug=debug) or 0)
+
+
+def _invoke(args: list[str], *, opts: Options, debug: bool) -> int | None:
+    """The command's exit code; every way it can end is one line on stderr (``--debug``: and
+    the traceback)."""
     from sglfix.common.signals import signals_raise
 
+    usage_error = _click_exception_type()
     try:
         # SIGTERM raises for the whole command, report writing included: a report file is whole
         # or absent, and the line below says so with exit 143.
@@ -167,20 +173,21 @@ def main(argv: list[str] | None = None) -> None:
             code = app(args=(["--debug"] if debug else []) + args, prog_name="sglfix", standalone_mode=False, obj=opts)
         if code == 130:  # typer turns KeyboardInterrupt into exit code 130; the pool has unwound by now
             err.print("sglfix: interrupted; workers stopped")
+        return code
     except typer.Exit as exc:
-        code = exc.exit_code
-        if code == 130:  # typer turns KeyboardInterrupt into Exit(130); the pool has unwound by now
+        if exc.exit_code == 130:  # typer turns KeyboardInterrupt into Exit(130); the pool has unwound by now
             err.print("sglfix: interrupted; workers stopped")
+        return exc.exit_code
     except typer.Abort:
         err.print("sglfix: aborted")
-        code = 130
+        return 130
     except usage_error as exc:
         if debug:
             traceback.print_exc()
         # One line, whatever click wraps (its "Choose from:" lists one choice per line).
         message = " ".join(exc.format_message().split())
         err.print(f"sglfix: error: {message} (see sglfix --help)")
-        code = 2
+        return 2
     except SglfixError as exc:
         if debug:
             traceback.print_exc()
@@ -188,21 +195,26 @@ def main(argv: list[str] | None = None) -> None:
         err.print(f"sglfix: error: {lines[0] if lines else type(exc).__name__}")
         if lines[1:] and exc.exit_code == 1:
             err.print("\n".join(lines[1:]))
-        code = exc.exit_code
+        return exc.exit_code
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()
         err.print("sglfix: interrupted; workers stopped")
-        code = 130
+        return 130
+    except SystemExit:
+        raise
     except BaseException as exc:
-        code = getattr(exc, "exit_code", None)
-        if code is None or isinstance(exc, SystemExit):
-            if isinstance(exc, SystemExit):
-                raise
-            if debug:
-                traceback.print_exc()
-            err.print(f"sglfix: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)")
-            code = 2
-        else:  # Terminated (SIGTERM) from the worker pool's signal guard
-            err.print("sglfix: terminated; workers stopped")
-    sys.exit(code or 0)
+        return _unexpected(exc, debug=debug)
+
+
+def _unexpected(exc: BaseException, *, debug: bool) -> int:
+    """SIGTERM from the worker pool's signal guard (an exception with an exit code), or a failure
+    of sglfix itself: one line, exit 2."""
+    code = getattr(exc, "exit_code", None)
+    if code is not None:
+        err.print("sglfix: terminated; workers stopped")
+        return code
+    if debug:
+        traceback.print_exc()
+    err.print(f"sglfix: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)")
+    return 2

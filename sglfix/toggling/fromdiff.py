@@ -308,6 +308,23 @@ def _changes(hunk: Any, start: int, name: str) -> list[Change]:
     return out
 
 
+@dataclass
+class _FileState:
+    """One file of the diff while it is planned: the installed code, and what each change of
+    the fix has been sorted into."""
+
+    path: str
+    post: list[str]
+    tree: ast.Module
+    notes: list[Note]
+    functions: list = field(default_factory=list)
+    top: dict = field(default_factory=dict)
+    post_code: str | None = None
+    per_function: dict[str, list[Change]] = field(default_factory=dict)
+    hunks_of: dict[str, list[str]] = field(default_factory=dict)
+    new_defs: list[tuple[str, str]] = field(default_factory=list)  # (name, hunk) of top-level definitions added
+
+
 def _plan_file(
     pf: Any, *, path: str, module: str, post: list[str], notes: list[Note]
 ) -> tuple[list[FunctionRevert], bool]:
@@ -318,12 +335,26 @@ def _plan_file(
     except SyntaxError as exc:
         notes.append(Note(path, f"the installed file does not parse (line {exc.lineno}): {exc.msg}", True))
         return [], False
-    functions = _functions(tree)
-    top = _defined_names(tree)
-    per_function: dict[str, list[Change]] = {}
-    hunks_of: dict[str, list[str]] = {}
-    new_defs: list[tuple[str, str]] = []  # (name, hunk) of top-level definitions the fix adds
-    placed: list[tuple[str, list[Change]]] = []
+    st = _FileState(path=path, post=post, tree=tree, notes=notes)
+    st.functions, st.top = _functions(tree), _defined_names(tree)
+    placed = _place_hunks(pf, path=path, post=post, notes=notes)
+    st.post_code = _code("\n".join(post) + "\n")
+    every = [c for _, changes in placed for c in changes]
+    if len(placed) == len(pf) and every and _same_code(st.post_code, _undo(post, every)):
+        notes.append(Note(path, "changes only comments or docstrings: nothing of it to revert", False))
+        return [], True
+    for name, changes in placed:
+        for change in changes:
+            _sort_change(st, name, change)
+    reverts = _function_reverts(st, module=module)
+    _note_new_defs(st)
+    return reverts, False
+
+
+def _place_hunks(pf: Any, *, path: str, post: list[str], notes: list[Note]) -> list[tuple[str, list[Change]]]:
+    """Each hunk's changes placed in the installed file; a hunk whose post-fix lines are not
+    there is a note that refuses the diff."""
+    placed = []
     for hunk in pf:
         name = _hunk_name(path, hunk)
         start = _locate_hunk(hunk, post)
@@ -338,84 +369,87 @@ def _plan_file(
             )
             continue
         placed.append((name, _changes(hunk, start, name)))
-    post_code = _code("\n".join(post) + "\n")
-    every = [c for _, changes in placed for c in changes]
-    if len(placed) == len(pf) and every and _same_code(post_code, _undo(post, every)):
-        notes.append(Note(path, "changes only comments or docstrings: nothing of it to revert", False))
-        return [], True
-    for name, changes in placed:
-        for change in changes:
-            first = change.at
-            last = change.at + max(len(change.post), 1) - 1
-            if not change.post:  # a pure deletion sits between two lines: inside a function if both are
-                first, last = change.at - 1, change.at
-            func = _enclosing(functions, first, last)
-            if func is not None and first <= func.node.body[0].lineno - 2:
-                notes.append(
-                    Note(
-                        name,
-                        f"changes the signature of {func.qualname}: the revert gives back the old one, and "
-                        "callers the fix changed are reverted only if their hunks are in this diff",
-                        False,
-                    )
+    return placed
+
+
+def _sort_change(st: _FileState, name: str, change: Change) -> None:
+    """One change of the fix: inside a function (reverted with it), a new top-level definition,
+    an added import, a comment or docstring (left alone), or something no revert can undo."""
+    post, notes = st.post, st.notes
+    first = change.at
+    last = change.at + max(len(change.post), 1) - 1
+    if not change.post:  # a pure deletion sits between two lines: inside a function if both are
+        first, last = change.at - 1, change.at
+    func = _enclosing(st.functions, first, last)
+    if func is not None:
+        if first <= func.node.body[0].lineno - 2:
+            notes.append(
+                Note(
+                    name,
+                    f"changes the signature of {func.qualname}: the revert gives back the old one, and "
+                    "callers the fix changed are reverted only if their hunks are in this diff",
+                    False,
                 )
-            if func is not None:
-                per_function.setdefault(func.qualname, []).append(change)
-                hunks_of.setdefault(func.qualname, [])
-                if name not in hunks_of[func.qualname]:
-                    hunks_of[func.qualname].append(name)
-                continue
-            added = [n for n, (a, b) in top.items() if change.post and first <= a and b <= last]
-            if (
-                added
-                and not change.pre
-                and all(_inside_any(top, i) or not post[i].strip() for i in range(first, last + 1))
-            ):
-                new_defs += [(n, name) for n in added]
-                continue
-            if not change.pre and all(_is_import(post[i]) or not post[i].strip() for i in range(first, last + 1)):
-                notes.append(
-                    Note(
-                        name,
-                        "an added import at module level: left in place, a reverted function "
-                        "that does not use it is unaffected",
-                        False,
-                    )
-                )
-                continue
-            if _same_code(post_code, _undo(post, [change])):
-                notes.append(
-                    Note(f"{name} (line {first + 1})", "changes only comments or docstrings: left as it is", False)
-                )
-                continue
-            notes.append(Note(f"{name} (line {first + 1})", _outside_why(tree, first), True))
+            )
+        st.per_function.setdefault(func.qualname, []).append(change)
+        hunks = st.hunks_of.setdefault(func.qualname, [])
+        if name not in hunks:
+            hunks.append(name)
+        return
+
+    def blank_or(test) -> bool:  # every line of the change passes ``test`` or is blank
+        return all(test(i) or not post[i].strip() for i in range(first, last + 1))
+
+    added = [n for n, (a, b) in st.top.items() if change.post and first <= a and b <= last]
+    if added and not change.pre and blank_or(lambda i: _inside_any(st.top, i)):
+        st.new_defs += [(n, name) for n in added]
+    elif not change.pre and blank_or(lambda i: _is_import(post[i])):
+        notes.append(
+            Note(
+                name,
+                "an added import at module level: left in place, a reverted function "
+                "that does not use it is unaffected",
+                False,
+            )
+        )
+    elif _same_code(st.post_code, _undo(post, [change])):
+        notes.append(Note(f"{name} (line {first + 1})", "changes only comments or docstrings: left as it is", False))
+    else:
+        notes.append(Note(f"{name} (line {first + 1})", _outside_why(st.tree, first), True))
+
+
+def _function_reverts(st: _FileState, *, module: str) -> list[FunctionRevert]:
     reverts = []
-    for qualname, changes in per_function.items():
-        func = next(f for f in functions if f.qualname == qualname)
-        if _same_code(post_code, _undo(post, changes)):
+    for qualname, changes in st.per_function.items():
+        func = next(f for f in st.functions if f.qualname == qualname)
+        if _same_code(st.post_code, _undo(st.post, changes)):
             # Its revert would be a part that changes no behaviour: a matrix column of noise.
-            notes.append(Note(f"{path}: {qualname}", "changes only comments or docstrings: not reverted", False))
+            st.notes.append(Note(f"{st.path}: {qualname}", "changes only comments or docstrings: not reverted", False))
             continue
         try:
-            edits, pre_source = _edits(func, changes, post)
+            edits, pre_source = _edits(func, changes, st.post)
         except _NoAnchor as exc:
-            notes.append(Note(f"{path}: {qualname}", str(exc), True))
+            st.notes.append(Note(f"{st.path}: {qualname}", str(exc), True))
             continue
         reverts.append(
             FunctionRevert(
                 target=f"{module}.{qualname}",
                 qualname=qualname,
-                path=path,
+                path=st.path,
                 edits=edits,
                 pre_source=pre_source,
-                hunks=hunks_of[qualname],
+                hunks=st.hunks_of[qualname],
             )
         )
-    changed = set(per_function)
-    for helper, name in new_defs:
-        users = _users(tree, helper, functions, exclude=changed)
+    return reverts
+
+
+def _note_new_defs(st: _FileState) -> None:
+    changed = set(st.per_function)
+    for helper, name in st.new_defs:
+        users = _users(st.tree, helper, st.functions, exclude=changed)
         if users:
-            notes.append(
+            st.notes.append(
                 Note(
                     name,
                     f"a new top-level definition {helper!r}, also used by {', '.join(users)} "
@@ -425,14 +459,13 @@ def _plan_file(
                 )
             )
         else:
-            notes.append(
+            st.notes.append(
                 Note(
                     name,
                     f"a new helper {helper!r}: needs no revert of its own, only the changed functions use it",
                     False,
                 )
             )
-    return reverts, False
 
 
 def _undo(post: list[str], changes: list[Change]) -> str:
