@@ -63,9 +63,9 @@ def _profile(opts):
     (the start-up hook's own choice; ``--profile`` names it outright)."""
     if opts.profile is not None:
         return opts.profile, f"--profile {opts.profile.name}"
-    from sglfix.toggling.profiles import choose_profile
+    from sglfix.toggling.profiles import resolve_profile
 
-    chosen = choose_profile()
+    chosen = resolve_profile(follow_imports=True)
     if chosen.profile is not None:
         return chosen.profile, chosen.why
     # Decided by the process's first import; shown under the engine's profile, what production runs.

@@ -396,9 +396,9 @@ def default_toggles_dir() -> str:
     env = os.environ.get(TOGGLES_ENV)
     if env:
         return env
-    from sglfix.toggling.profiles import current_profile
+    from sglfix.toggling.profiles import resolve_profile
 
-    return current_profile().toggles_dir
+    return resolve_profile().profile.toggles_dir
 
 
 def _toggle_files(directory: str) -> list[Path]:
