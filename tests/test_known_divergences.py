@@ -10,7 +10,7 @@ import pytest
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.known import load_known
-from sglfix.harness.cell import CellResult
+from sglfix.harness.result import CellResult
 from sglfix.report.outcome import Expect, Meaning, judge
 from sglfix.toggling.profiles import PROFILES
 from sglfix.toggling.registry import load_registry

@@ -324,7 +324,7 @@ class _FakeWorker:
 
     def send(self, *, scenario_json, toggles, timeout=None, extra=None):
         from sglfix.execution.worker import Event
-        from sglfix.harness.cell import CellResult
+        from sglfix.harness.result import CellResult
 
         self.state, self.toggles = "busy", tuple(toggles)
         name = scenario_json["name"]
@@ -340,7 +340,7 @@ class _FakeWorker:
         return 0
 
     def result_for(self, event, *, scenario, toggles):
-        from sglfix.harness.cell import CellResult
+        from sglfix.harness.result import CellResult
 
         return CellResult.from_json(event.data)
 

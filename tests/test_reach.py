@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sglfix.execution.reach import RecordingCell, UnreachedCell, run_reaching, targets_of
-from sglfix.harness.cell import CellResult, not_reached_result
+from sglfix.harness.cell import not_reached_result
+from sglfix.harness.result import CellResult
 from sglfix.toggling.registry import load_registry
 
 

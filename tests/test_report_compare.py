@@ -95,7 +95,7 @@ def test_the_older_layout_has_no_cell_ids_and_still_compares():
 
 
 def test_build_report_writes_schema_2_and_it_loads_back(tmp_path):
-    from sglfix.harness.cell import CellResult
+    from sglfix.harness.result import CellResult
 
     results = [
         CellResult(scenario="s1", toggles=[], device="cpu"),

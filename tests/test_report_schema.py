@@ -248,7 +248,7 @@ def test_every_report_in_bench_results_loads():
 def test_what_the_code_writes_loads(tmp_path):
     """A Ray run with kept actors, a shard with a worker replaced, and their merge across two
     installs of one code base (its ``codebase`` then ``mixed``)."""
-    from sglfix.harness.cell import CellResult
+    from sglfix.harness.result import CellResult
     from sglfix.report.jsonreport import build_report
     from sglfix.report.load import load_report
     from sglfix.report.merge import merge_reports

@@ -22,7 +22,7 @@ from typing import Any
 from sglfix.common.errors import ConfigError
 from sglfix.common.signals import Terminated, signals_raise
 from sglfix.execution.worker import Event, Worker, WorkerConfig, WorkerStartError, raise_for_start, wait_fds
-from sglfix.harness.cell import CellResult
+from sglfix.harness.result import CellResult
 
 __all__ = ["Terminated", "WorkerConfig", "WorkerPool", "WorkerStartError", "signals_raise"]
 

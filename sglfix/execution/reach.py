@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sglfix.harness.cell import CellResult
+from sglfix.harness.result import CellResult
 from sglfix.toggling.registry import Registry, parse_toggle_ids
 
 __all__ = ["RecordingCell", "UnreachedCell", "run_reaching", "targets_of"]

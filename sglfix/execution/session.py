@@ -12,7 +12,7 @@ import traceback
 from typing import Any
 
 from sglfix.execution.snapshot import StateSnapshot
-from sglfix.harness.cell import CellResult
+from sglfix.harness.result import CellResult
 
 __all__ = ["Session", "first_line"]
 

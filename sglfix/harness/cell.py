@@ -9,14 +9,14 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sglfix.common.codebase import is_code_under_test
-from sglfix.common.verdicts import worst
+from sglfix.harness.result import CellResult
 from sglfix.scenario import Scenario
 
-__all__ = ["CellResult", "NoOutput", "not_reached_result", "run_cell"]
+__all__ = ["NoOutput", "not_reached_result", "run_cell"]
 
 
 @dataclass(frozen=True)
@@ -27,51 +27,6 @@ class NoOutput:
     what was checked) and says why the output was not compared; nothing checked is a SKIP."""
 
     reason: str
-
-
-@dataclass
-class CellResult:
-    scenario: str
-    toggles: list[str]
-    device: str
-    verdict: str = "PASS"
-    findings: list[dict] = field(default_factory=list)
-    error: dict | None = None
-    timings_ms: dict = field(default_factory=dict)
-    revert_env: str | None = None  # SGLANG_DEBUG_REVERT_PR as the process that ran the cell saw it
-    # Interpreted kernel launches of this cell and how many the launch memo answered (CPU only).
-    kernels: dict | None = None
-    # Which requested toggle targets the run entered (reachability); None when not recorded.
-    reached: list[str] | None = None
-
-    def add(self, verdict: str, message: str, **data: Any) -> None:
-        self.findings.append({"verdict": verdict, "message": message, **data})
-
-    def finish(self) -> CellResult:
-        self.verdict = worst([f["verdict"] for f in self.findings]) if self.findings else "PASS"
-        return self
-
-    @property
-    def key_figure(self) -> str:
-        return next((f["message"] for f in self.findings if f["verdict"] == self.verdict), "")
-
-    def to_json(self) -> dict:
-        return {
-            "scenario": self.scenario,
-            "toggles": self.toggles,
-            "device": self.device,
-            "verdict": self.verdict,
-            "findings": self.findings,
-            "error": self.error,
-            "timings_ms": self.timings_ms,
-            "revert_env": self.revert_env,
-            "kernels": self.kernels,
-            "reached": self.reached,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> CellResult:
-        return cls(**data)
 
 
 def not_reached_result(

@@ -31,7 +31,7 @@ from sglfix.common.errors import ConfigError
 
 if TYPE_CHECKING:  # the cell imports this module; nothing heavy at import
     from sglfix.codebases import CodeBase
-    from sglfix.harness.cell import CellResult
+    from sglfix.harness.result import CellResult
     from sglfix.scenario import Scenario
 
 __all__ = ["Probe", "get_probe", "run_probe"]

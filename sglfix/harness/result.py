@@ -1,0 +1,59 @@
+"""A cell's result: its verdict and the findings behind it, as a worker sends it back.
+
+A leaf of the harness: the cell and the probes both fill one in, and the executors read it in
+processes that never run a cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglfix.common.verdicts import worst
+
+__all__ = ["CellResult"]
+
+
+@dataclass
+class CellResult:
+    scenario: str
+    toggles: list[str]
+    device: str
+    verdict: str = "PASS"
+    findings: list[dict] = field(default_factory=list)
+    error: dict | None = None
+    timings_ms: dict = field(default_factory=dict)
+    revert_env: str | None = None  # SGLANG_DEBUG_REVERT_PR as the process that ran the cell saw it
+    # Interpreted kernel launches of this cell and how many the launch memo answered (CPU only).
+    kernels: dict | None = None
+    # Which requested toggle targets the run entered (reachability); None when not recorded.
+    reached: list[str] | None = None
+
+    def add(self, verdict: str, message: str, **data: Any) -> None:
+        self.findings.append({"verdict": verdict, "message": message, **data})
+
+    def finish(self) -> CellResult:
+        self.verdict = worst([f["verdict"] for f in self.findings]) if self.findings else "PASS"
+        return self
+
+    @property
+    def key_figure(self) -> str:
+        return next((f["message"] for f in self.findings if f["verdict"] == self.verdict), "")
+
+    def to_json(self) -> dict:
+        return {
+            "scenario": self.scenario,
+            "toggles": self.toggles,
+            "device": self.device,
+            "verdict": self.verdict,
+            "findings": self.findings,
+            "error": self.error,
+            "timings_ms": self.timings_ms,
+            "revert_env": self.revert_env,
+            "kernels": self.kernels,
+            "reached": self.reached,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> CellResult:
+        return cls(**data)
