@@ -41,12 +41,11 @@ from typing import Any
 
 import ray
 
-from sglfix.execution.ray_pool import MAX_KEEP_S, _CellActor
+from sglfix.execution.ray_actor import _CellActor
 from sglfix.execution.worker import WorkerConfig
 
 __all__ = [
     "HOLD_S",
-    "MAX_KEEP_S",
     "NAMESPACE",
     "Keeper",
     "KeptActor",

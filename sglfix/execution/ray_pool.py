@@ -23,8 +23,9 @@ from typing import Any
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.pool import WorkerPool, _Line, check_pool_size
+from sglfix.execution.ray_actor import _CellActor
 from sglfix.execution.worker import WorkerConfig
-from sglfix.harness.cell import CellResult
+from sglfix.harness.result import CellResult
 
 __all__ = ["RayPool"]
 
@@ -35,38 +36,6 @@ ACTOR_GRACE = 120.0
 DEPTH = 2
 MAX_BATCH = 8
 MAX_KEEP_S = 86400.0  # --ray-keep's documented limit (sglfix.execution.ray_keep): a day
-
-
-class _CellActor:
-    """Lives in a Ray worker process: one sglfix worker behind the local ``Worker`` handle."""
-
-    def __init__(self, config: WorkerConfig) -> None:
-        from sglfix.execution.worker import Worker
-
-        self.worker = Worker(config)
-
-    def boot(self) -> dict:
-        self.worker.wait_ready()
-        return {
-            **(self.worker.info or {}),
-            "node": os.uname().nodename,
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        }
-
-    def run(self, scenario_json: dict, scenario_name: str, toggles: list, extra: dict | None) -> dict:
-        result = self.worker.run(
-            scenario_json=scenario_json, scenario_name=scenario_name, toggles=tuple(toggles), extra=extra
-        )
-        return result.to_json()
-
-    def run_batch(self, items: list) -> list[dict]:
-        return [self.run(*item) for item in items]
-
-    def pids(self) -> list[int]:
-        return [os.getpid(), *self.worker.pids]
-
-    def close(self) -> None:
-        self.worker.kill()
 
 
 def _ray():
