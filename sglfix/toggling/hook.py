@@ -171,7 +171,7 @@ def _selections(value: str, profile: Any, chosen: Any) -> Any:
     if light is not None:
         return [_Light(pid, targets) for pid, targets in light]
     from sglfix.common.errors import ConfigError
-    from sglfix.toggling.env import parse_env_value
+    from sglfix.toggling.envvalue import parse_env_value
     from sglfix.toggling.profiles import PROFILE_ENV, PROFILES
     from sglfix.toggling.registry import load_registry
 
@@ -422,7 +422,7 @@ class _EnvReverts:
         """Replace the cache's selections by the registry's own, and fill in the waiting specs."""
         if not any(isinstance(s, _Light) for s in self._selections):
             return
-        from sglfix.toggling.env import parse_env_value
+        from sglfix.toggling.envvalue import parse_env_value
         from sglfix.toggling.registry import load_registry
 
         full = parse_env_value(self.value, registry=load_registry(self.toggles_dir))
