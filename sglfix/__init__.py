@@ -13,8 +13,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
-__version__ = "0.1.0"
-
 
 def _source_checkout_layout() -> None:
     # Installed, backends/, toggles/ and scenarios/ sit inside this package (pyproject maps
@@ -35,6 +33,9 @@ def _source_checkout_layout() -> None:
 _source_checkout_layout()
 
 _EXPORTS = {
+    # Read on use, like the rest: importing sglfix (every engine process, the start-up hook)
+    # loads no module for it.
+    "__version__": "sglfix.common.version",
     "apply_patches_from_config": "sglfix.patching.patcher",
     "CodePatcher": "sglfix.patching.patcher",
     "patch_function": "sglfix.patching.patcher",
@@ -99,6 +100,7 @@ def maybe_revert_pr_fix(*, registry: Any = None, allowed_prefixes: Any = None) -
 
 if TYPE_CHECKING:  # pragma: no cover
     from sglfix.common.errors import ConfigError, PatchApplicationError, SglfixError
+    from sglfix.common.version import __version__ as __version__
     from sglfix.patching.patcher import CodePatcher, PatchState, apply_patches_from_config, patch_function
     from sglfix.patching.types import EditSpec, PatchConfig, PatchSpec
     from sglfix.toggling.registry import load_registry

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglfix.common.errors import ConfigError, SglfixError
-from sglfix.harness.cell import CellResult
+from sglfix.harness.result import CellResult
 
 __all__ = ["Event", "Worker", "WorkerConfig", "WorkerStartError"]
 
@@ -196,8 +196,6 @@ class Worker:
     # -- process ------------------------------------------------------------------------------
 
     def _env(self, read_fd: int, write_fd: int) -> dict[str, str]:
-        import sglfix
-
         env = dict(os.environ)
         env.update(self.extra_env)
         env.pop(_REVERT_ENV, None)  # the worker sets it per toggle set
@@ -211,7 +209,7 @@ class Worker:
         env["PYTHONFAULTHANDLER"] = "1"  # a segfault then names its frame in that tail
         # The worker must run the very sglfix this process runs, whatever the current directory
         # holds: no implicit cwd on sys.path (-P), this package's parent first.
-        home = os.path.dirname(os.path.dirname(os.path.abspath(sglfix.__file__)))
+        home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above sglfix/execution/
         env["PYTHONPATH"] = os.pathsep.join(p for p in (home, env.get("PYTHONPATH", "")) if p)
         env[_SPEC_ENV] = json.dumps(
             {

@@ -48,7 +48,7 @@ def _contents(toggles_dir: str) -> dict[str, str] | None:
 
 
 def _identity(toggles_dir: str) -> dict[str, str]:
-    from sglfix import __version__
+    from sglfix.common.version import __version__
 
     return {"sglfix": __version__, "python": sys.version, "dir": os.path.abspath(toggles_dir)}
 
