@@ -85,18 +85,143 @@ ARROWS = {
     "scenario": {"common"},
     "common": set(),
 }
+# The package's top (sglfix/__init__.py) stands above every sub-package: only itself and what
+# stands above it (these, under sglfix/) may take names from it. The top imports sub-packages,
+# so an arrow up to it from below is also a way round a circle.
+ABOVE_THE_TOP = {"__init__.py", "__main__.py", "cli"}
+PACKAGE = ROOT / "sglfix"
 
 
-def test_sub_package_imports_run_one_way():
+def _module_file(name: str) -> Path | None:
+    """The file that module ``name`` of sglfix is, or None when ``name`` is no module (a name
+    defined in a module). Run from the checkout, sglfix.backends and the data packages sit next
+    to the package (``sglfix._source_checkout_layout``)."""
+    parts = name.split(".")
+    if parts[0] != "sglfix":
+        return None
+    for base in (PACKAGE, ROOT):
+        if base == ROOT and len(parts) == 1:
+            continue
+        path = base.joinpath(*parts[1:])
+        if (path / "__init__.py").is_file():
+            return path / "__init__.py"
+        if len(parts) > 1 and path.with_name(path.name + ".py").is_file():
+            return path.with_name(path.name + ".py")
+    return None
+
+
+def _imported(path: Path) -> list[tuple[int, str]]:
+    """(line, module) for every module of sglfix that ``path`` imports, wherever the import
+    stands (in a function, under TYPE_CHECKING): each names the module whose code it runs,
+    ``from a import b`` the submodule ``a.b`` where there is one."""
+    rel = path.relative_to(PACKAGE).with_suffix("").parts
+    package = ["sglfix", *rel[:-1]]  # where a relative import starts, in a package's __init__ too
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "sglfix"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            if base.split(".")[0] != "sglfix":
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.append((node.lineno, sub if _module_file(sub) else base))
+    return out
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def _import_graph() -> dict[Path, dict[Path, int]]:
+    """file -> {file it imports: the line of the first such import}, over the files of sglfix/."""
+    graph: dict[Path, dict[Path, int]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        arrows = graph.setdefault(path, {})
+        for line, name in _imported(path):
+            target = _module_file(name)
+            if target is not None and target != path and target.is_relative_to(PACKAGE):
+                arrows.setdefault(target, line)
+    return graph
+
+
+def _circles(graph: dict[Path, dict[Path, int]]) -> list[list[Path]]:
+    """The strongly connected groups of more than one file (Tarjan's algorithm, iterative)."""
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    on_stack: set[Path] = set()
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(graph.get(child, {}))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def test_no_import_circles_between_files():
+    graph = _import_graph()
+    shown = []
+    for group in _circles(graph):
+        members = set(group)
+        arrows = [
+            f"  {_shown(a)}:{graph[a][b]} -> {_shown(b)}" for a in group for b in sorted(graph[a]) if b in members
+        ]
+        shown.append(f"circle of {len(group)} files: {', '.join(map(_shown, group))}\n" + "\n".join(arrows))
+    assert not shown, "\n".join(shown)
+
+
+def test_imports_run_one_way():
+    """Between sub-packages along ARROWS, and never up to the package's top from below it."""
     bad = []
-    for pkg, allowed in ARROWS.items():
-        for path in (ROOT / "sglfix" / pkg).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sglfix."):
-                    other = node.module.split(".")[1]
-                    if other != pkg and other not in allowed:
-                        bad.append(f"{path.relative_to(ROOT)} imports sglfix.{other}")
-    assert not bad, "\n".join(bad)
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        pkg = rel.parts[0] if len(rel.parts) > 1 else None
+        if pkg is not None and pkg not in ARROWS:
+            bad.append(f"sglfix/{pkg} has no place in ARROWS")
+            continue
+        above = rel.parts[0] in ABOVE_THE_TOP
+        for line, name in _imported(path):
+            if name == "sglfix":
+                if not above:
+                    bad.append(f"{_shown(path)}:{line} imports from sglfix/__init__.py, the package's top")
+                continue
+            other = name.split(".")[1]
+            if pkg is not None and other != pkg and other not in ARROWS[pkg]:
+                bad.append(f"{_shown(path)}:{line} imports {name}")
+    assert not bad, "\n".join(sorted(set(bad)))
 
 
 def test_cli_commands_do_not_import_torch_in_the_parent():
