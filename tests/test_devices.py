@@ -8,8 +8,8 @@ import os
 import pytest
 from clihelp import assert_one_line_error, run_cli
 
-from sglfix.execution.devices import parse_devices
 from sglfix.common.errors import ConfigError
+from sglfix.execution.devices import parse_devices
 from sglfix.execution.pool import WorkerPool
 from sglfix.execution.worker import WorkerConfig
 
