@@ -122,8 +122,8 @@ def test_the_installed_version_picks_the_profile_whose_range_covers_it(tmp_path)
     fake = _fake_sglang(tmp_path / "site", "0.5.99")
     env["PYTHONPATH"] = os.pathsep.join((str(fake), env["PYTHONPATH"]))
     r = _py(
-        "from sglfix.toggling.profiles import choose_profile\n"
-        "c = choose_profile(); print(c.profile, dict((m, p.name) for m, p in c.candidates))",
+        "from sglfix.toggling.profiles import resolve_profile\n"
+        "c = resolve_profile(follow_imports=True); print(c.profile, dict((m, p.name) for m, p in c.candidates))",
         env=env,
     )
     assert r.returncode == 0, r.stderr

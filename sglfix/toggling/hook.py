@@ -6,9 +6,9 @@ empty or ``0``, it imports nothing and returns. Otherwise it calls ``boot()``, w
 - validates the value against the profile's toggles (``SGLFIX_PROFILE``; ``SGLFIX_TOGGLES_DIR``):
   a bad value is one line on stderr naming the variable and exit 2, before the program runs.
   With ``SGLFIX_PROFILE`` unset, the profile follows what the process imports: an installed
-  engine of a version a profile is written for (real ``sglang`` 0.5.23), or the reproduction
+  engine of a version a profile's range covers (real ``sglang``), or the reproduction
   (``sglfix.backends``); while neither is imported the value is checked against both and the
-  first import decides (``sglfix.toggling.profiles.choose_profile``). An id only another
+  first import decides (``sglfix.toggling.profiles.resolve_profile``). An id only another
   profile has is one line naming ``SGLFIX_PROFILE``;
 - reverts at once what is already imported, and puts a finder first on ``sys.meta_path`` that
   reverts each remaining target right after its module has been executed: a function cannot
@@ -130,7 +130,7 @@ def arm(value: str | None) -> _EnvReverts | None:
     """
     global _STATE
     from sglfix.common.errors import ConfigError
-    from sglfix.toggling.profiles import choose_profile
+    from sglfix.toggling.profiles import resolve_profile
 
     with _LOCK:
         if _STATE is not None:
@@ -139,7 +139,7 @@ def arm(value: str | None) -> _EnvReverts | None:
             raise ConfigError(f"{ENV_VAR}={value!r}, but {_STATE.value!r} is already applied in this process")
         if selects_nothing(value):
             return None
-        chosen = choose_profile()
+        chosen = resolve_profile(follow_imports=True)
         if chosen.profile is None:
             # Checked now against every candidate, so a bad value still stops the process at start.
             errors = [_selections(value, p, chosen) for _, p in chosen.candidates]
@@ -281,9 +281,9 @@ def decide_now() -> _EnvReverts | None:
         if not isinstance(_STATE, _Pending):
             return armed()
         sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _Decider) and f.pending is _STATE)]
-        from sglfix.toggling.profiles import choose_profile
+        from sglfix.toggling.profiles import resolve_profile
 
-        now = choose_profile()  # a code base may have been imported under another name meanwhile
+        now = resolve_profile(follow_imports=True)  # a code base may have been imported under another name meanwhile
         return _arm_with(_STATE.value, now) if now.profile is not None else _STATE.decide(None)
 
 

@@ -25,8 +25,6 @@ __all__ = [
     "PROFILE_ENV",
     "Choice",
     "Profile",
-    "choose_profile",
-    "current_profile",
     "get_profile",
     "resolve_profile",
 ]
@@ -72,16 +70,6 @@ def resolve_profile(*, option: str | None = None, follow_imports: bool = False) 
     if not follow_imports:
         return Choice(default, f"{PROFILE_ENV} is unset: the reproduction")
     return _by_import(default)
-
-
-def current_profile() -> Profile:
-    """The profile ``SGLFIX_PROFILE`` names (unset or empty: the reproduction)."""
-    return resolve_profile().profile
-
-
-def choose_profile() -> Choice:
-    """The start-up hook's choice (``resolve_profile(follow_imports=True)``)."""
-    return resolve_profile(follow_imports=True)
 
 
 def _installed_profiles() -> tuple[list[tuple[str, Profile]], list[str]]:
