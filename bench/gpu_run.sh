@@ -8,6 +8,7 @@
 # ONLY=scale runs only the scale-out benchmark (bench/scale_out.py; Ray from .cache/ray-whl).
 # ONLY=profile times where a cell's time goes (bench/cell_profile.py, the parent under cProfile).
 # ONLY=sglang runs the real-sglang matrix (--profile sglang-0.5.23; sglang from .cache/sglang-gpu).
+# ONLY=runner runs the matrix and bisect (--devices all, two shards) through the one runner.
 # Everything lands in $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/sglfix-out}
@@ -159,6 +160,41 @@ PY
   # Few files come back from a device call: the logs and the shards go as one tarball.
   (cd "$OUT" && tar -czf sglang-logs.tgz --remove-files sglang-check.* matrix-sglang-cuda-*.json matrix-sglang-cuda-*.txt \
     merge.txt parity-sglang.txt 2>/dev/null)
+  tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
+  tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
+  exit 0
+fi
+if [ "${ONLY:-}" = runner ]; then
+  # The one runner (sglfix.execution.runner) on the GPU: the matrix with reachability, compared
+  # cell by cell with the committed CUDA matrix; bisect with one worker per GPU (--devices all)
+  # and in two shards, its culprits and masking compared with the committed CPU bisect.
+  log "matrix on CUDA through the runner, with reachability (FlashInfer JIT cache: $JIT at start)"
+  COLUMNS=250 python3 -m sglfix matrix --parts --device cuda --json "$OUT/matrix-cuda-reach.json" > "$OUT/matrix-cuda-reach.txt" 2>&1
+  echo "matrix rc=$?"; tail -1 "$OUT/matrix-cuda-reach.txt" | sed 's/\x1b\[[0-9;]*m//g'
+  python3 -m sglfix report compare bench/results/matrix-cuda-reach.json "$OUT/matrix-cuda-reach.json" | tail -1
+  log "bisect on CUDA, one worker per GPU"
+  COLUMNS=250 python3 -m sglfix bisect --devices all --json "$OUT/bisect-cuda.json" > "$OUT/bisect-cuda.txt" 2>&1
+  echo "bisect rc=$?"; head -1 "$OUT/bisect-cuda.txt"
+  for i in 1 2; do
+    COLUMNS=250 python3 -m sglfix bisect --device cuda --shard $i/2 --json "$OUT/bisect-cuda-$i.json" > "$OUT/bisect-cuda-$i.txt" 2>&1
+    echo "bisect shard $i rc=$?"
+  done
+  python3 - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+load = lambda p: json.load(open(p))
+cpu, gpu = load("bench/results/bisect-cpu.json"), load(f"{out}/bisect-cuda.json")
+shards = [load(f"{out}/bisect-cuda-{i}.json") for i in (1, 2)]
+key = lambda cs: sorted((c["group"], tuple(c["ids"]), c["verdict"], tuple(c["scenarios"])) for c in cs)
+mk = lambda ms: sorted((m["group"], m["culprit"], m["masked_by"], tuple(m["scenarios"])) for m in ms)
+print(f"bisect --devices all on {gpu['device_name']}: {len(gpu['culprits'])} culprits, {len(gpu['masking'])} masking, "
+      f"{gpu['sets_run']} sets, {gpu['cells']} cells in {gpu['wall_s']} s; culprits as on CPU: "
+      f"{key(gpu['culprits']) == key(cpu['culprits'])}; masking as on CPU: {mk(gpu['masking']) == mk(cpu['masking'])}")
+both = [c for s in shards for c in s["culprits"]]
+print(f"two shards: {[s['shard'] for s in shards]}, {[round(s['wall_s'], 1) for s in shards]} s; their culprits together "
+      f"as the whole search's: {key(both) == key(gpu['culprits'])}; masking: {mk([m for s in shards for m in s['masking']]) == mk(gpu['masking'])}")
+PY
+  (cd "$OUT" && tar -czf runner-logs.tgz --remove-files matrix-cuda-reach.txt bisect-cuda*.txt bisect-cuda-1.json bisect-cuda-2.json 2>/dev/null)
   tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
   tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
   exit 0
