@@ -11,31 +11,10 @@ from rich.text import Text
 from sglfix.cli.common import Outputs, report_replacements, revert_ids, target, write_outputs
 from sglfix.cli.context import err, options, out
 from sglfix.cli.layout import named_rows
-from sglfix.cli.options import takes
+from sglfix.cli.options import SCALE, SELECT, takes
 from sglfix.common.errors import ConfigError
 
-BISECT_OPTIONS = (
-    "candidates",
-    "scenario",
-    "scenario_file",
-    "backend",
-    "device",
-    "jobs",
-    "timeout",
-    "json_file",
-    "junit",
-    "markdown",
-    "memory_budget",
-    "devices",
-    "executor",
-    "ray_address",
-    "ray_keep",
-    "shard",
-    "shard_costs",
-    "no_reachability",
-    "env_baseline",
-    "show_all",
-)
+BISECT_OPTIONS = ("candidates", *SELECT, *SCALE, "no_reachability", "env_baseline", "show_all")
 
 
 def _candidates(registry, given: list[str]) -> list[str]:

@@ -68,8 +68,9 @@ class Options:
         cb = self.codebase()
         if not cb.is_reproduction:
             from sglfix.codebases import activate
+            from sglfix.execution.devices import has_cuda_device
 
-            if not _has_cuda_device():
+            if not has_cuda_device():
                 os.environ.setdefault("TRITON_INTERPRET", "1")  # read when sglang's kernels are decorated
             activate(cb)
         return cb
@@ -112,14 +113,6 @@ def _note_other_toggles(registry) -> None:
         highlight=False,
         markup=False,
     )
-
-
-def _has_cuda_device() -> bool:
-    """Whether a GPU is visible, without importing torch (the CLI parent never does)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in ("", "-1"):
-        return False
-    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
 
 
 def options(ctx: typer.Context) -> Options:

@@ -21,7 +21,7 @@ from sglfix.cli.common import (
     write_outputs,
 )
 from sglfix.cli.context import err, options, out
-from sglfix.cli.options import takes
+from sglfix.cli.options import SCALE, SELECT, takes
 
 # One character per verdict for the compact grid (a narrow terminal, a CI log): failures are
 # capitals, the three that are no finding are punctuation.
@@ -114,29 +114,7 @@ def _draw(plan, verdicts, scenarios, sets, *, title: str, width: int) -> list:
     return parts
 
 
-MATRIX_OPTIONS = (
-    "parts",
-    "scenario",
-    "scenario_file",
-    "backend",
-    "device",
-    "jobs",
-    "timeout",
-    "json_file",
-    "junit",
-    "markdown",
-    "heatmap",
-    "memory_budget",
-    "devices",
-    "executor",
-    "ray_address",
-    "ray_keep",
-    "shard",
-    "shard_costs",
-    "no_reachability",
-    "env_baseline",
-    "show_all",
-)
+MATRIX_OPTIONS = ("parts", *SELECT, "heatmap", *SCALE, "no_reachability", "env_baseline", "show_all")
 
 
 @takes(*MATRIX_OPTIONS)

@@ -167,26 +167,16 @@ MemoryBudget = Annotated[
     ),
 ]
 
-Revert = Annotated[
-    list[str],
-    typer.Option(
-        "--revert",
-        "-r",
-        metavar="ID",
-        autocompletion=toggle_ids,
-        help="Revert this toggle or part (repeatable; comma lists too); added to what SGLANG_DEBUG_REVERT_PR selects.",
-    ),
-]
-Candidates = Annotated[
-    list[str],
-    typer.Option(
-        "--revert",
-        "-r",
-        metavar="ID",
-        autocompletion=toggle_ids,
-        help="Candidate toggles or parts (repeatable; comma lists too); default every registered part.",
-    ),
-]
+
+def _reverts(help: str) -> Any:
+    """``--revert/-r ID`` (repeatable, ids completed); ``help`` says what the command does with them."""
+    return Annotated[list[str], typer.Option("--revert", "-r", metavar="ID", autocompletion=toggle_ids, help=help)]
+
+
+Revert = _reverts(
+    "Revert this toggle or part (repeatable; comma lists too); added to what SGLANG_DEBUG_REVERT_PR selects."
+)
+Candidates = _reverts("Candidate toggles or parts (repeatable; comma lists too); default every registered part.")
 Parts = Annotated[
     bool,
     typer.Option(
@@ -221,6 +211,12 @@ OPTIONS: dict[str, tuple[Any, Any]] = {
     "env_baseline": (EnvBaseline, False),
     "show_all": (ShowAll, False),
 }
+
+
+# The options every command that runs cells has, in --help order: what to run and the reports
+# (SELECT), then where and how (SCALE).
+SELECT = ("scenario", "scenario_file", "backend", "device", "jobs", "timeout", "json_file", "junit", "markdown")
+SCALE = ("memory_budget", "devices", "executor", "ray_address", "ray_keep", "shard", "shard_costs")
 
 
 def takes(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

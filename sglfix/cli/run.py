@@ -18,28 +18,9 @@ from sglfix.cli.common import (
     write_outputs,
 )
 from sglfix.cli.context import err, options, out
-from sglfix.cli.options import takes
+from sglfix.cli.options import SCALE, SELECT, takes
 
-RUN_OPTIONS = (
-    "revert",
-    "scenario",
-    "scenario_file",
-    "backend",
-    "device",
-    "jobs",
-    "timeout",
-    "json_file",
-    "junit",
-    "markdown",
-    "memory_budget",
-    "devices",
-    "executor",
-    "ray_address",
-    "ray_keep",
-    "shard",
-    "shard_costs",
-    "show_all",
-)
+RUN_OPTIONS = ("revert", *SELECT, *SCALE, "show_all")
 
 
 @takes(*RUN_OPTIONS)
