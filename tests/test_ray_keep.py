@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,57 +16,20 @@ from pathlib import Path
 
 import pytest
 from clihelp import assert_one_line_error, run_cli
-from procs import alive, wait_gone
+from procs import RAY_ENV, alive, ray_head, wait_gone
 
 pytest.importorskip("ray", reason="the test extra installs ray")
 
 SUBSET = ["-s", "triton-decode@cg=eager*"]
-ENV = {"RAY_AUTH_MODE": "disabled"}  # a private test head; the token file of another cluster is not ours
+ENV = RAY_ENV
 TOGGLES = Path(__file__).resolve().parents[1] / "toggles"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def head():
-    """A Ray head of its own for this module (``ray start --head --block``), torn down with it."""
-    port = _free_port()
-    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}"]
-    cmd += ["--num-cpus=2", "--include-dashboard=false"]
-    cmd += ["--disable-usage-stats"]
-    proc = subprocess.Popen(
-        cmd,
-        env={**os.environ, **ENV},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    address = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the Ray head did not start (exit {proc.poll()})")
-            time.sleep(0.5)
-    yield address
-    # The head's processes (and the actors' Ray workers under its raylet) share its process group.
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(10)
+    """A Ray head of its own for this module, torn down with it."""
+    with ray_head(num_cpus=2) as port:
+        yield f"127.0.0.1:{port}"
 
 
 def _matrix(head: str, tmp_path: Path, name: str, *pre: str, keep: str = "120"):

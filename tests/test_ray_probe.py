@@ -5,8 +5,6 @@ CLI refuses it in one line, where ray.init would wait a minute or more."""
 from __future__ import annotations
 
 import http.server
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,17 +13,12 @@ import time
 
 import pytest
 from clihelp import assert_one_line_error, run_cli
+from procs import RAY_ENV, free_port, ray_head
 
 from sglfix.execution.ray_probe import ANSWER_S, probe_ray
 
 FAST = "triton-decode@cg=eager,gpu_only=off"
-ENV = {"RAY_AUTH_MODE": "disabled"}  # a private test head; the token file of another cluster is not ours
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+ENV = RAY_ENV
 
 
 @pytest.fixture
@@ -104,7 +97,7 @@ def test_a_server_that_closes_at_once_is_not_ray(closing):
 
 def test_nothing_listening_is_an_oserror_for_the_caller_to_word():
     with pytest.raises(OSError):
-        probe_ray("127.0.0.1", _free_port())
+        probe_ray("127.0.0.1", free_port())
 
 
 def test_the_probe_never_imports_ray(web):
@@ -118,40 +111,10 @@ def test_the_probe_never_imports_ray(web):
 
 @pytest.fixture(scope="module")
 def head():
-    """A Ray head of its own (``ray start --head --block``), torn down with its process group."""
+    """A Ray head of its own, torn down with its process group."""
     pytest.importorskip("ray", reason="the test extra installs ray")
-    port = _free_port()
-    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}"]
-    cmd += ["--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats"]
-    proc = subprocess.Popen(
-        cmd,
-        env={**os.environ, **ENV},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"the Ray head did not start (exit {proc.poll()})")
-                time.sleep(0.5)
+    with ray_head(num_cpus=1) as port:
         yield port
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
 
 
 def test_a_real_ray_head_is_accepted(head):
