@@ -85,16 +85,16 @@ class CellCache:
 
 
 def shard_groups(chosen: Sequence[Any], shard: Any, *, timings: dict[str, float] | None = None) -> list[Any]:
-    """The scenarios of the groups ``shard`` searches: whole groups, dealt by cost (a scenario's
-    baseline timing in an earlier report, else its size estimate)."""
-    from sglfix.execution.shards import deal, scenario_cost
+    """The scenarios of the groups ``shard`` searches: whole groups, dealt by cost as the matrix
+    deals scenarios (a baseline cell's timing in an earlier report, else its size estimate)."""
+    from sglfix.execution.planner import Plan
+    from sglfix.execution.shards import deal, scenario_loads
 
     if shard is None or shard.count == 1:
         return list(chosen)
     load: dict[str, float] = {}
-    for s in chosen:
-        cost = (timings or {}).get(f"baseline::{s.name}") or scenario_cost(s)
-        load[group_of(s.name)] = load.get(group_of(s.name), 0.0) + cost
+    for name, cost in scenario_loads(Plan(scenarios=list(chosen), sets=[()]), timings=timings).items():
+        load[group_of(name)] = load.get(group_of(name), 0.0) + cost
     mine = deal(load, shard)
     return [s for s in chosen if group_of(s.name) in mine]
 

@@ -21,7 +21,7 @@ from sglfix.common.errors import ConfigError
 from sglfix.execution.planner import Plan
 from sglfix.scenario import Scenario
 
-__all__ = ["MAX_SHARDS", "Shard", "deal", "parse_shard", "scenario_cost", "shard_plan"]
+__all__ = ["MAX_SHARDS", "Shard", "deal", "parse_shard", "scenario_cost", "scenario_loads", "shard_plan"]
 
 MAX_SHARDS = 1024
 _SHARD_RE = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
@@ -61,6 +61,13 @@ def shard_plan(plan: Plan, shard: Shard, *, timings: Mapping[str, float] | None 
     """The part of ``plan`` shard ``shard`` runs: its scenarios with every toggle set, set-major."""
     if shard.count == 1:
         return plan
+    mine = deal(scenario_loads(plan, timings=timings), shard)
+    return Plan(scenarios=[s for s in plan.scenarios if s.name in mine], sets=list(plan.sets), env_ids=plan.env_ids)
+
+
+def scenario_loads(plan: Plan, *, timings: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Each scenario's cost in ``plan``: its cells' timings in an earlier report where it has
+    them, else their size estimates."""
     timings = timings or {}
     # Earlier timings are in ms and estimates in abstract units: scale the estimates by the median
     # ms per unit of the cells that have both, so the two can be added.
@@ -71,8 +78,7 @@ def shard_plan(plan: Plan, shard: Shard, *, timings: Mapping[str, float] | None 
         if cost is None:
             cost = scenario_cost(cell.scenario) * per_unit
         load[cell.scenario.name] = load.get(cell.scenario.name, 0.0) + cost
-    mine = deal(load, shard)
-    return Plan(scenarios=[s for s in plan.scenarios if s.name in mine], sets=list(plan.sets), env_ids=plan.env_ids)
+    return load
 
 
 def deal(load: Mapping[str, float], shard: Shard) -> set[str]:
