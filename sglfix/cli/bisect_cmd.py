@@ -8,7 +8,7 @@ from typing import Any
 import typer
 from rich.text import Text
 
-from sglfix.cli.common import Outputs, report_replacements, revert_ids, target, write_outputs
+from sglfix.cli.common import Outputs, header, report_replacements, revert_ids, target, write_outputs
 from sglfix.cli.context import err, options, out
 from sglfix.cli.layout import named_rows
 from sglfix.cli.options import SCALE, SELECT, takes
@@ -114,13 +114,14 @@ def bisect_cmd(ctx: typer.Context, **given: Any) -> None:
         write_json(json_file, report)
     _write_ci_reports(report, cells, info=found.info, junit=given["junit"], markdown=given["markdown"])
     if json_file != "-":
-        from sglfix.report.outcome import codebase_label
-
-        title = (
-            f"sglfix bisect on {report['device']} ({report['device_name'] or report['device']}): "
-            f"{len(candidates)} candidates, the baseline and {report['sets_run']} toggle "
-            f"sets ({report['runs']} searched, {report['masking_runs']} for masking), "
-            f"{report['cells']} cells in {report['wall_s']:.1f} s; code base: {codebase_label(report)}"
+        title = header(
+            what=f"bisect of {len(candidates)} candidates (the baseline and {report['sets_run']} toggle sets: "
+            f"{report['runs']} searched, {report['masking_runs']} for masking)",
+            info=found.info,
+            env=env,
+            wall=report["wall_s"],
+            cells=report["cells"],
+            report=report,
         )
         rows = [
             [
