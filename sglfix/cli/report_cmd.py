@@ -8,6 +8,7 @@ shards into one report. Every subcommand is one function decorated with ``@subco
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import typer
 from rich.text import Text
@@ -187,10 +188,11 @@ def merge_cmd(
     if gate:
         from sglfix.report.outcome import judge
 
-        failing = _gate_failures(merged)
+        judgement = judge(merged)  # once: the failures listed and the outcome line read it
+        failing = _gate_failures(merged, judgement)
         for line in failing:
             (err if output == "-" else out).print(line, highlight=False, markup=False)
-        outcome = judge(merged).outcome()
+        outcome = judgement.outcome()
         if failing and not outcome.startswith("gate failed"):
             outcome = "gate failed: the set of shards is not the whole run"
         (err if output == "-" else out).print(f"merged report: {outcome}", highlight=False, markup=False)
@@ -198,13 +200,12 @@ def merge_cmd(
             raise typer.Exit(1)
 
 
-def _gate_failures(report: dict) -> list[str]:
-    """What fails the matrix's gate in a (merged) report, as its judgement says
+def _gate_failures(report: dict, judgement: Any) -> list[str]:
+    """What fails the matrix's gate in a (merged) report, as its ``judgement`` says
     (``sglfix.report.outcome``): unmet expectations, unexpected verdicts, ERROR cells; and shards
     missing or given twice."""
-    from sglfix.report.outcome import Meaning, judge
+    from sglfix.report.outcome import Meaning
 
-    judgement = judge(report)
     lines = [
         f"UNMET expect {c.expect.text} -> {'|'.join(c.expect.wanted)}; got {sorted(set(c.got.values()))}"
         for c in judgement.unmet
