@@ -129,6 +129,9 @@ def test_an_interrupted_run_keeps_nothing(head, tmp_path):
         [sys.executable, "-m", "sglfix", "matrix", "--parts", "--no-reachability", "--device", "cpu", "--jobs", "2",
          "--executor", "ray", "--ray-address", head, "--ray-keep", "600", "--json", str(tmp_path / "r.json")],
         env={**os.environ, **ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # Ctrl-C's default action, whatever this pytest inherited: a background job of a
+        # non-interactive shell starts with SIGINT ignored, and the run would inherit that.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while not _kept(head) and time.monotonic() < deadline:  # its actors exist: the run is under way
