@@ -1,0 +1,71 @@
+"""What a process needs before it builds a draft case on sglang 0.5.23's kit: ``prepare()`` (the
+code base active, the kit's test utilities importable on this machine), the availability checks the
+draft adapters ask for, and the unittest stand-in the kit's fixtures take."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+import torch
+
+__all__ = ["FixtureTestCase", "flash_mla_available", "flashinfer_available", "has_cuda", "prepare"]
+
+_PREPARED = False
+
+
+def prepare() -> None:
+    """Make this process ready to import the kit: the sglang code base active, ``datasets`` stood in
+    for (``sglang.test.test_utils`` imports the benchmark datasets at module level; the kit takes
+    only ``server_args_variant`` from it) and ``test_utils`` imported once with a
+    ``CUDA_VISIBLE_DEVICES`` it can parse (it reads the first character; CPU runs set it empty)."""
+    global _PREPARED
+    if _PREPARED:
+        return
+    from sglfix.codebases import active, standins
+
+    if active().kit != __package__:
+        raise RuntimeError(
+            f"the kit {__package__} needs a code base whose kit it is active in this process "
+            f"(sglfix.codebases.activate), not {active().name}"
+        )
+    standins.install(("datasets",))
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        if saved is not None and not saved:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        importlib.import_module("sglang.test.test_utils")
+    finally:
+        if saved is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+    _PREPARED = True
+
+
+def has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def flashinfer_available() -> bool:
+    from sglang.srt.utils import is_flashinfer_available
+
+    return bool(is_flashinfer_available())
+
+
+def flash_mla_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("flash_mla") is not None
+
+
+class FixtureTestCase:
+    """The kit's fixtures take a unittest case for ``skipTest``; here that is an error, not a skip."""
+
+    def skipTest(self, reason: str) -> None:
+        raise RuntimeError(f"the sglang kit gave up building the fixture: {reason}")
+
+    def assertEqual(self, a: Any, b: Any) -> None:
+        assert a == b, (a, b)
+
+    def assertTrue(self, a: Any) -> None:
+        assert a
