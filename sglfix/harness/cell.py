@@ -176,9 +176,7 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
 
         adapter = get_adapter(scenario.backend)
         is_cuda = torch.device(device).type == "cuda"
-        check = getattr(adapter, "check_available", None)
-        if check is not None:
-            check(device)
+        adapter.check_available(device)
 
         def sync() -> None:
             if is_cuda:
@@ -226,7 +224,7 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
             result.add("SYNC", message)
         for message in describe_guards(adapter.static_buffers(backend)):
             result.add("INVARIANT", f"write past a buffer's end: {message}")
-        checks = list(getattr(adapter, "check_metadata", lambda _p, _b: [])(prepared, backend))
+        checks = list(adapter.check_metadata(prepared, backend))
         for verdict, message in checks:
             result.add(verdict, message)
         if isinstance(out, NoOutput):

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from sglfix.harness.invariants import MetadataFields
 
-__all__ = ["BackendAdapter", "MetadataHook", "Prepared", "Unavailable", "require_flashinfer"]
+__all__ = ["AdapterBase", "BackendAdapter", "MetadataHook", "Prepared", "Unavailable", "require_flashinfer"]
 
 
 class Unavailable(Exception):
@@ -41,8 +41,14 @@ class Prepared:
 
 
 class BackendAdapter(Protocol):
+    """Every method the cell runner calls on an adapter, in the order it calls them. An adapter
+    takes the defaults of ``check_available`` and ``check_metadata`` from ``AdapterBase``."""
+
     name: str
     metadata_fields: MetadataFields
+
+    def check_available(self, device: str) -> None:
+        """Raise ``Unavailable`` when the cell cannot run on ``device`` here; before the build."""
 
     def build(self, scenario: Any, *, device: str) -> Prepared:
         """Pools, cached K/V, new tokens and the forward batch; code under test may run here."""
@@ -54,7 +60,8 @@ class BackendAdapter(Protocol):
         """A captured graph runner for graph scenarios, else None; runs outside the sync watch."""
 
     def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
-        """The forward for the scenario's mode: eager, or a replay of ``runner``; returns the output."""
+        """The forward for the scenario's mode: eager, or a replay of ``runner``; returns the output
+        (or ``sglfix.harness.cell.NoOutput`` where no output can be produced here)."""
 
     def static_buffers(self, backend: Any) -> list:
         """Registered static buffers (with guard zones) after the run."""
@@ -63,5 +70,21 @@ class BackendAdapter(Protocol):
         """(label, metadata object, rows it covers) for every metadata object live after an
         init: one for a single backend, one per step for a multi-step draft backend."""
 
+    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
+        """(verdict, message) of the adapter's own metadata checks after the run, PASS rows naming
+        what was checked; [] when it has none."""
+
     def reference(self, prepared: Prepared) -> tuple[Any, Any]:
         """(reference output, packed output -> padded layout) from the ground truth only."""
+
+
+class AdapterBase:
+    """What every adapter inherits: the documented defaults of the ``BackendAdapter`` methods an
+    adapter may leave out, so that the cell calls each of them on every adapter."""
+
+    def check_available(self, device: str) -> None:
+        """Runs wherever it is built: nothing to check before the build."""
+
+    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
+        """No checks beyond the invariant table and the guard zones."""
+        return []

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglfix.harness.adapters.base import MetadataHook, Prepared
+from sglfix.harness.adapters.base import AdapterBase, MetadataHook, Prepared
 
 __all__ = ["CaseAdapter"]
 
 
-class CaseAdapter:
+class CaseAdapter(AdapterBase):
     def _v(self, case: Any) -> Any:
         """The new tokens' values handed to the forward (None where the backend writes from k alone)."""
         return case.v

@@ -26,7 +26,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import Prepared, Unavailable
+from sglfix.harness.adapters.base import AdapterBase, Prepared, Unavailable
 from sglfix.harness.cell import NoOutput
 from sglfix.harness.invariants import MetadataFields
 
@@ -39,7 +39,7 @@ _CPU_REASON = (
 _GPU_REASON = "the DSv4 draft attention (FlashMLA sparse decode over an FP8 cache) is not compared by this adapter"
 
 
-class DeepseekV4DraftAdapter:
+class DeepseekV4DraftAdapter(AdapterBase):
     name = "deepseek_v4"
     # Raw decode metadata (CPU) and the full metadata (CUDA + flash_mla): absent fields are skipped.
     metadata_fields = MetadataFields(

@@ -38,7 +38,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import Prepared, Unavailable
+from sglfix.harness.adapters.base import AdapterBase, Prepared, Unavailable
 from sglfix.harness.cell import NoOutput
 from sglfix.harness.invariants import MetadataFields
 
@@ -50,7 +50,7 @@ _HOST_REASON = (
 )
 
 
-class FlashInferDraftAdapter:
+class FlashInferDraftAdapter(AdapterBase):
     name = "flashinfer"
     mla = False
     backend_module = "sglang.srt.layers.attention.flashinfer_backend"

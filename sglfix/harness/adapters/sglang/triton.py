@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sglfix.harness.adapters.base import MetadataHook, Prepared, Unavailable
+from sglfix.harness.adapters.base import AdapterBase, MetadataHook, Prepared, Unavailable
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.kits import kit as _kit
 
@@ -588,7 +588,7 @@ def _watch(backend: Any, on_metadata: MetadataHook) -> None:
     backend.init_forward_metadata_out_graph = init_forward_metadata_out_graph
 
 
-class SglangTritonAdapter:
+class SglangTritonAdapter(AdapterBase):
     name = "triton"
     metadata_fields = MetadataFields(
         indptr=("kv_indptr", "qo_indptr", "mask_indptr", "window_kv_indptr"),

@@ -27,7 +27,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import Prepared, Unavailable
+from sglfix.harness.adapters.base import AdapterBase, Prepared, Unavailable
 from sglfix.harness.cell import NoOutput
 from sglfix.harness.invariants import MetadataFields
 
@@ -39,7 +39,7 @@ _NO_KERNEL = (
 )
 
 
-class TrtllmMLADraftExtendAdapter:
+class TrtllmMLADraftExtendAdapter(AdapterBase):
     name = "trtllm_mla"
     metadata_fields = MetadataFields(
         indptr=("cu_seqlens_q",),
