@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,96 +167,145 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
         except _CELL_EXCEPTIONS as exc:
             raise _Staged(exc, stage_box[0]) from exc
     try:
-        import torch
-
-        from sglfix.harness.adapters import get_adapter
-        from sglfix.harness.guards import describe_guards
-        from sglfix.harness.invariants import check_metadata
-        from sglfix.harness.reference import compare_outputs
-        from sglfix.harness.syncwatch import suspended, watch_syncs
-
-        adapter = get_adapter(scenario.backend)
-        is_cuda = torch.device(device).type == "cuda"
-        adapter.check_available(device)
-
-        def sync() -> None:
-            if is_cuda:
-                torch.cuda.synchronize()
-
-        # The device is waited on once, after the run: every wait of a worker also waits for the
-        # other workers sharing the GPU (sglfix.harness.hostcopy), so the build and capture
-        # timings are the host's time to issue their work, and the run's includes what was left.
-        t0 = time.perf_counter()
-        stage("build")
-        prepared = adapter.build(scenario, device=device)
-        t1 = time.perf_counter()
-
-        views_checked = [0]
-
-        def on_metadata(backend: Any, forward_batch: Any, phase: str) -> None:
-            with suspended():
-                found = []
-                for label, metadata, rows in adapter.metadata_views(backend, forward_batch):
-                    views_checked[0] += metadata is not None
-                    where = f"{phase} {label}" if label else phase
-                    found += check_metadata(
-                        metadata, fields=adapter.metadata_fields, rows=rows, num_slots=prepared.num_slots, phase=where
-                    )
-            for message in found:
-                result.add("INVARIANT", message, phase=phase)
-
-        stage("forward")
-        backend = adapter.make_backend(prepared)
-        stage("capture")
-        runner = adapter.capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
-        t_cap = time.perf_counter()
-        if runner is not None:
-            result.timings_ms["capture"] = round((t_cap - t1) * 1e3, 2)
-        stage("forward")
-        with watch_syncs(device, enabled=scenario.sync_free) as syncs:
-            out = adapter.run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
-        sync()
-        t2 = time.perf_counter()
+        ran = _execute(scenario, device=device, result=result, stage=stage)
     except _CELL_EXCEPTIONS as exc:
         raise _Staged(exc, stage_box[0]) from exc
     try:
         stage("judge")
-        for message in syncs:
-            result.add("SYNC", message)
-        for message in describe_guards(adapter.static_buffers(backend)):
-            result.add("INVARIANT", f"write past a buffer's end: {message}")
-        checks = list(adapter.check_metadata(prepared, backend))
-        for verdict, message in checks:
-            result.add(verdict, message)
-        if isinstance(out, NoOutput):
-            if not (checks or views_checked[0] or result.findings):
-                result.add("SKIP", f"nothing checked: {out.reason}")
-            else:
-                result.add("PASS", f"output not checked: {out.reason}", output_checked=False)
-            t3 = time.perf_counter()
-            result.timings_ms.update(
-                build=round((t1 - t0) * 1e3, 2), run=round((t2 - t1) * 1e3, 2), total=round((t3 - t0) * 1e3, 2)
-            )
-            return result.finish()
-        ref, q_valid = adapter.reference(prepared)
-        cmp = compare_outputs(out=out, ref=ref, q_valid=q_valid, tolerance=scenario.tolerance)
-        t3 = time.perf_counter()
-        result.error = cmp.to_json()
-        if cmp.nonfinite:
-            result.add("NAN", f"{cmp.nonfinite} non-finite output values", **cmp.to_json())
-        if cmp.bad_rows:
-            result.add(
-                "DIVERGE",
-                f"max abs err {cmp.max_abs:.3g} (rel {cmp.max_rel:.3g}), {cmp.bad_rows}/{cmp.rows} rows bad, "
-                f"first at request {cmp.first_bad_request} row {cmp.first_bad_row}",
-                **cmp.to_json(),
-            )
-        result.timings_ms.update(
-            build=round((t1 - t0) * 1e3, 2),
-            run=round((t2 - t1) * 1e3, 2),
-            reference=round((t3 - t2) * 1e3, 2),
-            total=round((t3 - t0) * 1e3, 2),
-        )
+        _judge(ran, scenario=scenario, result=result)
     except _CELL_EXCEPTIONS as exc:
         raise _Staged(exc, "judge") from exc
     return result.finish()
+
+
+@dataclass
+class _Ran:
+    """What the run left for the judge: the adapter and its objects, the output, the syncs seen,
+    how many metadata views were checked, and the clock at the start, after the build and after
+    the run."""
+
+    adapter: Any
+    prepared: Any
+    backend: Any
+    out: Any
+    syncs: list[str]
+    views_checked: list[int]  # one count, kept by the metadata hook
+    t0: float
+    t1: float
+    t2: float
+
+
+def _execute(scenario: Scenario, *, device: str, result: CellResult, stage: Callable[[str], None]) -> _Ran:
+    """Build, capture and run the scenario through its adapter, the invariants checked after every
+    metadata init."""
+    import torch
+
+    from sglfix.harness.adapters import get_adapter
+    from sglfix.harness.syncwatch import watch_syncs
+
+    adapter = get_adapter(scenario.backend)
+    is_cuda = torch.device(device).type == "cuda"
+    adapter.check_available(device)
+
+    # The device is waited on once, after the run: every wait of a worker also waits for the
+    # other workers sharing the GPU (sglfix.harness.hostcopy), so the build and capture timings
+    # are the host's time to issue their work, and the run's includes what was left.
+    t0 = time.perf_counter()
+    stage("build")
+    prepared = adapter.build(scenario, device=device)
+    t1 = time.perf_counter()
+    views_checked = [0]
+    on_metadata = _metadata_hook(adapter, prepared, result, views_checked)
+    stage("forward")
+    backend = adapter.make_backend(prepared)
+    stage("capture")
+    runner = adapter.capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
+    t_cap = time.perf_counter()
+    if runner is not None:
+        result.timings_ms["capture"] = round((t_cap - t1) * 1e3, 2)
+    stage("forward")
+    with watch_syncs(device, enabled=scenario.sync_free) as syncs:
+        out = adapter.run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
+    if is_cuda:
+        torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return _Ran(adapter, prepared, backend, out, syncs, views_checked, t0, t1, t2)
+
+
+def _metadata_hook(
+    adapter: Any, prepared: Any, result: CellResult, views_checked: list[int]
+) -> Callable[[Any, Any, str], None]:
+    """The hook an adapter calls after every metadata init: the invariant table over each of its
+    metadata views (outside the sync watch), each finding an INVARIANT; counts the views checked."""
+    from sglfix.harness.invariants import check_metadata
+    from sglfix.harness.syncwatch import suspended
+
+    def on_metadata(backend: Any, forward_batch: Any, phase: str) -> None:
+        with suspended():
+            found = []
+            for label, metadata, rows in adapter.metadata_views(backend, forward_batch):
+                views_checked[0] += metadata is not None
+                where = f"{phase} {label}" if label else phase
+                found += check_metadata(
+                    metadata, fields=adapter.metadata_fields, rows=rows, num_slots=prepared.num_slots, phase=where
+                )
+        for message in found:
+            result.add("INVARIANT", message, phase=phase)
+
+    return on_metadata
+
+
+def _judge(ran: _Ran, *, scenario: Scenario, result: CellResult) -> None:
+    """Syncs, guard zones and the adapter's own metadata checks; then the output against the
+    reference, or, without an output, why it was not compared."""
+    from sglfix.harness.guards import describe_guards
+
+    adapter = ran.adapter
+    for message in ran.syncs:
+        result.add("SYNC", message)
+    for message in describe_guards(adapter.static_buffers(ran.backend)):
+        result.add("INVARIANT", f"write past a buffer's end: {message}")
+    checks = list(adapter.check_metadata(ran.prepared, ran.backend))
+    for verdict, message in checks:
+        result.add(verdict, message)
+    if isinstance(ran.out, NoOutput):
+        _judge_without_output(ran, checked=bool(checks or ran.views_checked[0] or result.findings), result=result)
+    else:
+        _compare_with_reference(ran, scenario=scenario, result=result)
+
+
+def _judge_without_output(ran: _Ran, *, checked: bool, result: CellResult) -> None:
+    if not checked:
+        result.add("SKIP", f"nothing checked: {ran.out.reason}")
+    else:
+        result.add("PASS", f"output not checked: {ran.out.reason}", output_checked=False)
+    t3 = time.perf_counter()
+    result.timings_ms.update(
+        build=round((ran.t1 - ran.t0) * 1e3, 2),
+        run=round((ran.t2 - ran.t1) * 1e3, 2),
+        total=round((t3 - ran.t0) * 1e3, 2),
+    )
+
+
+def _compare_with_reference(ran: _Ran, *, scenario: Scenario, result: CellResult) -> None:
+    from sglfix.harness.reference import compare_outputs
+
+    ref, q_valid = ran.adapter.reference(ran.prepared)
+    cmp = compare_outputs(out=ran.out, ref=ref, q_valid=q_valid, tolerance=scenario.tolerance)
+    t3 = time.perf_counter()
+    result.error = cmp.to_json()
+    if cmp.nonfinite:
+        result.add("NAN", f"{cmp.nonfinite} non-finite output values", **cmp.to_json())
+    if cmp.bad_rows:
+        result.add(
+            "DIVERGE",
+            f"max abs err {cmp.max_abs:.3g} (rel {cmp.max_rel:.3g}), {cmp.bad_rows}/{cmp.rows} rows bad, "
+            f"first at request {cmp.first_bad_request} row {cmp.first_bad_row}",
+            **cmp.to_json(),
+        )
+    result.timings_ms.update(
+        build=round((ran.t1 - ran.t0) * 1e3, 2),
+        run=round((ran.t2 - ran.t1) * 1e3, 2),
+        reference=round((t3 - ran.t2) * 1e3, 2),
+        total=round((t3 - ran.t0) * 1e3, 2),
+    )
