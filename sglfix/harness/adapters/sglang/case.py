@@ -1,0 +1,323 @@
+"""Scenario -> engine objects for ``backend: triton`` on real sglang: the kit's mock runner with
+real pools filled with seeded random K/V, a scattered slot layout, request rows where a scheduler
+would put them, the ForwardBatch of the mode (DECODE, EXTEND, TARGET_VERIFY with a seeded draft
+tree as the custom mask, DRAFT_EXTEND_V2 by the kit fixture) or, for ``builder: glue``, the glue's
+inputs (``glue``), the layer, the new tokens and the ground truth (``truth``).
+
+``gpu_only`` leaves the CPU mirrors None, as the spec-v2 overlap path does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sglfix.harness.adapters.base import Unavailable
+from sglfix.harness.adapters.sglang.glue import glue_inputs
+from sglfix.harness.adapters.sglang.truth import GroundTruth, ground_truth, tree_visibility
+from sglfix.harness.kits import kit as _kit
+
+__all__ = ["SglangCase", "build_case"]
+
+# A graph replay pads its batch with rows that write here: page 0 is never given to a request.
+_SINK_PAGE = 0
+# Request rows reserved beside the batch: row 0 is the padded rows' row in every graph runner.
+_MIN_POOL_ROWS = 32
+
+
+@dataclass
+class SglangCase:
+    """One scenario built through sglang: its runner, batch (or the glue's inputs) and ground truth."""
+
+    scenario: Any
+    mode: Any  # sglang ForwardMode
+    device: str
+    runner: Any  # the kit's MockModelRunner (real pools, server args published)
+    kit_case: Any
+    layer: Any  # sglang RadixAttention, layer 0
+    forward_batch: Any  # the ForwardBatch; for builder glue, the one the glue built (after run)
+    q: Any  # [T, H, D] packed in request order
+    k: Any  # [T, Hkv, D]
+    v: Any
+    truth: GroundTruth
+    glue: Any = None  # for builder glue: the pre-step ScheduleBatch and the glue's inputs
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.runner.token_to_kv_pool.get_key_buffer(0).shape[0])
+
+
+def _forward_mode(name: str) -> Any:
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    try:
+        return ForwardMode[name]
+    except KeyError:
+        from sglfix.codebases import active
+
+        raise Unavailable(f"{active().label} has no ForwardMode.{name}") from None
+
+
+def _dtype(name: str) -> Any:
+    import torch
+
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+
+
+def _max_context_len(scenario: Any) -> int:
+    """The engine's context length: the scenario's, else the longest request plus a draft window."""
+    if scenario.max_context_len:
+        return scenario.max_context_len
+    longest = max(p + e for p, e in zip(scenario.prefix_lens, scenario.extend_lens))
+    return max(64, 32 * math.ceil((longest + scenario.spec.num_draft_tokens) / 32))
+
+
+def _scatter_layout(*, totals: list[int], page_size: int, num_pages: int, gen: Any) -> Callable[[int, int], int]:
+    """(request, position) -> KV slot, every request's pages drawn from one random permutation of
+    the pool's pages (the sink page excluded): requests interleave and no page order is monotone, so a
+    wrong index lands on another token's random K/V, never on the right one by luck."""
+    import torch
+
+    needed = [math.ceil(t / page_size) for t in totals]
+    perm = [p for p in torch.randperm(num_pages, generator=gen).tolist() if p != _SINK_PAGE]
+    if sum(needed) > len(perm):
+        raise ValueError(f"the KV pool has {len(perm)} free pages, the batch needs {sum(needed)}")
+    pages, start = [], 0
+    for n in needed:
+        pages.append(perm[start : start + n])
+        start += n
+
+    def loc(req: int, pos: int) -> int:
+        return pages[req][pos // page_size] * page_size + pos % page_size
+
+    return loc
+
+
+def _fill_pool(*, runner: Any, gen: Any) -> None:
+    """Random K/V in every slot of the pool, so that reading a wrong slot reads wrong numbers."""
+    import torch
+
+    pool = runner.token_to_kv_pool
+    for buf in (pool.get_key_buffer(0), pool.get_value_buffer(0)):
+        buf.copy_(torch.randn(buf.shape, generator=gen, dtype=torch.float32).to(buf.dtype))
+
+
+def _move_request_rows(*, runner: Any, batch: Any, gen: Any) -> None:
+    """The kit writes request b's ``req_to_token`` row at row b; move the rows to random rows past
+    row 0 (the graph runners' padding row, all zeros = the sink slot), as a scheduler would, and
+    bind the batch to a plan of its final fields."""
+    import torch
+
+    table = runner.req_to_token_pool.req_to_token
+    bs = len(batch.req_pool_indices)
+    rows = torch.randperm(table.shape[0] - 1, generator=gen)[:bs] + 1
+    kept = table[:bs].clone()
+    table.zero_()
+    table[rows.to(table.device)] = kept
+    batch.req_pool_indices = rows.to(dtype=batch.req_pool_indices.dtype, device=batch.req_pool_indices.device)
+    runner.kv_index_translator.bind_own_plan(batch)
+
+
+def _draft_tree(*, num_draft_tokens: int, topk: int, num_steps: int, gen: Any) -> tuple[list[int], list[int]]:
+    """Parents (-1 for the root) and depths of a seeded draft tree in BFS order: node 0 is the
+    verified token, each node has at most ``topk`` children, depth at most ``num_steps``; a chain
+    when ``topk == 1``."""
+    import torch
+
+    parents, depth, children = [-1], [0], [0]
+    for i in range(1, num_draft_tokens):
+        open_nodes = [j for j in range(i) if children[j] < topk and depth[j] < num_steps]
+        if not open_nodes:
+            raise ValueError(
+                f"num_draft_tokens={num_draft_tokens} does not fit a tree of topk={topk}, num_steps={num_steps}"
+            )
+        j = open_nodes[-1] if topk == 1 else open_nodes[int(torch.randint(len(open_nodes), (1,), generator=gen))]
+        parents.append(j)
+        depth.append(depth[j] + 1)
+        children.append(0)
+        children[j] += 1
+    return parents, depth
+
+
+def _retrieve_tensors(parents: list[int]) -> tuple[Any, Any, Any]:
+    """EAGLE's tree walk tensors for one request: index, first child, next sibling (-1: none)."""
+    import torch
+
+    n = len(parents)
+    first_child, next_sibling = [-1] * n, [-1] * n
+    last_child: dict[int, int] = {}
+    for i in range(1, n):
+        p = parents[i]
+        if first_child[p] < 0:
+            first_child[p] = i
+        else:
+            next_sibling[last_child[p]] = i
+        last_child[p] = i
+    return torch.arange(n), torch.tensor(first_child), torch.tensor(next_sibling)
+
+
+def _new_tokens(*, scenario: Any, dtype: Any, device: str, gen: Any) -> tuple[Any, Any, Any]:
+    import torch
+
+    total = sum(scenario.extend_lens)
+    m = scenario.model
+
+    def randn(*shape: int) -> Any:
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype).to(device)
+
+    return (
+        randn(total, m.num_heads, m.head_dim),
+        randn(total, m.num_kv_heads, m.head_dim),
+        randn(total, m.num_kv_heads, m.head_dim),
+    )
+
+
+def _null_cpu_mirrors(batch: Any, *, keep_extend_seq_lens: bool = False) -> None:
+    """gpu_only: the spec-v2 overlap path leaves every CPU mirror None (no device->host sync)."""
+    batch.seq_lens_cpu = None
+    batch.seq_lens_sum = None
+    batch.extend_prefix_lens_cpu = None
+    if not keep_extend_seq_lens:
+        batch.extend_seq_lens_cpu = None
+
+
+def _verify_spec_info(*, batch: Any, scenario: Any, parents: list[list[int]], trees: list[Any], device: str) -> Any:
+    """sglang's EagleVerifyInput for the seeded trees: the custom mask row-major per request
+    (``ndt`` rows of prefix + ``ndt`` columns: all prefix, then the tree's visibility)."""
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    spec = scenario.spec
+    masks = []
+    for p, tree in zip(scenario.prefix_lens, trees):
+        rows = torch.ones((spec.num_draft_tokens, p + spec.num_draft_tokens), dtype=torch.bool)
+        rows[:, p:] = tree
+        masks.append(rows.reshape(-1))
+    walks = [_retrieve_tensors(par) for par in parents]
+    bs = len(parents)
+    return EagleVerifyInput(
+        draft_token=batch.input_ids,
+        custom_mask=torch.cat(masks).to(device),
+        positions=batch.positions,
+        retrieve_index=torch.stack([w[0] + b * spec.num_draft_tokens for b, w in enumerate(walks)]).to(device),
+        retrieve_next_token=torch.stack([w[1] for w in walks]).to(device),
+        retrieve_next_sibling=torch.stack([w[2] for w in walks]).to(device),
+        retrieve_cum_len=(torch.arange(bs + 1, dtype=torch.int32) * spec.num_draft_tokens).to(device),
+        spec_steps=spec.num_steps,
+        topk=spec.topk,
+        draft_token_num=spec.num_draft_tokens,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        seq_lens_sum=batch.seq_lens_sum,
+        seq_lens_cpu=batch.seq_lens_cpu,
+    )
+
+
+def _prepare_verify(*, batch: Any, case: Any, scenario: Any, device: str, gen: Any) -> list[Any]:
+    """Verify: the kit's fixture (seq_lens = cached prefix), a seeded tree per request as the
+    custom mask, positions at prefix + depth. Returns the trees' visibility for the truth."""
+    kit = _kit("attention")
+    import torch
+
+    kit.prepare_target_verify_batch(batch=batch, case=case, device=device)
+    spec = scenario.spec
+    shapes = [
+        _draft_tree(num_draft_tokens=spec.num_draft_tokens, topk=spec.topk, num_steps=spec.num_steps, gen=gen)
+        for _ in scenario.prefix_lens
+    ]
+    parents = [s[0] for s in shapes]
+    trees = [tree_visibility(par) for par in parents]
+    batch.positions = torch.cat(
+        [torch.tensor(d, dtype=torch.int64) + p for (_, d), p in zip(shapes, scenario.prefix_lens)]
+    ).to(device)
+    if scenario.gpu_only:
+        _null_cpu_mirrors(batch)
+    batch.spec_info = _verify_spec_info(batch=batch, scenario=scenario, parents=parents, trees=trees, device=device)
+    return trees
+
+
+def _prepare_draft_extend_kit(*, batch: Any, case: Any, scenario: Any, device: str) -> None:
+    """DRAFT_EXTEND_V2 by the kit fixture (PR 26651 ``fixture``) and its spec input. gpu_only keeps
+    ``extend_seq_lens_cpu``: production's glue supplies it as a host constant even then."""
+    kit = _kit("attention")
+    kit.set_draft_extend_v2_prefix_lens(batch=batch, case=case, device=device)
+    batch.spec_info = kit.make_draft_extend_v2_input(batch=batch, case=case, device=device)
+    if scenario.gpu_only:
+        _null_cpu_mirrors(batch, keep_extend_seq_lens=True)
+        batch.spec_info.seq_lens_cpu = None
+
+
+def build_case(*, scenario: Any, device: str) -> SglangCase:
+    """Pools, layout, batch (or the glue's inputs) and ground truth for ``scenario``."""
+    kit = _kit("attention")
+    import torch
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    mode = _forward_mode(scenario.mode)
+    dtype, model = _dtype(scenario.model.dtype), scenario.model
+    gen = torch.Generator(device="cpu").manual_seed(scenario.seed)
+    ctx = _max_context_len(scenario)
+    bs = len(scenario.prefix_lens)
+    rows = max(_MIN_POOL_ROWS, bs + 1, (scenario.graph_bs or 0) + 1)
+    case = kit.make_case(
+        name=scenario.name,
+        mode=mode,
+        num_heads=model.num_heads,
+        num_kv_heads=model.num_kv_heads,
+        page_size=scenario.page_size,
+        prefix_lens=tuple(scenario.prefix_lens),
+        extend_lens=tuple(scenario.extend_lens),
+    )
+    runner = kit.make_model_runner(
+        case=case,
+        head_dim=model.head_dim,
+        dtype=dtype,
+        device=device,
+        max_context_len=ctx,
+        pool_rows=rows,
+        graph=scenario.cuda_graph,
+    )
+    _fill_pool(runner=runner, gen=gen)
+    totals = [p + e for p, e in zip(scenario.prefix_lens, scenario.extend_lens)]
+    loc = _scatter_layout(
+        totals=totals,
+        page_size=scenario.page_size,
+        gen=gen,
+        num_pages=runner.token_to_kv_pool.size // scenario.page_size,
+    )
+    batch = kit.make_forward_batch(case=case, runner=runner, max_context_len=ctx, device=device, loc_fn=loc)
+    _move_request_rows(runner=runner, batch=batch, gen=gen)
+    q, k, v = _new_tokens(scenario=scenario, dtype=dtype, device=device, gen=gen)
+    trees, glue = None, None
+    if scenario.mode == "TARGET_VERIFY":
+        trees = _prepare_verify(batch=batch, case=case, scenario=scenario, device=device, gen=gen)
+    elif scenario.mode == "DRAFT_EXTEND_V2" and scenario.builder == "glue":
+        glue, batch = glue_inputs(batch=batch, runner=runner, scenario=scenario, device=device), None
+    elif scenario.mode == "DRAFT_EXTEND_V2":
+        _prepare_draft_extend_kit(batch=batch, case=case, scenario=scenario, device=device)
+    elif scenario.gpu_only:
+        _null_cpu_mirrors(batch)
+    truth = ground_truth(scenario=scenario, runner=runner, loc=loc, q=q, k=k, v=v, trees=trees)
+    layer = RadixAttention(
+        num_heads=model.num_heads,
+        head_dim=model.head_dim,
+        scaling=truth.sm_scale,
+        num_kv_heads=model.num_kv_heads,
+        layer_id=0,
+    )
+    return SglangCase(
+        scenario=scenario,
+        mode=mode,
+        device=device,
+        runner=runner,
+        kit_case=case,
+        layer=layer,
+        forward_batch=batch,
+        q=q,
+        k=k,
+        v=v,
+        truth=truth,
+        glue=glue,
+    )

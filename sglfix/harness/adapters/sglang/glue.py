@@ -1,0 +1,110 @@
+"""The spec-v2 draft-extend glue of a ``builder: glue`` case on real sglang: the scheduler state
+before the draft extend (a real ``ScheduleBatch``, ``seq_lens`` = accepted prefix) and the
+production glue (``eagle_worker_common.prepare_for_draft_extend``) run over it, which bumps
+``seq_lens`` and builds the ForwardBatch the backend sees."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sglfix.harness.adapters.base import Unavailable
+
+__all__ = ["GlueInputs", "glue_inputs", "run_glue"]
+
+# The draft model's vocabulary for the glue (it checks the window's token ids against it); the
+# kit's production draft-extend harness configures its runner the same way.
+_VOCAB = 64
+
+
+@dataclass
+class GlueInputs:
+    """The scheduler state before the draft extend (``seq_lens`` = accepted prefix) and what the
+    worker hands ``prepare_for_draft_extend``."""
+
+    schedule_batch: Any
+    predict: Any  # next token ids, one window per request
+    num_accept_tokens: Any
+
+
+def _configure_draft_runner(runner: Any) -> None:
+    """What ``ForwardBatch.init_new`` and the glue read of a draft runner beyond what the kit's
+    stand-in sets up: the model config's derived fields, each computed the way sglang's
+    ``ModelConfig`` computes it (the kit's production draft harness fills ``vocab_size`` and
+    ``dtype`` likewise), and the runner's feature managers, made by ``ModelRunner``'s own init
+    methods (the kit's stand-in skips ``ModelRunner.__init__``); LoRA off, as ``__init__`` leaves it."""
+    from sglang.srt.configs.model_config import requires_mm_token_modalities
+
+    config, hf = runner.model_config, runner.model_config.hf_config
+    config.vocab_size = hf.vocab_size = _VOCAB
+    config.dtype = runner.dtype
+    config.requires_mm_token_modalities = requires_mm_token_modalities(hf.architectures, config.hf_text_config)
+    config.use_ngram_embedding = getattr(hf, "use_ngram_embedding", False)
+    config.ngram_embedding_n = hf.ngram_embedding_n if config.use_ngram_embedding else 0
+    config.use_engram = bool(getattr(hf, "engram_layer_ids", ()))
+    runner.lora_manager = None
+    runner.init_ngram_embedding_manager()
+    runner.maybe_init_watermark_state()
+
+
+def glue_inputs(*, batch: Any, runner: Any, scenario: Any, device: str) -> GlueInputs:
+    """A real ScheduleBatch holding the pre-step state: the kit's slot layout and write slots,
+    ``seq_lens`` = prefix (the glue bumps it), CPU mirrors unless gpu_only."""
+    import torch
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    prefix = torch.tensor(scenario.prefix_lens, dtype=torch.int64)
+    bs = len(scenario.prefix_lens)
+    _configure_draft_runner(runner)
+    schedule_batch = ScheduleBatch(
+        reqs=[],
+        req_to_token_pool=runner.req_to_token_pool,
+        token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
+        model_config=runner.model_config,
+        device=device,
+        forward_mode=ForwardMode.DECODE,
+        req_pool_indices=batch.req_pool_indices.to(torch.int64),
+        seq_lens=prefix.to(device),
+        seq_lens_cpu=None if scenario.gpu_only else prefix.clone(),
+        seq_lens_sum=None if scenario.gpu_only else int(prefix.sum()),
+        out_cache_loc=batch.out_cache_loc,
+        multimodal_inputs=[None] * bs,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE,
+    )
+    ndt = scenario.spec.num_draft_tokens
+    return GlueInputs(
+        schedule_batch=schedule_batch,
+        predict=batch.input_ids.to(torch.int64) % _VOCAB,
+        num_accept_tokens=torch.full((bs,), ndt, dtype=torch.int32, device=device),
+    )
+
+
+def run_glue(*, case: Any, backend: Any, graph_runner: Any) -> Any:
+    """The production spec-v2 draft-extend glue on the pre-step state: decides the CPU mirrors as
+    the scheduler does (gpu_only: the draft-extend slot unset), bumps ``seq_lens`` and, unless a
+    graph runner takes the batch, runs the backend's eager metadata init. Returns its ForwardBatch."""
+    from sglang.srt.managers.overlap_utils import decide_needs_cpu_seq_lens
+    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+    from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
+
+    glue, ndt = case.glue, case.scenario.spec.num_draft_tokens
+    if case.scenario.gpu_only and decide_needs_cpu_seq_lens([backend, None]):
+        raise Unavailable("the scheduler keeps CPU seq_lens for this backend set: not a gpu_only batch")
+    draft_extend_input = EagleDraftExtendInput(
+        hidden_states=None,
+        num_correct_drafts=glue.num_accept_tokens - 1,
+        num_accept_tokens=glue.num_accept_tokens,
+        num_tokens_per_req=ndt,
+        num_tokens_for_logprob_per_req=ndt,
+    )
+    return prepare_for_draft_extend(
+        draft_extend_input,
+        glue.schedule_batch,
+        glue.predict,
+        ndt,
+        case.runner,
+        graph_runner,
+        return_hidden_states_before_norm=False,
+    )

@@ -1,0 +1,94 @@
+"""What the judge attaches to a real sglang backend: guard zones of sentinel bytes after its static
+buffers (read back by ``sglfix.harness.guards``) and a hook on its metadata inits, so that the
+invariants see every init: eager, capture and replay."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sglfix.harness.adapters.base import MetadataHook
+
+__all__ = ["PERSISTENT", "GuardedBuffer", "guard_buffers", "guard_verify_mask", "guarded", "watch_metadata"]
+
+
+@dataclass
+class GuardedBuffer:
+    """A static buffer carved out of a larger flat allocation whose tail is the sentinel
+    (``sglfix.harness.guards`` reads ``name``, ``flat``, ``numel``, ``shape``)."""
+
+    name: str
+    flat: Any
+    numel: int
+    shape: tuple
+
+
+def _guarded_copy(t: Any, *, name: str) -> tuple[Any, GuardedBuffer]:
+    """An identical tensor followed by a guard zone of sentinel bytes, and its registry entry."""
+    import torch
+
+    from sglfix.harness.guards import SENTINEL_BYTE
+
+    guard = max(64, t.numel() // 4)
+    flat = torch.empty(t.numel() + guard, dtype=t.dtype, device=t.device)
+    flat[t.numel() :].view(torch.uint8).fill_(SENTINEL_BYTE)
+    view = flat[: t.numel()].view(t.shape)
+    view.copy_(t)
+    return view, GuardedBuffer(name=name, flat=flat, numel=t.numel(), shape=tuple(t.shape))
+
+
+# The backend's buffers whose contents persist between metadata inits (indptrs sized for the
+# request pool; the CUDA-graph state is the kit's GRAPH_STATE), guarded before anything points into them.
+PERSISTENT = ("kv_indptr", "qo_indptr", "mask_indptr", "window_kv_indptr")
+
+
+def _registry(backend: Any) -> list:
+    return backend.__dict__.setdefault("_sglfix_guarded", [])
+
+
+def guarded(backend: Any) -> list:
+    """The guard zones registered on ``backend``, in the order they were made."""
+    return list(backend.__dict__.get("_sglfix_guarded", []))
+
+
+def guard_buffers(backend: Any, attrs: tuple[str, ...]) -> None:
+    """Swap each of the backend's contiguous tensors ``attrs`` for a guarded copy."""
+    import torch
+
+    for attr in attrs:
+        t = getattr(backend, attr, None)
+        if isinstance(t, torch.Tensor) and t.is_contiguous():
+            view, entry = _guarded_copy(t, name=attr)
+            setattr(backend, attr, view)
+            _registry(backend).append(entry)
+
+
+def guard_verify_mask(backend: Any) -> None:
+    """The verify mask buffer (a frozen struct: swapped whole, as sglang resizes it)."""
+    import msgspec
+
+    mask = getattr(backend, "_verify_mask", None)
+    if mask is None:
+        return
+    view, entry = _guarded_copy(mask.buffer, name="_verify_mask.buffer")
+    backend._verify_mask = msgspec.structs.replace(mask, buffer=view)
+    _registry(backend).append(entry)
+
+
+def watch_metadata(backend: Any, on_metadata: MetadataHook) -> None:
+    """Wrap this backend instance's metadata inits so that the judge sees every one of them:
+    eager (``init_forward_metadata``), capture and replay (``init_forward_metadata_out_graph``)."""
+    eager, out_graph = backend.init_forward_metadata, backend.init_forward_metadata_out_graph
+
+    def init_forward_metadata(forward_batch: Any) -> Any:
+        result = eager(forward_batch)
+        on_metadata(backend, forward_batch, "eager")
+        return result
+
+    def init_forward_metadata_out_graph(forward_batch: Any, in_capture: bool = False) -> Any:
+        result = out_graph(forward_batch, in_capture)
+        on_metadata(backend, forward_batch, "capture" if in_capture else "replay")
+        return result
+
+    backend.init_forward_metadata = init_forward_metadata
+    backend.init_forward_metadata_out_graph = init_forward_metadata_out_graph

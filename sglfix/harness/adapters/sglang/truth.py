@@ -1,0 +1,81 @@
+"""The ground truth of a ``backend: triton`` case on real sglang, sglfix's judge: what each query
+must see (the pool's prefix K/V read at the layout's slots, then the new tokens, causally or by the
+draft tree's visibility), padded, and the reference computed from it alone."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["GroundTruth", "ground_truth", "reference", "tree_visibility"]
+
+
+@dataclass
+class GroundTruth:
+    """What each query must see, padded: q [bs, Q, H, D], k/v [bs, L, Hkv, D], visible [bs, Q, L]."""
+
+    q_pad: Any
+    k_pad: Any
+    v_pad: Any
+    visible: Any
+    q_valid: Any
+    sm_scale: float
+
+
+def tree_visibility(parents: list[int]) -> Any:
+    """visible[i, j]: node j is node i or one of its ancestors."""
+    import torch
+
+    n = len(parents)
+    vis = torch.zeros((n, n), dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            vis[i, j] = True
+            j = parents[j]
+    return vis
+
+
+def ground_truth(
+    *, scenario: Any, runner: Any, loc: Callable[[int, int], int], q: Any, k: Any, v: Any, trees: list[Any] | None
+) -> GroundTruth:
+    """Padded ground truth from the pool's prefix K/V (read at the layout's slots) and the new
+    tokens; causal within the new tokens, or the draft tree's visibility for verify."""
+    import torch
+
+    prefix, ext = list(scenario.prefix_lens), list(scenario.extend_lens)
+    bs, qmax, lmax = len(prefix), max(ext), max(p + e for p, e in zip(prefix, ext))
+    pool = runner.token_to_kv_pool
+    k_cache, v_cache = pool.get_key_buffer(0), pool.get_value_buffer(0)
+    heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
+    q_pad = q.new_zeros((bs, qmax, heads, dim))
+    k_pad = k.new_zeros((bs, lmax, kv_heads, dim))
+    v_pad = torch.zeros_like(k_pad)
+    visible = torch.zeros((bs, qmax, lmax), dtype=torch.bool, device=q.device)
+    q_valid = torch.zeros((bs, qmax), dtype=torch.bool, device=q.device)
+    start = 0
+    for b, (p, e) in enumerate(zip(prefix, ext)):
+        slots = torch.tensor([loc(b, i) for i in range(p)], dtype=torch.int64, device=k_cache.device)
+        k_pad[b, :p], v_pad[b, :p] = k_cache[slots], v_cache[slots]
+        k_pad[b, p : p + e], v_pad[b, p : p + e] = k[start : start + e], v[start : start + e]
+        q_pad[b, :e] = q[start : start + e]
+        q_valid[b, :e] = True
+        visible[b, :e, :p] = True
+        new = trees[b] if trees is not None else torch.tril(torch.ones((e, e), dtype=torch.bool))
+        visible[b, :e, p : p + e] = new.to(q.device)
+        start += e
+    return GroundTruth(
+        q_pad=q_pad, k_pad=k_pad, v_pad=v_pad, visible=visible, q_valid=q_valid, sm_scale=1.0 / math.sqrt(dim)
+    )
+
+
+def reference(truth: GroundTruth) -> tuple[Any, Any]:
+    """(reference output, rows to compare) from the ground truth only."""
+    from sglfix.harness.reference import reference_attention
+
+    ref = reference_attention(
+        q_pad=truth.q_pad, k_pad=truth.k_pad, v_pad=truth.v_pad, mask=truth.visible, scale=truth.sm_scale
+    )
+    return ref, truth.q_valid
