@@ -171,3 +171,29 @@ def test_only_the_kit_package_names_the_version():
     assert r.returncode in (0, 1), r.stderr  # 1: no match at all
     outside = [line for line in r.stdout.splitlines() if not line.startswith("sglfix/harness/kits/sglang_0_5_23/")]
     assert not outside, "\n".join(outside)
+
+
+def test_a_worker_finds_the_record_where_its_environment_does_not_name_the_folder(tmp_path):
+    """A Ray actor on another node does not share the parent's environment: the worker config
+    carries the profiles' folders, so a worker started without SGLFIX_PROFILES_PATH (as there)
+    still boots into the copied record."""
+    env = _newcomer(tmp_path)
+    record = tmp_path / "my-profiles" / NEW / "profile.toml"  # its range covers the sglang installed here
+    record.write_text(record.read_text().replace('versions = ">=0.5.99"', 'versions = ">=0.5"'))
+    r = _py(
+        textwrap.dedent(f"""
+            import os
+            from sglfix.execution.worker import Worker, WorkerConfig
+            config = WorkerConfig(device="cpu", codebase={NEW!r})
+            del os.environ["SGLFIX_PROFILES_PATH"]
+            w = Worker(config)
+            try:
+                w.wait_ready()
+                print(w.info["codebase"]["name"] if isinstance(w.info["codebase"], dict) else w.info["codebase"])
+            finally:
+                w.kill()
+        """),
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == NEW

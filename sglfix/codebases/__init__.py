@@ -27,6 +27,7 @@ from sglfix.codebases.records import (
     profiles,
     search_folders,
 )
+from sglfix.common.codebase import active_codebase, set_active
 from sglfix.common.errors import ConfigError
 
 __all__ = [
@@ -65,23 +66,18 @@ def __getattr__(name: str) -> Any:
 
 # ----------------------------------------------------------------------------- the active one
 
-_ACTIVE: Profile | None = None
-
 
 def active() -> Profile:
     """The code base this process replays through (the reproduction unless a worker chose another)."""
-    return _ACTIVE if _ACTIVE is not None else get_codebase(REPRODUCTION_NAME)
+    cb = active_codebase()
+    return cb if cb is not None else get_codebase(REPRODUCTION_NAME)
 
 
 def activate(codebase: Profile | str) -> list[str]:
     """Make ``codebase`` this process's code under test; install its stand-ins where the packages
     are missing. Returns the stand-ins in use. Call before the code base is imported."""
-    global _ACTIVE
-    from sglfix.common.codebase import set_active_package
-
     cb = get_codebase(codebase) if isinstance(codebase, str) else codebase
-    _ACTIVE = cb
-    set_active_package(cb.package)
+    set_active(cb)
     if not cb.standins:
         return []
     from sglfix.codebases import standins

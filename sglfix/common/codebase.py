@@ -11,14 +11,16 @@ from __future__ import annotations
 import importlib.util
 import os
 from functools import lru_cache
+from typing import Any
 
 __all__ = [
     "CODE_UNDER_TEST",
     "DEFAULT_PATCHABLE",
     "ENGINE",
+    "active_codebase",
     "active_package",
     "is_code_under_test",
-    "set_active_package",
+    "set_active",
     "under",
 ]
 
@@ -27,16 +29,25 @@ ENGINE = "sglang"
 DEFAULT_PATCHABLE: tuple[str, ...] = (CODE_UNDER_TEST, ENGINE)
 
 
-_ACTIVE_PACKAGE = CODE_UNDER_TEST  # what this process replays through (set by sglfix.codebases.activate)
+# The one holder of what this process replays through: the code base record activated by
+# ``sglfix.codebases.activate`` (None: the reproduction). Typed loosely because this leaf knows
+# only that a record has a ``package``; ``sglfix.codebases.active()`` gives it its type.
+_ACTIVE: Any = None
 
 
-def set_active_package(package: str) -> None:
-    global _ACTIVE_PACKAGE
-    _ACTIVE_PACKAGE = package
+def set_active(codebase: Any) -> None:
+    """Make ``codebase`` (a record with a ``package``) this process's code under test."""
+    global _ACTIVE
+    _ACTIVE = codebase
+
+
+def active_codebase() -> Any:
+    """The activated record, or None while the process replays through the reproduction."""
+    return _ACTIVE
 
 
 def active_package() -> str:
-    return _ACTIVE_PACKAGE
+    return CODE_UNDER_TEST if _ACTIVE is None else _ACTIVE.package
 
 
 def under(name: str, prefix: str) -> bool:
@@ -83,7 +94,7 @@ def is_code_under_test(filename_or_module: str, *, package: str | None = None) -
     frame's ``__name__`` ("sglfix.backends.srt.x") both work; "<string>" and friends are not.
     """
     if package is None:
-        package = _ACTIVE_PACKAGE
+        package = active_package()
     text = str(filename_or_module)
     if not text or text.startswith("<"):
         return False

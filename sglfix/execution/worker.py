@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from sglfix.codebases.records import PROFILES_PATH_ENV
 from sglfix.common.errors import ConfigError, SglfixError
 from sglfix.harness.result import CellResult
 
@@ -63,6 +64,9 @@ class WorkerConfig:
     allowed_prefixes: tuple[str, ...] | None = None
     timeout: float = 300.0
     codebase: str = "reproduction"  # what the cells replay through (sglfix.codebases)
+    # Where the profiles were found (SGLFIX_PROFILES_PATH), fixed when the config is made: a Ray
+    # actor on another node, whose environment is not this process's, must find the same record.
+    profiles_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -83,6 +87,8 @@ class WorkerConfig:
             object.__setattr__(self, "allowed_prefixes", tuple(str(p) for p in self.allowed_prefixes))
         from sglfix.codebases import get_codebase
 
+        if self.profiles_path is None:
+            object.__setattr__(self, "profiles_path", os.environ.get(PROFILES_PATH_ENV, ""))
         get_codebase(self.codebase)
 
 
@@ -201,6 +207,8 @@ class Worker:
         env.pop(_REVERT_ENV, None)  # the worker sets it per toggle set
         if self.config.toggles_dir is not None:
             env[_TOGGLES_ENV] = self.config.toggles_dir
+        if self.config.profiles_path:
+            env[PROFILES_PATH_ENV] = self.config.profiles_path
         if self.config.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
             env["CUDA_VISIBLE_DEVICES"] = ""
