@@ -422,3 +422,25 @@ def test_sigterm_while_a_report_is_written_leaves_no_temp_file_and_exits_143(tmp
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "terminated" in lines[0], r.stderr
     assert not out.exists() and not list(tmp_path.glob(".*.tmp")), list(tmp_path.iterdir())
+
+
+def test_merge_gate_writes_the_one_judgement_its_gate_reads(tmp_path):
+    # Shards of a run (findings mode) merged with --gate: the merged JSON's cell meanings, the
+    # JUnit and the gate's exit all come from one judgement, in gate mode.
+    check = {"toggle": "1", "revert": ["1"], "scenario": "s*", "wanted": ["DIVERGE"], "device": "any"}
+    a = _report(_cell("s1"), _cell("s1", ["1"]), command="sglfix run", expect=[check])
+    b = _report(_cell("s2"), _cell("s2", ["1"]), command="sglfix run", expect=[check])
+    out, junit = tmp_path / "m.json", tmp_path / "m.xml"
+    r = run_cli(
+        "report", "merge", _write(tmp_path / "a.json", a), _write(tmp_path / "b.json", b),
+        "-o", str(out), "--junit", str(junit), "--gate",
+    )  # fmt: skip
+    assert r.code == 1 and "UNMET expect" in r.out, r.out
+    merged = json.loads(out.read_text())
+    meanings = {c["id"]: c["meaning"] for c in merged["cells"]}
+    assert merged["judged"]["mode"] == "gate"
+    assert meanings["1::s1"] == meanings["1::s2"] == "unmet", meanings
+    from junitparser import JUnitXml
+
+    failed = {(suite.name, case.name) for suite in JUnitXml.fromfile(str(junit)) for case in suite if case.result}
+    assert {name for _, name in failed} == {"s1", "s2"} and len(failed) == 2, failed

@@ -164,21 +164,21 @@ def merge_cmd(
     """Merge reports (shards) into one: the cells' union; a cell with two different verdicts is an error."""
     from sglfix.cli.common import Outputs, write_outputs
     from sglfix.report.load import load_report
-    from sglfix.report.merge import merge_reports
+    from sglfix.report.merge import merge_judged
     from sglfix.report.output import check_output_path
 
     check_output_path(output, option="--output")
     outputs = Outputs(json=output, junit=junit, markdown=markdown)
     outputs.check()
     inputs = [(path, load_report(path)) for path in reports]
-    merged = merge_reports(inputs, command=options(ctx).argv)
+    merged, judgement = merge_judged(inputs, command=options(ctx).argv, gate=gate)
     shards = merged.get("shards")
     if partial:
         if shards is None:
             raise ConfigError("--partial accepts a partial set of shards, but no input is a shard (matrix --shard I/N)")
         shards["partial_allowed"] = True
         shards["problems"] = [p for p in shards["problems"] if "missing" not in p]
-    write_outputs(merged, outputs, gate=True)
+    write_outputs(merged, outputs, judgement=judgement)
     given = sum(len(r["cells"]) for _, r in inputs)
     kept = len(merged["cells"])
     note = f"; {given - kept} duplicate cell(s) kept once" if given > kept else ""
@@ -186,9 +186,6 @@ def merge_cmd(
         f"merged {len(inputs)} report(s) into {output}: {kept} cells ({_summary_text(merged['summary'])}){note}"
     )
     if gate:
-        from sglfix.report.outcome import judge
-
-        judgement = judge(merged)  # once: the failures listed and the outcome line read it
         failing = _gate_failures(merged, judgement)
         for line in failing:
             (err if output == "-" else out).print(line, highlight=False, markup=False)

@@ -23,9 +23,9 @@ from typing import Any
 from sglfix.common.errors import ConfigError
 from sglfix.report.jsonreport import SCHEMA
 from sglfix.report.load import cell_id, cell_key, count_verdicts, describe
-from sglfix.report.outcome import Known, _base_of, _expects_of, _mode_of, codebase_identity, judge
+from sglfix.report.outcome import Judgement, Known, _base_of, _expects_of, _mode_of, codebase_identity, judge
 
-__all__ = ["ENV_FIELDS", "MIXED", "merge_reports"]
+__all__ = ["ENV_FIELDS", "MIXED", "merge_judged", "merge_reports"]
 
 ENV_FIELDS = (
     "device",
@@ -44,6 +44,14 @@ MIXED = "mixed"
 
 def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str]) -> dict:
     """``inputs``: (path, report as ``load_report`` returns it), in order; ``command``: argv."""
+    return merge_judged(inputs, command=command)[0]
+
+
+def merge_judged(
+    inputs: Sequence[tuple[str, dict]], *, command: Sequence[str], gate: bool = False
+) -> tuple[dict, Judgement]:
+    """The merged report and its one judgement, which its cells carry and every output and the
+    gate read: in gate mode when ``gate`` or any input ran as a gate."""
     if not inputs:
         raise ConfigError("report merge needs at least one report")
     cells: dict[tuple[str, str], dict] = {}
@@ -65,7 +73,7 @@ def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str])
     _same(inputs, "code base", codebase_identity, fix="merge reports of one code base and version")
     expects = list(dict.fromkeys(e for r in reports for e in _expects_of(r)))
     known = list(dict.fromkeys(Known.from_json(k) for r in reports for k in r.get("known_divergences", [])))
-    mode = "gate" if any(_mode_of(r) == "gate" for r in reports) else "findings"
+    mode = "gate" if gate or any(_mode_of(r) == "gate" for r in reports) else "findings"
     walls = [r["wall_s"] for r in reports if isinstance(r.get("wall_s"), (int, float))]
     out: dict[str, Any] = {
         "tool": "sglfix",
@@ -87,8 +95,9 @@ def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str])
             "merged_from": [{**describe(path, r), "host": r.get("host")} for path, r in inputs],
         }
     )
-    judge(out, mode=mode, expects=expects, known=known, base=_base_of(reports[0])).annotate(out)
-    return out
+    judgement = judge(out, mode=mode, expects=expects, known=known, base=_base_of(reports[0]))
+    judgement.annotate(out)
+    return out, judgement
 
 
 def _same(inputs: Sequence[tuple[str, dict]], what: str, of: Any, *, fix: str) -> None:
