@@ -183,97 +183,9 @@ class RayPool:
         cell, that cell is FAULT; when it held several, which one took the actor down is unknown,
         so each of them runs again alone and the loss, if it comes again, is charged to its cell.
         """
-        ray = _ray()
         if self._closed:
             raise RuntimeError("this RayPool is closed; make a new one")
-        line = _Line(cells, on_result=on_result, feed=feed)
-        cells, keys, queue = line.cells, line.keys, line.queue  # grown in place as ``feed`` adds
-        slots = range(len(self.actors))
-        held: dict[int, tuple[str, ...] | None] = dict.fromkeys(slots)
-        inflight: dict[int, list[Any]] = {k: [] for k in slots}  # each actor's calls, in the order sent
-        running: dict[Any, tuple[int, list[int]]] = {}  # ref -> (actor slot, cell indices)
-        alone: set[int] = set()  # cells of a lost multi-cell call: they run one to a call
-        per_cell = self.config.timeout * 3 + ACTOR_GRACE  # a cell may restart its worker twice
-
-        def take(slot: int) -> list[int]:
-            elsewhere = {t for s, t in held.items() if s != slot and t is not None}
-            i = queue.take(held=held[slot], elsewhere=elsewhere)
-            batch = [i]
-            if i in alone:
-                return batch
-            waiting = sum(len(g) for g in queue.groups.values())
-            size = max(1, min(MAX_BATCH, waiting // (4 * len(self.actors))))
-            group = queue.groups.get(keys[i])
-            while group and len(batch) < size and group[0] not in alone:
-                batch.append(queue.take(held=keys[i], elsewhere=set()))
-                group = queue.groups.get(keys[i])
-            return batch
-
-        def finish(ref: Any, batch: list[int]) -> None:
-            for i, value in zip(batch, ray.get(ref)):
-                line.settle(i, WorkerPool._checked(CellResult.from_json(value), cells[i], keys[i]))
-
-        def lose(slot: int, why: str) -> None:
-            refs, inflight[slot] = inflight[slot], []
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
-            charged = False
-            for ref in refs:
-                _, batch = running.pop(ref)
-                if not charged and ref in ready:
-                    try:
-                        finish(ref, batch)
-                        continue
-                    except ray.exceptions.RayActorError:
-                        pass
-                if not charged:
-                    charged = True
-                    if len(batch) == 1:
-                        line.settle(batch[0], self._lost(slot, cells[batch[0]], keys[batch[0]], why))
-                        continue
-                    alone.update(batch)
-                    self._replace(slot, why)
-                for i in reversed(batch):
-                    queue.put_back(i, keys[i])
-            if not charged:
-                self._replace(slot, why)
-            held[slot] = None
-
-        while queue or running:
-            for slot in slots:
-                while queue and len(inflight[slot]) < DEPTH:
-                    batch = take(slot)
-                    ref = self.actors[slot].run_batch.remote(
-                        [
-                            (
-                                cells[i].scenario.to_json(),
-                                cells[i].scenario.name,
-                                list(keys[i]),
-                                getattr(cells[i], "extra", None),
-                            )
-                            for i in batch
-                        ]
-                    )
-                    held[slot] = keys[batch[0]]
-                    inflight[slot].append(ref)
-                    running[ref] = (slot, batch)
-            oldest = next(iter(running))
-            limit = per_cell * len(running[oldest][1])
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=limit)
-            if not ready:  # nothing came back in time: the oldest call's actor is stuck
-                lose(running[oldest][0], f"the Ray actor gave no result within {limit:g} s")
-                continue
-            for ref in ready:
-                if ref not in running:
-                    continue
-                slot, batch = running[ref]
-                try:
-                    finish(ref, batch)
-                except ray.exceptions.RayActorError as exc:
-                    lose(slot, f"the Ray actor died: {_first_line(exc)}")
-                    continue
-                del running[ref]
-                inflight[slot].remove(ref)
-        return line.finished()
+        return _Dispatch(self, _Line(cells, on_result=on_result, feed=feed)).run()
 
     def _replace(self, slot: int, why: str) -> None:
         ray = _ray()
@@ -322,6 +234,118 @@ class RayPool:
                 pass
         if self._owns and ray.is_initialized():
             ray.shutdown()
+
+
+class _Dispatch:
+    """One ``RayPool.run``: which calls each actor holds, and what a lost actor costs."""
+
+    def __init__(self, pool: RayPool, line: _Line) -> None:
+        self.ray = _ray()
+        self.pool = pool
+        self.line = line
+        self.cells, self.keys, self.queue = line.cells, line.keys, line.queue  # grown in place as ``feed`` adds
+        self.slots = range(len(pool.actors))
+        self.held: dict[int, tuple[str, ...] | None] = dict.fromkeys(self.slots)
+        self.inflight: dict[int, list[Any]] = {k: [] for k in self.slots}  # each actor's calls, in the order sent
+        self.running: dict[Any, tuple[int, list[int]]] = {}  # ref -> (actor slot, cell indices)
+        self.alone: set[int] = set()  # cells of a lost multi-cell call: they run one to a call
+        self.per_cell = pool.config.timeout * 3 + ACTOR_GRACE  # a cell may restart its worker twice
+
+    def run(self) -> list[CellResult]:
+        while self.queue or self.running:
+            for slot in self.slots:
+                while self.queue and len(self.inflight[slot]) < DEPTH:
+                    self._send(slot, self._take(slot))
+            oldest = next(iter(self.running))
+            limit = self.per_cell * len(self.running[oldest][1])
+            ready, _ = self.ray.wait(list(self.running), num_returns=1, timeout=limit)
+            if not ready:  # nothing came back in time: the oldest call's actor is stuck
+                self._lose(self.running[oldest][0], f"the Ray actor gave no result within {limit:g} s")
+                continue
+            for ref in ready:
+                self._collect(ref)
+        return self.line.finished()
+
+    def _take(self, slot: int) -> list[int]:
+        """The next call's cells for ``slot``: several of one toggle set while the queue is long."""
+        queue, keys = self.queue, self.keys
+        elsewhere = {t for s, t in self.held.items() if s != slot and t is not None}
+        i = queue.take(held=self.held[slot], elsewhere=elsewhere)
+        batch = [i]
+        if i in self.alone:
+            return batch
+        waiting = sum(len(g) for g in queue.groups.values())
+        size = max(1, min(MAX_BATCH, waiting // (4 * len(self.pool.actors))))
+        group = queue.groups.get(keys[i])
+        while group and len(batch) < size and group[0] not in self.alone:
+            batch.append(queue.take(held=keys[i], elsewhere=set()))
+            group = queue.groups.get(keys[i])
+        return batch
+
+    def _send(self, slot: int, batch: list[int]) -> None:
+        cells, keys = self.cells, self.keys
+        ref = self.pool.actors[slot].run_batch.remote(
+            [
+                (cells[i].scenario.to_json(), cells[i].scenario.name, list(keys[i]), getattr(cells[i], "extra", None))
+                for i in batch
+            ]
+        )
+        self.held[slot] = keys[batch[0]]
+        self.inflight[slot].append(ref)
+        self.running[ref] = (slot, batch)
+
+    def _collect(self, ref: Any) -> None:
+        if ref not in self.running:  # settled already, by a loss of its actor
+            return
+        slot, batch = self.running[ref]
+        try:
+            self._finish(ref, batch)
+        except self.ray.exceptions.RayActorError as exc:
+            self._lose(slot, f"the Ray actor died: {_first_line(exc)}")
+            return
+        del self.running[ref]
+        self.inflight[slot].remove(ref)
+
+    def _finish(self, ref: Any, batch: list[int]) -> None:
+        for i, value in zip(batch, self.ray.get(ref)):
+            self.line.settle(i, WorkerPool._checked(CellResult.from_json(value), self.cells[i], self.keys[i]))
+
+    def _lose(self, slot: int, why: str) -> None:
+        """Settle a lost actor's calls (see ``RayPool.run``) and give its slot a fresh actor."""
+        refs, self.inflight[slot] = self.inflight[slot], []
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
+        charged = False
+        for ref in refs:
+            _, batch = self.running.pop(ref)
+            if not charged and ref in ready and self._finished(ref, batch):
+                continue
+            if not charged:
+                charged = True
+                if self._charge(slot, batch, why):
+                    continue
+            for i in reversed(batch):
+                self.queue.put_back(i, self.keys[i])
+        if not charged:
+            self.pool._replace(slot, why)
+        self.held[slot] = None
+
+    def _finished(self, ref: Any, batch: list[int]) -> bool:
+        try:
+            self._finish(ref, batch)
+        except self.ray.exceptions.RayActorError:
+            return False
+        return True
+
+    def _charge(self, slot: int, batch: list[int], why: str) -> bool:
+        """The call that was running when the actor went: one cell is FAULT (True: settled); of
+        several, each runs again alone (False: they go back to the queue)."""
+        if len(batch) == 1:
+            i = batch[0]
+            self.line.settle(i, self.pool._lost(slot, self.cells[i], self.keys[i], why))
+            return True
+        self.alone.update(batch)
+        self.pool._replace(slot, why)
+        return False
 
 
 def _first_line(exc: BaseException) -> str:
