@@ -8,220 +8,57 @@ Markdown, the console and the pytest plugin all read the judgement made here; no
 The same holds for a regression test's claim to guard a fix (``judge_claim``): caught only when
 the test passes with the fix in place and fails with it reverted.
 
-A leaf: imports nothing of sglfix but ``sglfix.common``; it works on cells as report dicts.
+A leaf: imports nothing of sglfix but ``sglfix.common`` and its own parts, each a module of its
+own that imports only ``sglfix.common`` and the others: ``meaning`` (the words of a cell's
+meaning), ``expectations`` (expectation rows and known divergences, and their results),
+``claim`` (a fix claim), ``context`` (a saved report's judgement context) and ``codebase``.
+Here: the rules a cell is judged by, the judgement and its gate, and ``judge``; every name is
+taken from here. It works on cells as report dicts.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from sglfix.common.verdicts import NOT_REACHED, stands_for
 
-__all__ = ["Claim", "judge_claim"]
+# Its own parts, imported relatively: what this module names of sglfix stays sglfix.common
+# alone (tests/test_judgement.py checks it), and the parts import only that and each other.
+from .claim import TEST_OUTCOMES, Claim, judge_claim
+from .codebase import codebase_identity, codebase_label
+from .context import _base_of, _expects_of, _key_figure, _mode_of
+from .expectations import Check, Expect, Known, KnownHit, NotChecked
+from .meaning import BASELINE, ENV_VAR, CellMeaning, Meaning, _cell_id, set_label
 
-
-class Claim(StrEnum):
-    """A fix claim (``@pytest.mark.fixed_by``) checked by running the test both ways."""
-
-    CAUGHT = "caught"  # passes with the fix, fails with it reverted: the test guards the fix
-    NOT_CAUGHT = "not-caught"  # passes with the fix reverted: the test does not see the bug
-    INCONCLUSIVE = "inconclusive"  # fails with the fix in place too: the revert proves nothing
-    NOT_RUN = "not-run"  # skipped or xfail: it cannot show the revert either way
-    ERROR = "error"  # the revert could not be applied: sglfix failed, nothing was tested
-
-    @property
-    def fails_session(self) -> bool:
-        """A claim that is not caught, or could not be tried, fails the session."""
-        return self in (Claim.NOT_CAUGHT, Claim.ERROR)
-
-
-# What a run of the test gave: pytest's outcome of its phases taken together.
-TEST_OUTCOMES = ("passed", "failed", "skipped", "xfail", "error")
-
-
-def judge_claim(*, fixed: str, reverted: str) -> tuple[Claim, str]:
-    """The claim's outcome and why, from the test's outcome with the fix in place (``fixed``) and
-    with it reverted (``reverted``), each one of ``TEST_OUTCOMES`` (``error`` for the reverted
-    run: the revert could not be applied)."""
-    for name, value in (("fixed", fixed), ("reverted", reverted)):
-        if value not in TEST_OUTCOMES:
-            raise ValueError(f"{name}={value!r}: not one of {', '.join(TEST_OUTCOMES)}")
-    if reverted == "error":
-        return Claim.ERROR, "the revert could not be applied"
-    if reverted in ("skipped", "xfail"):
-        return Claim.NOT_RUN, f"{reverted} with the fix reverted: it cannot show the revert"
-    if fixed in ("skipped", "xfail"):
-        return Claim.NOT_RUN, f"{fixed} with the fix in place: it cannot show the revert"
-    if reverted == "passed":
-        return Claim.NOT_CAUGHT, "passed with the fix reverted"
-    if fixed != "passed":
-        return Claim.INCONCLUSIVE, "fails with the fix in place too: failing with it reverted proves nothing"
-    return Claim.CAUGHT, "passes with the fix in place, fails with it reverted"
-
-
-# --------------------------------------------------------------------------------------------
-# Cells
-# --------------------------------------------------------------------------------------------
-
-__all__ += [
+__all__ = [
+    "BASELINE",
     "ENV_VAR",
+    "TEST_OUTCOMES",
+    "CellMeaning",
     "Check",
+    "Claim",
     "Expect",
     "Judgement",
     "Known",
+    "KnownHit",
     "Meaning",
+    "NotChecked",
     "Rules",
     "codebase_identity",
     "codebase_label",
     "effective",
     "judge",
+    "judge_claim",
+    "set_label",
 ]
-
-ENV_VAR = "SGLANG_DEBUG_REVERT_PR"
-BASELINE = "baseline"
-
-
-class Meaning(StrEnum):
-    """What one cell means in its context (one per cell, decided by ``Rules.meaning``)."""
-
-    PASSED = "passed"  # PASS, or not reached where its baseline passed
-    EXPECTED = "expected"  # a verdict an expectation of its toggle set wants: the revert is caught
-    COVERED = "covered"  # another verdict on a scenario an expectation names (met on others)
-    KNOWN = "known"  # a profile's known divergence on this device (an upstream bug, not the toggle)
-    SAME_AS_BASELINE = "same-as-baseline"  # a toggle cell showing its baseline's own failing verdict
-    UNCHECKED = "unchecked"  # a toggle's finding over a baseline from the environment: no expectation applies
-    SKIPPED = "skipped"  # SKIP: this device or code base cannot run it
-    FAILED = "failed"  # run, bisect: a verdict that is not a pass and nothing above explains
-    UNEXPECTED = "unexpected"  # matrix: a verdict no expectation explains (a failing baseline too)
-    UNMET = "unmet"  # a cell of an expectation that no cell met
-    ERROR = "error"  # sglfix itself failed: the cell's result is unknown
-
-    @property
-    def fails(self) -> bool:
-        return self in (Meaning.FAILED, Meaning.UNEXPECTED, Meaning.UNMET, Meaning.ERROR)
-
-    @property
-    def explained(self) -> bool:
-        """A non-PASS verdict that fails nothing, and why (shown, never hidden)."""
-        return self in (Meaning.EXPECTED, Meaning.COVERED, Meaning.KNOWN, Meaning.SAME_AS_BASELINE, Meaning.UNCHECKED)
 
 
 def effective(cell: dict) -> str:
     """The verdict a cell stands for: its own, or for NOT_REACHED its baseline's."""
     return stands_for(cell.get("verdict"), cell.get("findings"))
-
-
-def set_label(toggles: Sequence[str]) -> str:
-    return ",".join(toggles) or BASELINE
-
-
-def _cell_id(cell: dict) -> str:
-    return cell.get("id") or f"{set_label(cell.get('toggles') or ())}::{cell['scenario']}"
-
-
-@dataclass(frozen=True)
-class Expect:
-    """One ``expect:`` row of a toggle file: reverting ``revert`` gives one of ``wanted`` on the
-    scenarios ``scenario`` (a glob) names, on ``device`` (any, cpu, cuda)."""
-
-    toggle: str
-    revert: tuple[str, ...]
-    scenario: str
-    wanted: tuple[str, ...]
-    device: str = "any"
-
-    @property
-    def text(self) -> str:
-        return f"revert {','.join(self.revert)} on {self.scenario}"
-
-    def covers(self, scenario: str) -> bool:
-        return fnmatch.fnmatchcase(scenario, self.scenario)
-
-    def to_json(self) -> dict:
-        return {
-            "toggle": self.toggle,
-            "revert": list(self.revert),
-            "scenario": self.scenario,
-            "wanted": list(self.wanted),
-            "device": self.device,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> Expect:
-        return cls(
-            toggle=str(data.get("toggle") or ",".join(data["revert"])),
-            revert=tuple(data["revert"]),
-            scenario=data["scenario"],
-            wanted=tuple(data["wanted"]),
-            device=str(data.get("device") or "any"),
-        )
-
-    @classmethod
-    def of_registry(cls, registry: Iterable[Any]) -> list[Expect]:
-        return [
-            cls(toggle=t.id, revert=tuple(e.revert), scenario=e.scenario, wanted=tuple(e.verdicts), device=e.device)
-            for t in registry
-            for e in t.expect
-        ]
-
-
-@dataclass(frozen=True)
-class Known:
-    """A profile's known divergence: a baseline finding on the real engine, confirmed upstream."""
-
-    scenario: str
-    verdict: tuple[str, ...]
-    reason: str = ""
-    reproduce: str = ""
-    device: str = "any"
-
-    def matches(self, *, scenario: str, verdict: str, device: str | None) -> bool:
-        return (
-            verdict in self.verdict and self.device in ("any", device) and fnmatch.fnmatchcase(scenario, self.scenario)
-        )
-
-    def to_json(self) -> dict:
-        return {
-            "scenario": self.scenario,
-            "verdict": list(self.verdict),
-            "reason": self.reason,
-            "reproduce": self.reproduce,
-            "device": self.device,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> Known:
-        verdict = data.get("verdict") or ()
-        return cls(
-            scenario=data["scenario"],
-            verdict=tuple([verdict] if isinstance(verdict, str) else verdict),
-            reason=str(data.get("reason") or ""),
-            reproduce=str(data.get("reproduce") or ""),
-            device=str(data.get("device") or "any"),
-        )
-
-    @classmethod
-    def of(cls, entries: Iterable[Any]) -> list[Known]:
-        """From ``sglfix.execution.known.KnownDivergence`` models or report dicts."""
-        out = []
-        for k in entries:
-            if isinstance(k, dict):
-                out.append(cls.from_json(k))
-            else:
-                out.append(
-                    cls(
-                        scenario=k.scenario,
-                        verdict=tuple(str(v) for v in k.verdict),
-                        reason=k.reason,
-                        reproduce=k.reproduce,
-                        device=k.device,
-                    )
-                )
-        return out
 
 
 @dataclass(frozen=True)
@@ -286,56 +123,6 @@ class Rules:
         if self.base:
             return Meaning.UNCHECKED, f"over the baseline {ENV_VAR}={','.join(self.base)}: no expectation applies"
         return Meaning.UNEXPECTED, "not covered by any expectation of this toggle set"
-
-
-@dataclass
-class CellMeaning:
-    id: str
-    toggles: tuple[str, ...]
-    scenario: str
-    verdict: str
-    stands_for: str
-    meaning: Meaning
-    why: str
-    key_figure: str = ""
-
-    def to_json(self) -> dict:
-        return {"meaning": self.meaning.value, "why": self.why}
-
-
-@dataclass
-class Check:
-    """An expectation judged over the cells that ran: met when at least one shows what it wants."""
-
-    expect: Expect
-    met: bool
-    got: dict[str, str] = field(default_factory=dict)  # scenario -> the verdict it stands for
-
-    def to_json(self) -> dict:
-        return {**self.expect.to_json(), "met": self.met, "got": dict(self.got)}
-
-
-@dataclass
-class NotChecked:
-    expect: Expect
-    reason: str
-
-    @property
-    def text(self) -> str:
-        return f"{self.expect.text} ({self.reason})"
-
-    def to_json(self) -> dict:
-        return {**self.expect.to_json(), "reason": self.reason}
-
-
-@dataclass
-class KnownHit:
-    known: Known
-    seen_on: list[str]
-    status: str  # seen / not seen (fixed?) / <device> only
-
-    def to_json(self) -> dict:
-        return {**self.known.to_json(), "seen_on": list(self.seen_on), "status": self.status}
 
 
 @dataclass
@@ -507,52 +294,6 @@ class Judgement:
         return report
 
 
-def _key_figure(cell: dict) -> str:
-    return next(
-        (
-            str(f.get("message", ""))
-            for f in cell.get("findings") or ()
-            if isinstance(f, dict) and f.get("verdict") == cell.get("verdict")
-        ),
-        "",
-    )
-
-
-def _base_of(report: dict) -> tuple[str, ...]:
-    judged = report.get("judged")
-    if isinstance(judged, dict) and isinstance(judged.get("baseline"), list):
-        return tuple(judged["baseline"])
-    env = report.get("env_revert")
-    if env in (None, "", "0"):
-        return ()
-    return tuple(t.strip() for t in str(env).split(",") if t.strip())
-
-
-def _mode_of(report: dict) -> str:
-    judged = report.get("judged")
-    if isinstance(judged, dict) and judged.get("mode") in ("gate", "findings"):
-        return judged["mode"]
-    words = str(report.get("command") or "").split()
-    if "matrix" in words:
-        return "gate"
-    if "run" in words:
-        return "findings"
-    return "gate" if (report.get("expectations") or report.get("stray") or report.get("not_run")) else "findings"
-
-
-def _expects_of(report: dict) -> list[Expect]:
-    """The report's expectation rows: ``expect`` (written since the judgement has a home), else
-    the rows its checks name (an older report: the unchecked ones are then only its ``not_run``)."""
-    rows = report.get("expect")
-    if isinstance(rows, list):
-        return [Expect.from_json(r) for r in rows if isinstance(r, dict)]
-    out: dict[Expect, None] = {}
-    for e in report.get("expectations") or ():
-        if isinstance(e, dict) and isinstance(e.get("revert"), list):
-            out[Expect.from_json(e)] = None
-    return list(out)
-
-
 def judge(
     report: dict,
     *,
@@ -681,28 +422,3 @@ def _known_hits(rules: Rules, cells: list[dict], out: Judgement, *, device: str 
             status = "not seen (fixed?)"
         hits.append(KnownHit(k, seen, status))
     return hits
-
-
-def codebase_label(report: dict) -> str:
-    """The code base a report's cells replayed through, in words: ``sglang X.Y.Z at PATH
-    (stand-ins: sgl_kernel)`` or ``built-in reproduction``; ``code base not recorded`` for a
-    report written before it was."""
-    cb = report.get("codebase")
-    if not isinstance(cb, dict):
-        return "code base not recorded"
-    if cb.get("name") == "reproduction":
-        return "built-in reproduction"
-    text = f"{cb.get('distribution') or cb.get('name')} {cb.get('version') or '?'}"
-    if cb.get("path"):
-        text += f" at {cb['path']}"
-    if cb.get("standins"):
-        text += f" (stand-ins: {', '.join(cb['standins'])})"
-    return text
-
-
-def codebase_identity(report: dict) -> tuple[str, str] | None:
-    """(name, version) of the code base, None when the report does not record it."""
-    cb = report.get("codebase")
-    if not isinstance(cb, dict):
-        return None
-    return str(cb.get("name")), str(cb.get("version"))

@@ -1,0 +1,63 @@
+"""The words of a cell's judgement: what one cell can mean in its context (``Meaning``), a cell's
+meaning with its why (``CellMeaning``), and how a cell and its toggle set are named. Part of the
+one judgement (``sglfix.report.outcome``, where ``Rules.meaning`` decides them); imports nothing
+of sglfix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["BASELINE", "ENV_VAR", "CellMeaning", "Meaning", "set_label"]
+
+ENV_VAR = "SGLANG_DEBUG_REVERT_PR"
+BASELINE = "baseline"
+
+
+class Meaning(StrEnum):
+    """What one cell means in its context (one per cell, decided by ``Rules.meaning``)."""
+
+    PASSED = "passed"  # PASS, or not reached where its baseline passed
+    EXPECTED = "expected"  # a verdict an expectation of its toggle set wants: the revert is caught
+    COVERED = "covered"  # another verdict on a scenario an expectation names (met on others)
+    KNOWN = "known"  # a profile's known divergence on this device (an upstream bug, not the toggle)
+    SAME_AS_BASELINE = "same-as-baseline"  # a toggle cell showing its baseline's own failing verdict
+    UNCHECKED = "unchecked"  # a toggle's finding over a baseline from the environment: no expectation applies
+    SKIPPED = "skipped"  # SKIP: this device or code base cannot run it
+    FAILED = "failed"  # run, bisect: a verdict that is not a pass and nothing above explains
+    UNEXPECTED = "unexpected"  # matrix: a verdict no expectation explains (a failing baseline too)
+    UNMET = "unmet"  # a cell of an expectation that no cell met
+    ERROR = "error"  # sglfix itself failed: the cell's result is unknown
+
+    @property
+    def fails(self) -> bool:
+        return self in (Meaning.FAILED, Meaning.UNEXPECTED, Meaning.UNMET, Meaning.ERROR)
+
+    @property
+    def explained(self) -> bool:
+        """A non-PASS verdict that fails nothing, and why (shown, never hidden)."""
+        return self in (Meaning.EXPECTED, Meaning.COVERED, Meaning.KNOWN, Meaning.SAME_AS_BASELINE, Meaning.UNCHECKED)
+
+
+def set_label(toggles: Sequence[str]) -> str:
+    return ",".join(toggles) or BASELINE
+
+
+def _cell_id(cell: dict) -> str:
+    return cell.get("id") or f"{set_label(cell.get('toggles') or ())}::{cell['scenario']}"
+
+
+@dataclass
+class CellMeaning:
+    id: str
+    toggles: tuple[str, ...]
+    scenario: str
+    verdict: str
+    stands_for: str
+    meaning: Meaning
+    why: str
+    key_figure: str = ""
+
+    def to_json(self) -> dict:
+        return {"meaning": self.meaning.value, "why": self.why}
