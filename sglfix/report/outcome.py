@@ -25,13 +25,12 @@ from typing import Any
 
 from sglfix.common.verdicts import NOT_REACHED, stands_for
 
-# Its own parts, imported relatively: what this module names of sglfix stays sglfix.common
-# alone (tests/test_judgement.py checks it), and the parts import only that and each other.
-from .claim import TEST_OUTCOMES, Claim, judge_claim
-from .codebase import codebase_identity, codebase_label
-from .context import _base_of, _expects_of, _key_figure, _mode_of
-from .expectations import Check, Expect, Known, KnownHit, NotChecked
-from .meaning import BASELINE, ENV_VAR, CellMeaning, Meaning, _cell_id, set_label
+# Its own parts (tests/test_judgement.py holds them all to importing only sglfix.common and each other).
+from sglfix.report.claim import TEST_OUTCOMES, Claim, judge_claim
+from sglfix.report.codebase import codebase_identity, codebase_label
+from sglfix.report.context import _base_of, _expects_of, _key_figure, _mode_of
+from sglfix.report.expectations import Check, Expect, Known, KnownHit, NotChecked
+from sglfix.report.meaning import BASELINE, ENV_VAR, CellMeaning, Meaning, _cell_id, set_label
 
 __all__ = [
     "BASELINE",
