@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from sglfix.harness.adapters.base import AdapterBase
+
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "profiles" / "sglang-0.5.23" / "scenarios" / "mla_dsv4.yaml"
 VERSION = "0.5.23"
@@ -250,7 +252,7 @@ def test_21987_is_gpu_only_here(runs):
 # ----------------------------------------------------------------------------- the cell seam (no sglang)
 
 
-class _MetadataOnly:
+class _MetadataOnly(AdapterBase):
     """A fake adapter whose run returns NoOutput; what it checks is configurable."""
 
     name = "fake"
