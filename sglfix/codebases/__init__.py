@@ -143,14 +143,15 @@ def _version_at(path: str, cb: CodeBase) -> str | None:
         if os.path.realpath(where) == os.path.realpath(path):
             return dist.version
     # A checkout on sys.path, or a distribution elsewhere than the package imported: read the
-    # package's own version file (sglang keeps one) without importing the package.
-    for name in ("version.py", "_version.py"):
+    # package's own version file without importing the package. The generated one first: sglang's
+    # version.py imports it and names only a fallback ("0.0.0.dev0") itself.
+    for name in ("_version.py", "version.py"):
         candidate = os.path.join(path, name)
         if os.path.isfile(candidate):
             import re
 
             with open(candidate, encoding="utf-8") as fh:
-                m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)['\"]", fh.read())
+                m = re.search(r"__version__\s*=\s*(?:\w+\s*=\s*)*['\"]([^'\"]+)['\"]", fh.read())
             if m:
                 return m.group(1)
     return dist.version if dist is not None else None

@@ -166,7 +166,24 @@ class Runner:
         else:
             pool = WorkerPool(self.config, jobs=jobs, devices=self.gpus)
         with signals_raise(), pool:
+            if s.executor == "local":
+                self._check_same_code(pool.info)
             yield pool
+
+    def _check_same_code(self, info: dict) -> None:
+        """The workers import the code base from where this process resolved it (a source tree on
+        PYTHONPATH is not shadowed by an installed wheel), or nothing runs."""
+        from sglfix.codebases import installed
+
+        cb = self.target.codebase
+        here = None if cb.is_reproduction else installed(cb)
+        there = (info.get("codebase") or {}).get("path")
+        if here is None or there is None or os.path.realpath(here.path) == os.path.realpath(there):
+            return
+        raise ConfigError(
+            f"the workers import {cb.package} from {there}, but this process resolves it at {here.path}; "
+            f"put the folder that holds the one to test first on PYTHONPATH"
+        )
 
     def run(self, plan: Any, *, progress: Callable[[Any], Any]) -> Ran:
         """Every cell of ``plan`` on a fresh pool, through reachability when the settings ask for

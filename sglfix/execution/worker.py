@@ -92,6 +92,25 @@ class WorkerConfig:
         get_codebase(self.codebase)
 
 
+def _engine_first(codebase: str, home: str) -> tuple[str, ...]:
+    """The folders a worker's ``PYTHONPATH`` starts with: the one this process imports the code
+    base's package from, then sglfix's own. sglfix's folder of a regular install is
+    site-packages, which also holds the engine's wheel: put first alone, it would shadow a source
+    tree the user put on ``PYTHONPATH``, and the workers would run other code than was resolved."""
+    from sglfix.codebases import get_codebase
+    from sglfix.common.codebase import package_dir
+
+    cb = get_codebase(codebase)
+    found = None if cb.is_reproduction else package_dir(cb.package)
+    root = os.path.dirname(found) if found else None
+    if root is None or os.path.realpath(root) == os.path.realpath(home):
+        return (home,)
+    if os.path.exists(os.path.join(root, "sglfix")):
+        # Another sglfix beside the engine: this one must still be the one that runs.
+        return (home, root)
+    return (root, home)
+
+
 def descendants(root: int) -> list[int]:
     """Every process below ``root``, by parent pid from ``/proc`` (empty where there is none)."""
     children: dict[int, list[int]] = {}
@@ -218,7 +237,9 @@ class Worker:
         # The worker must run the very sglfix this process runs, whatever the current directory
         # holds: no implicit cwd on sys.path (-P), this package's parent first.
         home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above sglfix/execution/
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (home, env.get("PYTHONPATH", "")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (*_engine_first(self.config.codebase, home), env.get("PYTHONPATH", "")) if p
+        )
         env[_SPEC_ENV] = json.dumps(
             {
                 "fds": [read_fd, write_fd],
