@@ -48,7 +48,8 @@ class Options:
         """The profile of this command: ``--profile``, else ``SGLFIX_PROFILE``, else the reproduction."""
         from sglfix.toggling.profiles import resolve_profile
 
-        return resolve_profile(option=self.profile.name if self.profile is not None else None).profile
+        given = self.profile
+        return resolve_profile(option=(given.asked or given.name) if given is not None else None).profile
 
     def codebase(self, *, check: bool = True):
         """The code base this command replays through; ``check``: it must be installed, in a
@@ -57,7 +58,8 @@ class Options:
 
         cb = self.active_profile()
         if check and not cb.is_reproduction:
-            shown = f"--profile {cb.name}" if self.profile is not None else f"SGLFIX_PROFILE={cb.name}"
+            name = cb.asked or cb.name
+            shown = f"--profile {name}" if self.profile is not None else f"SGLFIX_PROFILE={name}"
             check_installed(cb, what=shown)
         return cb
 

@@ -13,6 +13,7 @@ constructor; ``profiles(checked=True)`` validates every file with pydantic as we
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -94,6 +95,11 @@ class Profile:
     repo_prefix: str = ""
     # The folder the record was read from (not a key of the file).
     folder: str = field(default="", init=False, repr=False)
+    # Set when the record was chosen by following what is installed (``--profile sglang``, not a
+    # key of the file): the name asked for, which workers resolve again, and the installed version
+    # newer than the record's range that it was stretched to (None: the range covers it).
+    asked: str = field(default="", init=False, repr=False)
+    beyond: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # TOML has arrays, not tuples; pydantic converts them itself.
@@ -303,17 +309,72 @@ def profiles(*, checked: bool = False) -> dict[str, Profile]:
 
 
 def get_codebase(name: str, *, what: str = "code base", checked: bool = False) -> Profile:
-    """The profile (and code base) ``name``, or a one-line ConfigError listing those there are."""
-    records = profiles(checked=checked)
-    record = records.get(name.strip())
-    if record is None:
-        from sglfix.common.schema import nearest
+    """The profile (and code base) ``name``, or a one-line ConfigError listing those there are.
 
+    An engine's name (``sglang``) instead of a profile's follows what is installed: the profile
+    whose range covers the installed version, else, for a version newer than every profile (a
+    source checkout, a release no profile knows yet), the newest one."""
+    records = profiles(checked=checked)
+    key = name.strip()
+    record = records.get(key)
+    if record is not None:
+        return record
+    engine = [r for r in records.values() if not r.is_reproduction and key in (r.distribution, r.package)]
+    if engine:
+        return _follow_installed(key, engine, what=what)
+    from sglfix.common.schema import nearest
+
+    engines = sorted({r.distribution for r in records.values() if r.distribution})
+    also = f", or an engine's name for the one installed ({', '.join(engines)})" if engines else ""
+    raise ConfigError(
+        f"{what}: no profile {name!r}{nearest(name, records)}; profiles: {', '.join(records)}{also} "
+        f"(found in {', '.join(search_folders())}; {PROFILES_PATH_ENV} adds folders)"
+    )
+
+
+def _follow_installed(asked: str, engine: list[Profile], *, what: str) -> Profile:
+    from sglfix.codebases.installed import installed
+
+    newest_first = sorted(engine, key=lambda r: _version_key(r.version, where=r.name), reverse=True)
+    newest, oldest = newest_first[0], newest_first[-1]
+    here = installed(newest)
+    if here is None:
         raise ConfigError(
-            f"{what}: no profile {name!r}{nearest(name, records)}; profiles: {', '.join(records)} "
-            f"(found in {', '.join(search_folders())}; {PROFILES_PATH_ENV} adds folders)"
+            f"{what} {asked} follows the installed {newest.package}, but none is importable here; "
+            f"install it: {newest.install_hint}"
         )
-    return record
+    chosen = next((r for r in newest_first if r.covers(here.version)), None)
+    beyond = None
+    if chosen is None:
+        if here.version not in _UNKNOWN_VERSIONS and _version_key(here.version, where=here.path) < _version_key(
+            oldest.version, where=oldest.name
+        ):
+            raise ConfigError(
+                f"{what} {asked}: {newest.package} {here.version} is installed ({here.path}), older than every "
+                f"profile (the oldest, {oldest.name}, covers {oldest.versions or oldest.version}); install "
+                f"{oldest.distribution}=={oldest.version} or newer, or write a profile for it (README, Profiles)"
+            )
+        chosen, beyond = newest, here.version
+    followed = copy.copy(chosen)
+    object.__setattr__(followed, "asked", asked)
+    object.__setattr__(followed, "beyond", beyond)
+    return followed
+
+
+# What a package's version file says when it does not know (sglang's fallback in a checkout
+# without its generated _version.py), and what sglfix records when it found none.
+_UNKNOWN_VERSIONS = ("0.0.0.dev0", "unknown")
+
+
+def _version_key(version: str | None, *, where: str) -> Any:
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        raise ConfigError(f"{where}: comparing versions needs packaging; pip install packaging") from None
+    try:
+        return Version(version or "0")
+    except InvalidVersion:
+        raise ConfigError(f"{where}: version {version!r} is not a version (PEP 440)") from None
 
 
 class _Records(Mapping):

@@ -100,7 +100,8 @@ class Runner:
             timeout=s.timeout,
             allowed_prefixes=target.allowed_prefixes,
             toggles_dir=target.toggles_dir,
-            codebase=target.codebase.name,
+            # A profile that follows what is installed is followed again in every worker.
+            codebase=target.codebase.asked or target.codebase.name,
         )
         self.env = env_ids(target.registry)
         check_env_baseline(self.env, s.env_baseline, what=what)

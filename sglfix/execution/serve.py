@@ -174,6 +174,8 @@ def _boot(device: str, codebase: str = "reproduction") -> dict:
             "standins": standins,
             "modules_loaded": len(loaded),
             "reproduction_modules_loaded": len(reproduction),
+            "followed": cb.asked or None,
+            "beyond_range": cb.beyond,
         },
     }
 

@@ -67,6 +67,8 @@ class WorkerConfig:
     # Where the profiles were found (SGLFIX_PROFILES_PATH), fixed when the config is made: a Ray
     # actor on another node, whose environment is not this process's, must find the same record.
     profiles_path: str | None = None
+    # The engine package the code base is (None: the reproduction), resolved with the config.
+    engine_package: str | None = None
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -89,19 +91,18 @@ class WorkerConfig:
 
         if self.profiles_path is None:
             object.__setattr__(self, "profiles_path", os.environ.get(PROFILES_PATH_ENV, ""))
-        get_codebase(self.codebase)
+        cb = get_codebase(self.codebase)
+        object.__setattr__(self, "engine_package", None if cb.is_reproduction else cb.package)
 
 
-def _engine_first(codebase: str, home: str) -> tuple[str, ...]:
+def _engine_first(package: str | None, home: str) -> tuple[str, ...]:
     """The folders a worker's ``PYTHONPATH`` starts with: the one this process imports the code
-    base's package from, then sglfix's own. sglfix's folder of a regular install is
+    base's ``package`` from, then sglfix's own. sglfix's folder of a regular install is
     site-packages, which also holds the engine's wheel: put first alone, it would shadow a source
     tree the user put on ``PYTHONPATH``, and the workers would run other code than was resolved."""
-    from sglfix.codebases import get_codebase
     from sglfix.common.codebase import package_dir
 
-    cb = get_codebase(codebase)
-    found = None if cb.is_reproduction else package_dir(cb.package)
+    found = package_dir(package) if package else None
     root = os.path.dirname(found) if found else None
     if root is None or os.path.realpath(root) == os.path.realpath(home):
         return (home,)
@@ -238,7 +239,7 @@ class Worker:
         # holds: no implicit cwd on sys.path (-P), this package's parent first.
         home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above sglfix/execution/
         env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (*_engine_first(self.config.codebase, home), env.get("PYTHONPATH", "")) if p
+            p for p in (*_engine_first(self.config.engine_package, home), env.get("PYTHONPATH", "")) if p
         )
         env[_SPEC_ENV] = json.dumps(
             {

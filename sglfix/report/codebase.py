@@ -19,6 +19,9 @@ def codebase_label(report: dict) -> str:
     text = f"{cb.get('distribution') or cb.get('name')} {cb.get('version') or '?'}"
     if cb.get("path"):
         text += f" at {cb['path']}"
+    if cb.get("followed"):
+        beyond = ", newer than its range: toggles that no longer apply are findings" if cb.get("beyond_range") else ""
+        text += f" (profile {cb['name']}, following the installed {cb['followed']}{beyond})"
     if cb.get("standins"):
         text += f" (stand-ins: {', '.join(cb['standins'])})"
     return text

@@ -247,6 +247,10 @@ class Codebase(_Closed):
     standins: list[str] = []
     modules_loaded: Count | None = None
     reproduction_modules_loaded: Count | None = None
+    # Chosen by following what is installed (--profile sglang): the name asked for, and the
+    # installed version beyond the profile's range it was stretched to (None: covered).
+    followed: str | None = None
+    beyond_range: str | None = None
 
 
 class Kept(_Closed):
