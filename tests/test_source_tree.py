@@ -104,3 +104,46 @@ def test_a_checkout_newer_than_every_profile_runs_with_the_newest(tmp_path):
     old = _tree(tmp_path / "old", version="0.5.10")
     older = run_cli("--profile", "sglang", "run", "-s", SCENARIO, "--device", "cpu", env={"PYTHONPATH": str(old)})
     assert_one_line_error(older, "--profile sglang", "sglang 0.5.10 is installed", "older than every profile")
+
+
+def test_a_revert_that_no_longer_applies_to_the_checkout_is_a_finding_not_a_refusal(tmp_path):
+    """A checkout newer than every profile, where 26972's fixed line has been rewritten: the
+    matrix runs every other set, names 26972 in the summary and the JSON, and fails its gate."""
+    tree = _tree(tmp_path, version="0.5.24.dev0")
+    sizing = tree / "sglang" / "srt" / "mem_cache" / "allocation_sizing.py"
+    text = sizing.read_text()
+    fixed = "extra = max(extra, get_alloc_reserve_per_decode() + page_size - 1)"
+    assert text.count(fixed) == 1, "the line this test rewrites has moved"
+    sizing.unlink()
+    sizing.write_text(text.replace(fixed, "extra = max(get_alloc_reserve_per_decode() + page_size - 1, extra)"))
+    out, junit, markdown = tmp_path / "m.json", tmp_path / "m.xml", tmp_path / "m.md"
+    r = run_cli(
+        "--profile", "sglang", "matrix", "-s", "probe-req-to-token*", "--device", "cpu", "--json", str(out),
+        "--junit", str(junit), "--markdown", str(markdown), env={"PYTHONPATH": str(tree)}, timeout=600,
+    )  # fmt: skip
+    assert r.code == 1, (r.code, r.out[-1500:], r.err[-1500:])
+    report = json.loads(out.read_text())
+    assert [d["id"] for d in report["drifted"]] == ["26972"], report["drifted"]
+    assert "get_req_to_token_extra_context_len" in report["drifted"][0]["why"]
+    assert not any("26972" in c["toggles"] for c in report["cells"])
+    ran = {tuple(c["toggles"]) for c in report["cells"]}
+    assert () in ran and len(ran) > 5, ran  # the baseline and every other set ran
+    assert report["judged"]["outcome"].startswith("gate failed: 1 revert(s) no longer apply (26972)"), report["judged"]
+    assert "26972 no longer applies at this code" in r.err
+    assert report["summary"].get("ERROR", 0) == 0
+    # Every output says so: a failed JUnit case of its own, and a Markdown section.
+    from junitparser import JUnitXml
+
+    failed = [(case.name, case.classname) for suite in JUnitXml.fromfile(str(junit)) for case in suite if case.result]
+    assert ("26972", "drifted") in failed, failed
+    assert "Reverts that no longer apply here" in markdown.read_text()
+    # On code its profile covers (0.5.23), the same edit is a broken profile: refused before any worker.
+    pinned = _tree(tmp_path / "pinned")
+    moved = pinned / "sglang" / "srt" / "mem_cache" / "allocation_sizing.py"
+    moved.unlink()
+    moved.write_text(sizing.read_text())
+    refused = run_cli(
+        "--profile", "sglang", "matrix", "-s", "probe-req-to-token*", "--device", "cpu",
+        env={"PYTHONPATH": str(pinned)},
+    )  # fmt: skip
+    assert_one_line_error(refused, "revert 26972", "get_req_to_token_extra_context_len")

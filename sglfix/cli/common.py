@@ -137,6 +137,9 @@ def judge_ran(
     if ran.shard is not None:
         report["shard"] = str(ran.shard)
     report["worker_replacements"] = list(ran.replacements)
+    report["drifted"] = [{"id": rid, "why": why} for rid, why in ran.drifted.items()]
+    for rid, why in ran.drifted.items():
+        err.print(f"sglfix: {rid} no longer applies at this code, left out: {why}", highlight=False, markup=False)
     judgement = judge(report, mode=mode, expects=expects, known=known, base=ran.env)
     judgement.annotate(report)
     return report, judgement

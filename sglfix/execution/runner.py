@@ -46,6 +46,7 @@ class Ran:
     wall: float
     shard: Any = None  # the Shard this run was, if --shard
     replacements: list = field(default_factory=list)  # why each worker was replaced between sets
+    drifted: dict = field(default_factory=dict)  # revert id -> why it no longer applies here
 
 
 class Runner:
@@ -113,6 +114,7 @@ class Runner:
             check_ray_address(s.ray_address)
             quiet_ray_logs()
         self.jobs = check_jobs(s.jobs, device)
+        self.drifted: dict[str, str] = {}  # revert id -> why it no longer applies (see ``precheck``)
 
     def scenarios(self) -> list:
         """The scenarios the settings select, checked at load (sizes, memory, what the code base
@@ -128,29 +130,63 @@ class Runner:
 
     def plan(self, build_plan: Callable[..., Any], chosen: Sequence[Any] | None = None) -> Any:
         """``build_plan(scenarios, registry=, env_ids=)``'s plan, this shard of it, every revert
-        of every set checked against the installed source (one line before any worker)."""
+        of every set checked against the installed source (one line before any worker); with a
+        profile followed beyond its range, the sets of reverts that no longer apply left out
+        (``drifted``)."""
         from sglfix.execution.shards import shard_plan
 
         chosen = self.scenarios() if chosen is None else chosen
         plan = build_plan(chosen, registry=self.target.registry, env_ids=self.env)
         if self.shard is not None:
             plan = shard_plan(plan, self.shard, timings=self.timings)
-        self.precheck(plan)
-        return plan
+        return self.precheck(plan)
 
-    def precheck(self, plan: Any) -> None:
+    def precheck(self, plan: Any) -> Any:
         """Each toggle set of ``plan`` applied on paper to the installed source of the code base:
         a revert that would fail in every worker (its match not in the code, its target not
-        allowed, its replacement not Python) is one line before any worker starts."""
+        allowed, its replacement not Python) is one line before any worker starts; the plan.
+
+        Following an engine beyond its profile's range (``--profile sglang`` on a checkout newer
+        than every profile), the code has moved on from the profile: a revert that no longer
+        applies there is a finding (``drifted``, which fails the gate), and the plan goes on
+        without the sets that hold it."""
+        from sglfix.common.errors import SglfixError
         from sglfix.toggling.doctor import precheck_selections
 
         registry = self.target.registry
-        for toggles in dict.fromkeys(tuple(c.toggles) for c in plan.cells):
-            selections = [sel for rid in toggles for sel in registry.select(rid)]
+        cb = self.target.codebase
+
+        def check(ids: Sequence[str]) -> None:
+            selections = [sel for rid in ids for sel in registry.select(rid)]
             if selections:
-                precheck_selections(
-                    selections, package=self.target.codebase.package, allowed_prefixes=self.target.allowed_prefixes
-                )
+                precheck_selections(selections, package=cb.package, allowed_prefixes=self.target.allowed_prefixes)
+
+        left_out: set[tuple[str, ...]] = set()
+        for toggles in dict.fromkeys(tuple(c.toggles) for c in plan.cells):
+            try:
+                check(toggles)
+            except SglfixError as exc:
+                if not cb.beyond or set(toggles) & set(self.env):
+                    raise
+                for rid in toggles:
+                    if rid not in self.drifted:
+                        try:
+                            check((rid,))
+                        except SglfixError as one:
+                            self.drifted[rid] = str(one).splitlines()[0]
+                if not set(toggles) & set(self.drifted):
+                    raise exc  # only together do they fail: not a revert that no longer applies
+                left_out.add(toggles)
+        if not left_out:
+            return plan
+        from sglfix.execution.planner import Plan
+
+        return Plan(
+            scenarios=plan.scenarios,
+            sets=[t for t in plan.sets if t not in left_out],
+            env_ids=plan.env_ids,
+            cells=[c for c in plan.cells if c.toggles not in left_out],
+        )
 
     @contextmanager
     def workers(self, *, cells: int | None = None) -> Iterator[Any]:
@@ -211,6 +247,7 @@ class Runner:
             wall=wall,
             shard=self.shard,
             replacements=replacements,
+            drifted=dict(self.drifted),
         )
 
 

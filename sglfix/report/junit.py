@@ -102,6 +102,13 @@ def build_junit(report: dict, *, gate: bool | None = None, judgement=None):
             why = f" ({meaning.why})" if meaning is not None else ""
             case.system_out = _xml_text(f"{what} {verdict}: {figure}{why}")
         suite.add_testcase(case)
+    if judgement.drifted:
+        # A revert that no longer applies to the code is a failed check of its own, with no cell.
+        suite = suites.setdefault("drifted", TestSuite("reverts that no longer apply"))
+        for rid, why in judgement.drifted.items():
+            case = TestCase(_xml_text(rid), "drifted")
+            case.result = [Failure(_xml_text(why), "DRIFTED")]
+            suite.add_testcase(case)
     xml = JUnitXml("sglfix")
     for suite in suites.values():
         suite.update_statistics()

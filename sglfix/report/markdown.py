@@ -163,7 +163,7 @@ def _gate_lines(report: dict, judgement) -> list[str]:
     lines = [
         f"**Gate: {'passed' if not judgement.failed else 'FAILED'}**: {len(checks) - len(judgement.unmet)}/"
         f"{len(checks)} expectations met, {len(stray)} unexpected verdict(s), {len(errors)} ERROR cell(s), "
-        f"{_esc(not_checked)}."
+        f"{_esc(not_checked)}{_drift_count(judgement)}."
     ]
     if unmet:
         lines += ["", "Unmet expectations:", ""]
@@ -189,7 +189,20 @@ def _gate_lines(report: dict, judgement) -> list[str]:
     if judgement.not_checked:
         lines += ["", "Expectations not checked:", ""]
         lines += _capped([f"- {_code(n.expect.text)}: {_esc(n.reason)}" for n in judgement.not_checked])
-    return lines + _known_lines(judgement)
+    return lines + _drift_lines(judgement) + _known_lines(judgement)
+
+
+def _drift_count(judgement) -> str:
+    n = len(judgement.drifted)
+    return f", {n} revert(s) no longer apply" if n else ""
+
+
+def _drift_lines(judgement) -> list[str]:
+    """The reverts that no longer apply to the code followed beyond its profile (they fail)."""
+    if not judgement.drifted:
+        return []
+    lines = ["", "Reverts that no longer apply here (their sets did not run):", ""]
+    return lines + _capped([f"- {_code(rid)}: {_esc(why)}" for rid, why in judgement.drifted.items()])
 
 
 def _known_lines(judgement) -> list[str]:
@@ -275,7 +288,7 @@ def render_markdown(report: dict, *, gate: bool | None = None, judgement=None) -
         lines += _gate_lines(report, judgement) + [""]
     lines += _grid_lines(Grid.of(report))
     if not gate and not bisect:
-        lines += _failing_lines(report, judgement) + _known_lines(judgement)
+        lines += _failing_lines(report, judgement) + _drift_lines(judgement) + _known_lines(judgement)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

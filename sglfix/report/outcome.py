@@ -136,6 +136,9 @@ class Judgement:
     known: list[KnownHit] = field(default_factory=list)
     sharded: bool = False  # one shard of a run: its expectations are judged on the merged report
     device: str | None = None
+    # Reverts that no longer apply to the code followed beyond its profile's range (id -> why):
+    # each is a finding that fails the gate and the run, never a refusal of the whole run.
+    drifted: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.by_id = {c.id: c for c in self.cells}
@@ -160,7 +163,7 @@ class Judgement:
 
     @property
     def failed(self) -> bool:
-        return bool(self.failing)
+        return bool(self.failing) or bool(self.drifted)
 
     @property
     def exit_code(self) -> int:
@@ -200,6 +203,7 @@ class Judgement:
                 (unmet, "expectation(s) unmet"),
                 (self.count(Meaning.UNEXPECTED), "unexpected verdict(s)"),
                 (self.count(Meaning.ERROR), "ERROR cell(s)"),
+                (len(self.drifted), f"revert(s) no longer apply ({', '.join(self.drifted)})"),
             ):
                 if n:
                     out.append(f"{n} {what}")
@@ -207,6 +211,7 @@ class Judgement:
             for n, what in (
                 (self.count(Meaning.FAILED), "cell(s) did not pass"),
                 (self.count(Meaning.ERROR), "ERROR cell(s): sglfix itself failed"),
+                (len(self.drifted), f"revert(s) no longer apply ({', '.join(self.drifted)})"),
             ):
                 if n:
                     out.append(f"{n} {what}")
@@ -329,7 +334,8 @@ def judge(
                 key_figure=_key_figure(c),
             )
         )
-    out = Judgement(rules=rules, cells=meanings, sharded=sharded, device=device)
+    drifted = {d["id"]: d["why"] for d in report.get("drifted") or () if isinstance(d, dict)}
+    out = Judgement(rules=rules, cells=meanings, sharded=sharded, device=device, drifted=drifted)
     if rules.mode == "gate":
         _check_expectations(out, cells, device=device)
     out.known = _known_hits(rules, cells, out, device=device)
@@ -362,6 +368,8 @@ def _check_expectations(out: Judgement, cells: list[dict], *, device: str | None
             reason = "the baseline is not the code as installed"
         elif e.device != "any" and single_device and e.device != device:
             reason = f"{e.device} only"
+        elif set(e.revert) & set(out.drifted):
+            reason = "its revert no longer applies here"
         elif e.revert not in sets:
             reason = "part-level: run with --parts" if any(":" in r for r in e.revert) else "its toggle set did not run"
         if reason is not None:

@@ -253,6 +253,13 @@ class Codebase(_Closed):
     beyond_range: str | None = None
 
 
+class Drifted(_Closed):
+    """A revert that no longer applies to the code followed beyond its profile's range."""
+
+    id: str
+    why: str
+
+
 class Kept(_Closed):
     """Kept Ray actors a run took warm and started (sglfix.execution.ray_keep)."""
 
@@ -333,6 +340,7 @@ class Report(_Closed):
     not_run: list[str] = []
     known_divergences: list[KnownSeen] = []
     worker_replacements: list[str] = []
+    drifted: list[Drifted] = []
     shard: Shard | None = None
     shards: Shards | None = None
     merged_from: list[MergedFrom] = []
