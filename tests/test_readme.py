@@ -24,6 +24,10 @@ def test_ci_runs_the_readme_test_command_verbatim():
     ]
     assert command in ci_lines, f".ci/run must contain the README test command verbatim:\n{command}"
     assert _readme_command("sglang-command") in ci_lines, ".ci/run must run the README's real-sglang command too"
+    release = _readme_command("sglang-release-command")
+    assert release in ci_lines, ".ci/run must run the README's older-release command too"
+    # After the real-sglang set-up, in its venv: the release runs beside the installed 0.5.23.
+    assert ci_lines.index(release) > ci_lines.index(_readme_command("sglang-command"))
     main = _readme_command("main-command")
     assert main.startswith("python3 -m venv .venv") and "sglfix " in main
 

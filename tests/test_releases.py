@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from clihelp import assert_one_line_error, run_cli
 
 from sglfix.codebases.releases import fetch_release, light_packages, release_env
 from sglfix.common.errors import ConfigError
@@ -94,3 +95,19 @@ def test_a_missing_wheel_or_directory_is_one_line(wheels, tmp_path):
     with pytest.raises(ConfigError, match="not a directory"):
         fetch_release("sglang", "9.9.9", wheels=str(tmp_path / "nowhere"))
     assert not (tmp_path / "cache" / "releases" / "sglang-9.9.8").exists()
+
+
+def test_release_option_runs_the_command_against_the_cached_release(wheels, tmp_path):
+    """``--release VERSION`` (anywhere on the line) fetches it and follows it: a version newer than
+    every profile runs with the newest, whose folder is where the code base is found."""
+    env = {"SGLFIX_CACHE": str(tmp_path / "cache")}
+    r = run_cli("env", "--json", "--release", "9.9.9", "--wheels", str(wheels), env=env)
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["profile"] == "sglang-0.5.23" and data["profile_why"] == "--profile sglang", data
+    folder = tmp_path / "cache" / "releases" / "sglang-9.9.9"
+    assert data["codebase"] == {"distribution": "sglang", "version": "9.9.9", "path": str(folder / "sglang")}, data
+    assert_one_line_error(run_cli("--release", "nope", "list", env=env), "--release 'nope' is not a version")
+    assert_one_line_error(run_cli("--wheels", str(wheels), "list", env=env), "give --release with it")
+    missing = run_cli("--release", "9.9.7", "--wheels", str(wheels), "list", env=env)
+    assert_one_line_error(missing, "no sglang-9.9.7-*.whl there")

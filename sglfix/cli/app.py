@@ -44,6 +44,18 @@ def _main(
         autocompletion=profile_names,
         help="Toggle set for one code base: reproduction (default) or a profile folder's name (the built-in profiles/ and SGLFIX_PROFILES_PATH; env SGLFIX_PROFILE).",
     ),
+    release: str | None = typer.Option(
+        None,
+        "--release",
+        metavar="VERSION",
+        help="Run against this sglang release, fetched once into sglfix's cache (its Python files and the light packages it pins; nothing installed); implies --profile sglang unless a profile is named.",
+    ),
+    wheels: str | None = typer.Option(
+        None,
+        "--wheels",
+        metavar="DIR",
+        help="With --release: take the release and the light packages it pins from this directory of wheels (offline), not the package index.",
+    ),
     allow_target: list[str] = typer.Option(
         [], "--allow-target", metavar="PREFIX", help="Also allow patch targets under this module prefix (repeatable)."
     ),
@@ -63,6 +75,10 @@ def _main(
             raise ConfigError(
                 f"--allow-target {prefix!r} is not a module prefix; give a dotted module name like mypkg.kernels"
             )
+    if wheels is not None and release is None:
+        raise ConfigError("--wheels DIR holds the wheels of --release VERSION: give --release with it")
+    if release is not None:
+        profile = _use_release(release, wheels=wheels, profile=profile, toggles=toggles)
     if profile is not None:
         from sglfix.toggling.profiles import get_profile
 
@@ -81,6 +97,22 @@ def _main(
     if ctx.invoked_subcommand is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
+
+
+def _use_release(release: str, *, wheels: str | None, profile: str | None, toggles: str | None) -> str | None:
+    """Fetch the release and put it in front of this process's and its workers' path; the
+    profile to use: the one named, else (no toggles given either) the one following it."""
+    from sglfix.codebases import profiles
+    from sglfix.codebases.releases import check_version, fetch_release, use_release
+
+    version = check_version(release, option="--release")
+    engines = sorted({r.distribution for r in profiles().values() if r.distribution})
+    if len(engines) != 1:
+        raise ConfigError(f"--release: the profiles name {len(engines)} engines ({', '.join(engines)}); expected one")
+    use_release(fetch_release(engines[0], version, wheels=wheels))
+    if profile is None and toggles is None and not os.environ.get("SGLFIX_PROFILE", "").strip():
+        return engines[0]
+    return profile
 
 
 def _register_commands() -> None:
@@ -128,8 +160,12 @@ def _click_exception_type() -> type:
     return ClickException
 
 
+# Global options accepted after the command too (``sglfix doctor --profile NAME``).
+_GLOBAL_WITH_VALUE = ("--profile", "--release", "--wheels")
+
+
 def _hoist_profile(args: list[str]) -> list[str]:
-    """``--profile NAME`` is global too (``sglfix doctor --profile NAME``): moved in front."""
+    """``--profile NAME``, ``--release VERSION`` and ``--wheels DIR`` are global too: moved in front."""
     front: list[str] = []
     rest: list[str] = []
     i = 0
@@ -138,11 +174,11 @@ def _hoist_profile(args: list[str]) -> list[str]:
         if arg == "--":
             rest += args[i:]
             break
-        if arg == "--profile" and i + 1 < len(args):
+        if arg in _GLOBAL_WITH_VALUE and i + 1 < len(args):
             front += args[i : i + 2]
             i += 2
             continue
-        if arg.startswith("--profile="):
+        if arg.startswith(tuple(f"{o}=" for o in _GLOBAL_WITH_VALUE)):
             front.append(arg)
         else:
             rest.append(arg)

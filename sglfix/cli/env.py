@@ -28,6 +28,7 @@ def env_cmd(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
         "profile": profile.name,
         "profile_why": why,
         "toggles": registry.directory,
+        "codebase": _codebase(profile),
         "startup_hook": _installed_hook(),
         "selected": [
             {"id": s.id, "title": s.toggle.title, "summary": s.part.summary, "targets": list(s.part.targets)}
@@ -46,6 +47,9 @@ def env_cmd(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
     )
     out.print(f"profile: {profile.name} ({why})")
     out.print(f"toggles: {registry.directory}")
+    cb = data["codebase"]
+    if cb is not None:
+        out.print(f"code base: {cb['distribution']} {cb['version']} at {cb['path']}")
     if not selections:
         out.print(
             f"{ENV_VAR}={value!r}: no fix is reverted"
@@ -62,7 +66,7 @@ def _profile(opts):
     """The profile a process started with this environment applies the variable under, and why
     (the start-up hook's own choice; ``--profile`` names it outright)."""
     if opts.profile is not None:
-        return opts.profile, f"--profile {opts.profile.name}"
+        return opts.profile, f"--profile {opts.profile.asked or opts.profile.name}"
     from sglfix.toggling.profiles import resolve_profile
 
     chosen = resolve_profile(follow_imports=True)
@@ -70,6 +74,17 @@ def _profile(opts):
         return chosen.profile, chosen.why
     # Decided by the process's first import; shown under the engine's profile, what production runs.
     return chosen.candidates[0][1], chosen.why
+
+
+def _codebase(profile) -> dict | None:
+    """Where the profile's engine is imported from here, and its version (None: the
+    reproduction, or not importable)."""
+    if profile.is_reproduction:
+        return None
+    from sglfix.codebases import installed
+
+    found = installed(profile)
+    return found.to_json() if found is not None else None
 
 
 def _installed_hook() -> str | None:

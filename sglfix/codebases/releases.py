@@ -25,11 +25,20 @@ from pathlib import Path
 
 from sglfix.common.errors import ConfigError
 
-__all__ = ["CACHE_ENV", "Release", "cache_root", "fetch_release", "light_packages", "release_env"]
+__all__ = [
+    "CACHE_ENV",
+    "Release",
+    "cache_root",
+    "check_version",
+    "fetch_release",
+    "light_packages",
+    "release_env",
+    "use_release",
+]
 
 CACHE_ENV = "SGLFIX_CACHE"
 # Light packages older releases import at module level on the way to the attention backends and
-# 0.5.23 does not (so the [sglang] extra does not name them): sglang 0.5.18's function-call
+# the newest do not (so the [sglang] extra does not name them): sglang 0.5.18's function-call
 # parsers import xgrammar.
 _ALSO_IMPORTED = ("xgrammar",)
 _DONE = "sglfix-release.json"  # written last: a folder without it is a fetch that did not finish
@@ -65,6 +74,32 @@ def release_env(release: Release, env: dict[str, str] | None = None) -> dict[str
     out = dict(os.environ if env is None else env)
     out["PYTHONPATH"] = os.pathsep.join(p for p in (release.path, out.get("PYTHONPATH", "")) if p)
     return out
+
+
+def use_release(release: Release) -> None:
+    """This process and every process it starts import the release: its folder first on
+    ``sys.path`` and on ``PYTHONPATH`` (call before anything of the engine is looked up)."""
+    import importlib
+
+    from sglfix.common.codebase import clear_package_dirs
+
+    sys.path.insert(0, release.path)
+    os.environ.update(PYTHONPATH=release_env(release)["PYTHONPATH"])
+    importlib.invalidate_caches()
+    clear_package_dirs()
+
+
+def check_version(text: str, *, option: str) -> str:
+    """``text`` as a release version (PEP 440), or a one-line ConfigError naming ``option``."""
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:
+        raise ConfigError(f"{option}: reading a version needs packaging; pip install packaging") from None
+    try:
+        Version(text.strip())
+    except InvalidVersion:
+        raise ConfigError(f"{option} {text!r} is not a version; give one like 0.5.22") from None
+    return text.strip()
 
 
 def light_packages() -> set[str]:

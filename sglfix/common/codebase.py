@@ -19,6 +19,7 @@ __all__ = [
     "ENGINE",
     "active_codebase",
     "active_package",
+    "clear_package_dirs",
     "is_code_under_test",
     "set_active",
     "under",
@@ -80,6 +81,11 @@ def _package_dirs(package: str) -> tuple[str, ...]:
         for form in (os.path.abspath(location), os.path.realpath(location)):
             dirs.append(form.rstrip(os.sep) + os.sep)
     return tuple(dict.fromkeys(dirs))
+
+
+def clear_package_dirs() -> None:
+    """Forget where packages were found (``sys.path`` changed: a release put in front)."""
+    _package_dirs.cache_clear()
 
 
 def _looks_like_path(text: str) -> bool:
