@@ -137,6 +137,10 @@ def test_a_revert_that_no_longer_applies_to_the_checkout_is_a_finding_not_a_refu
     failed = [(case.name, case.classname) for suite in JUnitXml.fromfile(str(junit)) for case in suite if case.result]
     assert ("26972", "drifted") in failed, failed
     assert "Reverts that no longer apply here" in markdown.read_text()
+    # bisect has no plan to leave the set out of: it refuses the drifted candidate, naming it.
+    bisect = run_cli("--profile", "sglang", "bisect", "-s", "probe-req-to-token*", "--device", "cpu",
+                     env={"PYTHONPATH": str(tree)})  # fmt: skip
+    assert_one_line_error(bisect, "revert 26972", "without 26972")
     # On code its profile covers (0.5.23), the same edit is a broken profile: refused before any worker.
     pinned = _tree(tmp_path / "pinned")
     moved = pinned / "sglang" / "srt" / "mem_cache" / "allocation_sizing.py"

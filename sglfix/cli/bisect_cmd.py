@@ -63,6 +63,11 @@ def bisect_cmd(ctx: typer.Context, **given: Any) -> None:
     # Every revert the search may apply, checked against the installed source before any worker
     # starts (as run and matrix do): a match that is not in the code is one line, exit 2.
     runner.precheck(Plan(scenarios=chosen[:1], sets=[tuple(env) + (c,) for c in candidates]))
+    if runner.drifted:
+        # Followed beyond its profile's range, the runner leaves a drifted revert out of a plan; the
+        # search has no plan to leave it out of, so it is refused here as before, naming the fix.
+        rid, why = next(iter(runner.drifted.items()))
+        raise ConfigError(f"{why}; bisect the candidates that still apply: sglfix bisect -r IDS without {rid}")
     # What a cell means is judged as everywhere (sglfix.report.outcome): a known divergence of the
     # profile, or the verdict its baseline shows too, is no failure of the set reverted.
     rules = Rules(mode="findings", known=tuple(Known.of(known)), base=tuple(env))
