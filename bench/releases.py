@@ -6,7 +6,9 @@ For each release:
 1. ``sglfix.codebases.releases.fetch_release`` (the index, or ``--wheels DIR``): its Python files
    and the light packages it pins, in a folder put first on ``PYTHONPATH``; nothing installed.
 2. Statically, ``sglfix --profile sglang-0.5.23 doctor --source FOLDER --json``: which toggles of
-   the newest profile apply to that release's source as they are, and why each other one does not.
+   the newest profile apply to that release's source (its variant there, if it has one), and why
+   each other one does not; ``toggle port --source FOLDER``: which parts apply as written, which
+   the port re-anchors, which cannot exist there (the release predates the fix) or cannot be ported.
 3. ``sglfix --profile sglang matrix --parts --device cpu --json`` with that folder first on the
    path: the profile ``--profile sglang`` picked for the release (or the one line refusing it),
    cells by verdict, the reverts that no longer apply, the wall time and the gate.
@@ -54,6 +56,22 @@ def _static(folder: str, env: dict) -> dict:
     return {"applying": len(toggles) - len(drift), "of": len(toggles), "not_applying": drift}
 
 
+def _port(folder: str, env: dict) -> dict:
+    """What ``toggle port`` says of each part of the newest profile at this release: applies as
+    written, ported (its re-anchored variant), absent (the release predates the fix) or not ported."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "p.json"
+        _, r = _sglfix("--profile", "sglang-0.5.23", "toggle", "port", "--source", folder, "--json", str(out), env=env)
+        if not out.is_file():
+            return {"error": (r.stderr or r.stdout).strip()[-500:]}
+        data = json.loads(out.read_text())
+    return {
+        "counts": data["counts"],
+        "ported": [p["id"] for p in data["parts"] if p["status"] == "ported"],
+        "not_ported": {p["id"]: p["why"][:300] for p in data["parts"] if p["status"] in ("absent", "failed")},
+    }
+
+
 def _matrix(env: dict, jobs: int | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "m.json"
@@ -84,6 +102,7 @@ def _matrix(env: dict, jobs: int | None) -> dict:
         summary=report["summary"],
         matrix_wall_s=report.get("wall_s"),
         drifted={d["id"]: d["why"] for d in report.get("drifted") or []},
+        not_applicable={d["id"]: d["why"] for d in report.get("not_applicable") or []},
         gate=judged.get("outcome"),
         gate_passed=judged.get("passed"),
     )
@@ -105,6 +124,7 @@ def main() -> int:
         env = release_env(release)
         env.pop("SGLFIX_PROFILE", None)
         row["static"] = _static(release.path, env)
+        row["port"] = _port(release.path, env)
         row["matrix"] = _matrix(env, args.jobs)
         rows.append(row)
         m = row["matrix"]

@@ -141,8 +141,9 @@ def test_toggle_files_are_pydantic_models_with_unknown_keys_forbidden():
     from pydantic import BaseModel
 
     from sglfix.toggling.registry import ExpectFile, PartFile, ToggleFile
+    from sglfix.toggling.variants import VariantFile, VariantsFile
 
-    for model in (ToggleFile, PartFile, ExpectFile):
+    for model in (ToggleFile, PartFile, ExpectFile, VariantFile, VariantsFile):
         assert issubclass(model, BaseModel) and model.model_config["extra"] == "forbid"
     assert set(ToggleFile.model_fields) == {
         "pr",
@@ -151,12 +152,14 @@ def test_toggle_files_are_pydantic_models_with_unknown_keys_forbidden():
         "bug",
         "description",
         "patches",
+        "variants",
         "parts",
         "expect",
         "caught_by",
         "peers",
     }
     assert set(ExpectFile.model_fields) == {"scenario", "verdict", "revert", "device"}
+    assert set(VariantFile.model_fields) == {"versions", "patches", "absent", "ported_from"}
 
 
 def test_expect_reads_verdicts_and_ids_through_the_shared_types(tmp_path):

@@ -140,6 +140,14 @@ def judge_ran(
     report["drifted"] = [{"id": rid, "why": why} for rid, why in ran.drifted.items()]
     for rid, why in ran.drifted.items():
         err.print(f"sglfix: {rid} no longer applies at this code, left out: {why}", highlight=False, markup=False)
+    report["not_applicable"] = [{"id": rid, "why": why} for rid, why in ran.not_applicable.items()]
+    if ran.not_applicable:
+        err.print(
+            f"sglfix: {len(ran.not_applicable)} revert(s) have no variant for this version, left out: "
+            + "; ".join(ran.not_applicable.values()),
+            highlight=False,
+            markup=False,
+        )
     judgement = judge(report, mode=mode, expects=expects, known=known, base=ran.env)
     judgement.annotate(report)
     return report, judgement

@@ -62,6 +62,15 @@ def doctor_cmd(
                 f"import ({why}); install it: {PYTEST_HINT}"
             )
     if source is not None:
+        profile = opts.active_profile()
+        if not profile.is_reproduction and toggles is None:
+            from sglfix.codebases.installed import version_of_tree
+            from sglfix.toggling.registry import load_registry
+
+            # Each part as it is in the tree's version (its variant there), not the installed one's.
+            version = version_of_tree(source, profile)
+            if version and version != "unknown":
+                registry = load_registry(registry.directory, version=version)
         results = static_check(registry, source_dir=source)
         mode = "static"
     else:

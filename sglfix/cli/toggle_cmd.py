@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from sglfix.cli.context import add_group, err, options
+from sglfix.cli.port_cmd import port_cmd
 from sglfix.common.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -275,6 +276,6 @@ def register(app: typer.Typer) -> None:
     add_group(
         app,
         name="toggle",
-        help="Write revert toggles from a fix's diff.",
-        commands=[("from-diff", from_diff_cmd), ("from-git", from_git_cmd)],
+        help="Write revert toggles from a fix's diff, or port them onto another release.",
+        commands=[("from-diff", from_diff_cmd), ("from-git", from_git_cmd), ("port", port_cmd)],
     )

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Installed", "installed"]
+__all__ = ["Installed", "installed", "version_of_tree"]
 
 
 @dataclass(frozen=True)
@@ -80,3 +80,10 @@ def _version_at(path: str, cb: Any) -> str | None:
             if m:
                 return m.group(1)
     return dist.version if dist is not None else None
+
+
+def version_of_tree(root: str, cb: Any) -> str | None:
+    """The version of the code base's package in the source tree ``root`` (an unpacked wheel, a
+    checkout's python/), read from its files."""
+    path = os.path.join(root, cb.package)
+    return _version_at(path, cb) if os.path.isdir(path) else None

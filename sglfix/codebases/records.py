@@ -28,6 +28,7 @@ __all__ = [
     "REPRODUCTION_NAME",
     "CodeBase",
     "Profile",
+    "engine_version",
     "get_codebase",
     "profiles",
     "search_folders",
@@ -375,6 +376,20 @@ def _version_key(version: str | None, *, where: str) -> Any:
         return Version(version or "0")
     except InvalidVersion:
         raise ConfigError(f"{where}: version {version!r} is not a version (PEP 440)") from None
+
+
+def engine_version(toggles_dir: str) -> str | None:
+    """The installed version of the engine whose profile keeps its toggles in ``toggles_dir``,
+    which picks each toggle part's variant (None: the reproduction's toggles, a folder no profile
+    names, or an engine not importable here). Light: the start-up hook asks."""
+    from sglfix.codebases.installed import installed
+
+    real = os.path.realpath(toggles_dir)
+    for record in profiles().values():
+        if not record.is_reproduction and os.path.realpath(record.toggles_dir) == real:
+            here = installed(record)
+            return None if here is None or here.version == "unknown" else here.version
+    return None
 
 
 class _Records(Mapping):

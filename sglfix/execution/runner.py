@@ -47,6 +47,7 @@ class Ran:
     shard: Any = None  # the Shard this run was, if --shard
     replacements: list = field(default_factory=list)  # why each worker was replaced between sets
     drifted: dict = field(default_factory=dict)  # revert id -> why it no longer applies here
+    not_applicable: dict = field(default_factory=dict)  # revert id -> why none exists at this version
 
 
 class Runner:
@@ -115,6 +116,7 @@ class Runner:
             quiet_ray_logs()
         self.jobs = check_jobs(s.jobs, device)
         self.drifted: dict[str, str] = {}  # revert id -> why it no longer applies (see ``precheck``)
+        self.not_applicable: dict[str, str] = {}  # revert id -> why no revert exists at this version
 
     def scenarios(self) -> list:
         """The scenarios the settings select, checked at load (sizes, memory, what the code base
@@ -163,6 +165,19 @@ class Runner:
 
         left_out: set[tuple[str, ...]] = set()
         for toggles in dict.fromkeys(tuple(c.toggles) for c in plan.cells):
+            absent = registry.absent(toggles)
+            if absent:
+                # A fix this release predates (or code it does not have): no revert exists here,
+                # which is no finding; the set is left out and named. Inherited, it is a baseline
+                # the run cannot have: refused.
+                inherited = registry.absent(self.env)
+                if inherited:
+                    from sglfix.toggling import ENV_VAR
+
+                    raise ConfigError(f"{ENV_VAR}: {next(iter(inherited.values()))}")
+                self.not_applicable.update(absent)
+                left_out.add(toggles)
+                continue
             try:
                 check(toggles)
             except SglfixError as exc:
@@ -248,6 +263,7 @@ class Runner:
             shard=self.shard,
             replacements=replacements,
             drifted=dict(self.drifted),
+            not_applicable=dict(self.not_applicable),
         )
 
 

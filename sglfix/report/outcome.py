@@ -139,6 +139,8 @@ class Judgement:
     # Reverts that no longer apply to the code followed beyond its profile's range (id -> why):
     # each is a finding that fails the gate and the run, never a refusal of the whole run.
     drifted: dict[str, str] = field(default_factory=dict)
+    # Reverts with no variant at the engine version run (a fix the release predates): no finding.
+    not_applicable: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.by_id = {c.id: c for c in self.cells}
@@ -335,7 +337,8 @@ def judge(
             )
         )
     drifted = {d["id"]: d["why"] for d in report.get("drifted") or () if isinstance(d, dict)}
-    out = Judgement(rules=rules, cells=meanings, sharded=sharded, device=device, drifted=drifted)
+    absent = {d["id"]: d["why"] for d in report.get("not_applicable") or () if isinstance(d, dict)}
+    out = Judgement(rules=rules, cells=meanings, sharded=sharded, device=device, drifted=drifted, not_applicable=absent)
     if rules.mode == "gate":
         _check_expectations(out, cells, device=device)
     out.known = _known_hits(rules, cells, out, device=device)
@@ -370,6 +373,8 @@ def _check_expectations(out: Judgement, cells: list[dict], *, device: str | None
             reason = f"{e.device} only"
         elif set(e.revert) & set(out.drifted):
             reason = "its revert no longer applies here"
+        elif any(a == r or a.startswith(r + ":") for r in e.revert for a in out.not_applicable):
+            reason = "its revert does not apply to this version"
         elif e.revert not in sets:
             reason = "part-level: run with --parts" if any(":" in r for r in e.revert) else "its toggle set did not run"
         if reason is not None:
@@ -384,7 +389,8 @@ def _check_expectations(out: Judgement, cells: list[dict], *, device: str | None
         if not on_device:
             out.not_checked.append(NotChecked(e, f"{e.device} only"))
             continue
-        ran = [i for i in on_device if cells[i].get("verdict") != "SKIP"]
+        # NOT_REACHED stands for its baseline's verdict: a SKIP there is a SKIP here.
+        ran = [i for i in on_device if "SKIP" not in (cells[i].get("verdict"), out.cells[i].stands_for)]
         if not ran:
             out.not_checked.append(NotChecked(e, "every scenario it names SKIPs here"))
             continue

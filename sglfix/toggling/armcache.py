@@ -32,8 +32,12 @@ def _cache_dir() -> str:
 def _contents(toggles_dir: str) -> dict[str, str] | None:
     """Every toggle file's name and text, or None when one cannot be read as a regular file."""
     out: dict[str, str] = {}
+    variants = os.path.join(toggles_dir, "variants")  # sglfix.toggling.variants.VARIANTS_DIR
     try:
-        for name in sorted(n for n in os.listdir(toggles_dir) if n.endswith(".yaml")):
+        names = sorted(n for n in os.listdir(toggles_dir) if n.endswith(".yaml"))
+        if os.path.isdir(variants):
+            names += sorted(os.path.join("variants", n) for n in os.listdir(variants) if n.endswith(".yaml"))
+        for name in names:
             path = os.path.join(toggles_dir, name)
             if not stat.S_ISREG(os.stat(path).st_mode):
                 return None  # never opened here: a FIFO would block the process
@@ -48,9 +52,16 @@ def _contents(toggles_dir: str) -> dict[str, str] | None:
 
 
 def _identity(toggles_dir: str) -> dict[str, str]:
+    from sglfix.codebases.records import engine_version
     from sglfix.common.version import __version__
 
-    return {"sglfix": __version__, "python": sys.version, "dir": os.path.abspath(toggles_dir)}
+    # The engine version picks each part's variant: another version is another entry.
+    return {
+        "sglfix": __version__,
+        "python": sys.version,
+        "dir": os.path.abspath(toggles_dir),
+        "engine": engine_version(toggles_dir) or "",
+    }
 
 
 def _path(identity: dict[str, str]) -> str:
@@ -103,6 +114,8 @@ def store(toggles_dir: str, registry: object) -> None:
     for toggle in registry:  # type: ignore[attr-defined]
         for rid in toggle.ids:
             sels = registry.select(rid)  # type: ignore[attr-defined]
+            if any(s.part.absent for s in sels):
+                continue  # the full path words the refusal
             select[rid] = [s.id for s in sels]
             for s in sels:
                 targets[s.id] = list(s.part.targets)

@@ -59,10 +59,15 @@ def parse_env_value(value: str | None, *, registry: Registry | None = None, what
                 f"like 27460 or a part like 27460:sizing; registered: {known}"
             ) from None
     try:
-        return parse_toggle_ids(ids, registry=registry, what=what)
+        selections = parse_toggle_ids(ids, registry=registry, what=what)
     except ConfigError as exc:
         message = str(exc)
         raise ConfigError(message if "registered:" in message else f"{message}; registered: {known}") from None
+    absent = registry.absent(s.id for s in selections)
+    if absent:
+        # Reverting a fix the installed release predates would silently do nothing.
+        raise ConfigError(f"{what}={_show(value)}: {next(iter(absent.values()))}; leave it out")
+    return selections
 
 
 def selected_from_env(environ: dict | None = None, *, registry: Registry | None = None) -> list[Selection]:

@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from sglfix.codebases.records import engine_version
 from sglfix.common.errors import ConfigError
 from sglfix.common.schema import NodeError, StrictModel, describe_kind, nearest, validate_node
 from sglfix.common.verdicts import VERDICTS, Verdict
@@ -33,6 +34,7 @@ from sglfix.common.yamlio import line_of, load_yaml, read_text_file
 from sglfix.patching.types import PatchList, PatchSpec, Text
 from sglfix.toggling import TOGGLES_ENV
 from sglfix.toggling.ids import EXAMPLE, MAX_PR, PART_NAME_RE, ToggleId
+from sglfix.toggling.variants import VariantFile, choose_variant, read_variants
 
 __all__ = [
     "MAIN_PART",
@@ -149,6 +151,8 @@ class PartFile(StrictModel):
     # Why no scenario can detect this part (a refactor with no behaviour of its own): the
     # doctor's static check covers it; the detection table does not ask for a scenario.
     static_only: NonEmptyText | None = None
+    # The part in other releases of the engine than the profile's own (sglfix.toggling.variants).
+    variants: tuple[VariantFile, ...] = ()
 
 
 def _part_names(value: Any) -> Any:
@@ -169,6 +173,8 @@ class ToggleFile(StrictModel):
     bug: MetaText = ""
     description: MetaText = ""
     patches: PatchList = ()
+    # Per-version variants of a one-part toggle's ``patches`` (a named part carries its own).
+    variants: tuple[VariantFile, ...] = ()
     parts: Annotated[dict[str, PartFile], BeforeValidator(_part_names)] = Field(default_factory=dict)
     expect: tuple[ExpectFile, ...] = ()
     caught_by: tuple[StrictStr, ...] = ()
@@ -220,6 +226,10 @@ class Part:
     patches: tuple[PatchSpec, ...]
     behaviour_neutral: bool = False
     static_only: str | None = None
+    # At the version the registry was loaded for: the variant's range used (None: the part's own
+    # patches) and, when no revert of the fix exists there, why (its ``patches`` are then empty).
+    variant: str | None = None
+    absent: str | None = None
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -279,19 +289,27 @@ class Selection:
         return str(self.toggle_id)
 
 
-def parse_toggle(text: str, *, path: str) -> Toggle:
+def parse_toggle(text: str, *, path: str, version: str | None = None) -> Toggle:
+    """The toggle in ``text``, each part as it is at ``version`` of the engine (its variant
+    there, if any; None: the parts' own patches)."""
     raw = load_yaml(text, source=path)
     file = validate_node(ToggleFile, raw, where=path, context={"path": path}, root="toggle file")
+
+    names = list(file.parts) if file.parts else [MAIN_PART]
+    written = read_variants(path, pr=file.pr, parts=names)
+
+    def part(name: str, summary: str, patches: tuple, variants: tuple, **kw: Any) -> Part:
+        chosen = choose_variant(patches, (*variants, *written.get(name, ())), version=version)
+        return Part(
+            name=name, summary=summary, patches=chosen.patches, variant=chosen.versions, absent=chosen.absent, **kw
+        )
+
     if "patches" in file.model_fields_set:
-        parts = {MAIN_PART: Part(name=MAIN_PART, summary=file.title, patches=file.patches)}
+        parts = {MAIN_PART: part(MAIN_PART, file.title, file.patches, file.variants)}
     else:
         parts = {
-            name: Part(
-                name=name,
-                summary=p.summary,
-                patches=p.patches,
-                behaviour_neutral=p.behaviour_neutral,
-                static_only=p.static_only,
+            name: part(
+                name, p.summary, p.patches, p.variants, behaviour_neutral=p.behaviour_neutral, static_only=p.static_only
             )
             for name, p in file.parts.items()
         }
@@ -324,8 +342,9 @@ def parse_toggle(text: str, *, path: str) -> Toggle:
 
 
 class Registry:
-    def __init__(self, toggles: Iterable[Toggle], *, directory: str) -> None:
+    def __init__(self, toggles: Iterable[Toggle], *, directory: str, version: str | None = None) -> None:
         self.directory = directory
+        self.version = version  # the engine version the parts were chosen for (None: their own)
         self.toggles: dict[int, Toggle] = {}
         for t in toggles:
             if t.pr in self.toggles:
@@ -347,6 +366,16 @@ class Registry:
 
     def ids(self, *, parts: bool = True) -> list[str]:
         return [i for t in self for i in (t.ids if parts else [t.id])]
+
+    def absent(self, ids: Iterable[str]) -> dict[str, str]:
+        """The parts ``ids`` select that have no revert at this version, and why (in words)."""
+        where = f" at version {self.version}" if self.version else ""
+        return {
+            s.id: f"{s.id} does not apply{where}: {s.part.absent}"
+            for rid in ids
+            for s in self.select(rid)
+            if s.part.absent
+        }
 
     def describe_ids(self) -> str:
         if not self.toggles:
@@ -419,10 +448,20 @@ def _toggle_files(directory: str) -> list[Path]:
 
 
 @lru_cache(maxsize=8)
-def _load(directory: str) -> Registry:
-    toggles = [parse_toggle(read_text_file(f, what="toggle file"), path=str(f)) for f in _toggle_files(directory)]
-    return Registry(toggles, directory=directory)
+def _load(directory: str, version: str | None) -> Registry:
+    toggles = [
+        parse_toggle(read_text_file(f, what="toggle file"), path=str(f), version=version)
+        for f in _toggle_files(directory)
+    ]
+    return Registry(toggles, directory=directory, version=version)
 
 
-def load_registry(directory: str | os.PathLike | None = None) -> Registry:
-    return _load(str(Path(directory or default_toggles_dir()).resolve()))
+def load_registry(
+    directory: str | os.PathLike | None = None, *, own: bool = False, version: str | None = None
+) -> Registry:
+    """The toggles of ``directory`` (default: the profile's), each part as it is in the engine
+    version installed here when a profile of an engine keeps its toggles there; ``own``: the
+    parts' own patches, whatever is installed (what ``toggle port`` re-anchors); ``version``: as
+    they are in that version (a source tree ``doctor --source`` reads)."""
+    path = str(Path(directory or default_toggles_dir()).resolve())
+    return _load(path, None if own else version or engine_version(path))

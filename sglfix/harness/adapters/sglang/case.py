@@ -117,7 +117,7 @@ def _move_request_rows(*, runner: Any, batch: Any, gen: Any) -> None:
     table.zero_()
     table[rows.to(table.device)] = kept
     batch.req_pool_indices = rows.to(dtype=batch.req_pool_indices.dtype, device=batch.req_pool_indices.device)
-    runner.kv_index_translator.bind_own_plan(batch)
+    _kit("attention").bind_own_plan(runner, batch)
 
 
 def _draft_tree(*, num_draft_tokens: int, topk: int, num_steps: int, gen: Any) -> tuple[list[int], list[int]]:

@@ -43,8 +43,11 @@ def _configure_draft_runner(runner: Any) -> None:
     config.ngram_embedding_n = hf.ngram_embedding_n if config.use_ngram_embedding else 0
     config.use_engram = bool(getattr(hf, "engram_layer_ids", ()))
     runner.lora_manager = None
+    if not hasattr(runner, "attn_dcp_size"):  # 0.5.21's ForwardBatch.init_new reads it; the kit's stand-in lacks it
+        runner.attn_dcp_size = 1
     runner.init_ngram_embedding_manager()
-    runner.maybe_init_watermark_state()
+    if hasattr(runner, "maybe_init_watermark_state"):  # 0.5.22 on
+        runner.maybe_init_watermark_state()
 
 
 def glue_inputs(*, batch: Any, runner: Any, scenario: Any, device: str) -> GlueInputs:

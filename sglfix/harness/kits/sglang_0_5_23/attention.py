@@ -26,11 +26,14 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from .environment import bind_own_plan
+
 __all__ = [
     "DENSE",
     "DRAFT_EXTEND",
     "KIT_VERSION",
     "TARGET_VERIFY",
+    "bind_own_plan",
     "make_case",
     "make_draft_extend_v2_input",
     "make_forward_batch",

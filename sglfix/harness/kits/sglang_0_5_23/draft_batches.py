@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .environment import bind_own_plan
 from .slots import DraftSlots
 
 __all__ = ["make_capture_batch", "make_draft_batch", "pad_for_replay"]
@@ -45,7 +46,7 @@ def make_draft_batch(slots: DraftSlots, *, device: str, hidden_size: int, dtype:
         spec_info=spec_info,
         capture_hidden_mode=CaptureHiddenMode.LAST,
     )
-    runner.kv_index_translator.bind_own_plan(batch)
+    bind_own_plan(runner, batch)
     return batch
 
 
@@ -79,7 +80,7 @@ def make_capture_batch(
         spec_info=spec_info,
         capture_hidden_mode=CaptureHiddenMode.LAST,
     )
-    runner.kv_index_translator.bind_own_plan(batch)
+    bind_own_plan(runner, batch)
     return batch
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .draft_cases import mla_runner, round_up, torch_dtype
-from .environment import prepare
+from .environment import bind_own_plan, prepare
 from .slots import PagedSlots
 
 __all__ = ["build_trtllm_draft_extend", "trtllm_capture_batch", "trtllm_replay_view"]
@@ -80,7 +80,7 @@ def build_trtllm_draft_extend(scenario: Any, *, device: str) -> SimpleNamespace:
     batch.extend_prefix_lens_cpu = list(prefix)
     batch.extend_start_loc = torch.arange(bs, dtype=torch.int32, device=device) * n
     batch.extend_num_tokens = bs * n
-    runner.kv_index_translator.bind_own_plan(batch)
+    bind_own_plan(runner, batch)
     correct = torch.tensor(accept, dtype=torch.int32, device=device)
     spec = EagleDraftExtendInput(
         hidden_states=None,
@@ -152,7 +152,7 @@ def trtllm_replay_view(batch: Any, *, bs: int, n: int, fill: int) -> SimpleNames
         encoder_lens=None,
         out_cache_loc=pad(batch.out_cache_loc, bs * n, 0),
         out_cache_loc_virtual=getattr(batch, "out_cache_loc_virtual", None),
-        kv_loc_plan=batch.kv_loc_plan,
+        kv_loc_plan=getattr(batch, "kv_loc_plan", None),
         kv_loc_cols=getattr(batch, "kv_loc_cols", None),
         out_cache_loc_dsv4=None,
         mamba_track_indices=None,
@@ -180,7 +180,7 @@ def trtllm_capture_batch(bs: int, *, n: int, fill: int, device: str, runner: Any
     )
     batch.extend_seq_lens = torch.full((bs,), n, dtype=torch.int32, device=device)
     batch.extend_seq_lens_cpu = [n] * bs
-    runner.kv_index_translator.bind_own_plan(batch)
+    bind_own_plan(runner, batch)
     full = torch.full((bs,), n, dtype=torch.int32, device=device)
     batch.spec_info = EagleDraftExtendInput(
         hidden_states=None,

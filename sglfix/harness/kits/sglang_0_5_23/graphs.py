@@ -21,6 +21,8 @@ from typing import Any
 
 from sglfix.harness.adapters.base import Unavailable
 
+from .environment import bind_runner_slots
+
 __all__ = ["GRAPH_STATE", "GraphRunner", "attend"]
 
 # TritonAttnBackend's CUDA-graph state (init_cuda_graph_state), guarded before capture.
@@ -176,7 +178,7 @@ class GraphRunner:
             extend_seq_lens_cpu=[self.width] * bs if draft_extend else None,
             spec_info=self._capture_spec_info(bs),
         )
-        self.case.runner.kv_index_translator.bind_runner_slots(batch)
+        bind_runner_slots(self.case.runner, batch)
         return batch
 
     def capture(self) -> GraphRunner:
@@ -300,9 +302,9 @@ class GraphRunner:
             max_seq_len_host=getattr(batch, "max_seq_len_host", None),
             encoder_lens=None,
             out_cache_loc=b.out_cache_loc[:n],
-            out_cache_loc_virtual=batch.out_cache_loc_virtual,
-            kv_loc_plan=batch.kv_loc_plan,
-            kv_loc_cols=batch.kv_loc_cols,
+            out_cache_loc_virtual=getattr(batch, "out_cache_loc_virtual", None),
+            kv_loc_plan=getattr(batch, "kv_loc_plan", None),
+            kv_loc_cols=getattr(batch, "kv_loc_cols", None),
             out_cache_loc_dsv4=getattr(batch, "out_cache_loc_dsv4", None),
             mamba_track_indices=None,
             spec_info=batch.spec_info,

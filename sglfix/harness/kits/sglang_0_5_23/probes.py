@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from .environment import bind_own_plan
+
 __all__ = [
     "KIT_HIDDEN_SIZE",
     "KIT_VOCAB_SIZE",
@@ -228,7 +230,7 @@ def build_eagle_draft(scenario: Any, *, device: str) -> DraftSetup:
     )
     adapter.prepare_replay_state(fixture, case, draft_inputs, settings)
     batch = adapter.make_forward_batch(case, draft_inputs, settings)
-    fixture.runner.kv_index_translator.bind_own_plan(batch)
+    bind_own_plan(fixture.runner, batch)
     return DraftSetup(
         fixture=fixture,
         worker=worker,

@@ -52,7 +52,12 @@ class EaglePrefillTail:
             length = p + e + (max(1, e) if i == chunked else 0)
             prompt = torch.randint(0, half, (length,), generator=gen).tolist()
             req = Req(f"sglfix-probe-{i}", "", array("q", prompt), SamplingParams(), vocab_size=VOCAB_SIZE)
-            req.extend_end = p + e  # this round extends fill ids [prefix, prefix + extend)
+            # This round extends fill ids [prefix, prefix + extend): 0.5.22 on keeps the end,
+            # 0.5.18-0.5.21 a range set through set_extend_range.
+            if hasattr(req, "set_extend_range"):
+                req.set_extend_range(p, p + e)
+            else:
+                req.extend_end = p + e
             prompts.append(prompt)
             reqs.append(req)
         input_ids = torch.tensor(
