@@ -352,8 +352,8 @@ def _follow_installed(asked: str, engine: list[Profile], *, what: str) -> Profil
         ):
             raise ConfigError(
                 f"{what} {asked}: {newest.package} {here.version} is installed ({here.path}), older than every "
-                f"profile (the oldest, {oldest.name}, covers {oldest.versions or oldest.version}); install "
-                f"{oldest.distribution}=={oldest.version} or newer, or write a profile for it (README, Profiles)"
+                f"profile (the oldest, {oldest.name}, covers {oldest.versions or oldest.version}); install a "
+                f"{oldest.distribution} it covers, or write a profile for it (README, Profiles)"
             )
         chosen, beyond = newest, here.version
     followed = copy.copy(chosen)
