@@ -54,7 +54,7 @@ def _main(
         None,
         "--wheels",
         metavar="DIR",
-        help="With --release: take the release and the light packages it pins from this directory of wheels (offline), not the package index.",
+        help="With --release (or bisect --releases): take the releases and the light packages they pin from this directory of wheels (offline), not the package index.",
     ),
     allow_target: list[str] = typer.Option(
         [], "--allow-target", metavar="PREFIX", help="Also allow patch targets under this module prefix (repeatable)."
@@ -76,7 +76,9 @@ def _main(
                 f"--allow-target {prefix!r} is not a module prefix; give a dotted module name like mypkg.kernels"
             )
     if wheels is not None and release is None:
-        raise ConfigError("--wheels DIR holds the wheels of --release VERSION: give --release with it")
+        if ctx.invoked_subcommand != "bisect":
+            raise ConfigError("--wheels DIR holds the wheels of --release VERSION: give --release with it")
+        opts.wheels = wheels  # bisect --releases A..B takes its releases from there
     if release is not None:
         profile = _use_release(release, wheels=wheels, profile=profile, toggles=toggles)
     if profile is not None:

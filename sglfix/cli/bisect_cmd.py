@@ -14,7 +14,7 @@ from sglfix.cli.layout import named_rows
 from sglfix.cli.options import SCALE, SELECT, takes
 from sglfix.common.errors import ConfigError
 
-BISECT_OPTIONS = ("candidates", *SELECT, *SCALE, "no_reachability", "env_baseline", "show_all")
+BISECT_OPTIONS = ("candidates", *SELECT, *SCALE, "no_reachability", "env_baseline", "show_all", "releases")
 
 
 def _candidates(registry, given: list[str]) -> list[str]:
@@ -49,6 +49,13 @@ def bisect_cmd(ctx: typer.Context, **given: Any) -> None:
     from sglfix.report.output import write_json
 
     opts = options(ctx)
+    if given["releases"] is not None:
+        from sglfix.cli.release_bisect_cmd import bisect_releases
+
+        bisect_releases(opts, given)
+        return
+    if opts.wheels is not None:
+        raise ConfigError("--wheels DIR holds the wheels of --release VERSION or bisect --releases A..B: give one")
     json_file = given["json_file"]
     outputs = Outputs(json=json_file, junit=given["junit"], markdown=given["markdown"])
     outputs.check()

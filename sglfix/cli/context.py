@@ -36,6 +36,7 @@ class Options:
     allow: tuple[str, ...] = ()
     debug: bool = False
     argv: list[str] = field(default_factory=list)
+    wheels: str | None = None  # --wheels DIR without --release: bisect --releases takes its releases there
 
     def allowed_prefixes(self) -> tuple[str, ...] | None:
         if not self.allow:

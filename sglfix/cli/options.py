@@ -167,6 +167,23 @@ MemoryBudget = Annotated[
     ),
 ]
 
+Releases = Annotated[
+    str | None,
+    typer.Option(
+        "--releases",
+        metavar="A..B",
+        help="Bisect releases, not reverts: the first sglang release from A to B whose verdicts differ from A's, and what changed there.",
+    ),
+]
+ReachFile = Annotated[
+    str | None,
+    typer.Option(
+        "--reach-file",
+        metavar="FILE",
+        help="Also record which of these functions (one dotted path per line) each cell entered: the report's reached.",
+    ),
+]
+
 
 def _reverts(help: str) -> Any:
     """``--revert/-r ID`` (repeatable, ids completed); ``help`` says what the command does with them."""
@@ -210,6 +227,8 @@ OPTIONS: dict[str, tuple[Any, Any]] = {
     "no_reachability": (NoReachability, False),
     "env_baseline": (EnvBaseline, False),
     "show_all": (ShowAll, False),
+    "reach_file": (ReachFile, None),
+    "releases": (Releases, None),
 }
 
 

@@ -19,8 +19,9 @@ from sglfix.cli.common import (
 )
 from sglfix.cli.context import err, options, out
 from sglfix.cli.options import SCALE, SELECT, takes
+from sglfix.common.errors import ConfigError
 
-RUN_OPTIONS = ("revert", *SELECT, *SCALE, "show_all")
+RUN_OPTIONS = ("revert", *SELECT, *SCALE, "show_all", "reach_file")
 
 
 @takes(*RUN_OPTIONS)
@@ -39,7 +40,8 @@ def run_cmd(ctx: typer.Context, **given: Any) -> None:
     def build_plan(chosen, *, registry, env_ids):
         return plan_run(chosen, revert=ids, env_ids=env_ids, registry=registry)
 
-    ran = run_plan(opts, Settings.of(given), outputs=outputs, build_plan=build_plan, what="run")
+    record = _reach_targets(given["reach_file"])
+    ran = run_plan(opts, Settings.of(given, record=record), outputs=outputs, build_plan=build_plan, what="run")
     results = ran.results
     # The same judgement as the matrix's, in findings mode: a known divergence of the profile
     # (an upstream bug the baseline shows too) is marked, listed, and fails nothing.
@@ -61,3 +63,22 @@ def run_cmd(ctx: typer.Context, **given: Any) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("run")(run_cmd)
+
+
+def _reach_targets(path: str | None) -> tuple[str, ...]:
+    """The dotted paths ``--reach-file`` lists (blank lines and ``#`` comments left out)."""
+    if path is None:
+        return ()
+    import re
+
+    from sglfix.common.yamlio import read_text_file
+
+    names = []
+    for number, line in enumerate(read_text_file(path, what="--reach-file").splitlines(), start=1):
+        name = line.split("#", 1)[0].strip()
+        if not name:
+            continue
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", name):
+            raise ConfigError(f"--reach-file {path}:{number}: {name!r} is not a dotted path like pkg.mod.Class.method")
+        names.append(name)
+    return tuple(dict.fromkeys(names))

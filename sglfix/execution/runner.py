@@ -249,6 +249,12 @@ class Runner:
                     from sglfix.execution.reach import run_reaching
 
                     results = run_reaching(pool, plan.cells, base=plan.sets[0], registry=registry, on_result=tick)
+                elif self.settings.record:
+                    from sglfix.execution.reach import RecordingCell
+
+                    record = tuple(self.settings.record)
+                    cells = [RecordingCell(c.scenario, tuple(c.toggles), record) for c in plan.cells]
+                    results = pool.run(cells, on_result=tick)
                 else:
                     results = pool.run(plan.cells, on_result=tick)
             wall = time.perf_counter() - start

@@ -31,6 +31,7 @@ class Settings(BaseModel):
     shard_costs: str | None = None  # a report whose cell timings balance the shards
     reachability: bool = False  # run the baseline first; cells it shows unreached are NOT_REACHED
     env_baseline: bool | None = None  # None: a run (its reverts add to the variable's by design)
+    record: tuple[str, ...] = ()  # functions whose entry each cell records (run --reach-file)
 
     @classmethod
     def of(cls, given: Mapping[str, Any], **fixed: Any) -> Settings:

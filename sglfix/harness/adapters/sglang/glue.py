@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglfix.harness.adapters.base import Unavailable
+from sglfix.harness.kits import kit as _kit
 
 __all__ = ["GlueInputs", "glue_inputs", "run_glue"]
 
@@ -33,16 +34,21 @@ def _configure_draft_runner(runner: Any) -> None:
     ``ModelConfig`` computes it (the kit's production draft harness fills ``vocab_size`` and
     ``dtype`` likewise), and the runner's feature managers, made by ``ModelRunner``'s own init
     methods (the kit's stand-in skips ``ModelRunner.__init__``); LoRA off, as ``__init__`` leaves it."""
-    from sglang.srt.configs.model_config import requires_mm_token_modalities
+    from sglang.srt.configs import model_config
 
     config, hf = runner.model_config, runner.model_config.hf_config
     config.vocab_size = hf.vocab_size = _VOCAB
     config.dtype = runner.dtype
-    config.requires_mm_token_modalities = requires_mm_token_modalities(hf.architectures, config.hf_text_config)
+    requires = getattr(model_config, "requires_mm_token_modalities", None)  # 0.5.20 on
+    if requires is not None:
+        config.requires_mm_token_modalities = requires(hf.architectures, config.hf_text_config)
     config.use_ngram_embedding = getattr(hf, "use_ngram_embedding", False)
     config.ngram_embedding_n = hf.ngram_embedding_n if config.use_ngram_embedding else 0
     config.use_engram = bool(getattr(hf, "engram_layer_ids", ()))
     runner.lora_manager = None
+    _kit("attention").single_rank_moe()
+    if not hasattr(config, "model_is_mrope"):  # 0.5.18-0.5.19's ForwardBatch.init_new reads it
+        config.model_is_mrope = False
     if not hasattr(runner, "attn_dcp_size"):  # 0.5.21's ForwardBatch.init_new reads it; the kit's stand-in lacks it
         runner.attn_dcp_size = 1
     runner.init_ngram_embedding_manager()

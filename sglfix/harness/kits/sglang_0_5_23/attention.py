@@ -26,7 +26,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .environment import bind_own_plan
+from .environment import bind_own_plan, single_rank_moe
 
 __all__ = [
     "DENSE",
@@ -41,6 +41,7 @@ __all__ = [
     "prepare_target_verify_batch",
     "restore_server_args",
     "set_draft_extend_v2_prefix_lens",
+    "single_rank_moe",
 ]
 
 KIT_VERSION = "0.5.23"

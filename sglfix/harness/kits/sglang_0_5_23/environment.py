@@ -42,6 +42,25 @@ def prepare() -> None:
     _PREPARED = True
 
 
+def single_rank_moe() -> None:
+    """0.5.18-0.5.19 derive the MoE expert-parallel width from process groups that a
+    single-process kit never builds (later releases compute it from the published server args);
+    held at one rank, as the kit holds the attention tensor-parallel width. Asked for by each cell
+    that builds a forward batch (a worker restores sglang's state between cells)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    global _MOE_OVERRIDE
+    try:
+        get_parallel().moe_ep_size  # noqa: B018 - the read is the check
+    except RuntimeError:
+        # Kept referenced: a collected override generator restores the values it replaced.
+        _MOE_OVERRIDE = get_parallel().override(moe_ep_size=1)
+        _MOE_OVERRIDE.__enter__()
+
+
+_MOE_OVERRIDE: Any = None
+
+
 def has_cuda() -> bool:
     return torch.cuda.is_available()
 
@@ -79,14 +98,14 @@ class FixtureTestCase:
 
 def bind_own_plan(runner: Any, batch: Any) -> None:
     """Bind ``batch`` to a plan of its final fields where the release has plans (0.5.22 on): the
-    KV index translator of 0.5.18-0.5.21 reads the batch's fields directly."""
-    bind = getattr(runner.kv_index_translator, "bind_own_plan", None)
+    KV index translator of 0.5.19-0.5.21 reads the batch's fields directly, 0.5.18 has none."""
+    bind = getattr(getattr(runner, "kv_index_translator", None), "bind_own_plan", None)
     if bind is not None:
         bind(batch)
 
 
 def bind_runner_slots(runner: Any, batch: Any) -> None:
     """Bind a batch a graph runner builds over its own buffers (0.5.22 on; see ``bind_own_plan``)."""
-    bind = getattr(runner.kv_index_translator, "bind_runner_slots", None)
+    bind = getattr(getattr(runner, "kv_index_translator", None), "bind_runner_slots", None)
     if bind is not None:
         bind(batch)

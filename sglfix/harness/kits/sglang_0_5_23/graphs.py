@@ -91,11 +91,12 @@ class GraphRunner:
     def _seq_len_fill_value(self) -> int:
         """Padded rows' seq_lens, as each of sglang's runners resolves it."""
         if self.case.scenario.mode == "DRAFT_EXTEND_V2":
-            from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
-                resolve_draft_extend_seq_len_fill_value,
-            )
+            from sglang.srt.speculative import eagle_draft_extend_cuda_graph_runner as runner
 
-            return resolve_draft_extend_seq_len_fill_value(self.backend, self.width)
+            # 0.5.20 on widens it for a DSA KPool; before, the runner took the backend's value.
+            resolve = getattr(runner, "resolve_draft_extend_seq_len_fill_value", None)
+            if resolve is not None:
+                return resolve(self.backend, self.width)
         return self.backend.get_cuda_graph_seq_len_fill_value()
 
     def _static_buffers(self) -> SimpleNamespace:
@@ -261,19 +262,24 @@ class GraphRunner:
 
     def _decode_view(self, batch: Any, *, raw_bs: int, bs: int) -> Any:
         """Decode / verify: the decode graph runner's own replay view."""
+        import inspect
+
         from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
 
         n = bs * self.width
+        extra = {}
+        if "global_num_tokens_cpu" in inspect.signature(build_replay_fb_view).parameters:  # 0.5.20 on
+            extra["global_num_tokens_cpu"] = None
         return build_replay_fb_view(
             forward_batch=batch,
             buffers=self.buffers,
             bs=bs,
             raw_bs=raw_bs,
             num_tokens=n,
-            global_num_tokens_cpu=None,
             seq_len_fill_value=self.fill,
             capture_forward_mode=self.case.mode,
             is_encoder_decoder=False,
+            **extra,
         )
 
     def _draft_extend_view(self, batch: Any, *, raw_bs: int, bs: int) -> Any:
