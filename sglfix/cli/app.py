@@ -193,9 +193,20 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in args or os.environ.get("SGLFIX_DEBUG") == "1"
     # --debug is global: accepted after the command too, removed before typer parses the line.
     args = [a for a in args if a != "--debug"]
-    args = _hoist_profile(args)
-    opts = Options(debug=debug, argv=["sglfix", *args])
-    sys.exit(_invoke(args, opts=opts, debug=debug) or 0)
+    # --git-bisect is global too: the exit codes `git bisect run` reads (see _bisect_code).
+    git_bisect = "--git-bisect" in args
+    args = _hoist_profile([a for a in args if a != "--git-bisect"])
+    opts = Options(debug=debug, argv=["sglfix", *args], git_bisect=git_bisect)
+    code = _invoke(args, opts=opts, debug=debug) or 0
+    sys.exit(_bisect_code(code) if git_bisect else code)
+
+
+def _bisect_code(code: int) -> int:
+    """What ``git bisect run`` must read: 0 good, 1 bad, 125 this commit cannot be tested (sglfix
+    refused it before any cell: no profile covers its version, a scenario, backend or revert it
+    does not have), never 2 (git would read bad). The commands that run cells say 125 themselves
+    for an ERROR cell or a revert that no longer applies there."""
+    return 125 if code == 2 else code
 
 
 def _invoke(args: list[str], *, opts: Options, debug: bool) -> int | None:

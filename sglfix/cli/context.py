@@ -37,6 +37,7 @@ class Options:
     debug: bool = False
     argv: list[str] = field(default_factory=list)
     wheels: str | None = None  # --wheels DIR without --release: bisect --releases takes its releases there
+    git_bisect: bool = False  # --git-bisect: exit 125 where the commit cannot be tested (sglfix.cli.app)
 
     def allowed_prefixes(self) -> tuple[str, ...] | None:
         if not self.allow:

@@ -30,6 +30,7 @@ def run_cmd(ctx: typer.Context, **given: Any) -> None:
     from sglfix.execution.known import load_known
     from sglfix.execution.planner import plan_run
     from sglfix.execution.settings import Settings
+    from sglfix.report.meaning import Meaning
 
     opts = options(ctx)
     json_file = given["json_file"]
@@ -57,6 +58,11 @@ def run_cmd(ctx: typer.Context, **given: Any) -> None:
     (err if json_file == "-" else out).print(
         summary_line(what, results, wall=ran.wall, outcome=judgement.outcome(), outputs=outputs)
     )
+    if opts.git_bisect and (judgement.count(Meaning.ERROR) or judgement.drifted):
+        # sglfix could not drive this commit's code (or a revert asked for is not there): neither
+        # good nor bad, which git bisect run reads from 125.
+        err.print("sglfix: --git-bisect: this commit cannot be tested (exit 125)", highlight=False, markup=False)
+        raise typer.Exit(125)
     if judgement.exit_code:
         raise typer.Exit(judgement.exit_code)
 
