@@ -127,9 +127,10 @@ def main() -> int:
                 _plant(wheel, planted)
             else:
                 os.symlink(wheel, planted / wheel.name)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(planted), *LIGHT], check=True
-        )
+        for pin in LIGHT:  # one at a time: two pins of one package are no conflict here
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(planted), pin], check=True
+            )
         for w in planted.glob("*.whl"):
             if not w.name.startswith("sglang-") and not (real / w.name).exists():
                 shutil.copy(w, real / w.name)

@@ -26,7 +26,7 @@ def _newcomer(tmp_path: Path) -> dict[str, str]:
     folder = profiles / NEW
     shutil.copytree(ROOT / "profiles" / BUILTIN, folder, ignore=shutil.ignore_patterns("__pycache__"))
     record = (folder / "profile.toml").read_text()
-    record = record.replace('versions = ">=0.5.22,<0.5.24"', 'versions = ">=0.5.99"')
+    record = re.sub(r'(?m)^versions = ".*"$', 'versions = ">=0.5.99"', record)
     record = record.replace('kit = "sglfix.harness.kits.sglang_0_5_23"', 'kit = "kit_sglang_0_5_99"')
     (folder / "profile.toml").write_text(record.replace("0.5.23", "0.5.99"))
     kits = tmp_path / "kits"
