@@ -44,7 +44,7 @@ def parse_range(text: str, *, option: str = "--releases") -> tuple[str, str]:
 
     lo, sep, hi = text.partition("..")
     if not sep or not lo.strip() or not hi.strip():
-        raise ConfigError(f"{option} {text!r}: give a range of releases like 0.5.19..0.5.23")
+        raise ConfigError(f"{option} {text!r}: give a range of releases like 0.5.19..0.5.22")
     lo, hi = check_version(lo, option=option), check_version(hi, option=option)
     from packaging.version import Version
 
