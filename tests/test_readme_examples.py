@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sglfix.cli.app import LINE_FLAGS
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, re.S | re.M)
@@ -110,7 +112,7 @@ def _check_sglfix(args: list[str]) -> None:
         # Global options (and their values) may come first.
         while rest and rest[0].startswith("-"):
             opt = rest.pop(0).split("=", 1)[0]
-            assert opt in global_opts | {"--debug"}, f"{' '.join(path)}: no global option {opt}"
+            assert opt in global_opts | set(LINE_FLAGS), f"{' '.join(path)}: no global option {opt}"
             param = next((p for p in root.params if opt in p.opts), None)
             if param is not None and not getattr(param, "is_flag", False) and rest and "=" not in opt:
                 rest.pop(0)
@@ -119,7 +121,7 @@ def _check_sglfix(args: list[str]) -> None:
         sub = cmd.commands.get(name)
         assert sub is not None, f"{' '.join(path)} has no command {name!r} (has {', '.join(sorted(cmd.commands))})"
         cmd, path = sub, path + [name]
-    allowed = _options(cmd) | global_opts | {"--debug"}
+    allowed = _options(cmd) | global_opts | set(LINE_FLAGS)
     for tok in rest:
         if tok.startswith("-") and tok not in ("-",) and not re.match(r"^-\d", tok):
             opt = tok.split("=", 1)[0].rstrip(",")

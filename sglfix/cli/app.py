@@ -21,7 +21,9 @@ from sglfix.common.errors import ConfigError, SglfixError
 app = typer.Typer(
     add_completion=True,
     no_args_is_help=False,
-    help="Revert historical attention-metadata fixes and see which one causes which divergence.",
+    help="Revert historical attention-metadata fixes and see which one causes which divergence. "
+    "--git-bisect (anywhere on the line): exit as git bisect run reads it, 0 good, 1 bad, 125 this "
+    "commit cannot be tested.",
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
@@ -162,6 +164,9 @@ def _click_exception_type() -> type:
     return ClickException
 
 
+# Flags read from the whole line and removed before typer parses it (they hold for every command).
+LINE_FLAGS = ("--debug", "--git-bisect")
+
 # Global options accepted after the command too (``sglfix doctor --profile NAME``).
 _GLOBAL_WITH_VALUE = ("--profile", "--release", "--wheels")
 
@@ -194,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     # --debug is global: accepted after the command too, removed before typer parses the line.
     args = [a for a in args if a != "--debug"]
     # --git-bisect is global too: the exit codes `git bisect run` reads (see _bisect_code).
-    git_bisect = "--git-bisect" in args
+    git_bisect = LINE_FLAGS[1] in args
     args = _hoist_profile([a for a in args if a != "--git-bisect"])
     opts = Options(debug=debug, argv=["sglfix", *args], git_bisect=git_bisect)
     code = _invoke(args, opts=opts, debug=debug) or 0

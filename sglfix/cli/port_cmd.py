@@ -36,6 +36,7 @@ def port_cmd(
     write: bool = typer.Option(False, "--write", help="Write the ported and absent parts as variants of the profile."),
     json_file: str | None = typer.Option(None, "--json", metavar="FILE", help="Write the result as JSON."),
 ) -> None:
+    """Re-anchor the profile's reverts onto another release's source; --write keeps them as variants."""
     from sglfix.codebases.installed import installed
     from sglfix.common.codebase import package_dir
     from sglfix.report.output import check_output_path, write_json
