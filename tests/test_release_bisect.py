@@ -76,8 +76,8 @@ def test_changed_functions_compares_each_function_of_the_modules(tmp_path):
         )
     changed = changed_functions(tmp_path / "good", tmp_path / "bad", ["pkgx.mod"])
     assert list(changed) == ["pkgx.mod.C.f"]
-    old, new, line = changed["pkgx.mod.C.f"]
-    assert "x + 1" in old and "x + 2" in new and line == 5
+    c = changed["pkgx.mod.C.f"]
+    assert "x + 1" in c.old and "x + 2" in c.new and c.line == 5 and c.file == "pkgx/mod.py"
 
 
 def test_bad_ranges_are_one_line_before_anything_runs():

@@ -37,7 +37,7 @@ def port_cmd(
     json_file: str | None = typer.Option(None, "--json", metavar="FILE", help="Write the result as JSON."),
 ) -> None:
     """Re-anchor the profile's reverts onto another release's source; --write keeps them as variants."""
-    from sglfix.codebases.installed import installed
+    from sglfix.codebases.installed import installed, version_of_tree
     from sglfix.common.codebase import package_dir
     from sglfix.report.output import check_output_path, write_json
     from sglfix.toggling.port import port_registry
@@ -56,7 +56,7 @@ def port_cmd(
         root, here = Path(where).parent, installed(profile)
         version = here.version if here else None
     else:
-        root, version = Path(source), _version_of(Path(source), profile)
+        root, version = Path(source), version_of_tree(source, profile)
     if not (root / profile.package).is_dir():
         raise ConfigError(f"--source {root}: no {profile.package}/ folder there; give the folder that holds it")
     if versions is None:
@@ -103,12 +103,6 @@ def port_cmd(
         )
     if counts["failed"]:
         raise typer.Exit(1)
-
-
-def _version_of(root: Path, profile) -> str | None:
-    from sglfix.codebases.installed import version_of_tree
-
-    return version_of_tree(str(root), profile)
 
 
 def _write(toggles_dir: str, registry, results, *, versions: str, ported_from: str | None) -> list[str]:

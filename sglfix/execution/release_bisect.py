@@ -24,10 +24,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from sglfix.common.errors import ConfigError
 
 __all__ = [
+    "Changed",
     "ReleaseRun",
     "ReleaseSearch",
     "changed_functions",
@@ -252,10 +254,19 @@ def run_release(
     )
 
 
-def changed_functions(good_root: Path, bad_root: Path, modules: Sequence[str]) -> dict[str, tuple[str, str, int]]:
+class Changed(NamedTuple):
+    """A function as the last good and the first bad release have it."""
+
+    old: str  # its source in the good release ('' where it had none)
+    new: str  # its source in the bad release
+    line: int  # its first line there
+    file: str  # its module's file, relative to the release root
+
+
+def changed_functions(good_root: Path, bad_root: Path, modules: Sequence[str]) -> dict[str, Changed]:
     """Functions of ``modules`` whose source differs between the two release roots (or that only
-    the bad one has): dotted name -> (old source, new source, first line in the bad release)."""
-    out: dict[str, tuple[str, str, int]] = {}
+    the bad one has), by dotted name."""
+    out: dict[str, Changed] = {}
     for module in dict.fromkeys(modules):
         rel = Path(*module.split("."))
         new_file = next((f for f in (bad_root / f"{rel}.py", bad_root / rel / "__init__.py") if f.is_file()), None)
@@ -270,7 +281,7 @@ def changed_functions(good_root: Path, bad_root: Path, modules: Sequence[str]) -
         for name, (source, line) in _functions(new_text, module).items():
             before = old.get(name, ("", 0))[0]
             if before != source:
-                out[name] = (before, source, line)
+                out[name] = Changed(before, source, line, str(new_file.relative_to(bad_root)))
     return out
 
 
@@ -297,34 +308,19 @@ def _functions(text: str, module: str) -> dict[str, tuple[str, int]]:
     return found
 
 
-def reached_diff(
-    good: ReleaseRun, bad: ReleaseRun, changed: dict[str, tuple[str, str, int]], reached: Sequence[str]
-) -> list[dict]:
+def reached_diff(good: ReleaseRun, bad: ReleaseRun, changed: dict[str, Changed], reached: Sequence[str]) -> list[dict]:
     """The changed functions the differing cells reached: each with its file and line in the first
     bad release and the unified diff from the last good one."""
     out: list[dict] = []
     for name in sorted(set(reached) & set(changed)):
-        old, new, line = changed[name]
-        module = name.rsplit(".", 1)[0]
-        where = _file_of(name, Path(bad.path).parent) or module
-        rel = os.path.relpath(where, Path(bad.path).parent) if os.path.isabs(where) else where
+        c = changed[name]
         diff = "".join(
             difflib.unified_diff(
-                old.splitlines(keepends=True),
-                new.splitlines(keepends=True),
-                fromfile=f"{good.version}/{rel}",
-                tofile=f"{bad.version}/{rel}",
+                c.old.splitlines(keepends=True),
+                c.new.splitlines(keepends=True),
+                fromfile=f"{good.version}/{c.file}",
+                tofile=f"{bad.version}/{c.file}",
             )
         )
-        out.append({"function": name, "file": rel, "line": line, "diff": diff})
+        out.append({"function": name, "file": c.file, "line": c.line, "diff": diff})
     return out
-
-
-def _file_of(name: str, root: Path) -> str | None:
-    parts = name.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        base = root.joinpath(*parts[:cut])
-        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-            if candidate.is_file():
-                return str(candidate)
-    return None

@@ -163,6 +163,7 @@ class Runner:
             if selections:
                 precheck_selections(selections, package=cb.package, allowed_prefixes=self.target.allowed_prefixes)
 
+        inherited = registry.absent(self.env)
         left_out: set[tuple[str, ...]] = set()
         for toggles in dict.fromkeys(tuple(c.toggles) for c in plan.cells):
             absent = registry.absent(toggles)
@@ -170,7 +171,6 @@ class Runner:
                 # A fix this release predates (or code it does not have): no revert exists here,
                 # which is no finding; the set is left out and named. Inherited, it is a baseline
                 # the run cannot have: refused.
-                inherited = registry.absent(self.env)
                 if inherited:
                     from sglfix.toggling import ENV_VAR
 
