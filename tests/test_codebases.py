@@ -26,7 +26,7 @@ def _fake_sglang(root, version: str):
 
 @pytest.mark.parametrize("command", [["run", "-s", "*"], ["matrix"], ["bisect"], ["doctor"]])
 def test_another_sglang_version_is_one_line_naming_both_before_any_worker(tmp_path, command):
-    fake = _fake_sglang(tmp_path / "site", "0.5.18")  # older than the profile's range
+    fake = _fake_sglang(tmp_path / "site", "0.5.12")  # older than the profile's range (no kit before 0.5.13)
     t0 = time.monotonic()
     r = (
         run_cli(
@@ -41,7 +41,7 @@ def test_another_sglang_version_is_one_line_naming_both_before_any_worker(tmp_pa
         else run_cli(*command, "--profile", "sglang-0.5.23", env={"PYTHONPATH": str(fake)})
     )
     line = assert_one_line_error(
-        r, "sglang 0.5.23", "sglang 0.5.18 is installed", str(fake / "sglang"), "sglang==0.5.23"
+        r, "sglang 0.5.23", "sglang 0.5.12 is installed", str(fake / "sglang"), "sglang==0.5.23"
     )
     assert "--profile sglang-0.5.23" in line
     assert time.monotonic() - t0 < 60  # no worker booted: importing torch alone takes seconds

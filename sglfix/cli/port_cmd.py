@@ -67,7 +67,11 @@ def port_cmd(
         version_range(versions)
     except ConfigError as exc:
         raise ConfigError(f"--versions: {exc}") from None
-    registry = load_registry(profile.toggles_dir, own=True)
+    # At a known version, a part that already has a variant there is checked as it is.
+    known = bool(version) and version != "unknown"
+    registry = (
+        load_registry(profile.toggles_dir, version=version) if known else load_registry(profile.toggles_dir, own=True)
+    )
     results = port_registry(registry, source_dir=root)
     for r in results:
         line = f"{_STATUS[r.status]:<10} {r.id}"
@@ -115,7 +119,7 @@ def _write(toggles_dir: str, registry, results, *, versions: str, ported_from: s
 
     by_toggle: dict[int, dict[str, dict]] = {}
     for r in results:
-        if r.status not in ("ported", "absent"):
+        if r.status not in ("ported", "absent") or r.variant:
             continue
         pr, _, part = r.id.partition(":")
         entry: dict = {"versions": versions}

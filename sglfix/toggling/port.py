@@ -43,13 +43,17 @@ class PartPort:
     patches: tuple[PatchSpec, ...] = ()
     why: str = ""
     changed: list[str] = field(default_factory=list)  # "target edit #n" re-anchored
+    # The range of the part's variant this result is (the profile already has it): nothing to write.
+    variant: str = ""
 
     def to_json(self) -> dict:
-        return {"id": self.id, "status": self.status, "why": self.why, "changed": self.changed}
+        return {"id": self.id, "status": self.status, "why": self.why, "changed": self.changed, "variant": self.variant}
 
 
 def port_registry(registry: Registry, *, source_dir: Path) -> list[PartPort]:
-    """Every part of ``registry`` (its own patches) against the release at ``source_dir``."""
+    """Every part of ``registry`` against the release at ``source_dir``: a part that already has a
+    variant there (the registry loaded at that release's version) is checked as it is, the others
+    are ported from their own patches."""
     return [
         port_part(f"{t.pr}:{name}" if len(t.parts) > 1 else t.id, part, source_dir=source_dir)
         for t in registry
@@ -58,6 +62,18 @@ def port_registry(registry: Registry, *, source_dir: Path) -> list[PartPort]:
 
 
 def port_part(pid: str, part: Part, *, source_dir: Path) -> PartPort:
+    if part.variant is not None:
+        if part.absent is not None:
+            return PartPort(pid, "absent", why=part.absent, variant=part.variant)
+        try:
+            _static_apply(list(part.patches), source_dir)
+        except SglfixError as exc:
+            return PartPort(
+                pid, "failed", why=f"its variant for {part.variant} does not apply: {str(exc).splitlines()[0]}"
+            )
+        return PartPort(
+            pid, "applies", patches=part.patches, why=f"(its variant for {part.variant})", variant=part.variant
+        )
     try:
         _static_apply(list(part.patches), source_dir)
         return PartPort(pid, "applies", patches=part.patches)

@@ -44,6 +44,8 @@ class VariantFile(StrictModel):
     absent: str | None = None
     # The version whose patches these were re-anchored from (``sglfix toggle port``), for the reader.
     ported_from: str = ""
+    # For the reader: why a hand-written variant reads as it does (what moved in that code).
+    note: str = ""
 
     @model_validator(mode="after")
     def _patches_or_absent(self) -> VariantFile:

@@ -75,10 +75,10 @@ class DeepseekV4DraftAdapter(AdapterBase):
         return Prepared(case=case, num_slots=case.num_slots)
 
     def make_backend(self, prepared: Prepared) -> Any:
-        from sglang.srt.speculative.draft_utils import DraftBackendFactory
+        from sglfix.harness.kits import kit
 
         case = prepared.case
-        return DraftBackendFactory(case.runner, case.topk, case.num_steps).create_decode_backend()
+        return kit("drafts").draft_backend_factory(case.runner, case.topk, case.num_steps).create_decode_backend()
 
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
         return None

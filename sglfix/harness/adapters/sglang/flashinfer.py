@@ -100,8 +100,6 @@ class FlashInferDraftAdapter(AdapterBase):
         import contextlib
         import importlib
 
-        from sglang.srt.speculative.draft_utils import DraftBackendFactory
-
         from sglfix.harness.kits import kit as _kit
 
         kit = _kit("drafts")
@@ -116,7 +114,7 @@ class FlashInferDraftAdapter(AdapterBase):
                 stack.enter_context(kit.lift_mla_topk_gate())
                 case.notes.append(kit.MLA_GATE_NOTE)
             stack.enter_context(case.allocs)
-            backend = DraftBackendFactory(case.runner, case.topk, case.num_steps).create_decode_backend()
+            backend = kit.draft_backend_factory(case.runner, case.topk, case.num_steps).create_decode_backend()
         backend._sglfix_case = case  # for static_buffers: the guard zones of this backend's allocations
         if not case.host:
             observe_steps(backend, case.tables)

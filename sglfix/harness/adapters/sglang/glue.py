@@ -51,6 +51,12 @@ def _configure_draft_runner(runner: Any) -> None:
         config.model_is_mrope = False
     if not hasattr(runner, "attn_dcp_size"):  # 0.5.21's ForwardBatch.init_new reads it; the kit's stand-in lacks it
         runner.attn_dcp_size = 1
+    # 0.5.16-0.5.17's stand-in lacks what the manager's init passes along (read only with ngram
+    # embedding on, off here): the pool's size is the running-request bound ModelRunner gives it.
+    if not hasattr(runner, "model"):
+        runner.model = None
+    if not hasattr(runner, "max_running_requests"):
+        runner.max_running_requests = runner.req_to_token_pool.size
     runner.init_ngram_embedding_manager()
     if hasattr(runner, "maybe_init_watermark_state"):  # 0.5.22 on
         runner.maybe_init_watermark_state()
@@ -94,12 +100,11 @@ def run_glue(*, case: Any, backend: Any, graph_runner: Any) -> Any:
     """The production spec-v2 draft-extend glue on the pre-step state: decides the CPU mirrors as
     the scheduler does (gpu_only: the draft-extend slot unset), bumps ``seq_lens`` and, unless a
     graph runner takes the batch, runs the backend's eager metadata init. Returns its ForwardBatch."""
-    from sglang.srt.managers.overlap_utils import decide_needs_cpu_seq_lens
     from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
     from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
 
     glue, ndt = case.glue, case.scenario.spec.num_draft_tokens
-    if case.scenario.gpu_only and decide_needs_cpu_seq_lens([backend, None]):
+    if case.scenario.gpu_only and _kit("attention").decide_needs_cpu_seq_lens([backend, None]):
         raise Unavailable("the scheduler keeps CPU seq_lens for this backend set: not a gpu_only batch")
     draft_extend_input = EagleDraftExtendInput(
         hidden_states=None,

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .environment import bind_own_plan, single_rank_moe
+from .environment import bind_own_plan, decide_needs_cpu_seq_lens, single_rank_moe
 
 __all__ = [
     "DENSE",
@@ -34,6 +34,7 @@ __all__ = [
     "KIT_VERSION",
     "TARGET_VERIFY",
     "bind_own_plan",
+    "decide_needs_cpu_seq_lens",
     "make_case",
     "make_draft_extend_v2_input",
     "make_forward_batch",

@@ -29,7 +29,7 @@ from .allocations import SGLANG_ROOT, CudaAllocations, GuardedBuffer
 from .draft_batches import make_capture_batch, make_draft_batch, pad_for_replay
 from .draft_cases import DSV4_PAGE_SIZE, DraftCase, build_dsv4_draft, build_flashinfer_draft
 from .draft_extend import build_trtllm_draft_extend, trtllm_capture_batch, trtllm_replay_view
-from .environment import flash_mla_available, flashinfer_available, has_cuda, prepare
+from .environment import draft_backend_factory, flash_mla_available, flashinfer_available, has_cuda, prepare
 from .host_steps import MLA_GATE_NOTE, HostStepRecorder, host_step_children, lift_mla_topk_gate, mla_steps_recorded
 from .slots import DraftSlots, PagedSlots
 
@@ -46,6 +46,7 @@ __all__ = [
     "build_dsv4_draft",
     "build_flashinfer_draft",
     "build_trtllm_draft_extend",
+    "draft_backend_factory",
     "flash_mla_available",
     "flashinfer_available",
     "has_cuda",

@@ -4,13 +4,25 @@ draft adapters ask for, and the unittest stand-in the kit's fixtures take."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["FixtureTestCase", "flash_mla_available", "flashinfer_available", "has_cuda", "prepare"]
+__all__ = [
+    "FixtureTestCase",
+    "context_kept",
+    "decide_needs_cpu_seq_lens",
+    "draft_backend_factory",
+    "flash_mla_available",
+    "flashinfer_available",
+    "has_cuda",
+    "prepare",
+]
 
 _PREPARED = False
 
@@ -42,8 +54,93 @@ def prepare() -> None:
     _PREPARED = True
 
 
+@contextlib.contextmanager
+def context_kept() -> Iterator[None]:
+    """sglang's runtime context (published server args, flag groups, parallel overrides) put back
+    exactly as it was when the block ends: the kit's fixtures publish and never take back.
+
+    Each slot of the context is kept, and an object written in place (a flag group, the parallel
+    context's overrides) by its leaves. Not sglang's ``snapshot_context`` (0.5.19 on): 0.5.16-0.5.18
+    lack it, and it keeps the parallel context's override table by reference, so an override
+    entered in place outlives it."""
+    from sglang.srt import runtime_context as rc
+
+    context = rc.get_context()
+    kept = {name: (getattr(context, name), _leaves(getattr(context, name))) for name in _slots(context)}
+    try:
+        yield
+    finally:
+        for name, (value, leaves) in kept.items():
+            _put(context, name, value)
+            _restore(value, leaves)
+
+
+def _slots(obj: Any) -> tuple[str, ...]:
+    if hasattr(type(obj), "__struct_fields__"):  # msgspec flag groups (0.5.19 on)
+        return tuple(type(obj).__struct_fields__)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return tuple(f.name for f in dataclasses.fields(obj))
+    return tuple(n for cls in type(obj).__mro__ for n in getattr(cls, "__slots__", ()))
+
+
+def _leaves(value: Any) -> Any:
+    if isinstance(value, dict):
+        return dict(value)
+    if isinstance(value, list):
+        return list(value)
+    if type(value).__module__ == "sglang.srt.runtime_context" and _slots(value):
+        return {n: (getattr(value, n, None), _leaves(getattr(value, n, None))) for n in _slots(value)}
+    return None
+
+
+def _restore(value: Any, leaves: Any) -> None:
+    if leaves is None:
+        return
+    if isinstance(value, dict):
+        value.clear()
+        value.update(leaves)
+    elif isinstance(value, list):
+        value[:] = leaves
+    else:
+        for name, (inner, inner_leaves) in leaves.items():
+            _put(value, name, inner)
+            _restore(inner, inner_leaves)
+
+
+def _put(obj: Any, name: str, value: Any) -> None:
+    # Only what was replaced: some holders refuse attribute writes (their leaves are restored in place).
+    if getattr(obj, name, None) is not value:
+        setattr(obj, name, value)
+
+
+def decide_needs_cpu_seq_lens(backends: Any) -> bool:
+    """sglang's ``decide_needs_cpu_seq_lens`` over ``backends`` (the scheduler's decision); up to
+    0.5.18 it takes the server args first, later it reads them published."""
+    import inspect
+
+    from sglang.srt.managers.overlap_utils import decide_needs_cpu_seq_lens as decide
+
+    if len(inspect.signature(decide).parameters) > 1:
+        from sglang.srt.runtime_context import get_server_args
+
+        return decide(get_server_args(), backends)
+    return decide(backends)
+
+
+def draft_backend_factory(runner: Any, topk: int, num_steps: int) -> Any:
+    """sglang's ``DraftBackendFactory`` for a draft runner; up to 0.5.17 it takes the server args
+    first (the runner's), later it reads them published."""
+    import inspect
+
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+    if "server_args" in inspect.signature(DraftBackendFactory).parameters:
+        return DraftBackendFactory(runner.server_args, runner, topk, num_steps)
+    return DraftBackendFactory(runner, topk, num_steps)
+
+
 def single_rank_moe() -> None:
-    """0.5.18-0.5.19 derive the MoE expert-parallel width from process groups that a
+    """0.5.16-0.5.19 derive the MoE expert-parallel width from process groups that a
     single-process kit never builds (later releases compute it from the published server args);
     held at one rank, as the kit holds the attention tensor-parallel width. Asked for by each cell
     that builds a forward batch (a worker restores sglang's state between cells)."""
@@ -52,7 +149,7 @@ def single_rank_moe() -> None:
     global _MOE_OVERRIDE
     try:
         get_parallel().moe_ep_size  # noqa: B018 - the read is the check
-    except RuntimeError:
+    except (RuntimeError, AssertionError):  # 0.5.19 raises the one, 0.5.18's group lookup the other
         # Kept referenced: a collected override generator restores the values it replaced.
         _MOE_OVERRIDE = get_parallel().override(moe_ep_size=1)
         _MOE_OVERRIDE.__enter__()

@@ -114,11 +114,9 @@ class GraphRunner:
             seq_lens_cpu=torch.full((bs,), self.fill, dtype=torch.int64),
             extend_seq_lens=torch.full((bs,), self.width, dtype=torch.int32, device=dev),
             num_accept_tokens=torch.full((bs,), self.width, dtype=torch.int32, device=dev),
-            custom_mask=torch.ones(
-                (bs * self.width * (self.case.runner.model_config.context_len + self.width),),
-                dtype=torch.bool,
-                device=dev,
-            ),
+            # Sized as the runners' buffers size it (0.5.16-0.5.23 alike): the backend copies it
+            # into its own verify-mask buffer at capture, which 0.5.16 sizes tokens x context.
+            custom_mask=torch.ones(((bs * self.fill + n) * self.width,), dtype=torch.bool, device=dev),
             mamba_track_indices=None,
             q=torch.zeros((n,) + tuple(q.shape[1:]), dtype=q.dtype, device=dev),
             k=torch.zeros((n,) + tuple(k.shape[1:]), dtype=k.dtype, device=dev),

@@ -26,13 +26,15 @@ from typing import Any
 
 import torch
 
-from .environment import bind_own_plan
+from .environment import bind_own_plan, context_kept, decide_needs_cpu_seq_lens
 
 __all__ = [
     "KIT_HIDDEN_SIZE",
     "KIT_VOCAB_SIZE",
     "DraftSetup",
     "build_eagle_draft",
+    "context_kept",
+    "decide_needs_cpu_seq_lens",
     "draft_context_len",
     "kit_scope",
     "run_eagle_draft",
@@ -89,18 +91,18 @@ def _test_utils_shim() -> types.ModuleType | None:
     path = os.path.join(os.path.dirname(sglang.__file__), "test", "test_utils.py")
     with open(path, encoding="utf-8") as fh:
         tree = ast.parse(fh.read(), filename=path)
-    wanted = {"server_args_variant", "_RUNNER_WRITTEN_NAMES"}
+    function = next(
+        (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "server_args_variant"),
+        None,
+    )
+    if function is None:
+        raise RuntimeError(f"{path} no longer defines server_args_variant, which the kit's draft runner imports")
+    # The module-level constants it reads (0.5.23's _RUNNER_WRITTEN_NAMES; none before 0.5.19).
+    read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
     body = [
-        n
-        for n in tree.body
-        if (isinstance(n, ast.FunctionDef) and n.name in wanted)
-        or (isinstance(n, ast.Assign) and any(getattr(t, "id", None) in wanted for t in n.targets))
+        n for n in tree.body if isinstance(n, ast.Assign) and any(getattr(t, "id", None) in read for t in n.targets)
     ]
-    if len(body) != len(wanted):
-        raise RuntimeError(
-            f"{path} no longer defines {', '.join(sorted(wanted))}: the probes' kit module "
-            f"(sglfix/harness/kits/sglang_0_5_23) is written for sglang 0.5.23"
-        )
+    body.append(function)
     module = types.ModuleType("sglang.test.test_utils")
     module.__file__ = path
     module.__dict__.update(copy=copy, msgspec=msgspec)
@@ -125,13 +127,12 @@ def kit_scope(*, device: str, seed: int = 0) -> Iterator[None]:
     (published server args, parallel overrides) restored afterwards."""
     from unittest import mock
 
-    from sglang.srt.runtime_context import restore_context, snapshot_context
     from sglang.test.kits.attention_unittest.runner_modes import speculative_draft_runner as sdr
 
-    state = snapshot_context()
     shim = None
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(context_kept())
             stack.enter_context(torch.no_grad())
             if torch.device(device).type != "cuda":
                 stack.enter_context(mock.patch.object(sdr, "_seeded_rng", _cpu_seeded_rng(seed)))
@@ -142,7 +143,6 @@ def kit_scope(*, device: str, seed: int = 0) -> Iterator[None]:
     finally:
         if shim is not None and sys.modules.get("sglang.test.test_utils") is shim:
             del sys.modules["sglang.test.test_utils"]
-        restore_context(state)
 
 
 def draft_context_len(scenario: Any) -> int:

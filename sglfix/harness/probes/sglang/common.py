@@ -14,14 +14,12 @@ def published(**server_args: Any) -> Iterator[None]:
     """Publish a dummy ServerArgs carrying ``server_args`` (sglang reads them through
     ``runtime_context.get_spec()/get_schedule()/...``), as the kit's MockModelRunner does; the
     runtime context is put back exactly as it was afterwards."""
-    from sglang.srt.runtime_context import get_context, restore_context, snapshot_context
+    from sglang.srt.runtime_context import get_context
 
-    state = snapshot_context()
-    try:
-        with get_context().override_server_args(**server_args):
-            yield
-    finally:
-        restore_context(state)
+    from sglfix.harness.kits import kit
+
+    with kit("probes").context_kept(), get_context().override_server_args(**server_args):
+        yield
 
 
 def ceil_to(value: int, step: int) -> int:

@@ -54,16 +54,20 @@ class NeedsCpuSeqLens:
         build_eagle_draft, kit_scope = kit("probes").build_eagle_draft, kit("probes").kit_scope
 
         with kit_scope(device=device, seed=scenario.seed):
-            from sglang.srt.managers.overlap_utils import decide_needs_cpu_seq_lens
-            from sglang.srt.runtime_context import get_exec, get_spec
+            from sglang.srt import runtime_context
 
             setup = build_eagle_draft(scenario, device=device)
             third = None if scenario.gpu_only else UndeclaredAttnBackend()
             slots = (setup.target_backend, setup.draft_backend, third)
-            two_batch_overlap = bool(get_exec().overlap.enable_two_batch_overlap)
-            algorithm = str(get_spec().speculative_algorithm or "")
+            if hasattr(runtime_context, "get_exec"):
+                two_batch_overlap = bool(runtime_context.get_exec().overlap.enable_two_batch_overlap)
+                algorithm = str(runtime_context.get_spec().speculative_algorithm or "")
+            else:  # 0.5.16 reads the server args themselves
+                server_args = runtime_context.get_server_args()
+                two_batch_overlap = bool(server_args.enable_two_batch_overlap)
+                algorithm = str(server_args.speculative_algorithm or "")
             stage("forward")
-            decided = decide_needs_cpu_seq_lens(slots)  # the function under test
+            decided = kit("probes").decide_needs_cpu_seq_lens(slots)  # the function under test
 
         stage("judge")
         names = ["unset" if b is None else type(b).__name__ for b in slots]

@@ -45,6 +45,32 @@ def own_decode_reserve(*, page_size: int, topk: int, num_steps: int, num_draft_t
     return 2 * per_step
 
 
+def _sizing_call(function: Callable[..., Any]) -> Any:
+    """0.5.16-0.5.17's sizing functions take the server args, later ones read them published."""
+    import inspect
+
+    if inspect.signature(function).parameters:
+        from sglang.srt.runtime_context import get_server_args
+
+        return function(get_server_args())
+    return function()
+
+
+def _decode_alloc_lens(
+    sizing: Any, committed: list[int], *, reserve: int, page_size: int
+) -> tuple[list[int], list[int]]:
+    """Each request's decode allocation ``[cur, nxt)`` as ``eagle_prepare_for_decode`` computes
+    it: through ``page_aligned_decode_alloc_lens`` from 0.5.19 on; before, the same rounding is
+    written inline in that function (committed + reserve, up to a whole page, never below cur)."""
+    aligned = getattr(sizing, "page_aligned_decode_alloc_lens", None)
+    if aligned is not None:
+        alloc_page = int(sizing.get_alloc_page_size())
+        reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=c, kv_committed_len=c)) for c in committed]
+        cur, nxt, _needed = aligned(reqs, reserve=reserve, page_size=alloc_page)
+        return [int(x) for x in cur], [int(x) for x in nxt]
+    return list(committed), [max(c, ceil_to(c + reserve, page_size)) for c in committed]
+
+
 class ReqToTokenHeadroom:
     name = "req-to-token-headroom"
 
@@ -68,13 +94,10 @@ class ReqToTokenHeadroom:
         )
         with published(**args):
             stage("forward")
-            headroom = int(sizing.get_req_to_token_extra_context_len())  # the function under test
+            headroom = int(_sizing_call(sizing.get_req_to_token_extra_context_len))  # under test
             width = context_len + headroom
-            reserve = int(sizing.get_alloc_reserve_per_decode())
-            alloc_page = int(sizing.get_alloc_page_size())
-            reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=c, kv_committed_len=c)) for c in committed]
-            cur, nxt, _needed = sizing.page_aligned_decode_alloc_lens(reqs, reserve=reserve, page_size=alloc_page)
-            cur, nxt = [int(x) for x in cur], [int(x) for x in nxt]
+            reserve = int(_sizing_call(sizing.get_alloc_reserve_per_decode))
+            cur, nxt = _decode_alloc_lens(sizing, committed, reserve=reserve, page_size=page)
 
             # Request b in row 1 + b (row 0 is the pool's padding row); rows after the batch are
             # guards, enough of them that a spill of the last request stays inside the tensor.
