@@ -196,7 +196,9 @@ def test_toggle_port_writes_the_variant_that_doctor_then_applies(tmp_path):
     assert all(after.values()), [k for k, ok in after.items() if not ok]
     # Ported again, the part's variant is what is checked there: it applies, and nothing is rewritten.
     text = written.read_text()
-    again = run_cli(*profile, "toggle", "port", "--source", str(tree), "--versions", ">=0.5.20,<0.5.22", "--write", env=env)
+    again = run_cli(
+        *profile, "toggle", "port", "--source", str(tree), "--versions", ">=0.5.20,<0.5.22", "--write", env=env
+    )
     assert again.code == 0, again.err
     line = next(x for x in again.out.splitlines() if x.split()[1:2] == ["21987:uniform-stride"])
     assert line.split()[0] == "applies" and "its variant for >=0.5.18,<0.5.22" in line, line

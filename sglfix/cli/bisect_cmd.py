@@ -41,7 +41,7 @@ def bisect_cmd(ctx: typer.Context, **given: Any) -> None:
     import time
 
     from sglfix.execution.bisection import FailingBaseline, Search, shard_groups
-    from sglfix.execution.known import load_known
+    from sglfix.execution.known import known_of
     from sglfix.execution.planner import Plan
     from sglfix.execution.runner import Runner
     from sglfix.execution.settings import Settings
@@ -59,7 +59,7 @@ def bisect_cmd(ctx: typer.Context, **given: Any) -> None:
     json_file = given["json_file"]
     outputs = Outputs(json=json_file, junit=given["junit"], markdown=given["markdown"])
     outputs.check()
-    known = load_known(opts.active_profile().known_file)
+    known = known_of(opts.active_profile())
     scope = target(opts)
     candidates = _candidates(scope.registry, revert_ids(given["candidates"]))
     runner = Runner(Settings.of(given), scope, what="bisect")

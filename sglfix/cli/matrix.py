@@ -120,7 +120,7 @@ MATRIX_OPTIONS = ("parts", *SELECT, "heatmap", *SCALE, "no_reachability", "env_b
 @takes(*MATRIX_OPTIONS)
 def matrix_cmd(ctx: typer.Context, **given: Any) -> None:
     """Baseline plus each registered toggle (and part) over the scenarios: the toggle x scenario grid."""
-    from sglfix.execution.known import load_known
+    from sglfix.execution.known import known_of
     from sglfix.execution.planner import plan_matrix
     from sglfix.execution.settings import Settings
     from sglfix.report.outcome import Expect
@@ -128,7 +128,7 @@ def matrix_cmd(ctx: typer.Context, **given: Any) -> None:
     opts = options(ctx)
     json_file, show_all = given["json_file"], given["show_all"]
     outputs = Outputs(json=json_file, junit=given["junit"], markdown=given["markdown"], heatmap=given["heatmap"])
-    known = load_known(opts.active_profile().known_file)  # a bad list is one line before any cell
+    known = known_of(opts.active_profile())  # a bad list is one line before any cell
 
     def build_plan(chosen, *, registry, env_ids):
         return plan_matrix(chosen, registry=registry, parts=given["parts"], env_ids=env_ids)

@@ -27,7 +27,7 @@ RUN_OPTIONS = ("revert", *SELECT, *SCALE, "show_all", "reach_file")
 @takes(*RUN_OPTIONS)
 def run_cmd(ctx: typer.Context, **given: Any) -> None:
     """Run scenarios with the given fixes reverted (through SGLANG_DEBUG_REVERT_PR in the workers)."""
-    from sglfix.execution.known import load_known
+    from sglfix.execution.known import known_of
     from sglfix.execution.planner import plan_run
     from sglfix.execution.settings import Settings
     from sglfix.report.meaning import Meaning
@@ -35,7 +35,7 @@ def run_cmd(ctx: typer.Context, **given: Any) -> None:
     opts = options(ctx)
     json_file = given["json_file"]
     outputs = Outputs(json=json_file, junit=given["junit"], markdown=given["markdown"])
-    known = load_known(opts.active_profile().known_file)  # a bad list is one line before any cell
+    known = known_of(opts.active_profile())  # a bad list is one line before any cell
     ids = revert_ids(given["revert"])
 
     def build_plan(chosen, *, registry, env_ids):

@@ -16,6 +16,7 @@ matrix, bisect and every report alike) is decided in ``sglfix.report.outcome``.
         reason: ...
         reproduce: sglfix run --profile PROFILE -s probe-req-to-token-tree-ps1 --device cpu
         device: any
+        versions: "<0.5.16"
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from sglfix.common.errors import ConfigError
 from sglfix.common.schema import StrictModel, validate_node
 from sglfix.common.verdicts import Verdict
 
-__all__ = ["KnownDivergence", "load_known"]
+__all__ = ["KnownDivergence", "known_of", "load_known"]
 
 
 def _verdicts(value: Any) -> Any:
@@ -45,10 +46,45 @@ class KnownDivergence(StrictModel):
     reason: str
     reproduce: str
     device: Literal["any", "cpu", "cuda"] = "any"
+    versions: Annotated[str, BeforeValidator(_range)] = ""
+
+    def holds_for(self, version: str | None) -> bool:
+        """Whether the engine at ``version`` has this bug (an unknown version: every entry)."""
+        if not self.versions or version is None:
+            return True
+        from packaging.version import InvalidVersion, Version
+
+        from sglfix.toggling.variants import version_range
+
+        try:
+            return Version(version) in version_range(self.versions)
+        except InvalidVersion:
+            return True
 
 
 class KnownFile(StrictModel):
     known_divergences: list[KnownDivergence]
+
+
+def _range(value: Any) -> Any:
+    from sglfix.toggling.variants import version_range
+
+    if not isinstance(value, str):
+        raise ValueError("must be a version range like '<0.5.16'")
+    if value.strip():
+        version_range(value)  # one line naming the range when it is not one
+    return value.strip()
+
+
+def known_of(profile: Any) -> list[KnownDivergence]:
+    """The profile's known divergences that hold for the engine version installed for it."""
+    from sglfix.codebases.records import engine_version
+
+    entries = load_known(profile.known_file)
+    if not entries or profile.is_reproduction:
+        return entries
+    version = engine_version(profile.toggles_dir)
+    return [k for k in entries if k.holds_for(version)]
 
 
 def load_known(path: str | None) -> list[KnownDivergence]:

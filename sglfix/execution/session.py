@@ -78,6 +78,10 @@ class Session:
             restart, error = self._switch(toggles)
             if restart:
                 return {"id": rid, "restart": restart}
+            if error and error.startswith(_UNAVAILABLE):
+                if request.get("not_reached") is None:
+                    return self._skip(rid, name, toggles, error[len(_UNAVAILABLE) :])
+                error = None  # a cell that never runs the patched function is judged without it
             if error:
                 return self._error(rid, name, toggles, error)
         try:
@@ -143,7 +147,9 @@ class Session:
         for target in record:
             try:
                 codes[target_code(target, allowed_prefixes=self.allowed_prefixes)] = target
-            except Exception:
+            except Exception as exc:
+                if _missing_dependency(exc):
+                    continue  # its module cannot be imported in this process: nothing of it runs here
                 unresolved.append(target)  # counted as entered: its cells run and show what is wrong
         self.clean.reset_lazy()
         result, entered = record_entries(codes, lambda: run_cell(scenario, device=self.device, toggles=toggles))
@@ -177,9 +183,21 @@ class Session:
             self.held = maybe_revert_pr_fix(allowed_prefixes=self.allowed_prefixes)
         except Exception as exc:
             os.environ[ENV_VAR] = "0"
+            lacking = _missing_dependency(exc)
+            if lacking:
+                return None, (
+                    f"{_UNAVAILABLE}revert {','.join(toggles)} cannot be applied on this machine: the module it "
+                    f"patches needs {lacking}, which is not installed here"
+                )
             return None, f"revert {','.join(toggles)} failed: {first_line(exc)}"
         self.current = list(toggles)
         return None, None
+
+    def _skip(self, rid: Any, name: str, toggles: list[str], message: str) -> dict:
+        result = CellResult(scenario=name, toggles=toggles, device=self.device)
+        result.add("SKIP", message)
+        result.revert_env = os.environ.get(_REVERT_ENV)
+        return {"id": rid, "result": result.finish().to_json()}
 
     def _error(self, rid: Any, name: str, toggles: list[str], message: str, exc: BaseException | None = None) -> dict:
         result = CellResult(scenario=name, toggles=toggles, device=self.device)
@@ -193,3 +211,23 @@ class Session:
         result.add("ERROR", message, **data)
         result.revert_env = os.environ.get(_REVERT_ENV)
         return {"id": rid, "result": result.finish().to_json()}
+
+
+_UNAVAILABLE = "unavailable: "
+
+
+def _missing_dependency(exc: BaseException) -> str | None:
+    """The third-party module whose absence made a revert's target unimportable here (a CUDA
+    library on a CPU box: 0.5.15's DeepSeek-V4 backend imports cutlass), else None: a module of
+    the code base or of sglfix that is missing is a real failure."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, ModuleNotFoundError) and seen.name:
+            root = seen.name.split(".")[0]
+            from sglfix.codebases import active
+
+            if root not in ("sglfix", active().package):
+                return seen.name
+            return None
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -53,11 +53,16 @@ def _configure_draft_runner(runner: Any) -> None:
         runner.attn_dcp_size = 1
     # 0.5.16-0.5.17's stand-in lacks what the manager's init passes along (read only with ngram
     # embedding on, off here): the pool's size is the running-request bound ModelRunner gives it.
-    if not hasattr(runner, "model"):
-        runner.model = None
-    if not hasattr(runner, "max_running_requests"):
-        runner.max_running_requests = runner.req_to_token_pool.size
-    runner.init_ngram_embedding_manager()
+    if hasattr(runner, "init_ngram_embedding_manager"):  # 0.5.16 on
+        if not hasattr(runner, "model"):
+            runner.model = None
+        if not hasattr(runner, "max_running_requests"):
+            runner.max_running_requests = runner.req_to_token_pool.size
+        runner.init_ngram_embedding_manager()
+    else:  # before 0.5.16 ModelRunner's init copies these onto itself, where init_new reads them
+        runner.use_ngram_embedding = config.use_ngram_embedding
+        if not hasattr(runner, "model_is_mrope"):
+            runner.model_is_mrope = config.model_is_mrope
     if hasattr(runner, "maybe_init_watermark_state"):  # 0.5.22 on
         runner.maybe_init_watermark_state()
 
@@ -101,7 +106,6 @@ def run_glue(*, case: Any, backend: Any, graph_runner: Any) -> Any:
     the scheduler does (gpu_only: the draft-extend slot unset), bumps ``seq_lens`` and, unless a
     graph runner takes the batch, runs the backend's eager metadata init. Returns its ForwardBatch."""
     from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
-    from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend
 
     glue, ndt = case.glue, case.scenario.spec.num_draft_tokens
     if case.scenario.gpu_only and _kit("attention").decide_needs_cpu_seq_lens([backend, None]):
@@ -113,12 +117,6 @@ def run_glue(*, case: Any, backend: Any, graph_runner: Any) -> Any:
         num_tokens_per_req=ndt,
         num_tokens_for_logprob_per_req=ndt,
     )
-    return prepare_for_draft_extend(
-        draft_extend_input,
-        glue.schedule_batch,
-        glue.predict,
-        ndt,
-        case.runner,
-        graph_runner,
-        return_hidden_states_before_norm=False,
+    return _kit("attention").prepare_for_draft_extend(
+        draft_extend_input, glue.schedule_batch, glue.predict, ndt, case.runner, graph_runner
     )

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .environment import bind_own_plan, decide_needs_cpu_seq_lens, single_rank_moe
+from .environment import bind_own_plan, decide_needs_cpu_seq_lens, prepare_for_draft_extend, single_rank_moe
 
 __all__ = [
     "DENSE",
@@ -39,6 +39,7 @@ __all__ = [
     "make_draft_extend_v2_input",
     "make_forward_batch",
     "make_model_runner",
+    "prepare_for_draft_extend",
     "prepare_target_verify_batch",
     "restore_server_args",
     "set_draft_extend_v2_prefix_lens",
@@ -107,6 +108,7 @@ def make_model_runner(
         hidden_size=case.num_heads * head_dim,
         context_len=max_context_len,
     )
+    before = _published_now()
     runner = dense.MockModelRunner(
         case=case,
         model_config=config,
@@ -117,17 +119,33 @@ def make_model_runner(
         disable_cuda_graph=not graph,
         runner_batch_size=pool_rows,
     )
-    _published.append((runner._server_args_override, runner.server_args))
+    override = getattr(runner, "_server_args_override", None)  # 0.5.16 on
+    _published.append((override.restore if override is not None else lambda: _publish(before), runner.server_args))
     return runner
 
 
 def _published_now() -> Any:
-    from sglang.srt.runtime_context import get_server_args
-
+    try:
+        from sglang.srt.runtime_context import get_server_args
+    except ImportError:  # 0.5.13: a global of server_args
+        from sglang.srt.server_args import get_global_server_args as get_server_args
     try:
         return get_server_args()
     except ValueError:  # nothing published
         return None
+
+
+def _publish(args: Any) -> None:
+    """Put ``args`` (None: nothing) back as the published server args: before 0.5.16 the kit's
+    runner publishes with ``set_global_server_args_for_scheduler`` and keeps no way back."""
+    try:
+        from sglang.srt.runtime_context import get_context
+    except ImportError:  # 0.5.13
+        import sglang.srt.server_args as server_args
+
+        server_args._global_server_args = args
+        return
+    get_context()._server_args = args
 
 
 def restore_server_args() -> None:
@@ -135,9 +153,9 @@ def restore_server_args() -> None:
     it is still the published one: a runner built since (another adapter's) owns the slot then,
     and restoring under it would bring back a state older than its own."""
     while _published:
-        override, args = _published.pop()
+        restore, args = _published.pop()
         if _published_now() is args:
-            override.restore()
+            restore()
 
 
 def make_forward_batch(

@@ -22,6 +22,8 @@ __all__ = [
     "flashinfer_available",
     "has_cuda",
     "prepare",
+    "prepare_for_draft_extend",
+    "published",
 ]
 
 _PREPARED = False
@@ -60,11 +62,21 @@ def context_kept() -> Iterator[None]:
     exactly as it was when the block ends: the kit's fixtures publish and never take back.
 
     Each slot of the context is kept, and an object written in place (a flag group, the parallel
-    context's overrides) by its leaves. Not sglang's ``snapshot_context`` (0.5.19 on): 0.5.16-0.5.18
-    lack it, and it keeps the parallel context's override table by reference, so an override
-    entered in place outlives it."""
-    from sglang.srt import runtime_context as rc
+    context's overrides) by its leaves. Not sglang's ``snapshot_context`` (0.5.19 on): earlier
+    releases lack it, and it keeps the parallel context's override table by reference, so an
+    override entered in place outlives it. 0.5.13 has no context: its published server args are a
+    global of ``server_args``."""
+    try:
+        from sglang.srt import runtime_context as rc
+    except ImportError:
+        import sglang.srt.server_args as server_args
 
+        kept_args = server_args._global_server_args
+        try:
+            yield
+        finally:
+            server_args._global_server_args = kept_args
+        return
     context = rc.get_context()
     kept = {name: (getattr(context, name), _leaves(getattr(context, name))) for name in _slots(context)}
     try:
@@ -73,6 +85,29 @@ def context_kept() -> Iterator[None]:
         for name, (value, leaves) in kept.items():
             _put(context, name, value)
             _restore(value, leaves)
+
+
+@contextlib.contextmanager
+def published(**fields: Any) -> Iterator[None]:
+    """Server args carrying ``fields`` published for the block, as the kit's mock runner publishes
+    them (``override_server_args`` from 0.5.16 on; before, the kit's ``make_mock_server_args``
+    through ``set_global_server_args_for_scheduler``); all put back afterwards."""
+    with context_kept():
+        try:
+            from sglang.srt.runtime_context import get_context
+
+            override = getattr(get_context(), "override_server_args", None)
+        except ImportError:  # 0.5.13
+            override = None
+        if override is not None:
+            with override(**fields):
+                yield
+            return
+        from sglang.srt.server_args import set_global_server_args_for_scheduler
+        from sglang.test.kits.attention_unittest.mock_server_args import make_mock_server_args
+
+        set_global_server_args_for_scheduler(make_mock_server_args(**fields))
+        yield
 
 
 def _slots(obj: Any) -> tuple[str, ...]:
@@ -137,6 +172,28 @@ def draft_backend_factory(runner: Any, topk: int, num_steps: int) -> Any:
     if "server_args" in inspect.signature(DraftBackendFactory).parameters:
         return DraftBackendFactory(runner.server_args, runner, topk, num_steps)
     return DraftBackendFactory(runner, topk, num_steps)
+
+
+def prepare_for_draft_extend(
+    draft_extend_input: Any, batch: Any, predict: Any, num_draft_tokens: int, runner: Any, graph_runner: Any
+) -> Any:
+    """sglang's spec-v2 draft-extend glue: ``eagle_worker_common.prepare_for_draft_extend`` from
+    0.5.16 on (its hidden-state option off), before that ``EagleDraftWorkerBase``'s method of the
+    same body, which reads nothing of the worker."""
+    import inspect
+
+    try:
+        from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend as glue
+    except ImportError:
+        from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase
+
+        return EagleDraftWorkerBase.prepare_for_draft_extend(
+            None, draft_extend_input, batch, predict, num_draft_tokens, runner, graph_runner
+        )
+    extra = {}
+    if "return_hidden_states_before_norm" in inspect.signature(glue).parameters:
+        extra["return_hidden_states_before_norm"] = False
+    return glue(draft_extend_input, batch, predict, num_draft_tokens, runner, graph_runner, **extra)
 
 
 def single_rank_moe() -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .environment import bind_own_plan, context_kept, decide_needs_cpu_seq_lens
+from .environment import bind_own_plan, context_kept, decide_needs_cpu_seq_lens, published
 
 __all__ = [
     "KIT_HIDDEN_SIZE",
@@ -37,6 +37,7 @@ __all__ = [
     "decide_needs_cpu_seq_lens",
     "draft_context_len",
     "kit_scope",
+    "published",
     "run_eagle_draft",
 ]
 
@@ -95,8 +96,8 @@ def _test_utils_shim() -> types.ModuleType | None:
         (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "server_args_variant"),
         None,
     )
-    if function is None:
-        raise RuntimeError(f"{path} no longer defines server_args_variant, which the kit's draft runner imports")
+    if function is None:  # before 0.5.16 the kit's draft runner does not import it
+        return None
     # The module-level constants it reads (0.5.23's _RUNNER_WRITTEN_NAMES; none before 0.5.19).
     read = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
     body = [
@@ -138,7 +139,8 @@ def kit_scope(*, device: str, seed: int = 0) -> Iterator[None]:
                 stack.enter_context(mock.patch.object(sdr, "_seeded_rng", _cpu_seeded_rng(seed)))
             if not _test_utils_importable():
                 shim = _test_utils_shim()
-                sys.modules["sglang.test.test_utils"] = shim
+                if shim is not None:
+                    sys.modules["sglang.test.test_utils"] = shim
             yield
     finally:
         if shim is not None and sys.modules.get("sglang.test.test_utils") is shim:

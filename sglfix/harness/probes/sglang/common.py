@@ -14,11 +14,9 @@ def published(**server_args: Any) -> Iterator[None]:
     """Publish a dummy ServerArgs carrying ``server_args`` (sglang reads them through
     ``runtime_context.get_spec()/get_schedule()/...``), as the kit's MockModelRunner does; the
     runtime context is put back exactly as it was afterwards."""
-    from sglang.srt.runtime_context import get_context
-
     from sglfix.harness.kits import kit
 
-    with kit("probes").context_kept(), get_context().override_server_args(**server_args):
+    with kit("probes").published(**server_args):
         yield
 
 

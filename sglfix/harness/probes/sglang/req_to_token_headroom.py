@@ -77,8 +77,15 @@ class ReqToTokenHeadroom:
     def run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
         stage("build")
         import torch
-        from sglang.srt.mem_cache import allocation_sizing as sizing
-        from sglang.srt.mem_cache.allocation import assign_req_to_token_pool_func
+
+        try:
+            from sglang.srt.mem_cache import allocation_sizing as sizing
+        except ImportError:  # before 0.5.16 the sizing functions live in mem_cache.common
+            from sglang.srt.mem_cache import common as sizing
+        try:
+            from sglang.srt.mem_cache.allocation import assign_req_to_token_pool_func
+        except ImportError:  # before 0.5.16
+            from sglang.srt.speculative.triton_ops.cache_locs import assign_req_to_token_pool_func
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
         spec, page = scenario.spec, scenario.page_size
