@@ -26,7 +26,14 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .environment import bind_own_plan, decide_needs_cpu_seq_lens, prepare_for_draft_extend, single_rank_moe
+from .environment import (
+    bind_own_plan,
+    decide_needs_cpu_seq_lens,
+    prepare_for_draft_extend,
+    publish_server_args,
+    server_args,
+    single_rank_moe,
+)
 
 __all__ = [
     "DENSE",
@@ -42,6 +49,7 @@ __all__ = [
     "prepare_for_draft_extend",
     "prepare_target_verify_batch",
     "restore_server_args",
+    "server_args",
     "set_draft_extend_v2_prefix_lens",
     "single_rank_moe",
 ]
@@ -126,11 +134,7 @@ def make_model_runner(
 
 def _published_now() -> Any:
     try:
-        from sglang.srt.runtime_context import get_server_args
-    except ImportError:  # 0.5.13: a global of server_args
-        from sglang.srt.server_args import get_global_server_args as get_server_args
-    try:
-        return get_server_args()
+        return server_args()
     except ValueError:  # nothing published
         return None
 
@@ -138,14 +142,7 @@ def _published_now() -> Any:
 def _publish(args: Any) -> None:
     """Put ``args`` (None: nothing) back as the published server args: before 0.5.16 the kit's
     runner publishes with ``set_global_server_args_for_scheduler`` and keeps no way back."""
-    try:
-        from sglang.srt.runtime_context import get_context
-    except ImportError:  # 0.5.13
-        import sglang.srt.server_args as server_args
-
-        server_args._global_server_args = args
-        return
-    get_context()._server_args = args
+    publish_server_args(args)
 
 
 def restore_server_args() -> None:

@@ -23,7 +23,9 @@ __all__ = [
     "has_cuda",
     "prepare",
     "prepare_for_draft_extend",
+    "publish_server_args",
     "published",
+    "server_args",
 ]
 
 _PREPARED = False
@@ -64,27 +66,58 @@ def context_kept() -> Iterator[None]:
     Each slot of the context is kept, and an object written in place (a flag group, the parallel
     context's overrides) by its leaves. Not sglang's ``snapshot_context`` (0.5.19 on): earlier
     releases lack it, and it keeps the parallel context's override table by reference, so an
-    override entered in place outlives it. 0.5.13 has no context: its published server args are a
-    global of ``server_args``."""
+    override entered in place outlives it. Before 0.5.15 the published server args are a global
+    of ``server_args``, kept too."""
+    import sglang.srt.server_args as server_args_module
+
+    kept_global = getattr(server_args_module, "_global_server_args", None)
     try:
         from sglang.srt import runtime_context as rc
     except ImportError:
-        import sglang.srt.server_args as server_args
-
-        kept_args = server_args._global_server_args
-        try:
-            yield
-        finally:
-            server_args._global_server_args = kept_args
-        return
-    context = rc.get_context()
-    kept = {name: (getattr(context, name), _leaves(getattr(context, name))) for name in _slots(context)}
+        rc = None
+    context = rc.get_context() if rc is not None else None
+    kept = {}
+    if context is not None:
+        kept = {name: (getattr(context, name), _leaves(getattr(context, name))) for name in _slots(context)}
     try:
         yield
     finally:
+        if hasattr(server_args_module, "_global_server_args"):
+            server_args_module._global_server_args = kept_global
         for name, (value, leaves) in kept.items():
             _put(context, name, value)
             _restore(value, leaves)
+
+
+def _args_holder() -> tuple[Any, str]:
+    """Where the published server args live: the runtime context's slot (0.5.15 on), before that a
+    global of ``sglang.srt.server_args``."""
+    try:
+        from sglang.srt.runtime_context import get_context
+
+        context = get_context()
+        if "_server_args" in _slots(context):
+            return context, "_server_args"
+    except ImportError:
+        pass
+    import sglang.srt.server_args as server_args_module
+
+    return server_args_module, "_global_server_args"
+
+
+def server_args() -> Any:
+    """The published server args (``ValueError`` when none is), wherever the release keeps them."""
+    holder, name = _args_holder()
+    value = getattr(holder, name)
+    if value is None:
+        raise ValueError("Global server args is not set yet!")
+    return value
+
+
+def publish_server_args(args: Any) -> None:
+    """Put ``args`` (None: nothing) in place as the published server args."""
+    holder, name = _args_holder()
+    setattr(holder, name, args)
 
 
 @contextlib.contextmanager
@@ -156,9 +189,7 @@ def decide_needs_cpu_seq_lens(backends: Any) -> bool:
     from sglang.srt.managers.overlap_utils import decide_needs_cpu_seq_lens as decide
 
     if len(inspect.signature(decide).parameters) > 1:
-        from sglang.srt.runtime_context import get_server_args
-
-        return decide(get_server_args(), backends)
+        return decide(server_args(), backends)
     return decide(backends)
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .environment import bind_own_plan, context_kept, decide_needs_cpu_seq_lens, published
+from .environment import bind_own_plan, context_kept, decide_needs_cpu_seq_lens, published, server_args
 
 __all__ = [
     "KIT_HIDDEN_SIZE",
@@ -39,6 +39,7 @@ __all__ = [
     "kit_scope",
     "published",
     "run_eagle_draft",
+    "server_args",
 ]
 
 KIT_HIDDEN_SIZE = 64  # the kit's DEFAULT_HIDDEN_SIZE

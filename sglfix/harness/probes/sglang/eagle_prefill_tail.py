@@ -53,9 +53,11 @@ class EaglePrefillTail:
             prompt = torch.randint(0, half, (length,), generator=gen).tolist()
             req = Req(f"sglfix-probe-{i}", "", array("q", prompt), SamplingParams(), vocab_size=VOCAB_SIZE)
             # This round extends fill ids [prefix, prefix + extend): 0.5.22 on keeps the end,
-            # 0.5.18-0.5.21 a range set through set_extend_range.
+            # 0.5.15-0.5.21 a range set through set_extend_range, 0.5.13-0.5.14 its length.
             if hasattr(req, "set_extend_range"):
                 req.set_extend_range(p, p + e)
+            elif hasattr(req, "fill_len"):
+                req.fill_len = p + e
             else:
                 req.extend_end = p + e
             prompts.append(prompt)

@@ -62,8 +62,8 @@ class NeedsCpuSeqLens:
             if hasattr(runtime_context, "get_exec"):
                 two_batch_overlap = bool(runtime_context.get_exec().overlap.enable_two_batch_overlap)
                 algorithm = str(runtime_context.get_spec().speculative_algorithm or "")
-            else:  # 0.5.16 reads the server args themselves
-                server_args = runtime_context.get_server_args()
+            else:  # up to 0.5.16 it reads the server args themselves
+                server_args = kit("probes").server_args()
                 two_batch_overlap = bool(server_args.enable_two_batch_overlap)
                 algorithm = str(server_args.speculative_algorithm or "")
             stage("forward")

@@ -46,13 +46,13 @@ def own_decode_reserve(*, page_size: int, topk: int, num_steps: int, num_draft_t
 
 
 def _sizing_call(function: Callable[..., Any]) -> Any:
-    """0.5.16-0.5.17's sizing functions take the server args, later ones read them published."""
+    """Up to 0.5.17 the sizing functions take the server args, later ones read them published."""
     import inspect
 
     if inspect.signature(function).parameters:
-        from sglang.srt.runtime_context import get_server_args
+        from sglfix.harness.kits import kit
 
-        return function(get_server_args())
+        return function(kit("probes").server_args())
     return function()
 
 
