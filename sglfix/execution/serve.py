@@ -124,6 +124,11 @@ def _import_under_test(cb) -> list[str]:
             skipped.append(f"{name}: {first_line(exc)}")
     if cb.distribution is not None and cb.toggles_dir:
         _import_targets(cb.toggles_dir)
+    if cb.kit:  # what the kit sets up once per process (a release's single-rank groups)
+        boot = getattr(importlib.import_module(cb.kit), "BOOT", None)
+        if boot:
+            module, _, function = boot.partition(":")
+            getattr(importlib.import_module(f"{cb.kit}.{module}"), function)()
     return skipped
 
 

@@ -105,18 +105,14 @@ def run_glue(*, case: Any, backend: Any, graph_runner: Any) -> Any:
     """The production spec-v2 draft-extend glue on the pre-step state: decides the CPU mirrors as
     the scheduler does (gpu_only: the draft-extend slot unset), bumps ``seq_lens`` and, unless a
     graph runner takes the batch, runs the backend's eager metadata init. Returns its ForwardBatch."""
-    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
-
     glue, ndt = case.glue, case.scenario.spec.num_draft_tokens
     if case.scenario.gpu_only and _kit("attention").decide_needs_cpu_seq_lens([backend, None]):
         raise Unavailable("the scheduler keeps CPU seq_lens for this backend set: not a gpu_only batch")
-    draft_extend_input = EagleDraftExtendInput(
-        hidden_states=None,
-        num_correct_drafts=glue.num_accept_tokens - 1,
-        num_accept_tokens=glue.num_accept_tokens,
-        num_tokens_per_req=ndt,
-        num_tokens_for_logprob_per_req=ndt,
-    )
     return _kit("attention").prepare_for_draft_extend(
-        draft_extend_input, glue.schedule_batch, glue.predict, ndt, case.runner, graph_runner
+        num_accept_tokens=glue.num_accept_tokens,
+        batch=glue.schedule_batch,
+        predict=glue.predict,
+        num_draft_tokens=ndt,
+        runner=case.runner,
+        graph_runner=graph_runner,
     )

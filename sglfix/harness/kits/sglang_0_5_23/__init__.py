@@ -19,3 +19,6 @@ KIT_MODULES = tuple(
         "runner_modes.speculative_draft_runner",
     )
 )
+
+# Called once by a worker after it imports the modules above, before its state snapshot.
+BOOT = "environment:boot"

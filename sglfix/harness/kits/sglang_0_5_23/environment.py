@@ -206,25 +206,75 @@ def draft_backend_factory(runner: Any, topk: int, num_steps: int) -> Any:
 
 
 def prepare_for_draft_extend(
-    draft_extend_input: Any, batch: Any, predict: Any, num_draft_tokens: int, runner: Any, graph_runner: Any
+    *, num_accept_tokens: Any, batch: Any, predict: Any, num_draft_tokens: int, runner: Any, graph_runner: Any
 ) -> Any:
-    """sglang's spec-v2 draft-extend glue: ``eagle_worker_common.prepare_for_draft_extend`` from
-    0.5.16 on (its hidden-state option off), before that ``EagleDraftWorkerBase``'s method of the
-    same body, which reads nothing of the worker."""
+    """sglang's spec-v2 draft-extend glue with the draft-extend input production builds:
+    ``eagle_worker_common.prepare_for_draft_extend`` from 0.5.16 on (its hidden-state option off),
+    ``EagleDraftWorkerBase``'s method of the same body in 0.5.14-0.5.15 (it reads nothing of the
+    worker); in 0.5.13 the worker's ``EagleDraftInput`` prepares its own extend
+    (``prepare_for_extend_to_fill_draft_kvcache``), with no accept counts on it."""
     import inspect
 
+    from sglang.srt.speculative import eagle_info
+
+    ndt = num_draft_tokens
+    if not hasattr(eagle_info.EagleDraftInput, "prepare_for_extend_to_fill_draft_kvcache"):
+        draft_extend_input = eagle_info.EagleDraftExtendInput(
+            hidden_states=None,
+            num_correct_drafts=num_accept_tokens - 1,
+            num_accept_tokens=num_accept_tokens,
+            num_tokens_per_req=ndt,
+            num_tokens_for_logprob_per_req=ndt,
+        )
+    else:  # 0.5.13
+        draft_input = eagle_info.EagleDraftInput(
+            hidden_states=None, num_tokens_per_req=ndt, num_tokens_for_logprob_per_req=ndt
+        )
+        return draft_input.prepare_for_extend_to_fill_draft_kvcache(batch, predict, ndt, runner, graph_runner)
     try:
         from sglang.srt.speculative.eagle_worker_common import prepare_for_draft_extend as glue
     except ImportError:
         from sglang.srt.speculative.base_spec_worker import EagleDraftWorkerBase
 
         return EagleDraftWorkerBase.prepare_for_draft_extend(
-            None, draft_extend_input, batch, predict, num_draft_tokens, runner, graph_runner
+            None, draft_extend_input, batch, predict, ndt, runner, graph_runner
         )
     extra = {}
     if "return_hidden_states_before_norm" in inspect.signature(glue).parameters:
         extra["return_hidden_states_before_norm"] = False
-    return glue(draft_extend_input, batch, predict, num_draft_tokens, runner, graph_runner, **extra)
+    return glue(draft_extend_input, batch, predict, ndt, runner, graph_runner, **extra)
+
+
+def boot() -> None:
+    """What a worker sets up once, before its state snapshot. 0.5.13 has no runtime context to
+    hold the parallel widths at one rank (later releases read them from overrides the kit sets):
+    its attention and expert-parallel widths come from the process groups alone, so the worker
+    brings up sglang's own single-rank groups (gloo, world size 1), as a one-GPU engine does."""
+    try:
+        import sglang.srt.runtime_context  # noqa: F401 - 0.5.14 on
+    except ImportError:
+        _single_rank_groups()
+
+
+def _single_rank_groups() -> None:
+    import tempfile
+
+    from sglang.srt.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        return
+    # The file store's rendezvous is this process's alone: one rank, nothing to meet.
+    folder = tempfile.mkdtemp(prefix="sglfix-groups-")
+    store = os.path.join(folder, "store")
+    try:
+        parallel_state.init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, distributed_init_method=f"file://{store}", backend="gloo"
+        )
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def single_rank_moe() -> None:
@@ -232,7 +282,10 @@ def single_rank_moe() -> None:
     single-process kit never builds (later releases compute it from the published server args);
     held at one rank, as the kit holds the attention tensor-parallel width. Asked for by each cell
     that builds a forward batch (a worker restores sglang's state between cells)."""
-    from sglang.srt.runtime_context import get_parallel
+    try:
+        from sglang.srt.runtime_context import get_parallel
+    except ImportError:  # 0.5.13: the single-rank groups of ``boot`` hold it
+        return
 
     global _MOE_OVERRIDE
     try:

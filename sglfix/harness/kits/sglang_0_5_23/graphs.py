@@ -236,6 +236,8 @@ class GraphRunner:
             return False
         return forward_batch.seq_lens.numel() <= self.max_bs
 
+    can_run = can_run_graph  # the runners' name for it in 0.5.13
+
     def _graph_bs(self, raw_bs: int) -> int:
         return next(bs for bs in self.capture_bs if bs >= raw_bs)
 
@@ -262,7 +264,10 @@ class GraphRunner:
         """Decode / verify: the decode graph runner's own replay view."""
         import inspect
 
-        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
+        try:
+            from sglang.srt.model_executor.runner.decode_cuda_graph_runner import build_replay_fb_view
+        except ImportError:  # 0.5.13: the graph runner's module before the runner package
+            from sglang.srt.model_executor.cuda_graph_runner import build_replay_fb_view
 
         n = bs * self.width
         extra = {}

@@ -30,6 +30,16 @@ __all__ = ["PROBE", "VOCAB_SIZE"]
 VOCAB_SIZE = 4096  # prompt tokens in [0, VOCAB_SIZE / 2), sampled tokens in [VOCAB_SIZE / 2, VOCAB_SIZE)
 
 
+def _next_prompt_token(compute: Callable[..., Any], req: Any) -> Any:
+    """``_compute_chunked_req_next_prompt_token`` as the release has it: 0.5.13 takes the request
+    alone, later releases the vocab size too (to skip multimodal placeholders)."""
+    import inspect
+
+    if len(inspect.signature(compute).parameters) > 1:
+        return compute(req, VOCAB_SIZE)
+    return compute(req)
+
+
 class EaglePrefillTail:
     name = "eagle-prefill-tail"
 
@@ -71,7 +81,7 @@ class EaglePrefillTail:
             reqs=reqs,
             input_ids=input_ids,
             chunked_req=reqs[chunked],
-            chunked_req_next_prompt_token=_compute_chunked_req_next_prompt_token(reqs[chunked], VOCAB_SIZE),
+            chunked_req_next_prompt_token=_next_prompt_token(_compute_chunked_req_next_prompt_token, reqs[chunked]),
         )
         sampled = torch.randint(half, VOCAB_SIZE, (bs,), generator=gen).to(device=device, dtype=torch.int32)
         sampled_before = sampled.clone()

@@ -54,12 +54,15 @@ class NeedsCpuSeqLens:
         build_eagle_draft, kit_scope = kit("probes").build_eagle_draft, kit("probes").kit_scope
 
         with kit_scope(device=device, seed=scenario.seed):
-            from sglang.srt import runtime_context
+            try:
+                from sglang.srt import runtime_context
+            except ImportError:  # 0.5.13
+                runtime_context = None
 
             setup = build_eagle_draft(scenario, device=device)
             third = None if scenario.gpu_only else UndeclaredAttnBackend()
             slots = (setup.target_backend, setup.draft_backend, third)
-            if hasattr(runtime_context, "get_exec"):
+            if runtime_context is not None and hasattr(runtime_context, "get_exec"):
                 two_batch_overlap = bool(runtime_context.get_exec().overlap.enable_two_batch_overlap)
                 algorithm = str(runtime_context.get_spec().speculative_algorithm or "")
             else:  # up to 0.5.16 it reads the server args themselves
