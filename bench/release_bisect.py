@@ -6,7 +6,9 @@
    search must name 0.5.22 as the first release unlike the oldest, in at most ceil(log2 n) + 1
    release runs, and list ``TritonAttnBackend.forward_decode`` among the changed functions the
    differing cells reached, with the planted line in its diff.
-2. **Real.** The same scenarios over the real releases 0.5.21..0.5.23: no release differs.
+   The same over every release 0.5.13..0.5.23 (13 releases: at most 5 runs).
+2. **Real.** The same scenarios over the real releases 0.5.21..0.5.23, and over 0.5.13..0.5.23:
+   whether any release differs from the oldest.
 
     python bench/release_bisect.py [--wheels DIR] [--json bench/results/release-bisect-cpu.json]
 
@@ -30,13 +32,19 @@ import zipfile
 from pathlib import Path
 
 SCENARIOS = "sglang-triton-decode*"
+RELEASES = (
+    "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17",
+    "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+)  # fmt: skip
 BACKEND = "sglang/srt/layers/attention/triton_backend.py"
 SHIPPED = "            layer.scaling,\n            k_descale,\n"
 PLANTED = "            layer.scaling * 0.5,\n            k_descale,\n"
-# What 0.5.19-0.5.23 pin in another version than sglfix's [sglang] extra installs
+# What 0.5.13-0.5.23 pin in another version than sglfix's [sglang] extra installs
 # (bench/results/releases-cpu.json, "overlay").
 LIGHT = (
     "apache-tvm-ffi==0.1.11",
+    "apache-tvm-ffi==0.1.9",
+    "transformers==5.8.1",
     "compressed-tensors==0.18.0",
     "openai==2.6.1",
     "sentencepiece==0.2.1",
@@ -119,7 +127,7 @@ def main() -> int:
         real, planted, cache = base / "real", base / "planted", base / "cache"
         for d in (real, planted):
             d.mkdir()
-        for version in ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"):
+        for version in RELEASES:
             wheel = _wheel(version, args.wheels, real)
             if wheel.parent != real:
                 os.symlink(wheel, real / wheel.name)
@@ -134,11 +142,12 @@ def main() -> int:
         for w in planted.glob("*.whl"):
             if not w.name.startswith("sglang-") and not (real / w.name).exists():
                 shutil.copy(w, real / w.name)
-        for releases in ("0.5.21..0.5.23", "0.5.19..0.5.23"):
+        for releases in ("0.5.21..0.5.23", "0.5.19..0.5.23", "0.5.13..0.5.23"):
             rows[f"planted {releases}"] = _bisect(releases, wheels=planted, cache=cache)
             print(json.dumps(rows[f"planted {releases}"])[:600], flush=True)
-        rows["real 0.5.21..0.5.23"] = _bisect("0.5.21..0.5.23", wheels=real, cache=None)
-        print(json.dumps(rows["real 0.5.21..0.5.23"])[:600], flush=True)
+        for releases in ("0.5.21..0.5.23", "0.5.13..0.5.23"):
+            rows[f"real {releases}"] = _bisect(releases, wheels=real, cache=None)
+            print(json.dumps(rows[f"real {releases}"])[:600], flush=True)
     result = {
         "bench": "sglfix bisect --releases on CPU: a regression planted in a copied 0.5.22 wheel, and the real releases",
         "date": datetime.date.today().isoformat(),

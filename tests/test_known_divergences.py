@@ -156,11 +156,54 @@ def test_the_profiles_list_names_builtin_scenarios_and_the_command_that_reproduc
     assert known
     for k in known:
         assert any(fnmatch.fnmatchcase(n, k.scenario) for n in names), k.scenario
-        assert k.reproduce.startswith("sglfix run --profile sglang-0.5.23 -s ")
         import shlex
 
         argv = shlex.split(k.reproduce)
+        if k.versions:  # a bug of older releases: the command names one that has it
+            assert argv[1] == "--release" and k.holds_for(argv[2]), k.reproduce
+            argv = [argv[0], *argv[3:]]
+        assert shlex.join(argv).startswith("sglfix run --profile sglang-0.5.23 -s "), k.reproduce
         glob = argv[argv.index("-s") + 1]
         assert any(fnmatch.fnmatchcase(n, glob) for n in names), k.reproduce  # the command runs something
         assert ("--device cuda" in k.reproduce) == (k.device == "cuda"), k.reproduce
         assert json.dumps(k.model_dump())  # reported as is in the JSON report
+
+
+def test_an_entry_holds_for_the_versions_that_have_the_bug(tmp_path):
+    entries = _entries(
+        tmp_path,
+        """\
+        known_divergences:
+          - scenario: probe-req-to-token-chain-paged
+            verdict: [INVARIANT]
+            versions: "<0.5.16"
+            reason: fixed in 0.5.16
+            reproduce: sglfix --release 0.5.15 run --profile sglang -s probe-req-to-token-chain-paged --device cpu
+    """,
+    )
+    (entry,) = entries
+    assert entry.holds_for("0.5.13") and entry.holds_for("0.5.15.post1")
+    assert not entry.holds_for("0.5.16") and not entry.holds_for("0.5.23")
+    assert entry.holds_for(None)  # an engine whose version is unknown: every entry
+    # Judged where it does not hold, the same baseline is unexpected again.
+    cells = [_cell("probe-req-to-token-chain-paged", "INVARIANT")]
+    assert _stray(_judge(cells, device="cpu", known=[entry])) == []
+    assert _stray(_judge(cells, device="cpu", known=[k for k in entries if k.holds_for("0.5.16")])) == [
+        ([], "probe-req-to-token-chain-paged", "INVARIANT")
+    ]
+
+
+def test_a_bad_versions_range_is_one_line(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        _entries(
+            tmp_path,
+            """\
+            known_divergences:
+              - scenario: probe-x
+                verdict: [INVARIANT]
+                versions: "before 0.5.16"
+                reason: r
+                reproduce: sglfix run -s probe-x
+        """,
+        )
+    assert "versions" in str(err.value) and len(str(err.value).splitlines()) == 1

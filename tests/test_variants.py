@@ -135,6 +135,13 @@ def test_port_refuses_what_it_cannot_place(tmp_path):
     )
     result = port_part("4242:guard", gone, source_dir=_tree(tmp_path / "2", FIXED))
     assert result.status == "failed" and "pkgx.mod.h: not in this release" in result.why
+    moved = Part(
+        name="guard",
+        summary="s",
+        patches=(PatchSpec(target="pkgx.later.f", edits=(EditSpec(match="a = 1", replacement="a = 2"),)),),
+    )
+    result = port_part("4242:guard", moved, source_dir=_tree(tmp_path / "3", FIXED))
+    assert result.status == "failed" and "no module pkgx.later in" in result.why, result.why
 
 
 # ------------------------------------------------------------------ the command, on real sglang

@@ -733,3 +733,25 @@ def test_a_replaced_worker_is_reported_on_the_console_and_in_the_json(tmp_path):
     assert any("after 90008" in why for why in report["worker_replacements"]), report["worker_replacements"]
     # Every cell still ran on a clean worker.
     assert {c["toggles"][0] if c["toggles"] else "": c["verdict"] for c in report["cells"]}[str(BENIGN)] == "PASS"
+
+
+def test_a_revert_whose_module_needs_a_package_this_machine_lacks_is_told_apart():
+    """Only a missing third-party module makes a revert unavailable here (SKIP, and its targets
+    never entered); a missing module of the code base or of sglfix stays a failure (ERROR)."""
+    from sglfix.execution.session import _missing_dependency
+    from sglfix.patching.targets import TargetError
+
+    def raised(cause: BaseException) -> BaseException:
+        try:
+            try:
+                raise cause
+            except BaseException as exc:
+                raise TargetError("target 'x.y': importing x failed") from exc
+        except TargetError as err:
+            return err
+
+    assert _missing_dependency(raised(ModuleNotFoundError("No module named 'cutlass'", name="cutlass"))) == "cutlass"
+    assert _missing_dependency(raised(ModuleNotFoundError("no", name="cutlass.cute"))) == "cutlass.cute"
+    assert _missing_dependency(raised(ModuleNotFoundError("no", name="sglfix.backends.nowhere"))) is None
+    assert _missing_dependency(raised(ImportError("cannot import name 'f'"))) is None
+    assert _missing_dependency(raised(ValueError("no match"))) is None

@@ -104,8 +104,26 @@ def locate_source(target: str, source_dir: Path) -> tuple[str, str, int]:
         base = source_dir.joinpath(*parts[:cut])
         for candidate in (base.with_suffix(".py"), base / "__init__.py"):
             if candidate.is_file():
-                return _find_in_file(candidate, parts[cut:], target)
+                try:
+                    return _find_in_file(candidate, parts[cut:], target)
+                except SglfixError:
+                    missing = _missing_module(parts, source_dir) if candidate.name == "__init__.py" else None
+                    if missing is None:
+                        raise
+                    raise SglfixError(f"{target}: no module {missing} in {source_dir}") from None
     raise SglfixError(f"{target}: no module file for any prefix of it under {source_dir}")
+
+
+def _missing_module(parts: list[str], source_dir: Path) -> str | None:
+    """The first dotted prefix of ``parts`` that is neither a folder nor a module file (a module
+    the release does not have yet), when one comes before the last name."""
+    for cut in range(1, len(parts)):
+        base = source_dir.joinpath(*parts[:cut])
+        if not base.is_dir() and not base.with_suffix(".py").is_file():
+            return ".".join(parts[:cut])
+        if base.with_suffix(".py").is_file():
+            return None
+    return None
 
 
 _PARSED: dict[tuple[str, float], tuple[str, list]] = {}  # a file is read and parsed once per change
