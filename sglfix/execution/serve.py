@@ -123,28 +123,15 @@ def _import_under_test(cb) -> list[str]:
                 raise
             skipped.append(f"{name}: {first_line(exc)}")
     if cb.distribution is not None and cb.toggles_dir:
-        _import_targets(cb.toggles_dir)
+        from sglfix.toggling.revert import import_target_modules
+
+        import_target_modules(cb.toggles_dir)
     if cb.kit:  # what the kit sets up once per process (a release's single-rank groups)
         boot = getattr(importlib.import_module(cb.kit), "BOOT", None)
         if boot:
             module, _, function = boot.partition(":")
             getattr(importlib.import_module(f"{cb.kit}.{module}"), function)()
     return skipped
-
-
-def _import_targets(toggles_dir: str) -> None:
-    """The modules of every revert's targets as the registry has them at the installed version
-    (a variant may patch a module the profile's preload does not name)."""
-    from sglfix.patching.targets import split_module
-    from sglfix.toggling.registry import load_registry
-
-    for toggle in load_registry(toggles_dir):
-        for part in toggle.parts.values():
-            for target in part.targets:
-                try:
-                    split_module(target)
-                except Exception:
-                    pass
 
 
 def _boot(device: str, codebase: str = "reproduction") -> dict:

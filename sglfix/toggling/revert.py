@@ -19,7 +19,7 @@ from sglfix.toggling.ids import ToggleId
 from sglfix.toggling.modstate import ModuleSnapshot
 from sglfix.toggling.registry import Registry, Selection, load_registry, parse_toggle_ids
 
-__all__ = ["Reverted", "restore_everything", "revert", "reverted_ids", "target_code"]
+__all__ = ["Reverted", "import_target_modules", "restore_everything", "revert", "reverted_ids", "target_code"]
 
 _LOCK = threading.RLock()
 _ACTIVE: dict[str, Reverted] = {}  # part id -> the Reverted that holds it, oldest first
@@ -137,3 +137,18 @@ def restore_everything() -> None:
 def target_code(target: str, *, allowed_prefixes: Iterable[str] | None = None):
     """The code object a toggle target runs now (what a profiler sees when it is entered)."""
     return resolve_target(target, allowed_prefixes=allowed_prefixes).function.__code__
+
+
+def import_target_modules(toggles_dir: str) -> None:
+    """Import the module of every target the registry's parts patch at the installed version (a
+    worker does at boot: a variant may patch a module its profile's preload does not name)."""
+    from sglfix.patching.targets import split_module
+    from sglfix.toggling.registry import load_registry
+
+    for toggle in load_registry(toggles_dir):
+        for part in toggle.parts.values():
+            for target in part.targets:
+                try:
+                    split_module(target)
+                except Exception:  # a target that does not resolve is the precheck's finding
+                    pass
