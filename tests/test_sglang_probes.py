@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from clihelp import assert_one_line_error, run_cli
-from real_sglang import STANDINS, clean_env, require_sglang
+from real_sglang import STANDINS, VERSION, clean_env, require_sglang
 
 from sglfix.codebases import CODEBASES, REPRODUCTION, check_scenarios_runnable
 from sglfix.common.errors import ConfigError
@@ -133,7 +133,8 @@ def _known() -> dict[str, str]:
     from sglfix.execution.known import load_known
     from sglfix.toggling.profiles import PROFILES
 
-    known = load_known(PROFILES["sglang-0.5.23"].known_file)
+    # The entries that hold for the installed release (a bug fixed before it is not expected here).
+    known = [k for k in load_known(PROFILES["sglang-0.5.23"].known_file) if k.holds_for(VERSION)]
     return {
         s.name: k.verdict[0]
         for s in load_scenario_file(PROBES_FILE)
