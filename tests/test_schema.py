@@ -159,7 +159,7 @@ def test_toggle_files_are_pydantic_models_with_unknown_keys_forbidden():
         "peers",
     }
     assert set(ExpectFile.model_fields) == {"scenario", "verdict", "revert", "device"}
-    assert set(VariantFile.model_fields) == {"versions", "patches", "absent", "ported_from"}
+    assert set(VariantFile.model_fields) == {"versions", "patches", "absent", "ported_from", "note"}
 
 
 def test_expect_reads_verdicts_and_ids_through_the_shared_types(tmp_path):
