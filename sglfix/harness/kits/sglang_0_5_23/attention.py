@@ -128,7 +128,9 @@ def make_model_runner(
         runner_batch_size=pool_rows,
     )
     override = getattr(runner, "_server_args_override", None)  # 0.5.16 on
-    _published.append((override.restore if override is not None else lambda: _publish(before), runner.server_args))
+    _published.append(
+        (override.restore if override is not None else lambda: publish_server_args(before), runner.server_args)
+    )
     return runner
 
 
@@ -137,12 +139,6 @@ def _published_now() -> Any:
         return server_args()
     except ValueError:  # nothing published
         return None
-
-
-def _publish(args: Any) -> None:
-    """Put ``args`` (None: nothing) back as the published server args: before 0.5.16 the kit's
-    runner publishes with ``set_global_server_args_for_scheduler`` and keeps no way back."""
-    publish_server_args(args)
 
 
 def restore_server_args() -> None:

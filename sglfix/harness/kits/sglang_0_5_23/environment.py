@@ -26,6 +26,7 @@ __all__ = [
     "publish_server_args",
     "published",
     "server_args",
+    "with_server_args",
 ]
 
 _PREPARED = False
@@ -181,16 +182,23 @@ def _put(obj: Any, name: str, value: Any) -> None:
         setattr(obj, name, value)
 
 
-def decide_needs_cpu_seq_lens(backends: Any) -> bool:
-    """sglang's ``decide_needs_cpu_seq_lens`` over ``backends`` (the scheduler's decision); up to
-    0.5.18 it takes the server args first, later it reads them published."""
+def with_server_args(function: Any, *args: Any) -> Any:
+    """``function(*args)``, the published server args passed first where the release's function
+    takes them (a first parameter ``server_args``: the sizing functions up to 0.5.17,
+    ``decide_needs_cpu_seq_lens`` up to 0.5.18); later releases read them published."""
     import inspect
 
+    parameters = list(inspect.signature(function).parameters)
+    if parameters and parameters[0] == "server_args":
+        return function(server_args(), *args)
+    return function(*args)
+
+
+def decide_needs_cpu_seq_lens(backends: Any) -> bool:
+    """sglang's ``decide_needs_cpu_seq_lens`` over ``backends`` (the scheduler's decision)."""
     from sglang.srt.managers.overlap_utils import decide_needs_cpu_seq_lens as decide
 
-    if len(inspect.signature(decide).parameters) > 1:
-        return decide(server_args(), backends)
-    return decide(backends)
+    return with_server_args(decide, backends)
 
 
 def draft_backend_factory(runner: Any, topk: int, num_steps: int) -> Any:

@@ -26,7 +26,14 @@ from typing import Any
 
 import torch
 
-from .environment import bind_own_plan, context_kept, decide_needs_cpu_seq_lens, published, server_args
+from .environment import (
+    bind_own_plan,
+    context_kept,
+    decide_needs_cpu_seq_lens,
+    published,
+    server_args,
+    with_server_args,
+)
 
 __all__ = [
     "KIT_HIDDEN_SIZE",
@@ -40,6 +47,7 @@ __all__ = [
     "published",
     "run_eagle_draft",
     "server_args",
+    "with_server_args",
 ]
 
 KIT_HIDDEN_SIZE = 64  # the kit's DEFAULT_HIDDEN_SIZE

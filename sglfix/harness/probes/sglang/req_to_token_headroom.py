@@ -45,17 +45,6 @@ def own_decode_reserve(*, page_size: int, topk: int, num_steps: int, num_draft_t
     return 2 * per_step
 
 
-def _sizing_call(function: Callable[..., Any]) -> Any:
-    """Up to 0.5.17 the sizing functions take the server args, later ones read them published."""
-    import inspect
-
-    if inspect.signature(function).parameters:
-        from sglfix.harness.kits import kit
-
-        return function(kit("probes").server_args())
-    return function()
-
-
 def _decode_alloc_lens(
     sizing: Any, committed: list[int], *, reserve: int, page_size: int
 ) -> tuple[list[int], list[int]]:
@@ -99,11 +88,14 @@ class ReqToTokenHeadroom:
             speculative_num_steps=spec.num_steps,
             speculative_num_draft_tokens=spec.num_draft_tokens,
         )
+        from sglfix.harness.kits import kit
+
+        with_server_args = kit("probes").with_server_args  # the release's calling convention
         with published(**args):
             stage("forward")
-            headroom = int(_sizing_call(sizing.get_req_to_token_extra_context_len))  # under test
+            headroom = int(with_server_args(sizing.get_req_to_token_extra_context_len))  # under test
             width = context_len + headroom
-            reserve = int(_sizing_call(sizing.get_alloc_reserve_per_decode))
+            reserve = int(with_server_args(sizing.get_alloc_reserve_per_decode))
             cur, nxt = _decode_alloc_lens(sizing, committed, reserve=reserve, page_size=page)
 
             # Request b in row 1 + b (row 0 is the pool's padding row); rows after the batch are
