@@ -12,6 +12,7 @@ from typing import Any
 from rich.text import Text
 
 from sglfix.cli.context import Options, err
+from sglfix.common.errors import ConfigError
 
 VERDICT_STYLE = {
     "PASS": "green",
@@ -79,28 +80,68 @@ class Outputs:
         check_heatmap_path(self.heatmap, option="--heatmap")
 
 
-def target(opts: Options):
-    """The code base and toggles this command replays, as its options resolved them."""
+def target(opts: Options, *, apply: Sequence[str] = ()):
+    """The code base and toggles this command replays, as its options resolved them; ``apply``:
+    candidate fix files, each checked against the code base (one line, exit 2, before any cell)."""
     from sglfix.execution.runner import Target
 
     registry = opts.registry()
+    codebase = opts.codebase()
+    candidates: tuple = ()
+    if apply:
+        from sglfix.toggling.candidate import load_candidates
+
+        candidates = load_candidates(apply, codebase=codebase, allowed_prefixes=opts.allowed_prefixes())
+        for c in candidates:
+            for note in c.notes:
+                err.print(f"sglfix: note: {c.id}: {note}", highlight=False, markup=False)
+        registry = registry.with_candidates(candidates)
     return Target(
         profile=opts.active_profile(),
         registry=registry,
-        codebase=opts.codebase(),
+        codebase=codebase,
         allowed_prefixes=opts.allowed_prefixes(),
         toggles_dir=str(registry.directory) if opts.toggles is not None else None,
+        candidates=candidates,
     )
 
 
-def run_plan(opts: Options, settings: Any, *, outputs: Outputs, build_plan: Callable[..., Any], what: str) -> Any:
+def check_expect_fixes(globs: Sequence[str], apply: Sequence[str]) -> tuple[str, ...]:
+    """``--expect-fixes`` says what a candidate fix must clear: without ``--apply`` it is refused."""
+    if globs and not apply:
+        raise ConfigError("--expect-fixes names what a candidate fix must clear: give the fix with --apply FIX.patch")
+    for g in globs:
+        if not g.strip():
+            raise ConfigError("--expect-fixes: empty pattern; give a scenario name or glob")
+    return tuple(globs)
+
+
+def run_plan(
+    opts: Options,
+    settings: Any,
+    *,
+    outputs: Outputs,
+    build_plan: Callable[..., Any],
+    what: str,
+    apply: Sequence[str] = (),
+) -> Any:
     """Every option checked first (the report paths, then the settings, by
-    ``sglfix.execution.runner.Runner``: exit 2 before any cell runs), then the plan built and
-    run with progress on stderr; the ``Ran``."""
+    ``sglfix.execution.runner.Runner``: exit 2 before any cell runs), then the plan built (with
+    each set also run with the candidate fixes ``apply`` names) and run with progress on
+    stderr; the ``Ran``."""
+    from sglfix.execution.planner import patched
     from sglfix.execution.runner import Runner
 
     outputs.check()
-    runner = Runner(settings, target(opts), what=what)
+    tgt = target(opts, apply=apply)
+    runner = Runner(settings, tgt, what=what)
+    if tgt.candidates:
+        fixes = [c.id for c in tgt.candidates]
+        inner = build_plan
+
+        def build_plan(chosen, **kw):
+            return patched(inner(chosen, **kw), fixes)
+
     plan = runner.plan(build_plan)
     ran = runner.run(plan, progress=progress)
     report_replacements(ran.replacements)
@@ -117,7 +158,13 @@ def report_replacements(whys: Sequence[str]) -> list[str]:
 
 
 def judge_ran(
-    opts: Options, ran: Any, *, mode: str, expects: Sequence[Any] = (), known: Sequence[Any] = ()
+    opts: Options,
+    ran: Any,
+    *,
+    mode: str,
+    expects: Sequence[Any] = (),
+    known: Sequence[Any] = (),
+    expect_fixes: Sequence[str] = (),
 ) -> tuple[dict, Any]:
     """The report of ``ran`` and its judgement (``sglfix.report.outcome``): every cell's meaning,
     the expectations checked and not, the known divergences seen. The console, the exit code and
@@ -148,7 +195,23 @@ def judge_ran(
             highlight=False,
             markup=False,
         )
-    judgement = judge(report, mode=mode, expects=expects, known=known, base=ran.env)
+    if ran.candidates:
+        report["apply"] = {
+            "candidates": [c.to_json() for c in ran.candidates],
+            "expect_fixes": list(expect_fixes),
+            "conflicts": [{"set": label, "why": why} for label, why in ran.conflicts.items()],
+        }
+        for label, why in ran.conflicts.items():
+            err.print(f"sglfix: {label} not built: {why}", highlight=False, markup=False)
+    judgement = judge(
+        report,
+        mode=mode,
+        expects=expects,
+        known=known,
+        base=ran.env,
+        fixes=[c.id for c in ran.candidates],
+        expect_fixes=expect_fixes,
+    )
     judgement.annotate(report)
     return report, judgement
 
@@ -328,15 +391,20 @@ MEANING_MARK = {
     "known": "known",
     "same-as-baseline": "as baseline",
     "unchecked": "unchecked",
+    "cleared": "cleared by the fix",
+    "broken": "broken by the fix",
 }
 
 
 def verdict_cell(verdict: str, meaning: Any = None) -> Text:
     """The verdict, and for one that fails nothing, why in brackets (``INVARIANT (known)``)."""
     text = verdict_text(verdict)
-    mark = MEANING_MARK.get(getattr(getattr(meaning, "meaning", None), "value", ""))
+    value = getattr(getattr(meaning, "meaning", None), "value", "")
+    mark = MEANING_MARK.get(value)
     if mark and verdict not in ("PASS", "NOT_REACHED", "SKIP"):
         text.append(f" ({mark})", style="dim")
+    elif value == "fixed":
+        text.append(f" ({meaning.why})", style="green")
     return text
 
 
@@ -347,7 +415,11 @@ def cells_table(results, *, title: str, width: int, judgement: Any = None, show_
     from sglfix.cli.layout import named_rows
     from sglfix.execution.planner import set_label
 
-    shown = list(results) if show_all else [r for r in results if r.verdict != "PASS"]
+    def news(r: Any) -> bool:  # a pass a candidate fix brought is news too
+        m = judgement.of(f"{set_label(r.toggles)}::{r.scenario}") if judgement else None
+        return r.verdict != "PASS" or (m is not None and m.meaning.value == "fixed")
+
+    shown = list(results) if show_all else [r for r in results if news(r)]
     rows = [
         [
             Text(r.scenario),

@@ -11,6 +11,7 @@ from rich.text import Text
 from sglfix.cli.common import (
     VERDICT_STYLE,
     Outputs,
+    check_expect_fixes,
     header,
     judge_ran,
     name_lines,
@@ -114,12 +115,23 @@ def _draw(plan, verdicts, scenarios, sets, *, title: str, width: int) -> list:
     return parts
 
 
-MATRIX_OPTIONS = ("parts", *SELECT, "heatmap", *SCALE, "no_reachability", "env_baseline", "show_all")
+MATRIX_OPTIONS = (
+    "parts",
+    "apply",
+    "expect_fixes",
+    *SELECT,
+    "heatmap",
+    *SCALE,
+    "no_reachability",
+    "env_baseline",
+    "show_all",
+)
 
 
 @takes(*MATRIX_OPTIONS)
 def matrix_cmd(ctx: typer.Context, **given: Any) -> None:
-    """Baseline plus each registered toggle (and part) over the scenarios: the toggle x scenario grid."""
+    """Baseline plus each registered toggle (and part) over the scenarios: the toggle x scenario grid; with
+    --apply, every set also with a candidate fix applied, judged against the same set without it."""
     from sglfix.execution.known import known_of
     from sglfix.execution.planner import plan_matrix
     from sglfix.execution.settings import Settings
@@ -129,14 +141,17 @@ def matrix_cmd(ctx: typer.Context, **given: Any) -> None:
     json_file, show_all = given["json_file"], given["show_all"]
     outputs = Outputs(json=json_file, junit=given["junit"], markdown=given["markdown"], heatmap=given["heatmap"])
     known = known_of(opts.active_profile())  # a bad list is one line before any cell
+    expect_fixes = check_expect_fixes(given["expect_fixes"], given["apply"])
 
     def build_plan(chosen, *, registry, env_ids):
         return plan_matrix(chosen, registry=registry, parts=given["parts"], env_ids=env_ids)
 
     settings = Settings.of(given, reachability=not given["no_reachability"])
-    ran = run_plan(opts, settings, outputs=outputs, build_plan=build_plan, what="matrix")
+    ran = run_plan(opts, settings, outputs=outputs, build_plan=build_plan, what="matrix", apply=given["apply"])
     plan, results, env, info, wall = ran.plan, ran.results, ran.env, ran.info, ran.wall
-    report, judgement = judge_ran(opts, ran, mode="gate", expects=Expect.of_registry(ran.registry), known=known)
+    report, judgement = judge_ran(
+        opts, ran, mode="gate", expects=Expect.of_registry(ran.registry), known=known, expect_fixes=expect_fixes
+    )
     write_outputs(report, outputs, judgement=judgement)
     what = "matrix" if ran.shard is None else f"matrix shard {ran.shard}"
     if json_file != "-":
@@ -197,6 +212,9 @@ def _print_sets(plan, judgement, *, show_all: bool = False) -> None:
     for t in plan.sets[1:]:
         cells = by_set.get(t, [])
         out.print(Text(f"{set_label(t)}: ", style="bold"), end="")
+        if any(str(i).startswith("+") for i in t):
+            _print_patched(cells, show_all=show_all, width=out.width - len(set_label(t)) - 2)
+            continue
         changed = [c for c in cells if c.meaning.value in _EFFECT and c.stands_for != "PASS"]
         # A cell standing for SKIP (its own, or not reached where its baseline SKIPs) was not run here.
         skipped = sum(c.stands_for == "SKIP" for c in cells)
@@ -236,6 +254,24 @@ def _print_sets(plan, judgement, *, show_all: bool = False) -> None:
         )
         for line in lines:
             out.print(line, highlight=False, markup=False)
+
+
+def _print_patched(cells, *, show_all: bool, width: int) -> None:
+    """A set with a candidate fix, against the same set without it: what it clears and breaks."""
+    fixed = [c for c in cells if c.meaning.value == "fixed"]
+    broken = [c for c in cells if c.meaning.value == "broken"]
+    rest = len(cells) - len(fixed) - len(broken)
+    if not fixed and not broken:
+        out.print(f"the fix changes nothing here ({rest} cell(s) as without it)", highlight=False, markup=False)
+        return
+    for what, group in (("clears", fixed), ("BREAKS", broken)):
+        if group:
+            lead = f"{what} {len(group)}: "
+            for line in name_lines(
+                [f"{c.scenario} ({c.why})" for c in group], lead=lead, width=width, limit=None if show_all else _NAMES
+            ):
+                out.print(line, highlight=False, markup=False)
+    out.print(f"  {rest} cell(s) as without the fix", highlight=False, markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -184,6 +184,26 @@ ReachFile = Annotated[
     ),
 ]
 
+Apply = Annotated[
+    list[str],
+    typer.Option(
+        "--apply",
+        metavar="FIX.patch",
+        help="Apply this candidate fix (a unified diff in the code base's repository paths: git show, git "
+        "format-patch, a PR's .patch, diff -u) in every worker, and set each cell beside the same cell "
+        "without it (repeatable: the files apply together). Exit 0 only when it breaks no cell.",
+    ),
+]
+ExpectFixes = Annotated[
+    list[str],
+    typer.Option(
+        "--expect-fixes",
+        metavar="GLOB",
+        help="With --apply: the fix must clear the failing or known verdict of a scenario this matches "
+        "(repeatable); part of the gate.",
+    ),
+]
+
 
 def _reverts(help: str) -> Any:
     """``--revert/-r ID`` (repeatable, ids completed); ``help`` says what the command does with them."""
@@ -229,6 +249,8 @@ OPTIONS: dict[str, tuple[Any, Any]] = {
     "show_all": (ShowAll, False),
     "reach_file": (ReachFile, None),
     "releases": (Releases, None),
+    "apply": (Apply, []),
+    "expect_fixes": (ExpectFixes, []),
 }
 
 

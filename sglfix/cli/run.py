@@ -9,6 +9,7 @@ import typer
 from sglfix.cli.common import (
     Outputs,
     cells_table,
+    check_expect_fixes,
     header,
     judge_ran,
     print_known,
@@ -21,12 +22,13 @@ from sglfix.cli.context import err, options, out
 from sglfix.cli.options import SCALE, SELECT, takes
 from sglfix.common.errors import ConfigError
 
-RUN_OPTIONS = ("revert", *SELECT, *SCALE, "show_all", "reach_file")
+RUN_OPTIONS = ("revert", "apply", "expect_fixes", *SELECT, *SCALE, "show_all", "reach_file")
 
 
 @takes(*RUN_OPTIONS)
 def run_cmd(ctx: typer.Context, **given: Any) -> None:
-    """Run scenarios with the given fixes reverted (through SGLANG_DEBUG_REVERT_PR in the workers)."""
+    """Run scenarios with the given fixes reverted (through SGLANG_DEBUG_REVERT_PR in the workers); with
+    --apply, each cell also with a candidate fix applied, beside the same cell without it."""
     from sglfix.execution.known import known_of
     from sglfix.execution.planner import plan_run
     from sglfix.execution.settings import Settings
@@ -37,16 +39,24 @@ def run_cmd(ctx: typer.Context, **given: Any) -> None:
     outputs = Outputs(json=json_file, junit=given["junit"], markdown=given["markdown"])
     known = known_of(opts.active_profile())  # a bad list is one line before any cell
     ids = revert_ids(given["revert"])
+    expect_fixes = check_expect_fixes(given["expect_fixes"], given["apply"])
 
     def build_plan(chosen, *, registry, env_ids):
         return plan_run(chosen, revert=ids, env_ids=env_ids, registry=registry)
 
     record = _reach_targets(given["reach_file"])
-    ran = run_plan(opts, Settings.of(given, record=record), outputs=outputs, build_plan=build_plan, what="run")
+    ran = run_plan(
+        opts,
+        Settings.of(given, record=record),
+        outputs=outputs,
+        build_plan=build_plan,
+        what="run",
+        apply=given["apply"],
+    )
     results = ran.results
     # The same judgement as the matrix's, in findings mode: a known divergence of the profile
     # (an upstream bug the baseline shows too) is marked, listed, and fails nothing.
-    report, judgement = judge_ran(opts, ran, mode="findings", known=known)
+    report, judgement = judge_ran(opts, ran, mode="findings", known=known, expect_fixes=expect_fixes)
     write_outputs(report, outputs, judgement=judgement)
     what = "run" if ran.shard is None else f"run shard {ran.shard}"
     if json_file != "-":

@@ -14,7 +14,7 @@ from sglfix.common.errors import ConfigError
 from sglfix.scenario import Scenario
 from sglfix.toggling.registry import Registry, parse_toggle_ids
 
-__all__ = ["Plan", "PlannedCell", "merge_sets", "plan_matrix", "plan_run", "set_label"]
+__all__ = ["Plan", "PlannedCell", "merge_sets", "patched", "plan_matrix", "plan_run", "set_label"]
 
 BASELINE = "baseline"
 
@@ -100,3 +100,15 @@ def plan_matrix(
         except ConfigError:
             continue  # the env already reverts (part of) this set: its cells equal the baseline's
     return Plan(scenarios=list(scenarios), sets=list(dict.fromkeys(merged)), env_ids=env)
+
+
+def patched(plan: Plan, fixes: Sequence[str]) -> Plan:
+    """``plan`` with each toggle set run twice: as it is, and with the candidate ``fixes``
+    applied first (``+fix,26651``); each patched set right after its own, so that a report sets
+    every cell beside the same cell without the fix."""
+    if not fixes:
+        return plan
+    sets: list[tuple[str, ...]] = []
+    for s in plan.sets:
+        sets += [tuple(s), (*fixes, *s)]
+    return Plan(scenarios=plan.scenarios, sets=list(dict.fromkeys(sets)), env_ids=plan.env_ids)

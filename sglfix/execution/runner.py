@@ -32,6 +32,9 @@ class Target:
     codebase: Any  # sglfix.codebases.CodeBase
     allowed_prefixes: tuple[str, ...] | None = None
     toggles_dir: str | None = None  # given explicitly: every worker reads the same files
+    # Candidate fixes (--apply, sglfix.toggling.candidate), checked against the code base; the
+    # registry selects them by id.
+    candidates: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -48,6 +51,8 @@ class Ran:
     replacements: list = field(default_factory=list)  # why each worker was replaced between sets
     drifted: dict = field(default_factory=dict)  # revert id -> why it no longer applies here
     not_applicable: dict = field(default_factory=dict)  # revert id -> why none exists at this version
+    candidates: tuple = ()  # the candidate fixes applied (--apply)
+    conflicts: dict = field(default_factory=dict)  # set label -> why the fix and its reverts cannot go together
 
 
 class Runner:
@@ -104,6 +109,7 @@ class Runner:
             toggles_dir=target.toggles_dir,
             # A profile that follows what is installed is followed again in every worker.
             codebase=target.codebase.asked or target.codebase.name,
+            candidates=tuple((c.id, c.text, c.sha256) for c in target.candidates),
         )
         self.env = env_ids(target.registry)
         check_env_baseline(self.env, s.env_baseline, what=what)
@@ -117,6 +123,7 @@ class Runner:
         self.jobs = check_jobs(s.jobs, device)
         self.drifted: dict[str, str] = {}  # revert id -> why it no longer applies (see ``precheck``)
         self.not_applicable: dict[str, str] = {}  # revert id -> why no revert exists at this version
+        self.conflicts: dict[str, str] = {}  # set label -> why its fix and reverts cannot go together
 
     def scenarios(self) -> list:
         """The scenarios the settings select, checked at load (sizes, memory, what the code base
@@ -181,6 +188,15 @@ class Runner:
             try:
                 check(toggles)
             except SglfixError as exc:
+                conflict = self._conflict(toggles, check)
+                if conflict is not None:
+                    # The fix and a revert edit the same lines: that cell cannot be built, which
+                    # says nothing of the fix; named in the report, not a refusal of the run.
+                    from sglfix.execution.planner import set_label
+
+                    self.conflicts[set_label(toggles)] = f"{conflict}: {str(exc).splitlines()[0]}"
+                    left_out.add(toggles)
+                    continue
                 if not cb.beyond or set(toggles) & set(self.env):
                     raise
                 for rid in toggles:
@@ -202,6 +218,23 @@ class Runner:
             env_ids=plan.env_ids,
             cells=[c for c in plan.cells if c.toggles not in left_out],
         )
+
+    @staticmethod
+    def _conflict(toggles: Sequence[str], check: Callable[[Sequence[str]], None]) -> str | None:
+        """Why a set that holds candidate fixes fails only together (each of its fixes and its
+        reverts apply alone): the words of a conflict; None when it is not one."""
+        from sglfix.common.errors import SglfixError
+        from sglfix.toggling.candidate import split_ids
+
+        fixes, reverts = split_ids(toggles)
+        if not fixes or not reverts:
+            return None
+        try:
+            check(fixes)
+            check(reverts)
+        except SglfixError:
+            return None
+        return f"{','.join(fixes)} and revert {','.join(reverts)} change the same lines"
 
     @contextmanager
     def workers(self, *, cells: int | None = None) -> Iterator[Any]:
@@ -270,6 +303,8 @@ class Runner:
             replacements=replacements,
             drifted=dict(self.drifted),
             not_applicable=dict(self.not_applicable),
+            candidates=tuple(self.target.candidates),
+            conflicts=dict(self.conflicts),
         )
 
 

@@ -225,6 +225,7 @@ def serve() -> None:
     session = Session(
         device=info["device"],
         allowed_prefixes=tuple(spec["allowed_prefixes"]) if spec.get("allowed_prefixes") is not None else None,
+        candidates=[tuple(c) for c in spec.get("candidates") or ()],
     )
     for request in channel.requests():
         reply = session.handle(request)

@@ -51,11 +51,12 @@ def _frame(exc: BaseException) -> str:
 class Session:
     """One worker's state between requests: the toggle set it holds and the clean snapshot."""
 
-    def __init__(self, *, device: str, allowed_prefixes: tuple[str, ...] | None) -> None:
+    def __init__(self, *, device: str, allowed_prefixes: tuple[str, ...] | None, candidates: Any = ()) -> None:
         from sglfix.codebases import active
 
         self.device = device
         self.allowed_prefixes = allowed_prefixes
+        self.fixes = _Fixes(candidates)
         self.held = None  # the Reverted of the current set, if it reverts anything
         self.current: list[str] | None = None  # None: nothing applied yet, or the last apply failed
         self.clean = StateSnapshot(active().package)  # the code base this worker booted into
@@ -178,18 +179,23 @@ class Session:
                 f"after {left}, state of the code under test differs from the worker's start: "
                 f"{', '.join(changed[:3])}{more}"
             ), None
-        os.environ[ENV_VAR] = ",".join(toggles) if toggles else "0"
+        from sglfix.toggling.candidate import APPLY_ENV, split_ids
+
+        fixes, reverts = split_ids(toggles)
+        os.environ[ENV_VAR] = ",".join(reverts) if reverts else "0"
         try:
-            self.held = maybe_revert_pr_fix(allowed_prefixes=self.allowed_prefixes)
+            os.environ[APPLY_ENV] = self.fixes.paths(fixes)
+            self.held = maybe_revert_pr_fix(allowed_prefixes=self.allowed_prefixes, expected=self.fixes.sha256)
         except Exception as exc:
             os.environ[ENV_VAR] = "0"
+            os.environ[APPLY_ENV] = ""
             lacking = _missing_dependency(exc)
             if lacking:
                 return None, (
-                    f"{_UNAVAILABLE}revert {','.join(toggles)} cannot be applied on this machine: the module it "
+                    f"{_UNAVAILABLE}{_what(toggles)} cannot be applied on this machine: the module it "
                     f"patches needs {lacking}, which is not installed here"
                 )
-            return None, f"revert {','.join(toggles)} failed: {first_line(exc)}"
+            return None, f"{_what(toggles)} failed: {first_line(exc)}"
         self.current = list(toggles)
         return None, None
 
@@ -214,6 +220,44 @@ class Session:
 
 
 _UNAVAILABLE = "unavailable: "
+
+
+def _what(toggles: Any) -> str:
+    """A set in the words of its failure: ``revert 26651``, ``apply +fix and revert 26651``."""
+    from sglfix.toggling.candidate import split_ids
+
+    fixes, reverts = split_ids(toggles)
+    said = [f"apply {','.join(fixes)}"] if fixes else []
+    said += [f"revert {','.join(reverts)}"] if reverts else []
+    return " and ".join(said)
+
+
+class _Fixes:
+    """The candidate fixes this worker may apply, each written to a file of its own (named so
+    that its id is the same) for ``SGLFIX_APPLY``, as a production process reads it."""
+
+    def __init__(self, candidates: Any) -> None:
+        self.sha256: dict[str, str] = {}
+        self.files: dict[str, str] = {}
+        self._dir: str | None = None
+        for cid, text, sha in candidates:
+            if self._dir is None:
+                import atexit
+                import shutil
+                import tempfile
+
+                self._dir = tempfile.mkdtemp(prefix="sglfix-apply-")
+                atexit.register(shutil.rmtree, self._dir, True)
+            path = os.path.join(self._dir, cid.lstrip("+") + ".patch")
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            self.files[cid], self.sha256[cid] = path, sha
+
+    def paths(self, ids: Any) -> str:
+        missing = [i for i in ids if i not in self.files]
+        if missing:
+            raise ValueError(f"candidate fix {missing[0]} was not given to this worker")
+        return os.pathsep.join(self.files[i] for i in ids)
 
 
 def _missing_dependency(exc: BaseException) -> str | None:

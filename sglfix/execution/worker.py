@@ -48,6 +48,7 @@ TAIL_BYTES = 16384
 _SPEC_ENV = "SGLFIX_WORKER"  # the worker's channel and settings; removed from its env at once
 _REVERT_ENV = "SGLANG_DEBUG_REVERT_PR"
 _TOGGLES_ENV = "SGLFIX_TOGGLES_DIR"
+_APPLY_ENV = "SGLFIX_APPLY"  # sglfix.toggling.candidate.APPLY_ENV
 _CHECK_HINT = "check the install with: python -m sglfix.execution.worker --check"
 
 
@@ -69,6 +70,9 @@ class WorkerConfig:
     profiles_path: str | None = None
     # The engine package the code base is (None: the reproduction), resolved with the config.
     engine_package: str | None = None
+    # Candidate fixes (--apply) a toggle set may hold: (id, diff text, sha256) each. The text
+    # travels, not the path: a Ray actor on another node has no such file.
+    candidates: tuple[tuple[str, str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -225,6 +229,7 @@ class Worker:
         env = dict(os.environ)
         env.update(self.extra_env)
         env.pop(_REVERT_ENV, None)  # the worker sets it per toggle set
+        env.pop(_APPLY_ENV, None)  # and this one too
         if self.config.toggles_dir is not None:
             env[_TOGGLES_ENV] = self.config.toggles_dir
         if self.config.profiles_path:
@@ -250,6 +255,7 @@ class Worker:
                 "allowed_prefixes": list(self.config.allowed_prefixes)
                 if self.config.allowed_prefixes is not None
                 else None,
+                "candidates": [list(c) for c in self.config.candidates],
             }
         )
         return env

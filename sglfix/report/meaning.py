@@ -9,10 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["BASELINE", "ENV_VAR", "CellMeaning", "Meaning", "set_label"]
+__all__ = ["BASELINE", "ENV_VAR", "FIX_PREFIX", "CellMeaning", "Meaning", "set_label", "unpatched"]
 
 ENV_VAR = "SGLANG_DEBUG_REVERT_PR"
 BASELINE = "baseline"
+FIX_PREFIX = "+"  # a candidate fix's id in a toggle set (sglfix.toggling.candidate)
 
 
 class Meaning(StrEnum):
@@ -29,19 +30,35 @@ class Meaning(StrEnum):
     UNEXPECTED = "unexpected"  # matrix: a verdict no expectation explains (a failing baseline too)
     UNMET = "unmet"  # a cell of an expectation that no cell met
     ERROR = "error"  # sglfix itself failed: the cell's result is unknown
+    # --apply: a cell with the candidate fix, against the same cell without it.
+    FIXED = "fixed"  # passes with the fix where it did not without (a known divergence included)
+    BROKEN = "broken"  # the fix changes its verdict other than to PASS: what the fix breaks
+    CLEARED = "cleared"  # a failure of the code without the fix, which the fix clears
 
     @property
     def fails(self) -> bool:
-        return self in (Meaning.FAILED, Meaning.UNEXPECTED, Meaning.UNMET, Meaning.ERROR)
+        return self in (Meaning.FAILED, Meaning.UNEXPECTED, Meaning.UNMET, Meaning.ERROR, Meaning.BROKEN)
 
     @property
     def explained(self) -> bool:
         """A non-PASS verdict that fails nothing, and why (shown, never hidden)."""
-        return self in (Meaning.EXPECTED, Meaning.COVERED, Meaning.KNOWN, Meaning.SAME_AS_BASELINE, Meaning.UNCHECKED)
+        return self in (
+            Meaning.EXPECTED,
+            Meaning.COVERED,
+            Meaning.KNOWN,
+            Meaning.SAME_AS_BASELINE,
+            Meaning.UNCHECKED,
+            Meaning.CLEARED,
+        )
 
 
 def set_label(toggles: Sequence[str]) -> str:
     return ",".join(toggles) or BASELINE
+
+
+def unpatched(toggles: Sequence[str]) -> tuple[str, ...]:
+    """A set without its candidate fixes: the set a patched cell is compared with."""
+    return tuple(t for t in toggles if not str(t).startswith(FIX_PREFIX))
 
 
 def _cell_id(cell: dict) -> str:

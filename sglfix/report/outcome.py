@@ -30,7 +30,7 @@ from sglfix.report.claim import TEST_OUTCOMES, Claim, judge_claim
 from sglfix.report.codebase import codebase_identity, codebase_label
 from sglfix.report.context import _base_of, _expects_of, _key_figure, _mode_of
 from sglfix.report.expectations import Check, Expect, Known, KnownHit, NotChecked
-from sglfix.report.meaning import BASELINE, ENV_VAR, CellMeaning, Meaning, _cell_id, set_label
+from sglfix.report.meaning import BASELINE, ENV_VAR, FIX_PREFIX, CellMeaning, Meaning, _cell_id, set_label, unpatched
 
 __all__ = [
     "BASELINE",
@@ -40,6 +40,7 @@ __all__ = [
     "Check",
     "Claim",
     "Expect",
+    "FixCheck",
     "Judgement",
     "Known",
     "KnownHit",
@@ -73,6 +74,9 @@ class Rules:
     expects: tuple[Expect, ...] = ()
     known: tuple[Known, ...] = ()
     base: tuple[str, ...] = ()
+    # --apply: the candidate fixes' ids, and the scenarios (globs) they must clear.
+    fixes: tuple[str, ...] = ()
+    expect_fixes: tuple[str, ...] = ()
 
     def known_for(self, cell: dict, verdict: str) -> Known | None:
         return next(
@@ -88,14 +92,17 @@ class Rules:
             if e.revert == toggles and e.covers(cell["scenario"]) and e.device in ("any", cell.get("device"))
         ]
 
-    def meaning(self, cell: dict, baseline: dict | None) -> tuple[Meaning, str]:
+    def meaning(self, cell: dict, baseline: dict | None, unfixed: dict | None = None) -> tuple[Meaning, str]:
         """The meaning of ``cell`` and why; ``baseline``: the same scenario's cell of the base set
-        (None when the plan has none, or ``cell`` is it)."""
+        (None when the plan has none, or ``cell`` is it); ``unfixed``: for a cell with a candidate
+        fix applied, the same cell without it (what the fix is judged against)."""
         verdict = cell.get("verdict")
         if verdict == "ERROR":
             return Meaning.ERROR, "sglfix itself failed: the cell's result is unknown"
         if verdict == "SKIP":
             return Meaning.SKIPPED, "cannot run here"
+        if unfixed is not None:
+            return self.fix_meaning(cell, unfixed)
         v = effective(cell)
         unreached = verdict == NOT_REACHED
         if v == "SKIP":  # not reached, where the baseline itself could not run
@@ -123,6 +130,38 @@ class Rules:
             return Meaning.UNCHECKED, f"over the baseline {ENV_VAR}={','.join(self.base)}: no expectation applies"
         return Meaning.UNEXPECTED, "not covered by any expectation of this toggle set"
 
+    def fix_meaning(self, cell: dict, unfixed: dict) -> tuple[Meaning, str]:
+        """A cell with candidate fixes applied, against the same cell without them: what the fix
+        clears, what it breaks, what it leaves as it was."""
+        fixes = ",".join(t for t in cell.get("toggles") or () if str(t).startswith(FIX_PREFIX))
+        v, was = effective(cell), effective(unfixed)
+        unreached = " (not reached: the fix's functions never ran)" if cell.get("verdict") == NOT_REACHED else ""
+        if unfixed.get("verdict") in ("ERROR", "SKIP"):
+            if v == "PASS":
+                return (
+                    Meaning.PASSED,
+                    f"passed with {fixes} (without it the cell did not run: {unfixed.get('verdict')})",
+                )
+            return Meaning.BROKEN, f"{v} with {fixes}; without it the cell did not run ({unfixed.get('verdict')})"
+        if v == was:
+            if v == "PASS":
+                return Meaning.PASSED, f"passed, as without {fixes}{unreached}"
+            k = self.known_for(cell, v)
+            if k is not None:
+                return (
+                    Meaning.KNOWN,
+                    f"known divergence ({k.scenario} -> {'|'.join(k.verdict)}), not cleared by {fixes}",
+                )
+            return Meaning.SAME_AS_BASELINE, f"{v} with and without {fixes}: the fix changes nothing here{unreached}"
+        if v == "PASS":
+            k = self.known_for(unfixed, was)
+            if k is not None:
+                return Meaning.FIXED, f"{fixes} fixes known divergence {k.scenario} ({was} -> PASS)"
+            over = unpatched(cell.get("toggles") or ())
+            where = f" with {set_label(over)} reverted" if over else ""
+            return Meaning.FIXED, f"{fixes} clears {was}{where} ({was} -> PASS)"
+        return Meaning.BROKEN, f"{fixes} changes {was} to {v}"
+
 
 @dataclass
 class Judgement:
@@ -141,6 +180,10 @@ class Judgement:
     drifted: dict[str, str] = field(default_factory=dict)
     # Reverts with no variant at the engine version run (a fix the release predates): no finding.
     not_applicable: dict[str, str] = field(default_factory=dict)
+    # --apply: each --expect-fixes pattern and whether the fix cleared it; the sets whose fix and
+    # reverts change the same lines (label -> why), which could not be built.
+    fix_checks: list[FixCheck] = field(default_factory=list)
+    conflicts: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.by_id = {c.id: c for c in self.cells}
@@ -165,7 +208,7 @@ class Judgement:
 
     @property
     def failed(self) -> bool:
-        return bool(self.failing) or bool(self.drifted)
+        return bool(self.failing) or bool(self.drifted) or any(not c.met for c in self.fix_checks if c.checked)
 
     @property
     def exit_code(self) -> int:
@@ -217,7 +260,44 @@ class Judgement:
             ):
                 if n:
                     out.append(f"{n} {what}")
+        broken = self.count(Meaning.BROKEN)
+        if broken:
+            out.append(f"{broken} cell(s) broken by {','.join(self.rules.fixes)}")
+        for c in self.fix_checks:
+            if c.checked and not c.met:
+                out.append(f"--expect-fixes {c.pattern}: {c.why}")
         return out
+
+    def fix_summary(self) -> str:
+        """With --apply: what the candidate fixes do, in one line (``''`` without)."""
+        if not self.rules.fixes:
+            return ""
+        fixed = self.with_meaning(Meaning.FIXED)
+        patched = [c for c in self.cells if c.toggles != unpatched(c.toggles)]
+        broken = self.count(Meaning.BROKEN)
+        known = sorted({c.scenario for c in fixed if "known divergence" in c.why})
+        parts = []
+        if known:
+            parts.append(f"fixes known divergence {', '.join(known)}")
+        other = len(fixed) - sum(1 for c in fixed if "known divergence" in c.why)
+        if other:
+            parts.append(f"clears {other} other cell(s)")
+        if not fixed:
+            parts.append("clears nothing")
+        parts.append(f"breaks {broken} cell(s)" if broken else "breaks nothing")
+        aside = (Meaning.FIXED, Meaning.BROKEN, Meaning.SKIPPED, Meaning.ERROR)
+        unchanged = sum(c.meaning not in aside for c in patched)
+        parts.append(f"{unchanged} of {len(patched)} patched cell(s) unchanged")
+        for meaning, what in ((Meaning.SKIPPED, "skipped here"), (Meaning.ERROR, "ERROR")):
+            n = sum(c.meaning is meaning for c in patched)
+            if n:
+                parts.append(f"{n} {what}")
+        if self.conflicts:
+            parts.append(f"{len(self.conflicts)} set(s) not built (the fix and a revert change the same lines)")
+        for c in self.fix_checks:
+            if c.met or not c.checked:  # an unmet one is among the problems
+                parts.append(f"--expect-fixes {c.pattern}: {'met' if c.met else c.why}")
+        return f"{','.join(self.rules.fixes)}: " + "; ".join(parts)
 
     def explained_note(self) -> str:
         """The non-PASS cells that fail nothing, and the cells not run here, counted."""
@@ -228,6 +308,7 @@ class Judgement:
             (Meaning.SAME_AS_BASELINE, "same as baseline"),
             (Meaning.COVERED, "other verdict(s) within an expectation"),
             (Meaning.UNCHECKED, "unchecked over the environment's baseline"),
+            (Meaning.CLEARED, "cleared by the fix"),
             (Meaning.SKIPPED, "skipped here"),
         ):
             n = self.count(meaning)
@@ -259,6 +340,8 @@ class Judgement:
                 text = "exit 125: every cell was skipped (cannot test this here)"
             else:
                 text = "every cell passed" if not self.explained_note() else "no cell failed"
+        if self.rules.fixes:
+            text += f"; {self.fix_summary()}"
         note = self.explained_note()
         return prefix + text + (f" [{note}]" if note and self.cells else "")
 
@@ -276,6 +359,10 @@ class Judgement:
             "judged": {
                 "mode": self.mode,
                 "baseline": list(self.rules.base),
+                "fixes": list(self.rules.fixes),
+                "expect_fixes": list(self.rules.expect_fixes),
+                "fix_checks": [c.to_json() for c in self.fix_checks],
+                "fix_summary": self.fix_summary(),
                 "passed": not self.failed,
                 "exit_code": self.exit_code,
                 "outcome": self.outcome(),
@@ -307,23 +394,34 @@ def judge(
     expects: Sequence[Expect] | None = None,
     known: Sequence[Any] | None = None,
     base: Sequence[str] | None = None,
+    fixes: Sequence[str] | None = None,
+    expect_fixes: Sequence[str] | None = None,
 ) -> Judgement:
     """The judgement of a report dict (``build_report``'s, or one loaded from a file). What is
     not given is read from the report itself, so a saved or merged report judges the same."""
     cells = list(report.get("cells") or ())
+    applied = _fixes_of(report)
     rules = Rules(
         mode=mode or _mode_of(report),
         expects=tuple(expects if expects is not None else _expects_of(report)),
         known=tuple(Known.of(known if known is not None else report.get("known_divergences") or ())),
         base=tuple(base if base is not None else _base_of(report)),
+        fixes=tuple(fixes if fixes is not None else applied[0]),
+        expect_fixes=tuple(expect_fixes if expect_fixes is not None else applied[1]),
     )
     device = report.get("device")
     sharded = report.get("shard") is not None
     baselines = {c["scenario"]: c for c in cells if tuple(c.get("toggles") or ()) == rules.base}
+    # A cell with a candidate fix is judged against the same cell without it (when both ran).
+    by_set = {(c["scenario"], tuple(c.get("toggles") or ())): c for c in cells}
     meanings: list[CellMeaning] = []
     for c in cells:
         base_cell = baselines.get(c["scenario"])
-        meaning, why = rules.meaning(c, None if base_cell is c else base_cell)
+        toggles = tuple(c.get("toggles") or ())
+        unfixed = (
+            by_set.get((c["scenario"], unpatched(toggles))) if rules.fixes and unpatched(toggles) != toggles else None
+        )
+        meaning, why = rules.meaning(c, None if base_cell is c else base_cell, unfixed)
         meanings.append(
             CellMeaning(
                 id=_cell_id(c),
@@ -339,6 +437,10 @@ def judge(
     drifted = {d["id"]: d["why"] for d in report.get("drifted") or () if isinstance(d, dict)}
     absent = {d["id"]: d["why"] for d in report.get("not_applicable") or () if isinstance(d, dict)}
     out = Judgement(rules=rules, cells=meanings, sharded=sharded, device=device, drifted=drifted, not_applicable=absent)
+    if rules.fixes:
+        out.conflicts = applied[2]
+        _clear_fixed(out)
+        out.fix_checks = _check_fixes(out)
     if rules.mode == "gate":
         _check_expectations(out, cells, device=device)
     out.known = _known_hits(rules, cells, out, device=device)
@@ -357,6 +459,89 @@ def judge(
                 ):
                     m.meaning, m.why = Meaning.UNMET, why
     return out
+
+
+@dataclass
+class FixCheck:
+    """One ``--expect-fixes`` pattern: the fix must clear every not-passing cell of the scenarios
+    it matches (on the plan's baseline set), and there must be one; not checked where each of
+    them SKIPs here."""
+
+    pattern: str
+    met: bool
+    why: str
+    checked: bool = True
+    fixed: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {
+            "pattern": self.pattern,
+            "met": self.met,
+            "checked": self.checked,
+            "why": self.why,
+            "fixed": list(self.fixed),
+        }
+
+
+def _fixes_of(report: dict) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
+    """A saved report's candidate fixes, --expect-fixes patterns and conflicts."""
+    applied = report.get("apply")
+    if not isinstance(applied, dict):
+        return (), (), {}
+    fixes = tuple(str(c.get("id")) for c in applied.get("candidates") or () if isinstance(c, dict))
+    expect = tuple(str(g) for g in applied.get("expect_fixes") or ())
+    conflicts = {str(d.get("set")): str(d.get("why")) for d in applied.get("conflicts") or () if isinstance(d, dict)}
+    return fixes, expect, conflicts
+
+
+def _clear_fixed(out: Judgement) -> None:
+    """A failure of the code without the fix that the fix clears is what the fix is for: it fails
+    nothing (``cleared``); what the fix leaves failing still fails."""
+    fixed = {(m.scenario, unpatched(m.toggles)) for m in out.cells if m.meaning is Meaning.FIXED}
+    for m in out.cells:
+        if (
+            m.toggles == unpatched(m.toggles)
+            and (m.scenario, m.toggles) in fixed
+            and m.meaning
+            in (
+                Meaning.FAILED,
+                Meaning.UNEXPECTED,
+            )
+        ):
+            m.meaning, m.why = Meaning.CLEARED, f"{m.verdict} without the fix; {','.join(out.rules.fixes)} clears it"
+
+
+def _check_fixes(out: Judgement) -> list[FixCheck]:
+    rules = out.rules
+    patched = [m for m in out.cells if m.toggles != unpatched(m.toggles) and unpatched(m.toggles) == rules.base]
+    checks = []
+    for pattern in rules.expect_fixes:
+        matched = [m for m in patched if fnmatch.fnmatchcase(m.scenario, pattern)]
+        if not matched:
+            checks.append(FixCheck(pattern, False, "no scenario of the run matches it"))
+            continue
+        ran = [m for m in matched if m.meaning is not Meaning.SKIPPED]
+        if not ran:
+            checks.append(FixCheck(pattern, False, "every scenario it matches SKIPs here: not checked", checked=False))
+            continue
+        fixed = [m for m in ran if m.meaning is Meaning.FIXED]
+        left = [m for m in ran if m.stands_for != "PASS" and m.meaning is not Meaning.FIXED]
+        if left:
+            checks.append(
+                FixCheck(
+                    pattern,
+                    False,
+                    f"{left[0].scenario} is still {left[0].stands_for} with the fix",
+                    fixed=tuple(m.scenario for m in fixed),
+                )
+            )
+        elif not fixed:
+            checks.append(FixCheck(pattern, False, "nothing to clear: it passes without the fix too"))
+        else:
+            checks.append(
+                FixCheck(pattern, True, f"cleared on {len(fixed)} scenario(s)", fixed=tuple(m.scenario for m in fixed))
+            )
+    return checks
 
 
 def _check_expectations(out: Judgement, cells: list[dict], *, device: str | None) -> None:

@@ -225,6 +225,16 @@ class KnownSeen(_Closed):
     status: str | None = None
 
 
+class FixCheckRow(_Closed):
+    """One --expect-fixes pattern and whether the candidate fix cleared it."""
+
+    pattern: str
+    met: bool
+    checked: bool
+    why: str
+    fixed: list[str] = []
+
+
 class Judged(_Closed):
     mode: Literal["gate", "findings"]
     baseline: list[str]
@@ -232,6 +242,37 @@ class Judged(_Closed):
     exit_code: int
     outcome: str
     counts: dict[MeaningName, Count]
+    # --apply: the candidate fixes' ids, what they must clear, and what they did.
+    fixes: list[str] = []
+    expect_fixes: list[str] = []
+    fix_checks: list[FixCheckRow] = []
+    fix_summary: str = ""
+
+
+class CandidateRow(_Closed):
+    """A candidate fix a run applied (sglfix.toggling.candidate)."""
+
+    id: str
+    path: str
+    sha256: str
+    title: str
+    url: str = ""
+    functions: list[str]
+    notes: list[str] = []
+
+
+class Conflict(_Closed):
+    set: str
+    why: str
+
+
+class Applied(_Closed):
+    """What --apply gave: the candidate fixes, the scenarios they must clear, and the sets whose
+    fix and reverts change the same lines (not built)."""
+
+    candidates: list[CandidateRow]
+    expect_fixes: list[str] = []
+    conflicts: list[Conflict] = []
 
 
 # --- what ran where ------------------------------------------------------------------------------
@@ -347,6 +388,7 @@ class Report(_Closed):
     shards: Shards | None = None
     merged_from: list[MergedFrom] = []
     judged: Judged | None = None
+    apply: Applied | None = None
     expect: list[ExpectRow] = []
     not_checked: list[NotChecked] = []
 

@@ -204,7 +204,7 @@ def precheck_selections(selections: Iterable, *, package: str, allowed_prefixes:
     current: dict[str, tuple[str, str, int]] = {}
     for sel in selections:
         for patch in sel.part.patches:
-            label = f"revert {sel.id}"
+            label = f"{getattr(sel, 'verb', 'revert')} {sel.id}"
             try:
                 check_allowed(patch.target, allowed_prefixes)
             except SglfixError as exc:

@@ -21,8 +21,14 @@ __all__ = ["ENV_VAR", "maybe_revert_pr_fix", "parse_env_value", "selected_from_e
 _applied_by_env = None  # the Reverted made by maybe_revert_pr_fix, if any
 
 
-def maybe_revert_pr_fix(*, registry: Registry | None = None, allowed_prefixes: Iterable[str] | None = None):
-    """Apply what ``SGLANG_DEBUG_REVERT_PR`` selects, once per process.
+def maybe_revert_pr_fix(
+    *,
+    registry: Registry | None = None,
+    allowed_prefixes: Iterable[str] | None = None,
+    expected: dict[str, str] | None = None,
+):
+    """Apply what ``SGLANG_DEBUG_REVERT_PR`` selects, once per process, on top of the candidate
+    fixes ``SGLFIX_APPLY`` names (``expected``: their ids and the sha256 the files must have).
 
     Calling it again with the same selection is a no-op (engines call it from several
     entry points); a different selection while one is applied is an error.
@@ -38,7 +44,7 @@ def maybe_revert_pr_fix(*, registry: Registry | None = None, allowed_prefixes: I
         hook.arm(os.environ.get(ENV_VAR))
         armed.apply_all(allowed_prefixes=allowed_prefixes)
         return armed.record
-    selections = selected_from_env(registry=registry)
+    selections = [*_candidates(allowed_prefixes, expected), *selected_from_env(registry=registry)]
     wanted = [s.id for s in selections]
     if _applied_by_env is not None and not _applied_by_env.restored:
         if _applied_by_env.ids == wanted:
@@ -51,3 +57,15 @@ def maybe_revert_pr_fix(*, registry: Registry | None = None, allowed_prefixes: I
         return None
     _applied_by_env = revert(selections, allowed_prefixes=allowed_prefixes, what=ENV_VAR)
     return _applied_by_env
+
+
+def _candidates(allowed_prefixes: Iterable[str] | None, expected: dict[str, str] | None) -> list:
+    """The candidate fixes ``SGLFIX_APPLY`` names, for the code base this process replays."""
+    from sglfix.toggling.candidate import APPLY_ENV, from_env
+
+    value = os.environ.get(APPLY_ENV)
+    if value is None or not value.strip():
+        return []
+    from sglfix.codebases import active
+
+    return from_env(value, codebase=active(), allowed_prefixes=allowed_prefixes, expected=expected)

@@ -360,7 +360,7 @@ def _specs_by_target(selections: list) -> dict[str, list[tuple[Any, str]]]:
     out: dict[str, list[tuple[Any, str]]] = {}
     for sel in selections:
         for spec in sel.part.patches:
-            out.setdefault(spec.target, []).append((spec, f"revert {sel.id}"))
+            out.setdefault(spec.target, []).append((spec, f"{getattr(sel, 'verb', 'revert')} {sel.id}"))
     return out
 
 

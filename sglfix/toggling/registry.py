@@ -345,6 +345,8 @@ class Registry:
     def __init__(self, toggles: Iterable[Toggle], *, directory: str, version: str | None = None) -> None:
         self.directory = directory
         self.version = version  # the engine version the parts were chosen for (None: their own)
+        # Candidate fixes (--apply) a command applies in its sets: selected by their ``+name`` ids.
+        self.candidates: dict[str, Any] = {}
         self.toggles: dict[int, Toggle] = {}
         for t in toggles:
             if t.pr in self.toggles:
@@ -377,6 +379,14 @@ class Registry:
             if s.part.absent
         }
 
+    def with_candidates(self, candidates: Iterable[Any]) -> Registry:
+        """This registry, also selecting ``candidates`` (``sglfix.toggling.candidate``) by id."""
+        import copy
+
+        out = copy.copy(self)
+        out.candidates = {**self.candidates, **{c.id: c for c in candidates}}
+        return out
+
     def describe_ids(self) -> str:
         if not self.toggles:
             return f"none (no toggle files in {self.directory})"
@@ -386,6 +396,15 @@ class Registry:
 
     def select(self, token: str | ToggleId, *, what: str = "toggle id") -> list[Selection]:
         """The parts an id names; errors start with ``what`` and show the nearest id."""
+        if isinstance(token, str) and token.startswith("+"):
+            cand = self.candidates.get(token.strip())
+            if cand is None:
+                given = ", ".join(self.candidates) or "none"
+                raise ConfigError(
+                    f"{what}: {token.strip()} is not a candidate fix of this run{nearest(token, self.candidates)}; "
+                    f"--apply gave: {given}"
+                )
+            return [cand.selection]
         rid = ToggleId.parse(token, what=what)
         toggle = self.toggles.get(rid.pr)
         if toggle is None:

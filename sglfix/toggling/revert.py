@@ -95,7 +95,8 @@ def revert(
 ) -> Reverted:
     """Apply the revert patches of ``ids`` (``27460``, ``27460:sizing``): all or nothing."""
     items = list(ids)
-    if items and all(isinstance(i, Selection) for i in items):
+    # Selected parts, or candidate fixes (sglfix.toggling.candidate), which select as parts do.
+    if items and all(isinstance(i, Selection) or getattr(i, "verb", None) == "apply" for i in items):
         selections = items
     else:
         selections = parse_toggle_ids(items, registry=registry or load_registry(), what=what)
@@ -107,7 +108,7 @@ def revert(
                     f"{what}: {sel.id} is already reverted in this process; restore it before reverting it again"
                 )
         specs = [p for sel in selections for p in sel.part.patches]
-        labels = [f"revert {sel.id}" for sel in selections for _ in sel.part.patches]
+        labels = [f"{getattr(sel, 'verb', 'revert')} {sel.id}" for sel in selections for _ in sel.part.patches]
         prepared = prepare_specs(specs, allowed_prefixes=allowed, labels=labels)
         # After prepare (which may import the targets), before the first patched call.
         snapshot = ModuleSnapshot.take(prefixes=allowed, namespaces=[p.resolved.function.__globals__ for p in prepared])
