@@ -14,7 +14,7 @@ from sglfix.cli.layout import named_rows
 from sglfix.cli.options import SCALE, SELECT, takes
 from sglfix.common.errors import ConfigError
 
-BISECT_OPTIONS = ("candidates", *SELECT, *SCALE, "no_reachability", "env_baseline", "show_all", "releases")
+BISECT_OPTIONS = ("candidates", "apply", *SELECT, *SCALE, "no_reachability", "env_baseline", "show_all", "releases")
 
 
 def _candidates(registry, given: list[str]) -> list[str]:
@@ -36,11 +36,12 @@ def _candidates(registry, given: list[str]) -> list[str]:
 
 @takes(*BISECT_OPTIONS)
 def bisect_cmd(ctx: typer.Context, **given: Any) -> None:
-    """Find the reverted parts that make each scenario group fail (delta debugging) and the masking pairs."""
+    """Find the reverted parts that make each scenario group fail (delta debugging) and the masking pairs;
+    with --apply, the search runs with a candidate fix applied too, and the two are compared."""
     import datetime
     import time
 
-    from sglfix.execution.bisection import FailingBaseline, Search, shard_groups
+    from sglfix.execution.bisection import Search, shard_groups
     from sglfix.execution.known import known_of
     from sglfix.execution.planner import Plan
     from sglfix.execution.runner import Runner
@@ -60,7 +61,8 @@ def bisect_cmd(ctx: typer.Context, **given: Any) -> None:
     outputs = Outputs(json=json_file, junit=given["junit"], markdown=given["markdown"])
     outputs.check()
     known = known_of(opts.active_profile())
-    scope = target(opts)
+    scope = target(opts, apply=given["apply"])
+    fixes = tuple(c.id for c in scope.candidates)
     candidates = _candidates(scope.registry, revert_ids(given["candidates"]))
     runner = Runner(Settings.of(given), scope, what="bisect")
     chosen = shard_groups(runner.scenarios(), runner.shard, timings=runner.timings)
@@ -69,26 +71,28 @@ def bisect_cmd(ctx: typer.Context, **given: Any) -> None:
     env = runner.env
     # Every revert the search may apply, checked against the installed source before any worker
     # starts (as run and matrix do): a match that is not in the code is one line, exit 2.
-    runner.precheck(Plan(scenarios=chosen[:1], sets=[tuple(env) + (c,) for c in candidates]))
+    sets = [tuple(env) + (c,) for c in candidates]
+    runner.precheck(Plan(scenarios=chosen[:1], sets=sets + [(*fixes, *s) for s in sets] if fixes else sets))
+    if runner.conflicts:
+        label, why = next(iter(runner.conflicts.items()))
+        raise ConfigError(f"{label}: {why}; bisect the candidates that do not touch the fix's lines (-r IDS)")
     if runner.drifted:
         # Followed beyond its profile's range, the runner leaves a drifted revert out of a plan; the
         # search has no plan to leave it out of, so it is refused here as before, naming the fix.
         rid, why = next(iter(runner.drifted.items()))
         raise ConfigError(f"{why}; bisect the candidates that still apply: sglfix bisect -r IDS without {rid}")
+
     # What a cell means is judged as everywhere (sglfix.report.outcome): a known divergence of the
     # profile, or the verdict its baseline shows too, is no failure of the set reverted.
-    rules = Rules(mode="findings", known=tuple(Known.of(known)), base=tuple(env))
-    search = Search(runner, candidates=candidates, rules=rules, reachability=not given["no_reachability"])
+    def search(base: tuple[str, ...]) -> Search:
+        rules = Rules(mode="findings", known=tuple(Known.of(known)), base=base)
+        return Search(runner, candidates=candidates, rules=rules, reachability=not given["no_reachability"], base=base)
 
     def say(line: str) -> None:
         err.print(line, highlight=False, markup=False)
 
     started = time.perf_counter()
-    try:
-        found = search.run(chosen, say=say, every_set=given["show_all"])
-    except FailingBaseline as exc:
-        err.print(f"sglfix: error: {exc}", highlight=False, markup=False)
-        raise typer.Exit(1) from None
+    found, unfixed = _searches(search, fixes=fixes, env=tuple(env), chosen=chosen, say=say, every_set=given["show_all"])
     if found.skipped or found.known_base:
         say("bisect: " + _left_out(found.skipped, found.known_base))
     cells, masking_sets = found.cells, found.masking_sets
@@ -122,42 +126,111 @@ def bisect_cmd(ctx: typer.Context, **given: Any) -> None:
     }
     if runner.shard is not None:
         report["shard"] = str(runner.shard)
+    if unfixed is not None:
+        report["apply"] = _compare(fixes, unfixed, _summary(found), scope.candidates)
     if json_file is not None:
         write_json(json_file, report)
     _write_ci_reports(report, cells, info=found.info, junit=given["junit"], markdown=given["markdown"])
     if json_file != "-":
-        title = header(
-            what=f"bisect of {len(candidates)} candidates (the baseline and {report['sets_run']} toggle sets: "
-            f"{report['runs']} searched, {report['masking_runs']} for masking)",
-            info=found.info,
-            env=env,
-            wall=report["wall_s"],
-            cells=report["cells"],
-            report=report,
-        )
-        rows = [
-            [
-                Text(c["group"]),
-                Text(",".join(c["ids"])),
-                Text(c["verdict"]),
-                Text(str(len(c["scenarios"]))),
-                Text(c["key_figure"]),
-            ]
-            for c in culprits_flat
-        ]
-        headers = ["group", "culprit", "verdict", "scenarios", "key figure"]
-        for part in named_rows(headers, rows, title=title, width=out.width):
-            out.print(part)
-        for m in masking_out:
-            where = "all" if m["all"] else f"{len(m['scenarios'])}"
-            out.print(
-                Text(
-                    f"masking in {m['group']}: {m['culprit']} fails alone but passes reverted together with "
-                    f"{m['masked_by']} on {where} of the scenarios it fails ({', '.join(m['scenarios'][:3])}"
-                    f"{', ...' if len(m['scenarios']) > 3 else ''})"
-                )
-            )
+        _show(report, found, candidates=candidates, env=env, culprits=culprits_flat, masking=masking_out)
+    if unfixed is not None:
+        applied = report["apply"]
+        (err if json_file == "-" else out).print(applied["outcome"], highlight=False, markup=False)
+        raise typer.Exit(0 if applied["same"] else 1)
     raise typer.Exit(1 if culprits_flat else 0)
+
+
+def _show(report: dict, found: Any, *, candidates: list[str], env: Any, culprits: list, masking: list) -> None:
+    """The console's view of a bisect: the culprits table and the masking lines."""
+    culprits_flat, masking_out = culprits, masking
+    title = header(
+        what=f"bisect of {len(candidates)} candidates (the baseline and {report['sets_run']} toggle sets: "
+        f"{report['runs']} searched, {report['masking_runs']} for masking)",
+        info=found.info,
+        env=env,
+        wall=report["wall_s"],
+        cells=report["cells"],
+        report=report,
+    )
+    rows = [
+        [
+            Text(c["group"]),
+            Text(",".join(c["ids"])),
+            Text(c["verdict"]),
+            Text(str(len(c["scenarios"]))),
+            Text(c["key_figure"]),
+        ]
+        for c in culprits_flat
+    ]
+    headers = ["group", "culprit", "verdict", "scenarios", "key figure"]
+    for part in named_rows(headers, rows, title=title, width=out.width):
+        out.print(part)
+    for m in masking_out:
+        where = "all" if m["all"] else f"{len(m['scenarios'])}"
+        out.print(
+            Text(
+                f"masking in {m['group']}: {m['culprit']} fails alone but passes reverted together with "
+                f"{m['masked_by']} on {where} of the scenarios it fails ({', '.join(m['scenarios'][:3])}"
+                f"{', ...' if len(m['scenarios']) > 3 else ''})"
+            )
+        )
+
+
+def _searches(
+    search: Any, *, fixes: tuple, env: tuple, chosen: Any, say: Any, every_set: bool
+) -> tuple[Any, dict | None]:
+    """The search (with the candidate fixes applied, if any) and, with fixes, the same search on
+    the code without them first, summarised: what the fix changes is the answer."""
+    from sglfix.execution.bisection import FailingBaseline
+
+    unfixed: dict | None = None
+    if fixes:
+        say(f"bisect: without {','.join(fixes)}")
+        try:
+            unfixed = _summary(search(env).run(chosen, say=say, every_set=every_set))
+        except FailingBaseline as exc:
+            unfixed = {"failing_baseline": str(exc), "culprits": []}
+        say(f"bisect: with {','.join(fixes)} applied")
+    try:
+        return search((*fixes, *env)).run(chosen, say=say, every_set=every_set), unfixed
+    except FailingBaseline as exc:
+        err.print(f"sglfix: error: {exc}", highlight=False, markup=False)
+        raise typer.Exit(1) from None
+
+
+def _summary(found: Any) -> dict:
+    """A search's answer as the comparison reads it: each group's culprits and their verdicts."""
+    return {
+        "culprits": sorted(
+            {(g["group"], ",".join(c["ids"]), c["verdict"]) for g in found.groups for c in g["culprits"]}
+        )
+    }
+
+
+def _compare(fixes: tuple[str, ...], unfixed: dict, fixed: dict, candidates: Any) -> dict:
+    """The search without and with the candidate fixes: a fix that changes which reverts fail (a
+    historical regression no longer caught, or a new one) is what bisect --apply reports."""
+    before = {tuple(c) for c in unfixed["culprits"]}
+    after = {tuple(c) for c in fixed["culprits"]}
+    rows = lambda s: [{"group": g, "ids": i.split(","), "verdict": v} for g, i, v in sorted(s)]  # noqa: E731
+    label = ",".join(fixes)
+    if "failing_baseline" in unfixed:
+        outcome = f"{label}: without it the baseline fails ({unfixed['failing_baseline']}); with it the search ran"
+        same = True
+    elif before == after:
+        outcome = f"{label}: the same {len(after)} culprit(s) with and without the fix: it changes no revert's verdict"
+        same = True
+    else:
+        outcome = f"{label}: the culprits differ: {len(before - after)} only without the fix, {len(after - before)} only with it"
+        same = False
+    return {
+        "candidates": [c.to_json() for c in candidates],
+        "same": same,
+        "outcome": outcome,
+        "without_fix": unfixed.get("failing_baseline") or rows(before),
+        "only_without_fix": rows(before - after),
+        "only_with_fix": rows(after - before),
+    }
 
 
 def _write_ci_reports(report: dict, cells: Any, *, info: dict, junit: str | None, markdown: str | None) -> None:

@@ -117,11 +117,15 @@ class Found:
 class Search:
     """One bisect over ``chosen`` for ``candidates`` on ``runner``'s workers."""
 
-    def __init__(self, runner: Any, *, candidates: list[str], rules: Any, reachability: bool) -> None:
+    def __init__(
+        self, runner: Any, *, candidates: list[str], rules: Any, reachability: bool, base: Sequence[str] | None = None
+    ) -> None:
         from sglfix.execution.reach import targets_of
         from sglfix.toggling.ids import ToggleId
 
         self.runner, self.candidates, self.rules = runner, candidates, rules
+        # What every set holds: the environment's reverts, after the candidate fixes (--apply).
+        self.base = tuple(runner.env if base is None else base)
         registry = runner.target.registry
         self._toggle = lambda rid: registry.toggles[ToggleId.parse(rid).pr]
         self.targets = {c: targets_of([c], registry=registry) for c in candidates}
@@ -142,7 +146,7 @@ class Search:
         found = Found(record=self.record)
         with self.runner.workers() as pool:
             found.info = dict(pool.info)  # the workers' handshake before any progress line
-            cells = CellCache(pool, chosen, self.runner.env, say=say, every_set=every_set)
+            cells = CellCache(pool, chosen, self.base, say=say, every_set=every_set)
             cells.rank = {c: i for i, c in enumerate(self.candidates)}
             found.cells = cells
             names = [s.name for s in chosen]
@@ -169,8 +173,12 @@ class Search:
         from sglfix.report.outcome import ENV_VAR
 
         first = next(iter(bad.values()))
-        env = self.runner.env
+        from sglfix.toggling.candidate import split_ids
+
+        fixes, env = split_ids(self.base)
         what = f"{ENV_VAR}={','.join(env)}" if env else "nothing reverted"
+        if fixes:
+            what += f", {','.join(fixes)} applied"
         return (
             f"the baseline ({what}) fails {len(bad)} scenario(s), e.g. "
             f"{first.scenario}: {first.verdict} {first.key_figure}; bisect needs a passing baseline"

@@ -109,10 +109,12 @@ class Rules:
             return Meaning.SKIPPED, "cannot run here (its baseline SKIPs: never run)"
         if v == "PASS":
             return Meaning.PASSED, "not reached: same as its baseline, which passed" if unreached else "passed"
-        k = self.known_for(cell, v)
-        if k is not None:
-            return Meaning.KNOWN, f"known divergence ({k.scenario} -> {'|'.join(k.verdict)})"
         is_base = tuple(cell.get("toggles") or ()) == self.base
+        k = self.known_for(cell, v)
+        # Where the baseline passes (a candidate fix in every set clears the divergence), the
+        # same verdict in a toggle cell is the toggle's doing, not the known bug's.
+        if k is not None and (is_base or baseline is None or effective(baseline) != "PASS"):
+            return Meaning.KNOWN, f"known divergence ({k.scenario} -> {'|'.join(k.verdict)})"
         if not is_base and (unreached or (baseline is not None and effective(baseline) == v)):
             return Meaning.SAME_AS_BASELINE, f"same as its baseline ({v}): not caused by this toggle set"
         if self.mode == "findings":
