@@ -208,8 +208,8 @@ def _summary(found: Any) -> dict:
 
 
 def _compare(fixes: tuple[str, ...], unfixed: dict, fixed: dict, candidates: Any) -> dict:
-    """The search without and with the candidate fixes: a fix that changes which reverts fail (a
-    historical regression no longer caught, or a new one) is what bisect --apply reports."""
+    """The search without and with the candidate fixes: which reverts fail only with or only
+    without the fix. A culprit lost with the fix (a historical regression it hides) fails."""
     before = {tuple(c) for c in unfixed["culprits"]}
     after = {tuple(c) for c in fixed["culprits"]}
     rows = lambda s: [{"group": g, "ids": i.split(","), "verdict": v} for g, i, v in sorted(s)]  # noqa: E731
@@ -220,8 +220,18 @@ def _compare(fixes: tuple[str, ...], unfixed: dict, fixed: dict, candidates: Any
     elif before == after:
         outcome = f"{label}: the same {len(after)} culprit(s) with and without the fix: it changes no revert's verdict"
         same = True
+    elif before <= after:
+        # A revert that fails only with the fix applied: a scenario the fix clears now shows it.
+        outcome = (
+            f"{label}: every culprit found without the fix is found with it, and {len(after - before)} more "
+            f"(scenarios the fix clears now show them)"
+        )
+        same = True
     else:
-        outcome = f"{label}: the culprits differ: {len(before - after)} only without the fix, {len(after - before)} only with it"
+        outcome = (
+            f"{label}: {len(before - after)} culprit(s) found without the fix are not found with it (the fix "
+            f"hides their regression), {len(after - before)} only with it"
+        )
         same = False
     return {
         "candidates": [c.to_json() for c in candidates],
