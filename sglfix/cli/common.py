@@ -198,6 +198,8 @@ def judge_ran(
     if ran.candidates:
         report["apply"] = {
             "candidates": [c.to_json() for c in ran.candidates],
+            # The set --expect-fixes is judged on: the plan's first (the baseline, or a run's reverts).
+            "over": list(ran.plan.sets[0]) if ran.plan.sets else [],
             "expect_fixes": list(expect_fixes),
             "conflicts": [{"set": label, "why": why} for label, why in ran.conflicts.items()],
         }

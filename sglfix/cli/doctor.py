@@ -39,9 +39,7 @@ def doctor_cmd(
         PYTEST_HINT,
         caught_by_check,
         expectation_check,
-        live_check,
         pytest_missing,
-        static_check,
     )
 
     opts = options(ctx)
@@ -61,22 +59,7 @@ def doctor_cmd(
                 f"--caught-by runs each toggle's caught_by tests with pytest, which {sys.executable} cannot "
                 f"import ({why}); install it: {PYTEST_HINT}"
             )
-    if source is not None:
-        profile = opts.active_profile()
-        if not profile.is_reproduction and toggles is None:
-            from sglfix.codebases.installed import version_of_tree
-            from sglfix.toggling.registry import load_registry
-
-            # Each part as it is in the tree's version (its variant there), not the installed one's.
-            version = version_of_tree(source, profile)
-            if version and version != "unknown":
-                registry = load_registry(registry.directory, version=version)
-        results = static_check(registry, source_dir=source)
-        mode = "static"
-    else:
-        opts.enter_codebase()  # the live check imports the profile's code base
-        results = live_check(registry, allowed_prefixes=opts.allowed_prefixes())
-        mode = "live"
+    registry, results, mode = _apply_checks(opts, registry, source=source, toggles=toggles)
     # Every expectation, the profile's or a --toggles directory's, against the scenarios a matrix
     # would run with the same options: the built-in ones, or only the given files.
     from sglfix.scenario import load_scenarios
@@ -129,6 +112,31 @@ def doctor_cmd(
         )
     if failed:
         raise typer.Exit(1)
+
+
+def _apply_checks(opts, registry, *, source: str | None, toggles: str | None) -> tuple:
+    """Every part against the source tree (static, without importing it) or the installed code
+    (live; then also the profile's own candidate fixes, as run --apply applies them)."""
+    from sglfix.toggling.doctor import live_check, static_check
+
+    if source is not None:
+        profile = opts.active_profile()
+        if not profile.is_reproduction and toggles is None:
+            from sglfix.codebases.installed import version_of_tree
+            from sglfix.toggling.registry import load_registry
+
+            # Each part as it is in the tree's version (its variant there), not the installed one's.
+            version = version_of_tree(source, profile)
+            if version and version != "unknown":
+                registry = load_registry(registry.directory, version=version)
+        return registry, static_check(registry, source_dir=source), "static"
+    opts.enter_codebase()  # the live check imports the profile's code base
+    results = live_check(registry, allowed_prefixes=opts.allowed_prefixes())
+    if toggles is None:
+        from sglfix.execution.known import fix_check
+
+        results += fix_check(opts.active_profile())
+    return registry, results, "live"
 
 
 def register(app: typer.Typer) -> None:

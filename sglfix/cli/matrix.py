@@ -264,11 +264,18 @@ def _print_patched(cells, *, show_all: bool, width: int) -> None:
     if not fixed and not broken:
         out.print(f"the fix changes nothing here ({rest} cell(s) as without it)", highlight=False, markup=False)
         return
+
+    def shown(c) -> str:  # "name (known divergence, INVARIANT -> PASS)", "name (PASS to DIVERGE)"
+        if c.meaning.value == "fixed":
+            known = "known divergence, " if "known divergence" in c.why else ""
+            return f"{c.scenario} ({known}{c.why.rsplit('(', 1)[-1].rstrip(')')})"
+        return f"{c.scenario} ({c.why.split(' changes ', 1)[-1]})"
+
     for what, group in (("clears", fixed), ("BREAKS", broken)):
         if group:
             lead = f"{what} {len(group)}: "
             for line in name_lines(
-                [f"{c.scenario} ({c.why})" for c in group], lead=lead, width=width, limit=None if show_all else _NAMES
+                [shown(c) for c in group], lead=lead, width=width, limit=None if show_all else _NAMES
             ):
                 out.print(line, highlight=False, markup=False)
     out.print(f"  {rest} cell(s) as without the fix", highlight=False, markup=False)

@@ -17,6 +17,11 @@ matrix, bisect and every report alike) is decided in ``sglfix.report.outcome``.
         reproduce: sglfix run --profile PROFILE -s probe-req-to-token-tree-ps1 --device cpu
         device: any
         versions: "<0.5.16"
+        cleared_by: fixes/req-to-token-headroom-ps1.patch
+
+``cleared_by`` names a candidate fix kept with the profile (a unified diff against the engine, path
+relative to the profile's folder) that clears the entry: ``run --apply`` shows it doing so, and the
+entry stays in the list until the engine ships the fix.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from sglfix.common.errors import ConfigError
 from sglfix.common.schema import StrictModel, validate_node
 from sglfix.common.verdicts import Verdict
 
-__all__ = ["KnownDivergence", "known_of", "load_known"]
+__all__ = ["KnownDivergence", "fix_check", "fix_path", "known_of", "load_known"]
 
 
 def _verdicts(value: Any) -> Any:
@@ -47,6 +52,7 @@ class KnownDivergence(StrictModel):
     reproduce: str
     device: Literal["any", "cpu", "cuda"] = "any"
     versions: Annotated[str, BeforeValidator(_range)] = ""
+    cleared_by: str = ""  # a candidate fix of the profile's folder that clears it
 
     def holds_for(self, version: str | None) -> bool:
         """Whether the engine at ``version`` has this bug (an unknown version: every entry)."""
@@ -81,6 +87,12 @@ def known_of(profile: Any) -> list[KnownDivergence]:
     from sglfix.codebases.records import engine_version
 
     entries = load_known(profile.known_file)
+    for i, k in enumerate(entries):
+        if k.cleared_by and not os.path.isfile(fix_path(profile, k.cleared_by)):
+            raise ConfigError(
+                f"{profile.known_file}: known_divergences[{i}].cleared_by {k.cleared_by}: no such file (looked for "
+                f"{fix_path(profile, k.cleared_by)}); give the fix's path relative to the profile's folder"
+            )
     if not entries or profile.is_reproduction:
         return entries
     version = engine_version(profile.toggles_dir)
@@ -97,3 +109,29 @@ def load_known(path: str | None) -> list[KnownDivergence]:
     if not isinstance(node, dict):
         raise ConfigError(f"{path}:1: a known-divergences file is a mapping with the key known_divergences")
     return list(validate_node(KnownFile, node, where=path, root="known-divergences file").known_divergences)
+
+
+def fix_path(profile: Any, cleared_by: str) -> str:
+    """Where a known divergence's ``cleared_by`` fix lies: relative to the profile's folder."""
+    return os.path.normpath(os.path.join(profile.folder, cleared_by))
+
+
+def fix_check(profile: Any) -> list:
+    """Each candidate fix the profile keeps for a known divergence (``cleared_by``) still applies to
+    the installed code base, as ``run --apply`` would apply it."""
+    from sglfix.common.errors import SglfixError
+    from sglfix.toggling.candidate import load_candidate
+    from sglfix.toggling.doctor import CheckResult
+
+    out = []
+    for k in known_of(profile):
+        if not k.cleared_by:
+            continue
+        path = fix_path(profile, k.cleared_by)
+        try:
+            cand = load_candidate(path, codebase=profile)
+        except SglfixError as exc:
+            out.append(CheckResult(id=f"fix {k.cleared_by}", ok=False, error=str(exc).splitlines()[0]))
+            continue
+        out.append(CheckResult(id=f"fix {k.cleared_by} (clears {k.scenario})", ok=True, targets=list(cand.functions)))
+    return out

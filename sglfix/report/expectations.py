@@ -48,6 +48,7 @@ class Expect:
             scenario=data["scenario"],
             wanted=tuple(data["wanted"]),
             device=str(data.get("device") or "any"),
+            cleared_by=str(data.get("cleared_by") or ""),
         )
 
     @classmethod
@@ -68,6 +69,7 @@ class Known:
     reason: str = ""
     reproduce: str = ""
     device: str = "any"
+    cleared_by: str = ""  # the profile's candidate fix that clears it, if one is kept
 
     def matches(self, *, scenario: str, verdict: str, device: str | None) -> bool:
         return (
@@ -81,6 +83,7 @@ class Known:
             "reason": self.reason,
             "reproduce": self.reproduce,
             "device": self.device,
+            **({"cleared_by": self.cleared_by} if self.cleared_by else {}),
         }
 
     @classmethod
@@ -92,6 +95,7 @@ class Known:
             reason=str(data.get("reason") or ""),
             reproduce=str(data.get("reproduce") or ""),
             device=str(data.get("device") or "any"),
+            cleared_by=str(data.get("cleared_by") or ""),
         )
 
     @classmethod
@@ -109,6 +113,7 @@ class Known:
                         reason=k.reason,
                         reproduce=k.reproduce,
                         device=k.device,
+                        cleared_by=getattr(k, "cleared_by", ""),
                     )
                 )
         return out

@@ -137,6 +137,8 @@ class Rules:
         clears, what it breaks, what it leaves as it was."""
         fixes = ",".join(t for t in cell.get("toggles") or () if str(t).startswith(FIX_PREFIX))
         v, was = effective(cell), effective(unfixed)
+        if v == "SKIP":  # not reached, where the baseline itself could not run
+            return Meaning.SKIPPED, "cannot run here (its baseline SKIPs: never run)"
         unreached = " (not reached: the fix's functions never ran)" if cell.get("verdict") == NOT_REACHED else ""
         if unfixed.get("verdict") in ("ERROR", "SKIP"):
             if v == "PASS":
@@ -442,7 +444,7 @@ def judge(
     if rules.fixes:
         out.conflicts = applied[2]
         _clear_fixed(out)
-        out.fix_checks = _check_fixes(out)
+        out.fix_checks = _check_fixes(out, over=rules.base if applied[3] is None else applied[3])
     if rules.mode == "gate":
         _check_expectations(out, cells, device=device)
     out.known = _known_hits(rules, cells, out, device=device)
@@ -485,15 +487,17 @@ class FixCheck:
         }
 
 
-def _fixes_of(report: dict) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
-    """A saved report's candidate fixes, --expect-fixes patterns and conflicts."""
+def _fixes_of(report: dict) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str], tuple[str, ...] | None]:
+    """A saved report's candidate fixes, --expect-fixes patterns, conflicts, and the set the
+    patterns are judged on (None: the baseline)."""
     applied = report.get("apply")
     if not isinstance(applied, dict):
-        return (), (), {}
+        return (), (), {}, None
     fixes = tuple(str(c.get("id")) for c in applied.get("candidates") or () if isinstance(c, dict))
     expect = tuple(str(g) for g in applied.get("expect_fixes") or ())
     conflicts = {str(d.get("set")): str(d.get("why")) for d in applied.get("conflicts") or () if isinstance(d, dict)}
-    return fixes, expect, conflicts
+    over = applied.get("over")
+    return fixes, expect, conflicts, tuple(str(t) for t in over) if isinstance(over, list) else None
 
 
 def _clear_fixed(out: Judgement) -> None:
@@ -513,9 +517,10 @@ def _clear_fixed(out: Judgement) -> None:
             m.meaning, m.why = Meaning.CLEARED, f"{m.verdict} without the fix; {','.join(out.rules.fixes)} clears it"
 
 
-def _check_fixes(out: Judgement) -> list[FixCheck]:
+def _check_fixes(out: Judgement, *, over: tuple[str, ...]) -> list[FixCheck]:
+    """Each --expect-fixes pattern on the cells of ``over`` (the plan's first set) with the fix."""
     rules = out.rules
-    patched = [m for m in out.cells if m.toggles != unpatched(m.toggles) and unpatched(m.toggles) == rules.base]
+    patched = [m for m in out.cells if m.toggles != unpatched(m.toggles) and unpatched(m.toggles) == over]
     checks = []
     for pattern in rules.expect_fixes:
         matched = [m for m in patched if fnmatch.fnmatchcase(m.scenario, pattern)]

@@ -223,6 +223,7 @@ class KnownSeen(_Closed):
     device: Device = "any"
     seen_on: list[str] = []
     status: str | None = None
+    cleared_by: str = ""
 
 
 class FixCheckRow(_Closed):
@@ -271,6 +272,7 @@ class Applied(_Closed):
     fix and reverts change the same lines (not built)."""
 
     candidates: list[CandidateRow]
+    over: list[str] = []
     expect_fixes: list[str] = []
     conflicts: list[Conflict] = []
 

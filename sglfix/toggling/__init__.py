@@ -10,6 +10,9 @@ from __future__ import annotations
 ENV_VAR = "SGLANG_DEBUG_REVERT_PR"
 # Where a toggles directory other than the profile's is named (read by the start-up hook too).
 TOGGLES_ENV = "SGLFIX_TOGGLES_DIR"
+# Candidate fixes (unified diffs, os.pathsep between files) applied in every process, before the
+# reverts the switch selects (sglfix.toggling.candidate).
+APPLY_ENV = "SGLFIX_APPLY"
 
 
 def selects_nothing(value: str | None) -> bool:

@@ -34,8 +34,8 @@ __all__ = [
     "split_ids",
 ]
 
-# Comma-free: a path list, as PATH is (os.pathsep between files).
-APPLY_ENV = "SGLFIX_APPLY"
+from sglfix.toggling import APPLY_ENV  # a path list, as PATH is (os.pathsep between files)
+
 CANDIDATE_PREFIX = "+"
 
 
@@ -182,7 +182,12 @@ _WORDS = (
         "a module-level change (outside any function, such as a new helper or import): sglfix applies a fix "
         "as changes inside existing functions; move the new code into the function that uses it",
     ),
-    ("a class-level change", True, None),
+    (
+        "a class-level change",
+        True,
+        "a class-level change (an attribute, not a method): sglfix applies a fix as changes inside existing "
+        "functions; move the new code into the function that uses it",
+    ),
     ("a new top-level definition", False, "removes a top-level definition: left in place"),
     ("a new helper", False, "removes a top-level definition: left in place"),
     ("an added import", False, "removes an import: left in place"),

@@ -30,7 +30,7 @@ import _thread  # threading costs every set process a few ms; the hook needs a l
 import os
 import sys
 
-from sglfix.toggling import ENV_VAR, selects_nothing
+from sglfix.toggling import APPLY_ENV, ENV_VAR, selects_nothing
 
 # typing costs every set process a few ms; the annotations are strings.
 TYPE_CHECKING = False
@@ -137,8 +137,9 @@ def arm(value: str | None) -> _EnvReverts | None:
             if _STATE.value == (value or "").strip():
                 return armed()
             raise ConfigError(f"{ENV_VAR}={value!r}, but {_STATE.value!r} is already applied in this process")
-        if selects_nothing(value):
+        if selects_nothing(value) and not _apply_value():
             return None
+        value = value or ""
         chosen = resolve_profile(follow_imports=True)
         if chosen.profile is None:
             # Checked now against every candidate, so a bad value still stops the process at start.
@@ -160,14 +161,36 @@ class _Light:
         self.targets = targets
 
 
+def _apply_value() -> str:
+    return os.environ.get(APPLY_ENV, "").strip()
+
+
 def _selections(value: str, profile: Any, chosen: Any) -> Any:
-    """The selections ``value`` makes in ``profile``, or the ConfigError to raise: an id another
+    """The selections ``value`` makes in ``profile``, after the candidate fixes ``SGLFIX_APPLY``
+    names (checked against the profile's code base), or the ConfigError to raise: an id another
     profile has names ``SGLFIX_PROFILE`` (sglang's own ids are not all in every profile). From
-    the cache (``_Light`` items) when it holds the answer."""
+    the cache (``_Light`` items) when it holds the answer and no fix is applied."""
+    apply = _apply_value()
+    if apply:
+        from sglfix.common.errors import ConfigError
+        from sglfix.toggling.candidate import from_env
+
+        try:
+            fixes = from_env(apply, codebase=profile)
+        except ConfigError as exc:
+            return exc
+        if selects_nothing(value):
+            return fixes
+        reverts = _reverts(value, profile, chosen, cache=False)
+        return reverts if isinstance(reverts, Exception) else [*fixes, *reverts]
+    return _reverts(value, profile, chosen)
+
+
+def _reverts(value: str, profile: Any, chosen: Any, *, cache: bool = True) -> Any:
     from sglfix.toggling import armcache
 
     toggles = _toggles_dir(profile)
-    light = armcache.lookup(value, toggles)
+    light = armcache.lookup(value, toggles) if cache else None
     if light is not None:
         return [_Light(pid, targets) for pid, targets in light]
     from sglfix.common.errors import ConfigError
@@ -313,10 +336,20 @@ def settle(*, module: str | None = None) -> None:
     for target, items in state.pending.items():
         found = _imported_module_of(target, executed=module)
         if found is not None and (module is None or found == module):
-            names = ",".join(dict.fromkeys(label.removeprefix("revert ") for _, label in items))
+            names = _said(items)
             raise ConfigError(
-                f"{ENV_VAR}: revert {names} is not in effect: {found} is imported but {target} is not there to revert"
+                f"{ENV_VAR}: {names} is not in effect: {found} is imported but {target} is not there to revert"
             )
+
+
+def _said(items: list) -> str:
+    """``revert 26651,27460:sizing`` or ``apply +fix and revert 26651``: the labels of a target's specs."""
+    by: dict[str, list[str]] = {}
+    for _, label in items:
+        verb, _, pid = label.partition(" ")
+        if pid not in by.setdefault(verb, []):
+            by[verb].append(pid)
+    return " and ".join(f"{verb} {','.join(ids)}" for verb, ids in by.items())
 
 
 def _imported_module_of(target: str, *, executed: str | None = None) -> str | None:
@@ -465,7 +498,7 @@ class _EnvReverts:
         items = self.pending.pop(target, None)
         if items is None:
             return
-        names = ",".join(dict.fromkeys(label.removeprefix("revert ") for _, label in items))
+        names = _said(items)
         try:
             prepared = prepare_specs(
                 [s for s, _ in items], labels=[lab for _, lab in items], allowed_prefixes=allowed_prefixes
@@ -473,13 +506,14 @@ class _EnvReverts:
             states = install_prepared(prepared)
         except SglfixError as exc:
             self.pending[target] = items
-            raise type(exc)(f"{ENV_VAR}: revert {names} cannot be applied to {target}: {exc}") from exc
+            raise type(exc)(f"{ENV_VAR}: {names} cannot be applied to {target}: {exc}") from exc
         self.record.states.extend(states)
         self.done.add(target)
         for sel in self._selections:
             if target in self.part_targets[sel.id] and self.part_targets[sel.id] <= self.done:
                 revert_mod._ACTIVE[sel.id] = self.record
-                _log(f"reverted {sel.id} ({', '.join(sorted(self.part_targets[sel.id]))})")
+                done = "applied" if getattr(sel, "verb", "revert") == "apply" else "reverted"
+                _log(f"{done} {sel.id} ({', '.join(sorted(self.part_targets[sel.id]))})")
 
     def _silence_engine_toggle(self, reader: str) -> None:
         fn = _loaded_function(reader)
