@@ -9,6 +9,8 @@
 # ONLY=profile times where a cell's time goes (bench/cell_profile.py, the parent under cProfile).
 # ONLY=sglang runs the real-sglang matrix (--profile sglang-0.5.23; sglang from .cache/sglang-gpu).
 # ONLY=runner runs the matrix and bisect (--devices all, two shards) through the one runner.
+# ONLY=fix checks the profile's candidate fixes on real sglang (bench/fix_check.py): the FlashInfer
+# MLA one over the fimla scenarios, then over the whole matrix; the req_to_token one over the probes.
 # Everything lands in $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/sglfix-out}
@@ -119,7 +121,7 @@ if [ "${ONLY:-}" = profile ]; then
   tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
   exit 0
 fi
-if [ "${ONLY:-}" = sglang ]; then
+install_sglang() {
   # Real sglang 0.5.23 as the code under test: its Python files as an xz tarball and the
   # packages this image lacks as wheels (.cache/sglang-gpu), into a private site dir; never the
   # CUDA sgl_kernel wheel (a worker stands in for it: every function raises when called).
@@ -128,7 +130,26 @@ if [ "${ONLY:-}" = sglang ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/sgsite .cache/sglang-gpu/wheels/*.whl 2>&1 | grep -v WARNING | tail -2
   export PYTHONPATH=/tmp/sgsite${PYTHONPATH:+:$PYTHONPATH}
   python3 -m sglfix.execution.worker --check --device cuda --codebase sglang-0.5.23 > "$OUT/sglang-check.json" 2> "$OUT/sglang-check.err"
-  echo "worker check rc=$?"; tail -3 "$OUT/sglang-check.err"; head -c 1500 "$OUT/sglang-check.json"; echo
+  echo "worker check rc=$?"; tail -3 "$OUT/sglang-check.err"; head -c 600 "$OUT/sglang-check.json"; echo
+}
+if [ "${ONLY:-}" = fix ]; then
+  install_sglang
+  FIXES=profiles/sglang-0.5.23/fixes
+  log "fimla fix over the fimla scenarios, every part, with and without it"
+  COLUMNS=250 timeout ${FIX_LIMIT:-240} python3 bench/fix_check.py --profile sglang-0.5.23 --fix $FIXES/fimla-draft-plan.patch \
+    --expect 'fimla-draft-topk1@*' --parts -s 'fimla-*' --device cuda --json "$OUT/fix-fimla-cuda-scenarios.json"; echo "rc=$?"
+  log "req_to_token fix over the probes on CUDA"
+  COLUMNS=250 timeout 120 python3 bench/fix_check.py --profile sglang-0.5.23 --fix $FIXES/req-to-token-headroom-ps1.patch \
+    --expect probe-req-to-token-tree-ps1 --parts -s 'probe-*' --device cuda --json "$OUT/fix-req-to-token-cuda-probes.json"; echo "rc=$?"
+  log "fimla fix over the whole matrix, every part"
+  COLUMNS=250 timeout ${MATRIX_LIMIT:-420} python3 bench/fix_check.py --profile sglang-0.5.23 --fix $FIXES/fimla-draft-plan.patch \
+    --expect 'fimla-draft-topk1@*' --parts --device cuda --json "$OUT/fix-fimla-cuda.json"; echo "rc=$?"
+  tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
+  tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
+  exit 0
+fi
+if [ "${ONLY:-}" = sglang ]; then
+  install_sglang
   # In shards (SHARDS="1 2 3" of 3 by default; a later call can run the rest with the caches the
   # earlier one returned), each under a deadline so that the caches are saved whatever happens.
   # Several workers share the GPU: compiling Triton kernels cold is CPU-bound.
