@@ -219,5 +219,59 @@ def _gate_failures(report: dict, judgement: Any) -> list[str]:
     return lines
 
 
+@subcommand("finding")
+def finding_cmd(
+    ctx: typer.Context,
+    report_path: str = typer.Argument(..., metavar="REPORT.json", help="A run or matrix report (--json)."),
+    cell_id: str = typer.Argument(..., metavar="CELL", help="The cell, as the report names it: TOGGLES::SCENARIO."),
+    output: str | None = typer.Option(None, "--output", "-o", metavar="FILE.md", help="Write here (default: stdout)."),
+    scenario_file: list[str] = typer.Option(
+        [], "--scenario-file", metavar="PATH", help="The scenario file the report ran (default: the profile's)."
+    ),
+    no_rerun: bool = typer.Option(
+        False, "--no-rerun", help="Do not run the cell again to list the functions of the code base it entered."
+    ),
+) -> None:
+    """Write what an upstream issue needs about one cell, as Markdown: code base and versions, device,
+    the scenario, the command that reproduces it, observed and expected figures, the functions it ran
+    (file and line), and the candidate fix that clears it, if the profile keeps one."""
+    import sys
+
+    from sglfix.cli.common import progress
+    from sglfix.execution.finding import gather_finding
+    from sglfix.report.finding import render_finding
+    from sglfix.report.load import load_report
+    from sglfix.report.output import check_output_path, write_atomic
+    from sglfix.toggling.profiles import resolve_profile
+
+    opts = options(ctx)
+    check_output_path(output, option="--output")
+    if opts.profile is not None:
+        profile = opts.active_profile()
+    else:  # the profile the report ran
+        cb = load_report(report_path).get("codebase")
+        name = cb.get("name") if isinstance(cb, dict) else None
+        profile = resolve_profile(option=name).profile if name else opts.active_profile()
+    finding = gather_finding(
+        report_path,
+        cell_id,
+        profile=profile,
+        scenario_files=tuple(scenario_file),
+        rerun=not no_rerun,
+        progress=progress,
+    )
+    text = render_finding(finding)
+    if output is None or output == "-":
+        sys.stdout.write(text)
+    else:
+        write_atomic(output, text)
+        err.print(f"sglfix report finding: {cell_id} -> {output}", highlight=False, markup=False)
+
+
 def register(app: typer.Typer) -> None:
-    add_group(app, name="report", help="Compare and merge JSON reports (runs no cells).", commands=_SUBCOMMANDS)
+    add_group(
+        app,
+        name="report",
+        help="Compare and merge JSON reports; write one cell up as an upstream finding.",
+        commands=_SUBCOMMANDS,
+    )

@@ -143,6 +143,8 @@ class Session:
         from sglfix.harness.cell import run_cell
         from sglfix.toggling.revert import target_code
 
+        if record == [EVERY_FUNCTION]:
+            return self._run_recording_all(scenario, toggles)
         codes: dict[Any, str] = {}
         unresolved = []
         for target in record:
@@ -156,6 +158,27 @@ class Session:
         result, entered = record_entries(codes, lambda: run_cell(scenario, device=self.device, toggles=toggles))
         if entered is not None:
             result.reached = sorted({codes[c] for c in entered} | set(unresolved))
+        return result
+
+    def _run_recording_all(self, scenario: Any, toggles: list[str]) -> Any:
+        """The cell, and every function of the code base it entered, with where each is defined
+        (what a finding names: the code that ran, file and line in the installed tree)."""
+        from sglfix.codebases import active
+        from sglfix.common.codebase import package_dir
+        from sglfix.execution.entered import record_entries
+        from sglfix.harness.cell import run_cell
+
+        self.clean.reset_lazy()
+        package = active().package
+        root = package_dir(package) or ""
+        # Defined in the code base's own files (an inherited enum or dataclass method is not).
+        codes = {c: n for c, n in _functions_of(package).items() if root and c.co_filename.startswith(root)}
+        result, entered = record_entries(codes, lambda: run_cell(scenario, device=self.device, toggles=toggles))
+        if entered is not None:
+            top = os.path.dirname(root)
+            names = {codes[c]: _defined_at(c, top) for c in entered}
+            result.reached = sorted(names)
+            result.reached_at = dict(sorted(names.items()))
         return result
 
     def _switch(self, toggles: list[str]) -> tuple[str | None, str | None]:
@@ -220,6 +243,53 @@ class Session:
 
 
 _UNAVAILABLE = "unavailable: "
+# A record of every function of the code base (``report finding``), not of named targets.
+EVERY_FUNCTION = "*"
+
+
+def _defined_at(code: Any, top: str) -> str:
+    """``path:line`` of a function's code below ``top``; a patched function's code names its
+    patch in a folder of its file name (``[sglfix revert 26651:clamp, ...]``): the file, then it."""
+    import re
+
+    path, note = code.co_filename, ""
+    m = re.search(r"[/\\]\[sglfix ([^\],]*)[^\]]*\](?=[/\\])", path)
+    if m:
+        path, note = path[: m.start()] + path[m.end() :], f" (as patched: {m.group(1)})"
+    return f"{os.path.relpath(path, top)}:{code.co_firstlineno}{note}"
+
+
+def _functions_of(package: str) -> dict[Any, str]:
+    """The code objects of every function and method defined in the imported modules of
+    ``package`` (module-level and class-level; nested ones run inside them), by dotted name."""
+    import inspect
+    import sys
+
+    out: dict[Any, str] = {}
+
+    def add(fn: Any, name: str) -> None:
+        fn = inspect.unwrap(fn) if callable(fn) else fn
+        code = getattr(fn, "__code__", None)
+        if code is not None and code not in out:
+            out[code] = name
+
+    for mod_name, module in list(sys.modules.items()):
+        if module is None or not (mod_name == package or mod_name.startswith(package + ".")):
+            continue
+        for attr, obj in list(vars(module).items()):
+            if getattr(obj, "__module__", None) != mod_name:
+                continue
+            if inspect.isfunction(obj):
+                add(obj, f"{mod_name}.{attr}")
+            elif inspect.isclass(obj):
+                for key, member in list(vars(obj).items()):
+                    if isinstance(member, (staticmethod, classmethod)):
+                        member = member.__func__
+                    elif isinstance(member, property):
+                        member = member.fget
+                    if inspect.isfunction(member):
+                        add(member, f"{mod_name}.{obj.__qualname__}.{key}")
+    return out
 
 
 def _what(toggles: Any) -> str:

@@ -28,6 +28,9 @@ class CellResult:
     kernels: dict | None = None
     # Which requested toggle targets the run entered (reachability); None when not recorded.
     reached: list[str] | None = None
+    # Recording every function of the code base (a finding's record): where each entered one is
+    # defined in the installed tree (dotted name -> "file:line").
+    reached_at: dict[str, str] | None = None
 
     def add(self, verdict: str, message: str, **data: Any) -> None:
         self.findings.append({"verdict": verdict, "message": message, **data})
@@ -52,6 +55,7 @@ class CellResult:
             "revert_env": self.revert_env,
             "kernels": self.kernels,
             "reached": self.reached,
+            **({"reached_at": self.reached_at} if self.reached_at is not None else {}),
         }
 
     @classmethod

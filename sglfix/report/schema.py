@@ -168,6 +168,7 @@ class Cell(_Closed):
     revert_env: str | None = None
     kernels: Kernels | None = None
     reached: list[str] | None = None
+    reached_at: dict[str, str] | None = None
     meaning: MeaningName | None = None
     why: str | None = None
 
