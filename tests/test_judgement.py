@@ -326,3 +326,43 @@ def test_the_meaning_of_a_cell_is_decided_in_one_module():
             if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("sglfix"))
         ]
         assert all(m.startswith(allowed) for m in imports), (part, imports)
+
+
+def test_a_candidate_fix_is_judged_cell_by_cell_against_the_same_cell_without_it():
+    from sglfix.report.outcome import Known, Meaning, judge
+
+    report = _report(
+        _cell("ps1", (), "INVARIANT"),
+        _cell("ps1", ("+fix",), "PASS"),
+        _cell("other", (), "PASS"),
+        _cell("other", ("+fix",), "DIVERGE"),
+        _cell("wide", (), "PASS"),
+        _cell("wide", ("27545",), "DIVERGE"),
+        _cell("wide", ("+fix", "27545"), "NAN"),
+        _cell("new", (), "DIVERGE"),
+        _cell("new", ("+fix",), "PASS"),
+    )
+    known = [Known("ps1", ("INVARIANT",))]
+    j = judge(report, mode="findings", known=known, fixes=["+fix"], expect_fixes=["ps1", "other"])
+    m = {c.id: c for c in j.cells}
+    assert m["+fix::ps1"].meaning is Meaning.FIXED and "fixes known divergence ps1" in m["+fix::ps1"].why
+    assert m["baseline::ps1"].meaning is Meaning.KNOWN
+    # What the fix breaks fails; a cell failing either way (garbage read) fails nothing.
+    assert m["+fix::other"].meaning is Meaning.BROKEN and "changes PASS to DIVERGE" in m["+fix::other"].why
+    assert m["+fix,27545::wide"].meaning is Meaning.CHANGED and not m["+fix,27545::wide"].meaning.fails
+    # A failure of the code without the fix that the fix clears is what the fix is for.
+    assert m["baseline::new"].meaning is Meaning.CLEARED and m["+fix::new"].meaning is Meaning.FIXED
+    checks = {c.pattern: c for c in j.fix_checks}
+    assert checks["ps1"].met and not checks["other"].met
+    assert j.failed and j.exit_code == 1
+    assert "1 cell(s) broken by +fix" in j.outcome() and "--expect-fixes other" in j.outcome()
+    # Without the breaking cell, the unmet pattern and the run's own reverted cell (a run fails on
+    # the revert it was asked for), the same judgement passes.
+    ok = judge(
+        _report(*[c for c in report["cells"] if c["scenario"] != "other" and "27545" not in c["toggles"]]),
+        mode="findings",
+        known=known,
+        fixes=["+fix"],
+        expect_fixes=["ps1"],
+    )
+    assert not ok.failed, ok.outcome()

@@ -395,6 +395,7 @@ MEANING_MARK = {
     "unchecked": "unchecked",
     "cleared": "cleared by the fix",
     "broken": "broken by the fix",
+    "changed": "fails either way",
 }
 
 

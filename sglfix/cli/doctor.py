@@ -97,7 +97,11 @@ def doctor_cmd(
             out.print(f"no toggles registered in {registry.directory}: nothing to check")
         for r in results:
             out.print("ok     " if r.ok else "DRIFTED", style="green" if r.ok else "red", end="")
-            out.print(f" {r.id}" + (f"  ({', '.join(r.targets)})" if r.targets else ""))
+            out.print(
+                f" {r.id}"
+                + (f"  ({', '.join(r.targets)})" if r.targets else "")
+                + (f"  [{r.absent}]" if r.absent else "")
+            )
             if not r.ok:
                 out.print(r.error)
         out.print(

@@ -119,13 +119,26 @@ def fix_path(profile: Any, cleared_by: str) -> str:
 def fix_check(profile: Any) -> list:
     """Each candidate fix the profile keeps for a known divergence (``cleared_by``) still applies to
     the installed code base, as ``run --apply`` would apply it."""
+    from sglfix.codebases.records import engine_version
     from sglfix.common.errors import SglfixError
     from sglfix.toggling.candidate import load_candidate
     from sglfix.toggling.doctor import CheckResult
 
+    version = None if profile.is_reproduction else engine_version(profile.toggles_dir)
     out = []
     for k in known_of(profile):
         if not k.cleared_by:
+            continue
+        if version is not None and version != profile.version:
+            # A fix is a diff against the release the profile is written for; another release's
+            # code around it differs, and the entry may not even hold there.
+            out.append(
+                CheckResult(
+                    id=f"fix {k.cleared_by}",
+                    ok=True,
+                    absent=f"written for {profile.label}; {version} is installed: not checked",
+                )
+            )
             continue
         path = fix_path(profile, k.cleared_by)
         try:

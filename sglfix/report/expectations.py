@@ -48,7 +48,6 @@ class Expect:
             scenario=data["scenario"],
             wanted=tuple(data["wanted"]),
             device=str(data.get("device") or "any"),
-            cleared_by=str(data.get("cleared_by") or ""),
         )
 
     @classmethod

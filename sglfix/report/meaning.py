@@ -34,6 +34,7 @@ class Meaning(StrEnum):
     FIXED = "fixed"  # passes with the fix where it did not without (a known divergence included)
     BROKEN = "broken"  # the fix changes its verdict other than to PASS: what the fix breaks
     CLEARED = "cleared"  # a failure of the code without the fix, which the fix clears
+    CHANGED = "changed"  # fails with and without the fix, with another verdict (both fail)
 
     @property
     def fails(self) -> bool:
@@ -49,6 +50,7 @@ class Meaning(StrEnum):
             Meaning.SAME_AS_BASELINE,
             Meaning.UNCHECKED,
             Meaning.CLEARED,
+            Meaning.CHANGED,
         )
 
 

@@ -164,6 +164,10 @@ class Rules:
             over = unpatched(cell.get("toggles") or ())
             where = f" with {set_label(over)} reverted" if over else ""
             return Meaning.FIXED, f"{fixes} clears {was}{where} ({was} -> PASS)"
+        if was != "PASS":
+            # Already failing without the fix (a reverted fix, a known bug): which way it fails may
+            # differ run to run where the code reads memory nothing wrote (NAN or DIVERGE).
+            return Meaning.CHANGED, f"fails with and without {fixes}: {was} without, {v} with"
         return Meaning.BROKEN, f"{fixes} changes {was} to {v}"
 
 
@@ -289,10 +293,14 @@ class Judgement:
         if not fixed:
             parts.append("clears nothing")
         parts.append(f"breaks {broken} cell(s)" if broken else "breaks nothing")
-        aside = (Meaning.FIXED, Meaning.BROKEN, Meaning.SKIPPED, Meaning.ERROR)
+        aside = (Meaning.FIXED, Meaning.BROKEN, Meaning.SKIPPED, Meaning.ERROR, Meaning.CHANGED)
         unchanged = sum(c.meaning not in aside for c in patched)
         parts.append(f"{unchanged} of {len(patched)} patched cell(s) unchanged")
-        for meaning, what in ((Meaning.SKIPPED, "skipped here"), (Meaning.ERROR, "ERROR")):
+        for meaning, what in (
+            (Meaning.CHANGED, "failing with and without it, with another verdict"),
+            (Meaning.SKIPPED, "skipped here"),
+            (Meaning.ERROR, "ERROR"),
+        ):
             n = sum(c.meaning is meaning for c in patched)
             if n:
                 parts.append(f"{n} {what}")
@@ -313,6 +321,7 @@ class Judgement:
             (Meaning.COVERED, "other verdict(s) within an expectation"),
             (Meaning.UNCHECKED, "unchecked over the environment's baseline"),
             (Meaning.CLEARED, "cleared by the fix"),
+            (Meaning.CHANGED, "failing differently with the fix"),
             (Meaning.SKIPPED, "skipped here"),
         ):
             n = self.count(meaning)

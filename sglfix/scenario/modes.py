@@ -106,7 +106,9 @@ _RULES = (
         host_reads=True,
         needs_accept_lens=True,
     ),
-    ModeRule("DRAFT_EXTEND_V2", new_tokens="draft", graph=True, gpu_only=True, max_topk=1, builders=("kit", "glue")),
+    ModeRule(
+        "DRAFT_EXTEND_V2", new_tokens="draft", graph=True, gpu_only=True, max_topk=MAX_TOPK, builders=("kit", "glue")
+    ),
     # The multi-step EAGLE draft: num_steps - 1 decode steps, topk branches per request, each
     # step attending the prefix plus the branch's own draft path.
     ModeRule(

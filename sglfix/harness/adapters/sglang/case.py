@@ -249,6 +249,15 @@ def _prepare_draft_extend_kit(*, batch: Any, case: Any, scenario: Any, device: s
         batch.spec_info.seq_lens_cpu = None
 
 
+def _published_spec(scenario: Any) -> tuple[int, int, int] | None:
+    """The speculative sizes production publishes for a mode that lays out draft tokens (the
+    runner publishes them over the kit's chain convention where they differ)."""
+    if scenario.mode not in ("DRAFT_EXTEND_V2", "TARGET_VERIFY"):
+        return None
+    s = scenario.spec
+    return (s.topk, s.num_steps, s.num_draft_tokens)
+
+
 def build_case(*, scenario: Any, device: str) -> SglangCase:
     """Pools, layout, batch (or the glue's inputs) and ground truth for ``scenario``."""
     kit = _kit("attention")
@@ -278,6 +287,7 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
         max_context_len=ctx,
         pool_rows=rows,
         graph=scenario.cuda_graph,
+        spec=_published_spec(scenario),
     )
     _fill_pool(runner=runner, gen=gen)
     totals = [p + e for p, e in zip(scenario.prefix_lens, scenario.extend_lens)]

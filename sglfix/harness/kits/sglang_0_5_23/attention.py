@@ -31,6 +31,7 @@ from .environment import (
     decide_needs_cpu_seq_lens,
     prepare_for_draft_extend,
     publish_server_args,
+    publish_spec,
     server_args,
     single_rank_moe,
 )
@@ -100,12 +101,23 @@ def make_case(
 
 
 def make_model_runner(
-    *, case: Any, head_dim: int, dtype: Any, device: str, max_context_len: int, pool_rows: int, graph: bool
+    *,
+    case: Any,
+    head_dim: int,
+    dtype: Any,
+    device: str,
+    max_context_len: int,
+    pool_rows: int,
+    graph: bool,
+    spec: tuple[int, int, int] | None = None,
 ) -> Any:
     """The kit's ``MockModelRunner`` with ``pool_rows`` request rows; it publishes its server args.
 
     The previous runner's published args are restored first (see ``restore_server_args``).
     ``hidden_size`` only sizes the kit's projection modules, which the adapters do not use.
+    ``spec`` (topk, num_steps, num_draft_tokens): the speculative sizes production publishes,
+    where they differ from the kit's chain (the kit always publishes num_steps = num_draft_tokens
+    - 1, topk 0: a tree draft's backend would then size its graph layout for a chain).
     """
     dense = _module(DENSE)
     restore_server_args()
@@ -131,6 +143,15 @@ def make_model_runner(
     _published.append(
         (override.restore if override is not None else lambda: publish_server_args(before), runner.server_args)
     )
+    if spec is not None and (spec[0] > 1 or spec[1] != spec[2] - 1):
+        topk, num_steps, num_draft_tokens = spec
+        restore = publish_spec(
+            runner,
+            speculative_eagle_topk=topk,
+            speculative_num_steps=num_steps,
+            speculative_num_draft_tokens=num_draft_tokens,
+        )
+        _published.append((restore, runner.server_args))
     return runner
 
 

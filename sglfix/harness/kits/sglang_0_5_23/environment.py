@@ -24,6 +24,7 @@ __all__ = [
     "prepare",
     "prepare_for_draft_extend",
     "publish_server_args",
+    "publish_spec",
     "published",
     "server_args",
     "with_server_args",
@@ -180,6 +181,32 @@ def _put(obj: Any, name: str, value: Any) -> None:
     # Only what was replaced: some holders refuse attribute writes (their leaves are restored in place).
     if getattr(obj, name, None) is not value:
         setattr(obj, name, value)
+
+
+def publish_spec(runner: Any, **fields: Any) -> Any:
+    """``fields`` (speculative sizes) published over the runner's server args, and the callable
+    that puts the runner's back: an override installed on top of the kit's (0.5.16 on), else the
+    fields set on the runner's own args (read from there before 0.5.16)."""
+    try:
+        from sglang.srt.runtime_context import get_context
+
+        override = getattr(get_context(), "override_server_args", None)
+    except ImportError:  # 0.5.13
+        override = None
+    if override is not None:
+        ov = override(**fields)
+        runner.server_args = ov.install()
+        return ov.restore
+    args = runner.server_args
+    before = {name: getattr(args, name) for name in fields}
+    for name, value in fields.items():
+        setattr(args, name, value)
+
+    def restore() -> None:
+        for name, value in before.items():
+            setattr(args, name, value)
+
+    return restore
 
 
 def with_server_args(function: Any, *args: Any) -> Any:
