@@ -11,6 +11,8 @@
 # ONLY=runner runs the matrix and bisect (--devices all, two shards) through the one runner.
 # ONLY=fix checks the profile's candidate fixes on real sglang (bench/fix_check.py): the FlashInfer
 # MLA one over the fimla scenarios, then over the whole matrix; the req_to_token one over the probes.
+# ONLY=finding writes the FlashInfer-MLA finding (report finding on the H100) and runs the Triton
+# draft-extend scenarios with every part (PR 27545's expectations on CUDA).
 # Everything lands in $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/sglfix-out}
@@ -146,6 +148,21 @@ if [ "${ONLY:-}" = fix ]; then
     --expect 'fimla-draft-topk1@*' --parts --device cuda --json "$OUT/fix-fimla-cuda.json"; echo "rc=$?"
   tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
   tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
+  exit 0
+fi
+if [ "${ONLY:-}" = finding ]; then
+  install_sglang
+  log "the FlashInfer-MLA finding"
+  COLUMNS=250 python3 -m sglfix --profile sglang-0.5.23 run -s 'fimla-draft-topk1@*' --device cuda \
+    --json "$OUT/fimla-draft-topk1.report.json" > "$OUT/fimla-run.txt" 2>&1; echo "run rc=$? (1: the known divergence shows)"
+  tail -3 "$OUT/fimla-run.txt"
+  python3 -m sglfix report finding "$OUT/fimla-draft-topk1.report.json" 'baseline::fimla-draft-topk1@cg=graph-padded' \
+    -o "$OUT/fimla-draft-topk1.md"; echo "finding rc=$?"
+  log "Triton draft extend on CUDA, every part (PR 27545)"
+  COLUMNS=250 timeout 400 python3 -m sglfix matrix --profile sglang-0.5.23 --parts -s 'sglang-triton-draft-extend-v2*' \
+    --device cuda --json "$OUT/matrix-draft-extend-cuda.json" > "$OUT/matrix-draft-extend-cuda.txt" 2>&1; echo "matrix rc=$?"
+  grep -E "^(UNMET|unexpected|27545|sglfix matrix)" "$OUT/matrix-draft-extend-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -12
+  tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
   exit 0
 fi
 if [ "${ONLY:-}" = sglang ]; then
