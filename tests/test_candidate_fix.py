@@ -233,3 +233,20 @@ def test_reversing_a_diff_twice_gives_the_same_changes(tmp_path):
 
     assert changes(twice) == changes(fix)
     assert changes(once) != changes(fix)
+
+
+def test_shards_of_a_run_with_a_fix_merge_into_the_same_judgement(tmp_path):
+    fix = _breaking(tmp_path)
+    parts = []
+    for i in (1, 2):
+        out = tmp_path / f"s{i}.json"
+        run_cli("run", "-s", "triton-decode@cg=eager*", "--device", "cpu", "--apply", fix, "--shard", f"{i}/2",
+                "--json", str(out), timeout=600)  # fmt: skip
+        parts.append(str(out))
+    merged = tmp_path / "m.json"
+    r = run_cli("report", "merge", *parts, "-o", str(merged), "--gate", timeout=120)
+    data = json.loads(merged.read_text())
+    assert data["apply"]["candidates"][0]["id"] == "+halve-scale"
+    broken = [c["id"] for c in data["cells"] if c.get("meaning") == "broken"]
+    assert len(broken) == 2 and all(b.startswith("+halve-scale::") for b in broken), data["cells"]
+    assert data["judged"]["fixes"] == ["+halve-scale"] and r.code == 1

@@ -199,8 +199,9 @@ def merge_cmd(
 
 def _gate_failures(report: dict, judgement: Any) -> list[str]:
     """What fails the matrix's gate in a (merged) report, as its ``judgement`` says
-    (``sglfix.report.outcome``): unmet expectations, unexpected verdicts, ERROR cells; and shards
-    missing or given twice."""
+    (``sglfix.report.outcome``): unmet expectations, unexpected verdicts, ERROR cells, cells a
+    candidate fix breaks and what it was expected to clear and did not; and shards missing or
+    given twice."""
     from sglfix.report.outcome import Meaning
 
     lines = [
@@ -215,6 +216,8 @@ def _gate_failures(report: dict, judgement: Any) -> list[str]:
         f"ERROR {c.scenario} ({','.join(c.toggles) or 'baseline'}): {c.key_figure}"
         for c in judgement.with_meaning(Meaning.ERROR)
     ]
+    lines += [f"BROKEN {c.id}: {c.why}" for c in judgement.with_meaning(Meaning.BROKEN)]
+    lines += [f"--expect-fixes {c.pattern}: {c.why}" for c in judgement.fix_checks if c.checked and not c.met]
     lines += [f"SHARDS {p}" for p in ((report.get("shards") or {}).get("problems") or [])]
     return lines
 

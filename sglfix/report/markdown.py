@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 from sglfix.common.verdicts import MARKS, worst
 from sglfix.report.grid import Grid
@@ -271,6 +272,15 @@ def _bisect_lines(report: dict) -> list[str]:
     return lines
 
 
+def _fix_lines(judgement: Any) -> list[str]:
+    """With --apply: what the candidate fixes clear and break, cell by cell."""
+    out = [f"**Candidate fix** {_esc(judgement.fix_summary())}", ""]
+    for meaning, what in ((Meaning.FIXED, "clears"), (Meaning.BROKEN, "BREAKS"), (Meaning.CHANGED, "changes")):
+        for c in judgement.with_meaning(meaning):
+            out.append(f"- {what} {_code(c.id)}: {_esc(c.why)}")
+    return out
+
+
 def render_markdown(report: dict, *, gate: bool | None = None, judgement=None) -> str:
     """The Markdown summary. ``gate`` (default: the report's own mode, a matrix's gate): report the
     matrix's gate instead of listing every cell that did not pass. Every cell's meaning is read
@@ -281,6 +291,8 @@ def render_markdown(report: dict, *, gate: bool | None = None, judgement=None) -
         judgement = judge(report, mode=None if gate is None else "gate" if gate else "findings")
     gate = judgement.mode == "gate"
     lines = [f"### {_esc(_command(report))}", "", _summary_line(report, judgement), ""]
+    if judgement.rules.fixes:
+        lines += _fix_lines(judgement) + [""]
     bisect = "culprits" in report
     if bisect:
         lines += _bisect_lines(report)

@@ -71,6 +71,7 @@ def merge_judged(
     reports = [r for _, r in inputs]
     _same(inputs, "baseline", _base_of, fix="merge reports run with the same SGLANG_DEBUG_REVERT_PR")
     _same(inputs, "code base", codebase_identity, fix="merge reports of one code base and version")
+    _same(inputs, "candidate fixes", _fixes_of, fix="merge reports run with the same --apply files")
     expects = list(dict.fromkeys(e for r in reports for e in _expects_of(r)))
     known = list(dict.fromkeys(Known.from_json(k) for r in reports for k in r.get("known_divergences", [])))
     mode = "gate" if gate or any(_mode_of(r) == "gate" for r in reports) else "findings"
@@ -97,9 +98,24 @@ def merge_judged(
             "merged_from": [{**describe(path, r), "host": r.get("host")} for path, r in inputs],
         }
     )
+    applied = [r["apply"] for r in reports if isinstance(r.get("apply"), dict)]
+    if applied:
+        # Every shard applied the same fixes (checked above); their conflicts together.
+        conflicts = {d["set"]: d for a in applied for d in a.get("conflicts") or []}
+        out["apply"] = {**applied[0], "conflicts": list(conflicts.values())}
     judgement = judge(out, mode=mode, expects=expects, known=known, base=_base_of(reports[0]))
     judgement.annotate(out)
     return out, judgement
+
+
+def _fixes_of(report: dict) -> str | None:
+    """The candidate fixes a report applied (--apply), by id and content; None without."""
+    applied = report.get("apply")
+    if not isinstance(applied, dict):
+        return None
+    return ",".join(
+        f"{c.get('id')}@{str(c.get('sha256'))[:12]}" for c in applied.get("candidates") or () if isinstance(c, dict)
+    )
 
 
 def _same(inputs: Sequence[tuple[str, dict]], what: str, of: Any, *, fix: str) -> None:
