@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 
 
 def main() -> int:
@@ -84,8 +85,8 @@ def main() -> int:
         "fix_summary": judged.get("fix_summary"),
         "fix_checks": judged.get("fix_checks"),
         "candidate": report.get("apply", {}).get("candidates"),
-        "meanings_of_patched_cells": _count(
-            c.get("meaning") for c in cells if any(t.startswith("+") for t in c["toggles"])
+        "meanings_of_patched_cells": dict(
+            sorted(Counter(c.get("meaning") for c in cells if any(t.startswith("+") for t in c["toggles"])).items())
         ),
         "changed_by_fix": changed,
         # Every cell that ran (a NOT_REACHED cell stands for its baseline's verdict: counted only).
@@ -98,13 +99,6 @@ def main() -> int:
     print(judged["outcome"])
     print(f"{len(changed)} cell(s) changed by the fix; summary: {args.json}")
     return 0 if judged["passed"] else 1
-
-
-def _count(values) -> dict:
-    out: dict = {}
-    for v in values:
-        out[v] = out.get(v, 0) + 1
-    return dict(sorted(out.items()))
 
 
 if __name__ == "__main__":

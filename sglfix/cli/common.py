@@ -91,7 +91,7 @@ def target(opts: Options, *, apply: Sequence[str] = ()):
     if apply:
         from sglfix.toggling.candidate import load_candidates
 
-        candidates = load_candidates(apply, codebase=codebase, allowed_prefixes=opts.allowed_prefixes())
+        candidates = load_candidates(apply, codebase=codebase)
         for c in candidates:
             for note in c.notes:
                 err.print(f"sglfix: note: {c.id}: {note}", highlight=False, markup=False)

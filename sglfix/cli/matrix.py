@@ -205,6 +205,7 @@ def _print_sets(plan, judgement, *, show_all: bool = False) -> None:
     verdict or a known divergence), or why it changes none here (not reached, skipped). The names
     wrap at the terminal's width; unless ``show_all``, the first few and how many more."""
     from sglfix.execution.planner import set_label
+    from sglfix.toggling.ids import is_candidate_id
 
     by_set: dict[tuple, list] = {}
     for c in judgement.cells:
@@ -212,7 +213,7 @@ def _print_sets(plan, judgement, *, show_all: bool = False) -> None:
     for t in plan.sets[1:]:
         cells = by_set.get(t, [])
         out.print(Text(f"{set_label(t)}: ", style="bold"), end="")
-        if any(str(i).startswith("+") for i in t):
+        if any(is_candidate_id(i) for i in t):
             _print_patched(cells, show_all=show_all, width=out.width - len(set_label(t)) - 2)
             continue
         changed = [c for c in cells if c.meaning.value in _EFFECT and c.stands_for != "PASS"]

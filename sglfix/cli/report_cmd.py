@@ -249,14 +249,16 @@ def finding_cmd(
 
     opts = options(ctx)
     check_output_path(output, option="--output")
+    report = load_report(report_path)
     if opts.profile is not None:
         profile = opts.active_profile()
     else:  # the profile the report ran
-        cb = load_report(report_path).get("codebase")
+        cb = report.get("codebase")
         name = cb.get("name") if isinstance(cb, dict) else None
         profile = resolve_profile(option=name).profile if name else opts.active_profile()
     finding = gather_finding(
         report_path,
+        report,
         cell_id,
         profile=profile,
         scenario_files=tuple(scenario_file),

@@ -19,6 +19,7 @@ __all__ = ["gather_finding"]
 
 def gather_finding(
     report_path: str,
+    report: dict,
     cell_id: str,
     *,
     profile: Any,
@@ -30,9 +31,8 @@ def gather_finding(
     from sglfix.execution.devices import has_cuda_device
     from sglfix.execution.known import fix_path, known_of
     from sglfix.execution.runner import choose_scenarios
-    from sglfix.report.load import load_report
+    from sglfix.toggling.ids import is_candidate_id
 
-    report = load_report(report_path)
     cells = {c["id"]: c for c in report["cells"]}
     cell = cells.get(cell_id)
     if cell is None:
@@ -41,7 +41,7 @@ def gather_finding(
             f"(e.g. {next(iter(cells), 'baseline::NAME')})"
         )
     toggles = [str(t) for t in cell.get("toggles") or ()]
-    if any(t.startswith("+") for t in toggles):
+    if any(is_candidate_id(t) for t in toggles):
         raise ConfigError(f"{cell_id} has a candidate fix applied; write the finding of the cell without it")
     _check_profile(report, profile, report_path)
     name = cell["scenario"]

@@ -6,7 +6,7 @@ is gathered by ``sglfix.execution.finding``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["Finding", "render_finding"]
 
@@ -28,7 +28,6 @@ class Finding:
     fix_command: str | None = None
     rerun: dict | None = None  # the cell run again here, recording every function it entered
     rerun_note: str = ""  # why it was not run again, or how it compares
-    extra: dict = field(default_factory=dict)
 
 
 def _fence(text: str, lang: str = "") -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sglfix.common.verdicts import NOT_REACHED, stands_for
 
@@ -419,8 +419,8 @@ def judge(
         expects=tuple(expects if expects is not None else _expects_of(report)),
         known=tuple(Known.of(known if known is not None else report.get("known_divergences") or ())),
         base=tuple(base if base is not None else _base_of(report)),
-        fixes=tuple(fixes if fixes is not None else applied[0]),
-        expect_fixes=tuple(expect_fixes if expect_fixes is not None else applied[1]),
+        fixes=tuple(fixes if fixes is not None else applied.fixes),
+        expect_fixes=tuple(expect_fixes if expect_fixes is not None else applied.expect_fixes),
     )
     device = report.get("device")
     sharded = report.get("shard") is not None
@@ -451,9 +451,9 @@ def judge(
     absent = {d["id"]: d["why"] for d in report.get("not_applicable") or () if isinstance(d, dict)}
     out = Judgement(rules=rules, cells=meanings, sharded=sharded, device=device, drifted=drifted, not_applicable=absent)
     if rules.fixes:
-        out.conflicts = applied[2]
+        out.conflicts = applied.conflicts
         _clear_fixed(out)
-        out.fix_checks = _check_fixes(out, over=rules.base if applied[3] is None else applied[3])
+        out.fix_checks = _check_fixes(out, over=rules.base if applied.over is None else applied.over)
     if rules.mode == "gate":
         _check_expectations(out, cells, device=device)
     out.known = _known_hits(rules, cells, out, device=device)
@@ -496,17 +496,27 @@ class FixCheck:
         }
 
 
-def _fixes_of(report: dict) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str], tuple[str, ...] | None]:
-    """A saved report's candidate fixes, --expect-fixes patterns, conflicts, and the set the
-    patterns are judged on (None: the baseline)."""
+class _Applied(NamedTuple):
+    """What a saved report says --apply gave: the candidate fixes, the --expect-fixes patterns,
+    the sets not built (label -> why), and the set the patterns are judged on (None: the baseline)."""
+
+    fixes: tuple[str, ...]
+    expect_fixes: tuple[str, ...]
+    conflicts: dict[str, str]
+    over: tuple[str, ...] | None
+
+
+def _fixes_of(report: dict) -> _Applied:
     applied = report.get("apply")
     if not isinstance(applied, dict):
-        return (), (), {}, None
-    fixes = tuple(str(c.get("id")) for c in applied.get("candidates") or () if isinstance(c, dict))
-    expect = tuple(str(g) for g in applied.get("expect_fixes") or ())
-    conflicts = {str(d.get("set")): str(d.get("why")) for d in applied.get("conflicts") or () if isinstance(d, dict)}
+        return _Applied((), (), {}, None)
     over = applied.get("over")
-    return fixes, expect, conflicts, tuple(str(t) for t in over) if isinstance(over, list) else None
+    return _Applied(
+        fixes=tuple(str(c.get("id")) for c in applied.get("candidates") or () if isinstance(c, dict)),
+        expect_fixes=tuple(str(g) for g in applied.get("expect_fixes") or ()),
+        conflicts={str(d.get("set")): str(d.get("why")) for d in applied.get("conflicts") or () if isinstance(d, dict)},
+        over=tuple(str(t) for t in over) if isinstance(over, list) else None,
+    )
 
 
 def _clear_fixed(out: Judgement) -> None:

@@ -20,12 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from sglfix.common.errors import ConfigError
+from sglfix.toggling import APPLY_ENV  # a path list, as PATH is (os.pathsep between files)
+from sglfix.toggling.ids import CANDIDATE_PREFIX, is_candidate_id
+from sglfix.toggling.registry import Part
 
 __all__ = [
     "APPLY_ENV",
     "CANDIDATE_PREFIX",
     "Candidate",
-    "CandidatePart",
     "CandidateSelection",
     "is_candidate_id",
     "load_candidate",
@@ -34,36 +36,11 @@ __all__ = [
     "split_ids",
 ]
 
-from sglfix.toggling import APPLY_ENV  # a path list, as PATH is (os.pathsep between files)
-
-CANDIDATE_PREFIX = "+"
-
-
-def is_candidate_id(token: object) -> bool:
-    return isinstance(token, str) and token.startswith(CANDIDATE_PREFIX)
-
 
 def split_ids(ids: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """A toggle set's ids as (candidate fixes, reverts), each in the set's order."""
     ids = tuple(str(i) for i in ids)
     return tuple(i for i in ids if is_candidate_id(i)), tuple(i for i in ids if not is_candidate_id(i))
-
-
-@dataclass(frozen=True, kw_only=True)
-class CandidatePart:
-    """What a toggle's ``Part`` offers the engine: the patches, and the functions they change."""
-
-    name: str
-    summary: str
-    patches: tuple
-    behaviour_neutral: bool = False
-    static_only: str | None = None
-    variant: str | None = None
-    absent: str | None = None
-
-    @property
-    def targets(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(p.target for p in self.patches))
 
 
 @dataclass(frozen=True)
@@ -72,7 +49,7 @@ class CandidateSelection:
     start-up hook, the precheck): same attributes, and the verb its messages use."""
 
     candidate: Candidate
-    part: CandidatePart
+    part: Part  # the fix's patches, as a toggle's part holds a revert's
     verb: str = "apply"
 
     @property
@@ -93,15 +70,15 @@ class Candidate:
     sha256: str  # of the file's bytes: a worker applies exactly what the parent checked
     title: str
     package: str
-    functions: tuple[str, ...]  # the targets it patches
+    part: Part = field(repr=False)
     notes: tuple[str, ...] = ()  # what the diff holds that is left alone, one line each
     text: str = field(default="", repr=False)
     url: str = ""
-    part: CandidatePart = field(default=None, repr=False)  # type: ignore[assignment]
 
     @property
-    def name(self) -> str:
-        return self.id[len(CANDIDATE_PREFIX) :]
+    def functions(self) -> tuple[str, ...]:
+        """The functions it patches."""
+        return self.part.targets
 
     @property
     def selection(self) -> CandidateSelection:
@@ -207,9 +184,11 @@ def _words(why: str, blocking: bool) -> tuple[str, bool]:
     return why, blocking
 
 
-def load_candidate(path: str | os.PathLike, *, codebase: Any, allowed_prefixes: Any = None) -> Candidate:
+def load_candidate(path: str | os.PathLike, *, codebase: Any) -> Candidate:
     """The candidate fix in the diff at ``path``, mapped onto ``codebase``'s installed source and
-    checked, or a one-line ConfigError naming the file and what to do."""
+    checked (each patched function applies and equals the fixed one the diff describes; where it
+    may be patched is the runner's precheck, as for a revert), or a one-line ConfigError naming
+    the file and what to do."""
     from sglfix.common.codebase import package_dir
     from sglfix.common.yamlio import read_text_file
     from sglfix.patching.types import PatchSpec
@@ -252,38 +231,25 @@ def load_candidate(path: str | os.PathLike, *, codebase: Any, allowed_prefixes: 
     cid = candidate_id(shown)
     patches = tuple(PatchSpec(target=r.target, edits=tuple(r.edits)) for r in mapped.reverts)
     title = header.title or f"candidate fix {p.name}"
-    part = CandidatePart(name=cid, summary=title, patches=patches)
-    cand = Candidate(
+    return Candidate(
         id=cid,
         path=str(p.resolve()),
         sha256=hashlib.sha256(raw).hexdigest(),
         title=title,
         url=header.url,
         package=codebase.package,
-        functions=tuple(r.target for r in mapped.reverts),
+        part=Part(name=cid, summary=title, patches=patches),
         notes=tuple(notes),
         text=text,
-        part=part,
     )
-    _precheck(cand, allowed_prefixes=allowed_prefixes, where=where)
-    return cand
 
 
-def _precheck(cand: Candidate, *, allowed_prefixes: Any, where: str) -> None:
-    from sglfix.common.errors import SglfixError
-    from sglfix.toggling.doctor import precheck_selections
-
-    try:
-        precheck_selections([cand.selection], package=cand.package, allowed_prefixes=allowed_prefixes)
-    except SglfixError as exc:
-        raise ConfigError(f"{where}: {str(exc).splitlines()[0]}") from None
-
-
-def load_candidates(paths: Any, *, codebase: Any, allowed_prefixes: Any = None) -> tuple[Candidate, ...]:
-    """Each ``--apply`` file as a candidate; two that would share an id are refused."""
+def load_candidates(paths: Any, *, codebase: Any, load: Any = load_candidate) -> tuple[Candidate, ...]:
+    """Each ``--apply`` file as a candidate (``load`` reads one); two that would share an id are
+    refused."""
     out: dict[str, Candidate] = {}
     for path in paths:
-        cand = load_candidate(path, codebase=codebase, allowed_prefixes=allowed_prefixes)
+        cand = load(path, codebase=codebase)
         if cand.id in out:
             raise ConfigError(
                 f"--apply {path}: its id {cand.id} is taken by {out[cand.id].path}; rename one of the files"
@@ -292,7 +258,22 @@ def load_candidates(paths: Any, *, codebase: Any, allowed_prefixes: Any = None) 
     return tuple(out.values())
 
 
-def from_env(value: str | None, *, codebase: Any, allowed_prefixes: Any = None, expected: Any = None) -> list:
+# Candidates this process has mapped, by file, content and code base: a worker applies the same
+# fix at every switch to a patched set, and mapping a diff reads and parses the installed files.
+_MAPPED: dict[tuple[str, str, str], Candidate] = {}
+
+
+def _load_once(path: str | os.PathLike, *, codebase: Any) -> Candidate:
+    try:
+        key = (os.path.realpath(path), hashlib.sha256(Path(path).read_bytes()).hexdigest(), codebase.package)
+    except OSError:
+        return load_candidate(path, codebase=codebase)  # says in one line what is wrong with the file
+    if key not in _MAPPED:
+        _MAPPED[key] = load_candidate(path, codebase=codebase)
+    return _MAPPED[key]
+
+
+def from_env(value: str | None, *, codebase: Any, expected: Any = None) -> list:
     """The selections ``SGLFIX_APPLY`` (fix files, ``os.pathsep`` between them) makes in this
     process; ``expected``: id -> sha256 the files must still have (a worker applies what its
     parent checked)."""
@@ -300,7 +281,7 @@ def from_env(value: str | None, *, codebase: Any, allowed_prefixes: Any = None, 
         return []
     paths = [s for s in value.split(os.pathsep) if s.strip()]
     try:
-        cands = load_candidates(paths, codebase=codebase, allowed_prefixes=allowed_prefixes)
+        cands = load_candidates(paths, codebase=codebase, load=_load_once)
     except ConfigError as exc:
         raise ConfigError(f"{APPLY_ENV}: {str(exc).removeprefix('--apply ')}") from None
     for c in cands:

@@ -44,7 +44,7 @@ def maybe_revert_pr_fix(
         hook.arm(os.environ.get(ENV_VAR))
         armed.apply_all(allowed_prefixes=allowed_prefixes)
         return armed.record
-    selections = [*_candidates(allowed_prefixes, expected), *selected_from_env(registry=registry)]
+    selections = [*_candidates(expected), *selected_from_env(registry=registry)]
     wanted = [s.id for s in selections]
     if _applied_by_env is not None and not _applied_by_env.restored:
         if _applied_by_env.ids == wanted:
@@ -59,7 +59,7 @@ def maybe_revert_pr_fix(
     return _applied_by_env
 
 
-def _candidates(allowed_prefixes: Iterable[str] | None, expected: dict[str, str] | None) -> list:
+def _candidates(expected: dict[str, str] | None) -> list:
     """The candidate fixes ``SGLFIX_APPLY`` names, for the code base this process replays."""
     from sglfix.toggling.candidate import APPLY_ENV, from_env
 
@@ -68,4 +68,4 @@ def _candidates(allowed_prefixes: Iterable[str] | None, expected: dict[str, str]
         return []
     from sglfix.codebases import active
 
-    return from_env(value, codebase=active(), allowed_prefixes=allowed_prefixes, expected=expected)
+    return from_env(value, codebase=active(), expected=expected)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from sglfix.common.errors import ConfigError
 
-__all__ = ["EXAMPLE", "MAX_PR", "PART_NAME_RE", "ToggleId"]
+__all__ = ["CANDIDATE_PREFIX", "EXAMPLE", "MAX_PR", "PART_NAME_RE", "ToggleId", "is_candidate_id"]
 
 # A PR number has no leading zero (so `011` and `11` cannot both name one toggle) and at most
 # nine digits; a part name is what a YAML key and a shell argument carry without quoting.
@@ -18,6 +18,12 @@ PART_NAME_RE = re.compile(r"[a-z][a-z0-9_-]*", re.ASCII)
 _ID_RE = re.compile(r"([1-9][0-9]{0,8})(?::(" + PART_NAME_RE.pattern + r"))?", re.ASCII)
 MAX_PR = 999_999_999
 EXAMPLE = "27460 or 27460:sizing"
+# A candidate fix (--apply, sglfix.toggling.candidate) in a toggle set: ``+`` and the file's name.
+CANDIDATE_PREFIX = "+"
+
+
+def is_candidate_id(token: object) -> bool:
+    return isinstance(token, str) and token.startswith(CANDIDATE_PREFIX)
 
 
 @dataclass(frozen=True, order=True)

@@ -33,7 +33,7 @@ from sglfix.common.verdicts import VERDICTS, Verdict
 from sglfix.common.yamlio import line_of, load_yaml, read_text_file
 from sglfix.patching.types import PatchList, PatchSpec, Text
 from sglfix.toggling import TOGGLES_ENV
-from sglfix.toggling.ids import EXAMPLE, MAX_PR, PART_NAME_RE, ToggleId
+from sglfix.toggling.ids import EXAMPLE, MAX_PR, PART_NAME_RE, ToggleId, is_candidate_id
 from sglfix.toggling.variants import VariantFile, choose_variant, read_variants
 
 __all__ = [
@@ -396,7 +396,7 @@ class Registry:
 
     def select(self, token: str | ToggleId, *, what: str = "toggle id") -> list[Selection]:
         """The parts an id names; errors start with ``what`` and show the nearest id."""
-        if isinstance(token, str) and token.startswith("+"):
+        if is_candidate_id(token):
             cand = self.candidates.get(token.strip())
             if cand is None:
                 given = ", ".join(self.candidates) or "none"
