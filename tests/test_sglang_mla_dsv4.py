@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -63,6 +64,7 @@ DRIVER = textwrap.dedent("""
 PROCESSES = [
     ("", [([], ["*"])]),
     ("26239:backend-slice", [([], ["dsv4-*"])]),
+    ("26880", [([], ["fi-*", "fimla-*"])]),
     (
         "",
         [
@@ -151,6 +153,7 @@ def test_each_toggle_set_was_reverted_in_the_process(runs):
     assert set(runs) == {
         "",
         "26239:backend-slice",
+        "26880",
         "27338:sizing",
         "27338:assert",
         "27338",
@@ -233,6 +236,23 @@ def test_sizing_fails_loudly_assert_alone_is_neutral_both_overflow_silently(runs
         for name, cell in runs[run]["cells"].items():
             if name not in overflow:
                 assert cell["verdict"] == "PASS", (run, _show(cell))
+
+
+def test_26880_a_padded_replay_hands_the_draft_backend_the_raw_seq_lens_sum(runs):
+    """The draft CUDA-graph runner's own replay runs: reverted, it pads seq_lens (one row of the
+    fill value 1 here) and leaves seq_lens_sum at the raw batch's; fixed (the baseline), they agree."""
+    cells = runs["26880"]["cells"]
+    padded = sorted(n for n in cells if n.endswith("@cg=graph-padded"))
+    assert len(padded) == 6, sorted(cells)
+    for name, cell in cells.items():
+        if name in padded:
+            assert cell["verdict"] == "INVARIANT", _show(cell)
+            message = _findings(cell, "INVARIANT")[0]
+            said, summed = (int(x) for x in re.findall(r"seq_lens_sum (\d+), its 4 seq_lens sum to (\d+)", message)[0])
+            assert summed == said + 1, message
+            assert not any("seq_lens_sum" in m for m in _findings(runs[""]["cells"][name])), _show(cell)
+        else:
+            assert cell["verdict"] == "PASS", _show(cell)
 
 
 def test_flashinfer_mla_topk_gate_is_lifted_and_said(runs):

@@ -1,6 +1,7 @@
 """What the judge records of a FlashInfer multi-step draft on real sglang and checks after the run,
 beside the invariant table: the page table each step backend is handed (``observe_steps``) and,
-for MLA, what each decode wrapper is planned to read (``observe_plan``); the kv_indices row width
+for MLA, what each decode wrapper is planned to read (``observe_plan``); the replayed batch's
+``seq_lens_sum`` against its ``seq_lens`` (the draft backend slices from the sum); the kv_indices row width
 against what the draft kernel writes; each step's page table against the slot ground truth (each
 branch's prefix, then its own draft path); and each MLA step's planned read against it, with
 whether the kernel's output is attention over what it was planned to read."""
@@ -39,16 +40,26 @@ def check_draft_metadata(case: Any, backend: Any, *, mla: bool) -> list[tuple[st
     findings: list[tuple[str, str]] = []
     topk, steps = case.topk, case.num_steps
     bs = view.batch_size
+    lens_sum = int(view.seq_lens.to(torch.int64).sum())
+    if view.seq_lens_sum is not None and int(view.seq_lens_sum) != lens_sum:
+        # The draft backend sizes and slices every step's kv_indices from this sum.
+        findings.append(
+            (
+                "INVARIANT",
+                f"the batch the draft backend was handed says seq_lens_sum {int(view.seq_lens_sum)}, "
+                f"its {bs} seq_lens sum to {lens_sum}",
+            )
+        )
     buffer = getattr(backend, "cuda_graph_kv_indices", None) if case.capture_bs else None
     if buffer is not None:
-        need = int(view.seq_lens_sum) * topk + bs * topk * steps
+        need = lens_sum * topk + bs * topk * steps
         width = int(buffer.shape[1])
         if width < need:
             findings.append(
                 (
                     "INVARIANT",
                     f"kv_indices rows are {width} wide, the draft kernel writes {need} per "
-                    f"row (seq_lens_sum {int(view.seq_lens_sum)} x topk {topk} + "
+                    f"row (seq_lens sum {lens_sum} x topk {topk} + "
                     f"{bs} x {topk} branches x {steps} steps)",
                 )
             )

@@ -171,9 +171,8 @@ class FlashInferDraftAdapter(AdapterBase):
             case.replayed = batch
             on_metadata(_Owner(backend, case), batch, "eager")
         else:
-            view = kit.pad_for_replay(batch, bs=runner.bs, topk=case.topk, num_steps=case.num_steps, fill=runner.fill)
             with case.allocs:
-                backend.init_forward_metadata_out_graph(view)
+                view = kit.replay_draft(backend, batch, case=case, capture_bs=scenario.capture_bs, fill=runner.fill)
             case.replayed = view
             on_metadata(_Owner(backend, case), view, f"replay bs={runner.bs}")
         if case.host:

@@ -1,10 +1,8 @@
 """The multi-step EAGLE draft's forward batches as sglang's draft worker and its CUDA-graph runner
-hand them to the draft backend: the real batch, the batch a size is captured with, and the view a
-replay pads a batch to."""
+hand them to the draft backend: the real batch and the batch a size is captured with."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -12,7 +10,7 @@ import torch
 from .environment import bind_own_plan
 from .slots import DraftSlots
 
-__all__ = ["make_capture_batch", "make_draft_batch", "pad_for_replay"]
+__all__ = ["make_capture_batch", "make_draft_batch"]
 
 
 def make_draft_batch(slots: DraftSlots, *, device: str, hidden_size: int, dtype: torch.dtype, runner: Any) -> Any:
@@ -82,30 +80,3 @@ def make_capture_batch(
     )
     bind_own_plan(runner, batch)
     return batch
-
-
-def pad_for_replay(batch: Any, *, bs: int, topk: int, num_steps: int, fill: int) -> Any:
-    """What ``EAGLEDraftCudaGraphRunner.execute`` hands ``init_forward_metadata_out_graph`` for a batch
-    of ``raw_bs`` requests replayed at the captured size ``bs``: padded rows have seq_lens = fill,
-    req_pool_indices / positions / out_cache_loc 0, seq_lens_sum grown by the padding."""
-    raw_bs = batch.batch_size
-    if bs == raw_bs:
-        return SimpleNamespace(**vars(batch), num_padding=0)
-
-    def pad(t: torch.Tensor, n: int, value: int) -> torch.Tensor:
-        out = torch.full((n,), value, dtype=t.dtype, device=t.device)
-        out[: t.numel()] = t
-        return out
-
-    view = dict(vars(batch))
-    view.update(
-        batch_size=bs,
-        seq_lens=pad(batch.seq_lens, bs, fill),
-        seq_lens_cpu=pad(batch.seq_lens_cpu, bs, fill) if batch.seq_lens_cpu is not None else None,
-        req_pool_indices=pad(batch.req_pool_indices, bs, 0),
-        positions=pad(batch.positions, bs * topk, 0),
-        out_cache_loc=pad(batch.out_cache_loc, bs * topk * num_steps, 0),
-        seq_lens_sum=batch.seq_lens_sum + (bs - raw_bs) * fill,
-        num_padding=bs - raw_bs,
-    )
-    return SimpleNamespace(**view)

@@ -6,7 +6,7 @@ pools, publishing server args through ``sglang.srt.runtime_context``), its DSv4 
 ``_configure_runner_for_eagle_draft`` (server args of an EAGLE draft worker). The backends are
 built the way production builds them (``DraftBackendFactory(...).create_decode_backend()``).
 What is sglfix's: the slot layout (scattered, from the scenario's seed), the forward batches, the
-emulation of the EAGLE draft CUDA-graph runner's metadata calls on a machine without CUDA, the
+recorded step backends on a machine without CUDA, the
 guard zones, the CPU placement of the code's ``device="cuda"`` allocations, and every check.
 
 The adapters reach this part by name only (``kit("drafts").X``), so this module is its one face;
@@ -17,6 +17,7 @@ the code lives in the kit package's modules split by seam:
 - ``allocations``: the CUDA allocation mode that places and guards the backends' buffers;
 - ``host_steps``: the recorded step backends and the MLA topk gate;
 - ``draft_batches`` and ``draft_cases``: the multi-step draft's batches and cases;
+- ``draft_replay``: the draft CUDA-graph runner's replay (its padding of the batch);
 - ``draft_extend``: TRT-LLM MLA's draft extend.
 
 Nothing here imports sglang at module level: call ``prepare()`` first (the code base must be
@@ -26,9 +27,10 @@ active, so that sglang's missing CUDA-only packages are stood in for).
 from __future__ import annotations
 
 from .allocations import SGLANG_ROOT, CudaAllocations, GuardedBuffer
-from .draft_batches import make_capture_batch, make_draft_batch, pad_for_replay
+from .draft_batches import make_capture_batch, make_draft_batch
 from .draft_cases import DSV4_PAGE_SIZE, DraftCase, build_dsv4_draft, build_flashinfer_draft
 from .draft_extend import build_trtllm_draft_extend, trtllm_capture_batch, trtllm_replay_view
+from .draft_replay import replay_draft
 from .environment import draft_backend_factory, flash_mla_available, flashinfer_available, has_cuda, prepare
 from .host_steps import MLA_GATE_NOTE, HostStepRecorder, host_step_children, lift_mla_topk_gate, mla_steps_recorded
 from .slots import DraftSlots, PagedSlots
@@ -55,8 +57,8 @@ __all__ = [
     "make_capture_batch",
     "make_draft_batch",
     "mla_steps_recorded",
-    "pad_for_replay",
     "prepare",
+    "replay_draft",
     "trtllm_capture_batch",
     "trtllm_replay_view",
 ]

@@ -1,0 +1,113 @@
+"""The EAGLE draft CUDA-graph runner's replay, run for real: ``EAGLEDraftCudaGraphRunner.execute``
+(``replay`` before 0.5.14) pads a batch of ``raw_bs`` requests to its captured size, hands the
+padded batch to the draft backend's ``init_forward_metadata_out_graph`` and replays the graph.
+
+What the runner does to the batch on the way (the padded ``seq_lens``, ``req_pool_indices``,
+``positions``, ``out_cache_loc`` and, since PR 26880, ``seq_lens_sum``) is sglang's code and is
+what a revert of that code changes, so it runs unchanged here. The runner is built without its
+constructor (which captures a model's graphs): its static buffers are made as the constructor makes
+them, and its graph replay records the batch the graph would run on instead of launching it; the
+cell then runs the step kernels (or records their page tables on the host) on that batch."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+__all__ = ["replay_draft"]
+
+# Every static buffer some release's runner reads; None where the feature is off, as the
+# constructor leaves them (token oracle, rejection sampling, DSA seeding, DP gather).
+_OFF = (
+    "rids_int",
+    "bootstrap_room_ids_int",
+    "draft_probs",
+    "sampling_seed",
+    "dsa_seed_topk",
+    "global_num_tokens_gpu",
+    "global_num_tokens_for_logprob_gpu",
+)
+
+
+def _buffers(*, max_bs: int, topk: int, num_steps: int, fill: int, hidden_size: int, dtype: Any, device: str) -> Any:
+    max_num_token = max_bs * topk
+    with torch.device(device):
+        buffers = SimpleNamespace(
+            input_ids=torch.zeros((max_num_token,), dtype=torch.int64),
+            req_pool_indices=torch.zeros((max_bs,), dtype=torch.int64),
+            out_cache_loc=torch.zeros((max_num_token * num_steps,), dtype=torch.int64),
+            positions=torch.zeros((max_num_token,), dtype=torch.int64),
+            mrope_positions=torch.zeros((3, max_num_token), dtype=torch.int64),
+            seq_lens=torch.full((max_bs,), fill, dtype=torch.int64),
+            extend_seq_lens=torch.ones((max_bs,), dtype=torch.int32),
+            topk_p=torch.zeros((max_bs, topk), dtype=torch.float32),
+            topk_index=torch.zeros((max_bs, topk), dtype=torch.int64),
+            hidden_states=torch.zeros((max_bs, hidden_size), dtype=dtype),
+            **dict.fromkeys(_OFF),
+        )
+    buffers.seq_lens_cpu = torch.full((max_bs,), fill, dtype=torch.int64, device="cpu")
+    return buffers
+
+
+def replay_draft(backend: Any, batch: Any, *, case: Any, capture_bs: list[int], fill: int) -> Any:
+    """Replay ``batch`` through the installed ``EAGLEDraftCudaGraphRunner``'s own replay method with
+    ``backend`` as its draft backend (sizes and device from the draft ``case``); return the batch as the graph replay saw it (a snapshot: the
+    runner restores the raw fields afterwards)."""
+    import copy
+
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+
+    try:
+        from sglang.srt.model_executor.runner import DeepEPCudaGraphRunnerAdapter
+    except ImportError:  # before 0.5.14
+        from sglang.srt.model_executor.cuda_graph_runner import DeepEPCudaGraphRunnerAdapter
+
+    topk, num_steps, device = case.topk, case.num_steps, case.device
+    buckets = sorted(capture_bs)
+    runner = object.__new__(EAGLEDraftCudaGraphRunner)
+    runner.__dict__.update(
+        buffers=_buffers(
+            max_bs=buckets[-1],
+            topk=topk,
+            num_steps=num_steps,
+            fill=fill,
+            hidden_size=case.hidden_size,
+            dtype=case.dtype,
+            device=device,
+        ),
+        deepep_adapter=DeepEPCudaGraphRunnerAdapter(),
+        capture_bs=buckets,
+        captured_req_width=topk,  # 0.5.17+
+        num_tokens_per_bs=topk,  # before 0.5.17
+        speculative_num_steps=num_steps,
+        topk=topk,
+        seq_len_fill_value=fill,
+        require_mlp_tp_gather=False,
+        require_gathered_buffer=False,
+        draft_attn_backend=backend,
+        model_runner=SimpleNamespace(
+            model_config=SimpleNamespace(vocab_size=1 << 20, model_is_mrope=False),
+            server_args=SimpleNamespace(speculative_use_rejection_sampling=False),
+            device_timer=None,
+        ),
+    )
+    seen: dict[int, Any] = {}
+
+    def record(*args: Any) -> tuple:
+        forward_batch = args[-1]
+        seen["batch"] = SimpleNamespace(**vars(forward_batch))
+        runner.output_buffers = {forward_batch.batch_size: ()}
+        return ()
+
+    # The graph launch is the one thing not run: the cell runs the step kernels itself; its
+    # outputs (three or four tensors, by release) are nobody's, so they are not cut back either.
+    runner._replay_graph = record  # 0.5.14+
+    runner._replay = record  # 0.5.13
+    runner._postprocess_output_to_raw_bs = lambda out, raw_bs: out
+    replay = getattr(runner, "execute", None) or runner.replay
+    replay(copy.copy(batch))
+    view = seen["batch"]
+    view.num_padding = view.batch_size - batch.batch_size
+    return view
