@@ -98,6 +98,46 @@ def test_a_mode_the_code_base_lacks_is_refused_before_any_cell(tmp_path):
     assert "\n" not in str(exc.value)
 
 
+def test_a_sliding_window_runs_where_the_code_base_has_one_and_is_refused_elsewhere(tmp_path):
+    f = tmp_path / "swa.yaml"
+    f.write_text(
+        textwrap.dedent("""\
+        scenarios:
+          - name: my-swa-extend
+            backend: triton
+            mode: EXTEND
+            batch: {prefix_lens: [5, 30], extend_lens: [3, 6]}
+            model: {num_heads: 4, num_kv_heads: 2, head_dim: 64, dtype: float16, sliding_window: 8}
+    """)
+    )
+    from sglfix.scenario import load_scenarios
+
+    scenarios = load_scenarios([f], builtin=False)
+    check_scenarios_runnable(scenarios, CODEBASES["sglang-0.5.23"])
+    with pytest.raises(ConfigError) as exc:
+        check_scenarios_runnable(scenarios, REPRODUCTION)  # the reproduction's backends have no window
+    assert "my-swa-extend" in str(exc.value) and "model.sliding_window" in str(exc.value)
+    assert "sglang-0.5.23" in str(exc.value) and "\n" not in str(exc.value)
+    # Through the CLI: one line, exit 2, before any cell.
+    assert_one_line_error(run_cli("run", "--scenario-file", str(f), "--device", "cpu"), "model.sliding_window")
+
+
+def test_a_sliding_window_in_a_mode_without_one_is_refused_at_load(tmp_path):
+    f = tmp_path / "swa-decode.yaml"
+    f.write_text(
+        textwrap.dedent("""\
+        scenarios:
+          - name: my-swa-decode
+            backend: triton
+            mode: DECODE
+            batch: {prefix_lens: [5]}
+            model: {sliding_window: 8}
+    """)
+    )
+    r = run_cli("--profile", "sglang-0.5.23", "run", "--scenario-file", str(f), "--device", "cpu")
+    assert_one_line_error(r, "sliding-window layer runs on triton in EXTEND, DRAFT_EXTEND_V2")
+
+
 def test_scenarios_lists_the_profiles_own_scenarios():
     mine = run_cli("scenarios", "--json")
     theirs = run_cli("--profile", "sglang-0.5.23", "scenarios", "--json")

@@ -158,6 +158,13 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
             )
         if s.mode in cb.lacks_modes:
             raise ConfigError(f"{where}: mode {s.mode} cannot run on {cb.name}: {cb.lacks_modes[s.mode]}")
+        model = getattr(s, "model", None)
+        if getattr(model, "sliding_window", None) is not None and backend not in cb.sliding_window:
+            others = [c.name for c in CODEBASES.values() if backend in c.sliding_window]
+            raise ConfigError(
+                f"{where}: model.sliding_window: backend {backend} on {cb.name} has no sliding-window layer"
+                + (f"; it runs on {' and '.join(others)} (pick that profile)" if others else "; drop the key")
+            )
         if backend is not None and backend not in cb.adapters:
             raise ConfigError(
                 f"{where}: backend {backend} has no adapter on {cb.name} (has: "

@@ -78,6 +78,8 @@ class Profile:
     probes: dict[str, str] = field(default_factory=dict)
     # Forward modes the scenario format has and this code base does not (refused before any cell).
     lacks_modes: dict[str, str] = field(default_factory=dict)
+    # Backends whose adapter builds a sliding-window layer (the scenario's model.sliding_window).
+    sliding_window: tuple[str, ...] = ()
     # Packages the code base imports at module level that a CPU machine cannot install.
     standins: tuple[str, ...] = ()
     # Capability queries of a stood-in package that the code base implements itself

@@ -110,6 +110,12 @@ LIMITS: tuple[Limit, ...] = (
         "64 or 128",
     ),
     Limit(
+        "`model.sliding_window`",
+        "1 .. 131,072",
+        "optional: a sliding-window layer (a query at position p sees keys p - window .. p); triton, EXTEND and "
+        "DRAFT_EXTEND_V2, on real sglang (the reproduction has no window)",
+    ),
+    Limit(
         "`page_size`",
         f"1 .. {MAX_PAGE_SIZE}",
         "engines use 1 to 256; flashinfer and flashinfer_mla: 1; "

@@ -213,6 +213,8 @@ class ModelShape(StrictModel):
     # kv_lora_rank compressed values plus qk_rope_head_dim RoPE values, one KV head.
     kv_lora_rank: bounded(MIN_HEAD_DIM, MAX_HEAD_DIM, f"{MAX_HEAD_DIM}") | None = None
     qk_rope_head_dim: bounded(MIN_HEAD_DIM, MAX_HEAD_DIM, f"{MAX_HEAD_DIM}") | None = None
+    # A sliding-window layer: a query at position p attends the keys at p - sliding_window .. p.
+    sliding_window: bounded(1, MAX_TOKENS_PER_REQUEST, f"{MAX_TOKENS_PER_REQUEST} tokens per request") | None = None
 
     @property
     def mla(self) -> bool:

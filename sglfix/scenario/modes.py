@@ -142,6 +142,8 @@ class BackendRule:
     mode_overrides: tuple[tuple[str, ModeRule], ...] = ()
     # What runs: on the GPU / on CPU.
     kernels: str = ""
+    # Modes a sliding-window layer (model.sliding_window) runs in; () takes none.
+    sliding_window_modes: tuple[str, ...] = ()
 
 
 _HALF = ("float16", "bfloat16")
@@ -155,6 +157,7 @@ _BACKEND_RULES = (
         gpu_only=True,
         sync_free=True,
         kernels="Triton kernels (compiled on CUDA, interpreted on CPU)",
+        sliding_window_modes=("EXTEND", "DRAFT_EXTEND_V2"),
     ),
     BackendRule(
         "flashinfer",

@@ -83,6 +83,7 @@ def _check_backend(node: Any) -> None:
             f"uses backend {brule.name}, whose GPU kernels take model.num_heads {', '.join(map(str, brule.num_heads))}",
             at=("model", "num_heads"),
         )
+    _check_window(node, brule)
     if brule.mla:
         for key in ("num_kv_heads", "head_dim"):
             if key in given:
@@ -118,6 +119,18 @@ def _check_backend(node: Any) -> None:
         )
 
 
+def _check_window(node: Any, brule: Any) -> None:
+    if node.model.sliding_window is not None and node.mode not in brule.sliding_window_modes:
+        where = "; ".join(
+            f"{r.name} in {', '.join(r.sliding_window_modes)}" for r in BACKEND_RULES.values() if r.sliding_window_modes
+        )
+        raise NodeError(
+            f"sets model.sliding_window with backend {brule.name} in mode {node.mode}; a sliding-window "
+            f"layer runs on {where}",
+            at=("model", "sliding_window"),
+        )
+
+
 def _check_probe(node: Any) -> None:
     """A probe scenario names no backend, uses one of the probe's modes and only keys it reads."""
     prule, given = probe_rule(node.probe), node.model_fields_set
@@ -132,6 +145,11 @@ def _check_probe(node: Any) -> None:
     for key in (k for k in type(node).model_fields if k in given and k not in allowed):
         reads = f" (it reads {', '.join(prule.reads)})" if prule.reads else ""
         raise NodeError(f"uses probe {prule.name}, which does not read {key}{reads}; drop it", at=key)
+    if "model" in given and node.model.sliding_window is not None:
+        raise NodeError(
+            f"uses probe {prule.name}, which builds no sliding-window layer; drop model.sliding_window",
+            at=("model", "sliding_window"),
+        )
     if prule.page_sizes is not None and node.effective_page_size not in prule.page_sizes:
         raise NodeError(
             f"uses probe {prule.name}, which takes page_size {' or '.join(map(str, prule.page_sizes))}", at="page_size"

@@ -278,6 +278,7 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
         page_size=scenario.page_size,
         prefix_lens=tuple(scenario.prefix_lens),
         extend_lens=tuple(scenario.extend_lens),
+        sliding_window=model.sliding_window,
     )
     runner = kit.make_model_runner(
         case=case,
@@ -316,6 +317,7 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
         scaling=truth.sm_scale,
         num_kv_heads=model.num_kv_heads,
         layer_id=0,
+        sliding_window_size=-1 if model.sliding_window is None else model.sliding_window,
     )
     return SglangCase(
         scenario=scenario,

@@ -42,10 +42,12 @@ def ground_truth(
     *, scenario: Any, runner: Any, loc: Callable[[int, int], int], q: Any, k: Any, v: Any, trees: list[Any] | None
 ) -> GroundTruth:
     """Padded ground truth from the pool's prefix K/V (read at the layout's slots) and the new
-    tokens; causal within the new tokens, or the draft tree's visibility for verify."""
+    tokens; causal within the new tokens, or the draft tree's visibility for verify; a sliding-window
+    layer's query sees no key more than the window back."""
     import torch
 
     prefix, ext = list(scenario.prefix_lens), list(scenario.extend_lens)
+    window = scenario.model.sliding_window
     bs, qmax, lmax = len(prefix), max(ext), max(p + e for p, e in zip(prefix, ext))
     pool = runner.token_to_kv_pool
     k_cache, v_cache = pool.get_key_buffer(0), pool.get_value_buffer(0)
@@ -65,6 +67,10 @@ def ground_truth(
         visible[b, :e, :p] = True
         new = trees[b] if trees is not None else torch.tril(torch.ones((e, e), dtype=torch.bool))
         visible[b, :e, p : p + e] = new.to(q.device)
+        if window is not None:
+            # Query i sits at position p + i; it sees no key more than `window` positions back.
+            pos_q = torch.arange(p, p + e, device=q.device)[:, None]
+            visible[b, :e, : p + e] &= pos_q - torch.arange(p + e, device=q.device)[None, :] <= window
         start += e
     return GroundTruth(
         q_pad=q_pad, k_pad=k_pad, v_pad=v_pad, visible=visible, q_valid=q_valid, sm_scale=1.0 / math.sqrt(dim)

@@ -85,9 +85,12 @@ def make_case(
     page_size: int,
     prefix_lens: tuple[int, ...],
     extend_lens: tuple[int, ...],
+    sliding_window: int | None = None,
 ) -> Any:
-    """The kit's case record for a Triton batch (backend name ``triton``; no sliding window)."""
+    """The kit's case record for a Triton batch (backend name ``triton``); with a sliding window,
+    the kit's model runner publishes it (``sliding_window_size``, read by the backend)."""
     dense = _module(DENSE)
+    window = {} if sliding_window is None else {"sliding_window_size": sliding_window}
     return dense.DenseAttentionCase(
         name=name,
         backend="triton",
@@ -97,6 +100,7 @@ def make_case(
         page_size=page_size,
         prefix_lens=tuple(prefix_lens),
         extend_lens=tuple(extend_lens),
+        **window,
     )
 
 
@@ -127,6 +131,7 @@ def make_model_runner(
         head_dim=head_dim,
         hidden_size=case.num_heads * head_dim,
         context_len=max_context_len,
+        **({} if case.sliding_window_size is None else {"sliding_window_size": case.sliding_window_size}),
     )
     before = _published_now()
     runner = dense.MockModelRunner(
