@@ -190,6 +190,38 @@ def test_the_findings_name_what_went_wrong(runs):
     assert "'UndeclaredAttnBackend' object has no attribute 'needs_cpu_seq_lens'" in undeclared, undeclared
 
 
+def test_the_draft_extend_view_finding_names_the_rows_and_its_fix_clears_it(runs):
+    base = runs[None]["cells"]
+    padded = base["probe-draft-extend-view@cg=graph-padded,gpu_only=off"]
+    assert padded["verdict"] == "INVARIANT", padded
+    for want in (
+        "a batch of 3 replayed at 4 (buffers of 8)",
+        "req_pool_indices has 8 rows for a batch of 4",
+        "seq_lens_cpu has 8 rows",
+        "num_padding is None, the replay pads 1 row(s)",
+    ):
+        assert want in padded["key"], (want, padded["key"])
+    mirrorless = base["probe-draft-extend-view@cg=graph,gpu_only=on"]["key"]
+    assert "seq_lens_cpu" not in mirrorless and "replayed at 3" in mirrorless, mirrorless
+    fix = ROOT / "profiles" / "sglang-0.5.23" / "fixes" / "draft-extend-view-bucket.patch"
+    r = run_cli(
+        "--profile",
+        "sglang-0.5.23",
+        "run",
+        "-s",
+        "probe-draft-extend-view*",
+        "--device",
+        "cpu",
+        "--apply",
+        str(fix),
+        "--expect-fixes",
+        "probe-draft-extend-view*",
+    )
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    assert "+draft-extend-view-bucket: fixes known divergence probe-draft-extend-view@" in r.out, r.out[-2000:]
+    assert "breaks nothing" in r.out, r.out[-2000:]
+
+
 def test_a_baseline_finding_on_real_sglang_is_shown_not_hidden(runs):
     cell = runs[None]["cells"]["finding-req-to-token-tree-unpaged"]
     assert cell["verdict"] == "INVARIANT", cell
@@ -258,6 +290,16 @@ BAD_PROBES = [
         "name: x\nprobe: draft-positions\nmode: DRAFT_DECODE\nbatch: {prefix_lens: [3]}\npage_size: 16\n",
         5,
         "takes page_size 1",
+    ),
+    (
+        "name: x\nprobe: draft-extend-view\nmode: DRAFT_EXTEND_V2\nbatch: {prefix_lens: [3]}\n",
+        2,
+        "replays a CUDA graph: give cuda_graph",
+    ),
+    (
+        "name: x\nprobe: draft-positions\nmode: DRAFT_DECODE\nbatch: {prefix_lens: [3]}\nmodel: {sliding_window: 4}\n",
+        5,
+        "builds no sliding-window layer",
     ),
     (
         "name: x\nprobe: req-to-token-headroom\nmode: DECODE\nbatch: {prefix_lens: [3, 255]}\nmax_context_len: 256\n",

@@ -254,6 +254,8 @@ class ProbeRule:
     # Positions a request's prefix must leave below max_context_len (None: no rule): a state the
     # engine never reaches is not judged.
     prefix_margin: int | None = None
+    # The probe replays a CUDA graph: the scenario must give cuda_graph.capture_bs.
+    needs_graph: bool = False
 
 
 # Keys a probe scenario may give whatever its probe (name, description, mode, batch, seed, grid).
@@ -293,6 +295,15 @@ _PROBE_RULES = (
         "gpu_only: the draft-extend slot is unset, else it holds a backend that declares no flag "
         "(DIVERGE otherwise)",
         reads=("spec", "gpu_only"),
+    ),
+    ProbeRule(
+        "draft-extend-view",
+        modes=("DRAFT_EXTEND_V2",),
+        judges="the batch view the spec-v2 draft-extend CUDA-graph runner hands its attention backend on replay: "
+        "every per-request tensor has the replayed bucket's batch_size rows (padded rows: request row 0, the fill "
+        "length), no CPU mirror where the batch has none, and num_padding = bucket - requests (INVARIANT otherwise)",
+        reads=("spec", "gpu_only", "cuda_graph"),
+        needs_graph=True,
     ),
 )
 PROBE_RULES: dict[str, ProbeRule] = {r.name: r for r in _PROBE_RULES}

@@ -145,6 +145,11 @@ def _check_probe(node: Any) -> None:
     for key in (k for k in type(node).model_fields if k in given and k not in allowed):
         reads = f" (it reads {', '.join(prule.reads)})" if prule.reads else ""
         raise NodeError(f"uses probe {prule.name}, which does not read {key}{reads}; drop it", at=key)
+    if prule.needs_graph and node.cuda_graph is None:
+        raise NodeError(
+            f"uses probe {prule.name}, which replays a CUDA graph: give cuda_graph: {{capture_bs: [...]}}",
+            at="probe",
+        )
     if "model" in given and node.model.sliding_window is not None:
         raise NodeError(
             f"uses probe {prule.name}, which builds no sliding-window layer; drop model.sliding_window",

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["replay_draft"]
+__all__ = ["replay_draft", "replay_draft_extend"]
 
 # Every static buffer some release's runner reads; None where the feature is off, as the
 # constructor leaves them (token oracle, rejection sampling, DSA seeding, DP gather).
@@ -111,3 +111,87 @@ def replay_draft(backend: Any, batch: Any, *, case: Any, capture_bs: list[int], 
     view = seen["batch"]
     view.num_padding = view.batch_size - batch.batch_size
     return view
+
+
+def replay_draft_extend(recorder: Any, batch: Any, *, capture_bs: list[int], width: int, fill: int, device: str) -> Any:
+    """Replay a spec-v2 draft-extend ``batch`` (``width`` tokens per request) through the installed
+    ``EAGLEDraftExtendCudaGraphRunner``'s own replay method, ``recorder`` standing in for its
+    draft-extend backend (it is handed the runner's batch view); return the runner.
+
+    Built like ``replay_draft``'s runner: static buffers as the constructor makes them (no hidden
+    states, no DP gather, no mamba tracks), the graph launch replaced by empty outputs."""
+    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
+
+    try:
+        from sglang.srt.model_executor.runner import DeepEPCudaGraphRunnerAdapter
+    except ImportError:  # before 0.5.14
+        from sglang.srt.model_executor.cuda_graph_runner import DeepEPCudaGraphRunnerAdapter
+
+    buckets = sorted(capture_bs)
+    max_bs = buckets[-1]
+    max_num_token = max_bs * width
+    with torch.device(device):
+        buffers = SimpleNamespace(
+            input_ids=torch.zeros((max_num_token,), dtype=torch.int64),
+            req_pool_indices=torch.zeros((max_bs,), dtype=torch.int64),
+            mamba_track_indices=None,
+            out_cache_loc=torch.zeros((max_num_token,), dtype=torch.int64),
+            positions=torch.zeros((max_num_token,), dtype=torch.int64),
+            mrope_positions=torch.zeros((3, max_num_token), dtype=torch.int64),
+            hidden_states=None,
+            seq_lens=torch.full((max_bs,), fill, dtype=torch.int64),
+            extend_seq_lens=torch.full((max_bs,), width, dtype=torch.int32),
+            num_correct_drafts=torch.full((max_bs,), width, dtype=torch.int32),
+            num_accept_tokens=torch.full((max_bs,), width, dtype=torch.int32),
+            select_index=torch.arange(max_bs, dtype=torch.int64) * width,
+            global_num_tokens_gpu=None,
+            global_num_tokens_for_logprob_gpu=None,
+            dsa_seed_topk_capture=None,
+        )
+    buffers.seq_lens_cpu = torch.full((max_bs,), fill, dtype=torch.int64, device="cpu")
+    runner = object.__new__(EAGLEDraftExtendCudaGraphRunner)
+    runner.__dict__.update(
+        buffers=buffers,
+        deepep_adapter=DeepEPCudaGraphRunnerAdapter(),
+        device=device,
+        device_module=torch.get_device_module(device),
+        forward_mode=batch.forward_mode,
+        capture_bs=buckets,
+        max_bs=max_bs,
+        captured_req_width=width,  # 0.5.17+
+        num_tokens_per_bs=width,  # before 0.5.17
+        seq_len_fill_value=fill,
+        extend_seq_lens_cpu=[width] * max_bs,
+        require_mlp_tp_gather=False,
+        require_gathered_buffer=False,
+        draft_extend_attn_backend=recorder,
+        model_runner=SimpleNamespace(
+            model_config=SimpleNamespace(vocab_size=1 << 20, model_is_mrope=False),
+            device_timer=None,
+            shared_read_done_event=None,
+        ),
+    )
+
+    def launch(*_: Any) -> Any:
+        bs = runner.bs  # set by the replay method before it launches
+        out = SimpleNamespace(
+            next_token_logits=torch.zeros((bs * width, 1), device=device),
+            hidden_states=torch.zeros((bs * width, 1), device=device),
+            topk_p=None,
+            topk_index=None,
+        )
+        runner.output_buffers = {runner.bs: out}
+        return out
+
+    # The graph launch is the one thing not run: no model is captured here.
+    runner._replay_graph = launch  # 0.5.14+
+    runner._replay = launch  # 0.5.13
+    runner._publish_read_done = lambda **_: None
+    import inspect
+
+    replay = getattr(runner, "execute", None) or runner.replay
+    if "select_index" in inspect.signature(replay).parameters:  # later releases
+        replay(batch, torch.arange(batch.batch_size, dtype=torch.int64, device=device) * width)
+    else:
+        replay(batch)
+    return runner

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .draft_replay import replay_draft_extend
 from .environment import (
     bind_own_plan,
     context_kept,
@@ -45,6 +46,7 @@ __all__ = [
     "draft_context_len",
     "kit_scope",
     "published",
+    "replay_draft_extend",
     "run_eagle_draft",
     "server_args",
     "with_server_args",
