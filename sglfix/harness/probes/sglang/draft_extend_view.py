@@ -40,7 +40,7 @@ class ViewRecorder:
         self.view: Any = None
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
-        return 1  # every in-tree dense backend's value in 0.5.23
+        return 1  # every in-tree dense backend's value
 
     def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False) -> None:
         self.view = SimpleNamespace(**vars(forward_batch))
