@@ -51,23 +51,43 @@ def _buffers(*, max_bs: int, topk: int, num_steps: int, fill: int, hidden_size: 
     return buffers
 
 
-def replay_draft(backend: Any, batch: Any, *, case: Any, capture_bs: list[int], fill: int) -> Any:
-    """Replay ``batch`` through the installed ``EAGLEDraftCudaGraphRunner``'s own replay method with
-    ``backend`` as its draft backend (sizes and device from the draft ``case``); return the batch as the graph replay saw it (a snapshot: the
-    runner restores the raw fields afterwards)."""
-    import copy
-
-    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
-
+def _shell(runner_class: Any, launch: Any, **state: Any) -> tuple[Any, Any]:
+    """A ``runner_class`` instance built without its constructor, holding ``state``, whose graph
+    launch is ``launch``; and its replay method (``execute``; ``replay`` in 0.5.13)."""
     try:
         from sglang.srt.model_executor.runner import DeepEPCudaGraphRunnerAdapter
     except ImportError:  # before 0.5.14
         from sglang.srt.model_executor.cuda_graph_runner import DeepEPCudaGraphRunnerAdapter
 
+    runner = object.__new__(runner_class)
+    runner.__dict__.update(deepep_adapter=DeepEPCudaGraphRunnerAdapter(), **state)
+    # The graph launch is the one thing not run: no model is captured here.
+    runner._replay_graph = launch  # 0.5.14+
+    runner._replay = launch  # 0.5.13
+    return runner, getattr(runner, "execute", None) or runner.replay
+
+
+def replay_draft(backend: Any, batch: Any, *, case: Any, capture_bs: list[int], fill: int) -> Any:
+    """Replay ``batch`` through the installed ``EAGLEDraftCudaGraphRunner``'s own replay method with
+    ``backend`` as its draft backend (sizes and device from the draft ``case``); return the batch as
+    the graph replay saw it (a snapshot: the runner restores the raw fields afterwards)."""
+    import copy
+
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+
     topk, num_steps, device = case.topk, case.num_steps, case.device
     buckets = sorted(capture_bs)
-    runner = object.__new__(EAGLEDraftCudaGraphRunner)
-    runner.__dict__.update(
+    seen: dict[str, Any] = {}
+
+    def record(*args: Any) -> tuple:
+        forward_batch = args[-1]
+        seen["batch"] = SimpleNamespace(**vars(forward_batch))
+        runner.output_buffers = {forward_batch.batch_size: ()}
+        return ()
+
+    runner, replay = _shell(
+        EAGLEDraftCudaGraphRunner,
+        record,
         buffers=_buffers(
             max_bs=buckets[-1],
             topk=topk,
@@ -77,7 +97,6 @@ def replay_draft(backend: Any, batch: Any, *, case: Any, capture_bs: list[int], 
             dtype=case.dtype,
             device=device,
         ),
-        deepep_adapter=DeepEPCudaGraphRunnerAdapter(),
         capture_bs=buckets,
         captured_req_width=topk,  # 0.5.17+
         num_tokens_per_bs=topk,  # before 0.5.17
@@ -93,24 +112,11 @@ def replay_draft(backend: Any, batch: Any, *, case: Any, capture_bs: list[int], 
             device_timer=None,
         ),
     )
-    seen: dict[int, Any] = {}
-
-    def record(*args: Any) -> tuple:
-        forward_batch = args[-1]
-        seen["batch"] = SimpleNamespace(**vars(forward_batch))
-        runner.output_buffers = {forward_batch.batch_size: ()}
-        return ()
-
-    # The graph launch is the one thing not run: the cell runs the step kernels itself; its
-    # outputs (three or four tensors, by release) are nobody's, so they are not cut back either.
-    runner._replay_graph = record  # 0.5.14+
-    runner._replay = record  # 0.5.13
+    # The cell runs the step kernels itself; the launch's outputs (three or four tensors, by
+    # release) are nobody's, so they are not cut back either.
     runner._postprocess_output_to_raw_bs = lambda out, raw_bs: out
-    replay = getattr(runner, "execute", None) or runner.replay
     replay(copy.copy(batch))
-    view = seen["batch"]
-    view.num_padding = view.batch_size - batch.batch_size
-    return view
+    return seen["batch"]
 
 
 def replay_draft_extend(recorder: Any, batch: Any, *, capture_bs: list[int], width: int, fill: int, device: str) -> Any:
@@ -120,12 +126,9 @@ def replay_draft_extend(recorder: Any, batch: Any, *, capture_bs: list[int], wid
 
     Built like ``replay_draft``'s runner: static buffers as the constructor makes them (no hidden
     states, no DP gather, no mamba tracks), the graph launch replaced by empty outputs."""
-    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
+    import inspect
 
-    try:
-        from sglang.srt.model_executor.runner import DeepEPCudaGraphRunnerAdapter
-    except ImportError:  # before 0.5.14
-        from sglang.srt.model_executor.cuda_graph_runner import DeepEPCudaGraphRunnerAdapter
+    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
 
     buckets = sorted(capture_bs)
     max_bs = buckets[-1]
@@ -149,10 +152,22 @@ def replay_draft_extend(recorder: Any, batch: Any, *, capture_bs: list[int], wid
             dsa_seed_topk_capture=None,
         )
     buffers.seq_lens_cpu = torch.full((max_bs,), fill, dtype=torch.int64, device="cpu")
-    runner = object.__new__(EAGLEDraftExtendCudaGraphRunner)
-    runner.__dict__.update(
+
+    def launch(*_: Any) -> Any:
+        bs = runner.bs  # set by the replay method before it launches
+        out = SimpleNamespace(
+            next_token_logits=torch.zeros((bs * width, 1), device=device),
+            hidden_states=torch.zeros((bs * width, 1), device=device),
+            topk_p=None,
+            topk_index=None,
+        )
+        runner.output_buffers = {runner.bs: out}
+        return out
+
+    runner, replay = _shell(
+        EAGLEDraftExtendCudaGraphRunner,
+        launch,
         buffers=buffers,
-        deepep_adapter=DeepEPCudaGraphRunnerAdapter(),
         device=device,
         device_module=torch.get_device_module(device),
         forward_mode=batch.forward_mode,
@@ -171,25 +186,7 @@ def replay_draft_extend(recorder: Any, batch: Any, *, capture_bs: list[int], wid
             shared_read_done_event=None,
         ),
     )
-
-    def launch(*_: Any) -> Any:
-        bs = runner.bs  # set by the replay method before it launches
-        out = SimpleNamespace(
-            next_token_logits=torch.zeros((bs * width, 1), device=device),
-            hidden_states=torch.zeros((bs * width, 1), device=device),
-            topk_p=None,
-            topk_index=None,
-        )
-        runner.output_buffers = {runner.bs: out}
-        return out
-
-    # The graph launch is the one thing not run: no model is captured here.
-    runner._replay_graph = launch  # 0.5.14+
-    runner._replay = launch  # 0.5.13
     runner._publish_read_done = lambda **_: None
-    import inspect
-
-    replay = getattr(runner, "execute", None) or runner.replay
     if "select_index" in inspect.signature(replay).parameters:  # later releases
         replay(batch, torch.arange(batch.batch_size, dtype=torch.int64, device=device) * width)
     else:
