@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -9,6 +10,10 @@ import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
+
+# Tests run cells to see them run: the result store stays off unless a test names a folder
+# (--cache DIR); tests/test_store.py is about the store itself.
+os.environ["SGLFIX_STORE"] = "0"
 
 ALLOW = ("patch_fixtures",)
 

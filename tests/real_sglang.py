@@ -34,7 +34,11 @@ def require_sglang() -> str:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment of a fresh user process: no sglfix selection inherited from this one."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLFIX_", "PYTEST_", "SGLANG_DEBUG_REVERT_PR"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SGLFIX_", "PYTEST_", "SGLANG_DEBUG_REVERT_PR")) or k == "SGLFIX_STORE"
+    }
     env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     env.update(extra)
     return env

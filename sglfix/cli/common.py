@@ -183,6 +183,14 @@ def judge_ran(
     )
     if ran.shard is not None:
         report["shard"] = str(ran.shard)
+    if getattr(ran, "store", None) is not None:
+        report["store"] = dict(ran.store)
+        if ran.store.get("failed"):
+            err.print(
+                f"sglfix: the result store stopped keeping results ({ran.store['failed']}); this run's stand",
+                highlight=False,
+                markup=False,
+            )
     report["worker_replacements"] = list(ran.replacements)
     report["drifted"] = [{"id": rid, "why": why} for rid, why in ran.drifted.items()]
     for rid, why in ran.drifted.items():
@@ -362,7 +370,9 @@ def summary_line(what: str, results: Sequence[Any], *, wall: float, outcome: str
     from sglfix.common.verdicts import MARKS
 
     counts = Counter(r.verdict for r in results)
-    text = Text(f"sglfix {what}: {len(results)} cells in {wall:.1f} s: ", style="bold")
+    served = sum(1 for r in results if getattr(r, "stored", None))
+    stored = f" ({served} from the result store)" if served else ""
+    text = Text(f"sglfix {what}: {len(results)} cells in {wall:.1f} s{stored}: ", style="bold")
     for i, verdict in enumerate(v for v in MARKS if counts[v]):
         if i:
             text.append(", ")

@@ -123,6 +123,8 @@ MATRIX_OPTIONS = (
     "heatmap",
     *SCALE,
     "no_reachability",
+    "cache",
+    "no_cache",
     "env_baseline",
     "show_all",
 )

@@ -94,6 +94,22 @@ NoReachability = Annotated[
         help="Run every cell, also those whose reverted functions the scenario's baseline never enters (otherwise marked NOT_REACHED, not run).",
     ),
 ]
+CacheDir = Annotated[
+    str | None,
+    typer.Option(
+        "--cache",
+        metavar="DIR",
+        help="Keep each cell's result in this folder and serve it again while nothing it ran changed (default: "
+        "SGLFIX_STORE, else ~/.cache/sglfix/results; share one folder between CI jobs).",
+    ),
+]
+NoCache = Annotated[
+    bool,
+    typer.Option(
+        "--no-cache",
+        help="Run every cell, and keep nothing: the result store is neither read nor written (SGLFIX_STORE=0 does the same).",
+    ),
+]
 ShowAll = Annotated[
     bool,
     typer.Option(
@@ -245,6 +261,8 @@ OPTIONS: dict[str, tuple[Any, Any]] = {
     "shard": (ShardSpec, None),
     "shard_costs": (ShardCosts, None),
     "no_reachability": (NoReachability, False),
+    "cache": (CacheDir, None),
+    "no_cache": (NoCache, False),
     "env_baseline": (EnvBaseline, False),
     "show_all": (ShowAll, False),
     "reach_file": (ReachFile, None),

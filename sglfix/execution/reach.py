@@ -18,7 +18,7 @@ from typing import Any
 from sglfix.harness.result import CellResult
 from sglfix.toggling.registry import Registry, parse_toggle_ids
 
-__all__ = ["RecordingCell", "UnreachedCell", "run_reaching", "targets_of"]
+__all__ = ["RecordingCell", "UnreachedCell", "reach_record", "run_reaching", "targets_of"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,16 @@ def targets_of(ids: Iterable[str], *, registry: Registry) -> frozenset[str]:
     )
 
 
+def reach_record(cells: Sequence[Any], *, base: tuple[str, ...], registry: Registry) -> tuple[str, ...]:
+    """The targets a baseline cell records entries of: every target the other sets revert."""
+    extra = [
+        targets_of([t for t in c.toggles if t not in base], registry=registry)
+        for c in cells
+        if tuple(c.toggles) != base
+    ]
+    return tuple(sorted(set().union(*extra))) if extra else ()
+
+
 def run_reaching(
     pool: Any,
     cells: Sequence[Any],
@@ -63,6 +73,7 @@ def run_reaching(
     base: tuple[str, ...],
     registry: Registry,
     on_result: Callable[[CellResult], None] | None = None,
+    served: dict[int, CellResult] | None = None,
 ) -> list[CellResult]:
     """Results for ``cells`` in order: the ``base`` set's cells first (recording which targets
     they enter); as each baseline comes back its scenario's other cells join the line, each run
@@ -71,71 +82,121 @@ def run_reaching(
 
     A set's unreached cells need a worker only to show that the set applies there: the first
     goes to a worker, the others take its answer (one round trip per set, not per cell); where
-    it did not answer NOT_REACHED, each of them goes to a worker and says for itself."""
-    cells = list(cells)
-    extra = {
-        tuple(c.toggles): targets_of([t for t in c.toggles if t not in base], registry=registry)
-        for c in cells
-        if tuple(c.toggles) != base
-    }
-    record = tuple(sorted(set().union(*extra.values()))) if extra else ()
-    results: list[CellResult | None] = [None] * len(cells)
-    index: dict[int, int] = {}  # id of a cell sent to the pool -> its place in ``cells``
-    sent: list[Any] = []  # keeps every sent cell alive, so that ids stay unique
-    others: dict[str, list[int]] = {}
-    first = []
-    for i, c in enumerate(cells):
-        if tuple(c.toggles) == base:
-            first.append(_send(RecordingCell(c.scenario, tuple(c.toggles), record), i, index, sent))
-        else:
-            others.setdefault(c.scenario.name, []).append(i)
-    probes: dict[tuple[str, ...], CellResult | None] = {}  # a set's probe and, once back, its answer
-    held_back: dict[tuple[str, ...], list[tuple[int, UnreachedCell]]] = {}
+    it did not answer NOT_REACHED, each of them goes to a worker and says for itself.
 
-    def settle(i: int, result: CellResult) -> None:
-        results[i] = result
-        if on_result is not None:
-            on_result(result)
+    ``served`` (the result store's answers, by place in ``cells``) are taken as they are: a
+    served baseline releases its scenario's other cells at once. ``pool`` may be None when
+    nothing is left to run."""
+    line = _Reaching(list(cells), base=base, registry=registry, on_result=on_result, served=served or {})
+    first = line.start()
+    if first:
+        if pool is None:
+            raise RuntimeError("cells are left to run and no pool was given")
+        pool.run(first, on_result=on_result, feed=line.feed)
+    return [r for r in line.results if r is not None]
 
-    def feed(cell: Any, result: CellResult) -> list[Any]:
-        i = index[id(cell)]
-        results[i] = result
+
+class _Reaching:
+    """``run_reaching``'s line: which cell waits for which baseline, and the sets' probes."""
+
+    def __init__(
+        self,
+        cells: list[Any],
+        *,
+        base: tuple[str, ...],
+        registry: Registry,
+        on_result: Callable[[CellResult], None] | None,
+        served: dict[int, CellResult],
+    ) -> None:
+        self.cells, self.base, self.on_result, self.served = cells, base, on_result, served
+        self.extra = {
+            tuple(c.toggles): targets_of([t for t in c.toggles if t not in base], registry=registry)
+            for c in cells
+            if tuple(c.toggles) != base
+        }
+        self.record = tuple(sorted(set().union(*self.extra.values()))) if self.extra else ()
+        self.results: list[CellResult | None] = [None] * len(cells)
+        self.index: dict[int, int] = {}  # id of a cell sent to the pool -> its place in ``cells``
+        self.sent: list[Any] = []  # keeps every sent cell alive, so that ids stay unique
+        self.others: dict[str, list[int]] = {}
+        self.probes: dict[tuple[str, ...], CellResult | None] = {}  # a set's probe and, once back, its answer
+        self.held_back: dict[tuple[str, ...], list[tuple[int, UnreachedCell]]] = {}
+
+    def start(self) -> list[Any]:
+        """The cells to send first: the baselines not served, and what served ones release."""
+        bases = []
+        for i, c in enumerate(self.cells):
+            if tuple(c.toggles) == self.base:
+                bases.append(i)
+            else:
+                self.others.setdefault(c.scenario.name, []).append(i)
+        first: list[Any] = []
+        for i in bases:
+            c = self.cells[i]
+            if i in self.served:
+                self.settle(i, self.served[i])
+                first += self.release(c.scenario.name, self.served[i])
+            else:
+                first.append(self.send(RecordingCell(c.scenario, tuple(c.toggles), self.record), i))
+        based = {self.cells[i].scenario.name for i in bases}
+        for name in [n for n in self.others if n not in based]:  # no baseline here to decide: they run
+            for j in self.others.pop(name):
+                if j in self.served:
+                    self.settle(j, self.served[j])
+                else:
+                    first.append(self.send(self.cells[j], j))
+        return first
+
+    def send(self, cell: Any, i: int) -> Any:
+        self.index[id(cell)] = i
+        self.sent.append(cell)
+        return cell
+
+    def settle(self, i: int, result: CellResult) -> None:
+        self.results[i] = result
+        if self.on_result is not None:
+            self.on_result(result)
+
+    def release(self, name: str, result: CellResult) -> list[Any]:
+        """The cells of scenario ``name`` its baseline's ``result`` decides: served, sent, or
+        (unreached) answered by their set's probe."""
         out: list[Any] = []
-        if isinstance(cell, RecordingCell):
-            for j in others.pop(cell.scenario.name, []):
-                c = cells[j]
-                targets = extra[tuple(c.toggles)]
-                if result.reached is None or targets & set(result.reached):
-                    out.append(_send(c, j, index, sent))
-                    continue
-                unreached = UnreachedCell(c.scenario, tuple(c.toggles), result.verdict, tuple(sorted(targets)))
-                key = unreached.toggles
-                if key not in probes:
-                    probes[key] = None
-                    out.append(_send(unreached, j, index, sent))
-                elif probes[key] is None:
-                    held_back.setdefault(key, []).append((j, unreached))
-                elif probes[key].verdict == "NOT_REACHED":
-                    settle(j, _like(probes[key], unreached))
-                else:
-                    out.append(_send(unreached, j, index, sent))
-        elif isinstance(cell, UnreachedCell) and cell.toggles in probes and probes[cell.toggles] is None:
-            probes[cell.toggles] = result
-            for j, unreached in held_back.pop(cell.toggles, []):
-                if result.verdict == "NOT_REACHED":
-                    settle(j, _like(result, unreached))
-                else:
-                    out.append(_send(unreached, j, index, sent))
+        for j in self.others.pop(name, []):
+            c = self.cells[j]
+            if j in self.served:
+                self.settle(j, self.served[j])
+                continue
+            targets = self.extra[tuple(c.toggles)]
+            if result.reached is None or targets & set(result.reached):
+                out.append(self.send(c, j))
+                continue
+            unreached = UnreachedCell(c.scenario, tuple(c.toggles), result.verdict, tuple(sorted(targets)))
+            key = unreached.toggles
+            if key not in self.probes:
+                self.probes[key] = None
+                out.append(self.send(unreached, j))
+            elif self.probes[key] is None:
+                self.held_back.setdefault(key, []).append((j, unreached))
+            elif self.probes[key].verdict == "NOT_REACHED":
+                self.settle(j, _like(self.probes[key], unreached))
+            else:
+                out.append(self.send(unreached, j))
         return out
 
-    pool.run(first, on_result=on_result, feed=feed)
-    return [r for r in results if r is not None]
-
-
-def _send(cell: Any, i: int, index: dict[int, int], sent: list[Any]) -> Any:
-    index[id(cell)] = i
-    sent.append(cell)
-    return cell
+    def feed(self, cell: Any, result: CellResult) -> list[Any]:
+        i = self.index[id(cell)]
+        self.results[i] = result
+        if isinstance(cell, RecordingCell):
+            return self.release(cell.scenario.name, result)
+        out: list[Any] = []
+        if isinstance(cell, UnreachedCell) and cell.toggles in self.probes and self.probes[cell.toggles] is None:
+            self.probes[cell.toggles] = result
+            for j, unreached in self.held_back.pop(cell.toggles, []):
+                if result.verdict == "NOT_REACHED":
+                    self.settle(j, _like(result, unreached))
+                else:
+                    out.append(self.send(unreached, j))
+        return out
 
 
 def _like(probe: CellResult, cell: UnreachedCell) -> CellResult:

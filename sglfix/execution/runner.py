@@ -53,6 +53,8 @@ class Ran:
     not_applicable: dict = field(default_factory=dict)  # revert id -> why none exists at this version
     candidates: tuple = ()  # the candidate fixes applied (--apply)
     conflicts: dict = field(default_factory=dict)  # set label -> why the fix and its reverts cannot go together
+    # The result store, if the run read it: its folder, cells served from it, cells run.
+    store: dict | None = None
 
 
 class Runner:
@@ -102,6 +104,7 @@ class Runner:
 
             check_interpreter(target.codebase, what=f"--profile {target.profile.name}")
         self.device = device
+        self.store_dir = check_store(s)
         self.config = WorkerConfig(
             device=device,
             timeout=s.timeout,
@@ -110,6 +113,7 @@ class Runner:
             # A profile that follows what is installed is followed again in every worker.
             codebase=target.codebase.asked or target.codebase.name,
             candidates=tuple((c.id, c.text, c.sha256) for c in target.candidates),
+            deps=self.store_dir is not None and not s.record,
         )
         self.env = env_ids(target.registry)
         check_env_baseline(self.env, s.env_baseline, what=what)
@@ -272,7 +276,13 @@ class Runner:
 
     def run(self, plan: Any, *, progress: Callable[[Any], Any]) -> Ran:
         """Every cell of ``plan`` on a fresh pool, through reachability when the settings ask for
-        it. ``progress(plan)`` is a context manager giving the function each result is passed to."""
+        it; with the result store, the cells it holds are served and only the others run (no pool
+        at all when it holds every one). ``progress(plan)`` is a context manager giving the
+        function each result is passed to."""
+        if self.store_dir is not None and not self.settings.record:
+            store = self._open_store()
+            if store is not None:
+                return self._run_stored(plan, progress=progress, store=store)
         registry = self.target.registry if self.settings.reachability else None
         with self.workers(cells=len(plan.cells)) as pool:
             info = {**pool.info, "workers": len(getattr(pool, "workers", ()) or ()) or self.jobs}
@@ -306,6 +316,180 @@ class Runner:
             candidates=tuple(self.target.candidates),
             conflicts=dict(self.conflicts),
         )
+
+    def _ran(self, plan: Any, *, info: dict, results: list, wall: float, replacements: list, store: Any) -> Ran:
+        return Ran(
+            registry=self.target.registry,
+            env=self.env,
+            plan=plan,
+            info=info,
+            results=results,
+            wall=wall,
+            shard=self.shard,
+            replacements=replacements,
+            drifted=dict(self.drifted),
+            not_applicable=dict(self.not_applicable),
+            candidates=tuple(self.target.candidates),
+            conflicts=dict(self.conflicts),
+            store=store,
+        )
+
+    def _open_store(self) -> Any:
+        """The result store for this run's context; None (one line said why) when the default
+        folder cannot be used. A folder given with --cache was checked at start."""
+        from sglfix.codebases import installed
+        from sglfix.common.codebase import package_dir
+        from sglfix.execution.store import ResultStore
+        from sglfix.execution.store.keys import context_key
+
+        cb = self.target.codebase
+        device = self.device
+        if device == "auto":
+            device = "cuda" if has_cuda_device() else "cpu"
+        root = package_dir(cb.package) if cb.is_reproduction else getattr(installed(cb), "path", None)
+        if root is None:
+            return None
+        context, parts = context_key(device=device, codebase=cb, profile=self.target.profile)
+        try:
+            return ResultStore(self.store_dir, context=context, parts=parts, top=os.path.dirname(root))
+        except Exception as exc:  # an unusable default folder: the run goes on without a store
+            import sys
+
+            print(
+                f"sglfix: the result store at {self.store_dir} cannot be used ({type(exc).__name__}: {exc}); "
+                f"running every cell (--cache DIR picks another folder, --no-cache turns it off)",
+                file=sys.stderr,
+            )
+            return None
+
+    def _run_stored(self, plan: Any, *, progress: Callable[[Any], Any], store: Any) -> Ran:
+        """``run`` through the result store: every cell looked up first; the pool opened only
+        for the cells it misses; each result that comes back filed with what it depends on."""
+        from sglfix.execution.store.keys import cell_key
+
+        s = self.settings
+        registry = self.target.registry
+        reach = s.reachability and len(plan.sets) > 1
+        base = tuple(plan.sets[0]) if plan.sets else ()
+        record = None
+        if reach:
+            from sglfix.execution.reach import reach_record
+
+            record = reach_record(plan.cells, base=base, registry=registry)
+        keys = {
+            (c.scenario.name, tuple(c.toggles)): cell_key(
+                store.context, scenario=c.scenario, toggles=c.toggles, registry=registry
+            )
+            for c in plan.cells
+        }
+        served: dict[int, Any] = {}
+        base_deps: dict[str, Any] = {}  # scenario -> what its baseline depends on (a NOT_REACHED cell's)
+        for i, c in enumerate(plan.cells):
+            is_base = tuple(c.toggles) == base
+            hit = store.get(
+                keys[(c.scenario.name, tuple(c.toggles))],
+                record=record if reach and is_base else None,
+                reachability=s.reachability,
+            )
+            if hit is not None:
+                served[i] = hit[0]
+                if is_base:
+                    base_deps[c.scenario.name] = hit[1]
+        records = {(c.scenario.name, tuple(c.toggles)) for i, c in enumerate(plan.cells) if reach and i not in served}
+
+        def keep(result: Any) -> None:
+            """File a result that came back from a worker (or was settled from a probe's)."""
+            if result.stored is not None:
+                return
+            cell = (result.scenario, tuple(result.toggles))
+            key = keys.get(cell)
+            deps = store.deps_of(result.deps)
+            result.deps = None  # the report never holds it
+            if key is None:
+                return
+            if cell[1] == base:
+                base_deps[result.scenario] = deps
+            elif result.verdict == "NOT_REACHED":
+                deps = base_deps.get(result.scenario)
+            store.put(key, result, deps=deps, record=record if cell in records and cell[1] == base else None)
+
+        start = time.perf_counter()
+        ok = False
+        pool_info: dict | None = None
+        kept_info = store.info()
+        replacements: list = []
+        try:
+            with progress(plan) as tick:
+
+                def on_result(result: Any) -> None:
+                    keep(result)
+                    tick(result)
+
+                left = len(plan.cells) - len(served)
+                if left == 0:
+                    results = []
+                    for i in range(len(plan.cells)):
+                        on_result(served[i])
+                        results.append(served[i])
+                else:
+                    with self.workers(cells=left) as pool:
+                        pool_info = {**pool.info, "workers": len(getattr(pool, "workers", ()) or ()) or self.jobs}
+                        store.keep_info(pool_info)
+                        results = self._run_rest(pool, plan, served=served, base=base, reach=reach, on_result=on_result)
+                        replacements = list(getattr(pool, "replacements", []))
+            ok = True
+        finally:
+            store.close(wait=ok)
+        wall = time.perf_counter() - start
+        info = pool_info or {**(kept_info or {"device": self.device}), "workers": 0}
+        said = {
+            "path": store.directory,
+            "served": len(served),
+            "ran": len(plan.cells) - len(served),
+            **({"failed": store.failed} if store.failed else {}),
+        }
+        return self._ran(plan, info=info, results=results, wall=wall, replacements=replacements, store=said)
+
+    def _run_rest(self, pool: Any, plan: Any, *, served: dict, base: tuple, reach: bool, on_result: Any) -> list:
+        """The plan's cells on ``pool``, ``served`` ones taken as they are; results in plan order."""
+        if reach:
+            from sglfix.execution.reach import run_reaching
+
+            return run_reaching(
+                pool, plan.cells, base=base, registry=self.target.registry, on_result=on_result, served=served
+            )
+        rest = [i for i in range(len(plan.cells)) if i not in served]
+        for i in sorted(served):
+            on_result(served[i])
+        ran = pool.run([plan.cells[i] for i in rest], on_result=on_result) if rest else []
+        by_place = dict(zip(rest, ran, strict=True))
+        return [served[i] if i in served else by_place[i] for i in range(len(plan.cells))]
+
+
+def check_store(settings: Settings) -> str | None:
+    """The result store's folder for these settings (None: off). ``--cache DIR`` that cannot be
+    made or written is one line before any worker starts."""
+    from sglfix.execution.store import default_dir, store_disabled_by_env
+
+    if settings.no_cache:
+        if settings.cache is not None:
+            raise ConfigError("--cache DIR keeps results and --no-cache keeps none: give one of them")
+        return None
+    if settings.cache is None:
+        return None if store_disabled_by_env() else default_dir()
+    path = os.path.abspath(os.path.expanduser(settings.cache))
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".sglfix-write-{os.getpid()}")
+        with open(probe, "w") as fh:
+            fh.write("")
+        os.remove(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"--cache {settings.cache}: cannot write there ({exc.strerror or exc}); give a folder you can write, "
+            "or --no-cache"
+        ) from None
+    return path
 
 
 def choose_scenarios(

@@ -8,6 +8,7 @@ restoring the previous set first and checking that nothing of it stayed behind.
 from __future__ import annotations
 
 import os
+import re
 import traceback
 from typing import Any
 
@@ -60,6 +61,11 @@ class Session:
         self.held = None  # the Reverted of the current set, if it reverts anything
         self.current: list[str] | None = None  # None: nothing applied yet, or the last apply failed
         self.clean = StateSnapshot(active().package)  # the code base this worker booted into
+        self._imports_sent: str | None = None  # the digest of the imported list last sent
+        if device == "cuda":
+            from sglfix.harness.tracing import wrap_compiled_launches
+
+            wrap_compiled_launches()  # a compiled kernel runs no Python frame: its file is noted
 
     def handle(self, request: dict) -> dict:
         """The reply to one request; never raises for a failure of a cell."""
@@ -92,6 +98,7 @@ class Session:
             before = interpreter.stats()
             record = request.get("record")
             unreached = request.get("not_reached")
+            deps = bool(request.get("deps"))
             if unreached is not None:
                 from sglfix.harness.cell import not_reached_result
 
@@ -102,10 +109,10 @@ class Session:
                     same_as=str(unreached["same_as"]),
                     targets=[str(t) for t in unreached["targets"]],
                 )
-            elif record is None:
+            elif record is None and not deps:
                 result = run_cell(scenario, device=self.device, toggles=toggles)
             else:
-                result = self._run_recording(scenario, toggles, [str(t) for t in record])
+                result = self._run_recording(scenario, toggles, [str(t) for t in record or ()], deps=deps)
             if interpreter.installed():
                 after = interpreter.stats()
                 result.kernels = {k: after[k] - before[k] for k in ("launches", "hits")}
@@ -135,16 +142,22 @@ class Session:
         torch.cuda.empty_cache()
         return {"device_reserved_mib": round(torch.cuda.memory_reserved() / 2**20, 1)}
 
-    def _run_recording(self, scenario: Any, toggles: list[str], record: list[str]) -> Any:
+    def _run_recording(self, scenario: Any, toggles: list[str], record: list[str], *, deps: bool = False) -> Any:
         """The cell, and which of the ``record`` targets it entered (``sglfix.execution.entered``;
         ``reached`` stays None when that record is incomplete, so no cell is called unreached on
-        it). Lazy module caches start empty, as in a fresh worker, so that first-use code paths run."""
-        from sglfix.execution.entered import record_entries
+        it). Lazy module caches start empty, as in a fresh worker, so that first-use code paths run.
+        With ``deps``, also what the result store keys the result on (``deps``; None when the
+        record is incomplete, and then the result is not stored)."""
+        from sglfix.execution.entered import record_run
         from sglfix.harness.cell import run_cell
         from sglfix.toggling.revert import target_code
 
         if record == [EVERY_FUNCTION]:
             return self._run_recording_all(scenario, toggles)
+        if not record:
+            out = record_run(lambda: run_cell(scenario, device=self.device, toggles=toggles), files=True)
+            out.value.deps = self._deps(out.files)
+            return out.value
         codes: dict[Any, str] = {}
         unresolved = []
         for target in record:
@@ -155,10 +168,52 @@ class Session:
                     continue  # its module cannot be imported in this process: nothing of it runs here
                 unresolved.append(target)  # counted as entered: its cells run and show what is wrong
         self.clean.reset_lazy()
-        result, entered = record_entries(codes, lambda: run_cell(scenario, device=self.device, toggles=toggles))
-        if entered is not None:
-            result.reached = sorted({codes[c] for c in entered} | set(unresolved))
+        out = record_run(lambda: run_cell(scenario, device=self.device, toggles=toggles), codes=codes, files=deps)
+        result = out.value
+        if out.entered is not None:
+            result.reached = sorted({codes[c] for c in out.entered} | set(unresolved))
+        if deps:
+            result.deps = self._deps(out.files)
         return result
+
+    def _deps(self, files: set[str] | None) -> dict | None:
+        """The code base's files among ``files`` and those this process has imported, as paths
+        below the folder that holds the package (``sglang/srt/...``). The imported list is the
+        same for most cells of a process: it is sent only when it changed since this process
+        last sent it, and named by its digest otherwise."""
+        if files is None:
+            return None
+        import hashlib
+        import sys
+
+        from sglfix.codebases import active
+        from sglfix.common.codebase import package_dir
+
+        root = package_dir(active().package)
+        if root is None:
+            return None
+        top = os.path.dirname(root)
+
+        def below(path: str) -> str | None:
+            path = _PATCHED_AT.sub("", path)  # a reverted function's code names its file's folder
+            if not path.startswith(root + os.sep):
+                return None
+            return os.path.relpath(path, top)
+
+        ran = sorted({rel for f in files if (rel := below(f)) is not None})
+        imported = sorted(
+            {
+                rel
+                for m in list(sys.modules.values())
+                if isinstance(getattr(m, "__file__", None), str) and (rel := below(m.__file__)) is not None
+            }
+        )
+        digest = hashlib.sha256("\n".join(imported).encode()).hexdigest()[:32]
+        out: dict[str, Any] = {"ran": ran, "imports": digest}
+        if digest != self._imports_sent:
+            out["imported"] = imported
+            self._imports_sent = digest
+        return out
 
     def _run_recording_all(self, scenario: Any, toggles: list[str]) -> Any:
         """The cell, and every function of the code base it entered, with where each is defined
@@ -243,6 +298,8 @@ class Session:
 
 
 _UNAVAILABLE = "unavailable: "
+# The folder a reverted or patched function's code names inside its file's (``_defined_at``).
+_PATCHED_AT = re.compile(r"[/\\]\[sglfix [^\]]*\](?=[/\\])")
 # A record of every function of the code base (``report finding``), not of named targets.
 EVERY_FUNCTION = "*"
 

@@ -32,6 +32,8 @@ class Settings(BaseModel):
     reachability: bool = False  # run the baseline first; cells it shows unreached are NOT_REACHED
     env_baseline: bool | None = None  # None: a run (its reverts add to the variable's by design)
     record: tuple[str, ...] = ()  # functions whose entry each cell records (run --reach-file)
+    cache: str | None = None  # the result store's folder (None: the default one)
+    no_cache: bool = False  # neither read nor write the result store
 
     @classmethod
     def of(cls, given: Mapping[str, Any], **fixed: Any) -> Settings:

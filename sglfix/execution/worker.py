@@ -73,6 +73,8 @@ class WorkerConfig:
     # Candidate fixes (--apply) a toggle set may hold: (id, diff text, sha256) each. The text
     # travels, not the path: a Ray actor on another node has no such file.
     candidates: tuple[tuple[str, str, str], ...] = ()
+    # Each cell also reports what the result store keys its result on (the files it ran).
+    deps: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -462,6 +464,8 @@ class Worker:
         assert self.state == "idle", self.state
         self.toggles = tuple(toggles)
         request = {"toggles": list(toggles), "scenario": scenario_json, **(extra or {})}
+        if self.config.deps:
+            request.setdefault("deps", True)
         return self._request(request, timeout=timeout if timeout is not None else self.config.timeout)
 
     def _request(self, request: dict, *, timeout: float) -> int:

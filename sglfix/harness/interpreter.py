@@ -32,6 +32,8 @@ import types
 from collections import OrderedDict
 from typing import Any, ClassVar
 
+from sglfix.harness.tracing import kernel_running
+
 __all__ = ["clear", "install", "installed", "stats"]
 
 _STATE: dict[str, Any] = {"installed": False, "memo": False}
@@ -359,6 +361,10 @@ def _record(run: Any, views: list, storages: list) -> tuple[Any, _Entry | None]:
 
 def _make_run(original: Any, jit_types: tuple) -> Any:
     def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        with kernel_running(self):
+            return memo_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    def memo_run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         if warmup or not _STATE["memo"] or _Recorder.current is not None:
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
         _STATS["launches"] += 1

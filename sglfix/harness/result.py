@@ -31,6 +31,12 @@ class CellResult:
     # Recording every function of the code base (a finding's record): where each entered one is
     # defined in the installed tree (dotted name -> "file:line").
     reached_at: dict[str, str] | None = None
+    # What the result store keys this result on, as the worker saw it (``sglfix.execution.store``):
+    # the code base's files the cell ran code of and the ones its process had imported. Taken
+    # off by the parent before any report is written.
+    deps: dict | None = None
+    # When the run that made this result ran, for a result the store served (None: run now).
+    stored: str | None = None
 
     def add(self, verdict: str, message: str, **data: Any) -> None:
         self.findings.append({"verdict": verdict, "message": message, **data})
@@ -56,6 +62,8 @@ class CellResult:
             "kernels": self.kernels,
             "reached": self.reached,
             **({"reached_at": self.reached_at} if self.reached_at is not None else {}),
+            **({"deps": self.deps} if self.deps is not None else {}),
+            **({"stored": self.stored} if self.stored is not None else {}),
         }
 
     @classmethod

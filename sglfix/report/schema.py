@@ -169,6 +169,8 @@ class Cell(_Closed):
     kernels: Kernels | None = None
     reached: list[str] | None = None
     reached_at: dict[str, str] | None = None
+    # Served by the result store: when the run that made it ran (absent: it ran in this run).
+    stored: str | None = None
     meaning: MeaningName | None = None
     why: str | None = None
 
@@ -354,6 +356,15 @@ class MergedFrom(_Closed):
     host: str | None = None
 
 
+class StoreUse(_Closed):
+    """The result store a run read: its folder, the cells it served and the cells that ran."""
+
+    path: str
+    served: Count
+    ran: Count
+    failed: str | None = None
+
+
 class Report(_Closed):
     """A run's, a matrix's or a merge's report. Only ``tool`` and ``cells`` are required:
     schema 1 and hand-made reports leave the rest out."""
@@ -389,6 +400,7 @@ class Report(_Closed):
     not_applicable: list[Drifted] = []
     shard: Shard | None = None
     shards: Shards | None = None
+    store: StoreUse | None = None
     merged_from: list[MergedFrom] = []
     judged: Judged | None = None
     apply: Applied | None = None

@@ -1,0 +1,150 @@
+"""The key a stored result is filed under: everything that can change a cell's verdict except the
+code base's own files (which each entry lists with their digests, ``sglfix.execution.store``).
+
+* the machine: Python, the platform, every installed distribution and its version (torch, Triton,
+  FlashInfer, and whatever a SKIP says is missing), the device and, for a GPU, its model and driver;
+* the environment variables the engine and the kernels read;
+* sglfix's judge: every source file of sglfix that a worker runs (the commands and the report
+  writers only run in the parent, on results);
+* the profile's records;
+* the cell: its scenario as the worker receives it, and each part its toggle set reverts as it
+  is chosen at this version (patches, targets, variant), or the candidate fix's digest.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Any
+
+__all__ = ["cell_key", "context_key", "device_facts", "judge_digest"]
+
+FORMAT = 1  # bump when an entry's meaning changes: every older entry then misses
+
+# Read by the engine, the kernels or sglfix's workers: a change may change a verdict.
+_ENV_PREFIXES = ("SGLANG_", "SGLFIX_", "TRITON_", "FLASHINFER_", "TORCH_", "PYTORCH_", "CUDA_", "NVIDIA_", "CUBLAS")
+# ... except where a cache lives, which device a worker is given, and what the cell's own toggle
+# set already says (the revert variable, the candidate fixes).
+_ENV_IGNORED = {
+    "SGLANG_DEBUG_REVERT_PR",
+    "SGLFIX_APPLY",
+    "SGLFIX_CACHE",
+    "SGLFIX_CACHE_DIR",
+    "SGLFIX_STORE",
+    "TRITON_CACHE_DIR",
+    "TRITON_HOME",
+    "FLASHINFER_WORKSPACE_BASE",
+    "FLASHINFER_JIT_DIR",
+    "CUDA_VISIBLE_DEVICES",
+    "TORCHINDUCTOR_CACHE_DIR",
+}
+# Parent-only parts of sglfix: they read results, never make them.
+_PARENT_ONLY = ("cli", "report")
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def judge_digest() -> str:
+    """sglfix's own code that runs in a worker, by content (where it is installed does not matter)."""
+    import sglfix
+
+    root = os.path.dirname(os.path.abspath(sglfix.__file__))
+    h = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True)):
+        rel = os.path.relpath(path, root)
+        if rel.split(os.sep)[0] in _PARENT_ONLY:
+            continue
+        h.update(rel.encode() + b"\0")
+        with open(path, "rb") as fh:
+            h.update(hashlib.sha256(fh.read()).digest())
+    return h.hexdigest()
+
+
+def _gpu_models() -> list[str]:
+    """Each GPU's model and the driver, from the driver's files (no CUDA context: the parent
+    never starts one); ``nvidia-smi`` where those are not readable."""
+    found = []
+    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
+        try:
+            with open(info, encoding="utf-8", errors="replace") as fh:
+                found += [line.split(":", 1)[1].strip() for line in fh if line.startswith("Model:")]
+        except OSError:
+            continue
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8", errors="replace") as fh:
+            found.append(fh.readline().strip())
+    except OSError:
+        pass
+    if found:
+        return found
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        return sorted(line.strip() for line in out.stdout.splitlines() if line.strip()) or ["unknown"]
+    except (OSError, subprocess.SubprocessError):
+        return ["unknown"]
+
+
+def device_facts(device: str) -> dict:
+    facts: dict[str, Any] = {"device": device, "machine": platform.machine()}
+    if device == "cuda":
+        facts["gpus"] = _gpu_models()
+    return facts
+
+
+def _distributions() -> list[str]:
+    seen = set()
+    for dist in metadata.distributions():
+        name = (dist.metadata.get("Name") or "").lower().replace("_", "-")
+        if name:
+            seen.add(f"{name}=={dist.version}")
+    return sorted(seen)
+
+
+def context_key(*, device: str, codebase: Any, profile: Any) -> tuple[str, dict]:
+    """The run-wide part of every key, and what it is made of (kept beside the entries)."""
+    import dataclasses
+
+    # The profile's records as read (where its folder is does not matter).
+    records = {k: v for k, v in dataclasses.asdict(profile).items() if k != "folder"}
+    env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) and k not in _ENV_IGNORED}
+    parts = {
+        "format": FORMAT,
+        "python": sys.version,
+        "implementation": sys.implementation.name,
+        "distributions": _distributions(),
+        **device_facts(device),
+        "env": env,
+        "judge": judge_digest(),
+        "codebase": [codebase.name, codebase.package],
+        "profile": records,
+    }
+    return _digest(parts), parts
+
+
+def cell_key(context: str, *, scenario: Any, toggles: Sequence[str], registry: Any) -> str:
+    """One cell's key: ``context`` with its scenario and what its toggle set changes, part by part."""
+    from sglfix.toggling.candidate import split_ids
+
+    fixes, reverts = split_ids(list(toggles))
+    changed: list[Any] = []
+    for fid in fixes:
+        fix = registry.candidates.get(fid)
+        changed.append(["fix", fid, getattr(fix, "sha256", None)])
+    for rid in reverts:
+        changed.append(["revert", rid, [repr(sel.part) for sel in registry.select(rid)]])
+    return _digest([context, scenario.to_json(), changed])
