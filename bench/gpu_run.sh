@@ -123,6 +123,15 @@ if [ "${ONLY:-}" = profile ]; then
   tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
   exit 0
 fi
+timed() {
+  # timed NAME CMD...: run it, its output in $OUT/NAME.txt, the process's wall in $OUT/NAME.s
+  local name=$1; shift
+  local t0=$(date +%s%N)
+  COLUMNS=250 "$@" > "$OUT/$name.txt" 2>&1; local rc=$?
+  local ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  echo "$ms" > "$OUT/$name.s"
+  echo "$name rc=$rc in $ms ms"; tail -1 "$OUT/$name.txt" | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-300
+}
 install_sglang() {
   # Real sglang 0.5.23 as the code under test: its Python files as an xz tarball and the
   # packages this image lacks as wheels (.cache/sglang-gpu), into a private site dir; never the
@@ -134,6 +143,48 @@ install_sglang() {
   python3 -m sglfix.execution.worker --check --device cuda --codebase sglang-0.5.23 > "$OUT/sglang-check.json" 2> "$OUT/sglang-check.err"
   echo "worker check rc=$?"; tail -3 "$OUT/sglang-check.err"; head -c 600 "$OUT/sglang-check.json"; echo
 }
+if [ "${ONLY:-}" = speed ]; then
+  # Speed (bench/README.md): the reproduction matrix, every cell, twice; the real-sglang matrix
+  # (every reached cell, one process, default options, no shards) twice; then once more with each
+  # worker under cProfile (SGLFIX_WORKER_PROFILE) to say where a worker's time goes. Never the
+  # result store (--no-cache): these time the cells themselves.
+  for i in 1 2; do
+    timed repro-$i python3 -m sglfix matrix --parts --no-reachability --device cuda --no-cache --json "$OUT/repro-$i.json"
+    python3 bench/speed_summary.py "$OUT/repro-$i.json" --process-s $(python3 -c "print(int(open('$OUT/repro-$i.s').read())/1000)") \
+      --label "reproduction, every cell, run $i" --json "$OUT/speed-repro-$i.json"
+  done
+  if [ "${PROFILE:-1}" = 1 ]; then
+    SGLFIX_WORKER_PROFILE=/tmp/wprof-repro timed repro-prof python3 -m sglfix matrix --parts --no-reachability --device cuda \
+      --no-cache --json "$OUT/repro-prof.json"
+    python3 bench/worker_profile.py /tmp/wprof-repro --top 45 > "$OUT/worker-profile-repro.txt" 2>&1
+    head -70 "$OUT/worker-profile-repro.txt" | cut -c1-220
+  fi
+  install_sglang
+  for i in 1 2; do
+    timed sglang-$i python3 -m sglfix matrix --profile sglang-0.5.23 --parts --device cuda --no-cache --json "$OUT/sglang-$i.json"
+    python3 bench/speed_summary.py "$OUT/sglang-$i.json" --process-s $(python3 -c "print(int(open('$OUT/sglang-$i.s').read())/1000)") \
+      --label "real sglang, run $i" --json "$OUT/speed-sglang-$i.json"
+  done
+  if [ "${PROFILE:-1}" = 1 ]; then
+    SGLFIX_WORKER_PROFILE=/tmp/wprof timed sglang-prof python3 -m sglfix matrix --profile sglang-0.5.23 --parts --device cuda \
+      --no-cache --json "$OUT/sglang-prof.json"
+    python3 bench/worker_profile.py /tmp/wprof --top 45 > "$OUT/worker-profile.txt" 2>&1; head -70 "$OUT/worker-profile.txt" | cut -c1-220
+  fi
+  python3 - "$OUT" <<'PY'
+import glob, json, sys
+out = sys.argv[1]
+runs = [json.load(open(p)) for p in sorted(glob.glob(f"{out}/speed-*.json"))]
+json.dump(runs, open(f"{out}/speed.json", "w"), indent=2)
+for r in runs:
+    print(f"{r['label']}: {r['cells_s']} s cells, {r['process_s']} s process, {r['ran']} of {r['cells']} run, {r['outcome']}")
+PY
+  (cd "$OUT" && tar -czf speed-logs.tgz --remove-files repro-*.txt sglang-*.txt *.s speed-*.json repro-1.json sglang-1.json gpu.txt jit-state.txt \
+    repro-prof.json worker-profile*.txt \
+    sglang-prof.json sglang-check.* 2>/dev/null)
+  tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
+  tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
+  exit 0
+fi
 if [ "${ONLY:-}" = fix ]; then
   install_sglang
   FIXES=profiles/sglang-0.5.23/fixes

@@ -290,7 +290,7 @@ class WorkerPool:
                 if event.kind == "ready" and self._info is None:
                     self._info = {
                         k: event.data.get(k)
-                        for k in ("device", "device_name", "torch", "triton", "interpreter", "codebase")
+                        for k in ("device", "device_name", "torch", "triton", "interpreter", "codebase", "boot_s")
                     }
                 events.append((w, event))
         return events

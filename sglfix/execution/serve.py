@@ -21,6 +21,7 @@ import os
 import select
 import signal
 import sys
+import time
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.session import Session, first_line
@@ -202,6 +203,36 @@ def _check(argv: list[str]) -> None:
     print(json.dumps(_boot(device, codebase)))
 
 
+class _Profiled:
+    """``SGLFIX_WORKER_PROFILE=DIR`` (a diagnosis, never a default): this worker runs under
+    cProfile from boot on, its stats written to ``DIR/worker-<pid>.prof`` at most every two
+    seconds between cells (a worker is killed, never asked to exit: there is no last word)."""
+
+    def __init__(self, folder: str) -> None:
+        import cProfile
+
+        os.makedirs(folder, exist_ok=True)
+        self.path = os.path.join(folder, f"worker-{os.getpid()}.prof")
+        self.profile = cProfile.Profile()
+        self.last = time.monotonic()
+        self.profile.enable()
+
+    def dump_now(self) -> None:
+        if time.monotonic() - self.last < 2:
+            return
+        self.profile.disable()
+        try:
+            self.profile.dump_stats(self.path)
+        finally:
+            self.last = time.monotonic()
+            self.profile.enable()
+
+
+def _profiler() -> _Profiled | None:
+    folder = os.environ.get("SGLFIX_WORKER_PROFILE")
+    return _Profiled(folder) if folder else None
+
+
 def serve() -> None:
     """The worker's loop (``python -P -m sglfix.execution.worker``)."""
     global _CHANNEL
@@ -216,8 +247,11 @@ def serve() -> None:
     _die_with_parent(spec["parent"])
     _guard_group(read_fd, write_fd)
     _CHANNEL = channel = _Channel(read_fd, write_fd)
+    profiler = _profiler()
+    began = time.perf_counter()
     try:
         info = _boot(spec["device"], spec.get("codebase", "reproduction"))
+        info["boot_s"] = round(time.perf_counter() - began, 3)
     except ConfigError as exc:
         channel.send({"fatal": first_line(exc)})
         sys.exit(2)
@@ -229,6 +263,8 @@ def serve() -> None:
     )
     for request in channel.requests():
         reply = session.handle(request)
+        if profiler is not None:
+            profiler.dump_now()
         channel.send(reply)
         if "restart" in reply:
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import traceback
 from typing import Any
 
@@ -81,8 +82,11 @@ class Session:
             return self._error(
                 rid, name, toggles, f"sglfix failed to read the scenario: {type(exc).__name__}: {first_line(exc)}", exc
             )
+        switched = None
         if toggles != self.current:
+            began = time.perf_counter()
             restart, error = self._switch(toggles)
+            switched = round((time.perf_counter() - began) * 1000, 3)
             if restart:
                 return {"id": rid, "restart": restart}
             if error and error.startswith(_UNAVAILABLE):
@@ -121,6 +125,8 @@ class Session:
                 rid, name, toggles, f"sglfix failed: {type(exc).__name__}: {first_line(exc)} [{_frame(exc)}]", exc
             )
         result.revert_env = os.environ.get(_REVERT_ENV)
+        if switched is not None:
+            result.timings_ms["switch"] = switched  # restore, state check, apply: before the cell
         if self.device == "cuda":
             from sglfix.harness.allocator import trim_after_cell
 

@@ -106,6 +106,45 @@ class _Contents:
         )
 
 
+def _print(module: types.ModuleType) -> tuple[list[int], list[int]]:
+    """What ``StateSnapshot`` records of one module, as the identities of the objects in it, in
+    one fixed order (its names and what they bind, one level into its containers, its classes'
+    attributes, each function's code and defaults), and the containers' sizes. Equal prints (the
+    snapshot holds the objects, so no id is reused) mean nothing the snapshot records changed;
+    only a module whose print differs is walked in full."""
+    out: list[Any] = [module]
+    sizes: list[int] = []
+    add = out.append
+    namespace = vars(module)
+    for key, value in list(namespace.items()):
+        add(key)
+        add(value)
+        fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        if isinstance(fn, types.FunctionType):
+            add(fn.__code__)
+            add(fn.__defaults__)
+            add(fn.__kwdefaults__)
+        elif isinstance(value, (dict, list, set)):
+            if key.startswith("__"):
+                continue
+            if isinstance(value, dict):
+                out.extend(value.keys())
+                out.extend(value.values())
+            else:
+                out.extend(value)
+            sizes.append(len(value))
+        elif isinstance(value, type) and value.__module__ == module.__name__:
+            for attr, member in list(vars(value).items()):
+                add(attr)
+                add(member)
+                fn = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+                if isinstance(fn, types.FunctionType):
+                    add(fn.__code__)
+                    add(fn.__defaults__)
+                    add(fn.__kwdefaults__)
+    return list(map(id, out)), sizes
+
+
 class StateSnapshot:
     """What the modules under test bind, by identity: module attributes, one level into their
     dicts, lists and sets, class attributes, and each function's code and defaults.
@@ -150,11 +189,53 @@ class StateSnapshot:
         self._codes: dict[str, list[types.CodeType]] = {}  # module -> code that runs in its globals
         self._owned: dict[str, frozenset[str]] = {}  # module -> globals its own code rebinds
         self.entries = self._take(codes=self._codes)
+        self._index()
 
-    def _take(self, codes: dict[str, list] | None = None) -> dict[str, Any]:
+    def _modules(self) -> dict[str, types.ModuleType]:
+        return {
+            name: module
+            for name, module in sys.modules.items()
+            if module is not None and (name == self.prefix or name.startswith(self.prefix + "."))
+        }
+
+    def _index(self) -> None:
+        """Each module's paths, its identity print (``_prints``), and the paths ``reset_lazy``
+        looks at: remade whenever ``entries`` change."""
+        self._paths: dict[str, list[str]] = {}
+        for path, value in self.entries.items():
+            if isinstance(value, types.ModuleType) and path in sys.modules:
+                self._paths.setdefault(path, [])
+        names = sorted(self._paths, key=len, reverse=True)
+        for path in self.entries:
+            owner = path
+            while owner and owner not in self._paths:
+                owner = owner.rpartition(".")[0]
+            if owner:
+                self._paths[owner].append(path)
+        modules = {n: self.entries[n] for n in names}
+        self._prints = {name: _print(module) for name, module in modules.items()}
+        # Module attributes that were unset, and module-level dicts: what ``reset_lazy`` may undo.
+        self._lazy = [
+            p
+            for p, old in self.entries.items()
+            if (isinstance(old, _Contents) and old.mapping is not None)
+            or (_unset(old) and isinstance(self.entries.get(p.rpartition(".")[0]), types.ModuleType))
+        ]
+
+    def _dirty(self) -> tuple[list[str], dict[str, types.ModuleType]]:
+        """The modules whose identity print differs from the snapshot's (or that came or went),
+        and the modules now: only those can hold a change, so only those are walked in full."""
+        now = self._modules()
+        dirty = [n for n in now if n not in self._prints or _print(now[n]) != self._prints[n]]
+        dirty += [n for n in self._prints if n not in now]
+        return dirty, now
+
+    def _take(self, codes: dict[str, list] | None = None, only: Any = None) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name, module in sorted(sys.modules.items()):
             if module is None or not (name == self.prefix or name.startswith(self.prefix + ".")):
+                continue
+            if only is not None and name not in only:
                 continue
             out[name] = module
             namespace = vars(module)
@@ -211,7 +292,8 @@ class StateSnapshot:
         that held it in the snapshot and holds a value now, and drop the keys a module-level
         dict gained since; the paths."""
         reset = []
-        for path, old in self.entries.items():
+        for path in self._lazy:
+            old = self.entries[path]
             if isinstance(old, _Contents) and old.mapping is not None:
                 current = self.entries.get(path[: -len("[...]")])
                 if isinstance(current, dict) and len(current) > len(old.items) and old.prefix_of(current):
@@ -236,14 +318,22 @@ class StateSnapshot:
         """Paths bound differently now than in the snapshot (empty: nothing leaked)."""
         import builtins
 
-        now = self._take()
+        dirty, _ = self._dirty()
+        if not dirty:
+            return []
+        now = self._take(only=set(dirty))
         changed = []
         accepted: list[str] = []  # the module's own state, rebound by its own code
 
         def under_accepted(path: str) -> bool:
             return any(path.startswith(a) and path[len(a)] in ".[" for a in accepted if len(path) > len(a))
 
-        for path, old in self.entries.items():
+        # The paths of the changed modules, and any other path their walk met (a package's
+        # name for a submodule is also the submodule's own path).
+        paths = dict.fromkeys(p for name in dirty for p in self._paths.get(name, ()))
+        paths.update((p, None) for p in now if p in self.entries)
+        for path in paths:
+            old = self.entries[path]
             if accepted and under_accepted(path):
                 continue  # what the accepted binding holds: taken afresh below
             new = now.get(path, _MISSING)
@@ -269,4 +359,5 @@ class StateSnapshot:
                     del self.entries[path]
                 self.entries.update((p, v) for p, v in now.items() if p in mine or under_accepted(p))
             self.entries.update((p, now[p]) for p in added)
+            self._index()
         return changed

@@ -55,9 +55,7 @@ def _digest(value: Any) -> str:
 
 def judge_digest() -> str:
     """sglfix's own code that runs in a worker, by content (where it is installed does not matter)."""
-    import sglfix
-
-    root = os.path.dirname(os.path.abspath(sglfix.__file__))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # sglfix/
     h = hashlib.sha256()
     for path in sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True)):
         rel = os.path.relpath(path, root)
