@@ -440,3 +440,54 @@ def test_the_real_pool_runs_the_waiting_cell_first_on_the_fresh_worker(tmp_path)
     assert [r.verdict for r in results] == ["CRASH", "PASS", "PASS"], [r.findings for r in results]
     assert len(pool.replacements) == 1 and "after 90008" in pool.replacements[0], pool.replacements
     assert order == [(SCEN, (str(LEAK_CLASS),)), (SCEN, (str(BENIGN),)), (SCEN2, ())], order
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) The check walks only the modules whose identity print changed, and stays exact
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_change_after_an_accepted_one_is_still_seen_and_an_added_name_is_watched(mod):
+    snap = StateSnapshot(PREFIX)
+    mod.configure(domains=("x",))  # the module's own state, accepted: the snapshot takes it
+    assert check(snap) == []
+    assert check(snap) == [], "a clean module after an accepted change reads clean"
+    mod.added_later = object()  # a new name: joins the snapshot
+    assert check(snap) == []
+    mod.added_later = object()  # rebound: a change
+    assert check(snap) == [f"{PREFIX}.added_later"]
+
+
+def test_a_change_in_one_module_of_many_is_found(mod):
+    other = types.ModuleType(PREFIX + ".other")
+    exec(compile("X = [1]\ndef g():\n    return 2\n", "<other>", "exec"), vars(other))
+    sys.modules[other.__name__] = other
+    try:
+        snap = StateSnapshot(PREFIX)
+        assert check(snap) == []
+        other.g.__code__ = (lambda: 3).__code__
+        other.X.append(2)
+        assert check(snap) == [f"{PREFIX}.other.X[...]", f"{PREFIX}.other.g.__code__"]
+    finally:
+        del sys.modules[other.__name__]
+
+
+def test_a_dict_subclass_is_read_as_stored_never_through_its_own_methods(mod):
+    """transformers' lazy config mapping imports every model's module when listed."""
+
+    class Lazy(dict):
+        listed = 0
+
+        def items(self):
+            Lazy.listed += 1
+            raise AssertionError("listed through items()")
+
+        keys = values = __iter__ = items
+
+    mod.MAPPING = Lazy(a=1)
+    snap = StateSnapshot(PREFIX)
+    mod.MAPPING["b"] = 2  # a value added: a memo, dropped by reset_lazy
+    assert check(snap) == [] and dict(dict.items(mod.MAPPING)) == {"a": 1}
+    dict.__setitem__(mod.MAPPING, "a", 3)  # a value changed: a change
+    assert check(snap) == [f"{PREFIX}.MAPPING[...]"]
+    assert Lazy.listed == 0

@@ -86,18 +86,28 @@ def _rebound_names(code: types.CodeType, out: set[str]) -> None:
             _rebound_names(const, out)
 
 
+def _raw_items(value: dict) -> tuple:
+    """What a dict holds, read as a plain dict: a subclass's own ``items`` may do anything
+    (transformers' lazy config mapping imports every model's module to list them)."""
+    return tuple(dict.items(value))
+
+
+def _raw_members(value: Any) -> tuple:
+    return tuple(list.__iter__(value) if isinstance(value, list) else set.__iter__(value))
+
+
 class _Contents:
     """A shallow copy of a mutable container, compared item by item by identity."""
 
     __slots__ = ("items", "mapping")
 
     def __init__(self, value: Any) -> None:
-        self.items = tuple(value.items()) if isinstance(value, dict) else tuple(value)
+        self.items = _raw_items(value) if isinstance(value, dict) else _raw_members(value)
         self.mapping = dict(self.items) if isinstance(value, dict) else None
 
     def prefix_of(self, current: dict) -> bool:
         """Every key of the snapshot is still there, bound to the same object."""
-        return all(k in current and current[k] is v for k, v in self.items)
+        return all(dict.get(current, k, _MISSING) is v for k, v in self.items)
 
     def same(self, other: _Contents) -> bool:
         return len(self.items) == len(other.items) and all(
@@ -128,11 +138,13 @@ def _print(module: types.ModuleType) -> tuple[list[int], list[int]]:
             if key.startswith("__"):
                 continue
             if isinstance(value, dict):
-                out.extend(value.keys())
-                out.extend(value.values())
+                out.extend(dict.keys(value))
+                out.extend(dict.values(value))
+                sizes.append(dict.__len__(value))
             else:
-                out.extend(value)
-            sizes.append(len(value))
+                members = _raw_members(value)
+                out.extend(members)
+                sizes.append(len(members))
         elif isinstance(value, type) and value.__module__ == module.__name__:
             for attr, member in list(vars(value).items()):
                 add(attr)
@@ -198,29 +210,48 @@ class StateSnapshot:
             if module is not None and (name == self.prefix or name.startswith(self.prefix + "."))
         }
 
-    def _index(self) -> None:
+    def _index(self, modules: Any = None) -> None:
         """Each module's paths, its identity print (``_prints``), and the paths ``reset_lazy``
-        looks at: remade whenever ``entries`` change."""
-        self._paths: dict[str, list[str]] = {}
-        for path, value in self.entries.items():
-            if isinstance(value, types.ModuleType) and path in sys.modules:
+        looks at: made at the start, then remade for ``modules`` whenever their entries change."""
+        if modules is None:
+            self._paths: dict[str, list[str]] = {}
+            self._prints: dict[str, tuple] = {}
+            self._lazy: dict[str, list[str]] = {}
+            fresh = list(self.entries)
+        else:
+            # The changed modules' paths as they were, and every path added since.
+            kept = [p for name in modules for p in self._paths.pop(name, ()) if p in self.entries]
+            fresh = [*kept, *(p for p in self.entries if p not in self._known)]
+            for name in modules:
+                self._prints.pop(name, None)
+                self._lazy.pop(name, None)
+                if isinstance(self.entries.get(name), types.ModuleType) and name in sys.modules:
+                    self._paths[name] = []
+        for path in fresh:
+            if isinstance(self.entries[path], types.ModuleType) and path in sys.modules:
                 self._paths.setdefault(path, [])
-        names = sorted(self._paths, key=len, reverse=True)
-        for path in self.entries:
-            owner = path
-            while owner and owner not in self._paths:
-                owner = owner.rpartition(".")[0]
+        for path in fresh:  # each once: the kept ones were known, the others not
+            owner = self._owner(path)
             if owner:
                 self._paths[owner].append(path)
-        modules = {n: self.entries[n] for n in names}
-        self._prints = {name: _print(module) for name, module in modules.items()}
-        # Module attributes that were unset, and module-level dicts: what ``reset_lazy`` may undo.
-        self._lazy = [
-            p
-            for p, old in self.entries.items()
-            if (isinstance(old, _Contents) and old.mapping is not None)
-            or (_unset(old) and isinstance(self.entries.get(p.rpartition(".")[0]), types.ModuleType))
-        ]
+        touched = self._paths if modules is None else [m for m in modules if m in self._paths]
+        for name in touched:
+            self._prints[name] = _print(self.entries[name])
+            # Module attributes that were unset, and module-level dicts: what ``reset_lazy`` may undo.
+            self._lazy[name] = [
+                p
+                for p in self._paths[name]
+                if (isinstance(self.entries[p], _Contents) and self.entries[p].mapping is not None)
+                or (_unset(self.entries[p]) and isinstance(self.entries.get(p.rpartition(".")[0]), types.ModuleType))
+            ]
+        self._known = set(self.entries)
+
+    def _owner(self, path: str) -> str:
+        """The module a path belongs to: the longest module name it starts with."""
+        owner = path
+        while owner and owner not in self._paths:
+            owner = owner.rpartition(".")[0]
+        return owner
 
     def _dirty(self) -> tuple[list[str], dict[str, types.ModuleType]]:
         """The modules whose identity print differs from the snapshot's (or that came or went),
@@ -292,13 +323,13 @@ class StateSnapshot:
         that held it in the snapshot and holds a value now, and drop the keys a module-level
         dict gained since; the paths."""
         reset = []
-        for path in self._lazy:
+        for path in [p for paths in self._lazy.values() for p in paths]:
             old = self.entries[path]
             if isinstance(old, _Contents) and old.mapping is not None:
                 current = self.entries.get(path[: -len("[...]")])
-                if isinstance(current, dict) and len(current) > len(old.items) and old.prefix_of(current):
-                    for key in [k for k in current if k not in old.mapping]:
-                        del current[key]
+                if isinstance(current, dict) and dict.__len__(current) > len(old.items) and old.prefix_of(current):
+                    for key in [k for k in dict.keys(current) if k not in old.mapping]:
+                        dict.__delitem__(current, key)
                     reset.append(path)
                 continue
             if not _unset(old):
@@ -359,5 +390,5 @@ class StateSnapshot:
                     del self.entries[path]
                 self.entries.update((p, v) for p, v in now.items() if p in mine or under_accepted(p))
             self.entries.update((p, now[p]) for p in added)
-            self._index()
+            self._index(set(dirty))
         return changed
