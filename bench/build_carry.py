@@ -16,8 +16,9 @@ Parts (each into ``.cache/``, replacing what was there):
   web client, no RLlib/Tune/Serve/Data/Train/LLM libraries) as ``ray-slim.tar.xz``, and the
   wheels of jsonschema, which it imports and the image lacks.
 
-The Triton and FlashInfer JIT caches (``triton.tgz``, ``flashinfer-jit.tgz``) are no registry's:
-each GPU run hands them back, and a run without them starts cold (``JIT=cold``).
+The Triton, FlashInfer and Inductor caches (``triton.tgz``, ``flashinfer-jit.tgz``,
+``inductor.tgz``) are no registry's: a GPU run hands them back (``triton-cache.tgz``,
+``flashinfer-jit.tgz``, ``inductor-cache.tgz`` in its results), and a run without them starts cold.
 
 Last, what each mode carries is added up against the 64 MiB a device call takes (the checkout's
 tracked files plus the carried folders); exit 1 when one is over.
@@ -107,7 +108,14 @@ RAY_DROPPED = (
 # What each gpu_run.sh mode carries (besides the checkout's tracked files), as bench/README.md says.
 MODES = {
     "default (matrices, probe)": ["fi-xz", "pydeps-whl", "flashinfer-jit.tgz", "triton.tgz"],
-    "ONLY=sglang / fix / finding": ["fi-xz", "pydeps-whl", "sglang-gpu", "flashinfer-jit.tgz", "triton.tgz"],
+    "ONLY=sglang / fix / finding / speed": [
+        "fi-xz",
+        "pydeps-whl",
+        "sglang-gpu",
+        "flashinfer-jit.tgz",
+        "triton.tgz",
+        "inductor.tgz",
+    ],
     "ONLY=scale": ["fi-xz", "pydeps-whl", "ray-whl", "flashinfer-jit.tgz", "triton.tgz"],
 }
 

@@ -22,6 +22,9 @@ log() { echo "== $*"; }
 log "device"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
 if [ "${JIT:-}" != cold ] && [ -f .cache/triton.tgz ]; then mkdir -p ~/.triton && tar -xzf .cache/triton.tgz -C ~/.triton; fi
+# torch.compile'd code of the engine (sglang) compiles through Inductor, whose cache lives in /tmp.
+INDUCTOR=/tmp/torchinductor_$(whoami)
+if [ "${JIT:-}" != cold ] && [ -f .cache/inductor.tgz ]; then mkdir -p "$INDUCTOR" && tar -xzf .cache/inductor.tgz -C "$INDUCTOR"; fi
 # The image sets PYTHONDONTWRITEBYTECODE=1 and ships torch without bytecode, so every process
 # would compile torch's modules again on import (4.4 s against 2.3 s with bytecode, measured on
 # the H100). A regular install has bytecode: a private cache stands in for it.
@@ -138,6 +141,8 @@ install_sglang() {
   # CUDA sgl_kernel wheel (a worker stands in for it: every function raises when called).
   log "real sglang"
   mkdir -p /tmp/sgsite && tar -xJf .cache/sglang-gpu/sglang-py.tar.xz -C /tmp/sgsite
+  # Bytecode, as a regular install has (else every worker compiles the modules it imports lazily).
+  python3 -m compileall -q -j 0 /tmp/sgsite/sglang > /dev/null 2>&1
   python3 -m pip install -q --no-index --no-deps --target /tmp/sgsite .cache/sglang-gpu/wheels/*.whl 2>&1 | grep -v WARNING | tail -2
   export PYTHONPATH=/tmp/sgsite${PYTHONPATH:+:$PYTHONPATH}
   python3 -m sglfix.execution.worker --check --device cuda --codebase sglang-0.5.23 > "$OUT/sglang-check.json" 2> "$OUT/sglang-check.err"
@@ -149,7 +154,9 @@ if [ "${ONLY:-}" = speed ]; then
   # worker under cProfile (SGLFIX_WORKER_PROFILE) to say where a worker's time goes. Never the
   # result store (--no-cache): these time the cells themselves.
   for i in 1 2; do
-    timed repro-$i python3 -m sglfix matrix --parts --no-reachability --device cuda --no-cache --json "$OUT/repro-$i.json"
+    SGLFIX_WORKER_TIMELINE=/tmp/tl-repro-$i timed repro-$i python3 -m sglfix matrix --parts --no-reachability --device cuda \
+      --no-cache --json "$OUT/repro-$i.json"
+    python3 bench/worker_timeline.py /tmp/tl-repro-$i --json "$OUT/timeline-repro-$i.json" | tail -9 | cut -c1-400
     python3 bench/speed_summary.py "$OUT/repro-$i.json" --process-s $(python3 -c "print(int(open('$OUT/repro-$i.s').read())/1000)") \
       --label "reproduction, every cell, run $i" --json "$OUT/speed-repro-$i.json"
   done
@@ -161,7 +168,9 @@ if [ "${ONLY:-}" = speed ]; then
   fi
   install_sglang
   for i in 1 2; do
-    timed sglang-$i python3 -m sglfix matrix --profile sglang-0.5.23 --parts --device cuda --no-cache --json "$OUT/sglang-$i.json"
+    SGLFIX_WORKER_TIMELINE=/tmp/tl-sglang-$i timed sglang-$i python3 -m sglfix matrix --profile sglang-0.5.23 --parts --device cuda \
+      --no-cache --json "$OUT/sglang-$i.json"
+    python3 bench/worker_timeline.py /tmp/tl-sglang-$i --json "$OUT/timeline-sglang-$i.json" | tail -9 | cut -c1-400
     python3 bench/speed_summary.py "$OUT/sglang-$i.json" --process-s $(python3 -c "print(int(open('$OUT/sglang-$i.s').read())/1000)") \
       --label "real sglang, run $i" --json "$OUT/speed-sglang-$i.json"
   done
@@ -169,6 +178,25 @@ if [ "${ONLY:-}" = speed ]; then
     SGLFIX_WORKER_PROFILE=/tmp/wprof timed sglang-prof python3 -m sglfix matrix --profile sglang-0.5.23 --parts --device cuda \
       --no-cache --json "$OUT/sglang-prof.json"
     python3 bench/worker_profile.py /tmp/wprof --top 45 > "$OUT/worker-profile.txt" 2>&1; head -70 "$OUT/worker-profile.txt" | cut -c1-220
+  fi
+  if [ -n "${MPS:-}" ] && command -v nvidia-cuda-mps-control >/dev/null; then
+    # The same two matrices with the workers sharing one GPU context through a private MPS daemon
+    # (its own pipe and log folders; stopped at the end): kernels of different workers overlap
+    # and a synchronising call waits for its own work only.
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+      echo "MPS daemon started"
+      PYTHONPATH=${PYTHONPATH#/tmp/sgsite:} timed repro-mps python3 -m sglfix matrix --parts --no-reachability --device cuda --no-cache \
+        --json "$OUT/repro-mps.json"
+      python3 bench/speed_summary.py "$OUT/repro-mps.json" --process-s $(python3 -c "print(int(open('$OUT/repro-mps.s').read())/1000)") \
+        --label "reproduction, every cell, under MPS" --json "$OUT/speed-repro-mps.json"
+      timed sglang-mps python3 -m sglfix matrix --profile sglang-0.5.23 --parts --device cuda --no-cache --json "$OUT/sglang-mps.json"
+      python3 bench/speed_summary.py "$OUT/sglang-mps.json" --process-s $(python3 -c "print(int(open('$OUT/sglang-mps.s').read())/1000)") \
+        --label "real sglang, under MPS" --json "$OUT/speed-sglang-mps.json"
+      echo quit | nvidia-cuda-mps-control; sleep 1
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   fi
   python3 - "$OUT" <<'PY'
 import glob, json, sys
@@ -179,10 +207,11 @@ for r in runs:
     print(f"{r['label']}: {r['cells_s']} s cells, {r['process_s']} s process, {r['ran']} of {r['cells']} run, {r['outcome']}")
 PY
   (cd "$OUT" && tar -czf speed-logs.tgz --remove-files repro-*.txt sglang-*.txt *.s speed-*.json repro-1.json sglang-1.json gpu.txt jit-state.txt \
-    repro-prof.json worker-profile*.txt \
+    repro-prof.json worker-profile*.txt repro-mps.json sglang-mps.json timeline-*.json \
     sglang-prof.json sglang-check.* 2>/dev/null)
   tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
   tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
+  tar -czf "$OUT/inductor-cache.tgz" -C "$INDUCTOR" . 2>/dev/null || true
   exit 0
 fi
 if [ "${ONLY:-}" = fix ]; then

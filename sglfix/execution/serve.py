@@ -22,6 +22,7 @@ import select
 import signal
 import sys
 import time
+from typing import Any
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.session import Session, first_line
@@ -228,6 +229,17 @@ class _Profiled:
             self.profile.enable()
 
 
+def _timeline() -> Any:
+    """``SGLFIX_WORKER_TIMELINE=DIR`` (a diagnosis): one line per request to
+    ``DIR/worker-<pid>.timeline``, when it came and when its reply went (seconds since the epoch),
+    so that a run's idle time shows between the lines."""
+    folder = os.environ.get("SGLFIX_WORKER_TIMELINE")
+    if not folder:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    return open(os.path.join(folder, f"worker-{os.getpid()}.timeline"), "a", buffering=1)
+
+
 def _profiler() -> _Profiled | None:
     folder = os.environ.get("SGLFIX_WORKER_PROFILE")
     return _Profiled(folder) if folder else None
@@ -261,10 +273,15 @@ def serve() -> None:
         allowed_prefixes=tuple(spec["allowed_prefixes"]) if spec.get("allowed_prefixes") is not None else None,
         candidates=[tuple(c) for c in spec.get("candidates") or ()],
     )
+    timeline = _timeline()
     for request in channel.requests():
+        began = time.time()
         reply = session.handle(request)
         if profiler is not None:
             profiler.dump_now()
         channel.send(reply)
+        if timeline is not None:
+            cell = f"{','.join(request.get('toggles') or []) or 'baseline'}::{(request.get('scenario') or {}).get('name', '-')}"
+            timeline.write(f"{began:.4f} {time.time():.4f} {cell}\n")
         if "restart" in reply:
             return
