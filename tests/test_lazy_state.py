@@ -491,3 +491,20 @@ def test_a_dict_subclass_is_read_as_stored_never_through_its_own_methods(mod):
     dict.__setitem__(mod.MAPPING, "a", 3)  # a value changed: a change
     assert check(snap) == [f"{PREFIX}.MAPPING[...]"]
     assert Lazy.listed == 0
+
+
+def test_a_package_whose_attribute_names_its_submodule_is_not_a_change_when_it_alone_changes(mod):
+    """A package binds a name its submodule also has (``sglang.kernels.registry``): a walk of the
+    package alone must read that path as the whole walk does (the module), or a set that only
+    touched the package would replace its worker for nothing."""
+    child = types.ModuleType(PREFIX + ".registry")
+    sys.modules[child.__name__] = child
+    mod.registry = lambda: None  # the package's own attribute of the same name
+    try:
+        snap = StateSnapshot(PREFIX)
+        mod._groups.append("x")  # only the package changes (a list that gained an item)
+        assert check(snap) == [f"{PREFIX}._groups[...]"]
+        mod._groups.pop()
+        assert check(snap) == []
+    finally:
+        del sys.modules[child.__name__]

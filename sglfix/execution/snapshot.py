@@ -284,6 +284,13 @@ class StateSnapshot:
                         _codes_of(member, namespace, found)
             if codes is not None:
                 codes[name] = found
+        if only is not None:
+            # A submodule's name is also its package's attribute: a whole walk writes the module
+            # itself last there, so a walk of some modules must too.
+            for path in list(out):
+                module = sys.modules.get(path)
+                if module is not None and (path == self.prefix or path.startswith(self.prefix + ".")):
+                    out[path] = module
         return out
 
     @staticmethod
