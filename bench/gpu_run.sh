@@ -25,6 +25,9 @@ if [ "${JIT:-}" != cold ] && [ -f .cache/triton.tgz ]; then mkdir -p ~/.triton &
 # torch.compile'd code of the engine (sglang) compiles through Inductor, whose cache lives in /tmp.
 INDUCTOR=/tmp/torchinductor_$(whoami)
 if [ "${JIT:-}" != cold ] && [ -f .cache/inductor.tgz ]; then mkdir -p "$INDUCTOR" && tar -xzf .cache/inductor.tgz -C "$INDUCTOR"; fi
+# The driver's own cache of kernels it compiled from PTX on first load (a kernel library built
+# without SASS for this GPU): first cells of a fresh machine are slow without it.
+if [ "${JIT:-}" != cold ] && [ -f .cache/cuda-jit.tgz ]; then mkdir -p ~/.nv/ComputeCache && tar -xzf .cache/cuda-jit.tgz -C ~/.nv/ComputeCache; fi
 # The image sets PYTHONDONTWRITEBYTECODE=1 and ships torch without bytecode, so every process
 # would compile torch's modules again on import (4.4 s against 2.3 s with bytecode, measured on
 # the H100). A regular install has bytecode: a private cache stands in for it.
@@ -212,6 +215,7 @@ PY
   tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
   tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
   tar -czf "$OUT/inductor-cache.tgz" -C "$INDUCTOR" . 2>/dev/null || true
+  du -sh ~/.nv/ComputeCache 2>/dev/null; tar -czf "$OUT/cuda-jit.tgz" -C ~/.nv/ComputeCache . 2>/dev/null || true
   exit 0
 fi
 if [ "${ONLY:-}" = fix ]; then
