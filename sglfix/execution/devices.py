@@ -39,21 +39,30 @@ def default_gpu_workers() -> int:
     launches, metadata building), so several workers keep one GPU busy: half the cores this
     process may use (the rest serve the parent and the kernel compilers), no more than the GPU's
     memory holds at what one worker keeps, and at most 8."""
-    import subprocess
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     by_cores = max(1, cores // 2)
     try:
+        mib = min(int(line) for line in query_gpus("memory.total") or ())
+    except ValueError:  # memory unknown: the two that fit any GPU sglfix runs on
+        return min(by_cores, 2)
+    return max(1, min(by_cores, mib // (_GPU_GIB_PER_WORKER * 1024), _MAX_GPU_WORKERS))
+
+
+def query_gpus(*fields: str) -> list[str] | None:
+    """``nvidia-smi --query-gpu=FIELDS``, a line per GPU (no CUDA context: the parent never
+    starts one); None when it cannot be asked."""
+    import subprocess
+
+    try:
         probe = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=20,
         )
-        mib = min(int(line) for line in probe.stdout.split())
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return min(by_cores, 2)  # memory unknown: the two that fit any GPU sglfix runs on
-    return max(1, min(by_cores, mib // (_GPU_GIB_PER_WORKER * 1024), _MAX_GPU_WORKERS))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line.strip() for line in probe.stdout.splitlines() if line.strip()]
 
 
 def max_jobs() -> int:

@@ -56,14 +56,22 @@ def targets_of(ids: Iterable[str], *, registry: Registry) -> frozenset[str]:
     )
 
 
-def reach_record(cells: Sequence[Any], *, base: tuple[str, ...], registry: Registry) -> tuple[str, ...]:
-    """The targets a baseline cell records entries of: every target the other sets revert."""
-    extra = [
-        targets_of([t for t in c.toggles if t not in base], registry=registry)
+def _reverted(cells: Sequence[Any], *, base: tuple[str, ...], registry: Registry) -> dict[tuple, frozenset[str]]:
+    """The target functions each non-baseline set of ``cells`` reverts beyond ``base``."""
+    return {
+        tuple(c.toggles): targets_of([t for t in c.toggles if t not in base], registry=registry)
         for c in cells
         if tuple(c.toggles) != base
-    ]
-    return tuple(sorted(set().union(*extra))) if extra else ()
+    }
+
+
+def reach_record(cells: Sequence[Any], *, base: tuple[str, ...], registry: Registry) -> tuple[str, ...]:
+    """The targets a baseline cell records entries of: every target the other sets revert."""
+    return _record_of(_reverted(cells, base=base, registry=registry))
+
+
+def _record_of(extra: dict[tuple, frozenset[str]]) -> tuple[str, ...]:
+    return tuple(sorted(set().union(*extra.values()))) if extra else ()
 
 
 def run_reaching(
@@ -109,12 +117,8 @@ class _Reaching:
         served: dict[int, CellResult],
     ) -> None:
         self.cells, self.base, self.on_result, self.served = cells, base, on_result, served
-        self.extra = {
-            tuple(c.toggles): targets_of([t for t in c.toggles if t not in base], registry=registry)
-            for c in cells
-            if tuple(c.toggles) != base
-        }
-        self.record = tuple(sorted(set().union(*self.extra.values()))) if self.extra else ()
+        self.extra = _reverted(cells, base=base, registry=registry)
+        self.record = _record_of(self.extra)
         self.results: list[CellResult | None] = [None] * len(cells)
         self.index: dict[int, int] = {}  # id of a cell sent to the pool -> its place in ``cells``
         self.sent: list[Any] = []  # keeps every sent cell alive, so that ids stay unique

@@ -285,7 +285,7 @@ class Runner:
                 return self._run_stored(plan, progress=progress, store=store)
         registry = self.target.registry if self.settings.reachability else None
         with self.workers(cells=len(plan.cells)) as pool:
-            info = {**pool.info, "workers": len(getattr(pool, "workers", ()) or ()) or self.jobs}
+            info = self._pool_info(pool)
             start = time.perf_counter()
             with progress(plan) as tick:
                 if registry is not None and len(plan.sets) > 1:
@@ -302,22 +302,13 @@ class Runner:
                     results = pool.run(plan.cells, on_result=tick)
             wall = time.perf_counter() - start
             replacements = list(getattr(pool, "replacements", []))
-        return Ran(
-            registry=self.target.registry,
-            env=self.env,
-            plan=plan,
-            info=info,
-            results=results,
-            wall=wall,
-            shard=self.shard,
-            replacements=replacements,
-            drifted=dict(self.drifted),
-            not_applicable=dict(self.not_applicable),
-            candidates=tuple(self.target.candidates),
-            conflicts=dict(self.conflicts),
-        )
+        return self._ran(plan, info=info, results=results, wall=wall, replacements=replacements)
 
-    def _ran(self, plan: Any, *, info: dict, results: list, wall: float, replacements: list, store: Any) -> Ran:
+    def _pool_info(self, pool: Any) -> dict:
+        """What the workers said of themselves, and how many there are."""
+        return {**pool.info, "workers": len(getattr(pool, "workers", ()) or ()) or self.jobs}
+
+    def _ran(self, plan: Any, *, info: dict, results: list, wall: float, replacements: list, store: Any = None) -> Ran:
         return Ran(
             registry=self.target.registry,
             env=self.env,
@@ -395,7 +386,6 @@ class Runner:
                 served[i] = hit[0]
                 if is_base:
                     base_deps[c.scenario.name] = hit[1]
-        records = {(c.scenario.name, tuple(c.toggles)) for i, c in enumerate(plan.cells) if reach and i not in served}
 
         def keep(result: Any) -> None:
             """File a result that came back from a worker (or was settled from a probe's)."""
@@ -411,7 +401,8 @@ class Runner:
                 base_deps[result.scenario] = deps
             elif result.verdict == "NOT_REACHED":
                 deps = base_deps.get(result.scenario)
-            store.put(key, result, deps=deps, record=record if cell in records and cell[1] == base else None)
+            # A baseline that came back ran with the run's record (None without reachability).
+            store.put(key, result, deps=deps, record=record if cell[1] == base else None)
 
         start = time.perf_counter()
         ok = False
@@ -433,7 +424,7 @@ class Runner:
                         results.append(served[i])
                 else:
                     with self.workers(cells=left) as pool:
-                        pool_info = {**pool.info, "workers": len(getattr(pool, "workers", ()) or ()) or self.jobs}
+                        pool_info = self._pool_info(pool)
                         store.keep_info(pool_info)
                         results = self._run_rest(pool, plan, served=served, base=base, reach=reach, on_result=on_result)
                         replacements = list(getattr(pool, "replacements", []))

@@ -63,6 +63,7 @@ class Session:
         self.current: list[str] | None = None  # None: nothing applied yet, or the last apply failed
         self.clean = StateSnapshot(active().package)  # the code base this worker booted into
         self._imports_sent: str | None = None  # the digest of the imported list last sent
+        self._root: Any = _UNSET  # the code base's package folder, found at the first record
         if device == "cuda":
             from sglfix.harness.tracing import wrap_compiled_launches
 
@@ -192,10 +193,12 @@ class Session:
         import hashlib
         import sys
 
-        from sglfix.codebases import active
-        from sglfix.common.codebase import package_dir
+        if self._root is _UNSET:  # the code base's folder: the same for this process's life
+            from sglfix.codebases import active
+            from sglfix.common.codebase import package_dir
 
-        root = package_dir(active().package)
+            self._root = package_dir(active().package)
+        root = self._root
         if root is None:
             return None
         top = os.path.dirname(root)
@@ -304,6 +307,7 @@ class Session:
 
 
 _UNAVAILABLE = "unavailable: "
+_UNSET = object()
 # The folder a reverted or patched function's code names inside its file's (``_defined_at``).
 _PATCHED_AT = re.compile(r"[/\\]\[sglfix [^\]]*\](?=[/\\])")
 # A record of every function of the code base (``report finding``), not of named targets.

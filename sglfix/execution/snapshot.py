@@ -129,12 +129,9 @@ def _print(module: types.ModuleType) -> tuple[list[int], list[int]]:
     for key, value in list(namespace.items()):
         add(key)
         add(value)
-        fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
-        if isinstance(fn, types.FunctionType):
-            add(fn.__code__)
-            add(fn.__defaults__)
-            add(fn.__kwdefaults__)
-        elif isinstance(value, (dict, list, set)):
+        if _function_print(value, out):
+            continue
+        if isinstance(value, (dict, list, set)):
             if key.startswith("__"):
                 continue
             if isinstance(value, dict):
@@ -149,12 +146,18 @@ def _print(module: types.ModuleType) -> tuple[list[int], list[int]]:
             for attr, member in list(vars(value).items()):
                 add(attr)
                 add(member)
-                fn = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
-                if isinstance(fn, types.FunctionType):
-                    add(fn.__code__)
-                    add(fn.__defaults__)
-                    add(fn.__kwdefaults__)
+                _function_print(member, out)
     return list(map(id, out)), sizes
+
+
+def _function_print(value: Any, out: list) -> bool:
+    """A function's (or a static or class method's) code and defaults into ``out``, as
+    ``StateSnapshot._add`` records them; False for anything else."""
+    fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+    if not isinstance(fn, types.FunctionType):
+        return False
+    out += (fn.__code__, fn.__defaults__, fn.__kwdefaults__)
+    return True
 
 
 class StateSnapshot:
@@ -253,13 +256,12 @@ class StateSnapshot:
             owner = owner.rpartition(".")[0]
         return owner
 
-    def _dirty(self) -> tuple[list[str], dict[str, types.ModuleType]]:
-        """The modules whose identity print differs from the snapshot's (or that came or went),
-        and the modules now: only those can hold a change, so only those are walked in full."""
+    def _dirty(self) -> list[str]:
+        """The modules whose identity print differs from the snapshot's (or that came or went):
+        only those can hold a change, so only those are walked in full."""
         now = self._modules()
         dirty = [n for n in now if n not in self._prints or _print(now[n]) != self._prints[n]]
-        dirty += [n for n in self._prints if n not in now]
-        return dirty, now
+        return dirty + [n for n in self._prints if n not in now]
 
     def _take(self, codes: dict[str, list] | None = None, only: Any = None) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -356,7 +358,7 @@ class StateSnapshot:
         """Paths bound differently now than in the snapshot (empty: nothing leaked)."""
         import builtins
 
-        dirty, _ = self._dirty()
+        dirty = self._dirty()
         if not dirty:
             return []
         now = self._take(only=set(dirty))

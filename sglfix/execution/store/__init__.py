@@ -31,7 +31,7 @@ from typing import Any
 from sglfix.execution.store.fingerprint import content_digest, skeleton_digest
 from sglfix.harness.result import CellResult
 
-__all__ = ["NOT_STORED", "ResultStore", "default_dir"]
+__all__ = ["NOT_STORED", "STORE_ENV", "ResultStore", "default_dir", "store_disabled_by_env"]
 
 # Verdicts that say sglfix or the machine failed: a rerun may answer otherwise.
 NOT_STORED = frozenset({"ERROR", "TIMEOUT", "FAULT"})
@@ -77,32 +77,36 @@ class _Files:
         except OSError:
             return None
 
-    def content(self, rel: str) -> str | None:
+    def _once(self, memo: dict[str, str | None], rel: str, make: Any) -> str | None:
         with self._lock:
-            if rel in self._content:
-                return self._content[rel]
-        data = self._read(rel)
-        digest = None if data is None else content_digest(data)
+            if rel in memo:
+                return memo[rel]
+        digest = make(rel)
         with self._lock:
-            self._content[rel] = digest
+            memo[rel] = digest
         return digest
 
+    def content(self, rel: str) -> str | None:
+        return self._once(self._content, rel, self._content_of)
+
     def skeleton(self, rel: str) -> str | None:
-        with self._lock:
-            if rel in self._skeleton:
-                return self._skeleton[rel]
+        return self._once(self._skeleton, rel, self._skeleton_of)
+
+    def _content_of(self, rel: str) -> str | None:
+        data = self._read(rel)
+        return None if data is None else content_digest(data)
+
+    def _skeleton_of(self, rel: str) -> str | None:
         data = self._read(rel)
         if data is None:
-            digest = None
-        else:
-            whole = content_digest(data)
-            digest = self.db.skeleton(whole)
-            if digest is None:
-                digest = skeleton_digest(data, path=rel)
-                self.db.put_skeleton(whole, digest)
+            return None
+        whole = content_digest(data)
         with self._lock:
-            self._content.setdefault(rel, None if data is None else content_digest(data))
-            self._skeleton[rel] = digest
+            self._content.setdefault(rel, whole)
+        digest = self.db.skeleton(whole)
+        if digest is None:
+            digest = skeleton_digest(data, path=rel)
+            self.db.put_skeleton(whole, digest)
         return digest
 
 
@@ -155,10 +159,10 @@ class ResultStore:
         self._imports_of: dict[str, str] = {}  # that digest -> the imports entry made of it
         self.served = 0
         self.stored = 0
+        self._failed: str | None = None  # set before the writer starts: it reads it
         self._queue: queue.Queue = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="sglfix-store", daemon=True)
         self._writer.start()
-        self._failed: str | None = None
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -172,7 +176,7 @@ class ResultStore:
         result = CellResult.from_json(json.loads(result_json))
         if result.verdict == "NOT_REACHED" and not reachability:
             return None  # a run of every cell wants each one run
-        if record is not None and record:
+        if record:
             had = set(json.loads(record_json)) if record_json else None
             if had is None or result.reached is None or not set(record) <= had:
                 return None

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import platform
-import subprocess
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -84,17 +83,9 @@ def _gpu_models() -> list[str]:
         pass
     if found:
         return found
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-        return sorted(line.strip() for line in out.stdout.splitlines() if line.strip()) or ["unknown"]
-    except (OSError, subprocess.SubprocessError):
-        return ["unknown"]
+    from sglfix.execution.devices import query_gpus
+
+    return sorted(query_gpus("name", "driver_version") or ()) or ["unknown"]
 
 
 def device_facts(device: str) -> dict:
