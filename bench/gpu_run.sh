@@ -75,10 +75,16 @@ if [ "${ONLY:-}" = scale ]; then
   python3 -c "import ray; print('ray', ray.__version__)" 2>&1 | tail -1 | tee -a "$OUT/gpu.txt" || true
   python3 -c "import ray" 2>/dev/null || skip_ray=--skip-ray
   python3 -c "import torch; print('GPUs', torch.cuda.device_count())" | tee -a "$OUT/gpu.txt"
-  python3 bench/scale_out.py --json "$OUT/scale-out.json" --logs "$OUT/scale-logs" --budget-s ${SCALE_BUDGET:-470} --plan ${SCALE_PLAN:-scale} $skip_ray ${SCALE_ARGS:-}; echo "scale rc=$?"
+  # HOST=1: first, how many CPUs the machine really gives (bench/host_cpus.py). PROFILES=1: the
+  # workers of every run under cProfile, merged per run into scale-logs/profiles/runN.txt.
+  [ "${HOST:-}" = 1 ] && python3 bench/host_cpus.py --json "$OUT/host-cpus.json" | tail -1
+  python3 bench/scale_out.py --json "$OUT/scale-out.json" --logs "$OUT/scale-logs" --budget-s ${SCALE_BUDGET:-470} --plan ${SCALE_PLAN:-scale} --timelines "$OUT/scale-logs/timelines" ${PROFILES:+--profiles "$OUT/scale-logs/profiles"} $skip_ray ${SCALE_ARGS:-}; echo "scale rc=$?"
+  for d in "$OUT"/scale-logs/timelines/run*; do [ -d "$d" ] && echo "$d" && python3 bench/worker_timeline.py "$d" | tail -2; done
+  for d in "$OUT"/scale-logs/profiles/run*; do [ -d "$d" ] && python3 bench/worker_profile.py "$d" --top 45 > "$d.txt" 2>&1; rm -rf "$d"; done
   (cd "$OUT" && tar -czf scale-logs.tgz scale-logs gpu.txt jit-state.txt && rm -rf scale-logs)
   nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
   tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
+  tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
   exit 0
 fi
 if [ "${ONLY:-}" = profile ]; then

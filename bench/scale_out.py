@@ -1,10 +1,10 @@
-"""The full matrix on one GPU, on every GPU (one worker each), and through Ray: wall times,
-speed-up and whether the verdicts are identical cell by cell.
+"""The full matrix on one GPU, on every GPU, and through Ray, each with the default workers per
+GPU: wall times, speed-up and whether the verdicts are identical cell by cell.
 
 Run on a GPU machine after sglfix (and FlashInfer, and Ray for the Ray run) are installed;
 ``bench/gpu_run.sh`` with ``ONLY=scale`` does that and calls this. Each run is a separate
-``sglfix matrix --parts --no-reachability`` process (every cell runs, so the figure is the
-matrix's work, not reachability's shortcut), timed from process start to exit, so worker boot,
+``sglfix matrix --parts --no-reachability --no-cache`` process (every cell runs, so the figure is
+the matrix's work, not reachability's shortcut or the result store's), timed from process start to exit, so worker boot,
 Ray's start and its shutdown are all counted. A warm-up run (with reachability) first loads the kernel caches.
 
 On a machine with one GPU the multi-GPU runs cannot happen: the report says which are missing,
@@ -39,10 +39,16 @@ def _python_int(code: str) -> int:
 
 
 def _matrix(
-    args: list[str], json_path: str, log_path: str, *, every_cell: bool = True, timeout: float | None = None
+    args: list[str],
+    json_path: str,
+    log_path: str,
+    *,
+    every_cell: bool = True,
+    timeout: float | None = None,
+    env: dict | None = None,
 ) -> dict:
     reach = ["--no-reachability"] if every_cell else []
-    cmd = [sys.executable, "-m", "sglfix", "matrix", "--parts", *reach, *args, "--json", json_path]
+    cmd = [sys.executable, "-m", "sglfix", "matrix", "--parts", *reach, "--no-cache", *args, "--json", json_path]
     # GPU memory in use, sampled while the run lasts: its peak says how close the workers came
     # to filling the GPU.
     sampler = subprocess.Popen(
@@ -55,7 +61,11 @@ def _matrix(
     with open(log_path, "w") as log:
         try:
             rc = subprocess.run(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "250"}, timeout=timeout
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "COLUMNS": "250", **(env or {})},
+                timeout=timeout,
             ).returncode
         except subprocess.TimeoutExpired:
             rc = 124
@@ -108,7 +118,7 @@ def main() -> int:
         "--plan",
         choices=("scale", "workers"),
         default="scale",
-        help="scale: 1 GPU, every GPU, Ray, 2 workers on 1 GPU; workers: 1 worker against the default "
+        help="scale: 1 GPU, every GPU, Ray on every GPU; workers: 1 worker against the default "
         "number of workers per GPU (every cell, and with reachability) and 2 and 4 workers",
     )
     ap.add_argument("--workers", type=int, nargs="*", default=[4, 6, 8], help="workers plan: other worker counts")
@@ -128,6 +138,33 @@ def main() -> int:
         "--kept-other",
         action="store_true",
         help="workers plan: then one kept run with other options, which stops the idle kept actors to make room",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="scale plan: run the local runs (1 GPU, every GPU) this many times, each round compared with "
+        "its own 1-GPU run (host variance shows)",
+    )
+    ap.add_argument(
+        "--timelines",
+        default=None,
+        help="folder: each run's workers write their request timelines under it (SGLFIX_WORKER_TIMELINE), "
+        "summarised per run by bench/worker_timeline.py",
+    )
+    ap.add_argument(
+        "--sweep",
+        type=int,
+        nargs="*",
+        default=[],
+        help="scale plan: also --devices all with --jobs N for each N (workers dealt over the GPUs), "
+        "to find how many a machine of several GPUs runs best",
+    )
+    ap.add_argument(
+        "--profiles",
+        default=None,
+        help="folder: each run's workers run under cProfile (SGLFIX_WORKER_PROFILE), their stats under it "
+        "per run (bench/worker_profile.py merges them); a diagnosis: the timings are not comparable then",
     )
     ns = ap.parse_args()
     logs = ns.logs or os.path.dirname(os.path.abspath(ns.json))
@@ -165,7 +202,7 @@ def main() -> int:
     kept_args = ["--executor", "ray", "--ray-address", "auto", "--ray-keep", "600", "--device", "cuda"]
     if ns.plan == "workers":
         if ns.skip_ray:
-            missing.append("ray (not installed on this machine)")
+            missing.append("ray (--skip-ray: not installed, or not asked for)")
         else:  # the same workers as Ray actors sharing the GPU, against the local default
             after = next(n for n, (label, _) in enumerate(plan) if label in reach_labels) + 1
             plan[after:after] = [
@@ -191,14 +228,14 @@ def main() -> int:
             ]
     elif not ns.skip_ray:
         plan.append((f"ray, {gpus} GPU{'s' if gpus > 1 else ''}", ["--executor", "ray", "--devices", "all"]))
+    if ns.plan == "scale" and gpus >= 2:
+        plan += [(f"local, {gpus} GPUs, {n} workers", ["--devices", "all", "--jobs", str(n)]) for n in ns.sweep]
+        for n in range(2, ns.repeat + 1):  # again, the 1-GPU run first: each round's own baseline
+            plan += [(f"{label} (round {n})", args) for label, args in plan[:2] if label.startswith("local")]
         if gpus < 2:
             missing.append(f"ray on 2+ GPUs (this machine has {gpus}; the Ray run used {gpus})")
     else:
-        missing.append("ray (not installed on this machine)")
-    if ns.plan == "scale":
-        # Two workers sharing one GPU: not the 2-GPU figure, but it shows how far the matrix is
-        # bound by the host side (Python, launches) that a second worker, on any GPU, takes in parallel.
-        plan.append(("local, 2 workers on 1 GPU", ["--device", "cuda", "--jobs", "2"]))
+        missing.append("ray (--skip-ray: not installed, or not asked for)")
 
     dev = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"], capture_output=True, text=True
@@ -235,12 +272,18 @@ def main() -> int:
         if "--ray-address" in args and not label.startswith(KEPT_NEXT):
             head = _ray_head(start=True, cpus=os.cpu_count() or 2)
             head_start = head
+        diagnose = {}
+        if ns.timelines:
+            diagnose["SGLFIX_WORKER_TIMELINE"] = os.path.join(os.path.abspath(ns.timelines), f"run{i}")
+        if ns.profiles:
+            diagnose["SGLFIX_WORKER_PROFILE"] = os.path.join(os.path.abspath(ns.profiles), f"run{i}")
         r = _matrix(
             [*args, *sel],
             f"{tmp}/run{i}.json",
             f"{logs}/scale-run{i}.txt",
             timeout=left,
             every_cell=label not in reach_labels,
+            env=diagnose,
         )
         following = plan[i + 1][0] if i + 1 < len(plan) else ""
         if "--ray-address" in args and not following.startswith(KEPT_NEXT):
@@ -262,10 +305,14 @@ def main() -> int:
             # A NOT_REACHED cell stands for its baseline's verdict: reachability must change none.
             verdicts = {c["id"]: stands_for(c["verdict"], c.get("findings")) for c in rep["cells"]}
             if i == 0:
-                base_verdicts, base_wall = verdicts, (r["process_wall_s"], rep["wall_s"])
+                base_verdicts = verdicts
+            if i == 0 or label.startswith(f"{plan[0][0]} (round "):
+                base_wall = (r["process_wall_s"], rep["wall_s"])  # this round's 1-GPU run
             row.update(
                 cells=len(verdicts),
                 cells_wall_s=rep.get("wall_s"),
+                workers=rep.get("workers"),
+                boot_s=rep.get("boot_s"),
                 summary=rep.get("summary"),
                 executor=rep.get("executor"),
             )
@@ -310,11 +357,14 @@ def main() -> int:
             }
     with open(ns.json, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"{'run':<26} {'rc':>3} {'cells':>6} {'wall_s':>8} {'cells_s':>8} {'speedup':>8} identical")
+    print(
+        f"{'run':<26} {'rc':>3} {'cells':>6} {'workers':>7} {'wall_s':>8} {'cells_s':>8} {'speedup':>8} {'cells_x':>8} identical"
+    )
     for row in rows:
         print(
-            f"{row['label']:<26} {row['rc']:>3} {row['cells']:>6} {row['process_wall_s']:>8} "
-            f"{row.get('cells_wall_s', '-')!s:>8} {row.get('speedup_vs_1gpu', '-')!s:>8} {row.get('identical_to_1gpu')}"
+            f"{row['label']:<26} {row['rc']:>3} {row['cells']:>6} {row.get('workers', '-')!s:>7} "
+            f"{row['process_wall_s']:>8} {row.get('cells_wall_s', '-')!s:>8} {row.get('speedup_vs_1gpu', '-')!s:>8} "
+            f"{row.get('cells_speedup_vs_1gpu', '-')!s:>8} {row.get('identical_to_1gpu')}"
         )
     for m in missing:
         print("missing:", m)

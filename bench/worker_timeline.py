@@ -50,6 +50,20 @@ def main() -> None:
             f"{name}: {w['requests']} requests from {w['first_s']} s to {w['last_s']} s, busy {w['busy_s']} s, "
             f"idle between {w['idle_between_s']} s; longest idle {w['longest_idle'][:2]}; slowest {w['slowest'][:2]}"
         )
+    firsts = sorted(w["first_s"] for w in out["workers"])
+    lasts = sorted(w["last_s"] for w in out["workers"])
+    busy = sum(w["busy_s"] for w in out["workers"])
+    out["overall"] = {
+        "workers": len(firsts),
+        "first_request_s": [firsts[0], firsts[len(firsts) // 2], firsts[-1]],
+        "last_reply_s": [lasts[0], lasts[len(lasts) // 2], lasts[-1]],
+        "busy_share": round(busy / (len(firsts) * out["span_s"]), 3) if out["span_s"] else None,
+    }
+    o = out["overall"]
+    print(
+        f"{o['workers']} workers: first request at {o['first_request_s']} s (min, median, max), last reply at "
+        f"{o['last_reply_s']} s; busy {o['busy_share']} of workers x span"
+    )
     print(f"span of all requests: {out['span_s']} s")
     if a.json:
         with open(a.json, "w", encoding="utf-8") as fh:

@@ -1,5 +1,5 @@
-"""--devices and --executor: bad values are one-line errors before any cell; one worker per
-listed GPU, each seeing only its own (checked on the worker processes' real environment)."""
+"""--devices and --executor: bad values are one-line errors before any cell; workers dealt over
+the listed GPUs, each seeing only its own (checked on the worker processes' real environment)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_bad_device_lists_are_config_errors(text):
     [
         (["--devices", "cuda:x"], "is not a CUDA device"),
         (["--devices", "0,cuda:0"], "listed twice"),
-        (["--devices", "0", "--jobs", "2"], "not both"),
+        (["--devices", "0,1,2", "--jobs", "2"], "fewer workers than the 3 GPUs"),
         (["--devices", "0", "--device", "cpu"], "--device cpu"),
         (["--ray-address", "auto"], "--executor ray"),
         (["--executor", "dask"], "'dask' is not one of 'local', 'ray'"),
@@ -64,14 +64,45 @@ def test_a_listed_gpu_that_is_not_there_is_named(tmp_path):
     assert not out.exists()
 
 
-def test_one_worker_per_device_each_seeing_only_its_own():
+@pytest.mark.parametrize("jobs, want", [(None, [b"1", b"0"]), (5, [b"1", b"0", b"1", b"0", b"1"])])
+def test_workers_are_dealt_over_the_devices_each_seeing_only_its_own(jobs, want):
     # device=auto boots on the CPU where the listed GPU is not there (a CPU-only worker would
     # hide every GPU itself): what is checked is the environment each worker process really got.
-    with WorkerPool(WorkerConfig(device="auto", timeout=60), devices=["1", "0"]) as pool:
+    with WorkerPool(WorkerConfig(device="auto", timeout=60), jobs=jobs, devices=["1", "0"]) as pool:
         _ = pool.info
         seen = []
         for w in pool.workers:
             with open(f"/proc/{w.proc.pid}/environ", "rb") as fh:
                 env = dict(item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item)
             seen.append(env.get(b"CUDA_VISIBLE_DEVICES"))
-    assert seen == [b"1", b"0"]
+    assert seen == want
+
+
+@pytest.mark.parametrize(
+    "cores, mib, gpus, want",
+    [
+        (16, 81559, None, 6),  # one H100, 16 cores: memory allows 6, cores 8
+        (64, 81559, 4, 16),  # four H100s, 64 cores: 6 a GPU would be 24; a quarter of the cores
+        (32, 81559, 2, 8),  # two GPUs, 32 cores
+        (8, 81559, 4, 4),  # few cores: still one a GPU
+        (16, 24576, 1, 2),  # a 24 GB card holds two
+        (16, 81559, 1, 6),  # --devices 0 runs as --device cuda does
+    ],
+)
+def test_default_workers_follow_the_gpus_memory_and_cores(monkeypatch, cores, mib, gpus, want):
+    from sglfix.execution import devices
+
+    monkeypatch.setattr(devices, "_cores", lambda: cores)
+    monkeypatch.setattr(devices, "query_gpus", lambda *fields: [str(mib)] * (gpus or 1))
+    monkeypatch.setattr(devices, "has_cuda_device", lambda: True)
+    assert devices.check_jobs(None, "cuda", gpus=gpus) == want
+
+
+def test_jobs_with_devices_is_the_total_dealt_over_them():
+    from sglfix.execution.devices import check_jobs, deal_devices
+
+    assert check_jobs(5, "cuda", gpus=2) == 5
+    assert deal_devices(["0", "1"], 5) == ["0", "1", "0", "1", "0"]
+    assert deal_devices(["2", "0", "1"], 2) == ["2", "0"]  # a small plan still spreads over the GPUs
+    with pytest.raises(ConfigError, match="--jobs 1 is fewer workers than the 2 GPUs"):
+        check_jobs(1, "cuda", gpus=2)

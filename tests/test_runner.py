@@ -16,7 +16,7 @@ DECODE = "triton-decode@cg=eager,gpu_only=off"
     ("args", "needle"),
     [
         (["--devices", "cuda:9"], "--devices cuda:9"),
-        (["--devices", "0", "--jobs", "2"], "give --devices or --jobs, not both"),
+        (["--devices", "0,1", "--jobs", "1"], "--jobs 1 is fewer workers than the 2 GPUs of --devices"),
         (["--executor", "ray", "--ray-address", "127.0.0.1:1"], "nothing answers there"),
         (["--ray-address", "auto"], "give --executor ray with it"),
         (["--ray-keep", "60"], "--ray-keep leaves actors"),

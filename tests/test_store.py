@@ -208,3 +208,46 @@ def test_an_edit_to_sglang_reruns_exactly_the_cells_that_ran_the_file(tmp_path):
     fresh = matrix("fresh.json", "--no-cache")
     assert {k: c["verdict"] for k, c in fifth.items()} == {k: c["verdict"] for k, c in fresh.items()}
     assert {k: c["verdict"] for k, c in third.items()} == {k: c["verdict"] for k, c in fresh.items()}
+
+
+_LAZY_PROBE = r"""
+import json, os
+os.environ["TRITON_INTERPRET"] = "1"
+from sglfix import codebases
+from sglfix.execution.serve import _import_under_test
+cb = codebases.get_codebase("reproduction")
+codebases.activate(cb)
+_import_under_test(cb)
+import sglfix.harness.cell as cellmod
+from sglfix.backends.srt.layers.attention import flashinfer_backend as fb
+from sglfix.execution.session import Session
+from sglfix.scenario import load_scenarios
+scenario = {s.name: s for s in load_scenarios()}["fi-decode@cg=eager"].to_json()
+session = Session(device="cpu", allowed_prefixes=None)
+real, seen = cellmod.run_cell, []
+def spy(*args, **kwargs):
+    seen.append(fb.global_workspace_buffer is None)  # what the cell found at its start
+    return real(*args, **kwargs)
+cellmod.run_cell = spy
+verdicts = [session.handle({"id": i, "toggles": [], "scenario": scenario, "deps": True})["result"]["verdict"]
+            for i in range(2)]
+print(json.dumps({"verdicts": verdicts, "unset_at_start": seen, "filled_after": fb.global_workspace_buffer is not None}))
+"""
+
+
+def test_a_recorded_cell_starts_with_lazy_module_state_unset(tmp_path):
+    """A cell whose record the store keeps finds lazy module state as a fresh worker does, so the
+    code that fills it runs, and is recorded, in every such cell: not only in the first cell of a
+    worker (a cell that read a workspace an earlier cell made would not list the file that makes
+    it, and an edit there would serve it stale)."""
+    r = subprocess.run(
+        [sys.executable, "-c", _LAZY_PROBE],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "SGLANG_DEBUG_REVERT_PR": "0"},
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"verdicts": ["PASS", "PASS"], "unset_at_start": [True, True], "filled_after": True}, out

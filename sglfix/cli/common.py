@@ -142,8 +142,9 @@ def run_plan(
         def build_plan(chosen, **kw):
             return patched(inner(chosen, **kw), fixes)
 
-    plan = runner.plan(build_plan)
-    ran = runner.run(plan, progress=progress)
+    with runner.booting():  # the workers boot while the plan is built and prechecked
+        plan = runner.plan(build_plan)
+        ran = runner.run(plan, progress=progress)
     report_replacements(ran.replacements)
     return ran
 

@@ -129,7 +129,10 @@ EnvBaseline = Annotated[
 DeviceList = Annotated[
     str | None,
     typer.Option(
-        "--devices", metavar="LIST", help="One worker per GPU: cuda:0,cuda:1 (or 0,1), or all; implies --device cuda."
+        "--devices",
+        metavar="LIST",
+        help="The GPUs to run on, workers dealt over them in turn: cuda:0,cuda:1 (or 0,1), or all; implies "
+        "--device cuda. --jobs N is then the total (at least one a GPU).",
     ),
 ]
 Executor = Annotated[

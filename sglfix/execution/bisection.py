@@ -3,7 +3,7 @@ each other.
 
 Scenarios are grouped by their base name (before ``@``); each group whose scenarios fail with a
 candidate reverted is searched on its own (delta debugging, ``sglfix.execution.bisect``), on one
-warm pool of the runner (local workers, one per GPU, or Ray actors). A cell (toggle set x
+warm pool of the runner (local workers dealt over the GPUs, or Ray actors). A cell (toggle set x
 scenario) is run at most once whatever group or question asks for it; ``runs`` counts the
 distinct toggle sets executed. A culprit that is a whole PR with several parts narrows to the
 parts; masking is looked for among a culprit's sibling parts and the other culprits of its group.

@@ -4,6 +4,7 @@ count, checked in the parent before any worker starts (this process never import
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from sglfix.common.errors import ConfigError
 
@@ -34,13 +35,23 @@ _GPU_GIB_PER_WORKER = 12
 _MAX_GPU_WORKERS = 8
 
 
-def default_gpu_workers() -> int:
-    """Workers sharing one GPU when --jobs is not given. A cell is host-bound (Python, kernel
+# On several GPUs the workers' fixed costs (boot, CUDA context, each kernel's first load) contend
+# across the whole machine, not per GPU: on four H100s with 64 cores, 16 workers ran the full
+# matrix in 10.9 s of cells and 24 (six a GPU, as one GPU runs best) in 13.3 s, 8 in 13.2 s
+# (bench/results/scale-out-h100x4.json). So the total is held to a quarter of the cores.
+_CORES_PER_WORKER_ACROSS_GPUS = 4
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def default_gpu_workers(gpus: int = 1) -> int:
+    """Workers sharing each GPU when --jobs is not given. A cell is host-bound (Python, kernel
     launches, metadata building), so several workers keep one GPU busy: half the cores this
-    process may use (the rest serve the parent and the kernel compilers), no more than the GPU's
-    memory holds at what one worker keeps, and at most 8."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    by_cores = max(1, cores // 2)
+    process may use (the rest serve the parent and the kernel compilers), shared among the
+    ``gpus`` in use, no more than a GPU's memory holds at what one worker keeps, and at most 8."""
+    by_cores = max(1, _cores() // 2 // max(1, gpus))
     try:
         mib = min(int(line) for line in query_gpus("memory.total") or ())
     except ValueError:  # memory unknown: the two that fit any GPU sglfix runs on
@@ -69,7 +80,7 @@ def max_jobs() -> int:
     """The most worker processes sglfix starts here: 4 per core this process may use, and no more
     than one per GiB of the machine's memory (a worker holds torch and the code base; past that
     the machine swaps instead of running cells)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = _cores()
     try:
         gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**30
     except (ValueError, OSError, AttributeError):
@@ -77,13 +88,25 @@ def max_jobs() -> int:
     return max(1, min(4 * cores, gib))
 
 
-def check_jobs(jobs: int | None, device: str) -> int:
+def check_jobs(jobs: int | None, device: str, *, gpus: int | None = None) -> int:
+    """How many workers a run starts. With ``gpus`` (the GPUs of --devices) the workers are dealt
+    over them in turn: by default each GPU gets as many as one GPU would, up to a quarter of the
+    cores in all (at least one a GPU); ``--jobs N`` is the total, at least one per GPU."""
     if jobs is None:
+        if gpus == 1:
+            return default_gpu_workers()
+        if gpus:
+            return max(gpus, min(default_gpu_workers(gpus) * gpus, _cores() // _CORES_PER_WORKER_ACROSS_GPUS))
         if device == "cuda" or (device == "auto" and has_cuda_device()):
             return default_gpu_workers()
         return max(1, min(2, os.cpu_count() or 1))
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs} must be at least 1")
+    if gpus and jobs < gpus:
+        raise ConfigError(
+            f"--jobs {jobs} is fewer workers than the {gpus} GPUs of --devices (the total, dealt over them); "
+            f"give --jobs {gpus} or more, or list fewer GPUs"
+        )
     ceiling = max_jobs()
     if jobs > ceiling:
         raise ConfigError(
@@ -91,6 +114,12 @@ def check_jobs(jobs: int | None, device: str) -> int:
             f"one per GiB of memory); give --jobs {ceiling} or fewer"
         )
     return jobs
+
+
+def deal_devices(devices: Sequence[str], jobs: int) -> list[str]:
+    """The GPU of each of ``jobs`` workers: the listed GPUs in turn, so that a run that starts
+    fewer workers (a small plan) still spreads them over every GPU."""
+    return [devices[i % len(devices)] for i in range(jobs)]
 
 
 def parse_devices(text: str) -> list[str]:
@@ -115,7 +144,13 @@ def parse_devices(text: str) -> list[str]:
 
 
 def _cuda_device_count() -> int:
-    """How many GPUs a worker would see, asked of a fresh interpreter (this process never imports torch)."""
+    """How many GPUs a worker would see. The driver lists them (nvidia-smi) where nothing narrows
+    the view; with CUDA_VISIBLE_DEVICES set (indices, UUIDs, MIG slices) a fresh interpreter asks
+    CUDA (this process never imports torch)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
+        listed = query_gpus("index")
+        if listed:
+            return len(listed)
     import subprocess
     import sys
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from sglfix.common.errors import ConfigError
 from sglfix.common.signals import Terminated, signals_raise
+from sglfix.execution.devices import deal_devices
 from sglfix.execution.worker import Event, Worker, WorkerConfig, WorkerStartError, raise_for_start, wait_fds
 from sglfix.harness.result import CellResult
 
@@ -131,13 +132,15 @@ class WorkerPool:
     worker dies with that thread (``PR_SET_PDEATHSIG``), so keep the pool in one thread.
     """
 
-    def __init__(self, config: WorkerConfig, *, jobs: int = 1, devices: Sequence[str] | None = None) -> None:
+    def __init__(self, config: WorkerConfig, *, jobs: int | None = None, devices: Sequence[str] | None = None) -> None:
+        """``jobs`` workers (default: one per device of ``devices``, else one)."""
+        jobs = (len(devices) if devices else 1) if jobs is None else jobs
         check_pool_size(jobs)
         self.config = config
         if devices:
-            # One worker per GPU, each seeing only its own (CUDA_VISIBLE_DEVICES): a fault or a
-            # timeout takes one device's worker, and cells keep flowing to the others.
-            self.workers = [Worker(config, extra_env={"CUDA_VISIBLE_DEVICES": d}) for d in devices]
+            # The GPUs in turn, each worker seeing only its own (CUDA_VISIBLE_DEVICES): a fault
+            # or a timeout takes one worker, and cells keep flowing to the others.
+            self.workers = [Worker(config, extra_env={"CUDA_VISIBLE_DEVICES": d}) for d in deal_devices(devices, jobs)]
         else:
             self.workers = [Worker(config) for _ in range(jobs)]
         self.replacements: list[str] = []  # why a worker was replaced between toggle sets
@@ -178,6 +181,17 @@ class WorkerPool:
     @property
     def live_pids(self) -> list[int]:
         return [w.pid for w in self.workers if w.pid is not None]
+
+    def trim(self, jobs: int) -> None:
+        """Stop the workers past the first ``jobs`` (a pool started before its plan was known
+        that holds more workers than the plan has cells); the first ones hold every device."""
+        self._check_open()
+        extra, self.workers = self.workers[max(1, jobs) :], self.workers[: max(1, jobs)]
+        with _signals_held():
+            for w in extra:
+                w.signal_kill()
+            for w in extra:
+                w.kill()
 
     # -- running ------------------------------------------------------------------------------
 

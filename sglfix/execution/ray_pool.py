@@ -1,12 +1,12 @@
-"""The Ray executor: cells run in Ray actors, one per GPU (or per CPU job), on one machine or a cluster.
+"""The Ray executor: cells run in Ray actors, several per GPU (or one per CPU job), on one machine or a cluster.
 
 Each actor owns one sglfix worker process and drives it with the same ``Worker`` handle the local
 pool uses, so isolation, timeouts and verdicts do not depend on where a cell ran: a segfault in
 the code under test is FAULT and the actor starts a fresh worker; a hang is TIMEOUT at the same
 limit; the worker applies each toggle set through ``SGLANG_DEBUG_REVERT_PR`` exactly as locally.
 An actor that itself dies (its node lost, its process killed) is FAULT for the cell it held and
-is replaced. Actors ask Ray for a GPU on CUDA (a whole one per ``--devices`` entry, else a share
-of the GPUs, several actors to a GPU as the local pool does; Ray then sets ``CUDA_VISIBLE_DEVICES``,
+is replaced. Actors ask Ray for a share of a GPU on CUDA (of the ``--devices`` GPUs, else of those
+Ray sees; several actors to a GPU as the local pool does; Ray then sets ``CUDA_VISIBLE_DEVICES``,
 which the worker inherits) and ``num_cpus=1`` on CPU.
 
 Without an address a private local Ray instance is started (and stopped at the end); with
@@ -59,12 +59,11 @@ def init_ray(ray: Any, *, shown: str, **kwargs: Any) -> None:
 
 
 def _gpu_share(ray: Any, size: int, devices: Sequence[str] | None) -> float:
-    """The GPU each actor asks Ray for: a whole one per --devices entry; otherwise the GPUs Ray
-    sees shared among the actors (four actors on one GPU ask 0.25 each), as the local pool puts
-    several workers on one GPU. Whole GPUs for an actor would leave all but one of them waiting."""
-    if devices:
-        return 1
-    gpus = float(ray.cluster_resources().get("GPU", 0))
+    """The GPU each actor asks Ray for: the GPUs of --devices, else those Ray sees, shared among
+    the actors (four actors on one GPU ask 0.25 each), as the local pool puts several workers on
+    one GPU; Ray packs the shares, so each GPU takes as many actors as its share allows. Whole
+    GPUs for an actor would leave all but one of them waiting."""
+    gpus = float(len(devices)) if devices else float(ray.cluster_resources().get("GPU", 0))
     if gpus <= 0:
         raise ConfigError("--executor ray --device cuda: Ray sees no GPU on this machine or cluster; use --device cpu")
     if size <= gpus:
@@ -92,7 +91,7 @@ class RayPool:
         self.replacements: list[str] = []
         self._closed = False
         self._owns = not ray.is_initialized()
-        size = len(devices) if devices else jobs
+        size = jobs
         if self._owns:
             kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
             if address is None:

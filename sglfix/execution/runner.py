@@ -1,7 +1,7 @@
 """The one way cells are run: ``run``, ``matrix`` and ``bisect`` hand their ``Settings`` and the
 code base they resolved (``Target``) to a ``Runner``, which checks every setting against the
 machine and the code base before any worker starts (one line, exit 2), plans, starts the workers
-(local processes, one per GPU with ``--devices``, or Ray actors) and runs cells on them.
+(local processes, dealt over the GPUs of ``--devices``, or Ray actors) and runs cells on them.
 
 Plan once, run many: a ``Runner`` is built and checked once; ``plan`` makes the cells of a
 command's plan (scenarios chosen, shard taken, every revert prechecked against the installed
@@ -77,9 +77,9 @@ class Runner:
                 raise ConfigError(
                     f"--devices {s.devices} runs on GPUs; drop --device {device} (or use --jobs N on CPU)"
                 )
-            if s.jobs is not None:
-                raise ConfigError("--devices starts one worker per GPU; give --devices or --jobs, not both")
             self.gpus = parse_devices(s.devices)
+            if s.jobs is not None and 1 <= s.jobs < len(self.gpus):  # before any GPU is looked for
+                check_jobs(s.jobs, "cuda", gpus=len(self.gpus))
             device = "cuda"
         self.shard = parse_shard(s.shard) if s.shard is not None else None
         if s.shard_costs is not None and self.shard is None:
@@ -124,10 +124,11 @@ class Runner:
             # instead of waited on.
             check_ray_address(s.ray_address)
             quiet_ray_logs()
-        self.jobs = check_jobs(s.jobs, device)
+        self.jobs = check_jobs(s.jobs, device, gpus=len(self.gpus) if self.gpus else None)
         self.drifted: dict[str, str] = {}  # revert id -> why it no longer applies (see ``precheck``)
         self.not_applicable: dict[str, str] = {}  # revert id -> why no revert exists at this version
         self.conflicts: dict[str, str] = {}  # set label -> why its fix and reverts cannot go together
+        self._booted: Any = None  # the pool ``booting`` started ahead, until ``workers`` takes it
 
     def scenarios(self) -> list:
         """The scenarios the settings select, checked at load (sizes, memory, what the code base
@@ -241,6 +242,25 @@ class Runner:
         return f"{','.join(fixes)} and revert {','.join(reverts)} change the same lines"
 
     @contextmanager
+    def booting(self) -> Iterator[None]:
+        """Local workers started now, so that they boot (torch, the code under test, the device)
+        while this process plans and prechecks; the next ``workers`` takes them, and those that
+        no one took are stopped on leaving. Nothing is started ahead when the result store may
+        answer the whole run (a served run starts no worker) or for Ray (its actors start with
+        the cluster)."""
+        from sglfix.execution.pool import WorkerPool, signals_raise
+
+        if self.settings.executor != "local" or (self.store_dir is not None and not self.settings.record):
+            yield
+            return
+        with signals_raise(), WorkerPool(self.config, jobs=self.jobs, devices=self.gpus) as pool:
+            self._booted = pool
+            try:
+                yield
+            finally:
+                self._booted = None
+
+    @contextmanager
     def workers(self, *, cells: int | None = None) -> Iterator[Any]:
         """The pool of workers (never more than ``cells``: a worker costs a process start and its
         memory for nothing), SIGTERM turned into an exception while it is open."""
@@ -248,7 +268,11 @@ class Runner:
 
         jobs = self.jobs if cells is None else max(1, min(self.jobs, cells))
         s = self.settings
-        if s.executor == "ray":
+        booted, self._booted = self._booted, None
+        if booted is not None:
+            booted.trim(jobs)
+            pool = booted
+        elif s.executor == "ray":
             from sglfix.execution.ray_pool import RayPool
 
             pool = RayPool(self.config, jobs=jobs, devices=self.gpus, address=s.ray_address, keep=s.ray_keep)

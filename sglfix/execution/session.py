@@ -162,6 +162,9 @@ class Session:
         if record == [EVERY_FUNCTION]:
             return self._run_recording_all(scenario, toggles)
         if not record:
+            # As for a baseline: code that fills lazy module state runs in this cell again, so the
+            # files it lives in are recorded for it too, not only for the cell that filled it first.
+            self.clean.reset_lazy()
             out = record_run(lambda: run_cell(scenario, device=self.device, toggles=toggles), files=True)
             out.value.deps = self._deps(out.files)
             return out.value

@@ -79,6 +79,7 @@ def build_report(
         "wall_s": round(wall_s, 2),
         # Worker processes (or Ray actors) the run started: never more than its cells.
         "workers": info.get("workers"),
+        "boot_s": info.get("boot_s"),
         # Where the cells ran: local worker processes or Ray actors (with --ray-keep, how many
         # kept actors the run took warm and how many it started).
         "executor": {"name": info.get("executor") or "local", **({"kept": info["kept"]} if info.get("kept") else {})},

@@ -386,6 +386,9 @@ class Report(_Closed):
     codebase: Annotated[Codebase | None, WrapValidator(_or_mixed)] = None
     wall_s: Duration | None = None
     workers: Count | None = None
+    # The first worker's boot (the engine's imports, the device): the time before any cell could
+    # start, which ``wall_s`` leaves out.
+    boot_s: Duration | None = None
     executor: Executor | None = None
     kernel_memo: KernelMemo | None = None
     cells: list[Cell]
