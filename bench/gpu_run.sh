@@ -63,6 +63,8 @@ echo "flashinfer JIT cache at start: $JIT" | tee "$OUT/jit-state.txt"
 python3 -m compileall -q -j 0 sglfix backends > /dev/null 2>&1
 python3 -c "import torch, triton" 2>/dev/null  # torch's bytecode written once, before any timed run
 python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
+# HOST=1 (any mode): first, how many CPUs the machine really gives (bench/host_cpus.py).
+if [ "${HOST:-}" = 1 ]; then python3 bench/host_cpus.py --json "$OUT/host-cpus.json" | tail -1; fi
 if [ "${ONLY:-}" = scale ]; then
   # Scale-out: the full matrix on 1 GPU, on every GPU and through Ray (bench/scale_out.py).
   # Ray: a slimmed wheel unpacked as an xz tarball plus jsonschema's wheels, in .cache/ray-whl.
@@ -75,9 +77,7 @@ if [ "${ONLY:-}" = scale ]; then
   python3 -c "import ray; print('ray', ray.__version__)" 2>&1 | tail -1 | tee -a "$OUT/gpu.txt" || true
   python3 -c "import ray" 2>/dev/null || skip_ray=--skip-ray
   python3 -c "import torch; print('GPUs', torch.cuda.device_count())" | tee -a "$OUT/gpu.txt"
-  # HOST=1: first, how many CPUs the machine really gives (bench/host_cpus.py). PROFILES=1: the
-  # workers of every run under cProfile, merged per run into scale-logs/profiles/runN.txt.
-  [ "${HOST:-}" = 1 ] && python3 bench/host_cpus.py --json "$OUT/host-cpus.json" | tail -1
+  # PROFILES=1: the workers of every run under cProfile, merged per run into scale-logs/profiles/runN.txt.
   python3 bench/scale_out.py --json "$OUT/scale-out.json" --logs "$OUT/scale-logs" --budget-s ${SCALE_BUDGET:-470} --plan ${SCALE_PLAN:-scale} --timelines "$OUT/scale-logs/timelines" ${PROFILES:+--profiles "$OUT/scale-logs/profiles"} $skip_ray ${SCALE_ARGS:-}; echo "scale rc=$?"
   for d in "$OUT"/scale-logs/timelines/run*; do [ -d "$d" ] && echo "$d" && python3 bench/worker_timeline.py "$d" | tail -2; done
   for d in "$OUT"/scale-logs/profiles/run*; do [ -d "$d" ] && python3 bench/worker_profile.py "$d" --top 45 > "$d.txt" 2>&1; rm -rf "$d"; done

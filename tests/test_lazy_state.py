@@ -508,3 +508,56 @@ def test_a_package_whose_attribute_names_its_submodule_is_not_a_change_when_it_a
         assert check(snap) == []
     finally:
         del sys.modules[child.__name__]
+
+
+def _make(name: str, source: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    exec(compile(textwrap.dedent(source), f"<{name}>", "exec"), vars(module))
+    return module
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "f = lambda: 2",  # a name rebound
+        "f.__code__ = g.__code__",  # a function's code (what a revert swaps)
+        "f.__defaults__ = (2,)",
+        "f.__kwdefaults__ = {'k': 3}",
+        "K.m.__code__ = g.__code__",  # a method's code
+        "vars(K)['s'].__func__.__code__ = g.__code__",  # a static method's function's code
+        "K.attr = 2",  # a class attribute
+        "TABLE['a'] = 2",  # one level into a dict
+        "ITEMS[0] = 9",  # and a list
+        "TABLE['b'] = 1",  # a key added to a dict: its size
+        "SEEN.add(4)",  # a set grown
+        "h = 1",  # a name added
+        "del g",  # and removed
+    ],
+)
+def test_the_identity_print_differs_for_every_change_the_snapshot_records(change):
+    """Only a module whose print differs is walked: a change the print misses is a leftover the
+    state check never sees."""
+    from sglfix.execution.snapshot import _print
+
+    source = """
+        TABLE = {"a": 1}
+        ITEMS = [1, 2]
+        SEEN = {1, 2}
+        def f(x=1, *, k=2):
+            return x
+        def g(x=1, *, k=2):
+            return -x
+        class K:
+            attr = 1
+            def m(self):
+                return 1
+            @staticmethod
+            def s():
+                return 1
+        """
+    module = _make("_sglfix_print_probe", source)
+    module.K.__module__ = module.__name__
+    before = _print(module)
+    assert _print(module) == before  # nothing changed: the same print
+    exec(change, vars(module))
+    assert _print(module) != before, change
