@@ -63,3 +63,77 @@ def test_after_a_cell_a_cache_past_the_budget_is_given_back(monkeypatch):
     assert allocator.trim_after_cell() and calls == ["device"]
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 1 << 30)
     assert not allocator.trim_after_cell() and calls == ["device"]
+
+
+_GC_PROBE = r"""
+import gc, json, torch
+seen = {}
+class FakeGraph:  # stands in for torch.cuda.graph: what the collector's state is inside
+    def __enter__(self):
+        seen["enter"] = gc.isenabled()
+        if getattr(self, "fail", False):
+            raise RuntimeError("capture_begin failed")
+        return self
+    def __exit__(self, *exc):
+        seen["exit"] = gc.isenabled()
+        return False
+torch.cuda.graph = FakeGraph
+from sglfix.harness.allocator import keep_caches_across_captures, trim_after_cell
+from sglfix.harness.capturegc import hold_gc_during_captures
+assert keep_caches_across_captures() and hold_gc_during_captures() and hold_gc_during_captures()
+with FakeGraph():
+    pass
+after_capture = gc.isenabled()
+try:
+    with FakeGraph():
+        raise ValueError("an assertion of the code under test, inside the capture")
+except ValueError:
+    pass
+after_crash = gc.isenabled()
+g = FakeGraph(); g.fail = True
+try:
+    g.__enter__()
+except RuntimeError:
+    pass
+after_failed_enter = gc.isenabled()
+gc.disable()
+with FakeGraph():
+    pass
+stays_off = not gc.isenabled()
+budget = getattr(torch.cuda.graph.__enter__, "_sglfix_cache_budget", None)
+print(json.dumps({**seen, "after_capture": after_capture, "after_crash": after_crash,
+                  "after_failed_enter": after_failed_enter, "stays_off": stays_off, "budget": budget}))
+"""
+
+
+def test_no_garbage_collection_while_a_graph_is_captured_and_it_comes_back_after():
+    """A collection mid-capture finalises an earlier cell's garbage (a crashed cell's graph and
+    its pool), whose frees invalidate the capture under way: the collector is off between enter
+    and exit, on again after, after a cell that raised inside the capture, and after a capture
+    that could not begin; a collector the process had turned off stays off; the allocator
+    policy's budget mark survives the wrapping."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run(
+        [sys.executable, "-c", _GC_PROBE],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {
+        "enter": False,
+        "exit": False,
+        "after_capture": True,
+        "after_crash": True,
+        "after_failed_enter": True,
+        "stays_off": True,
+        "budget": 4 << 30,
+    }, out

@@ -169,6 +169,9 @@ def _boot(device: str, codebase: str = "reproduction") -> dict:
         from sglfix.harness.allocator import keep_caches_across_captures
 
         keeps_caches = keep_caches_across_captures()
+        from sglfix.harness.capturegc import hold_gc_during_captures
+
+        hold_gc_during_captures()
     interpreter = None
     if device == "cpu":
         from sglfix.harness import interpreter as interp
