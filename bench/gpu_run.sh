@@ -5,6 +5,7 @@
 # reachability), compare it cell by cell with the committed CPU matrix, and probe FAULT/TIMEOUT
 # isolation on CUDA.
 # Carry .cache (pydantic and FlashInfer wheels, JIT caches). ONLY=probe stops after the matrices and the probe;
+# ONLY=smoke runs a short GPU check of the FlashInfer-MLA draft and Triton draft-extend cells.
 # ONLY=scale runs only the scale-out benchmark (bench/scale_out.py; Ray from .cache/ray-whl).
 # ONLY=profile times where a cell's time goes (bench/cell_profile.py, the parent under cProfile).
 # ONLY=sglang runs the real-sglang matrix (--profile sglang-0.5.23; sglang from .cache/sglang-gpu).
@@ -65,6 +66,13 @@ python3 -c "import torch, triton" 2>/dev/null  # torch's bytecode written once, 
 python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
 # HOST=1 (any mode): first, how many CPUs the machine really gives (bench/host_cpus.py).
 if [ "${HOST:-}" = 1 ]; then python3 bench/host_cpus.py --json "$OUT/host-cpus.json" | tail -1; fi
+if [ "${ONLY:-}" = smoke ]; then
+  # A short check after a change to the worker's GPU path: the FlashInfer-MLA draft scenarios
+  # (captures, and cells that crash inside their capture) and the Triton draft extend, every part.
+  COLUMNS=200 timeout ${SMOKE_LIMIT:-150} python3 -m sglfix matrix --parts --no-reachability --device cuda --no-cache \
+    -s 'fimla-*' -s 'triton-draft-extend-v2*' --json "$OUT/smoke.json" 2>&1 | tail -4; echo "smoke rc=${PIPESTATUS[0]}"
+  exit 0
+fi
 if [ "${ONLY:-}" = scale ]; then
   # Scale-out: the full matrix on 1 GPU, on every GPU and through Ray (bench/scale_out.py).
   # Ray: a slimmed wheel unpacked as an xz tarball plus jsonschema's wheels, in .cache/ray-whl.
