@@ -106,3 +106,21 @@ def test_jobs_with_devices_is_the_total_dealt_over_them():
     assert deal_devices(["2", "0", "1"], 2) == ["2", "0"]  # a small plan still spreads over the GPUs
     with pytest.raises(ConfigError, match="--jobs 1 is fewer workers than the 2 GPUs"):
         check_jobs(1, "cuda", gpus=2)
+
+
+def test_ray_actors_share_the_listed_gpus_as_local_workers_do():
+    """Ray packs fractional GPUs: 16 actors on four listed GPUs ask a quarter each (four to a GPU),
+    four ask a whole one; without --devices, the GPUs Ray sees are shared the same way."""
+    from sglfix.execution.ray_pool import _gpu_share
+
+    class SeesTwo:
+        @staticmethod
+        def cluster_resources():
+            return {"GPU": 2.0}
+
+    four = ["0", "1", "2", "3"]
+    assert _gpu_share(SeesTwo, 16, four) == 0.25
+    assert _gpu_share(SeesTwo, 4, four) == 1
+    assert _gpu_share(SeesTwo, 24, four) * 6 <= 1  # six to a GPU fit, truncated to four decimals
+    assert _gpu_share(SeesTwo, 6, None) == 0.3333
+    assert _gpu_share(SeesTwo, 1, None) == 1
