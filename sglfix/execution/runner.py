@@ -243,17 +243,19 @@ class Runner:
 
     @contextmanager
     def booting(self) -> Iterator[None]:
-        """Local workers started now, so that they boot (torch, the code under test, the device)
-        while this process plans and prechecks; the next ``workers`` takes them, and those that
-        no one took are stopped on leaving. Nothing is started ahead when the result store may
-        answer the whole run (a served run starts no worker) or for Ray (its actors start with
-        the cluster)."""
-        from sglfix.execution.pool import WorkerPool, signals_raise
+        """The workers (local processes, or Ray with its actors) started now, so that they boot
+        (torch, the code under test, the device; Ray's cluster) while this process plans and
+        prechecks; the next ``workers`` takes them, and those that no one took are stopped on
+        leaving. Nothing is started ahead when the result store may answer the whole run (a
+        served run starts no worker), nor with --ray-keep (which actors a run takes is the
+        keeper's to say, once the run is known)."""
+        from sglfix.execution.pool import signals_raise
 
-        if self.settings.executor != "local" or (self.store_dir is not None and not self.settings.record):
+        s = self.settings
+        if (self.store_dir is not None and not s.record) or s.ray_keep is not None:
             yield
             return
-        with signals_raise(), WorkerPool(self.config, jobs=self.jobs, devices=self.gpus) as pool:
+        with signals_raise(), self._new_pool(self.jobs) as pool:
             self._booted = pool
             try:
                 yield
@@ -264,24 +266,29 @@ class Runner:
     def workers(self, *, cells: int | None = None) -> Iterator[Any]:
         """The pool of workers (never more than ``cells``: a worker costs a process start and its
         memory for nothing), SIGTERM turned into an exception while it is open."""
-        from sglfix.execution.pool import WorkerPool, signals_raise
+        from sglfix.execution.pool import signals_raise
 
         jobs = self.jobs if cells is None else max(1, min(self.jobs, cells))
-        s = self.settings
         booted, self._booted = self._booted, None
         if booted is not None:
             booted.trim(jobs)
             pool = booted
-        elif s.executor == "ray":
-            from sglfix.execution.ray_pool import RayPool
-
-            pool = RayPool(self.config, jobs=jobs, devices=self.gpus, address=s.ray_address, keep=s.ray_keep)
         else:
-            pool = WorkerPool(self.config, jobs=jobs, devices=self.gpus)
+            pool = self._new_pool(jobs)
         with signals_raise(), pool:
-            if s.executor == "local":
+            if self.settings.executor == "local":
                 self._check_same_code(pool.info)
             yield pool
+
+    def _new_pool(self, jobs: int) -> Any:
+        s = self.settings
+        if s.executor == "ray":
+            from sglfix.execution.ray_pool import RayPool
+
+            return RayPool(self.config, jobs=jobs, devices=self.gpus, address=s.ray_address, keep=s.ray_keep)
+        from sglfix.execution.pool import WorkerPool
+
+        return WorkerPool(self.config, jobs=jobs, devices=self.gpus)
 
     def _check_same_code(self, info: dict) -> None:
         """The workers import the code base from where this process resolved it (a source tree on
