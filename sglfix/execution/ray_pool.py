@@ -130,15 +130,6 @@ class RayPool:
         self._info: dict | None = None
         self._boots = [a.boot.remote() for a in self.actors]
 
-    def trim(self, jobs: int) -> None:
-        """Stop the actors past the first ``jobs`` (a pool started before its plan was known
-        that holds more actors than the plan has cells)."""
-        extra = self.actors[max(1, jobs) :]
-        if not extra or self._closed:
-            return
-        self.actors, self._boots = self.actors[: max(1, jobs)], self._boots[: max(1, jobs)]
-        _stop(_ray(), extra)
-
     def _new_actor(self) -> Any:
         return self._keeper.new() if self._keeper is not None else self._actor_cls.remote(self.config)
 
@@ -224,28 +215,24 @@ class RayPool:
                 actors = self._keeper.give_back(self.actors)
             except Exception:
                 actors = self.actors
-        _stop(ray, actors)
+        # Every actor stops its worker at once (each kill waits for the worker to go).
+        refs = []
+        for a in actors:
+            try:
+                refs.append(a.close.remote())
+            except Exception:
+                pass
+        try:
+            ray.wait(refs, num_returns=len(refs), timeout=30)
+        except Exception:
+            pass
+        for a in actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:
+                pass
         if self._owns and ray.is_initialized():
             ray.shutdown()
-
-
-def _stop(ray: Any, actors: Sequence[Any]) -> None:
-    """Every actor stops its worker at once (each close waits for the worker to go), then goes."""
-    refs = []
-    for a in actors:
-        try:
-            refs.append(a.close.remote())
-        except Exception:
-            pass
-    try:
-        ray.wait(refs, num_returns=len(refs), timeout=30)
-    except Exception:
-        pass
-    for a in actors:
-        try:
-            ray.kill(a, no_restart=True)
-        except Exception:
-            pass
 
 
 class _Dispatch:

@@ -243,16 +243,16 @@ class Runner:
 
     @contextmanager
     def booting(self) -> Iterator[None]:
-        """The workers (local processes, or Ray with its actors) started now, so that they boot
-        (torch, the code under test, the device; Ray's cluster) while this process plans and
-        prechecks; the next ``workers`` takes them, and those that no one took are stopped on
-        leaving. Nothing is started ahead when the result store may answer the whole run (a
-        served run starts no worker), nor with --ray-keep (which actors a run takes is the
-        keeper's to say, once the run is known)."""
+        """Local workers started now, so that they boot (torch, the code under test, the device)
+        while this process plans and prechecks; the next ``workers`` takes them, and those that
+        no one took are stopped on leaving. Nothing is started ahead when the result store may
+        answer the whole run (a served run starts no worker), nor for Ray: a run refused by the
+        plan's checks must not have started a cluster (seconds of start and stop, processes of
+        its own)."""
         from sglfix.execution.pool import signals_raise
 
         s = self.settings
-        if (self.store_dir is not None and not s.record) or s.ray_keep is not None:
+        if s.executor != "local" or (self.store_dir is not None and not s.record):
             yield
             return
         with signals_raise(), self._new_pool(self.jobs) as pool:
