@@ -183,9 +183,16 @@ if [ "${ONLY:-}" = speed ]; then
     python3 bench/worker_profile.py /tmp/wprof-repro --top 45 > "$OUT/worker-profile-repro.txt" 2>&1
     head -70 "$OUT/worker-profile-repro.txt" | cut -c1-220
   fi
-  install_sglang
+  if [ -n "${SYNCS:-}" ]; then
+    # SYNCS=1: the synchronising calls per cell by caller, one process, three toggle sets.
+    python3 bench/cell_profile.py --device cuda --procs 1 --sets 3 --profile-sets 0 --count-syncs \
+      --json "$OUT/syncs.json" > "$OUT/syncs.txt" 2>&1; echo "count-syncs rc=$?"; head -30 "$OUT/syncs.txt" | cut -c1-200
+  fi
+  # SGLANG=0: the reproduction only.
+  [ "${SGLANG:-1}" = 0 ] && SPEED_RUNS= || SPEED_RUNS="1 2"
+  [ -n "$SPEED_RUNS" ] && install_sglang
   touch /tmp/before-sglang-1
-  for i in 1 2; do
+  for i in $SPEED_RUNS; do
     SGLFIX_WORKER_TIMELINE=/tmp/tl-sglang-$i timed sglang-$i python3 -m sglfix matrix --profile sglang-0.5.23 --parts --device cuda \
       --no-cache --json "$OUT/sglang-$i.json"
     python3 bench/worker_timeline.py /tmp/tl-sglang-$i --json "$OUT/timeline-sglang-$i.json" | tail -9 | cut -c1-400
@@ -198,7 +205,7 @@ if [ "${ONLY:-}" = speed ]; then
         | awk -F/ '{print "/"$2"/"$3"/"$4"/"$5}' | sort | uniq -c | sort -rn | head -25
     fi
   done
-  if [ "${PROFILE:-1}" = 1 ]; then
+  if [ "${PROFILE:-1}" = 1 ] && [ -n "$SPEED_RUNS" ]; then
     SGLFIX_WORKER_PROFILE=/tmp/wprof timed sglang-prof python3 -m sglfix matrix --profile sglang-0.5.23 --parts --device cuda \
       --no-cache --json "$OUT/sglang-prof.json"
     python3 bench/worker_profile.py /tmp/wprof --top 45 > "$OUT/worker-profile.txt" 2>&1; head -70 "$OUT/worker-profile.txt" | cut -c1-220
@@ -232,7 +239,7 @@ for r in runs:
 PY
   (cd "$OUT" && tar -czf speed-logs.tgz --remove-files repro-*.txt sglang-*.txt *.s speed-*.json repro-1.json sglang-1.json gpu.txt jit-state.txt \
     repro-prof.json worker-profile*.txt repro-mps.json sglang-mps.json timeline-*.json \
-    sglang-prof.json sglang-check.* 2>/dev/null)
+    sglang-prof.json sglang-check.* syncs.txt 2>/dev/null)
   tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
   tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
   tar -czf "$OUT/inductor-cache.tgz" -C "$INDUCTOR" . 2>/dev/null || true

@@ -33,6 +33,7 @@ from sglfix.backends.srt.mem_cache.allocator import ScatteredPageAllocator
 from sglfix.backends.srt.speculative.eagle_worker_v2 import EagleWorkerV2, LegacyAttnBackend, prepare_for_draft_extend_v2
 from sglfix.backends.srt.managers.schedule_batch import ScheduleBatch
 from sglfix.backends.srt.managers.overlap_utils import resolve_seq_lens_cpu
+from sglfix.backends.test.kits.attention_unittest import staging
 
 _MODE_NAMES = {
     "extend": ForwardMode.EXTEND,
@@ -311,39 +312,42 @@ def build_case(
         layer_num=1,
         device=device,
     )
-    # Every slot holds random K/V, so a wrong index reads wrong numbers, never zeros.
+    # Every slot holds random K/V, so a wrong index reads wrong numbers, never zeros. The host
+    # copies stay for the ground truth, which is laid out on the host and sent once.
+    host_buffers = []
     for buf in token_to_kv_pool.k_buffer + token_to_kv_pool.v_buffer:
-        buf.copy_(torch.randn(buf.shape, generator=gen, dtype=torch.float32).to(dtype))
+        host_buffers.append(torch.randn(buf.shape, generator=gen, dtype=torch.float32).to(dtype))
+        staging.fill_(buf, host_buffers[-1])
     allocator = ScatteredPageAllocator(num_pages=num_pages, page_size=page_size, generator=gen)
 
     req_pool_indices_list = (torch.randperm(req_pool_size - 1, generator=gen)[:bs] + 1).tolist()
     slots_per_req = [allocator.alloc_token_slots(t) for t in totals]
     for r, slots in zip(req_pool_indices_list, slots_per_req):
-        req_to_token_pool.req_to_token[r, : len(slots)] = slots.to(torch.int32).to(device)
+        staging.fill_(req_to_token_pool.req_to_token[r, : len(slots)], slots.to(torch.int32))
 
-    k_cache = token_to_kv_pool.k_buffer[0]
-    v_cache = token_to_kv_pool.v_buffer[0]
+    k_cache, v_cache = host_buffers
 
     def randn(*shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype).to(device)
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
 
     T = sum(ext)
-    q = randn(T, num_heads, head_dim)
-    k = randn(T, num_kv_heads, head_dim)
-    v = randn(T, num_kv_heads, head_dim)
-    out_cache_loc = torch.cat(
-        [s[p : p + e] for s, p, e in zip(slots_per_req, prefix, ext)]
-    ).to(device)
+    q_host = randn(T, num_heads, head_dim)
+    k_host = randn(T, num_kv_heads, head_dim)
+    v_host = randn(T, num_kv_heads, head_dim)
+    q, k, v = (staging.to_device(t, device) for t in (q_host, k_host, v_host))
+    out_cache_loc = staging.to_device(
+        torch.cat([s[p : p + e] for s, p, e in zip(slots_per_req, prefix, ext)]), device
+    )
 
     # Ground truth, padded.
     qmax = max(ext)
     lmax = max(totals)
-    q_pad = torch.zeros((bs, qmax, num_heads, head_dim), dtype=dtype, device=device)
-    k_pad = torch.zeros((bs, lmax, num_kv_heads, head_dim), dtype=dtype, device=device)
+    q_pad = torch.zeros((bs, qmax, num_heads, head_dim), dtype=dtype)
+    k_pad = torch.zeros((bs, lmax, num_kv_heads, head_dim), dtype=dtype)
     v_pad = torch.zeros_like(k_pad)
-    visible = torch.zeros((bs, qmax, lmax), dtype=torch.bool, device=device)
-    q_valid = torch.zeros((bs, qmax), dtype=torch.bool, device=device)
-    qo_index = torch.empty(T, dtype=torch.int64, device=device)
+    visible = torch.zeros((bs, qmax, lmax), dtype=torch.bool)
+    q_valid = torch.zeros((bs, qmax), dtype=torch.bool)
+    qo_index = torch.empty(T, dtype=torch.int64)
 
     custom_masks = []
     positions = []
@@ -351,30 +355,31 @@ def build_case(
     start = 0
     for b in range(bs):
         p, e = prefix[b], ext[b]
-        slots = slots_per_req[b].to(device)
+        slots = slots_per_req[b]
         k_pad[b, :p] = k_cache[slots[:p]]
         v_pad[b, :p] = v_cache[slots[:p]]
-        k_pad[b, p : p + e] = k[start : start + e]
-        v_pad[b, p : p + e] = v[start : start + e]
-        q_pad[b, :e] = q[start : start + e]
+        k_pad[b, p : p + e] = k_host[start : start + e]
+        v_pad[b, p : p + e] = v_host[start : start + e]
+        q_pad[b, :e] = q_host[start : start + e]
         q_valid[b, :e] = True
-        qo_index[start : start + e] = b * qmax + torch.arange(e, device=device)
+        qo_index[start : start + e] = b * qmax + torch.arange(e)
         visible[b, :e, :p] = True
         if mode == ForwardMode.TARGET_VERIFY:
             parents, depth, tree_vis = _draft_tree(num_draft_tokens, topk, num_steps, gen)
-            visible[b, :e, p : p + e] = tree_vis.to(device)
+            visible[b, :e, p : p + e] = tree_vis
             row_mask = torch.ones((e, p + e), dtype=torch.bool)
             row_mask[:, p:] = tree_vis
             custom_masks.append(row_mask.reshape(-1))
             positions.append(torch.tensor(depth, dtype=torch.int64) + p)
             tree_parents.append(torch.tensor(parents, dtype=torch.int64))
         else:
-            visible[b, :e, p : p + e] = torch.tril(
-                torch.ones((e, e), dtype=torch.bool, device=device)
-            )
+            visible[b, :e, p : p + e] = torch.tril(torch.ones((e, e), dtype=torch.bool))
             positions.append(torch.arange(p, p + e, dtype=torch.int64))
         start += e
-    positions = torch.cat(positions).to(device)
+    positions = staging.to_device(torch.cat(positions), device)
+    q_pad, k_pad, v_pad, visible, q_valid, qo_index = (
+        staging.to_device(t, device) for t in (q_pad, k_pad, v_pad, visible, q_valid, qo_index)
+    )
 
     model_runner = ModelRunner(
         req_to_token_pool=req_to_token_pool,
@@ -399,15 +404,15 @@ def build_case(
         scaling=sm_scale,
     )
 
-    req_pool_indices = torch.tensor(req_pool_indices_list, dtype=torch.int64, device=device)
-    prefix_t = torch.tensor(prefix, dtype=torch.int32, device=device)
-    ext_t = torch.tensor(ext, dtype=torch.int32, device=device)
+    req_pool_indices = staging.tensor(req_pool_indices_list, dtype=torch.int64, device=device)
+    prefix_t = staging.tensor(prefix, dtype=torch.int32, device=device)
+    ext_t = staging.tensor(ext, dtype=torch.int32, device=device)
     worker = None
 
-    def cpu_mirror(seq_lens: torch.Tensor):
+    def cpu_mirror(seq_lens: torch.Tensor, host_values: Sequence[int]):
         if gpu_only:
             return None, None
-        cpu = seq_lens.cpu()
+        cpu = staging.mirror(seq_lens, torch.tensor(host_values, dtype=seq_lens.dtype))
         return cpu, int(cpu.sum())
 
     if mode == ForwardMode.DRAFT_EXTEND_V2 and builder == "glue":
@@ -450,20 +455,20 @@ def build_case(
             extend_num_tokens=T,
         )
         if mode == ForwardMode.DECODE:
-            forward_batch.seq_lens_cpu, forward_batch.seq_lens_sum = cpu_mirror(forward_batch.seq_lens)
+            forward_batch.seq_lens_cpu, forward_batch.seq_lens_sum = cpu_mirror(forward_batch.seq_lens, totals)
         elif mode == ForwardMode.TARGET_VERIFY:
             # Verify: seq_lens counts the cached tokens only; the draft tokens
             # are the dense extend part, described by the tree mask.
             forward_batch.seq_lens = prefix_t.clone()
-            forward_batch.seq_lens_cpu, forward_batch.seq_lens_sum = cpu_mirror(forward_batch.seq_lens)
+            forward_batch.seq_lens_cpu, forward_batch.seq_lens_sum = cpu_mirror(forward_batch.seq_lens, prefix)
             forward_batch.extend_prefix_lens = prefix_t.clone()
             forward_batch.extend_seq_lens = ext_t.clone()
             forward_batch.spec_info = EagleVerifyInput(
                 topk=topk,
                 num_steps=num_steps,
                 num_draft_tokens=num_draft_tokens,
-                custom_mask=torch.cat(custom_masks).to(device),
-                retrive_parent=torch.stack(tree_parents).to(device),
+                custom_mask=staging.to_device(torch.cat(custom_masks), device),
+                retrive_parent=staging.to_device(torch.stack(tree_parents), device),
                 positions=positions,
             )
         elif mode == ForwardMode.DRAFT_EXTEND_V2:
@@ -478,7 +483,7 @@ def build_case(
             )
         else:
             # EXTEND and DRAFT_EXTEND (v1): seq_lens = prefix + new tokens.
-            forward_batch.seq_lens_cpu, forward_batch.seq_lens_sum = cpu_mirror(forward_batch.seq_lens)
+            forward_batch.seq_lens_cpu, forward_batch.seq_lens_sum = cpu_mirror(forward_batch.seq_lens, totals)
             forward_batch.extend_prefix_lens = prefix_t.clone()
             forward_batch.extend_seq_lens = ext_t.clone()
             if not gpu_only:
@@ -489,7 +494,7 @@ def build_case(
                     topk=topk,
                     num_steps=num_steps,
                     num_draft_tokens=num_draft_tokens,
-                    accept_length=torch.tensor(accept, dtype=torch.int32, device=device),
+                    accept_length=staging.tensor(accept, dtype=torch.int32, device=device),
                     accept_length_cpu=None if gpu_only else list(accept),
                 )
     forward_batch.tags.update(builder=builder, gpu_only=gpu_only, seed=seed)

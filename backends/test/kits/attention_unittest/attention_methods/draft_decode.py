@@ -31,6 +31,7 @@ from sglfix.backends.srt.mem_cache.memory_pool import MHATokenToKVPool, MLAToken
 from sglfix.backends.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglfix.backends.srt.model_executor.model_runner import ModelRunner
 from sglfix.backends.srt.speculative.eagle_info import EagleDraftInput
+from sglfix.backends.test.kits.attention_unittest import staging
 from sglfix.backends.test.kits.attention_unittest.attention_methods.dense_attention import (
     default_device,
     default_req_pool_size,
@@ -229,7 +230,7 @@ def _build(
     gen.manual_seed(seed)
 
     def randn(*shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype).to(device)
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
 
     # Pools: twice the pages needed (plus the reserved page) so slots scatter.
     pages_needed = sum(math.ceil(t / page_size) for t in totals)
@@ -247,41 +248,47 @@ def _build(
             head_dim=qk_dim, layer_num=1, device=device,
         )
         buffers = pool.k_buffer + pool.v_buffer
-    # Every slot holds random values, so a wrong index reads wrong numbers, never zeros.
+    # Every slot holds random values, so a wrong index reads wrong numbers, never zeros. The host
+    # copies stay for the ground truth, which is laid out on the host and sent once.
+    host_buffers = []
     for buf in buffers:
-        buf.copy_(torch.randn(buf.shape, generator=gen, dtype=torch.float32).to(dtype))
+        host_buffers.append(torch.randn(buf.shape, generator=gen, dtype=torch.float32).to(dtype))
+        staging.fill_(buf, host_buffers[-1])
     allocator = ScatteredPageAllocator(num_pages=num_pages, page_size=page_size, generator=gen)
 
     req_pool_indices_list = (torch.randperm(req_pool_size - 1, generator=gen)[:bs] + 1).tolist()
     slots_per_req = [allocator.alloc_token_slots(t) for t in totals]
     for r, slots in zip(req_pool_indices_list, slots_per_req):
-        req_to_token_pool.req_to_token[r, : len(slots)] = slots.to(torch.int32).to(device)
+        staging.fill_(req_to_token_pool.req_to_token[r, : len(slots)], slots.to(torch.int32))
 
     if mla:
-        k_cache = pool.kv_buffer[0]
-        v_cache = pool.kv_buffer[0][..., :kv_lora_rank]
+        k_cache = host_buffers[0]
+        v_cache = host_buffers[0][..., :kv_lora_rank]
     else:
-        k_cache, v_cache = pool.k_buffer[0], pool.v_buffer[0]
+        k_cache, v_cache = host_buffers
 
     steps = num_steps - 1 if draft else 1
     rows = bs * topk
     # Per step, one row per branch (plain decode: one step, one row per request).
-    q = randn(steps, rows, num_heads, qk_dim)
-    k = randn(steps, rows, kv_heads, qk_dim)
-    v = k[..., :v_dim] if mla else randn(steps, rows, kv_heads, v_dim)
+    q_host = randn(steps, rows, num_heads, qk_dim)
+    k_host = randn(steps, rows, kv_heads, qk_dim)
+    v_host = k_host[..., :v_dim] if mla else randn(steps, rows, kv_heads, v_dim)
+    q, k = staging.to_device(q_host, device), staging.to_device(k_host, device)
+    # MLA: v is k's first v_dim columns, the same memory, as the engine hands it.
+    v = k[..., :v_dim] if mla else staging.to_device(v_host, device)
 
     # Ground truth: prefix tokens, then the new tokens of branch j, step i at p + j * steps + i.
     qmax = topk * steps
     lmax = max(prefix) + topk * steps
-    q_pad = torch.zeros((bs, qmax, num_heads, qk_dim), dtype=dtype, device=device)
-    k_pad = torch.zeros((bs, lmax, kv_heads, qk_dim), dtype=dtype, device=device)
-    v_pad = torch.zeros((bs, lmax, kv_heads, v_dim), dtype=dtype, device=device)
-    visible = torch.zeros((bs, qmax, lmax), dtype=torch.bool, device=device)
+    q_pad = torch.zeros((bs, qmax, num_heads, qk_dim), dtype=dtype)
+    k_pad = torch.zeros((bs, lmax, kv_heads, qk_dim), dtype=dtype)
+    v_pad = torch.zeros((bs, lmax, kv_heads, v_dim), dtype=dtype)
+    visible = torch.zeros((bs, qmax, lmax), dtype=torch.bool)
     out_cache_loc = torch.empty((bs, topk, num_steps if draft else 1), dtype=torch.int64)
     for b in range(bs):
         p = prefix[b]
         slots = slots_per_req[b]
-        prefix_slots = slots[:p].to(device)
+        prefix_slots = slots[:p]
         k_pad[b, :p] = k_cache[prefix_slots]
         v_pad[b, :p] = v_cache[prefix_slots]
         visible[b, :, :p] = True
@@ -290,10 +297,11 @@ def _build(
             for i in range(steps):
                 col = p + j * steps + i
                 row = j * steps + i
-                k_pad[b, col] = k[i, b * topk + j]
-                v_pad[b, col] = v[i, b * topk + j]
-                q_pad[b, row] = q[i, b * topk + j]
+                k_pad[b, col] = k_host[i, b * topk + j]
+                v_pad[b, col] = v_host[i, b * topk + j]
+                q_pad[b, row] = q_host[i, b * topk + j]
                 visible[b, row, p + j * steps : col + 1] = True
+    q_pad, k_pad, v_pad, visible = (staging.to_device(t, device) for t in (q_pad, k_pad, v_pad, visible))
     q_valid = torch.ones((bs, qmax), dtype=torch.bool, device=device)
 
     if mla:
@@ -318,8 +326,8 @@ def _build(
             scaling=model_runner.scaling,
         )
 
-    req_pool_indices = torch.tensor(req_pool_indices_list, dtype=torch.int64, device=device)
-    prefix_t = torch.tensor(prefix, dtype=torch.int32, device=device)
+    req_pool_indices = staging.tensor(req_pool_indices_list, dtype=torch.int64, device=device)
+    prefix_t = staging.tensor(prefix, dtype=torch.int32, device=device)
     if draft:
         # The draft decodes on top of the verified prefix: seq_lens counts no draft token.
         seq_lens = prefix_t
@@ -330,13 +338,15 @@ def _build(
         positions = prefix_t.to(torch.int64)
         spec_info = None
         q, k, v = q[0], k[0], v[0]
-    seq_lens_cpu = seq_lens.cpu()
+    seq_lens_cpu = staging.mirror(
+        seq_lens, torch.tensor(prefix, dtype=torch.int32) + (0 if draft else 1)
+    )
     forward_batch = ForwardBatch(
         forward_mode=ForwardMode.DECODE,
         batch_size=bs,
         req_pool_indices=req_pool_indices,
         seq_lens=seq_lens,
-        out_cache_loc=out_cache_loc.reshape(-1).to(device),
+        out_cache_loc=staging.to_device(out_cache_loc.reshape(-1), device),
         req_to_token_pool=req_to_token_pool,
         token_to_kv_pool=pool,
         seq_lens_cpu=seq_lens_cpu,

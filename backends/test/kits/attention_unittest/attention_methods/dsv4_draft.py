@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 import torch
 
 from sglfix.backends.test.kits.attention_unittest.attention_methods.draft_decode import DecodePathCase, _build
+from sglfix.backends.test.kits.attention_unittest import staging
 
 # DSv4's sliding window (its draft layer attends only this many latest tokens) and page size.
 SWA_WINDOW = 128
@@ -108,9 +109,9 @@ def _windowed(*, draft: bool, topk: int, num_steps: int, window: int, prefix_len
     # step order) and query row i sits at position prefix + i.
     bs, qmax, lmax = case.visible.shape
     device = case.visible.device
-    query_pos = torch.tensor(case.prefix_lens, device=device)[:, None] + torch.arange(qmax, device=device)[None, :]
-    columns = torch.arange(lmax, device=device)
+    query_pos = torch.tensor(case.prefix_lens)[:, None] + torch.arange(qmax)[None, :]
+    columns = torch.arange(lmax)
     in_window = columns[None, None, :] > query_pos[:, :, None] - window
-    case.visible = case.visible & in_window
+    case.visible = case.visible & staging.to_device(in_window, device)
     case.notes["window"] = window
     return case

@@ -27,6 +27,7 @@ from sglfix.backends.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTok
 from sglfix.backends.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglfix.backends.srt.model_executor.model_runner import ModelRunner
 from sglfix.backends.srt.speculative.eagle_info import EagleDraftInput
+from sglfix.backends.test.kits.attention_unittest import staging
 from sglfix.backends.test.kits.attention_unittest.attention_methods.dense_attention import (
     AttentionCase,
     default_device,
@@ -125,46 +126,51 @@ def build_mla_draft_extend_case(
         layer_num=1,
         device=device,
     )
-    # Every slot holds a random latent, so a wrong page or length reads wrong numbers.
+    # Every slot holds a random latent, so a wrong page or length reads wrong numbers. The host
+    # copies stay for the ground truth, which is laid out on the host and sent once.
+    host_buffers = []
     for buf in pool.kv_buffer:
-        buf.copy_(torch.randn(buf.shape, generator=gen, dtype=torch.float32).to(dtype))
+        host_buffers.append(torch.randn(buf.shape, generator=gen, dtype=torch.float32).to(dtype))
+        staging.fill_(buf, host_buffers[-1])
     allocator = ScatteredPageAllocator(num_pages=num_pages, page_size=page_size, generator=gen)
 
     req_pool_indices_list = (torch.randperm(req_pool_size - 1, generator=gen)[:bs] + 1).tolist()
     slots_per_req = [allocator.alloc_token_slots(t) for t in totals]
     for r, slots in zip(req_pool_indices_list, slots_per_req):
-        req_to_token_pool.req_to_token[r, : len(slots)] = slots.to(torch.int32).to(device)
+        staging.fill_(req_to_token_pool.req_to_token[r, : len(slots)], slots.to(torch.int32))
 
     def randn(*shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype).to(device)
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
 
     dim = kv_lora_rank + qk_rope_head_dim
     T = bs * n
-    q = randn(T, num_heads, dim)
-    k = randn(T, 1, dim)
+    q_host = randn(T, num_heads, dim)
+    k_host = randn(T, 1, dim)
+    q, k = staging.to_device(q_host, device), staging.to_device(k_host, device)
     v = k[..., :kv_lora_rank].clone()
-    out_cache_loc = torch.cat([s[p : p + n] for s, p in zip(slots_per_req, prefix)]).to(device)
+    out_cache_loc = staging.to_device(torch.cat([s[p : p + n] for s, p in zip(slots_per_req, prefix)]), device)
 
     # Ground truth, padded: prefix latents from the pool, then the window's new latents.
-    latent = pool.kv_buffer[0]
+    latent = host_buffers[0]
     lmax = max(totals)
-    q_pad = torch.zeros((bs, n, num_heads, dim), dtype=dtype, device=device)
-    k_pad = torch.zeros((bs, lmax, 1, dim), dtype=dtype, device=device)
-    visible = torch.zeros((bs, n, lmax), dtype=torch.bool, device=device)
+    q_pad = torch.zeros((bs, n, num_heads, dim), dtype=dtype)
+    k_pad = torch.zeros((bs, lmax, 1, dim), dtype=dtype)
+    visible = torch.zeros((bs, n, lmax), dtype=torch.bool)
     q_valid = torch.ones((bs, n), dtype=torch.bool, device=device)
     qo_index = torch.arange(T, dtype=torch.int64, device=device)  # rows are already b * n + j
     positions = []
     for b in range(bs):
         p = prefix[b]
-        slots = slots_per_req[b].to(device)
+        slots = slots_per_req[b]
         k_pad[b, :p] = latent[slots[:p]]
-        k_pad[b, p : p + n] = k[b * n : (b + 1) * n]
-        q_pad[b] = q[b * n : (b + 1) * n]
+        k_pad[b, p : p + n] = k_host[b * n : (b + 1) * n]
+        q_pad[b] = q_host[b * n : (b + 1) * n]
         visible[b, :, :p] = True
-        visible[b, :, p : p + n] = torch.tril(torch.ones((n, n), dtype=torch.bool, device=device))
+        visible[b, :, p : p + n] = torch.tril(torch.ones((n, n), dtype=torch.bool))
         positions.append(torch.arange(p, p + n, dtype=torch.int64))
+    q_pad, k_pad, visible = (staging.to_device(t, device) for t in (q_pad, k_pad, visible))
     v_pad = k_pad[..., :kv_lora_rank].clone()
-    positions = torch.cat(positions).to(device)
+    positions = staging.to_device(torch.cat(positions), device)
 
     model_runner = ModelRunner(
         req_to_token_pool=req_to_token_pool,
@@ -193,14 +199,14 @@ def build_mla_draft_extend_case(
         v_head_dim_override=kv_lora_rank,
     )
 
-    prefix_t = torch.tensor(prefix, dtype=torch.int32, device=device)
-    ext_t = torch.tensor(ext, dtype=torch.int32, device=device)
+    prefix_t = staging.tensor(prefix, dtype=torch.int32, device=device)
+    ext_t = staging.tensor(ext, dtype=torch.int32, device=device)
     seq_lens = prefix_t + ext_t
-    seq_lens_cpu = seq_lens.cpu()
+    seq_lens_cpu = staging.mirror(seq_lens, torch.tensor(totals, dtype=torch.int32))
     forward_batch = ForwardBatch(
         forward_mode=mode,
         batch_size=bs,
-        req_pool_indices=torch.tensor(req_pool_indices_list, dtype=torch.int64, device=device),
+        req_pool_indices=staging.tensor(req_pool_indices_list, dtype=torch.int64, device=device),
         seq_lens=seq_lens,
         out_cache_loc=out_cache_loc,
         req_to_token_pool=req_to_token_pool,
@@ -217,7 +223,7 @@ def build_mla_draft_extend_case(
             topk=1,
             num_steps=num_steps,
             num_draft_tokens=n,
-            accept_length=torch.tensor(accept, dtype=torch.int32, device=device),
+            accept_length=staging.tensor(accept, dtype=torch.int32, device=device),
             accept_length_cpu=None if gpu_only else list(accept),
         ),
     )
