@@ -74,6 +74,8 @@ def _child(args: argparse.Namespace) -> None:
         request = {"id": i, "toggles": list(c.toggles), "scenario": c.scenario.to_json()}
         switching = list(c.toggles) != session.current
         t = time.perf_counter()
+        if args.memory:
+            torch.cuda.reset_peak_memory_stats()
         if profiler is not None:
             profiler.enable()
         reply = session.handle(request)
@@ -93,6 +95,13 @@ def _child(args: argparse.Namespace) -> None:
                 "timings_ms": result.get("timings_ms") or {},
             }
         )
+        if args.memory:
+            # The device memory the process holds after the cell (the allocator's cache
+            # included) and the most it held during it.
+            rows[-1]["reserved_mib"] = torch.cuda.memory_reserved() >> 20
+            rows[-1]["peak_mib"] = torch.cuda.max_memory_reserved() >> 20
+            free, total = torch.cuda.mem_get_info()
+            rows[-1]["device_used_mib"] = (total - free) >> 20  # what the driver says is in use: torch's and not
     out = {"index": args.index, "of": args.of, "boot_s": round(boot_s, 3), "wall_s": time.perf_counter() - start}
     out["boot_parts_s"] = {
         "import_torch": round(t_torch - t0, 3),
@@ -175,6 +184,8 @@ def _spawn(n: int, args: argparse.Namespace, *, cprofile: bool = False) -> dict:
         base.append("--keep-cache")
     if args.count_syncs:
         base.append("--count-syncs")
+    if args.memory:
+        base.append("--memory")
     if cprofile:
         base.append("--cprofile")
         if args.prof_out:
@@ -254,6 +265,7 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cprofile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--count-syncs", action="store_true", help="count synchronising calls by caller")
+    ap.add_argument("--memory", action="store_true", help="record each cell's device memory (reserved after, peak)")
     ap.add_argument("--keep-cache", action="store_true", help="no allocator emptying before captures (experiment)")
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--of", type=int, default=1, help=argparse.SUPPRESS)
@@ -275,6 +287,15 @@ def main() -> None:
         summary["by_scenario_s"] = _by_scenario(run)
         report["runs"].append(summary)
         print(json.dumps({k: v for k, v in summary.items() if k != "by_scenario_s"}), flush=True)
+    if args.memory and last:
+        rows = [r for child in last["children"] for r in child["rows"]]
+        report["memory"] = [
+            [r["set"], r["scenario"], r["reserved_mib"], r["peak_mib"], r["device_used_mib"]] for r in rows
+        ]
+        print(
+            f"device memory: most reserved after a cell {max(r['reserved_mib'] for r in rows)} MiB, "
+            f"highest peak {max(r['peak_mib'] for r in rows)} MiB"
+        )
     if args.count_syncs:
         counts: dict[str, int] = {}
         cells = 0
