@@ -6,6 +6,7 @@
 # isolation on CUDA.
 # Carry .cache (pydantic and FlashInfer wheels, JIT caches). ONLY=probe stops after the matrices and the probe;
 # ONLY=smoke runs a short GPU check of the FlashInfer-MLA draft and Triton draft-extend cells.
+# ONLY=memory records each cell's device memory in one process (bench/cell_profile.py --memory).
 # ONLY=scale runs only the scale-out benchmark (bench/scale_out.py; Ray from .cache/ray-whl).
 # ONLY=profile times where a cell's time goes (bench/cell_profile.py, the parent under cProfile).
 # ONLY=sglang runs the real-sglang matrix (--profile sglang-0.5.23; sglang from .cache/sglang-gpu).
@@ -71,6 +72,13 @@ if [ "${ONLY:-}" = smoke ]; then
   # (captures, and cells that crash inside their capture) and the Triton draft extend, every part.
   COLUMNS=200 timeout ${SMOKE_LIMIT:-150} python3 -m sglfix matrix --parts --no-reachability --device cuda --no-cache \
     -s 'fimla-*' -s 'triton-draft-extend-v2*' --json "$OUT/smoke.json" 2>&1 | tail -4; echo "smoke rc=${PIPESTATUS[0]}"
+  exit 0
+fi
+if [ "${ONLY:-}" = memory ]; then
+  # Each cell's device memory in one process (reserved after it, its peak, the driver's count),
+  # over the plan's first SETS toggle sets: where a worker's memory grows.
+  python3 bench/cell_profile.py --device cuda --procs 1 --sets ${SETS:-6} --profile-sets 0 --memory \
+    --json "$OUT/memory${TAG:-}.json" 2>&1 | tail -3; echo "memory rc=${PIPESTATUS[0]}"
   exit 0
 fi
 if [ "${ONLY:-}" = scale ]; then
