@@ -19,37 +19,12 @@ class _Graph:
         return None
 
 
-def _stats(reserved: int) -> dict:
-    """The allocator's nested statistics, as torch returns them, with ``reserved`` bytes reserved."""
-    pools = ("all", "large_pool", "small_pool")
-    kinds = ("current", "peak", "allocated", "freed")
-    out = {
-        name: {pool: dict.fromkeys(kinds, 7) for pool in pools}
-        for name in ("allocated_bytes", "reserved_bytes", "active_bytes", "segment")
-    }
-    out["reserved_bytes"]["all"]["current"] = reserved
-    out["num_alloc_retries"] = 0
-    return out
-
-
-def _reserve(monkeypatch, reserved: int) -> None:
-    # Both names: torch.cuda.memory_reserved reads the one of its own module.
-    for owner in (torch.cuda, torch.cuda.memory):
-        monkeypatch.setattr(owner, "memory_stats_as_nested_dict", lambda *a, **k: _stats(reserved))
-
-
-def test_the_reserved_bytes_read_are_those_memory_reserved_reports(monkeypatch):
-    for reserved in (0, 1, 3 << 30):
-        _reserve(monkeypatch, reserved)
-        assert allocator._reserved() == torch.cuda.memory_reserved() == reserved
-
-
 def _install(monkeypatch, *, reserved: int, budget: int) -> list[str]:
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda, "graph", _Graph)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("device"))
     monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: calls.append("host"), raising=False)
-    _reserve(monkeypatch, reserved)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: reserved)
     monkeypatch.setattr(_Graph, "__enter__", _Graph.__enter__)  # restored after the test
     assert allocator.keep_caches_across_captures(budget_bytes=budget)
     return calls
@@ -86,7 +61,7 @@ def test_after_a_cell_a_cache_past_the_budget_is_given_back(monkeypatch):
     assert not allocator.trim_after_cell()  # no policy installed: nothing to trim
     calls = _install(monkeypatch, reserved=3 << 30, budget=2 << 30)
     assert allocator.trim_after_cell() and calls == ["device"]
-    _reserve(monkeypatch, 1 << 30)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 1 << 30)
     assert not allocator.trim_after_cell() and calls == ["device"]
 
 

@@ -45,15 +45,6 @@ def _nothing() -> None:
     return None
 
 
-def _reserved() -> int:
-    """``torch.cuda.memory_reserved()`` without its flattening of every other statistic into dotted
-    keys: read at every capture and after every cell, that flattening was most of its cost."""
-    import torch
-
-    stats = torch.cuda.memory_stats_as_nested_dict()
-    return int(stats.get("reserved_bytes", {}).get("all", {}).get("current", 0))
-
-
 def keep_caches_across_captures(*, budget_bytes: int = WORKER_CACHE_BUDGET) -> bool:
     """Install the policy in this process (once); False where torch has no CUDA graphs."""
     import torch
@@ -66,7 +57,7 @@ def keep_caches_across_captures(*, budget_bytes: int = WORKER_CACHE_BUDGET) -> b
         return True
 
     def __enter__(self):
-        if _reserved() > budget_bytes:
+        if torch.cuda.memory_reserved() > budget_bytes:
             return enter(self)
         with _no_emptying():
             return enter(self)
@@ -83,7 +74,7 @@ def trim_after_cell() -> bool:
     import torch
 
     budget = getattr(getattr(getattr(torch.cuda, "graph", None), "__enter__", None), _MARK, None)
-    if budget is None or _reserved() <= budget:
+    if budget is None or torch.cuda.memory_reserved() <= budget:
         return False
     torch.cuda.empty_cache()
     return True
