@@ -237,18 +237,16 @@ def _metadata_hook(
 ) -> Callable[[Any, Any, str], None]:
     """The hook an adapter calls after every metadata init: the invariant table over each of its
     metadata views (outside the sync watch), each finding an INVARIANT; counts the views checked."""
-    from sglfix.harness.invariants import check_metadata
+    from sglfix.harness.invariants import check_metadata_views
     from sglfix.harness.syncwatch import suspended
 
     def on_metadata(backend: Any, forward_batch: Any, phase: str) -> None:
         with suspended():
-            found = []
+            views = []
             for label, metadata, rows in adapter.metadata_views(backend, forward_batch):
                 views_checked[0] += metadata is not None
-                where = f"{phase} {label}" if label else phase
-                found += check_metadata(
-                    metadata, fields=adapter.metadata_fields, rows=rows, num_slots=prepared.num_slots, phase=where
-                )
+                views.append((f"{phase} {label}" if label else phase, metadata, rows))
+            found = check_metadata_views(views, fields=adapter.metadata_fields, num_slots=prepared.num_slots)
         for message in found:
             result.add("INVARIANT", message, phase=phase)
 
@@ -258,20 +256,27 @@ def _metadata_hook(
 def _judge(ran: _Ran, *, scenario: Scenario, result: CellResult) -> None:
     """Syncs, guard zones and the adapter's own metadata checks; then the output against the
     reference, or, without an output, why it was not compared."""
-    from sglfix.harness.guards import describe_guards
+    from sglfix.harness.guards import describe_guards, guard_zones
+    from sglfix.harness.hostcopy import to_host
 
     adapter = ran.adapter
     for message in ran.syncs:
         result.add("SYNC", message)
-    for message in describe_guards(adapter.static_buffers(ran.backend)):
+    registry = list(adapter.static_buffers(ran.backend))
+    # The guard zones and, with an output, the reference, the rows to compare and the output:
+    # read in one wait for the device (sglfix.harness.hostcopy).
+    compared = [] if isinstance(ran.out, NoOutput) else [*adapter.reference(ran.prepared), ran.out]
+    read = to_host([*guard_zones(registry), *compared])
+    raws, compared = read[: len(registry)], read[len(registry) :]
+    for message in describe_guards(registry, raws):
         result.add("INVARIANT", f"write past a buffer's end: {message}")
     checks = list(adapter.check_metadata(ran.prepared, ran.backend))
     for verdict, message in checks:
         result.add(verdict, message)
-    if isinstance(ran.out, NoOutput):
+    if not compared:
         _judge_without_output(ran, checked=bool(checks or ran.views_checked[0] or result.findings), result=result)
     else:
-        _compare_with_reference(ran, scenario=scenario, result=result)
+        _compare_with_reference(ran, *compared, scenario=scenario, result=result)
 
 
 def _judge_without_output(ran: _Ran, *, checked: bool, result: CellResult) -> None:
@@ -287,11 +292,13 @@ def _judge_without_output(ran: _Ran, *, checked: bool, result: CellResult) -> No
     )
 
 
-def _compare_with_reference(ran: _Ran, *, scenario: Scenario, result: CellResult) -> None:
+def _compare_with_reference(
+    ran: _Ran, ref: Any, q_valid: Any, out: Any, *, scenario: Scenario, result: CellResult
+) -> None:
+    """The output against the reference, both already on the host (``_judge`` read them)."""
     from sglfix.harness.reference import compare_outputs
 
-    ref, q_valid = ran.adapter.reference(ran.prepared)
-    cmp = compare_outputs(out=ran.out, ref=ref, q_valid=q_valid, tolerance=scenario.tolerance)
+    cmp = compare_outputs(out=out, ref=ref, q_valid=q_valid, tolerance=scenario.tolerance)
     t3 = time.perf_counter()
     result.error = cmp.to_json()
     if cmp.nonfinite:

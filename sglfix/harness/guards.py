@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["SENTINEL_BYTE", "check_guards", "describe_guards"]
+__all__ = ["SENTINEL_BYTE", "check_guards", "describe_guards", "guard_zones"]
 
 SENTINEL_BYTE = 0x5A
 
@@ -20,6 +20,12 @@ def _guard_bytes(entry: Any):
 
     guard = entry.flat[entry.numel :]
     return guard.contiguous().view(torch.uint8)
+
+
+def guard_zones(registry: Sequence[Any]) -> list[Any]:
+    """The registry's guard zones as bytes, still on the device: for a caller that reads them in
+    the same wait as other tensors and hands them to ``describe_guards``."""
+    return [_guard_bytes(e) for e in registry]
 
 
 def _overwritten(entry: Any, raw: Any) -> tuple[int, int] | None:
@@ -32,13 +38,14 @@ def _overwritten(entry: Any, raw: Any) -> tuple[int, int] | None:
     return int(bad[0, 0]), int(bad.numel())
 
 
-def _hits(registry: Sequence[Any]) -> list[tuple[Any, tuple[int, int] | None]]:
-    """Every entry with its overwrite, the guard zones read in one wait for the device."""
+def _hits(registry: Sequence[Any], raws: Sequence[Any] | None = None) -> list[tuple[Any, tuple[int, int] | None]]:
+    """Every entry with its overwrite, the guard zones read in one wait for the device (or as
+    ``raws``, already read: ``guard_zones`` of the same registry)."""
     from sglfix.harness.hostcopy import to_host
 
     entries = list(registry)
-    raws = to_host([_guard_bytes(e) for e in entries])
-    return [(e, _overwritten(e, raw)) for e, raw in zip(entries, raws)]
+    raws = to_host(guard_zones(entries) if raws is None else list(raws))
+    return [(e, _overwritten(e, raw)) for e, raw in zip(entries, raws, strict=True)]
 
 
 def check_guards(registry: Sequence[Any]) -> list[str]:
@@ -46,10 +53,11 @@ def check_guards(registry: Sequence[Any]) -> list[str]:
     return [entry.name for entry, hit in _hits(registry) if hit is not None]
 
 
-def describe_guards(registry: Sequence[Any]) -> list[str]:
-    """The overwritten buffers with shape and first overwritten offset, for reports."""
+def describe_guards(registry: Sequence[Any], raws: Sequence[Any] | None = None) -> list[str]:
+    """The overwritten buffers with shape and first overwritten offset, for reports; ``raws``:
+    their guard zones already read (``guard_zones``)."""
     out = []
-    for entry, hit in _hits(registry):
+    for entry, hit in _hits(registry, raws):
         if hit is not None:
             first, count = hit
             out.append(

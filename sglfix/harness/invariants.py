@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["UPSTREAM_FIELDS", "MetadataFields", "check_metadata"]
+__all__ = ["UPSTREAM_FIELDS", "MetadataFields", "check_metadata", "check_metadata_views"]
 
 
 @dataclass(frozen=True)
@@ -136,10 +136,9 @@ class _HostView:
         return getattr(self._metadata, name)
 
 
-def _on_host(metadata: Any, fields: MetadataFields, rows: int) -> _HostView:
-    """The checked fields on the host, each cut to what its check reads (buffers are sized for
-    the largest batch), all read in one wait."""
-    from sglfix.harness.hostcopy import to_host
+def _picks(metadata: Any, fields: MetadataFields, rows: int) -> dict[str, torch.Tensor]:
+    """The checked fields, each cut to what its check reads (buffers are sized for the largest
+    batch), still on the device."""
 
     def head(t: torch.Tensor, n: int) -> torch.Tensor:
         return t[:n] if t.dim() else t
@@ -168,14 +167,34 @@ def _on_host(metadata: Any, fields: MetadataFields, rows: int) -> _HostView:
             continue
         kind, n = next(iter(how)) if len(how) == 1 else ("whole", 0)  # read two ways: copied whole
         picked[name] = head(t, n) if kind == "head" else flat_head(t) if kind == "flat" else t
-    return _HostView(metadata, dict(zip(picked, to_host(list(picked.values())))))
+    return picked
 
 
 def check_metadata(
     metadata: Any, *, fields: MetadataFields = UPSTREAM_FIELDS, rows: int, num_slots: int, phase: str
 ) -> list[str]:
     """Findings (empty when sound) for a backend's metadata covering ``rows`` requests."""
-    metadata = _on_host(metadata, fields, rows)
+    return check_metadata_views([(phase, metadata, rows)], fields=fields, num_slots=num_slots)
+
+
+def check_metadata_views(
+    views: list[tuple[str, Any, int]], *, fields: MetadataFields = UPSTREAM_FIELDS, num_slots: int
+) -> list[str]:
+    """``check_metadata`` over several metadata views at once, as ``(phase, metadata, rows)``:
+    the checked fields of every view read in one wait (each wait also waits for the other
+    workers sharing the GPU: sglfix.harness.hostcopy)."""
+    from sglfix.harness.hostcopy import to_host
+
+    picks = [_picks(metadata, fields, rows) for _phase, metadata, rows in views]
+    read = iter(to_host([t for picked in picks for t in picked.values()]))
+    found: list[str] = []
+    for (phase, metadata, rows), picked in zip(views, picks):
+        host = {name: next(read) for name in picked}
+        found += _check(_HostView(metadata, host), fields=fields, rows=rows, num_slots=num_slots, phase=phase)
+    return found
+
+
+def _check(metadata: Any, *, fields: MetadataFields, rows: int, num_slots: int, phase: str) -> list[str]:
     found: list[str] = []
     offsets: dict[str, torch.Tensor] = {}
     for name in fields.indptr:
