@@ -184,6 +184,8 @@ if [ "${ONLY:-}" = speed ]; then
     python3 bench/worker_timeline.py /tmp/tl-repro-$i --json "$OUT/timeline-repro-$i.json" | tail -9 | cut -c1-400
     python3 bench/speed_summary.py "$OUT/repro-$i.json" --process-s $(python3 -c "print(int(open('$OUT/repro-$i.s').read())/1000)") \
       --label "reproduction, every cell, run $i" --json "$OUT/speed-repro-$i.json"
+    # A faster run must give the same answers: every cell against the committed CUDA matrix.
+    python3 -m sglfix report compare bench/results/matrix-cuda.json "$OUT/repro-$i.json" | tail -1
   done
   if [ "${PROFILE:-1}" = 1 ]; then
     SGLFIX_WORKER_PROFILE=/tmp/wprof-repro timed repro-prof python3 -m sglfix matrix --parts --no-reachability --device cuda \
@@ -206,6 +208,7 @@ if [ "${ONLY:-}" = speed ]; then
     python3 bench/worker_timeline.py /tmp/tl-sglang-$i --json "$OUT/timeline-sglang-$i.json" | tail -9 | cut -c1-400
     python3 bench/speed_summary.py "$OUT/sglang-$i.json" --process-s $(python3 -c "print(int(open('$OUT/sglang-$i.s').read())/1000)") \
       --label "real sglang, run $i" --json "$OUT/speed-sglang-$i.json"
+    python3 -m sglfix report compare bench/results/matrix-sglang-cuda.json "$OUT/sglang-$i.json" | tail -1
     if [ "$i" = 1 ]; then
       # What the first run left on disk that the second may read (a cache the carry lacks).
       echo "written by run 1, by folder:"
