@@ -16,12 +16,14 @@ the worker (``PR_SET_PDEATHSIG``) and a small forked guard kills the rest of its
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from sglfix.common.errors import ConfigError
@@ -204,7 +206,9 @@ def _check(argv: list[str]) -> None:
     """``python -m sglfix.execution.worker --check [--device D]``: boot once, print what it found."""
     device = argv[argv.index("--device") + 1] if "--device" in argv[:-1] else "auto"
     codebase = argv[argv.index("--codebase") + 1] if "--codebase" in argv[:-1] else "reproduction"
-    print(json.dumps(_boot(device, codebase)))
+    with _collector_held_for_boot():
+        info = _boot(device, codebase)
+    print(json.dumps(info))
 
 
 class _Profiled:
@@ -230,6 +234,33 @@ class _Profiled:
         finally:
             self.last = time.monotonic()
             self.profile.enable()
+
+
+@contextlib.contextmanager
+def _collector_held_for_boot() -> Iterator[None]:
+    """No cyclic garbage collection while a worker boots, then one, then what is left frozen.
+
+    The boot imports the code under test (1288 modules of real sglang) and takes the clean
+    snapshot: hundreds of thousands of objects that live as long as the worker. The collector
+    walked them again and again as they were made (ten full collections, 3-4 s of a real-sglang
+    boot on the CPU box) and would walk them at every full collection after. Held off, then one
+    collection for the garbage the boot did leave, then ``gc.freeze``: later collections walk only
+    what the cells make. The collector is on again for the cells, as it was (sglfix.harness.
+    capturegc holds it off during each CUDA graph capture)."""
+    import gc
+
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    except BaseException:  # a boot that failed: the worker is on its way out
+        if was_on:
+            gc.enable()
+        raise
+    gc.collect()
+    gc.freeze()
+    if was_on:
+        gc.enable()
 
 
 def _timeline() -> Any:
@@ -264,18 +295,19 @@ def serve() -> None:
     _CHANNEL = channel = _Channel(read_fd, write_fd)
     profiler = _profiler()
     began = time.perf_counter()
-    try:
-        info = _boot(spec["device"], spec.get("codebase", "reproduction"))
-        info["boot_s"] = round(time.perf_counter() - began, 3)
-    except ConfigError as exc:
-        channel.send({"fatal": first_line(exc)})
-        sys.exit(2)
-    channel.send({"ready": info})
-    session = Session(
-        device=info["device"],
-        allowed_prefixes=tuple(spec["allowed_prefixes"]) if spec.get("allowed_prefixes") is not None else None,
-        candidates=[tuple(c) for c in spec.get("candidates") or ()],
-    )
+    with _collector_held_for_boot():
+        try:
+            info = _boot(spec["device"], spec.get("codebase", "reproduction"))
+            info["boot_s"] = round(time.perf_counter() - began, 3)
+        except ConfigError as exc:
+            channel.send({"fatal": first_line(exc)})
+            sys.exit(2)
+        channel.send({"ready": info})
+        session = Session(
+            device=info["device"],
+            allowed_prefixes=tuple(spec["allowed_prefixes"]) if spec.get("allowed_prefixes") is not None else None,
+            candidates=[tuple(c) for c in spec.get("candidates") or ()],
+        )
     timeline = _timeline()
     for request in channel.requests():
         began = time.time()
