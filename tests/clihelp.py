@@ -1,11 +1,15 @@
-"""Run the CLI in-process or as a real subprocess, capturing exit code and output."""
+"""Run the CLI in-process or as a real subprocess, capturing exit code and output; run a Python
+probe in a fresh process and read the JSON it prints last."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -37,3 +41,20 @@ def assert_one_line_error(result: Result, *needles: str) -> str:
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
+
+
+def run_probe(code: str, *, env: dict | None = None, cwd: str | None = None, timeout: float = 120) -> Any:
+    """Run ``code`` in a fresh Python with this checkout on its path (a probe that must not touch
+    the test process: a freeze, a collector switched off, module state), require exit 0, and
+    return the last line it printed, read as JSON."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(root), **(env or {})},
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

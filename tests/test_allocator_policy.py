@@ -4,6 +4,7 @@ through a stand-in for ``torch.cuda.graph`` whose ``__enter__`` empties the cach
 from __future__ import annotations
 
 import torch
+from clihelp import run_probe
 
 from sglfix.harness import allocator
 
@@ -112,22 +113,7 @@ def test_no_garbage_collection_while_a_graph_is_captured_and_it_comes_back_after
     and exit, on again after, after a cell that raised inside the capture, and after a capture
     that could not begin; a collector the process had turned off stays off; the allocator
     policy's budget mark survives the wrapping."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    r = subprocess.run(
-        [sys.executable, "-c", _GC_PROBE],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_probe(_GC_PROBE)
     assert out == {
         "enter": False,
         "exit": False,

@@ -4,11 +4,7 @@ freeze in the test process would set apart every object pytest holds."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from clihelp import run_probe
 
 _PROBE = r"""
 import gc, json, weakref
@@ -50,16 +46,7 @@ print(json.dumps(out))
 
 
 def test_the_boot_runs_without_the_collector_then_collects_once_and_freezes():
-    root = Path(__file__).resolve().parents[1]
-    r = subprocess.run(
-        [sys.executable, "-c", _PROBE],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_probe(_PROBE)
     assert out == {
         "inside": False,
         "cycle_kept_while_held": True,

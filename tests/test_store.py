@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from clihelp import assert_one_line_error, run_cli
+from clihelp import assert_one_line_error, run_cli, run_probe
 
 from sglfix.execution.store.fingerprint import skeleton_digest
 
@@ -240,14 +240,5 @@ def test_a_recorded_cell_starts_with_lazy_module_state_unset(tmp_path):
     code that fills it runs, and is recorded, in every such cell: not only in the first cell of a
     worker (a cell that read a workspace an earlier cell made would not list the file that makes
     it, and an edit there would serve it stale)."""
-    r = subprocess.run(
-        [sys.executable, "-c", _LAZY_PROBE],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "SGLANG_DEBUG_REVERT_PR": "0"},
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = run_probe(_LAZY_PROBE, cwd=tmp_path, env={"SGLANG_DEBUG_REVERT_PR": "0"}, timeout=300)
     assert out == {"verdicts": ["PASS", "PASS"], "unset_at_start": [True, True], "filled_after": True}, out
