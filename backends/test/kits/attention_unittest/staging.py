@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["fill_", "mirror", "tensor", "to_device"]
+__all__ = ["fill_", "fill_random_", "mirror", "tensor", "to_device"]
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -36,6 +36,17 @@ def fill_(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     if dst.device.type != "cuda":
         return dst.copy_(src)
     return dst.copy_(src.pin_memory(), non_blocking=True)
+
+
+def fill_random_(buffers: Any, *, generator: torch.Generator, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Each buffer filled, in order, with standard normal values drawn on the host (float32 from
+    ``generator``, then ``dtype``); the host copies returned, for a ground truth laid out on the
+    host."""
+    host = []
+    for buf in buffers:
+        host.append(torch.randn(buf.shape, generator=generator, dtype=torch.float32).to(dtype))
+        fill_(buf, host[-1])
+    return host
 
 
 def mirror(t: torch.Tensor, host: torch.Tensor) -> torch.Tensor:

@@ -314,10 +314,9 @@ def build_case(
     )
     # Every slot holds random K/V, so a wrong index reads wrong numbers, never zeros. The host
     # copies stay for the ground truth, which is laid out on the host and sent once.
-    host_buffers = []
-    for buf in token_to_kv_pool.k_buffer + token_to_kv_pool.v_buffer:
-        host_buffers.append(torch.randn(buf.shape, generator=gen, dtype=torch.float32).to(dtype))
-        staging.fill_(buf, host_buffers[-1])
+    host_buffers = staging.fill_random_(
+        token_to_kv_pool.k_buffer + token_to_kv_pool.v_buffer, generator=gen, dtype=dtype
+    )
     allocator = ScatteredPageAllocator(num_pages=num_pages, page_size=page_size, generator=gen)
 
     req_pool_indices_list = (torch.randperm(req_pool_size - 1, generator=gen)[:bs] + 1).tolist()

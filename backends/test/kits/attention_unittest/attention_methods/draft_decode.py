@@ -250,10 +250,7 @@ def _build(
         buffers = pool.k_buffer + pool.v_buffer
     # Every slot holds random values, so a wrong index reads wrong numbers, never zeros. The host
     # copies stay for the ground truth, which is laid out on the host and sent once.
-    host_buffers = []
-    for buf in buffers:
-        host_buffers.append(torch.randn(buf.shape, generator=gen, dtype=torch.float32).to(dtype))
-        staging.fill_(buf, host_buffers[-1])
+    host_buffers = staging.fill_random_(buffers, generator=gen, dtype=dtype)
     allocator = ScatteredPageAllocator(num_pages=num_pages, page_size=page_size, generator=gen)
 
     req_pool_indices_list = (torch.randperm(req_pool_size - 1, generator=gen)[:bs] + 1).tolist()
