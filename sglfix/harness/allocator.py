@@ -6,9 +6,11 @@ it can. A worker captures in nearly every cell: emptied each time, every cell ha
 back to the driver and takes it again, and the driver's frees wait for the device and serialise
 the processes sharing the GPU (``bench/results/contention-h100.json``). A worker therefore keeps
 its caches at a capture while its reserved device memory is within ``budget_bytes``, and empties
-them as torch does once it is above; after a cell it gives back a cache grown past the budget
+the device cache as torch does once it is above; after a cell it gives back a cache grown past the budget
 (``trim_after_cell``), so workers sharing a GPU each hold little more than the budget between
-cells. Capture and replay themselves are untouched.
+cells. The pinned host cache is never emptied: it holds what the builders stage (a few MiB, the
+machine's memory, not the GPU's), and each emptying frees it through calls that wait for the
+device, to pin the same pages again in the next cell. Capture and replay themselves are untouched.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ _MARK = "_sglfix_cache_budget"  # set on the installed wrapper: its budget in by
 
 
 @contextlib.contextmanager
-def _no_emptying() -> Iterator[None]:
+def _no_emptying(*, device: bool = True) -> Iterator[None]:
+    """Neither cache emptied (``device=False``: the pinned host cache only)."""
     import torch
 
     saved = torch.cuda.empty_cache, getattr(torch._C, "_host_emptyCache", None)
-    torch.cuda.empty_cache = _nothing
+    if device:
+        torch.cuda.empty_cache = _nothing
     if saved[1] is not None:
         torch._C._host_emptyCache = _nothing
     try:
@@ -57,9 +61,7 @@ def keep_caches_across_captures(*, budget_bytes: int = WORKER_CACHE_BUDGET) -> b
         return True
 
     def __enter__(self):
-        if torch.cuda.memory_reserved() > budget_bytes:
-            return enter(self)
-        with _no_emptying():
+        with _no_emptying(device=torch.cuda.memory_reserved() <= budget_bytes):
             return enter(self)
 
     setattr(__enter__, _MARK, budget_bytes)
