@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 _BYSTANDER = r"""
@@ -57,9 +58,11 @@ print(json.dumps({"value": v, "error": err, "s": round(time.time() - t0, 2)}), f
 
 
 def _spawn(code: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    # From a file: Triton reads a kernel's source from the file it is defined in.
+    fd, path = tempfile.mkstemp(suffix=".py", prefix="mps-probe-")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(code)
+    return subprocess.Popen([sys.executable, path, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _last_json(proc: subprocess.Popen, timeout: float) -> dict:
