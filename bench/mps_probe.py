@@ -3,8 +3,8 @@ MPS daemon (run it with CUDA_MPS_PIPE_DIRECTORY pointing at a running daemon for
 
 Three bystanders run small kernels, each followed by a read, for a few seconds; a fourth process
 stores through a wild pointer from a Triton kernel (an illegal address: sticky, fatal to its
-context). Each reports how far it got and what it met. Then a fresh process tries the GPU once
-every process has exited. Exit 0 always: the JSON is the answer.
+context). Each reports how far it got and what it met. A fresh process tries the GPU while the
+bystanders still run, and another once every process has exited. Exit 0 always: the JSON is the answer.
 """
 
 from __future__ import annotations
@@ -81,14 +81,16 @@ def _last_json(proc: subprocess.Popen, timeout: float) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", required=True)
-    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--seconds", type=float, default=10.0)
     args = ap.parse_args()
     mps = bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
     t0 = time.time()
     bystanders = [_spawn(_BYSTANDER, str(args.seconds)) for _ in range(3)]
     faulter = _spawn(_FAULTER, "2")
     rows = {"faulter": _last_json(faulter, 120)}
+    during = _spawn(_FRESH)  # a new process while the bystanders still run
     rows["bystanders"] = [_last_json(p, 120) for p in bystanders]
+    rows["fresh_while_they_ran"] = _last_json(during, 60)
     rows["fresh_after_all_exited"] = _last_json(_spawn(_FRESH), 60)
     rows.update(mps=mps, wall_s=round(time.time() - t0, 1))
     with open(args.json, "w") as fh:
