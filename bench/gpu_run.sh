@@ -6,7 +6,7 @@
 # isolation on CUDA.
 # Carry .cache (pydantic and FlashInfer wheels, JIT caches). ONLY=probe stops after the matrices and the probe;
 # ONLY=smoke runs a short GPU check of the FlashInfer-MLA draft and Triton draft-extend cells.
-# ONLY=mps: the reproduction under a private MPS daemon at several worker counts, and a fault probe.
+# ONLY=mps: the reproduction with default options (MPS) against --mps off, the MPS fault tests, a parent killed mid-run.
 # ONLY=memory records each cell's device memory in one process (bench/cell_profile.py --memory).
 # ONLY=scale runs only the scale-out benchmark (bench/scale_out.py; Ray from .cache/ray-whl).
 # ONLY=profile times where a cell's time goes (bench/cell_profile.py, the parent under cProfile).
@@ -175,11 +175,12 @@ install_sglang() {
   echo "worker check rc=$?"; tail -3 "$OUT/sglang-check.err"; head -c 600 "$OUT/sglang-check.json"; echo
 }
 if [ "${ONLY:-}" = mps ]; then
-  # MPS=sweep: the reproduction matrix (every cell, --no-cache) as shipped, then under a private
-  # MPS daemon at several worker counts (MPS_JOBS), with the whole GPU's peak memory sampled and
-  # every run's verdicts compared with the committed CUDA matrix; bench/mps_probe.py says what a
-  # fatal fault in one process does to the others, with the daemon and without. AB=DIR (untracked
-  # copies of files to alternate with, as paths under the checkout) adds runs with those files.
+  # The reproduction matrix (every cell, --no-cache) with default options (workers sharing the
+  # GPU through sglfix's own MPS daemon) against --mps off, alternated, the GPU's peak memory
+  # sampled and every run's verdicts compared with the committed CUDA matrix; the fault tests
+  # under MPS (tests/test_mps.py); a parent killed mid-run (SIGKILL, SIGINT) must leave no worker
+  # and no daemon; bench/mps_probe.py says what a fatal fault in one process does to the others.
+  # MPS_JOBS="9 12" adds default runs with --jobs N.
   peakrun() {  # name, then the command: timed, with the GPU's peak memory
     local name=$1; shift
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 300 > "$OUT/$name.mem" 2>/dev/null &
@@ -189,20 +190,26 @@ if [ "${ONLY:-}" = mps ]; then
     python3 bench/speed_summary.py "$OUT/$name.json" --process-s $(python3 -c "print(int(open('$OUT/$name.s').read())/1000)") \
       --label "$name" --json "$OUT/speed-$name.json" | head -1 | cut -c1-300
     python3 -m sglfix report compare bench/results/matrix-cuda.json "$OUT/$name.json" | tail -1
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('executor', r['executor'], 'reran alone', len(r.get('reran_alone') or []))" "$OUT/$name.json"
   }
-  swap() { [ -n "${AB:-}" ] && for f in $(cd "$AB" && find . -type f); do cp "$f" /tmp/ab-swap; cp "$AB/$f" "$f"; cp /tmp/ab-swap "$AB/$f"; done; }
+  python3 -m pytest -q -p no:cacheprovider tests/test_mps.py > "$OUT/pytest-mps.txt" 2>&1; echo "pytest tests/test_mps.py rc=$?"; tail -3 "$OUT/pytest-mps.txt"
   REPRO="python3 -m sglfix matrix --parts --no-reachability --device cuda --no-cache"
   for i in 1 2; do
     peakrun repro-$i $REPRO --json "$OUT/repro-$i.json"
-    if [ -n "${AB:-}" ]; then swap; peakrun repro-ab-$i $REPRO --json "$OUT/repro-ab-$i.json"; swap; fi
+    peakrun repro-off-$i $REPRO --mps off --json "$OUT/repro-off-$i.json"
+  done
+  for j in ${MPS_JOBS:-}; do peakrun repro-jobs-$j $REPRO --jobs $j --json "$OUT/repro-jobs-$j.json"; done
+  for sig in KILL INT; do
+    $REPRO --json /tmp/killed.json > /tmp/killed.txt 2>&1 & parent=$!
+    sleep 7; kill -$sig $parent; wait $parent; rc=$?; sleep 3
+    echo "SIG$sig mid-run: rc=$rc, workers left: $(pgrep -f sglfix.execution.worker | wc -l), MPS processes left: $(pgrep -f nvidia-cuda-mps | wc -l)"
+    pkill -9 -f sglfix.execution.worker; pkill -9 -f nvidia-cuda-mps; sleep 1
   done
   python3 bench/mps_probe.py --json "$OUT/fault-no-mps.json" > /dev/null 2>&1; echo "fault probe without MPS rc=$?"
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   if nvidia-cuda-mps-control -d; then
-    echo "MPS daemon started"
     python3 bench/mps_probe.py --json "$OUT/fault-mps.json" > /dev/null 2>&1; echo "fault probe under MPS rc=$?"
-    for j in ${MPS_JOBS:-6 9 12}; do peakrun repro-mps-$j $REPRO --jobs $j --json "$OUT/repro-mps-$j.json"; done
     echo quit | nvidia-cuda-mps-control; sleep 1
   fi
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
@@ -212,13 +219,16 @@ out = sys.argv[1]
 runs = [json.load(open(p)) for p in sorted(glob.glob(f"{out}/speed-*.json"))]
 for r in runs:
     r["gpu_memory_peak_mib"] = max((int(x) for x in open(f"{out}/{r['label']}.mem").read().split() if x.isdigit()), default=None)
+    rep = json.load(open(f"{out}/{r['label']}.json"))
+    r["mps"] = bool(rep["executor"].get("mps")); r["reran_alone"] = rep.get("reran_alone") or []
 faults = {k: json.load(open(f"{out}/fault-{k}.json")) for k in ("no-mps", "mps") if glob.glob(f"{out}/fault-{k}.json")}
 json.dump({"runs": runs, "faults": faults}, open(f"{out}/mps.json", "w"), indent=2)
 for r in runs:
-    print(f"{r['label']}: {r['cells_s']} s cells, {r['process_s']} s process, {r['workers']} workers, peak {r['gpu_memory_peak_mib']} MiB, {r['outcome']}")
-print(json.dumps(faults)[:3000])
+    print(f"{r['label']}: {r['cells_s']} s cells, {r['process_s']} s process, {r['workers']} workers, mps {r['mps']}, "
+          f"peak {r['gpu_memory_peak_mib']} MiB, reran alone {len(r['reran_alone'])}, {r['outcome']}")
 PY
-  (cd "$OUT" && tar -czf mps-logs.tgz --remove-files repro-*.txt *.s *.mem speed-*.json fault-*.json repro-1.json repro-ab-*.json repro-mps-6.json repro-mps-9.json gpu.txt jit-state.txt 2>/dev/null)
+  (cd "$OUT" && tar -czf mps-logs.tgz --remove-files repro-*.txt *.s *.mem speed-*.json fault-*.json repro-off-*.json repro-1.json \
+    repro-jobs-*.json pytest-mps.txt gpu.txt jit-state.txt 2>/dev/null)
   exit 0
 fi
 if [ "${ONLY:-}" = speed ]; then

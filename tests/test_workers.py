@@ -755,3 +755,75 @@ def test_a_revert_whose_module_needs_a_package_this_machine_lacks_is_told_apart(
     assert _missing_dependency(raised(ModuleNotFoundError("no", name="sglfix.backends.nowhere"))) is None
     assert _missing_dependency(raised(ImportError("cannot import name 'f'"))) is None
     assert _missing_dependency(raised(ValueError("no match"))) is None
+
+
+OOM_ONCE, OOM_ALWAYS = 90017, 90018
+
+
+def _oom_toggles(d: Path, marker: Path) -> None:
+    """The code under test runs out of GPU memory: the first time only (what another worker's
+    memory does to a cell), and every time (the cell's own need)."""
+    raise_oom = "raise __import__('torch').OutOfMemoryError('CUDA out of memory. Tried to allocate 384.00 MiB')"
+    write_toggle(
+        d,
+        OOM_ONCE,
+        preamble=f"""
+        import os
+        if os.path.exists({str(marker)!r}):
+            os.remove({str(marker)!r})
+            {raise_oom}
+    """,
+    )
+    write_toggle(d, OOM_ALWAYS, preamble=raise_oom)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_cell_out_of_memory_beside_other_workers_runs_again_alone(tmp_path, jobs):
+    """Out of GPU memory beside other workers says nothing of the cell: it runs again alone, and
+    that result is its own (PASS here, ERROR when it needs the memory itself). A lone worker's
+    result stands as it came."""
+    d = tmp_path / "toggles"
+    d.mkdir()
+    marker = tmp_path / "oom-once"
+    marker.touch()
+    _oom_toggles(d, marker)
+    cells = [cell(SCEN, str(OOM_ONCE)), cell(SCEN, str(OOM_ALWAYS)), cell(SCEN), cell(SCEN2)]
+    with WorkerPool(WorkerConfig(device="cpu", toggles_dir=str(d), timeout=120), jobs=jobs) as p:
+        results = p.run(cells)
+        pids = p.pids
+    assert_matched(results, cells)
+    assert not any(alive(pid) for pid in pids)
+    once, always, *rest = results
+    assert [r.verdict for r in rest] == ["PASS", "PASS"]
+    assert always.verdict == "ERROR" and always.findings[0]["type"] == "OutOfMemoryError", always.findings
+    assert not marker.exists()
+    if jobs == 1:
+        assert once.verdict == "ERROR" and p.reran_alone == [], p.reran_alone
+        return
+    assert once.verdict == "PASS", once.findings
+    assert sorted(p.reran_alone) == [
+        f"{OOM_ONCE}::{SCEN}: it ran out of GPU memory beside 1 other worker; alone it gave PASS",
+        f"{OOM_ALWAYS}::{SCEN}: it ran out of GPU memory beside 1 other worker; alone it gave ERROR",
+    ], p.reran_alone
+
+
+def test_a_cell_run_again_alone_is_reported_on_the_console_and_in_the_json(tmp_path):
+    from clihelp import run_cli
+
+    d = tmp_path / "toggles"
+    d.mkdir()
+    marker = tmp_path / "oom-once"
+    marker.touch()
+    _oom_toggles(d, marker)
+    (d / f"{OOM_ALWAYS}.yaml").unlink()
+    out = tmp_path / "r.json"
+    r = run_cli(
+        "--toggles", str(d), "matrix", "-s", SCEN, "--device", "cpu", "--jobs", "2", "--no-reachability",
+        "--no-cache", "--json", str(out), timeout=600,
+    )  # fmt: skip
+    assert r.code == 0, r.err
+    assert f"sglfix: ran again alone: {OOM_ONCE}::{SCEN}: it ran out of GPU memory beside 1 other worker" in r.err
+    report = json.loads(out.read_text())
+    assert [line.split(":")[0] for line in report["reran_alone"]] == [str(OOM_ONCE)], report["reran_alone"]
+    assert {tuple(c["toggles"]): c["verdict"] for c in report["cells"]}[(str(OOM_ONCE),)] == "PASS"
+    assert not report["executor"].get("mps"), report["executor"]  # no GPU here: no daemon

@@ -193,6 +193,9 @@ def judge_ran(
                 markup=False,
             )
     report["worker_replacements"] = list(ran.replacements)
+    report["reran_alone"] = list(ran.reran_alone)
+    for line in ran.reran_alone:
+        err.print(f"sglfix: ran again alone: {line}", highlight=False, markup=False)
     report["drifted"] = [{"id": rid, "why": why} for rid, why in ran.drifted.items()]
     for rid, why in ran.drifted.items():
         err.print(f"sglfix: {rid} no longer applies at this code, left out: {why}", highlight=False, markup=False)

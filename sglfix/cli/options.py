@@ -41,6 +41,12 @@ class ExecutorChoice(StrEnum):
     ray = "ray"
 
 
+class MpsChoice(StrEnum):
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
 def _plain(value: Any) -> Any:
     # Typer hands an Enum member; the commands, workers and reports deal in plain strings.
     return value.value if isinstance(value, StrEnum) else value
@@ -142,6 +148,17 @@ Executor = Annotated[
         callback=_plain,
         case_sensitive=False,
         help="local: worker processes on this machine; ray: one Ray actor per worker (pip install 'sglfix[ray]').",
+    ),
+]
+Mps = Annotated[
+    MpsChoice,
+    typer.Option(
+        "--mps",
+        callback=_plain,
+        case_sensitive=False,
+        help="Local workers sharing a GPU do so through a CUDA MPS daemon of the run's own (auto: where "
+        "nvidia-cuda-mps-control is installed). A cell whose GPU context is lost under MPS runs again alone "
+        "outside it, so a fault is only ever its own cell's.",
     ),
 ]
 RayAddress = Annotated[
@@ -259,6 +276,7 @@ OPTIONS: dict[str, tuple[Any, Any]] = {
     "memory_budget": (MemoryBudget, None),
     "devices": (DeviceList, None),
     "executor": (Executor, "local"),
+    "mps": (Mps, "auto"),
     "ray_address": (RayAddress, None),
     "ray_keep": (RayKeep, None),
     "shard": (ShardSpec, None),
@@ -278,7 +296,7 @@ OPTIONS: dict[str, tuple[Any, Any]] = {
 # The options every command that runs cells has, in --help order: what to run and the reports
 # (SELECT), then where and how (SCALE).
 SELECT = ("scenario", "scenario_file", "backend", "device", "jobs", "timeout", "json_file", "junit", "markdown")
-SCALE = ("memory_budget", "devices", "executor", "ray_address", "ray_keep", "shard", "shard_costs")
+SCALE = ("memory_budget", "devices", "mps", "executor", "ray_address", "ray_keep", "shard", "shard_costs")
 
 
 def takes(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

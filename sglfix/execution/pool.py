@@ -7,6 +7,12 @@ worker's pipes, so Ctrl-C and SIGTERM land in the thread that owns the workers.
 
 Cells of one toggle set go to the same worker where possible: switching sets costs a restore
 and an apply, and a worker that held a set may have to be replaced before the next one.
+
+Workers that share a GPU can make a cell fail that did nothing wrong: it runs out of the memory
+the others hold, or, under MPS (``sglfix.execution.mps``), its GPU context is lost to another
+worker's fault. Such a cell is never reported as it came back: once every other cell is done, it
+runs again alone, in a worker of its own outside MPS while the others have given their memory
+back, and that result is the cell's (``reran_alone`` says which and why).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -22,6 +29,7 @@ from typing import Any
 from sglfix.common.errors import ConfigError
 from sglfix.common.signals import Terminated, signals_raise
 from sglfix.execution.devices import deal_devices
+from sglfix.execution.mps import LOG_ENV, PIPE_ENV, Daemon, users_daemon
 from sglfix.execution.worker import Event, Worker, WorkerConfig, WorkerStartError, raise_for_start, wait_fds
 from sglfix.harness.result import CellResult
 
@@ -132,22 +140,46 @@ class WorkerPool:
     worker dies with that thread (``PR_SET_PDEATHSIG``), so keep the pool in one thread.
     """
 
-    def __init__(self, config: WorkerConfig, *, jobs: int | None = None, devices: Sequence[str] | None = None) -> None:
-        """``jobs`` workers (default: one per device of ``devices``, else one)."""
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        jobs: int | None = None,
+        devices: Sequence[str] | None = None,
+        mps: bool = False,
+    ) -> None:
+        """``jobs`` workers (default: one per device of ``devices``, else one); with ``mps``,
+        those sharing a GPU share it through an MPS daemon (the user's if the workers would
+        reach one anyway, else one of this pool's own)."""
         jobs = (len(devices) if devices else 1) if jobs is None else jobs
         check_pool_size(jobs)
         self.config = config
-        if devices:
-            # The GPUs in turn, each worker seeing only its own (CUDA_VISIBLE_DEVICES): a fault
-            # or a timeout takes one worker, and cells keep flowing to the others.
-            self.workers = [Worker(config, extra_env={"CUDA_VISIBLE_DEVICES": d}) for d in deal_devices(devices, jobs)]
-        else:
-            self.workers = [Worker(config) for _ in range(jobs)]
+        self.mps = mps
         self.replacements: list[str] = []  # why a worker was replaced between toggle sets
+        self.reran_alone: list[str] = []  # which cells ran again alone, why, and what they gave
         self._served: dict[Worker, Any] = {}  # each worker's process that was last sent a cell
         self._info: dict | None = None
         self._closed = False
+        self._daemon: Daemon | None = None
+        self._outside: str | None = None  # the pipe folder of no daemon: a worker there is outside MPS
+        self._solo: Worker | None = None  # the worker cells run again alone in
+        self.workers: list[Worker] = []
         try:
+            client: dict[str, str] = {}
+            if mps:
+                if users_daemon() is None:
+                    self._daemon = Daemon().start()
+                    client, self._outside = dict(self._daemon.env), self._daemon.empty
+                else:
+                    self._outside = tempfile.mkdtemp(prefix="sglfix-no-mps-")
+            if devices:
+                # The GPUs in turn, each worker seeing only its own (CUDA_VISIBLE_DEVICES): a fault
+                # or a timeout takes one worker, and cells keep flowing to the others.
+                self.workers = [
+                    Worker(config, extra_env={"CUDA_VISIBLE_DEVICES": d, **client}) for d in deal_devices(devices, jobs)
+                ]
+            else:
+                self.workers = [Worker(config, extra_env=client) for _ in range(jobs)]
             for w in self.workers:
                 w.start()
         except BaseException:
@@ -176,11 +208,14 @@ class WorkerPool:
     @property
     def pids(self) -> list[int]:
         """Every worker process this pool started (live or not), for callers that must check."""
-        return [pid for w in self.workers for pid in w.pids]
+        return [pid for w in self._all() for pid in w.pids]
 
     @property
     def live_pids(self) -> list[int]:
-        return [w.pid for w in self.workers if w.pid is not None]
+        return [w.pid for w in self._all() if w.pid is not None]
+
+    def _all(self) -> list[Worker]:
+        return [*self.workers, *([self._solo] if self._solo is not None else [])]
 
     def trim(self, jobs: int) -> None:
         """Stop the workers past the first ``jobs`` (a pool started before its plan was known
@@ -212,11 +247,16 @@ class WorkerPool:
         first: set[Worker] = set()  # workers whose running cell is the first of their process
         reserved: dict[Worker, int] = {}  # a replaced worker's fresh process runs this cell first
         replaced: Counter[int] = Counter()  # fresh processes that asked to be replaced for a cell
+        alone: list[tuple[int, str]] = []  # cells to run again alone, and why
         while line.left:
+            if alone and not queue and not running and not reserved:
+                self._run_alone(line, alone)
+                alone = []
+                continue
             self._dispatch(queue, cells, running, reserved=reserved, first=first)
             for w, event in self._wait():
                 raise_for_start(event)
-                i = running.pop(w, None) if event.kind in ("reply", "restart", "died", "timeout") else None
+                i = running.pop(w, None) if event.kind in ("reply", "lost", "restart", "died", "timeout") else None
                 if i is None:
                     continue
                 if event.kind == "restart" and w in first:
@@ -229,8 +269,64 @@ class WorkerPool:
                     else:
                         queue.put_back(i, keys[i])
                     continue
+                why = self._casualty(w, event, result)
+                if why is not None:
+                    alone.append((i, why))
+                    continue
                 line.settle(i, result)
         return line.finished()
+
+    def _casualty(self, w: Worker, event: Event, result: CellResult) -> str | None:
+        """Why the result may be the other workers' doing rather than the cell's, or None."""
+        if event.kind == "lost" and self._under_mps(w):
+            self._leave_mps(w)
+            return (
+                f"its GPU context was lost under MPS ({event.data['why']}): a fault of any worker on that GPU "
+                "reaches every one"
+            )
+        beside = sum(1 for x in self.workers if _gpu(x) == _gpu(w)) - 1
+        if beside and any(f.get("type") == "OutOfMemoryError" for f in result.findings if f["verdict"] == "ERROR"):
+            return f"it ran out of GPU memory beside {beside} other worker{'s' if beside > 1 else ''}"
+        return None
+
+    def _under_mps(self, w: Worker) -> bool:
+        """Whether ``w``'s process (as it was started) is a client of the MPS daemon."""
+        return self.mps and w.started_env.get(PIPE_ENV) != self._outside
+
+    def _leave_mps(self, w: Worker) -> None:
+        """The workers of ``w``'s GPU start outside MPS from now on: after a fatal fault the
+        daemon takes no new client there until every one it had has gone."""
+        for x in self.workers:
+            if _gpu(x) == _gpu(w):
+                x.extra_env[PIPE_ENV] = str(self._outside)
+                x.extra_env.pop(LOG_ENV, None)
+
+    def _run_alone(self, line: _Line, alone: list[tuple[int, str]]) -> None:
+        """Each cell again, one at a time, in a worker of its own outside MPS, the other workers
+        idle with their cached memory given back; these results stand."""
+        for w in self.workers:
+            if w.state == "idle":
+                w.idle()
+        if self._solo is None:
+            env = {k: v for k, v in self.workers[0].extra_env.items() if k not in (PIPE_ENV, LOG_ENV)}
+            if self.mps:
+                env[PIPE_ENV] = str(self._outside)
+            self._solo = Worker(self.config, extra_env=env)
+        for i, why in alone:
+            cell, key = line.cells[i], line.keys[i]
+            result = self._checked(
+                self._solo.run(
+                    scenario_json=cell.scenario.to_json(),
+                    scenario_name=cell.scenario.name,
+                    toggles=key,
+                    extra=getattr(cell, "extra", None),
+                ),
+                cell,
+                key,
+            )
+            label = f"{','.join(key) or 'baseline'}::{cell.scenario.name}"
+            self.reran_alone.append(f"{label}: {why}; alone it gave {result.verdict}")
+            line.settle(i, result)
 
     def _outcome(self, w: Worker, event: Event, cell: Any, key: tuple[str, ...], *, replaced: int) -> CellResult | None:
         """The cell's result, or None when it never ran and goes back in line."""
@@ -249,6 +345,9 @@ class WorkerPool:
                 f"could run: {event.data}",
             )
             return result.finish()
+        if event.kind == "lost":  # the worker ended after its reply: every later cell would fail
+            w.kill()
+            w.restarts += 1
         return self._checked(w.result_for(event, scenario=cell.scenario.name, toggles=key), cell, key)
 
     def _dispatch(
@@ -317,7 +416,17 @@ class WorkerPool:
         """Kill every worker's process group and reap the workers (bounded)."""
         self._closed = True
         with _signals_held():
-            for w in self.workers:
+            for w in self._all():
                 w.signal_kill()
-            for w in self.workers:
+            for w in self._all():
                 w.kill()
+            if self._daemon is not None:
+                self._daemon.stop()  # after its clients: it waits for them to go
+            elif self._outside is not None:
+                import shutil
+
+                shutil.rmtree(self._outside, ignore_errors=True)
+
+
+def _gpu(w: Worker) -> str | None:
+    return w.extra_env.get("CUDA_VISIBLE_DEVICES")

@@ -49,6 +49,7 @@ class Ran:
     wall: float
     shard: Any = None  # the Shard this run was, if --shard
     replacements: list = field(default_factory=list)  # why each worker was replaced between sets
+    reran_alone: list = field(default_factory=list)  # cells run again alone (sglfix.execution.pool), why
     drifted: dict = field(default_factory=dict)  # revert id -> why it no longer applies here
     not_applicable: dict = field(default_factory=dict)  # revert id -> why none exists at this version
     candidates: tuple = ()  # the candidate fixes applied (--apply)
@@ -124,7 +125,13 @@ class Runner:
             # instead of waited on.
             check_ray_address(s.ray_address)
             quiet_ray_logs()
-        self.jobs = check_jobs(s.jobs, device, gpus=len(self.gpus) if self.gpus else None)
+        from sglfix.execution.mps import check_mps
+
+        cuda = device == "cuda" or (device == "auto" and has_cuda_device())
+        self.mps = check_mps(s.mps, device=device, executor=s.executor, cuda=cuda)
+        self.jobs = check_jobs(s.jobs, device, gpus=len(self.gpus) if self.gpus else None, mps=self.mps)
+        # One worker a GPU shares it with no one: no daemon for that.
+        self.mps = self.mps and self.jobs > (len(self.gpus) if self.gpus else 1)
         self.drifted: dict[str, str] = {}  # revert id -> why it no longer applies (see ``precheck``)
         self.not_applicable: dict[str, str] = {}  # revert id -> why no revert exists at this version
         self.conflicts: dict[str, str] = {}  # set label -> why its fix and reverts cannot go together
@@ -288,7 +295,9 @@ class Runner:
             return RayPool(self.config, jobs=jobs, devices=self.gpus, address=s.ray_address, keep=s.ray_keep)
         from sglfix.execution.pool import WorkerPool
 
-        return WorkerPool(self.config, jobs=jobs, devices=self.gpus)
+        return WorkerPool(
+            self.config, jobs=jobs, devices=self.gpus, mps=self.mps and jobs > (len(self.gpus) if self.gpus else 1)
+        )
 
     def _check_same_code(self, info: dict) -> None:
         """The workers import the code base from where this process resolved it (a source tree on
@@ -333,13 +342,28 @@ class Runner:
                     results = pool.run(plan.cells, on_result=tick)
             wall = time.perf_counter() - start
             replacements = list(getattr(pool, "replacements", []))
-        return self._ran(plan, info=info, results=results, wall=wall, replacements=replacements)
+            reran = list(getattr(pool, "reran_alone", []))
+        return self._ran(plan, info=info, results=results, wall=wall, replacements=replacements, reran=reran)
 
     def _pool_info(self, pool: Any) -> dict:
-        """What the workers said of themselves, and how many there are."""
-        return {**pool.info, "workers": len(getattr(pool, "workers", ()) or ()) or self.jobs}
+        """What the workers said of themselves, how many there are, and whether under MPS."""
+        return {
+            **pool.info,
+            "workers": len(getattr(pool, "workers", ()) or ()) or self.jobs,
+            "mps": bool(getattr(pool, "mps", False)),
+        }
 
-    def _ran(self, plan: Any, *, info: dict, results: list, wall: float, replacements: list, store: Any = None) -> Ran:
+    def _ran(
+        self,
+        plan: Any,
+        *,
+        info: dict,
+        results: list,
+        wall: float,
+        replacements: list,
+        reran: list = (),
+        store: Any = None,
+    ) -> Ran:
         return Ran(
             registry=self.target.registry,
             env=self.env,
@@ -349,6 +373,7 @@ class Runner:
             wall=wall,
             shard=self.shard,
             replacements=replacements,
+            reran_alone=list(reran),
             drifted=dict(self.drifted),
             not_applicable=dict(self.not_applicable),
             candidates=tuple(self.target.candidates),
@@ -440,6 +465,7 @@ class Runner:
         pool_info: dict | None = None
         kept_info = store.info()
         replacements: list = []
+        reran: list = []
         try:
             with progress(plan) as tick:
 
@@ -459,6 +485,7 @@ class Runner:
                         store.keep_info(pool_info)
                         results = self._run_rest(pool, plan, served=served, base=base, reach=reach, on_result=on_result)
                         replacements = list(getattr(pool, "replacements", []))
+                        reran = list(getattr(pool, "reran_alone", []))
             ok = True
         finally:
             store.close(wait=ok)
@@ -470,7 +497,9 @@ class Runner:
             "ran": len(plan.cells) - len(served),
             **({"failed": store.failed} if store.failed else {}),
         }
-        return self._ran(plan, info=info, results=results, wall=wall, replacements=replacements, store=said)
+        return self._ran(
+            plan, info=info, results=results, wall=wall, replacements=replacements, reran=reran, store=said
+        )
 
     def _run_rest(self, pool: Any, plan: Any, *, served: dict, base: tuple, reach: bool, on_result: Any) -> list:
         """The plan's cells on ``pool``, ``served`` ones taken as they are; results in plan order."""

@@ -318,5 +318,5 @@ def serve() -> None:
         if timeline is not None:
             cell = f"{','.join(request.get('toggles') or []) or 'baseline'}::{(request.get('scenario') or {}).get('name', '-')}"
             timeline.write(f"{began:.4f} {time.time():.4f} {cell}\n")
-        if "restart" in reply:
+        if "restart" in reply or "lost" in reply:  # a fresh process for the next cell
             return

@@ -16,7 +16,7 @@ from typing import Any
 from sglfix.execution.snapshot import StateSnapshot
 from sglfix.harness.result import CellResult
 
-__all__ = ["Session", "first_line"]
+__all__ = ["Session", "device_lost", "first_line"]
 
 _REVERT_ENV = "SGLANG_DEBUG_REVERT_PR"
 
@@ -24,6 +24,19 @@ _REVERT_ENV = "SGLANG_DEBUG_REVERT_PR"
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def device_lost() -> str | None:
+    """Why this process's CUDA context can run nothing more, or None. A sticky error stays with
+    the context and every call returns it, the device-wide wait included; any other error was
+    reported once, to the call that met it."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {first_line(exc)}"
+    return None
 
 
 def _scenario_from_json(data: dict):
@@ -70,10 +83,22 @@ class Session:
             wrap_compiled_launches()  # a compiled kernel runs no Python frame: its file is noted
 
     def handle(self, request: dict) -> dict:
-        """The reply to one request; never raises for a failure of a cell."""
+        """The reply to one request; never raises for a failure of a cell. On CUDA, a reply whose
+        cell left this process's GPU context unusable (a sticky error: an illegal address, a
+        device-side assert) says so (``lost``): every later cell here would fail the same way, so
+        the worker ends after it, and under MPS the cell may not even be the one at fault
+        (``sglfix.execution.mps``)."""
         rid = request.get("id")
         if request.get("idle"):
             return {"id": rid, "idle": self._idle()}
+        reply = self._handle(rid, request)
+        if self.device == "cuda" and "result" in reply:
+            lost = device_lost()
+            if lost is not None:
+                reply["lost"] = lost
+        return reply
+
+    def _handle(self, rid: Any, request: dict) -> dict:
         toggles = [str(t) for t in request.get("toggles") or []]
         scenario_data = request.get("scenario") or {}
         name = str(scenario_data.get("name", "?"))
@@ -133,7 +158,7 @@ class Session:
 
             try:
                 trim_after_cell()
-            except Exception:  # a device the cell left broken: the next cell meets it, this result stands
+            except Exception:  # a device the cell left broken: ``handle`` says so, this result stands
                 pass
         return {"id": rid, "result": result.to_json()}
 

@@ -25,6 +25,7 @@ class Settings(BaseModel):
     memory_budget: str | None = None
     devices: str | None = None  # one worker per listed GPU
     executor: str = "local"  # local or ray: checked with a one-line error, as every other value
+    mps: str = "auto"  # auto, on or off: local workers sharing a GPU through a private MPS daemon
     ray_address: str | None = None
     ray_keep: float | None = None
     shard: str | None = None  # I/N

@@ -165,7 +165,8 @@ def _kill_live() -> None:
 
 @dataclass
 class Event:
-    """What a worker reported: ready, reply, idle, restart, died, timeout, start_failed, config_error."""
+    """What a worker reported: ready, reply, lost (a reply whose cell left the GPU context
+    unusable: the worker ends after it), idle, restart, died, timeout, start_failed, config_error."""
 
     kind: str
     data: Any = None
@@ -211,6 +212,7 @@ class Worker:
     ) -> None:
         self.config = config if config is not None else WorkerConfig(device=device or "cpu")
         self.extra_env = dict(extra_env or {})
+        self.started_env: dict[str, str] = {}
         self.proc: subprocess.Popen | None = None
         self.state = "down"  # down, starting, idle, busy
         self.info: dict | None = None
@@ -228,6 +230,7 @@ class Worker:
     # -- process ------------------------------------------------------------------------------
 
     def _env(self, read_fd: int, write_fd: int) -> dict[str, str]:
+        self.started_env = dict(self.extra_env)  # what the running process got (extra_env may change)
         env = dict(os.environ)
         env.update(self.extra_env)
         env.pop(_REVERT_ENV, None)  # the worker sets it per toggle set
@@ -413,6 +416,8 @@ class Worker:
                     return Event("restart", message["restart"])
                 if "idle" in message:
                     return Event("idle", message["idle"])
+                if "lost" in message:
+                    return Event("lost", {"result": message.get("result"), "why": message["lost"]})
                 return Event("reply", message.get("result"))
             self.discarded += 1  # a stale or forged reply: never attributed to a cell
         return None
@@ -507,6 +512,8 @@ class Worker:
         device = (self.info or {}).get("device", self.config.device)
         if event.kind == "reply":
             return CellResult.from_json(event.data)
+        if event.kind == "lost":
+            return CellResult.from_json(event.data["result"])
         result = CellResult(scenario=scenario, toggles=list(toggles), device=device)
         if event.kind == "timeout":
             result.add("TIMEOUT", f"no result within {event.data:g} s; worker restarted", timeout_s=event.data)
@@ -566,6 +573,9 @@ class Worker:
                     break
                 if event.kind == "died" and not event.data["pending"]:
                     break
+                if event.kind == "lost":  # its own fault (no one shares this worker's context)
+                    self.kill()
+                    self.restarts += 1
                 return self.result_for(event, scenario=scenario_name, toggles=toggles)
         result = CellResult(scenario=scenario_name, toggles=list(toggles), device=self.config.device)
         result.add("ERROR", "sglfix failed: the worker kept asking to be replaced before this cell could run")

@@ -82,7 +82,12 @@ def build_report(
         "boot_s": info.get("boot_s"),
         # Where the cells ran: local worker processes or Ray actors (with --ray-keep, how many
         # kept actors the run took warm and how many it started).
-        "executor": {"name": info.get("executor") or "local", **({"kept": info["kept"]} if info.get("kept") else {})},
+        "executor": {
+            "name": info.get("executor") or "local",
+            **({"kept": info["kept"]} if info.get("kept") else {}),
+            # Local workers sharing a GPU through an MPS daemon (sglfix.execution.mps).
+            **({"mps": True} if info.get("mps") else {}),
+        },
         "kernel_memo": _memo_summary(info, results),
         "cells": cells,
         "summary": summarize(results),

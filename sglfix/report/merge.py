@@ -93,6 +93,7 @@ def merge_judged(
             "shards": _shard_set(inputs),
             # Every input's worker replacements (a set that left state behind), with their reasons.
             "worker_replacements": [w for r in reports for w in r.get("worker_replacements") or []],
+            "reran_alone": [w for r in reports for w in r.get("reran_alone") or []],
             "drifted": list({d["id"]: d for r in reports for d in r.get("drifted") or []}.values()),
             "not_applicable": list({d["id"]: d for r in reports for d in r.get("not_applicable") or []}.values()),
             "merged_from": [{**describe(path, r), "host": r.get("host")} for path, r in inputs],

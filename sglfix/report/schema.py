@@ -320,6 +320,7 @@ class Kept(_Closed):
 class Executor(_Closed):
     name: Literal["local", "ray"]
     kept: Kept | None = None
+    mps: bool = False  # the local workers shared their GPUs through an MPS daemon
 
 
 class KernelMemo(_Closed):
@@ -398,6 +399,9 @@ class Report(_Closed):
     not_run: list[str] = []
     known_divergences: list[KnownSeen] = []
     worker_replacements: list[str] = []
+    # Cells whose first result may have been the other workers' doing (out of the memory they
+    # held, a GPU context lost under MPS), run again alone: which, why, and what alone gave.
+    reran_alone: list[str] = []
     drifted: list[Drifted] = []
     # Reverts with no variant at the engine version run (the release predates the fix): left out.
     not_applicable: list[Drifted] = []
