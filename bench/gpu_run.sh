@@ -199,7 +199,7 @@ if [ "${ONLY:-}" = mps ]; then
     peakrun repro-off-$i $REPRO --mps off --json "$OUT/repro-off-$i.json"
   done
   for j in ${MPS_JOBS:-}; do peakrun repro-jobs-$j $REPRO --jobs $j --json "$OUT/repro-jobs-$j.json"; done
-  for sig in KILL INT; do
+  for sig in KILL TERM; do  # (a background job of a script ignores SIGINT)
     $REPRO --json /tmp/killed.json > /tmp/killed.txt 2>&1 & parent=$!
     sleep 7; kill -$sig $parent; wait $parent; rc=$?; sleep 3
     echo "SIG$sig mid-run: rc=$rc, workers left: $(pgrep -f sglfix.execution.worker | wc -l), MPS processes left: $(pgrep -f nvidia-cuda-mps | wc -l)"

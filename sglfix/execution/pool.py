@@ -40,6 +40,7 @@ __all__ = ["Terminated", "WorkerConfig", "WorkerPool", "WorkerStartError", "sign
 # workers ask to be replaced for (a worker that cannot start clean) ends as ERROR after this many
 # fresh starts rather than looping; replacements after other cells never count against it.
 MAX_REPLACEMENTS = 2
+_LOST = "its GPU context was lost under MPS"
 _TICK = 0.5  # longest poll wait: bounds how late a deadline is noticed without a pidfd
 
 
@@ -280,10 +281,7 @@ class WorkerPool:
         """Why the result may be the other workers' doing rather than the cell's, or None."""
         if event.kind == "lost" and self._under_mps(w):
             self._leave_mps(w)
-            return (
-                f"its GPU context was lost under MPS ({event.data['why']}): a fault of any worker on that GPU "
-                "reaches every one"
-            )
+            return f"{_LOST} ({event.data['why']}): a fault of any worker on that GPU reaches every one"
         beside = sum(1 for x in self.workers if _gpu(x) == _gpu(w)) - 1
         if beside and any(f.get("type") == "OutOfMemoryError" for f in result.findings if f["verdict"] == "ERROR"):
             return f"it ran out of GPU memory beside {beside} other worker{'s' if beside > 1 else ''}"
@@ -302,20 +300,18 @@ class WorkerPool:
                 x.extra_env.pop(LOG_ENV, None)
 
     def _run_alone(self, line: _Line, alone: list[tuple[int, str]]) -> None:
-        """Each cell again, one at a time, in a worker of its own outside MPS, the other workers
-        idle with their cached memory given back; these results stand."""
+        """Each cell again, one at a time, the other workers idle with their cached memory given
+        back; these results stand. A cell that lost its context under MPS runs outside MPS (in a
+        worker started outside it, else one of its own); one that ran out of memory runs in any
+        idle worker, warm."""
         for w in self.workers:
             if w.state == "idle":
                 w.idle()
-        if self._solo is None:
-            env = {k: v for k, v in self.workers[0].extra_env.items() if k not in (PIPE_ENV, LOG_ENV)}
-            if self.mps:
-                env[PIPE_ENV] = str(self._outside)
-            self._solo = Worker(self.config, extra_env=env)
         for i, why in alone:
             cell, key = line.cells[i], line.keys[i]
+            w = self._alone_worker(outside=why.startswith(_LOST))
             result = self._checked(
-                self._solo.run(
+                w.run(
                     scenario_json=cell.scenario.to_json(),
                     scenario_name=cell.scenario.name,
                     toggles=key,
@@ -327,6 +323,17 @@ class WorkerPool:
             label = f"{','.join(key) or 'baseline'}::{cell.scenario.name}"
             self.reran_alone.append(f"{label}: {why}; alone it gave {result.verdict}")
             line.settle(i, result)
+
+    def _alone_worker(self, *, outside: bool) -> Worker:
+        for w in self.workers:
+            if w.state == "idle" and not (outside and self._under_mps(w)):
+                return w
+        if self._solo is None:
+            env = {k: v for k, v in self.workers[0].extra_env.items() if k not in (PIPE_ENV, LOG_ENV)}
+            if self.mps:
+                env[PIPE_ENV] = str(self._outside)
+            self._solo = Worker(self.config, extra_env=env)
+        return self._solo
 
     def _outcome(self, w: Worker, event: Event, cell: Any, key: tuple[str, ...], *, replaced: int) -> CellResult | None:
         """The cell's result, or None when it never ran and goes back in line."""
