@@ -236,9 +236,11 @@ if [ "${ONLY:-}" = speed ]; then
   # (every reached cell, one process, default options, no shards) twice; then once more with each
   # worker under cProfile (SGLFIX_WORKER_PROFILE) to say where a worker's time goes. Never the
   # result store (--no-cache): these time the cells themselves.
-  for i in 1 2; do
+  # MPS_OFF=1: one more run of each matrix with --mps off (the workers taking turns on the GPU).
+  for i in 1 2 ${MPS_OFF:+off}; do
+    extra=""; [ "$i" = off ] && extra="--mps off"
     SGLFIX_WORKER_TIMELINE=/tmp/tl-repro-$i timed repro-$i python3 -m sglfix matrix --parts --no-reachability --device cuda \
-      --no-cache --json "$OUT/repro-$i.json"
+      --no-cache $extra --json "$OUT/repro-$i.json"
     python3 bench/worker_timeline.py /tmp/tl-repro-$i --json "$OUT/timeline-repro-$i.json" | tail -9 | cut -c1-400
     python3 bench/speed_summary.py "$OUT/repro-$i.json" --process-s $(python3 -c "print(int(open('$OUT/repro-$i.s').read())/1000)") \
       --label "reproduction, every cell, run $i" --json "$OUT/speed-repro-$i.json"
@@ -260,9 +262,10 @@ if [ "${ONLY:-}" = speed ]; then
   [ "${SGLANG:-1}" = 0 ] && SPEED_RUNS= || SPEED_RUNS="1 2"
   [ -n "$SPEED_RUNS" ] && install_sglang
   touch /tmp/before-sglang-1
-  for i in $SPEED_RUNS; do
+  for i in $SPEED_RUNS ${SPEED_RUNS:+${MPS_OFF:+off}}; do
+    extra=""; [ "$i" = off ] && extra="--mps off"
     SGLFIX_WORKER_TIMELINE=/tmp/tl-sglang-$i timed sglang-$i python3 -m sglfix matrix --profile sglang-0.5.23 --parts --device cuda \
-      --no-cache --json "$OUT/sglang-$i.json"
+      --no-cache $extra --json "$OUT/sglang-$i.json"
     python3 bench/worker_timeline.py /tmp/tl-sglang-$i --json "$OUT/timeline-sglang-$i.json" | tail -9 | cut -c1-400
     python3 bench/speed_summary.py "$OUT/sglang-$i.json" --process-s $(python3 -c "print(int(open('$OUT/sglang-$i.s').read())/1000)") \
       --label "real sglang, run $i" --json "$OUT/speed-sglang-$i.json"
@@ -306,7 +309,7 @@ json.dump(runs, open(f"{out}/speed.json", "w"), indent=2)
 for r in runs:
     print(f"{r['label']}: {r['cells_s']} s cells, {r['process_s']} s process, {r['ran']} of {r['cells']} run, {r['outcome']}")
 PY
-  (cd "$OUT" && tar -czf speed-logs.tgz --remove-files repro-*.txt sglang-*.txt *.s speed-*.json repro-1.json sglang-1.json gpu.txt jit-state.txt \
+  (cd "$OUT" && tar -czf speed-logs.tgz --remove-files repro-*.txt sglang-*.txt *.s speed-*.json repro-1.json sglang-1.json repro-off.json sglang-off.json gpu.txt jit-state.txt \
     repro-prof.json worker-profile*.txt repro-mps.json sglang-mps.json timeline-*.json \
     sglang-prof.json sglang-check.* syncs.txt 2>/dev/null)
   tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true

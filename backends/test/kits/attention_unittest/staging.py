@@ -8,6 +8,8 @@ the largest share of a cell's waits). Here a host tensor goes to a CUDA device t
 memory as a non-blocking copy on the current stream, so the kernels queued after it see its values
 and the host does not wait. Pinned staging memory is held by torch's caching host allocator until
 the copy is done, so the host tensor may be reused at once. On the CPU every call is the plain one.
+Random draws are remembered by generator state (``sglfix.harness.hostrandom.randn``): the same
+scenario under the next toggle set draws the same values.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["fill_", "fill_random_", "mirror", "tensor", "to_device"]
+from sglfix.harness.hostrandom import randn
+
+__all__ = ["fill_", "fill_random_", "mirror", "randn", "tensor", "to_device"]
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -44,7 +48,7 @@ def fill_random_(buffers: Any, *, generator: torch.Generator, dtype: torch.dtype
     host."""
     host = []
     for buf in buffers:
-        host.append(torch.randn(buf.shape, generator=generator, dtype=torch.float32).to(dtype))
+        host.append(randn(buf.shape, generator=generator, dtype=dtype))
         fill_(buf, host[-1])
     return host
 

@@ -327,7 +327,7 @@ def build_case(
     k_cache, v_cache = host_buffers
 
     def randn(*shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+        return staging.randn(shape, generator=gen, dtype=dtype)
 
     T = sum(ext)
     q_host = randn(T, num_heads, head_dim)

@@ -230,7 +230,7 @@ def _build(
     gen.manual_seed(seed)
 
     def randn(*shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+        return staging.randn(shape, generator=gen, dtype=dtype)
 
     # Pools: twice the pages needed (plus the reserved page) so slots scatter.
     pages_needed = sum(math.ceil(t / page_size) for t in totals)

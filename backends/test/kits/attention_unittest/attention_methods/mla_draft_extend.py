@@ -137,7 +137,7 @@ def build_mla_draft_extend_case(
         staging.fill_(req_to_token_pool.req_to_token[r, : len(slots)], slots.to(torch.int32))
 
     def randn(*shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+        return staging.randn(shape, generator=gen, dtype=dtype)
 
     dim = kv_lora_rank + qk_rope_head_dim
     T = bs * n
