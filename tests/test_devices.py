@@ -98,6 +98,25 @@ def test_default_workers_follow_the_gpus_memory_and_cores(monkeypatch, cores, mi
     assert devices.check_jobs(None, "cuda", gpus=gpus) == want
 
 
+@pytest.mark.parametrize(
+    "cores, mib, want",
+    [
+        (16, 81559, 8),  # one H100 under MPS: memory allows 8, cores 8
+        (32, 81559, 8),  # more cores: the memory holds 8
+        (16, 24576, 2),  # a 24 GB card
+        (64, 143771, 8),  # an H200: at most 8
+    ],
+)
+def test_under_mps_a_gpu_holds_more_workers(monkeypatch, cores, mib, want):
+    from sglfix.execution import devices
+
+    monkeypatch.setattr(devices, "_cores", lambda: cores)
+    monkeypatch.setattr(devices, "query_gpus", lambda *fields: [str(mib)])
+    monkeypatch.setattr(devices, "has_cuda_device", lambda: True)
+    assert devices.check_jobs(None, "cuda", mps=True) == want
+    assert devices.check_jobs(None, "cuda", mps=False) <= want
+
+
 def test_jobs_with_devices_is_the_total_dealt_over_them():
     from sglfix.execution.devices import check_jobs, deal_devices
 

@@ -32,6 +32,12 @@ def check_device(device: str) -> None:
 # seven (10 GiB each on an 80 GB H100) did too in two of four full runs: a worker was seen holding
 # 12.8 GiB when a 384 MiB workspace could not be had (bench/results/speed-h100.json).
 _GPU_GIB_PER_WORKER = 12
+# Under MPS (sglfix.execution.mps) the workers share one context on the device, not one each, so
+# a GPU runs more of them at once: on one H100 the full matrix took 9.69 s of cells with eight,
+# 11.0-11.4 s with six (bench/results/mps-h100.json). Their memory peaks differ run to run (66 GB,
+# and once the whole 80 GB): a cell that runs out of memory beside the others runs again alone
+# (sglfix.execution.pool), so a peak costs time, never a verdict.
+_GPU_GIB_PER_WORKER_MPS = 9
 _MAX_GPU_WORKERS = 8
 
 
@@ -46,17 +52,19 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def default_gpu_workers(gpus: int = 1) -> int:
+def default_gpu_workers(gpus: int = 1, *, mps: bool = False) -> int:
     """Workers sharing each GPU when --jobs is not given. A cell is host-bound (Python, kernel
     launches, metadata building), so several workers keep one GPU busy: half the cores this
     process may use (the rest serve the parent and the kernel compilers), shared among the
-    ``gpus`` in use, no more than a GPU's memory holds at what one worker keeps, and at most 8."""
+    ``gpus`` in use, no more than a GPU's memory holds at what one worker keeps (less under
+    ``mps``), and at most 8."""
     by_cores = max(1, _cores() // 2 // max(1, gpus))
     try:
         mib = min(int(line) for line in query_gpus("memory.total") or ())
     except ValueError:  # memory unknown: the two that fit any GPU sglfix runs on
         return min(by_cores, 2)
-    return max(1, min(by_cores, mib // (_GPU_GIB_PER_WORKER * 1024), _MAX_GPU_WORKERS))
+    per_worker = _GPU_GIB_PER_WORKER_MPS if mps else _GPU_GIB_PER_WORKER
+    return max(1, min(by_cores, mib // (per_worker * 1024), _MAX_GPU_WORKERS))
 
 
 def query_gpus(*fields: str) -> list[str] | None:
@@ -88,17 +96,17 @@ def max_jobs() -> int:
     return max(1, min(4 * cores, gib))
 
 
-def check_jobs(jobs: int | None, device: str, *, gpus: int | None = None) -> int:
+def check_jobs(jobs: int | None, device: str, *, gpus: int | None = None, mps: bool = False) -> int:
     """How many workers a run starts. With ``gpus`` (the GPUs of --devices) the workers are dealt
     over them in turn: by default each GPU gets as many as one GPU would, up to a quarter of the
     cores in all (at least one a GPU); ``--jobs N`` is the total, at least one per GPU."""
     if jobs is None:
         if gpus == 1:
-            return default_gpu_workers()
+            return default_gpu_workers(mps=mps)
         if gpus:
-            return max(gpus, min(default_gpu_workers(gpus) * gpus, _cores() // _CORES_PER_WORKER_ACROSS_GPUS))
+            return max(gpus, min(default_gpu_workers(gpus, mps=mps) * gpus, _cores() // _CORES_PER_WORKER_ACROSS_GPUS))
         if device == "cuda" or (device == "auto" and has_cuda_device()):
-            return default_gpu_workers()
+            return default_gpu_workers(mps=mps)
         return max(1, min(2, os.cpu_count() or 1))
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs} must be at least 1")

@@ -129,9 +129,7 @@ class Runner:
 
         cuda = device == "cuda" or (device == "auto" and has_cuda_device())
         self.mps = check_mps(s.mps, device=device, executor=s.executor, cuda=cuda)
-        # As many workers as without MPS: eight on an 80 GB H100 peaked at its whole memory and
-        # some cells ran out of it (bench/results/mps-h100.json).
-        self.jobs = check_jobs(s.jobs, device, gpus=len(self.gpus) if self.gpus else None)
+        self.jobs = check_jobs(s.jobs, device, gpus=len(self.gpus) if self.gpus else None, mps=self.mps)
         # One worker a GPU shares it with no one: no daemon for that.
         self.mps = self.mps and self.jobs > (len(self.gpus) if self.gpus else 1)
         self.drifted: dict[str, str] = {}  # revert id -> why it no longer applies (see ``precheck``)
