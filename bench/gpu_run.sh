@@ -178,7 +178,7 @@ if [ "${ONLY:-}" = mps ]; then
   # The reproduction matrix (every cell, --no-cache) with default options (workers sharing the
   # GPU through sglfix's own MPS daemon) against --mps off, alternated, the GPU's peak memory
   # sampled and every run's verdicts compared with the committed CUDA matrix; the fault tests
-  # under MPS (tests/test_mps.py); a parent killed mid-run (SIGKILL, SIGINT) must leave no worker
+  # under MPS (tests/test_mps.py); a parent killed mid-run (SIGKILL, SIGTERM) must leave no worker
   # and no daemon; bench/mps_probe.py says what a fatal fault in one process does to the others.
   # MPS_JOBS="9 12" adds default runs with --jobs N.
   peakrun() {  # name, then the command: timed, with the GPU's peak memory
@@ -281,25 +281,6 @@ if [ "${ONLY:-}" = speed ]; then
     SGLFIX_WORKER_PROFILE=/tmp/wprof timed sglang-prof python3 -m sglfix matrix --profile sglang-0.5.23 --parts --device cuda \
       --no-cache --json "$OUT/sglang-prof.json"
     python3 bench/worker_profile.py /tmp/wprof --top 45 > "$OUT/worker-profile.txt" 2>&1; head -70 "$OUT/worker-profile.txt" | cut -c1-220
-  fi
-  if [ -n "${MPS:-}" ] && command -v nvidia-cuda-mps-control >/dev/null; then
-    # The same two matrices with the workers sharing one GPU context through a private MPS daemon
-    # (its own pipe and log folders; stopped at the end): kernels of different workers overlap
-    # and a synchronising call waits for its own work only.
-    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-    if nvidia-cuda-mps-control -d; then
-      echo "MPS daemon started"
-      PYTHONPATH=${PYTHONPATH#/tmp/sgsite:} timed repro-mps python3 -m sglfix matrix --parts --no-reachability --device cuda --no-cache \
-        --json "$OUT/repro-mps.json"
-      python3 bench/speed_summary.py "$OUT/repro-mps.json" --process-s $(python3 -c "print(int(open('$OUT/repro-mps.s').read())/1000)") \
-        --label "reproduction, every cell, under MPS" --json "$OUT/speed-repro-mps.json"
-      timed sglang-mps python3 -m sglfix matrix --profile sglang-0.5.23 --parts --device cuda --no-cache --json "$OUT/sglang-mps.json"
-      python3 bench/speed_summary.py "$OUT/sglang-mps.json" --process-s $(python3 -c "print(int(open('$OUT/sglang-mps.s').read())/1000)") \
-        --label "real sglang, under MPS" --json "$OUT/speed-sglang-mps.json"
-      echo quit | nvidia-cuda-mps-control; sleep 1
-    fi
-    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   fi
   python3 - "$OUT" <<'PY'
 import glob, json, sys

@@ -827,3 +827,23 @@ def test_a_cell_run_again_alone_is_reported_on_the_console_and_in_the_json(tmp_p
     assert [line.split(":")[0] for line in report["reran_alone"]] == [str(OOM_ONCE)], report["reran_alone"]
     assert {tuple(c["toggles"]): c["verdict"] for c in report["cells"]}[(str(OOM_ONCE),)] == "PASS"
     assert not report["executor"].get("mps"), report["executor"]  # no GPU here: no daemon
+
+
+@pytest.mark.parametrize(
+    ("exc", "oom"),
+    [
+        (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be reported asynchronously"), True),
+        (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
+        (ValueError("shape mismatch"), False),
+    ],
+)
+def test_out_of_gpu_memory_is_told_by_its_text_where_torchs_own_error_does_not_reach_the_cell(exc, oom):
+    """Memory gone under a kernel library (cuBLAS's workspace) or a plain CUDA call is the GPU's
+    state, never the code under test's crash: an ERROR the pool runs again alone."""
+    import torch
+
+    from sglfix.harness.cell import is_out_of_gpu_memory
+
+    assert is_out_of_gpu_memory(exc) is oom
+    assert is_out_of_gpu_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))

@@ -283,7 +283,7 @@ class WorkerPool:
             self._leave_mps(w)
             return f"{_LOST} ({event.data['why']}): a fault of any worker on that GPU reaches every one"
         beside = sum(1 for x in self.workers if _gpu(x) == _gpu(w)) - 1
-        if beside and any(f.get("type") == "OutOfMemoryError" for f in result.findings if f["verdict"] == "ERROR"):
+        if beside and any(f.get("out_of_memory") for f in result.findings if f["verdict"] == "ERROR"):
             return f"it ran out of GPU memory beside {beside} other worker{'s' if beside > 1 else ''}"
         return None
 

@@ -89,9 +89,17 @@ def _frame_under_test(exc: BaseException) -> str:
     return f"{os.path.basename(fr.filename)}:{fr.lineno} in {fr.name}" if fr else "?"
 
 
+# What the device's allocators say when the GPU's memory is gone, where torch's own error is not
+# what reaches the cell: a kernel library's workspace (cuBLAS), a plain CUDA call's status.
+_OUT_OF_MEMORY_TEXTS = ("CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "cudaErrorMemoryAllocation")
+
+
 def is_out_of_gpu_memory(exc: BaseException) -> bool:
-    """torch's CUDA out-of-memory error (torch.OutOfMemoryError), found without importing torch."""
-    return any(c.__name__ == "OutOfMemoryError" and c.__module__.startswith("torch") for c in type(exc).__mro__)
+    """The GPU ran out of memory: torch's error (torch.OutOfMemoryError, found without importing
+    torch), or another error whose first line says so."""
+    if any(c.__name__ == "OutOfMemoryError" and c.__module__.startswith("torch") for c in type(exc).__mro__):
+        return True
+    return any(text in _first_line(exc) for text in _OUT_OF_MEMORY_TEXTS)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -122,6 +130,7 @@ def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = Non
             type=type(exc).__name__,
             stage=stage,
             frame=where,
+            out_of_memory=True,
         )
     elif raised_by_code_under_test(exc):
         result.add(
