@@ -204,7 +204,7 @@ class ResultStore:
 
     def keep_info(self, info: dict) -> None:
         """What the workers said of themselves, for a later run that starts none."""
-        kept = {k: v for k, v in info.items() if k not in ("workers", "kept", "executor")}
+        kept = {k: v for k, v in info.items() if k not in ("workers", "kept", "executor", "mps")}
         self._queue.put(("info", kept))
 
     def put(self, key: str, result: CellResult, *, deps: Any, record: Sequence[str] | None = None) -> None:
