@@ -8,7 +8,7 @@ the largest share of a cell's waits). Here a host tensor goes to a CUDA device t
 memory as a non-blocking copy on the current stream, so the kernels queued after it see its values
 and the host does not wait. Pinned staging memory is held by torch's caching host allocator until
 the copy is done, so the host tensor may be reused at once. On the CPU every call is the plain one.
-Random draws are remembered by generator state (``sglfix.harness.hostrandom.randn``): the same
+Random draws are remembered by generator state (``draws.randn``): the same
 scenario under the next toggle set draws the same values.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from sglfix.harness.hostrandom import randn
+from sglfix.backends.test.kits.attention_unittest.draws import randn
 
 __all__ = ["fill_", "fill_random_", "mirror", "randn", "tensor", "to_device"]
 

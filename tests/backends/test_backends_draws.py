@@ -1,4 +1,4 @@
-"""Host draws remembered by generator state (sglfix.harness.hostrandom): the values and the
+"""Host draws remembered by generator state (the kit's draws module): the values and the
 generator afterwards are those of the plain draw, a remembered draw is a copy, and the memo stays
 within its bound."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from sglfix.harness import hostrandom
+from sglfix.backends.test.kits.attention_unittest import draws as hostrandom
 
 
 def _plain(seed: int, shapes, dtype):
@@ -42,10 +42,10 @@ def test_a_remembered_draw_is_a_copy_the_caller_may_write_into():
 
 def test_the_memo_stays_within_its_bound(monkeypatch):
     monkeypatch.setattr(hostrandom, "MEMO_BYTES", 64 << 10)
-    monkeypatch.setattr(hostrandom, "_memo", type(hostrandom._memo)())
-    monkeypatch.setattr(hostrandom, "_held", 0)
+    monkeypatch.setattr(hostrandom, "_DRAWS", hostrandom._Draws())
     for seed in range(40):
         _memo(seed, [(1024,)], torch.float32)  # 4 KiB each
-    assert hostrandom._held <= 64 << 10
-    assert hostrandom._held == sum(v.numel() * v.element_size() for v, _ in hostrandom._memo.values())
-    assert len(hostrandom._memo) == 16
+    held = hostrandom._DRAWS
+    assert held.held <= 64 << 10
+    assert held.held == sum(v.numel() * v.element_size() for v, _ in held.memo.values())
+    assert len(held.memo) == 16
