@@ -11,8 +11,9 @@ and an apply, and a worker that held a set may have to be replaced before the ne
 Workers that share a GPU can make a cell fail that did nothing wrong: it runs out of the memory
 the others hold, or, under MPS (``sglfix.execution.mps``), its GPU context is lost to another
 worker's fault. Such a cell is never reported as it came back: once every other cell is done, it
-runs again alone, in a worker of its own outside MPS while the others have given their memory
-back, and that result is the cell's (``reran_alone`` says which and why).
+runs again alone while the others idle with their memory given back (one that lost its context,
+and any after a fault under MPS, in a worker started outside MPS), and that result is the cell's
+(``reran_alone`` says which and why).
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ class WorkerPool:
         self._daemon: Daemon | None = None
         self._outside: str | None = None  # the pipe folder of no daemon: a worker there is outside MPS
         self._solo: Worker | None = None  # the worker cells run again alone in
+        self._faulted = False  # a GPU context was lost under MPS: an MPS worker may hold a dead one
         self.workers: list[Worker] = []
         try:
             client: dict[str, str] = {}
@@ -294,6 +296,7 @@ class WorkerPool:
     def _leave_mps(self, w: Worker) -> None:
         """The workers of ``w``'s GPU start outside MPS from now on: after a fatal fault the
         daemon takes no new client there until every one it had has gone."""
+        self._faulted = True
         for x in self.workers:
             if _gpu(x) == _gpu(w):
                 x.extra_env[PIPE_ENV] = str(self._outside)
@@ -303,13 +306,14 @@ class WorkerPool:
         """Each cell again, one at a time, the other workers idle with their cached memory given
         back; these results stand. A cell that lost its context under MPS runs outside MPS (in a
         worker started outside it, else one of its own); one that ran out of memory runs in any
-        idle worker, warm."""
+        idle worker, warm, unless a context was lost under MPS: an idle MPS worker may not know
+        yet that its own is gone."""
         for w in self.workers:
             if w.state == "idle":
                 w.idle()
         for i, why in alone:
             cell, key = line.cells[i], line.keys[i]
-            w = self._alone_worker(outside=why.startswith(_LOST))
+            w = self._alone_worker(outside=self._faulted)
             result = self._checked(
                 w.run(
                     scenario_json=cell.scenario.to_json(),
