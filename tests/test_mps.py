@@ -118,3 +118,17 @@ def test_a_fault_under_mps_is_only_ever_its_own_cells(tmp_path, mps):
         assert p.reran_alone == []
     assert not any(alive(pid) for pid in pids)
     assert _daemons() <= before, "an MPS daemon outlived its pool"
+
+
+def test_a_daemon_that_does_not_come_up_is_one_line_when_asked_for_else_the_workers_go_without(monkeypatch):
+    from sglfix.execution import mps, pool
+
+    monkeypatch.setattr(pool, "users_daemon", lambda: None)
+    monkeypatch.setattr(mps, "CONTROL", "sglfix-no-such-mps-control")
+    config = WorkerConfig(device="cpu", timeout=120)
+    with pytest.raises(ConfigError, match="--mps: sglfix-no-such-mps-control did not start"):
+        WorkerPool(config, jobs=2, mps=True, mps_required=True)
+    with WorkerPool(config, jobs=2, mps=True) as p:
+        assert not p.mps
+        results = p.run([cell(SCEN), cell(SCEN2)])
+    assert [r.verdict for r in results] == ["PASS", "PASS"]

@@ -149,10 +149,12 @@ class WorkerPool:
         jobs: int | None = None,
         devices: Sequence[str] | None = None,
         mps: bool = False,
+        mps_required: bool = False,
     ) -> None:
         """``jobs`` workers (default: one per device of ``devices``, else one); with ``mps``,
         those sharing a GPU share it through an MPS daemon (the user's if the workers would
-        reach one anyway, else one of this pool's own)."""
+        reach one anyway, else one of this pool's own; one that does not come up is one line,
+        exit 2, if ``mps_required``, else the workers go without)."""
         jobs = (len(devices) if devices else 1) if jobs is None else jobs
         check_pool_size(jobs)
         self.config = config
@@ -169,12 +171,17 @@ class WorkerPool:
         self.workers: list[Worker] = []
         try:
             client: dict[str, str] = {}
-            if mps:
-                if users_daemon() is None:
+            if mps and users_daemon() is None:
+                try:
                     self._daemon = Daemon().start()
-                    client, self._outside = dict(self._daemon.env), self._daemon.empty
+                except ConfigError:
+                    if mps_required:
+                        raise
+                    self.mps = False
                 else:
-                    self._outside = tempfile.mkdtemp(prefix="sglfix-no-mps-")
+                    client, self._outside = dict(self._daemon.env), self._daemon.empty
+            elif mps:
+                self._outside = tempfile.mkdtemp(prefix="sglfix-no-mps-")
             if devices:
                 # The GPUs in turn, each worker seeing only its own (CUDA_VISIBLE_DEVICES): a fault
                 # or a timeout takes one worker, and cells keep flowing to the others.

@@ -296,7 +296,11 @@ class Runner:
         from sglfix.execution.pool import WorkerPool
 
         return WorkerPool(
-            self.config, jobs=jobs, devices=self.gpus, mps=self.mps and jobs > (len(self.gpus) if self.gpus else 1)
+            self.config,
+            jobs=jobs,
+            devices=self.gpus,
+            mps=self.mps and jobs > (len(self.gpus) if self.gpus else 1),
+            mps_required=s.mps == "on",
         )
 
     def _check_same_code(self, info: dict) -> None:
