@@ -291,10 +291,10 @@ class WorkerPool:
         if event.kind == "lost" and self._under_mps(w):
             self._leave_mps(w)
             return f"{_LOST} ({event.data['why']}): a fault of any worker on that GPU reaches every one"
+        if not any(f.get("out_of_memory") for f in result.findings if f["verdict"] == "ERROR"):
+            return None
         beside = sum(1 for x in self.workers if _gpu(x) == _gpu(w)) - 1
-        if beside and any(f.get("out_of_memory") for f in result.findings if f["verdict"] == "ERROR"):
-            return f"it ran out of GPU memory beside {beside} other worker{'s' if beside > 1 else ''}"
-        return None
+        return f"it ran out of GPU memory beside {beside} other worker{'s' if beside > 1 else ''}" if beside else None
 
     def _under_mps(self, w: Worker) -> bool:
         """Whether ``w``'s process (as it was started) is a client of the MPS daemon."""
