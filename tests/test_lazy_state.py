@@ -350,6 +350,10 @@ class _FakeWorker:
     def kill(self, *, wait=None) -> None:
         self.proc, self.state, self.toggles, self._events = None, "down", None, []
 
+    def retire(self) -> None:
+        self.kill()
+        self.restarts += 1
+
 
 def _fake_pool(monkeypatch, worker_cls, jobs):
     from sglfix.execution import pool as poolmod

@@ -30,22 +30,22 @@ WILD = 90019
 def test_auto_takes_mps_only_for_local_workers_on_cuda(monkeypatch):
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
-    assert check_mps("auto", device="cuda", executor="local", cuda=True)
-    assert not check_mps("auto", device="cuda", executor="ray", cuda=True)
-    assert not check_mps("auto", device="cpu", executor="local", cuda=False)
-    assert not check_mps("off", device="cuda", executor="local", cuda=True)
+    assert check_mps("auto", device="cuda", executor="local")
+    assert not check_mps("auto", device="cuda", executor="ray")
+    assert not check_mps("auto", device="cpu", executor="local")
+    assert not check_mps("off", device="cuda", executor="local")
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    assert not check_mps("auto", device="cuda", executor="local", cuda=True)
+    assert not check_mps("auto", device="cuda", executor="local")
     # The user's own daemon: the workers reach it anyway.
     monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/theirs")
-    assert check_mps("auto", device="cuda", executor="local", cuda=True)
+    assert check_mps("auto", device="cuda", executor="local")
 
 
 @pytest.mark.parametrize(
     ("kw", "says"),
     [
-        ({"device": "cpu", "executor": "local", "cuda": False}, "the cells run on the CPU"),
-        ({"device": "cuda", "executor": "ray", "cuda": True}, "Ray places its actors itself"),
+        ({"device": "cpu", "executor": "local"}, "the cells run on the CPU"),
+        ({"device": "cuda", "executor": "ray"}, "Ray places its actors itself"),
     ],
 )
 def test_on_where_it_cannot_be_is_refused_naming_why(kw, says):

@@ -17,6 +17,11 @@ def has_cuda_device() -> bool:
     return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
 
 
+def uses_cuda(device: str) -> bool:
+    """Whether cells of ``device`` (auto, cpu, cuda) run on a GPU here."""
+    return device == "cuda" or (device == "auto" and has_cuda_device())
+
+
 def check_device(device: str) -> None:
     """``--device cuda`` where no GPU is visible is one line before any worker starts. The check
     reads the device nodes and CUDA_VISIBLE_DEVICES only (this process never imports torch); a
@@ -105,7 +110,7 @@ def check_jobs(jobs: int | None, device: str, *, gpus: int | None = None, mps: b
             return default_gpu_workers(mps=mps)
         if gpus:
             return max(gpus, min(default_gpu_workers(gpus, mps=mps) * gpus, _cores() // _CORES_PER_WORKER_ACROSS_GPUS))
-        if device == "cuda" or (device == "auto" and has_cuda_device()):
+        if uses_cuda(device):
             return default_gpu_workers(mps=mps)
         return max(1, min(2, os.cpu_count() or 1))
     if jobs < 1:

@@ -28,6 +28,7 @@ import tempfile
 import time
 
 from sglfix.common.errors import ConfigError
+from sglfix.execution.devices import uses_cuda
 
 __all__ = ["CONTROL", "LOG_ENV", "PIPE_ENV", "Daemon", "check_mps", "users_daemon"]
 
@@ -48,7 +49,7 @@ def users_daemon() -> str | None:
     return _DEFAULT_PIPE if os.path.exists(os.path.join(_DEFAULT_PIPE, "control")) else None
 
 
-def check_mps(choice: str, *, device: str, executor: str, cuda: bool) -> bool:
+def check_mps(choice: str, *, device: str, executor: str) -> bool:
     """Whether this run's workers share their GPUs through MPS (``--mps auto|on|off``): by default
     wherever the local workers run on CUDA and the control program is installed. ``on`` where it
     cannot be is one line, exit 2, before any worker starts."""
@@ -59,7 +60,7 @@ def check_mps(choice: str, *, device: str, executor: str, cuda: bool) -> bool:
     why = None
     if executor != "local":
         why = "Ray places its actors itself; MPS is for the local workers"
-    elif not cuda:
+    elif not uses_cuda(device):
         why = "the cells run on the CPU"
     elif users_daemon() is None and shutil.which(CONTROL) is None:
         why = f"{CONTROL} is not on PATH (it comes with the NVIDIA driver's utilities)"

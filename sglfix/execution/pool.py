@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 import signal
 import tempfile
 import time
@@ -351,8 +352,7 @@ class WorkerPool:
         if event.kind == "died" and not event.data["pending"]:
             return None  # it died between cells
         if event.kind == "restart":  # the last set left state behind: a fresh worker runs this cell
-            w.kill()
-            w.restarts += 1
+            w.retire()
             self.replacements.append(event.data)
             if replaced <= MAX_REPLACEMENTS:
                 return None
@@ -364,8 +364,7 @@ class WorkerPool:
             )
             return result.finish()
         if event.kind == "lost":  # the worker ended after its reply: every later cell would fail
-            w.kill()
-            w.restarts += 1
+            w.retire()
         return self._checked(w.result_for(event, scenario=cell.scenario.name, toggles=key), cell, key)
 
     def _dispatch(
@@ -441,8 +440,6 @@ class WorkerPool:
             if self._daemon is not None:
                 self._daemon.stop()  # after its clients: it waits for them to go
             elif self._outside is not None:
-                import shutil
-
                 shutil.rmtree(self._outside, ignore_errors=True)
 
 

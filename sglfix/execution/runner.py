@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglfix.common.errors import ConfigError
-from sglfix.execution.devices import check_device, check_jobs, has_cuda_device, parse_devices
+from sglfix.execution.devices import check_device, check_jobs, has_cuda_device, parse_devices, uses_cuda
 from sglfix.execution.settings import Settings
 
 
@@ -100,7 +100,7 @@ class Runner:
             )
         check_device(device)
         check_env_knobs()
-        if device == "cpu" or (device == "auto" and not has_cuda_device()):
+        if not uses_cuda(device):
             from sglfix.codebases import check_interpreter
 
             check_interpreter(target.codebase, what=f"--profile {target.profile.name}")
@@ -127,11 +127,8 @@ class Runner:
             quiet_ray_logs()
         from sglfix.execution.mps import check_mps
 
-        cuda = device == "cuda" or (device == "auto" and has_cuda_device())
-        self.mps = check_mps(s.mps, device=device, executor=s.executor, cuda=cuda)
+        self.mps = check_mps(s.mps, device=device, executor=s.executor)
         self.jobs = check_jobs(s.jobs, device, gpus=len(self.gpus) if self.gpus else None, mps=self.mps)
-        # One worker a GPU shares it with no one: no daemon for that.
-        self.mps = self.mps and self.jobs > (len(self.gpus) if self.gpus else 1)
         self.drifted: dict[str, str] = {}  # revert id -> why it no longer applies (see ``precheck``)
         self.not_applicable: dict[str, str] = {}  # revert id -> why no revert exists at this version
         self.conflicts: dict[str, str] = {}  # set label -> why its fix and reverts cannot go together
@@ -299,6 +296,7 @@ class Runner:
             self.config,
             jobs=jobs,
             devices=self.gpus,
+            # One worker a GPU shares it with no one: no daemon for that.
             mps=self.mps and jobs > (len(self.gpus) if self.gpus else 1),
             mps_required=s.mps == "on",
         )

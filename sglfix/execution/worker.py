@@ -324,6 +324,12 @@ class Worker:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def retire(self) -> None:
+        """Stop this process so that the next cell starts a fresh one (it asked to be replaced,
+        or its GPU context is gone); counted among ``restarts``."""
+        self.kill()
+        self.restarts += 1
+
     def kill(self, *, wait: float = KILL_WAIT) -> None:
         """Kill the process group, reap the worker (bounded), close the pipes."""
         if self.proc is None:
@@ -568,14 +574,12 @@ class Worker:
                 if event is None or event.kind == "ready":
                     continue
                 if event.kind == "restart":
-                    self.kill()
-                    self.restarts += 1
+                    self.retire()
                     break
                 if event.kind == "died" and not event.data["pending"]:
                     break
                 if event.kind == "lost":  # its own fault (no one shares this worker's context)
-                    self.kill()
-                    self.restarts += 1
+                    self.retire()
                 return self.result_for(event, scenario=scenario_name, toggles=toggles)
         result = CellResult(scenario=scenario_name, toggles=list(toggles), device=self.config.device)
         result.add("ERROR", "sglfix failed: the worker kept asking to be replaced before this cell could run")
