@@ -161,6 +161,13 @@ def main() -> int:
         "to find how many a machine of several GPUs runs best",
     )
     ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="scale plan: also --devices all with these options (one string, e.g. '--mps off'), to compare "
+        "a setting on several GPUs with the default",
+    )
+    ap.add_argument(
         "--profiles",
         default=None,
         help="folder: each run's workers run under cProfile (SGLFIX_WORKER_PROFILE), their stats under it "
@@ -230,6 +237,7 @@ def main() -> int:
         plan.append((f"ray, {gpus} GPU{'s' if gpus > 1 else ''}", ["--executor", "ray", "--devices", "all"]))
     if ns.plan == "scale" and gpus >= 2:
         plan += [(f"local, {gpus} GPUs, {n} workers", ["--devices", "all", "--jobs", str(n)]) for n in ns.sweep]
+        plan += [(f"local, {gpus} GPUs, {v}", ["--devices", "all", *v.split()]) for v in ns.variant]
         for n in range(2, ns.repeat + 1):  # again, the 1-GPU run first: each round's own baseline
             plan += [(f"{label} (round {n})", args) for label, args in plan[:2] if label.startswith("local")]
         if gpus < 2:
