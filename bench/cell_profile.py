@@ -196,7 +196,11 @@ def _spawn(n: int, args: argparse.Namespace, *, cprofile: bool = False) -> dict:
             [*base, "--index", str(i), "--of", str(n)],
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},  # as the pool's workers run
+            env={
+                **os.environ,
+                "OMP_NUM_THREADS": "1",  # as the pool's workers run
+                **({"CUDA_VISIBLE_DEVICES": str(i % args.spread)} if args.spread else {}),
+            },
         )
         for i in range(n)
     ]
@@ -267,6 +271,12 @@ def main() -> None:
     ap.add_argument("--count-syncs", action="store_true", help="count synchronising calls by caller")
     ap.add_argument("--memory", action="store_true", help="record each cell's device memory (reserved after, peak)")
     ap.add_argument("--keep-cache", action="store_true", help="no allocator emptying before captures (experiment)")
+    ap.add_argument(
+        "--spread",
+        type=int,
+        default=0,
+        help="deal the processes over this many GPUs (CUDA_VISIBLE_DEVICES = i mod N), as --devices deals workers",
+    )
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--of", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -123,7 +123,7 @@ if [ "${ONLY:-}" = profile ]; then
   done
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 250 > "$OUT/gpu-util.csv" 2>&1 &
   smi=$!
-  python3 bench/cell_profile.py --device cuda --procs ${PROCS:-1 4 6} --sets ${SETS:-12} --profile-sets ${PROFILE_SETS:-3} \
+  python3 bench/cell_profile.py --device cuda --procs ${PROCS:-1 4 6} --sets ${SETS:-12} --profile-sets ${PROFILE_SETS:-3} ${CELL_ARGS:-} \
     --prof-out "$OUT/cells.prof" --json "$OUT/cell-profile.json" > "$OUT/cell-profile.txt" 2>&1; echo "cell_profile rc=$?"
   head -6 "$OUT/cell-profile.txt"
   if [ -n "${KEEP:-}" ]; then
