@@ -187,7 +187,8 @@ if [ "${ONLY:-}" = mps ]; then
   # sampled and every run's verdicts compared with the committed CUDA matrix; the fault tests
   # under MPS (tests/test_mps.py); a parent killed mid-run (SIGKILL, SIGTERM) must leave no worker
   # and no daemon; bench/mps_probe.py says what a fatal fault in one process does to the others.
-  # MPS_JOBS="9 12" adds default runs with --jobs N.
+  # MPS_JOBS="9 12" adds runs with --jobs N to each of MPS_ROUNDS (2) rounds; MPS_OFF=0 leaves out
+  # the --mps off runs, MPS_PROBES=0 the kills and the fault probes.
   peakrun() {  # name, then the command: timed, with the GPU's peak memory
     local name=$1; shift
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 300 > "$OUT/$name.mem" 2>/dev/null &
@@ -201,11 +202,12 @@ if [ "${ONLY:-}" = mps ]; then
   }
   python3 -m pytest -q -p no:cacheprovider tests/test_mps.py > "$OUT/pytest-mps.txt" 2>&1; echo "pytest tests/test_mps.py rc=$?"; tail -3 "$OUT/pytest-mps.txt"
   REPRO="python3 -m sglfix matrix --parts --no-reachability --device cuda --no-cache"
-  for i in 1 2; do
+  for i in $(seq 1 ${MPS_ROUNDS:-2}); do
     peakrun repro-$i $REPRO --json "$OUT/repro-$i.json"
-    peakrun repro-off-$i $REPRO --mps off --json "$OUT/repro-off-$i.json"
+    [ "${MPS_OFF:-1}" = 1 ] && peakrun repro-off-$i $REPRO --mps off --json "$OUT/repro-off-$i.json"
+    for j in ${MPS_JOBS:-}; do peakrun repro-jobs-$j-$i $REPRO --jobs $j --json "$OUT/repro-jobs-$j-$i.json"; done
   done
-  for j in ${MPS_JOBS:-}; do peakrun repro-jobs-$j $REPRO --jobs $j --json "$OUT/repro-jobs-$j.json"; done
+  if [ "${MPS_PROBES:-1}" = 1 ]; then
   for sig in KILL TERM; do  # (a background job of a script ignores SIGINT)
     $REPRO --json /tmp/killed.json > /tmp/killed.txt 2>&1 & parent=$!
     sleep 7; kill -$sig $parent; wait $parent; rc=$?; sleep 3
@@ -220,6 +222,7 @@ if [ "${ONLY:-}" = mps ]; then
     echo quit | nvidia-cuda-mps-control; sleep 1
   fi
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
   python3 - "$OUT" <<'PY'
 import glob, json, sys
 out = sys.argv[1]
