@@ -131,4 +131,4 @@ def test_a_daemon_that_does_not_come_up_is_one_line_when_asked_for_else_the_work
     with WorkerPool(config, jobs=2, mps=True) as p:
         assert not p.mps
         results = p.run([cell(SCEN), cell(SCEN2)])
-    assert [r.verdict for r in results] == ["PASS", "PASS"]
+    assert [r.verdict for r in results] == ["PASS", "PASS"], [r.findings for r in results]
