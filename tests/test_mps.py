@@ -21,6 +21,7 @@ from procs import alive
 from test_workers import SCEN, SCEN2, assert_matched, cell, write_toggle
 
 from sglfix.common.errors import ConfigError
+from sglfix.execution.devices import has_cuda_device
 from sglfix.execution.mps import CONTROL, check_mps
 from sglfix.execution.pool import WorkerConfig, WorkerPool
 
@@ -125,7 +126,10 @@ def test_a_daemon_that_does_not_come_up_is_one_line_when_asked_for_else_the_work
 
     monkeypatch.setattr(pool, "users_daemon", lambda: None)
     monkeypatch.setattr(mps, "CONTROL", "sglfix-no-such-mps-control")
-    config = WorkerConfig(device="cpu", timeout=120)
+    # Where MPS matters, a GPU: its workers go without MPS and run their cells there. On the CPU
+    # box the same fallback with CPU cells (a GPU machine's own triton may be too old for the
+    # interpreter, which the CLI refuses before any cell runs).
+    config = WorkerConfig(device="cuda" if has_cuda_device() else "cpu", timeout=120)
     with pytest.raises(ConfigError, match="--mps: sglfix-no-such-mps-control did not start"):
         WorkerPool(config, jobs=2, mps=True, mps_required=True)
     with WorkerPool(config, jobs=2, mps=True) as p:
