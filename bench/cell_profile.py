@@ -76,11 +76,12 @@ def _child(args: argparse.Namespace) -> None:
         t = time.perf_counter()
         if args.memory:
             torch.cuda.reset_peak_memory_stats()
-        if profiler is not None:
+        profiling = profiler is not None and sets.index(c.toggles) >= args.profile_skip
+        if profiling:
             profiler.enable()
         reply = session.handle(request)
         line = json.dumps(reply)  # what the worker sends
-        if profiler is not None:
+        if profiling:
             profiler.disable()
         took = time.perf_counter() - t
         result = reply.get("result") or {}
@@ -182,6 +183,8 @@ def _spawn(n: int, args: argparse.Namespace, *, cprofile: bool = False) -> dict:
         base += ["-s", g]
     if args.keep_cache:
         base.append("--keep-cache")
+    if cprofile and args.profile_skip:
+        base += ["--profile-skip", str(args.profile_skip)]
     if args.count_syncs:
         base.append("--count-syncs")
     if args.memory:
@@ -263,6 +266,12 @@ def main() -> None:
     ap.add_argument("--sets", type=int, default=None, help="only the plan's first N toggle sets")
     ap.add_argument("-s", "--scenario", action="append", default=[])
     ap.add_argument("--profile-sets", type=int, default=3, help="toggle sets of the cProfile run (0: none)")
+    ap.add_argument(
+        "--profile-skip",
+        type=int,
+        default=0,
+        help="the cProfile run profiles only after its first N toggle sets (the steady state, not first uses)",
+    )
     ap.add_argument("--top", type=int, default=45)
     ap.add_argument("--json", required=False)
     ap.add_argument("--prof-out", help="where the cProfile run's stats go (pstats file)")

@@ -7,6 +7,7 @@
 # Carry .cache (pydantic and FlashInfer wheels, JIT caches). ONLY=probe stops after the matrices and the probe;
 # ONLY=smoke runs a short GPU check of the FlashInfer-MLA draft and Triton draft-extend cells.
 # ONLY=mps: the reproduction with default options (MPS) against --mps off, the MPS fault tests, a parent killed mid-run.
+# ONLY=install stops once everything is installed (then source nothing: PYTHONPATH=/tmp/site).
 # ONLY=firstuse: what a fresh worker pays once (bench/first_use_probe.py).
 # ONLY=memory records each cell's device memory in one process (bench/cell_profile.py --memory).
 # ONLY=scale runs only the scale-out benchmark (bench/scale_out.py; Ray from .cache/ray-whl).
@@ -69,6 +70,7 @@ python3 -c "import torch, triton" 2>/dev/null  # torch's bytecode written once, 
 python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
 # HOST=1 (any mode): first, how many CPUs the machine really gives (bench/host_cpus.py).
 if [ "${HOST:-}" = 1 ]; then python3 bench/host_cpus.py --json "$OUT/host-cpus.json" | tail -1; fi
+if [ "${ONLY:-}" = install ]; then exit 0; fi  # installed, caches restored: the caller's command goes on
 if [ "${ONLY:-}" = firstuse ]; then
   # What a fresh worker pays once (bench/first_use_probe.py): FlashInfer's import before and
   # after the CUDA context, custom-op registration, Triton's key, an MPS client's start.
