@@ -210,7 +210,7 @@ def test_the_test_kit_is_pinned_in_one_package_per_code_base():
 
 def test_a_cpu_run_refuses_a_triton_too_old_to_interpret_the_code_bases_kernels(tmp_path):
     """No triton pin in the sglang extra (a CUDA torch pins its own); a CPU run checks instead."""
-    from sglfix.codebases import SGLANG_0_5_23, check_interpreter
+    from sglfix.codebases import SGLANG_0_5_23
 
     site = tmp_path / "site"
     meta = site / "triton-3.7.1.dist-info"
@@ -223,4 +223,17 @@ def test_a_cpu_run_refuses_a_triton_too_old_to_interpret_the_code_bases_kernels(
     else:
         assert_one_line_error(r, "triton >= 3.9", "installed: 3.7.1", "pip install 'triton>=3.9'", "--device cuda")
     assert time.monotonic() - t0 < 60  # before any worker
-    check_interpreter(REPRODUCTION, what="x")  # the reproduction's kernels need no particular release
+
+
+def test_a_cpu_run_of_the_reproduction_refuses_triton_3_6_in_one_line(tmp_path):
+    """triton 3.6's interpreter fails on the reproduction's Triton kernels (every such cell an
+    ERROR); the run says so before any cell, and the installed triton passes the same check."""
+    from sglfix.codebases import check_interpreter
+
+    site = tmp_path / "site"
+    meta = site / "triton-3.6.0.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: triton\nVersion: 3.6.0\n")
+    r = run_cli("matrix", "-s", "triton-extend", "--device", "cpu", env={"PYTHONPATH": str(site)})
+    assert_one_line_error(r, "triton >= 3.7", "installed: 3.6.0", "pip install 'triton>=3.7'", "--device cuda")
+    check_interpreter(REPRODUCTION, what="x")  # what this box has (the CPU runs of this suite use it)

@@ -101,9 +101,10 @@ class Runner:
         check_device(device)
         check_env_knobs()
         if not uses_cuda(device):
-            from sglfix.codebases import check_interpreter
+            from sglfix.codebases import REPRODUCTION_NAME, check_interpreter
 
-            check_interpreter(target.codebase, what=f"--profile {target.profile.name}")
+            name = target.profile.name
+            check_interpreter(target.codebase, what="this run" if name == REPRODUCTION_NAME else f"--profile {name}")
         self.device = device
         self.store_dir = check_store(s)
         self.config = WorkerConfig(
