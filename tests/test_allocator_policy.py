@@ -3,6 +3,7 @@ through a stand-in for ``torch.cuda.graph`` whose ``__enter__`` empties the cach
 
 from __future__ import annotations
 
+import pytest
 import torch
 from clihelp import run_probe
 
@@ -20,12 +21,18 @@ class _Graph:
         return None
 
 
+def _reserved(monkeypatch, reserved: int) -> None:
+    """What the allocator's statistics say it holds (the policy reads them nested, not flattened)."""
+    stats = {"reserved_bytes": {"all": {"current": reserved}}}
+    monkeypatch.setattr(torch.cuda.memory, "memory_stats_as_nested_dict", lambda *a, **k: stats)
+
+
 def _install(monkeypatch, *, reserved: int, budget: int) -> list[str]:
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda, "graph", _Graph)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("device"))
     monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: calls.append("host"), raising=False)
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: reserved)
+    _reserved(monkeypatch, reserved)
     monkeypatch.setattr(_Graph, "__enter__", _Graph.__enter__)  # restored after the test
     assert allocator.keep_caches_across_captures(budget_bytes=budget)
     return calls
@@ -64,8 +71,15 @@ def test_after_a_cell_a_cache_past_the_budget_is_given_back(monkeypatch):
     assert not allocator.trim_after_cell()  # no policy installed: nothing to trim
     calls = _install(monkeypatch, reserved=3 << 30, budget=2 << 30)
     assert allocator.trim_after_cell() and calls == ["device"]
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: 1 << 30)
+    _reserved(monkeypatch, 1 << 30)
     assert not allocator.trim_after_cell() and calls == ["device"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the allocator's own statistics need a GPU")
+def test_the_policy_reads_what_memory_reserved_says():
+    held = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    assert allocator._reserved() == torch.cuda.memory_reserved() > 0
+    del held
 
 
 _GC_PROBE = r"""

@@ -26,7 +26,8 @@ def to_host(tensors: list[Any]) -> list[Any]:
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.is_cuda:
             out.append(t.detach().to("cpu", non_blocking=True))
-            waiting.setdefault(t.device, torch.cuda.current_stream(t.device))
+            if t.device not in waiting:  # asked once a device: it is the same stream for every copy
+                waiting[t.device] = torch.cuda.current_stream(t.device)
         else:
             out.append(t)
     for stream in waiting.values():
