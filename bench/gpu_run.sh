@@ -249,7 +249,8 @@ if [ "${ONLY:-}" = speed ]; then
   # worker under cProfile (SGLFIX_WORKER_PROFILE) to say where a worker's time goes. Never the
   # result store (--no-cache): these time the cells themselves.
   # MPS_OFF=1: one more run of each matrix with --mps off (the workers taking turns on the GPU).
-  for i in 1 2 ${MPS_OFF:+off}; do
+  # REPRO_RUNS="1 2 3": how many reproduction runs (two by default).
+  for i in ${REPRO_RUNS:-1 2} ${MPS_OFF:+off}; do
     extra=""; [ "$i" = off ] && extra="--mps off"
     SGLFIX_WORKER_TIMELINE=/tmp/tl-repro-$i timed repro-$i python3 -m sglfix matrix --parts --no-reachability --device cuda \
       --no-cache $extra --json "$OUT/repro-$i.json"
@@ -302,7 +303,7 @@ json.dump(runs, open(f"{out}/speed.json", "w"), indent=2)
 for r in runs:
     print(f"{r['label']}: {r['cells_s']} s cells, {r['process_s']} s process, {r['ran']} of {r['cells']} run, {r['outcome']}")
 PY
-  (cd "$OUT" && tar -czf speed-logs.tgz --remove-files repro-*.txt sglang-*.txt *.s speed-*.json repro-1.json sglang-1.json repro-off.json sglang-off.json gpu.txt jit-state.txt \
+  (cd "$OUT" && tar -czf speed-logs.tgz --remove-files repro-*.txt sglang-*.txt *.s speed-*.json repro-1.json repro-3.json sglang-1.json repro-off.json sglang-off.json gpu.txt jit-state.txt \
     repro-prof.json worker-profile*.txt repro-mps.json sglang-mps.json timeline-*.json \
     sglang-prof.json sglang-check.* syncs.txt 2>/dev/null)
   tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
