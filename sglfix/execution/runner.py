@@ -99,6 +99,11 @@ class Runner:
                 "or use --device cpu (--jobs N for several workers)"
             )
         check_device(device)
+        from sglfix.execution.mps import check_mps
+
+        # Options that cannot go together come before what this machine lacks (an interpreter
+        # too old for CPU runs, say): the user fixes the command line first.
+        self.mps = check_mps(s.mps, device=device, executor=s.executor)
         check_env_knobs()
         if not uses_cuda(device):
             from sglfix.codebases import REPRODUCTION_NAME, check_interpreter
@@ -126,9 +131,6 @@ class Runner:
             # instead of waited on.
             check_ray_address(s.ray_address)
             quiet_ray_logs()
-        from sglfix.execution.mps import check_mps
-
-        self.mps = check_mps(s.mps, device=device, executor=s.executor)
         self.jobs = check_jobs(s.jobs, device, gpus=len(self.gpus) if self.gpus else None, mps=self.mps)
         self.drifted: dict[str, str] = {}  # revert id -> why it no longer applies (see ``precheck``)
         self.not_applicable: dict[str, str] = {}  # revert id -> why no revert exists at this version
