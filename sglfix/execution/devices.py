@@ -49,7 +49,8 @@ _MAX_GPU_WORKERS = 8
 # On several GPUs the workers' fixed costs (boot, CUDA context, each kernel's first load) contend
 # across the whole machine, not per GPU: on four H100s with 64 cores, 16 workers ran the full
 # matrix in 10.9 s of cells and 24 (six a GPU, as one GPU runs best) in 13.3 s, 8 in 13.2 s
-# (bench/results/scale-out-h100x4.json). So the total is held to a quarter of the cores.
+# (bench/results/scale-out-h100x4.json); under MPS on four H200s, 16 took 8.51 s, 24 8.54 s and
+# 32 9.79 s (bench/results/scale-out-h200x4.json). So the total is held to a quarter of the cores.
 _CORES_PER_WORKER_ACROSS_GPUS = 4
 
 
