@@ -797,10 +797,17 @@ def test_a_cell_out_of_memory_beside_other_workers_runs_again_alone(tmp_path, jo
     assert [r.verdict for r in rest] == ["PASS", "PASS"]
     assert always.verdict == "ERROR" and always.findings[0]["type"] == "OutOfMemoryError", always.findings
     assert not marker.exists()
+    # The message says who was not the cause, and never blames --jobs when the cell ran alone.
+    own = "the cell needs more than the GPU had free"
     if jobs == 1:
         assert once.verdict == "ERROR" and p.reran_alone == [], p.reran_alone
+        for r in (once, always):
+            assert "no other worker of this run shared its GPU" in r.findings[0]["message"], r.findings
+            assert own in r.findings[0]["message"] and "--jobs" not in r.findings[0]["message"]
         return
     assert once.verdict == "PASS", once.findings
+    assert "it ran out again alone, the other workers idle" in always.findings[0]["message"], always.findings
+    assert own in always.findings[0]["message"] and "--jobs" not in always.findings[0]["message"]
     assert sorted(p.reran_alone) == [
         f"{OOM_ONCE}::{SCEN}: it ran out of GPU memory beside 1 other worker; alone it gave PASS",
         f"{OOM_ALWAYS}::{SCEN}: it ran out of GPU memory beside 1 other worker; alone it gave ERROR",

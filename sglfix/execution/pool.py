@@ -136,6 +136,18 @@ def check_pool_size(jobs: object) -> None:
         raise ConfigError(f"--jobs {jobs!r} must be at least 1")
 
 
+def _own_memory(result: CellResult, how: str) -> CellResult:
+    """A cell out of GPU memory where ``how`` says no other worker of the run was the cause:
+    its ERROR says so, and what to do, instead of leaving the reader to blame ``--jobs``."""
+    for f in result.findings:
+        if f["verdict"] == "ERROR" and f.get("out_of_memory") and "; " + how not in f["message"]:
+            f["message"] += (
+                f"; {how}: the cell needs more than the GPU had free (free it of other processes, "
+                "or run the scenario on a GPU with more memory)"
+            )
+    return result
+
+
 class WorkerPool:
     """``jobs`` long-lived workers sharing one ``WorkerConfig``.
 
@@ -284,7 +296,7 @@ class WorkerPool:
                 if why is not None:
                     alone.append((i, why))
                     continue
-                line.settle(i, result)
+                line.settle(i, _own_memory(result, "no other worker of this run shared its GPU"))
         return line.finished()
 
     def _casualty(self, w: Worker, event: Event, result: CellResult) -> str | None:
@@ -334,7 +346,7 @@ class WorkerPool:
             )
             label = f"{','.join(key) or 'baseline'}::{cell.scenario.name}"
             self.reran_alone.append(f"{label}: {why}; alone it gave {result.verdict}")
-            line.settle(i, result)
+            line.settle(i, _own_memory(result, "it ran out again alone, the other workers idle"))
 
     def _alone_worker(self, *, outside: bool) -> Worker:
         for w in self.workers:

@@ -122,11 +122,11 @@ def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = Non
     where = _frame_under_test(exc)
     if is_out_of_gpu_memory(exc):
         # The GPU is shared by the workers (and whatever else runs there): running out of its
-        # memory says nothing about the code under test, so it is never a finding.
+        # memory says nothing about the code under test, so it is never a finding. Whether other
+        # workers shared it is the pool's to say (sglfix.execution.pool), not this process's.
         result.add(
             "ERROR",
-            f"out of GPU memory in {stage}: {_first_line(exc)[:160]}; other workers share this GPU: "
-            f"rerun with fewer (--jobs) [{where}]",
+            f"out of GPU memory in {stage}: {_first_line(exc)[:160]} [{where}]",
             type=type(exc).__name__,
             stage=stage,
             frame=where,
