@@ -140,7 +140,7 @@ def _own_memory(result: CellResult, how: str) -> CellResult:
     """A cell out of GPU memory where ``how`` says no other worker of the run was the cause:
     its ERROR says so, and what to do, instead of leaving the reader to blame ``--jobs``."""
     for f in result.findings:
-        if f["verdict"] == "ERROR" and f.get("out_of_memory") and "; " + how not in f["message"]:
+        if f["verdict"] == "ERROR" and f.get("out_of_memory"):
             f["message"] += (
                 f"; {how}: the cell needs more than the GPU had free (free it of other processes, "
                 "or run the scenario on a GPU with more memory)"
