@@ -166,8 +166,11 @@ def _boot(device: str, codebase: str = "reproduction") -> dict:
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    keeps_caches = False
+    keeps_caches, triton_key = False, None
     if device == "cuda":
+        from sglfix.harness.tritonkey import remember_triton_key
+
+        triton_key = remember_triton_key() if triton_version else None
         from sglfix.harness.allocator import keep_caches_across_captures
 
         keeps_caches = keep_caches_across_captures()
@@ -190,6 +193,7 @@ def _boot(device: str, codebase: str = "reproduction") -> dict:
         "skipped": skipped,
         "interpreter": interpreter,
         "keeps_caches": keeps_caches,
+        "triton_key": triton_key,
         "codebase": {
             "name": cb.name,
             **found.to_json(),
