@@ -103,6 +103,26 @@ def _child(args: argparse.Namespace) -> None:
             rows[-1]["peak_mib"] = torch.cuda.max_memory_reserved() >> 20
             free, total = torch.cuda.mem_get_info()
             rows[-1]["device_used_mib"] = (total - free) >> 20  # what the driver says is in use: torch's and not
+            if args.memory_gc:
+                # What of it only the cyclic collector frees (a graph and its memory pool kept by a
+                # reference cycle), and what that collection costs.
+                import gc
+
+                graphs, storages = 0, {}
+                for o in gc.get_objects():  # before the collection: what the cell left alive
+                    if isinstance(o, torch.cuda.CUDAGraph):
+                        graphs += 1
+                    elif isinstance(o, torch.Tensor) and o.is_cuda:
+                        st = o.untyped_storage()
+                        storages[st.data_ptr()] = st.nbytes()
+                rows[-1]["graphs_alive"] = graphs
+                rows[-1]["cuda_tensor_mib"] = sum(storages.values()) >> 20
+                t_gc = time.perf_counter()
+                found = gc.collect()
+                torch.cuda.empty_cache()
+                rows[-1]["gc_ms"] = round((time.perf_counter() - t_gc) * 1e3, 2)
+                rows[-1]["gc_found"] = found
+                rows[-1]["reserved_after_gc_mib"] = torch.cuda.memory_reserved() >> 20
     out = {"index": args.index, "of": args.of, "boot_s": round(boot_s, 3), "wall_s": time.perf_counter() - start}
     out["boot_parts_s"] = {
         "import_torch": round(t_torch - t0, 3),
@@ -189,6 +209,8 @@ def _spawn(n: int, args: argparse.Namespace, *, cprofile: bool = False) -> dict:
         base.append("--count-syncs")
     if args.memory:
         base.append("--memory")
+    if args.memory_gc:
+        base.append("--memory-gc")
     if cprofile:
         base.append("--cprofile")
         if args.prof_out:
@@ -279,6 +301,11 @@ def main() -> None:
     ap.add_argument("--cprofile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--count-syncs", action="store_true", help="count synchronising calls by caller")
     ap.add_argument("--memory", action="store_true", help="record each cell's device memory (reserved after, peak)")
+    ap.add_argument(
+        "--memory-gc",
+        action="store_true",
+        help="with --memory: after each cell also a full collection and an emptied cache (what cycles held)",
+    )
     ap.add_argument("--keep-cache", action="store_true", help="no allocator emptying before captures (experiment)")
     ap.add_argument(
         "--spread",
@@ -309,7 +336,13 @@ def main() -> None:
     if args.memory and last:
         rows = [r for child in last["children"] for r in child["rows"]]
         report["memory"] = [
-            [r["set"], r["scenario"], r["reserved_mib"], r["peak_mib"], r["device_used_mib"]] for r in rows
+            [r["set"], r["scenario"], r["reserved_mib"], r["peak_mib"], r["device_used_mib"]]
+            + (
+                [r["reserved_after_gc_mib"], r["gc_ms"], r["gc_found"], r["graphs_alive"], r["cuda_tensor_mib"]]
+                if args.memory_gc
+                else []
+            )
+            for r in rows
         ]
         print(
             f"device memory: most reserved after a cell {max(r['reserved_mib'] for r in rows)} MiB, "

@@ -87,7 +87,8 @@ fi
 if [ "${ONLY:-}" = memory ]; then
   # Each cell's device memory in one process (reserved after it, its peak, the driver's count),
   # over the plan's first SETS toggle sets: where a worker's memory grows.
-  python3 bench/cell_profile.py --device cuda --procs 1 --sets ${SETS:-6} --profile-sets 0 --memory \
+  # MEMORY_GC=1: after each cell also a full collection and an emptied cache (what cycles held).
+  python3 bench/cell_profile.py --device cuda --procs 1 --sets ${SETS:-6} --profile-sets 0 --memory ${MEMORY_GC:+--memory-gc} \
     --json "$OUT/memory${TAG:-}.json" 2>&1 | tail -3; echo "memory rc=${PIPESTATUS[0]}"
   exit 0
 fi

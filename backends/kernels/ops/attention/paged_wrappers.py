@@ -30,6 +30,7 @@ import torch
 __all__ = [
     "flashinfer_available",
     "make_workspace_buffer",
+    "on_device",
     "make_mla_paged_wrapper",
     "make_decode_wrapper",
     "TorchMLAPagedWrapper",
@@ -50,6 +51,18 @@ def flashinfer_available(device: torch.device | str) -> bool:
     except Exception:
         return False
     return True
+
+
+def on_device(tensor: torch.Tensor, device: torch.device | str) -> bool:
+    """Whether ``tensor`` lives on ``device``, an index-less ``cuda`` meaning the current GPU.
+    Devices compared as given never match there (``torch.device("cuda") != torch.device("cuda:0")``),
+    so a buffer kept for reuse would be made again by every backend that asks for it."""
+    d = torch.device(device)
+    if tensor.device.type != d.type:
+        return False
+    if d.index is None:
+        return d.type != "cuda" or tensor.device.index == torch.cuda.current_device()
+    return tensor.device.index == d.index
 
 
 def make_workspace_buffer(device: torch.device | str) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 import triton
 
 from sglfix.backends.kernels.ops.attention.kv_indices import create_flashinfer_kv_indices_triton
-from sglfix.backends.kernels.ops.attention.paged_wrappers import make_decode_wrapper, make_workspace_buffer
+from sglfix.backends.kernels.ops.attention.paged_wrappers import make_decode_wrapper, make_workspace_buffer, on_device
 from sglfix.backends.kernels.ops.speculative import generate_draft_decode_kv_indices
 from sglfix.backends.srt.model_executor.cuda_graph_buffer_registry import StaticBuffer, alloc_static
 from sglfix.backends.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -50,7 +50,7 @@ global_workspace_buffer = None
 
 def _workspace(device: torch.device) -> torch.Tensor:
     global global_workspace_buffer
-    if global_workspace_buffer is None or global_workspace_buffer.device != device:
+    if global_workspace_buffer is None or not on_device(global_workspace_buffer, device):
         global_workspace_buffer = make_workspace_buffer(device)
     return global_workspace_buffer
 
