@@ -101,10 +101,11 @@ def test_default_workers_follow_the_gpus_memory_and_cores(monkeypatch, cores, mi
 @pytest.mark.parametrize(
     "cores, mib, want",
     [
-        (16, 81559, 8),  # one H100 under MPS: memory allows 8, cores 8
-        (32, 81559, 8),  # more cores: the memory holds 8
-        (16, 24576, 2),  # a 24 GB card
-        (64, 143771, 8),  # an H200: at most 8
+        (16, 81559, 12),  # one H100 under MPS: three quarters of 16 cores; memory allows 15
+        (32, 81559, 12),  # more cores: at most 12
+        (8, 81559, 6),  # fewer cores
+        (16, 24576, 4),  # a 24 GB card
+        (64, 143771, 12),  # an H200: at most 12
     ],
 )
 def test_under_mps_a_gpu_holds_more_workers(monkeypatch, cores, mib, want):
@@ -115,6 +116,16 @@ def test_under_mps_a_gpu_holds_more_workers(monkeypatch, cores, mib, want):
     monkeypatch.setattr(devices, "has_cuda_device", lambda: True)
     assert devices.check_jobs(None, "cuda", mps=True) == want
     assert devices.check_jobs(None, "cuda", mps=False) <= want
+
+
+def test_under_mps_several_gpus_still_share_a_quarter_of_the_cores(monkeypatch):
+    from sglfix.execution import devices
+
+    monkeypatch.setattr(devices, "_cores", lambda: 64)
+    monkeypatch.setattr(devices, "query_gpus", lambda *fields: ["143771"] * 4)
+    monkeypatch.setattr(devices, "has_cuda_device", lambda: True)
+    assert devices.check_jobs(None, "cuda", gpus=4, mps=True) == 16
+    assert devices.check_jobs(None, "cuda", gpus=2, mps=True) == 16  # 24 a GPU by cores, 12 at most
 
 
 def test_jobs_with_devices_is_the_total_dealt_over_them():

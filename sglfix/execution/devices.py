@@ -32,18 +32,19 @@ def check_device(device: str) -> None:
 
 # What a worker holds on the GPU: up to 4 GiB of allocator cache between cells
 # (sglfix.harness.allocator) plus what its current cell needs (inputs, KV pools, the graphs'
-# pools, the 384 MiB FlashInfer workspace). Measured peaks of the whole GPU per worker count are
-# in bench/results/workers-h100.json; eight workers with caches kept whole ran out of memory, and
-# seven (10 GiB each on an 80 GB H100) did too in two of four full runs: a worker was seen holding
-# 12.8 GiB when a 384 MiB workspace could not be had (bench/results/speed-h100.json).
+# pools, the shared 384 MiB FlashInfer workspace). Without MPS a GPU's workers take turns on it,
+# and six (12 GiB each on an 80 GB H100) ran the full matrix fastest
+# (bench/results/workers-h100.json).
 _GPU_GIB_PER_WORKER = 12
-# Under MPS (sglfix.execution.mps) the workers share one context on the device, not one each, so
-# a GPU runs more of them at once: on one H100 the full matrix took 9.69 s of cells with eight,
-# 11.0-11.4 s with six (bench/results/mps-h100.json). Their memory peaks differ run to run (66 GB,
-# and once the whole 80 GB): a cell that runs out of memory beside the others runs again alone
-# (sglfix.execution.pool), so a peak costs time, never a verdict.
-_GPU_GIB_PER_WORKER_MPS = 9
 _MAX_GPU_WORKERS = 8
+# Under MPS (sglfix.execution.mps) the workers share one context on the device and run side by
+# side, so the host's cores bound them rather than the GPU: on one H200 with 16 cores the full
+# matrix took 8.2-9.2 s of cells with eight workers, 7.1-7.8 s with ten and 6.9-7.2 s with
+# twelve, the GPU's peak 25-27, 32 and 36 GB (bench/results/workspace-h200.json; before the
+# FlashInfer workspace was shared, eight held 67-80 GB and more than eight ran out of memory on
+# an H100). So three quarters of the cores, at 5 GiB a worker, at most 12.
+_GPU_GIB_PER_WORKER_MPS = 5
+_MAX_GPU_WORKERS_MPS = 12
 
 
 # On several GPUs the workers' fixed costs (boot, CUDA context, each kernel's first load) contend
@@ -61,16 +62,18 @@ def _cores() -> int:
 def default_gpu_workers(gpus: int = 1, *, mps: bool = False) -> int:
     """Workers sharing each GPU when --jobs is not given. A cell is host-bound (Python, kernel
     launches, metadata building), so several workers keep one GPU busy: half the cores this
-    process may use (the rest serve the parent and the kernel compilers), shared among the
-    ``gpus`` in use, no more than a GPU's memory holds at what one worker keeps (less under
-    ``mps``), and at most 8."""
-    by_cores = max(1, _cores() // 2 // max(1, gpus))
+    process may use (the rest serve the parent and the kernel compilers; three quarters under
+    ``mps``, where the workers run side by side), shared among the ``gpus`` in use, no more than
+    a GPU's memory holds at what one worker keeps, and at most 8 (12 under ``mps``)."""
+    share = 3 * _cores() // 4 if mps else _cores() // 2
+    by_cores = max(1, share // max(1, gpus))
     try:
         mib = min(int(line) for line in query_gpus("memory.total") or ())
     except ValueError:  # memory unknown: the two that fit any GPU sglfix runs on
         return min(by_cores, 2)
     per_worker = _GPU_GIB_PER_WORKER_MPS if mps else _GPU_GIB_PER_WORKER
-    return max(1, min(by_cores, mib // (per_worker * 1024), _MAX_GPU_WORKERS))
+    most = _MAX_GPU_WORKERS_MPS if mps else _MAX_GPU_WORKERS
+    return max(1, min(by_cores, mib // (per_worker * 1024), most))
 
 
 def query_gpus(*fields: str) -> list[str] | None:
