@@ -340,3 +340,22 @@ def test_a_cell_without_output_judges_metadata_and_is_skip_when_nothing_was_chec
     assert result.findings[0]["message"].startswith(first), result.findings
     if verdict != "SKIP":
         assert result.findings[-1]["message"] == "output not checked: no kernel here"
+
+
+def test_a_cpu_case_never_takes_flash_mla_s_full_init(monkeypatch):
+    # The case's device is a torch.device: compared with the string "cpu" it never matched, so a
+    # CPU case on a machine with a GPU and FlashMLA would have taken the GPU-only init.
+    from types import SimpleNamespace
+
+    import torch
+
+    import sglfix.harness.kits as kits
+    from sglfix.harness.adapters.base import Prepared
+    from sglfix.harness.adapters.sglang.deepseek_v4 import DeepseekV4DraftAdapter
+
+    monkeypatch.setattr(
+        kits, "kit", lambda part: SimpleNamespace(flash_mla_available=lambda: True, has_cuda=lambda: True)
+    )
+    adapter = DeepseekV4DraftAdapter.__new__(DeepseekV4DraftAdapter)
+    assert not adapter._full_init(Prepared(case=SimpleNamespace(device=torch.device("cpu")), num_slots=1))
+    assert adapter._full_init(Prepared(case=SimpleNamespace(device=torch.device("cuda")), num_slots=1))

@@ -88,7 +88,10 @@ class DeepseekV4DraftAdapter(AdapterBase):
 
         flash_mla_available, has_cuda = kit("drafts").flash_mla_available, kit("drafts").has_cuda
 
-        return prepared.case.device != "cpu" and has_cuda() and flash_mla_available()
+        import torch
+
+        # The case's device is a torch.device, which never equals the string "cpu".
+        return torch.device(prepared.case.device).type != "cpu" and has_cuda() and flash_mla_available()
 
     def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
         case = prepared.case
