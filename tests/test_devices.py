@@ -126,6 +126,11 @@ def test_under_mps_several_gpus_still_share_a_quarter_of_the_cores(monkeypatch):
     monkeypatch.setattr(devices, "has_cuda_device", lambda: True)
     assert devices.check_jobs(None, "cuda", gpus=4, mps=True) == 16
     assert devices.check_jobs(None, "cuda", gpus=2, mps=True) == 16  # 24 a GPU by cores, 12 at most
+    monkeypatch.setattr(devices, "_cores", lambda: 32)
+    # Two GPUs of a 32-core host: a quarter of the cores would be 8, fewer than one GPU gets alone.
+    assert (
+        devices.check_jobs(None, "cuda", gpus=2, mps=True) == devices.check_jobs(None, "cuda", gpus=1, mps=True) == 12
+    )
 
 
 def test_jobs_with_devices_is_the_total_dealt_over_them():

@@ -113,7 +113,9 @@ def check_jobs(jobs: int | None, device: str, *, gpus: int | None = None, mps: b
         if gpus == 1:
             return default_gpu_workers(mps=mps)
         if gpus:
-            return max(gpus, min(default_gpu_workers(gpus, mps=mps) * gpus, _cores() // _CORES_PER_WORKER_ACROSS_GPUS))
+            # Never fewer than one GPU alone would get: a second GPU only adds room.
+            spread = min(default_gpu_workers(gpus, mps=mps) * gpus, _cores() // _CORES_PER_WORKER_ACROSS_GPUS)
+            return max(gpus, spread, default_gpu_workers(mps=mps))
         if uses_cuda(device):
             return default_gpu_workers(mps=mps)
         return max(1, min(2, os.cpu_count() or 1))
