@@ -190,8 +190,9 @@ if [ "${ONLY:-}" = mps ]; then
   # sampled and every run's verdicts compared with the committed CUDA matrix; the fault tests
   # under MPS (tests/test_mps.py); a parent killed mid-run (SIGKILL, SIGTERM) must leave no worker
   # and no daemon; bench/mps_probe.py says what a fatal fault in one process does to the others.
-  # MPS_JOBS="9 12" adds runs with --jobs N to each of MPS_ROUNDS (2) rounds; MPS_OFF=0 leaves out
-  # the --mps off runs, MPS_PROBES=0 the kills and the fault probes.
+  # MPS_JOBS="9 12" adds runs with --jobs N to each of MPS_ROUNDS (2) rounds, OFF_JOBS="6 8" runs
+  # with --mps off --jobs N; MPS_OFF=0 leaves out the --mps off runs, MPS_PROBES=0 the kills and the
+  # fault probes, MPS_TESTS=0 tests/test_mps.py.
   peakrun() {  # name, then the command: timed, with the GPU's peak memory
     local name=$1; shift
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 300 > "$OUT/$name.mem" 2>/dev/null &
@@ -203,12 +204,15 @@ if [ "${ONLY:-}" = mps ]; then
     python3 -m sglfix report compare bench/results/matrix-cuda.json "$OUT/$name.json" | tail -1
     python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('executor', r['executor'], 'reran alone', len(r.get('reran_alone') or []))" "$OUT/$name.json"
   }
-  python3 -m pytest -q -p no:cacheprovider tests/test_mps.py > "$OUT/pytest-mps.txt" 2>&1; echo "pytest tests/test_mps.py rc=$?"; tail -3 "$OUT/pytest-mps.txt"
+  if [ "${MPS_TESTS:-1}" = 1 ]; then
+    python3 -m pytest -q -p no:cacheprovider tests/test_mps.py > "$OUT/pytest-mps.txt" 2>&1; echo "pytest tests/test_mps.py rc=$?"; tail -3 "$OUT/pytest-mps.txt"
+  fi
   REPRO="python3 -m sglfix matrix --parts --no-reachability --device cuda --no-cache"
   for i in $(seq 1 ${MPS_ROUNDS:-2}); do
     peakrun repro-$i $REPRO --json "$OUT/repro-$i.json"
     [ "${MPS_OFF:-1}" = 1 ] && peakrun repro-off-$i $REPRO --mps off --json "$OUT/repro-off-$i.json"
     for j in ${MPS_JOBS:-}; do peakrun repro-jobs-$j-$i $REPRO --jobs $j --json "$OUT/repro-jobs-$j-$i.json"; done
+    for j in ${OFF_JOBS:-}; do peakrun repro-off-jobs-$j-$i $REPRO --mps off --jobs $j --json "$OUT/repro-off-jobs-$j-$i.json"; done
   done
   if [ "${MPS_PROBES:-1}" = 1 ]; then
   for sig in KILL TERM; do  # (a background job of a script ignores SIGINT)

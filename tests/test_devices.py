@@ -81,12 +81,13 @@ def test_workers_are_dealt_over_the_devices_each_seeing_only_its_own(jobs, want)
 @pytest.mark.parametrize(
     "cores, mib, gpus, want",
     [
-        (16, 81559, None, 6),  # one H100, 16 cores: memory allows 6, cores 8
-        (64, 81559, 4, 16),  # four H100s, 64 cores: 6 a GPU would be 24; a quarter of the cores
+        (16, 81559, None, 8),  # one H100, 16 cores: cores allow 8, memory 13
+        (64, 81559, 4, 16),  # four H100s, 64 cores: 8 a GPU would be 32; a quarter of the cores
         (32, 81559, 2, 8),  # two GPUs, 32 cores
         (8, 81559, 4, 4),  # few cores: still one a GPU
-        (16, 24576, 1, 2),  # a 24 GB card holds two
-        (16, 81559, 1, 6),  # --devices 0 runs as --device cuda does
+        (16, 24576, 1, 4),  # a 24 GB card holds four
+        (16, 8192, 1, 1),  # an 8 GB card: one
+        (16, 81559, 1, 8),  # --devices 0 runs as --device cuda does
     ],
 )
 def test_default_workers_follow_the_gpus_memory_and_cores(monkeypatch, cores, mib, gpus, want):

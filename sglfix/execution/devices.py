@@ -32,10 +32,12 @@ def check_device(device: str) -> None:
 
 # What a worker holds on the GPU: up to 4 GiB of allocator cache between cells
 # (sglfix.harness.allocator) plus what its current cell needs (inputs, KV pools, the graphs'
-# pools, the shared 384 MiB FlashInfer workspace). Without MPS a GPU's workers take turns on it,
-# and six (12 GiB each on an 80 GB H100) ran the full matrix fastest
-# (bench/results/workers-h100.json).
-_GPU_GIB_PER_WORKER = 12
+# pools, the shared 384 MiB FlashInfer workspace). Without MPS a GPU's workers take turns on it:
+# on one H200 with 16 cores, 6 workers took 10.7-10.9 s of cells, 8 took 9.8-10.3 s and 12
+# 10.0-10.1 s, the GPU's peak 23, 25 and 36 GB (bench/results/workspace-h200.json). Six GiB a
+# worker lets an 80 GB H100 run eight; 12 GiB was the budget while every FlashInfer backend
+# still made a workspace of its own.
+_GPU_GIB_PER_WORKER = 6
 _MAX_GPU_WORKERS = 8
 # Under MPS (sglfix.execution.mps) the workers share one context on the device and run side by
 # side, so the host's cores bound them rather than the GPU: on one H200 with 16 cores the full

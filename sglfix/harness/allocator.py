@@ -20,8 +20,10 @@ from collections.abc import Iterator
 
 __all__ = ["WORKER_CACHE_BUDGET", "keep_caches_across_captures", "trim_after_cell"]
 
-# A third of what the pool budgets per worker on a shared GPU (sglfix.cli.common): room for the
-# live tensors and the graphs' own pools above the cache.
+# What a worker may keep cached between captures; sglfix.execution.devices budgets each worker
+# 5-6 GiB in all. (1, 2 and 4 GiB gave the same GPU peak and times over the full matrix while
+# cyclic garbage set the peak, bench/results/workspace-h200.json; since, eight workers peak at
+# 25 GB in all.)
 WORKER_CACHE_BUDGET = 4 << 30
 
 _MARK = "_sglfix_cache_budget"  # set on the installed wrapper: its budget in bytes
