@@ -32,8 +32,8 @@ def _name(o) -> str:
 
 
 def _chain(target, pool_ids: set[int], depth: int = 6) -> list[str]:
-    """Referrers of ``target`` inside the garbage, one step at a time (the first each time that
-    is not a frame of this probe), as type names."""
+    """Referrers of ``target`` inside the garbage, one step at a time (each time preferring an
+    object or its ``__dict__`` over a bare tuple or list), as type names."""
     out, seen, cur = [], {id(target)}, target
     for _ in range(depth):
         refs = [r for r in gc.get_referrers(cur) if id(r) in pool_ids and id(r) not in seen]
