@@ -66,17 +66,14 @@ def _read(path: str, print_: str) -> str | None:
 
 
 def _write(path: str, print_: str, key: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
+    from sglfix.report.output import write_atomic
+
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"fingerprint": print_, "key": key}, f)
-        os.replace(tmp, path)  # whole or not at all: a worker beside this one may be reading
+        # Whole or not at all: a worker beside this one may be reading it.
+        write_atomic(path, json.dumps({"fingerprint": print_, "key": key}))
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass  # no memo: the next process hashes Triton again
 
 
 def remember_triton_key() -> str | None:
