@@ -61,21 +61,28 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def default_gpu_workers(gpus: int = 1, *, mps: bool = False) -> int:
+def _gpu_bounds(*, mps: bool) -> tuple[int, int]:
+    """The cores the workers of every GPU share, and the most workers one GPU holds: its memory
+    at what one worker keeps, at most 8 (12 under ``mps``); 2 when its memory is unknown."""
+    share = 3 * _cores() // 4 if mps else _cores() // 2
+    try:
+        mib = min(int(line) for line in query_gpus("memory.total") or ())
+    except ValueError:  # memory unknown: the two that fit any GPU sglfix runs on
+        return share, 2
+    per_worker = _GPU_GIB_PER_WORKER_MPS if mps else _GPU_GIB_PER_WORKER
+    most = _MAX_GPU_WORKERS_MPS if mps else _MAX_GPU_WORKERS
+    return share, max(1, min(mib // (per_worker * 1024), most))
+
+
+def default_gpu_workers(gpus: int = 1, *, mps: bool = False, bounds: tuple[int, int] | None = None) -> int:
     """Workers sharing each GPU when --jobs is not given. A cell is host-bound (Python, kernel
     launches, metadata building), so several workers keep one GPU busy: half the cores this
     process may use (the rest serve the parent and the kernel compilers; three quarters under
     ``mps``, where the workers run side by side), shared among the ``gpus`` in use, no more than
-    a GPU's memory holds at what one worker keeps, and at most 8 (12 under ``mps``)."""
-    share = 3 * _cores() // 4 if mps else _cores() // 2
-    by_cores = max(1, share // max(1, gpus))
-    try:
-        mib = min(int(line) for line in query_gpus("memory.total") or ())
-    except ValueError:  # memory unknown: the two that fit any GPU sglfix runs on
-        return min(by_cores, 2)
-    per_worker = _GPU_GIB_PER_WORKER_MPS if mps else _GPU_GIB_PER_WORKER
-    most = _MAX_GPU_WORKERS_MPS if mps else _MAX_GPU_WORKERS
-    return max(1, min(by_cores, mib // (per_worker * 1024), most))
+    a GPU's memory holds at what one worker keeps, and at most 8 (12 under ``mps``). ``bounds``:
+    ``_gpu_bounds`` already read (its GPU query is a subprocess)."""
+    share, most = bounds if bounds is not None else _gpu_bounds(mps=mps)
+    return min(max(1, share // max(1, gpus)), most)
 
 
 def query_gpus(*fields: str) -> list[str] | None:
@@ -115,9 +122,10 @@ def check_jobs(jobs: int | None, device: str, *, gpus: int | None = None, mps: b
         if gpus == 1:
             return default_gpu_workers(mps=mps)
         if gpus:
+            bounds = _gpu_bounds(mps=mps)
+            spread = min(default_gpu_workers(gpus, bounds=bounds) * gpus, _cores() // _CORES_PER_WORKER_ACROSS_GPUS)
             # Never fewer than one GPU alone would get: a second GPU only adds room.
-            spread = min(default_gpu_workers(gpus, mps=mps) * gpus, _cores() // _CORES_PER_WORKER_ACROSS_GPUS)
-            return max(gpus, spread, default_gpu_workers(mps=mps))
+            return max(gpus, spread, default_gpu_workers(bounds=bounds))
         if uses_cuda(device):
             return default_gpu_workers(mps=mps)
         return max(1, min(2, os.cpu_count() or 1))
