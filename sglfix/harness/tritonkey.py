@@ -66,14 +66,17 @@ def _read(path: str, print_: str) -> str | None:
 
 
 def _write(path: str, print_: str, key: str) -> None:
-    from sglfix.report.output import write_atomic
-
+    tmp = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        # Whole or not at all: a worker beside this one may be reading it.
-        write_atomic(path, json.dumps({"fingerprint": print_, "key": key}))
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"fingerprint": print_, "key": key}, f)
+        os.replace(tmp, path)  # whole or not at all: a worker beside this one may be reading
     except OSError:
-        pass  # no memo: the next process hashes Triton again
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def remember_triton_key() -> str | None:
