@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
 from clihelp import assert_one_line_error, run_cli
 
 DECODE = "triton-decode@cg=eager,gpu_only=off"
@@ -108,6 +109,111 @@ def test_a_signal_while_a_report_is_written_leaves_no_temporary_file(tmp_path):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=where)
         assert r.returncode == 143, (suffix, r.returncode, r.stderr[-2000:])
         assert not list(where.iterdir()), (suffix, list(where.iterdir()))
+
+
+# Python code run before ``report merge`` in a process of its own: where the SIGTERM comes from.
+_SIGTERM_WHEN = {
+    # The kernel hands a signal the main thread blocks to another thread, and Python runs the
+    # handler in the main thread anyway, wherever it is (here: before mkstemp gave the name back).
+    "to another thread": (
+        "import os, signal, tempfile, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "real = tempfile.mkstemp\n"
+        "def mkstemp(*a, **k):\n"
+        "    made = real(*a, **k)\n"
+        "    if k.get('suffix') == '.tmp':\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(0.2)\n"
+        "    return made\n"
+        "tempfile.mkstemp = mkstemp\n"
+    ),
+    # One SIGTERM as the file is created, a second one as its removal starts.
+    "twice": (
+        "import os, signal, tempfile\n"
+        "real, real_unlink = tempfile.mkstemp, os.unlink\n"
+        "def mkstemp(*a, **k):\n"
+        "    made = real(*a, **k)\n"
+        "    if k.get('suffix') == '.tmp':\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return made\n"
+        "def unlink(path, *a, **k):\n"
+        "    if str(path).endswith('.tmp'):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real_unlink(path, *a, **k)\n"
+        "tempfile.mkstemp = mkstemp\n"
+        "os.unlink = unlink\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("when", list(_SIGTERM_WHEN))
+def test_sigterm_delivered_to_another_thread_or_twice_leaves_no_temporary_file(tmp_path, when):
+    """However the SIGTERMs come while a report is written (to a thread other than the one
+    writing, or again while the temporary file is removed): exit 143, nothing left."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    report = Path(__file__).resolve().parent.parent / "bench" / "results" / "matrix-cpu-reach.json"
+    out = tmp_path / "merged.json"
+    code = (
+        _SIGTERM_WHEN[when]
+        + f"from sglfix.cli import main\nmain(['report', 'merge', {str(report)!r}, '-o', {str(out)!r}])\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 143, (r.returncode, r.stderr[-2000:])
+    assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())
+
+
+def test_repeated_sigterm_to_a_process_writing_reports_leaves_no_temporary_file(tmp_path):
+    """A process that writes a report again and again (a second thread alive, as a run's pool
+    has) gets SIGTERM after SIGTERM at random moments; each ends one write. No temporary file is
+    ever left, whether the write is then abandoned or the report is whole."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import sys, threading, time\n"
+        "from pathlib import Path\n"
+        "from sglfix.common.signals import Terminated, signals_raise\n"
+        "from sglfix.report.output import write_atomic\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "text = ('x' * 99 + '\\n') * 2000\n"
+        "stop = Path('stop')\n"
+        "with signals_raise():\n"
+        "    print('ready', flush=True)\n"
+        "    while True:\n"
+        "        try:\n"
+        "            if stop.exists():\n"
+        "                break\n"
+        "            write_atomic('r.json', text)\n"
+        "        except Terminated:\n"
+        "            pass\n"
+    )
+    rng = random.Random(54)
+    sent = 0
+    while sent < 300:  # a SIGTERM between two writes ends the process: the next one starts
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            while sent < 300 and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                sent += 1
+                time.sleep(rng.uniform(0, 0.003))
+            (tmp_path / "stop").touch()
+            proc.wait(timeout=60)
+            (tmp_path / "stop").unlink()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name not in ("r.json", "stop"))
+    assert not left, left
 
 
 def test_a_new_toggle_beside_the_command_is_never_ignored_silently(tmp_path):

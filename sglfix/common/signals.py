@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Terminated", "signals_raise"]
+__all__ = ["Terminated", "deferred", "signals_raise"]
 
 
 class Terminated(BaseException):
@@ -39,3 +39,33 @@ def signals_raise() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
         if old_int in (signal.SIG_DFL, None):
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM noted, not acted on, until the block ends; then the first one noted is
+    raised again, so that its own handler (or its default action) takes effect after the block.
+    The block gets the list of those noted so far: a write that finds one abandons itself.
+
+    Blocking the signals in this thread (``pthread_sigmask``) does not hold them: in a process with
+    other threads the kernel hands the signal to one of those, and Python still runs the handler
+    here, at whatever line this thread is on. Replacing the handlers holds them wherever the
+    signal lands. Off the main thread no handler can interrupt this one: nothing to do."""
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    noted: list[int] = []
+
+    def note(signum: int, frame: Any) -> None:
+        noted.append(signum)
+
+    old: dict[int, Any] = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old[sig] = signal.signal(sig, note)
+        yield noted
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        if noted:
+            signal.raise_signal(noted[0])  # its handler runs now, as if it had just arrived

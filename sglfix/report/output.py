@@ -6,16 +6,16 @@ half-written report is worse than none.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import signal
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 from sglfix.common.errors import ConfigError
+from sglfix.common.signals import deferred
 
 __all__ = ["check_output_file", "check_output_path", "write_atomic", "write_json"]
 
@@ -38,9 +38,8 @@ def check_output_path(path: str | None, *, option: str) -> None:
         raise ConfigError(f"{option} {path} exists and is not a writable regular file; choose another path")
     # Permission bits do not tell whether a file can be created there (/proc, a read-only
     # mount): create one the way the report will be written, and remove it.
-    # Signals held meanwhile: one between creating the probe and removing it would leave it behind.
-    held = _hold_signals()
-    try:
+    # Signals deferred meanwhile: one between creating the probe and removing it would leave it behind.
+    with deferred():
         try:
             fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".check", dir=str(parent))
         except OSError as exc:
@@ -49,9 +48,6 @@ def check_output_path(path: str | None, *, option: str) -> None:
             ) from None
         os.close(fd)
         os.unlink(probe)
-    finally:
-        if held is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def check_output_file(path: str | None, *, option: str, suffixes: tuple[str, ...]) -> None:
@@ -66,47 +62,37 @@ def check_output_file(path: str | None, *, option: str, suffixes: tuple[str, ...
     check_output_path(path, option=option)
 
 
-def _hold_signals() -> Any:
-    """Block SIGINT and SIGTERM (the mask to restore), or None where that cannot be done."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-
-
 def write_atomic(path: str, text: str | bytes) -> None:
     """``text`` to ``path`` through a temporary file renamed over it: never half a file. SIGINT and
-    SIGTERM are held from before the temporary file exists until the ``try`` that removes it is
-    entered, so a signal at any moment leaves neither the file nor its temporary one behind (a
-    held signal is delivered there, and the write is abandoned)."""
+    SIGTERM are deferred from before the temporary file exists until it is renamed or removed
+    (``sglfix.common.signals.deferred``), however many arrive and whichever thread the kernel
+    hands them to: one that arrives while the file is written abandons the write (the temporary
+    file removed), and is raised once nothing is left behind."""
     p = Path(path)
-    held = _hold_signals()
-    try:
+    mode = "wb" if isinstance(text, bytes) else "w"
+    with deferred() as arrived:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent if str(p.parent) else "."))
-        handed = False  # the fd belongs to the file object once fdopen took it
+        renamed = False
         try:
-            if held is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held signal raises here, inside the try
-                held = None
-            # mkstemp's file is private (0600); give the report the mode a plain open() would.
-            os.fchmod(fd, 0o666 & ~_umask())
-            fh = os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", encoding="utf-8")
-            handed = True
+            try:
+                # mkstemp's file is private (0600); give the report the mode a plain open() would.
+                os.fchmod(fd, 0o666 & ~_umask())
+                fh = os.fdopen(fd, mode) if mode == "wb" else os.fdopen(fd, mode, encoding="utf-8")
+            except BaseException:
+                with contextlib.suppress(OSError):  # fdopen may have taken the fd and closed it
+                    os.close(fd)
+                raise
             with fh:
                 fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, p)
-        except BaseException:
-            if not handed:
-                os.close(fd)
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
-    finally:
-        if held is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            if not arrived:  # else the signal asks to stop: the write is abandoned
+                os.replace(tmp, p)
+                renamed = True
+        finally:
+            if not renamed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
 
 
 def _umask() -> int:
