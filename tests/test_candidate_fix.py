@@ -250,3 +250,30 @@ def test_shards_of_a_run_with_a_fix_merge_into_the_same_judgement(tmp_path):
     broken = [c["id"] for c in data["cells"] if c.get("meaning") == "broken"]
     assert len(broken) == 2 and all(b.startswith("+halve-scale::") for b in broken), data["cells"]
     assert data["judged"]["fixes"] == ["+halve-scale"] and r.code == 1
+
+
+def test_the_fix_line_counts_cells_skipped_here_once_as_the_judgement_does():
+    """A run with a fix where a scenario SKIPs here: the SKIPs (with and without the fix) are
+    counted once in the line, by the judgement's own count; the fix's part counts the patched
+    cells that ran to a verdict. The same for ERROR."""
+    import re
+
+    from sglfix.report.outcome import Meaning, judge
+
+    def cell(toggles, scenario, verdict):
+        return {"toggles": toggles, "scenario": scenario, "verdict": verdict}
+
+    cells = [
+        cell([], "a", "PASS"),
+        cell(["+fix"], "a", "PASS"),
+        cell([], "b", "SKIP"),
+        cell(["+fix"], "b", "SKIP"),
+        cell([], "c", "ERROR"),
+        cell(["+fix"], "c", "ERROR"),
+    ]
+    report = {"cells": cells, "apply": {"candidates": [{"id": "+fix"}], "expect_fixes": [], "over": []}}
+    judgement = judge(report, mode="findings")
+    line = judgement.outcome()
+    assert [int(n) for n in re.findall(r"(\d+) skipped here", line)] == [judgement.count(Meaning.SKIPPED)] == [2], line
+    assert [int(n) for n in re.findall(r"(\d+) ERROR", line)] == [judgement.count(Meaning.ERROR)] == [2], line
+    assert "1 of 1 patched cell(s) that ran to a verdict unchanged" in line, line

@@ -293,17 +293,16 @@ class Judgement:
         if not fixed:
             parts.append("clears nothing")
         parts.append(f"breaks {broken} cell(s)" if broken else "breaks nothing")
-        aside = (Meaning.FIXED, Meaning.BROKEN, Meaning.SKIPPED, Meaning.ERROR, Meaning.CHANGED)
-        unchanged = sum(c.meaning not in aside for c in patched)
-        parts.append(f"{unchanged} of {len(patched)} patched cell(s) unchanged")
-        for meaning, what in (
-            (Meaning.CHANGED, "failing with and without it, with another verdict"),
-            (Meaning.SKIPPED, "skipped here"),
-            (Meaning.ERROR, "ERROR"),
-        ):
-            n = sum(c.meaning is meaning for c in patched)
-            if n:
-                parts.append(f"{n} {what}")
+        # Cells skipped here or in ERROR say nothing of the fix; the run's line counts them once,
+        # over every cell (``explained_note``, ``problems``), so they are not counted again here.
+        judged = [c for c in patched if c.meaning not in (Meaning.SKIPPED, Meaning.ERROR)]
+        aside = (Meaning.FIXED, Meaning.BROKEN, Meaning.CHANGED)
+        unchanged = sum(c.meaning not in aside for c in judged)
+        which = "patched cell(s)" if len(judged) == len(patched) else "patched cell(s) that ran to a verdict"
+        parts.append(f"{unchanged} of {len(judged)} {which} unchanged")
+        changed = self.count(Meaning.CHANGED)
+        if changed:
+            parts.append(f"{changed} failing with and without it, with another verdict")
         if self.conflicts:
             parts.append(f"{len(self.conflicts)} set(s) not built (the fix and a revert change the same lines)")
         for c in self.fix_checks:
