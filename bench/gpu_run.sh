@@ -16,6 +16,8 @@
 # ONLY=runner runs the matrix and bisect (--devices all, two shards) through the one runner.
 # ONLY=fix checks the profile's candidate fixes on real sglang (bench/fix_check.py): the FlashInfer
 # MLA one over the fimla scenarios, then over the whole matrix; the req_to_token one over the probes.
+# ONLY=poison runs the reproduction matrix twice and real sglang's Triton draft-extend cells twice
+# (nothing served): verdicts that do not depend on the allocator (sglfix.harness.poison).
 # ONLY=finding writes the FlashInfer-MLA finding (report finding on the H100) and runs the Triton
 # draft-extend scenarios with every part (PR 27545's expectations on CUDA).
 # Everything lands in $OUT; a short table is printed last.
@@ -332,6 +334,31 @@ if [ "${ONLY:-}" = fix ]; then
     --expect 'fimla-draft-topk1@*' --parts --device cuda --json "$OUT/fix-fimla-cuda.json"; echo "rc=$?"
   tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
   tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
+  exit 0
+fi
+if [ "${ONLY:-}" = poison ]; then
+  # Verdicts that do not depend on the allocator (sglfix.harness.poison): the reproduction's full
+  # matrix twice (every cell, nothing served), each compared with the committed CUDA matrix and
+  # with the other; then real sglang's Triton draft-extend cells (PR 27545 reads rows nothing
+  # wrote) twice, compared with each other and with the committed real-sglang CUDA matrix.
+  for i in 1 2; do
+    log "poison: reproduction matrix on CUDA, run $i"
+    COLUMNS=250 timeout ${REPRO_LIMIT:-240} python3 -m sglfix matrix --parts --no-reachability --no-cache --device cuda \
+      --json "$OUT/poison-repro-$i.json" > "$OUT/poison-repro-$i.txt" 2>&1; echo "matrix rc=$?"
+    tail -1 "$OUT/poison-repro-$i.txt" | sed 's/\x1b\[[0-9;]*m//g'
+    python3 -m sglfix report compare bench/results/matrix-cuda.json "$OUT/poison-repro-$i.json" 2>&1 | tail -${TAIL:-12}
+  done
+  python3 -m sglfix report compare "$OUT/poison-repro-1.json" "$OUT/poison-repro-2.json" 2>&1 | tail -3
+  install_sglang
+  for i in 1 2; do
+    log "poison: real-sglang Triton draft extend on CUDA, every part, run $i"
+    COLUMNS=250 timeout ${SGLANG_LIMIT:-200} python3 -m sglfix matrix --profile sglang-0.5.23 --parts --no-cache \
+      -s 'sglang-triton-draft-extend-v2*' --device cuda --json "$OUT/poison-sglang-$i.json" > "$OUT/poison-sglang-$i.txt" 2>&1
+    echo "matrix rc=$?"; tail -1 "$OUT/poison-sglang-$i.txt" | sed 's/\x1b\[[0-9;]*m//g'
+  done
+  python3 -m sglfix report compare "$OUT/poison-sglang-1.json" "$OUT/poison-sglang-2.json" 2>&1 | tail -3
+  python3 -m sglfix report compare bench/results/matrix-sglang-cuda.json "$OUT/poison-sglang-1.json" 2>&1 | tail -${TAIL:-12}
+  (cd "$OUT" && tar -czf poison-logs.tgz --remove-files poison-*.txt sglang-check.* 2>/dev/null)
   exit 0
 fi
 if [ "${ONLY:-}" = finding ]; then

@@ -30,7 +30,12 @@ class GuardedBuffer:
     numel: int
 
 
-_FACTORIES = {torch.zeros: "zeros", torch.empty: "empty", torch.ones: "ones", torch.full: "full"}
+# By the factories themselves: a mode sees torch's own functions even where a cell's poisoned
+# block (sglfix.harness.poison) has wrapped the module's names when this module is imported.
+_FACTORIES = {
+    getattr(f, "__wrapped__", f): name
+    for f, name in ((torch.zeros, "zeros"), (torch.empty, "empty"), (torch.ones, "ones"), (torch.full, "full"))
+}
 
 
 def _is_cuda(device: Any) -> bool:
