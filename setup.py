@@ -4,9 +4,14 @@ A ``.pth`` file in site-packages runs its ``import`` line in every Python proces
 The ``zz-`` makes it run after the other ``.pth`` files, whose paths may hold sglfix's
 dependencies;
 this one reads SGLANG_DEBUG_REVERT_PR and returns at once when it selects nothing
-(``sglfix.toggling.hook`` says what happens otherwise). Everything else is in pyproject.toml.
+(``sglfix.toggling.hook`` says what happens otherwise). A regular wheel built from a git checkout
+also carries the commit it was built from (``sglfix.common.version``), which its reports record.
+Everything else is in pyproject.toml.
 """
 
+import functools
+import importlib.util
+import json
 from pathlib import Path
 
 from setuptools import setup
@@ -17,6 +22,20 @@ PTH = "zz-sglfix-startup.pth"
 PTH_TEXT = (Path(__file__).parent / PTH).read_bytes()
 
 
+@functools.cache
+def _source_record() -> tuple[str, bytes] | None:
+    """The commit of the tree a regular wheel is built from (``sglfix.common.version``'s file),
+    which the installed sglfix records in its reports; None outside a git checkout."""
+    here = Path(__file__).parent
+    spec = importlib.util.spec_from_file_location("_sglfix_version", here / "sglfix" / "common" / "version.py")
+    version = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(version)
+    found = version.git_source(str(here))
+    if found["commit"] is None:
+        return None
+    return version.BUILD_FILE, (json.dumps(found) + "\n").encode()
+
+
 class BuildPyWithStartupHook(build_py):
     """Regular wheels: the .pth lands next to the packages, at the root of site-packages."""
 
@@ -25,10 +44,17 @@ class BuildPyWithStartupHook(build_py):
         if not self.editable_mode:
             target = Path(self.build_lib) / PTH
             target.write_bytes(PTH_TEXT)
+            record = _source_record()
+            if record is not None:
+                (Path(self.build_lib) / "sglfix" / record[0]).write_bytes(record[1])
 
     def get_outputs(self, include_bytecode=1):
         outputs = super().get_outputs(include_bytecode)
-        return outputs if self.editable_mode else [*outputs, str(Path(self.build_lib) / PTH)]
+        if self.editable_mode:
+            return outputs
+        record = _source_record()
+        extra = [str(Path(self.build_lib) / "sglfix" / record[0])] if record is not None else []
+        return [*outputs, str(Path(self.build_lib) / PTH), *extra]
 
 
 class _StrategyWithStartupHook:

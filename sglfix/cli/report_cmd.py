@@ -232,16 +232,19 @@ def finding_cmd(
         [], "--scenario-file", metavar="PATH", help="The scenario file the report ran (default: the profile's)."
     ),
     no_rerun: bool = typer.Option(
-        False, "--no-rerun", help="Do not run the cell again to list the functions of the code base it entered."
+        False,
+        "--no-rerun",
+        help="Do not run the cell again (nor fetch the report's release) to list the functions of the code base it entered.",
     ),
 ) -> None:
-    """Write what an upstream issue needs about one cell, as Markdown: code base and versions, device,
-    the scenario, the command that reproduces it, observed and expected figures, the functions it ran
-    (file and line), and the candidate fix that clears it, if the profile keeps one."""
+    """Write what an upstream issue needs about one failing cell, as Markdown: code base and versions
+    (sglfix's commit among them), device, the scenario, how to install exactly what ran and the command
+    that reproduces it (a --release report: on that release), observed and expected figures, the
+    functions it ran (file and line), and the candidate fix that clears it, if the profile keeps one."""
     import sys
 
     from sglfix.cli.common import progress
-    from sglfix.execution.finding import gather_finding
+    from sglfix.execution.finding import gather_finding, pick_cell
     from sglfix.report.finding import render_finding
     from sglfix.report.load import load_report
     from sglfix.report.output import check_output_path, write_atomic
@@ -250,6 +253,7 @@ def finding_cmd(
     opts = options(ctx)
     check_output_path(output, option="--output")
     report = load_report(report_path)
+    pick_cell(report_path, report, cell_id)  # nothing to write up: one line before any profile, fetch or cell
     if opts.profile is not None:
         profile = opts.active_profile()
     else:  # the profile the report ran

@@ -11,14 +11,19 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Comparison", "compare_outputs", "reference_attention"]
+__all__ = ["BAD_ROW_RULE", "Comparison", "compare_outputs", "reference_attention", "reference_dtype"]
+
+
+def reference_dtype(device_type: str) -> str:
+    """The dtype the reference computes in on a device of this type (a finding quotes it)."""
+    return "float64" if device_type == "cpu" else "float32"
 
 
 def reference_attention(
     *, q_pad: torch.Tensor, k_pad: torch.Tensor, v_pad: torch.Tensor, mask: torch.Tensor, scale: float | None = None
 ) -> torch.Tensor:
     """q_pad [bs, Q, H, D], k_pad/v_pad [bs, L, Hkv, D], mask [bs, Q, L] -> [bs, Q, H, D]."""
-    acc = torch.float64 if q_pad.device.type == "cpu" else torch.float32
+    acc = getattr(torch, reference_dtype(q_pad.device.type))
     _bs, _nq, heads, dim = q_pad.shape
     kv_heads = k_pad.shape[2]
     group = heads // kv_heads
@@ -60,6 +65,12 @@ class Comparison:
             "first_bad_row": self.first_bad_row,
             "nonfinite": self.nonfinite,
         }
+
+
+# ``compare_outputs``'s test of a row, in words (a finding's "Expected" quotes it).
+BAD_ROW_RULE = (
+    "a query row fails when any element differs from the reference by more than tolerance x (1 + |reference|)"
+)
 
 
 def compare_outputs(*, out: torch.Tensor, ref: torch.Tensor, q_valid: torch.Tensor, tolerance: float) -> Comparison:

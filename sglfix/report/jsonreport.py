@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
+from sglfix.common.version import source as sglfix_source
+
 __all__ = ["SCHEMA", "build_report", "package_version", "summarize"]
 
 # The report format's version. A report without the key is schema 1, the format before it (its
@@ -73,6 +75,8 @@ def build_report(
         # The FlashInfer backends' GPU kernels (None where it is not installed).
         "flashinfer": package_version("flashinfer-python"),
         "sglfix": package_version("sglfix"),
+        # The code that ran, exactly: its version and git commit (sglfix.common.version.source).
+        "sglfix_source": sglfix_source(),
         "env_revert": env_revert,
         # What the cells replayed through: name, distribution, version, path, stand-ins used.
         "codebase": info.get("codebase"),

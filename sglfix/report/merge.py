@@ -36,6 +36,7 @@ ENV_FIELDS = (
     "triton",
     "flashinfer",
     "sglfix",
+    "sglfix_source",
     "env_revert",
     "codebase",
 )

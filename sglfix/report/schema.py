@@ -299,6 +299,17 @@ class Codebase(_Closed):
     beyond_range: str | None = None
 
 
+class SglfixSource(_Closed):
+    """The sglfix that wrote the report (sglfix.common.version.source): its version, the git
+    commit of its source (None: not known), how many of its shipped files differed from that
+    commit, and a public address of its repository (None: none recorded)."""
+
+    version: str
+    commit: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")] | None = None
+    modified: Count | None = None
+    url: str | None = None
+
+
 class Drifted(_Closed):
     """A revert that no longer applies to the code followed beyond its profile's range."""
 
@@ -382,6 +393,8 @@ class Report(_Closed):
     triton: str | None = None
     flashinfer: str | None = None
     sglfix: str | None = None
+    # The exact sglfix: its version and commit (absent from reports written before it was recorded).
+    sglfix_source: Annotated[SglfixSource | None, WrapValidator(_or_mixed)] = None
     env_revert: str | None = None
     # A merge of reports whose code bases differ only in where they were installed says so.
     codebase: Annotated[Codebase | None, WrapValidator(_or_mixed)] = None
