@@ -135,6 +135,55 @@ def test_a_fix_that_cannot_be_applied_is_one_line_before_any_cell(tmp_path, make
         assert not (tmp_path / "r.json").exists(), line
 
 
+def _binary_diff(tmp_path: Path) -> str:
+    f = tmp_path / "image.patch"
+    f.write_text(
+        "diff --git a/backends/srt/logo.png b/backends/srt/logo.png\nindex 1111111..2222222 100644\n"
+        "Binary files a/backends/srt/logo.png and b/backends/srt/logo.png differ\n"
+    )
+    return str(f)
+
+
+def _empty(tmp_path: Path) -> str:
+    f = tmp_path / "empty.patch"
+    f.write_text("")
+    return str(f)
+
+
+def _nul_bytes(tmp_path: Path) -> str:
+    f = tmp_path / "fix.patch"
+    f.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    return str(f)
+
+
+@pytest.mark.parametrize(
+    ("make", "needles"),
+    [
+        (lambda t: str(t / "missing.patch"), ["missing.patch does not exist"]),
+        (_empty, ["is empty", "git show"]),
+        (_binary_diff, ["backends/srt/logo.png is a binary file"]),
+        (_nul_bytes, ["is binary (holds NUL bytes)", "give a unified diff as text"]),
+    ],
+    ids=["missing", "empty", "binary-diff", "binary-file"],
+)
+def test_a_missing_empty_or_binary_fix_file_is_one_line_before_any_cell(tmp_path, make, needles):
+    fix = make(tmp_path)
+    r = run_cli("run", *DECODE, "--apply", fix, "--json", str(tmp_path / "r.json"), timeout=120)
+    assert_one_line_error(r, "--apply", fix, *needles)
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_expect_fixes_that_names_no_selected_scenario_is_refused_before_any_cell(tmp_path):
+    fix = write_fix(tmp_path, "zeros.patch", *BENIGN)
+    out = tmp_path / "r.json"
+    for command in ("run", "matrix"):
+        r = run_cli(
+            command, *DECODE, "--apply", fix, "--expect-fixes", "triton-decod@*", "--json", str(out), timeout=120
+        )
+        assert_one_line_error(r, "--expect-fixes triton-decod@*: matches none of the 1 selected scenario(s)")
+        assert not out.exists()
+
+
 def test_expect_fixes_needs_apply():
     r = run_cli("run", *DECODE, "--expect-fixes", "x", timeout=60)
     assert_one_line_error(r, "--expect-fixes", "--apply FIX.patch")

@@ -290,3 +290,30 @@ def test_from_diff_never_overwrites_a_file_nor_adds_a_second_toggle_for_a_regist
     r = run_cli("toggle", "from-diff", str(patch), "--pr", "90002", "-o", str(hand), timeout=60)
     assert_one_line_error(r, f"--output {hand} exists (68 lines)", "--force")
     assert hand.read_text() == "# hand-written\n" * 68
+
+
+def test_paths_with_dot_segments_map_as_the_plain_path_and_one_climbing_above_the_root_is_refused():
+    diff, _ = fix_diff("26651:clamp")
+    rel = "backends/srt/layers/attention/triton_backend.py"
+    assert diff.count(rel) == 2, diff[:300]
+    plain = _plan(diff)
+    assert plain.reverts and not plain.refusals
+    for spelled in ("./" + rel, rel.replace("srt/", "srt/./", 1), rel.replace("srt/", "srt/layers/../", 1)):
+        p = _plan(diff.replace(rel, spelled))
+        assert not p.refusals, [n.why for n in p.refusals]
+        assert [(r.target, r.edits) for r in p.reverts] == [(r.target, r.edits) for r in plain.reverts], spelled
+    climbing = _plan(diff.replace(rel, "../" + rel))
+    (refusal,) = climbing.refusals
+    assert not climbing.reverts and refusal.why.startswith("climbs above"), refusal
+
+
+def test_a_diff_that_only_adds_a_file_is_one_line_and_nothing_is_written(tmp_path):
+    patch = tmp_path / "new.patch"
+    patch.write_text(
+        "diff --git a/backends/srt/extra.py b/backends/srt/./extra.py\nnew file mode 100644\n"
+        "--- /dev/null\n+++ b/backends/srt/./extra.py\n@@ -0,0 +1,2 @@\n+def helper():\n+    return 1\n"
+    )
+    out = tmp_path / "t.yaml"
+    r = run_cli("toggle", "from-diff", str(patch), "--pr", "90001", "-o", str(out), timeout=60)
+    assert_one_line_error(r, "only adds new files (backends/srt/extra.py)", "nothing existed before the fix")
+    assert not out.exists()

@@ -116,6 +116,23 @@ def check_expect_fixes(globs: Sequence[str], apply: Sequence[str]) -> tuple[str,
     return tuple(globs)
 
 
+def check_expect_fixes_match(globs: Sequence[str], chosen: Sequence[Any]) -> None:
+    """Each ``--expect-fixes`` pattern names a scenario the options selected (the whole selection,
+    before any shard takes its part): one that names none could never be met, and the run would
+    only say so after every cell ran."""
+    import fnmatch
+
+    from sglfix.common.schema import nearest
+
+    names = [s.name for s in chosen]
+    for g in globs:
+        if not any(fnmatch.fnmatchcase(n, g) for n in names):
+            raise ConfigError(
+                f"--expect-fixes {g}: matches none of the {len(names)} selected scenario(s){nearest(g, names)}; "
+                "give the name or glob of a scenario the run selects (sglfix scenarios lists them)"
+            )
+
+
 def run_plan(
     opts: Options,
     settings: Any,

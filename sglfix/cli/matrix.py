@@ -12,6 +12,7 @@ from sglfix.cli.common import (
     VERDICT_STYLE,
     Outputs,
     check_expect_fixes,
+    check_expect_fixes_match,
     header,
     judge_ran,
     name_lines,
@@ -146,6 +147,7 @@ def matrix_cmd(ctx: typer.Context, **given: Any) -> None:
     expect_fixes = check_expect_fixes(given["expect_fixes"], given["apply"])
 
     def build_plan(chosen, *, registry, env_ids):
+        check_expect_fixes_match(expect_fixes, chosen)
         return plan_matrix(chosen, registry=registry, parts=given["parts"], env_ids=env_ids)
 
     settings = Settings.of(given, reachability=not given["no_reachability"])

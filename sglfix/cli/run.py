@@ -10,6 +10,7 @@ from sglfix.cli.common import (
     Outputs,
     cells_table,
     check_expect_fixes,
+    check_expect_fixes_match,
     header,
     judge_ran,
     print_known,
@@ -42,6 +43,7 @@ def run_cmd(ctx: typer.Context, **given: Any) -> None:
     expect_fixes = check_expect_fixes(given["expect_fixes"], given["apply"])
 
     def build_plan(chosen, *, registry, env_ids):
+        check_expect_fixes_match(expect_fixes, chosen)
         return plan_run(chosen, revert=ids, env_ids=env_ids, registry=registry)
 
     record = _reach_targets(given["reach_file"])

@@ -79,6 +79,13 @@ def _build(
         source_root=root,
         header=header,
     )
+    if plan.only_adds_files and not plan.refusals:
+        # Documented as "a new file needs no revert of its own": a diff of nothing else has none.
+        raise ConfigError(
+            f"{where} only adds new files ({', '.join(plan.added_files)}): nothing existed before the fix, "
+            f"so no function of {codebase.package} can be reverted; give the diff of a fix that changes "
+            "functions the code base has"
+        )
     for note in plan.notes:
         if not note.blocking:
             err.print(f"sglfix: note: {note.where}: {note.why}")
@@ -144,6 +151,7 @@ def from_diff_cmd(
     """A revert toggle from a fix's unified diff, checked against the installed code base."""
     _check_target(ctx, pr=pr, output=output, force=force)
     from sglfix.common.yamlio import read_text_file
+    from sglfix.toggling.diffread import DIFF_WANTED
     from sglfix.toggling.fromdiff import MAX_DIFF_BYTES
 
     if patch == "-":
@@ -153,7 +161,7 @@ def from_diff_cmd(
                 f"the diff on stdin is over {MAX_DIFF_BYTES // (1024 * 1024)} MiB; give the fix's diff only"
             )
     else:
-        text = read_text_file(patch, what="diff", max_bytes=MAX_DIFF_BYTES)
+        text = read_text_file(patch, what="diff", max_bytes=MAX_DIFF_BYTES, give=DIFF_WANTED)
     _build(ctx, text, where="the diff on stdin" if patch == "-" else patch, pr=pr, output=output)
 
 

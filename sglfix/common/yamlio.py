@@ -146,25 +146,28 @@ def read_regular_bytes(path: str | os.PathLike, *, what: str, max_bytes: int, fi
     return data
 
 
-def read_text_file(path: str | os.PathLike, *, what: str, max_bytes: int = MAX_FILE_BYTES) -> str:
+def read_text_file(
+    path: str | os.PathLike, *, what: str, max_bytes: int = MAX_FILE_BYTES, give: str = "a YAML file"
+) -> str:
     """The text of a user-named file, or a one-line ConfigError that names the file and the fix.
 
     Directories, unreadable files, files over ``max_bytes``, binary files (a NUL byte) and text
-    that is not UTF-8 are refused here, before anything is parsed or run.
+    that is not UTF-8 are refused here, before anything is parsed or run; ``give``: what the
+    messages ask for instead (a diff is not a YAML file).
     """
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"{what} {path} does not exist; check the path")
     if p.is_dir():
-        raise ConfigError(f"{what} {path} is a directory; give a YAML file")
+        raise ConfigError(f"{what} {path} is a directory; give {give}")
     try:
-        data = read_regular_bytes(p, what=f"{what} {path}", max_bytes=max_bytes, fix="give a YAML file")
+        data = read_regular_bytes(p, what=f"{what} {path}", max_bytes=max_bytes, fix=f"give {give}")
     except PermissionError:
         raise ConfigError(f"{what} {path} is not readable (permission denied); fix its permissions") from None
     except OSError as exc:
         raise ConfigError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
     if b"\x00" in data:
-        raise ConfigError(f"{what} {path} is binary (holds NUL bytes); give a YAML text file")
+        raise ConfigError(f"{what} {path} is binary (holds NUL bytes); give {give}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -192,12 +192,13 @@ def load_candidate(path: str | os.PathLike, *, codebase: Any) -> Candidate:
     from sglfix.common.codebase import package_dir
     from sglfix.common.yamlio import read_text_file
     from sglfix.patching.types import PatchSpec
+    from sglfix.toggling.diffread import DIFF_WANTED
     from sglfix.toggling.fromdiff import MAX_DIFF_BYTES, check, plan
 
     shown = os.fspath(path)
     where = f"--apply {shown}"
     p = Path(shown)
-    text = read_text_file(shown, what="--apply file", max_bytes=MAX_DIFF_BYTES)
+    text = read_text_file(shown, what="--apply file", max_bytes=MAX_DIFF_BYTES, give=DIFF_WANTED)
     raw = text.encode()
     header, reverse = reverse_diff(text, where=where)
     root = package_dir(codebase.package)

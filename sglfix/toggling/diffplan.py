@@ -41,10 +41,17 @@ class Plan:
     header: PatchHeader
     reverts: list[FunctionRevert]
     notes: list[Note]
+    added_files: list[str] = field(default_factory=list)  # files the fix creates (nothing to revert)
+    files: int = 0  # files the diff names
 
     @property
     def refusals(self) -> list[Note]:
         return [n for n in self.notes if n.blocking]
+
+    @property
+    def only_adds_files(self) -> bool:
+        """The diff only creates files: nothing existed before the fix, so no function to revert."""
+        return bool(self.added_files) and len(self.added_files) == self.files
 
 
 def plan(
@@ -67,6 +74,7 @@ def plan(
     header = parsed if header is None else header
     notes: list[Note] = []
     reverts: list[FunctionRevert] = []
+    added: list[str] = []
     comment_only = 0  # files whose every change is to comments or docstrings
     for pf in files:
         path = pf.path
@@ -98,6 +106,7 @@ def plan(
         if module.endswith(".__init__"):
             module = module[: -len(".__init__")]
         if pf.is_added_file:
+            added.append(path)
             notes.append(
                 Note(
                     path,
@@ -123,7 +132,7 @@ def plan(
             f"{where} changes no code (only comments or docstrings): a revert of it would change nothing; "
             f"give the diff of the fix's code change"
         )
-    return Plan(pr=pr, header=header, reverts=reverts, notes=notes)
+    return Plan(pr=pr, header=header, reverts=reverts, notes=notes, added_files=added, files=len(files))
 
 
 @dataclass

@@ -10,9 +10,11 @@ from typing import Any
 
 from sglfix.common.errors import ConfigError
 
-__all__ = ["MAX_DIFF_BYTES", "Change", "PatchHeader", "commit_header", "parse_diff"]
+__all__ = ["DIFF_WANTED", "MAX_DIFF_BYTES", "Change", "PatchHeader", "commit_header", "parse_diff"]
 
 MAX_DIFF_BYTES = 4 * 1024 * 1024
+# What a refusal of a file that is not a diff asks for instead.
+DIFF_WANTED = "a unified diff as text (the output of git show, git format-patch or diff -u)"
 _URL_RE = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/pull/\d+")
 
 
