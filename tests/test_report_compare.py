@@ -239,6 +239,8 @@ def test_the_gate_refuses_a_set_of_shards_that_lacks_or_repeats_one(tmp_path):
     for path, shard in ((a, "1/2"), (b, "2/2")):
         data = json.loads(Path(path).read_text())
         data["shard"] = shard
+        # Shards of one plan (sglfix.execution.shards.plan_identity): the same on each.
+        data["plan"] = {"command": "matrix", "profile": "reproduction", "toggles": "sha256:0", "cells": "3875 cells"}
         Path(path).write_text(json.dumps(data))
     out = str(tmp_path / "m.json")
     whole = run_cli("report", "merge", a, b, "-o", out, "--gate")

@@ -17,6 +17,29 @@ FAST = "triton-decode@cg=eager,gpu_only=off"
 KEPT = {"keep_s": 600.0, "identity": "0123456789abcdef0123", "reused": 1, "started": 1, "declined": {}, "evicted": 0}
 
 
+# What sglfix.execution.shards.plan_identity records of a matrix's plan.
+PLAN = {
+    "command": "matrix",
+    "profile": "sglang-0.5.23",
+    "release": None,
+    "codebase": "sglang 0.5.23",
+    "toggles": "sha256:0123456789abcdef",
+    "scenario": ["sglang-triton-*"],
+    "scenario_file": ["mine.yaml@sha256:fedcba9876543210"],
+    "backend": None,
+    "memory_budget": None,
+    "parts": True,
+    "revert": [],
+    "no_reachability": False,
+    "env_baseline": False,
+    "reach_file": [],
+    "apply": [],
+    "expect_fixes": [],
+    "shard_costs": None,
+    "cells": "2 cells, sha256:0011223344556677",
+}
+
+
 def _cell(scenario: str, toggles: list[str], verdict: str = "PASS") -> dict:
     label = ",".join(toggles) or "baseline"
     return {
@@ -79,6 +102,7 @@ def _good() -> dict:
         "cells": [_cell("s1", []), _cell("s1", ["26651"], "DIVERGE")],
         "summary": {"PASS": 1, "DIVERGE": 1},
         "shard": "1/2",
+        "plan": dict(PLAN),
         "worker_replacements": ["a set left sglang.srt changed"],
         "shards": {
             "count": 2,
@@ -87,6 +111,7 @@ def _good() -> dict:
             "repeated": [],
             "problems": [],
             "partial_allowed": False,
+            "no_plan": [],
         },
         "merged_from": [
             {
@@ -173,6 +198,11 @@ DAMAGED = [
         _top(not_checked=[{"revert": ["1"], "scenario": "x", "wanted": ["PASS"]}]),
         "not_checked[0].reason",
     ),
+    ("plan: parts text", _within("plan", parts="yes"), "plan.parts"),
+    ("plan: unknown command", _within("plan", command="sweep"), "plan.command"),
+    ("plan: misspelt key", _within("plan", prts=True), "'prts'"),
+    ("plan: no cells", _top(plan={k: v for k, v in PLAN.items() if k != "cells"}), "plan.cells"),
+    ("shards: no_plan text", _within("shards", no_plan="s1.json"), "shards.no_plan"),
     ("unknown top-level key", _top(exeutor={"name": "local"}), "'exeutor'"),
     ("cell kernels", _cell0(kernels={"launches": "3", "hits": 0}), "kernels.launches"),
     ("cell reached", _cell0(reached="all"), "reached"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 from clihelp import assert_one_line_error, run_cli
@@ -145,3 +146,106 @@ def test_merged_shards_equal_the_unsharded_matrix_cell_by_cell(tmp_path):
         assert merged["summary"] == expected["summary"]
         assert sorted(map(_key, merged["stray"])) == sorted(map(_key, expected["stray"]))
         assert sorted(merged["not_run"]) == sorted(expected["not_run"])
+        assert merged["plan"] == expected["plan"]  # the shards' plan is the unsharded run's
+
+
+# --- the plan a shard is of ------------------------------------------------------------------------
+
+ONE = "triton-extend-ps16-bf16"  # one scenario: shard 1/3 runs it, 2/3 and 3/3 run nothing
+
+
+def _shard(tmp_path, name: str, *args: str) -> str:
+    path = tmp_path / f"{name}.json"
+    r = run_cli("matrix", "-s", ONE, "--device", "cpu", "--no-cache", "-j", "1", *args, "--json", str(path))
+    assert r.code == 0, r.out[-2000:] + r.err[-2000:]
+    return str(path)
+
+
+def test_shards_of_different_plans_are_refused_and_of_one_plan_merge_into_the_whole(tmp_path):
+    whole = json.loads(Path(_shard(tmp_path, "whole")).read_text())
+    one, two, three = (_shard(tmp_path, f"s{i}", "--shard", f"{i}/3") for i in (1, 2, 3))
+    plans = [json.loads(Path(p).read_text())["plan"] for p in (one, two, three)]
+    assert plans[0] == plans[1] == plans[2] == whole["plan"]
+    assert whole["plan"]["scenario"] == [ONE] and whole["plan"]["parts"] is False
+    # A shard of the same selection but with --parts: the set is complete (1/3, 2/3, 3/3), and
+    # the gate would pass on it; it is another plan, and the merge says which option differs.
+    parts = _shard(tmp_path, "p2", "--parts", "--shard", "2/3")
+    out = str(tmp_path / "m.json")
+    line = assert_one_line_error(run_cli("report", "merge", one, parts, three, "-o", out, "--gate"), "--parts")
+    assert "different plans" in line and "not given in " + one in line and "given in " + parts in line, line
+    assert not Path(out).exists()  # nothing half-written
+    r = run_cli("report", "merge", one, two, three, "-o", out, "--gate")
+    assert r.code == 0, r.out + r.err
+    merged = json.loads(Path(out).read_text())
+    assert merged["plan"] == whole["plan"]
+    assert {c["id"]: c["verdict"] for c in merged["cells"]} == {c["id"]: c["verdict"] for c in whole["cells"]}
+
+
+def _report(shard: str | None, **plan) -> dict:
+    base = {
+        "command": "matrix",
+        "profile": "reproduction",
+        "codebase": "sglfix (reproduction) 0.1.0",
+        "toggles": "sha256:0000000000000000",
+        "scenario": ["a*"],
+        "cells": "2 cells, sha256:1111111111111111",
+    }
+    report = {
+        "tool": "sglfix",
+        "schema": 2,
+        "cells": [{"toggles": [], "scenario": f"a{shard or ''}", "verdict": "PASS"}],
+        "shard": shard,
+        "plan": {**base, **plan},
+    }
+    if shard is None:
+        del report["shard"]
+    return report
+
+
+def test_merge_names_the_first_option_that_differs_between_shards():
+    from sglfix.report.merge import merge_judged
+    from sglfix.report.schema import PlanIdentity
+
+    def merge(*reports):
+        return merge_judged([(f"s{i}.json", r) for i, r in enumerate(reports, 1)], command=["sglfix"], gate=True)
+
+    with pytest.raises(ConfigError, match=r"-s is a\* in s1.json but b\* in s2.json"):
+        merge(_report("1/2"), _report("2/2", scenario=["b*"]))
+    with pytest.raises(ConfigError, match=r"--no-reachability is not given in s1.json but given in s2.json"):
+        merge(_report("1/2"), _report("2/2", no_reachability=True))
+    with pytest.raises(ConfigError, match=r"--shard-costs is none in s1.json but sha256:2 in s2.json"):
+        merge(_report("1/2"), _report("2/2", shard_costs="sha256:2"))
+    with pytest.raises(ConfigError, match=r"the plan's cells is 2 cells, sha256:1+ in s1.json but 3 cells"):
+        merge(_report("1/2"), _report("2/2", cells="3 cells, sha256:2222222222222222"))
+    merged, _ = merge(_report("1/2", shard_costs="sha256:2"), _report("2/2", shard_costs="sha256:2"))
+    # The merged report's plan is the unsharded run's: the shards' deal is not part of it.
+    assert merged["plan"] == PlanIdentity.model_validate(_report(None)["plan"]).model_dump()
+    # Reports that are not shards (one selection here, another there) still merge: no plan then.
+    merged, _ = merge(_report(None), _report(None, scenario=["b*"]))
+    assert "plan" not in merged
+
+
+def test_a_shard_that_records_no_plan_is_gated_on_only_when_asked(tmp_path):
+    from sglfix.report.merge import merge_judged
+
+    old = [_report("1/2"), _report("2/2")]
+    for r in old:
+        del r["plan"]  # written before reports recorded their plan: it still loads
+    inputs = [("s1.json", old[0]), ("s2.json", old[1])]
+    with pytest.raises(ConfigError, match=r"s1.json is a shard that records no plan.*--unchecked-plans"):
+        merge_judged(inputs, command=["sglfix"], gate=True)
+    merged, _ = merge_judged(inputs, command=["sglfix"], gate=True, unchecked_plans=True)
+    assert merged["shards"]["no_plan"] == ["s1.json", "s2.json"] and "plan" not in merged
+    assert merge_judged(inputs, command=["sglfix"])[0]["shards"]["no_plan"] == ["s1.json", "s2.json"]
+    paths = []
+    for i, r in enumerate(old, 1):
+        paths.append(str(tmp_path / f"s{i}.json"))
+        Path(paths[-1]).write_text(json.dumps(r))
+    out = str(tmp_path / "m.json")
+    assert_one_line_error(
+        run_cli("report", "merge", *paths, "-o", out, "--gate"), "records no plan", "--unchecked-plans"
+    )
+    r = run_cli("report", "merge", *paths, "-o", out, "--gate", "--unchecked-plans")
+    assert r.code == 0 and "record no plan: not checked" in r.err, r.out + r.err
+    assert json.loads(Path(out).read_text())["shards"]["no_plan"] == paths
+    assert_one_line_error(run_cli("report", "merge", *paths, "-o", out, "--unchecked-plans"), "--gate")

@@ -65,7 +65,8 @@ def bisect_cmd(ctx: typer.Context, **given: Any) -> None:
     fixes = tuple(c.id for c in scope.candidates)
     candidates = _candidates(scope.registry, revert_ids(given["candidates"]))
     runner = Runner(Settings.of(given), scope, what="bisect")
-    chosen = shard_groups(runner.scenarios(), runner.shard, timings=runner.timings)
+    every = runner.scenarios()
+    chosen = shard_groups(every, runner.shard, timings=runner.timings)
     if not chosen:
         raise ConfigError(f"--shard {runner.shard}: no scenario group falls to this shard; give fewer shards")
     env = runner.env
@@ -126,6 +127,7 @@ def bisect_cmd(ctx: typer.Context, **given: Any) -> None:
     }
     if runner.shard is not None:
         report["shard"] = str(runner.shard)
+    report["plan"] = _plan(runner, scope, given, candidates=candidates, env=env, scenarios=every)
     if unfixed is not None:
         report["apply"] = _compare(fixes, unfixed, _summary(found), scope.candidates)
     if json_file is not None:
@@ -241,6 +243,23 @@ def _compare(fixes: tuple[str, ...], unfixed: dict, fixed: dict, candidates: Any
         "only_without_fix": rows(before - after),
         "only_with_fix": rows(after - before),
     }
+
+
+def _plan(runner: Any, scope: Any, given: dict, *, candidates: list[str], env: Any, scenarios: list) -> dict:
+    """The search's plan identity (``sglfix.execution.shards.plan_identity``): its cells are each
+    candidate on each scenario of the whole selection, over the baseline ``env``."""
+    from sglfix.execution.shards import plan_identity
+
+    base = ",".join(env)
+    return plan_identity(
+        command="bisect",
+        options=given,
+        cells=[f"{base}+{c}::{s.name}" for c in candidates for s in scenarios],
+        profile=scope.codebase,
+        registry_dir=str(scope.registry.directory),
+        candidates=scope.candidates,
+        timings=runner.timings,
+    )
 
 
 def _write_ci_reports(report: dict, cells: Any, *, info: dict, junit: str | None, markdown: str | None) -> None:

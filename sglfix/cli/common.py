@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -141,11 +141,12 @@ def run_plan(
     build_plan: Callable[..., Any],
     what: str,
     apply: Sequence[str] = (),
+    given: Mapping[str, Any] | None = None,
 ) -> Any:
     """Every option checked first (the report paths, then the settings, by
     ``sglfix.execution.runner.Runner``: exit 2 before any cell runs), then the plan built (with
     each set also run with the candidate fixes ``apply`` names) and run with progress on
-    stderr; the ``Ran``."""
+    stderr; the ``Ran``, with the plan's identity made from the command's options ``given``."""
     from sglfix.execution.planner import patched
     from sglfix.execution.runner import Runner
 
@@ -161,9 +162,27 @@ def run_plan(
 
     with runner.booting():  # the workers boot while the plan is built and prechecked
         plan = runner.plan(build_plan)
+        identity = _plan_identity(runner, tgt, settings, what=what, given=given or {})
         ran = runner.run(plan, progress=progress)
+    ran.plan_identity = identity
     report_replacements(ran.replacements)
     return ran
+
+
+def _plan_identity(runner: Any, tgt: Any, settings: Any, *, what: str, given: Mapping[str, Any]) -> dict:
+    """The identity of the plan ``runner`` built (``sglfix.execution.shards.plan_identity``)."""
+    from sglfix.execution.shards import plan_identity
+
+    return plan_identity(
+        command=what,
+        options=given,
+        cells=runner.whole_cells,
+        profile=tgt.codebase,
+        registry_dir=str(tgt.registry.directory),
+        candidates=tgt.candidates,
+        record=settings.record,
+        timings=runner.timings,
+    )
 
 
 def report_replacements(whys: Sequence[str]) -> list[str]:
@@ -201,6 +220,8 @@ def judge_ran(
     )
     if ran.shard is not None:
         report["shard"] = str(ran.shard)
+    if getattr(ran, "plan_identity", None) is not None:
+        report["plan"] = dict(ran.plan_identity)
     if getattr(ran, "store", None) is not None:
         report["store"] = dict(ran.store)
         if ran.store.get("failed"):

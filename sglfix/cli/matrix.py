@@ -151,7 +151,9 @@ def matrix_cmd(ctx: typer.Context, **given: Any) -> None:
         return plan_matrix(chosen, registry=registry, parts=given["parts"], env_ids=env_ids)
 
     settings = Settings.of(given, reachability=not given["no_reachability"])
-    ran = run_plan(opts, settings, outputs=outputs, build_plan=build_plan, what="matrix", apply=given["apply"])
+    ran = run_plan(
+        opts, settings, outputs=outputs, build_plan=build_plan, what="matrix", apply=given["apply"], given=given
+    )
     plan, results, env, info, wall = ran.plan, ran.results, ran.env, ran.info, ran.wall
     report, judgement = judge_ran(
         opts, ran, mode="gate", expects=Expect.of_registry(ran.registry), known=known, expect_fixes=expect_fixes

@@ -160,6 +160,12 @@ def merge_cmd(
         "--partial",
         help="With --gate: accept a set of shards with some missing (the report records it as partial); a shard given twice still fails.",
     ),
+    unchecked_plans: bool = typer.Option(
+        False,
+        "--unchecked-plans",
+        help="With --gate: gate on shards that record no plan (written before reports recorded one) although "
+        "whether they are of one plan cannot be checked (the report lists them).",
+    ),
 ) -> None:
     """Merge reports (shards) into one: the cells' union; a cell with two different verdicts is an error."""
     from sglfix.cli.common import Outputs, write_outputs
@@ -167,11 +173,21 @@ def merge_cmd(
     from sglfix.report.merge import merge_judged
     from sglfix.report.output import check_output_path
 
+    if unchecked_plans and not gate:
+        raise ConfigError("--unchecked-plans lets --gate judge shards that record no plan: give --gate with it")
     check_output_path(output, option="--output")
     outputs = Outputs(json=output, junit=junit, markdown=markdown)
     outputs.check()
     inputs = [(path, load_report(path)) for path in reports]
-    merged, judgement = merge_judged(inputs, command=options(ctx).argv, gate=gate)
+    merged, judgement = merge_judged(inputs, command=options(ctx).argv, gate=gate, unchecked_plans=unchecked_plans)
+    if merged.get("shards") and merged["shards"].get("no_plan"):
+        unknown = merged["shards"]["no_plan"]
+        err.print(
+            f"sglfix: note: {', '.join(unknown)} record{'s' if len(unknown) == 1 else ''} no plan: not checked to be "
+            "shards of one plan",
+            highlight=False,
+            markup=False,
+        )
     shards = merged.get("shards")
     if partial:
         if shards is None:

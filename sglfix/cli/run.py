@@ -54,6 +54,7 @@ def run_cmd(ctx: typer.Context, **given: Any) -> None:
         build_plan=build_plan,
         what="run",
         apply=given["apply"],
+        given=given,
     )
     results = ran.results
     # The same judgement as the matrix's, in findings mode: a known divergence of the profile

@@ -56,6 +56,8 @@ class Ran:
     conflicts: dict = field(default_factory=dict)  # set label -> why the fix and its reverts cannot go together
     # The result store, if the run read it: its folder, cells served from it, cells run.
     store: dict | None = None
+    # What makes the plan this plan (sglfix.execution.shards.plan_identity): the report's plan.
+    plan_identity: dict | None = None
 
 
 class Runner:
@@ -136,6 +138,7 @@ class Runner:
         self.not_applicable: dict[str, str] = {}  # revert id -> why no revert exists at this version
         self.conflicts: dict[str, str] = {}  # set label -> why its fix and reverts cannot go together
         self._booted: Any = None  # the pool ``booting`` started ahead, until ``workers`` takes it
+        self.whole_cells: list[str] = []  # the ids of the plan ``plan`` built, before the shard
 
     def scenarios(self) -> list:
         """The scenarios the settings select, checked at load (sizes, memory, what the code base
@@ -158,6 +161,8 @@ class Runner:
 
         chosen = self.scenarios() if chosen is None else chosen
         plan = build_plan(chosen, registry=self.target.registry, env_ids=self.env)
+        # The whole plan's cells, whichever shard this is: the plan identity a report carries.
+        self.whole_cells = [c.id for c in plan.cells]
         if self.shard is not None:
             plan = shard_plan(plan, self.shard, timings=self.timings)
         return self.precheck(plan)

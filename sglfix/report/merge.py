@@ -8,6 +8,13 @@
   ``expectations``, ``stray``, ``not_run``/``not_checked``, ``known_divergences`` and each cell's
   meaning are exactly what the unsharded run's would be. Inputs judged against different
   baselines (``SGLANG_DEBUG_REVERT_PR``) or of different code bases are refused.
+- Shards (inputs with a ``shard``) of different plans are refused, in one line naming the first
+  option that differs and its two values (``plan``, ``sglfix.execution.shards.plan_identity``):
+  only shards of one command line make the whole run. A shard that records no plan (written
+  before reports did) cannot be checked: ``--gate`` refuses it unless asked (``unchecked_plans``),
+  a plain merge takes it, and the merged report lists it (``shards.no_plan``). The merged report's
+  ``plan`` is the inputs' common plan without the shards' deal (``shard_costs``), as the unsharded
+  run's; none when they do not share one.
 - ``wall_s``: the largest (shards run side by side). Device and environment fields (device,
   device_name, host, python, torch, ...): the common value, or ``"mixed"`` when the inputs differ;
   ``merged_from`` records each input's own.
@@ -25,7 +32,7 @@ from sglfix.report.jsonreport import SCHEMA
 from sglfix.report.load import cell_id, cell_key, count_verdicts, describe
 from sglfix.report.outcome import Judgement, Known, _base_of, _expects_of, _mode_of, codebase_identity, judge
 
-__all__ = ["ENV_FIELDS", "MIXED", "merge_judged", "merge_reports"]
+__all__ = ["ENV_FIELDS", "MIXED", "PLAN_OPTIONS", "merge_judged", "merge_reports", "no_plan", "one_plan"]
 
 ENV_FIELDS = (
     "device",
@@ -42,6 +49,30 @@ ENV_FIELDS = (
 )
 MIXED = "mixed"
 
+# A plan identity's fields (``sglfix.report.schema.PlanIdentity``, made by
+# ``sglfix.execution.shards.plan_identity``), in the order a difference is named, each with the
+# option (or the thing) a user recognises it by.
+PLAN_OPTIONS = {
+    "command": "the command",
+    "profile": "--profile",
+    "release": "--release",
+    "codebase": "the code base",
+    "toggles": "the toggle files",
+    "scenario": "-s",
+    "scenario_file": "--scenario-file",
+    "backend": "--backend",
+    "memory_budget": "--memory-budget",
+    "parts": "--parts",
+    "revert": "-r",
+    "no_reachability": "--no-reachability",
+    "env_baseline": "--env-baseline",
+    "reach_file": "--reach-file",
+    "apply": "--apply",
+    "expect_fixes": "--expect-fixes",
+    "shard_costs": "--shard-costs",
+    "cells": "the plan's cells",
+}
+
 
 def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str]) -> dict:
     """``inputs``: (path, report as ``load_report`` returns it), in order; ``command``: argv."""
@@ -49,12 +80,18 @@ def merge_reports(inputs: Sequence[tuple[str, dict]], *, command: Sequence[str])
 
 
 def merge_judged(
-    inputs: Sequence[tuple[str, dict]], *, command: Sequence[str], gate: bool = False
+    inputs: Sequence[tuple[str, dict]],
+    *,
+    command: Sequence[str],
+    gate: bool = False,
+    unchecked_plans: bool = False,
 ) -> tuple[dict, Judgement]:
     """The merged report and its one judgement, which its cells carry and every output and the
-    gate read: in gate mode when ``gate`` or any input ran as a gate."""
+    gate read: in gate mode when ``gate`` or any input ran as a gate. Shards of different plans
+    are refused; with ``gate``, so is a shard that records no plan unless ``unchecked_plans``."""
     if not inputs:
         raise ConfigError("report merge needs at least one report")
+    plan = one_plan(inputs, gate=gate, unchecked_plans=unchecked_plans)
     cells: dict[tuple[str, str], dict] = {}
     origin: dict[tuple[str, str], str] = {}
     for path, report in inputs:
@@ -86,6 +123,8 @@ def merge_judged(
     for key in ENV_FIELDS:
         values = {_hashable(r.get(key)) for r in reports}
         out[key] = reports[0].get(key) if len(values) == 1 else MIXED
+    if plan is not None:
+        out["plan"] = plan
     out.update(
         {
             "wall_s": max(walls) if walls else None,
@@ -108,6 +147,65 @@ def merge_judged(
     judgement = judge(out, mode=mode, expects=expects, known=known, base=_base_of(reports[0]))
     judgement.annotate(out)
     return out, judgement
+
+
+def no_plan(inputs: Sequence[tuple[str, dict]]) -> list[str]:
+    """The inputs that are shards and record no plan (written before reports recorded one)."""
+    return [path for path, r in inputs if r.get("shard") is not None and not isinstance(r.get("plan"), dict)]
+
+
+def one_plan(inputs: Sequence[tuple[str, dict]], *, gate: bool, unchecked_plans: bool = False) -> dict | None:
+    """The plan the inputs share (without the shards' deal, as the unsharded run records it;
+    None when they do not all record one, or record different ones). Shards of different plans
+    are refused in one line naming the first option that differs; with ``gate``, a shard that
+    records no plan is refused unless ``unchecked_plans``."""
+    unknown = no_plan(inputs)
+    if unknown and gate and not unchecked_plans:
+        raise ConfigError(
+            f"{unknown[0]} is a shard that records no plan (written before reports recorded one): whether the "
+            "shards are of one plan cannot be checked; run the shards again, or give --unchecked-plans to gate "
+            "on them anyway"
+        )
+    plans = [_plan_of(r) for _, r in inputs]
+    shards = [(path, p) for (path, r), p in zip(inputs, plans) if r.get("shard") is not None and p is not None]
+    for path, plan in shards[1:]:
+        first, seen = shards[0]
+        for key in [*PLAN_OPTIONS, *sorted(set(seen) | set(plan))]:
+            if seen.get(key) != plan.get(key):
+                label = PLAN_OPTIONS.get(key, key)
+                raise ConfigError(
+                    f"shards {first} and {path} are of different plans: {label} is {_plan_value(seen.get(key))} "
+                    f"in {first} but {_plan_value(plan.get(key))} in {path}; merge the shards of one command line "
+                    "(only --shard I/N differs), or run the odd one again"
+                )
+    if any(p is None for p in plans):
+        return None
+    common = [{**p, "shard_costs": None} for p in plans]
+    return common[0] if all(p == common[0] for p in common) else None
+
+
+def _plan_of(report: dict) -> dict | None:
+    """A report's plan with every field (a field left out has the schema's default)."""
+    import copy
+
+    from sglfix.report.schema import PlanIdentity
+
+    plan = report.get("plan")
+    if not isinstance(plan, dict):
+        return None
+    fields = PlanIdentity.model_fields
+    return {**{k: copy.deepcopy(f.default) for k, f in fields.items() if not f.is_required()}, **plan}
+
+
+def _plan_value(value: Any) -> str:
+    """A plan field's value as the refusal shows it."""
+    if isinstance(value, bool):
+        return "given" if value else "not given"
+    if value is None or value == []:
+        return "none"
+    if isinstance(value, list):
+        return " ".join(repr(v) if " " in str(v) or not v else str(v) for v in value)
+    return str(value)
 
 
 def _fixes_of(report: dict) -> str | None:
@@ -185,4 +283,5 @@ def _shard_set(inputs: Sequence[tuple[str, dict]]) -> dict | None:
         "repeated": repeated,
         "problems": problems,
         "partial_allowed": False,
+        "no_plan": no_plan(inputs),
     }

@@ -351,6 +351,33 @@ class Shards(_Closed):
     repeated: list[int]
     problems: list[str]
     partial_allowed: bool
+    # Shards that record no plan (written before reports did): not checked to be of one plan.
+    no_plan: list[str] = []
+
+
+class PlanIdentity(_Closed):
+    """What makes a run's plan this plan (sglfix.execution.shards.plan_identity): what chose its
+    cells and what they mean. ``report merge`` joins only shards whose plans agree, field by field
+    (sglfix.report.merge.PLAN_OPTIONS names each as the command line does)."""
+
+    command: Literal["run", "matrix", "bisect"]
+    profile: str
+    release: str | None = None  # the --release the code base was fetched as
+    codebase: str | None = None  # "distribution version"
+    toggles: str  # the toggle files (and variants), by name and content
+    scenario: list[str] = []
+    scenario_file: list[str] = []  # "name@digest"
+    backend: str | None = None
+    memory_budget: str | None = None
+    parts: bool = False
+    revert: list[str] = []  # run's -r; bisect's candidates
+    no_reachability: bool = False
+    env_baseline: bool = False
+    reach_file: list[str] = []  # the functions each cell records
+    apply: list[str] = []  # "id@digest" of each candidate fix
+    expect_fixes: list[str] = []
+    shard_costs: str | None = None  # the timings that dealt the shards, by content
+    cells: str  # "N cells, digest": the whole plan's cell ids, before any shard took its part
 
 
 class MergedFrom(_Closed):
@@ -419,6 +446,9 @@ class Report(_Closed):
     # Reverts with no variant at the engine version run (the release predates the fix): left out.
     not_applicable: list[Drifted] = []
     shard: Shard | None = None
+    # The plan the cells are of (absent from reports written before it was recorded, and from a
+    # merge of reports of different plans).
+    plan: PlanIdentity | None = None
     shards: Shards | None = None
     store: StoreUse | None = None
     merged_from: list[MergedFrom] = []
