@@ -57,6 +57,16 @@ def test_wheel_holds_only_sglfix_with_its_yaml_data(wheel):
     )
     assert got_backends == src_backends, "every backends/ module must be listed in pyproject's packages"
     assert not any(n.startswith("backends/") for n in names)
+    # The commit the wheel was built from, which the installed sglfix's reports record.
+    import json
+
+    recorded = json.loads(zipfile.ZipFile(wheel).read("sglfix/_source.json"))
+    assert recorded["commit"] == _head(), recorded
+    assert recorded["url"] is None or "@" not in recorded["url"], recorded  # never a credential
+
+
+def _head() -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
 def _venv_with_wheel(venv: Path, wheel: Path) -> Path:
@@ -110,6 +120,8 @@ def test_fresh_virtualenv_install_works_from_any_directory(tmp_path, wheel):
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert [c["verdict"] for c in json.loads(run.stdout)["cells"]] == ["PASS"]
+    # Run from the checkout, the installed sglfix names its own commit: the one its wheel was built from.
+    assert json.loads(run.stdout)["sglfix_source"]["commit"] == _head()
     where = subprocess.run(
         [str(py), "-c", "import sglfix, sglfix.backends; print(sglfix.__file__, sglfix.backends.__file__)"],
         cwd=elsewhere,

@@ -17,8 +17,17 @@ __all__ = ["BUILD_FILE", "__version__", "git_source", "public_url", "source"]
 # Beside this package's __init__.py in a regular wheel: {"commit", "modified", "url"} of the tree built.
 BUILD_FILE = "_source.json"
 # The files of a checkout that make what sglfix does (what a wheel ships): a change elsewhere
-# (tests, bench) leaves the commit an exact account of the code that ran.
-SHIPPED = ("sglfix", "backends", "toggles", "scenarios", "profiles", "pyproject.toml", "setup.py")
+# (tests, bench, the findings a profile keeps) leaves the commit an exact account of the code that ran.
+SHIPPED = (
+    "sglfix",
+    "backends",
+    "toggles",
+    "scenarios",
+    "profiles",
+    ":(exclude)profiles/*/findings",
+    "pyproject.toml",
+    "setup.py",
+)
 
 _SOURCE: dict | None = None
 
