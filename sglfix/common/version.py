@@ -24,7 +24,7 @@ SHIPPED = (
     "toggles",
     "scenarios",
     "profiles",
-    ":(exclude)profiles/*/findings",
+    ":(exclude)profiles/*/findings/*",
     "pyproject.toml",
     "setup.py",
 )
