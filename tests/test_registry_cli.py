@@ -505,3 +505,39 @@ def test_the_public_env_entry_point_imports_nothing_when_unset_and_validates_whe
         env={**env, "SGLANG_DEBUG_REVERT_PR": "abc"},
     )
     assert bad.returncode != 0 and "SGLANG_DEBUG_REVERT_PR: bad item 'abc'" in bad.stderr
+
+
+def test_toggle_files_in_the_working_directory_that_differ_from_those_in_use_are_named(tmp_path, monkeypatch, capsys):
+    """After a regular ``pip install .`` the registry reads the installed copy of the toggle files:
+    a toggle edited in the checkout's ./toggles would be ignored. One line names each file that
+    differs (edited, new, missing here) and --toggles; the same files say nothing."""
+    import shutil
+    from pathlib import Path
+
+    from sglfix.cli import context
+
+    root = Path(__file__).resolve().parent.parent / "toggles"
+    installed = tmp_path / "site-packages" / "sglfix" / "toggles"
+    shutil.copytree(root, installed)
+    checkout = tmp_path / "checkout"
+    shutil.copytree(root, checkout / "toggles")
+    monkeypatch.chdir(checkout)
+    for name in ("SGLFIX_TOGGLES_DIR", "SGLFIX_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("sglfix.toggling.registry.default_toggles_dir", lambda: str(installed))
+
+    def note() -> list[str]:
+        monkeypatch.setattr(context, "_NOTED", set())
+        context.Options().registry()
+        return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+    assert note() == []  # the same files: nothing to say
+    edited = checkout / "toggles" / "27460.yaml"
+    edited.write_text(edited.read_text().replace("title:", "title: (edited)", 1))
+    lines = note()
+    assert len(lines) == 1 and "27460.yaml edited" in lines[0] and "--toggles toggles" in lines[0], lines
+    assert str(installed) in lines[0] and "26651" not in lines[0]
+    (checkout / "toggles" / "26651.yaml").unlink()
+    shutil.copy(installed / "26738.yaml", checkout / "toggles" / "99999.yaml")
+    (lines,) = note()
+    assert "27460.yaml edited; 99999.yaml new; 26651.yaml missing here;" in lines

@@ -93,30 +93,59 @@ _NOTED: set[str] = set()
 
 
 def _note_other_toggles(registry) -> None:
-    """Toggle files in a ``toggles/`` folder of the current directory that the registry in use
-    lacks (a regular install reads its own copy, so a new ``toggles/99999.yaml`` would be ignored)
-    are never ignored silently: one line, once, naming ``--toggles``."""
+    """The toggle files of a ``toggles/`` folder in the current directory (a checkout of sglfix)
+    when they differ from the reproduction's toggle files in use: a regular install reads its own
+    copy, so a toggle file added, edited or removed in the checkout would be ignored. Never
+    silently: one line, once, naming the files and ``--toggles``."""
     here = os.path.abspath("toggles")
     if here in _NOTED or not os.path.isdir(here):
         return
     try:
         if os.path.samefile(here, os.fspath(registry.directory)):
             return
-        names = sorted(n for n in os.listdir(here) if n.endswith((".yaml", ".yml")))
+        from sglfix.toggling.profiles import resolve_profile
+
+        # ./toggles is the reproduction's folder: another profile's toggle files are no copy of it.
+        if not resolve_profile().profile.is_reproduction:
+            return
+        mine, theirs = _toggle_files(here), _toggle_files(os.fspath(registry.directory))
     except OSError:
         return
-    known = {str(t.pr) for t in registry}
-    new = [n for n in names if n.rsplit(".", 1)[0] not in known]
-    if not new:
+    found = [
+        ("edited", sorted(n for n in mine.keys() & theirs.keys() if mine[n] != theirs[n])),
+        ("new", sorted(mine.keys() - theirs.keys())),
+        ("missing here", sorted(theirs.keys() - mine.keys())),
+    ]
+    if not any(names for _, names in found):
         return
     _NOTED.add(here)
-    shown = ", ".join(new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else "")
+    shown = "; ".join(
+        ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "") + f" {what}"
+        for what, names in found
+        if names
+    )
     err.print(
-        f"sglfix: note: ./toggles holds {shown}, which the toggle files in use ({registry.directory}) lack; "
-        "give --toggles toggles to use them",
+        f"sglfix: note: ./toggles differs from the toggle files in use ({registry.directory}): {shown}; "
+        "give --toggles toggles to use ./toggles",
         highlight=False,
         markup=False,
     )
+
+
+def _toggle_files(directory: str) -> dict[str, bytes]:
+    """The toggle files a registry reads from ``directory`` (``*.yaml``, and their
+    ``variants/*.yaml``), by name, with their contents."""
+    out: dict[str, bytes] = {}
+    for sub in ("", "variants"):
+        folder = os.path.join(directory, sub)
+        if not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if name.endswith(".yaml") and os.path.isfile(path):
+                with open(path, "rb") as fh:
+                    out[f"{sub}/{name}" if sub else name] = fh.read()
+    return out
 
 
 def options(ctx: typer.Context) -> Options:
