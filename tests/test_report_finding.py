@@ -117,13 +117,16 @@ def test_a_finding_names_the_exact_sglfix_and_no_folder_of_the_machines(tmp_path
         device="cuda",
         command=f"sglfix --profile sglang-0.5.23 run -s 'fimla-*' --json {tmp_path}/fimla.report.json",
         sglfix="0.1.0",
+        flashinfer="0.7.2.post1",
         sglfix_source={"version": "0.1.0", "commit": COMMIT, "modified": 0, "url": "https://example.org/sglfix.git"},
         codebase={"name": "sglang-0.5.23", "distribution": "sglang", "version": "0.5.23", "path": "/tmp/sgsite/sglang"},
     )
     text = _finding(tmp_path, report, cell, "--no-rerun")
     assert not _machine_folders(text), _machine_folders(text)
     assert f"- sglfix: 0.1.0, commit `{COMMIT}`" in text
-    install = f'pip install --no-deps sglang==0.5.23 && pip install "sglfix[sglang] @ git+https://example.org/sglfix.git@{COMMIT}"'
+    git = f"git+https://example.org/sglfix.git@{COMMIT}"
+    # The engine release the profile is written for, the GPU kernels the run had, sglfix at that commit.
+    install = f'pip install --no-deps sglang==0.5.23 && pip install flashinfer-python==0.7.2.post1 && pip install "sglfix[sglang] @ {git}"'
     assert install in text
     assert "sglfix --profile sglang-0.5.23 run -s fimla-draft-topk1@cg=graph-padded --device cuda\n" in text
     assert "Recorded in `fimla.report.json`" in text

@@ -105,7 +105,9 @@ def gather_finding(
         scenario_file=scenario_file,
         scenario_given=bool(scenario_files),
         reproduce=f"{base} run {selection}",
-        install=_install_lines(profile, release=release, src=src, src_of=src_of),
+        install=_install_lines(
+            profile, release=release, src=src, src_of=src_of, kernels=_kernels(report) if device == "cuda" else []
+        ),
         sglfix_source=src,
         sglfix_source_of=src_of,
         release=release,
@@ -201,10 +203,18 @@ def _sglfix_source(report: dict) -> tuple[dict, str]:
     return source(), "writer"
 
 
-def _install_lines(profile: Any, *, release: str | None, src: dict, src_of: str) -> list[str]:
+def _kernels(report: dict) -> list[str]:
+    """The GPU kernel packages the report's run had (``pip install`` lines): without them the
+    FlashInfer backends' cells are SKIP on a GPU."""
+    version = report.get("flashinfer")
+    return [f"pip install flashinfer-python=={version}"] if isinstance(version, str) and version else []
+
+
+def _install_lines(profile: Any, *, release: str | None, src: dict, src_of: str, kernels: list[str]) -> list[str]:
     """How someone without sglfix gets what the cell ran: the profile's own install line (its
-    torch pin, the engine release it is written for) with sglfix taken from its source at the
-    recorded commit; for another release, no engine install (``--release`` fetches it)."""
+    torch pin, the engine release it is written for), the GPU kernels the run had, and sglfix
+    from its source at the recorded commit; for another release, no engine install
+    (``--release`` fetches it)."""
     hint = profile.install_hint or ""
     steps = [s.strip() for s in hint.split("&&") if s.strip()]
     extras = ""
@@ -219,6 +229,7 @@ def _install_lines(profile: Any, *, release: str | None, src: dict, src_of: str)
         if release and profile.distribution and any(w.startswith(f"{profile.distribution}==") for w in named):
             continue  # --release fetches the engine's files into sglfix's cache instead
         kept.append(step)
+    kept += kernels
     lines = _sglfix_install(src, extras, whose="the run's" if src_of == "report" else "this finding's")
     kept.append(lines.pop())
     return [*lines, " && ".join(kept)]

@@ -59,7 +59,7 @@ def _versions(f: Finding) -> list[str]:
         else:
             line = "- code base: the built-in reproduction (sglfix's `backends/`)"
         if cb.get("standins"):
-            line += f"; {', '.join(cb['standins'])} not installed where it ran (sglfix stood in for them)"
+            line += f"; {', '.join(cb['standins'])} not installed where it ran (sglfix stood in)"
         rows.append(line)
     rows.append(f"- sglfix: {_sglfix_line(f)}")
     for key in ("python", "torch", "triton", "flashinfer"):
