@@ -67,3 +67,27 @@ def test_readme_claims_only_what_exists():
     assert options_shown, "no sglfix option found in the README's command lines"
     for option in options_shown:
         assert f'"{option}"' in cli_source, f"README shows option {option}, which no command has"
+
+
+def test_the_sglang_profiles_sources_check_passes_as_written():
+    """profiles/sglang-0.5.23/SOURCES.md's check command, as written, on the installed sglang 0.5.23
+    (the folder that holds it stands for the unpacked wheel's): every check passes."""
+    import shlex
+    import subprocess
+    import sys
+
+    from real_sglang import clean_env, require_sglang
+
+    text = (ROOT / "profiles" / "sglang-0.5.23" / "SOURCES.md").read_text()
+    m = re.search(r"Check\b[^`]*(?:`[^`]*`[^`]*)*?`(sglfix [^`]+)`", text)
+    assert m, "SOURCES.md has no check command (`sglfix ...` after 'Check')"
+    argv = shlex.split(m.group(1))
+    assert "/tmp/sg0523" in argv, argv
+    root = str(Path(require_sglang()).parent)
+    argv = [root if a == "/tmp/sg0523" else a for a in argv[1:]]
+    r = subprocess.run(
+        [sys.executable, "-m", "sglfix", *argv], capture_output=True, text=True, timeout=120, cwd=ROOT, env=clean_env()
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    counts = re.search(r"(\d+)/(\d+) checks pass", r.stdout)
+    assert counts and counts.group(1) == counts.group(2), r.stdout[-1000:]
