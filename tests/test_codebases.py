@@ -237,3 +237,128 @@ def test_a_cpu_run_of_the_reproduction_refuses_triton_3_6_in_one_line(tmp_path):
     r = run_cli("matrix", "-s", "triton-extend", "--device", "cpu", env={"PYTHONPATH": str(site)})
     assert_one_line_error(r, "triton >= 3.7", "installed: 3.6.0", "pip install 'triton>=3.7'", "--device cuda")
     check_interpreter(REPRODUCTION, what="x")  # what this box has (the CPU runs of this suite use it)
+
+
+# --------------------------------------------------------------------------- a source tree's version
+
+_SGLANG_VERSION_PY = """\
+try:
+    from sglang._version import __version__, __version_tuple__
+except ImportError:
+    __version__ = "0.0.0.dev0"
+    __version_tuple__ = (0, 0, 0, "dev0")
+"""
+
+
+def _checkout(root, *, pyproject: str = '[project]\nname = "sglang"\ndynamic = ["version"]\n'):
+    """A clone of sglang as git leaves it: python/sglang without the generated _version.py, its
+    version.py naming only the fallback, python/pyproject.toml computing the version."""
+    pkg = root / "python" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('the fake sglang of this test must never be imported')\n")
+    (pkg / "version.py").write_text(_SGLANG_VERSION_PY)
+    (root / "python" / "pyproject.toml").write_text(pyproject)
+    return root
+
+
+def _git(root, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    r = subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, env={**env, "PATH": "/usr/bin:/bin"}
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_an_unbuilt_checkout_reads_its_version_as_its_build_would(tmp_path):
+    """Not the fallback 0.0.0.dev0 (which followed the newest profile as a version newer than all
+    of them, with every toggle variant of an older release left out): the nearest release tag, and
+    past it the next release's .devN, as setuptools-scm writes it; a static version in the tree's
+    pyproject.toml where it has one."""
+    from sglfix.codebases.installed import version_of_tree
+
+    cb = CODEBASES["sglang-0.5.23"]
+    repo = _checkout(tmp_path / "sglang")
+    python = str(repo / "python")
+    assert version_of_tree(python, cb) is None  # no git history yet: unknown, never 0.0.0.dev0
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "one")
+    _git(repo, "tag", "v0.5.20")
+    _git(repo, "tag", "gateway-v9.0.0")  # another project's tag in the same repository is not a release
+    assert version_of_tree(python, cb) == "0.5.20"
+    (repo / "README").write_text("x\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "two")
+    head = _git(repo, "rev-parse", "--short=7", "HEAD")
+    assert version_of_tree(python, cb) == f"0.5.21.dev1+g{head}"
+    static = _checkout(tmp_path / "old", pyproject='[project]\nname = "sglang"\nversion = "0.5.19"\n')
+    assert version_of_tree(str(static / "python"), cb) == "0.5.19"
+
+
+def test_a_checkout_of_unknown_version_asks_for_codebase_version(tmp_path):
+    tree = _checkout(tmp_path / "sglang") / "python"
+    env = {"PYTHONPATH": str(tree)}
+    t0 = time.monotonic()
+    r = run_cli("--profile", "sglang", "run", "-s", "*", "--device", "cpu", env=env)
+    assert_one_line_error(r, "--profile sglang", str(tree / "sglang"), "cannot be read", "--codebase-version V")
+    assert time.monotonic() - t0 < 60  # before any worker
+    pinned = run_cli("--profile", "sglang-0.5.23", "run", "-s", "*", "--device", "cpu", env=env)
+    assert_one_line_error(pinned, "--codebase-version V")
+    # Given, it is the tree's version everywhere: the profile it picks, what the reports say.
+    import json
+
+    given = run_cli("--profile", "sglang", "--codebase-version", "0.5.20", "env", "--json", env=env)
+    assert given.code == 0, given.err
+    data = json.loads(given.out)
+    assert data["profile"] == "sglang-0.5.23" and data["codebase"]["version"] == "0.5.20", data
+    # Where a build recorded the version, a different one given is refused; so is the reproduction.
+    recorded = _fake_sglang(tmp_path / "site", "0.5.21")
+    wrong = run_cli("--profile", "sglang", "--codebase-version", "0.5.20", "list", env={"PYTHONPATH": str(recorded)})
+    assert_one_line_error(wrong, "--codebase-version 0.5.20", "records its version, 0.5.21")
+    assert_one_line_error(run_cli("--codebase-version", "0.5.20", "list"), "--codebase-version", "reproduction")
+    assert_one_line_error(run_cli("--codebase-version", "soon", "list"), "--codebase-version 'soon' is not a version")
+
+
+# --------------------------------------------------------------------------- pins that break the import
+
+
+def _pinning_sglang(root, version: str, requires: list[str]):
+    site = _fake_sglang(root, version)
+    info = site / f"sglang-{version}.dist-info"
+    info.mkdir()
+    meta = f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n"
+    meta += "".join(f"Requires-Dist: {r}\n" for r in requires) + "\nthe long description\n"
+    (info / "METADATA").write_text(meta)
+    return site
+
+
+def test_an_exact_pin_the_engine_cannot_import_beside_is_named_before_any_cell(tmp_path):
+    """sglang 0.5.13 beside the transformers of the README's install dies at import ("'qwen3_asr' is
+    already used"); named in one line, before any worker. Its other pins (a CUDA torch, another
+    tokenizers) are what the README's own working install mismatches: never refused."""
+    from importlib import metadata
+
+    here = metadata.version("transformers")
+    site = _pinning_sglang(
+        tmp_path / "site", "0.5.13",
+        ["torch==0.0.1", "tokenizers==0.0.1", "transformers==0.0.1", "pytest==0.0.1; extra == 'test'"],
+    )  # fmt: skip
+    t0 = time.monotonic()
+    r = run_cli("--profile", "sglang", "run", "-s", "*", "--device", "cpu", env={"PYTHONPATH": str(site)})
+    assert_one_line_error(r, f"sglang 0.5.13 pins transformers==0.0.1; {here} is installed", "--release 0.5.13")
+    assert time.monotonic() - t0 < 60
+    from sglfix.codebases.installed import Installed
+    from sglfix.codebases.pins import check_pins, exact_pins
+
+    pins = {"torch": "0.0.1", "tokenizers": "0.0.1", "transformers": "0.0.1"}  # the extra's is no pin here
+    assert exact_pins(str(site / "sglang"), "sglang") == pins
+    # The same engine pinning the transformers that is here: its other pins pass.
+    harmless = _pinning_sglang(
+        tmp_path / "ok", "0.5.13", ["torch==0.0.1", "tokenizers==0.0.1", f"transformers=={here}"]
+    )
+    check_pins(CODEBASES["sglang-0.5.23"], Installed("sglang", "0.5.13", str(harmless / "sglang")), what="x")
+    # The README's install (the installed sglang 0.5.23) passes as it is.
+    found = installed(CODEBASES["sglang-0.5.23"])
+    if found is not None:
+        check_pins(CODEBASES["sglang-0.5.23"], found, what="x")

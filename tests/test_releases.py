@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import textwrap
+import time
 import zipfile
 from pathlib import Path
 
@@ -111,3 +114,156 @@ def test_release_option_runs_the_command_against_the_cached_release(wheels, tmp_
     assert_one_line_error(run_cli("--wheels", str(wheels), "list", env=env), "give --release with it")
     missing = run_cli("--release", "9.9.7", "--wheels", str(wheels), "list", env=env)
     assert_one_line_error(missing, "no sglang-9.9.7-*.whl there")
+
+
+def test_a_wheel_that_is_not_the_release_is_refused_and_never_cached(wheels, tmp_path):
+    """A zip without the package, or another version's wheel under the release's name, was
+    unpacked and cached as the release: every later run of it silently ran the installed sglang."""
+    empty = wheels / "sglang-9.9.8-py3-none-any.whl"
+    with zipfile.ZipFile(empty, "w") as zf:
+        zf.writestr("README.txt", "no package here\n")
+    env = {"SGLFIX_CACHE": str(tmp_path / "cache")}
+    r = run_cli("--release", "9.9.8", "--wheels", str(wheels), "env", "--json", env=env)
+    assert_one_line_error(r, "sglang-9.9.8-py3-none-any.whl holds no sglang package", "remove it")
+    assert not (tmp_path / "cache" / "releases" / "sglang-9.9.8").exists()
+    empty.unlink()
+    other = _wheel(wheels, "sglang", "9.9.9", {"sglang/__init__.py": ""})
+    other.rename(wheels / "sglang-9.9.8-py3-none-any.whl")
+    with pytest.raises(ConfigError, match=r"is sglang 9\.9\.9, not sglang 9\.9\.8"):
+        fetch_release("sglang", "9.9.8", wheels=str(wheels))
+    (wheels / "sglang-9.9.8-py3-none-any.whl").write_bytes(b"not a zip")
+    with pytest.raises(ConfigError, match="is not a wheel"):
+        fetch_release("sglang", "9.9.8", wheels=str(wheels))
+    assert not (tmp_path / "cache" / "releases" / "sglang-9.9.8").exists()
+
+
+def test_a_cached_release_that_does_not_hold_it_is_fetched_again(wheels, tmp_path):
+    """What an older sglfix kept from such a zip (marked done, no package) is not served."""
+    folder = tmp_path / "cache" / "releases" / "sglang-9.9.9"
+    folder.mkdir(parents=True)
+    (folder / "README.txt").write_text("no package here\n")
+    record = {"distribution": "sglang", "version": "9.9.9", "path": str(folder), "wheel": "x.whl", "overlay": []}
+    (folder / "sglfix-release.json").write_text(json.dumps(record))
+    release = fetch_release("sglang", "9.9.9", wheels=str(wheels))
+    assert (Path(release.path) / "sglang" / "__init__.py").is_file()
+    assert not (folder / "README.txt").exists()
+
+
+def test_the_leftovers_of_a_killed_fetch_are_removed_by_the_next(wheels, tmp_path):
+    """SIGKILL in the middle of a fetch (after the wheel is unpacked, before it is marked done)
+    leaves its temporary folder in the cache; the next fetch removes it."""
+    code = textwrap.dedent(
+        f"""
+        import sys, time
+        import sglfix.codebases.releases as r
+        unpack = r._unpack
+        def slow(*a, **k):
+            unpack(*a, **k)
+            print("unpacked", flush=True)
+            time.sleep(120)
+        r._unpack = slow
+        r.fetch_release("sglang", "9.9.9", wheels={str(wheels)!r})
+        """
+    )
+    env = {**os.environ, "SGLFIX_CACHE": str(tmp_path / "cache")}
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "unpacked"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    releases = tmp_path / "cache" / "releases"
+    left = [p.name for p in releases.iterdir() if p.is_dir() and p.name.startswith(".")]
+    assert left, "the killed fetch left nothing to clean up: the test did not kill it in the middle"
+    fetch_release("sglang", "9.9.9", wheels=str(wheels))
+    assert not [p for p in releases.iterdir() if p.is_dir() and p.name.startswith(".")]
+
+
+def _fake_python(tmp_path: Path) -> Path:
+    """An interpreter stand-in that writes its pid and waits: what a long pip (or run) child does."""
+    script = tmp_path / "slow-python"
+    script.write_text(f"#!/bin/sh\necho $$ > {tmp_path / 'child.pid'}\nexec sleep 120\n")
+    script.chmod(0o755)
+    return script
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie is dead: its parent has not reaped it yet
+        return fh.read().split(") ", 1)[1][0] != "Z"
+
+
+@pytest.mark.parametrize("call", ["fetch", "release run"])
+def test_a_child_of_a_killed_fetch_or_release_run_dies_with_it(tmp_path, call):
+    """The pip of a fetch and the per-release ``sglfix run`` of a release bisect are killed with
+    the process that started them (PR_SET_PDEATHSIG, as the worker pool's workers)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    fake = _fake_python(tmp_path)
+    start = (
+        "r._pip('download', 'sglang==9.9.9', what='x')"
+        if call == "fetch"
+        else "from sglfix.execution.release_bisect import run_release; run_release('9.9.9', args=[], wheels=None)"
+    )
+    code = f"import sys; import sglfix.codebases.releases as r; sys.executable = {str(fake)!r}; {start}"
+    env = {**os.environ, "SGLFIX_CACHE": str(tmp_path / "c"), "TMPDIR": str(tmp_path)}
+    parent = subprocess.Popen([sys.executable, "-c", code], env=env)
+    pid_file = tmp_path / "child.pid"
+    deadline = time.monotonic() + 60
+    while not pid_file.is_file() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline and parent.poll() is None, "the child never started"
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = _alive(child)
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert not alive, f"the {call}'s child outlived its parent"
+
+
+def test_release_is_checked_with_the_rest_of_the_line_before_anything_is_fetched(wheels, tmp_path):
+    """A release no profile covers, a profile that is not the engine's, a typo in the command's
+    options, --release beside bisect --releases: one line each, and nothing fetched."""
+    env = {"SGLFIX_CACHE": str(tmp_path / "cache")}
+    w = ["--wheels", str(wheels)]
+    older = run_cli("--release", "0.5.12", *w, "list", env=env)
+    assert_one_line_error(older, "--release 0.5.12: no profile covers sglang 0.5.12", "sglang-0.5.23")
+    reproduction = run_cli("--release", "9.9.9", *w, "--profile", "reproduction", "run", "-s", "*", env=env)
+    assert_one_line_error(reproduction, "--profile reproduction replays the reproduction", "drop --profile")
+    typo = run_cli("--release", "9.9.9", *w, "run", "--devise", "cpu", env=env)
+    assert_one_line_error(typo, "--devise")
+    both = run_cli("--release", "9.9.9", *w, "bisect", "--releases", "9.9.8..9.9.9", env=env)
+    assert_one_line_error(both, "--release 9.9.9 and bisect --releases")
+    toggles = run_cli("--release", "9.9.9", *w, "--toggles", str(tmp_path), "list", env=env)
+    assert_one_line_error(toggles, "--toggles DIR alone replays the reproduction")
+    assert not (tmp_path / "cache" / "releases" / "sglang-9.9.9").exists()
+
+
+def test_a_release_the_index_does_not_have_is_one_line_before_pip_downloads(monkeypatch, tmp_path):
+    import sglfix.codebases.releases as releases
+
+    monkeypatch.setenv("SGLFIX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(releases, "versions_on_index", lambda distribution: ["0.5.23", "0.5.22", "0.5.21"])
+
+    def no_download(*args, **kw):
+        raise AssertionError(f"pip ran: {args}")
+
+    monkeypatch.setattr(releases, "_pip", no_download)
+    with pytest.raises(ConfigError, match=r"--release 0\.5\.99: sglang has no release 0\.5\.99 on the package index"):
+        fetch_release("sglang", "0.5.99")
+
+
+def test_a_release_runs_report_says_release_not_the_installed_one():
+    from sglfix.report.codebase import codebase_label
+
+    cb = {"name": "sglang-0.5.23", "distribution": "sglang", "version": "0.5.17", "followed": "sglang"}
+    assert "following the installed sglang" in codebase_label({"codebase": cb})
+    label = codebase_label({"codebase": {**cb, "release": "0.5.17"}})
+    assert "--release 0.5.17 from sglfix's cache" in label and "installed" not in label

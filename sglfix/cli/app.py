@@ -31,7 +31,7 @@ app = typer.Typer(
 
 
 @app.callback(invoke_without_command=True)
-def _main(
+def _main(  # noqa: PLR0913 - typer reads the global options from this signature
     ctx: typer.Context,
     toggles: str | None = typer.Option(
         None,
@@ -58,6 +58,12 @@ def _main(
         metavar="DIR",
         help="With --release (or bisect --releases): take the releases and the light packages they pin from this directory of wheels (offline), not the package index.",
     ),
+    codebase_version: str | None = typer.Option(
+        None,
+        "--codebase-version",
+        metavar="V",
+        help="The version of the engine's source tree when it records none (a git clone without its generated _version.py, no release tag in reach): picks its profile and each toggle's variant. Env SGLFIX_CODEBASE_VERSION.",
+    ),
     allow_target: list[str] = typer.Option(
         [], "--allow-target", metavar="PREFIX", help="Also allow patch targets under this module prefix (repeatable)."
     ),
@@ -81,8 +87,11 @@ def _main(
         if ctx.invoked_subcommand != "bisect":
             raise ConfigError("--wheels DIR holds the wheels of --release VERSION: give --release with it")
         opts.wheels = wheels  # bisect --releases A..B takes its releases from there
+    if codebase_version is not None:
+        _given_version(codebase_version, release=release)
     if release is not None:
-        profile = _use_release(release, wheels=wheels, profile=profile, toggles=toggles)
+        profile = _use_release(ctx, release, wheels=wheels, profile=profile, toggles=toggles)
+        opts.release = release.strip()
     if profile is not None:
         from sglfix.toggling.profiles import get_profile
 
@@ -93,6 +102,8 @@ def _main(
     opts.toggles = toggles
     opts.allow = tuple(allow_target)
     opts.debug = opts.debug or debug
+    if codebase_version is not None:
+        _check_given_version(opts, codebase_version)
     if toggles is not None:
         # Checked now so every command (and every worker) sees one valid directory.
         from sglfix.toggling.registry import load_registry
@@ -103,20 +114,121 @@ def _main(
         raise typer.Exit(0)
 
 
-def _use_release(release: str, *, wheels: str | None, profile: str | None, toggles: str | None) -> str | None:
-    """Fetch the release and put it in front of this process's and its workers' path; the
-    profile to use: the one named, else (no toggles given either) the one following it."""
-    from sglfix.codebases import profiles
+def _given_version(text: str, *, release: str | None) -> None:
+    """``--codebase-version V``: the version of a source tree that records none, for this process
+    and every process it starts (workers, the start-up hook)."""
+    from sglfix.codebases.installed import CODEBASE_VERSION_ENV
+    from sglfix.codebases.releases import check_version
+
+    version = check_version(text, option="--codebase-version")
+    if release is not None:
+        raise ConfigError(
+            "--codebase-version names a source tree's version, --release runs a release of its own: give one"
+        )
+    os.environ[CODEBASE_VERSION_ENV] = version
+
+
+def _check_given_version(opts: Options, given: str) -> None:
+    """``--codebase-version`` acts on an engine's source tree that records no version; anywhere
+    else it is refused: the reproduction has none to give, and a build's record is not overridden."""
+    from sglfix.codebases import check_given_version, installed
+
+    cb = opts.active_profile()
+    if cb.is_reproduction:
+        raise ConfigError(
+            f"--codebase-version {given} names the version of an engine's source tree, but the profile in "
+            "use is the reproduction (sglfix's own code); give --profile sglang (or drop --codebase-version)"
+        )
+    found = installed(cb)
+    if found is not None:
+        check_given_version(found)
+
+
+def _use_release(
+    ctx: typer.Context, release: str, *, wheels: str | None, profile: str | None, toggles: str | None
+) -> str | None:
+    """Check the release against the profiles and the rest of the line, then fetch it (unless
+    cached) and put it in front of this process's and its workers' path; the profile to use: the
+    one named, else the one following the engine. Nothing is downloaded for a line refused."""
+    from sglfix.codebases import get_codebase, profiles
     from sglfix.codebases.releases import check_version, fetch_release, use_release
 
     version = check_version(release, option="--release")
     engines = sorted({r.distribution for r in profiles().values() if r.distribution})
     if len(engines) != 1:
         raise ConfigError(f"--release: the profiles name {len(engines)} engines ({', '.join(engines)}); expected one")
-    use_release(fetch_release(engines[0], version, wheels=wheels))
-    if profile is None and toggles is None and not os.environ.get("SGLFIX_PROFILE", "").strip():
-        return engines[0]
-    return profile
+    engine = engines[0]
+    named, why = profile, f"--profile {profile}"
+    if named is None:
+        named = os.environ.get("SGLFIX_PROFILE", "").strip() or None
+        why = f"SGLFIX_PROFILE={named}"
+    if named is None and toggles is not None:
+        raise ConfigError(
+            f"--release {version} runs a release of {engine}; --toggles DIR alone replays the reproduction: "
+            f"give SGLFIX_PROFILE=PROFILE (the {engine} profile those toggles are for) with it, or drop --toggles"
+        )
+    records = [r for r in profiles().values() if r.distribution == engine]
+    if named is not None and named.strip() not in (engine, records[0].package):
+        record = get_codebase(named, what="--profile" if profile is not None else "SGLFIX_PROFILE")
+        if record.distribution != engine:
+            raise ConfigError(
+                f"--release {version} runs {engine} {version}, but {why} replays {record.label}; "
+                f"drop {why.split('=')[0].split()[0]} (the release picks its {engine} profile) or --release"
+            )
+        if not record.covers(version):
+            others = [r.name for r in records if r.covers(version)]
+            pick = f"give --profile {others[0]}" if others else f"write a profile for {version} (README, Profiles)"
+            raise ConfigError(
+                f"--release {version}: {why} is written for {engine} {record.versions or record.version}; {pick}"
+            )
+    else:
+        _release_followed(version, records)
+    _parse_line(ctx, release=version)
+    use_release(fetch_release(engine, version, wheels=wheels, package=records[0].package))
+    if profile is None and named is not None:
+        return None  # SGLFIX_PROFILE names it: resolved from there, as without --release
+    return named if named is not None else engine
+
+
+def _release_followed(version: str, records: list) -> None:
+    """A release the engine's profiles can follow: one covers it, or it is newer than all of
+    them (the newest then runs it, and reverts that no longer apply are findings)."""
+    from packaging.version import Version
+
+    if any(r.covers(version) for r in records):
+        return
+    oldest = min(records, key=lambda r: Version(r.version))
+    if Version(version) < Version(oldest.version):
+        raise ConfigError(
+            f"--release {version}: no profile covers {oldest.distribution} {version} (the oldest, {oldest.name}, "
+            f"covers {oldest.versions or oldest.version}); give a release it covers, or write a profile for "
+            f"{version} (README, Profiles)"
+        )
+
+
+def _parse_line(ctx: typer.Context, *, release: str) -> None:
+    """Parse the rest of the line as the command will (every option checked: a typo is one line
+    now, not after a download), and refuse what --release does not go with."""
+    argv = options(ctx).argv[1:]
+    if not argv or ctx.resilient_parsing:
+        return
+    group = ctx.command
+    probe = group.make_context(ctx.info_name or "sglfix", list(argv), obj=ctx.obj)
+    command: list[str] = []
+    current, rest = probe, [*probe._protected_args, *probe.args]
+    while rest and hasattr(current.command, "resolve_command"):
+        name, cmd, rest = current.command.resolve_command(current, rest)
+        command.append(name or "")
+        current = cmd.make_context(name, list(rest), parent=current)
+        rest = [*current._protected_args, *current.args]
+    if command[:1] == ["bisect"] and current.params.get("releases"):
+        raise ConfigError(
+            f"--release {release} and bisect --releases both choose what runs: give bisect --releases A..B alone"
+        )
+    if command == ["toggle", "port"] and current.params.get("source") is not None:
+        raise ConfigError(
+            f"--source {current.params['source']} and --release {release} both name the source to port onto: give one"
+        )
 
 
 def _register_commands() -> None:
@@ -168,11 +280,12 @@ def _click_exception_type() -> type:
 LINE_FLAGS = ("--debug", "--git-bisect")
 
 # Global options accepted after the command too (``sglfix doctor --profile NAME``).
-_GLOBAL_WITH_VALUE = ("--profile", "--release", "--wheels")
+_GLOBAL_WITH_VALUE = ("--profile", "--release", "--wheels", "--codebase-version")
 
 
 def _hoist_profile(args: list[str]) -> list[str]:
-    """``--profile NAME``, ``--release VERSION`` and ``--wheels DIR`` are global too: moved in front."""
+    """``--profile NAME``, ``--release VERSION``, ``--wheels DIR`` and ``--codebase-version V`` are
+    global too: moved in front."""
     front: list[str] = []
     rest: list[str] = []
     i = 0

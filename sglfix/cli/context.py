@@ -37,6 +37,7 @@ class Options:
     debug: bool = False
     argv: list[str] = field(default_factory=list)
     wheels: str | None = None  # --wheels DIR without --release: bisect --releases takes its releases there
+    release: str | None = None  # --release VERSION: the release this command runs (fetched, first on the path)
     git_bisect: bool = False  # --git-bisect: exit 125 where the commit cannot be tested (sglfix.cli.app)
 
     def allowed_prefixes(self) -> tuple[str, ...] | None:

@@ -40,6 +40,7 @@ __all__ = [
     "Profile",
     "activate",
     "active",
+    "check_given_version",
     "check_installed",
     "check_interpreter",
     "check_scenarios_runnable",
@@ -92,7 +93,14 @@ def check_installed(cb: CodeBase, *, what: str) -> Installed:
             f"{what} replays through {cb.package} {cb.version}, but {cb.package} is not importable "
             f"here; install it: {cb.install_hint}"
         )
-    if not cb.is_reproduction and not cb.covers(found.version) and cb.beyond != found.version:
+    if cb.is_reproduction:
+        return found
+    from sglfix.codebases.records import unknown_version
+
+    if not found.known:
+        raise ConfigError(unknown_version(found, what=what))
+    check_given_version(found)
+    if not cb.covers(found.version) and cb.beyond != found.version:
         written = f"{cb.version}" + (f" ({cb.versions})" if cb.versions else "")
         others = [
             p.name
@@ -104,7 +112,25 @@ def check_installed(cb: CodeBase, *, what: str) -> Installed:
             f"{what} is written for {cb.package} {written}, but {cb.package} {found.version} is "
             f"installed ({found.path}); install {cb.distribution}=={cb.version} or {pick}"
         )
+    from sglfix.codebases.pins import check_pins
+
+    check_pins(cb, found, what=what)
     return found
+
+
+def check_given_version(found: Installed) -> None:
+    """``--codebase-version V`` names the version of a source tree that does not record its own;
+    where a build recorded another, the option would be a false statement: one line."""
+    import os
+
+    from sglfix.codebases.installed import CODEBASE_VERSION_ENV
+
+    given = os.environ.get(CODEBASE_VERSION_ENV, "").strip()
+    if given and found.read_from == "build" and given != found.version:
+        raise ConfigError(
+            f"--codebase-version {given}: {found.distribution} at {found.path} records its version, "
+            f"{found.version} (its build wrote it); drop --codebase-version"
+        )
 
 
 def _release(version: str) -> tuple[int, ...]:

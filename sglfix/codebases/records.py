@@ -82,6 +82,9 @@ class Profile:
     sliding_window: tuple[str, ...] = ()
     # Packages the code base imports at module level that a CPU machine cannot install.
     standins: tuple[str, ...] = ()
+    # Packages the engine cannot be imported beside in another version than its metadata pins
+    # with == (sglfix.codebases.pins); its other pins a CPU set-up may miss harmlessly.
+    import_pins: tuple[str, ...] = ()
     # Capability queries of a stood-in package that the code base implements itself
     # (stand-in path -> "module:function"); see sglfix.codebases.standins.
     standin_equivalents: dict[str, str] = field(default_factory=dict)
@@ -106,7 +109,7 @@ class Profile:
 
     def __post_init__(self) -> None:
         # TOML has arrays, not tuples; pydantic converts them itself.
-        for name in ("standins", "preload"):
+        for name in ("standins", "preload", "import_pins"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -346,12 +349,12 @@ def _follow_installed(asked: str, engine: list[Profile], *, what: str) -> Profil
             f"{what} {asked} follows the installed {newest.package}, but none is importable here; "
             f"install it: {newest.install_hint}"
         )
+    if not here.known:
+        raise ConfigError(unknown_version(here, what=f"{what} {asked}"))
     chosen = next((r for r in newest_first if r.covers(here.version)), None)
     beyond = None
     if chosen is None:
-        if here.version not in _UNKNOWN_VERSIONS and _version_key(here.version, where=here.path) < _version_key(
-            oldest.version, where=oldest.name
-        ):
+        if _version_key(here.version, where=here.path) < _version_key(oldest.version, where=oldest.name):
             raise ConfigError(
                 f"{what} {asked}: {newest.package} {here.version} is installed ({here.path}), older than every "
                 f"profile (the oldest, {oldest.name}, covers {oldest.versions or oldest.version}); install a "
@@ -364,9 +367,15 @@ def _follow_installed(asked: str, engine: list[Profile], *, what: str) -> Profil
     return followed
 
 
-# What a package's version file says when it does not know (sglang's fallback in a checkout
-# without its generated _version.py), and what sglfix records when it found none.
-_UNKNOWN_VERSIONS = ("0.0.0.dev0", "unknown")
+def unknown_version(here: Any, *, what: str) -> str:
+    """The one line for a code base whose version cannot be read (a source tree that records none)."""
+    from sglfix.codebases.installed import CODEBASE_VERSION_ENV
+
+    return (
+        f"{what}: the version of {here.path} cannot be read (a source tree without its generated "
+        f"_version.py, no version in its pyproject.toml, no release tag v* in its git history); give "
+        f"--codebase-version V, the release its code is (or {CODEBASE_VERSION_ENV}=V)"
+    )
 
 
 def _version_key(version: str | None, *, where: str) -> Any:

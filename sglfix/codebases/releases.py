@@ -8,32 +8,49 @@ the release pins a light package this environment holds in another version (sgla
 transformers 5.12.1, whose own pins want an older tokenizers), that package as the release wants
 it. Nothing in the user's environment is installed or changed: a run of one release is a process
 with that folder first on its path, and its workers follow it there.
+
+A folder is marked done only once it holds the release's package in the very version asked for
+(a wheel of another distribution or version, or a zip without the package, is refused in one
+line), and a done folder that no longer does is fetched again. A fetch works in a temporary
+folder of the cache that it holds locked; one whose process died (SIGKILL, OOM) is removed by
+the next fetch, and the ``pip`` it runs dies with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 from sglfix.common.errors import ConfigError
 
 __all__ = [
     "CACHE_ENV",
+    "RELEASE_ENV",
     "Release",
     "cache_root",
+    "cached_release",
     "check_version",
+    "die_with_parent",
     "fetch_release",
     "light_packages",
+    "owned_tempdir",
     "release_env",
+    "sweep_dead",
     "use_release",
+    "versions_on_index",
 ]
 
 CACHE_ENV = "SGLFIX_CACHE"
@@ -42,6 +59,14 @@ CACHE_ENV = "SGLFIX_CACHE"
 # parsers import xgrammar.
 _ALSO_IMPORTED = ("xgrammar",)
 _DONE = "sglfix-release.json"  # written last: a folder without it is a fetch that did not finish
+# The release a process runs (``--release``), for what its reports say of their code base.
+RELEASE_ENV = "SGLFIX_RELEASE"
+# Held locked (flock) by the process that owns a temporary folder: a lock that can be taken is a
+# folder whose owner died.
+_OWNER = ".sglfix-owner"
+# A temporary folder without the owner file (written by an older sglfix, or a fetch cut short
+# between making the folder and locking it) is a leftover once it is this old.
+_UNOWNED_AFTER_S = 600.0
 # What a release's folder never needs: compiled extensions sglfix does not import.
 _BINARY = (".so", ".pyd", ".dylib", ".dll")
 
@@ -84,7 +109,7 @@ def use_release(release: Release) -> None:
     from sglfix.common.codebase import clear_package_dirs
 
     sys.path.insert(0, release.path)
-    os.environ.update(PYTHONPATH=release_env(release)["PYTHONPATH"])
+    os.environ.update(PYTHONPATH=release_env(release)["PYTHONPATH"], **{RELEASE_ENV: release.version})
     importlib.invalidate_caches()
     clear_package_dirs()
 
@@ -119,33 +144,209 @@ def light_packages() -> set[str]:
     return names
 
 
-def fetch_release(distribution: str, version: str, *, wheels: str | None = None) -> Release:
-    """The release's folder, fetched and unpacked unless it already is. ``wheels``: a directory
-    of wheels to take it (and any light package it pins) from instead of the package index."""
-    folder = cache_root() / "releases" / f"{distribution}-{version}"
+def _folder(distribution: str, version: str) -> Path:
+    return cache_root() / "releases" / f"{distribution}-{version}"
+
+
+def cached_release(distribution: str, version: str, *, package: str | None = None) -> Release | None:
+    """The release's folder when a finished fetch left it holding the release (None: fetch it)."""
+    folder = _folder(distribution, version)
     done = folder / _DONE
-    if done.is_file():
-        try:
-            return Release(**json.loads(done.read_text()))
-        except (ValueError, TypeError):
-            pass  # a record of another layout: fetch again
+    if not done.is_file():
+        return None
+    try:
+        record = Release(**json.loads(done.read_text()))
+    except (ValueError, TypeError, OSError):
+        return None  # a record of another layout: fetch again
+    if record.version != version or _holds(folder, distribution, package or _package(distribution)) != version:
+        return None  # not the release asked for (an older sglfix kept what it was given): fetch again
+    return record
+
+
+def fetch_release(distribution: str, version: str, *, wheels: str | None = None, package: str | None = None) -> Release:
+    """The release's folder, fetched and unpacked unless it already is. ``wheels``: a directory
+    of wheels to take it (and any light package it pins) from instead of the package index.
+    ``package``: the top-level package the release must hold (default: the distribution's name)."""
+    package = package or _package(distribution)
     if wheels is not None and not os.path.isdir(wheels):
         raise ConfigError(f"--wheels {wheels}: not a directory; name a directory of wheels")
+    folder = _folder(distribution, version)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=f".{distribution}-{version}-") as tmp:
-        work = Path(tmp)
-        wheel = _wheel(distribution, version, wheels=wheels, into=work / "dl")
-        site = work / "site"
-        _unpack(wheel, site, skip_binary=True)
-        overlay = _overlay(_pins(wheel), wheels=wheels, into=work / "dl-light", site=site)
-        record = Release(
-            distribution=distribution, version=version, path=str(folder), wheel=wheel.name, overlay=overlay
-        )
-        (site / _DONE).write_text(json.dumps(record.to_json(), indent=1) + "\n")
-        if folder.exists():
-            shutil.rmtree(folder)  # an unfinished earlier fetch
-        os.replace(site, folder)
+    sweep_dead(folder.parent, prefix=".")
+    # One fetch of a release at a time: a second waits, then finds it done.
+    with _locked(folder.parent / f".{distribution}-{version}.lock"):
+        record = cached_release(distribution, version, package=package)
+        if record is not None:
+            return record
+        with owned_tempdir(folder.parent, prefix=f".{distribution}-{version}-") as work:
+            wheel = _wheel(distribution, version, wheels=wheels, into=work / "dl")
+            _check_wheel(wheel, distribution=distribution, version=version, package=package, wheels=wheels)
+            site = work / "site"
+            _unpack(wheel, site, skip_binary=True)
+            found = _holds(site, distribution, package)
+            if found != version:  # what a run would read there (the check of the wheel said so too)
+                raise ConfigError(
+                    f"{_source(wheels)}: {wheel.name} unpacked holds {package} {found or 'of no version'}, "
+                    f"not {version}; remove it"
+                )
+            overlay = _overlay(_pins(wheel), wheels=wheels, into=work / "dl-light", site=site)
+            record = Release(
+                distribution=distribution, version=version, path=str(folder), wheel=wheel.name, overlay=overlay
+            )
+            (site / _DONE).write_text(json.dumps(record.to_json(), indent=1) + "\n")
+            if folder.exists():
+                shutil.rmtree(folder)  # an unfinished earlier fetch, or one that held something else
+            os.replace(site, folder)
     return record
+
+
+def _package(distribution: str) -> str:
+    return distribution.replace("-", "_")
+
+
+def _source(wheels: str | None) -> str:
+    return f"--wheels {wheels}" if wheels is not None else "the package index"
+
+
+def _holds(root: Path, distribution: str, package: str) -> str | None:
+    """The version of ``package`` a process with ``root`` first on its path would import from
+    there, read as a run reads it (None: no such package there)."""
+    from sglfix.codebases.installed import version_of_tree
+
+    if not (root / package / "__init__.py").is_file():
+        return None
+    return version_of_tree(str(root), SimpleNamespace(distribution=distribution, package=package))
+
+
+def _check_wheel(wheel: Path, *, distribution: str, version: str, package: str, wheels: str | None) -> None:
+    """The wheel is a release of ``distribution`` ``version`` holding ``package``, or one line."""
+    from packaging.version import InvalidVersion, Version
+
+    where = _source(wheels)
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            names = zf.namelist()
+            metas = [n for n in names if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+            meta = zf.read(metas[0]).decode("utf-8", "replace") if len(metas) == 1 else ""
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise ConfigError(f"{where}: {wheel.name} is not a wheel ({exc}); remove it") from None
+    if f"{package}/__init__.py" not in names:
+        raise ConfigError(
+            f"{where}: {wheel.name} holds no {package} package (no {package}/__init__.py among its "
+            f"{len(names)} files): it is not a release of {distribution}; remove it"
+        )
+    name = re.search(r"^Name:\s*(\S+)", meta, re.MULTILINE)
+    held = re.search(r"^Version:\s*(\S+)", meta, re.MULTILINE)
+    if not name or not held:
+        raise ConfigError(f"{where}: {wheel.name} has no .dist-info/METADATA naming its release; remove it")
+    try:
+        same = Version(held.group(1)) == Version(version)
+    except InvalidVersion:
+        same = False
+    if _canonical(name.group(1)) != _canonical(distribution) or not same:
+        raise ConfigError(
+            f"{where}: {wheel.name} is {name.group(1)} {held.group(1)}, not {distribution} {version}; remove it"
+        )
+
+
+def die_with_parent(parent: int | None = None) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets SIGTERM when this process dies, however it dies (Linux's
+    ``PR_SET_PDEATHSIG``, as the worker pool's workers do), and exits at once if it already has."""
+    parent = os.getpid() if parent is None else parent
+
+    def preexec() -> None:
+        if sys.platform.startswith("linux"):
+            with contextlib.suppress(Exception):
+                import ctypes
+
+                ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    import fcntl
+
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def owned_tempdir(parent: Path | str, *, prefix: str) -> Iterator[Path]:
+    """A temporary folder in ``parent``, held locked while in use and removed afterwards; if this
+    process dies first, the next ``sweep_dead`` of ``parent`` removes it."""
+    import fcntl
+
+    work = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    try:
+        with open(work / _OWNER, "w") as owner:
+            fcntl.flock(owner, fcntl.LOCK_EX)
+            owner.write(f"{os.getpid()}\n")
+            owner.flush()
+            yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def sweep_dead(parent: Path | str, *, prefix: str) -> list[str]:
+    """Remove the folders of ``parent`` named ``prefix...`` that a dead process left (their owner
+    lock is free, or they have none and are old); the names removed."""
+    import fcntl
+
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
+            continue
+        owner = os.path.join(entry.path, _OWNER)
+        if not os.path.exists(owner):
+            try:
+                old = time.time() - entry.stat(follow_symlinks=False).st_mtime > _UNOWNED_AFTER_S
+            except OSError:
+                continue
+            if old and not os.path.exists(os.path.join(entry.path, _DONE)):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.name)
+            continue
+        try:
+            with open(owner) as fh:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # held: its owner is alive
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.name)
+        except OSError:
+            continue
+    return removed
+
+
+def versions_on_index(distribution: str) -> list[str] | None:
+    """The releases of ``distribution`` the package index lists (None: it did not answer)."""
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "pip", "index", "versions", distribution, "--disable-pip-version-check"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=die_with_parent(),
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in r.stdout.splitlines():
+        if line.strip().startswith("Available versions:"):
+            return [v.strip() for v in line.split(":", 1)[1].split(",") if v.strip()]
+    return None
 
 
 def _canonical(name: str) -> str:
@@ -153,7 +354,13 @@ def _canonical(name: str) -> str:
 
 
 def _pip(*args: str, what: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        preexec_fn=die_with_parent(),  # a fetch killed outright leaves no pip behind
+    )
     if proc.returncode != 0:
         tail = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
         raise ConfigError(f"{what}: pip failed: {tail[-1] if tail else 'exit ' + str(proc.returncode)}")
@@ -171,6 +378,14 @@ def _wheel(distribution: str, version: str, *, wheels: str | None, into: Path) -
         if not found:
             raise ConfigError(f"--wheels {wheels}: no {stem}-{version}-*.whl there; add it or drop --wheels")
         return found[0]
+    listed = versions_on_index(distribution)
+    if listed is not None and version not in listed:
+        from sglfix.common.schema import nearest
+
+        raise ConfigError(
+            f"--release {version}: {distribution} has no release {version} on the package index"
+            f"{nearest(version, listed)}; its newest: {', '.join(listed[:5])}"
+        )
     into.mkdir(parents=True, exist_ok=True)
     _pip(
         "download", "--no-deps", "--only-binary=:all:", f"{distribution}=={version}", "-d", str(into),

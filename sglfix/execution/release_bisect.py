@@ -99,19 +99,15 @@ def _versions_in(wheels: str, distribution: str) -> list[str]:
 
 
 def _versions_on_index(distribution: str) -> list[str]:
-    r = subprocess.run(
-        [sys.executable, "-m", "pip", "index", "versions", distribution, "--disable-pip-version-check"],
-        capture_output=True,
-        text=True,
-    )
-    for line in r.stdout.splitlines():
-        if line.strip().startswith("Available versions:"):
-            return [v.strip() for v in line.split(":", 1)[1].split(",") if v.strip()]
-    tail = (r.stderr or r.stdout).strip().splitlines()
-    raise ConfigError(
-        f"--releases: the package index did not list {distribution}'s releases "
-        f"({tail[-1] if tail else 'no answer'}); give --wheels DIR on an offline machine"
-    )
+    from sglfix.codebases.releases import versions_on_index
+
+    found = versions_on_index(distribution)
+    if found is None:
+        raise ConfigError(
+            f"--releases: the package index did not list {distribution}'s releases; give --wheels DIR on an "
+            "offline machine"
+        )
+    return found
 
 
 @dataclass
@@ -219,8 +215,13 @@ def _describe(r: ReleaseRun) -> str:
 def run_release(
     version: str, *, args: Sequence[str], wheels: str | None, env: dict | None = None, timeout: float = 3600
 ) -> ReleaseRun:
-    """``sglfix --release VERSION run ARGS --json F`` in a process of its own."""
-    with tempfile.TemporaryDirectory(prefix="sglfix-release-") as tmp:
+    """``sglfix --release VERSION run ARGS --json F`` in a process of its own, which dies with this
+    one (its workers die with it); its report in a folder the next search removes if this
+    process dies before it does."""
+    from sglfix.codebases.releases import die_with_parent, owned_tempdir, sweep_dead
+
+    sweep_dead(tempfile.gettempdir(), prefix="sglfix-release-")
+    with owned_tempdir(tempfile.gettempdir(), prefix="sglfix-release-") as tmp:
         out = Path(tmp) / "run.json"
         cmd = [sys.executable, "-m", "sglfix", "--release", version]
         if wheels:
@@ -230,7 +231,9 @@ def run_release(
         child.pop("SGLFIX_PROFILE", None)
         t0 = time.perf_counter()
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, env=child, timeout=timeout)
+            r = subprocess.run(
+                cmd, capture_output=True, text=True, env=child, timeout=timeout, preexec_fn=die_with_parent()
+            )
         except subprocess.TimeoutExpired:
             return ReleaseRun(version, untestable=f"its run took more than {timeout:.0f} s", exit=124)
         wall = round(time.perf_counter() - t0, 1)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from sglfix.codebases.releases import RELEASE_ENV
 from sglfix.common.errors import ConfigError
 from sglfix.execution.session import Session, first_line
 
@@ -202,6 +203,7 @@ def _boot(device: str, codebase: str = "reproduction") -> dict:
             "reproduction_modules_loaded": len(reproduction),
             "followed": cb.asked or None,
             "beyond_range": cb.beyond,
+            "release": os.environ.get(RELEASE_ENV) or None,
         },
     }
 

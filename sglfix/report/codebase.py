@@ -19,8 +19,10 @@ def codebase_label(report: dict) -> str:
     text = f"{cb.get('distribution') or cb.get('name')} {cb.get('version') or '?'}"
     if cb.get("path"):
         text += f" at {cb['path']}"
-    if cb.get("followed"):
-        beyond = ", newer than its range: toggles that no longer apply are findings" if cb.get("beyond_range") else ""
+    beyond = ", newer than its range: toggles that no longer apply are findings" if cb.get("beyond_range") else ""
+    if cb.get("release"):
+        text += f" (profile {cb['name']}, --release {cb['release']} from sglfix's cache{beyond})"
+    elif cb.get("followed"):
         text += f" (profile {cb['name']}, following the installed {cb['followed']}{beyond})"
     if cb.get("standins"):
         text += f" (stand-ins: {', '.join(cb['standins'])})"

@@ -297,6 +297,7 @@ class Codebase(_Closed):
     # installed version beyond the profile's range it was stretched to (None: covered).
     followed: str | None = None
     beyond_range: str | None = None
+    release: str | None = None  # fetched as --release VERSION into sglfix's cache (None: as installed)
 
 
 class SglfixSource(_Closed):
