@@ -95,3 +95,48 @@ def test_a_range_must_name_releases_the_wheels_hold(tmp_path):
         (tmp_path / f"sglang-{v}-cp311-cp311-manylinux_2_34_x86_64.whl").write_bytes(b"")
     r = run_cli("bisect", "--releases", "0.5.21..0.5.22", "--wheels", str(tmp_path))
     assert_one_line_error(r, "sglang 0.5.22 is not in --wheels", "0.5.21, 0.5.23")
+
+
+def _wheels(tmp_path, *versions: str) -> str:
+    for v in versions:
+        (tmp_path / f"sglang-{v}-cp311-cp311-manylinux_2_34_x86_64.whl").write_bytes(b"")
+    return str(tmp_path)
+
+
+def test_every_option_acts_or_is_refused_before_a_release_is_fetched(tmp_path, monkeypatch):
+    """--apply was never applied, --no-reachability and --env-baseline were dropped, a bad revert
+    id or scenario was found only when the oldest release's run refused it (after its fetch)."""
+    wheels = _wheels(tmp_path, "0.5.21", "0.5.22", "0.5.23")
+    line = ["--wheels", wheels, "bisect", "--releases", "0.5.21..0.5.23"]
+    env = {"SGLFIX_CACHE": str(tmp_path / "cache")}
+    for extra, needle in (
+        (["--apply", str(tmp_path / "missing.patch")], "missing.patch"),
+        (["--no-reachability"], "--no-reachability does not apply"),
+        (["-r", "99999"], "PR 99999 is not registered"),
+        (["-s", "no-such-scenario*"], "no scenario matches"),
+        (["--timeout", "0"], "--timeout 0"),
+    ):
+        r = run_cli(*line, *extra, env=env)
+        got = assert_one_line_error(r, needle)
+        assert "cannot be tested" not in got, got  # refused by the search itself, before any release ran
+    inherited = run_cli(*line, env={**env, "SGLANG_DEBUG_REVERT_PR": "26972"})
+    assert_one_line_error(inherited, "SGLANG_DEBUG_REVERT_PR=26972 is set", "--env-baseline")
+    reproduction = run_cli("--profile", "reproduction", *line, env=env)
+    assert_one_line_error(reproduction, "--profile reproduction replays the reproduction")
+    older = run_cli("--wheels", wheels, "bisect", "--releases", "0.5.10..0.5.23", env=env)
+    assert_one_line_error(older, "no profile covers sglang 0.5.10")
+    assert not (tmp_path / "cache").exists()
+    # What is accepted reaches every release's run: the fix applied, the MPS choice, the reverts.
+    from sglfix.cli.context import Options
+    from sglfix.cli.options import OPTIONS
+    from sglfix.cli.release_bisect_cmd import check_release_bisect
+
+    fix = tmp_path / "fix.patch"
+    fix.write_text("--- a/python/sglang/x.py\n+++ b/python/sglang/x.py\n@@ -1,1 +1,1 @@\n-a = 1\n+a = 2\n")
+    given = {name: default for name, (_, default) in OPTIONS.items()}
+    given.update(releases="0.5.21..0.5.23", apply=[str(fix)], mps="off", candidates=["26972"], device="cpu")
+    monkeypatch.delenv("SGLANG_DEBUG_REVERT_PR", raising=False)
+    engine, releases, args = check_release_bisect(Options(wheels=wheels), given)
+    assert (engine, releases) == ("sglang", ["0.5.21", "0.5.22", "0.5.23"])
+    assert args[args.index("--apply") + 1] == str(fix) and args[args.index("--mps") + 1] == "off"
+    assert args[args.index("-r") + 1] == "26972"

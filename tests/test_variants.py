@@ -213,3 +213,26 @@ def test_toggle_port_writes_the_variant_that_doctor_then_applies(tmp_path):
     # Bad input: one line, before anything is read.
     bad = run_cli(*profile, "toggle", "port", "--source", str(tree), "--versions", "soon", env=env)
     assert_one_line_error(bad, "--versions")
+
+
+def test_toggle_port_refuses_a_range_that_would_misplace_its_variants(tmp_path):
+    """An empty range, one that does not hold the source ported onto, one that would take the
+    place of the profile's own patches, a range whose bounds cross: one line each, before any
+    part is ported (and a toggle file with such a range is refused as it is read)."""
+    env, _ = _profile_copy(tmp_path)
+    profile = ["--profile", "sglang-port-test", "toggle", "port"]
+    src = tmp_path / "src"
+    (src / "sglang").mkdir(parents=True)
+    (src / "sglang" / "version.py").write_text('__version__ = "0.5.21"\n')
+    cases = (
+        (["--versions", ""], "--versions ''"),
+        (["--source", str(src), "--versions", "==0.5.20"], "does not hold 0.5.21"),
+        (["--source", str(src), "--versions", ">=0.5.20"], "holds 0.5.23", "<0.5.23"),
+        (["--source", str(src), "--versions", ">=0.5.22,<0.5.14"], "no version is in"),
+        (["--source", ""], "--source ''"),
+    )
+    for args, *needles in cases:
+        assert_one_line_error(run_cli(*profile, *args, env=env), *needles)
+    crossed = TOGGLE.replace('versions: ">=1.0,<2.0"', 'versions: ">=2.0,<1.0"')
+    with pytest.raises(ConfigError, match=r"variants\[1\]\.versions '>=2.0,<1.0' is a range no version is in"):
+        parse_toggle(crossed, path=str(tmp_path / "4242.yaml"))

@@ -37,8 +37,6 @@ def port_cmd(
     json_file: str | None = typer.Option(None, "--json", metavar="FILE", help="Write the result as JSON."),
 ) -> None:
     """Re-anchor the profile's reverts onto another release's source; --write keeps them as variants."""
-    from sglfix.codebases.installed import installed, version_of_tree
-    from sglfix.common.codebase import package_dir
     from sglfix.report.output import check_output_path, write_json
     from sglfix.toggling.port import port_registry
     from sglfix.toggling.registry import load_registry
@@ -48,25 +46,18 @@ def port_cmd(
     profile = opts.active_profile()
     if profile.is_reproduction:
         raise ConfigError("toggle port re-anchors an engine's toggles onto another release: give --profile sglang-X")
+    _check_given(source=source, versions=versions, release=opts.release)
     check_output_path(json_file, option="--json")
-    if source is None:
-        where = package_dir(profile.package)
-        if where is None:
-            raise ConfigError(f"{profile.package} is not importable here: give --source DIR or --release VERSION")
-        root, here = Path(where).parent, installed(profile)
-        version = here.version if here else None
-    else:
-        root, version = Path(source), version_of_tree(source, profile)
-    if not (root / profile.package).is_dir():
-        raise ConfigError(f"--source {root}: no {profile.package}/ folder there; give the folder that holds it")
+    root, version = _source_of(profile, source)
     if versions is None:
         if not version or version == "unknown":
             raise ConfigError(f"the version of {root / profile.package} is unknown: give --versions RANGE")
         versions = f"=={version}"
     try:
-        version_range(versions)
+        covered = version_range(versions)
     except ConfigError as exc:
         raise ConfigError(f"--versions: {exc}") from None
+    _check_range(versions, covered, version=version, profile=profile)
     # At a known version, a part that already has a variant there is checked as it is.
     known = bool(version) and version != "unknown"
     registry = (
@@ -107,6 +98,56 @@ def port_cmd(
         )
     if counts["failed"]:
         raise typer.Exit(1)
+
+
+def _check_given(*, source: str | None, versions: str | None, release: str | None) -> None:
+    if source is not None and release is not None:
+        raise ConfigError(f"--source {source} and --release {release} both name the source to port onto: give one")
+    if source is not None and not source.strip():
+        raise ConfigError("--source '': give the folder that holds the other version's sglang/")
+    if versions is not None and not versions.strip():
+        raise ConfigError("--versions '': give the range the variants cover, like '>=0.5.18,<0.5.22'")
+
+
+def _source_of(profile, source: str | None) -> tuple[Path, str | None]:
+    """The source root to port onto (``--source``, else where the engine is imported from here,
+    a ``--release`` included) and its version (None: unknown)."""
+    from sglfix.codebases.installed import installed, version_of_tree
+    from sglfix.common.codebase import package_dir
+
+    if source is None:
+        where = package_dir(profile.package)
+        if where is None:
+            raise ConfigError(f"{profile.package} is not importable here: give --source DIR or --release VERSION")
+        root, here = Path(where).parent, installed(profile)
+        version = here.version if here and here.known else None
+    else:
+        root, version = Path(source), version_of_tree(source, profile)
+    if not (root / profile.package).is_dir():
+        raise ConfigError(f"--source {root}: no {profile.package}/ folder there; give the folder that holds it")
+    return root, version
+
+
+def _check_range(text: str, covered, *, version: str | None, profile) -> None:
+    """The variants written for ``text`` must hold the source they were ported onto, and must not
+    take the place of the profile's own patches at the version they are written for."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        here = Version(version) if version and version != "unknown" else None
+    except InvalidVersion:
+        here = None
+    if here is not None and here not in covered:
+        raise ConfigError(
+            f"--versions {text} does not hold {version}, the version of the source the parts are ported onto; "
+            f"give a range that holds it (e.g. =={version})"
+        )
+    own = Version(profile.version) if profile.version else None
+    if own is not None and own in covered and here != own:
+        raise ConfigError(
+            f"--versions {text} holds {profile.version}, the version {profile.name}'s own patches are written for; "
+            f"end the range before it (e.g. <{profile.version})"
+        )
 
 
 def _write(toggles_dir: str, registry, results, *, versions: str, ported_from: str | None) -> list[str]:

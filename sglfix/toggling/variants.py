@@ -96,9 +96,45 @@ def version_range(text: str) -> Any:
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     try:
-        return SpecifierSet(text, prereleases=True)
+        spec = SpecifierSet(text, prereleases=True)
     except InvalidSpecifier as exc:
         raise ConfigError(f"{text!r} is not a version range ({exc})") from None
+    if _holds_nothing(spec):
+        raise ConfigError(f"{text!r} is a range no version is in (its bounds cross); give one like '>=0.5.18,<0.5.22'")
+    return spec
+
+
+def _holds_nothing(spec: Any) -> bool:
+    """Whether the bounds of ``spec`` cross (``>=0.5.23,<0.5.13``): a range that can never be
+    chosen is a mistake, not a variant. ``!=`` and arbitrary equality are left alone."""
+    from packaging.version import InvalidVersion, Version
+
+    lower: tuple[Any, bool] | None = None  # (version, inclusive)
+    upper: tuple[Any, bool] | None = None
+    for s in spec:
+        text = s.version
+        if text.endswith(".*") or s.operator in ("!=", "==="):
+            continue
+        try:
+            v = Version(text)
+        except InvalidVersion:
+            continue
+        bounds = {
+            ">=": [("lo", True)],
+            ">": [("lo", False)],
+            "<=": [("hi", True)],
+            "<": [("hi", False)],
+            "==": [("lo", True), ("hi", True)],
+            "~=": [("lo", True)],
+        }.get(s.operator, [])
+        for side, inclusive in bounds:
+            if side == "lo" and (lower is None or (v, not inclusive) > (lower[0], not lower[1])):
+                lower = (v, inclusive)
+            if side == "hi" and (upper is None or (v, inclusive) < (upper[0], upper[1])):
+                upper = (v, inclusive)
+    if lower is None or upper is None:
+        return False
+    return lower[0] > upper[0] or (lower[0] == upper[0] and not (lower[1] and upper[1]))
 
 
 def choose_variant(own: tuple[PatchSpec, ...], variants: tuple[VariantFile, ...], *, version: str | None) -> Chosen:
