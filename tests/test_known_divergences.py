@@ -207,3 +207,40 @@ def test_a_bad_versions_range_is_one_line(tmp_path):
         """,
         )
     assert "versions" in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("verdict", ["ERROR", "FAULT", "TIMEOUT"])
+def test_a_known_divergence_is_not_seen_only_when_its_cell_ran_to_a_verdict(tmp_path, verdict):
+    """A baseline cell sglfix could not judge (its probe does not fit the tree, the worker died,
+    time ran out) says nothing of the bug: "not judged", never "not seen (fixed?)"."""
+    known = _entries(
+        tmp_path,
+        """\
+        known_divergences:
+          - scenario: "probe-req-to-token-tree-ps*"
+            verdict: [INVARIANT]
+            reason: the headroom ignores tree drafting at page size 1
+            reproduce: sglfix run --profile sglang-0.5.23 -s probe-req-to-token-tree-ps1 --device cpu
+    """,
+    )
+    hit = _judge([_cell("probe-req-to-token-tree-ps1", verdict)], device="cpu", known=known).known[0]
+    assert hit.status == f"not judged: 1 of its 1 cell(s) ran to no verdict ({verdict})", hit.status
+    # One cell of the entry's scenarios judged, another not: still not judged.
+    both = [_cell("probe-req-to-token-tree-ps1", "PASS"), _cell("probe-req-to-token-tree-ps2", verdict)]
+    assert _judge(both, device="cpu", known=known).known[0].status.startswith("not judged: 1 of its 2")
+
+
+def test_a_versions_range_whose_bounds_cross_is_one_line(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        _entries(
+            tmp_path,
+            """\
+            known_divergences:
+              - scenario: probe-x
+                verdict: [INVARIANT]
+                versions: ">=0.5.16,<0.5.13"
+                reason: r
+                reproduce: sglfix run -s probe-x
+        """,
+        )
+    assert "no version is in" in str(err.value) and len(str(err.value).splitlines()) == 1

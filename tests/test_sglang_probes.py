@@ -326,3 +326,126 @@ def test_a_bad_probe_name_on_the_cli_is_one_line_with_the_nearest_name(tmp_path)
     assert_one_line_error(
         run_cli("scenarios", "--scenario-file", str(f)), "bad.yaml:2:", "did you mean 'draft-positions'"
     )
+
+
+# ------------------------------------------------------------------ a probe that does not fit the tree
+
+_ENGINE = """\
+def lens(reqs):
+    out = []
+    for r in reqs:
+        out.append(r.kv_allocated_len)  # this tree keeps the field on the request itself
+    return out
+
+
+def broken(slot):
+    return slot.needs_cpu_seq_lens  # the engine's own bug: a None slot
+"""
+
+_MISFIT_PROBE = """\
+try:
+    from sglfix.harness.misfit import Standin
+except ImportError:  # how a probe built its stand-ins before
+    from types import SimpleNamespace as Standin
+
+
+class Probe:
+    name = "req-to-token-headroom"
+
+    def run(self, scenario, *, device, result, stage):
+        stage("forward")
+        from fakeengine_misfit import alloc
+
+        how = scenario.name.split("-")[-1]
+        if how == "standin":
+            alloc.lens([Standin(kv=Standin(kv_allocated_len=1))])
+        elif how == "attr":
+            alloc.get_alloc_page_size()
+        elif how == "import":
+            from fakeengine_misfit.allocation import assign  # noqa: F401
+        elif how == "call":
+            alloc.lens([], reserve=1)
+        else:
+            alloc.broken(None)
+
+
+PROBE = Probe()
+"""
+
+
+def test_a_probe_that_does_not_fit_the_tree_is_an_error_of_sglfix_not_a_crash(tmp_path, monkeypatch):
+    """A tree whose interfaces moved (a field read off the request itself, a function renamed, a
+    module moved, an argument dropped): the probe's failure, ERROR "this probe does not support
+    this code base"; the engine's own bug in the same place stays its CRASH."""
+    from sglfix.codebases import CodeBase
+    from sglfix.common.codebase import active_codebase, clear_package_dirs, set_active
+    from sglfix.harness.cell import run_cell
+    from sglfix.scenario import load_scenarios
+
+    (tmp_path / "fakeengine_misfit").mkdir()
+    (tmp_path / "fakeengine_misfit" / "__init__.py").write_text("")
+    (tmp_path / "fakeengine_misfit" / "alloc.py").write_text(_ENGINE)
+    (tmp_path / "fakeprobe_misfit.py").write_text(_MISFIT_PROBE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    clear_package_dirs()
+    cases = ("standin", "attr", "import", "call", "bug")
+    f = tmp_path / "s.yaml"
+    f.write_text(
+        "scenarios:\n"
+        + "".join(
+            f"  - {{name: misfit-{c}, probe: req-to-token-headroom, mode: DECODE, batch: {{prefix_lens: [5]}}, "
+            f"page_size: 1, spec: {{topk: 1, num_steps: 1, num_draft_tokens: 2}}}}\n"
+            for c in cases
+        )
+    )
+    cb = CodeBase(
+        name="fake-misfit", package="fakeengine_misfit", summary="", distribution="fakeengine-misfit",
+        version="1.0", probes={"req-to-token-headroom": "fakeprobe_misfit"},
+    )  # fmt: skip
+    before = active_codebase()
+    set_active(cb)
+    try:
+        cells = {s.name.split("-")[-1]: run_cell(s, device="cpu") for s in load_scenarios([f], builtin=False)}
+    finally:
+        set_active(before)
+        clear_package_dirs()
+    got = {c: (r.verdict, r.findings[0]["message"]) for c, r in cells.items()}
+    for case, needle in (
+        ("standin", "lens (alloc.py:4) reads .kv_allocated_len of sglfix's stand-in Standin"),
+        ("attr", "fakeengine_misfit.alloc has no attribute get_alloc_page_size"),
+        ("import", "no module fakeengine_misfit.allocation"),
+        ("call", "lens() got an unexpected keyword argument 'reserve' (fakeengine_misfit.alloc.lens of this tree)"),
+    ):
+        verdict, message = got[case]
+        assert verdict == "ERROR" and f"this probe does not support this code base: {needle}" in message, got[case]
+    assert got["bug"][0] == "CRASH" and "needs_cpu_seq_lens" in got["bug"][1], got["bug"]
+
+
+def test_a_real_tree_the_probe_does_not_fit_is_an_error_and_its_known_divergence_not_judged(tmp_path):
+    """sglang with the request's KV lengths moved (what a 0.5.19-dev tree did to the req-to-token
+    probe): the probe's ERROR, and the divergence the profile lists for that scenario is "not
+    judged", never "not seen (fixed?)": its cell ran to no verdict."""
+    import os
+    import shutil
+
+    sglang = Path(require_sglang())
+    tree = tmp_path / "tree"
+    shutil.copytree(sglang, tree / "sglang", copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
+    sizing = tree / "sglang" / "srt" / "mem_cache" / "allocation_sizing.py"
+    text = sizing.read_text()
+    assert text.count("cur = r.kv.kv_allocated_len") == 1, "the line this test edits has moved"
+    sizing.unlink()
+    sizing.write_text(text.replace("cur = r.kv.kv_allocated_len", "cur = r.kv_allocated_len"))
+    out = tmp_path / "run.json"
+    r = run_cli(
+        "--profile", "sglang-0.5.23", "run", "-s", "probe-req-to-token-tree-ps1", "--device", "cpu",
+        "--json", str(out), env={"PYTHONPATH": str(tree), "SGLFIX_STORE": "0"}, timeout=300,
+    )  # fmt: skip
+    assert r.code == 1, (r.code, r.out[-1500:], r.err[-1500:])
+    report = json.loads(out.read_text())
+    (cell,) = report["cells"]
+    message = cell["findings"][0]["message"]
+    assert cell["verdict"] == "ERROR", cell
+    assert "this probe does not support this code base: page_aligned_decode_alloc_lens" in message, message
+    (known,) = [k for k in report["known_divergences"] if k["scenario"] == "probe-req-to-token-tree-ps1"]
+    assert known["status"].startswith("not judged: 1 of its 1 cell(s) ran to no verdict (ERROR)"), known

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglfix.common.codebase import is_code_under_test
+from sglfix.harness.misfit import misfit
 from sglfix.harness.result import CellResult
 from sglfix.scenario import Scenario
 
@@ -136,6 +137,18 @@ def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = Non
             stage=stage,
             frame=where,
             out_of_memory=True,
+        )
+    elif (unfit := misfit(exc)) is not None:
+        # sglfix's probe or adapter (or the kit helper it uses) was written for other interfaces
+        # than this tree's: its failure, never a crash of the code under test.
+        kind = "probe" if getattr(scenario, "probe", None) is not None else "adapter"
+        result.add(
+            "ERROR",
+            f"this {kind} does not support this code base: {unfit} [{stage}, {where}]",
+            type=type(exc).__name__,
+            stage=stage,
+            frame=where,
+            misfit=True,
         )
     elif raised_by_code_under_test(exc):
         result.add(

@@ -619,6 +619,10 @@ def _meets(m: CellMeaning, e: Expect) -> bool:
     return m.meaning is Meaning.EXPECTED and m.stands_for in e.wanted
 
 
+# Verdicts that say nothing of the code under test: sglfix failed, the worker died, time ran out.
+_NO_VERDICT = ("ERROR", "FAULT", "TIMEOUT")
+
+
 def _known_hits(rules: Rules, cells: list[dict], out: Judgement, *, device: str | None) -> list[KnownHit]:
     hits = []
     for k in rules.known:
@@ -633,6 +637,8 @@ def _known_hits(rules: Rules, cells: list[dict], out: Judgement, *, device: str 
             if m.meaning is Meaning.KNOWN
             and k.matches(scenario=c["scenario"], verdict=m.stands_for, device=c.get("device"))
         )
+        # "Not seen" claims the bug may be gone: only cells that ran to a verdict can say so.
+        unjudged = [c for c, _ in base_cells if c.get("verdict") in _NO_VERDICT]
         if k.device != "any" and device not in (None, "mixed", k.device):
             status = f"{k.device} only, not expected on {device}"
         elif seen:
@@ -641,6 +647,9 @@ def _known_hits(rules: Rules, cells: list[dict], out: Judgement, *, device: str 
             status = "its scenarios did not run"
         elif all(c.get("verdict") == "SKIP" for c, _ in base_cells):
             status = "its scenarios SKIP here"
+        elif unjudged:
+            shown = ", ".join(sorted({c["verdict"] for c in unjudged}))
+            status = f"not judged: {len(unjudged)} of its {len(base_cells)} cell(s) ran to no verdict ({shown})"
         else:
             status = "not seen (fixed?)"
         hits.append(KnownHit(k, seen, status))

@@ -14,7 +14,10 @@ A probe reports through the cell's result (``result.add``), like an adapter's fi
 - a property that does not hold: ``DIVERGE`` (a wrong value) or ``INVARIANT`` (a structural
   property: an index past an allocation, a write into a neighbour's row);
 - an exception raised in the code under test propagates: the cell classifies it (CRASH when the
-  raising frame is in the code base's package, ERROR when it is sglfix's own);
+  raising frame is in the code base's package, ERROR when it is sglfix's own); a probe that does
+  not fit the tree (it imports or reads what this version lacks, or the engine reads a field of
+  the ``Standin`` it built that the stand-in lacks: ``sglfix.harness.misfit``) is an ERROR "this
+  probe does not support this code base", never a CRASH blamed on the engine;
 - nothing wrong: one ``PASS`` finding carrying the figure that was measured, so a PASS says what
   was checked.
 ``stage(name)`` names the phase ("build", "forward", "judge") an exception is charged to.

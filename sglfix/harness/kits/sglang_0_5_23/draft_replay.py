@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from sglfix.harness.misfit import Standin
+
 __all__ = ["replay_draft", "replay_draft_extend"]
 
 # Every static buffer some release's runner reads; None where the feature is off, as the
@@ -34,7 +36,7 @@ _OFF = (
 def _buffers(*, max_bs: int, topk: int, num_steps: int, fill: int, hidden_size: int, dtype: Any, device: str) -> Any:
     max_num_token = max_bs * topk
     with torch.device(device):
-        buffers = SimpleNamespace(
+        buffers = Standin(
             input_ids=torch.zeros((max_num_token,), dtype=torch.int64),
             req_pool_indices=torch.zeros((max_bs,), dtype=torch.int64),
             out_cache_loc=torch.zeros((max_num_token * num_steps,), dtype=torch.int64),
@@ -106,9 +108,9 @@ def replay_draft(backend: Any, batch: Any, *, case: Any, capture_bs: list[int], 
         require_mlp_tp_gather=False,
         require_gathered_buffer=False,
         draft_attn_backend=backend,
-        model_runner=SimpleNamespace(
-            model_config=SimpleNamespace(vocab_size=1 << 20, model_is_mrope=False),
-            server_args=SimpleNamespace(speculative_use_rejection_sampling=False),
+        model_runner=Standin(
+            model_config=Standin(vocab_size=1 << 20, model_is_mrope=False),
+            server_args=Standin(speculative_use_rejection_sampling=False),
             device_timer=None,
         ),
     )
@@ -134,7 +136,7 @@ def replay_draft_extend(recorder: Any, batch: Any, *, capture_bs: list[int], wid
     max_bs = buckets[-1]
     max_num_token = max_bs * width
     with torch.device(device):
-        buffers = SimpleNamespace(
+        buffers = Standin(
             input_ids=torch.zeros((max_num_token,), dtype=torch.int64),
             req_pool_indices=torch.zeros((max_bs,), dtype=torch.int64),
             mamba_track_indices=None,
@@ -155,7 +157,7 @@ def replay_draft_extend(recorder: Any, batch: Any, *, capture_bs: list[int], wid
 
     def launch(*_: Any) -> Any:
         bs = runner.bs  # set by the replay method before it launches
-        out = SimpleNamespace(
+        out = Standin(
             next_token_logits=torch.zeros((bs * width, 1), device=device),
             hidden_states=torch.zeros((bs * width, 1), device=device),
             topk_p=None,
@@ -180,8 +182,8 @@ def replay_draft_extend(recorder: Any, batch: Any, *, capture_bs: list[int], wid
         require_mlp_tp_gather=False,
         require_gathered_buffer=False,
         draft_extend_attn_backend=recorder,
-        model_runner=SimpleNamespace(
-            model_config=SimpleNamespace(vocab_size=1 << 20, model_is_mrope=False),
+        model_runner=Standin(
+            model_config=Standin(vocab_size=1 << 20, model_is_mrope=False),
             device_timer=None,
             shared_read_done_event=None,
         ),

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from sglfix.harness.misfit import Standin
+
 __all__ = ["PROBE", "ViewRecorder"]
 
 _ROWS = ("req_pool_indices", "seq_lens", "seq_lens_cpu")
@@ -62,7 +64,7 @@ def _batch(scenario: Any, *, width: int, device: str) -> Any:
     raw_bs = len(prefix)
     seq_lens = torch.tensor([p + width for p in prefix], dtype=torch.int64, device=device)
     tokens = raw_bs * width
-    spec = SimpleNamespace(
+    spec = Standin(
         hidden_states=None,
         num_correct_drafts=torch.full((raw_bs,), width - 1, dtype=torch.int32, device=device),
         num_accept_tokens=torch.full((raw_bs,), width, dtype=torch.int32, device=device),

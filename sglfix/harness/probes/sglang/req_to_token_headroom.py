@@ -25,9 +25,9 @@ every row still holds its own prefix slots and the new slots, and no row past th
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
+from sglfix.harness.misfit import Standin
 from sglfix.harness.probes.sglang.common import ceil_to, published
 
 __all__ = ["PROBE", "own_decode_reserve"]
@@ -54,7 +54,7 @@ def _decode_alloc_lens(
     aligned = getattr(sizing, "page_aligned_decode_alloc_lens", None)
     if aligned is not None:
         alloc_page = int(sizing.get_alloc_page_size())
-        reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=c, kv_committed_len=c)) for c in committed]
+        reqs = [Standin(kv=Standin(kv_allocated_len=c, kv_committed_len=c)) for c in committed]
         cur, nxt, _needed = aligned(reqs, reserve=reserve, page_size=alloc_page)
         return [int(x) for x in cur], [int(x) for x in nxt]
     return list(committed), [max(c, ceil_to(c + reserve, page_size)) for c in committed]

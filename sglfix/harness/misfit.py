@@ -1,0 +1,116 @@
+"""When sglfix's own driving code does not fit the code base it drives: sglfix's failure, not a
+crash of the code under test.
+
+A probe or an adapter (and the kit helpers they use) is written against one version of the
+engine's interfaces. Run on a tree whose interfaces moved (a module or function renamed, a field
+added to what a function reads), it fails in one of a few ways, none of which says anything about
+the code under test: an import of the engine that names what this tree does not have; sglfix's
+code reading an attribute the engine's module or object does not have; a call with arguments the
+engine's function does not take; or the engine reading a field of an object sglfix built in place
+of one of its own (a ``Standin``) that the stand-in does not carry. ``misfit`` recognises these
+from the exception and its frames; the cell makes it an ERROR saying "this probe (adapter) does
+not support this code base", never a CRASH blamed on the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import traceback
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+from sglfix.common.codebase import active_package, is_code_under_test, under
+
+__all__ = ["Standin", "misfit"]
+
+
+class Standin(SimpleNamespace):
+    """An object sglfix builds in place of one of the engine's (a request, a batch view, a model
+    runner), meant to carry every field the engine reads: one it lacks is sglfix's misfit, not
+    the engine's bug. (A stand-in that leaves a field out on purpose, to see whether the engine
+    copes without it, is a class of its own: the engine reading it there is the engine's CRASH.)"""
+
+
+def _sglfix_dir() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _innermost_owner(exc: BaseException, package: str) -> str | None:
+    """Who owns the innermost frame that is not a library's: "code" (the code under test),
+    "sglfix", or None (only library frames)."""
+    ours = _sglfix_dir()
+    for fr in reversed(traceback.extract_tb(exc.__traceback__)):
+        if is_code_under_test(fr.filename, package=package):
+            return "code"
+        if os.path.abspath(fr.filename).startswith(ours):
+            return "sglfix"
+    return None
+
+
+def _in_package(obj: Any, package: str) -> str | None:
+    """The dotted name of ``obj`` when it (or its type) belongs to the code base's package."""
+    if isinstance(obj, ModuleType):
+        return obj.__name__ if under(obj.__name__, package) else None
+    kind = obj if isinstance(obj, type) else type(obj)
+    module = getattr(kind, "__module__", "") or ""
+    if under(module, package):
+        return f"{module}.{kind.__qualname__}" + ("" if isinstance(obj, type) else " object")
+    return None
+
+
+def _function_of(qualname: str, package: str) -> str | None:
+    """``qualname`` (as a TypeError names the function called) when a loaded module of the code
+    base defines it: the full dotted name."""
+    for name, module in list(sys.modules.items()):
+        if module is None or not under(name, package):
+            continue
+        obj: Any = module
+        for part in qualname.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if obj is not None and callable(obj) and getattr(obj, "__module__", name) == name:
+            return f"{name}.{qualname}"
+    return None
+
+
+def misfit(exc: BaseException, *, package: str | None = None) -> str | None:
+    """What of the code base sglfix's driving code does not fit, in words (None: not a misfit)."""
+    package = package or active_package()
+    owner = _innermost_owner(exc, package)
+    if isinstance(exc, ImportError) and owner == "sglfix":
+        name = exc.name or ""
+        if not under(name, package):
+            return None
+        missing = re.search(r"cannot import name '([^']+)'", str(exc))
+        if missing:
+            return f"{name} has no {missing.group(1)}"
+        return f"no module {name}"
+    if isinstance(exc, AttributeError):
+        obj, attr = getattr(exc, "obj", None), getattr(exc, "name", None)
+        if attr is None:
+            return None
+        if owner == "sglfix":
+            where = _in_package(obj, package)
+            return f"{where} has no attribute {attr}" if where else None
+        if owner == "code" and isinstance(obj, Standin):
+            frame = next(
+                (f for f in reversed(traceback.extract_tb(exc.__traceback__)) if is_code_under_test(f.filename)),
+                None,
+            )
+            at = f"{frame.name} ({os.path.basename(frame.filename)}:{frame.lineno})" if frame else package
+            return f"{at} reads .{attr} of sglfix's stand-in {type(obj).__name__}, which has none"
+        return None
+    if isinstance(exc, TypeError) and owner == "sglfix":
+        m = re.match(
+            r"([\w.]+)\(\) (got an unexpected keyword argument '\w+'|missing \d+ required[\w -]*argument|"
+            r"takes (?:from )?\d+)",
+            str(exc),
+        )
+        if m:
+            fn = _function_of(m.group(1), package)
+            if fn is not None:
+                return f"{str(exc).splitlines()[0]} ({fn} of this tree)"
+    return None
