@@ -19,6 +19,7 @@ import pytest
 from clihelp import assert_one_line_error, run_cli, run_probe
 
 from sglfix.execution.store.fingerprint import skeleton_digest
+from sglfix.harness.result import CellResult
 
 ROOT = Path(__file__).resolve().parent.parent
 ON = {"SGLFIX_STORE": ""}  # the suite turns the store off (conftest); these tests name a folder
@@ -73,16 +74,15 @@ def test_a_skeleton_changes_with_import_time_code_only(old, new, same):
     assert (skeleton_digest(BASE) == skeleton_digest(BASE.replace(old, new))) is same
 
 
-def test_the_recorder_names_the_files_a_call_ran(tmp_path):
+def test_the_recorder_names_the_functions_a_call_ran(tmp_path):
     """On this Python, and on 3.12+ (``sys.monitoring``) where an interpreter of it is on PATH."""
-    (tmp_path / "ran_mod.py").write_text("def f():\n    return 1\n")
-    (tmp_path / "idle_mod.py").write_text("def g():\n    return 2\n")
+    (tmp_path / "ran_mod.py").write_text("class C:\n    def f(self):\n        return 1\n\ndef g():\n    return 2\n")
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import ran_mod, idle_mod\n"
+        "import sys; sys.path.insert(0, sys.argv[1]); import ran_mod\n"
         "from sglfix.execution.entered import record_run\n"
-        "out = record_run(ran_mod.f, files=True)\n"
-        "again = record_run(ran_mod.f, files=True)\n"  # a second recorder sees the code again
-        "names = lambda o: sorted(p.rsplit('/', 1)[-1] for p in o.files if p.startswith(sys.argv[1]))\n"
+        "out = record_run(ran_mod.C().f, ran=True)\n"
+        "again = record_run(ran_mod.C().f, ran=True)\n"  # a second recorder sees the code again
+        "names = lambda o: sorted(c.co_qualname for c in o.ran if c.co_filename.startswith(sys.argv[1]))\n"
         "print(names(out), names(again), out.value)\n"
     )
     pythons = [sys.executable]
@@ -102,7 +102,7 @@ def test_the_recorder_names_the_files_a_call_ran(tmp_path):
             timeout=120,
         )
         assert r.returncode == 0, (python, r.stderr[-2000:])
-        assert r.stdout.split() == ["['ran_mod.py']", "['ran_mod.py']", "1"], (python, r.stdout)
+        assert r.stdout.split() == ["['C.f']", "['C.f']", "1"], (python, r.stdout)
 
 
 # -- the reproduction: a second run serves every cell; an edited toggle re-runs its cells only ----
@@ -145,10 +145,306 @@ def test_a_second_run_serves_every_cell_and_an_edited_toggle_reruns_its_own(tmp_
 def test_cache_options_are_checked_before_any_cell(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("")
-    r = run_cli("run", "-s", "triton-decode*", "--device", "cpu", "--cache", str(blocked / "x"), env=ON)
+    cell = ("run", "-s", "triton-decode*", "--device", "cpu")
+    r = run_cli(*cell, "--cache", str(blocked / "x"), env=ON)
     assert_one_line_error(r, "--cache", "cannot write there")
-    r = run_cli("run", "-s", "triton-decode*", "--device", "cpu", "--cache", str(tmp_path), "--no-cache", env=ON)
+    r = run_cli(*cell, "--cache", str(blocked), env=ON)
+    assert_one_line_error(r, f"--cache {blocked}", "a file, not a folder")
+    r = run_cli(*cell, "--cache", "", env=ON)
+    assert_one_line_error(r, "--cache ''", "give the result store's folder")
+    r = run_cli(*cell, "--cache", "/proc/sglfix-store", env=ON)  # a folder no one can make, root included
+    assert_one_line_error(r, "--cache /proc/sglfix-store", "cannot write there")
+    r = run_cli(*cell, "--cache", str(tmp_path), "--no-cache", env=ON)
     assert_one_line_error(r, "--cache DIR", "--no-cache")
+    r = run_cli(*cell, "--verify-store", "2", "--no-cache", env=ON)
+    assert_one_line_error(r, "--verify-store", "--no-cache")
+    r = run_cli(*cell, "--verify-store", "-1", "--cache", str(tmp_path), env=ON)
+    assert_one_line_error(r, "--verify-store -1")
+    assert not (tmp_path / "results.sqlite").exists()
+
+
+# -- the classes of stale answers: each served verdict is the verdict of a run without the store --
+#
+# The reproduction is copied as a wheel lays it out (sglfix/backends below sglfix, every file a
+# link to this checkout's) and put first on PYTHONPATH: a file replaced there is an edit of the
+# code under test, made between two runs as a developer makes one.
+
+ATTENTION = Path("backends") / "kernels" / "ops" / "attention"
+DECODE = ("-s", "triton-decode*", "--jobs", "1")  # 12 cells, one worker: cells share its caches
+
+
+def _site(tmp: Path) -> Path:
+    """``tmp/site``: the sglfix this test imports, linked file by file, with the reproduction's
+    files linked below ``sglfix/backends``."""
+    import sglfix
+    from sglfix.common.codebase import package_dir
+
+    here = Path(sglfix.__file__).parent
+    pkg = tmp / "site" / "sglfix"
+    pkg.mkdir(parents=True)
+    own = ("backends", "profiles", "scenarios", "toggles")
+    for entry in here.iterdir():
+        if entry.name != "__pycache__" and entry.name not in own:
+            (pkg / entry.name).symlink_to(entry)
+    for name in own:
+        where = package_dir(f"sglfix.{name}")
+        assert where is not None, name
+        if name == "backends":
+            shutil.copytree(where, pkg / name, copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (pkg / name).symlink_to(where)
+    return tmp / "site"
+
+
+def _write(site: Path, rel: Path, text: str) -> None:
+    path = site / "sglfix" / rel
+    if path.is_symlink():
+        path.unlink()
+    path.write_text(text)
+
+
+def _replace(site: Path, rel: Path, old: str, new: str) -> None:
+    path = site / "sglfix" / rel
+    text = path.read_text()
+    assert text.count(old) == 1, f"{rel} no longer holds {old!r} once"
+    _write(site, rel, text.replace(old, new))
+
+
+def _run(site: Path, name: str, *args: str, store: Path | None, env: dict | None = None, tmp: Path) -> dict:
+    """``sglfix run`` of the copied reproduction; its cells by id."""
+    out = tmp / name
+    where = ("--cache", str(store)) if store is not None else ("--no-cache",)
+    r = run_cli(
+        "run", *args, "--device", "cpu", *where, "--json", str(out),
+        env={**ON, "PYTHONPATH": str(site), **(env or {})}, cwd=str(tmp), timeout=600,
+    )  # fmt: skip
+    assert r.code in (0, 1), (r.code, r.out[-2000:], r.err[-2000:])
+    return _cells(out)
+
+
+def _verdicts(cells: dict) -> dict:
+    return {k: c["verdict"] for k, c in cells.items()}
+
+
+def _served(cells: dict) -> set:
+    return {k for k, c in cells.items() if c.get("stored")}
+
+
+# block_sizes cached per head dim (the first cell of a worker fills it, the others read it) and a
+# limit computed at import by a helper no cell runs.
+_CACHED = (
+    ("import os\n", "import functools\nimport os\n\nfrom .limits import BLOCK_M\n"),
+    ("def block_sizes(", "@functools.lru_cache(maxsize=None)\ndef block_sizes("),
+    ("    block_d = 16\n", "    if BLOCK_M != 32:\n        raise ValueError(f'BLOCK_M {BLOCK_M}')\n    block_d = 16\n"),
+)
+_LIMITS = '"""A limit computed at import."""\n\n\ndef _block_m():\n    return 32\n\n\nBLOCK_M = _block_m()\n'
+
+
+def test_state_of_earlier_cells_and_import_time_helpers_are_in_the_key(tmp_path):
+    """(a) An ``lru_cache`` filled by an earlier cell of the worker, whose function is then edited
+    to raise: the later cells read the cache, yet a fresh run crashes in every one. (b) A
+    constant computed at import by a helper no cell enters, edited: every cell crashes fresh.
+    Undoing an edit is served again (a cell keeps an entry per state)."""
+    site = _site(tmp_path)
+    common = ATTENTION / "common.py"
+    text = (site / "sglfix" / common).read_text()
+    for old, new in _CACHED:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    _write(site, common, text)
+    _write(site, ATTENTION / "limits.py", _LIMITS)
+    store = tmp_path / "store"
+    first = _run(site, "1.json", *DECODE, store=store, tmp=tmp_path)
+    assert set(_verdicts(first).values()) == {"PASS"} and len(first) > 4
+
+    _replace(site, ATTENTION / "limits.py", "return 32", "return 16")  # (b)
+    second = _run(site, "2.json", *DECODE, store=store, tmp=tmp_path)
+    fresh = _run(site, "2-fresh.json", *DECODE, store=None, tmp=tmp_path)
+    assert _verdicts(second) == _verdicts(fresh) and set(_verdicts(fresh).values()) == {"CRASH"}, _verdicts(second)
+
+    _replace(site, ATTENTION / "limits.py", "return 16", "return 32")
+    undone = _run(site, "3.json", *DECODE, store=store, tmp=tmp_path)
+    assert _served(undone) == set(undone) and _verdicts(undone) == _verdicts(first)
+
+    _replace(site, common, "    block_d = 16\n", "    raise RuntimeError('edited')\n    block_d = 16\n")  # (a)
+    fourth = _run(site, "4.json", *DECODE, store=store, tmp=tmp_path)
+    fresh = _run(site, "4-fresh.json", *DECODE, store=None, tmp=tmp_path)
+    assert _verdicts(fourth) == _verdicts(fresh) and set(_verdicts(fresh).values()) == {"CRASH"}, _verdicts(fourth)
+
+
+def test_a_file_edited_while_the_run_runs_is_not_stored(tmp_path):
+    """(d) The first cell rewrites a file its worker already imported (as an editor saving it
+    mid-run would): the run's results are those of the old file, so none is filed under the new
+    one; the next run runs the new file."""
+    site = _site(tmp_path)
+    common = ATTENTION / "common.py"
+    text = (site / "sglfix" / common).read_text()
+    hook = (
+        "\n\ndef _edit_once():\n"
+        "    import pathlib\n"
+        "    here, raising = pathlib.Path(__file__), '    raise ' + 'RuntimeError(1)\\n'\n"
+        "    text = here.read_text()\n"
+        "    if raising not in text:\n"
+        "        here.write_text(text.replace('    block_d = 16\\n', raising + '    block_d = 16\\n', 1))\n"
+    )
+    assert text.count("    block_d = 16\n") == 1
+    _write(site, common, text.replace("    block_d = 16\n", "    _edit_once()\n    block_d = 16\n") + hook)
+    store = tmp_path / "store"
+    first = _run(site, "1.json", *DECODE, store=store, tmp=tmp_path)
+    assert set(_verdicts(first).values()) == {"PASS"}
+    assert "    raise RuntimeError(1)\n" in (site / "sglfix" / common).read_text()
+    second = _run(site, "2.json", *DECODE, store=store, tmp=tmp_path)
+    fresh = _run(site, "2-fresh.json", *DECODE, store=None, tmp=tmp_path)
+    assert _verdicts(second) == _verdicts(fresh) and set(_verdicts(fresh).values()) == {"CRASH"}, _verdicts(second)
+
+
+def test_interpreter_flags_are_in_the_key(tmp_path):
+    """(f) An assertion in the code under test: it crashes the cells, and under PYTHONOPTIMIZE
+    it is not there."""
+    site = _site(tmp_path)
+    _replace(
+        site, ATTENTION / "common.py", "    block_d = 16\n", "    assert head_dim < 0, 'checked'\n    block_d = 16\n"
+    )
+    store = tmp_path / "store"
+    first = _run(site, "1.json", *DECODE, store=store, tmp=tmp_path)
+    assert set(_verdicts(first).values()) == {"CRASH"}
+    optimized = {"PYTHONOPTIMIZE": "1"}
+    second = _run(site, "2.json", *DECODE, store=store, env=optimized, tmp=tmp_path)
+    fresh = _run(site, "2-fresh.json", *DECODE, store=None, env=optimized, tmp=tmp_path)
+    assert _verdicts(second) == _verdicts(fresh) and set(_verdicts(fresh).values()) == {"PASS"}, _verdicts(second)
+
+
+def test_installed_packages_are_keyed_by_their_files_and_only_those_imported(tmp_path):
+    """(e) Triton's own source edited in place at the same version re-runs the cells of every
+    process that imported it; a package installed beside it that no worker imports (as pytest)
+    re-runs nothing."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("triton")
+    assert spec is not None and spec.submodule_search_locations
+    tree = tmp_path / "tree"
+    installed = Path(next(iter(spec.submodule_search_locations)))
+    shutil.copytree(installed, tree / "triton", copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PYTHONPATH": os.pathsep.join((str(tree), str(_site(tmp_path))))}
+    store = tmp_path / "store"
+    args = ("run", "-s", "triton-decode*", "--device", "cpu", "--cache", str(store))
+
+    def run(name: str) -> dict:
+        r = run_cli(*args, "--json", str(tmp_path / name), env={**ON, **env}, cwd=str(tmp_path), timeout=600)
+        assert r.code in (0, 1), (r.code, r.err[-2000:])
+        return _cells(tmp_path / name)
+
+    first = run("1.json")
+    assert not _served(first)
+    unrelated = tree / "sglfix_unrelated_pkg-1.0.dist-info"
+    unrelated.mkdir()
+    (unrelated / "METADATA").write_text("Metadata-Version: 2.1\nName: sglfix-unrelated-pkg\nVersion: 1.0\n")
+    (tree / "sglfix_unrelated_pkg.py").write_text("")
+    second = run("2.json")
+    assert _served(second) == set(second) and _verdicts(second) == _verdicts(first)
+
+    edited = tree / "triton" / "language" / "core.py"
+    text = edited.read_text()
+    edited.unlink()
+    edited.write_text(text + "\n# edited in place\n")
+    third = run("3.json")
+    assert not _served(third) and _verdicts(third) == _verdicts(first)
+
+
+def _store_with(tmp: Path, *, absent: tuple = ()) -> tuple:
+    """A store for ``tmp`` (a code base of one file) and a worker's record of a process that
+    ran its one function and looked for ``absent`` in vain."""
+    from sglfix.execution.store import ResultStore
+
+    (tmp / "pkg").mkdir(exist_ok=True)
+    (tmp / "pkg" / "mod.py").write_text("def f():\n    return 1\n")
+    store = ResultStore(str(tmp / "store"), context="c", parts={}, top=str(tmp))
+    st = os.stat(tmp / "pkg" / "mod.py")
+    proc = {"boot": [], "imported": {"pkg/mod.py": [st.st_mtime_ns, st.st_size]}, "roots": {}, "absent": list(absent)}
+    return store, {"ran": ["pkg/mod.py::f"], "process": "p1", "proc": proc}
+
+
+def _result(verdict: str, **finding) -> CellResult:
+    result = CellResult(scenario="s", toggles=[], device="cpu")
+    if finding:
+        result.add(verdict, finding.pop("message"), **finding)
+    return result.finish()
+
+
+def test_a_failure_a_rerun_could_change_is_never_stored(tmp_path):
+    """(c) A library that could not be mapped, a dependency that failed to import, sglfix's own
+    failure: not filed; a crash of the code itself is."""
+    store, worker = _store_with(tmp_path)
+    kept = _result("CRASH", message="ValueError: bad shape [run, x.py:3 in f]", type="ValueError")
+    transient = [
+        _result("CRASH", message="OSError: libtriton.so: failed to map segment from shared object", type="OSError"),
+        _result("CRASH", message="ModuleNotFoundError: No module named 'flash_mla'", type="ModuleNotFoundError"),
+        _result("ERROR", message="sglfix failed in judge: KeyError: 'x'", type="KeyError"),
+    ]
+    for i, result in enumerate([kept, *transient]):
+        store.put(f"k{i}", result, deps=store.deps_of(worker))
+    store.close()
+    again, _ = _store_with(tmp_path)
+    assert again.get("k0") is not None
+    assert [again.get(f"k{i}") for i in range(1, 4)] == [None, None, None]
+    again.close()
+
+
+def test_a_module_looked_for_in_vain_and_installed_since_makes_its_results_miss(tmp_path, monkeypatch):
+    """A SKIP for a package that is not installed names that package: installed, the cell runs."""
+    name = "sglfix_store_absent_probe"
+    store, worker = _store_with(tmp_path, absent=(name,))
+    store.put("k", _result("SKIP", message=f"{name} is not installed"), deps=store.deps_of(worker))
+    store.close()
+    again, _ = _store_with(tmp_path, absent=(name,))
+    assert again.get("k") is not None
+    again.close()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / f"{name}.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "elsewhere"))
+    again, _ = _store_with(tmp_path, absent=(name,))
+    assert again.get("k") is None
+    again.close()
+
+
+def test_damaged_rows_are_misses_and_verify_store_fails_loudly_on_a_wrong_answer(tmp_path):
+    """(g) A row of bad JSON and a row whose verdict is none: misses, dropped, the run goes on.
+    A row that reads well but says what a fresh run does not: ``--verify-store`` re-runs served
+    cells and fails, naming the cell and both verdicts, and drops the entry."""
+    import sqlite3
+
+    site = _site(tmp_path)
+    store = tmp_path / "store"
+    first = _run(site, "1.json", *DECODE, store=store, tmp=tmp_path)
+    ids = sorted(first)
+    assert len(ids) >= 3 and set(_verdicts(first).values()) == {"PASS"}
+    conn = sqlite3.connect(store / "results.sqlite")
+    rows = {json.loads(r)["scenario"]: k for k, r in conn.execute("SELECT key, result FROM entries")}
+    bad_json, garbage, wrong = (rows[i.split("::")[1]] for i in ids[:3])
+    conn.execute("UPDATE entries SET result = '{\"scenario\": ' WHERE key = ?", (bad_json,))
+    row = json.loads(conn.execute("SELECT result FROM entries WHERE key = ?", (garbage,)).fetchone()[0])
+    conn.execute("UPDATE entries SET result = ? WHERE key = ?", (json.dumps({**row, "verdict": "GREAT"}), garbage))
+    row = json.loads(conn.execute("SELECT result FROM entries WHERE key = ?", (wrong,)).fetchone()[0])
+    row = {**row, "verdict": "DIVERGE", "findings": [{"verdict": "DIVERGE", "message": "max|diff| 1.0"}]}
+    conn.execute("UPDATE entries SET result = ? WHERE key = ?", (json.dumps(row), wrong))
+    conn.commit()
+    conn.close()
+
+    r = run_cli(
+        "run", *DECODE, "--device", "cpu", "--cache", str(store), "--verify-store", str(len(ids)),
+        env={**ON, "PYTHONPATH": str(site)}, cwd=str(tmp_path), timeout=600,
+    )  # fmt: skip
+    assert r.code == 1, (r.code, r.err[-2000:])
+    assert "internal error" not in r.err and "Traceback" not in r.err
+    lines = [line for line in r.err.splitlines() if line.startswith("sglfix: error:")]
+    assert len(lines) == 1 and ids[2] in lines[0] and "served DIVERGE" in lines[0] and "fresh PASS" in lines[0], r.err
+    assert ids[0] not in lines[0] and ids[1] not in lines[0]  # damaged: not served, so not verified
+
+    third = _run(site, "3.json", *DECODE, "--verify-store", "2", store=store, tmp=tmp_path)
+    assert _verdicts(third) == _verdicts(first)
+    assert _served(third) == set(ids) - {ids[2]}  # the wrong entry was dropped; the damaged ones too
+    report = json.loads((tmp_path / "3.json").read_text())
+    assert report["store"]["verified"] == 2
 
 
 # -- real sglang from a source tree: an edit re-runs the cells that ran the file, and only them ----

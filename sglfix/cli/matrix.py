@@ -126,6 +126,7 @@ MATRIX_OPTIONS = (
     "no_reachability",
     "cache",
     "no_cache",
+    "verify_store",
     "env_baseline",
     "show_all",
 )

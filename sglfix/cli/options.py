@@ -116,6 +116,15 @@ NoCache = Annotated[
         help="Run every cell, and keep nothing: the result store is neither read nor written (SGLFIX_STORE=0 does the same).",
     ),
 ]
+VerifyStore = Annotated[
+    int,
+    typer.Option(
+        "--verify-store",
+        metavar="N",
+        help="Run N of the cells the result store served again, fresh, and fail (exit 1, naming each) if any "
+        "verdict differs from the served one; those entries are dropped.",
+    ),
+]
 ShowAll = Annotated[
     bool,
     typer.Option(
@@ -284,6 +293,7 @@ OPTIONS: dict[str, tuple[Any, Any]] = {
     "no_reachability": (NoReachability, False),
     "cache": (CacheDir, None),
     "no_cache": (NoCache, False),
+    "verify_store": (VerifyStore, 0),
     "env_baseline": (EnvBaseline, False),
     "show_all": (ShowAll, False),
     "reach_file": (ReachFile, None),

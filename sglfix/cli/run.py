@@ -23,7 +23,18 @@ from sglfix.cli.context import err, options, out
 from sglfix.cli.options import SCALE, SELECT, takes
 from sglfix.common.errors import ConfigError
 
-RUN_OPTIONS = ("revert", "apply", "expect_fixes", *SELECT, *SCALE, "show_all", "reach_file", "cache", "no_cache")
+RUN_OPTIONS = (
+    "revert",
+    "apply",
+    "expect_fixes",
+    *SELECT,
+    *SCALE,
+    "show_all",
+    "reach_file",
+    "cache",
+    "no_cache",
+    "verify_store",
+)
 
 
 @takes(*RUN_OPTIONS)

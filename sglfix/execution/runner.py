@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglfix.common.errors import ConfigError
+from sglfix.common.verdicts import stands_for
 from sglfix.execution.devices import check_device, check_jobs, has_cuda_device, parse_devices, uses_cuda
 from sglfix.execution.settings import Settings
 
@@ -406,7 +407,7 @@ class Runner:
         root = package_dir(cb.package) if cb.is_reproduction else getattr(installed(cb), "path", None)
         if root is None:
             return None
-        context, parts = context_key(device=device, codebase=cb, profile=self.target.profile)
+        context, parts = context_key(device=device, codebase=cb, profile=self.target.profile, root=root)
         try:
             return ResultStore(self.store_dir, context=context, parts=parts, top=os.path.dirname(root))
         except Exception as exc:  # an unusable default folder: the run goes on without a store
@@ -421,7 +422,9 @@ class Runner:
 
     def _run_stored(self, plan: Any, *, progress: Callable[[Any], Any], store: Any) -> Ran:
         """``run`` through the result store: every cell looked up first; the pool opened only
-        for the cells it misses; each result that comes back filed with what it depends on."""
+        for the cells it misses; each result that comes back filed with what it depends on.
+        With ``--verify-store N``, N served cells are run again fresh on the same pool and any
+        difference fails the run (``StoreMismatch``, its entries dropped)."""
         from sglfix.execution.store.keys import cell_key
 
         s = self.settings
@@ -440,6 +443,7 @@ class Runner:
             for c in plan.cells
         }
         served: dict[int, Any] = {}
+        served_from: dict[int, Any] = {}  # the entry each served result came from
         base_deps: dict[str, Any] = {}  # scenario -> what its baseline depends on (a NOT_REACHED cell's)
         for i, c in enumerate(plan.cells):
             is_base = tuple(c.toggles) == base
@@ -447,11 +451,13 @@ class Runner:
                 keys[(c.scenario.name, tuple(c.toggles))],
                 record=record if reach and is_base else None,
                 reachability=s.reachability,
+                scenario=c.scenario.name,
+                toggles=tuple(c.toggles),
             )
             if hit is not None:
-                served[i] = hit[0]
-                if is_base:
-                    base_deps[c.scenario.name] = hit[1]
+                served[i], served_from[i] = hit
+                base_deps.update({c.scenario.name: hit[1]} if is_base else {})
+        verify = _verify_sample(sorted(served), s.verify_store)
 
         def keep(result: Any) -> None:
             """File a result that came back from a worker (or was settled from a probe's)."""
@@ -476,6 +482,7 @@ class Runner:
         kept_info = store.info()
         replacements: list = []
         reran: list = []
+        fresh: list = []
         try:
             with progress(plan) as tick:
 
@@ -484,32 +491,63 @@ class Runner:
                     tick(result)
 
                 left = len(plan.cells) - len(served)
-                if left == 0:
+                if left == 0 and not verify:
                     results = []
                     for i in range(len(plan.cells)):
                         on_result(served[i])
                         results.append(served[i])
                 else:
-                    with self.workers(cells=left) as pool:
+                    with self.workers(cells=max(left, len(verify))) as pool:
                         pool_info = self._pool_info(pool)
                         store.keep_info(pool_info)
                         results = self._run_rest(pool, plan, served=served, base=base, reach=reach, on_result=on_result)
+                        if verify:
+                            # Fresh: through no store and no reachability record (a served
+                            # NOT_REACHED mark is checked against the cell itself run).
+                            fresh = pool.run([plan.cells[i] for i in verify])
                         replacements = list(getattr(pool, "replacements", []))
                         reran = list(getattr(pool, "reran_alone", []))
+            differ = [
+                (plan.cells[i].id, served[i], again)
+                for i, again in zip(verify, fresh, strict=True)
+                if stands_for(served[i].verdict, served[i].findings) != again.verdict
+            ]
+            for i in verify:
+                if any(cid == plan.cells[i].id for cid, _, _ in differ):
+                    store.drop(keys[(served[i].scenario, tuple(served[i].toggles))], served_from[i])
             ok = True
         finally:
             store.close(wait=ok)
+        _fail_on(differ, checked=len(verify), where=store.directory)
         wall = time.perf_counter() - start
-        info = pool_info or {**(kept_info or {"device": self.device}), "workers": 0}
+        info = pool_info or self._served_info(kept_info)
         said = {
             "path": store.directory,
             "served": len(served),
             "ran": len(plan.cells) - len(served),
+            **({"verified": len(verify)} if verify else {}),
             **({"failed": store.failed} if store.failed else {}),
         }
         return self._ran(
             plan, info=info, results=results, wall=wall, replacements=replacements, reran=reran, store=said
         )
+
+    def _served_info(self, kept: dict | None) -> dict:
+        """The workers' facts for a run the store answered whole (no worker started): an earlier
+        run's, where it kept them, with the code base as this run resolves it (its path and
+        version: what this run would have imported, not what the earlier one did)."""
+        from sglfix.codebases import installed
+
+        info = {**(kept or {"device": self.device}), "workers": 0}
+        cb = self.target.codebase
+        here = installed(cb)
+        codebase = dict(info.get("codebase") or {"name": cb.name})
+        if here is not None:
+            codebase.update(here.to_json())
+        for key in ("modules_loaded", "reproduction_modules_loaded", "standins"):
+            codebase.pop(key, None)  # what a worker's import found: none ran
+        info["codebase"] = codebase
+        return info
 
     def _run_rest(self, pool: Any, plan: Any, *, served: dict, base: tuple, reach: bool, on_result: Any) -> list:
         """The plan's cells on ``pool``, ``served`` ones taken as they are; results in plan order."""
@@ -527,18 +565,73 @@ class Runner:
         return [served[i] if i in served else by_place[i] for i in range(len(plan.cells))]
 
 
+def _verify_sample(served: list[int], n: int) -> list[int]:
+    """``n`` of the served cells' places, drawn at random (in plan order)."""
+    if n <= 0 or not served:
+        return []
+    import random
+
+    return sorted(random.SystemRandom().sample(served, min(n, len(served))))
+
+
+def _fail_on(differ: list, *, checked: int, where: str) -> None:
+    """``--verify-store``'s verdict: each served cell whose fresh run differs, named, exit 1."""
+    if not differ:
+        return
+    from sglfix.execution.store import StoreMismatch
+
+    shown = "; ".join(
+        f"{cid}: served {_said(was)} (stored {was.stored}), fresh {again.verdict}" for cid, was, again in differ
+    )
+    raise StoreMismatch(
+        f"--verify-store: {len(differ)} of {checked} served cell(s) differ from a fresh run: {shown}; "
+        f"their entries are dropped from the store at {where}"
+    )
+
+
+def _said(result: Any) -> str:
+    """A served verdict as the mismatch names it (a NOT_REACHED mark with what it stands for)."""
+    if result.verdict == "NOT_REACHED":
+        return f"NOT_REACHED (as its baseline: {stands_for(result.verdict, result.findings)})"
+    return result.verdict
+
+
 def check_store(settings: Settings) -> str | None:
     """The result store's folder for these settings (None: off). ``--cache DIR`` that cannot be
     made or written is one line before any worker starts."""
     from sglfix.execution.store import default_dir, store_disabled_by_env
 
+    verify = settings.verify_store
+    if verify < 0:
+        raise ConfigError(f"--verify-store {verify}: give how many served cells to run again (e.g. --verify-store 5)")
     if settings.no_cache:
         if settings.cache is not None:
             raise ConfigError("--cache DIR keeps results and --no-cache keeps none: give one of them")
+        if verify:
+            raise ConfigError(
+                "--verify-store checks the result store's answers and --no-cache reads none: give one of them"
+            )
         return None
+    if settings.record and verify:
+        raise ConfigError(
+            "--verify-store checks the result store's answers and --reach-file runs every cell: give one of them"
+        )
     if settings.cache is None:
-        return None if store_disabled_by_env() else default_dir()
+        if store_disabled_by_env():
+            if verify:
+                raise ConfigError(
+                    "--verify-store checks the result store's answers, and SGLFIX_STORE=0 turns the store off: "
+                    "unset it, or give --cache DIR"
+                )
+            return None
+        return default_dir()
+    if not settings.cache.strip():
+        raise ConfigError(
+            "--cache '': give the result store's folder (e.g. --cache ~/.cache/sglfix/results), or --no-cache"
+        )
     path = os.path.abspath(os.path.expanduser(settings.cache))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"--cache {settings.cache}: that is a file, not a folder; give a folder, or --no-cache")
     try:
         os.makedirs(path, exist_ok=True)
         probe = os.path.join(path, f".sglfix-write-{os.getpid()}")

@@ -139,7 +139,7 @@ def _import_under_test(cb) -> list[str]:
     return skipped
 
 
-def _boot(device: str, codebase: str = "reproduction") -> dict:
+def _boot(device: str, codebase: str = "reproduction", *, record: bool = False) -> dict:
     from sglfix import codebases
 
     cb = codebases.get_codebase(codebase)
@@ -160,7 +160,12 @@ def _boot(device: str, codebase: str = "reproduction") -> dict:
         os.environ["TRITON_INTERPRET"] = "1"
     found = codebases.check_installed(cb, what=f"the worker's code base {cb.name}")
     standins = codebases.activate(cb)  # before the code base is imported: stand-ins must come first
-    skipped = _import_under_test(cb)
+    if record:  # the result store keys a result on the code the boot ran, too
+        from sglfix.execution.entered import record_boot
+
+        skipped = record_boot(lambda: _import_under_test(cb), package=cb.package)
+    else:
+        skipped = _import_under_test(cb)
     try:
         import triton
 
@@ -303,7 +308,7 @@ def serve() -> None:
     began = time.perf_counter()
     with _collector_held_for_boot():
         try:
-            info = _boot(spec["device"], spec.get("codebase", "reproduction"))
+            info = _boot(spec["device"], spec.get("codebase", "reproduction"), record=bool(spec.get("deps")))
             info["boot_s"] = round(time.perf_counter() - began, 3)
         except ConfigError as exc:
             channel.send({"fatal": first_line(exc)})

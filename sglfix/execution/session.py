@@ -8,7 +8,6 @@ restoring the previous set first and checking that nothing of it stayed behind.
 from __future__ import annotations
 
 import os
-import re
 import time
 import traceback
 from typing import Any
@@ -75,8 +74,16 @@ class Session:
         self.held = None  # the Reverted of the current set, if it reverts anything
         self.current: list[str] | None = None  # None: nothing applied yet, or the last apply failed
         self.clean = StateSnapshot(active().package)  # the code base this worker booted into
-        self._imports_sent: str | None = None  # the digest of the imported list last sent
-        self._root: Any = _UNSET  # the code base's package folder, found at the first record
+        from sglfix.common.codebase import package_dir
+        from sglfix.execution.entered import NO_BOOT, booted
+        from sglfix.execution.store.process import ProcessRecord, lru_caches
+
+        # Caches the boot left empty: emptied again before each recorded cell, as lazy state is.
+        self._caches = [c for c in lru_caches(list(self.clean.entries.values())) if c.cache_info().currsize == 0]
+        # What this process ran, for the result store (``_deps``): made now, while the code base's
+        # files are as the boot loaded them; None where the boot was not recorded (no store).
+        boot, package = booted(), active().package
+        self._record = None if boot is NO_BOOT else ProcessRecord(package=package, root=package_dir(package), boot=boot)
         if device == "cuda":
             from sglfix.harness.tracing import wrap_compiled_launches
 
@@ -187,11 +194,11 @@ class Session:
         if record == [EVERY_FUNCTION]:
             return self._run_recording_all(scenario, toggles)
         if not record:
-            # As for a baseline: code that fills lazy module state runs in this cell again, so the
-            # files it lives in are recorded for it too, not only for the cell that filled it first.
-            self.clean.reset_lazy()
-            out = record_run(lambda: run_cell(scenario, device=self.device, toggles=toggles), files=True)
-            out.value.deps = self._deps(out.files)
+            # As for a baseline: code that fills lazy module state or a cache runs in this cell
+            # again, so it is recorded for it too, not only for the cell that filled it first.
+            self._reset_lazy()
+            out = record_run(lambda: run_cell(scenario, device=self.device, toggles=toggles), ran=True)
+            out.value.deps = self._deps(out.ran)
             return out.value
         codes: dict[Any, str] = {}
         unresolved = []
@@ -202,55 +209,30 @@ class Session:
                 if _missing_dependency(exc):
                     continue  # its module cannot be imported in this process: nothing of it runs here
                 unresolved.append(target)  # counted as entered: its cells run and show what is wrong
-        self.clean.reset_lazy()
-        out = record_run(lambda: run_cell(scenario, device=self.device, toggles=toggles), codes=codes, files=deps)
+        self._reset_lazy()
+        out = record_run(lambda: run_cell(scenario, device=self.device, toggles=toggles), codes=codes, ran=deps)
         result = out.value
         if out.entered is not None:
             result.reached = sorted({codes[c] for c in out.entered} | set(unresolved))
         if deps:
-            result.deps = self._deps(out.files)
+            result.deps = self._deps(out.ran)
         return result
 
-    def _deps(self, files: set[str] | None) -> dict | None:
-        """The code base's files among ``files`` and those this process has imported, as paths
-        below the folder that holds the package (``sglang/srt/...``). The imported list is the
-        same for most cells of a process: it is sent only when it changed since this process
-        last sent it, and named by its digest otherwise."""
-        if files is None:
+    def _reset_lazy(self) -> None:
+        """Before a recorded cell: lazy module state unset and the caches the boot left empty
+        emptied, as a fresh worker's first cell finds them."""
+        self.clean.reset_lazy()
+        for cache in self._caches:
+            if cache.cache_info().currsize:
+                cache.cache_clear()
+
+    def _deps(self, ran: list | None) -> dict | None:
+        """What the result store keys this cell's result on: the functions of the code base this
+        cell ran, those its process's boot ran and those earlier cells ran that can leave state
+        behind (``sglfix.execution.store.process``); None when a record is incomplete."""
+        if self._record is None:
             return None
-        import hashlib
-        import sys
-
-        if self._root is _UNSET:  # the code base's folder: the same for this process's life
-            from sglfix.codebases import active
-            from sglfix.common.codebase import package_dir
-
-            self._root = package_dir(active().package)
-        root = self._root
-        if root is None:
-            return None
-        top = os.path.dirname(root)
-
-        def below(path: str) -> str | None:
-            path = _PATCHED_AT.sub("", path)  # a reverted function's code names its file's folder
-            if not path.startswith(root + os.sep):
-                return None
-            return os.path.relpath(path, top)
-
-        ran = sorted({rel for f in files if (rel := below(f)) is not None})
-        imported = sorted(
-            {
-                rel
-                for m in list(sys.modules.values())
-                if isinstance(getattr(m, "__file__", None), str) and (rel := below(m.__file__)) is not None
-            }
-        )
-        digest = hashlib.sha256("\n".join(imported).encode()).hexdigest()[:32]
-        out: dict[str, Any] = {"ran": ran, "imports": digest}
-        if digest != self._imports_sent:
-            out["imported"] = imported
-            self._imports_sent = digest
-        return out
+        return self._record.cell(ran)
 
     def _run_recording_all(self, scenario: Any, toggles: list[str]) -> Any:
         """The cell, and every function of the code base it entered, with where each is defined
@@ -260,7 +242,7 @@ class Session:
         from sglfix.execution.entered import record_entries
         from sglfix.harness.cell import run_cell
 
-        self.clean.reset_lazy()
+        self._reset_lazy()
         package = active().package
         root = package_dir(package) or ""
         # Defined in the code base's own files (an inherited enum or dataclass method is not).
@@ -335,9 +317,6 @@ class Session:
 
 
 _UNAVAILABLE = "unavailable: "
-_UNSET = object()
-# The folder a reverted or patched function's code names inside its file's (``_defined_at``).
-_PATCHED_AT = re.compile(r"[/\\]\[sglfix [^\]]*\](?=[/\\])")
 # A record of every function of the code base (``report finding``), not of named targets.
 EVERY_FUNCTION = "*"
 

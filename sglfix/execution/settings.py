@@ -35,6 +35,7 @@ class Settings(BaseModel):
     record: tuple[str, ...] = ()  # functions whose entry each cell records (run --reach-file)
     cache: str | None = None  # the result store's folder (None: the default one)
     no_cache: bool = False  # neither read nor write the result store
+    verify_store: int = 0  # served cells run again fresh, any difference a failure
 
     @classmethod
     def of(cls, given: Mapping[str, Any], **fixed: Any) -> Settings:

@@ -261,6 +261,7 @@ class Worker:
                 if self.config.allowed_prefixes is not None
                 else None,
                 "candidates": [list(c) for c in self.config.candidates],
+                "deps": self.config.deps,
             }
         )
         return env

@@ -397,11 +397,13 @@ class MergedFrom(_Closed):
 
 
 class StoreUse(_Closed):
-    """The result store a run read: its folder, the cells it served and the cells that ran."""
+    """The result store a run read: its folder, the cells it served and the cells that ran (and,
+    with --verify-store, how many served cells were run again and found the same)."""
 
     path: str
     served: Count
     ran: Count
+    verified: Count | None = None
     failed: str | None = None
 
 

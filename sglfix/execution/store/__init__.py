@@ -1,15 +1,35 @@
 """The result store: a cell's result kept and served again while nothing it depends on changed.
 
-An entry is filed under the cell's key (``keys``: the machine, the device, the environment,
-sglfix's judge, the profile, the scenario, the toggle set's patches) and lists the code base's
-files it depends on, each with a digest (``fingerprint``): every file the cell ran code of, by
-content; every other file its worker had imported, by its import-time skeleton. An entry is
-served only when every one of those digests still holds, so an edit to a file a cell ran re-runs
-that cell, and an edit inside a function no cell entered re-runs nothing.
+An entry is filed under the cell's key (``keys``: the machine, the device, the interpreter and
+its flags, the environment, sglfix's judge, the profile, the scenario, the toggle set's patches)
+with what its worker's process ran (``process``, made on the worker's side): each function of
+the code base that the cell ran, that the process's boot ran, or that an earlier cell of the
+process ran where it can leave state behind, by the digest of that function's code
+(``fingerprint``); every file of the code base the process imported, by its import-time
+skeleton; every third-party package it imported, by its installed files (``installed``); the
+top-level modules it looked for and did not find. An entry is served only when all of that still
+holds: an edit inside one function re-runs the cells whose record names it, an edit to code that
+runs at import re-runs the cells of every process that imported it, an upgraded or edited Triton
+re-runs the cells of processes that imported Triton, and installing an unrelated package re-runs
+nothing (a package a cell looked for and did not find, installed now, re-runs that cell).
 
-What is never stored: ERROR, TIMEOUT and FAULT (sglfix or the machine failed, not a finding),
-a cell whose record of executed code is incomplete, and cells run with ``--record``.
-A NOT_REACHED cell depends on its scenario's baseline: it is filed with the baseline's files.
+Why a record per cell, and not everything the process ran since boot: a worker runs cells of
+every scenario one after another, so after a few cells its cumulative record names nearly every
+function, and any one-function edit would re-run nearly every cell. A process's earlier cells
+can only reach a later one through state they leave behind; that state is put back between cells
+where sglfix can (lazy module state, caches the boot left empty) and, where it cannot, the code
+that can leave it is carried into every later cell's record (``process``'s docstring says
+which). ``--verify-store N`` re-runs N served cells and fails the run on any difference: the
+check on this reasoning, and on anything it misses.
+
+A cell has as many entries as states it was run in (a few per cell, the newest kept): undoing an
+edit is served again. What is never stored: a result a re-run could change (ERROR, TIMEOUT,
+FAULT; a finding of a library that could not be loaded or mapped, or of a dependency that could
+not be imported; ``unstorable``), a cell whose record of executed code is incomplete, a result
+made from a file edited while the run ran (the file the parent digests is not the one the
+worker loaded), and cells run with ``--record``. A NOT_REACHED cell depends on its scenario's
+baseline: it is filed with the baseline's record. A row that cannot be read (bad JSON, a verdict
+that is none, a result of another cell) is a miss, dropped from the store.
 
 The store is one SQLite file in a folder (``--cache DIR``; default ``SGLFIX_STORE`` or the user
 cache folder): shards and CI jobs may share it, entries are written as results come back (by a
@@ -22,29 +42,79 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import sqlite3
 import threading
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from sglfix.execution.store.fingerprint import content_digest, skeleton_digest
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from sglfix.common.errors import SglfixError
+from sglfix.common.verdicts import MARKS, worst
+from sglfix.execution.store.fingerprint import content_digest, file_digests
 from sglfix.harness.result import CellResult
 
-__all__ = ["NOT_STORED", "STORE_ENV", "ResultStore", "default_dir", "store_disabled_by_env"]
+__all__ = [
+    "NOT_STORED",
+    "STORE_ENV",
+    "ResultStore",
+    "StoreMismatch",
+    "default_dir",
+    "store_disabled_by_env",
+    "unstorable",
+]
 
 # Verdicts that say sglfix or the machine failed: a rerun may answer otherwise.
 NOT_STORED = frozenset({"ERROR", "TIMEOUT", "FAULT"})
 STORE_ENV = "SGLFIX_STORE"
 _FILE = "results.sqlite"
+_VERSION = 2  # the file's layout (PRAGMA user_version); an older one is emptied and remade
+_KEPT = 8  # entries kept per cell: the newest
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
-    key TEXT PRIMARY KEY, ran TEXT NOT NULL, imports TEXT NOT NULL, record TEXT,
-    result TEXT NOT NULL, stored TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS imports (id TEXT PRIMARY KEY, files TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS skeletons (content TEXT PRIMARY KEY, skeleton TEXT NOT NULL);
+    key TEXT NOT NULL, process TEXT NOT NULL, ran TEXT NOT NULL, record TEXT,
+    result TEXT NOT NULL, stored TEXT NOT NULL, PRIMARY KEY (key, process, ran));
+CREATE TABLE IF NOT EXISTS processes (id TEXT PRIMARY KEY, parts TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rans (id TEXT PRIMARY KEY, functions BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS files (content TEXT PRIMARY KEY, digests TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS contexts (id TEXT PRIMARY KEY, parts TEXT NOT NULL, info TEXT);
 """
+_OLD_TABLES = ("entries", "imports", "skeletons", "processes", "rans", "files")  # any layout's
+
+# Exceptions and messages of a failure to load code or map memory: the machine's state at that
+# moment (a library that could not be mapped, a dependency that failed to import), not the code's.
+_TRANSIENT_TYPES = frozenset(
+    {
+        "ImportError",
+        "ModuleNotFoundError",
+        "OSError",
+        "MemoryError",
+        "FileNotFoundError",
+        "PermissionError",
+        "BlockingIOError",
+        "InterruptedError",
+        "ConnectionError",
+        "BrokenPipeError",
+        "TimeoutError",
+    }
+)
+_TRANSIENT_TEXT = re.compile(
+    r"shared object|failed to map|cannot map|undefined symbol|dlopen|cannot allocate memory|"
+    r"out of memory|resource temporarily unavailable|no space left|too many open files|"
+    r"failed to load|could not load|unable to load|cannot import name",
+    re.IGNORECASE,
+)
+# A finding that names a line of the code (a crash's frame): keyed on the positioned digests.
+_CITES_LINE = re.compile(r"\.py:\d+")
+
+
+class StoreMismatch(SglfixError):
+    """``--verify-store`` found a served result that a fresh run does not give."""
+
+    exit_code = 1
 
 
 def default_dir() -> str:
@@ -60,54 +130,131 @@ def store_disabled_by_env() -> bool:
     return os.environ.get(STORE_ENV, "").strip().lower() in ("0", "off", "no", "false")
 
 
+def unstorable(result: CellResult) -> str | None:
+    """Why ``result`` is not stored (a re-run could change it), or None."""
+    if result.verdict in NOT_STORED:
+        return f"{result.verdict} is sglfix's or the machine's failure"
+    for f in result.findings:
+        if not isinstance(f, dict):
+            return "a finding that is not a record"
+        if f.get("verdict") in NOT_STORED:
+            return f"a finding of {f['verdict']}"
+        if f.get("out_of_memory"):
+            return "out of memory"
+        if f.get("type") in _TRANSIENT_TYPES:
+            return f"{f['type']}: a failure to load or to reach the machine's resources"
+        if _TRANSIENT_TEXT.search(str(f.get("message", ""))):
+            return "a library or a dependency that could not be loaded"
+    return None
+
+
+def _cites_lines(result: dict) -> bool:
+    return any("frame" in f or _CITES_LINE.search(str(f.get("message", ""))) for f in result.get("findings") or ())
+
+
+class _Row(BaseModel):
+    """A stored result as it must read: anything else is a damaged row."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scenario: str
+    toggles: list[str]
+    device: str
+    verdict: Literal[MARKS]  # type: ignore[valid-type]
+    findings: list[dict]
+    error: dict | None = None
+    timings_ms: dict = {}
+    revert_env: str | None = None
+    kernels: dict | None = None
+    reached: list[str] | None = None
+    reached_at: dict[str, str] | None = None
+
+
+def _read_row(text: str, *, scenario: str | None, toggles: Sequence[str] | None) -> CellResult | None:
+    """The result in a row, or None when the row is damaged or is not this cell's."""
+    try:
+        row = _Row.model_validate(json.loads(text))
+    except (ValueError, ValidationError, TypeError):
+        return None
+    verdicts = [f.get("verdict") for f in row.findings]
+    if any(v not in MARKS or not isinstance(f.get("message"), str) for v, f in zip(verdicts, row.findings)):
+        return None
+    if row.verdict != worst(verdicts) or row.verdict in NOT_STORED:
+        return None
+    if scenario is not None and row.scenario != scenario:
+        return None
+    if toggles is not None and list(row.toggles) != list(toggles):
+        return None
+    return CellResult.from_json(row.model_dump())
+
+
 class _Files:
-    """Current digests of the code base's files below ``top``, each read once per run."""
+    """The code base's files below ``top`` as this run found them, each read once: content
+    digest, size and modification time at that read, skeleton and function digests."""
 
     def __init__(self, top: str, db: _Db) -> None:
         self.top, self.db = top, db
-        self._content: dict[str, str | None] = {}
-        self._skeleton: dict[str, str | None] = {}
+        self._read: dict[str, tuple[str, list[int]] | None] = {}
+        self._parsed: dict[str, dict | None] = {}
         self._lock = threading.Lock()
 
-    def _read(self, rel: str) -> bytes | None:
+    def _once(self, rel: str) -> tuple[str, list[int]] | None:
+        with self._lock:
+            if rel in self._read:
+                return self._read[rel]
         path = os.path.join(self.top, rel)
         try:
             with open(path, "rb") as fh:
-                return fh.read()
+                st = os.fstat(fh.fileno())
+                found: Any = (content_digest(fh.read()), [st.st_mtime_ns, st.st_size])
         except OSError:
-            return None
-
-    def _once(self, memo: dict[str, str | None], rel: str, make: Any) -> str | None:
+            found = None
         with self._lock:
-            if rel in memo:
-                return memo[rel]
-        digest = make(rel)
-        with self._lock:
-            memo[rel] = digest
-        return digest
+            return self._read.setdefault(rel, found)
 
     def content(self, rel: str) -> str | None:
-        return self._once(self._content, rel, self._content_of)
+        got = self._once(rel)
+        return got[0] if got else None
+
+    def stat(self, rel: str) -> list[int] | None:
+        got = self._once(rel)
+        return got[1] if got else None
+
+    def parsed(self, rel: str) -> dict | None:
+        with self._lock:
+            if rel in self._parsed:
+                return self._parsed[rel]
+        whole = self.content(rel)
+        digests = None
+        if whole is not None:
+            digests = self.db.digests(whole)
+            if digests is None:
+                try:
+                    with open(os.path.join(self.top, rel), "rb") as fh:
+                        data = fh.read()
+                except OSError:
+                    data = None
+                if data is not None and content_digest(data) == whole:
+                    digests = file_digests(data, path=rel)
+                    self.db.put_digests(whole, digests)
+        with self._lock:
+            return self._parsed.setdefault(rel, digests)
 
     def skeleton(self, rel: str) -> str | None:
-        return self._once(self._skeleton, rel, self._skeleton_of)
+        got = self.parsed(rel)
+        return got["skeleton"] if got else None
 
-    def _content_of(self, rel: str) -> str | None:
-        data = self._read(rel)
-        return None if data is None else content_digest(data)
-
-    def _skeleton_of(self, rel: str) -> str | None:
-        data = self._read(rel)
-        if data is None:
+    def function(self, name: str, *, placed: bool) -> str | None:
+        """The digest of ``rel::qualname`` as the file holds it now; a name the file does not
+        define (code compiled elsewhere under the file's name) is keyed on the whole file."""
+        rel, _, qual = name.partition("::")
+        got = self.parsed(rel)
+        if got is None:
             return None
-        whole = content_digest(data)
-        with self._lock:
-            self._content.setdefault(rel, whole)
-        digest = self.db.skeleton(whole)
-        if digest is None:
-            digest = skeleton_digest(data, path=rel)
-            self.db.put_skeleton(whole, digest)
-        return digest
+        pair = got["functions"].get(qual)
+        if pair is None:
+            return "file:" + (self.content(rel) or "")
+        return pair[1] if placed else pair[0]
 
 
 class _Db:
@@ -121,22 +268,45 @@ class _Db:
         with self.lock:
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
-            self.conn.executescript(_SCHEMA)
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                if self.conn.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
+                    # Another layout (an older sglfix's): its entries mean something else.
+                    for table in (*_OLD_TABLES, "contexts"):
+                        self.conn.execute(f"DROP TABLE IF EXISTS {table}")
+                    self.conn.execute(f"PRAGMA user_version = {_VERSION}")
+                for statement in _SCHEMA.strip().split(";"):
+                    if statement.strip():
+                        self.conn.execute(statement)
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
 
     def one(self, sql: str, args: Sequence[Any]) -> Any:
         with self.lock:
             return self.conn.execute(sql, tuple(args)).fetchone()
 
+    def all(self, sql: str, args: Sequence[Any]) -> list:
+        with self.lock:
+            return self.conn.execute(sql, tuple(args)).fetchall()
+
     def write(self, sql: str, args: Sequence[Any]) -> None:
         with self.lock:
             self.conn.execute(sql, tuple(args))
 
-    def skeleton(self, content: str) -> str | None:
-        row = self.one("SELECT skeleton FROM skeletons WHERE content = ?", (content,))
-        return row[0] if row else None
+    def digests(self, content: str) -> dict | None:
+        row = self.one("SELECT digests FROM files WHERE content = ?", (content,))
+        if row is None:
+            return None
+        try:
+            got = json.loads(row[0])
+            return got if isinstance(got, dict) and "skeleton" in got and "functions" in got else None
+        except ValueError:
+            return None
 
-    def put_skeleton(self, content: str, skeleton: str) -> None:
-        self.write("INSERT OR REPLACE INTO skeletons VALUES (?, ?)", (content, skeleton))
+    def put_digests(self, content: str, digests: dict) -> None:
+        self.write("INSERT OR REPLACE INTO files VALUES (?, ?)", (content, json.dumps(digests)))
 
     def close(self) -> None:
         with self.lock:
@@ -148,17 +318,22 @@ class ResultStore:
     ``close`` at the end (waits for the writes unless the run was cut short)."""
 
     def __init__(self, directory: str, *, context: str, parts: dict, top: str) -> None:
+        from sglfix.execution.store.installed import Installed
+
         self.directory = os.path.abspath(os.path.expanduser(directory))
         os.makedirs(self.directory, exist_ok=True)
         self.context = context
         self.db = _Db(Path(self.directory) / _FILE)
         self.db.write("INSERT OR IGNORE INTO contexts VALUES (?, ?, NULL)", (context, json.dumps(parts)))
         self.files = _Files(top, self.db)
-        self._imports_ok: dict[str, bool] = {}
-        self._listed: dict[str, list[str]] = {}  # a worker's digest of its imported list -> the list
-        self._imports_of: dict[str, str] = {}  # that digest -> the imports entry made of it
+        self.installed = Installed()
+        self._holds: dict[tuple[str, str], bool] = {}  # (table, id) -> whether it holds now
+        self._procs: dict[str, dict] = {}  # a worker's digest of its process record -> the record
+        self._process_of: dict[str, str | None] = {}  # that digest -> the processes row made of it
         self.served = 0
         self.stored = 0
+        self.dropped = 0  # damaged rows found and removed
+        self.changed: set[str] = set()  # files that changed while the run ran (results not stored)
         self._failed: str | None = None  # set before the writer starts: it reads it
         self._queue: queue.Queue = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="sglfix-store", daemon=True)
@@ -166,88 +341,180 @@ class ResultStore:
 
     # -- reading ----------------------------------------------------------------------------------
 
-    def get(self, key: str, *, record: Sequence[str] | None = None, reachability: bool = True) -> Any:
-        """``(result, deps)`` of the entry under ``key`` if every file it lists is as it was
-        (``record``: the targets a baseline must have recorded entries of); else None."""
-        row = self.db.one("SELECT ran, imports, record, result, stored FROM entries WHERE key = ?", (key,))
-        if row is None:
+    def get(
+        self,
+        key: str,
+        *,
+        record: Sequence[str] | None = None,
+        reachability: bool = True,
+        scenario: str | None = None,
+        toggles: Sequence[str] | None = None,
+    ) -> Any:
+        """``(result, deps)`` of the newest entry under ``key`` whose record still holds
+        (``record``: the targets a baseline must have recorded entries of); else None. A row that
+        cannot be read is dropped (``scenario`` and ``toggles``: the cell it must be of)."""
+        try:
+            rows = self.db.all(
+                "SELECT process, ran, record, result, stored FROM entries WHERE key = ? ORDER BY stored DESC",
+                (key,),
+            )
+        except sqlite3.Error:
             return None
-        ran_json, imports_id, record_json, result_json, stored = row
-        result = CellResult.from_json(json.loads(result_json))
-        if result.verdict == "NOT_REACHED" and not reachability:
-            return None  # a run of every cell wants each one run
-        if record:
-            had = set(json.loads(record_json)) if record_json else None
-            if had is None or result.reached is None or not set(record) <= had:
-                return None
-        ran = json.loads(ran_json)
-        if not self._imports_hold(imports_id):
-            return None
-        if any(self.files.content(rel) != digest for rel, digest in ran.items()):
-            return None
-        result.stored = stored
-        self.served += 1
-        return result, (ran, imports_id)
+        for process, ran, record_json, result_json, stored in rows:
+            result = _read_row(result_json, scenario=scenario, toggles=toggles)
+            if result is None:
+                self._drop(key, process, ran)
+                continue
+            if result.verdict == "NOT_REACHED" and not reachability:
+                continue  # a run of every cell wants each one run
+            if record:
+                try:
+                    had = set(json.loads(record_json)) if record_json else None
+                except (ValueError, TypeError):
+                    self._drop(key, process, ran)
+                    continue
+                if had is None or result.reached is None or not set(record) <= had:
+                    continue
+            if not self._process_holds(process) or not self._ran_holds(ran):
+                continue
+            result.stored = stored
+            self.served += 1
+            return result, ("entry", process, ran)
+        return None
 
-    def _imports_hold(self, imports_id: str) -> bool:
-        if imports_id not in self._imports_ok:
-            row = self.db.one("SELECT files FROM imports WHERE id = ?", (imports_id,))
-            ok = row is not None and all(self.files.skeleton(rel) == d for rel, d in json.loads(row[0]).items())
-            self._imports_ok[imports_id] = ok
-        return self._imports_ok[imports_id]
+    def _drop(self, key: str, process: str, ran: str) -> None:
+        try:
+            self.db.write("DELETE FROM entries WHERE key = ? AND process = ? AND ran = ?", (key, process, ran))
+            self.dropped += 1
+        except sqlite3.Error:
+            pass
+
+    def drop(self, key: str, deps: Any) -> None:
+        """Remove the entry a served result came from (``--verify-store`` found it wrong)."""
+        if deps and deps[0] == "entry":
+            self._drop(key, deps[1], deps[2])
+
+    def _memo(self, table: str, ident: str, check: Any) -> bool:
+        known = self._holds.get((table, ident))
+        if known is None:
+            try:
+                known = bool(check())
+            except (sqlite3.Error, ValueError, TypeError, KeyError, AttributeError, zlib.error):
+                known = False  # a damaged row: its entries miss
+            self._holds[(table, ident)] = known
+        return known
+
+    def _process_holds(self, ident: str) -> bool:
+        def check() -> bool:
+            row = self.db.one("SELECT parts FROM processes WHERE id = ?", (ident,))
+            if row is None:
+                return False
+            parts = json.loads(row[0])
+            if any(self.files.skeleton(rel) != d for rel, d in parts["imports"].items()):
+                return False
+            if any(self.files.function(n, placed=False) != d for n, d in parts["boot"].items()):
+                return False
+            for name, digest in parts["roots"].items():
+                places = self.installed.locate(name)
+                if places is None or self.installed.digest(places) != digest:
+                    return False
+            return not any(self.installed.locate(name) is not None for name in parts["absent"])
+
+        return self._memo("process", ident, check)
+
+    def _ran_holds(self, ident: str) -> bool:
+        def check() -> bool:
+            row = self.db.one("SELECT functions FROM rans WHERE id = ?", (ident,))
+            if row is None:
+                return False
+            ran = json.loads(zlib.decompress(row[0]))
+            placed = bool(ran["placed"])
+            return all(self.files.function(n, placed=placed) == d for n, d in ran["functions"].items())
+
+        return self._memo("ran", ident, check)
 
     def info(self) -> dict | None:
-        row = self.db.one("SELECT info FROM contexts WHERE id = ?", (self.context,))
-        return json.loads(row[0]) if row and row[0] else None
+        try:
+            row = self.db.one("SELECT info FROM contexts WHERE id = ?", (self.context,))
+            return json.loads(row[0]) if row and row[0] else None
+        except (sqlite3.Error, ValueError):
+            return None
 
     # -- writing ----------------------------------------------------------------------------------
 
     def keep_info(self, info: dict) -> None:
         """What the workers said of themselves, for a later run that starts none."""
-        kept = {k: v for k, v in info.items() if k not in ("workers", "kept", "executor", "mps")}
+        kept = {k: v for k, v in info.items() if k not in ("workers", "kept", "executor", "mps", "pid", "boot_s")}
         self._queue.put(("info", kept))
 
     def put(self, key: str, result: CellResult, *, deps: Any, record: Sequence[str] | None = None) -> None:
-        """File ``result`` under ``key``: ``deps`` is the worker's record (``CellResult.deps``)
-        or, for a NOT_REACHED cell, what its baseline's entry depends on."""
-        if result.verdict in NOT_STORED or deps is None:
+        """File ``result`` under ``key``: ``deps`` is the worker's record (``deps_of``) or, for
+        a NOT_REACHED cell, what its baseline's entry depends on."""
+        if deps is None or unstorable(result) is not None:
             return
         self._queue.put(("put", key, result.to_json(), deps, tuple(record) if record else None))
 
     def deps_of(self, worker_deps: dict | None) -> Any:
-        """A worker's record as the store files it (``(ran, imports)``), made on the writer
-        thread; here only the imported list is remembered under its digest."""
-        if worker_deps is None:
+        """A worker's record as the store files it, resolved on the writer thread; here only the
+        process record is remembered under its digest."""
+        if not isinstance(worker_deps, dict) or "process" not in worker_deps:
             return None
-        listed = worker_deps.get("imported")
-        if listed is not None:
-            self._listed[worker_deps["imports"]] = list(listed)
-        if worker_deps["imports"] not in self._listed:
-            return None  # the list came in a reply that was lost: not stored
-        return ("worker", list(worker_deps["ran"]), worker_deps["imports"])
+        digest = worker_deps["process"]
+        if isinstance(worker_deps.get("proc"), dict):
+            self._procs[digest] = worker_deps["proc"]
+        if digest not in self._procs:
+            return None  # the record came in a reply that was lost: not stored
+        return ("worker", list(worker_deps.get("ran") or ()), digest)
 
-    def _resolve(self, deps: Any) -> tuple[dict, str] | None:
-        if deps[0] != "worker":
-            return deps
-        _, ran_files, digest = deps
-        ran = {}
-        for rel in ran_files:
-            d = self.files.content(rel)
+    def _process_id(self, digest: str) -> str | None:
+        """The processes row of a worker's process record (made once per run and record); None
+        when a file it lists cannot be read or is not the one the worker loaded."""
+        if digest in self._process_of:
+            return self._process_of[digest]
+        proc = self._procs[digest]
+        ident = None
+        imports = {}
+        for rel, seen in proc["imported"].items():
+            if self.files.stat(rel) != list(seen):
+                self.changed.add(rel)
+                break
+            imports[rel] = self.files.skeleton(rel)
+            if imports[rel] is None:
+                break
+        else:
+            boot = {n: self.files.function(n, placed=False) for n in proc["boot"]}
+            roots = {name: self.installed.digest(places) for name, places in proc["roots"].items()}
+            if None not in boot.values() and None not in roots.values():
+                parts = {"imports": imports, "boot": boot, "roots": roots, "absent": sorted(proc["absent"])}
+                text = json.dumps(parts, sort_keys=True)
+                ident = content_digest(text.encode())
+                self.db.write("INSERT OR IGNORE INTO processes VALUES (?, ?)", (ident, text))
+        self._process_of[digest] = ident
+        return ident
+
+    def _resolve(self, deps: Any, result: dict) -> tuple[str, str] | None:
+        if deps[0] == "entry":
+            return deps[1], deps[2]
+        _, names, digest = deps
+        process = self._process_id(digest)
+        if process is None:
+            return None
+        imported = self._procs[digest]["imported"]
+        placed = _cites_lines(result)
+        functions = {}
+        for name in names:
+            rel = name.partition("::")[0]
+            if rel in imported and self.files.stat(rel) != list(imported[rel]):
+                self.changed.add(rel)
+                return None
+            d = self.files.function(name, placed=placed)
             if d is None:
                 return None
-            ran[rel] = d
-        imports_id = self._imports_of.get(digest)
-        if imports_id is None:
-            files = {}
-            for rel in self._listed[digest]:
-                d = self.files.skeleton(rel)
-                if d is None:
-                    return None
-                files[rel] = d
-            imports_id = content_digest(json.dumps(files, sort_keys=True).encode())
-            self.db.write("INSERT OR IGNORE INTO imports VALUES (?, ?)", (imports_id, json.dumps(files)))
-            self._imports_of[digest] = imports_id
-        return ran, imports_id
+            functions[name] = d
+        text = json.dumps({"placed": placed, "functions": functions}, sort_keys=True)
+        ran = content_digest(text.encode())
+        self.db.write("INSERT OR IGNORE INTO rans VALUES (?, ?)", (ran, zlib.compress(text.encode())))
+        return process, ran
 
     def _write_loop(self) -> None:
         import datetime
@@ -263,22 +530,21 @@ class ResultStore:
                     self.db.write("UPDATE contexts SET info = ? WHERE id = ?", (json.dumps(item[1]), self.context))
                     continue
                 _, key, result, deps, record = item
-                resolved = self._resolve(deps)
+                resolved = self._resolve(deps, result)
                 if resolved is None:
                     continue
-                ran, imports_id = resolved
+                process, ran = resolved
                 result = {k: v for k, v in result.items() if k not in ("deps", "stored")}
-                stored = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+                stored = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
                 self.db.write(
                     "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?)",
-                    (
-                        key,
-                        json.dumps(ran),
-                        imports_id,
-                        json.dumps(record) if record else None,
-                        json.dumps(result),
-                        stored,
-                    ),
+                    (key, process, ran, json.dumps(record) if record else None, json.dumps(result), stored),
+                )
+                # The newest few states of a cell are kept; older ones would rarely come back.
+                self.db.write(
+                    "DELETE FROM entries WHERE key = ? AND rowid NOT IN "
+                    "(SELECT rowid FROM entries WHERE key = ? ORDER BY stored DESC LIMIT ?)",
+                    (key, key, _KEPT),
                 )
                 self.stored += 1
             except (sqlite3.Error, OSError) as exc:
@@ -306,3 +572,4 @@ class ResultStore:
             self._queue.put(None)
             self._writer.join(timeout=10)
         self.db.close()
+        self.installed.close()

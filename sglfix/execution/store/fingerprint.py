@@ -1,13 +1,20 @@
-"""What a source file is worth to a stored result: its whole content where the cell ran its code,
-its import-time skeleton where the cell's process only imported it.
+"""What a source file is worth to a stored result: each function a cell's process ran, by that
+function's own code; every file the process imported, by its import-time skeleton.
 
-A file a cell ran code of is keyed on every byte. A file the process imported and the cell never
-entered still ran at import: its module-level statements, class bodies, decorators and default
-values, and (the ``@triton.jit`` family) kernels that a GPU runs without a Python frame. Its
-*skeleton* is the file's syntax tree with the body of every other function left out: an edit
-inside such a body cannot change a cell that never entered it, an edit anywhere else can.
+A function is a ``def`` at module level or in a class body (a nested function, lambda or
+comprehension runs inside the one that defines it, and is part of its syntax). Its digest is its
+syntax tree, decorators and default values included, without positions: an edit inside another
+function of the same file, or a comment, changes nothing of it. A result whose findings name a
+line (a crash's frame) is keyed on the positioned digest instead, so that a line the report cites
+is the line the file holds.
 
-Skeletons cost a parse; they are kept by content digest (``Store.skeletons``), so a file is
+A file the process imported still ran at import: its module-level statements, class bodies,
+decorators and default values, and (the ``@triton.jit`` family) kernels that a GPU runs without a
+Python frame. Its *skeleton* is the file's syntax tree with the body of every other function
+left out: an edit inside such a body cannot change a cell whose process never ran it, an edit
+anywhere else can.
+
+Both cost a parse; they are kept by content digest (the store's ``files`` table), so a file is
 parsed once per distinct content, across runs and machines sharing a store.
 """
 
@@ -18,7 +25,7 @@ import hashlib
 import os
 from typing import Any
 
-__all__ = ["content_digest", "skeleton_digest"]
+__all__ = ["content_digest", "file_digests", "function_digests", "skeleton_digest"]
 
 # A function whose decorator names one of these is a kernel (or one of its helpers): the GPU
 # compiles its body from the source, so the body counts as import-time code.
@@ -57,3 +64,51 @@ def skeleton_digest(data: bytes, *, path: str = "<file>") -> str:
         return "whole:" + content_digest(data)
     tree = _Hollow().visit(tree)
     return hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest()
+
+
+def _defs(body: list, prefix: str, out: dict[str, list[ast.AST]]) -> None:
+    """Every function defined directly in ``body`` (through ``if``/``try``/``with``/loops, not
+    into other functions), by qualified name as its code object names it."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.setdefault(prefix + node.name, []).append(node)
+        elif isinstance(node, ast.ClassDef):
+            _defs(node.body, f"{prefix}{node.name}.", out)
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(node, field, None)
+                if isinstance(inner, list):
+                    _defs(inner, prefix, out)
+            for case in getattr(node, "cases", ()):  # match statements
+                _defs(case.body, prefix, out)
+
+
+def function_digests(tree: ast.Module) -> dict[str, list[str]]:
+    """Qualified name -> [digest, positioned digest] of every function of ``tree`` (two defs of
+    one name, as under ``if``/``else``, are keyed together)."""
+    found: dict[str, list[ast.AST]] = {}
+    _defs(tree.body, "", found)
+    out = {}
+    for name, nodes in found.items():
+        plain, placed = hashlib.sha256(), hashlib.sha256()
+        for node in nodes:
+            plain.update(ast.dump(node, include_attributes=False).encode())
+            placed.update(ast.dump(node, include_attributes=True).encode())
+        out[name] = [plain.hexdigest()[:32], placed.hexdigest()[:32]]
+    return out
+
+
+def file_digests(data: bytes, *, path: str = "<file>") -> dict:
+    """``{"skeleton": ..., "functions": {qualname: [digest, positioned]}}`` of a source file, one
+    parse for both; a file that does not parse has no functions (each is keyed on the whole
+    file then, as its skeleton is)."""
+    try:
+        tree = ast.parse(data, filename=os.fspath(path))
+    except (SyntaxError, ValueError):
+        return {"skeleton": "whole:" + content_digest(data), "functions": {}}
+    functions = function_digests(tree)
+    tree = _Hollow().visit(tree)
+    return {
+        "skeleton": hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest(),
+        "functions": functions,
+    }

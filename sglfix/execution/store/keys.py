@@ -1,11 +1,13 @@
-"""The key a stored result is filed under: everything that can change a cell's verdict except the
-code base's own files (which each entry lists with their digests, ``sglfix.execution.store``).
+"""The key a stored result is filed under: everything that can change a cell's verdict except what
+its worker's process ran and imported (which each entry lists with digests of its own,
+``sglfix.execution.store``).
 
-* the machine: Python, the platform, every installed distribution and its version (torch, Triton,
-  FlashInfer, and whatever a SKIP says is missing), the device and, for a GPU, its model and driver;
-* the environment variables the engine and the kernels read;
+* the machine: Python and its build, the platform, the device and, for a GPU, its model and
+  driver (the packages a worker imports are each entry's, by their installed files);
+* the environment variables the engine, the kernels, the interpreter (``PYTHONOPTIMIZE``,
+  ``PYTHONHASHSEED``, ...) and the math libraries read;
 * sglfix's judge: every source file of sglfix that a worker runs (the commands and the report
-  writers only run in the parent, on results);
+  writers only run in the parent, on results; the reproduction's files are its entries');
 * the profile's records;
 * the cell: its scenario as the worker receives it, and each part its toggle set reverts as it
   is chosen at this version (patches, targets, variant), or the candidate fix's digest.
@@ -20,15 +22,28 @@ import os
 import platform
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from typing import Any
 
 __all__ = ["cell_key", "context_key", "device_facts", "judge_digest"]
 
-FORMAT = 1  # bump when an entry's meaning changes: every older entry then misses
+FORMAT = 2  # bump when an entry's meaning changes: every older entry then misses
 
 # Read by the engine, the kernels or sglfix's workers: a change may change a verdict.
-_ENV_PREFIXES = ("SGLANG_", "SGLFIX_", "TRITON_", "FLASHINFER_", "TORCH_", "PYTORCH_", "CUDA_", "NVIDIA_", "CUBLAS")
+_ENV_PREFIXES = (
+    "SGLANG_",
+    "SGLFIX_",
+    "TRITON_",
+    "FLASHINFER_",
+    "TORCH_",
+    "PYTORCH_",
+    "CUDA_",
+    "NVIDIA_",
+    "CUBLAS",
+    "PYTHON",  # the workers' interpreter flags: PYTHONOPTIMIZE strips asserts, PYTHONHASHSEED orders sets
+    "OMP_",
+    "MKL_",
+    "KMP_",
+)
 # ... except where a cache lives, which device a worker is given, and what the cell's own toggle
 # set already says (the revert variable, the candidate fixes).
 _ENV_IGNORED = {
@@ -43,6 +58,16 @@ _ENV_IGNORED = {
     "FLASHINFER_JIT_DIR",
     "CUDA_VISIBLE_DEVICES",
     "TORCHINDUCTOR_CACHE_DIR",
+    # Where code is found (what is imported is each entry's, by digest) and how output is written.
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "PYTHONUNBUFFERED",
+    "PYTHONFAULTHANDLER",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONPYCACHEPREFIX",
+    "PYTHONIOENCODING",
+    "PYTHONBREAKPOINT",
 }
 # Parent-only parts of sglfix: they read results, never make them.
 _PARENT_ONLY = ("cli", "report")
@@ -52,13 +77,16 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def judge_digest() -> str:
-    """sglfix's own code that runs in a worker, by content (where it is installed does not matter)."""
+def judge_digest(*, code_base: str | None = None) -> str:
+    """sglfix's own code that runs in a worker, by content (where it is installed does not
+    matter); ``code_base``: the folder of the code under test where it lies inside sglfix (the
+    reproduction of a wheel), whose files the entries key function by function."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # sglfix/
     h = hashlib.sha256()
+    inside = os.path.abspath(code_base) + os.sep if code_base else None
     for path in sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True)):
         rel = os.path.relpath(path, root)
-        if rel.split(os.sep)[0] in _PARENT_ONLY:
+        if rel.split(os.sep)[0] in _PARENT_ONLY or (inside and os.path.abspath(path).startswith(inside)):
             continue
         h.update(rel.encode() + b"\0")
         with open(path, "rb") as fh:
@@ -95,17 +123,9 @@ def device_facts(device: str) -> dict:
     return facts
 
 
-def _distributions() -> list[str]:
-    seen = set()
-    for dist in metadata.distributions():
-        name = (dist.metadata.get("Name") or "").lower().replace("_", "-")
-        if name:
-            seen.add(f"{name}=={dist.version}")
-    return sorted(seen)
-
-
-def context_key(*, device: str, codebase: Any, profile: Any) -> tuple[str, dict]:
-    """The run-wide part of every key, and what it is made of (kept beside the entries)."""
+def context_key(*, device: str, codebase: Any, profile: Any, root: str | None = None) -> tuple[str, dict]:
+    """The run-wide part of every key, and what it is made of (kept beside the entries);
+    ``root``: the code base's package folder."""
     import dataclasses
 
     # The profile's records as read (where its folder is does not matter).
@@ -115,10 +135,10 @@ def context_key(*, device: str, codebase: Any, profile: Any) -> tuple[str, dict]
         "format": FORMAT,
         "python": sys.version,
         "implementation": sys.implementation.name,
-        "distributions": _distributions(),
+        "executable_abi": [sys.abiflags if hasattr(sys, "abiflags") else "", sys.maxsize, sys.byteorder],
         **device_facts(device),
         "env": env,
-        "judge": judge_digest(),
+        "judge": judge_digest(code_base=root if codebase.is_reproduction else None),
         "codebase": [codebase.name, codebase.package],
         "profile": records,
     }

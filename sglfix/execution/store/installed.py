@@ -1,0 +1,141 @@
+"""Digests of installed packages' files, by content: what a stored result keys the third-party
+packages its worker imported on (Triton, torch, ...), so that a package edited in place at the
+same version, rebuilt or reinstalled makes the results of the processes that imported it miss,
+and a package no worker imported changes nothing.
+
+Hashing Triton and torch is 1.7 GB of reading; each file's digest is kept in a memo beside the
+other caches of sglfix (``file-digests.sqlite``), keyed by the file's real path, size,
+modification and change times and inode, and read again only when one of those changed. The
+digests themselves are of content, so stores shared between machines agree. A memo that cannot
+be opened only costs time: the files are hashed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable
+
+__all__ = ["Installed"]
+
+_SCHEMA = "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, stat TEXT NOT NULL, digest TEXT NOT NULL)"
+
+
+def _memo_path() -> str:
+    from sglfix.codebases.releases import cache_root
+
+    return str(cache_root() / "file-digests.sqlite")
+
+
+class Installed:
+    """One run's digests of installed locations (a package's folders, or a module's file)."""
+
+    def __init__(self, memo: str | None = None) -> None:
+        self._lock = threading.Lock()
+        self._done: dict[tuple[str, ...], str | None] = {}
+        self._known: dict[str, tuple[str, str]] | None = None  # the memo, read once
+        self._conn: sqlite3.Connection | None = None
+        try:
+            path = memo or _memo_path()
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            conn = sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(_SCHEMA)
+            self._conn = conn
+        except (sqlite3.Error, OSError):
+            self._conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def locate(self, name: str) -> list[str] | None:
+        """Where this process would import the top-level module ``name`` from (its package's
+        folders, or its file); None when it is not importable."""
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        if spec.submodule_search_locations:
+            return sorted({os.path.abspath(p) for p in spec.submodule_search_locations})
+        return [os.path.abspath(spec.origin)] if spec.origin and os.path.exists(spec.origin) else None
+
+    def digest(self, places: Iterable[str]) -> str | None:
+        """The digest of every file under ``places`` (folders walked, ``__pycache__`` left out),
+        by path below each place and content; None when one cannot be read."""
+        key = tuple(sorted(places))
+        with self._lock:
+            if key in self._done:
+                return self._done[key]
+        try:
+            found = self._digest(key)
+        except OSError:
+            found = None
+        with self._lock:
+            self._done[key] = found
+        return found
+
+    def _digest(self, places: tuple[str, ...]) -> str:
+        h = hashlib.sha256()
+        for place in places:
+            files = []
+            if os.path.isdir(place):
+                for folder, dirs, names in os.walk(place):
+                    dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+                    files += [os.path.join(folder, n) for n in sorted(names)]
+            else:
+                files = [place]
+            memo = self._memo()
+            fresh = []
+            for path in files:
+                real = os.path.realpath(path)
+                st = os.stat(real)
+                stat = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+                known = memo.get(real)
+                if known is not None and known[0] == stat:
+                    digest = known[1]
+                else:
+                    with open(real, "rb") as fh:
+                        digest = hashlib.file_digest(fh, "sha256").hexdigest()
+                    fresh.append((real, stat, digest))
+                rel = os.path.relpath(path, place) if path != place else os.path.basename(place)
+                h.update(f"{rel}\0{digest}\n".encode())
+            self._remember(fresh)
+        return h.hexdigest()
+
+    def _memo(self) -> dict[str, tuple[str, str]]:
+        with self._lock:
+            if self._known is None:
+                self._known = {}
+                if self._conn is not None:
+                    try:
+                        rows = self._conn.execute("SELECT path, stat, digest FROM files").fetchall()
+                        self._known = {p: (s, d) for p, s, d in rows}
+                    except sqlite3.Error:
+                        pass
+            return self._known
+
+    def _remember(self, rows: list[tuple[str, str, str]]) -> None:
+        if not rows:
+            return
+        with self._lock:
+            if self._known is not None:
+                self._known.update((p, (s, d)) for p, s, d in rows)
+            if self._conn is None:
+                return
+            try:
+                self._conn.execute("BEGIN")
+                self._conn.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?)", rows)
+                self._conn.execute("COMMIT")
+            except sqlite3.Error:
+                try:
+                    self._conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
