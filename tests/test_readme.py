@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -91,3 +92,46 @@ def test_the_sglang_profiles_sources_check_passes_as_written():
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     counts = re.search(r"(\d+)/(\d+) checks pass", r.stdout)
     assert counts and counts.group(1) == counts.group(2), r.stdout[-1000:]
+
+
+def _readme_text() -> str:
+    return " ".join((ROOT / "README.md").read_text().split())
+
+
+def _cells(report: str) -> list:
+    cells = json.loads((ROOT / report).read_text()).get("cells")
+    assert isinstance(cells, list), f"the README counts cells of {report}, which holds no cells to count"
+    return cells
+
+
+def test_the_readme_counts_of_cells_not_reached_are_those_of_the_reports_it_cites():
+    """ "N of M cells not reached" is counted from the reports the sentence cites, cell by cell."""
+    text = _readme_text()
+    found = list(re.finditer(r"(\d+) of (\d+) cells (?:are )?not reached", text))
+    assert found, "README gives no count of cells not reached"
+    for m in found:
+        reports = re.findall(r"`(bench/results/[\w.-]+\.json)`", text[m.end() : m.end() + 300])
+        assert reports, f"README's {m.group(0)!r} cites no report"
+        for report in reports:
+            cells = _cells(report)
+            counted = (sum(c["verdict"] == "NOT_REACHED" for c in cells), len(cells))
+            assert counted == (int(m.group(1)), int(m.group(2))), (report, counted, m.group(0))
+
+
+def test_the_readme_fix_line_is_counted_from_the_report_it_cites():
+    """The --apply line the README quotes: its counts of patched cells from the bench report."""
+    text = _readme_text()
+    m = re.search(
+        r"(\d+) of (\d+) patched cell\(s\) that ran to a verdict unchanged` \(`(bench/results/[\w.-]+\.json)`; "
+        r"the cells skipped here, (\d+) with the fix and (\d+) without, [^`]*`\[\.\.\. (\d+) skipped here\]`",
+        text,
+    )
+    assert m, "README quotes no --apply line with the report it comes from"
+    report = json.loads((ROOT / m.group(3)).read_text())
+    meanings = report["meanings_of_patched_cells"]
+    judged = sum(n for k, n in meanings.items() if k not in ("skipped", "error"))
+    unchanged = judged - sum(meanings.get(k, 0) for k in ("fixed", "broken", "changed"))
+    assert (int(m.group(1)), int(m.group(2))) == (unchanged, judged), meanings
+    every = int(re.search(r"(\d+) skipped here\]", report["outcome"]).group(1))  # every cell of the run
+    skipped = meanings.get("skipped", 0)
+    assert [int(m.group(i)) for i in (4, 5, 6)] == [skipped, every - skipped, every], (meanings, report["outcome"])
