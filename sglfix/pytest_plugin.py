@@ -13,7 +13,15 @@ bug they claim to guard (mutation testing where the mutant is the historical fix
   "NOT caught" when it passes reverted (the session fails, exit 1); "inconclusive" when it fails
   with the fix in place too (an ``ImportError``, a broken fixture: failing reverted proves
   nothing); "not run" when either run was skipped or is xfail (it cannot show the revert);
-  "ERROR" when the revert could not be applied (the session fails). Each claim is also a result
+  "ERROR" when the revert could not be applied (the session fails). The run with the fix reverted
+  differs from the run with it in place by the revert alone: it runs first with the revert in this
+  process and the environment as the other run has it; only a test that passes so runs again with
+  the revert in ``SGLANG_DEBUG_REVERT_PR`` too (for the processes it starts), and where the run
+  with the fix in place has the variable unset, that failure counts only if the test passes with
+  the variable set to ``0`` (nothing reverted): a test that fails whenever the variable is set is
+  "NOT caught", and says so. The variable set in the environment of a session that checks claims
+  without ``--sglfix-revert`` is a usage error (the runs with the fixes in place would not be the
+  code as installed). Each claim is also a result
   of its own, ``<test>[sglfix-revert=ID]``: caught passes, NOT caught and ERROR fail, not run and
   inconclusive are skipped with the reason. An inconclusive claim does not fail the session on
   its own: the test's own failure already does, and a second failure for the same cause would
@@ -124,8 +132,18 @@ class SglfixPlugin:
         self.revert_value = None
         self.old_env = os.environ.get(ENV_VAR)
         self.armed_here = False
+        from sglfix.toggling import selects_nothing
+
         if revert is not None:
             self._arm(revert)
+        elif check and not selects_nothing(self.old_env):
+            # Selected at start-up, the revert is in this process already: the runs "with the fix in
+            # place" would not be the code as installed, and a claim of that fix could not be tried.
+            raise pytest.UsageError(
+                f"--sglfix-check-fixes: {ENV_VAR}={self.old_env} is set, so the runs with the fixes in place "
+                f"would not run the code as installed; unset it, or give --sglfix-revert {self.old_env.strip()} "
+                "to check the claims with that revert held for the session"
+            )
         self.extra_claims: dict[str, list[str]] = json.loads(os.environ.get(CLAIMS_ENV) or "{}")
         # While a checked test's ordinary run runs: the item, its reports so far, and each claim's
         # reverted run (outcome, what shows it).
@@ -244,26 +262,48 @@ class SglfixPlugin:
 
     def _mutant(self, item: pytest.Item, rid: str, runtestprotocol: Any) -> tuple[str, str]:
         """The test's outcome with ``rid`` reverted (``error``: the revert could not be applied)
-        and what shows it."""
+        and what shows it, from runs that differ from the run with the fix in place by the revert
+        alone. First in this process, the environment as that run has it. A test that passes so
+        may see the fix only in the processes it starts: again with the revert in the variable
+        too; where the run with the fix in place has the variable unset, a failure then counts
+        only if the test passes with the variable set and nothing reverted (``0``)."""
         from sglfix.common.errors import SglfixError
         from sglfix.toggling.revert import revert
 
-        old = os.environ.get(ENV_VAR)
         try:
             held = revert([rid], what=f"{item.nodeid}: @pytest.mark.{MARK}")
         except SglfixError as exc:
             return "error", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        os.environ[ENV_VAR] = ",".join(filter(None, [self.revert_value, rid]))
         try:
-            # Torn down to the parent: module and session fixtures stay for the ordinary run.
-            reports = runtestprotocol(item, nextitem=item.parent, log=False)
+            here = self._run_with(item, runtestprotocol, env=None)
+            if here[0] != "passed":
+                return here
+            children = self._run_with(item, runtestprotocol, env=",".join(filter(None, [self.revert_value, rid])))
         finally:
             held.restore()
+        if children[0] != "failed" or os.environ.get(ENV_VAR):
+            return children
+        alone = self._run_with(item, runtestprotocol, env="0")
+        if alone[0] == "passed":
+            return "failed", f"{children[1]}; through {ENV_VAR}, in the processes the test starts"
+        return "passed", (
+            f"in this process; with {ENV_VAR} set it fails whether or not the fix is reverted, "
+            f"set to 0 too: {alone[1] or alone[0]}"
+        )
+
+    def _run_with(self, item: pytest.Item, runtestprotocol: Any, *, env: str | None) -> tuple[str, str]:
+        """One run of the test, with ``SGLANG_DEBUG_REVERT_PR`` set to ``env`` for it (None: as
+        it is), torn down to the parent: module and session fixtures stay for the ordinary run."""
+        old = os.environ.get(ENV_VAR)
+        if env is not None:
+            os.environ[ENV_VAR] = env
+        try:
+            return _run_outcome(runtestprotocol(item, nextitem=item.parent, log=False))
+        finally:
             if old is None:
                 os.environ.pop(ENV_VAR, None)
             else:
                 os.environ[ENV_VAR] = old
-        return _run_outcome(reports)
 
     @pytest.hookimpl(trylast=True)  # the test's own report first, everywhere; then its claims'
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

@@ -219,6 +219,38 @@ def test_a_test_that_fails_with_the_fix_in_place_too_is_inconclusive_not_caught(
     assert r.returncode == 0 and "1/1 claims caught" in r.stdout and "inconclusive" not in r.stdout, r.stdout
 
 
+def test_a_test_that_fails_only_because_the_variable_is_set_is_not_caught(user_dir):
+    """A claim's run with the fix reverted differs from the run with it in place by the revert
+    alone: a test that fails whenever SGLANG_DEBUG_REVERT_PR is set is NOT caught (and says so),
+    while one that sees the fix only in a process it starts is still caught, through the variable.
+    The variable already set in the session's environment is a usage error."""
+    text = textwrap.dedent("""
+        import os, subprocess, sys
+        import pytest
+
+        @pytest.mark.fixed_by("26738:glue-constant")
+        def test_fails_whenever_the_variable_is_set():
+            assert not os.environ.get("SGLANG_DEBUG_REVERT_PR")
+
+        @pytest.mark.fixed_by("26738:overlap-guard")
+        def test_in_a_child():
+            code = "from sglfix.backends.srt.managers.overlap_utils import decide_needs_cpu_seq_lens as d; print(d([None]))"
+            child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+            assert child.stdout.strip() == "False"
+    """)
+    (user_dir / "test_user.py").write_text(text)
+    r = _pytest(user_dir, "--sglfix-check-fixes")
+    out = r.stdout + r.stderr
+    assert _outcomes(r.stdout) == ["NOT test_fails_whenever_the_variable_is_set", "caught test_in_a_child"], out
+    lines = {line.split("::")[-1].split()[0]: line for line in r.stdout.splitlines() if "::" in line}
+    assert "fails whether or not the fix is reverted" in lines["test_fails_whenever_the_variable_is_set"], out
+    assert "in the processes the test starts" in lines["test_in_a_child"], out
+    assert r.returncode == 1 and "1/2 claims caught; 1 not: exit 1" in r.stdout, out
+    r = _pytest(user_dir, "--sglfix-check-fixes", env={"SGLANG_DEBUG_REVERT_PR": "26738:glue-constant"})
+    assert r.returncode == pytest.ExitCode.USAGE_ERROR, r.stdout + r.stderr
+    assert "SGLANG_DEBUG_REVERT_PR=26738:glue-constant is set" in r.stderr and "--sglfix-revert" in r.stderr
+
+
 def test_all_claims_caught_exits_0(user_dir):
     (user_dir / "test_user.py").write_text(USER_TESTS.replace('@pytest.mark.fixed_by("26738:glue-constant")\n', ""))
     r = _pytest(user_dir, "--sglfix-check-fixes")
