@@ -4,10 +4,13 @@ exit code (2 for bad input), one line on stderr naming the thing, no traceback, 
 no worker started (a sampler watches for ``sglfix.execution.worker`` processes while the command
 runs), nothing written where an output was asked for, and no process left behind.
 
-Rows follow the causes of the input-hygiene issue (1-12), the last bad inputs (34.8-34.14) and the
-CLI conventions; a few rows are not refusals and say what they expect instead (cause 4: the revert
+Rows follow the causes of the input-hygiene issue (1-12), the last bad inputs (34.8-34.14), the
+options added since (54.11-54.14: --apply, --expect-fixes, report finding, --release, --cache,
+bisect --releases, toggle port, variants' version ranges, model.sliding_window) and the CLI
+conventions; a few rows are not refusals and say what they expect instead (cause 4: the revert
 applies; cause 5: a bad COLUMNS is ignored; cause 11: doctor reports the broken toggle and checks
-the rest; cause 34.13: a SIGTERM while a report is written leaves nothing, exit 143).
+the rest; causes 34.13 and 54.11: a SIGTERM while a report is written leaves nothing, exit 143;
+cause 54.13: a diff path with . and .. segments maps as the plain one).
 
     python bench/refusals.py [--json bench/results/refusals.json] [--limit-s 3]
 """
@@ -372,7 +375,7 @@ def rows(tmp: Path) -> list[Row]:
             "no cell in common",
         ),
     ]
-    return out + _rows_34(tmp, report)
+    return out + _rows_34(tmp, report) + _rows_54(tmp)
 
 
 def _rows_34(tmp: Path, report: dict) -> list[Row]:
@@ -462,6 +465,238 @@ def _rows_34(tmp: Path, report: dict) -> list[Row]:
         Row("34.14", "--devices ²", ["sglfix", "run", "-s", FAST, "--devices", "²"], "is not a CUDA device"),
         Row("34.14", "schema without a kind", ["sglfix", "schema"], "Missing argument"),
     ]
+
+
+# Python run before ``report merge`` in a process of its own: the SIGTERMs of cause 54.11.
+_SIGTERM_54 = {
+    # To a thread other than the writing one (Python runs the handler in the writing one anyway).
+    "thread": (
+        "import os, signal, tempfile, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "real = tempfile.mkstemp\n"
+        "def mkstemp(*a, **k):\n"
+        "    made = real(*a, **k)\n"
+        "    if k.get('suffix') == '.tmp':\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(0.2)\n"
+        "    return made\n"
+        "tempfile.mkstemp = mkstemp\n"
+    ),
+    # Once as the temporary file is created, again as its removal starts.
+    "twice": (
+        "import os, signal, tempfile\n"
+        "real, real_unlink = tempfile.mkstemp, os.unlink\n"
+        "def mkstemp(*a, **k):\n"
+        "    made = real(*a, **k)\n"
+        "    if k.get('suffix') == '.tmp':\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return made\n"
+        "def unlink(path, *a, **k):\n"
+        "    if str(path).endswith('.tmp'):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real_unlink(path, *a, **k)\n"
+        "tempfile.mkstemp = mkstemp\n"
+        "os.unlink = unlink\n"
+    ),
+}
+
+
+def _diffs_54(tmp: Path) -> dict[str, str]:
+    """Candidate fixes and toggle diffs for the rows of cause 54: a fix that changes nothing
+    (``o = torch.zeros_like(q)`` in the reproduction's Triton decode), the same diff written
+    against another version (its context not in the code), a binary diff, a file with NUL bytes,
+    a diff that only adds a file, and the 26651:clamp diff with . and .. segments in its paths."""
+    import difflib
+
+    rel = "backends/srt/layers/attention/triton_backend.py"
+    post = (ROOT / rel).read_text()
+    old = "        o = torch.empty_like(q)\n        if save_kv_cache:\n            forward_batch.token_to_kv_pool.set_kv_buffer(\n"
+    assert post.count(old) == 1
+
+    def diff(pre: str, after: str, path: str = rel) -> str:
+        return "".join(difflib.unified_diff(pre.splitlines(True), after.splitlines(True), f"a/{path}", f"b/{path}"))
+
+    out = {}
+
+    def write(name: str, text: str | bytes) -> None:
+        f = tmp / name
+        (f.write_bytes if isinstance(text, bytes) else f.write_text)(text)
+        out[name.split(".")[0]] = str(f)
+
+    benign = diff(post, post.replace(old, old.replace("empty_like", "zeros_like")))
+    write("zeros.patch", benign)
+    line = " q = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)"
+    assert benign.count(line) == 1
+    write("stale.patch", benign.replace(line, " q = q.view(-1, layer.tp_q_head_num, layer.head_dim)"))
+    write(
+        "image.patch",
+        "diff --git a/backends/srt/logo.png b/backends/srt/logo.png\nindex 1111111..2222222 100644\n"
+        "Binary files a/backends/srt/logo.png and b/backends/srt/logo.png differ\n",
+    )
+    write("nul.patch", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    write("empty.patch", "")
+    write(
+        "added.patch",
+        "diff --git a/backends/srt/extra.py b/backends/srt/extra.py\nnew file mode 100644\n"
+        "--- /dev/null\n+++ b/backends/srt/extra.py\n@@ -0,0 +1,2 @@\n+def helper():\n+    return 1\n",
+    )
+    clamp = "                kv_lens = torch.clamp(kv_lens, min=0)\n"
+    write("dots.patch", diff(post.replace(clamp, "", 1), post, rel.replace("srt/", "srt/layers/../", 1)))
+    return out
+
+
+def _bad_range_profile(tmp: Path) -> Path:
+    """A copy of the sglang profile whose 26880 variant has a range no version can be in."""
+    folder = tmp / "profiles"
+    shutil.copytree(ROOT / "profiles" / "sglang-0.5.23", folder / "sglang-badrange")
+    toml = folder / "sglang-badrange" / "profile.toml"
+    toml.write_text(toml.read_text().replace('name = "sglang-0.5.23"', 'name = "sglang-badrange"', 1))
+    variants = folder / "sglang-badrange" / "variants" / "26880.yaml"
+    text = variants.read_text()
+    assert "'>=0.5.13,<0.5.14'" in text
+    variants.write_text(text.replace("'>=0.5.13,<0.5.14'", "'>>0.5.13'", 1))
+    return folder
+
+
+def _window_scenarios(tmp: Path) -> dict[str, str]:
+    """model.sliding_window where it is not supported: on the reproduction (no window layer), and
+    on sglang's Triton backend in DECODE (a window runs in EXTEND and DRAFT_EXTEND_V2 only)."""
+    out = {}
+    for name, mode, extra in (("extend", "EXTEND", "      extend_lens: [5, 9]\n"), ("decode", "DECODE", "")):
+        f = tmp / f"window-{name}.yaml"
+        f.write_text(
+            "scenarios:\n"
+            f"  - name: window-{name}\n    backend: triton\n    mode: {mode}\n"
+            f"    batch:\n      prefix_lens: [13, 37]\n{extra}"
+            "    page_size: 1\n"
+            "    model: {num_heads: 4, num_kv_heads: 2, head_dim: 64, dtype: float16, sliding_window: 8}\n"
+        )
+        out[name] = str(f)
+    return out
+
+
+def _rows_54(tmp: Path) -> list[Row]:
+    """Bad input to the options added since cause 34's rows (issue 54, items 11, 13 and 14)."""
+    run = ["sglfix", "run", "-s", FAST, "--device", "cpu"]
+    sg_run = ["sglfix", "--profile", "sglang-0.5.23", "run", "-s", "sglang-" + FAST, "--device", "cpu"]
+    sg_bisect = ["sglfix", "--profile", "sglang-0.5.23", "bisect", "-s", "sglang-" + FAST, "--device", "cpu"]
+    port = ["sglfix", "--profile", "sglang-0.5.23", "toggle", "port"]
+    d = _diffs_54(tmp)
+    windows = _window_scenarios(tmp)
+    written = str(tmp / "r54.json")
+    sig = {}
+    for name in _SIGTERM_54:
+        sig[name] = tmp / f"sigterm-{name}"
+        sig[name].mkdir()
+    a_file = tmp / "a-file"
+    a_file.write_text("not a folder\n")
+    passing = f"baseline::{FAST}"
+
+    def apply_row(what: str, fix: str, needle: str) -> Row:
+        out = str(tmp / f"r54-{Path(fix).stem}.json")
+        return Row("54.14", what, [*run, "--apply", fix, "--json", out], needle, must_not_exist=[out])
+
+    def from_diff(name: str) -> list[str]:
+        return ["sglfix", "toggle", "from-diff", d[name], "--pr", "90001", "-o", str(tmp / f"{name}.yaml")]
+
+    rows = [
+        Row(
+            "54.11",
+            f"SIGTERM {'to another thread' if name == 'thread' else 'twice'} while a report is written",
+            [
+                "python",
+                "-c",
+                code + f"from sglfix.cli import main\nmain(['report', 'merge', {str(SGLANG_REPORT)!r}, "
+                f"'-o', {str(sig[name] / 'merged.json')!r}])\n",
+            ],
+            "",
+            code=143,
+            empty_dir=str(sig[name]),
+        )
+        for name, code in _SIGTERM_54.items()
+    ]
+    rows += [
+        Row(
+            "54.13",
+            "--expect-fixes that matches no selected scenario",
+            [*run, "--apply", d["zeros"], "--expect-fixes", "nope*", "--json", written],
+            "matches none of the 1 selected scenario(s)",
+            must_not_exist=[written],
+        ),
+        Row("54.13", "--cache ''", [*run, "--cache", ""], "--cache ''"),
+        Row("54.13", "toggle port --versions ''", [*port, "--versions", ""], "--versions ''"),
+        Row("54.13", "from-diff of a diff that only adds a file", from_diff("added"), "only adds new files"),
+        Row(
+            "54.13",
+            "from-diff with . and .. segments in its paths (maps as the plain path)",
+            from_diff("dots"),
+            "1 function(s) in 1 part(s)",
+            code=0,
+        ),
+        apply_row("--apply of a missing file", str(tmp / "missing.patch"), "does not exist"),
+        apply_row("--apply of an empty file", d["empty"], "is empty"),
+        apply_row("--apply of a binary diff", d["image"], "is a binary file"),
+        apply_row("--apply of a file with NUL bytes", d["nul"], "is binary (holds NUL bytes)"),
+        apply_row("--apply of a diff that does not apply", d["stale"], "does not apply to the installed code"),
+        Row(
+            "54.14",
+            "report finding of a cell the report lacks",
+            ["sglfix", "report", "finding", str(CPU_REPORT), "baseline::nope", "-o", str(tmp / "f.md")],
+            "has no cell 'baseline::nope'",
+            must_not_exist=[str(tmp / "f.md")],
+        ),
+        Row(
+            "54.14",
+            "report finding of a passing cell",
+            ["sglfix", "report", "finding", str(CPU_REPORT), passing, "-o", str(tmp / "f.md")],
+            "passed: there is no failure to write up",
+            must_not_exist=[str(tmp / "f.md")],
+        ),
+        Row("54.14", "--release of an unknown version", ["sglfix", "--release", "9.9.9", *sg_run[3:]], "9.9.9"),
+        Row(
+            "54.14",
+            "--release of a version no profile covers",
+            ["sglfix", "--release", "0.5.12", *sg_run[3:]],
+            "no profile covers sglang 0.5.12",
+        ),
+        Row("54.14", "--release banana", ["sglfix", "--release", "banana", *sg_run[3:]], "is not a version"),
+        Row("54.14", "--cache on a file", [*run, "--cache", str(a_file)], "that is a file, not a folder"),
+        Row(
+            "54.14",
+            "--cache on a folder that cannot be written",
+            [*run, "--cache", "/proc/sglfix-cache"],
+            "--cache /proc/sglfix-cache",
+        ),
+        Row(
+            "54.14", "bisect --releases reversed", [*sg_bisect, "--releases", "0.5.23..0.5.13"], "oldest release first"
+        ),
+        Row("54.14", "bisect --releases of one release", [*sg_bisect, "--releases", "0.5.13"], "give a range"),
+        Row("54.14", "bisect --releases 0.5.13..0.5.13", [*sg_bisect, "--releases", "0.5.13..0.5.13"], "0.5.13"),
+        Row("54.14", "bisect --releases to an unknown release", [*sg_bisect, "--releases", "0.5.13..0.5.99"], "0.5.99"),
+        Row("54.14", "toggle port --versions banana", [*port, "--versions", "banana"], "is not a version range"),
+        Row("54.14", "toggle port --source without sglang/", [*port, "--source", str(tmp)], "--source"),
+        Row("54.14", "toggle port without an engine profile", ["sglfix", "toggle", "port"], "--profile sglang-X"),
+        Row(
+            "54.14",
+            "a variant whose versions range does not parse",
+            ["sglfix", "--profile", "sglang-badrange", "list"],
+            "is not a version range",
+            env={"SGLFIX_PROFILES_PATH": str(_bad_range_profile(tmp))},
+        ),
+        Row(
+            "54.14",
+            "model.sliding_window on the reproduction (no window layer)",
+            ["sglfix", "run", "--scenario-file", windows["extend"], "--device", "cpu"],
+            "model.sliding_window",
+        ),
+        Row(
+            "54.14",
+            "model.sliding_window in DECODE",
+            ["sglfix", "--profile", "sglang-0.5.23", "run", "--scenario-file", windows["decode"], "--device", "cpu"],
+            "sets model.sliding_window",
+        ),
+    ]
+    return rows
 
 
 def _workers_of(pid: int) -> set[int]:
