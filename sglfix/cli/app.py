@@ -89,6 +89,9 @@ def _main(  # noqa: PLR0913 - typer reads the global options from this signature
         opts.wheels = wheels  # bisect --releases A..B takes its releases from there
     if codebase_version is not None:
         _given_version(codebase_version, release=release)
+    if release is not None and ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())  # no command to run on it: nothing fetched
+        raise typer.Exit(0)
     if release is not None:
         profile = _use_release(ctx, release, wheels=wheels, profile=profile, toggles=toggles)
         opts.release = release.strip()
