@@ -44,8 +44,7 @@ def test_a_reproduction_finding_names_the_scenario_the_command_and_the_code_it_r
 
 
 def test_without_a_rerun_it_says_the_functions_are_not_listed(tmp_path):
-    report = tmp_path / "r.json"
-    run_cli("run", "-s", NAME, "--device", "cpu", "-r", "26651:clamp", "--json", str(report), timeout=600)
+    report = _report(tmp_path / "r.json", [{"scenario": NAME, "toggles": ["26651:clamp"], **_failed("INVARIANT")}])
     f = run_cli("report", "finding", str(report), f"26651:clamp::{NAME}", "--no-rerun", timeout=120)
     assert f.code == 0, f.err
     assert "Not run again here (--no-rerun)" in f.out and "| function | defined at |" not in f.out
