@@ -131,6 +131,13 @@ def test_a_finding_names_the_exact_sglfix_and_no_folder_of_the_machines(tmp_path
     assert "Recorded in `fimla.report.json`" in text
     assert "## Scenario (`profiles/sglang-0.5.23/scenarios/mla_dsv4.yaml`)" in text
     assert "`profiles/sglang-0.5.23/fixes/fimla-draft-plan.patch` (in sglfix's source tree" in text
+    # The same release taken with --release: reproduced so, sglfix fetching it instead of pip installing it.
+    data = json.loads(report.read_text())
+    data["codebase"]["release"] = "0.5.23"
+    report.write_text(json.dumps(data))
+    text = _finding(tmp_path, report, cell, "--no-rerun")
+    assert "sglfix --release 0.5.23 --profile sglang-0.5.23 run -s fimla-draft-topk1@cg=graph-padded" in text
+    assert "sglang==" not in text
 
 
 def test_expected_is_the_judges_own_tolerance_and_reference_dtype(tmp_path):

@@ -86,7 +86,10 @@ def gather_finding(
     scenario = _scenario(profile, name, scenario_files)
     device = cell.get("device") or report.get("device") or "cpu"
     version = _report_version(report, profile)
-    release = version if version is not None and version != profile.version else None
+    # Another release than the profile's own, or one the report's run took with --release: reproduced
+    # with --release (sglfix fetches it), not installed.
+    ran_release = isinstance(report.get("codebase"), dict) and bool(report["codebase"].get("release"))
+    release = version if version is not None and (version != profile.version or ran_release) else None
     known = _known(profile, name, cell.get("verdict"), device, version)
     flags = f"--release {release} " if release else ""
     base = f"sglfix {flags}--profile {profile.name}"
