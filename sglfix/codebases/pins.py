@@ -1,6 +1,6 @@
 """The packages an engine pins exactly and cannot be imported without: named before any cell.
 
-An engine's distribution metadata pins dozens of packages with ``==`` (sglang 0.5.23: torch,
+An engine's distribution metadata pins dozens of packages with ``==`` (an sglang release: torch,
 tokenizers, flashinfer ...). Most of them a CPU set-up holds in another version, or not at all,
 and the engine imports fine: the README's own install does so (a CPU torch, newer tokenizers).
 A few it cannot import beside another version: sglang registers its own model configurations

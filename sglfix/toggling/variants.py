@@ -105,7 +105,7 @@ def version_range(text: str) -> Any:
 
 
 def _holds_nothing(spec: Any) -> bool:
-    """Whether the bounds of ``spec`` cross (``>=0.5.23,<0.5.13``): a range that can never be
+    """Whether the bounds of ``spec`` cross (``>=2.0,<1.0``): a range that can never be
     chosen is a mistake, not a variant. ``!=`` and arbitrary equality are left alone."""
     from packaging.version import InvalidVersion, Version
 
