@@ -464,9 +464,29 @@ def _edit(tree: Path, rel: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new, 1))
 
 
-def test_an_edit_to_sglang_reruns_exactly_the_cells_that_ran_the_file(tmp_path):
+def _insert(tree: Path, rel: Path, qualname: str, statement: str) -> None:
+    """A statement put first in the body of the function ``qualname`` of ``tree/sglang/rel`` (the
+    link replaced by a file of its own)."""
+    import ast
+
+    path = tree / "sglang" / rel
+    text = path.read_text()
+    scope, node = ast.parse(text).body, None
+    for name in qualname.split("."):
+        node = next(n for n in scope if getattr(n, "name", None) == name)
+        scope = node.body
+    first = node.body[0]
+    lines = text.splitlines(keepends=True)
+    lines.insert(first.lineno - 1, " " * first.col_offset + statement + "\n")
+    path.unlink()
+    path.write_text("".join(lines))
+
+
+def test_an_edit_to_sglang_reruns_exactly_the_cells_that_ran_the_function(tmp_path):
     from real_sglang import require_sglang
     from test_source_tree import _tree
+
+    from sglfix.execution.store import stored_cells_naming
 
     require_sglang()
     tree = _tree(tmp_path)
@@ -483,15 +503,22 @@ def test_an_edit_to_sglang_reruns_exactly_the_cells_that_ran_the_file(tmp_path):
     assert not any(c.get("stored") for c in first.values())
     assert all(c.get("stored") for c in matrix("2.json").values())
 
-    # A comment inside the Triton backend's decode call: the Triton cells ran that file, the
-    # FlashInfer draft cells did not.
-    _edit(tree, TRITON, IN_A_CALL, "            # edited\n" + IN_A_CALL)
+    # A statement in TritonAttnBackend.forward_decode: the cells whose record names it run again
+    # (the Triton decode scenario's: an unreached one stands on its baseline, which ran it); the
+    # FlashInfer draft cells are served.
+    decode = "TritonAttnBackend.forward_decode"
+    named = {
+        f"{','.join(t) or 'baseline'}::{s}" for s, t in stored_cells_naming(str(store), f"sglang/{TRITON}::{decode}")
+    }
+    assert named and all("::sglang-triton-decode" in k for k in named), sorted(named)
+    _insert(tree, TRITON, decode, "_edited = 0")
     third = matrix("3.json")
-    ran = {k for k, c in third.items() if not c.get("stored")}
-    # Every cell of the Triton scenario (an unreached one stands on its baseline, which ran the file).
-    assert ran == {k for k in third if "::sglang-triton-decode" in k}, sorted(ran)
+    assert {k for k, c in third.items() if not c.get("stored")} == named
 
-    # Inside a function no cell entered (the TRT-LLM MLA backend's, imported by every worker): nothing.
+    # A comment in that file (the lines below it move: only a result that cites a line would run
+    # again), and an edit inside a function no cell entered (the TRT-LLM MLA backend's, imported by
+    # every worker): nothing runs.
+    _edit(tree, TRITON, IN_A_CALL, "            # edited\n" + IN_A_CALL)
     _edit(tree, TRTLLM, "\n        return ", "\n        # edited\n        return ")
     assert all(c.get("stored") for c in matrix("4.json").values())
 

@@ -33,12 +33,14 @@ _EVERY_TOOL_NAME = "sglfix-ran"
 
 
 class Recorded(NamedTuple):
-    """A recorded call: its value, the target codes it entered and every code object it ran
-    (each None when that record is incomplete, or was not asked for)."""
+    """A recorded call: its value, the target codes it entered, every code object it ran and,
+    kept apart when asked, every code object that ran under an import it made (each None when
+    that record is incomplete, or was not asked for)."""
 
     value: Any
     entered: set | None
     ran: list | None
+    imported: list | None = None
 
 
 def record_entries(codes: Iterable[Any], call: Callable[[], Any]) -> tuple[Any, set | None]:
@@ -47,15 +49,19 @@ def record_entries(codes: Iterable[Any], call: Callable[[], Any]) -> tuple[Any, 
     return out.value, out.entered
 
 
-def record_run(call: Callable[[], Any], *, codes: Iterable[Any] = (), ran: bool = False) -> Recorded:
+def record_run(
+    call: Callable[[], Any], *, codes: Iterable[Any] = (), ran: bool = False, apart: bool = False
+) -> Recorded:
     """``call()`` with the ``codes`` it entered and, with ``ran``, every code object whose Python
-    code it ran (a launched Triton kernel's included: ``sglfix.harness.tracing``)."""
+    code it ran (a launched Triton kernel's included: ``sglfix.harness.tracing``); with ``apart``
+    as well, what ran under a module's import is listed apart (``imported``: once
+    ``record_boot`` has set the import system up for it, else in ``ran``)."""
     targets = set(codes)
     if not targets and not ran:
         return Recorded(call(), set(), None)
     if sys.version_info >= (3, 12):
-        return _monitored(targets, call, every=ran)
-    return _profiled(targets, call, every=ran)
+        return _monitored(targets, call, every=ran, apart=ran and apart)
+    return _profiled(targets, call, every=ran, apart=ran and apart)
 
 
 class _Absent:
@@ -91,8 +97,11 @@ def record_boot(call: Callable[[], Any], *, package: str) -> Any:
     """``call()`` (a worker importing its code under test, ``package``), recording every code
     object it ran and, from now on, the modules looked for and not found. ``booted()`` returns
     the record: None (incomplete) when a module of ``package`` was imported before the call."""
+    from sglfix.harness.tracing import watch_imports
+
     if _ABSENT not in sys.meta_path:
         sys.meta_path.append(_ABSENT)
+    watch_imports()  # a cell's imports are recorded apart from the rest of it (``record_run``)
     early = any(n == package or n.startswith(package + ".") for n in list(sys.modules))
     out = record_run(call, ran=True)
     _BOOT[:] = [None if early else out.ran]
@@ -114,15 +123,16 @@ def _free_tool_ids(n: int) -> list[int]:
     return [tool for tool in (4, 3, 5, 1, 0) if mon.get_tool(tool) is None][:n]
 
 
-def _monitored(targets: set, call: Callable[[], Any], *, every: bool) -> Recorded:
-    from sglfix.harness.tracing import recording
+def _monitored(targets: set, call: Callable[[], Any], *, every: bool, apart: bool = False) -> Recorded:
+    from sglfix.harness.tracing import Recorder, recording
 
     mon = sys.monitoring
     tools = _free_tool_ids(int(bool(targets)) + int(every))
     if len(tools) < int(bool(targets)) + int(every):  # six tools busy: the C profiler still works on 3.12
-        return _profiled(targets, call, every=every)
+        return _profiled(targets, call, every=every, apart=apart)
     entered: set = set()
-    ran: dict[int, Any] = {}  # id -> code object: code compares by value, not identity
+    # id -> code object (code compares by value, not identity); what ran under imports apart
+    rec = Recorder({}, None, {} if apart else None)
     lock = threading.Lock()
 
     def on_start(code: Any, offset: int) -> Any:
@@ -131,7 +141,7 @@ def _monitored(targets: set, call: Callable[[], Any], *, every: bool) -> Recorde
         return None  # never DISABLE: that would outlive this recorder for the next one on this id
 
     def on_any_start(code: Any, offset: int) -> Any:
-        ran[id(code)] = code
+        rec.target()[id(code)] = code
         return mon.DISABLE  # once per code object and call of this recorder: see restart_events below
 
     reach_tool = tools.pop(0) if targets else None
@@ -155,20 +165,26 @@ def _monitored(targets: set, call: Callable[[], Any], *, every: bool) -> Recorde
             mon.restart_events()
             mon.set_events(every_tool, mon.events.PY_START)
             stack.callback(mon.set_events, every_tool, 0)
-            stack.enter_context(recording(ran))
+            stack.enter_context(recording(rec))
         value = call()
-    return Recorded(value, entered & targets if targets else set(), list(ran.values()) if every else None)
+    return Recorded(
+        value,
+        entered & targets if targets else set(),
+        list(rec.ran.values()) if every else None,
+        list(rec.imported.values()) if rec.imported is not None else None,
+    )
 
 
-def _profiled(targets: set, call: Callable[[], Any], *, every: bool) -> Recorded:
+def _profiled(targets: set, call: Callable[[], Any], *, every: bool, apart: bool = False) -> Recorded:
     import cProfile
 
-    from sglfix.harness.tracing import recording
+    from sglfix.harness.tracing import Recorder, recording
 
     noted: dict[int, Any] = {}
     # Only Python functions matter; the builtins' and the callers' bookkeeping is cost alone.
     profiler = cProfile.Profile(builtins=False, subcalls=False)
-    with recording(noted, profiler if every else None):
+    rec = Recorder(noted, profiler if every else None, {} if apart else None)
+    with recording(rec):
         profiler.enable()
         displaced = False
         try:
@@ -186,4 +202,4 @@ def _profiled(targets: set, call: Callable[[], Any], *, every: bool) -> Recorded
     if every:
         noted.update((id(e.code), e.code) for e in stats if not isinstance(e.code, str))
         ran = list(noted.values())
-    return Recorded(value, entered, ran)
+    return Recorded(value, entered, ran, list(rec.imported.values()) if rec.imported is not None else None)

@@ -76,14 +76,18 @@ class Session:
         self.clean = StateSnapshot(active().package)  # the code base this worker booted into
         from sglfix.common.codebase import package_dir
         from sglfix.execution.entered import NO_BOOT, booted
-        from sglfix.execution.store.process import ProcessRecord, lru_caches
+        from sglfix.execution.store.process import ProcessRecord, lru_caches, shared_classes
 
+        held = list(self.clean.entries.values())  # what the code base's modules bind after the boot
         # Caches the boot left empty: emptied again before each recorded cell, as lazy state is.
-        self._caches = [c for c in lru_caches(list(self.clean.entries.values())) if c.cache_info().currsize == 0]
+        self._caches = [c for c in lru_caches(held) if c.cache_info().currsize == 0]
         # What this process ran, for the result store (``_deps``): made now, while the code base's
         # files are as the boot loaded them; None where the boot was not recorded (no store).
         boot, package = booted(), active().package
-        self._record = None if boot is NO_BOOT else ProcessRecord(package=package, root=package_dir(package), boot=boot)
+        self._record = None
+        if boot is not NO_BOOT:
+            shared = shared_classes(held, package)
+            self._record = ProcessRecord(package=package, root=package_dir(package), boot=boot, shared=shared)
         if device == "cuda":
             from sglfix.harness.tracing import wrap_compiled_launches
 
@@ -197,8 +201,8 @@ class Session:
             # As for a baseline: code that fills lazy module state or a cache runs in this cell
             # again, so it is recorded for it too, not only for the cell that filled it first.
             self._reset_lazy()
-            out = record_run(lambda: run_cell(scenario, device=self.device, toggles=toggles), ran=True)
-            out.value.deps = self._deps(out.ran)
+            out = record_run(lambda: run_cell(scenario, device=self.device, toggles=toggles), ran=True, apart=True)
+            out.value.deps = self._deps(out.ran, out.imported)
             return out.value
         codes: dict[Any, str] = {}
         unresolved = []
@@ -210,12 +214,14 @@ class Session:
                     continue  # its module cannot be imported in this process: nothing of it runs here
                 unresolved.append(target)  # counted as entered: its cells run and show what is wrong
         self._reset_lazy()
-        out = record_run(lambda: run_cell(scenario, device=self.device, toggles=toggles), codes=codes, ran=deps)
+        out = record_run(
+            lambda: run_cell(scenario, device=self.device, toggles=toggles), codes=codes, ran=deps, apart=deps
+        )
         result = out.value
         if out.entered is not None:
             result.reached = sorted({codes[c] for c in out.entered} | set(unresolved))
         if deps:
-            result.deps = self._deps(out.ran)
+            result.deps = self._deps(out.ran, out.imported)
         return result
 
     def _reset_lazy(self) -> None:
@@ -226,13 +232,13 @@ class Session:
             if cache.cache_info().currsize:
                 cache.cache_clear()
 
-    def _deps(self, ran: list | None) -> dict | None:
+    def _deps(self, ran: list | None, imported: list | None = None) -> dict | None:
         """What the result store keys this cell's result on: the functions of the code base this
         cell ran, those its process's boot ran and those earlier cells ran that can leave state
         behind (``sglfix.execution.store.process``); None when a record is incomplete."""
         if self._record is None:
             return None
-        return self._record.cell(ran)
+        return self._record.cell(ran, imported)
 
     def _run_recording_all(self, scenario: Any, toggles: list[str]) -> Any:
         """The cell, and every function of the code base it entered, with where each is defined

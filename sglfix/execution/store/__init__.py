@@ -64,6 +64,7 @@ __all__ = [
     "StoreMismatch",
     "default_dir",
     "store_disabled_by_env",
+    "stored_cells_naming",
     "unstorable",
 ]
 
@@ -146,6 +147,29 @@ def unstorable(result: CellResult) -> str | None:
         if _TRANSIENT_TEXT.search(str(f.get("message", ""))):
             return "a library or a dependency that could not be loaded"
     return None
+
+
+def stored_cells_naming(directory: str, function: str) -> set[tuple[str, tuple[str, ...]]]:
+    """(scenario, toggles) of every cell whose newest entry in the store at ``directory`` names
+    ``function`` (``path::qualified name``, as a process record names it) among what it ran:
+    the cells an edit of that function re-runs, as the store recorded them."""
+    conn = sqlite3.connect(os.path.join(directory, _FILE))
+    try:
+        rows = conn.execute(
+            "SELECT e.key, e.result, e.stored, r.functions FROM entries e JOIN rans r ON e.ran = r.id"
+        ).fetchall()
+    finally:
+        conn.close()
+    newest: dict[str, tuple[str, str, bytes]] = {}
+    for key, result, stored, functions in rows:
+        if key not in newest or stored > newest[key][1]:
+            newest[key] = (result, stored, functions)
+    found = set()
+    for result, _, functions in newest.values():
+        if function in json.loads(zlib.decompress(functions))["functions"]:
+            cell = json.loads(result)
+            found.add((cell["scenario"], tuple(cell["toggles"])))
+    return found
 
 
 def _cites_lines(result: dict) -> bool:

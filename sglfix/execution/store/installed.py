@@ -4,30 +4,46 @@ same version, rebuilt or reinstalled makes the results of the processes that imp
 and a package no worker imported changes nothing.
 
 Hashing Triton and torch is 1.7 GB of reading; each file's digest is kept in a memo beside the
-other caches of sglfix (``file-digests.sqlite``), keyed by the file's real path, size,
-modification and change times and inode, and read again only when one of those changed. The
-digests themselves are of content, so stores shared between machines agree. A memo that cannot
-be opened only costs time: the files are hashed again.
+other caches of sglfix (``file-digests.sqlite``), keyed by the file's device and inode, and read
+again only when its size, modification or change time differs. The digests themselves are of
+content, so stores shared between machines agree. A memo that cannot be opened only costs time:
+the files are hashed again.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import importlib.machinery
 import os
 import sqlite3
+import sys
 import threading
 from collections.abc import Iterable
 
 __all__ = ["Installed"]
 
-_SCHEMA = "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, stat TEXT NOT NULL, digest TEXT NOT NULL)"
+# A file by device and inode (a link and its file are one), with its size, mtime and ctime then.
+_SCHEMA = "CREATE TABLE IF NOT EXISTS files (file TEXT PRIMARY KEY, stat TEXT NOT NULL, digest TEXT NOT NULL)"
 
 
 def _memo_path() -> str:
     from sglfix.codebases.releases import cache_root
 
     return str(cache_root() / "file-digests.sqlite")
+
+
+def _files(place: str) -> list[tuple[str, str]]:
+    """(path below ``place``, path) of every file under a folder (``__pycache__`` left out), in
+    a fixed order; a file is itself."""
+    if not os.path.isdir(place):
+        return [(os.path.basename(place), place)]
+    out = []
+    for folder, dirs, names in os.walk(place):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(names):
+            path = os.path.join(folder, name)
+            out.append((os.path.relpath(path, place), path))
+    return out
 
 
 class Installed:
@@ -55,10 +71,18 @@ class Installed:
                 self._conn = None
 
     def locate(self, name: str) -> list[str] | None:
-        """Where this process would import the top-level module ``name`` from (its package's
-        folders, or its file); None when it is not importable."""
+        """Where a worker would import the top-level module ``name`` from (its package's folders,
+        or its file); None when it is not importable. A worker's path has no current folder
+        (``python -P``): neither has this search."""
+        here = os.getcwd()
+        path = [p for p in sys.path if p and os.path.abspath(p) != here]
         try:
-            spec = importlib.util.find_spec(name)
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            for finder in sys.meta_path:
+                if spec is not None:
+                    break
+                if finder is not importlib.machinery.PathFinder and hasattr(finder, "find_spec"):
+                    spec = finder.find_spec(name, None)
         except (ImportError, ValueError):
             return None
         if spec is None:
@@ -84,30 +108,21 @@ class Installed:
 
     def _digest(self, places: tuple[str, ...]) -> str:
         h = hashlib.sha256()
+        memo = self._memo()
+        fresh = []
         for place in places:
-            files = []
-            if os.path.isdir(place):
-                for folder, dirs, names in os.walk(place):
-                    dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-                    files += [os.path.join(folder, n) for n in sorted(names)]
-            else:
-                files = [place]
-            memo = self._memo()
-            fresh = []
-            for path in files:
-                real = os.path.realpath(path)
-                st = os.stat(real)
-                stat = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
-                known = memo.get(real)
+            for rel, path in _files(place):
+                st = os.stat(path)  # through a link: the file itself
+                ident, stat = f"{st.st_dev}:{st.st_ino}", f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+                known = memo.get(ident)
                 if known is not None and known[0] == stat:
                     digest = known[1]
                 else:
-                    with open(real, "rb") as fh:
+                    with open(path, "rb") as fh:
                         digest = hashlib.file_digest(fh, "sha256").hexdigest()
-                    fresh.append((real, stat, digest))
-                rel = os.path.relpath(path, place) if path != place else os.path.basename(place)
+                    fresh.append((ident, stat, digest))
                 h.update(f"{rel}\0{digest}\n".encode())
-            self._remember(fresh)
+        self._remember(fresh)
         return h.hexdigest()
 
     def _memo(self) -> dict[str, tuple[str, str]]:
@@ -116,7 +131,7 @@ class Installed:
                 self._known = {}
                 if self._conn is not None:
                     try:
-                        rows = self._conn.execute("SELECT path, stat, digest FROM files").fetchall()
+                        rows = self._conn.execute("SELECT file, stat, digest FROM files").fetchall()
                         self._known = {p: (s, d) for p, s, d in rows}
                     except sqlite3.Error:
                         pass

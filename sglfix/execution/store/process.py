@@ -6,15 +6,17 @@ base that can have made its result:
 
 * **the boot**: every function the worker's imports ran (``entered.record_boot``), a helper that
   computes a constant at import included; the same for every cell of the process;
-* **the cell**: every function the cell itself ran; lazily filled module state and ``lru_cache``
-  caches that were empty after the boot are emptied before each cell (``lru_caches`` and the
-  snapshot's ``reset_lazy``, both by the worker's session), so a cell that uses a cached value computes it, and names the code
-  that does, as the first cell of a fresh worker would;
+* **the cell**: every function the cell itself ran; lazily filled module state and
+  ``lru_cache`` caches that were empty after the boot are emptied before each cell (the
+  worker's session does it, with ``lru_caches`` and the snapshot's ``reset_lazy``), so a cell
+  that uses a cached value computes it, and names the code that does, as the first cell of a
+  fresh worker would;
 * **what earlier cells of the process left**: a function an earlier cell ran is carried into
   every later cell's record when its code can leave state behind (it rebinds a global or a
   closure's variable, or stores into, or calls a mutating method of, an object reached from a
-  global, a closure or ``cls``), and every function of a cell that imported a module of the code
-  base (its import-time calls may fill state later cells read).
+  global, a closure or ``cls``, or the ``self`` of an object a module holds:
+  ``shared_classes``), and every function that ran under a module's import during a cell (its
+  import-time calls may fill state later cells read; ``tracing.watch_imports`` tells them apart).
 
 So an edit to a function re-runs the cells that ran it, the cells of a process whose boot ran it
 and the cells after one that ran it where it could have left state, not every cell of a process
@@ -42,7 +44,7 @@ import sys
 import types
 from typing import Any
 
-__all__ = ["ProcessRecord", "lru_caches"]
+__all__ = ["ProcessRecord", "leaves_state", "lru_caches", "shared_classes"]
 
 # A reverted or patched function's code names a folder of its file's name (sglfix.patching).
 _PATCHED_AT = re.compile(r"[/\\]\[sglfix [^\]]*\](?=[/\\])")
@@ -71,10 +73,11 @@ _MUTATORS = frozenset(
 _CO_NEWLOCALS = 0x2  # set for a function's code; a module's or class body's has it clear
 
 
-def _shared_base(ins: list, j: int, code: types.CodeType) -> bool:
+def _shared_base(ins: list, j: int, code: types.CodeType, own: str | None = None) -> bool:
     """Whether the value the instruction at ``j`` leaves is reached from state that outlives a
-    call: a global, a closure's variable, a class method's ``cls`` or an object's ``__class__``
-    (through any chain of attribute loads)."""
+    call: a global, a closure's variable, a class method's ``cls``, an object's ``__class__``
+    (through any chain of attribute loads), or ``own`` (the ``self`` of an object that lives in
+    a module's globals)."""
     via_class = False
     while j >= 0 and ins[j].opname in ("LOAD_ATTR", "LOAD_METHOD"):
         via_class = via_class or ins[j].argval == "__class__"
@@ -86,30 +89,48 @@ def _shared_base(ins: list, j: int, code: types.CodeType) -> bool:
         return True
     if op in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
         return name in code.co_freevars
-    return op.startswith("LOAD_FAST") and (via_class or name == "cls")
+    return op.startswith("LOAD_FAST") and (via_class or name == "cls" or name == own)
 
 
-def leaves_state(code: types.CodeType) -> bool:
-    """Whether ``code`` can leave state that a later call reads (see the module's docstring)."""
+def leaves_state(code: types.CodeType, *, shared_self: bool = False) -> bool:
+    """Whether ``code`` can leave state that a later call reads (see the module's docstring);
+    ``shared_self``: its first argument is an object that outlives the call (a method of a class
+    with an instance in a module's globals)."""
     try:
         ins = list(dis.get_instructions(code))
     except Exception:  # unreadable bytecode: assume the worst
         return True
+    own = code.co_varnames[0] if shared_self and code.co_argcount else None
     for i, x in enumerate(ins):
         op = x.opname
         if op in ("STORE_GLOBAL", "DELETE_GLOBAL"):
             return True
         if op in ("STORE_DEREF", "DELETE_DEREF") and x.argval in code.co_freevars:
             return True
-        if op in ("STORE_ATTR", "DELETE_ATTR") and _shared_base(ins, i - 1, code):
+        if op in ("STORE_ATTR", "DELETE_ATTR") and _shared_base(ins, i - 1, code, own):
             return True
-        if op == "STORE_SUBSCR" and i >= 2 and _shared_base(ins, i - 2, code):
+        if op in ("STORE_SUBSCR", "DELETE_SUBSCR") and i >= 2 and _shared_base(ins, i - 2, code, own):
             return True
-        if op == "DELETE_SUBSCR" and i >= 2 and _shared_base(ins, i - 2, code):
-            return True
-        if op in ("LOAD_METHOD", "LOAD_ATTR") and x.argval in _MUTATORS and _shared_base(ins, i - 1, code):
+        if op in ("LOAD_METHOD", "LOAD_ATTR") and x.argval in _MUTATORS and _shared_base(ins, i - 1, code, own):
             return True
     return False
+
+
+def shared_classes(values: Any, package: str) -> set[tuple[str, str]]:
+    """(file, qualified name) of each class of ``package`` that has an instance among ``values``
+    (module and class attributes): its methods' ``self`` outlives a cell."""
+    found = set()
+    for value in values:
+        kind = type(value)
+        module = getattr(kind, "__module__", None)
+        if not isinstance(module, str) or not (module == package or module.startswith(package + ".")):
+            continue
+        if isinstance(value, (type, types.ModuleType, types.FunctionType)):
+            continue
+        path = getattr(sys.modules.get(module), "__file__", None)
+        if isinstance(path, str):
+            found.add((path, kind.__qualname__))
+    return found
 
 
 def lru_caches(values: Any) -> list:
@@ -157,9 +178,11 @@ def _stdlib_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
 class ProcessRecord:
     """One worker's record, kept across its cells (the module's docstring)."""
 
-    def __init__(self, *, package: str, root: str | None, boot: list | None) -> None:
+    def __init__(self, *, package: str, root: str | None, boot: list | None, shared: Any = frozenset()) -> None:
         self.package, self.root = package, root
         self.top = os.path.dirname(root) if root else None
+        # "rel::Class" of every class with an instance in a module's globals (``shared_classes``).
+        self._shared = {f"{rel}::{qual}" for path, qual in shared if (rel := self._rel(path)) is not None}
         self._info: dict[int, tuple[Any, Any]] = {}  # id(code) -> (code, what it is): codes kept alive
         self.boot: list[str] | None = None
         if boot is not None and root is not None:
@@ -215,7 +238,8 @@ class ProcessRecord:
             elif any(part.startswith("<") for part in head.split(".")) or not code.co_flags & _CO_NEWLOCALS:
                 what = ("import", rel)
             else:
-                what = (f"{rel}::{head}", leaves_state(code))
+                owner = f"{rel}::{head.rpartition('.')[0]}"
+                what = (f"{rel}::{head}", leaves_state(code, shared_self=owner in self._shared))
         self._info[id(code)] = (code, what)
         return what
 
@@ -225,24 +249,33 @@ class ProcessRecord:
 
     # -- a cell's record ------------------------------------------------------------------------
 
-    def cell(self, codes: list | None) -> dict | None:
+    def cell(self, codes: list | None, imported: list | None = None) -> dict | None:
         """What the store keys this cell's result on (the module's docstring); None when a record
-        is incomplete (nothing is stored then). Call once per cell, in order."""
+        is incomplete (nothing is stored then). ``imported``: what ran under the imports the
+        cell made, recorded apart. Call once per cell, in order."""
         if codes is None or self.boot is None or self.root is None:
             return None
         ran: dict[str, None] = dict(self._carried)
-        imported_here = False
+        at_import: dict[str, None] = {}
+        for code in imported or ():
+            name = self._function(code)
+            if name is not None:
+                at_import[name] = None
+        tainted = False
         for code in codes:
             what = self._what(code)
             if what is None:
                 continue
             if what[0] == "module":
-                imported_here = True
+                tainted = True  # a module body run outside the watched import: not told apart
             elif what[0] != "import":
                 ran[what[0]] = None
                 if what[1]:
                     self._carried[what[0]] = None
-        if imported_here:  # its import may have left anything: every function of it is carried
+        ran.update(at_import)
+        # What ran under an import made state this process keeps: every later cell names it.
+        self._carried.update(at_import)
+        if tainted:
             self._carried.update((n, None) for n in ran)
         proc = self._process()
         if proc is None:
