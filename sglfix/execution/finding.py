@@ -28,7 +28,8 @@ def pick_cell(report_path: str, report: dict, cell_id: str) -> dict:
     nearest), one with a candidate fix applied, or one with no failure of the code base to write
     up (it passed, could not run, was not run, or sglfix itself failed there)."""
     from sglfix.common.schema import nearest
-    from sglfix.common.verdicts import FAILING, NOT_REACHED, Verdict, stands_for
+    from sglfix.common.verdicts import FAILING, NOT_REACHED, Verdict
+    from sglfix.report.outcome import effective
     from sglfix.toggling.ids import is_candidate_id
 
     cells = {c["id"]: c for c in report["cells"]}
@@ -47,7 +48,7 @@ def pick_cell(report_path: str, report: dict, cell_id: str) -> dict:
         base = f"baseline::{cell.get('scenario')}"
         raise ConfigError(
             f"{report_path}: {cell_id} did not run (NOT_REACHED: provably its baseline, "
-            f"{stands_for(verdict, cell.get('findings') or ())}); write up {base} instead"
+            f"{effective(cell)}); write up {base} instead"
         )
     if verdict == Verdict.ERROR:
         raise ConfigError(

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglfix.common.errors import ConfigError
-from sglfix.common.verdicts import stands_for
 from sglfix.execution.devices import check_device, check_jobs, has_cuda_device, parse_devices, uses_cuda
 from sglfix.execution.settings import Settings
 
@@ -426,6 +425,7 @@ class Runner:
         With ``--verify-store N``, N served cells are run again fresh on the same pool and any
         difference fails the run (``StoreMismatch``, its entries dropped)."""
         from sglfix.execution.store.keys import cell_key
+        from sglfix.report.outcome import effective
 
         s = self.settings
         registry = self.target.registry
@@ -510,7 +510,7 @@ class Runner:
             differ = [
                 (plan.cells[i].id, served[i], again)
                 for i, again in zip(verify, fresh, strict=True)
-                if stands_for(served[i].verdict, served[i].findings) != again.verdict
+                if effective({"verdict": served[i].verdict, "findings": served[i].findings}) != again.verdict
             ]
             for i in verify:
                 if any(cid == plan.cells[i].id for cid, _, _ in differ):
@@ -591,8 +591,10 @@ def _fail_on(differ: list, *, checked: int, where: str) -> None:
 
 def _said(result: Any) -> str:
     """A served verdict as the mismatch names it (a NOT_REACHED mark with what it stands for)."""
+    from sglfix.report.outcome import effective
+
     if result.verdict == "NOT_REACHED":
-        return f"NOT_REACHED (as its baseline: {stands_for(result.verdict, result.findings)})"
+        return f"NOT_REACHED (as its baseline: {effective({'verdict': result.verdict, 'findings': result.findings})})"
     return result.verdict
 
 
