@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from relpaths import relativize
+
 SCENARIO = "triton-decode@cg=eager,gpu_only=off"
 TARGET = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.forward_decode"
 HARMLESS = {"match": "        md = self.forward_metadata\n", "append": "pass\n"}
@@ -154,15 +156,17 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(
             json.dumps(
-                {
-                    "tool": "sglfix bench/bisect_budget.py",
-                    "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                    "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-                    "host": platform.node(),
-                    "scenario": SCENARIO,
-                    "device": "cpu",
-                    "rows": rows,
-                },
+                relativize(
+                    {
+                        "tool": "sglfix bench/bisect_budget.py",
+                        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+                        "host": platform.node(),
+                        "scenario": SCENARIO,
+                        "device": "cpu",
+                        "rows": rows,
+                    }
+                ),
                 indent=1,
             )
             + "\n"

@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+from relpaths import relativize
+
 
 def _plan(sets_wanted: int | None, globs: list[str]):
     from sglfix.execution.planner import plan_matrix
@@ -373,7 +375,7 @@ def main() -> None:
         print(summary["profile_cumulative"][:9000])
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+            json.dump(relativize(report), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from relpaths import relativize
+
 LOADS = ("python", "launch", "sync", "malloc", "pinned")
 
 
@@ -105,7 +107,7 @@ def main() -> None:
             "rows": rows,
         }
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+            json.dump(relativize(report), f, indent=1)
 
 
 if __name__ == "__main__":

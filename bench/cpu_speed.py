@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from relpaths import relativize
+
 HERE = Path(__file__).resolve().parent.parent
 MATRIX = ["-m", "sglfix", "matrix", "--parts", "--device", "cpu"]
 
@@ -79,14 +81,16 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(
             json.dumps(
-                {
-                    "tool": "sglfix bench/cpu_speed.py",
-                    "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                    "host": platform.node(),
-                    "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-                    "runs": runs,
-                    **summary,
-                },
+                relativize(
+                    {
+                        "tool": "sglfix bench/cpu_speed.py",
+                        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                        "host": platform.node(),
+                        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+                        "runs": runs,
+                        **summary,
+                    }
+                ),
                 indent=1,
             )
             + "\n"

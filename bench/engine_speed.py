@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from relpaths import relativize
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import sglang_wheel as sw
@@ -93,16 +95,18 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(
             json.dumps(
-                {
-                    "tool": "sglfix bench/engine_speed.py",
-                    "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                    "host": platform.node(),
-                    "python": sys.version.split()[0],
-                    "sglang": sw.SGLANG_VERSION,
-                    "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-                    "runs": args.runs,
-                    "rows": rows,
-                },
+                relativize(
+                    {
+                        "tool": "sglfix bench/engine_speed.py",
+                        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                        "host": platform.node(),
+                        "python": sys.version.split()[0],
+                        "sglang": sw.SGLANG_VERSION,
+                        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+                        "runs": args.runs,
+                        "rows": rows,
+                    }
+                ),
                 indent=1,
             )
             + "\n"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from relpaths import relativize
 
 TARGET = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata"
 ANCHOR = "bs = forward_batch.batch_size\n"
@@ -93,7 +94,7 @@ def main() -> int:
         "wall_s": round(time.monotonic() - t0, 2),
     }
     if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(relativize(data), indent=1) + "\n")
     print(f"{'cell':>6} {'verdict':>8} {'s':>6}  message")
     for r in rows:
         print(f"{r['cell']:>6} {r['verdict']:>8} {r['seconds']:>6}  {r['message'][:80]}")

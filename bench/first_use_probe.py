@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+from relpaths import relativize
+
 _CHILD = r"""
 import json, os, sys, time
 order = sys.argv[1]
@@ -145,7 +147,7 @@ def main() -> int:
             flush=True,
         )
     with open(ns.json, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(relativize(result), f, indent=1)
     return 0
 
 

@@ -21,6 +21,8 @@ import tempfile
 import time
 from collections import Counter
 
+from relpaths import relativize
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -94,7 +96,7 @@ def main() -> int:
         "verdicts": {c["id"]: [c["verdict"], c.get("meaning")] for c in cells if c["verdict"] != "NOT_REACHED"},
     }
     with open(args.json, "w") as fh:
-        json.dump(summary, fh, indent=1)
+        json.dump(relativize(summary), fh, indent=1)
         fh.write("\n")
     print(judged["outcome"])
     print(f"{len(changed)} cell(s) changed by the fix; summary: {args.json}")

@@ -17,6 +17,7 @@ import math
 import time
 
 import torch
+from relpaths import relativize
 
 
 def mla_ref(q_nope, q_pe, ckv, kpe, qo_indptr, kv_indptr, kv_indices, kv_len, page_size, causal, scale):
@@ -196,7 +197,9 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"device": torch.cuda.get_device_name(), "flashinfer": flashinfer.__version__, "checks": results},
+                relativize(
+                    {"device": torch.cuda.get_device_name(), "flashinfer": flashinfer.__version__, "checks": results}
+                ),
                 f,
                 indent=1,
             )

@@ -17,6 +17,8 @@ import os
 import sys
 import time
 
+from relpaths import relativize
+
 
 def _name(o) -> str:
     t = type(o)
@@ -112,7 +114,9 @@ def main() -> None:
         gc.set_debug(gc.DEBUG_SAVEALL)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"bench": "garbage_probe", "device": info.get("device_name"), "rows": rows}, f, indent=1)
+            json.dump(
+                relativize({"bench": "garbage_probe", "device": info.get("device_name"), "rows": rows}), f, indent=1
+            )
 
 
 if __name__ == "__main__":

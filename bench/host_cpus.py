@@ -14,6 +14,8 @@ import multiprocessing as mp
 import os
 import time
 
+from relpaths import relativize
+
 
 def _spin(n: int) -> float:
     began = time.perf_counter()
@@ -74,7 +76,7 @@ def main() -> None:
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+            json.dump(relativize(out), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 
+from relpaths import relativize
+
 _BYSTANDER = r"""
 import json, sys, time, torch
 torch.cuda.init(); x = torch.ones(1024, device="cuda"); x.sum().item()
@@ -94,7 +96,7 @@ def main() -> int:
     rows["fresh_after_all_exited"] = _last_json(_spawn(_FRESH), 60)
     rows.update(mps=mps, wall_s=round(time.time() - t0, 1))
     with open(args.json, "w") as fh:
-        json.dump(rows, fh, indent=1)
+        json.dump(relativize(rows), fh, indent=1)
     print(json.dumps(rows, indent=1))
     return 0
 

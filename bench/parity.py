@@ -16,6 +16,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from relpaths import relativize
+
 from sglfix.common.errors import SglfixError
 from sglfix.report.compare import compare_reports
 from sglfix.report.load import load_report
@@ -60,7 +62,7 @@ def main() -> int:
         "missing_in_one": only,
     }
     if args.json:
-        write_json(args.json, summary)
+        write_json(args.json, relativize(summary))
     print(f"{result.common} common cells: {result.same} agree, {len(differ)} differ; {len(only)} in one report only")
     print(f"  {da.get('device')} ({da.get('device_name')}): {len(da['cells'])} cells, matrix wall {da.get('wall_s')} s")
     print(f"  {db.get('device')} ({db.get('device_name')}): {len(db['cells'])} cells, matrix wall {db.get('wall_s')} s")

@@ -31,6 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from relpaths import relativize
+
 ROOT = Path(__file__).resolve().parent.parent
 FAST = "triton-decode@cg=eager,gpu_only=off"
 CPU_REPORT = ROOT / "bench" / "results" / "matrix-cpu.json"
@@ -844,7 +846,7 @@ def main() -> int:
             "summary": summary,
             "rows": results,
         }
-        Path(ns.json).write_text(json.dumps(out, indent=1) + "\n")
+        Path(ns.json).write_text(json.dumps(relativize(out), indent=1) + "\n")
     return 0 if summary["ok"] == summary["rows"] else 1
 
 

@@ -31,6 +31,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from relpaths import relativize
+
 SCENARIOS = "sglang-triton-decode*"
 RELEASES = (
     "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17",
@@ -157,7 +159,7 @@ def main() -> int:
         "rows": rows,
     }
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(relativize(result), indent=2) + "\n")
     return 0
 
 

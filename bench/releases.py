@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from relpaths import relativize
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -156,7 +158,7 @@ def main() -> int:
         "releases": len(rows),
     }
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(relativize(result), indent=1) + "\n")
     return 0 if result["gates_passed"] == len(rows) else 1
 
 

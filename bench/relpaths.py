@@ -32,11 +32,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["relative", "relativize", "rewrite", "rewrite_file", "unknown_paths"]
+__all__ = ["relative", "relativize", "rewrite", "rewrite_file", "rewrite_json_text", "unknown_paths"]
 
 ROOT = Path(__file__).resolve().parent.parent
 TMP = "<tmp>"
-# The first folders of a machine's own paths (a code base's path names a package, a checkout's a file of the repo).
+# First folders of the absolute paths results hold (a URL's path or a relative one never starts so).
 _MACHINE = r"(?:work|root|home|tmp|opt|usr|var|private|mnt|srv|scratch|data)"
 _CHARS = r"[\w.+@%=*~/-]"
 # Where bench/gpu_run.sh unpacks the GPU machine's packages (PYTHONPATH) and where its output lands.
@@ -114,20 +114,24 @@ def unknown_paths(text: str, *, roots: tuple[str, ...] = ()) -> list[str]:
     return [m.group(0) for m in _pattern(roots).finditer(text) if relative(m.group(0), roots=roots) is None]
 
 
-def relativize(value: Any, *, roots: tuple[str, ...] = ()) -> Any:
-    """A JSON value with every string (keys included) rewritten; ValueError when two keys of one
-    object would become the same."""
+def relativize(value: Any, *, roots: tuple[str, ...] = (), strict: bool = False) -> Any:
+    """A JSON value with every string (keys included) rewritten. Two keys of one object that would
+    become the same: ValueError when ``strict``, else the later one keeps its path (a bench's
+    result is written whole; the committed-paths test names what is left)."""
     if isinstance(value, str):
         return rewrite(value, roots=roots)
-    if isinstance(value, list):
-        return [relativize(v, roots=roots) for v in value]
+    if isinstance(value, list | tuple):
+        return [relativize(v, roots=roots, strict=strict) for v in value]
     if isinstance(value, dict):
         out: dict = {}
         for key, v in value.items():
             new = rewrite(key, roots=roots) if isinstance(key, str) else key
             if new in out:
-                raise ValueError(f"two keys become {new!r} (one of them {key!r})")
-            out[new] = relativize(v, roots=roots)
+                if strict:
+                    raise ValueError(f"two keys become {new!r} (one of them {key!r})")
+                print(f"relpaths: {key!r} kept as it is: another key already became {new!r}", file=sys.stderr)
+                new = key
+            out[new] = relativize(v, roots=roots, strict=strict)
         return out
     return value
 
@@ -139,7 +143,10 @@ def _no_duplicates(pairs: list) -> dict:
     return dict(pairs)
 
 
-def _rewrite_json(text: str, roots: tuple[str, ...]) -> str:
+def rewrite_json_text(text: str, *, roots: tuple[str, ...] = ()) -> str:
+    """A JSON document's text with the paths of its strings rewritten, the rest byte for byte;
+    ValueError when it is not JSON or two keys of one object would become the same."""
+
     def one(m: re.Match[str]) -> str:
         literal = m.group(0)
         value = json.loads(literal)
@@ -150,7 +157,7 @@ def _rewrite_json(text: str, roots: tuple[str, ...]) -> str:
     new = _JSON_STRING.sub(one, text)
     # The text rewrite must be the value rewrite: a path split by an escape would differ.
     got = json.loads(new, object_pairs_hook=_no_duplicates)
-    want = relativize(json.loads(text), roots=roots)
+    want = relativize(json.loads(text), roots=roots, strict=True)
     if json.dumps(got, sort_keys=True) != json.dumps(want, sort_keys=True):
         raise ValueError("rewriting its strings in place does not give the rewritten values")
     return new
@@ -165,7 +172,7 @@ def rewrite_file(path: Path, *, roots: tuple[str, ...] = ()) -> tuple[str | None
         text = data.decode()
     except UnicodeDecodeError:
         return None, []
-    new = _rewrite_json(text, roots) if path.suffix == ".json" else rewrite(text, roots=roots)
+    new = rewrite_json_text(text, roots=roots) if path.suffix == ".json" else rewrite(text, roots=roots)
     return (new if new != text else None), unknown_paths(new, roots=roots)
 
 

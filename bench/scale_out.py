@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 
+from relpaths import relativize
+
 from sglfix.common.verdicts import stands_for
 
 KEPT_FIRST = "ray, joined, --ray-keep: first run"
@@ -342,7 +344,7 @@ def main() -> int:
         result["runs"].append(row)
         # Rewritten after every run: a device call cut short still returns what it measured.
         with open(ns.json, "w") as f:
-            json.dump(result, f, indent=1)
+            json.dump(relativize(result), f, indent=1)
     if any("--ray-address" in args for _, args in plan):
         _ray_head(start=False)  # a head left up for a kept run that the budget cut
     rows = result["runs"]
@@ -364,7 +366,7 @@ def main() -> int:
                 "note": "local wall / Ray wall for the same cells and worker count: >= 1 means Ray is as fast",
             }
     with open(ns.json, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(relativize(result), f, indent=1)
     print(
         f"{'run':<26} {'rc':>3} {'cells':>6} {'workers':>7} {'wall_s':>8} {'cells_s':>8} {'speedup':>8} {'cells_x':>8} identical"
     )

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from relpaths import relativize, rewrite_json_text
+
 ROOT = Path(__file__).resolve().parent.parent
 VERSION = "0.5.23"
 
@@ -120,8 +122,9 @@ def main() -> None:
         if args.json:
             report = scratch / "matrix.json"
             if report.exists():
-                shutil.copy(report, args.json.with_name(args.json.stem + "-matrix.json"))
-            args.json.write_text(json.dumps(result, indent=2) + "\n")
+                # sglfix's own report, its paths of this machine (the scratch venv) rewritten.
+                args.json.with_name(args.json.stem + "-matrix.json").write_text(rewrite_json_text(report.read_text()))
+            args.json.write_text(json.dumps(relativize(result), indent=2) + "\n")
         print(
             json.dumps(
                 {k: v for k, v in result.items() if k != "matrix"}

@@ -12,6 +12,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from relpaths import relativize
+
 
 def summary(path: str, *, process_s: float | None, label: str | None) -> dict:
     r = json.loads(Path(path).read_text())
@@ -61,7 +63,7 @@ def main() -> None:
     for c in s["slowest"][:6]:
         print(f"  {c['cell']} {c['verdict']} {c['ms']}")
     if a.json:
-        Path(a.json).write_text(json.dumps(s, indent=2) + "\n")
+        Path(a.json).write_text(json.dumps(relativize(s), indent=2) + "\n")
 
 
 if __name__ == "__main__":

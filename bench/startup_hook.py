@@ -30,6 +30,8 @@ import time
 import timeit
 from pathlib import Path
 
+from relpaths import relativize
+
 ROOT = Path(__file__).resolve().parent.parent
 PTH = "zz-sglfix-startup.pth"
 HEAVY = ("yaml", "torch", "rich", "typer", "pydantic")
@@ -151,7 +153,7 @@ def main() -> None:
         }
     print(json.dumps(report, indent=2))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(relativize(report), indent=2) + "\n")
 
 
 if __name__ == "__main__":

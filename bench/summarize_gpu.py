@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from relpaths import relativize
+
 
 def _effective(report: dict) -> dict:
     return {
@@ -78,7 +80,7 @@ def main() -> int:
         # Unreached cells stand for their baseline's verdict (the finding's same_as).
         "reachability_changes_no_verdict": _effective(warm) == b,
     }
-    Path(out).write_text(json.dumps(summary, indent=1) + "\n")
+    Path(out).write_text(json.dumps(relativize(summary), indent=1) + "\n")
     print(json.dumps({k: summary[k] for k in ("cells", "every_cell", "reachability", "parity_with_cpu")}, indent=1))
     return 0 if not differ and len(common) == len(a) == len(b) else 1
 

@@ -12,6 +12,8 @@ import glob
 import json
 import os
 
+from relpaths import relativize
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -67,7 +69,7 @@ def main() -> None:
     print(f"span of all requests: {out['span_s']} s")
     if a.json:
         with open(a.json, "w", encoding="utf-8") as fh:
-            json.dump(out, fh, indent=2)
+            json.dump(relativize(out), fh, indent=2)
 
 
 if __name__ == "__main__":
