@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from relpaths import relativize
+
 ROOT = Path(__file__).resolve().parent.parent
 FUNCTION = "TritonAttnBackend.forward_decode"
 STATEMENT = "_edited = 0"
@@ -245,7 +247,7 @@ def main() -> None:
         if not ok
     ]
     result["failed"] = failed
-    Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
+    Path(a.json).write_text(json.dumps(relativize(result), indent=2) + "\n")
     for name in ("reproduction", "sglang"):
         if name in result:
             r = result[name]
