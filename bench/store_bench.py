@@ -8,9 +8,12 @@ For each code base, with a fresh store folder: the matrix, the same matrix again
 after a statement is put into one function (``TritonAttnBackend.forward_decode``), the same with
 ``--verify-store N`` (N served cells run again fresh), and the matrix with ``--no-cache``.
 
+Both run a copy of sglfix taken at the start (``snapshot``: edits to the checkout while the bench
+runs change nothing of it), first on PYTHONPATH.
+
 1. The reproduction, ``sglfix matrix --parts --device cpu`` (every scenario), laid out as a wheel
-   lays it out (``sglfix/backends``, every file a link to this checkout's) first on PYTHONPATH,
-   so that the edit is an edit of the code under test and not of sglfix.
+   lays it out (``sglfix/backends``, every file a link to this checkout's), so that the edit is an
+   edit of the code under test and not of sglfix.
 2. Real sglang 0.5.23 (installed; a tree of links to it first on PYTHONPATH, as a checkout is):
    ``sglfix --profile sglang-0.5.23 matrix --device cpu`` (every scenario, without ``--parts``
    by default: the bench stays affordable on 2 shared cores; ``--sglang-parts`` for all of it).
@@ -160,37 +163,38 @@ def series(name: str, *, args: list[str], env: dict, cwd: str, edited: Path, fun
     }
 
 
-def reproduction(work: Path, env: dict) -> dict:
-    """The reproduction laid out as a wheel: sglfix's files linked, its backends below them."""
+def snapshot(work: Path) -> Path:
+    """``work/site``: sglfix as it is now, copied (edits to the checkout while the bench runs
+    change nothing of it), with the reproduction's files linked below ``sglfix/backends``, as a
+    wheel lays it out: a file replaced there is an edit of the code under test, not of sglfix."""
     import sglfix
     from sglfix.common.codebase import package_dir
 
     site = work / "site"
     pkg = site / "sglfix"
-    pkg.mkdir(parents=True)
-    own = ("backends", "profiles", "scenarios", "toggles")
-    for entry in Path(sglfix.__file__).parent.iterdir():
-        if entry.name != "__pycache__" and entry.name not in own:
-            (pkg / entry.name).symlink_to(entry)
-    for name in own:
-        where = package_dir(f"sglfix.{name}")
-        if name == "backends":
-            shutil.copytree(where, pkg / name, copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            (pkg / name).symlink_to(where)
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(Path(sglfix.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__", "backends"))
+    for name in ("profiles", "scenarios", "toggles"):
+        shutil.rmtree(pkg / name, ignore_errors=True)
+        shutil.copytree(package_dir(f"sglfix.{name}"), pkg / name, ignore=skip)
+    shutil.copytree(package_dir("sglfix.backends"), pkg / "backends", copy_function=os.symlink, ignore=skip)
+    return site
+
+
+def reproduction(work: Path, env: dict, site: Path) -> dict:
     rel = Path("backends") / "srt" / "layers" / "attention" / "triton_backend.py"
     return series(
         "reproduction",
         args=["matrix", "--parts", "--device", "cpu"],
         env={**env, "PYTHONPATH": str(site)},
         cwd=str(work),
-        edited=pkg / rel,
+        edited=site / "sglfix" / rel,
         function=f"{rel.as_posix()}::{FUNCTION}",
         work=work,
     )
 
 
-def real_sglang(work: Path, env: dict, *, parts: bool) -> dict:
+def real_sglang(work: Path, env: dict, site: Path, *, parts: bool) -> dict:
     import importlib.util
 
     spec = importlib.util.find_spec("sglang")
@@ -203,7 +207,7 @@ def real_sglang(work: Path, env: dict, *, parts: bool) -> dict:
     return series(
         "sglang",
         args=["--profile", "sglang-0.5.23", "matrix", *(["--parts"] if parts else []), "--device", "cpu"],
-        env={**env, "PYTHONPATH": str(tree)},
+        env={**env, "PYTHONPATH": os.pathsep.join((str(tree), str(site)))},
         cwd=str(work),
         edited=tree / "sglang" / rel,
         function=f"sglang/{rel.as_posix()}::{FUNCTION}",
@@ -235,10 +239,11 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="sglfix-store-bench-") as tmp:
         work = Path(tmp)
+        site = snapshot(work)
         if not a.skip_reproduction:
-            result["reproduction"] = reproduction(work, env)
+            result["reproduction"] = reproduction(work, env, site)
         if not a.skip_sglang:
-            result["sglang"] = real_sglang(work, env, parts=a.sglang_parts)
+            result["sglang"] = real_sglang(work, env, site, parts=a.sglang_parts)
     failed = [
         f"{name}: {check}"
         for name in ("reproduction", "sglang")

@@ -351,6 +351,44 @@ def test_installed_packages_are_keyed_by_their_files_and_only_those_imported(tmp
     assert not _served(third) and _verdicts(third) == _verdicts(first)
 
 
+def test_a_run_the_store_answers_whole_reports_the_code_base_it_resolves(tmp_path):
+    """Two copies of the same code base: the second's run is served whole and starts no worker,
+    and its report names the second copy (what this run would import), not the first's folder."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one, two = _site(tmp_path / "a"), _site(tmp_path / "b")
+    store = tmp_path / "store"
+    _run(one, "1.json", *DECODE, store=store, tmp=tmp_path)
+    second = _run(two, "2.json", *DECODE, store=store, tmp=tmp_path)
+    assert _served(second) == set(second)
+    report = json.loads((tmp_path / "2.json").read_text())
+    assert report["workers"] == 0
+    where = report["codebase"]["path"]
+    assert f"{os.sep}b{os.sep}site{os.sep}" in where and f"{os.sep}a{os.sep}site{os.sep}" not in where, where
+
+
+@pytest.mark.parametrize(
+    ("source", "leaves"),
+    [
+        ("def f():\n    global X\n    X = 1\n", True),
+        ("def f(k, v):\n    _REGISTRY[k] = v\n", True),
+        ("def f():\n    os.environ.pop('X', None)\n", True),
+        ("def f(cls, v):\n    cls.default = v\n", True),
+        ("def f(self, v):\n    self.__class__.seen = v\n", True),
+        ("def f(self, v):\n    self.value = v\n    self.items.append(v)\n", False),
+        ("def f(x):\n    y = [x]\n    y.append(1)\n    return sum(y)\n", False),
+    ],
+)
+def test_code_that_can_leave_state_for_a_later_cell_is_told(source, leaves):
+    from sglfix.execution.store.process import leaves_state
+
+    namespace: dict = {}
+    exec(compile(source, "<probe>", "exec"), namespace)
+    assert leaves_state(namespace["f"].__code__) is leaves
+    if not leaves and "self" in source:  # the same method of an object a module holds
+        assert leaves_state(namespace["f"].__code__, shared_self=True)
+
+
 def _store_with(tmp: Path, *, absent: tuple = ()) -> tuple:
     """A store for ``tmp`` (a code base of one file) and a worker's record of a process that
     ran its one function and looked for ``absent`` in vain."""

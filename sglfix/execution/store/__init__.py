@@ -442,6 +442,8 @@ class ResultStore:
                 places = self.installed.locate(name)
                 if places is None or self.installed.digest(places) != digest:
                     return False
+            if any(self.installed.digest(places) != digest for places, digest in parts["at"]):
+                return False
             return not any(self.installed.locate(name) is not None for name in parts["absent"])
 
         return self._memo("process", ident, check)
@@ -507,9 +509,21 @@ class ResultStore:
                 break
         else:
             boot = {n: self.files.function(n, placed=False) for n in proc["boot"]}
-            roots = {name: self.installed.digest(places) for name, places in proc["roots"].items()}
-            if None not in boot.values() and None not in roots.values():
-                parts = {"imports": imports, "boot": boot, "roots": roots, "absent": sorted(proc["absent"])}
+            # A package is found again by its name where this process finds it where the worker
+            # did (a reinstall elsewhere, or another environment, is then seen); one the worker
+            # reached another way (a vendored copy put on its path at run time, a shadowing
+            # hook) is kept by where it was.
+            roots, at = {}, []
+            for name, places in proc["roots"].items():
+                digest = self.installed.digest(places)
+                if self.installed.locate(name) == sorted(places):
+                    roots[name] = digest
+                else:
+                    at.append([sorted(places), digest])
+            # A module this process finds although the worker did not is no absence to check.
+            absent = sorted(n for n in proc["absent"] if self.installed.locate(n) is None)
+            if None not in boot.values() and None not in roots.values() and None not in (d for _, d in at):
+                parts = {"imports": imports, "boot": boot, "roots": roots, "at": sorted(at), "absent": absent}
                 text = json.dumps(parts, sort_keys=True)
                 ident = content_digest(text.encode())
                 self.db.write("INSERT OR IGNORE INTO processes VALUES (?, ?)", (ident, text))

@@ -9,8 +9,9 @@ its worker's process ran and imported (which each entry lists with digests of it
 * sglfix's judge: every source file of sglfix that a worker runs (the commands and the report
   writers only run in the parent, on results; the reproduction's files are its entries');
 * the profile's records;
-* the cell: its scenario as the worker receives it, and each part its toggle set reverts as it
-  is chosen at this version (patches, targets, variant), or the candidate fix's digest.
+* the cell: its scenario as the worker receives it (but the path of its file), and each part its
+  toggle set reverts as it is chosen at this version (patches, targets, variant), or the
+  candidate fix's digest.
 """
 
 from __future__ import annotations
@@ -156,4 +157,6 @@ def cell_key(context: str, *, scenario: Any, toggles: Sequence[str], registry: A
         changed.append(["fix", fid, getattr(fix, "sha256", None)])
     for rid in reverts:
         changed.append(["revert", rid, [repr(sel.part) for sel in registry.select(rid)]])
-    return _digest([context, scenario.to_json(), changed])
+    # The scenario as it reads, not where its file is (a store is shared between checkouts).
+    shown = {k: v for k, v in scenario.to_json().items() if k != "path"}
+    return _digest([context, shown, changed])
