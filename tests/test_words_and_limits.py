@@ -224,7 +224,7 @@ def test_a_new_toggle_beside_the_command_is_never_ignored_silently(tmp_path):
     text = (root / "toggles" / "27460.yaml").read_text().replace("27460", "27545")
     (tmp_path / "toggles" / "27545.yaml").write_text(text)
     r = run_cli("list", cwd=str(tmp_path))
-    assert r.code == 0 and "./toggles holds 27545.yaml" in r.err and "--toggles toggles" in r.err, r.err
+    assert r.code == 0 and "27545.yaml new" in r.err and "--toggles toggles" in r.err, r.err
     r = run_cli("--toggles", "toggles", "list", "--json", cwd=str(tmp_path))
     assert r.code == 0 and "note" not in r.err and [t["id"] for t in json.loads(r.out)["toggles"]] == ["27545"]
 
