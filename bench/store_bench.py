@@ -91,10 +91,12 @@ def diff(a: dict[str, str], b: dict[str, str]) -> dict[str, list]:
     return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
-def insert_statement(path: Path, qualname: str, statement: str) -> None:
-    """``statement`` first in the body of ``qualname`` in ``path`` (a link is replaced by a file)."""
+def insert_statement(path: Path, qualname: str, statement: str) -> list[str]:
+    """``statement`` first in the body of ``qualname`` in ``path`` (a link is replaced by a
+    file); the qualified names of the file's functions whose lines it moved."""
     text = path.read_text()
-    scope, node = ast.parse(text).body, None
+    tree = ast.parse(text)
+    scope, node = tree.body, None
     for name in qualname.split("."):
         node = next(n for n in scope if getattr(n, "name", None) == name)
         scope = node.body
@@ -103,6 +105,17 @@ def insert_statement(path: Path, qualname: str, statement: str) -> None:
     lines.insert(first.lineno - 1, " " * first.col_offset + statement + "\n")
     path.unlink()
     path.write_text("".join(lines))
+    moved = []
+
+    def walk(body: list, prefix: str) -> None:
+        for n in body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno >= first.lineno:
+                moved.append(prefix + n.name)
+            elif isinstance(n, ast.ClassDef):
+                walk(n.body, f"{prefix}{n.name}.")
+
+    walk(tree.body, "")
+    return moved
 
 
 def series(name: str, *, args: list[str], env: dict, cwd: str, edited: Path, function: str, work: Path) -> dict:
@@ -113,8 +126,17 @@ def series(name: str, *, args: list[str], env: dict, cwd: str, edited: Path, fun
     with_store = [*args, "--cache", str(store)]
     first = run(with_store, out=work / f"{name}-1.json", env=env, cwd=cwd, work=work)
     second = run(with_store, out=work / f"{name}-2.json", env=env, cwd=cwd, work=work)
-    named = {f"{','.join(t) or 'baseline'}::{s}" for s, t in stored_cells_naming(str(store), function)}
-    insert_statement(edited, FUNCTION, STATEMENT)
+
+    def ids(cells: set) -> set[str]:
+        return {f"{','.join(t) or 'baseline'}::{s}" for s, t in cells}
+
+    direct = ids(stored_cells_naming(str(store), [function]))
+    moved = insert_statement(edited, FUNCTION, STATEMENT)
+    # A result that cites a line (a crash's frame) is keyed on lines: the functions below the
+    # edit moved, and the cells whose such result names one of them run again too.
+    prefix = function.partition("::")[0]
+    cites = ids(stored_cells_naming(str(store), [f"{prefix}::{q}" for q in moved], placed_only=True))
+    named = direct | cites
     third = run(with_store, out=work / f"{name}-3.json", env=env, cwd=cwd, work=work)
     verify = run(
         [*with_store, "--verify-store", str(VERIFY)], out=work / f"{name}-verify.json", env=env, cwd=cwd, work=work
@@ -147,6 +169,7 @@ def series(name: str, *, args: list[str], env: dict, cwd: str, edited: Path, fun
             "ran": third["ran"],
             "served": third["served"],
             "expected_to_run": len(named),
+            "of_which_only_cite_a_line_the_edit_moved": len(cites - direct),
         },
         "first": {k: v for k, v in first.items() if k != "_cells"},
         "second": {k: v for k, v in second.items() if k != "_cells"},

@@ -409,6 +409,30 @@ def _result(verdict: str, **finding) -> CellResult:
     return result.finish()
 
 
+def test_a_library_that_could_not_be_mapped_is_not_stored_as_a_crash(tmp_path):
+    """(c) The first run cannot map a library (the machine's state at that moment, as under memory
+    pressure): its CRASH is not kept, and the next run, which can, runs the cells."""
+    site = _site(tmp_path)
+    common = ATTENTION / "common.py"
+    fails = site / "sglfix" / ATTENTION / "mapping-fails"
+    _replace(
+        site,
+        common,
+        "    block_d = 16\n",
+        "    if (__import__('pathlib').Path(__file__).parent / 'mapping-fails').exists():\n"
+        "        raise OSError('libkernels.so: failed to map segment from shared object')\n"
+        "    block_d = 16\n",
+    )
+    fails.write_text("")
+    store = tmp_path / "store"
+    first = _run(site, "1.json", *DECODE, store=store, tmp=tmp_path)
+    assert set(_verdicts(first).values()) == {"CRASH"}
+    fails.unlink()
+    second = _run(site, "2.json", *DECODE, store=store, tmp=tmp_path)
+    fresh = _run(site, "2-fresh.json", *DECODE, store=None, tmp=tmp_path)
+    assert _verdicts(second) == _verdicts(fresh) and set(_verdicts(fresh).values()) == {"PASS"}, _verdicts(second)
+
+
 def test_a_failure_a_rerun_could_change_is_never_stored(tmp_path):
     """(c) A library that could not be mapped, a dependency that failed to import, sglfix's own
     failure: not filed; a crash of the code itself is."""
@@ -546,7 +570,7 @@ def test_an_edit_to_sglang_reruns_exactly_the_cells_that_ran_the_function(tmp_pa
     # FlashInfer draft cells are served.
     decode = "TritonAttnBackend.forward_decode"
     named = {
-        f"{','.join(t) or 'baseline'}::{s}" for s, t in stored_cells_naming(str(store), f"sglang/{TRITON}::{decode}")
+        f"{','.join(t) or 'baseline'}::{s}" for s, t in stored_cells_naming(str(store), [f"sglang/{TRITON}::{decode}"])
     }
     assert named and all("::sglang-triton-decode" in k for k in named), sorted(named)
     _insert(tree, TRITON, decode, "_edited = 0")

@@ -149,10 +149,14 @@ def unstorable(result: CellResult) -> str | None:
     return None
 
 
-def stored_cells_naming(directory: str, function: str) -> set[tuple[str, tuple[str, ...]]]:
+def stored_cells_naming(
+    directory: str, functions: Sequence[str], *, placed_only: bool = False
+) -> set[tuple[str, tuple[str, ...]]]:
     """(scenario, toggles) of every cell whose newest entry in the store at ``directory`` names
-    ``function`` (``path::qualified name``, as a process record names it) among what it ran:
-    the cells an edit of that function re-runs, as the store recorded them."""
+    one of ``functions`` (``path::qualified name``, as a process record names them) among what
+    it ran (``placed_only``: and is keyed on lines, a result that cites one): the cells an edit
+    of those functions re-runs, as the store recorded them."""
+    wanted = set(functions)
     conn = sqlite3.connect(os.path.join(directory, _FILE))
     try:
         rows = conn.execute(
@@ -161,12 +165,13 @@ def stored_cells_naming(directory: str, function: str) -> set[tuple[str, tuple[s
     finally:
         conn.close()
     newest: dict[str, tuple[str, str, bytes]] = {}
-    for key, result, stored, functions in rows:
+    for key, result, stored, ran in rows:
         if key not in newest or stored > newest[key][1]:
-            newest[key] = (result, stored, functions)
+            newest[key] = (result, stored, ran)
     found = set()
-    for result, _, functions in newest.values():
-        if function in json.loads(zlib.decompress(functions))["functions"]:
+    for result, _, ran in newest.values():
+        record = json.loads(zlib.decompress(ran))
+        if (record["placed"] or not placed_only) and wanted & set(record["functions"]):
             cell = json.loads(result)
             found.add((cell["scenario"], tuple(cell["toggles"])))
     return found
