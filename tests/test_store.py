@@ -165,46 +165,61 @@ def test_cache_options_are_checked_before_any_cell(tmp_path):
 
 # -- the classes of stale answers: each served verdict is the verdict of a run without the store --
 #
-# The reproduction is copied as a wheel lays it out (sglfix/backends below sglfix, every file a
-# link to this checkout's) and put first on PYTHONPATH: a file replaced there is an edit of the
-# code under test, made between two runs as a developer makes one.
+# The reproduction is copied beside a copy of sglfix (every file a link to this checkout's), as an
+# editable install lays them out: sglfix's package finds ``sglfix.backends`` in a folder of its
+# own, outside sglfix's files. A file replaced there is an edit of the code under test, made
+# between two runs as a developer makes one.
 
 ATTENTION = Path("backends") / "kernels" / "ops" / "attention"
 DECODE = ("-s", "triton-decode*", "--jobs", "1")  # 12 cells, one worker: cells share its caches
 
 
 def _site(tmp: Path) -> Path:
-    """``tmp/site``: the sglfix this test imports, linked file by file, with the reproduction's
-    files linked below ``sglfix/backends``."""
+    """``tmp/site``, for PYTHONPATH: the sglfix this test imports, linked file by file, its
+    ``__path__`` reaching ``tmp/code`` too, where the reproduction's files are linked below
+    ``backends``."""
     import sglfix
     from sglfix.common.codebase import package_dir
 
     here = Path(sglfix.__file__).parent
-    pkg = tmp / "site" / "sglfix"
+    pkg, code = tmp / "site" / "sglfix", tmp / "code"
     pkg.mkdir(parents=True)
-    own = ("backends", "profiles", "scenarios", "toggles")
+    code.mkdir()
+    own = ("__init__.py", "backends", "profiles", "scenarios", "toggles")
     for entry in here.iterdir():
         if entry.name != "__pycache__" and entry.name not in own:
             (pkg / entry.name).symlink_to(entry)
-    for name in own:
+    init = (here / "__init__.py").read_text()
+    # The same text in every copy (sglfix's own files are in the key): ``code`` found from here.
+    reach = "__import__('os').path"
+    (pkg / "__init__.py").write_text(
+        f"{init}\n__path__.append({reach}.join({reach}.dirname({reach}.dirname({reach}.dirname("
+        f"{reach}.abspath(__file__)))), 'code'))\n"
+    )
+    for name in own[1:]:
         where = package_dir(f"sglfix.{name}")
         assert where is not None, name
         if name == "backends":
-            shutil.copytree(where, pkg / name, copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(where, code / name, copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             (pkg / name).symlink_to(where)
     return tmp / "site"
 
 
+def _path(site: Path, rel: Path) -> Path:
+    """A file of the copied reproduction (``backends/...``)."""
+    return site.parent / "code" / rel
+
+
 def _write(site: Path, rel: Path, text: str) -> None:
-    path = site / "sglfix" / rel
+    path = _path(site, rel)
     if path.is_symlink():
         path.unlink()
     path.write_text(text)
 
 
 def _replace(site: Path, rel: Path, old: str, new: str) -> None:
-    path = site / "sglfix" / rel
+    path = _path(site, rel)
     text = path.read_text()
     assert text.count(old) == 1, f"{rel} no longer holds {old!r} once"
     _write(site, rel, text.replace(old, new))
@@ -247,7 +262,7 @@ def test_state_of_earlier_cells_and_import_time_helpers_are_in_the_key(tmp_path)
     Undoing an edit is served again (a cell keeps an entry per state)."""
     site = _site(tmp_path)
     common = ATTENTION / "common.py"
-    text = (site / "sglfix" / common).read_text()
+    text = _path(site, common).read_text()
     for old, new in _CACHED:
         assert text.count(old) == 1, old
         text = text.replace(old, new)
@@ -278,7 +293,7 @@ def test_a_file_edited_while_the_run_runs_is_not_stored(tmp_path):
     one; the next run runs the new file."""
     site = _site(tmp_path)
     common = ATTENTION / "common.py"
-    text = (site / "sglfix" / common).read_text()
+    text = _path(site, common).read_text()
     hook = (
         "\n\ndef _edit_once():\n"
         "    import pathlib\n"
@@ -292,7 +307,7 @@ def test_a_file_edited_while_the_run_runs_is_not_stored(tmp_path):
     store = tmp_path / "store"
     first = _run(site, "1.json", *DECODE, store=store, tmp=tmp_path)
     assert set(_verdicts(first).values()) == {"PASS"}
-    assert "    raise RuntimeError(1)\n" in (site / "sglfix" / common).read_text()
+    assert "    raise RuntimeError(1)\n" in _path(site, common).read_text()
     second = _run(site, "2.json", *DECODE, store=store, tmp=tmp_path)
     fresh = _run(site, "2-fresh.json", *DECODE, store=None, tmp=tmp_path)
     assert _verdicts(second) == _verdicts(fresh) and set(_verdicts(fresh).values()) == {"CRASH"}, _verdicts(second)
@@ -364,7 +379,7 @@ def test_a_run_the_store_answers_whole_reports_the_code_base_it_resolves(tmp_pat
     report = json.loads((tmp_path / "2.json").read_text())
     assert report["workers"] == 0
     where = report["codebase"]["path"]
-    assert f"{os.sep}b{os.sep}site{os.sep}" in where and f"{os.sep}a{os.sep}site{os.sep}" not in where, where
+    assert f"{os.sep}b{os.sep}code{os.sep}" in where and f"{os.sep}a{os.sep}code{os.sep}" not in where, where
 
 
 @pytest.mark.parametrize(
@@ -414,7 +429,7 @@ def test_a_library_that_could_not_be_mapped_is_not_stored_as_a_crash(tmp_path):
     pressure): its CRASH is not kept, and the next run, which can, runs the cells."""
     site = _site(tmp_path)
     common = ATTENTION / "common.py"
-    fails = site / "sglfix" / ATTENTION / "mapping-fails"
+    fails = _path(site, ATTENTION / "mapping-fails")
     _replace(
         site,
         common,
@@ -471,8 +486,9 @@ def test_a_module_looked_for_in_vain_and_installed_since_makes_its_results_miss(
 
 def test_damaged_rows_are_misses_and_verify_store_fails_loudly_on_a_wrong_answer(tmp_path):
     """(g) A row of bad JSON and a row whose verdict is none: misses, dropped, the run goes on.
-    A row that reads well but says what a fresh run does not: ``--verify-store`` re-runs served
-    cells and fails, naming the cell and both verdicts, and drops the entry."""
+    A row that reads well but says what a fresh run does not is served (nothing tells it from a
+    right one): ``--verify-store`` re-runs served cells and fails, naming the cell and both
+    verdicts, and drops the entry."""
     import sqlite3
 
     site = _site(tmp_path)
@@ -492,6 +508,10 @@ def test_damaged_rows_are_misses_and_verify_store_fails_loudly_on_a_wrong_answer
     conn.commit()
     conn.close()
 
+    second = _run(site, "2.json", *DECODE, store=store, tmp=tmp_path)  # no internal error: misses
+    assert _verdicts(second) == {**_verdicts(first), ids[2]: "DIVERGE"}
+    assert _served(second) == set(ids) - {ids[0], ids[1]}
+
     r = run_cli(
         "run", *DECODE, "--device", "cpu", "--cache", str(store), "--verify-store", str(len(ids)),
         env={**ON, "PYTHONPATH": str(site)}, cwd=str(tmp_path), timeout=600,
@@ -500,12 +520,12 @@ def test_damaged_rows_are_misses_and_verify_store_fails_loudly_on_a_wrong_answer
     assert "internal error" not in r.err and "Traceback" not in r.err
     lines = [line for line in r.err.splitlines() if line.startswith("sglfix: error:")]
     assert len(lines) == 1 and ids[2] in lines[0] and "served DIVERGE" in lines[0] and "fresh PASS" in lines[0], r.err
-    assert ids[0] not in lines[0] and ids[1] not in lines[0]  # damaged: not served, so not verified
+    assert ids[0] not in lines[0] and ids[1] not in lines[0]  # run again fresh by the run before
 
-    third = _run(site, "3.json", *DECODE, "--verify-store", "2", store=store, tmp=tmp_path)
-    assert _verdicts(third) == _verdicts(first)
-    assert _served(third) == set(ids) - {ids[2]}  # the wrong entry was dropped; the damaged ones too
-    report = json.loads((tmp_path / "3.json").read_text())
+    fourth = _run(site, "4.json", *DECODE, "--verify-store", "2", store=store, tmp=tmp_path)
+    assert _verdicts(fourth) == _verdicts(first)
+    assert _served(fourth) == set(ids) - {ids[2]}  # the wrong entry was dropped
+    report = json.loads((tmp_path / "4.json").read_text())
     assert report["store"]["verified"] == 2
 
 
