@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglfix.common.codebase import is_code_under_test
-from sglfix.harness.misfit import misfit
+from sglfix.harness.misfit import innermost_owner, misfit
 from sglfix.harness.result import CellResult
 from sglfix.scenario import Scenario
 
@@ -60,26 +60,11 @@ def _frames(exc: BaseException) -> list[traceback.FrameSummary]:
     return list(traceback.extract_tb(exc.__traceback__))
 
 
-_POISON_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "poison.py")
-
-
-def _sglfix_dir() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
 def raised_by_code_under_test(exc: BaseException) -> bool:
     """Whose frame raised? The innermost frame that is ours decides: in the backends, the code
     under test raised (CRASH); in sglfix proper (harness, reference, invariant hooks the backends
     call back into), sglfix failed (ERROR). Library frames (torch, triton) are skipped."""
-    ours = _sglfix_dir()
-    for fr in reversed(_frames(exc)):
-        if is_code_under_test(fr.filename):
-            return True
-        if fr.filename == _POISON_FILE:
-            continue  # the allocation factories' wrapper: the error is the caller's (torch.empty(None))
-        if os.path.abspath(fr.filename).startswith(ours):
-            return False
-    return False
+    return innermost_owner(exc) == "code"
 
 
 def _frame_under_test(exc: BaseException) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 from sglfix.common.codebase import active_package, is_code_under_test, under
 
-__all__ = ["Standin", "misfit"]
+__all__ = ["Standin", "innermost_owner", "misfit"]
 
 
 class Standin(SimpleNamespace):
@@ -33,18 +33,21 @@ class Standin(SimpleNamespace):
     copes without it, is a class of its own: the engine reading it there is the engine's CRASH.)"""
 
 
-def _sglfix_dir() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_SGLFIX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# The allocation factories' wrapper (sglfix.harness.poison) sits between the code under test and
+# torch: an error raised there (``torch.empty(None)``) is its caller's.
+_POISON_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "poison.py")
 
 
-def _innermost_owner(exc: BaseException, package: str) -> str | None:
+def innermost_owner(exc: BaseException, *, package: str | None = None) -> str | None:
     """Who owns the innermost frame that is not a library's: "code" (the code under test),
-    "sglfix", or None (only library frames)."""
-    ours = _sglfix_dir()
+    "sglfix", or None (only library frames). Library frames (torch, triton) are skipped."""
     for fr in reversed(traceback.extract_tb(exc.__traceback__)):
         if is_code_under_test(fr.filename, package=package):
             return "code"
-        if os.path.abspath(fr.filename).startswith(ours):
+        if fr.filename == _POISON_FILE:
+            continue
+        if os.path.abspath(fr.filename).startswith(_SGLFIX_DIR):
             return "sglfix"
     return None
 
@@ -79,7 +82,7 @@ def _function_of(qualname: str, package: str) -> str | None:
 def misfit(exc: BaseException, *, package: str | None = None) -> str | None:
     """What of the code base sglfix's driving code does not fit, in words (None: not a misfit)."""
     package = package or active_package()
-    owner = _innermost_owner(exc, package)
+    owner = innermost_owner(exc, package=package)
     if isinstance(exc, ImportError) and owner == "sglfix":
         name = exc.name or ""
         if not under(name, package):
