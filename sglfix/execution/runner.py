@@ -512,8 +512,9 @@ class Runner:
                 for i, again in zip(verify, fresh, strict=True)
                 if effective({"verdict": served[i].verdict, "findings": served[i].findings}) != again.verdict
             ]
+            differing = {cid for cid, _, _ in differ}
             for i in verify:
-                if any(cid == plan.cells[i].id for cid, _, _ in differ):
+                if plan.cells[i].id in differing:
                     store.drop(keys[(served[i].scenario, tuple(served[i].toggles))], served_from[i])
             ok = True
         finally:

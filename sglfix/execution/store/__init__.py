@@ -524,11 +524,11 @@ class ResultStore:
             # hook) is kept by where it was.
             roots, at = {}, []
             for name, places in proc["roots"].items():
-                digest = self.installed.digest(places)
+                package_digest = self.installed.digest(places)
                 if self.installed.locate(name) == sorted(places):
-                    roots[name] = digest
+                    roots[name] = package_digest
                 else:
-                    at.append([sorted(places), digest])
+                    at.append([sorted(places), package_digest])
             # A module this process finds although the worker did not is no absence to check.
             absent = sorted(n for n in proc["absent"] if self.installed.locate(n) is None)
             if None not in boot.values() and None not in roots.values() and None not in (d for _, d in at):
