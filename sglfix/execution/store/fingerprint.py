@@ -58,12 +58,7 @@ class _Hollow(ast.NodeTransformer):
 def skeleton_digest(data: bytes, *, path: str = "<file>") -> str:
     """The digest of ``data``'s import-time code (see the module's docstring); a file that does
     not parse is keyed on its whole content (what it is, it is everywhere it is imported)."""
-    try:
-        tree = ast.parse(data, filename=os.fspath(path))
-    except (SyntaxError, ValueError):
-        return "whole:" + content_digest(data)
-    tree = _Hollow().visit(tree)
-    return hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest()
+    return file_digests(data, path=path)["skeleton"]
 
 
 def _defs(body: list, prefix: str, out: dict[str, list[ast.AST]]) -> None:

@@ -191,6 +191,7 @@ class ProcessRecord:
         self._stat: dict[str, list[int]] = {}
         self._roots: tuple[int, dict] = (-1, {})
         self._sent: str | None = None
+        self._made: tuple[tuple, tuple[dict, str]] | None = None  # _process's last answer, by its key
         self._sglfix = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
         self._std = _stdlib_dirs()
         self._imported()  # the files as the boot loaded them, before any cell runs
@@ -277,29 +278,39 @@ class ProcessRecord:
         self._carried.update(at_import)
         if tainted:
             self._carried.update((n, None) for n in ran)
-        proc = self._process()
-        if proc is None:
+        made = self._process()
+        if made is None:
             return None
-        digest = hashlib.sha256(json.dumps(proc, sort_keys=True).encode()).hexdigest()[:32]
+        proc, digest = made
         out: dict[str, Any] = {"ran": sorted(ran), "process": digest}
         if digest != self._sent:
             out["proc"] = proc
             self._sent = digest
         return out
 
-    def _process(self) -> dict | None:
+    def _process(self) -> tuple[dict, str] | None:
+        """The process's record and its digest; made again only when modules were imported or
+        looked for in vain since the last cell (as ``_imported_roots``: most cells import nothing)."""
         from sglfix.execution.entered import absent_modules
 
         absent = absent_modules()
-        imported = self._imported()
-        if absent is None or imported is None:
+        if absent is None:
             return None
-        return {
+        key = (len(sys.modules), tuple(absent))
+        if self._made is not None and self._made[0] == key:
+            return self._made[1]
+        imported = self._imported()
+        if imported is None:
+            return None
+        proc = {
             "boot": self.boot,
             "imported": imported,
             "roots": self._imported_roots(len(sys.modules)),
             "absent": absent,
         }
+        made = (proc, hashlib.sha256(json.dumps(proc, sort_keys=True).encode()).hexdigest()[:32])
+        self._made = (key, made)
+        return made
 
     def _imported_roots(self, count: int) -> dict[str, list[str]]:
         """Top-level package -> its folders (or module -> its file), for every one imported from
