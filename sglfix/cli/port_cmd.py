@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from sglfix.cli.context import err, options, out
+from sglfix.codebases.installed import UNKNOWN
 from sglfix.common.errors import ConfigError
 
 _STATUS = {"applies": "applies", "ported": "PORTED", "absent": "absent", "failed": "NOT PORTED"}
@@ -49,8 +50,9 @@ def port_cmd(
     _check_given(source=source, versions=versions, release=opts.release)
     check_output_path(json_file, option="--json")
     root, version = _source_of(profile, source)
+    known = bool(version) and version != UNKNOWN
     if versions is None:
-        if not version or version == "unknown":
+        if not known:
             raise ConfigError(f"the version of {root / profile.package} is unknown: give --versions RANGE")
         versions = f"=={version}"
     try:
@@ -59,7 +61,6 @@ def port_cmd(
         raise ConfigError(f"--versions: {exc}") from None
     _check_range(versions, covered, version=version, profile=profile)
     # At a known version, a part that already has a variant there is checked as it is.
-    known = bool(version) and version != "unknown"
     registry = (
         load_registry(profile.toggles_dir, version=version) if known else load_registry(profile.toggles_dir, own=True)
     )
@@ -134,7 +135,7 @@ def _check_range(text: str, covered, *, version: str | None, profile) -> None:
     from packaging.version import InvalidVersion, Version
 
     try:
-        here = Version(version) if version and version != "unknown" else None
+        here = Version(version) if version and version != UNKNOWN else None
     except InvalidVersion:
         here = None
     if here is not None and here not in covered:

@@ -36,9 +36,8 @@ class Installed:
     path: str
     # Where the version was read: "build" (recorded by a build or install: a .dist-info, the
     # generated _version.py), "tree" (the source tree's pyproject.toml or git tags), "option"
-    # (--codebase-version), "" (unknown). ``recorded``: what the tree says itself, if anything.
+    # (--codebase-version), "" (unknown).
     read_from: str = "build"
-    recorded: str | None = None
 
     def to_json(self) -> dict:
         return {"distribution": self.distribution, "version": self.version, "path": self.path}
@@ -63,15 +62,16 @@ def installed(cb: Any) -> Installed | None:
         return Installed(distribution="sglfix (reproduction)", version=version, path=path or "?")
     if path is None:
         return None
-    version, read_from = _version_at(path, cb)
     given = os.environ.get(CODEBASE_VERSION_ENV, "").strip()
+    # With a version given, the tree's own guess (its pyproject, its git tags) is not asked: it
+    # would give way to the one given (the start-up hook asks in every process).
+    version, read_from = _version_at(path, cb, tree=not given)
     if given and read_from != "build":
-        # The tree does not record its version: the one given is its version (a tag-derived guess
-        # gives way to it). A version a build recorded is checked against it by the CLI instead.
-        return Installed(cb.distribution, given, path, read_from="option", recorded=version)
+        # A version a build recorded is checked against the one given by the CLI instead.
+        return Installed(cb.distribution, given, path, read_from="option")
     if version is None:
-        return Installed(cb.distribution, UNKNOWN, path, read_from="", recorded=None)
-    return Installed(cb.distribution, version, path, read_from=read_from, recorded=version)
+        return Installed(cb.distribution, UNKNOWN, path, read_from="")
+    return Installed(cb.distribution, version, path, read_from=read_from)
 
 
 def _dist_info_beside(path: str, distribution: str) -> str | None:
@@ -87,9 +87,10 @@ def _dist_info_beside(path: str, distribution: str) -> str | None:
     return names[0][len(prefix) : -len(".dist-info")] if len(names) == 1 else None
 
 
-def _version_at(path: str, cb: Any) -> tuple[str | None, str]:
+def _version_at(path: str, cb: Any, *, tree: bool = True) -> tuple[str | None, str]:
     """The version of the distribution that owns ``path`` (the one that would be imported), and
-    where it was read ("build" or "tree"; None: nowhere)."""
+    where it was read ("build" or "tree"; None: nowhere). ``tree``: also from the source tree's
+    own metadata and git history when no build recorded one."""
     beside = _dist_info_beside(path, cb.distribution)
     if beside is not None and beside not in _FALLBACKS:
         return beside, "build"
@@ -113,7 +114,7 @@ def _version_at(path: str, cb: Any) -> tuple[str | None, str]:
                 m = re.search(r"__version__\s*=\s*(?:\w+\s*=\s*)*['\"]([^'\"]+)['\"]", fh.read())
             if m and m.group(1) not in _FALLBACKS:
                 return m.group(1), "build"
-    found = _version_of_checkout(os.path.realpath(path))
+    found = _version_of_checkout(os.path.realpath(path)) if tree else None
     return (found, "tree") if found else (None, "")
 
 

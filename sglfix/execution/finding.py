@@ -175,7 +175,9 @@ def _report_version(report: dict, profile: Any) -> str | None:
     if not isinstance(cb, dict) or cb.get("distribution") != profile.distribution:
         return None
     version = cb.get("version")
-    return version if isinstance(version, str) and version not in ("", "unknown") else None
+    from sglfix.codebases.installed import UNKNOWN
+
+    return version if isinstance(version, str) and version not in ("", UNKNOWN) else None
 
 
 def _known(profile: Any, name: str, verdict: Any, device: str, version: str | None) -> Any:
