@@ -469,8 +469,9 @@ def _rows_34(tmp: Path, report: dict) -> list[Row]:
     ]
 
 
-# Python run before ``report merge`` in a process of its own: the SIGTERMs of cause 54.11.
-_SIGTERM_54 = {
+# Python run before ``report merge`` in a process of its own: the SIGTERMs of cause 54.11 (also
+# tests/test_words_and_limits.py's).
+SIGTERM_SCRIPTS = {
     # To a thread other than the writing one (Python runs the handler in the writing one anyway).
     "thread": (
         "import os, signal, tempfile, threading, time\n"
@@ -587,7 +588,7 @@ def _rows_54(tmp: Path) -> list[Row]:
     windows = _window_scenarios(tmp)
     written = str(tmp / "r54.json")
     sig = {}
-    for name in _SIGTERM_54:
+    for name in SIGTERM_SCRIPTS:
         sig[name] = tmp / f"sigterm-{name}"
         sig[name].mkdir()
     a_file = tmp / "a-file"
@@ -615,7 +616,7 @@ def _rows_54(tmp: Path) -> list[Row]:
             code=143,
             empty_dir=str(sig[name]),
         )
-        for name, code in _SIGTERM_54.items()
+        for name, code in SIGTERM_SCRIPTS.items()
     ]
     rows += [
         Row(

@@ -548,20 +548,14 @@ def _edit(tree: Path, rel: Path, old: str, new: str) -> None:
 
 def _insert(tree: Path, rel: Path, qualname: str, statement: str) -> None:
     """A statement put first in the body of the function ``qualname`` of ``tree/sglang/rel`` (the
-    link replaced by a file of its own)."""
-    import ast
-
-    path = tree / "sglang" / rel
-    text = path.read_text()
-    scope, node = ast.parse(text).body, None
-    for name in qualname.split("."):
-        node = next(n for n in scope if getattr(n, "name", None) == name)
-        scope = node.body
-    first = node.body[0]
-    lines = text.splitlines(keepends=True)
-    lines.insert(first.lineno - 1, " " * first.col_offset + statement + "\n")
-    path.unlink()
-    path.write_text("".join(lines))
+    link replaced by a file of its own), as the store's bench edits it."""
+    bench = str(ROOT / "bench")
+    sys.path.insert(0, bench)
+    try:
+        from store_bench import insert_statement
+    finally:
+        sys.path.remove(bench)
+    insert_statement(tree / "sglang" / rel, qualname, statement)
 
 
 def test_an_edit_to_sglang_reruns_exactly_the_cells_that_ran_the_function(tmp_path):

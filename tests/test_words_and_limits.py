@@ -111,39 +111,21 @@ def test_a_signal_while_a_report_is_written_leaves_no_temporary_file(tmp_path):
         assert not list(where.iterdir()), (suffix, list(where.iterdir()))
 
 
-# Python code run before ``report merge`` in a process of its own: where the SIGTERM comes from.
-_SIGTERM_WHEN = {
-    # The kernel hands a signal the main thread blocks to another thread, and Python runs the
-    # handler in the main thread anyway, wherever it is (here: before mkstemp gave the name back).
-    "to another thread": (
-        "import os, signal, tempfile, threading, time\n"
-        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-        "real = tempfile.mkstemp\n"
-        "def mkstemp(*a, **k):\n"
-        "    made = real(*a, **k)\n"
-        "    if k.get('suffix') == '.tmp':\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
-        "        time.sleep(0.2)\n"
-        "    return made\n"
-        "tempfile.mkstemp = mkstemp\n"
-    ),
-    # One SIGTERM as the file is created, a second one as its removal starts.
-    "twice": (
-        "import os, signal, tempfile\n"
-        "real, real_unlink = tempfile.mkstemp, os.unlink\n"
-        "def mkstemp(*a, **k):\n"
-        "    made = real(*a, **k)\n"
-        "    if k.get('suffix') == '.tmp':\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
-        "    return made\n"
-        "def unlink(path, *a, **k):\n"
-        "    if str(path).endswith('.tmp'):\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
-        "    return real_unlink(path, *a, **k)\n"
-        "tempfile.mkstemp = mkstemp\n"
-        "os.unlink = unlink\n"
-    ),
-}
+def _sigterm_scripts() -> dict[str, str]:
+    """The ways SIGTERM can come while a report is written, as bench/refusals.py sends them."""
+    import sys
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parent.parent / "bench")
+    sys.path.insert(0, bench)
+    try:
+        from refusals import SIGTERM_SCRIPTS
+    finally:
+        sys.path.remove(bench)
+    return SIGTERM_SCRIPTS
+
+
+_SIGTERM_WHEN = _sigterm_scripts()
 
 
 @pytest.mark.parametrize("when", list(_SIGTERM_WHEN))
