@@ -335,8 +335,9 @@ def _pinning_sglang(root, version: str, requires: list[str]):
 
 def test_an_exact_pin_the_engine_cannot_import_beside_is_named_before_any_cell(tmp_path):
     """sglang 0.5.13 beside the transformers of the README's install dies at import ("'qwen3_asr' is
-    already used"); named in one line, before any worker. Its other pins (a CUDA torch, another
-    tokenizers) are what the README's own working install mismatches: never refused."""
+    already used"); its worker cannot start, and the one line says why, before any cell. Its other
+    pins (a CUDA torch, another tokenizers) are what the README's own working install mismatches:
+    never named."""
     from importlib import metadata
 
     here = metadata.version("transformers")

@@ -112,9 +112,6 @@ def check_installed(cb: CodeBase, *, what: str) -> Installed:
             f"{what} is written for {cb.package} {written}, but {cb.package} {found.version} is "
             f"installed ({found.path}); install {cb.distribution}=={cb.version} or {pick}"
         )
-    from sglfix.codebases.pins import check_pins
-
-    check_pins(cb, found, what=what)
     return found
 
 

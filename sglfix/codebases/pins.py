@@ -19,7 +19,7 @@ from typing import Any
 
 from sglfix.common.errors import ConfigError
 
-__all__ = ["check_pins", "exact_pins"]
+__all__ = ["check_pins", "exact_pins", "pin_mismatch"]
 
 
 def exact_pins(path: str, distribution: str) -> dict[str, str] | None:
@@ -44,15 +44,15 @@ def exact_pins(path: str, distribution: str) -> dict[str, str] | None:
     return pins
 
 
-def check_pins(cb: Any, found: Any, *, what: str) -> None:
-    """One line naming the first of the profile's ``import_pins`` that the code base pins in
-    another version than the one importable here (or that is missing)."""
+def pin_mismatch(cb: Any, found: Any) -> str | None:
+    """The first of the profile's ``import_pins`` that the code base pins in another version than
+    the one importable here (or that is missing), in words with the fix; None when all hold."""
     names = getattr(cb, "import_pins", ()) or ()
     if not names or found is None:
-        return
+        return None
     pins = exact_pins(found.path, cb.distribution)
     if not pins:
-        return
+        return None
     from importlib import metadata
 
     from packaging.specifiers import SpecifierSet
@@ -68,11 +68,19 @@ def check_pins(cb: Any, found: Any, *, what: str) -> None:
         if here is not None and here in SpecifierSet(f"=={pin}", prereleases=True):
             continue
         have = f"{here} is installed" if here else "none is installed"
-        raise ConfigError(
-            f"{what}: {cb.package} {found.version} pins {name}=={pin}; {have}, and {cb.package} does not import "
-            f"beside another: pip install '{name}=={pin}' (or run that release with --release {found.version}, "
-            f"which brings its own)"
+        return (
+            f"{cb.package} {found.version} pins {name}=={pin}; {have}: pip install '{name}=={pin}' (or run that "
+            f"release with --release {found.version}, which brings its own)"
         )
+    return None
+
+
+def check_pins(cb: Any, found: Any, *, what: str) -> None:
+    """One line naming the first of the profile's ``import_pins`` the code base pins in another
+    version than the one importable here (``pin_mismatch``)."""
+    said = pin_mismatch(cb, found)
+    if said is not None:
+        raise ConfigError(f"{what}: {said}")
 
 
 def _canonical(name: str) -> str:

@@ -444,7 +444,8 @@ class Worker:
             if self.state == "starting":
                 self.kill()
                 return Event(
-                    "start_failed", f"worker failed to start: no handshake within {STARTUP_TIMEOUT:g} s; {_CHECK_HINT}"
+                    "start_failed",
+                    f"worker failed to start: no handshake within {STARTUP_TIMEOUT:g} s; {self._pins_said()}{_CHECK_HINT}",
                 )
             if self.state == "busy":
                 limit = self.pending["timeout"]
@@ -453,6 +454,19 @@ class Worker:
                 self.kill()
                 return Event("timeout", limit)
         return None
+
+    def _pins_said(self) -> str:
+        """An exact pin of the engine's that this environment does not hold, as the likely cause of
+        a worker that could not start (``sglfix.codebases.pins``), ending in "; " ("": none)."""
+        try:
+            from sglfix.codebases import get_codebase, installed
+            from sglfix.codebases.pins import pin_mismatch
+
+            cb = get_codebase(self.config.codebase)
+            said = None if cb.is_reproduction else pin_mismatch(cb, installed(cb))
+        except Exception:  # the diagnosis must never hide the failure it explains
+            return ""
+        return f"{said}; " if said else ""
 
     def _died(self) -> Event:
         self._pump()  # whatever it wrote before dying
@@ -463,7 +477,9 @@ class Worker:
         self.kill(wait=1.0)  # reaps nothing new; kills the children it left behind
         if was == "starting":
             last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "no output")
-            return Event("start_failed", f"worker failed to start ({_exit_how(code)}): {last}; {_CHECK_HINT}")
+            return Event(
+                "start_failed", f"worker failed to start ({_exit_how(code)}): {last}; {self._pins_said()}{_CHECK_HINT}"
+            )
         self.restarts += 1
         return Event("died", {"returncode": code, "tail": tail, "pending": pending is not None})
 
