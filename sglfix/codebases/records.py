@@ -99,6 +99,12 @@ class Profile:
     # Where the package's files sit in the code base's own repository, as a fix's diff names them
     # (``sglfix toggle from-diff``): backends/... for the reproduction, python/sglang/... for sglang.
     repo_prefix: str = ""
+    # The attention-metadata surface ``sglfix mutate`` changes (globs over dotted function names,
+    # ``*`` crossing dots): forward-metadata builders, graph capture/replay buffer updates,
+    # speculative input builders, sizing functions, the index kernels' callers; ``mutate_exclude``
+    # takes out what they catch that computes attention rather than its metadata.
+    mutate_surface: tuple[str, ...] = ()
+    mutate_exclude: tuple[str, ...] = ()
     # The folder the record was read from (not a key of the file).
     folder: str = field(default="", init=False, repr=False)
     # Set when the record was chosen by following what is installed (``--profile sglang``, not a
@@ -109,7 +115,7 @@ class Profile:
 
     def __post_init__(self) -> None:
         # TOML has arrays, not tuples; pydantic converts them itself.
-        for name in ("standins", "preload", "import_pins"):
+        for name in ("standins", "preload", "import_pins", "mutate_surface", "mutate_exclude"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))

@@ -310,8 +310,7 @@ def _rerun(profile: Any, scenario: Any, toggles: list[str], device: str, progres
     from sglfix.codebases import get_codebase
     from sglfix.execution.planner import plan_run
     from sglfix.execution.runner import Runner, Target
-    from sglfix.execution.session import EVERY_FUNCTION
-    from sglfix.execution.settings import Settings
+    from sglfix.execution.settings import EVERY_FUNCTION, Settings
     from sglfix.toggling.registry import load_registry
 
     registry = load_registry(profile.toggles_dir)

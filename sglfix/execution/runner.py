@@ -19,7 +19,7 @@ from typing import Any
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.devices import check_device, check_jobs, has_cuda_device, parse_devices, uses_cuda
-from sglfix.execution.settings import Settings
+from sglfix.execution.settings import EVERY_FUNCTION, Settings
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,9 @@ class Runner:
             # A profile that follows what is installed is followed again in every worker.
             codebase=target.codebase.asked or target.codebase.name,
             candidates=tuple((c.id, c.text, c.sha256) for c in target.candidates),
-            deps=self.store_dir is not None and not s.record,
+            # A record of every function (``mutate``'s baseline) is kept as a reach record is.
+            deps=self.store_dir is not None and (not s.record or s.record == (EVERY_FUNCTION,)),
+            fingerprint=s.fingerprint,
         )
         self.env = env_ids(target.registry)
         check_env_baseline(self.env, s.env_baseline, what=what)
@@ -329,7 +331,7 @@ class Runner:
         it; with the result store, the cells it holds are served and only the others run (no pool
         at all when it holds every one). ``progress(plan)`` is a context manager giving the
         function each result is passed to."""
-        if self.store_dir is not None and not self.settings.record:
+        if self.store_dir is not None and self.settings.record in ((), (EVERY_FUNCTION,)):
             store = self._open_store()
             if store is not None:
                 return self._run_stored(plan, progress=progress, store=store)
@@ -431,32 +433,14 @@ class Runner:
         registry = self.target.registry
         reach = s.reachability and len(plan.sets) > 1
         base = tuple(plan.sets[0]) if plan.sets else ()
-        record = None
-        if reach:
-            from sglfix.execution.reach import reach_record
-
-            record = reach_record(plan.cells, base=base, registry=registry)
+        record = self._store_record(plan, base=base, reach=reach)
         keys = {
             (c.scenario.name, tuple(c.toggles)): cell_key(
                 store.context, scenario=c.scenario, toggles=c.toggles, registry=registry
             )
             for c in plan.cells
         }
-        served: dict[int, Any] = {}
-        served_from: dict[int, Any] = {}  # the entry each served result came from
-        base_deps: dict[str, Any] = {}  # scenario -> what its baseline depends on (a NOT_REACHED cell's)
-        for i, c in enumerate(plan.cells):
-            is_base = tuple(c.toggles) == base
-            hit = store.get(
-                keys[(c.scenario.name, tuple(c.toggles))],
-                record=record if reach and is_base else None,
-                reachability=s.reachability,
-                scenario=c.scenario.name,
-                toggles=tuple(c.toggles),
-            )
-            if hit is not None:
-                served[i], served_from[i] = hit
-                base_deps.update({c.scenario.name: hit[1]} if is_base else {})
+        served, served_from, base_deps = self._look_up(plan, store, keys=keys, base=base, record=record)
         verify = _verify_sample(sorted(served), s.verify_store)
 
         def keep(result: Any) -> None:
@@ -533,6 +517,41 @@ class Runner:
             plan, info=info, results=results, wall=wall, replacements=replacements, reran=reran, store=said
         )
 
+    def _store_record(self, plan: Any, *, base: tuple, reach: bool) -> list[str] | None:
+        """What a baseline's entry must have recorded to be served to this run: the targets the
+        other sets revert (reachability), every function (``mutate``), else nothing."""
+        if reach:
+            from sglfix.execution.reach import reach_record
+
+            return list(reach_record(plan.cells, base=base, registry=self.target.registry))
+        if self.settings.record == (EVERY_FUNCTION,):
+            return list(self.settings.record)
+        return None
+
+    def _look_up(self, plan: Any, store: Any, *, keys: dict, base: tuple, record: list[str] | None) -> tuple:
+        """The cells ``store`` serves (by place in the plan), the entry each came from, and what
+        each served baseline depends on (by scenario: a NOT_REACHED cell's entry is filed with it)."""
+        s = self.settings
+        served: dict[int, Any] = {}
+        served_from: dict[int, Any] = {}
+        base_deps: dict[str, Any] = {}
+        for i, c in enumerate(plan.cells):
+            is_base = tuple(c.toggles) == base
+            hit = store.get(
+                keys[(c.scenario.name, tuple(c.toggles))],
+                record=record if is_base else None,
+                reachability=s.reachability,
+                scenario=c.scenario.name,
+                toggles=tuple(c.toggles),
+            )
+            if hit is not None and s.fingerprint and hit[0].fingerprint is None and hit[0].verdict != "NOT_REACHED":
+                hit = None  # kept by a run that did not digest what it built: run again
+            if hit is not None:
+                served[i], served_from[i] = hit
+                if is_base:
+                    base_deps[c.scenario.name] = hit[1]
+        return served, served_from, base_deps
+
     def _served_info(self, kept: dict | None) -> dict:
         """The workers' facts for a run the store answered whole (no worker started): an earlier
         run's, where it kept them, with the code base as this run resolves it (its path and
@@ -561,7 +580,13 @@ class Runner:
         rest = [i for i in range(len(plan.cells)) if i not in served]
         for i in sorted(served):
             on_result(served[i])
-        ran = pool.run([plan.cells[i] for i in rest], on_result=on_result) if rest else []
+        cells = [plan.cells[i] for i in rest]
+        if self.settings.record:  # every function (mutate's baselines): each cell records them
+            from sglfix.execution.reach import RecordingCell
+
+            record = tuple(self.settings.record)
+            cells = [RecordingCell(c.scenario, tuple(c.toggles), record) for c in cells]
+        ran = pool.run(cells, on_result=on_result) if rest else []
         by_place = dict(zip(rest, ran, strict=True))
         return [served[i] if i in served else by_place[i] for i in range(len(plan.cells))]
 

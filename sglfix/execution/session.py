@@ -12,6 +12,7 @@ import time
 import traceback
 from typing import Any
 
+from sglfix.execution.settings import EVERY_FUNCTION
 from sglfix.execution.snapshot import StateSnapshot
 from sglfix.harness.result import CellResult
 
@@ -150,10 +151,18 @@ class Session:
                     same_as=str(unreached["same_as"]),
                     targets=[str(t) for t in unreached["targets"]],
                 )
-            elif record is None and not deps:
-                result = run_cell(scenario, device=self.device, toggles=toggles)
             else:
-                result = self._run_recording(scenario, toggles, [str(t) for t in record or ()], deps=deps)
+                from contextlib import nullcontext
+
+                from sglfix.harness.fingerprint import fingerprinting
+
+                with fingerprinting() if request.get("fingerprint") else nullcontext() as fp:
+                    if record is None and not deps:
+                        result = run_cell(scenario, device=self.device, toggles=toggles)
+                    else:
+                        result = self._run_recording(scenario, toggles, [str(t) for t in record or ()], deps=deps)
+                if fp is not None and (fp.views or fp.output is not None):
+                    result.fingerprint = fp.to_json()
             if interpreter.installed():
                 after = interpreter.stats()
                 result.kernels = {k: after[k] - before[k] for k in ("launches", "hits")}
@@ -196,7 +205,7 @@ class Session:
         from sglfix.toggling.revert import target_code
 
         if record == [EVERY_FUNCTION]:
-            return self._run_recording_all(scenario, toggles)
+            return self._run_recording_all(scenario, toggles, deps=deps)
         if not record:
             # As for a baseline: code that fills lazy module state or a cache runs in this cell
             # again, so it is recorded for it too, not only for the cell that filled it first.
@@ -240,12 +249,13 @@ class Session:
             return None
         return self._record.cell(ran, imported)
 
-    def _run_recording_all(self, scenario: Any, toggles: list[str]) -> Any:
+    def _run_recording_all(self, scenario: Any, toggles: list[str], *, deps: bool = False) -> Any:
         """The cell, and every function of the code base it entered, with where each is defined
-        (what a finding names: the code that ran, file and line in the installed tree)."""
+        (what a finding names, and the functions ``mutate`` may change: the code that ran, file
+        and line in the installed tree); with ``deps``, what the result store keys it on."""
         from sglfix.codebases import active
         from sglfix.common.codebase import package_dir
-        from sglfix.execution.entered import record_entries
+        from sglfix.execution.entered import record_run
         from sglfix.harness.cell import run_cell
 
         self._reset_lazy()
@@ -253,7 +263,12 @@ class Session:
         root = package_dir(package) or ""
         # Defined in the code base's own files (an inherited enum or dataclass method is not).
         codes = {c: n for c, n in _functions_of(package).items() if root and c.co_filename.startswith(root)}
-        result, entered = record_entries(codes, lambda: run_cell(scenario, device=self.device, toggles=toggles))
+        out = record_run(
+            lambda: run_cell(scenario, device=self.device, toggles=toggles), codes=codes, ran=deps, apart=deps
+        )
+        result, entered = out.value, out.entered
+        if deps:
+            result.deps = self._deps(out.ran, out.imported)
         if entered is not None:
             top = os.path.dirname(root)
             names = {codes[c]: _defined_at(c, top) for c in entered}
@@ -323,8 +338,6 @@ class Session:
 
 
 _UNAVAILABLE = "unavailable: "
-# A record of every function of the code base (``report finding``), not of named targets.
-EVERY_FUNCTION = "*"
 
 
 def _defined_at(code: Any, top: str) -> str:

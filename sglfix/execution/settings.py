@@ -9,6 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+# ``record`` naming every function of the code base (``report finding``, ``mutate``), not targets.
+EVERY_FUNCTION = "*"
+
 
 class Settings(BaseModel):
     """Where and how cells run. Each field is an option of the commands that run cells; a value
@@ -36,6 +39,7 @@ class Settings(BaseModel):
     cache: str | None = None  # the result store's folder (None: the default one)
     no_cache: bool = False  # neither read nor write the result store
     verify_store: int = 0  # served cells run again fresh, any difference a failure
+    fingerprint: bool = False  # each cell also digests the metadata it built and its output (mutate)
 
     @classmethod
     def of(cls, given: Mapping[str, Any], **fixed: Any) -> Settings:

@@ -75,6 +75,8 @@ class WorkerConfig:
     candidates: tuple[tuple[str, str, str], ...] = ()
     # Each cell also reports what the result store keys its result on (the files it ran).
     deps: bool = False
+    # Each cell also reports digests of the metadata it built and its output (sglfix mutate).
+    fingerprint: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -494,6 +496,8 @@ class Worker:
         request = {"toggles": list(toggles), "scenario": scenario_json, **(extra or {})}
         if self.config.deps:
             request.setdefault("deps", True)
+        if self.config.fingerprint:
+            request.setdefault("fingerprint", True)
         return self._request(request, timeout=timeout if timeout is not None else self.config.timeout)
 
     def _request(self, request: dict, *, timeout: float) -> int:

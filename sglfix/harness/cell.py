@@ -253,6 +253,7 @@ def _metadata_hook(
 ) -> Callable[[Any, Any, str], None]:
     """The hook an adapter calls after every metadata init: the invariant table over each of its
     metadata views (outside the sync watch), each finding an INVARIANT; counts the views checked."""
+    from sglfix.harness import fingerprint
     from sglfix.harness.invariants import check_metadata_views
     from sglfix.harness.syncwatch import suspended
 
@@ -263,6 +264,9 @@ def _metadata_hook(
                 views_checked[0] += metadata is not None
                 views.append((f"{phase} {label}" if label else phase, metadata, rows))
             found = check_metadata_views(views, fields=adapter.metadata_fields, num_slots=prepared.num_slots)
+            fp = fingerprint.active()
+            if fp is not None:
+                fp.add_views(views)
         for message in found:
             result.add("INVARIANT", message, phase=phase)
 
@@ -324,8 +328,12 @@ def _compare_with_reference(
     ran: _Ran, ref: Any, q_valid: Any, out: Any, *, scenario: Scenario, result: CellResult
 ) -> None:
     """The output against the reference, both already on the host (``_judge`` read them)."""
+    from sglfix.harness import fingerprint
     from sglfix.harness.reference import compare_outputs
 
+    fp = fingerprint.active()
+    if fp is not None:
+        fp.add_output(out)
     cmp = compare_outputs(out=out, ref=ref, q_valid=q_valid, tolerance=scenario.tolerance)
     t3 = time.perf_counter()
     result.error = cmp.to_json()

@@ -37,6 +37,9 @@ class CellResult:
     deps: dict | None = None
     # When the run that made this result ran, for a result the store served (None: run now).
     stored: str | None = None
+    # Digests of the metadata the cell built and of its output (``sglfix.harness.fingerprint``),
+    # when the run asked for them (``sglfix mutate``).
+    fingerprint: dict | None = None
 
     def add(self, verdict: str, message: str, **data: Any) -> None:
         self.findings.append({"verdict": verdict, "message": message, **data})
@@ -64,6 +67,7 @@ class CellResult:
             **({"reached_at": self.reached_at} if self.reached_at is not None else {}),
             **({"deps": self.deps} if self.deps is not None else {}),
             **({"stored": self.stored} if self.stored is not None else {}),
+            **({"fingerprint": self.fingerprint} if self.fingerprint is not None else {}),
         }
 
     @classmethod

@@ -152,6 +152,14 @@ def _timings(value: Any) -> Any:
     raise Damaged(f'has "timings_ms" that are not durations (finite, at least 0): {show(bad)}', whole=True)
 
 
+class Fingerprint(_Closed):
+    """Digests of the metadata a cell built and of its output (sglfix.harness.fingerprint)."""
+
+    metadata: str
+    output: str | None = None
+    views: int = 0
+
+
 class Cell(_Closed):
     """One cell: a toggle set on a scenario, its verdict and findings, and (schema 2, judged)
     what the verdict means. The fields that identify it are checked first, in the words that
@@ -171,6 +179,8 @@ class Cell(_Closed):
     reached_at: dict[str, str] | None = None
     # Served by the result store: when the run that made it ran (absent: it ran in this run).
     stored: str | None = None
+    # What the cell built and wrote, as digests (sglfix mutate; absent unless asked for).
+    fingerprint: Fingerprint | None = None
     meaning: MeaningName | None = None
     why: str | None = None
 

@@ -201,6 +201,7 @@ class _Row(BaseModel):
     kernels: dict | None = None
     reached: list[str] | None = None
     reached_at: dict[str, str] | None = None
+    fingerprint: dict | None = None
 
 
 def _read_row(text: str, *, scenario: str | None, toggles: Sequence[str] | None) -> CellResult | None:
