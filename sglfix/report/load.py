@@ -46,6 +46,8 @@ def _other_kind(data: object) -> str | None:
         return None
     if data.get("tool") == "sglfix bisect":
         return "a bisect report (sglfix bisect --json)"
+    if data.get("tool") == "sglfix mutate":
+        return "a mutation report (sglfix mutate --json)"
     if data.get("tool") == "sglfix" and data.get("kind") == "compare":
         return "a comparison (sglfix report compare --json)"
     return None
