@@ -73,10 +73,13 @@ def test_judge_is_not_under_backends_and_backends_never_import_the_tool():
 
 # Allowed arrows between sub-packages (importer -> importees); common is a leaf for everyone.
 ARROWS = {
-    "cli": {"execution", "harness", "report", "scenario", "toggling", "patching", "codebases", "common"},
+    "cli": {"execution", "harness", "report", "scenario", "toggling", "patching", "codebases", "mutation", "common"},
     # The runner reads a saved report's cell timings (--shard-costs) and bisect judges its cells
     # through the one judgement (sglfix.report.outcome); report itself stands on common alone.
-    "execution": {"harness", "scenario", "toggling", "codebases", "report", "common"},
+    "execution": {"harness", "scenario", "toggling", "codebases", "report", "mutation", "common"},
+    # Mutants are made from source text and checked by the toggles' own engine (a mutant is a
+    # candidate fix): nothing of the code under test is imported.
+    "mutation": {"toggling", "patching", "codebases", "common"},
     # The harness may patch an engine around a construction (lifting a gate, as upstream's repro
     # scripts do) with the patch engine, a leaf that depends on nothing else of sglfix.
     "harness": {"scenario", "codebases", "patching", "common", "backends"},

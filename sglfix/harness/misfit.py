@@ -37,15 +37,24 @@ _SGLFIX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.s
 # The allocation factories' wrapper (sglfix.harness.poison) sits between the code under test and
 # torch: an error raised there (``torch.empty(None)``) is its caller's.
 _POISON_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "poison.py")
+# The CPU stand-ins for Triton's launcher (the interpreter's set-up and its launch memo): where a
+# kernel launch fails inside Triton itself (a None where a tensor is wanted), the launch is the
+# code under test's, as on a GPU, where no frame of sglfix sits between it and Triton.
+_LAUNCH_FILES = tuple(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in ("interpreter.py", "tritonkey.py")
+)
 
 
 def innermost_owner(exc: BaseException, *, package: str | None = None) -> str | None:
     """Who owns the innermost frame that is not a library's: "code" (the code under test),
     "sglfix", or None (only library frames). Library frames (torch, triton) are skipped."""
-    for fr in reversed(traceback.extract_tb(exc.__traceback__)):
+    frames = traceback.extract_tb(exc.__traceback__)
+    # Raised inside a library (not by sglfix's launch stand-in itself): the stand-in is passed through.
+    in_library = bool(frames) and not os.path.abspath(frames[-1].filename).startswith(_SGLFIX_DIR)
+    for fr in reversed(frames):
         if is_code_under_test(fr.filename, package=package):
             return "code"
-        if fr.filename == _POISON_FILE:
+        if fr.filename == _POISON_FILE or (in_library and os.path.abspath(fr.filename) in _LAUNCH_FILES):
             continue
         if os.path.abspath(fr.filename).startswith(_SGLFIX_DIR):
             return "sglfix"

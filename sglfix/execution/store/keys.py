@@ -154,7 +154,10 @@ def cell_key(context: str, *, scenario: Any, toggles: Sequence[str], registry: A
     changed: list[Any] = []
     for fid in fixes:
         fix = registry.candidates.get(fid)
-        changed.append(["fix", fid, getattr(fix, "sha256", None)])
+        # What it changes, not its file's bytes: the same change written at other line numbers
+        # (a mutant after an edit above it in the file) is the same cell.
+        part = getattr(fix, "part", None)
+        changed.append(["fix", fid, repr(part) if part is not None else getattr(fix, "sha256", None)])
     for rid in reverts:
         changed.append(["revert", rid, [repr(sel.part) for sel in registry.select(rid)]])
     # The scenario as it reads, not where its file is (a store is shared between checkouts).

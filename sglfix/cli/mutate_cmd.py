@@ -1,0 +1,226 @@
+"""``sglfix mutate``: where the scenarios are blind. Mutants of the attention-metadata code the
+selected cells run, each run over those cells and judged against them (the campaign is
+``sglfix.execution.mutate``'s; the verdicts and the report ``sglfix.report.mutation``'s)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from sglfix.cli.common import Outputs
+from sglfix.cli.context import err, options, out
+from sglfix.cli.options import OPTIONS, SCALE, SELECT, takes
+from sglfix.common.errors import ConfigError
+
+# Options of mutate alone, declared where every option is (``OPTIONS``) so that ``takes`` finds them.
+OPTIONS.update(
+    {
+        "function": (
+            Annotated[
+                list[str],
+                typer.Option(
+                    "--function",
+                    metavar="PATTERN",
+                    help="Mutate only these functions (a glob over dotted names, or a function's own name; "
+                    "repeatable) instead of the profile's metadata surface.",
+                ),
+            ],
+            [],
+        ),
+        "operators": (
+            Annotated[
+                list[str],
+                typer.Option(
+                    "--operators",
+                    metavar="NAME",
+                    help="Only these operators (repeatable or comma-separated; default all: sglfix mutate --list-operators).",
+                ),
+            ],
+            [],
+        ),
+        "show": (
+            Annotated[
+                str | None,
+                typer.Option("--show", metavar="ID", help="Print mutant ID of the campaign (its diff) and exit."),
+            ],
+            None,
+        ),
+        "list_operators": (
+            Annotated[bool, typer.Option("--list-operators", help="List the operators and exit.")],
+            False,
+        ),
+        "all_cells": (
+            Annotated[
+                bool,
+                typer.Option(
+                    "--all-cells",
+                    help="Run every mutant over every cell that reaches it (default: a few cells first, "
+                    "the rest only for the mutants those do not show).",
+                ),
+            ],
+            False,
+        ),
+        "first_cells": (
+            Annotated[
+                int,
+                typer.Option("--first-cells", metavar="N", help="Cells each mutant tries first (default 3)."),
+            ],
+            3,
+        ),
+        "fail_under": (
+            Annotated[
+                float | None,
+                typer.Option(
+                    "--fail-under",
+                    metavar="SCORE",
+                    help="Exit 1 when the mutation score (killed / (killed + survived), in %) is under SCORE.",
+                ),
+            ],
+            None,
+        ),
+    }
+)
+
+MUTATE_OPTIONS = (
+    "function",
+    "operators",
+    "show",
+    "list_operators",
+    "all_cells",
+    "first_cells",
+    "fail_under",
+    *SELECT,
+    *SCALE,
+    "cache",
+    "no_cache",
+)
+
+
+def _operators(given: list[str]) -> tuple[str, ...] | None:
+    from sglfix.common.schema import nearest
+    from sglfix.mutation.operators import OPERATORS
+
+    names = [n.strip() for g in given for n in g.split(",")]
+    for n in names:
+        if n not in OPERATORS:
+            raise ConfigError(
+                f"--operators {n or repr(n)}: no such operator{nearest(n, list(OPERATORS))}; "
+                f"give one of {', '.join(OPERATORS)}"
+            )
+    return tuple(dict.fromkeys(names)) or None
+
+
+@takes(*MUTATE_OPTIONS)
+def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
+    """Mutate the attention-metadata code the selected scenarios run (the profile's surface, or
+    --function) and run each mutant over the cells that reach it: which lines could break without
+    any scenario noticing. Survivors first, then what no scenario reaches, equivalents, scores."""
+    from sglfix.execution.mutate import Choice, check_function_patterns, run_campaign
+    from sglfix.execution.settings import Settings
+
+    opts = options(ctx)
+    if given["list_operators"]:
+        from sglfix.mutation.operators import OPERATORS
+
+        for name, doc in OPERATORS.items():
+            out.print(f"{name:18} {doc}", highlight=False, markup=False)
+        return
+    operators = _operators(given["operators"])
+    functions = check_function_patterns(given["function"])
+    if given["first_cells"] < 1:
+        raise ConfigError(f"--first-cells {given['first_cells']}: give how many cells a mutant tries first (>= 1)")
+    from sglfix.report.mutation import check_fail_under
+
+    if given["fail_under"] is not None:
+        check_fail_under(given["fail_under"])
+    outputs = Outputs(json=given["json_file"], junit=given["junit"], markdown=given["markdown"])
+    if given["show"] is not None:
+        _show(opts, given["show"], functions=functions, operators=operators)
+        return
+    outputs.check()
+    from sglfix.cli.common import progress, target
+
+    tgt = target(opts)
+    _check_no_env(tgt.registry)
+    settings = Settings.of(given, env_baseline=False)
+
+    def say(line: str) -> None:
+        err.print(f"sglfix: {line}", highlight=False, markup=False)
+
+    choice = Choice(
+        functions=functions, operators=operators, first_cells=given["first_cells"], all_cells=given["all_cells"]
+    )
+    campaign = run_campaign(settings, tgt, choice=choice, progress=progress, say=say)
+    from sglfix.execution.mutate import campaign_report
+    from sglfix.report.mutation import fail_under
+    from sglfix.report.mutation_render import render_console, render_markdown, write_junit
+
+    report = campaign_report(
+        campaign,
+        command=opts.argv,
+        profile=tgt.profile,
+        selection={
+            "scenario": list(given["scenario"]),
+            "function": list(functions),
+            "operators": list(operators or ()),
+        },
+    )
+    if outputs.json:
+        from sglfix.report.output import write_json
+
+        write_json(outputs.json, report)
+    if outputs.junit:
+        write_junit(report, outputs.junit)
+    if outputs.markdown:
+        from sglfix.report.output import write_atomic
+
+        write_atomic(outputs.markdown, render_markdown(report))
+    if given["json_file"] != "-":
+        for part in render_console(report):
+            out.print(part)
+    if given["fail_under"] is not None:
+        ok, line = fail_under(report, given["fail_under"])
+        (err if given["json_file"] == "-" else out).print(f"sglfix mutate: {line}", highlight=False, markup=False)
+        if not ok:
+            raise typer.Exit(1)
+    if any(m["status"] == "error" for m in report["mutants"]):
+        raise typer.Exit(1)
+
+
+def _check_no_env(registry: Any) -> None:
+    """Mutants change the code as installed: a revert inherited from the environment would make
+    every cell's baseline another code, in every worker."""
+    from sglfix.execution.runner import env_ids
+    from sglfix.toggling import ENV_VAR
+
+    env = env_ids(registry)
+    if env:
+        raise ConfigError(
+            f"{ENV_VAR}={','.join(env)} is set: mutate changes the code as installed, and the workers would "
+            f"revert those fixes under every mutant; unset it (env -u {ENV_VAR} sglfix mutate ...)"
+        )
+
+
+def _show(opts: Any, mid: str, *, functions: tuple[str, ...], operators: Any) -> None:
+    """Mutant ``mid``'s diff: the mutants of the functions named, or of the whole surface of
+    the installed code base, generated again from the source (ids are stable while it is)."""
+    from sglfix.execution.mutate import mutants_on_surface
+    from sglfix.mutation.diff import show_mutant
+
+    codebase = opts.codebase()
+    mid = mid.lstrip("+")
+    found = mutants_on_surface(codebase=codebase, functions=functions, operators=operators)
+    hit = next((m for m in found if m.id == mid), None)
+    if hit is None:
+        from sglfix.common.schema import nearest
+
+        raise ConfigError(
+            f"--show {mid}: no mutant of {codebase.package} has that id{nearest(mid, [m.id for m in found])}; "
+            "give an id from a campaign's report (its code may have changed since)"
+        )
+    out.print(show_mutant(hit), highlight=False, markup=False, soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("mutate")(mutate_cmd)

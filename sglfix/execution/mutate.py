@@ -1,0 +1,474 @@
+"""A mutation campaign (``sglfix mutate``): which lines of the code base's attention-metadata code
+could break without any selected scenario noticing.
+
+Three steps, each through the one runner (workers, ``--devices``, Ray, the result store):
+1. the selected scenarios' baselines run once, recording every function of the code base each
+   one enters and digesting what it built (``sglfix.harness.fingerprint``);
+2. the functions entered, narrowed to the profile's metadata surface (or ``--function``), are
+   mutated (``sglfix.mutation.operators``); each mutant is a diff in the code base's own paths,
+   loaded as a candidate fix exactly as ``--apply`` loads one;
+3. each mutant runs over the cells whose baseline entered its function, compared cell by cell
+   with those baselines by the one judgement (``sglfix.report.outcome``). First over a few cells
+   per mutant (the cheapest, of different modes and graph settings), then the survivors over
+   every reaching cell: a mutant stops costing once one cell shows it. ``--all-cells`` runs
+   every reaching cell of every mutant.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sglfix.common.errors import ConfigError
+from sglfix.execution.settings import EVERY_FUNCTION
+
+__all__ = ["Campaign", "check_function_patterns", "run_campaign", "surface_of"]
+
+# Verdicts of a baseline that records nothing usable: its scenario's cells cannot say anything.
+_UNUSABLE = ("ERROR", "SKIP", "TIMEOUT", "FAULT")
+
+
+@dataclass
+class Campaign:
+    """What a campaign ran and found, for the report (``sglfix.report.mutation``)."""
+
+    mutants: list[Any]  # sglfix.mutation.model.Mutant, in generation order
+    baselines: list[Any]  # CellResult of each selected scenario's baseline
+    cells: list[Any]  # CellResult of every mutant cell that ran (or was served)
+    reached: dict[str, list[str]]  # function -> scenarios whose baseline entered it
+    functions: list[str]  # the functions mutated
+    scenarios: list[Any]  # the selected scenarios
+    unusable: dict[str, str] = field(default_factory=dict)  # scenario -> why its baseline cannot judge
+    load_errors: dict[str, str] = field(default_factory=dict)  # mutant id -> why it could not be loaded
+    phases: list[dict] = field(default_factory=list)  # per step: what ran, what the store served, wall
+    info: dict = field(default_factory=dict)  # the workers' facts (device, code base)
+    wall: float = 0.0
+    # Surface functions no baseline entered, in the files of those some baseline did enter; how
+    # many surface functions sit in files no baseline entered.
+    unreached_functions: list[str] = field(default_factory=list)
+    elsewhere: int = 0
+    elsewhere_files: int = 0
+
+
+def check_function_patterns(patterns: Sequence[str]) -> tuple[str, ...]:
+    for p in patterns:
+        if not p.strip():
+            raise ConfigError(
+                "--function: empty pattern; give a function name or glob (e.g. '*init_forward_metadata*')"
+            )
+    return tuple(patterns)
+
+
+def surface_of(names: Sequence[str], *, codebase: Any, patterns: Sequence[str] = ()) -> list[str]:
+    """The functions of ``names`` a campaign mutates: those ``--function`` patterns match (a
+    pattern without a dot or a ``*`` matches the function's last name), else those the profile's
+    metadata surface declares, less what it excludes."""
+    out = []
+    for name in names:
+        if patterns:
+            if any(_matches(name, p) for p in patterns):
+                out.append(name)
+        elif any(fnmatch.fnmatchcase(name, g) for g in codebase.mutate_surface) and not any(
+            fnmatch.fnmatchcase(name, g) for g in codebase.mutate_exclude
+        ):
+            out.append(name)
+    return out
+
+
+def _matches(name: str, pattern: str) -> bool:
+    if "*" not in pattern and "?" not in pattern and "." not in pattern:
+        return name.rsplit(".", 1)[-1] == pattern
+    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, "*." + pattern)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What a campaign mutates and how far it runs each mutant."""
+
+    functions: tuple[str, ...] = ()  # --function patterns (empty: the profile's surface)
+    operators: tuple[str, ...] | None = None  # None: every operator
+    first_cells: int = 3  # cells each mutant tries first
+    all_cells: bool = False  # every reaching cell of every mutant
+    # These mutants instead of the operators' (each of a function the scenarios run: a test
+    # plants one).
+    given: tuple[Any, ...] | None = None
+
+
+def run_campaign(
+    settings: Any,
+    target: Any,
+    *,
+    choice: Choice,
+    progress: Callable[[Any], Any],
+    say: Callable[[str], None] = lambda line: None,
+) -> Campaign:
+    """The campaign of ``settings``' scenarios over ``target``'s code base (see the module's
+    docstring). ``say`` hears one line per step."""
+    from sglfix.execution.planner import plan_run
+    from sglfix.execution.runner import Runner
+
+    start = time.perf_counter()
+    base_settings = settings.model_copy(update={"record": (EVERY_FUNCTION,), "fingerprint": True})
+    runner = Runner(base_settings, target, what="mutate")
+    with runner.booting():
+        plan = runner.plan(
+            lambda chosen, *, registry, env_ids: plan_run(chosen, revert=(), env_ids=env_ids, registry=registry)
+        )
+        ran = runner.run(plan, progress=progress)
+    campaign = Campaign(
+        mutants=[],
+        baselines=list(ran.results),
+        cells=[],
+        reached={},
+        functions=[],
+        scenarios=list(plan.scenarios),
+        info=dict(ran.info),
+    )
+    campaign.phases.append(_phase("baselines", ran))
+    where: dict[str, str] = {}  # function -> "file:line" as its baseline recorded it
+    for r in ran.results:
+        if r.verdict in _UNUSABLE or r.reached is None:
+            campaign.unusable[r.scenario] = r.key_figure or r.verdict
+            continue
+        for name in r.reached:
+            campaign.reached.setdefault(name, []).append(r.scenario)
+        where.update(r.reached_at or {})
+    say(
+        f"{len(ran.results)} baseline(s) ran; {len(campaign.reached)} function(s) of the code base entered"
+        + (f"; {len(campaign.unusable)} baseline(s) cannot judge a mutant" if campaign.unusable else "")
+    )
+    codebase = target.codebase
+    functions, given = choice.functions, choice.given
+    chosen = surface_of(sorted(campaign.reached), codebase=codebase, patterns=functions)
+    if functions and not chosen and given is None:
+        from sglfix.common.schema import nearest
+
+        raise ConfigError(
+            f"--function {functions[0]}: matches none of the {len(campaign.reached)} function(s) the selected "
+            f"scenarios run{nearest(functions[0], [n.rsplit('.', 1)[-1] for n in campaign.reached])}; "
+            "give a function the scenarios run (sglfix mutate --list-functions shows them)"
+        )
+    campaign.functions = chosen
+    if given is not None:
+        campaign.mutants = list(given)
+        campaign.functions = sorted({m.function for m in given})
+    else:
+        campaign.mutants = _generate(chosen, where=where, codebase=codebase, operators=choice.operators)
+        unreached, campaign.elsewhere, campaign.elsewhere_files = _unreached(
+            chosen, reached=list(campaign.reached), codebase=codebase, functions=functions
+        )
+        campaign.unreached_functions = unreached
+        campaign.mutants += _generate(unreached, where={}, codebase=codebase, operators=choice.operators)
+    say(
+        f"{len(campaign.mutants)} mutant(s) of {len(chosen)} function(s) the selected cells run"
+        + (
+            f" and {len(campaign.unreached_functions)} beside them that none runs"
+            if campaign.unreached_functions
+            else ""
+        )
+    )
+    if not campaign.mutants:
+        campaign.wall = time.perf_counter() - start
+        return campaign
+    candidates, campaign.load_errors = _load(campaign.mutants, codebase=codebase)
+    by_id = {c.id: c for c in candidates}
+    scenario_of = {s.name: s for s in plan.scenarios}
+    baseline_of = {r.scenario: r for r in ran.results}
+    reaching = {
+        m.id: [scenario_of[n] for n in campaign.reached.get(m.function, []) if n in scenario_of]
+        for m in campaign.mutants
+        if "+" + m.id in by_id
+    }
+    all_cells = choice.all_cells
+    first = {
+        mid: (cells if all_cells else _sample(cells, baseline_of, choice.first_cells))
+        for mid, cells in reaching.items()
+    }
+    mutant_target = _with_candidates(target, candidates)
+    run_settings = settings.model_copy(update={"record": (), "fingerprint": True, "reachability": False})
+    mrunner = Runner(run_settings, mutant_target, what="mutate")
+    results = _run_round(mrunner, first, progress=progress, campaign=campaign, name="mutants")
+    moved = _moved(results, baseline_of)
+    if not all_cells:
+        rest = {
+            mid: [s for s in cells if s not in first[mid]]
+            for mid, cells in reaching.items()
+            if mid not in moved and len(cells) > len(first[mid])
+        }
+        if rest:
+            say(
+                f"{len(moved)} mutant(s) shown by their first cells; "
+                f"{len(rest)} run over the rest of the cells that reach them"
+            )
+            results += _run_round(mrunner, rest, progress=progress, campaign=campaign, name="survivors")
+    campaign.cells = results
+    campaign.wall = time.perf_counter() - start
+    return campaign
+
+
+def _unreached(chosen: Sequence[str], *, reached: Sequence[str], codebase: Any, functions: Sequence[str]) -> tuple:
+    """The surface functions no selected cell entered, in the files of those it did enter (their
+    mutants are listed not reached: the work list of scenarios to write), and how many surface
+    functions sit in files no selected cell entered at all (their backends have no scenario here)."""
+    files = {_module_of(n) for n in chosen}
+    declared = _declared(codebase, functions)
+    unreached = sorted(n for n in declared if n not in set(reached) and _module_of(n) in files)
+    elsewhere = [n for n in declared if _module_of(n) not in files]
+    return unreached, len(elsewhere), len({_module_of(n) for n in elsewhere})
+
+
+def _module_of(name: str) -> str:
+    """The module part of a dotted function name (class and method names start upper / lower;
+    a module path is everything before the first capitalised part or the last part)."""
+    parts = name.split(".")
+    for i, p in enumerate(parts[:-1]):
+        if p[:1].isupper():
+            return ".".join(parts[:i])
+    return ".".join(parts[:-1])
+
+
+def _phase(name: str, ran: Any) -> dict:
+    store = ran.store or {}
+    return {
+        "name": name,
+        "cells": len(ran.results),
+        "served": store.get("served", 0),
+        "ran": store.get("ran", len(ran.results)),
+        "wall_s": round(ran.wall, 2),
+    }
+
+
+def _sample(cells: list[Any], baseline_of: dict[str, Any], n: int) -> list[Any]:
+    """Up to ``n`` of ``cells`` to try a mutant on first: the cheapest baseline of each (mode,
+    graph or not, page size) in turn, so that a few cells cover different paths."""
+    if n <= 0 or len(cells) <= n:
+        return list(cells)
+
+    def cost(s: Any) -> float:
+        t = (baseline_of.get(s.name).timings_ms or {}) if s.name in baseline_of else {}
+        return float(t.get("total") or t.get("run") or 1e9)
+
+    groups: dict[tuple, list[Any]] = {}
+    for s in sorted(cells, key=lambda s: (cost(s), s.name)):
+        groups.setdefault((s.mode, s.capture_bs is not None, s.page_size), []).append(s)
+    out: list[Any] = []
+    lines = list(groups.values())
+    while len(out) < n and any(lines):
+        for line in lines:
+            if line and len(out) < n:
+                out.append(line.pop(0))
+    return out
+
+
+def _moved(results: list[Any], baseline_of: dict[str, Any]) -> set[str]:
+    """The mutants (ids) some cell of ``results`` showed: a verdict other than its baseline's,
+    a failure of sglfix or the machine aside (ERROR, TIMEOUT say nothing of the mutant)."""
+    from sglfix.report.outcome import effective
+
+    out = set()
+    for r in results:
+        base = baseline_of.get(r.scenario)
+        v = effective(r.to_json())
+        if base is None or v in ("ERROR", "TIMEOUT", "SKIP") or v == base.verdict:
+            continue
+        out.update(t.lstrip("+") for t in r.toggles)
+    return out
+
+
+def _run_round(runner: Any, cells: dict[str, list[Any]], *, progress: Any, campaign: Campaign, name: str) -> list:
+    """One plan of mutant cells, mutant by mutant (a worker switches mutants as rarely as it can)."""
+    from sglfix.execution.planner import Plan, PlannedCell
+
+    planned = [PlannedCell(s, ("+" + mid,)) for mid, scenarios in cells.items() for s in scenarios]
+    if not planned:
+        return []
+    scenarios = list({c.scenario.name: c.scenario for c in planned}.values())
+    sets = list(dict.fromkeys(c.toggles for c in planned))
+
+    def build(chosen: Any, *, registry: Any, env_ids: Any) -> Plan:
+        return Plan(scenarios=scenarios, sets=sets, env_ids=tuple(env_ids), cells=planned)
+
+    plan = runner.plan(build, chosen=scenarios)
+    ran = runner.run(plan, progress=progress)
+    campaign.phases.append(_phase(name, ran))
+    return list(ran.results)
+
+
+def _generate(functions: Sequence[str], *, where: dict[str, str], codebase: Any, operators: Any) -> list[Any]:
+    """The mutants of each function, from its file in the installed code base."""
+    from sglfix.common.codebase import package_dir
+    from sglfix.mutation.operators import mutants_of_function
+
+    root = package_dir(codebase.package)
+    if root is None:
+        raise ConfigError(f"{codebase.package} is not installed here; mutate changes its installed source")
+    out: list[Any] = []
+    texts: dict[str, str] = {}
+    for name in functions:
+        located = _locate(name, root=root, package=codebase.package)
+        if located is None:
+            continue
+        rel, qualname = located
+        path = os.path.join(root, rel)
+        if path not in texts:
+            texts[path] = Path(path).read_text(encoding="utf-8")
+        out += mutants_of_function(
+            texts[path],
+            qualname=qualname,
+            function=name,
+            path=codebase.repo_prefix + rel.replace(os.sep, "/"),
+            operators=operators,
+        )
+    unique = {m.id: m for m in out}
+    return list(unique.values())
+
+
+def _locate(name: str, *, root: str, package: str) -> tuple[str, str] | None:
+    """``(file below root, qualname)`` of a dotted function of ``package``: the longest module
+    prefix that is a file of the package."""
+    parts = name.split(".")
+    top = package.split(".")
+    if parts[: len(top)] != top:
+        return None
+    rest = parts[len(top) :]
+    for cut in range(len(rest) - 1, 0, -1):
+        rel = os.path.join(*rest[:cut]) + ".py"
+        if os.path.isfile(os.path.join(root, rel)):
+            return rel, ".".join(rest[cut:])
+    return None
+
+
+def _load(mutants: Sequence[Any], *, codebase: Any) -> tuple[list[Any], dict[str, str]]:
+    """Each mutant's diff loaded as a candidate fix (``--apply``'s loader, so that what runs is
+    what ``mutate --show`` prints and ``--apply`` replays); one that cannot be loaded is an
+    error of sglfix's operators, said per mutant, never dropped silently."""
+    from sglfix.toggling.candidate import load_candidate
+
+    out, errors = [], {}
+    with tempfile.TemporaryDirectory(prefix="sglfix-mutants-") as folder:
+        for m in mutants:
+            path = os.path.join(folder, f"{m.id}.patch")
+            Path(path).write_text(m.diff, encoding="utf-8")
+            try:
+                cand = load_candidate(path, codebase=codebase)
+            except ConfigError as exc:
+                errors[m.id] = str(exc).replace(path, f"{m.id}.patch")
+                continue
+            out.append(cand)
+    return out, errors
+
+
+def _with_candidates(target: Any, candidates: Sequence[Any]) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(
+        target, registry=target.registry.with_candidates(candidates), candidates=tuple(candidates)
+    )
+
+
+def _declared(codebase: Any, patterns: Sequence[str]) -> list[str]:
+    """Every function of the installed code base on the surface (or matching ``patterns``), by
+    reading its files (nothing imported): what no selected scenario entered is listed."""
+    import ast
+
+    from sglfix.common.codebase import package_dir
+
+    root = package_dir(codebase.package)
+    if root is None:
+        return []
+    names: list[str] = []
+    globs = list(patterns) or list(codebase.mutate_surface)
+    for folder, _dirs, files in os.walk(root):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            rel = os.path.relpath(os.path.join(folder, f), root)
+            module = ".".join([codebase.package, *rel[:-3].split(os.sep)])
+            if not any(_could_hold(module, g) for g in globs):
+                continue
+            try:
+                tree = ast.parse(Path(folder, f).read_text(encoding="utf-8"))
+            except (SyntaxError, UnicodeDecodeError, OSError):
+                continue
+            for node in tree.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.append(f"{module}.{node.name}")
+                elif isinstance(node, ast.ClassDef):
+                    names += [
+                        f"{module}.{node.name}.{m.name}"
+                        for m in node.body
+                        if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    ]
+    return surface_of(names, codebase=codebase, patterns=patterns)
+
+
+def _could_hold(module: str, glob: str) -> bool:
+    """Whether a function of ``module`` could match ``glob`` (a cheap filter before parsing)."""
+    head = glob.split("*", 1)[0]
+    return module.startswith(head.rsplit(".", 1)[0]) if "." in head else True
+
+
+def mutants_on_surface(*, codebase: Any, functions: Sequence[str] = (), operators: Any = None) -> list[Any]:
+    """Every mutant of the installed code base's surface (or of the ``functions`` patterns), made
+    from its files alone, no cell run: what ``mutate --show ID`` looks an id up in."""
+    return _generate(_declared(codebase, functions), where={}, codebase=codebase, operators=operators)
+
+
+def campaign_report(campaign: Campaign, *, command: Any, profile: Any, selection: dict) -> dict:
+    """The mutation report of ``campaign`` (``sglfix.report.mutation``): its cells judged against
+    their baselines by the one judgement, each mutant's status, hint and the scores."""
+    from sglfix.report.mutation import Classified, ScenarioRun, Status, build_mutation_report, classify_report
+
+    cells = [r.to_json() for r in campaign.baselines] + [r.to_json() for r in campaign.cells]
+    for c in cells:
+        for key in ("reached", "reached_at", "deps"):
+            c.pop(key, None)
+    loaded = [m for m in campaign.mutants if m.id not in campaign.load_errors]
+    classified = classify_report(report={"cells": cells, "device": campaign.info.get("device")}, mutants=loaded)
+    hints = {}
+    for mid, why in campaign.load_errors.items():
+        classified[mid] = Classified(status=Status.ERROR)
+        hints[mid] = f"sglfix could not load the mutant's diff (a fault of its operator): {why}"
+    runs = [
+        ScenarioRun(name=s.name, backend=s.backend, mode=str(s.mode), cuda_graph=s.capture_bs is not None)
+        for s in campaign.scenarios
+    ]
+    phases = {p["name"]: p for p in campaign.phases}
+    base = phases.get("baselines", {})
+    rounds = [p for p in campaign.phases if p["name"] != "baselines"]
+    notes = [
+        f"baseline of {n} cannot judge a mutant ({why}): its cells were not run" for n, why in campaign.unusable.items()
+    ]
+    if campaign.elsewhere:
+        notes.append(
+            f"{campaign.elsewhere} function(s) of the metadata surface in {campaign.elsewhere_files} file(s) that no "
+            "selected scenario enters were not mutated (their backends have no selected scenario)"
+        )
+    info = campaign.info
+    facts = {
+        "command": command,
+        "wall_s": campaign.wall,
+        "codebase": info.get("codebase"),
+        "device": info.get("device"),
+        "device_name": info.get("device_name"),
+        "profile": getattr(profile, "name", None),
+        "selection": selection,
+        "phases": {
+            "baseline_s": base.get("wall_s"),
+            "mutants_s": round(sum(p["wall_s"] for p in rounds), 2),
+            "baseline_cells": base.get("cells", 0),
+            "mutant_cells": sum(p["cells"] for p in rounds),
+            "ran": sum(p["ran"] for p in rounds),
+            "served": sum(p["served"] for p in rounds),
+        },
+        "notes": notes,
+    }
+    return build_mutation_report(
+        facts=facts, mutants=campaign.mutants, classified=classified, scenarios=runs, hints=hints
+    )

@@ -1,0 +1,182 @@
+"""``sglfix mutate`` end to end on the reproduction, on CPU, over a few cheap Triton decode cells:
+a planted mutant each of what a campaign must tell apart (killed, survived, suspected equivalent,
+a worker killed), the gate, and the one-line refusals before any cell."""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from sglfix.codebases import get_codebase
+from sglfix.common.codebase import package_dir
+from sglfix.mutation.diff import mutant_diff
+from sglfix.mutation.model import Mutant, mutant_id
+
+SELECT = ("triton-decode@cg=eager,gpu_only=off", "triton-decode@cg=graph,gpu_only=off")
+MODULE = "sglfix.backends.srt.layers.attention.triton_backend"
+REL = "srt/layers/attention/triton_backend.py"
+
+
+def _plant(qualname: str, old: str, new: str, *, operator: str = "off-by-one") -> Mutant:
+    """A mutant of the reproduction's Triton backend: the one line holding ``old`` (stripped)
+    inside ``qualname`` made ``new`` (same indentation)."""
+    path = Path(package_dir("sglfix.backends")) / REL
+    text = path.read_text()
+    lines = text.splitlines()
+    hits = [i for i, line in enumerate(lines) if line.strip() == old]
+    assert len(hits) == 1, (old, hits)
+    i = hits[0]
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    function = f"{MODULE}.{qualname}"
+    mutated = indent + new
+    return Mutant(
+        id=mutant_id(function=function, operator=operator, line=i + 1, original=lines[i], mutated=mutated),
+        function=function,
+        path="backends/" + REL,
+        line=i + 1,
+        end_line=i + 1,
+        operator=operator,
+        original=lines[i],
+        mutated=mutated,
+        description=f"planted: {old} -> {new}",
+        diff=mutant_diff(
+            path="backends/" + REL, file_text=text, line=i + 1, end_line=i + 1, mutated=mutated, title="planted"
+        ),
+    )
+
+
+KILLED = (
+    "TritonAttnBackend._fill_kv_indices",
+    "kv_indptr[1 : bs + 1] = torch.cumsum(kv_lens[:bs], dim=0)",
+    "kv_indptr[1 : bs + 1] = torch.cumsum(kv_lens[:bs], dim=0) + 1",
+)
+# Fewer KV splits: split-K merges the same softmax, so the output stays within tolerance while
+# the built num_kv_splits differs: no check can see it.
+SURVIVOR = ("TritonAttnBackend.get_num_kv_splits", "max=self.max_kv_splits,", "max=1,")
+# A lower clamp of 0 where every length is at least one: nothing built changes.
+EQUIVALENT = ("TritonAttnBackend.get_num_kv_splits", "min=1,", "min=0,")
+FAULTING = (
+    "TritonAttnBackend.get_num_kv_splits",
+    "num_kv_splits.copy_(splits.to(torch.int32))",
+    "__import__('os').kill(__import__('os').getpid(), 9)",
+)
+
+
+@contextmanager
+def _quiet(plan):
+    yield lambda result: None
+
+
+@pytest.fixture(scope="module")
+def campaign_report(tmp_path_factory):
+    from sglfix.execution.mutate import Choice, campaign_report, run_campaign
+    from sglfix.execution.runner import Target
+    from sglfix.execution.settings import Settings
+    from sglfix.toggling.registry import load_registry
+
+    cb = get_codebase("reproduction")
+    target = Target(profile=cb, registry=load_registry(cb.toggles_dir), codebase=cb)
+    planted = tuple(_plant(*p) for p in (KILLED, SURVIVOR, EQUIVALENT, FAULTING))
+    settings = Settings(scenario=SELECT, device="cpu", jobs=2, timeout=120, no_cache=True)
+    campaign = run_campaign(settings, target, choice=Choice(given=planted, all_cells=True), progress=_quiet)
+    report = campaign_report(campaign, command=["sglfix", "mutate"], profile=cb, selection={})
+    return {m["description"]: m for m in report["mutants"]}, report
+
+
+def _of(mutants: dict, planted: tuple) -> dict:
+    return mutants[f"planted: {planted[1]} -> {planted[2]}"]
+
+
+def test_a_killed_mutant_names_its_cells(campaign_report):
+    mutants, _ = campaign_report
+    m = _of(mutants, KILLED)
+    assert m["status"] == "killed"
+    assert {k["scenario"] for k in m["killed_by"]} == set(SELECT)
+    assert all(k["verdict"] not in ("PASS", "ERROR", "TIMEOUT") for k in m["killed_by"])
+
+
+def test_a_planted_survivor_is_reported_survived(campaign_report):
+    mutants, _ = campaign_report
+    m = _of(mutants, SURVIVOR)
+    assert m["status"] == "survived", m
+    assert set(m["reached_by"]) == set(SELECT)
+    assert m["hint"]
+
+
+def test_a_change_nothing_built_shows_is_a_suspected_equivalent(campaign_report):
+    mutants, _ = campaign_report
+    assert _of(mutants, EQUIVALENT)["status"] == "equivalent"
+
+
+def test_a_mutant_that_kills_the_worker_is_killed_with_fault(campaign_report):
+    mutants, _ = campaign_report
+    m = _of(mutants, FAULTING)
+    assert m["status"] == "killed", m
+    assert {k["verdict"] for k in m["killed_by"]} == {"FAULT"}
+
+
+def test_the_score_counts_killed_over_killed_and_survived(campaign_report):
+    from sglfix.report.mutation import fail_under
+
+    _, report = campaign_report
+    assert fail_under(report, 66.0)[0] and not fail_under(report, 67.0)[0]  # 2 killed of 3
+
+
+def test_every_mutant_diff_is_what_apply_replays(tmp_path, campaign_report):
+    """The diff a campaign ran is a candidate fix ``--apply`` loads as it is."""
+    from sglfix.toggling.candidate import load_candidate
+
+    mutants, _ = campaign_report
+    for m in mutants.values():
+        f = tmp_path / f"{m['id']}.patch"
+        f.write_text(m["diff"])
+        cand = load_candidate(f, codebase=get_codebase("reproduction"))
+        assert [p.target for p in cand.part.patches] == [m["function"]]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--operators", "off-by-on"], "--operators off-by-on: no such operator"),
+        (["--fail-under", "120"], "--fail-under 120"),
+        (["--function", "no_such_function_anywhere", "-s", SELECT[0]], "--function no_such_function_anywhere"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_cell(args, said, tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "sglfix", "mutate", "--device", "cpu", "--no-cache", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DEBUG")},
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip() and not line.startswith("sglfix: ")]
+    assert said in r.stderr and "Traceback" not in r.stderr and len(lines) <= 1, r.stderr
+
+
+def test_fail_under_fails_and_passes_on_the_cli(tmp_path):
+    """The gate on a real campaign of one function: exit 1 under the score, 0 at or over it."""
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "sglfix", "mutate", "--device", "cpu", "-s", SELECT[0]]
+    base += ["--function", "get_num_kv_splits", "--operators", "slice-bound,off-by-one", "--cache", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DEBUG")}
+    first = subprocess.run([*base, "--json", str(tmp_path / "m.json")], capture_output=True, text=True, env=env)
+    assert first.returncode in (0, 1), first.stderr
+    report = json.loads((tmp_path / "m.json").read_text())
+    score = report["scores"]["overall"]["score"]
+    assert score is not None, report["scores"]
+    under = subprocess.run([*base, "--fail-under", str(min(100.0, score + 1))], capture_output=True, text=True, env=env)
+    over = subprocess.run([*base, "--fail-under", str(max(0.0, score - 1))], capture_output=True, text=True, env=env)
+    assert under.returncode == (1 if score < 100 else 0), under.stdout + under.stderr
+    assert over.returncode == 0, over.stdout + over.stderr
