@@ -18,6 +18,8 @@
 # MLA one over the fimla scenarios, then over the whole matrix; the req_to_token one over the probes.
 # ONLY=poison runs the reproduction matrix twice and real sglang's Triton draft-extend cells twice
 # (nothing served): verdicts that do not depend on the allocator (sglfix.harness.poison).
+# ONLY=mutate runs mutation campaigns over the FlashInfer families (real sglang twice, then the
+# reproduction): scores, survivors, and a second campaign served by the store.
 # ONLY=finding writes the FlashInfer-MLA finding (report finding on the H100) and runs the Triton
 # draft-extend scenarios with every part (PR 27545's expectations on CUDA).
 # Everything lands in $OUT; a short table is printed last.
@@ -359,6 +361,26 @@ if [ "${ONLY:-}" = poison ]; then
   python3 -m sglfix report compare "$OUT/poison-sglang-1.json" "$OUT/poison-sglang-2.json" 2>&1 | tail -3
   python3 -m sglfix report compare bench/results/matrix-sglang-cuda.json "$OUT/poison-sglang-1.json" 2>&1 | tail -${TAIL:-12}
   (cd "$OUT" && tar -czf poison-logs.tgz --remove-files poison-*.txt sglang-check.* 2>/dev/null)
+  exit 0
+fi
+if [ "${ONLY:-}" = mutate ]; then
+  # Mutation campaigns on the GPU: real sglang's FlashInfer and FlashInfer-MLA metadata (its
+  # FlashInfer backends build only on CUDA), then the reproduction's FlashInfer families, each
+  # with the result store in $OUT (a second campaign is served); JSON and Markdown per campaign.
+  install_sglang
+  for i in 1 2; do
+    log "mutate: real sglang FlashInfer families on CUDA, campaign $i"
+    COLUMNS=250 timeout ${SGLANG_LIMIT:-420} python3 -m sglfix --profile sglang-0.5.23 mutate --device cuda \
+      -s 'fi-*' -s 'fimla-*' --timeout 60 --cache "$OUT/store-sglang" --json "$OUT/mutate-sglang-cuda-$i.json" \
+      --markdown "$OUT/mutate-sglang-cuda-$i.md" > "$OUT/mutate-sglang-$i.txt" 2>&1; echo "mutate rc=$?"
+    tail -2 "$OUT/mutate-sglang-$i.txt" | sed 's/\x1b\[[0-9;]*m//g'
+  done
+  log "mutate: the reproduction's FlashInfer families on CUDA"
+  COLUMNS=250 timeout ${REPRO_LIMIT:-240} python3 -m sglfix mutate --device cuda -s 'fi-*' -s 'fimla-*' --timeout 60 \
+    --cache "$OUT/store-repro" --json "$OUT/mutate-repro-cuda.json" --markdown "$OUT/mutate-repro-cuda.md" \
+    > "$OUT/mutate-repro.txt" 2>&1; echo "mutate rc=$?"
+  tail -2 "$OUT/mutate-repro.txt" | sed 's/\x1b\[[0-9;]*m//g'
+  rm -rf "$OUT/store-sglang" "$OUT/store-repro"
   exit 0
 fi
 if [ "${ONLY:-}" = finding ]; then

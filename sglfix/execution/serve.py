@@ -317,7 +317,7 @@ def serve() -> None:
         session = Session(
             device=info["device"],
             allowed_prefixes=tuple(spec["allowed_prefixes"]) if spec.get("allowed_prefixes") is not None else None,
-            candidates=[tuple(c) for c in spec.get("candidates") or ()],
+            candidates=[tuple(c) for c in _candidates_of(spec)],
         )
     timeline = _timeline()
     for request in channel.requests():
@@ -331,3 +331,11 @@ def serve() -> None:
             timeline.write(f"{began:.4f} {time.time():.4f} {cell}\n")
         if "restart" in reply or "lost" in reply:  # a fresh process for the next cell
             return
+
+
+def _candidates_of(spec: dict) -> list:
+    """The candidate fixes of a start-up spec: inline, or in the file the parent keeps for them."""
+    if spec.get("candidates_file"):
+        with open(spec["candidates_file"], encoding="utf-8") as fh:
+            return json.load(fh)
+    return list(spec.get("candidates") or ())

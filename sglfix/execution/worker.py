@@ -56,6 +56,35 @@ class WorkerStartError(SglfixError):
     """A worker process could not even start (import error, broken install)."""
 
 
+# Candidate fixes beyond this many bytes travel in a file, not in the environment (a mutation
+# campaign's thousands of mutant diffs exceed what exec accepts).
+_INLINE_CANDIDATES = 64 * 1024
+_CANDIDATE_FILES: dict[str, str] = {}
+
+
+def _candidates_spec(candidates: Any) -> dict:
+    """The candidates as a worker's start-up spec holds them: inline, or the path of a file the
+    parent keeps until it exits (one per set of candidates, shared by every worker of a pool)."""
+    rows = [list(c) for c in candidates]
+    text = json.dumps(rows)
+    if len(text) <= _INLINE_CANDIDATES:
+        return {"candidates": rows}
+    import hashlib
+
+    key = hashlib.sha256(text.encode()).hexdigest()
+    path = _CANDIDATE_FILES.get(key)
+    if path is None or not os.path.exists(path):
+        import atexit
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="sglfix-candidates-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        atexit.register(lambda p=path: os.path.exists(p) and os.remove(p))
+        _CANDIDATE_FILES[key] = path
+    return {"candidates_file": path}
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     """Everything a worker needs; every worker of a pool gets all of it."""
@@ -262,7 +291,7 @@ class Worker:
                 "allowed_prefixes": list(self.config.allowed_prefixes)
                 if self.config.allowed_prefixes is not None
                 else None,
-                "candidates": [list(c) for c in self.config.candidates],
+                **_candidates_spec(self.config.candidates),
                 "deps": self.config.deps,
             }
         )
