@@ -176,7 +176,10 @@ def run_campaign(
     if not campaign.mutants:
         campaign.wall = time.perf_counter() - start
         return campaign
-    candidates, campaign.load_errors = _load(campaign.mutants, codebase=codebase)
+    # Only a mutant some cell will run is loaded (a diff checked against the source is the costly
+    # step); the others are listed as they are, not reached.
+    runnable = [m for m in campaign.mutants if campaign.reached.get(m.function)]
+    candidates, campaign.load_errors = _load(runnable, codebase=codebase)
     by_id = {c.id: c for c in candidates}
     scenario_of = {s.name: s for s in plan.scenarios}
     baseline_of = {r.scenario: r for r in ran.results}
