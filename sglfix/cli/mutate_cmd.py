@@ -68,6 +68,14 @@ OPTIONS.update(
             ],
             3,
         ),
+        # A mutant can loop for ever (a negated loop condition): mutate waits less than a run.
+        "mutate_timeout": (
+            Annotated[
+                float,
+                typer.Option("--timeout", help="Seconds per cell before TIMEOUT (finite, > 0; mutate's default 60)."),
+            ],
+            60.0,
+        ),
         "fail_under": (
             Annotated[
                 float | None,
@@ -90,7 +98,7 @@ MUTATE_OPTIONS = (
     "all_cells",
     "first_cells",
     "fail_under",
-    *SELECT,
+    *(name if name != "timeout" else "mutate_timeout" for name in SELECT),
     *SCALE,
     "cache",
     "no_cache",
@@ -143,7 +151,7 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
 
     tgt = target(opts)
     _check_no_env(tgt.registry)
-    settings = Settings.of(given, env_baseline=False)
+    settings = Settings.of(given, env_baseline=False, timeout=given["mutate_timeout"])
 
     def say(line: str) -> None:
         err.print(f"sglfix: {line}", highlight=False, markup=False)
