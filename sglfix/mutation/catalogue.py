@@ -182,7 +182,12 @@ def _row_for(
     at = f"{repo_path}:{first + at_idx}" if at_idx is not None else None
     changed = {first + i for i in changed_idx}
     want = _code(reverted)
-    mutants = mutants_of_function(cache[path], qualname=qualname, function=target, path=repo_path, operators=operators)
+    try:
+        mutants = mutants_of_function(
+            cache[path], qualname=qualname, function=target, path=repo_path, operators=operators
+        )
+    except SglfixError as exc:
+        return none(f"no mutants: {str(exc).splitlines()[0]}", at)
     # What the revert writes in place of the lines it changes: the closest mutant writes the most
     # like it there.
     new_text = " ".join(_new_lines(fixed, reverted.splitlines())) or "pass"  # a deletion reads as pass
