@@ -76,6 +76,18 @@ OPTIONS.update(
             ],
             60.0,
         ),
+        "more_cells": (
+            Annotated[
+                int,
+                typer.Option(
+                    "--more-cells",
+                    metavar="N",
+                    help="Further cells a mutant its first cells did not show is tried on (default 9; "
+                    "--all-cells for every cell that reaches it).",
+                ),
+            ],
+            9,
+        ),
         "fail_under": (
             Annotated[
                 float | None,
@@ -97,6 +109,7 @@ MUTATE_OPTIONS = (
     "list_operators",
     "all_cells",
     "first_cells",
+    "more_cells",
     "fail_under",
     *(name if name != "timeout" else "mutate_timeout" for name in SELECT),
     *SCALE,
@@ -136,12 +149,7 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
         return
     operators = _operators(given["operators"])
     functions = check_function_patterns(given["function"])
-    if given["first_cells"] < 1:
-        raise ConfigError(f"--first-cells {given['first_cells']}: give how many cells a mutant tries first (>= 1)")
-    from sglfix.report.mutation import check_fail_under
-
-    if given["fail_under"] is not None:
-        check_fail_under(given["fail_under"])
+    _check_numbers(given)
     outputs = Outputs(json=given["json_file"], junit=given["junit"], markdown=given["markdown"])
     if given["show"] is not None:
         _show(opts, given["show"], functions=functions, operators=operators)
@@ -157,7 +165,11 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
         err.print(f"sglfix: {line}", highlight=False, markup=False)
 
     choice = Choice(
-        functions=functions, operators=operators, first_cells=given["first_cells"], all_cells=given["all_cells"]
+        functions=functions,
+        operators=operators,
+        first_cells=given["first_cells"],
+        more_cells=given["more_cells"],
+        all_cells=given["all_cells"],
     )
     campaign = run_campaign(settings, tgt, choice=choice, progress=progress, say=say)
     from sglfix.execution.mutate import campaign_report
@@ -194,6 +206,17 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
             raise typer.Exit(1)
     if any(m["status"] == "error" for m in report["mutants"]):
         raise typer.Exit(1)
+
+
+def _check_numbers(given: dict) -> None:
+    from sglfix.report.mutation import check_fail_under
+
+    if given["first_cells"] < 1:
+        raise ConfigError(f"--first-cells {given['first_cells']}: give how many cells a mutant tries first (>= 1)")
+    if given["more_cells"] < 0:
+        raise ConfigError(f"--more-cells {given['more_cells']}: give how many more cells a mutant tries (>= 0)")
+    if given["fail_under"] is not None:
+        check_fail_under(given["fail_under"])
 
 
 def _check_no_env(registry: Any) -> None:

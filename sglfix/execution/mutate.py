@@ -49,6 +49,7 @@ class Campaign:
     phases: list[dict] = field(default_factory=list)  # per step: what ran, what the store served, wall
     info: dict = field(default_factory=dict)  # the workers' facts (device, code base)
     wall: float = 0.0
+    reaching: dict[str, int] = field(default_factory=dict)  # mutant id -> selected cells that reach it
     # Surface functions no baseline entered, in the files of those some baseline did enter; how
     # many surface functions sit in files no baseline entered.
     unreached_functions: list[str] = field(default_factory=list)
@@ -94,6 +95,10 @@ class Choice:
     functions: tuple[str, ...] = ()  # --function patterns (empty: the profile's surface)
     operators: tuple[str, ...] | None = None  # None: every operator
     first_cells: int = 3  # cells each mutant tries first
+    # Further cells a mutant no first cell showed is tried on (of different paths again). A
+    # mutant is called survived (or equivalent) over the cells it ran; the report says how many
+    # of the cells that reach it those were.
+    more_cells: int = 9
     all_cells: bool = False  # every reaching cell of every mutant
     # These mutants instead of the operators' (each of a function the scenarios run: a test
     # plants one).
@@ -198,18 +203,19 @@ def run_campaign(
     mrunner = Runner(run_settings, mutant_target, what="mutate")
     results = _run_round(mrunner, first, progress=progress, campaign=campaign, name="mutants")
     moved = _moved(results, baseline_of)
-    if not all_cells:
-        rest = {
-            mid: [s for s in cells if s not in first[mid]]
-            for mid, cells in reaching.items()
-            if mid not in moved and len(cells) > len(first[mid])
-        }
+    if not all_cells and choice.more_cells:
+        rest = {}
+        for mid, cells in reaching.items():
+            left = [s for s in cells if s not in first[mid]]
+            if mid not in moved and left:
+                rest[mid] = _sample(left, baseline_of, choice.more_cells)
         if rest:
             say(
-                f"{len(moved)} mutant(s) shown by their first cells; "
-                f"{len(rest)} run over the rest of the cells that reach them"
+                f"{len(moved)} mutant(s) shown by their first cells; {len(rest)} tried on up to "
+                f"{choice.more_cells} more of the cells that reach them"
             )
             results += _run_round(mrunner, rest, progress=progress, campaign=campaign, name="survivors")
+    campaign.reaching = {mid: len(cells) for mid, cells in reaching.items()}
     campaign.cells = results
     campaign.wall = time.perf_counter() - start
     return campaign
@@ -473,5 +479,10 @@ def campaign_report(campaign: Campaign, *, command: Any, profile: Any, selection
         "notes": notes,
     }
     return build_mutation_report(
-        facts=facts, mutants=campaign.mutants, classified=classified, scenarios=runs, hints=hints
+        facts=facts,
+        mutants=campaign.mutants,
+        classified=classified,
+        scenarios=runs,
+        hints=hints,
+        reaching={m.id: campaign.reaching.get(m.id, 0) for m in campaign.mutants},
     )

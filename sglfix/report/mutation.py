@@ -430,6 +430,9 @@ class MutantResult(_Closed):
     family: str
     status: StatusName
     cells: Count
+    # The selected cells whose baseline entered its function (None: not recorded); ``cells``
+    # counts those it ran: a survivor or an equivalent is one over the cells it ran.
+    reaching: Count | None = None
     reached_by: list[str] = []
     skipped: list[str] = []
     killed_by: list[CellRef] = []
@@ -582,6 +585,7 @@ def build_mutation_report(
     classified: Mapping[str, Classified],
     scenarios: Sequence[ScenarioRun] = (),
     hints: Mapping[str, str] | None = None,
+    reaching: Mapping[str, int] | None = None,
 ) -> dict:
     """The mutation report as a dict, checked against ``MutationReport``. ``facts``: the campaign's
     own keys of the report (``command`` as text or words, ``wall_s``, and optionally ``date``,
@@ -613,6 +617,7 @@ def build_mutation_report(
                 "family": family_of(m.path),
                 "status": c.status.value,
                 "cells": c.cells,
+                "reaching": (reaching or {}).get(m.id),
                 "reached_by": list(c.reached_by),
                 "skipped": list(c.skipped),
                 "killed_by": list(c.killed_by),

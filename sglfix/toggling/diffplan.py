@@ -5,6 +5,7 @@ refusal; else said and left alone)."""
 from __future__ import annotations
 
 import ast
+import functools
 import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,19 +163,23 @@ def _plan_file(
     except SyntaxError as exc:
         notes.append(Note(path, f"the installed file does not parse (line {exc.lineno}): {exc.msg}", True))
         return [], False
-    st = _FileState(path=path, post=post, tree=tree, notes=notes)
+    said: list[Note] = []  # this file's notes, kept apart until it is known to change code
+    st = _FileState(path=path, post=post, tree=tree, notes=said)
     st.functions, st.top = _functions(tree), _defined_names(tree)
-    placed = _place_hunks(pf, path=path, post=post, notes=notes)
+    placed = _place_hunks(pf, path=path, post=post, notes=said)
     st.post_code = _code("\n".join(post) + "\n")
     every = [c for _, changes in placed for c in changes]
-    if len(placed) == len(pf) and every and _same_code(st.post_code, _undo(post, every)):
-        notes.append(Note(path, "changes only comments or docstrings: nothing of it to revert", False))
-        return [], True
     for name, changes in placed:
         for change in changes:
             _sort_change(st, name, change)
     reverts = _function_reverts(st, module=module)
+    # A function revert is a change of code: the whole file (parsed once more, the costly step
+    # for a file's many diffs) is compared only when none was found.
+    if not reverts and len(placed) == len(pf) and every and _same_code(st.post_code, _undo(post, every)):
+        notes.append(Note(path, "changes only comments or docstrings: nothing of it to revert", False))
+        return [], True
     _note_new_defs(st)
+    notes.extend(said)
     return reverts, False
 
 
@@ -249,7 +254,7 @@ def _function_reverts(st: _FileState, *, module: str) -> list[FunctionRevert]:
     reverts = []
     for qualname, changes in st.per_function.items():
         func = next(f for f in st.functions if f.qualname == qualname)
-        if _same_code(st.post_code, _undo(st.post, changes)):
+        if _same_function(st, func, changes):
             # Its revert would be a part that changes no behaviour: a matrix column of noise.
             st.notes.append(Note(f"{st.path}: {qualname}", "changes only comments or docstrings: not reverted", False))
             continue
@@ -303,9 +308,11 @@ def _undo(post: list[str], changes: list[Change]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@functools.lru_cache(maxsize=32)
 def _code(source: str) -> str | None:
     """The module's code without its comments and docstrings (None when it does not parse):
-    two sources with the same one differ in nothing the interpreter runs."""
+    two sources with the same one differ in nothing the interpreter runs. Remembered: many
+    diffs of one file (a mutation campaign's) compare against the same installed text."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -320,6 +327,24 @@ def _code(source: str) -> str | None:
             ):
                 node.body = node.body[1:]
     return ast.dump(tree)
+
+
+def _same_function(st: _FileState, func: Function, changes: list[Change]) -> bool:
+    """Whether ``changes`` (all inside ``func``) leave its code as it is (comments, docstrings):
+    the function's text alone parsed both ways, not the whole file (a file's many diffs, as a
+    mutation campaign's, each cost a parse of one function); the whole file where a function's
+    text does not parse alone."""
+    import textwrap
+
+    start, end = func.node.lineno - 1, func.node.end_lineno
+    lines = list(st.post)
+    for c in sorted(changes, key=lambda c: c.at, reverse=True):
+        lines[c.at : c.at + len(c.post)] = c.pre
+    delta = sum(len(c.pre) - len(c.post) for c in changes)
+    before = _code(textwrap.dedent("\n".join(st.post[start:end])) + "\n")
+    if before is None:
+        return _same_code(st.post_code, _undo(st.post, changes))
+    return before == _code(textwrap.dedent("\n".join(lines[start : end + delta])) + "\n")
 
 
 def _same_code(post_code: str | None, pre_source: str) -> bool:
