@@ -172,7 +172,7 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
         all_cells=given["all_cells"],
     )
     campaign = run_campaign(settings, tgt, choice=choice, progress=progress, say=say)
-    from sglfix.execution.mutate import campaign_report
+    from sglfix.execution.mutate import campaign_report, catalogue_rows
     from sglfix.report.mutation import fail_under
     from sglfix.report.mutation_render import render_console, render_markdown, write_junit
 
@@ -185,6 +185,7 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
             "function": list(functions),
             "operators": list(operators or ()),
         },
+        catalogue=catalogue_rows(tgt, operators=operators),
     )
     if outputs.json:
         from sglfix.report.output import write_json

@@ -429,7 +429,29 @@ def mutants_on_surface(*, codebase: Any, functions: Sequence[str] = (), operator
     return _generate(_declared(codebase, functions), where={}, codebase=codebase, operators=operators)
 
 
-def campaign_report(campaign: Campaign, *, command: Any, profile: Any, selection: dict) -> dict:
+def catalogue_rows(target: Any, *, operators: Any = None) -> list[dict]:
+    """The toggles' reverts as a check of the operators (``sglfix.mutation.catalogue``): each
+    part's change of each function against the mutants generated for it."""
+    from sglfix.common.codebase import package_dir
+    from sglfix.mutation.catalogue import check_catalogue
+
+    cb = target.codebase
+    root = package_dir(cb.package)
+    if root is None:
+        return []
+    rows = check_catalogue(
+        registry=target.registry,
+        package=cb.package,
+        source_root=Path(root),
+        repo_prefix=cb.repo_prefix,
+        operators=operators,
+    )
+    return [r.model_dump() for r in rows]
+
+
+def campaign_report(
+    campaign: Campaign, *, command: Any, profile: Any, selection: dict, catalogue: Sequence[dict] = ()
+) -> dict:
     """The mutation report of ``campaign`` (``sglfix.report.mutation``): its cells judged against
     their baselines by the one judgement, each mutant's status, hint and the scores."""
     from sglfix.report.mutation import Classified, ScenarioRun, Status, build_mutation_report, classify_report
@@ -477,6 +499,7 @@ def campaign_report(campaign: Campaign, *, command: Any, profile: Any, selection
             "served": sum(p["served"] for p in rounds),
         },
         "notes": notes,
+        "catalogue": list(catalogue),
     }
     return build_mutation_report(
         facts=facts,

@@ -107,7 +107,14 @@ def _score_rows(report: dict) -> list[tuple[str, dict]]:
 # --- console --------------------------------------------------------------------------------------
 
 
+# The console lists this many rows of a kind (the JSON and Markdown reports hold every mutant).
+CONSOLE_AT_MOST = 40
+
+
 def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
+    if len(rows) > CONSOLE_AT_MOST:
+        title += f" (the first {CONSOLE_AT_MOST}: --json or --markdown for all {len(rows)})"
+        rows = rows[:CONSOLE_AT_MOST]
     table = Table(title=Text(title), title_justify="left")
     table.add_column(headers[0], no_wrap=True)
     for h in headers[1:]:
@@ -176,8 +183,27 @@ def render_console(report: dict) -> list[Any]:
             [(name, *(str(s.get(k, 0)) for k, _ in _COUNTS), _pct(s.get("score"))) for name, s in _score_rows(report)],
         )
     )
+    rows = report.get("catalogue") or []
+    if rows:
+        parts.append(
+            _table(
+                f"the catalogue as a check of the operators: {_catalogue_counts(rows)}",
+                ("toggle", "match", "mutant", "the revert's change"),
+                [
+                    (r["toggle"], r["match"], r.get("mutant") or "-", _line(r.get("change", "")))
+                    for r in sorted(rows, key=lambda r: ("none", "close", "exact").index(r["match"]))
+                    if r["match"] != "exact"
+                ],
+            )
+        )
     parts.append(Text(summary_line(report), style="bold"))
     return parts
+
+
+def _catalogue_counts(rows: Sequence[dict]) -> str:
+    """``11 exact, 5 close, 1 none`` of the toggles' reverts against the generated mutants."""
+    n = {k: sum(r.get("match") == k for r in rows) for k in ("exact", "close", "none")}
+    return f"{n['exact']} of {len(rows)} reverts made exactly by a mutant, {n['close']} close, {n['none']} by none"
 
 
 # --- Markdown -------------------------------------------------------------------------------------
@@ -247,6 +273,14 @@ def render_markdown(report: dict) -> str:
     if killed:
         rows = [f"- {_code(_where(m))} {_esc(m['description'])}: {_esc(_killers(m))}" for m in killed]
         lines += _details(f"{len(killed)} killed", _capped(rows))
+    catalogue = report.get("catalogue") or []
+    if catalogue:
+        rows = [
+            f"- {_esc(r['toggle'])} {r['match']}: {_esc(r.get('change', ''))}"
+            + (f" ({_code(r['mutant'])}, {_esc(r.get('operator') or '')})" if r.get("mutant") else "")
+            for r in catalogue
+        ]
+        lines += _details(f"the catalogue as a check of the operators: {_catalogue_counts(catalogue)}", _capped(rows))
     functions = [(_code(k, in_table=True), v) for k, v in scores.get("functions", {}).items()]
     if functions:
         lines += _details("scores per function", _md_scores(functions, "function"))
