@@ -18,8 +18,8 @@
 # MLA one over the fimla scenarios, then over the whole matrix; the req_to_token one over the probes.
 # ONLY=poison runs the reproduction matrix twice and real sglang's Triton draft-extend cells twice
 # (nothing served): verdicts that do not depend on the allocator (sglfix.harness.poison).
-# ONLY=mutate runs mutation campaigns over the FlashInfer families (real sglang twice, then the
-# reproduction): scores, survivors, and a second campaign served by the store.
+# ONLY=mutate runs mutation campaigns over the FlashInfer families (real sglang REPEAT times, default
+# once, then the reproduction): scores, survivors; a repeated campaign is served by the store.
 # ONLY=finding writes the FlashInfer-MLA finding (report finding on the H100) and runs the Triton
 # draft-extend scenarios with every part (PR 27545's expectations on CUDA).
 # Everything lands in $OUT; a short table is printed last.
@@ -368,10 +368,10 @@ if [ "${ONLY:-}" = mutate ]; then
   # FlashInfer backends build only on CUDA), then the reproduction's FlashInfer families, each
   # with the result store in $OUT (a second campaign is served); JSON and Markdown per campaign.
   install_sglang
-  for i in 1 2; do
+  for i in $(seq 1 "${REPEAT:-1}"); do
     log "mutate: real sglang FlashInfer families on CUDA, campaign $i"
     COLUMNS=250 timeout ${SGLANG_LIMIT:-420} python3 -m sglfix --profile sglang-0.5.23 mutate --device cuda \
-      -s 'fi-*' -s 'fimla-*' --timeout 60 --cache "$OUT/store-sglang" --json "$OUT/mutate-sglang-cuda-$i.json" \
+      -s 'fi-*' -s 'fimla-*' ${MUTATE_ARGS:-} --timeout 60 --cache "$OUT/store-sglang" --json "$OUT/mutate-sglang-cuda-$i.json" \
       --markdown "$OUT/mutate-sglang-cuda-$i.md" > "$OUT/mutate-sglang-$i.txt" 2>&1; echo "mutate rc=$?"
     tail -2 "$OUT/mutate-sglang-$i.txt" | sed 's/\x1b\[[0-9;]*m//g'
   done
