@@ -376,7 +376,7 @@ if [ "${ONLY:-}" = mutate ]; then
     tail -2 "$OUT/mutate-sglang-$i.txt" | sed 's/\x1b\[[0-9;]*m//g'
   done
   log "mutate: the reproduction's FlashInfer families on CUDA"
-  COLUMNS=250 timeout ${REPRO_LIMIT:-240} python3 -m sglfix mutate --device cuda -s 'fi-*' -s 'fimla-*' --timeout 60 \
+  COLUMNS=250 timeout ${REPRO_LIMIT:-240} python3 -m sglfix mutate --device cuda -s 'fi-*' -s 'fimla-*' ${MUTATE_ARGS:-} --timeout 60 \
     --cache "$OUT/store-repro" --json "$OUT/mutate-repro-cuda.json" --markdown "$OUT/mutate-repro-cuda.md" \
     > "$OUT/mutate-repro.txt" 2>&1; echo "mutate rc=$?"
   tail -2 "$OUT/mutate-repro.txt" | sed 's/\x1b\[[0-9;]*m//g'
