@@ -334,6 +334,25 @@ def _compare_with_reference(
     fp = fingerprint.active()
     if fp is not None:
         fp.add_output(out)
+    rows = int(q_valid.sum())
+    wanted = rows * ref[0, 0].numel() if ref.dim() >= 2 and ref.shape[0] and ref.shape[1] else 0
+    if out.numel() != wanted:
+        # The backend returned another number of rows than the batch has query tokens: no row
+        # can be compared with its reference, and every one is wrong.
+        result.add(
+            "DIVERGE",
+            f"the output holds {out.numel()} values where the batch's {rows} query rows need {wanted} "
+            f"(output shape {tuple(out.shape)})",
+            output_shape=list(out.shape),
+            expected_values=wanted,
+        )
+        t3 = time.perf_counter()
+        result.timings_ms.update(
+            build=round((ran.t1 - ran.t0) * 1e3, 2),
+            run=round((ran.t2 - ran.t1) * 1e3, 2),
+            total=round((t3 - ran.t0) * 1e3, 2),
+        )
+        return
     cmp = compare_outputs(out=out, ref=ref, q_valid=q_valid, tolerance=scenario.tolerance)
     t3 = time.perf_counter()
     result.error = cmp.to_json()

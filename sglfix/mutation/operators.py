@@ -144,10 +144,16 @@ _LENGTH_CALLS = frozenset(["len", "sum", "max", "min", "cumsum", "numel", "size"
 _THROUGH_CALLS = frozenset(["int", "to", "long", "item", "clamp", "clamp_min", "clamp_max", "contiguous"])
 _RANGE_CALLS = frozenset({"arange", "range"})
 _CLAMP_CALLS = frozenset({"clamp", "clamp_min", "clamp_max", "clip"})
-# Calls whose arguments are words, not metadata: nothing inside them is mutated.
+# Calls whose arguments are words, not metadata: nothing inside them is mutated. ``on_metadata``
+# is the harness's hook through which the reproduction's graph runners hand their metadata to the
+# judge: sglfix's instrument, not the code under test.
 _QUIET_CALLS = frozenset(
-    ["print", "debug", "info", "warning", "warn", "error", "exception", "critical", "log", "format"]
+    ["print", "debug", "info", "warning", "warn", "error", "exception", "critical", "log", "format", "on_metadata"]
 )
+# Names of the harness's own plumbing inside the code under test (the reproduction's graph
+# runners hand their metadata to the judge through ``on_metadata``): lines that name them are
+# sglfix's instrument, and a change there tests the judge, not the code.
+_HARNESS_NAMES = ("on_metadata",)
 _METADATA_CALLEE = re.compile(
     r"init|metadata|update|plan|create|kv|indices|indptr|fill|copy|generate|assign|build|prepare|compute", re.I
 )
@@ -851,7 +857,11 @@ class _Operators:
 
     def none_arg(self) -> Iterator[_Change]:
         for node in self.nodes:
-            if not isinstance(node, ast.Call) or not _METADATA_CALLEE.search(_callee(node) or ""):
+            if (
+                not isinstance(node, ast.Call)
+                or _callee(node) in _QUIET_CALLS
+                or not _METADATA_CALLEE.search(_callee(node) or "")
+            ):
                 continue
             callee = _callee(node)
             args = list(node.args) + [k.value for k in node.keywords if k.arg]
@@ -1019,7 +1029,7 @@ def mutants_of_function(
     for _, change, line, end_line, new_lines in placed:
         original = "\n".join(text.lines[line - 1 : end_line])
         mutated = "\n".join(new_lines)
-        if mutated == original:
+        if mutated == original or any(name in original for name in _HARNESS_NAMES):
             continue
         key = (line, change.operator)
         if per_line.get(key, 0) >= MAX_PER_LINE:
