@@ -180,3 +180,26 @@ def test_fail_under_fails_and_passes_on_the_cli(tmp_path):
     over = subprocess.run([*base, "--fail-under", str(max(0.0, score - 1))], capture_output=True, text=True, env=env)
     assert under.returncode == (1 if score < 100 else 0), under.stdout + under.stderr
     assert over.returncode == 0, over.stdout + over.stderr
+
+
+def test_show_prints_the_patch_apply_reads(tmp_path):
+    """``mutate --show ID`` prints the mutant's diff as --apply loads it (the campaign's own text)."""
+    import subprocess
+    import sys
+
+    from sglfix.execution.mutate import mutants_on_surface
+    from sglfix.toggling.candidate import load_candidate
+
+    cb = get_codebase("reproduction")
+    m = mutants_on_surface(codebase=cb, functions=("_fill_kv_indices",))[0]
+    r = subprocess.run(
+        [sys.executable, "-m", "sglfix", "mutate", "--show", m.id, "--function", "_fill_kv_indices"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert m.diff in r.stdout
+    f = tmp_path / "shown.patch"
+    f.write_text(r.stdout)
+    assert [p.target for p in load_candidate(f, codebase=cb).part.patches] == [m.function]

@@ -251,7 +251,9 @@ def _show(opts: Any, mid: str, *, functions: tuple[str, ...], operators: Any) ->
             f"--show {mid}: no mutant of {codebase.package} has that id{nearest(mid, [m.id for m in found])}; "
             "give an id from a campaign's report (its code may have changed since)"
         )
-    out.print(show_mutant(hit), highlight=False, markup=False, soft_wrap=True)
+    # Written as it is, byte for byte: the output is a patch --apply reads back.
+    text = show_mutant(hit)
+    typer.echo(text if text.endswith("\n") else text + "\n", nl=False)
 
 
 def register(app: typer.Typer) -> None:
