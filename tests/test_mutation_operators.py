@@ -13,7 +13,7 @@ import pytest
 from sglfix.common.codebase import package_dir
 from sglfix.common.errors import ConfigError
 from sglfix.mutation.diff import mutant_diff, show_mutant
-from sglfix.mutation.model import Mutant, mutant_id
+from sglfix.mutation.model import Mutant
 from sglfix.mutation.operators import OPERATORS, mutants_of_function
 from sglfix.patching.editor import apply_edits
 
@@ -69,9 +69,7 @@ def _check_mutant(text: str, m: Mutant, *, body_start: int, body_end: int, path:
     after = _applied(text, m)
     compile(after, path, "exec")  # the mutated file, not just the function
     assert "\n" not in m.description and m.description.strip()
-    assert m.id == mutant_id(
-        function=m.function, operator=m.operator, line=m.line, original=m.original, mutated=m.mutated
-    )
+    assert m.id.startswith("m-")
     assert m.diff == mutant_diff(
         path=m.path,
         file_text=text,
@@ -237,3 +235,18 @@ def test_a_property_accessor_pair_has_no_mutant():
     """A getter and a setter share one dotted name: no one function to change."""
     text = "class A:\n    @property\n    def n(self):\n        return self._n + 1\n\n    @n.setter\n    def n(self, v):\n        self._n = v - 1\n"
     assert mutants_of_function(text, qualname="A.n", function="m.A.n", path="m.py") == []
+
+
+def test_an_edit_above_a_function_keeps_its_mutants_ids():
+    """Ids count lines from the function's own first line: an edit of another function of the
+    file, above it, keeps them (and so the cells the result store keeps for them)."""
+    text = (
+        "def first(x):\n    return x + 1\n\n\n"
+        "def second(kv_indptr, kv_lens, bs):\n    kv_indptr[1 : bs + 1] = kv_lens[:bs].cumsum(0)\n"
+        "    return kv_indptr[: bs + 1]\n"
+    )
+    edited = text.replace("    return x + 1\n", "    y = 0\n    return x + 1\n")
+    before = mutants_of_function(text, qualname="second", function="pkg.mod.second", path="pkg/mod.py")
+    after = mutants_of_function(edited, qualname="second", function="pkg.mod.second", path="pkg/mod.py")
+    assert before and [m.id for m in before] == [m.id for m in after]
+    assert [m.line + 1 for m in before] == [m.line for m in after]

@@ -148,7 +148,10 @@ def _report() -> dict:
             "profile": "repro",
             "selection": {"scenario": ["s*"], "function": [], "operators": ["plus-one"]},
             "phases": {"baseline_s": 1.5, "baseline_cells": 3, "mutant_cells": 16, "ran": 16, "served": 0},
-            "catalogue": [{"toggle": "26651", "matched": True}],
+            "catalogue": [
+                {"toggle": "26651:clamp", "function": "pkg.f", "match": "exact", "mutant": "m-1", "change": "a -> b"},
+                {"toggle": "21987:no-cpu-fast-path", "function": "pkg.g", "match": "none", "change": "(nothing) -> c"},
+            ],
         },
         mutants=list(M.values()),
         classified=classified,
@@ -384,3 +387,11 @@ def test_a_mutation_report_is_named_where_a_run_report_is_wanted(report, tmp_pat
 def test_a_mutant_result_carries_every_field_of_a_mutant():
     # sglfix.report stands on sglfix.common alone: it repeats the model's fields instead of importing it.
     assert set(Mutant.model_fields) <= set(MutantResult.model_fields)
+
+
+def test_the_reports_catalogue_rows_are_the_catalogues_own():
+    """The report keeps each catalogue row as ``sglfix.mutation.catalogue`` makes it."""
+    from sglfix.mutation.catalogue import CatalogueRow
+    from sglfix.report.mutation import CatalogueEntry
+
+    assert set(CatalogueEntry.model_fields) == set(CatalogueRow.model_fields)

@@ -15,7 +15,8 @@ MUTANT_PREFIX = "m-"
 
 def mutant_id(*, function: str, operator: str, line: int, original: str, mutated: str) -> str:
     """Stable across runs and machines while the function's text is: the same change of the same
-    line is the same mutant (a campaign after an edit elsewhere keeps its ids)."""
+    line is the same mutant. ``line`` is counted from the function's first line (the operators
+    pass it so), so that a campaign after an edit elsewhere in the file keeps its ids."""
     text = "\0".join((function, operator, str(line), original.strip(), mutated.strip()))
     return MUTANT_PREFIX + hashlib.sha1(text.encode()).hexdigest()[:10]
 

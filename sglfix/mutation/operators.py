@@ -1043,7 +1043,11 @@ def mutants_of_function(
             continue
         if not _anchored(fn_lines, line - first, new_lines, end_line - line + 1, fn_text):
             continue
-        mid = mutant_id(function=function, operator=change.operator, line=line, original=original, mutated=mutated)
+        # The line counted from the function's first line: an edit elsewhere in the file (one that
+        # moves this function down) keeps its mutants' ids, and so their stored cells.
+        mid = mutant_id(
+            function=function, operator=change.operator, line=line - first, original=original, mutated=mutated
+        )
         if mid in ids:
             continue
         seen.add(dump)

@@ -504,6 +504,19 @@ class Phases(_Closed):
     served: Count = 0  # mutant cells the result store served
 
 
+class CatalogueEntry(_Closed):
+    """One function of one toggle part against the generated mutants (the fields of
+    ``sglfix.mutation.catalogue.CatalogueRow``, as it names them)."""
+
+    toggle: str
+    function: str
+    match: Literal["exact", "close", "none"]
+    mutant: str | None = None
+    operator: str | None = None
+    change: str
+    at: str | None = None
+
+
 class MutationReport(_Closed):
     """``sglfix mutate --json``: the campaign, every mutant (survivors first), the scores."""
 
@@ -524,7 +537,7 @@ class MutationReport(_Closed):
     store: StoreUse | None = None
     mutants: list[MutantResult]
     scores: Scores
-    catalogue: list[dict[str, Any]] = []
+    catalogue: list[CatalogueEntry] = []
     notes: list[str] = []
 
     @model_validator(mode="after")
