@@ -3,7 +3,8 @@ survivors, not reached, equivalents) and what the result store saves: the same c
 and the campaign after one statement is put into one mutated function.
 
     python bench/mutate_bench.py --json bench/results/mutate-cpu.json [--skip-sglang] [--skip-reproduction]
-        [--repro-select GLOB ...] [--sglang-select GLOB ...]
+        [--repro-select GLOB ...] [--sglang-select GLOB ...] [--repro-edit FILE QUALNAME] [--sglang-edit FILE QUALNAME]
+    python bench/mutate_bench.py --json OUT --summarize NAME=REPORT.json ...   # figures of campaigns run apart
 
 For each code base, with a fresh store folder: ``sglfix mutate`` (first), the same again
 (second: served, checked to take at most 10 % of the first's wall), and after an edit of one
@@ -77,11 +78,12 @@ def figures(report: dict) -> dict:
         ],
         "not_reached_functions": sorted({m["function"] for m in mutants if m["status"] == "not-reached"}),
         "unreached_surface": report.get("unreached_functions", []),
-        "equivalents": [
+        # The first 30 (the report holds every one, with its evidence).
+        "equivalents_first_30": [
             f"{m['path']}:{m['line']} {m['operator']}: {m['description']}"
             for m in mutants
             if m["status"] == "equivalent"
-        ],
+        ][:30],
         "errors": [f"{m['id']}: {m.get('hint', '')}" for m in mutants if m["status"] in ("error", "timeout")],
     }
 
@@ -96,6 +98,13 @@ def series(name: str, *, args: list[str], env: dict, cwd: str, edited: Path, qua
     ids = {m["id"]: m["status"] for m in first["_report"]["mutants"]}
     ids3 = {m["id"]: m["status"] for m in third["_report"]["mutants"]}
     edited_fn = [m for m in third["_report"]["mutants"] if m["function"].endswith("." + qualname)]
+    # The cells the edit may re-run: every mutant cell of a scenario that ran the edited function
+    # (its mutants' scenarios), whichever function the mutant changes: such a cell ran the edited
+    # code too, and its result may differ now.
+    touched = {
+        s for m in first["_report"]["mutants"] if m["function"].endswith("." + qualname) for s in m["reached_by"]
+    }
+    may_rerun = sum(len(set(m["reached_by"]) & touched) for m in first["_report"]["mutants"])
     checks = {
         "second run ran no cell": second["ran"] == 0,
         "second run at most 10 % of the first (process wall)": second["process_s"] <= 0.10 * first["process_s"],
@@ -103,6 +112,8 @@ def series(name: str, *, args: list[str], env: dict, cwd: str, edited: Path, qua
         "after the edit, the edited function still has mutants": bool(edited_fn),
         "after the edit, the other mutants keep their ids": set(ids) - set(ids3)
         <= {m["id"] for m in first["_report"]["mutants"] if m["function"].endswith("." + qualname)},
+        "after the edit, only cells of scenarios that run the edited function ran": third["ran"]
+        <= may_rerun + sum(m["cells"] for m in edited_fn),
     }
     return {
         "command": "sglfix " + " ".join(args),
@@ -112,6 +123,9 @@ def series(name: str, *, args: list[str], env: dict, cwd: str, edited: Path, qua
         "after_edit": {
             **{k: v for k, v in third.items() if k != "_report"},
             "edited": f"{qualname}: {STATEMENT!r} put first in its body",
+            "scenarios_running_it": len(touched),
+            "cells_it_may_rerun": may_rerun,
+            "mutants_of_it": len(edited_fn),
         },
         "second_over_first": round(second["process_s"] / first["process_s"], 4),
         "after_edit_over_first": round(third["process_s"] / first["process_s"], 4),
@@ -126,7 +140,27 @@ def main() -> None:
     ap.add_argument("--skip-reproduction", action="store_true")
     ap.add_argument("--repro-select", nargs="*", default=REPRO_SELECT)
     ap.add_argument("--sglang-select", nargs="*", default=SGLANG_SELECT)
+    ap.add_argument("--repro-edit", nargs=2, default=REPRO_EDIT, metavar=("FILE", "QUALNAME"))
+    ap.add_argument("--sglang-edit", nargs=2, default=SGLANG_EDIT, metavar=("FILE", "QUALNAME"))
+    ap.add_argument("--summarize", nargs="*", metavar="NAME=REPORT", help="write the figures of these reports and stop")
     a = ap.parse_args()
+    if a.summarize:
+        out = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "cpus": os.cpu_count()}
+        for item in a.summarize:
+            name, _, path = item.partition("=")
+            report = json.loads(Path(path).read_text())
+            out[name] = {
+                "command": report.get("command"),
+                "sglfix_source": report.get("sglfix_source"),
+                "device": report.get("device"),
+                "wall_s": report.get("wall_s"),
+                "phases": report.get("phases"),
+                "figures": figures(report),
+                "catalogue": report.get("catalogue"),
+                "notes": report.get("notes"),
+            }
+        Path(a.json).write_text(json.dumps(relativize(out), indent=2) + "\n")
+        return
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLFIX_", "SGLANG_DEBUG"))}
     result: dict = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -140,7 +174,7 @@ def main() -> None:
         site = snapshot(work)
         if not a.skip_reproduction:
             sel = [x for g in a.repro_select for x in ("-s", g)]
-            rel, qual = REPRO_EDIT
+            rel, qual = a.repro_edit
             result["reproduction"] = series(
                 "reproduction",
                 args=["mutate", "--device", "cpu", *sel],
@@ -162,7 +196,7 @@ def main() -> None:
                 installed, tree / "sglang", copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__")
             )
             sel = [x for g in a.sglang_select for x in ("-s", g)]
-            rel, qual = SGLANG_EDIT
+            rel, qual = a.sglang_edit
             result["sglang"] = series(
                 "sglang",
                 args=["--profile", "sglang-0.5.23", "mutate", "--device", "cpu", *sel],
