@@ -203,3 +203,58 @@ def test_show_prints_the_patch_apply_reads(tmp_path):
     f = tmp_path / "shown.patch"
     f.write_text(r.stdout)
     assert [p.target for p in load_candidate(f, codebase=cb).part.patches] == [m.function]
+
+
+def test_shards_share_the_mutants_and_merge_into_the_whole_campaign(tmp_path):
+    """``--shard i/N`` runs a share of the mutants (each shard every baseline); ``--merge`` of all
+    the shards' reports is the unsharded campaign, mutant by mutant; a missing shard is refused."""
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "sglfix", "mutate", "--device", "cpu", "-s", SELECT[0]]
+    base += ["--function", "get_num_kv_splits", "--cache", str(tmp_path / "store")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DEBUG")}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*base, *args], capture_output=True, text=True, env=env, timeout=600)
+
+    whole = run("--json", str(tmp_path / "whole.json"))
+    assert whole.returncode in (0, 1), whole.stderr
+    for i in (1, 2):
+        r = run("--shard", f"{i}/2", "--json", str(tmp_path / f"s{i}.json"))
+        assert r.returncode in (0, 1), r.stderr
+    shares = [json.loads((tmp_path / f"s{i}.json").read_text()) for i in (1, 2)]
+    assert all(s["shard"] == f"{i}/2" for i, s in zip((1, 2), shares))
+    ids = [{m["id"] for m in s["mutants"]} for s in shares]
+    assert not ids[0] & ids[1]
+    merged = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sglfix",
+            "mutate",
+            "--merge",
+            str(tmp_path / "s1.json"),
+            "--merge",
+            str(tmp_path / "s2.json"),
+            "--json",
+            str(tmp_path / "merged.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert merged.returncode in (0, 1), merged.stderr
+    m = json.loads((tmp_path / "merged.json").read_text())
+    w = json.loads((tmp_path / "whole.json").read_text())
+    assert {x["id"]: x["status"] for x in m["mutants"]} == {x["id"]: x["status"] for x in w["mutants"]}
+    assert m["scores"] == w["scores"]
+    alone = subprocess.run(
+        [sys.executable, "-m", "sglfix", "mutate", "--merge", str(tmp_path / "s1.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert alone.returncode == 2 and "2/2 missing" in alone.stderr, alone.stderr

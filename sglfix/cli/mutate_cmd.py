@@ -46,6 +46,17 @@ OPTIONS.update(
             ],
             None,
         ),
+        "merge": (
+            Annotated[
+                list[str],
+                typer.Option(
+                    "--merge",
+                    metavar="REPORT",
+                    help="Merge the --shard i/N campaigns' JSON reports (repeatable) into one report; runs nothing.",
+                ),
+            ],
+            [],
+        ),
         "list_operators": (
             Annotated[bool, typer.Option("--list-operators", help="List the operators and exit.")],
             False,
@@ -106,6 +117,7 @@ MUTATE_OPTIONS = (
     "function",
     "operators",
     "show",
+    "merge",
     "list_operators",
     "all_cells",
     "first_cells",
@@ -155,6 +167,12 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
         _show(opts, given["show"], functions=functions, operators=operators)
         return
     outputs.check()
+    if given["merge"]:
+        from sglfix.report.mutation import load_mutation_report, merge_mutation_reports
+
+        report = merge_mutation_reports([load_mutation_report(p) for p in given["merge"]], names=given["merge"])
+        _write_and_print(report, outputs, given)
+        return
     from sglfix.cli.common import progress, target
 
     tgt = target(opts)
@@ -173,8 +191,6 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
     )
     campaign = run_campaign(settings, tgt, choice=choice, progress=progress, say=say)
     from sglfix.execution.mutate import campaign_report, catalogue_rows
-    from sglfix.report.mutation import fail_under
-    from sglfix.report.mutation_render import render_console, render_markdown, write_junit
 
     report = campaign_report(
         campaign,
@@ -187,6 +203,15 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
         },
         catalogue=catalogue_rows(tgt, operators=operators),
     )
+    _write_and_print(report, outputs, given)
+
+
+def _write_and_print(report: dict, outputs: Outputs, given: dict) -> None:
+    """The report to every file asked for, the console's tables, then the gate: exit 1 under
+    --fail-under, or when a mutant is an error of sglfix's."""
+    from sglfix.report.mutation import fail_under
+    from sglfix.report.mutation_render import render_console, render_markdown, write_junit
+
     if outputs.json:
         from sglfix.report.output import write_json
 

@@ -50,6 +50,7 @@ class Campaign:
     info: dict = field(default_factory=dict)  # the workers' facts (device, code base)
     wall: float = 0.0
     reaching: dict[str, int] = field(default_factory=dict)  # mutant id -> selected cells that reach it
+    shard: str | None = None  # "i/N": this campaign ran that share of the mutants
     # Surface functions no baseline entered, in the files of those some baseline did enter; how
     # many surface functions sit in files no baseline entered.
     unreached_functions: list[str] = field(default_factory=list)
@@ -119,6 +120,16 @@ def run_campaign(
     from sglfix.execution.runner import Runner
 
     start = time.perf_counter()
+    # A shard of a campaign is a share of its mutants (every shard runs every baseline: each
+    # mutant needs its cells' baselines), so that shards' reports merge mutant by mutant.
+    shard = None
+    if settings.shard is not None:
+        from sglfix.execution.shards import parse_shard
+
+        if settings.shard_costs is not None:
+            raise ConfigError("--shard-costs balances shards of cells: mutate shares mutants out; leave it out")
+        shard = parse_shard(settings.shard)
+        settings = settings.model_copy(update={"shard": None})
     base_settings = settings.model_copy(update={"record": (EVERY_FUNCTION,), "fingerprint": True})
     runner = Runner(base_settings, target, what="mutate")
     with runner.booting():
@@ -170,6 +181,9 @@ def run_campaign(
         )
         campaign.unreached_functions = unreached
         campaign.mutants += _generate(unreached, where={}, codebase=codebase, operators=choice.operators)
+    if shard is not None:
+        campaign.mutants = [m for m in campaign.mutants if _share(m.id, shard.count) == shard.index - 1]
+        campaign.shard = str(shard)
     say(
         f"{len(campaign.mutants)} mutant(s) of {len(chosen)} function(s) the selected cells run"
         + (
@@ -240,6 +254,13 @@ def _module_of(name: str) -> str:
         if p[:1].isupper():
             return ".".join(parts[:i])
     return ".".join(parts[:-1])
+
+
+def _share(mid: str, count: int) -> int:
+    """The shard (0-based) a mutant falls to: from its id, the same on every machine."""
+    import hashlib
+
+    return int(hashlib.sha1(mid.encode()).hexdigest()[:8], 16) % count
 
 
 def _phase(name: str, ran: Any) -> dict:
@@ -501,6 +522,8 @@ def campaign_report(
         "notes": notes,
         "catalogue": list(catalogue),
     }
+    if campaign.shard is not None:
+        facts["shard"] = campaign.shard
     return build_mutation_report(
         facts=facts,
         mutants=campaign.mutants,

@@ -538,6 +538,9 @@ class MutationReport(_Closed):
     mutants: list[MutantResult]
     scores: Scores
     catalogue: list[CatalogueEntry] = []
+    # "i/N": the share of the campaign's mutants this report holds (absent: all, or merged).
+    shard: str | None = None
+    merged_from: list[str] = []  # the shards merged into this report
     notes: list[str] = []
 
     @model_validator(mode="after")
@@ -776,3 +779,53 @@ def fail_under(report: Mapping[str, Any], score: float) -> tuple[bool, str]:
     ok = killed * 100 >= score * judged
     figure = f"mutation score {_pct(killed, judged, score)} ({killed} killed / {judged})"
     return ok, f"{figure} {'meets' if ok else 'is under'} {limit}{aside}"
+
+
+def merge_mutation_reports(reports: Sequence[Mapping[str, Any]], *, names: Sequence[str]) -> dict:
+    """The shards of one campaign as one report: every mutant once, the scores counted again, the
+    phases and walls summed. Shards of different campaigns (another code base, device, selection
+    or shard count), a shard given twice or missing, are refused in one line naming them."""
+    if not reports:
+        raise ConfigError("give the shards' reports to merge")
+    first = reports[0]
+    shards = []
+    for name, r in zip(names, reports):
+        for key in ("codebase", "device", "selection", "profile"):
+            if r.get(key) != first.get(key):
+                raise ConfigError(
+                    f"{name}: its {key} differs from {names[0]}'s; merge the shards of one campaign only"
+                )
+        shard = r.get("shard")
+        if shard is None:
+            raise ConfigError(f"{name}: not a shard of a campaign (no shard recorded); give the --shard i/N reports")
+        shards.append((shard, name))
+    counts = {s.split("/")[1] for s, _ in shards}
+    if len(counts) != 1:
+        raise ConfigError(f"shards of different counts ({', '.join(sorted(counts))}); merge the shards of one split")
+    count = int(counts.pop())
+    seen = {}
+    for s, name in shards:
+        if s in seen:
+            raise ConfigError(f"{name} and {seen[s]} are both shard {s}; give each shard once")
+        seen[s] = name
+    missing = [f"{i}/{count}" for i in range(1, count + 1) if f"{i}/{count}" not in seen]
+    if missing:
+        raise ConfigError(f"shard(s) {', '.join(missing)} missing; give all {count} shards' reports")
+    mutants = [m for r in reports for m in r["mutants"]]
+    mutants.sort(key=lambda r: (_order(r["status"]), r["path"], r["line"], r["id"]))
+    phases: dict[str, Any] = {}
+    for r in reports:
+        for k, v in (r.get("phases") or {}).items():
+            if v is not None:
+                phases[k] = round(phases.get(k, 0) + v, 2) if isinstance(v, float) else phases.get(k, 0) + v
+    data = {
+        **{k: v for k, v in first.items() if k not in ("mutants", "scores", "shard", "phases", "wall_s", "notes")},
+        "wall_s": round(sum(r.get("wall_s", 0.0) for r in reports), 2),
+        "phases": phases,
+        "notes": list(dict.fromkeys(n for r in reports for n in r.get("notes") or ())),
+        "mutants": mutants,
+        "scores": scores_of(mutants),
+        "merged_from": [s for s, _ in sorted(shards, key=lambda p: int(p[0].split("/")[0]))],
+    }
+    check_mutation_report(data, where="the merged report")
+    return data
