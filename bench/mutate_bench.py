@@ -142,6 +142,7 @@ def main() -> None:
     ap.add_argument("--sglang-select", nargs="*", default=SGLANG_SELECT)
     ap.add_argument("--repro-edit", nargs=2, default=REPRO_EDIT, metavar=("FILE", "QUALNAME"))
     ap.add_argument("--sglang-edit", nargs=2, default=SGLANG_EDIT, metavar=("FILE", "QUALNAME"))
+    ap.add_argument("--mutate-args", default="", help="more options of every sglfix mutate run (one string)")
     ap.add_argument("--summarize", nargs="*", metavar="NAME=REPORT", help="write the figures of these reports and stop")
     a = ap.parse_args()
     if a.summarize:
@@ -177,7 +178,7 @@ def main() -> None:
             rel, qual = a.repro_edit
             result["reproduction"] = series(
                 "reproduction",
-                args=["mutate", "--device", "cpu", *sel],
+                args=["mutate", "--device", "cpu", *sel, *a.mutate_args.split()],
                 env={**env, "PYTHONPATH": str(site)},
                 cwd=str(work),
                 edited=site / "sglfix" / "backends" / rel,
@@ -199,7 +200,7 @@ def main() -> None:
             rel, qual = a.sglang_edit
             result["sglang"] = series(
                 "sglang",
-                args=["--profile", "sglang-0.5.23", "mutate", "--device", "cpu", *sel],
+                args=["--profile", "sglang-0.5.23", "mutate", "--device", "cpu", *sel, *a.mutate_args.split()],
                 env={**env, "PYTHONPATH": os.pathsep.join((str(tree), str(site)))},
                 cwd=str(work),
                 edited=tree / "sglang" / rel,
