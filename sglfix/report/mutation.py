@@ -792,9 +792,7 @@ def merge_mutation_reports(reports: Sequence[Mapping[str, Any]], *, names: Seque
     for name, r in zip(names, reports):
         for key in ("codebase", "device", "selection", "profile"):
             if r.get(key) != first.get(key):
-                raise ConfigError(
-                    f"{name}: its {key} differs from {names[0]}'s; merge the shards of one campaign only"
-                )
+                raise ConfigError(f"{name}: its {key} differs from {names[0]}'s; merge the shards of one campaign only")
         shard = r.get("shard")
         if shard is None:
             raise ConfigError(f"{name}: not a shard of a campaign (no shard recorded); give the --shard i/N reports")
