@@ -272,3 +272,32 @@ def test_the_readmes_mutant_id_is_one_of_todays_code():
     for mid, function in shown:
         found = mutants_on_surface(codebase=get_codebase("reproduction"), functions=(function,))
         assert mid in {m.id for m in found}, f"README's mutant {mid} is no mutant of {function} now"
+
+
+def test_a_second_campaign_is_served_but_for_what_the_store_never_keeps(tmp_path):
+    """The same campaign again runs only the cells the store never keeps (a dead worker, sglfix's
+    failure, a timeout: a re-run may answer otherwise); a mutant cell that crashed before it built
+    any metadata is kept like any other (None passed to a kernel: CRASH at the launch)."""
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "sglfix", "mutate", "--device", "cpu", "-s", SELECT[0]]
+    base += ["--function", "_fill_kv_indices", "--operators", "none-arg", "--cache", str(tmp_path / "store")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DEBUG")}
+    reports = []
+    for i in (1, 2):
+        r = subprocess.run([*base, "--json", str(tmp_path / f"{i}.json")], capture_output=True, text=True, env=env)
+        assert r.returncode in (0, 1), r.stderr
+        reports.append(json.loads((tmp_path / f"{i}.json").read_text()))
+    first, second = reports
+    crashed = [m for m in first["mutants"] if any(k["verdict"] == "CRASH" for k in m["killed_by"])]
+    assert crashed, "none-arg on the kernel launch crashes it"
+    kept_out = sum(
+        1
+        for m in first["mutants"]
+        for c in m["killed_by"] + m["not_judged"]
+        if c["verdict"] in ("FAULT", "ERROR", "TIMEOUT")
+    )
+    assert second["phases"]["ran"] == kept_out
+    assert second["phases"]["served"] == first["phases"]["mutant_cells"] - kept_out
+    assert {m["id"]: m["status"] for m in second["mutants"]} == {m["id"]: m["status"] for m in first["mutants"]}

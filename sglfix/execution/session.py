@@ -161,7 +161,7 @@ class Session:
                         result = run_cell(scenario, device=self.device, toggles=toggles)
                     else:
                         result = self._run_recording(scenario, toggles, [str(t) for t in record or ()], deps=deps)
-                if fp is not None and (fp.views or fp.output is not None):
+                if fp is not None:  # asked for: present even empty (the store tells it from "not asked")
                     result.fingerprint = fp.to_json()
             if interpreter.installed():
                 after = interpreter.stats()

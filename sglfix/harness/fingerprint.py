@@ -48,7 +48,10 @@ class Fingerprint:
         self.output = hashlib.sha256(_bytes(out)).hexdigest()[:16]
 
     def to_json(self) -> dict:
-        return {"metadata": self.metadata.hexdigest()[:16], "output": self.output, "views": self.views}
+        # A cell that built nothing (it failed first, or a probe) digests nothing: None, never the
+        # digest of nothing, which would read as "the same metadata".
+        metadata = self.metadata.hexdigest()[:16] if self.views else None
+        return {"metadata": metadata, "output": self.output, "views": self.views}
 
 
 def _fields(metadata: Any) -> list[tuple[str, Any]]:

@@ -155,7 +155,7 @@ def _timings(value: Any) -> Any:
 class Fingerprint(_Closed):
     """Digests of the metadata a cell built and of its output (sglfix.harness.fingerprint)."""
 
-    metadata: str
+    metadata: str | None = None  # None: nothing was built (the cell failed first, or a probe)
     output: str | None = None
     views: int = 0
 
