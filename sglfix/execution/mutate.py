@@ -147,14 +147,12 @@ def run_campaign(
         info=dict(ran.info),
     )
     campaign.phases.append(_phase("baselines", ran))
-    where: dict[str, str] = {}  # function -> "file:line" as its baseline recorded it
     for r in ran.results:
         if r.verdict in _UNUSABLE or r.reached is None:
             campaign.unusable[r.scenario] = r.key_figure or r.verdict
             continue
         for name in r.reached:
             campaign.reached.setdefault(name, []).append(r.scenario)
-        where.update(r.reached_at or {})
     say(
         f"{len(ran.results)} baseline(s) ran; {len(campaign.reached)} function(s) of the code base entered"
         + (f"; {len(campaign.unusable)} baseline(s) cannot judge a mutant" if campaign.unusable else "")
@@ -175,12 +173,12 @@ def run_campaign(
         campaign.mutants = list(given)
         campaign.functions = sorted({m.function for m in given})
     else:
-        campaign.mutants = _generate(chosen, where=where, codebase=codebase, operators=choice.operators)
+        campaign.mutants = _generate(chosen, codebase=codebase, operators=choice.operators)
         unreached, campaign.elsewhere, campaign.elsewhere_files = _unreached(
             chosen, reached=list(campaign.reached), codebase=codebase, functions=functions
         )
         campaign.unreached_functions = unreached
-        campaign.mutants += _generate(unreached, where={}, codebase=codebase, operators=choice.operators)
+        campaign.mutants += _generate(unreached, codebase=codebase, operators=choice.operators)
     if shard is not None:
         campaign.mutants = [m for m in campaign.mutants if _share(m.id, shard.count) == shard.index - 1]
         campaign.shard = str(shard)
@@ -330,48 +328,35 @@ def _run_round(runner: Any, cells: dict[str, list[Any]], *, progress: Any, campa
     return list(ran.results)
 
 
-def _generate(functions: Sequence[str], *, where: dict[str, str], codebase: Any, operators: Any) -> list[Any]:
-    """The mutants of each function, from its file in the installed code base."""
+def _generate(functions: Sequence[str], *, codebase: Any, operators: Any) -> list[Any]:
+    """The mutants of each function, from its file in the installed code base (found as the
+    catalogue and ``doctor --source`` find a toggle's target)."""
     from sglfix.common.codebase import package_dir
+    from sglfix.common.errors import SglfixError
+    from sglfix.mutation.catalogue import locate_function
     from sglfix.mutation.operators import mutants_of_function
 
     root = package_dir(codebase.package)
     if root is None:
         raise ConfigError(f"{codebase.package} is not installed here; mutate changes its installed source")
     out: list[Any] = []
-    texts: dict[str, str] = {}
+    texts: dict[Path, str] = {}
     for name in functions:
-        located = _locate(name, root=root, package=codebase.package)
-        if located is None:
-            continue
-        rel, qualname = located
-        path = os.path.join(root, rel)
+        try:
+            path, qualname, _source, _first = locate_function(name, codebase.package, Path(root))
+        except SglfixError:
+            continue  # not a function of a file of the package (defined at run time): nothing to change
         if path not in texts:
-            texts[path] = Path(path).read_text(encoding="utf-8")
+            texts[path] = path.read_text(encoding="utf-8")
         out += mutants_of_function(
             texts[path],
             qualname=qualname,
             function=name,
-            path=codebase.repo_prefix + rel.replace(os.sep, "/"),
+            path=codebase.repo_prefix + path.relative_to(root).as_posix(),
             operators=operators,
         )
     unique = {m.id: m for m in out}
     return list(unique.values())
-
-
-def _locate(name: str, *, root: str, package: str) -> tuple[str, str] | None:
-    """``(file below root, qualname)`` of a dotted function of ``package``: the longest module
-    prefix that is a file of the package."""
-    parts = name.split(".")
-    top = package.split(".")
-    if parts[: len(top)] != top:
-        return None
-    rest = parts[len(top) :]
-    for cut in range(len(rest) - 1, 0, -1):
-        rel = os.path.join(*rest[:cut]) + ".py"
-        if os.path.isfile(os.path.join(root, rel)):
-            return rel, ".".join(rest[cut:])
-    return None
 
 
 def _load(mutants: Sequence[Any], *, codebase: Any) -> tuple[list[Any], dict[str, str]]:
@@ -447,7 +432,7 @@ def _could_hold(module: str, glob: str) -> bool:
 def mutants_on_surface(*, codebase: Any, functions: Sequence[str] = (), operators: Any = None) -> list[Any]:
     """Every mutant of the installed code base's surface (or of the ``functions`` patterns), made
     from its files alone, no cell run: what ``mutate --show ID`` looks an id up in."""
-    return _generate(_declared(codebase, functions), where={}, codebase=codebase, operators=operators)
+    return _generate(_declared(codebase, functions), codebase=codebase, operators=operators)
 
 
 def catalogue_rows(target: Any, *, operators: Any = None) -> list[dict]:

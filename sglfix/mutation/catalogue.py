@@ -121,7 +121,7 @@ def _new_lines(fixed: list[str], reverted: list[str]) -> list[str]:
     return [reverted[j].strip() for tag, _, _, j1, j2 in ops.get_opcodes() if tag != "equal" for j in range(j1, j2)]
 
 
-def _where(target: str, package: str, source_root: Path) -> tuple[Path, str, str, int]:
+def locate_function(target: str, package: str, source_root: Path) -> tuple[Path, str, str, int]:
     """(file, qualname, function source, its first line) of ``target`` under ``source_root``,
     found as ``doctor --source`` finds a toggle's target."""
     from sglfix.toggling.doctor import _locate_in
@@ -168,7 +168,7 @@ def _row_for(
     if not target.startswith(package + "."):
         return none(f"not a function of {package}: nothing to mutate")
     try:
-        path, qualname, source, first = _where(target, package, source_root)
+        path, qualname, source, first = locate_function(target, package, source_root)
         repo_path = repo_prefix + path.relative_to(source_root).as_posix()
         reverted = _revert(source, patches, filename=repo_path, first=first)
     except SglfixError as exc:

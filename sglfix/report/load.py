@@ -18,7 +18,17 @@ from sglfix.common.errors import ConfigError
 from sglfix.report.jsonreport import SCHEMA
 from sglfix.report.schema import cell_label, check_report
 
-__all__ = ["SCHEMA", "cell_costs", "cell_id", "cell_key", "count_verdicts", "describe", "key_figure", "load_report"]
+__all__ = [
+    "SCHEMA",
+    "cell_costs",
+    "cell_id",
+    "cell_key",
+    "count_verdicts",
+    "describe",
+    "key_figure",
+    "load_report",
+    "read_json_report",
+]
 
 _FIX = "give a report written by sglfix matrix/run --json"
 
@@ -56,7 +66,7 @@ def _other_kind(data: object) -> str | None:
 def load_report(path: str) -> dict:
     """The report in ``path`` with ``schema`` set (1 when the file has none) and every cell
     carrying its ``id``; ConfigError (exit 2, one line naming the file) for anything else."""
-    data = _read_json(path)
+    data = read_json_report(path)
     kind = _other_kind(data)
     if kind:
         raise ConfigError(f"{path} is {kind}, not a run or matrix report; give the JSON of sglfix run or matrix --json")
@@ -85,30 +95,32 @@ def load_report(path: str) -> dict:
 MAX_REPORT_BYTES = 1 << 30  # a report of every cell of the largest matrices is tens of MB
 
 
-def _read_json(path: str) -> Any:
+def read_json_report(path: str, *, kind: str = "sglfix report", fix: str = _FIX) -> Any:
+    """The JSON value in the report file ``path``; a one-line ConfigError naming the file, what it
+    is not (``kind``) and ``fix`` else."""
     p = Path(path)
     if p.is_dir():
-        raise ConfigError(f"{path} is a directory; {_FIX}")
+        raise ConfigError(f"{path} is a directory; {fix}")
     from sglfix.common.yamlio import read_regular_bytes
 
     try:
-        raw = read_regular_bytes(p, what=path, max_bytes=MAX_REPORT_BYTES, fix=_FIX)
+        raw = read_regular_bytes(p, what=path, max_bytes=MAX_REPORT_BYTES, fix=fix)
     except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file; {_FIX}") from None
+        raise ConfigError(f"{path}: no such file; {fix}") from None
     except OSError as exc:
         raise ConfigError(f"{path} cannot be read ({exc.strerror or exc}); check its permissions") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not a sglfix report: not UTF-8 text; {_FIX}") from None
+        raise ConfigError(f"{path} is not a {kind}: not UTF-8 text; {fix}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(
-            f"{path} is not a sglfix report: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); {_FIX}"
+            f"{path} is not a {kind}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); {fix}"
         ) from None
     except RecursionError:
-        raise ConfigError(f"{path} is not a sglfix report: JSON nested too deeply; {_FIX}") from None
+        raise ConfigError(f"{path} is not a {kind}: JSON nested too deeply; {fix}") from None
 
 
 def describe(path: str, report: dict) -> dict:

@@ -25,13 +25,12 @@ equivalent, timeout and error mutants are counted apart, never in its denominato
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -676,22 +675,9 @@ def check_mutation_report(data: Any, *, where: str, fix: str = _FIX) -> Mutation
 
 def load_mutation_report(path: str) -> dict:
     """The mutation report in ``path``, checked whole; ConfigError (one line naming the file) else."""
-    from sglfix.common.yamlio import read_regular_bytes
-    from sglfix.report.load import MAX_REPORT_BYTES
+    from sglfix.report.load import read_json_report
 
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{path} is a directory; {_FIX}")
-    try:
-        raw = read_regular_bytes(p, what=path, max_bytes=MAX_REPORT_BYTES, fix=_FIX)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file; {_FIX}") from None
-    except OSError as exc:
-        raise ConfigError(f"{path} cannot be read ({exc.strerror or exc}); check its permissions") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise ConfigError(f"{path} is not a mutation report: not JSON text; {_FIX}") from None
+    data = read_json_report(path, kind="mutation report", fix=_FIX)
     if not isinstance(data, dict) or data.get("tool") != TOOL:
         tool = data.get("tool") if isinstance(data, dict) else None
         was = f' ("tool" is {show(tool)})' if tool is not None else ""
