@@ -93,6 +93,25 @@ def is_out_of_gpu_memory(exc: BaseException) -> bool:
     return any(text in _first_line(exc) for text in _OUT_OF_MEMORY_TEXTS)
 
 
+# What CUDA says of a fault of the device itself (as against a call refused on the host).
+_DEVICE_FAULT_TEXTS = (
+    "illegal memory access",
+    "illegal address",
+    "device-side assert",
+    "misaligned address",
+    "operation not supported on global/shared address space",
+    "unspecified launch failure",
+    "illegal instruction",
+)
+
+
+def is_device_fault(exc: BaseException) -> bool:
+    """A kernel faulted on the GPU (CUDA's error, raised wherever the next wait happened to be);
+    never an out-of-memory error, which says nothing of the code under test."""
+    line = _first_line(exc)
+    return "CUDA error" in line and any(text in line for text in _DEVICE_FAULT_TEXTS) and not is_out_of_gpu_memory(exc)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc)
     return text.splitlines()[0] if text else ""
@@ -105,7 +124,7 @@ def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = Non
         return _run(scenario, device=device, result=result, stage_box=["setup"])
     except _Staged as staged:  # _run wraps every exception with the stage it was raised in
         exc, stage = staged.exc, staged.stage
-    from sglfix.harness.adapters.base import Unavailable
+    from sglfix.harness.adapters.base import BrokenContract, Unavailable
 
     if isinstance(exc, Unavailable):
         result.add("SKIP", str(exc), stage=stage)
@@ -134,6 +153,21 @@ def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = Non
             stage=stage,
             frame=where,
             misfit=True,
+        )
+    elif isinstance(exc, BrokenContract):
+        result.add("CRASH", f"{exc} [{stage}, {where}]", type=type(exc).__name__, stage=stage, frame=where)
+    elif is_device_fault(exc):
+        # A fault of the device (an illegal address, a device-side assert) is asynchronous: it
+        # surfaces at the next wait, often one of sglfix's, though a kernel this cell launched
+        # raised it. A worker owns its GPU context alone when this is judged (a context lost
+        # under MPS is run again alone: sglfix.execution.pool), so the fault is this cell's.
+        result.add(
+            "CRASH",
+            f"device fault: {type(exc).__name__}: {_first_line(exc)[:160]} [{stage}, surfaced at {where}]",
+            type=type(exc).__name__,
+            stage=stage,
+            frame=where,
+            device_fault=True,
         )
     elif raised_by_code_under_test(exc):
         result.add(

@@ -23,7 +23,7 @@ from typing import Any
 
 from sglfix.common.codebase import active_package, is_code_under_test, under
 
-__all__ = ["Standin", "innermost_owner", "misfit"]
+__all__ = ["PASSTHROUGH", "Standin", "innermost_owner", "misfit"]
 
 
 class Standin(SimpleNamespace):
@@ -40,6 +40,10 @@ _POISON_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "poison.
 # The CPU stand-ins for Triton's launcher (the interpreter's set-up and its launch memo): where a
 # kernel launch fails inside Triton itself (a None where a tensor is wanted), the launch is the
 # code under test's, as on a GPU, where no frame of sglfix sits between it and Triton.
+# The local a wrapper of sglfix's that stands between the code under test and a library (a torch
+# function mode, Triton's launch tracer) sets just before it forwards the call: an error from
+# there on is the caller's, while one its own code raised before that stays sglfix's.
+PASSTHROUGH = "__sglfix_passthrough__"
 _LAUNCH_FILES = tuple(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in ("interpreter.py", "tritonkey.py")
 )
@@ -47,16 +51,21 @@ _LAUNCH_FILES = tuple(
 
 def innermost_owner(exc: BaseException, *, package: str | None = None) -> str | None:
     """Who owns the innermost frame that is not a library's: "code" (the code under test),
-    "sglfix", or None (only library frames). Library frames (torch, triton) are skipped."""
-    frames = traceback.extract_tb(exc.__traceback__)
+    "sglfix", or None (only library frames). Library frames (torch, triton) are skipped, and so
+    are sglfix's wrappers that were forwarding the call when it failed (``PASSTHROUGH``)."""
+    frames: list[tuple[str, bool]] = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, bool(tb.tb_frame.f_locals.get(PASSTHROUGH))))
+        tb = tb.tb_next
     # Raised inside a library (not by sglfix's launch stand-in itself): the stand-in is passed through.
-    in_library = bool(frames) and not os.path.abspath(frames[-1].filename).startswith(_SGLFIX_DIR)
-    for fr in reversed(frames):
-        if is_code_under_test(fr.filename, package=package):
+    in_library = bool(frames) and not os.path.abspath(frames[-1][0]).startswith(_SGLFIX_DIR)
+    for filename, forwarding in reversed(frames):
+        if is_code_under_test(filename, package=package):
             return "code"
-        if fr.filename == _POISON_FILE or (in_library and os.path.abspath(fr.filename) in _LAUNCH_FILES):
+        if forwarding or filename == _POISON_FILE or (in_library and os.path.abspath(filename) in _LAUNCH_FILES):
             continue
-        if os.path.abspath(fr.filename).startswith(_SGLFIX_DIR):
+        if os.path.abspath(filename).startswith(_SGLFIX_DIR):
             return "sglfix"
     return None
 

@@ -132,6 +132,7 @@ def wrap_compiled_launches() -> bool:
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _ACTIVE:
             note(getattr(self.fn, "__code__", None))
+        __sglfix_passthrough__ = True  # noqa: F841 (a failed launch is its caller's: harness.misfit)
         return original(self, *args, **kwargs)
 
     run._sglfix_noted = True  # type: ignore[attr-defined]

@@ -9,6 +9,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from sglfix.harness.adapters.base import BrokenContract
+
 __all__ = ["attend_steps", "draft_layer", "draft_reference", "draft_truth"]
 
 
@@ -101,6 +103,9 @@ def attend_steps(case: Any, backend: Any, view: Any, *, mla: bool) -> Any:
     )
     rows = view.batch_size * topk
     outs = []
+    have = len(backend.attn_backends)
+    if have < steps - 1:  # the engine's draft loop indexes one step backend per step
+        raise BrokenContract(f"the multi-step draft backend has {have} step backend(s) for {steps - 1} draft step(s)")
     for i in range(steps - 1):
         q = torch.zeros(rows, truth.heads, truth.dim, dtype=case.dtype, device=dev)
         q[: bs * topk] = truth.q[:, :, i].reshape(bs * topk, truth.heads, truth.dim)

@@ -42,7 +42,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import AdapterBase, Prepared, Unavailable
+from sglfix.harness.adapters.base import AdapterBase, BrokenContract, Prepared, Unavailable
 from sglfix.harness.adapters.sglang.draft_checks import (
     check_draft_metadata,
     check_planned_reads,
@@ -115,6 +115,8 @@ class FlashInferDraftAdapter(AdapterBase):
                 case.notes.append(kit.MLA_GATE_NOTE)
             stack.enter_context(case.allocs)
             backend = kit.draft_backend_factory(case.runner, case.topk, case.num_steps).create_decode_backend()
+        if backend is None:
+            raise BrokenContract(f"create_decode_backend built no draft backend for {case.num_steps} step(s)")
         backend._sglfix_case = case  # for static_buffers: the guard zones of this backend's allocations
         if not case.host:
             observe_steps(backend, case.tables)

@@ -82,6 +82,7 @@ class CudaAllocations(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         kind = _FACTORIES.get(func)
         if kind is None or not _is_cuda(kwargs.get("device")):
+            __sglfix_passthrough__ = True  # an error of func is its caller's: harness.misfit
             return func(*args, **kwargs)
         if self.remap and not torch.cuda.is_available():
             kwargs["device"] = "cpu"
@@ -93,6 +94,7 @@ class CudaAllocations(TorchFunctionMode):
             tuple(size) if isinstance(size, (tuple, list, torch.Size)) else tuple(args[: len(args) - (kind == "full")])
         )
         if not (self.guard and len(shape) == 2 and dtype in (torch.int32, torch.int64)):
+            __sglfix_passthrough__ = True  # noqa: F841
             return func(*args, **kwargs)
         numel = int(shape[0]) * int(shape[1])
         extra = max(numel, self.guard_min)
