@@ -124,7 +124,8 @@ def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = Non
         return _run(scenario, device=device, result=result, stage_box=["setup"])
     except _Staged as staged:  # _run wraps every exception with the stage it was raised in
         exc, stage = staged.exc, staged.stage
-    from sglfix.harness.adapters.base import BrokenContract, Unavailable
+    from sglfix.harness.adapters.base import Unavailable
+    from sglfix.harness.codefault import code_fault_of
 
     if isinstance(exc, Unavailable):
         result.add("SKIP", str(exc), stage=stage)
@@ -154,8 +155,8 @@ def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = Non
             frame=where,
             misfit=True,
         )
-    elif isinstance(exc, BrokenContract):
-        result.add("CRASH", f"{exc} [{stage}, {where}]", type=type(exc).__name__, stage=stage, frame=where)
+    elif (fault := code_fault_of(exc)) is not None:
+        result.add("CRASH", f"{fault} [{stage}, {where}]", type=type(fault).__name__, stage=stage, frame=where)
     elif is_device_fault(exc):
         # A fault of the device (an illegal address, a device-side assert) is asynchronous: it
         # surfaces at the next wait, often one of sglfix's, though a kernel this cell launched

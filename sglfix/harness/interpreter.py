@@ -16,6 +16,12 @@ Two costs dominate an interpreted matrix, and both are repeated work:
   pre-run hooks, an argument of an unknown type) always run. A launch that raises is never
   stored, so a CRASH is reproduced by running it again.
 
+One guard rides along: a kernel that loads or stores outside every tensor it was given (a bad
+index or length in the metadata) reads or writes the worker's own memory in the interpreter, and
+the worker dies of it or computes on garbage; on a GPU it is an illegal address. Each launch's
+accesses are checked against its arguments' storages first, and such a launch raises
+``OutOfBounds`` (the code's CRASH, ``sglfix.harness.codefault``) before it touches anything.
+
 One correction rides along: the interpreter's ``tl.dot`` multiplies bfloat16 operands as raw
 bits; ``install`` widens them to float32 first (what the GPU computes), so bfloat16 cells of
 real sglang mean on CPU what they mean on the GPU.
@@ -359,10 +365,74 @@ def _record(run: Any, views: list, storages: list) -> tuple[Any, _Entry | None]:
     return out, _Entry(reads, _digest(reads, before), writes)
 
 
+class _Bounds:
+    """The storages a running launch was given: every access must lie inside one of them."""
+
+    current: ClassVar[_Bounds | None] = None
+
+    def __init__(self, kernel: str, storages: list) -> None:
+        import numpy as np
+
+        spans = sorted((s.data_ptr(), s.data_ptr() + s.nbytes()) for s in storages)
+        self.kernel = kernel
+        self.bases = np.array([b for b, _ in spans], dtype=np.uint64)
+        self.ends = np.array([e for _, e in spans], dtype=np.uint64)
+
+    def check(self, ptrs: Any, mask: Any, itemsize: int, kind: str) -> None:
+        import numpy as np
+
+        addrs = np.asarray(ptrs, dtype=np.uint64)
+        if mask is not None:
+            addrs = addrs[np.broadcast_to(np.asarray(mask, dtype=bool), addrs.shape)]
+        addrs = addrs.ravel()
+        if not addrs.size:
+            return
+        slot = np.searchsorted(self.bases, addrs, side="right").astype(np.int64) - 1
+        outside = (slot < 0) | (addrs + np.uint64(itemsize) > self.ends[np.maximum(slot, 0)])
+        if bool(outside.any()):
+            from sglfix.harness.codefault import OutOfBounds
+
+            raise OutOfBounds(
+                f"kernel {self.kernel} {kind}s outside every tensor it was given "
+                f"({int(outside.sum())} of {addrs.size} address(es) of one {kind})"
+            )
+
+
+def _argument_storages(args: tuple, kwargs: dict) -> list | None:
+    """The storages of every tensor argument, as the interpreter finds them (a wrapped tensor's
+    base, a descriptor's base, inside tuples); None when an argument holds memory another way."""
+    out: dict[int, Any] = {}
+
+    def visit(arg: Any) -> bool:
+        if isinstance(arg, (tuple, list)):
+            return all(visit(a) for a in arg)
+        if type(arg).__name__ == "TensorDescriptor":
+            return visit(arg.base)
+        if not hasattr(arg, "data_ptr"):
+            return True
+        base = getattr(arg, "base", arg) if type(arg).__name__ == "TensorWrapper" else arg
+        if not hasattr(base, "untyped_storage"):
+            return False
+        storage = base.untyped_storage()
+        out.setdefault(storage.data_ptr(), storage)
+        return True
+
+    if not all(visit(a) for a in (*args, *kwargs.values())):
+        return None
+    return list(out.values())
+
+
 def _make_run(original: Any, jit_types: tuple) -> Any:
     def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-        with kernel_running(self):
-            return memo_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        storages = None if warmup else _argument_storages(args, kwargs)
+        outer = _Bounds.current
+        name = getattr(getattr(self, "fn", None), "__name__", "?")
+        _Bounds.current = _Bounds(name, storages) if storages is not None else None
+        try:
+            with kernel_running(self):
+                return memo_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        finally:
+            _Bounds.current = outer
 
     def memo_run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         if warmup or not _STATE["memo"] or _Recorder.current is not None:
@@ -399,12 +469,15 @@ def _make_builder_hooks(interp: Any) -> None:
         original = getattr(cls, name)
 
         def load_or_store(self: Any, ptrs: Any, *rest: Any, **kw: Any) -> Any:
-            rec = _Recorder.current
-            if rec is not None:
+            rec, bounds = _Recorder.current, _Bounds.current
+            if rec is not None or bounds is not None:
                 at = 0 if kind == "load" else 1
                 mask = rest[at] if len(rest) > at else kw["mask"]
                 size = np_dtype(ptrs.get_element_ty()).itemsize
-                rec.touch(ptrs.data, mask.data, size, rec.loads if kind == "load" else rec.stores)
+                if bounds is not None:
+                    bounds.check(ptrs.data, mask.data, size, kind)
+                if rec is not None:
+                    rec.touch(ptrs.data, mask.data, size, rec.loads if kind == "load" else rec.stores)
             return original(self, ptrs, *rest, **kw)
 
         setattr(cls, name, load_or_store)

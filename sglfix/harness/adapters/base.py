@@ -8,25 +8,11 @@ from typing import Any, Protocol
 
 from sglfix.harness.invariants import MetadataFields
 
-__all__ = [
-    "AdapterBase",
-    "BackendAdapter",
-    "BrokenContract",
-    "MetadataHook",
-    "Prepared",
-    "Unavailable",
-    "require_flashinfer",
-]
+__all__ = ["AdapterBase", "BackendAdapter", "MetadataHook", "Prepared", "Unavailable", "require_flashinfer"]
 
 
 class Unavailable(Exception):
     """The cell cannot run on this machine (a SKIP with this reason, never a failure)."""
-
-
-class BrokenContract(Exception):
-    """The code under test handed back what none of its callers in the engine could use (no
-    backend where a factory must build one, fewer step backends than draft steps). sglfix plays
-    that caller's part, so the failure it meets there is the code's CRASH, not sglfix's ERROR."""
 
 
 def require_flashinfer(device: str) -> None:

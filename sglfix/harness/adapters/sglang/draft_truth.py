@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import BrokenContract
+from sglfix.harness.codefault import BrokenContract
 
 __all__ = ["attend_steps", "draft_layer", "draft_reference", "draft_truth"]
 

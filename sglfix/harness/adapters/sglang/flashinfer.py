@@ -42,7 +42,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import AdapterBase, BrokenContract, Prepared, Unavailable
+from sglfix.harness.adapters.base import AdapterBase, Prepared, Unavailable
 from sglfix.harness.adapters.sglang.draft_checks import (
     check_draft_metadata,
     check_planned_reads,
@@ -53,6 +53,7 @@ from sglfix.harness.adapters.sglang.draft_checks import (
 )
 from sglfix.harness.adapters.sglang.draft_truth import attend_steps, draft_reference
 from sglfix.harness.cell import NoOutput
+from sglfix.harness.codefault import BrokenContract
 from sglfix.harness.invariants import MetadataFields
 
 __all__ = ["ADAPTER", "FlashInferDraftAdapter"]
