@@ -537,6 +537,35 @@ TRTLLM = Path("srt") / "layers" / "attention" / "trtllm_mla_backend.py"
 IN_A_CALL = "            layer.scaling,\n"
 
 
+def test_a_crash_served_after_an_edit_above_its_function_cites_the_line_the_file_holds_now(tmp_path):
+    """A result that cites a line is keyed on the positions inside the functions of the file it
+    names, counted from each function's first line: an edit above the function (lines inserted
+    before it) moves the function whole, the result is served, and the line it cites moves with
+    it, as a run without the store would cite it."""
+    site = _site(tmp_path)
+    backend = Path("backends") / "srt" / "layers" / "attention" / "triton_backend.py"
+    _replace(
+        site,
+        backend,
+        "        bs = forward_batch.batch_size\n",
+        "        bs = forward_batch.batch_size\n        raise RuntimeError('planted')\n",
+    )
+    store = tmp_path / "store"
+    cell = ("-s", "triton-decode@cg=eager,gpu_only=off", "--jobs", "1")
+    first = _run(site, "1.json", *cell, store=store, tmp=tmp_path)
+    (key,) = first
+    said = first[key]["findings"][0]["message"]
+    assert first[key]["verdict"] == "CRASH" and "triton_backend.py:" in said, first
+    text = _path(site, backend).read_text()
+    _write(site, backend, "# one\n# two\n# three\n" + text)
+    moved = _run(site, "2.json", *cell, store=store, tmp=tmp_path)
+    fresh = _run(site, "3.json", *cell, store=None, tmp=tmp_path)
+    assert moved[key].get("stored"), "an edit above the function re-ran its crash"
+    assert moved[key]["findings"][0]["message"] == fresh[key]["findings"][0]["message"] != said
+    line = int(said.split("triton_backend.py:")[1].split()[0])
+    assert f"triton_backend.py:{line + 3} " in moved[key]["findings"][0]["message"]
+
+
 def _edit(tree: Path, rel: Path, old: str, new: str) -> None:
     """Replace the link ``tree/sglang/rel`` with a file of its text edited (the installed file stays)."""
     path = tree / "sglang" / rel

@@ -16,6 +16,7 @@ Three steps, each through the one runner (workers, ``--devices``, Ray, the resul
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import tempfile
@@ -196,7 +197,7 @@ def run_campaign(
     # Only a mutant some cell will run is loaded (a diff checked against the source is the costly
     # step); the others are listed as they are, not reached.
     runnable = [m for m in campaign.mutants if campaign.reached.get(m.function)]
-    candidates, campaign.load_errors = _load(runnable, codebase=codebase)
+    candidates, campaign.load_errors = _load(runnable, codebase=codebase, memo_dir=runner.store_dir)
     by_id = {c.id: c for c in candidates}
     scenario_of = {s.name: s for s in plan.scenarios}
     baseline_of = {r.scenario: r for r in ran.results}
@@ -359,16 +360,23 @@ def _generate(functions: Sequence[str], *, codebase: Any, operators: Any) -> lis
     return list(unique.values())
 
 
-def _load(mutants: Sequence[Any], *, codebase: Any) -> tuple[list[Any], dict[str, str]]:
+def _load(mutants: Sequence[Any], *, codebase: Any, memo_dir: str | None = None) -> tuple[list[Any], dict[str, str]]:
     """Each mutant's diff loaded as a candidate fix (``--apply``'s loader, so that what runs is
     what ``mutate --show`` prints and ``--apply`` replays); one that cannot be loaded is an
-    error of sglfix's operators, said per mutant, never dropped silently."""
+    error of sglfix's operators, said per mutant, never dropped silently. With a result store
+    (``memo_dir``), a mutant mapped by an earlier campaign onto the same file with the same
+    loader is taken from its memo (``_Mapped``): mapping is most of a served campaign's own work."""
     from sglfix.toggling.candidate import load_candidate
 
+    memo = _Mapped(memo_dir, codebase) if memo_dir else None
     out, errors = [], {}
     with tempfile.TemporaryDirectory(prefix="sglfix-mutants-") as folder:
         for m in mutants:
             path = os.path.join(folder, f"{m.id}.patch")
+            known = memo.get(m, path) if memo else None
+            if known is not None:
+                out.append(known)
+                continue
             Path(path).write_text(m.diff, encoding="utf-8")
             try:
                 cand = load_candidate(path, codebase=codebase)
@@ -376,7 +384,113 @@ def _load(mutants: Sequence[Any], *, codebase: Any) -> tuple[list[Any], dict[str
                 errors[m.id] = str(exc).replace(path, f"{m.id}.patch")
                 continue
             out.append(cand)
+            if memo:
+                memo.put(m, cand)
+    if memo:
+        memo.save()
     return out, errors
+
+
+class _Mapped:
+    """Mutants mapped onto the installed source by an earlier campaign, in the result store's
+    folder: keyed by the diff, the file it changes as it is now, the code base and sglfix's
+    loader (the ``toggling`` and ``patching`` packages' sources), so that an entry is only ever
+    what loading the diff again would give. Written whole and atomically; a file that cannot be
+    read is an empty memo."""
+
+    _FILE = "mutants-mapped.json"
+
+    def __init__(self, folder: str, codebase: Any) -> None:
+        import hashlib
+        import json
+
+        from sglfix.common.codebase import package_dir
+
+        self.path = Path(folder) / self._FILE
+        self.codebase = codebase
+        self.root = package_dir(codebase.package)
+        self.files: dict[str, str | None] = {}
+        loader = hashlib.sha256(codebase.package.encode())
+        here = Path(__file__).resolve().parent.parent
+        for sub in ("toggling", "patching"):
+            for f in sorted((here / sub).glob("*.py")):
+                loader.update(f.name.encode() + f.read_bytes())
+        self.loader = loader.hexdigest()
+        try:
+            held = json.loads(self.path.read_text(encoding="utf-8"))
+            self.entries = held["entries"] if held.get("loader") == self.loader else {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            self.entries = {}
+        self.changed = False
+
+    def _key(self, m: Any) -> str | None:
+        import hashlib
+
+        rel = m.path[len(self.codebase.repo_prefix) :] if m.path.startswith(self.codebase.repo_prefix) else m.path
+        if rel not in self.files:
+            try:
+                self.files[rel] = hashlib.sha256((Path(self.root) / rel).read_bytes()).hexdigest()
+            except (OSError, TypeError):
+                self.files[rel] = None
+        if self.files[rel] is None:
+            return None
+        return hashlib.sha256(f"{m.path}\0{self.files[rel]}\0{m.diff}".encode()).hexdigest()
+
+    def get(self, m: Any, path: str) -> Any:
+        import hashlib
+
+        from sglfix.patching.types import PatchSpec
+        from sglfix.toggling.candidate import Candidate
+        from sglfix.toggling.registry import Part
+
+        key = self._key(m)
+        entry = self.entries.get(key) if key else None
+        if entry is None:
+            return None
+        try:
+            patches = tuple(PatchSpec.model_validate(p) for p in entry["patches"])
+            cid = "+" + m.id
+            return Candidate(
+                id=cid,
+                path=path,
+                sha256=hashlib.sha256(m.diff.encode()).hexdigest(),
+                title=entry["title"],
+                url=entry["url"],
+                package=self.codebase.package,
+                part=Part(name=cid, summary=entry["title"], patches=patches),
+                notes=tuple(entry["notes"]),
+                text=m.diff,
+            )
+        except Exception:  # a damaged entry: the diff is loaded again
+            return None
+
+    def put(self, m: Any, cand: Any) -> None:
+        key = self._key(m)
+        if key is None or cand.text != m.diff or cand.id != "+" + m.id:
+            return
+        self.entries[key] = {
+            "title": cand.title,
+            "url": cand.url,
+            "notes": list(cand.notes),
+            "patches": [p.model_dump(mode="json") for p in cand.part.patches],
+        }
+        self.changed = True
+
+    def save(self) -> None:
+        import json
+
+        if not self.changed:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(
+                "w", dir=self.path.parent, prefix=".mutants-", suffix=".tmp", delete=False, encoding="utf-8"
+            ) as fh:
+                json.dump({"loader": self.loader, "entries": self.entries}, fh)
+            os.replace(fh.name, self.path)
+        except OSError:
+            with contextlib.suppress(OSError, UnboundLocalError):
+                os.unlink(fh.name)
 
 
 def _with_candidates(target: Any, candidates: Sequence[Any]) -> Any:

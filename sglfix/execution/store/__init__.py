@@ -112,8 +112,10 @@ _TRANSIENT_TEXT = re.compile(
     r"failed to load|could not load|unable to load|cannot import name",
     re.IGNORECASE,
 )
-# A finding that names a line of the code (a crash's frame): keyed on the positioned digests.
-_CITES_LINE = re.compile(r"\.py:\d+")
+# A finding that names a line of the code (a crash's frame): the functions of the files it
+# names are keyed on their positioned digests (an edit that moves their lines re-runs it), the
+# rest on their plain ones.
+_CITES_LINE = re.compile(r"([^\s\[\]()<>,:'\"]+\.py):\d+")
 
 
 class StoreMismatch(SglfixError):
@@ -175,14 +177,50 @@ def stored_cells_naming(
     found = set()
     for result, _, ran in newest.values():
         record = json.loads(zlib.decompress(ran))
-        if (record["placed"] or not placed_only) and wanted & set(record["functions"]):
+        names = wanted & set(record["functions"])
+        if placed_only:
+            names = {n for n in names if _placed(n, record["placed"])}
+        if names:
             cell = json.loads(result)
             found.add((cell["scenario"], tuple(cell["toggles"])))
     return found
 
 
-def _cites_lines(result: dict) -> bool:
-    return any("frame" in f or _CITES_LINE.search(str(f.get("message", ""))) for f in result.get("findings") or ())
+def _cited_files(result: dict) -> list[str]:
+    """The files whose lines ``result``'s findings name (as a frame shows them: relative to the
+    code base's package, or a bare file name)."""
+    out: set[str] = set()
+    for f in result.get("findings") or ():
+        for text in (str(f.get("message", "")), str(f.get("frame", ""))):
+            out.update(m.group(1) for m in _CITES_LINE.finditer(text))
+    return sorted(out)
+
+
+def _move_cited_lines(result: Any, moves: Sequence[tuple[str, int, int, int]]) -> None:
+    """The lines ``result``'s findings cite, moved where their functions moved (``_moves``)."""
+    if not moves:
+        return
+
+    def moved(m: re.Match) -> str:
+        cited, line = m.group(1), int(m.group(0).rsplit(":", 1)[1])
+        for rel, first, last, by in moves:
+            if (rel == cited or rel.endswith("/" + cited)) and first <= line <= last:
+                return f"{cited}:{line + by}"
+        return m.group(0)
+
+    for f in result.findings:
+        for field in ("message", "frame"):
+            if isinstance(f.get(field), str):
+                f[field] = _CITES_LINE.sub(moved, f[field])
+
+
+def _placed(name: str, cited: bool | list[str]) -> bool:
+    """Whether the function ``name`` (``path::qualified name``) is keyed on its lines: its file
+    is one ``cited`` names (a row of an older store says True or False for every function)."""
+    if isinstance(cited, bool):
+        return cited
+    rel = name.partition("::")[0]
+    return any(rel == c or rel.endswith("/" + c) for c in cited)
 
 
 class _Row(BaseModel):
@@ -290,6 +328,14 @@ class _Files:
             return "file:" + (self.content(rel) or "")
         return pair[1] if placed else pair[0]
 
+    def span(self, name: str) -> list[int] | None:
+        """[first line, last line] of ``rel::qualname`` as the file holds it now (None for a
+        name the file does not define, or digests made before spans were kept)."""
+        rel, _, qual = name.partition("::")
+        got = self.parsed(rel)
+        entry = got["functions"].get(qual) if got else None
+        return list(entry[2:4]) if entry is not None and len(entry) >= 4 else None
+
 
 class _Db:
     """The SQLite file, one connection shared under a lock (lookups in the caller's thread,
@@ -362,6 +408,7 @@ class ResultStore:
         self.files = _Files(top, self.db)
         self.installed = Installed()
         self._holds: dict[tuple[str, str], bool] = {}  # (table, id) -> whether it holds now
+        self._moved: dict[str, list] = {}  # ran id -> the moves of the functions its result cites
         self._procs: dict[str, dict] = {}  # a worker's digest of its process record -> the record
         self._process_of: dict[str, str | None] = {}  # that digest -> the processes row made of it
         self.served = 0
@@ -411,6 +458,7 @@ class ResultStore:
                     continue
             if not self._process_holds(process) or not self._ran_holds(ran):
                 continue
+            _move_cited_lines(result, self._moves(ran))
             result.stored = stored
             self.served += 1
             return result, ("entry", process, ran)
@@ -464,10 +512,28 @@ class ResultStore:
             if row is None:
                 return False
             ran = json.loads(zlib.decompress(row[0]))
-            placed = bool(ran["placed"])
-            return all(self.files.function(n, placed=placed) == d for n, d in ran["functions"].items())
+            cited = ran["placed"]
+            return all(self.files.function(n, placed=_placed(n, cited)) == d for n, d in ran["functions"].items())
 
         return self._memo("ran", ident, check)
+
+    def _moves(self, ident: str) -> list[tuple[str, int, int, int]]:
+        """(file, first, last, by how many lines) of each function a held entry cites lines of
+        that has moved since (an edit above it): the lines its result cites move with it."""
+        if ident in self._moved:
+            return self._moved[ident]
+        moves = []
+        try:
+            row = self.db.one("SELECT functions FROM rans WHERE id = ?", (ident,))
+            spans = json.loads(zlib.decompress(row[0])).get("spans") or {} if row else {}
+        except (sqlite3.Error, ValueError, zlib.error):
+            spans = {}
+        for name, (first, last) in spans.items():
+            now = self.files.span(name)
+            if now is not None and now[0] != first:
+                moves.append((name.partition("::")[0], first, last, now[0] - first))
+        self._moved[ident] = moves
+        return moves
 
     def info(self) -> dict | None:
         try:
@@ -548,18 +614,21 @@ class ResultStore:
         if process is None:
             return None
         imported = self._procs[digest]["imported"]
-        placed = _cites_lines(result)
-        functions = {}
+        cited = _cited_files(result)
+        functions, spans = {}, {}
         for name in names:
             rel = name.partition("::")[0]
             if rel in imported and self.files.stat(rel) != list(imported[rel]):
                 self.changed.add(rel)
                 return None
+            placed = _placed(name, cited)
             d = self.files.function(name, placed=placed)
             if d is None:
                 return None
             functions[name] = d
-        text = json.dumps({"placed": placed, "functions": functions}, sort_keys=True)
+            if placed and (span := self.files.span(name)) is not None:
+                spans[name] = span
+        text = json.dumps({"placed": cited, "functions": functions, "spans": spans}, sort_keys=True)
         ran = content_digest(text.encode())
         self.db.write("INSERT OR IGNORE INTO rans VALUES (?, ?)", (ran, zlib.compress(text.encode())))
         return process, ran

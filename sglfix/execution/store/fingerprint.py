@@ -5,8 +5,9 @@ A function is a ``def`` at module level or in a class body (a nested function, l
 comprehension runs inside the one that defines it, and is part of its syntax). Its digest is its
 syntax tree, decorators and default values included, without positions: an edit inside another
 function of the same file, or a comment, changes nothing of it. A result whose findings name a
-line (a crash's frame) is keyed on the positioned digest instead, so that a line the report cites
-is the line the file holds.
+line (a crash's frame) is keyed, for the functions of the files it names, on the positioned
+digest instead: positions counted from the function's first line, so that a function moved as a
+whole (an edit above it) still holds, and the store moves the lines it cites with it.
 
 A file the process imported still ran at import: its module-level statements, class bodies,
 decorators and default values, and (the ``@triton.jit`` family) kernels that a GPU runs without a
@@ -21,6 +22,7 @@ parsed once per distinct content, across runs and machines sharing a store.
 from __future__ import annotations
 
 import ast
+import copy
 import hashlib
 import os
 from typing import Any
@@ -78,23 +80,37 @@ def _defs(body: list, prefix: str, out: dict[str, list[ast.AST]]) -> None:
                 _defs(case.body, prefix, out)
 
 
-def function_digests(tree: ast.Module) -> dict[str, list[str]]:
-    """Qualified name -> [digest, positioned digest] of every function of ``tree`` (two defs of
-    one name, as under ``if``/``else``, are keyed together)."""
+def _first_line(node: Any) -> int:
+    return min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
+
+
+def function_digests(tree: ast.Module) -> dict[str, list]:
+    """Qualified name -> [digest, positioned digest, first line, last line] of every function of
+    ``tree`` (two defs of one name, as under ``if``/``else``, are keyed together: the first line
+    of the first, the last of the last). Positions are counted from the first line."""
     found: dict[str, list[ast.AST]] = {}
     _defs(tree.body, "", found)
     out = {}
     for name, nodes in found.items():
         plain, placed = hashlib.sha256(), hashlib.sha256()
+        first = _first_line(nodes[0])
         for node in nodes:
             plain.update(ast.dump(node, include_attributes=False).encode())
-            placed.update(ast.dump(node, include_attributes=True).encode())
-        out[name] = [plain.hexdigest()[:32], placed.hexdigest()[:32]]
+            placed.update(_relative_dump(node, first).encode())
+        last = max(getattr(n, "end_lineno", None) or n.lineno for n in nodes)
+        out[name] = [plain.hexdigest()[:32], placed.hexdigest()[:32], first, last]
     return out
 
 
+def _relative_dump(node: ast.AST, first: int) -> str:
+    """``node``'s dump with positions, its lines counted from ``first`` (the tree is not changed)."""
+    moved = copy.deepcopy(node)
+    ast.increment_lineno(moved, 1 - first)
+    return ast.dump(moved, include_attributes=True)
+
+
 def file_digests(data: bytes, *, path: str = "<file>") -> dict:
-    """``{"skeleton": ..., "functions": {qualname: [digest, positioned]}}`` of a source file, one
+    """``{"skeleton": ..., "functions": {qualname: [digest, positioned, first, last]}}`` of a source file, one
     parse for both; a file that does not parse has no functions (each is keyed on the whole
     file then, as its skeleton is)."""
     try:
