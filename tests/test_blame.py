@@ -138,3 +138,24 @@ def test_what_the_code_breaks_where_sglfix_plays_the_engine_is_its_crash(
     (cell,) = [c for c in json.loads(out.read_text())["cells"] if c["toggles"]]
     assert cell["verdict"] == "CRASH", cell
     assert said in cell["findings"][0]["message"], cell
+
+
+def test_a_plan_flashinfer_refuses_under_sglfixs_plan_observer_is_the_planning_codes_crash():
+    # On the GPU, sglfix watches each MLA step's plan() (what it is planned to read) and forwards
+    # it: FlashInfer refusing metadata the code built is the code's crash.
+    from sglfix.harness.adapters.sglang.draft_checks import observe_plan
+
+    library = _compiled(
+        "class Wrapper:\n    def plan(self, *args, **kwargs):\n        raise ValueError('kv_indptr metadata must start at zero.')\n",
+        os.path.join(os.sep, "site-packages", "flashinfer", "mla.py"),
+        "Wrapper",
+    )
+    wrapper = library()
+    observe_plan(wrapper, {}, 0)
+    caller = _compiled(
+        "def caller(w):\n    w.plan(torch.zeros(2), torch.zeros(3), torch.zeros(3), torch.zeros(2))\n",
+        _CODE_FILE,
+        "caller",
+    )
+    exc = _raised(caller, wrapper)
+    assert isinstance(exc, ValueError) and raised_by_code_under_test(exc), exc
