@@ -10,6 +10,13 @@ in the environment; the worker makes them non-inheritable at once. The code unde
 print anything and may start subprocesses, so its stdout is never the reply channel and its
 children never hold the channel open.
 
+Memory. A CPU worker's address space is capped (``_cap_memory``): metadata gone wrong (a poison
+value read as a length) makes the code allocate for billions of entries, and without a cap the
+machine's memory runs out and the kernel kills whatever it picks, this run's other workers or
+processes that are none of sglfix's. Under the cap the allocation fails in the cell, which says so
+(the code's CRASH where the code asked for it). GPU workers are not capped: CUDA reserves address
+space far beyond what it uses.
+
 Death. When the parent dies without killing the worker's group (SIGKILL, OOM), the kernel kills
 the worker (``PR_SET_PDEATHSIG``) and a small forked guard kills the rest of its group.
 """
@@ -71,6 +78,43 @@ def _die_with_parent(parent: int) -> None:
             pass
     if os.getppid() != parent:  # the parent died before the request took hold
         os._exit(1)
+
+
+MEMORY_ENV = "SGLFIX_WORKER_MEMORY_GB"  # a CPU worker's address-space cap; 0 or off: none
+_MIN_CAP = 4 << 30  # a worker of real sglang peaks near 1.2 GiB of address space
+
+
+def memory_cap() -> int | None:
+    """Bytes of address space a CPU worker may hold: ``SGLFIX_WORKER_MEMORY_GB``, else 80 % of
+    the machine's memory shared by as many workers as it has cores (at least 4 GiB); None for
+    no cap."""
+    raw = os.environ.get(MEMORY_ENV, "").strip().lower()
+    if raw in ("0", "off", "no", "none"):
+        return None
+    if raw:
+        try:
+            return int(float(raw) * (1 << 30)) or None
+        except ValueError:
+            return None
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return max(_MIN_CAP, int(total * 0.8) // max(1, os.cpu_count() or 1))
+
+
+def _cap_memory(device: str) -> None:
+    if device != "cpu":
+        return
+    cap = memory_cap()
+    try:
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if cap is not None and (hard == resource.RLIM_INFINITY or cap < hard):
+            resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    except (ImportError, ValueError, OSError):
+        pass  # no cap where the platform has none to set
 
 
 def _guard_group(read_fd: int, write_fd: int) -> None:
@@ -303,6 +347,7 @@ def serve() -> None:
         os.set_inheritable(fd, False)
     _die_with_parent(spec["parent"])
     _guard_group(read_fd, write_fd)
+    _cap_memory(spec["device"])
     _CHANNEL = channel = _Channel(read_fd, write_fd)
     profiler = _profiler()
     began = time.perf_counter()

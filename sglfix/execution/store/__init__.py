@@ -118,6 +118,20 @@ _TRANSIENT_TEXT = re.compile(
 _CITES_LINE = re.compile(r"([^\s\[\]()<>,:'\"]+\.py):\d+")
 
 
+# torch's words for an allocation it could not make, with its size.
+_ASKED = re.compile(r"tried to allocate (\d+) bytes")
+
+
+def _beyond_cap(message: str) -> bool:
+    """An allocation larger than a CPU worker's whole address-space cap (``serve.memory_cap``,
+    the same on every run of this machine and settings): refused every time, not for want of
+    free memory now."""
+    from sglfix.execution.serve import memory_cap
+
+    asked, cap = _ASKED.search(message), memory_cap()
+    return asked is not None and cap is not None and int(asked.group(1)) > cap
+
+
 class StoreMismatch(SglfixError):
     """``--verify-store`` found a served result that a fresh run does not give."""
 
@@ -150,7 +164,7 @@ def unstorable(result: CellResult) -> str | None:
             return "out of memory"
         if f.get("type") in _TRANSIENT_TYPES:
             return f"{f['type']}: a failure to load or to reach the machine's resources"
-        if _TRANSIENT_TEXT.search(str(f.get("message", ""))):
+        if _TRANSIENT_TEXT.search(str(f.get("message", ""))) and not _beyond_cap(str(f.get("message", ""))):
             return "a library or a dependency that could not be loaded"
     return None
 
