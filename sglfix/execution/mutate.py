@@ -439,16 +439,15 @@ class _Mapped:
     def get(self, m: Any, path: str) -> Any:
         import hashlib
 
-        from sglfix.patching.types import PatchSpec
         from sglfix.toggling.candidate import Candidate
-        from sglfix.toggling.registry import Part
+        from sglfix.toggling.registry import Part, PartFile
 
         key = self._key(m)
         entry = self.entries.get(key) if key else None
         if entry is None:
             return None
         try:
-            patches = tuple(PatchSpec.model_validate(p) for p in entry["patches"])
+            patches = PartFile(summary=entry["title"] or "-", patches=entry["patches"]).patches
             cid = "+" + m.id
             return Candidate(
                 id=cid,
