@@ -123,6 +123,26 @@ class _Uncacheable(Exception):
     pass
 
 
+def _accessed(ptrs: Any, mask: Any) -> Any:
+    """The addresses a load or store reaches: its pointers where its mask is set, flat."""
+    import numpy as np
+
+    addrs = np.asarray(ptrs, dtype=np.uint64)
+    if mask is not None:
+        addrs = addrs[np.broadcast_to(np.asarray(mask, dtype=bool), addrs.shape)]
+    return addrs.ravel()
+
+
+def _locate(addrs: Any, itemsize: int, bases: Any, ends: Any) -> tuple[Any, Any]:
+    """For each address, the span (of sorted ``bases``/``ends``) it starts in, and whether its
+    ``itemsize`` bytes fall outside every span."""
+    import numpy as np
+
+    slot = np.searchsorted(bases, addrs, side="right").astype(np.int64) - 1
+    outside = (slot < 0) | (addrs + np.uint64(itemsize) > ends[np.maximum(slot, 0)])
+    return slot, outside
+
+
 class _Recorder:
     """Which bytes of each argument storage a running launch loads and stores."""
 
@@ -140,17 +160,14 @@ class _Recorder:
         self.stores: dict[int, Any] = {}
         self.unrecordable: str | None = None
 
-    def touch(self, ptrs: Any, mask: Any, itemsize: int, into: dict) -> None:
+    def touch(self, addrs: Any, itemsize: int, into: dict) -> None:
+        """Mark the bytes of ``addrs`` (the launch's accessed addresses, ``_accessed``)."""
         import numpy as np
 
-        addrs = np.asarray(ptrs, dtype=np.uint64)
-        if mask is not None:
-            addrs = addrs[np.broadcast_to(np.asarray(mask, dtype=bool), addrs.shape)]
-        addrs = addrs.ravel()
         if not addrs.size:
             return
-        slot = np.searchsorted(self.bases, addrs, side="right").astype(np.int64) - 1
-        if slot.min() < 0 or bool(np.any(addrs + np.uint64(itemsize) > self.ends[np.maximum(slot, 0)])):
+        slot, outside = _locate(addrs, itemsize, self.bases, self.ends)
+        if bool(outside.any()):
             self.unrecordable = "an access outside every argument storage"
             return
         step = np.arange(itemsize, dtype=np.int64)
@@ -378,17 +395,11 @@ class _Bounds:
         self.bases = np.array([b for b, _ in spans], dtype=np.uint64)
         self.ends = np.array([e for _, e in spans], dtype=np.uint64)
 
-    def check(self, ptrs: Any, mask: Any, itemsize: int, kind: str) -> None:
-        import numpy as np
-
-        addrs = np.asarray(ptrs, dtype=np.uint64)
-        if mask is not None:
-            addrs = addrs[np.broadcast_to(np.asarray(mask, dtype=bool), addrs.shape)]
-        addrs = addrs.ravel()
+    def check(self, addrs: Any, itemsize: int, kind: str) -> None:
+        """Raise OutOfBounds when one of ``addrs`` (``_accessed``) lies outside every storage."""
         if not addrs.size:
             return
-        slot = np.searchsorted(self.bases, addrs, side="right").astype(np.int64) - 1
-        outside = (slot < 0) | (addrs + np.uint64(itemsize) > self.ends[np.maximum(slot, 0)])
+        _, outside = _locate(addrs, itemsize, self.bases, self.ends)
         if bool(outside.any()):
             from sglfix.harness.codefault import OutOfBounds
 
@@ -474,10 +485,11 @@ def _make_builder_hooks(interp: Any) -> None:
                 at = 0 if kind == "load" else 1
                 mask = rest[at] if len(rest) > at else kw["mask"]
                 size = np_dtype(ptrs.get_element_ty()).itemsize
+                addrs = _accessed(ptrs.data, mask.data)  # once for the guard and the recorder
                 if bounds is not None:
-                    bounds.check(ptrs.data, mask.data, size, kind)
+                    bounds.check(addrs, size, kind)
                 if rec is not None:
-                    rec.touch(ptrs.data, mask.data, size, rec.loads if kind == "load" else rec.stores)
+                    rec.touch(addrs, size, rec.loads if kind == "load" else rec.stores)
             return original(self, ptrs, *rest, **kw)
 
         setattr(cls, name, load_or_store)
