@@ -125,68 +125,45 @@ def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = Non
     except _Staged as staged:  # _run wraps every exception with the stage it was raised in
         exc, stage = staged.exc, staged.stage
     from sglfix.harness.adapters.base import Unavailable
-    from sglfix.harness.codefault import code_fault_of
 
     if isinstance(exc, Unavailable):
         result.add("SKIP", str(exc), stage=stage)
         return result.finish()
     where = _frame_under_test(exc)
+    verdict, message, kind, flags = _blame(exc, scenario=scenario, stage=stage, where=where)
+    result.add(verdict, message, type=kind, stage=stage, frame=where, **flags)
+    return result.finish()
+
+
+def _blame(exc: BaseException, *, scenario: Scenario, stage: str, where: str) -> tuple[str, str, str, dict]:
+    """(verdict, message, exception type, flags) of a cell that raised ``exc``: whose failure it
+    is, the code under test's (CRASH) or sglfix's or the machine's (ERROR)."""
+    from sglfix.harness.codefault import code_fault_of
+
+    name, line = type(exc).__name__, _first_line(exc)
     if is_out_of_gpu_memory(exc):
         # The GPU is shared by the workers (and whatever else runs there): running out of its
         # memory says nothing about the code under test, so it is never a finding. Whether other
         # workers shared it is the pool's to say (sglfix.execution.pool), not this process's.
-        result.add(
-            "ERROR",
-            f"out of GPU memory in {stage}: {_first_line(exc)[:160]} [{where}]",
-            type=type(exc).__name__,
-            stage=stage,
-            frame=where,
-            out_of_memory=True,
-        )
-    elif (unfit := misfit(exc)) is not None:
+        return "ERROR", f"out of GPU memory in {stage}: {line[:160]} [{where}]", name, {"out_of_memory": True}
+    if (unfit := misfit(exc)) is not None:
         # sglfix's probe or adapter (or the kit helper it uses) was written for other interfaces
         # than this tree's: its failure, never a crash of the code under test.
         kind = "probe" if getattr(scenario, "probe", None) is not None else "adapter"
-        result.add(
-            "ERROR",
-            f"this {kind} does not support this code base: {unfit} [{stage}, {where}]",
-            type=type(exc).__name__,
-            stage=stage,
-            frame=where,
-            misfit=True,
-        )
-    elif (fault := code_fault_of(exc)) is not None:
-        result.add("CRASH", f"{fault} [{stage}, {where}]", type=type(fault).__name__, stage=stage, frame=where)
-    elif is_device_fault(exc):
+        message = f"this {kind} does not support this code base: {unfit} [{stage}, {where}]"
+        return "ERROR", message, name, {"misfit": True}
+    if (fault := code_fault_of(exc)) is not None:
+        return "CRASH", f"{fault} [{stage}, {where}]", type(fault).__name__, {}
+    if is_device_fault(exc):
         # A fault of the device (an illegal address, a device-side assert) is asynchronous: it
         # surfaces at the next wait, often one of sglfix's, though a kernel this cell launched
         # raised it. A worker owns its GPU context alone when this is judged (a context lost
         # under MPS is run again alone: sglfix.execution.pool), so the fault is this cell's.
-        result.add(
-            "CRASH",
-            f"device fault: {type(exc).__name__}: {_first_line(exc)[:160]} [{stage}, surfaced at {where}]",
-            type=type(exc).__name__,
-            stage=stage,
-            frame=where,
-            device_fault=True,
-        )
-    elif raised_by_code_under_test(exc):
-        result.add(
-            "CRASH",
-            f"{type(exc).__name__}: {_first_line(exc)} [{stage}, {where}]",
-            type=type(exc).__name__,
-            stage=stage,
-            frame=where,
-        )
-    else:
-        result.add(
-            "ERROR",
-            f"sglfix failed in {stage}: {type(exc).__name__}: {_first_line(exc)} [{where}]",
-            type=type(exc).__name__,
-            stage=stage,
-            frame=where,
-        )
-    return result.finish()
+        message = f"device fault: {name}: {line[:160]} [{stage}, surfaced at {where}]"
+        return "CRASH", message, name, {"device_fault": True}
+    if raised_by_code_under_test(exc):
+        return "CRASH", f"{name}: {line} [{stage}, {where}]", name, {}
+    return "ERROR", f"sglfix failed in {stage}: {name}: {line} [{where}]", name, {}
 
 
 # What a cell catches: every exception, and also SystemExit and KeyboardInterrupt, which the code
