@@ -211,7 +211,7 @@ def _cited_files(result: dict) -> list[str]:
 
 
 def _move_cited_lines(result: Any, moves: Sequence[tuple[str, int, int, int]]) -> None:
-    """The lines ``result``'s findings cite, moved where their functions moved (``_moves``)."""
+    """The lines ``result``'s findings cite, moved where their functions moved (``_moves_of``)."""
     if not moves:
         return
 
@@ -422,7 +422,7 @@ class ResultStore:
         self.files = _Files(top, self.db)
         self.installed = Installed()
         self._holds: dict[tuple[str, str], bool] = {}  # (table, id) -> whether it holds now
-        self._moved: dict[str, list] = {}  # ran id -> the moves of the functions its result cites
+        self._moved: dict[str, list] = {}  # ran id that holds -> the moves of the functions its result cites
         self._procs: dict[str, dict] = {}  # a worker's digest of its process record -> the record
         self._process_of: dict[str, str | None] = {}  # that digest -> the processes row made of it
         self.served = 0
@@ -472,7 +472,7 @@ class ResultStore:
                     continue
             if not self._process_holds(process) or not self._ran_holds(ran):
                 continue
-            _move_cited_lines(result, self._moves(ran))
+            _move_cited_lines(result, self._moved.get(ran, ()))
             result.stored = stored
             self.served += 1
             return result, ("entry", process, ran)
@@ -521,32 +521,31 @@ class ResultStore:
         return self._memo("process", ident, check)
 
     def _ran_holds(self, ident: str) -> bool:
+        """Whether every function the entry ran is as it was; on the same read of its record, the
+        moves of the functions whose lines its result cites (``_moves_of``)."""
+
         def check() -> bool:
             row = self.db.one("SELECT functions FROM rans WHERE id = ?", (ident,))
             if row is None:
                 return False
             ran = json.loads(zlib.decompress(row[0]))
             cited = ran["placed"]
-            return all(self.files.function(n, placed=_placed(n, cited)) == d for n, d in ran["functions"].items())
+            if not all(self.files.function(n, placed=_placed(n, cited)) == d for n, d in ran["functions"].items()):
+                return False
+            self._moved[ident] = self._moves_of(ran.get("spans") or {})
+            return True
 
         return self._memo("ran", ident, check)
 
-    def _moves(self, ident: str) -> list[tuple[str, int, int, int]]:
-        """(file, first, last, by how many lines) of each function a held entry cites lines of
-        that has moved since (an edit above it): the lines its result cites move with it."""
-        if ident in self._moved:
-            return self._moved[ident]
+    def _moves_of(self, spans: dict) -> list[tuple[str, int, int, int]]:
+        """(file, first, last, by how many lines) of each function of ``spans`` (name -> its first
+        and last line when stored) that has moved since (an edit above it): the lines a result
+        cites there move with it."""
         moves = []
-        try:
-            row = self.db.one("SELECT functions FROM rans WHERE id = ?", (ident,))
-            spans = json.loads(zlib.decompress(row[0])).get("spans") or {} if row else {}
-        except (sqlite3.Error, ValueError, zlib.error):
-            spans = {}
         for name, (first, last) in spans.items():
             now = self.files.span(name)
             if now is not None and now[0] != first:
                 moves.append((name.partition("::")[0], first, last, now[0] - first))
-        self._moved[ident] = moves
         return moves
 
     def info(self) -> dict | None:
