@@ -93,8 +93,11 @@ def test_a_fault_of_the_device_is_told_from_its_text(text, fault):
 
 def _patch(tmp_path, module: str, match: str, replace: str) -> str:
     """A diff of the installed sglang file of ``module`` in the code base's own paths, as --apply reads one."""
-    spec = importlib.util.find_spec(module)
-    with open(spec.origin) as fh:
+    # The file is found from the top-level package, which finding does not import: importing
+    # sglang's submodules into the test process would leave them behind for later tests.
+    top = importlib.util.find_spec("sglang").submodule_search_locations[0]
+    origin = os.path.join(os.path.dirname(top), *module.split(".")) + ".py"
+    with open(origin) as fh:
         text = fh.read()
     assert text.count(match) == 1, match
     rel = "python/" + module.replace(".", "/") + ".py"
