@@ -143,13 +143,13 @@ def test_git_bisect_run_names_the_breaking_commit(tmp_path):
 
 def test_the_readme_recipe_skips_commits_where_the_scenario_does_not_exist(tmp_path):
     """Exit 2 (bad input: the scenario glob matches nothing at that commit) would read as "bad"
-    to git; the README's recipe turns it into 125 (skip), so the search never blames a commit it
+    to git; the bisect guide's recipe turns it into 125 (skip), so the search never blames a commit it
     could not test."""
     import re
 
-    readme = (ROOT / "README.md").read_text()
-    recipe = re.search(r"^git bisect run (sh -c '.*')$", readme, re.M)
-    assert recipe, "the README shows the git bisect run recipe"
+    guide = (ROOT / "docs" / "how-to" / "bisect.md").read_text()
+    recipe = re.search(r"^git bisect run (sh -c '.*')$", guide, re.M)
+    assert recipe, "docs/how-to/bisect.md shows the git bisect run recipe"
     repo = _repo(tmp_path)
     good = _commit(repo, "good")
     _rename_decode_scenarios(repo, "triton-decode", "triton-decode-renamed")

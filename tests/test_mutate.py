@@ -261,17 +261,17 @@ def test_shards_share_the_mutants_and_merge_into_the_whole_campaign(tmp_path):
 
 
 def test_the_readmes_mutant_id_is_one_of_todays_code():
-    """The README's ``--show`` example names a mutant the operators make of the code as it is."""
+    """The mutation guide's ``--show`` example names a mutant the operators make of the code as it is."""
     import re
 
     from sglfix.execution.mutate import mutants_on_surface
 
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (Path(__file__).resolve().parent.parent / "docs" / "how-to" / "mutate.md").read_text()
     shown = re.findall(r"sglfix mutate --show (m-[0-9a-f]+) --function (\S+)", text)
     assert shown
     for mid, function in shown:
         found = mutants_on_surface(codebase=get_codebase("reproduction"), functions=(function,))
-        assert mid in {m.id for m in found}, f"README's mutant {mid} is no mutant of {function} now"
+        assert mid in {m.id for m in found}, f"docs/how-to/mutate.md's mutant {mid} is no mutant of {function} now"
 
 
 def test_a_second_campaign_is_served_but_for_what_the_store_never_keeps(tmp_path):

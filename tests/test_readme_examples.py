@@ -1,5 +1,5 @@
-"""Every YAML and command block of the README works as written: a scenario loads, a workflow
-parses, and every ``sglfix`` and ``pytest`` command names a command and options that exist."""
+"""Every YAML and command block of the README and of docs/ works as written: a scenario loads, a
+workflow parses, and every ``sglfix`` and ``pytest`` command names a command and options that exist."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import yaml
 from sglfix.cli.app import LINE_FLAGS
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
-BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, re.S | re.M)
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+BLOCKS = [block for page in PAGES for block in re.findall(r"^```(\w*)\n(.*?)^```", page.read_text(), re.S | re.M)]
 
 
 def _blocks(kind: str) -> list[str]:
@@ -46,7 +46,7 @@ def test_each_yaml_block_is_valid_as_what_it_shows(tmp_path, index):
             for segment in _commands(run.replace("${{ matrix.shard }}", "1")):
                 _check_command(segment)
     else:
-        pytest.fail(f"a YAML block of the README that no test reads: {text[:200]}")
+        pytest.fail(f"a YAML block of the README or docs/ that no test reads: {text[:200]}")
 
 
 def _commands(line: str) -> list[list[str]]:
