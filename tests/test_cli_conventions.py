@@ -87,12 +87,12 @@ def test_run_never_cuts_a_scenario_name_and_ends_with_a_summary_line(tmp_path, c
 
 @pytest.mark.parametrize("columns", ["60", "80"])
 def test_a_matrix_too_wide_for_the_terminal_is_compact_with_every_name_whole(tmp_path, columns):
-    from sglfix.cli.matrix import MARK_CHAR
+    from sglfix.common.verdicts import LOOKS
 
     r = run_cli("matrix", *MIXED, "--device", "cpu", "--all", env={"COLUMNS": columns})
     assert r.code == 0, r.out + r.err
     lines = r.out.splitlines()
-    rows = [line for line in lines if line and line[0] in MARK_CHAR.values() and "  " in line]
+    rows = [line for line in lines if line and line[0] in {look.letter for look in LOOKS.values()} and "  " in line]
     names = [line.split("  ", 1)[1] for line in rows]
     assert len(names) == 9 and all(n.startswith(("triton-decode-ps16-bf16@", "fimla-draft-overflow@")) for n in names)
     # A mark per toggle set: the baseline and each registered toggle, in the legend's order.

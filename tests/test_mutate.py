@@ -76,6 +76,7 @@ def campaign_report(tmp_path_factory):
     from sglfix.execution.mutate import Choice, campaign_report, run_campaign
     from sglfix.execution.runner import Target
     from sglfix.execution.settings import Settings
+    from sglfix.report.mutation import Selection
     from sglfix.toggling.registry import load_registry
 
     cb = get_codebase("reproduction")
@@ -83,7 +84,7 @@ def campaign_report(tmp_path_factory):
     planted = tuple(_plant(*p) for p in (KILLED, SURVIVOR, EQUIVALENT, FAULTING))
     settings = Settings(scenario=SELECT, device="cpu", jobs=2, timeout=120, no_cache=True)
     campaign = run_campaign(settings, target, choice=Choice(given=planted, all_cells=True), progress=_quiet)
-    report = campaign_report(campaign, command=["sglfix", "mutate"], profile=cb, selection={})
+    report = campaign_report(campaign, command=["sglfix", "mutate"], profile=cb, selection=Selection())
     return {m["description"]: m for m in report["mutants"]}, report
 
 

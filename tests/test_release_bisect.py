@@ -16,11 +16,12 @@ from clihelp import assert_one_line_error, run_cli
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.release_bisect import ReleaseRun, ReleaseSearch, changed_functions, parse_range
+from sglfix.report.release_bisect import ReleaseFound
 
 RELEASES = [f"0.5.{i}" for i in range(13, 24)]
 
 
-def _search(first_bad: str | None, *, untestable: tuple[str, ...] = ()) -> tuple[dict, list[str]]:
+def _search(first_bad: str | None, *, untestable: tuple[str, ...] = ()) -> tuple[ReleaseFound, list[str]]:
     asked: list[str] = []
 
     def run(version: str) -> ReleaseRun:
@@ -36,20 +37,22 @@ def _search(first_bad: str | None, *, untestable: tuple[str, ...] = ()) -> tuple
 @pytest.mark.parametrize("first_bad", [*RELEASES[1:], None])
 def test_the_first_release_unlike_the_oldest_is_found_in_log_time(first_bad):
     result, asked = _search(first_bad)
-    assert result["first_bad"] == first_bad
+    assert result.first_bad == first_bad
     if first_bad is not None:
-        assert result["last_good"] == RELEASES[RELEASES.index(first_bad) - 1]
-        assert result["differing_cells"] == [{"cell": "baseline::s", "reference": "PASS", first_bad: "DIVERGE"}]
+        assert result.last_good == RELEASES[RELEASES.index(first_bad) - 1]
+        # As the report writes it: the first bad release is the key of its verdict.
+        cells = [c.model_dump() for c in result.differing_cells or ()]
+        assert cells == [{"cell": "baseline::s", "reference": "PASS", first_bad: "DIVERGE"}]
     assert len(asked) == len(set(asked)) <= 1 + math.ceil(math.log2(len(RELEASES)))
 
 
 def test_a_release_that_cannot_be_tested_is_stepped_over():
     result, asked = _search("0.5.19", untestable=("0.5.18",))
-    assert result["first_bad"] == "0.5.19" and result["last_good"] in ("0.5.17", "0.5.16")
+    assert result.first_bad == "0.5.19" and result.last_good in ("0.5.17", "0.5.16")
     assert "0.5.18" in asked
     result, _ = _search("0.5.19", untestable=("0.5.18", "0.5.19"))
     # Nothing between the last good and the first bad found could be tested: both are named.
-    assert result["first_bad"] == "0.5.20" and set(result["untested_between"]) <= {"0.5.18", "0.5.19"}
+    assert result.first_bad == "0.5.20" and set(result.untested_between) <= {"0.5.18", "0.5.19"}
 
 
 def test_the_oldest_release_must_be_testable():

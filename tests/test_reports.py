@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from clihelp import assert_one_line_error, run_cli
 
+from sglfix.common.verdicts import LOOKS
+
 ROOT = Path(__file__).resolve().parent.parent
 PASSING = "triton-decode@cg=eager,gpu_only=off"
 # Reverting 26651:clamp makes this one INVARIANT; under the whole-toggle matrix, 26651 DIVERGEs and
@@ -69,7 +71,7 @@ def test_run_writes_junit_and_markdown_and_appends_to_the_step_summary(tmp_path)
     md = out["md"].read_text()
     assert md.startswith("### sglfix run\n")
     assert "**2 cells** of built-in reproduction on cpu" in md and "1 PASS, 1 INVARIANT" in md
-    assert f"| `{PASSING}` | · |" in md and f"| `{GLUE}` | INVARIANT |" in md
+    assert f"| `{PASSING}` | {LOOKS['PASS'].letter} |" in md and f"| `{GLUE}` | INVARIANT |" in md
     assert "kv\\_indptr not monotone" in md  # the key figure, escaped
     assert summary.read_text() == "earlier step\n" + md
 

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.text import Text
@@ -13,6 +14,10 @@ from sglfix.cli.context import err, options, out
 from sglfix.cli.layout import named_rows
 from sglfix.cli.options import SCALE, SELECT, takes
 from sglfix.common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sglfix.execution.bisection import Found, Search
+    from sglfix.report.bisect import Answer, BisectReport
 
 BISECT_OPTIONS = ("candidates", "apply", *SELECT, *SCALE, "no_reachability", "env_baseline", "show_all", "releases")
 
@@ -38,16 +43,17 @@ def _candidates(registry, given: list[str]) -> list[str]:
 def bisect_cmd(ctx: typer.Context, **given: Any) -> None:
     """Find the reverted parts that make each scenario group fail (delta debugging) and the masking pairs;
     with --apply, the search runs with a candidate fix applied too, and the two are compared."""
-    import datetime
     import time
 
-    from sglfix.execution.bisection import Search, shard_groups
+    from sglfix.execution.bisection import Search, report_of, shard_groups
     from sglfix.execution.known import known_of
     from sglfix.execution.planner import Plan
     from sglfix.execution.runner import Runner
     from sglfix.execution.settings import Settings
+    from sglfix.report.bisect import answer_of, compare_with_fix
     from sglfix.report.outcome import Known, Rules
     from sglfix.report.output import write_json
+    from sglfix.report.schema import CandidateRow
 
     opts = options(ctx)
     if given["releases"] is not None:
@@ -96,153 +102,97 @@ def bisect_cmd(ctx: typer.Context, **given: Any) -> None:
     found, unfixed = _searches(search, fixes=fixes, env=tuple(env), chosen=chosen, say=say, every_set=given["show_all"])
     if found.skipped or found.known_base:
         say("bisect: " + _left_out(found.skipped, found.known_base))
-    cells, masking_sets = found.cells, found.masking_sets
-    groups_out, masking_out = found.groups, found.masking
-    skipped, known_base, record = found.skipped, found.known_base, found.record
-    groups_out = [g for g in groups_out if g["culprits"] or g["unreachable"]]
-    culprits_flat = [{**c, "group": g["group"]} for g in groups_out for c in g["culprits"]]
-    report = {
-        "schema": 2,
-        "tool": "sglfix bisect",
-        "command": " ".join(opts.argv),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "wall_s": round(time.perf_counter() - started, 2),
-        "device": found.info.get("device"),
-        "device_name": found.info.get("device_name"),
-        "codebase": found.info.get("codebase"),
-        "candidates": len(candidates),
-        # Distinct toggle sets that ran (the baseline, nothing reverted, is not one of them).
-        "runs": len(cells.sets - masking_sets - {()}),
-        "masking_runs": len(masking_sets - {()}),
-        "sets_run": len(cells.sets - {()}),
-        "reachability": record is not None,
-        "cells": len(cells.results),
-        "culprits": culprits_flat,
-        "masking": masking_out,
-        # Scenarios left out of the search (SKIP here) and those whose baseline shows a known
-        # divergence (that verdict is not counted against any set).
-        "left_out": {"skip": skipped, "known": known_base},
-        "groups": groups_out,
-        "worker_replacements": report_replacements(found.replacements),
-    }
-    if runner.shard is not None:
-        report["shard"] = str(runner.shard)
-    report["plan"] = _plan(runner, scope, given, candidates=candidates, env=env, scenarios=every)
-    if unfixed is not None:
-        report["apply"] = _compare(fixes, unfixed, _summary(found), scope.candidates)
+    report_replacements(found.replacements)
+    report = report_of(
+        found,
+        command=" ".join(opts.argv),
+        wall_s=round(time.perf_counter() - started, 2),
+        candidates=len(candidates),
+        shard=None if runner.shard is None else str(runner.shard),
+        plan=_plan(runner, scope, given, candidates=candidates, env=env, scenarios=every),
+        apply=None
+        if unfixed is None
+        else compare_with_fix(
+            fixes,
+            unfixed=unfixed,
+            fixed=answer_of(found.groups),
+            candidates=[CandidateRow.model_validate(c.to_json()) for c in scope.candidates],
+        ),
+    )
+    data = report.to_json()
     if json_file is not None:
-        write_json(json_file, report)
-    _write_ci_reports(report, cells, info=found.info, junit=given["junit"], markdown=given["markdown"])
+        write_json(json_file, data)
+    _write_ci_reports(data, found.cells, info=found.info, junit=given["junit"], markdown=given["markdown"])
     if json_file != "-":
-        _show(report, found, candidates=candidates, env=env, culprits=culprits_flat, masking=masking_out)
-    if unfixed is not None:
-        applied = report["apply"]
-        (err if json_file == "-" else out).print(applied["outcome"], highlight=False, markup=False)
-        raise typer.Exit(0 if applied["same"] else 1)
-    raise typer.Exit(1 if culprits_flat else 0)
+        _show(report, found, candidates=candidates, env=env)
+    if report.apply is not None:
+        (err if json_file == "-" else out).print(report.apply.outcome, highlight=False, markup=False)
+        raise typer.Exit(0 if report.apply.same else 1)
+    raise typer.Exit(1 if report.culprits else 0)
 
 
-def _show(report: dict, found: Any, *, candidates: list[str], env: Any, culprits: list, masking: list) -> None:
+def _show(report: BisectReport, found: Found, *, candidates: list[str], env: Any) -> None:
     """The console's view of a bisect: the culprits table and the masking lines."""
-    culprits_flat, masking_out = culprits, masking
     title = header(
-        what=f"bisect of {len(candidates)} candidates (the baseline and {report['sets_run']} toggle sets: "
-        f"{report['runs']} searched, {report['masking_runs']} for masking)",
+        what=f"bisect of {len(candidates)} candidates (the baseline and {report.sets_run} toggle sets: "
+        f"{report.runs} searched, {report.masking_runs} for masking)",
         info=found.info,
         env=env,
-        wall=report["wall_s"],
-        cells=report["cells"],
-        report=report,
+        wall=report.wall_s,
+        cells=report.cells,
+        report=report.to_json(),
     )
     rows = [
         [
-            Text(c["group"]),
-            Text(",".join(c["ids"])),
-            Text(c["verdict"]),
-            Text(str(len(c["scenarios"]))),
-            Text(c["key_figure"]),
+            Text(c.group),
+            Text(",".join(c.ids)),
+            Text(c.verdict),
+            Text(str(len(c.scenarios))),
+            Text(c.key_figure),
         ]
-        for c in culprits_flat
+        for c in report.culprits
     ]
     headers = ["group", "culprit", "verdict", "scenarios", "key figure"]
     for part in named_rows(headers, rows, title=title, width=out.width):
         out.print(part)
-    for m in masking_out:
-        where = "all" if m["all"] else f"{len(m['scenarios'])}"
+    for m in report.masking:
+        where = "all" if m.all else f"{len(m.scenarios)}"
         out.print(
             Text(
-                f"masking in {m['group']}: {m['culprit']} fails alone but passes reverted together with "
-                f"{m['masked_by']} on {where} of the scenarios it fails ({', '.join(m['scenarios'][:3])}"
-                f"{', ...' if len(m['scenarios']) > 3 else ''})"
+                f"masking in {m.group}: {m.culprit} fails alone but passes reverted together with "
+                f"{m.masked_by} on {where} of the scenarios it fails ({', '.join(m.scenarios[:3])}"
+                f"{', ...' if len(m.scenarios) > 3 else ''})"
             )
         )
 
 
 def _searches(
-    search: Any, *, fixes: tuple, env: tuple, chosen: Any, say: Any, every_set: bool
-) -> tuple[Any, dict | None]:
+    search: Callable[[tuple[str, ...]], Search],
+    *,
+    fixes: tuple[str, ...],
+    env: tuple[str, ...],
+    chosen: Any,
+    say: Callable[[str], None],
+    every_set: bool,
+) -> tuple[Found, Answer | None]:
     """The search (with the candidate fixes applied, if any) and, with fixes, the same search on
-    the code without them first, summarised: what the fix changes is the answer."""
+    the code without them first, as its answer: what the fix changes is the answer."""
     from sglfix.execution.bisection import FailingBaseline
+    from sglfix.report.bisect import Answer, answer_of
 
-    unfixed: dict | None = None
+    unfixed: Answer | None = None
     if fixes:
         say(f"bisect: without {','.join(fixes)}")
         try:
-            unfixed = _summary(search(env).run(chosen, say=say, every_set=every_set))
+            unfixed = answer_of(search(env).run(chosen, say=say, every_set=every_set).groups)
         except FailingBaseline as exc:
-            unfixed = {"failing_baseline": str(exc), "culprits": []}
+            unfixed = Answer(failing_baseline=str(exc))
         say(f"bisect: with {','.join(fixes)} applied")
     try:
         return search((*fixes, *env)).run(chosen, say=say, every_set=every_set), unfixed
     except FailingBaseline as exc:
         err.print(f"sglfix: error: {exc}", highlight=False, markup=False)
         raise typer.Exit(1) from None
-
-
-def _summary(found: Any) -> dict:
-    """A search's answer as the comparison reads it: each group's culprits and their verdicts."""
-    return {
-        "culprits": sorted(
-            {(g["group"], ",".join(c["ids"]), c["verdict"]) for g in found.groups for c in g["culprits"]}
-        )
-    }
-
-
-def _compare(fixes: tuple[str, ...], unfixed: dict, fixed: dict, candidates: Any) -> dict:
-    """The search without and with the candidate fixes: which reverts fail only with or only
-    without the fix. A culprit lost with the fix (a historical regression it hides) fails."""
-    before = {tuple(c) for c in unfixed["culprits"]}
-    after = {tuple(c) for c in fixed["culprits"]}
-    rows = lambda s: [{"group": g, "ids": i.split(","), "verdict": v} for g, i, v in sorted(s)]  # noqa: E731
-    label = ",".join(fixes)
-    if "failing_baseline" in unfixed:
-        outcome = f"{label}: without it the baseline fails ({unfixed['failing_baseline']}); with it the search ran"
-        same = True
-    elif before == after:
-        outcome = f"{label}: the same {len(after)} culprit(s) with and without the fix: it changes no revert's verdict"
-        same = True
-    elif before <= after:
-        # A revert that fails only with the fix applied: a scenario the fix clears now shows it.
-        outcome = (
-            f"{label}: every culprit found without the fix is found with it, and {len(after - before)} more "
-            f"(scenarios the fix clears now show them)"
-        )
-        same = True
-    else:
-        outcome = (
-            f"{label}: {len(before - after)} culprit(s) found without the fix are not found with it (the fix "
-            f"hides their regression), {len(after - before)} only with it"
-        )
-        same = False
-    return {
-        "candidates": [c.to_json() for c in candidates],
-        "same": same,
-        "outcome": outcome,
-        "without_fix": unfixed.get("failing_baseline") or rows(before),
-        "only_without_fix": rows(before - after),
-        "only_with_fix": rows(after - before),
-    }
 
 
 def _plan(runner: Any, scope: Any, given: dict, *, candidates: list[str], env: Any, scenarios: list) -> dict:
@@ -262,7 +212,9 @@ def _plan(runner: Any, scope: Any, given: dict, *, candidates: list[str], env: A
     )
 
 
-def _write_ci_reports(report: dict, cells: Any, *, info: dict, junit: str | None, markdown: str | None) -> None:
+def _write_ci_reports(
+    report: dict[str, Any], cells: Any, *, info: dict, junit: str | None, markdown: str | None
+) -> None:
     """JUnit (one testcase per cell the search ran; every non-PASS cell fails, as for ``run``) and
     the Markdown summary (culprits, masking, the grid), also appended to $GITHUB_STEP_SUMMARY."""
     import os

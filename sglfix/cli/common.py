@@ -13,24 +13,12 @@ from rich.text import Text
 
 from sglfix.cli.context import Options, err
 from sglfix.common.errors import ConfigError
-
-VERDICT_STYLE = {
-    "PASS": "green",
-    "SKIP": "dim",
-    "NOT_REACHED": "dim cyan",
-    "SYNC": "yellow",
-    "DIVERGE": "red",
-    "NAN": "red",
-    "INVARIANT": "magenta",
-    "CRASH": "bold red",
-    "TIMEOUT": "bold red",
-    "FAULT": "bold red",
-    "ERROR": "bold white on red",
-}
+from sglfix.common.verdicts import style_of
 
 
 def verdict_text(verdict: str) -> Text:
-    return Text(verdict, style=VERDICT_STYLE.get(verdict, ""))
+    """The verdict's name in its style (``sglfix.common.verdicts.LOOKS``)."""
+    return Text(verdict, style=style_of(verdict))
 
 
 def revert_ids(revert: Sequence[str]) -> list[str]:
@@ -418,7 +406,7 @@ def summary_line(what: str, results: Sequence[Any], *, wall: float, outcome: str
     for i, verdict in enumerate(v for v in MARKS if counts[v]):
         if i:
             text.append(", ")
-        text.append(f"{counts[verdict]} {verdict}", style=VERDICT_STYLE.get(verdict, ""))
+        text.append(f"{counts[verdict]} {verdict}", style=style_of(verdict))
     text.append(f"; {outcome}")
     files = [p for p in (outputs.json, outputs.junit, outputs.markdown, outputs.heatmap) if p and p != "-"]
     if files:

@@ -9,7 +9,6 @@ from rich.table import Table
 from rich.text import Text
 
 from sglfix.cli.common import (
-    VERDICT_STYLE,
     Outputs,
     check_expect_fixes,
     check_expect_fixes_match,
@@ -24,22 +23,11 @@ from sglfix.cli.common import (
 )
 from sglfix.cli.context import err, options, out
 from sglfix.cli.options import SCALE, SELECT, takes
+from sglfix.common.verdicts import SEVERITY, letter_of, style_of
 
-# One character per verdict for the compact grid (a narrow terminal, a CI log): failures are
-# capitals, the three that are no finding are punctuation.
-MARK_CHAR = {
-    "PASS": ".",
-    "NOT_REACHED": "-",
-    "SKIP": "s",
-    "SYNC": "Y",
-    "DIVERGE": "D",
-    "NAN": "N",
-    "INVARIANT": "I",
-    "CRASH": "C",
-    "TIMEOUT": "T",
-    "FAULT": "F",
-    "ERROR": "E",
-}
+# The compact grid's key, in its order: the three that are no finding, then the failures from
+# the least severe (each verdict's letter and style: sglfix.common.verdicts.LOOKS).
+KEY_ORDER = ("PASS", "NOT_REACHED", "SKIP", *reversed([v for v in SEVERITY if v != "PASS"]))
 
 
 # What a grid row or column needs to be shown by default: a cell that is a finding (not a PASS,
@@ -86,10 +74,10 @@ def _draw(plan, verdicts, scenarios, sets, *, title: str, width: int) -> list:
     parts: list = [Text(title, style="italic"), Text("toggle sets (one mark each, in this order):")]
     parts += [Text(f"  {i:>3}  {lbl}") for i, lbl in enumerate(set_labels)]
     key = Text("marks: ")
-    for verdict, ch in MARK_CHAR.items():
-        key.append(ch, style=VERDICT_STYLE.get(verdict, ""))
+    for verdict in KEY_ORDER:
+        key.append(letter_of(verdict), style=style_of(verdict))
         key.append(f" {verdict}  ")
-    key.append("? not run")
+    key.append(f"{letter_of(None)} not run")
     parts.append(key)
 
     def grouped(chars: list[Text]) -> Text:
@@ -108,7 +96,7 @@ def _draw(plan, verdicts, scenarios, sets, *, title: str, width: int) -> list:
         marks = []
         for t in sets:
             verdict = verdicts.get((t, s.name), "?")
-            marks.append(Text(MARK_CHAR.get(verdict, "?"), style=VERDICT_STYLE.get(verdict, "")))
+            marks.append(Text(letter_of(verdict), style=style_of(verdict)))
         line = grouped(marks)
         line.append("  ")
         line.append(s.name)

@@ -191,16 +191,15 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
     )
     campaign = run_campaign(settings, tgt, choice=choice, progress=progress, say=say)
     from sglfix.execution.mutate import campaign_report, catalogue_rows
+    from sglfix.report.mutation import Selection
 
     report = campaign_report(
         campaign,
         command=opts.argv,
         profile=tgt.profile,
-        selection={
-            "scenario": list(given["scenario"]),
-            "function": list(functions),
-            "operators": list(operators or ()),
-        },
+        selection=Selection(
+            scenario=list(given["scenario"]), function=list(functions), operators=list(operators or ())
+        ),
         catalogue=catalogue_rows(tgt, operators=operators),
     )
     _write_and_print(report, outputs, given)

@@ -5,16 +5,19 @@ release like the oldest and the first unlike it, with their diffs."""
 
 from __future__ import annotations
 
-import datetime
 import os
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from sglfix.cli.context import Options, err, out
 from sglfix.common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sglfix.execution.release_bisect import ReleaseSearch
+    from sglfix.report.release_bisect import ChangedReached, ReleaseBisectReport, ReleaseFound
 
 # Options of bisect that mean something only for a search over reverts, or that the runs of
 # each release cannot honour (one process per release, one machine).
@@ -31,7 +34,9 @@ _NOT_HERE = {
 
 def bisect_releases(opts: Options, given: dict[str, Any]) -> None:
     from sglfix.execution.release_bisect import ReleaseSearch, run_release
+    from sglfix.report.bisect import now
     from sglfix.report.output import write_json
+    from sglfix.report.release_bisect import ReleaseBisectReport
 
     engine, releases, args = check_release_bisect(opts, given)
     lo, hi = releases[0], releases[-1]
@@ -48,23 +53,21 @@ def bisect_releases(opts: Options, given: dict[str, Any]) -> None:
         highlight=False,
         markup=False,
     )
-    result = search.search()
-    if result["first_bad"] is not None:
-        result["changed_reached"] = _what_changed(opts, search, result, args, engine=engine)
-    report = {
-        "schema": 1,
-        "tool": "sglfix bisect --releases",
-        "command": " ".join(opts.argv),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "wall_s": round(time.perf_counter() - started, 1),
-        "distribution": engine,
-        **result,
-    }
+    found = search.search()
+    changed = _what_changed(opts, search, found, args, engine=engine) if found.first_bad is not None else None
+    report = ReleaseBisectReport.of(
+        found,
+        command=" ".join(opts.argv),
+        date=now(),
+        wall_s=round(time.perf_counter() - started, 1),
+        distribution=engine,
+        changed_reached=changed,
+    )
     if json_file is not None:
-        write_json(json_file, report)
+        write_json(json_file, report.to_json())
     if json_file != "-":
         _print(report, show_all=given["show_all"])
-    raise typer.Exit(1 if result["first_bad"] is not None else 0)
+    raise typer.Exit(1 if report.first_bad is not None else 0)
 
 
 def check_release_bisect(opts: Options, given: dict[str, Any]) -> tuple[str, list[str], list[str]]:
@@ -231,7 +234,9 @@ def _run_args(opts: Options, given: dict[str, Any], *, candidates: list[str]) ->
     return args
 
 
-def _what_changed(opts: Options, search: Any, result: dict, args: list[str], *, engine: str) -> dict:
+def _what_changed(
+    opts: Options, search: ReleaseSearch, found: ReleaseFound, args: list[str], *, engine: str
+) -> ChangedReached:
     """The functions of the modules a worker imports that changed between the last good and the
     first bad release, and of those, the ones the differing cells entered (their scenarios run
     once more on the first bad release, recording entry into each changed function)."""
@@ -240,8 +245,10 @@ def _what_changed(opts: Options, search: Any, result: dict, args: list[str], *, 
 
     from sglfix.codebases.releases import fetch_release
     from sglfix.execution.release_bisect import changed_functions, reached_diff, run_release
+    from sglfix.report.release_bisect import ChangedReached
 
-    good, bad = search.ran[result["last_good"]], search.ran[result["first_bad"]]
+    assert found.first_bad is not None
+    good, bad = search.ran[found.last_good], search.ran[found.first_bad]
     _, profile = _engine_profile(opts, good.version, bad.version)
     modules = list(profile.preload)
     if profile.kit:
@@ -251,10 +258,9 @@ def _what_changed(opts: Options, search: Any, result: dict, args: list[str], *, 
         Path(fetch_release(engine, r.version, wheels=opts.wheels, package=profile.package).path) for r in (good, bad)
     ]
     changed = changed_functions(roots[0], roots[1], modules)
-    scenarios = sorted({c["cell"].split("::", 1)[1] for c in result["differing_cells"] if "::" in c["cell"]})
-    out_info = {"modules": len(modules), "changed_functions": len(changed), "functions": []}
+    scenarios = sorted({c.cell.split("::", 1)[1] for c in found.differing_cells or () if "::" in c.cell})
     if not changed or not scenarios:
-        return out_info
+        return ChangedReached(modules=len(modules), changed_functions=len(changed), functions=[])
     from sglfix.codebases.releases import owned_tempdir
 
     with owned_tempdir(tempfile.gettempdir(), prefix="sglfix-reach-") as tmp:
@@ -266,41 +272,42 @@ def _what_changed(opts: Options, search: Any, result: dict, args: list[str], *, 
             select += ["-s", name]
         again = run_release(bad.version, args=[*select, "--reach-file", reach], wheels=opts.wheels)
     reached = sorted({f for fs in again.reached.values() for f in fs})
-    out_info["functions"] = reached_diff(good, bad, changed, reached)
-    return out_info
+    return ChangedReached(
+        modules=len(modules), changed_functions=len(changed), functions=reached_diff(good, bad, changed, reached)
+    )
 
 
-def _print(report: dict, *, show_all: bool = False) -> None:
-    first, last = report["first_bad"], report["last_good"]
-    runs = f"{report['release_runs']} release runs (at most {report['budget']})"
+def _print(report: ReleaseBisectReport, *, show_all: bool = False) -> None:
+    first, last = report.first_bad, report.last_good
+    runs = f"{report.release_runs} release runs (at most {report.budget})"
     if first is None:
         out.print(
-            f"no release differs: every release run from {report['reference']} to {report['releases'][-1]} gives "
-            f"{report['reference']}'s verdicts; {runs}",
+            f"no release differs: every release run from {report.reference} to {report.releases[-1]} gives "
+            f"{report.reference}'s verdicts; {runs}",
             highlight=False,
             markup=False,
         )
         return
     out.print(
-        f"first release unlike {report['reference']}: {first} (the last like it: {last}); {runs}",
+        f"first release unlike {report.reference}: {first} (the last like it: {last}); {runs}",
         highlight=False,
         markup=False,
     )
-    if report.get("untested_between"):
-        out.print(f"not testable between them: {', '.join(report['untested_between'])}", highlight=False, markup=False)
-    differing = report["differing_cells"]
+    if report.untested_between:
+        out.print(f"not testable between them: {', '.join(report.untested_between)}", highlight=False, markup=False)
+    differing = report.differing_cells or []
     for c in differing if show_all else differing[:20]:
-        out.print(f"  {c['cell']}: {c['reference']} -> {c[first]}", highlight=False, markup=False)
+        out.print(f"  {c.cell}: {c.reference} -> {c.verdict}", highlight=False, markup=False)
     if len(differing) > 20 and not show_all:
         out.print(f"  ... and {len(differing) - 20} more (--all shows every one)", highlight=False, markup=False)
-    info = report.get("changed_reached") or {}
-    functions = info.get("functions") or []
+    info = report.changed_reached
+    functions = info.functions if info is not None else []
     out.print(
-        f"{info.get('changed_functions', 0)} function(s) of the {info.get('modules', 0)} modules a worker imports "
-        f"changed from {last} to {first}; the differing cells reached {len(functions)} of them:",
+        f"{info.changed_functions if info else 0} function(s) of the {info.modules if info else 0} modules a worker "
+        f"imports changed from {last} to {first}; the differing cells reached {len(functions)} of them:",
         highlight=False,
         markup=False,
     )
     for f in functions:
-        out.print(f"{f['function']} ({f['file']}:{f['line']})", highlight=False, markup=False)
-        out.print(f["diff"], highlight=False, markup=False, end="")
+        out.print(f"{f.function} ({f.file}:{f.line})", highlight=False, markup=False)
+        out.print(f.diff, highlight=False, markup=False, end="")

@@ -17,6 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglfix.report.bisect import TOOL, BisectReport, Culprit, FixComparison, FlatCulprit, Group, LeftOut, Masking, now
+from sglfix.report.schema import PlanIdentity
+
 # Progress of a search: silent for a quick one, then a line at most this often (every set: each).
 QUIET_S = 5.0
 EVERY_S = 15.0
@@ -103,8 +106,8 @@ def shard_groups(chosen: Sequence[Any], shard: Any, *, timings: dict[str, float]
 class Found:
     """What the search found, and what the report counts."""
 
-    groups: list[dict] = field(default_factory=list)
-    masking: list[dict] = field(default_factory=list)
+    groups: list[Group] = field(default_factory=list)
+    masking: list[Masking] = field(default_factory=list)
     masking_sets: set = field(default_factory=set)
     skipped: list[str] = field(default_factory=list)
     known_base: list[str] = field(default_factory=list)
@@ -166,7 +169,7 @@ class Search:
                 cells.context = f"group {number}/{len(groups)} {group}"
                 found.groups.append(self._group(cells, group, members, found, label=cells.context))
             found.replacements = list(getattr(pool, "replacements", []))
-        found.groups = [g for g in found.groups if g["culprits"] or g["unreachable"]]
+        found.groups = [g for g in found.groups if g.culprits or g.unreachable]
         return found
 
     def _failing_baseline(self, bad: dict) -> str:
@@ -189,7 +192,7 @@ class Search:
         never the baseline's own verdict)."""
         return sorted(n for n, r in results.items() if self.rules.meaning(r.to_json(), self.base_json.get(n))[0].fails)
 
-    def _group(self, cells: CellCache, group: str, members: list[str], found: Found, *, label: str) -> dict:
+    def _group(self, cells: CellCache, group: str, members: list[str], found: Found, *, label: str) -> Group:
         from sglfix.execution.bisect import Oracle, find_culprits
 
         asked: set[frozenset] = set()  # the distinct sets this group's search asks about
@@ -223,15 +226,15 @@ class Search:
         found_here = self._confirm(cells, members, narrowed, swept)
         self._masking(cells, group, found_here, narrowed, searched, found)
         found.masking_sets.update(cells.sets - search_sets)
-        return {
-            "group": group,
-            "scenarios": len(members),
-            "culprits": found_here,
-            "unreachable": unreachable,
-            "searched": len(searched),
-            "runs": search_runs,
-            "swept": len(swept[1]),
-        }
+        return Group(
+            group=group,
+            scenarios=len(members),
+            culprits=found_here,
+            unreachable=unreachable,
+            searched=len(searched),
+            runs=search_runs,
+            swept=len(swept[1]),
+        )
 
     def _sweep(self, cells, searched, narrowed, asked, fails, *, label: str) -> tuple[list[str], list[str]]:
         """Masking breaks the premise of every group question (a passing set is clean): sweep,
@@ -256,7 +259,7 @@ class Search:
                 hits.append(c)
         return hits, sweep
 
-    def _confirm(self, cells, members, narrowed, swept) -> list[dict]:
+    def _confirm(self, cells, members, narrowed, swept) -> list[Culprit]:
         from sglfix.common.verdicts import worst
 
         found = []
@@ -269,39 +272,81 @@ class Search:
             # The figure of a cell that gave the verdict shown, never another scenario's.
             shown = next(n for n in bad_names if results[n].verdict == verdict)
             found.append(
-                {
-                    "ids": list(culprit),
-                    "verdict": verdict,
-                    "scenarios": bad_names,
-                    "key_figure": results[shown].key_figure,
-                    "key_scenario": shown,
-                    "found_by": "masking sweep" if culprit[0] in swept[0] else "search",
-                }
+                Culprit(
+                    ids=list(culprit),
+                    verdict=verdict,
+                    scenarios=bad_names,
+                    key_figure=results[shown].key_figure,
+                    key_scenario=shown,
+                    found_by="masking sweep" if culprit[0] in swept[0] else "search",
+                )
             )
         return found
 
     def _masking(self, cells, group, found_here, narrowed, searched, found: Found) -> None:
         others = [c[0] for c in narrowed if len(c) == 1]
         for culprit in found_here:
-            if len(culprit["ids"]) != 1:
+            if len(culprit.ids) != 1:
                 continue
-            (c,) = culprit["ids"]
+            (c,) = culprit.ids
             partners = self.siblings(c) + [o for o in others if o != c]
-            if culprit["found_by"] == "masking sweep":
+            if culprit.found_by == "masking sweep":
                 partners += [o for o in searched if o != c]  # something in the search hid it
             for partner in dict.fromkeys(partners):
                 # On the scenarios the culprit fails alone: which pass with both reverted?
-                both = cells.run((c, partner), culprit["scenarios"])
+                both = cells.run((c, partner), culprit.scenarios)
                 hidden = sorted(set(both) - set(self.failing(both)))
                 if hidden:
                     found.masking.append(
-                        {
-                            "group": group,
-                            "culprit": c,
-                            "masked_by": partner,
-                            "scenarios": hidden,
-                            "all": len(hidden) == len(culprit["scenarios"]),
-                        }
+                        Masking(
+                            group=group,
+                            culprit=c,
+                            masked_by=partner,
+                            scenarios=hidden,
+                            all=len(hidden) == len(culprit.scenarios),
+                        )
                     )
-                    if culprit["found_by"] == "masking sweep":
+                    if culprit.found_by == "masking sweep":
                         break  # named: the search's premise failed here
+
+
+def report_of(
+    found: Found,
+    *,
+    command: str,
+    wall_s: float,
+    candidates: int,
+    plan: dict,
+    shard: str | None = None,
+    apply: FixComparison | None = None,
+) -> BisectReport:
+    """The bisect report of what ``found`` holds: the culprits of every group (with it), the
+    masking pairs, the scenarios left out, and what ran (``sglfix.report.bisect``)."""
+    cells = found.cells
+    assert cells is not None, "a search that ran has its cells"
+    given: dict[str, Any] = {"shard": shard} if shard is not None else {}
+    if apply is not None:
+        given["apply"] = apply
+    return BisectReport(
+        schema=2,
+        tool=TOOL,
+        command=command,
+        date=now(),
+        wall_s=wall_s,
+        device=found.info.get("device"),
+        device_name=found.info.get("device_name"),
+        codebase=found.info.get("codebase"),
+        candidates=candidates,
+        runs=len(cells.sets - found.masking_sets - {()}),
+        masking_runs=len(found.masking_sets - {()}),
+        sets_run=len(cells.sets - {()}),
+        reachability=found.record is not None,
+        cells=len(cells.results),
+        culprits=[FlatCulprit(**c.model_dump(), group=g.group) for g in found.groups for c in g.culprits],
+        masking=found.masking,
+        left_out=LeftOut(skip=found.skipped, known=found.known_base),
+        groups=found.groups,
+        worker_replacements=found.replacements,
+        plan=PlanIdentity.model_validate(plan),
+        **given,
+    )

@@ -24,10 +24,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.settings import EVERY_FUNCTION
+
+if TYPE_CHECKING:
+    from sglfix.report.mutation import Selection
 
 __all__ = ["Campaign", "check_function_patterns", "run_campaign", "surface_of"]
 
@@ -569,7 +572,7 @@ def catalogue_rows(target: Any, *, operators: Any = None) -> list[dict]:
 
 
 def campaign_report(
-    campaign: Campaign, *, command: Any, profile: Any, selection: dict, catalogue: Sequence[dict] = ()
+    campaign: Campaign, *, command: Any, profile: Any, selection: Selection, catalogue: Sequence[dict] = ()
 ) -> dict:
     """The mutation report of ``campaign`` (``sglfix.report.mutation``): its cells judged against
     their baselines by the one judgement, each mutant's status, hint and the scores."""

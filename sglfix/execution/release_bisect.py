@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sglfix.common.errors import ConfigError
+from sglfix.report.release_bisect import ChangedFunction, DifferingCell, ReleaseFound, RunRow
 
 __all__ = [
     "Changed",
@@ -127,13 +128,10 @@ class ReleaseRun:
         keys = set(self.verdicts) | set(reference.verdicts)
         return sorted(k for k in keys if self.verdicts.get(k) != reference.verdicts.get(k))
 
-    def to_json(self) -> dict:
-        out = {"release": self.version, "exit": self.exit, "wall_s": self.wall_s, "path": self.path}
-        if self.untestable:
-            out["untestable"] = self.untestable
-        else:
-            out["summary"] = _count(self.verdicts.values())
-        return out
+    def row(self) -> RunRow:
+        """The run as the report lists it: its verdicts counted, or why it could not be tested."""
+        said = {"untestable": self.untestable} if self.untestable else {"summary": _count(self.verdicts.values())}
+        return RunRow(release=self.version, exit=self.exit, wall_s=self.wall_s, path=self.path, **said)
 
 
 def _count(verdicts) -> dict[str, int]:
@@ -164,7 +162,7 @@ class ReleaseSearch:
         """The most release runs the search takes when every release can be tested."""
         return 1 + math.ceil(math.log2(len(self.releases)))
 
-    def search(self) -> dict:
+    def search(self) -> ReleaseFound:
         releases = list(self.releases)
         reference = self._run(releases[0])
         if reference.untestable:
@@ -186,23 +184,26 @@ class ReleaseSearch:
                 lo = probe
         found = hi < len(releases)
         untested = [v for v in releases[lo + 1 : hi] if v in self.ran and self.ran[v].untestable]
-        result = {
-            "releases": releases,
-            "reference": releases[0],
-            "runs": [self.ran[v].to_json() for v in releases if v in self.ran],
-            "release_runs": len(self.ran),
-            "budget": self.budget,
-            "first_bad": releases[hi] if found else None,
-            "last_good": releases[lo],
-            "untested_between": untested,
-        }
+        differing = {}
         if found:
             bad = self.ran[releases[hi]]
-            result["differing_cells"] = [
-                {"cell": k, "reference": reference.verdicts.get(k), releases[hi]: bad.verdicts.get(k)}
+            differing["differing_cells"] = [
+                DifferingCell(
+                    cell=k, reference=reference.verdicts.get(k), release=releases[hi], verdict=bad.verdicts.get(k)
+                )
                 for k in bad.differs(reference)
             ]
-        return result
+        return ReleaseFound(
+            releases=releases,
+            reference=releases[0],
+            runs=[self.ran[v].row() for v in releases if v in self.ran],
+            release_runs=len(self.ran),
+            budget=self.budget,
+            first_bad=releases[hi] if found else None,
+            last_good=releases[lo],
+            untested_between=untested,
+            **differing,
+        )
 
 
 def _describe(r: ReleaseRun) -> str:
@@ -311,10 +312,12 @@ def _functions(text: str, module: str) -> dict[str, tuple[str, int]]:
     return found
 
 
-def reached_diff(good: ReleaseRun, bad: ReleaseRun, changed: dict[str, Changed], reached: Sequence[str]) -> list[dict]:
+def reached_diff(
+    good: ReleaseRun, bad: ReleaseRun, changed: dict[str, Changed], reached: Sequence[str]
+) -> list[ChangedFunction]:
     """The changed functions the differing cells reached: each with its file and line in the first
     bad release and the unified diff from the last good one."""
-    out: list[dict] = []
+    out: list[ChangedFunction] = []
     for name in sorted(set(reached) & set(changed)):
         c = changed[name]
         diff = "".join(
@@ -325,5 +328,5 @@ def reached_diff(good: ReleaseRun, bad: ReleaseRun, changed: dict[str, Changed],
                 tofile=f"{bad.version}/{c.file}",
             )
         )
-        out.append({"function": name, "file": c.file, "line": c.line, "diff": diff})
+        out.append(ChangedFunction(function=name, file=c.file, line=c.line, diff=diff))
     return out

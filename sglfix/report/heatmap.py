@@ -14,46 +14,38 @@ import io
 from pathlib import Path
 
 from sglfix.common.errors import ConfigError
-from sglfix.common.verdicts import MARKS
+from sglfix.common.verdicts import MARKS, Look, look_of
 from sglfix.report.grid import Grid
 from sglfix.report.output import check_output_file, write_atomic
 
-__all__ = ["COLOURS", "SUFFIXES", "check_heatmap_path", "render_heatmap", "write_heatmap"]
+__all__ = ["SUFFIXES", "check_heatmap_path", "render_heatmap", "write_heatmap"]
 
 SUFFIXES = (".png", ".svg")
 INSTALL_HINT = "pip install 'sglfix[plot]'"
 NOT_RUN = "not run"
-# One fixed colour per verdict (and a one-letter code drawn in every non-PASS cell, so the
-# picture reads without colour too): the same verdict looks the same in every picture.
-COLOURS = {
-    "PASS": "#cde8c4",
-    "SKIP": "#d9d9d9",
-    "SYNC": "#f2c62f",
-    "DIVERGE": "#d7301f",
-    "NAN": "#e7298a",
-    "INVARIANT": "#7b52ab",
-    "CRASH": "#f57c00",
-    "TIMEOUT": "#8c564b",
-    "FAULT": "#222222",
-    "ERROR": "#1f4e9c",
-    "NOT_REACHED": "#eef2f7",
-    NOT_RUN: "#ffffff",
-}
-CODES = {
-    "PASS": "",
-    "SKIP": "-",
-    "SYNC": "S",
-    "DIVERGE": "D",
-    "NAN": "N",
-    "INVARIANT": "I",
-    "CRASH": "C",
-    "TIMEOUT": "T",
-    "FAULT": "F",
-    "ERROR": "E",
-    "NOT_REACHED": "·",
-    NOT_RUN: "?",
-}
-DARK = {"DIVERGE", "INVARIANT", "TIMEOUT", "FAULT", "ERROR", "NAN"}
+
+
+def _look(name: str) -> Look | None:
+    """How a grid entry is drawn (``sglfix.common.verdicts.LOOKS``): a verdict, or not run."""
+    return look_of(None if name == NOT_RUN else name)
+
+
+def _colour(name: str) -> str:
+    look = _look(name)
+    return look.colour if look else "#999999"
+
+
+def _code(name: str) -> str:
+    """The letter drawn in a cell, so the picture reads without colour too; none in a PASS cell
+    (the most of a grid: its colour says it, and the findings stand out)."""
+    look = _look(name)
+    return "" if name == "PASS" else look.letter if look else name[:1]
+
+
+def _ink(name: str) -> str:
+    look = _look(name)
+    return look.ink if look else "black"
+
 
 FONT = 8.5  # points, every label
 ROW_H = 0.2  # inches per scenario row
@@ -127,7 +119,7 @@ def render_heatmap(report: dict, *, fmt: str = "png") -> bytes:
     cells = sum(counts.values()) - counts.get(NOT_RUN, 0)
     title = _title(report, cells=cells, rows=len(grid.rows), columns=len(grid.columns))
     shown = [v for v in names if counts.get(v)]
-    labels = [(f"{CODES.get(v, v[:1])}  " if CODES.get(v, v[:1]) else "") + f"{v}: {counts[v]}" for v in shown]
+    labels = [(f"{_code(v)}  " if _code(v) else "") + f"{v}: {counts[v]}" for v in shown]
     entry_w = _text_in(max(len(t) for t in labels) + 6, font * 1.1)
     left, right = 0.2 + group_w + suffix_w, 0.4
     width = max(left + grid_w + right, 7.0, _text_in(len(title), font * 1.5) + 0.6)
@@ -139,7 +131,7 @@ def render_heatmap(report: dict, *, fmt: str = "png") -> bytes:
     fig = Figure(figsize=(width, height), dpi=DPI)
     ax = fig.add_axes((left / width, bottom / height, grid_w / width, grid_h / height))
 
-    cmap = ListedColormap([COLOURS.get(v, "#999999") for v in names])
+    cmap = ListedColormap([_colour(v) for v in names])
     norm = BoundaryNorm([i - 0.5 for i in range(len(names) + 1)], cmap.N)
     ax.imshow(
         data,
@@ -164,7 +156,7 @@ def render_heatmap(report: dict, *, fmt: str = "png") -> bytes:
 
     for y, row in enumerate(data):
         for x, i in enumerate(row):
-            code = CODES.get(names[i], names[i][:1])
+            code = _code(names[i])
             if code:
                 ax.text(
                     x,
@@ -174,7 +166,7 @@ def render_heatmap(report: dict, *, fmt: str = "png") -> bytes:
                     va="center",
                     fontsize=font * 0.9,
                     fontweight="bold",
-                    color="white" if names[i] in DARK else "black",
+                    color=_ink(names[i]),
                     family="monospace",
                 )
 
@@ -241,10 +233,7 @@ def render_heatmap(report: dict, *, fmt: str = "png") -> bytes:
             ax.axvline(x - 0.5, color="#444444", linewidth=1.2)
 
     fig.text(0.5, 1 - 0.3 / height, title, ha="center", va="center", fontsize=font * 1.5, fontweight="bold")
-    handles = [
-        Patch(facecolor=COLOURS.get(v, "#999999"), edgecolor="#444444", linewidth=0.5, label=t)
-        for v, t in zip(shown, labels)
-    ]
+    handles = [Patch(facecolor=_colour(v), edgecolor="#444444", linewidth=0.5, label=t) for v, t in zip(shown, labels)]
     # matplotlib fills a legend column by column; this order reads row by row, most severe first.
     order = [r * ncol + c for c in range(ncol) for r in range(nrow) if r * ncol + c < len(handles)]
     fig.legend(

@@ -56,6 +56,8 @@ def _other_kind(data: object) -> str | None:
         return None
     if data.get("tool") == "sglfix bisect":
         return "a bisect report (sglfix bisect --json)"
+    if data.get("tool") == "sglfix bisect --releases":
+        return "a release bisect report (sglfix bisect --releases --json)"
     if data.get("tool") == "sglfix mutate":
         return "a mutation report (sglfix mutate --json)"
     if data.get("tool") == "sglfix" and data.get("kind") == "compare":

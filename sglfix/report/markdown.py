@@ -8,7 +8,7 @@ import os
 import re
 from typing import Any
 
-from sglfix.common.verdicts import MARKS, worst
+from sglfix.common.verdicts import MARKS, letter_of, worst
 from sglfix.report.grid import Grid
 from sglfix.report.outcome import Meaning, codebase_label
 from sglfix.report.output import check_output_file, write_atomic
@@ -27,7 +27,6 @@ STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
 GROUP_ROWS_OVER = 40  # more scenarios than this: one grid row per base name (before '@')
 FULL_COLUMNS_UP_TO = 8  # more toggle sets than this: short column ids and a legend
 LIST_AT_MOST = 50  # entries per list (unmet, unexpected, failing cells)
-PASS_MARK = "·"
 
 
 def check_markdown_path(path: str | None, *, option: str = "--markdown") -> None:
@@ -99,7 +98,9 @@ def _summary_line(report: dict, judgement) -> str:
 
 
 def _mark(verdict: str | None) -> str:
-    return "?" if verdict is None else PASS_MARK if verdict == "PASS" else verdict
+    """A grid cell: PASS (the most of a grid) and no result by their letters, so that the
+    findings stand out by name (``sglfix.common.verdicts.LOOKS``)."""
+    return letter_of(verdict) if verdict is None or verdict == "PASS" else verdict
 
 
 def _grid_lines(grid: Grid) -> list[str]:
@@ -124,12 +125,13 @@ def _grid_lines(grid: Grid) -> list[str]:
                 bad = [v for v in ran if v not in ("PASS", "NOT_REACHED")]
                 also = f", {unreached} not reached" if unreached else ""
                 if not ran:
-                    marks.append("?")
+                    marks.append(letter_of(None))
                 elif unreached == len(ran):
                     marks.append("NOT_REACHED" if len(ran) == len(rows) else f"NOT_REACHED {len(ran)}/{len(rows)}")
                 elif not bad:
                     passed = len(ran) - unreached
-                    marks.append((PASS_MARK if passed == len(rows) else f"{PASS_MARK} {passed}/{len(rows)}") + also)
+                    mark = letter_of("PASS")
+                    marks.append((mark if passed == len(rows) else f"{mark} {passed}/{len(rows)}") + also)
                 else:
                     marks.append(f"{worst(bad)} {len(bad)}/{len(rows)}{also}")
             lines.append("| " + " | ".join([label, *marks]) + " |")
@@ -138,7 +140,7 @@ def _grid_lines(grid: Grid) -> list[str]:
             lines.append(
                 "| " + " | ".join([_code(s, in_table=True), *(_mark(grid.verdict(c, s)) for c in grid.columns)]) + " |"
             )
-    legend = f"{PASS_MARK} PASS" + (
+    legend = f"{_code(letter_of('PASS'))} PASS" + (
         ", a group cell: the worst verdict and how many of its scenarios showed it "
         "or another failing verdict, then how many were not reached"
         if grouped
