@@ -34,11 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 
 __all__ = [
-    "CACHE_ENV",
-    "RELEASE_ENV",
     "Release",
     "cache_root",
     "cached_release",
@@ -53,14 +52,11 @@ __all__ = [
     "versions_on_index",
 ]
 
-CACHE_ENV = "SGLFIX_CACHE"
 # Light packages older releases import at module level on the way to the attention backends and
 # the newest do not (so the [sglang] extra does not name them): sglang 0.5.18's function-call
 # parsers import xgrammar.
 _ALSO_IMPORTED = ("xgrammar",)
 _DONE = "sglfix-release.json"  # written last: a folder without it is a fetch that did not finish
-# The release a process runs (``--release``), for what its reports say of their code base.
-RELEASE_ENV = "SGLFIX_RELEASE"
 # Held locked (flock) by the process that owns a temporary folder: a lock that can be taken is a
 # folder whose owner died.
 _OWNER = ".sglfix-owner"
@@ -90,7 +86,7 @@ class Release:
 
 
 def cache_root() -> Path:
-    env = os.environ.get(CACHE_ENV)
+    env = envs.SGLFIX_CACHE.get()
     return Path(env).expanduser() if env else Path("~/.cache/sglfix").expanduser()
 
 
@@ -109,7 +105,8 @@ def use_release(release: Release) -> None:
     from sglfix.common.codebase import clear_package_dirs
 
     sys.path.insert(0, release.path)
-    os.environ.update(PYTHONPATH=release_env(release)["PYTHONPATH"], **{RELEASE_ENV: release.version})
+    os.environ["PYTHONPATH"] = release_env(release)["PYTHONPATH"]
+    envs.SGLFIX_RELEASE.set(release.version)
     importlib.invalidate_caches()
     clear_package_dirs()
 

@@ -17,13 +17,15 @@ import os
 import stat
 import sys
 
+from sglfix.common.environ import envs
+
 __all__ = ["lookup", "store"]
 
 _MAX_FILE = 1024 * 1024  # a larger toggle file is the full path's to refuse
 
 
 def _cache_dir() -> str:
-    base = os.environ.get("SGLFIX_CACHE_DIR")
+    base = envs.SGLFIX_CACHE_DIR.get()
     if base:
         return base
     return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sglfix")

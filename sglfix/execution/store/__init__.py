@@ -56,6 +56,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from sglfix.common.environ import envs
 from sglfix.common.errors import SglfixError
 from sglfix.common.verdicts import MARKS, worst
 from sglfix.execution.store.fingerprint import content_digest, file_digests
@@ -74,7 +75,7 @@ __all__ = [
 
 # Verdicts that say sglfix or the machine failed: a rerun may answer otherwise.
 NOT_STORED = frozenset({"ERROR", "TIMEOUT", "FAULT"})
-STORE_ENV = "SGLFIX_STORE"
+STORE_ENV = envs.SGLFIX_STORE.name
 _FILE = "results.sqlite"
 _VERSION = 2  # the file's layout (PRAGMA user_version); an older one is emptied and remade
 _KEPT = 8  # entries kept per cell: the newest
@@ -139,7 +140,7 @@ class StoreMismatch(SglfixError):
 
 
 def default_dir() -> str:
-    env = os.environ.get(STORE_ENV)
+    env = envs.SGLFIX_STORE.get()
     if env:
         return env
     from sglfix.codebases.releases import cache_root
@@ -148,7 +149,7 @@ def default_dir() -> str:
 
 
 def store_disabled_by_env() -> bool:
-    return os.environ.get(STORE_ENV, "").strip().lower() in ("0", "off", "no", "false")
+    return (envs.SGLFIX_STORE.raw() or "").strip().lower() in ("0", "off", "no", "false")
 
 
 def unstorable(result: CellResult) -> str | None:

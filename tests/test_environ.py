@@ -1,0 +1,114 @@
+"""The environment variables' declarations (sglfix.common.environ): names, types, defaults."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from sglfix.common.environ import Envs, envs
+
+ROOT = Path(__file__).resolve().parent.parent
+HOME = ROOT / "sglfix" / "common" / "environ.py"
+NAME = re.compile(r"\b(?:SGLFIX_[A-Z0-9_]+|SGLANG_DEBUG_REVERT_PR)\b")
+
+
+def test_every_name_sglfix_spells_is_declared_once_with_a_doc():
+    declared = [v.name for v in envs.declared()]
+    assert len(declared) == len(set(declared))
+    assert all(v.doc.strip() and "\n" not in v.doc for v in envs.declared())
+    spelled = set(NAME.findall(HOME.read_text(encoding="utf-8")))
+    assert spelled == set(declared)
+    assert all(getattr(Envs, n) is getattr(envs, n) for n in declared)
+
+
+def test_the_startup_line_checks_the_declared_names():
+    """The ``.pth`` line cannot import sglfix before deciding whether to: it spells the names."""
+    line = (ROOT / "zz-sglfix-startup.pth").read_text(encoding="utf-8")
+    assert set(re.findall(r'os\.environ\.get\("([A-Z_]+)"', line)) == {
+        envs.SGLANG_DEBUG_REVERT_PR.name,
+        envs.SGLFIX_APPLY.name,
+    }
+
+
+def test_environ_is_a_leaf_importing_the_standard_library_alone():
+    tree = ast.parse(HOME.read_text(encoding="utf-8"))
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= {"__future__", "os", "collections.abc", "typing"}, imported
+
+
+# -- typing, defaults, override
+
+
+def test_unset_is_the_default_and_set_values_read_by_type(monkeypatch):
+    for var in envs.declared():
+        monkeypatch.delenv(var.name, raising=False)
+        assert var.get() == var.default and not var.is_set()
+    monkeypatch.setenv("SGLFIX_KERNEL_MEMO_MB", "64.5")
+    assert envs.SGLFIX_KERNEL_MEMO_MB.get() == 64.5
+    monkeypatch.setenv("SGLFIX_KERNEL_MEMO_MB", "lots")
+    with pytest.raises(ValueError, match="SGLFIX_KERNEL_MEMO_MB='lots'"):
+        envs.SGLFIX_KERNEL_MEMO_MB.get()
+    monkeypatch.setenv("SGLFIX_PROFILE", "  sglang ")
+    assert envs.SGLFIX_PROFILE.get() == "sglang"
+    monkeypatch.setenv("SGLFIX_PROFILE", "  ")
+    assert envs.SGLFIX_PROFILE.get() is None and envs.SGLFIX_PROFILE.is_set()
+    monkeypatch.setenv("SGLFIX_TOGGLES_DIR", "")
+    assert envs.SGLFIX_TOGGLES_DIR.get() is None
+    monkeypatch.setenv("SGLANG_DEBUG_REVERT_PR", " 0 ")
+    assert envs.SGLANG_DEBUG_REVERT_PR.get() == " 0 "  # as set: its reader decides what selects nothing
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "on"),
+    [
+        ("SGLFIX_VERBOSE", "1", True),
+        ("SGLFIX_VERBOSE", "yes", True),
+        ("SGLFIX_VERBOSE", " 0 ", False),
+        ("SGLFIX_VERBOSE", "", False),
+        ("SGLFIX_DEBUG", "1", True),
+        ("SGLFIX_DEBUG", "true", False),
+        ("SGLFIX_KERNEL_MEMO", "off", False),
+        ("SGLFIX_KERNEL_MEMO", " no", False),
+        ("SGLFIX_KERNEL_MEMO", "", True),
+        ("SGLFIX_KERNEL_MEMO", "OFF", True),
+    ],
+)
+def test_flags_read_as_their_readers_always_did(monkeypatch, name, raw, on):
+    monkeypatch.setenv(name, raw)
+    assert getattr(envs, name).get() is on
+
+
+def test_set_unset_and_a_mapping_of_a_child_process(monkeypatch):
+    monkeypatch.delenv("SGLFIX_KERNEL_MEMO", raising=False)
+    child: dict[str, str] = {}
+    envs.SGLFIX_KERNEL_MEMO.set(False, env=child)
+    assert child == {"SGLFIX_KERNEL_MEMO": "0"} and "SGLFIX_KERNEL_MEMO" not in os.environ
+    assert envs.SGLFIX_KERNEL_MEMO.get(env=child) is False
+    assert envs.SGLFIX_KERNEL_MEMO.unset(env=child) == "0" and child == {}
+    envs.SGLFIX_KERNEL_MEMO.set(False)
+    assert os.environ["SGLFIX_KERNEL_MEMO"] == "0"
+    envs.SGLFIX_KERNEL_MEMO.set(None)
+    assert "SGLFIX_KERNEL_MEMO" not in os.environ
+
+
+def test_override_restores_the_value_or_its_absence(monkeypatch):
+    var = envs.SGLANG_DEBUG_REVERT_PR
+    monkeypatch.delenv(var.name, raising=False)
+    with var.override("26738"):
+        assert var.get() == "26738"
+    assert not var.is_set()
+    monkeypatch.setenv(var.name, "0")
+    with pytest.raises(RuntimeError), var.override(None):
+        assert not var.is_set()
+        raise RuntimeError
+    assert var.raw() == "0"
+
+
+def test_a_variable_is_no_truth_value():
+    with pytest.raises(TypeError, match=r"SGLFIX_DEBUG: read the variable with \.get\(\)"):
+        bool(envs.SGLFIX_DEBUG)
