@@ -1,4 +1,5 @@
-"""The environment variables' declarations (sglfix.common.environ): names, types, defaults."""
+"""The environment variables' declarations (sglfix.common.environ) and the cache folders derived
+from one root (sglfix.common.cachedir)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sglfix.common import cachedir
 from sglfix.common.environ import Envs, envs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,3 +114,51 @@ def test_override_restores_the_value_or_its_absence(monkeypatch):
 def test_a_variable_is_no_truth_value():
     with pytest.raises(TypeError, match=r"SGLFIX_DEBUG: read the variable with \.get\(\)"):
         bool(envs.SGLFIX_DEBUG)
+
+
+# -- one cache root
+
+
+def test_every_cache_folder_derives_from_the_root(monkeypatch, tmp_path):
+    for name in ("SGLFIX_CACHE", "SGLFIX_CACHE_DIR", "SGLFIX_STORE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    home = os.path.expanduser("~")
+    assert cachedir.root() == os.path.join(home, ".cache", "sglfix")  # where the caches always were
+    assert cachedir.arm() == cachedir.root()
+    monkeypatch.setenv("SGLFIX_CACHE", str(tmp_path / "c"))
+    root = str(tmp_path / "c")
+    assert cachedir.root() == root
+    assert [
+        cachedir.results(),
+        cachedir.releases(),
+        cachedir.triton_key(),
+        cachedir.file_digests(),
+        cachedir.arm(),
+    ] == [
+        os.path.join(root, "results"),
+        os.path.join(root, "releases"),
+        os.path.join(root, "triton-key"),
+        os.path.join(root, "file-digests.sqlite"),
+        root,
+    ]
+    monkeypatch.setenv("SGLFIX_STORE", str(tmp_path / "s"))
+    monkeypatch.setenv("SGLFIX_CACHE_DIR", str(tmp_path / "a"))
+    assert (cachedir.results(), cachedir.arm()) == (str(tmp_path / "s"), str(tmp_path / "a"))
+
+
+def test_the_arm_cache_stays_under_xdg_cache_home_without_sglfix_cache(monkeypatch, tmp_path):
+    for name in ("SGLFIX_CACHE", "SGLFIX_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cachedir.arm() == str(tmp_path / "sglfix")
+    assert cachedir.root() == os.path.join(os.path.expanduser("~"), ".cache", "sglfix")
+
+
+def test_the_store_and_the_releases_use_the_root(monkeypatch, tmp_path):
+    from sglfix.codebases import releases
+    from sglfix.execution.store import default_dir
+
+    monkeypatch.delenv("SGLFIX_STORE", raising=False)
+    monkeypatch.setenv("SGLFIX_CACHE", str(tmp_path))
+    assert default_dir() == str(tmp_path / "results")
+    assert releases._folder("sglang", "0.5.9") == tmp_path / "releases" / "sglang-0.5.9"

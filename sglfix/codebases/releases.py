@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from sglfix.common import cachedir
 from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 
 __all__ = [
     "Release",
-    "cache_root",
     "cached_release",
     "check_version",
     "die_with_parent",
@@ -83,11 +83,6 @@ class Release:
             "wheel": self.wheel,
             "overlay": list(self.overlay),
         }
-
-
-def cache_root() -> Path:
-    env = envs.SGLFIX_CACHE.get()
-    return Path(env).expanduser() if env else Path("~/.cache/sglfix").expanduser()
 
 
 def release_env(release: Release, env: dict[str, str] | None = None) -> dict[str, str]:
@@ -142,7 +137,7 @@ def light_packages() -> set[str]:
 
 
 def _folder(distribution: str, version: str) -> Path:
-    return cache_root() / "releases" / f"{distribution}-{version}"
+    return Path(cachedir.releases()) / f"{distribution}-{version}"
 
 
 def cached_release(distribution: str, version: str, *, package: str | None = None) -> Release | None:

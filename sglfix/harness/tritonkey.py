@@ -48,10 +48,10 @@ def fingerprint(root: str, version: str) -> str | None:
 
 
 def _memo_path(root: str) -> str:
-    from sglfix.codebases.releases import cache_root
+    from sglfix.common import cachedir
 
     where = hashlib.sha256(os.path.realpath(root).encode()).hexdigest()[:16]
-    return os.path.join(str(cache_root()), "triton-key", f"{where}.json")
+    return os.path.join(cachedir.triton_key(), f"{where}.json")
 
 
 def _read(path: str, print_: str) -> str | None:

@@ -17,18 +17,11 @@ import os
 import stat
 import sys
 
-from sglfix.common.environ import envs
+from sglfix.common import cachedir
 
 __all__ = ["lookup", "store"]
 
 _MAX_FILE = 1024 * 1024  # a larger toggle file is the full path's to refuse
-
-
-def _cache_dir() -> str:
-    base = envs.SGLFIX_CACHE_DIR.get()
-    if base:
-        return base
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sglfix")
 
 
 def _contents(toggles_dir: str) -> dict[str, str] | None:
@@ -71,7 +64,7 @@ def _path(identity: dict[str, str]) -> str:
     import zlib
 
     tag = zlib.crc32("\0".join(identity.values()).encode())
-    return os.path.join(_cache_dir(), f"arm-{tag:08x}.json")
+    return os.path.join(cachedir.arm(), f"arm-{tag:08x}.json")
 
 
 def lookup(value: str, toggles_dir: str) -> list[tuple[str, tuple[str, ...]]] | None:

@@ -140,12 +140,9 @@ class StoreMismatch(SglfixError):
 
 
 def default_dir() -> str:
-    env = envs.SGLFIX_STORE.get()
-    if env:
-        return env
-    from sglfix.codebases.releases import cache_root
+    from sglfix.common import cachedir
 
-    return str(cache_root() / "results")
+    return cachedir.results()
 
 
 def store_disabled_by_env() -> bool:
