@@ -316,8 +316,9 @@ class SglfixPlugin:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         path = envs.SGLFIX_CHECK_REPORT.get()
         if self.check and path and not hasattr(self.config, "workerinput"):  # the xdist controller or a plain run
-            with open(path, "w", encoding="utf-8") as fh:
-                json.dump(self.results, fh, indent=1)
+            from sglfix.common.atomic import write_atomic
+
+            write_atomic(path, json.dumps(self.results, indent=1))
 
     def _uncaught(self) -> list[tuple[str, dict]]:
         """The claims that fail the session (``Claim.fails_session``)."""

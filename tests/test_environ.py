@@ -1,5 +1,5 @@
-"""The environment variables' declarations (sglfix.common.environ) and the cache folders derived
-from one root (sglfix.common.cachedir)."""
+"""The environment variables' declarations (sglfix.common.environ), the cache folders derived from
+one root (sglfix.common.cachedir) and the one atomic file writer (sglfix.common.atomic)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sglfix.common import cachedir
+from sglfix.common import atomic, cachedir
 from sglfix.common.environ import Envs, envs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,3 +162,38 @@ def test_the_store_and_the_releases_use_the_root(monkeypatch, tmp_path):
     monkeypatch.setenv("SGLFIX_CACHE", str(tmp_path))
     assert default_dir() == str(tmp_path / "results")
     assert releases._folder("sglang", "0.5.9") == tmp_path / "releases" / "sglang-0.5.9"
+
+
+# -- one atomic writer
+
+
+class _Boom(Exception):
+    pass
+
+
+@pytest.mark.parametrize("failure", [_Boom, KeyboardInterrupt])
+def test_a_write_that_fails_half_way_leaves_the_old_file_and_no_temporary_one(monkeypatch, tmp_path, failure):
+    path = tmp_path / "report.json"
+    path.write_text("old\n")
+    real = os.fsync
+
+    def half_then_fail(fd):
+        real(fd)
+        raise failure
+
+    monkeypatch.setattr(atomic.os, "fsync", half_then_fail)
+    with pytest.raises(failure):
+        atomic.write_atomic(path, "new " * 10000)
+    assert path.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+
+
+def test_write_atomic_writes_text_and_bytes_whole_with_a_plain_files_mode(tmp_path):
+    mask = os.umask(0o022)
+    os.umask(mask)
+    atomic.write_atomic(str(tmp_path / "a.txt"), "é\n")
+    atomic.write_atomic(tmp_path / "b.bin", b"\x00\xff", fsync=False)
+    assert (tmp_path / "a.txt").read_bytes() == "é\n".encode()
+    assert (tmp_path / "b.bin").read_bytes() == b"\x00\xff"
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o666 & ~mask
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.bin"]

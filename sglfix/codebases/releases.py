@@ -35,6 +35,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from sglfix.common import cachedir
+from sglfix.common.atomic import write_atomic
 from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 
@@ -185,7 +186,7 @@ def fetch_release(distribution: str, version: str, *, wheels: str | None = None,
             record = Release(
                 distribution=distribution, version=version, path=str(folder), wheel=wheel.name, overlay=overlay
             )
-            (site / _DONE).write_text(json.dumps(record.to_json(), indent=1) + "\n")
+            write_atomic(site / _DONE, json.dumps(record.to_json(), indent=1) + "\n")
             if folder.exists():
                 shutil.rmtree(folder)  # an unfinished earlier fetch, or one that held something else
             os.replace(site, folder)

@@ -115,14 +115,13 @@ def store(toggles_dir: str, registry: object) -> None:
             for s in sels:
                 targets[s.id] = list(s.part.targets)
     path = _path(identity)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    # Only a store pays for the writer's imports (tempfile, signal handling), not every lookup.
+    from sglfix.common.atomic import write_atomic
+
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "w") as f:
-            json.dump({"identity": identity, "files": files, "select": select, "targets": targets}, f)
-        os.replace(tmp, path)
+        # Not synced: an entry is checked at each use, so one a crash cut short is a miss.
+        text = json.dumps({"identity": identity, "files": files, "select": select, "targets": targets})
+        write_atomic(path, text, fsync=False)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass
