@@ -86,12 +86,13 @@ def maybe_revert_pr_fix(*, registry: Any = None, allowed_prefixes: Any = None) -
     with nothing applied before, it returns None having imported nothing (no YAML, no registry,
     no pydantic), which is what the full version would return too.
     """
-    import os
     import sys
 
-    from sglfix.toggling import ENV_VAR, selects_nothing
+    from sglfix.common.environ import envs
+    from sglfix.toggling import selects_nothing
 
-    if selects_nothing(os.environ.get(ENV_VAR)) and registry is None and "sglfix.toggling.env" not in sys.modules:
+    value = envs.SGLANG_DEBUG_REVERT_PR.get()
+    if selects_nothing(value) and registry is None and "sglfix.toggling.env" not in sys.modules:
         return None
     from sglfix.toggling.env import maybe_revert_pr_fix as apply
 

@@ -44,16 +44,15 @@ does), so without them it changes nothing. ``SGLFIX_PROFILE`` picks the toggle s
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import pytest
 
-ENV_VAR = "SGLANG_DEBUG_REVERT_PR"
+from sglfix.common.environ import envs
+
+ENV_VAR = envs.SGLANG_DEBUG_REVERT_PR.name
 MARK = "fixed_by"
 PROPERTY = "sglfix-check-fixes"
-CLAIMS_ENV = "SGLFIX_CHECK_CLAIMS"  # JSON {nodeid: [ids]}: claims from outside (doctor --caught-by)
-REPORT_ENV = "SGLFIX_CHECK_REPORT"  # where to write {nodeid: [{id, outcome, detail}]} as JSON
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -130,7 +129,7 @@ class SglfixPlugin:
         self.check = check
         self.results: dict[str, list[dict]] = {}
         self.revert_value = None
-        self.old_env = os.environ.get(ENV_VAR)
+        self.old_env = envs.SGLANG_DEBUG_REVERT_PR.get()
         self.armed_here = False
         from sglfix.toggling import selects_nothing
 
@@ -144,7 +143,7 @@ class SglfixPlugin:
                 f"would not run the code as installed; unset it, or give --sglfix-revert {self.old_env.strip()} "
                 "to check the claims with that revert held for the session"
             )
-        self.extra_claims: dict[str, list[str]] = json.loads(os.environ.get(CLAIMS_ENV) or "{}")
+        self.extra_claims: dict[str, list[str]] = json.loads(envs.SGLFIX_CHECK_CLAIMS.get() or "{}")
         # While a checked test's ordinary run runs: the item, its reports so far, and each claim's
         # reverted run (outcome, what shows it).
         self._ordinary: tuple[pytest.Item, list, dict[str, tuple[str, str]]] | None = None
@@ -171,7 +170,7 @@ class SglfixPlugin:
             raise _usage(exc) from None
         self.armed_here = was is None
         self.revert_value = value.strip()
-        os.environ[ENV_VAR] = self.revert_value  # xdist workers and every child process
+        envs.SGLANG_DEBUG_REVERT_PR.set(self.revert_value)  # xdist workers and every child process
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         lines = []
@@ -188,10 +187,7 @@ class SglfixPlugin:
 
         if self.armed_here:
             hook.disarm()
-        if self.old_env is None:
-            os.environ.pop(ENV_VAR, None)
-        else:
-            os.environ[ENV_VAR] = self.old_env
+        envs.SGLANG_DEBUG_REVERT_PR.set(self.old_env)  # None: unset, as it was
 
     # -- --sglfix-check-fixes -------------------------------------------------------------------
 
@@ -281,7 +277,7 @@ class SglfixPlugin:
             children = self._run_with(item, runtestprotocol, env=",".join(filter(None, [self.revert_value, rid])))
         finally:
             held.restore()
-        if children[0] != "failed" or os.environ.get(ENV_VAR):
+        if children[0] != "failed" or envs.SGLANG_DEBUG_REVERT_PR.get():
             return children
         alone = self._run_with(item, runtestprotocol, env="0")
         if alone[0] == "passed":
@@ -294,16 +290,13 @@ class SglfixPlugin:
     def _run_with(self, item: pytest.Item, runtestprotocol: Any, *, env: str | None) -> tuple[str, str]:
         """One run of the test, with ``SGLANG_DEBUG_REVERT_PR`` set to ``env`` for it (None: as
         it is), torn down to the parent: module and session fixtures stay for the ordinary run."""
-        old = os.environ.get(ENV_VAR)
+        old = envs.SGLANG_DEBUG_REVERT_PR.get()
         if env is not None:
-            os.environ[ENV_VAR] = env
+            envs.SGLANG_DEBUG_REVERT_PR.set(env)
         try:
             return _run_outcome(runtestprotocol(item, nextitem=item.parent, log=False))
         finally:
-            if old is None:
-                os.environ.pop(ENV_VAR, None)
-            else:
-                os.environ[ENV_VAR] = old
+            envs.SGLANG_DEBUG_REVERT_PR.set(old)  # None: unset, as it was
 
     @pytest.hookimpl(trylast=True)  # the test's own report first, everywhere; then its claims'
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -321,10 +314,11 @@ class SglfixPlugin:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.check and self._uncaught() and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        path = os.environ.get(REPORT_ENV)
+        path = envs.SGLFIX_CHECK_REPORT.get()
         if self.check and path and not hasattr(self.config, "workerinput"):  # the xdist controller or a plain run
-            with open(path, "w", encoding="utf-8") as fh:
-                json.dump(self.results, fh, indent=1)
+            from sglfix.common.atomic import write_atomic
+
+            write_atomic(path, json.dumps(self.results, indent=1))
 
     def _uncaught(self) -> list[tuple[str, dict]]:
         """The claims that fail the session (``Claim.fails_session``)."""

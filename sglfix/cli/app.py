@@ -7,7 +7,6 @@ anywhere on the line), 125 every cell was skipped ("cannot test this", for ``git
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import traceback
@@ -16,6 +15,7 @@ import typer
 
 from sglfix.cli.complete import profile_names
 from sglfix.cli.context import Options, err, options
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError, SglfixError
 
 app = typer.Typer(
@@ -37,14 +37,14 @@ def _main(  # noqa: PLR0913 - typer reads the global options from this signature
         None,
         "--toggles",
         metavar="DIR",
-        help="Toggle files directory (default: the profile's; env SGLFIX_TOGGLES_DIR).",
+        help=f"Toggle files directory (default: the profile's; env {envs.SGLFIX_TOGGLES_DIR.name}).",
     ),
     profile: str | None = typer.Option(
         None,
         "--profile",
         metavar="NAME",
         autocompletion=profile_names,
-        help="Toggle set for one code base: reproduction (default) or a profile folder's name (the built-in profiles/ and SGLFIX_PROFILES_PATH; env SGLFIX_PROFILE).",
+        help=f"Toggle set for one code base: reproduction (default) or a profile folder's name (the built-in profiles/ and {envs.SGLFIX_PROFILES_PATH.name}; env {envs.SGLFIX_PROFILE.name}).",
     ),
     release: str | None = typer.Option(
         None,
@@ -62,7 +62,7 @@ def _main(  # noqa: PLR0913 - typer reads the global options from this signature
         None,
         "--codebase-version",
         metavar="V",
-        help="The version of the engine's source tree when it records none (a git clone without its generated _version.py, no release tag in reach): picks its profile and each toggle's variant. Env SGLFIX_CODEBASE_VERSION.",
+        help=f"The version of the engine's source tree when it records none (a git clone without its generated _version.py, no release tag in reach): picks its profile and each toggle's variant. Env {envs.SGLFIX_CODEBASE_VERSION.name}.",
     ),
     allow_target: list[str] = typer.Option(
         [], "--allow-target", metavar="PREFIX", help="Also allow patch targets under this module prefix (repeatable)."
@@ -120,7 +120,6 @@ def _main(  # noqa: PLR0913 - typer reads the global options from this signature
 def _given_version(text: str, *, release: str | None) -> None:
     """``--codebase-version V``: the version of a source tree that records none, for this process
     and every process it starts (workers, the start-up hook)."""
-    from sglfix.codebases.installed import CODEBASE_VERSION_ENV
     from sglfix.codebases.releases import check_version
 
     version = check_version(text, option="--codebase-version")
@@ -128,7 +127,7 @@ def _given_version(text: str, *, release: str | None) -> None:
         raise ConfigError(
             "--codebase-version names a source tree's version, --release runs a release of its own: give one"
         )
-    os.environ[CODEBASE_VERSION_ENV] = version
+    envs.SGLFIX_CODEBASE_VERSION.set(version)
 
 
 def _check_given_version(opts: Options, given: str) -> None:
@@ -163,16 +162,17 @@ def _use_release(
     engine = engines[0]
     named, why = profile, f"--profile {profile}"
     if named is None:
-        named = os.environ.get("SGLFIX_PROFILE", "").strip() or None
-        why = f"SGLFIX_PROFILE={named}"
+        named = envs.SGLFIX_PROFILE.get()
+        why = f"{envs.SGLFIX_PROFILE.name}={named}"
     if named is None and toggles is not None:
         raise ConfigError(
             f"--release {version} runs a release of {engine}; --toggles DIR alone replays the reproduction: "
-            f"give SGLFIX_PROFILE=PROFILE (the {engine} profile those toggles are for) with it, or drop --toggles"
+            f"give {envs.SGLFIX_PROFILE.name}=PROFILE (the {engine} profile those toggles are for) with it, "
+            "or drop --toggles"
         )
     records = [r for r in profiles().values() if r.distribution == engine]
     if named is not None and named.strip() not in (engine, records[0].package):
-        record = get_codebase(named, what="--profile" if profile is not None else "SGLFIX_PROFILE")
+        record = get_codebase(named, what="--profile" if profile is not None else envs.SGLFIX_PROFILE.name)
         if record.distribution != engine:
             raise ConfigError(
                 f"--release {version} runs {engine} {version}, but {why} replays {record.label}; "
@@ -313,7 +313,7 @@ def _hoist_profile(args: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args or os.environ.get("SGLFIX_DEBUG") == "1"
+    debug = "--debug" in args or envs.SGLFIX_DEBUG.get()
     # --debug is global: accepted after the command too, removed before typer parses the line.
     args = [a for a in args if a != "--debug"]
     # --git-bisect is global too: the exit codes `git bisect run` reads (see _bisect_code).

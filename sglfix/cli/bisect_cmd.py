@@ -223,9 +223,9 @@ def _write_ci_reports(
 
     if not (junit or markdown or os.environ.get(STEP_SUMMARY)):
         return
+    from sglfix.common.environ import envs
     from sglfix.execution.planner import set_label
     from sglfix.report.jsonreport import build_report
-    from sglfix.toggling import ENV_VAR
 
     keys = list(cells.results)
     ci = build_report(
@@ -234,7 +234,7 @@ def _write_ci_reports(
         results=[cells.results[k] for k in keys],
         cell_ids=[f"{set_label(t)}::{n}" for t, n in keys],
         wall_s=report["wall_s"],
-        env_revert=os.environ.get(ENV_VAR),
+        env_revert=envs.SGLANG_DEBUG_REVERT_PR.get(),
     )
     ci.update({k: report[k] for k in ("candidates", "runs", "masking_runs", "sets_run", "culprits", "masking")})
     write_outputs(ci, Outputs(junit=junit, markdown=markdown), gate=False)

@@ -12,6 +12,7 @@ from typing import Any
 from rich.text import Text
 
 from sglfix.cli.context import Options, err
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 from sglfix.common.verdicts import style_of
 
@@ -196,7 +197,6 @@ def judge_ran(
     every report file read this one judgement."""
     from sglfix.report.jsonreport import build_report
     from sglfix.report.outcome import judge
-    from sglfix.toggling import ENV_VAR
 
     report = build_report(
         command=opts.argv,
@@ -204,7 +204,7 @@ def judge_ran(
         results=ran.results,
         cell_ids=[c.id for c in ran.plan.cells],
         wall_s=ran.wall,
-        env_revert=os.environ.get(ENV_VAR),
+        env_revert=envs.SGLANG_DEBUG_REVERT_PR.get(),
     )
     if ran.shard is not None:
         report["shard"] = str(ran.shard)
@@ -422,7 +422,7 @@ def header(*, what: str, info: dict, env: Sequence[str], wall: float, cells: int
     if report is not None:
         text += f"; code base: {codebase_label(report)}"
     if env:
-        text += f"; SGLANG_DEBUG_REVERT_PR={','.join(env)} applied to every cell"
+        text += f"; {envs.SGLANG_DEBUG_REVERT_PR.name}={','.join(env)} applied to every cell"
     return text
 
 

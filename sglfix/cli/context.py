@@ -10,6 +10,8 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from sglfix.common.environ import envs
+
 __all__ = ["Options", "emit_json", "err", "options", "out"]
 
 
@@ -62,7 +64,7 @@ class Options:
         cb = self.active_profile()
         if check and not cb.is_reproduction:
             name = cb.asked or cb.name
-            shown = f"--profile {name}" if self.profile is not None else f"SGLFIX_PROFILE={name}"
+            shown = f"--profile {name}" if self.profile is not None else f"{envs.SGLFIX_PROFILE.name}={name}"
             check_installed(cb, what=shown)
         return cb
 
@@ -85,7 +87,7 @@ class Options:
 
         registry = load_registry(directory or self.toggles)
         # Only when nothing chose the toggle files (--toggles, SGLFIX_TOGGLES_DIR): a choice is no accident.
-        if directory is None and self.toggles is None and not os.environ.get("SGLFIX_TOGGLES_DIR"):
+        if directory is None and self.toggles is None and not envs.SGLFIX_TOGGLES_DIR.get():
             _note_other_toggles(registry)
         return registry
 

@@ -8,6 +8,7 @@ import os
 import typer
 
 from sglfix.cli.context import emit_json, options, out
+from sglfix.common.environ import envs
 
 
 def env_cmd(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
@@ -15,11 +16,9 @@ def env_cmd(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", he
     from sglfix.toggling.env import ENV_VAR, selected_from_env
 
     opts = options(ctx)
-    value = os.environ.get(ENV_VAR)
+    value = envs.SGLANG_DEBUG_REVERT_PR.get()
     profile, why = _profile(opts)
-    from sglfix.toggling.registry import TOGGLES_ENV
-
-    explicit = opts.toggles is not None or os.environ.get(TOGGLES_ENV)
+    explicit = opts.toggles is not None or envs.SGLFIX_TOGGLES_DIR.get()
     registry = opts.registry(None if explicit else profile.toggles_dir)
     selections = selected_from_env(registry=registry)
     data = {

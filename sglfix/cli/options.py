@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from sglfix.cli.complete import scenario_names, toggle_ids
+from sglfix.common.environ import envs
 
 ScenarioGlobs = Annotated[
     list[str],
@@ -106,14 +107,14 @@ CacheDir = Annotated[
         "--cache",
         metavar="DIR",
         help="Keep each cell's result in this folder and serve it again while nothing it ran changed (default: "
-        "SGLFIX_STORE, else ~/.cache/sglfix/results; share one folder between CI jobs).",
+        f"{envs.SGLFIX_STORE.name}, else ~/.cache/sglfix/results; share one folder between CI jobs).",
     ),
 ]
 NoCache = Annotated[
     bool,
     typer.Option(
         "--no-cache",
-        help="Run every cell, and keep nothing: the result store is neither read nor written (SGLFIX_STORE=0 does the same).",
+        help=f"Run every cell, and keep nothing: the result store is neither read nor written ({envs.SGLFIX_STORE.name}=0 does the same).",
     ),
 ]
 VerifyStore = Annotated[
@@ -136,7 +137,7 @@ EnvBaseline = Annotated[
     bool,
     typer.Option(
         "--env-baseline",
-        help="Judge against the set SGLANG_DEBUG_REVERT_PR selects as the baseline (otherwise a set variable is "
+        help=f"Judge against the set {envs.SGLANG_DEBUG_REVERT_PR.name} selects as the baseline (otherwise a set variable is "
         "refused: the baseline must be the code as installed); the header and the gate name it, and no "
         "expectation is checked.",
     ),
@@ -208,7 +209,7 @@ MemoryBudget = Annotated[
     typer.Option(
         "--memory-budget",
         metavar="SIZE",
-        help="Refuse scenarios estimated to need more memory (e.g. 16G; env SGLFIX_MEMORY_BUDGET).",
+        help=f"Refuse scenarios estimated to need more memory (e.g. 16G; env {envs.SGLFIX_MEMORY_BUDGET.name}).",
     ),
 ]
 
@@ -256,7 +257,7 @@ def _reverts(help: str) -> Any:
 
 
 Revert = _reverts(
-    "Revert this toggle or part (repeatable; comma lists too); added to what SGLANG_DEBUG_REVERT_PR selects."
+    f"Revert this toggle or part (repeatable; comma lists too); added to what {envs.SGLANG_DEBUG_REVERT_PR.name} selects."
 )
 Candidates = _reverts("Candidate toggles or parts (repeatable; comma lists too); default every registered part.")
 Parts = Annotated[

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from sglfix.cli.context import Options, err, out
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -107,7 +108,8 @@ def check_release_bisect(opts: Options, given: dict[str, Any]) -> tuple[str, lis
     args = _run_args(opts, given, candidates=list(dict.fromkeys(candidates)))
     if env:
         err.print(
-            f"bisect: SGLANG_DEBUG_REVERT_PR={','.join(env)} (--env-baseline): every release runs with it reverted",
+            f"bisect: {envs.SGLANG_DEBUG_REVERT_PR.name}={','.join(env)} (--env-baseline): "
+            "every release runs with it reverted",
             highlight=False,
             markup=False,
         )
@@ -188,10 +190,10 @@ def _env_reverts(registry: Any, *, accepted: bool) -> tuple[str, ...]:
     """SGLANG_DEBUG_REVERT_PR's reverts, which each release's run inherits: refused unless
     --env-baseline says they are the baseline, as for a bisect of reverts."""
     from sglfix.execution.runner import check_env_baseline
-    from sglfix.toggling import ENV_VAR, selects_nothing
+    from sglfix.toggling import selects_nothing
     from sglfix.toggling.envvalue import parse_env_value
 
-    value = os.environ.get(ENV_VAR)
+    value = envs.SGLANG_DEBUG_REVERT_PR.get()
     parse_env_value(value, registry=registry)
     env = () if selects_nothing(value) else tuple(t.strip() for t in value.split(","))
     check_env_baseline(env, accepted, what="bisect")

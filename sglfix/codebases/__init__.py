@@ -118,11 +118,9 @@ def check_installed(cb: CodeBase, *, what: str) -> Installed:
 def check_given_version(found: Installed) -> None:
     """``--codebase-version V`` names the version of a source tree that does not record its own;
     where a build recorded another, the option would be a false statement: one line."""
-    import os
+    from sglfix.common.environ import envs
 
-    from sglfix.codebases.installed import CODEBASE_VERSION_ENV
-
-    given = os.environ.get(CODEBASE_VERSION_ENV, "").strip()
+    given = envs.SGLFIX_CODEBASE_VERSION.get() or ""
     if given and found.read_from == "build" and given != found.version:
         raise ConfigError(
             f"--codebase-version {given}: {found.distribution} at {found.path} records its version, "

@@ -18,11 +18,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from sglfix.common.environ import envs
+
 __all__ = ["CODEBASE_VERSION_ENV", "UNKNOWN", "Installed", "installed", "version_of_tree"]
 
 # ``--codebase-version V``: the version of a source tree that does not say its own; inherited by
 # the workers and read by the start-up hook, as the rest of the run's choices are.
-CODEBASE_VERSION_ENV = "SGLFIX_CODEBASE_VERSION"
+CODEBASE_VERSION_ENV = envs.SGLFIX_CODEBASE_VERSION.name
 UNKNOWN = "unknown"
 # What a package's version file says when it does not know (sglang's version.py without the
 # generated _version.py, setuptools-scm's fallback_version): no version.
@@ -62,7 +64,7 @@ def installed(cb: Any) -> Installed | None:
         return Installed(distribution="sglfix (reproduction)", version=version, path=path or "?")
     if path is None:
         return None
-    given = os.environ.get(CODEBASE_VERSION_ENV, "").strip()
+    given = envs.SGLFIX_CODEBASE_VERSION.get() or ""
     # With a version given, the tree's own guess (its pyproject, its git tags) is not asked: it
     # would give way to the one given (the start-up hook asks in every process).
     version, read_from = _version_at(path, cb, tree=not given)

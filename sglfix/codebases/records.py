@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 
 __all__ = [
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 PROFILE_FILE = "profile.toml"
-PROFILES_PATH_ENV = "SGLFIX_PROFILES_PATH"
+PROFILES_PATH_ENV = envs.SGLFIX_PROFILES_PATH.name
 REPRODUCTION_NAME = "reproduction"
 _PACKAGE_PREFIX = "package:"
 
@@ -213,7 +214,7 @@ def search_folders() -> list[str]:
 
     builtin = package_dir("sglfix.profiles")
     folders = [builtin] if builtin else []
-    for entry in os.environ.get(PROFILES_PATH_ENV, "").split(os.pathsep):
+    for entry in (envs.SGLFIX_PROFILES_PATH.get() or "").split(os.pathsep):
         if not entry.strip():
             continue
         path = os.path.abspath(os.path.expanduser(entry.strip()))

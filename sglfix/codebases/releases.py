@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
+from sglfix.common import cachedir
+from sglfix.common.atomic import write_atomic
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 
 __all__ = [
-    "CACHE_ENV",
-    "RELEASE_ENV",
     "Release",
-    "cache_root",
     "cached_release",
     "check_version",
     "die_with_parent",
@@ -53,14 +53,11 @@ __all__ = [
     "versions_on_index",
 ]
 
-CACHE_ENV = "SGLFIX_CACHE"
 # Light packages older releases import at module level on the way to the attention backends and
 # the newest do not (so the [sglang] extra does not name them): sglang 0.5.18's function-call
 # parsers import xgrammar.
 _ALSO_IMPORTED = ("xgrammar",)
 _DONE = "sglfix-release.json"  # written last: a folder without it is a fetch that did not finish
-# The release a process runs (``--release``), for what its reports say of their code base.
-RELEASE_ENV = "SGLFIX_RELEASE"
 # Held locked (flock) by the process that owns a temporary folder: a lock that can be taken is a
 # folder whose owner died.
 _OWNER = ".sglfix-owner"
@@ -89,11 +86,6 @@ class Release:
         }
 
 
-def cache_root() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path("~/.cache/sglfix").expanduser()
-
-
 def release_env(release: Release, env: dict[str, str] | None = None) -> dict[str, str]:
     """``env`` (default: this process's) with the release's folder first on ``PYTHONPATH``."""
     out = dict(os.environ if env is None else env)
@@ -109,7 +101,8 @@ def use_release(release: Release) -> None:
     from sglfix.common.codebase import clear_package_dirs
 
     sys.path.insert(0, release.path)
-    os.environ.update(PYTHONPATH=release_env(release)["PYTHONPATH"], **{RELEASE_ENV: release.version})
+    os.environ["PYTHONPATH"] = release_env(release)["PYTHONPATH"]
+    envs.SGLFIX_RELEASE.set(release.version)
     importlib.invalidate_caches()
     clear_package_dirs()
 
@@ -145,7 +138,7 @@ def light_packages() -> set[str]:
 
 
 def _folder(distribution: str, version: str) -> Path:
-    return cache_root() / "releases" / f"{distribution}-{version}"
+    return Path(cachedir.releases()) / f"{distribution}-{version}"
 
 
 def cached_release(distribution: str, version: str, *, package: str | None = None) -> Release | None:
@@ -193,7 +186,7 @@ def fetch_release(distribution: str, version: str, *, wheels: str | None = None,
             record = Release(
                 distribution=distribution, version=version, path=str(folder), wheel=wheel.name, overlay=overlay
             )
-            (site / _DONE).write_text(json.dumps(record.to_json(), indent=1) + "\n")
+            write_atomic(site / _DONE, json.dumps(record.to_json(), indent=1) + "\n")
             if folder.exists():
                 shutil.rmtree(folder)  # an unfinished earlier fetch, or one that held something else
             os.replace(site, folder)

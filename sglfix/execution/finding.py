@@ -291,12 +291,13 @@ def _use_report_codebase(profile: Any, version: str | None, *, report_path: str,
     if version is None:
         return
     from sglfix.codebases import installed
-    from sglfix.codebases.releases import cache_root, fetch_release, use_release
+    from sglfix.codebases.releases import fetch_release, use_release
+    from sglfix.common import cachedir
 
     here = installed(profile)
     if here is not None and here.version == version:
         return
-    releases = os.path.join(str(cache_root()), "releases") + os.sep
+    releases = cachedir.releases() + os.sep
     if here is not None and os.path.abspath(here.path).startswith(releases):
         raise ConfigError(
             f"{report_path} ran {profile.distribution} {version}; --release {here.version} names another: "
@@ -350,7 +351,7 @@ def _machine_folders(report: dict, profile: Any) -> list[tuple[str, str]]:
     each with what the finding shows instead: the folder holding the code base's package and
     sglfix's own (paths below them read as the package's), sglfix's cache, the home folder."""
     from sglfix.codebases import installed
-    from sglfix.codebases.releases import cache_root
+    from sglfix.common import cachedir
     from sglfix.common.codebase import package_dir
 
     pairs = []
@@ -363,7 +364,7 @@ def _machine_folders(report: dict, profile: Any) -> list[tuple[str, str]]:
     ours = package_dir("sglfix")
     if ours is not None:
         pairs.append((os.path.dirname(ours), ""))
-    pairs += [(str(cache_root()), "~/.cache/sglfix"), (os.path.expanduser("~"), "~"), (os.getcwd(), "")]
+    pairs += [(cachedir.root(), "~/.cache/sglfix"), (os.path.expanduser("~"), "~"), (os.getcwd(), "")]
     # A folder of one name ("/tmp") is too short to drop: in text it need not be that folder.
     return [
         (folder.rstrip(os.sep) + os.sep, shown + "/" if shown else "")

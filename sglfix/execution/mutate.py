@@ -16,7 +16,6 @@ Three steps, each through the one runner (workers, ``--devices``, Ray, the resul
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import os
 import tempfile
@@ -483,16 +482,14 @@ class _Mapped:
 
         if not self.changed:
             return
+        from sglfix.common.atomic import write_atomic
+
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(
-                "w", dir=self.path.parent, prefix=".mutants-", suffix=".tmp", delete=False, encoding="utf-8"
-            ) as fh:
-                json.dump({"loader": self.loader, "entries": self.entries}, fh)
-            os.replace(fh.name, self.path)
+            # Not synced: the memo is checked at each read, so one a crash cut short is a miss.
+            write_atomic(self.path, json.dumps({"loader": self.loader, "entries": self.entries}), fsync=False)
         except OSError:
-            with contextlib.suppress(OSError, UnboundLocalError):
-                os.unlink(fh.name)
+            pass
 
 
 def _with_candidates(target: Any, candidates: Sequence[Any]) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 from sglfix.scenario import Scenario
 from sglfix.toggling.registry import Registry, parse_toggle_ids
@@ -64,7 +65,7 @@ def merge_sets(base: Sequence[str], extra: Sequence[str], *, registry: Registry,
 def plan_run(
     scenarios: Sequence[Scenario], *, revert: Sequence[str], env_ids: Sequence[str], registry: Registry
 ) -> Plan:
-    what = "--revert with SGLANG_DEBUG_REVERT_PR" if env_ids else "--revert"
+    what = f"--revert with {envs.SGLANG_DEBUG_REVERT_PR.name}" if env_ids else "--revert"
     ids = merge_sets(env_ids, revert, registry=registry, what=what)
     return Plan(scenarios=list(scenarios), sets=[ids], env_ids=tuple(env_ids))
 
@@ -96,7 +97,9 @@ def plan_matrix(
     merged = []
     for s in dict.fromkeys(sets):
         try:
-            merged.append(merge_sets(env, s, registry=registry, what="SGLANG_DEBUG_REVERT_PR with the matrix"))
+            merged.append(
+                merge_sets(env, s, registry=registry, what=f"{envs.SGLANG_DEBUG_REVERT_PR.name} with the matrix")
+            )
         except ConfigError:
             continue  # the env already reverts (part of) this set: its cells equal the baseline's
     return Plan(scenarios=list(scenarios), sets=list(dict.fromkeys(merged)), env_ids=env)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 from sglfix.report.release_bisect import ChangedFunction, DifferingCell, ReleaseFound, RunRow
 
@@ -229,7 +230,7 @@ def run_release(
             cmd += ["--wheels", wheels]
         cmd += ["run", *args, "--json", str(out)]
         child = {**(env or os.environ), "COLUMNS": "200"}
-        child.pop("SGLFIX_PROFILE", None)
+        envs.SGLFIX_PROFILE.unset(env=child)
         t0 = time.perf_counter()
         try:
             r = subprocess.run(

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 from sglfix.execution.devices import check_device, check_jobs, has_cuda_device, parse_devices, uses_cuda
 from sglfix.execution.settings import EVERY_FUNCTION, Settings
@@ -648,8 +649,8 @@ def check_store(settings: Settings) -> str | None:
         if store_disabled_by_env():
             if verify:
                 raise ConfigError(
-                    "--verify-store checks the result store's answers, and SGLFIX_STORE=0 turns the store off: "
-                    "unset it, or give --cache DIR"
+                    f"--verify-store checks the result store's answers, and {envs.SGLFIX_STORE.name}=0 turns the "
+                    "store off: unset it, or give --cache DIR"
                 )
             return None
         return default_dir()
@@ -695,10 +696,10 @@ def choose_scenarios(
 
 def env_ids(registry: Any) -> tuple[str, ...]:
     """What SGLANG_DEBUG_REVERT_PR selects, as the ids the user wrote (validated: exit 2 if bad)."""
-    from sglfix.toggling import ENV_VAR, selects_nothing
+    from sglfix.toggling import selects_nothing
     from sglfix.toggling.env import parse_env_value
 
-    value = os.environ.get(ENV_VAR)
+    value = envs.SGLANG_DEBUG_REVERT_PR.get()
     parse_env_value(value, registry=registry)
     if selects_nothing(value):
         return ()
@@ -738,14 +739,14 @@ def check_ray_keep(keep: float | None, *, executor: str, address: str | None) ->
 def check_env_knobs() -> None:
     """The environment settings a worker reads, checked in the parent: a bad value is one line
     before any worker starts, never a silent default."""
-    raw = os.environ.get("SGLFIX_KERNEL_MEMO_MB")
-    if raw is not None:
+    memo = envs.SGLFIX_KERNEL_MEMO_MB
+    if memo.is_set():
         try:
-            ok = float(raw) >= 0
+            ok = memo.get() >= 0
         except ValueError:
             ok = False
         if not ok:
             raise ConfigError(
-                f"SGLFIX_KERNEL_MEMO_MB={raw!r}: give the kernel memo's size in MiB (e.g. 256; 0 "
+                f"{memo.name}={memo.raw()!r}: give the kernel memo's size in MiB (e.g. 256; 0 "
                 f"turns it off), or unset it"
             )

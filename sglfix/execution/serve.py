@@ -33,13 +33,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from sglfix.codebases.releases import RELEASE_ENV
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 from sglfix.execution.session import Session, first_line
 
 __all__ = ["SPEC_ENV", "serve"]
 
-SPEC_ENV = "SGLFIX_WORKER"  # the worker's channel and settings; removed from its env at once
+SPEC_ENV = envs.SGLFIX_WORKER.name  # the worker's channel and settings; removed from its env at once
 
 _CHANNEL: _Channel | None = None  # this process's reply channel, once serve() opened it
 
@@ -80,7 +80,7 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-MEMORY_ENV = "SGLFIX_WORKER_MEMORY_GB"  # a CPU worker's address-space cap; 0 or off: none
+MEMORY_ENV = envs.SGLFIX_WORKER_MEMORY_GB.name  # a CPU worker's address-space cap; 0 or off: none
 _MIN_CAP = 4 << 30  # a worker of real sglang peaks near 1.2 GiB of address space
 
 
@@ -88,7 +88,7 @@ def memory_cap() -> int | None:
     """Bytes of address space a CPU worker may hold: ``SGLFIX_WORKER_MEMORY_GB``, else 80 % of
     the machine's memory shared by as many workers as it has cores (at least 4 GiB); None for
     no cap."""
-    raw = os.environ.get(MEMORY_ENV, "").strip().lower()
+    raw = (envs.SGLFIX_WORKER_MEMORY_GB.get() or "").strip().lower()
     if raw in ("0", "off", "no", "none"):
         return None
     if raw:
@@ -252,7 +252,7 @@ def _boot(device: str, codebase: str = "reproduction", *, record: bool = False) 
             "reproduction_modules_loaded": len(reproduction),
             "followed": cb.asked or None,
             "beyond_range": cb.beyond,
-            "release": os.environ.get(RELEASE_ENV) or None,
+            "release": envs.SGLFIX_RELEASE.get(),
         },
     }
 
@@ -322,7 +322,7 @@ def _timeline() -> Any:
     """``SGLFIX_WORKER_TIMELINE=DIR`` (a diagnosis): one line per request to
     ``DIR/worker-<pid>.timeline``, when it came and when its reply went (seconds since the epoch),
     so that a run's idle time shows between the lines."""
-    folder = os.environ.get("SGLFIX_WORKER_TIMELINE")
+    folder = envs.SGLFIX_WORKER_TIMELINE.get()
     if not folder:
         return None
     os.makedirs(folder, exist_ok=True)
@@ -330,14 +330,14 @@ def _timeline() -> Any:
 
 
 def _profiler() -> _Profiled | None:
-    folder = os.environ.get("SGLFIX_WORKER_PROFILE")
+    folder = envs.SGLFIX_WORKER_PROFILE.get()
     return _Profiled(folder) if folder else None
 
 
 def serve() -> None:
     """The worker's loop (``python -P -m sglfix.execution.worker``)."""
     global _CHANNEL
-    raw = os.environ.pop(SPEC_ENV, None)
+    raw = envs.SGLFIX_WORKER.unset()
     if raw is None:
         _check(sys.argv[1:])
         return

@@ -12,13 +12,12 @@ import time
 import traceback
 from typing import Any
 
+from sglfix.common.environ import envs
 from sglfix.execution.settings import EVERY_FUNCTION
 from sglfix.execution.snapshot import StateSnapshot
 from sglfix.harness.result import CellResult
 
 __all__ = ["Session", "device_lost", "first_line"]
-
-_REVERT_ENV = "SGLANG_DEBUG_REVERT_PR"
 
 
 def first_line(exc: BaseException) -> str:
@@ -170,7 +169,7 @@ class Session:
             return self._error(
                 rid, name, toggles, f"sglfix failed: {type(exc).__name__}: {first_line(exc)} [{_frame(exc)}]", exc
             )
-        result.revert_env = os.environ.get(_REVERT_ENV)
+        result.revert_env = envs.SGLANG_DEBUG_REVERT_PR.get()
         if switched is not None:
             result.timings_ms["switch"] = switched  # restore, state check, apply: before the cell
         if self.device == "cuda":
@@ -279,7 +278,7 @@ class Session:
     def _switch(self, toggles: list[str]) -> tuple[str | None, str | None]:
         """Restore the held set, check nothing of it stayed behind, apply the next one.
         Returns (why this worker must be replaced, why the set cannot be applied)."""
-        from sglfix.toggling.env import ENV_VAR, maybe_revert_pr_fix
+        from sglfix.toggling.env import maybe_revert_pr_fix
 
         left = ",".join(self.current or []) or "baseline"  # the set this worker held
         if self.held is not None:
@@ -297,16 +296,16 @@ class Session:
                 f"after {left}, state of the code under test differs from the worker's start: "
                 f"{', '.join(changed[:3])}{more}"
             ), None
-        from sglfix.toggling.candidate import APPLY_ENV, split_ids
+        from sglfix.toggling.candidate import split_ids
 
         fixes, reverts = split_ids(toggles)
-        os.environ[ENV_VAR] = ",".join(reverts) if reverts else "0"
+        envs.SGLANG_DEBUG_REVERT_PR.set(",".join(reverts) if reverts else "0")
         try:
-            os.environ[APPLY_ENV] = self.fixes.paths(fixes)
+            envs.SGLFIX_APPLY.set(self.fixes.paths(fixes))
             self.held = maybe_revert_pr_fix(allowed_prefixes=self.allowed_prefixes, expected=self.fixes.sha256)
         except Exception as exc:
-            os.environ[ENV_VAR] = "0"
-            os.environ[APPLY_ENV] = ""
+            envs.SGLANG_DEBUG_REVERT_PR.set("0")
+            envs.SGLFIX_APPLY.set("")
             lacking = _missing_dependency(exc)
             if lacking:
                 return None, (
@@ -320,7 +319,7 @@ class Session:
     def _skip(self, rid: Any, name: str, toggles: list[str], message: str) -> dict:
         result = CellResult(scenario=name, toggles=toggles, device=self.device)
         result.add("SKIP", message)
-        result.revert_env = os.environ.get(_REVERT_ENV)
+        result.revert_env = envs.SGLANG_DEBUG_REVERT_PR.get()
         return {"id": rid, "result": result.finish().to_json()}
 
     def _error(self, rid: Any, name: str, toggles: list[str], message: str, exc: BaseException | None = None) -> dict:
@@ -333,7 +332,7 @@ class Session:
                 "traceback": "".join(traceback.format_exception(exc))[-4000:],
             }
         result.add("ERROR", message, **data)
-        result.revert_env = os.environ.get(_REVERT_ENV)
+        result.revert_env = envs.SGLANG_DEBUG_REVERT_PR.get()
         return {"id": rid, "result": result.finish().to_json()}
 
 

@@ -202,10 +202,10 @@ def _release_of(profile: Any) -> str | None:
     if profile.is_reproduction:
         return None
     from sglfix.codebases import installed
-    from sglfix.codebases.releases import cache_root
+    from sglfix.common import cachedir
 
     found = installed(profile)
     if found is None:
         return None
-    releases = os.path.realpath(cache_root() / "releases")
+    releases = os.path.realpath(cachedir.releases())
     return found.version if os.path.realpath(found.path).startswith(releases + os.sep) else None

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sglfix.codebases.records import PROFILES_PATH_ENV
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError, SglfixError
 from sglfix.harness.result import CellResult
 
@@ -45,10 +45,6 @@ DEVICES = ("auto", "cpu", "cuda")
 STARTUP_TIMEOUT = 300.0  # importing torch, initialising CUDA, importing the backends
 KILL_WAIT = 5.0  # after SIGKILL only a process stuck in the kernel outlives this
 TAIL_BYTES = 16384
-_SPEC_ENV = "SGLFIX_WORKER"  # the worker's channel and settings; removed from its env at once
-_REVERT_ENV = "SGLANG_DEBUG_REVERT_PR"
-_TOGGLES_ENV = "SGLFIX_TOGGLES_DIR"
-_APPLY_ENV = "SGLFIX_APPLY"  # sglfix.toggling.candidate.APPLY_ENV
 _CHECK_HINT = "check the install with: python -m sglfix.execution.worker --check"
 
 
@@ -127,7 +123,7 @@ class WorkerConfig:
         from sglfix.codebases import get_codebase
 
         if self.profiles_path is None:
-            object.__setattr__(self, "profiles_path", os.environ.get(PROFILES_PATH_ENV, ""))
+            object.__setattr__(self, "profiles_path", envs.SGLFIX_PROFILES_PATH.get() or "")
         cb = get_codebase(self.codebase)
         object.__setattr__(self, "engine_package", None if cb.is_reproduction else cb.package)
 
@@ -264,12 +260,12 @@ class Worker:
         self.started_env = dict(self.extra_env)  # what the running process got (extra_env may change)
         env = dict(os.environ)
         env.update(self.extra_env)
-        env.pop(_REVERT_ENV, None)  # the worker sets it per toggle set
-        env.pop(_APPLY_ENV, None)  # and this one too
+        envs.SGLANG_DEBUG_REVERT_PR.unset(env=env)  # the worker sets it per toggle set
+        envs.SGLFIX_APPLY.unset(env=env)  # and this one too
         if self.config.toggles_dir is not None:
-            env[_TOGGLES_ENV] = self.config.toggles_dir
+            envs.SGLFIX_TOGGLES_DIR.set(self.config.toggles_dir, env=env)
         if self.config.profiles_path:
-            env[PROFILES_PATH_ENV] = self.config.profiles_path
+            envs.SGLFIX_PROFILES_PATH.set(self.config.profiles_path, env=env)
         if self.config.device == "cpu":
             env["TRITON_INTERPRET"] = "1"
             env["CUDA_VISIBLE_DEVICES"] = ""
@@ -282,7 +278,7 @@ class Worker:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (*_engine_first(self.config.engine_package, home), env.get("PYTHONPATH", "")) if p
         )
-        env[_SPEC_ENV] = json.dumps(
+        env[envs.SGLFIX_WORKER.name] = json.dumps(
             {
                 "fds": [read_fd, write_fd],
                 "parent": os.getpid(),

@@ -38,6 +38,7 @@ import types
 from collections import OrderedDict
 from typing import Any, ClassVar
 
+from sglfix.common.environ import envs
 from sglfix.harness.tracing import kernel_running
 
 __all__ = ["clear", "install", "installed", "stats"]
@@ -337,11 +338,10 @@ def _launch_shape(kernel: Any, args: tuple, kwargs: dict, grid: Any, jit_types: 
 
 
 def _budget() -> int:
-    raw = os.environ.get("SGLFIX_KERNEL_MEMO_MB", "256")
     try:
-        mb = float(raw)
+        mb = envs.SGLFIX_KERNEL_MEMO_MB.get()
     except ValueError:
-        mb = 256.0
+        mb = envs.SGLFIX_KERNEL_MEMO_MB.default
     return int(max(0.0, mb) * (1 << 20))
 
 
@@ -569,5 +569,5 @@ def install() -> bool:
     if hasattr(interp, "TensorHandle"):
         _fix_bfloat16_dot(interp)
     _STATE["installed"] = True
-    _STATE["memo"] = os.environ.get("SGLFIX_KERNEL_MEMO", "1").strip() not in ("0", "off", "false", "no")
+    _STATE["memo"] = envs.SGLFIX_KERNEL_MEMO.get()
     return True

@@ -48,10 +48,10 @@ def fingerprint(root: str, version: str) -> str | None:
 
 
 def _memo_path(root: str) -> str:
-    from sglfix.codebases.releases import cache_root
+    from sglfix.common import cachedir
 
     where = hashlib.sha256(os.path.realpath(root).encode()).hexdigest()[:16]
-    return os.path.join(str(cache_root()), "triton-key", f"{where}.json")
+    return os.path.join(cachedir.triton_key(), f"{where}.json")
 
 
 def _read(path: str, print_: str) -> str | None:
@@ -66,17 +66,15 @@ def _read(path: str, print_: str) -> str | None:
 
 
 def _write(path: str, print_: str, key: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
+    from sglfix.common.atomic import write_atomic
+
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"fingerprint": print_, "key": key}, f)
-        os.replace(tmp, path)  # whole or not at all: a worker beside this one may be reading
+        # Whole or not at all: a worker beside this one may be reading. Not synced: an entry is
+        # checked at each read, so one a crash of the machine cut short is a miss.
+        write_atomic(path, json.dumps({"fingerprint": print_, "key": key}), fsync=False)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass
 
 
 def remember_triton_key() -> str | None:

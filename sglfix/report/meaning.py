@@ -1,7 +1,7 @@
 """The words of a cell's judgement: what one cell can mean in its context (``Meaning``), a cell's
 meaning with its why (``CellMeaning``), and how a cell and its toggle set are named. Part of the
 one judgement (``sglfix.report.outcome``, where ``Rules.meaning`` decides them); imports nothing
-of sglfix."""
+of sglfix but the leaf that names the environment variables."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from sglfix.common.environ import envs
+
 __all__ = ["BASELINE", "ENV_VAR", "FIX_PREFIX", "CellMeaning", "Meaning", "set_label", "unpatched"]
 
-ENV_VAR = "SGLANG_DEBUG_REVERT_PR"
+ENV_VAR = envs.SGLANG_DEBUG_REVERT_PR.name
 BASELINE = "baseline"
 FIX_PREFIX = "+"  # a candidate fix's id in a toggle set (sglfix.toggling.candidate)
 

@@ -27,6 +27,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 from sglfix.report.jsonreport import SCHEMA
 from sglfix.report.load import cell_id, cell_key, count_verdicts, describe
@@ -107,7 +108,7 @@ def merge_judged(
                 )
     merged_cells = [dict(c) for c in cells.values()]
     reports = [r for _, r in inputs]
-    _same(inputs, "baseline", _base_of, fix="merge reports run with the same SGLANG_DEBUG_REVERT_PR")
+    _same(inputs, "baseline", _base_of, fix=f"merge reports run with the same {envs.SGLANG_DEBUG_REVERT_PR.name}")
     _same(inputs, "code base", codebase_identity, fix="merge reports of one code base and version")
     _same(inputs, "candidate fixes", _fixes_of, fix="merge reports run with the same --apply files")
     expects = list(dict.fromkeys(e for r in reports for e in _expects_of(r)))

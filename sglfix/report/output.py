@@ -1,4 +1,4 @@
-"""Output files: checked before any cell runs, written atomically (temp file + rename).
+"""Output files: checked before any cell runs, written atomically (``sglfix.common.atomic``).
 
 A run can take minutes; finding an unwritable ``--json`` path only at the end loses it, and a
 half-written report is worse than none.
@@ -6,7 +6,6 @@ half-written report is worse than none.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -14,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sglfix.common.atomic import write_atomic
 from sglfix.common.errors import ConfigError
 from sglfix.common.signals import deferred
 
@@ -60,45 +60,6 @@ def check_output_file(path: str | None, *, option: str, suffixes: tuple[str, ...
     if Path(path).suffix.lower() not in suffixes:
         raise ConfigError(f"{option} {path}: the file name must end in {want}")
     check_output_path(path, option=option)
-
-
-def write_atomic(path: str, text: str | bytes) -> None:
-    """``text`` to ``path`` through a temporary file renamed over it: never half a file. SIGINT and
-    SIGTERM are deferred from before the temporary file exists until it is renamed or removed
-    (``sglfix.common.signals.deferred``), however many arrive and whichever thread the kernel
-    hands them to: one that arrives while the file is written abandons the write (the temporary
-    file removed), and is raised once nothing is left behind."""
-    p = Path(path)
-    mode = "wb" if isinstance(text, bytes) else "w"
-    with deferred() as arrived:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent if str(p.parent) else "."))
-        renamed = False
-        try:
-            try:
-                # mkstemp's file is private (0600); give the report the mode a plain open() would.
-                os.fchmod(fd, 0o666 & ~_umask())
-                fh = os.fdopen(fd, mode) if mode == "wb" else os.fdopen(fd, mode, encoding="utf-8")
-            except BaseException:
-                with contextlib.suppress(OSError):  # fdopen may have taken the fd and closed it
-                    os.close(fd)
-                raise
-            with fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            if not arrived:  # else the signal asks to stop: the write is abandoned
-                os.replace(tmp, p)
-                renamed = True
-        finally:
-            if not renamed:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def dumps_report(data: Any) -> str:

@@ -9,11 +9,11 @@ against a budget: 8 GiB unless ``SGLFIX_MEMORY_BUDGET`` (or the caller) says oth
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 from sglfix.scenario.models import Scenario
 from sglfix.scenario.modes import rule_for
@@ -31,7 +31,7 @@ __all__ = [
 
 GiB = 1024**3
 DEFAULT_MEMORY_BUDGET = 8 * GiB
-MEMORY_BUDGET_ENV = "SGLFIX_MEMORY_BUDGET"
+MEMORY_BUDGET_ENV = envs.SGLFIX_MEMORY_BUDGET.name
 _DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 # The kit's decode split-KV scratch (max_kv_splits) and the reference's float64 accumulators.
@@ -130,7 +130,7 @@ def parse_size(text: str, *, what: str) -> int:
 
 def memory_budget(env: Mapping[str, str] | None = None) -> int:
     """The budget in bytes: ``SGLFIX_MEMORY_BUDGET`` when set, else 8 GiB."""
-    text = (os.environ if env is None else env).get(MEMORY_BUDGET_ENV, "").strip()
+    text = (envs.SGLFIX_MEMORY_BUDGET.get(env=env) or "").strip()
     return parse_size(text, what=MEMORY_BUDGET_ENV) if text else DEFAULT_MEMORY_BUDGET
 
 

@@ -17,16 +17,11 @@ import os
 import stat
 import sys
 
+from sglfix.common import cachedir
+
 __all__ = ["lookup", "store"]
 
 _MAX_FILE = 1024 * 1024  # a larger toggle file is the full path's to refuse
-
-
-def _cache_dir() -> str:
-    base = os.environ.get("SGLFIX_CACHE_DIR")
-    if base:
-        return base
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sglfix")
 
 
 def _contents(toggles_dir: str) -> dict[str, str] | None:
@@ -69,7 +64,7 @@ def _path(identity: dict[str, str]) -> str:
     import zlib
 
     tag = zlib.crc32("\0".join(identity.values()).encode())
-    return os.path.join(_cache_dir(), f"arm-{tag:08x}.json")
+    return os.path.join(cachedir.arm(), f"arm-{tag:08x}.json")
 
 
 def lookup(value: str, toggles_dir: str) -> list[tuple[str, tuple[str, ...]]] | None:
@@ -120,14 +115,13 @@ def store(toggles_dir: str, registry: object) -> None:
             for s in sels:
                 targets[s.id] = list(s.part.targets)
     path = _path(identity)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    # Only a store pays for the writer's imports (tempfile, signal handling), not every lookup.
+    from sglfix.common.atomic import write_atomic
+
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "w") as f:
-            json.dump({"identity": identity, "files": files, "select": select, "targets": targets}, f)
-        os.replace(tmp, path)
+        # Not synced: an entry is checked at each use, so one a crash cut short is a miss.
+        text = json.dumps({"identity": identity, "files": files, "select": select, "targets": targets})
+        write_atomic(path, text, fsync=False)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sglfix.common.environ import envs
 from sglfix.common.errors import SglfixError
 from sglfix.common.schema import nearest
 from sglfix.common.yamlio import read_text_file
@@ -337,12 +338,10 @@ def caught_by_check(registry: Registry, *, root: str | Path, timeout: float = 36
     if claims:
         with tempfile.TemporaryDirectory(prefix="sglfix-caught-by-") as tmp:
             report = os.path.join(tmp, "report.json")
-            env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "PYTEST_ADDOPTS")}
-            env.update(
-                SGLFIX_CHECK_CLAIMS=json.dumps(claims),
-                SGLFIX_CHECK_REPORT=report,
-                SGLFIX_TOGGLES_DIR=registry.directory,
-            )
+            env = {k: v for k, v in os.environ.items() if k not in (envs.SGLANG_DEBUG_REVERT_PR.name, "PYTEST_ADDOPTS")}
+            envs.SGLFIX_CHECK_CLAIMS.set(json.dumps(claims), env=env)
+            envs.SGLFIX_CHECK_REPORT.set(report, env=env)
+            envs.SGLFIX_TOGGLES_DIR.set(registry.directory, env=env)
             proc = subprocess.run(
                 [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--sglfix-check-fixes", *claims],
                 cwd=root,

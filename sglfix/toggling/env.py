@@ -6,9 +6,9 @@ nothing is applied then.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 from sglfix.toggling import ENV_VAR
 from sglfix.toggling.envvalue import parse_env_value, selected_from_env
@@ -41,7 +41,7 @@ def maybe_revert_pr_fix(
     if armed is not None:
         # The start-up hook applies the variable in this process: same value, then import and
         # revert now whatever is still waiting for its module; another value is an error.
-        hook.arm(os.environ.get(ENV_VAR))
+        hook.arm(envs.SGLANG_DEBUG_REVERT_PR.get())
         armed.apply_all(allowed_prefixes=allowed_prefixes)
         return armed.record
     selections = [*_candidates(expected), *selected_from_env(registry=registry)]
@@ -61,9 +61,9 @@ def maybe_revert_pr_fix(
 
 def _candidates(expected: dict[str, str] | None) -> list:
     """The candidate fixes ``SGLFIX_APPLY`` names, for the code base this process replays."""
-    from sglfix.toggling.candidate import APPLY_ENV, from_env
+    from sglfix.toggling.candidate import from_env
 
-    value = os.environ.get(APPLY_ENV)
+    value = envs.SGLFIX_APPLY.get()
     if value is None or not value.strip():
         return []
     from sglfix.codebases import active

@@ -10,8 +10,7 @@ A leaf under the switch: the start-up hook validates with it before anything is 
 
 from __future__ import annotations
 
-import os
-
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 from sglfix.toggling import ENV_VAR, selects_nothing
 from sglfix.toggling.ids import ToggleId
@@ -71,5 +70,4 @@ def parse_env_value(value: str | None, *, registry: Registry | None = None, what
 
 
 def selected_from_env(environ: dict | None = None, *, registry: Registry | None = None) -> list[Selection]:
-    env = os.environ if environ is None else environ
-    return parse_env_value(env.get(ENV_VAR), registry=registry)
+    return parse_env_value(envs.SGLANG_DEBUG_REVERT_PR.get(env=environ), registry=registry)

@@ -30,7 +30,8 @@ import _thread  # threading costs every set process a few ms; the hook needs a l
 import os
 import sys
 
-from sglfix.toggling import APPLY_ENV, ENV_VAR, selects_nothing
+from sglfix.common.environ import envs
+from sglfix.toggling import ENV_VAR, selects_nothing
 
 # typing costs every set process a few ms; the annotations are strings.
 TYPE_CHECKING = False
@@ -39,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["VERBOSE_ENV", "arm", "armed", "boot", "disarm", "ensure_first", "settle"]
 
-VERBOSE_ENV = "SGLFIX_VERBOSE"
+VERBOSE_ENV = envs.SGLFIX_VERBOSE.name
 _LOCK = _thread.RLock()
 _STATE: _EnvReverts | None = None
 
@@ -56,14 +57,14 @@ def choice() -> Any:
 
 
 def _log(message: str) -> None:
-    if os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0"):
+    if envs.SGLFIX_VERBOSE.get():
         sys.stderr.write(f"sglfix[{os.getpid()}]: {message}\n")
         sys.stderr.flush()
 
 
 def _die(message: str) -> None:
     """One line on stderr and exit 2: never run on with a revert silently missing."""
-    if os.environ.get("SGLFIX_DEBUG") == "1":
+    if envs.SGLFIX_DEBUG.get():
         import traceback
 
         traceback.print_exc()
@@ -111,7 +112,7 @@ def boot() -> None:
     if _STATE is not None or _is_sglfix_cli():
         return
     try:
-        arm(os.environ.get(ENV_VAR))
+        arm(envs.SGLANG_DEBUG_REVERT_PR.get())
     except Exception as exc:
         from sglfix.common.errors import SglfixError
 
@@ -162,7 +163,7 @@ class _Light:
 
 
 def _apply_value() -> str:
-    return os.environ.get(APPLY_ENV, "").strip()
+    return (envs.SGLFIX_APPLY.get() or "").strip()
 
 
 def _selections(value: str, profile: Any, chosen: Any) -> Any:
@@ -219,9 +220,7 @@ def _reverts(value: str, profile: Any, chosen: Any, *, cache: bool = True) -> An
 
 
 def _toggles_dir(profile: Any) -> str:
-    from sglfix.toggling import TOGGLES_ENV
-
-    return os.environ.get(TOGGLES_ENV) or profile.toggles_dir
+    return envs.SGLFIX_TOGGLES_DIR.get() or profile.toggles_dir
 
 
 def _arm_with(value: str, chosen: Any) -> _EnvReverts:

@@ -12,12 +12,12 @@ Imports nothing heavy: the start-up hook reads this before it loads any toggle f
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sglfix.codebases import CODEBASES, REPRODUCTION_NAME, Profile, get_codebase, installed, profiles
+from sglfix.common.environ import envs
 
 __all__ = [
     "DEFAULT_PROFILE",
@@ -29,7 +29,7 @@ __all__ = [
     "resolve_profile",
 ]
 
-PROFILE_ENV = "SGLFIX_PROFILE"
+PROFILE_ENV = envs.SGLFIX_PROFILE.name
 DEFAULT_PROFILE = REPRODUCTION_NAME
 
 # Every profile found on disk, by name (sglfix.codebases.search_folders).
@@ -63,7 +63,7 @@ def resolve_profile(*, option: str | None = None, follow_imports: bool = False) 
     checked = not follow_imports
     if option is not None and option.strip():
         return Choice(get_codebase(option, what="--profile", checked=checked), f"--profile {option.strip()}")
-    name = os.environ.get(PROFILE_ENV, "").strip()
+    name = envs.SGLFIX_PROFILE.get()
     if name:
         return Choice(get_codebase(name, what=PROFILE_ENV, checked=checked), f"{PROFILE_ENV}={name}")
     default = get_codebase(DEFAULT_PROFILE, checked=checked)

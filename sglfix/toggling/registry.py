@@ -27,12 +27,12 @@ from pydantic import (
 )
 
 from sglfix.codebases.records import engine_version
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 from sglfix.common.schema import NodeError, StrictModel, describe_kind, nearest, validate_node
 from sglfix.common.verdicts import VERDICTS, Verdict
 from sglfix.common.yamlio import line_of, load_yaml, read_text_file
 from sglfix.patching.types import PatchList, PatchSpec, Text
-from sglfix.toggling import TOGGLES_ENV
 from sglfix.toggling.ids import EXAMPLE, MAX_PR, PART_NAME_RE, ToggleId, is_candidate_id
 from sglfix.toggling.variants import VariantFile, choose_variant, read_variants
 
@@ -441,7 +441,7 @@ def parse_toggle_ids(tokens: Iterable[str | ToggleId], *, registry: Registry, wh
 
 def default_toggles_dir() -> str:
     """``SGLFIX_TOGGLES_DIR``, else the directory of the profile ``SGLFIX_PROFILE`` names."""
-    env = os.environ.get(TOGGLES_ENV)
+    env = envs.SGLFIX_TOGGLES_DIR.get()
     if env:
         return env
     from sglfix.toggling.profiles import resolve_profile

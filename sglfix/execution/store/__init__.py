@@ -56,6 +56,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from sglfix.common.environ import envs
 from sglfix.common.errors import SglfixError
 from sglfix.common.verdicts import MARKS, worst
 from sglfix.execution.store.fingerprint import content_digest, file_digests
@@ -74,7 +75,7 @@ __all__ = [
 
 # Verdicts that say sglfix or the machine failed: a rerun may answer otherwise.
 NOT_STORED = frozenset({"ERROR", "TIMEOUT", "FAULT"})
-STORE_ENV = "SGLFIX_STORE"
+STORE_ENV = envs.SGLFIX_STORE.name
 _FILE = "results.sqlite"
 _VERSION = 2  # the file's layout (PRAGMA user_version); an older one is emptied and remade
 _KEPT = 8  # entries kept per cell: the newest
@@ -139,16 +140,13 @@ class StoreMismatch(SglfixError):
 
 
 def default_dir() -> str:
-    env = os.environ.get(STORE_ENV)
-    if env:
-        return env
-    from sglfix.codebases.releases import cache_root
+    from sglfix.common import cachedir
 
-    return str(cache_root() / "results")
+    return cachedir.results()
 
 
 def store_disabled_by_env() -> bool:
-    return os.environ.get(STORE_ENV, "").strip().lower() in ("0", "off", "no", "false")
+    return (envs.SGLFIX_STORE.raw() or "").strip().lower() in ("0", "off", "no", "false")
 
 
 def unstorable(result: CellResult) -> str | None:

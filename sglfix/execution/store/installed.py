@@ -27,9 +27,9 @@ _SCHEMA = "CREATE TABLE IF NOT EXISTS files (file TEXT PRIMARY KEY, stat TEXT NO
 
 
 def _memo_path() -> str:
-    from sglfix.codebases.releases import cache_root
+    from sglfix.common import cachedir
 
-    return str(cache_root() / "file-digests.sqlite")
+    return cachedir.file_digests()
 
 
 def _files(place: str) -> list[tuple[str, str]]:

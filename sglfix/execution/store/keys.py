@@ -25,6 +25,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from sglfix.common.environ import envs
+
 __all__ = ["cell_key", "context_key", "device_facts", "judge_digest"]
 
 FORMAT = 2  # bump when an entry's meaning changes: every older entry then misses
@@ -48,11 +50,11 @@ _ENV_PREFIXES = (
 # ... except where a cache lives, which device a worker is given, and what the cell's own toggle
 # set already says (the revert variable, the candidate fixes).
 _ENV_IGNORED = {
-    "SGLANG_DEBUG_REVERT_PR",
-    "SGLFIX_APPLY",
-    "SGLFIX_CACHE",
-    "SGLFIX_CACHE_DIR",
-    "SGLFIX_STORE",
+    envs.SGLANG_DEBUG_REVERT_PR.name,
+    envs.SGLFIX_APPLY.name,
+    envs.SGLFIX_CACHE.name,
+    envs.SGLFIX_CACHE_DIR.name,
+    envs.SGLFIX_STORE.name,
     "TRITON_CACHE_DIR",
     "TRITON_HOME",
     "FLASHINFER_WORKSPACE_BASE",
