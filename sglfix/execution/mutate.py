@@ -28,6 +28,7 @@ from typing import Any
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.settings import EVERY_FUNCTION
+from sglfix.execution.store.folder import MUTANT_MEMO
 
 __all__ = ["Campaign", "check_function_patterns", "run_campaign", "surface_of"]
 
@@ -398,7 +399,7 @@ class _Mapped:
     what loading the diff again would give. Written whole and atomically; a file that cannot be
     read is an empty memo."""
 
-    _FILE = "mutants-mapped.json"
+    _FILE = MUTANT_MEMO
 
     def __init__(self, folder: str, codebase: Any) -> None:
         import hashlib
