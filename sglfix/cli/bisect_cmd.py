@@ -14,7 +14,18 @@ from sglfix.cli.layout import named_rows
 from sglfix.cli.options import SCALE, SELECT, takes
 from sglfix.common.errors import ConfigError
 
-BISECT_OPTIONS = ("candidates", "apply", *SELECT, *SCALE, "no_reachability", "env_baseline", "show_all", "releases")
+BISECT_OPTIONS = (
+    "candidates",
+    "apply",
+    *SELECT,
+    *SCALE,
+    "no_reachability",
+    "env_baseline",
+    "cache",
+    "no_cache",
+    "show_all",
+    "releases",
+)
 
 
 def _candidates(registry, given: list[str]) -> list[str]:
@@ -127,6 +138,8 @@ def bisect_cmd(ctx: typer.Context, **given: Any) -> None:
     }
     if runner.shard is not None:
         report["shard"] = str(runner.shard)
+    if found.store is not None:
+        report["store"] = found.store
     report["plan"] = _plan(runner, scope, given, candidates=candidates, env=env, scenarios=every)
     if unfixed is not None:
         report["apply"] = _compare(fixes, unfixed, _summary(found), scope.candidates)
