@@ -237,6 +237,7 @@ def _parse_line(ctx: typer.Context, *, release: str) -> None:
 def _register_commands() -> None:
     from sglfix.cli import (
         bisect_cmd,
+        cache_cmd,
         doctor,
         env,
         list_cmd,
@@ -265,6 +266,7 @@ def _register_commands() -> None:
         report_cmd,
         toggle_cmd,
         schema_cmd,
+        cache_cmd,
     ):
         module.register(app)
 

@@ -19,7 +19,18 @@ if TYPE_CHECKING:
     from sglfix.execution.bisection import Found, Search
     from sglfix.report.bisect import Answer, BisectReport
 
-BISECT_OPTIONS = ("candidates", "apply", *SELECT, *SCALE, "no_reachability", "env_baseline", "show_all", "releases")
+BISECT_OPTIONS = (
+    "candidates",
+    "apply",
+    *SELECT,
+    *SCALE,
+    "no_reachability",
+    "env_baseline",
+    "cache",
+    "no_cache",
+    "show_all",
+    "releases",
+)
 
 
 def _candidates(registry, given: list[str]) -> list[str]:

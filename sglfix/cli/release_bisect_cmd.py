@@ -170,7 +170,7 @@ def _check_scenarios(profile: Any, given: dict[str, Any]) -> None:
 
 
 def _check_run_settings(given: dict[str, Any]) -> None:
-    """What each release's run would refuse of --device, --jobs, --timeout and --mps."""
+    """What each release's run would refuse of --device, --jobs, --timeout, --mps and --cache."""
     import math
 
     from sglfix.execution.devices import check_device
@@ -184,6 +184,10 @@ def _check_run_settings(given: dict[str, Any]) -> None:
     if not math.isfinite(t) or t <= 0:
         raise ConfigError(f"--timeout {t:g}: must be a finite number of seconds > 0; pass e.g. --timeout 300")
     check_mps(given["mps"], device=given["device"], executor="local")
+    from sglfix.execution.runner import check_store
+    from sglfix.execution.settings import Settings
+
+    check_store(Settings(cache=given["cache"], no_cache=given["no_cache"]))
 
 
 def _env_reverts(registry: Any, *, accepted: bool) -> tuple[str, ...]:
@@ -229,6 +233,11 @@ def _run_args(opts: Options, given: dict[str, Any], *, candidates: list[str]) ->
         args += ["--memory-budget", given["memory_budget"]]
     if given["mps"] != "auto":
         args += ["--mps", str(given["mps"])]
+    if given["cache"] is not None:  # each release's run checks it (a blank one is refused there)
+        cache = given["cache"]
+        args += ["--cache", os.path.abspath(os.path.expanduser(cache)) if cache.strip() else cache]
+    if given["no_cache"]:
+        args += ["--no-cache"]
     for rid in candidates:
         args += ["-r", rid]
     for path in given["apply"] or ():

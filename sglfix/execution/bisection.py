@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglfix.report.bisect import TOOL, BisectReport, Culprit, FixComparison, FlatCulprit, Group, LeftOut, Masking, now
-from sglfix.report.schema import PlanIdentity
+from sglfix.report.schema import PlanIdentity, StoreUse
 
 # Progress of a search: silent for a quick one, then a line at most this often (every set: each).
 QUIET_S = 5.0
@@ -87,6 +87,20 @@ class CellCache:
         self._say(f"bisect [{self.context}]: {todo} cell(s) with {shown} reverted")
 
 
+def _store_use(pool: Any, *, cells: int) -> dict | None:
+    """What the result store did for a search (None: it was off)."""
+    store = getattr(pool, "store", None)
+    if store is None:
+        return None
+    served = pool.served
+    return {
+        "path": store.directory,
+        "served": served,
+        "ran": cells - served,
+        **({"failed": store.failed} if store.failed else {}),
+    }
+
+
 def shard_groups(chosen: Sequence[Any], shard: Any, *, timings: dict[str, float] | None = None) -> list[Any]:
     """The scenarios of the groups ``shard`` searches: whole groups, dealt by cost as the matrix
     deals scenarios (a baseline cell's timing in an earlier report, else its size estimate)."""
@@ -115,6 +129,8 @@ class Found:
     replacements: list[str] = field(default_factory=list)
     cells: CellCache | None = None
     record: tuple[str, ...] | None = None
+    # The result store, if the search read it: its folder, cells served from it, cells run.
+    store: dict | None = None
 
 
 class Search:
@@ -147,7 +163,7 @@ class Search:
         from sglfix.report.outcome import Meaning
 
         found = Found(record=self.record)
-        with self.runner.workers() as pool:
+        with self.runner.pool() as pool:
             found.info = dict(pool.info)  # the workers' handshake before any progress line
             cells = CellCache(pool, chosen, self.base, say=say, every_set=every_set)
             cells.rank = {c: i for i, c in enumerate(self.candidates)}
@@ -169,6 +185,8 @@ class Search:
                 cells.context = f"group {number}/{len(groups)} {group}"
                 found.groups.append(self._group(cells, group, members, found, label=cells.context))
             found.replacements = list(getattr(pool, "replacements", []))
+            found.info = dict(pool.info)  # through the store: the workers', if any started
+        found.store = _store_use(pool, cells=len(cells.results))  # its writes done
         found.groups = [g for g in found.groups if g.culprits or g.unreachable]
         return found
 
@@ -325,6 +343,8 @@ def report_of(
     cells = found.cells
     assert cells is not None, "a search that ran has its cells"
     given: dict[str, Any] = {"shard": shard} if shard is not None else {}
+    if found.store is not None:
+        given["store"] = StoreUse.model_validate(found.store)
     if apply is not None:
         given["apply"] = apply
     return BisectReport(

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.settings import EVERY_FUNCTION
+from sglfix.execution.store.folder import MUTANT_MEMO
 
 if TYPE_CHECKING:
     from sglfix.report.mutation import Selection
@@ -400,7 +401,7 @@ class _Mapped:
     what loading the diff again would give. Written whole and atomically; a file that cannot be
     read is an empty memo."""
 
-    _FILE = "mutants-mapped.json"
+    _FILE = MUTANT_MEMO
 
     def __init__(self, folder: str, codebase: Any) -> None:
         import hashlib

@@ -98,7 +98,8 @@ class _Queue:
 class _Line:
     """One ``run``'s cells in cell order, their results, and the queue of those still to run.
     ``settle`` records a result, tells ``on_result``, and adds whatever cells ``feed(cell,
-    result)`` returns (they join the end of the line, their results the end of the list)."""
+    result)`` returns (they join the end of the line, their results the end of the list). A cell
+    that carries its result (``answer``: known without a worker) is settled as it joins."""
 
     def __init__(
         self,
@@ -109,10 +110,18 @@ class _Line:
     ) -> None:
         self.cells = list(cells)
         self.keys = [tuple(c.toggles) for c in self.cells]
-        self.queue = _Queue(self.keys)
+        self.queue = _Queue(())
         self.results: list[CellResult | None] = [None] * len(self.cells)
         self.left = len(self.cells)  # cells without a result yet
         self._on_result, self._feed = on_result, feed
+        answered = []
+        for i, cell in enumerate(self.cells):
+            if getattr(cell, "answer", None) is not None:
+                answered.append(i)
+            else:
+                self.queue.add(i, self.keys[i])
+        for i in answered:
+            self.settle(i, self.cells[i].answer)
 
     def settle(self, i: int, result: CellResult) -> None:
         self.results[i] = result
@@ -123,8 +132,11 @@ class _Line:
             self.cells.append(cell)
             self.keys.append(tuple(cell.toggles))
             self.results.append(None)
-            self.queue.add(len(self.cells) - 1, self.keys[-1])
             self.left += 1
+            if getattr(cell, "answer", None) is not None:
+                self.settle(len(self.cells) - 1, cell.answer)
+            else:
+                self.queue.add(len(self.cells) - 1, self.keys[-1])
 
     def finished(self) -> list[CellResult]:
         return [r for r in self.results if r is not None]

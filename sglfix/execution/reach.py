@@ -18,7 +18,7 @@ from typing import Any
 from sglfix.harness.result import CellResult
 from sglfix.toggling.registry import Registry, parse_toggle_ids
 
-__all__ = ["RecordingCell", "UnreachedCell", "reach_record", "run_reaching", "targets_of"]
+__all__ = ["RecordingCell", "SettledCell", "UnreachedCell", "reach_record", "run_reaching", "targets_of"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,17 @@ class UnreachedCell:
     @property
     def extra(self) -> dict:
         return {"not_reached": {"same_as": self.same_as, "targets": list(self.targets)}}
+
+
+@dataclass(frozen=True, eq=False)
+class SettledCell:
+    """An unreached cell of a set whose probe a worker answered NOT_REACHED: its ``answer`` is
+    known without a worker. The pool settles it as it joins the line (the result store serves
+    its own entry instead when it holds one, and files this answer when not)."""
+
+    scenario: Any
+    toggles: tuple[str, ...]
+    answer: CellResult
 
 
 def targets_of(ids: Iterable[str], *, registry: Registry) -> frozenset[str]:
@@ -81,7 +92,6 @@ def run_reaching(
     base: tuple[str, ...],
     registry: Registry,
     on_result: Callable[[CellResult], None] | None = None,
-    served: dict[int, CellResult] | None = None,
 ) -> list[CellResult]:
     """Results for ``cells`` in order: the ``base`` set's cells first (recording which targets
     they enter); as each baseline comes back its scenario's other cells join the line, each run
@@ -89,34 +99,20 @@ def run_reaching(
     other baselines are still running.
 
     A set's unreached cells need a worker only to show that the set applies there: the first
-    goes to a worker, the others take its answer (one round trip per set, not per cell); where
-    it did not answer NOT_REACHED, each of them goes to a worker and says for itself.
-
-    ``served`` (the result store's answers, by place in ``cells``) are taken as they are: a
-    served baseline releases its scenario's other cells at once. ``pool`` may be None when
-    nothing is left to run."""
-    line = _Reaching(list(cells), base=base, registry=registry, on_result=on_result, served=served or {})
-    first = line.start()
-    if first:
-        if pool is None:
-            raise RuntimeError("cells are left to run and no pool was given")
-        pool.run(first, on_result=on_result, feed=line.feed)
+    goes to a worker, the others take its answer (``SettledCell``: one round trip per set, not
+    per cell); where it did not answer NOT_REACHED, each of them goes to a worker and says for
+    itself. Every cell, answered or run, goes through ``pool`` (the result store's layer answers
+    those it holds: a served baseline releases its scenario's other cells at once)."""
+    line = _Reaching(list(cells), base=base, registry=registry)
+    pool.run(line.start(), on_result=on_result, feed=line.feed)
     return [r for r in line.results if r is not None]
 
 
 class _Reaching:
     """``run_reaching``'s line: which cell waits for which baseline, and the sets' probes."""
 
-    def __init__(
-        self,
-        cells: list[Any],
-        *,
-        base: tuple[str, ...],
-        registry: Registry,
-        on_result: Callable[[CellResult], None] | None,
-        served: dict[int, CellResult],
-    ) -> None:
-        self.cells, self.base, self.on_result, self.served = cells, base, on_result, served
+    def __init__(self, cells: list[Any], *, base: tuple[str, ...], registry: Registry) -> None:
+        self.cells, self.base = cells, base
         self.extra = _reverted(cells, base=base, registry=registry)
         self.record = _record_of(self.extra)
         self.results: list[CellResult | None] = [None] * len(cells)
@@ -127,28 +123,18 @@ class _Reaching:
         self.held_back: dict[tuple[str, ...], list[tuple[int, UnreachedCell]]] = {}
 
     def start(self) -> list[Any]:
-        """The cells to send first: the baselines not served, and what served ones release."""
+        """The cells to send first: the baselines, recording, and the cells of scenarios with no
+        baseline in the plan (nothing to decide them: they run)."""
         bases = []
         for i, c in enumerate(self.cells):
             if tuple(c.toggles) == self.base:
                 bases.append(i)
             else:
                 self.others.setdefault(c.scenario.name, []).append(i)
-        first: list[Any] = []
-        for i in bases:
-            c = self.cells[i]
-            if i in self.served:
-                self.settle(i, self.served[i])
-                first += self.release(c.scenario.name, self.served[i])
-            else:
-                first.append(self.send(RecordingCell(c.scenario, tuple(c.toggles), self.record), i))
+        first = [self.send(RecordingCell(self.cells[i].scenario, self.base, self.record), i) for i in bases]
         based = {self.cells[i].scenario.name for i in bases}
-        for name in [n for n in self.others if n not in based]:  # no baseline here to decide: they run
-            for j in self.others.pop(name):
-                if j in self.served:
-                    self.settle(j, self.served[j])
-                else:
-                    first.append(self.send(self.cells[j], j))
+        for name in [n for n in self.others if n not in based]:
+            first += [self.send(self.cells[j], j) for j in self.others.pop(name)]
         return first
 
     def send(self, cell: Any, i: int) -> Any:
@@ -156,20 +142,12 @@ class _Reaching:
         self.sent.append(cell)
         return cell
 
-    def settle(self, i: int, result: CellResult) -> None:
-        self.results[i] = result
-        if self.on_result is not None:
-            self.on_result(result)
-
     def release(self, name: str, result: CellResult) -> list[Any]:
-        """The cells of scenario ``name`` its baseline's ``result`` decides: served, sent, or
-        (unreached) answered by their set's probe."""
+        """The cells of scenario ``name`` its baseline's ``result`` decides: sent, or (unreached)
+        answered by their set's probe."""
         out: list[Any] = []
         for j in self.others.pop(name, []):
             c = self.cells[j]
-            if j in self.served:
-                self.settle(j, self.served[j])
-                continue
             targets = self.extra[tuple(c.toggles)]
             if result.reached is None or targets & set(result.reached):
                 out.append(self.send(c, j))
@@ -182,7 +160,7 @@ class _Reaching:
             elif self.probes[key] is None:
                 self.held_back.setdefault(key, []).append((j, unreached))
             elif self.probes[key].verdict == "NOT_REACHED":
-                self.settle(j, _like(self.probes[key], unreached))
+                out.append(self.send(_settled(self.probes[key], unreached), j))
             else:
                 out.append(self.send(unreached, j))
         return out
@@ -197,10 +175,14 @@ class _Reaching:
             self.probes[cell.toggles] = result
             for j, unreached in self.held_back.pop(cell.toggles, []):
                 if result.verdict == "NOT_REACHED":
-                    self.settle(j, _like(result, unreached))
+                    out.append(self.send(_settled(result, unreached), j))
                 else:
                     out.append(self.send(unreached, j))
         return out
+
+
+def _settled(probe: CellResult, cell: UnreachedCell) -> SettledCell:
+    return SettledCell(cell.scenario, cell.toggles, _like(probe, cell))
 
 
 def _like(probe: CellResult, cell: UnreachedCell) -> CellResult:

@@ -327,36 +327,114 @@ class Runner:
             f"put the folder that holds the one to test first on PYTHONPATH"
         )
 
-    def run(self, plan: Any, *, progress: Callable[[Any], Any]) -> Ran:
-        """Every cell of ``plan`` on a fresh pool, through reachability when the settings ask for
-        it; with the result store, the cells it holds are served and only the others run (no pool
-        at all when it holds every one). ``progress(plan)`` is a context manager giving the
-        function each result is passed to."""
+    @contextmanager
+    def pool(self, *, cells: int | None = None) -> Iterator[Any]:
+        """What cells run on: the workers (``workers``), through the result store when it is on
+        (``sglfix.execution.store.layer``: the cells it holds are answered, the workers started
+        only for the others). ``cells``: how many the plan has, if known."""
+        store = None
         if self.store_dir is not None and self.settings.record in ((), (EVERY_FUNCTION,)):
             store = self._open_store()
-            if store is not None:
-                return self._run_stored(plan, progress=progress, store=store)
-        registry = self.target.registry if self.settings.reachability else None
-        with self.workers(cells=len(plan.cells)) as pool:
-            info = self._pool_info(pool)
-            start = time.perf_counter()
+        if store is None:
+            with self.workers(cells=cells) as pool:
+                yield pool
+            return
+        from sglfix.execution.store.layer import StoredPool
+
+        @contextmanager
+        def open_pool(size: int | None) -> Iterator[Any]:
+            with self.workers(cells=size) as pool:
+                store.keep_info(self._pool_info(pool))  # for a later run that starts none
+                yield pool
+
+        s = self.settings
+        with StoredPool(
+            store,
+            open_pool=open_pool,
+            registry=self.target.registry,
+            reachability=s.reachability,
+            fingerprint=s.fingerprint,
+            served_info=lambda: self._served_info(store.info()),
+            expected=cells,
+        ) as layer:
+            yield layer
+
+    def run(self, plan: Any, *, progress: Callable[[Any], Any]) -> Ran:
+        """Every cell of ``plan`` on a fresh pool (``pool``: through the result store when it is
+        on, no worker at all when it holds every cell), through reachability when the settings
+        ask for it. ``progress(plan)`` is a context manager giving the function each result is
+        passed to. With ``--verify-store N``, N served cells are run again fresh on the same
+        pool and any difference fails the run (``StoreMismatch``, its entries dropped)."""
+        from sglfix.execution.store.layer import StoredPool
+
+        start = time.perf_counter()
+        differ: list = []
+        verify: list[int] = []
+        with self.pool(cells=len(plan.cells)) as pool:
+            stored = isinstance(pool, StoredPool)
+            if not stored:
+                info = self._pool_info(pool)
+                start = time.perf_counter()  # the workers' boot is not the run's
             with progress(plan) as tick:
-                if registry is not None and len(plan.sets) > 1:
-                    from sglfix.execution.reach import run_reaching
-
-                    results = run_reaching(pool, plan.cells, base=plan.sets[0], registry=registry, on_result=tick)
-                elif self.settings.record:
-                    from sglfix.execution.reach import RecordingCell
-
-                    record = tuple(self.settings.record)
-                    cells = [RecordingCell(c.scenario, tuple(c.toggles), record) for c in plan.cells]
-                    results = pool.run(cells, on_result=tick)
-                else:
-                    results = pool.run(plan.cells, on_result=tick)
-            wall = time.perf_counter() - start
+                results = self._run_cells(pool, plan, on_result=tick)
+            if stored:
+                verify = _verify_sample(
+                    [i for i, r in enumerate(results) if r.stored is not None], self.settings.verify_store
+                )
+                differ = self._verify(pool, plan, results, verify)
+                info = self._pool_info(pool.pool) if pool.pool is not None else pool.info
             replacements = list(getattr(pool, "replacements", []))
             reran = list(getattr(pool, "reran_alone", []))
-        return self._ran(plan, info=info, results=results, wall=wall, replacements=replacements, reran=reran)
+            wall = time.perf_counter() - start
+        said = None
+        if stored:
+            _fail_on(differ, checked=len(verify), where=pool.store.directory)
+            wall = time.perf_counter() - start  # the store's last writes are the run's
+            said = {
+                "path": pool.store.directory,
+                "served": pool.served,
+                "ran": len(plan.cells) - pool.served,
+                **({"verified": len(verify)} if verify else {}),
+                **({"failed": pool.store.failed} if pool.store.failed else {}),
+            }
+        return self._ran(
+            plan, info=info, results=results, wall=wall, replacements=replacements, reran=reran, store=said
+        )
+
+    def _run_cells(self, pool: Any, plan: Any, *, on_result: Callable[[Any], None]) -> list:
+        """The plan's cells on ``pool``, results in plan order: baselines first and only the cells
+        they reach (reachability), or each cell recording what the settings ask, or as they are."""
+        if self.settings.reachability and len(plan.sets) > 1:
+            from sglfix.execution.reach import run_reaching
+
+            return run_reaching(
+                pool, plan.cells, base=tuple(plan.sets[0]), registry=self.target.registry, on_result=on_result
+            )
+        cells = plan.cells
+        if self.settings.record:  # every function (mutate's baselines), or --reach-file's targets
+            from sglfix.execution.reach import RecordingCell
+
+            record = tuple(self.settings.record)
+            cells = [RecordingCell(c.scenario, tuple(c.toggles), record) for c in cells]
+        return pool.run(cells, on_result=on_result)
+
+    def _verify(self, pool: Any, plan: Any, results: list, verify: list[int]) -> list:
+        """``--verify-store``: the cells at ``verify`` (served) run again fresh, through no store
+        and no reachability record (a served NOT_REACHED mark is checked against the cell itself
+        run); each that differs, named, its entry dropped."""
+        from sglfix.report.outcome import effective
+
+        if not verify:
+            return []
+        fresh = pool.fresh([plan.cells[i] for i in verify])
+        differ = [
+            (plan.cells[i].id, results[i], again)
+            for i, again in zip(verify, fresh, strict=True)
+            if effective({"verdict": results[i].verdict, "findings": results[i].findings}) != again.verdict
+        ]
+        for _, was, _ in differ:
+            pool.drop(was)
+        return differ
 
     def _pool_info(self, pool: Any) -> dict:
         """What the workers said of themselves, how many there are, and whether under MPS."""
@@ -422,137 +500,6 @@ class Runner:
             )
             return None
 
-    def _run_stored(self, plan: Any, *, progress: Callable[[Any], Any], store: Any) -> Ran:
-        """``run`` through the result store: every cell looked up first; the pool opened only
-        for the cells it misses; each result that comes back filed with what it depends on.
-        With ``--verify-store N``, N served cells are run again fresh on the same pool and any
-        difference fails the run (``StoreMismatch``, its entries dropped)."""
-        from sglfix.execution.store.keys import cell_key
-        from sglfix.report.outcome import effective
-
-        s = self.settings
-        registry = self.target.registry
-        reach = s.reachability and len(plan.sets) > 1
-        base = tuple(plan.sets[0]) if plan.sets else ()
-        record = self._store_record(plan, base=base, reach=reach)
-        keys = {
-            (c.scenario.name, tuple(c.toggles)): cell_key(
-                store.context, scenario=c.scenario, toggles=c.toggles, registry=registry
-            )
-            for c in plan.cells
-        }
-        served, served_from, base_deps = self._look_up(plan, store, keys=keys, base=base, record=record)
-        verify = _verify_sample(sorted(served), s.verify_store)
-
-        def keep(result: Any) -> None:
-            """File a result that came back from a worker (or was settled from a probe's)."""
-            if result.stored is not None:
-                return
-            cell = (result.scenario, tuple(result.toggles))
-            key = keys.get(cell)
-            deps = store.deps_of(result.deps)
-            result.deps = None  # the report never holds it
-            if key is None:
-                return
-            if cell[1] == base:
-                base_deps[result.scenario] = deps
-            elif result.verdict == "NOT_REACHED":
-                deps = base_deps.get(result.scenario)
-            # A baseline that came back ran with the run's record (None without reachability).
-            store.put(key, result, deps=deps, record=record if cell[1] == base else None)
-
-        start = time.perf_counter()
-        ok = False
-        pool_info: dict | None = None
-        kept_info = store.info()
-        replacements: list = []
-        reran: list = []
-        fresh: list = []
-        try:
-            with progress(plan) as tick:
-
-                def on_result(result: Any) -> None:
-                    keep(result)
-                    tick(result)
-
-                left = len(plan.cells) - len(served)
-                if left == 0 and not verify:
-                    results = []
-                    for i in range(len(plan.cells)):
-                        on_result(served[i])
-                        results.append(served[i])
-                else:
-                    with self.workers(cells=max(left, len(verify))) as pool:
-                        pool_info = self._pool_info(pool)
-                        store.keep_info(pool_info)
-                        results = self._run_rest(pool, plan, served=served, base=base, reach=reach, on_result=on_result)
-                        if verify:
-                            # Fresh: through no store and no reachability record (a served
-                            # NOT_REACHED mark is checked against the cell itself run).
-                            fresh = pool.run([plan.cells[i] for i in verify])
-                        replacements = list(getattr(pool, "replacements", []))
-                        reran = list(getattr(pool, "reran_alone", []))
-            differ = [
-                (plan.cells[i].id, served[i], again)
-                for i, again in zip(verify, fresh, strict=True)
-                if effective({"verdict": served[i].verdict, "findings": served[i].findings}) != again.verdict
-            ]
-            differing = {cid for cid, _, _ in differ}
-            for i in verify:
-                if plan.cells[i].id in differing:
-                    store.drop(keys[(served[i].scenario, tuple(served[i].toggles))], served_from[i])
-            ok = True
-        finally:
-            store.close(wait=ok)
-        _fail_on(differ, checked=len(verify), where=store.directory)
-        wall = time.perf_counter() - start
-        info = pool_info or self._served_info(kept_info)
-        said = {
-            "path": store.directory,
-            "served": len(served),
-            "ran": len(plan.cells) - len(served),
-            **({"verified": len(verify)} if verify else {}),
-            **({"failed": store.failed} if store.failed else {}),
-        }
-        return self._ran(
-            plan, info=info, results=results, wall=wall, replacements=replacements, reran=reran, store=said
-        )
-
-    def _store_record(self, plan: Any, *, base: tuple, reach: bool) -> list[str] | None:
-        """What a baseline's entry must have recorded to be served to this run: the targets the
-        other sets revert (reachability), every function (``mutate``), else nothing."""
-        if reach:
-            from sglfix.execution.reach import reach_record
-
-            return list(reach_record(plan.cells, base=base, registry=self.target.registry))
-        if self.settings.record == (EVERY_FUNCTION,):
-            return list(self.settings.record)
-        return None
-
-    def _look_up(self, plan: Any, store: Any, *, keys: dict, base: tuple, record: list[str] | None) -> tuple:
-        """The cells ``store`` serves (by place in the plan), the entry each came from, and what
-        each served baseline depends on (by scenario: a NOT_REACHED cell's entry is filed with it)."""
-        s = self.settings
-        served: dict[int, Any] = {}
-        served_from: dict[int, Any] = {}
-        base_deps: dict[str, Any] = {}
-        for i, c in enumerate(plan.cells):
-            is_base = tuple(c.toggles) == base
-            hit = store.get(
-                keys[(c.scenario.name, tuple(c.toggles))],
-                record=record if is_base else None,
-                reachability=s.reachability,
-                scenario=c.scenario.name,
-                toggles=tuple(c.toggles),
-            )
-            if hit is not None and s.fingerprint and hit[0].fingerprint is None and hit[0].verdict != "NOT_REACHED":
-                hit = None  # kept by a run that did not digest what it built: run again
-            if hit is not None:
-                served[i], served_from[i] = hit
-                if is_base:
-                    base_deps[c.scenario.name] = hit[1]
-        return served, served_from, base_deps
-
     def _served_info(self, kept: dict | None) -> dict:
         """The workers' facts for a run the store answered whole (no worker started): an earlier
         run's, where it kept them, with the code base as this run resolves it (its path and
@@ -569,27 +516,6 @@ class Runner:
             codebase.pop(key, None)  # what a worker's import found: none ran
         info["codebase"] = codebase
         return info
-
-    def _run_rest(self, pool: Any, plan: Any, *, served: dict, base: tuple, reach: bool, on_result: Any) -> list:
-        """The plan's cells on ``pool``, ``served`` ones taken as they are; results in plan order."""
-        if reach:
-            from sglfix.execution.reach import run_reaching
-
-            return run_reaching(
-                pool, plan.cells, base=base, registry=self.target.registry, on_result=on_result, served=served
-            )
-        rest = [i for i in range(len(plan.cells)) if i not in served]
-        for i in sorted(served):
-            on_result(served[i])
-        cells = [plan.cells[i] for i in rest]
-        if self.settings.record:  # every function (mutate's baselines): each cell records them
-            from sglfix.execution.reach import RecordingCell
-
-            record = tuple(self.settings.record)
-            cells = [RecordingCell(c.scenario, tuple(c.toggles), record) for c in cells]
-        ran = pool.run(cells, on_result=on_result) if rest else []
-        by_place = dict(zip(rest, ran, strict=True))
-        return [served[i] if i in served else by_place[i] for i in range(len(plan.cells))]
 
 
 def _verify_sample(served: list[int], n: int) -> list[int]:
@@ -672,7 +598,33 @@ def check_store(settings: Settings) -> str | None:
             f"--cache {settings.cache}: cannot write there ({exc.strerror or exc}); give a folder you can write, "
             "or --no-cache"
         ) from None
+    from sglfix.execution.store.folder import MARKER, folder_state
+
+    if folder_state(path).kind == "foreign":
+        # A store tags its folder for backup tools to skip: never a folder that holds the user's files.
+        raise ConfigError(
+            f"--cache {settings.cache}: that folder holds other files and is not an sglfix result store (no {MARKER}); "
+            "give a new or empty folder, or one a run made, or --no-cache"
+        )
     return path
+
+
+def chosen_store_folder(cache: str | None) -> str:
+    """The store folder a command names: ``--cache DIR``, else ``SGLFIX_STORE``, else the default
+    one under sglfix's cache, as ``check_store`` chooses it for the commands that run cells
+    (``sglfix cache``: nothing is made or written here)."""
+    from sglfix.execution.store import STORE_ENV, default_dir, store_disabled_by_env
+
+    if cache is not None:
+        if not cache.strip():
+            raise ConfigError("--cache '': give the result store's folder (e.g. --cache ~/.cache/sglfix/results)")
+        return os.path.abspath(os.path.expanduser(cache))
+    if store_disabled_by_env():
+        raise ConfigError(
+            f"{STORE_ENV}={os.environ.get(STORE_ENV)} turns the result store off: give --cache DIR to name a "
+            f"store's folder, or unset {STORE_ENV}"
+        )
+    return os.path.abspath(os.path.expanduser(default_dir()))
 
 
 def choose_scenarios(

@@ -4,8 +4,8 @@ masking pairs the search found (``sglfix.execution.bisection``), what it counted
 
 The models are closed (an unknown key is an error) and typed as ``sglfix.report.schema`` types a
 run's report, whose code base, plan and candidate rows they share. ``BisectReport.to_json`` is
-the file: the keys in the order of the fields, ``shard`` and ``apply`` only when they hold
-something.
+the file: the keys in the order of the fields, ``shard``, ``store`` and ``apply`` only when they
+hold something.
 """
 
 from __future__ import annotations
@@ -16,7 +16,17 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sglfix.report.schema import CandidateRow, Codebase, Count, Duration, PlanIdentity, Shard, ToggleIds, Verdict
+from sglfix.report.schema import (
+    CandidateRow,
+    Codebase,
+    Count,
+    Duration,
+    PlanIdentity,
+    Shard,
+    StoreUse,
+    ToggleIds,
+    Verdict,
+)
 
 __all__ = [
     "TOOL",
@@ -144,6 +154,8 @@ class BisectReport(_Closed):
     groups: list[Group]
     worker_replacements: list[str]
     shard: Shard | None = None
+    # The result store, when the search read it: its folder, cells served from it, cells run.
+    store: StoreUse | None = None
     plan: PlanIdentity
     apply: FixComparison | None = None
 

@@ -38,7 +38,11 @@ that is none, a result of another cell) is a miss, dropped from the store.
 The store is one SQLite file in a folder (``--cache DIR``; default ``SGLFIX_STORE`` or the user
 cache folder): shards and CI jobs may share it, entries are written as results come back (by a
 thread of its own, so that digests and parses never hold up the workers), and a file that
-cannot be opened turns the store off for the run with one line, never the run itself.
+cannot be opened turns the store off for the run with one line, never the run itself. The
+folder says which schema wrote it, and is tagged for backup tools to skip (``folder``: a folder
+of another schema is emptied, never misread; ``sglfix cache show | prune | clear``). Each entry
+keeps when it was written and when a run was last served it (what ``prune`` ages it by). Runs
+reach the store through ``layer``: a layer around the worker pool, with the pool's interface.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from sglfix.common.environ import envs
 from sglfix.common.errors import SglfixError
 from sglfix.common.verdicts import MARKS, worst
 from sglfix.execution.store.fingerprint import content_digest, file_digests
+from sglfix.execution.store.folder import RESULTS_FILE, SCHEMA, prepare_folder
 from sglfix.harness.result import CellResult
 
 __all__ = [
@@ -76,13 +81,13 @@ __all__ = [
 # Verdicts that say sglfix or the machine failed: a rerun may answer otherwise.
 NOT_STORED = frozenset({"ERROR", "TIMEOUT", "FAULT"})
 STORE_ENV = envs.SGLFIX_STORE.name
-_FILE = "results.sqlite"
-_VERSION = 2  # the file's layout (PRAGMA user_version); an older one is emptied and remade
+_FILE = RESULTS_FILE
+_VERSION = SCHEMA  # the file's layout (PRAGMA user_version) too: another one is emptied and remade
 _KEPT = 8  # entries kept per cell: the newest
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
     key TEXT NOT NULL, process TEXT NOT NULL, ran TEXT NOT NULL, record TEXT,
-    result TEXT NOT NULL, stored TEXT NOT NULL, PRIMARY KEY (key, process, ran));
+    result TEXT NOT NULL, stored TEXT NOT NULL, used TEXT, PRIMARY KEY (key, process, ran));
 CREATE TABLE IF NOT EXISTS processes (id TEXT PRIMARY KEY, parts TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rans (id TEXT PRIMARY KEY, functions BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS files (content TEXT PRIMARY KEY, digests TEXT NOT NULL);
@@ -413,7 +418,7 @@ class ResultStore:
         from sglfix.execution.store.installed import Installed
 
         self.directory = os.path.abspath(os.path.expanduser(directory))
-        os.makedirs(self.directory, exist_ok=True)
+        prepare_folder(self.directory)
         self.context = context
         self.db = _Db(Path(self.directory) / _FILE)
         self.db.write("INSERT OR IGNORE INTO contexts VALUES (?, ?, NULL)", (context, json.dumps(parts)))
@@ -427,6 +432,7 @@ class ResultStore:
         self.stored = 0
         self.dropped = 0  # damaged rows found and removed
         self.changed: set[str] = set()  # files that changed while the run ran (results not stored)
+        self._used: list[tuple[str, str, str]] = []  # the entries served: marked used at the end
         self._failed: str | None = None  # set before the writer starts: it reads it
         self._queue: queue.Queue = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="sglfix-store", daemon=True)
@@ -473,6 +479,7 @@ class ResultStore:
             _move_cited_lines(result, self._moved.get(ran, ()))
             result.stored = stored
             self.served += 1
+            self._used.append((key, process, ran))
             return result, ("entry", process, ran)
         return None
 
@@ -665,7 +672,7 @@ class ResultStore:
                 result = {k: v for k, v in result.items() if k not in ("deps", "stored")}
                 stored = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
                 self.db.write(
-                    "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT OR REPLACE INTO entries (key, process, ran, record, result, stored) VALUES (?, ?, ?, ?, ?, ?)",
                     (key, process, ran, json.dumps(record) if record else None, json.dumps(result), stored),
                 )
                 # The newest few states of a cell are kept; older ones would rarely come back.
@@ -680,6 +687,29 @@ class ResultStore:
             finally:
                 self._queue.task_done()
 
+    def _mark_used(self) -> None:
+        """The entries this run was served, stamped as used now, in one transaction (what
+        ``sglfix cache prune --older-than`` ages an entry by, with when it was written)."""
+        import datetime
+
+        if not self._used or self._failed is not None:
+            return
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
+        try:
+            with self.db.lock:
+                self.db.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    self.db.conn.executemany(
+                        "UPDATE entries SET used = ? WHERE key = ? AND process = ? AND ran = ?",
+                        [(now, *entry) for entry in self._used],
+                    )
+                    self.db.conn.execute("COMMIT")
+                except BaseException:
+                    self.db.conn.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as exc:
+            self._failed = f"{type(exc).__name__}: {exc}"
+
     @property
     def failed(self) -> str | None:
         """Why writing stopped, if it did (the run's results stand; the store misses them)."""
@@ -689,6 +719,7 @@ class ResultStore:
         if wait:
             self._queue.put(None)
             self._writer.join()
+            self._mark_used()
         else:
             # Cut short: what is queued is dropped, the entry being written finishes.
             while True:
