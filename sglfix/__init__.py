@@ -80,7 +80,7 @@ def reverted_ids() -> list:
 
 
 def maybe_revert_pr_fix(*, registry: Any = None, allowed_prefixes: Any = None) -> Any:
-    """Apply what ``SGLANG_DEBUG_REVERT_PR`` selects, once per process (``sglfix.toggling.env``).
+    """Apply what ``REVERT_PR`` selects, once per process (``sglfix.toggling.env``).
 
     An engine calls this from every process whether or not a revert is wanted: unset or ``0``,
     with nothing applied before, it returns None having imported nothing (no YAML, no registry,
@@ -91,7 +91,7 @@ def maybe_revert_pr_fix(*, registry: Any = None, allowed_prefixes: Any = None) -
     from sglfix.common.environ import envs
     from sglfix.toggling import selects_nothing
 
-    value = envs.SGLANG_DEBUG_REVERT_PR.get()
+    value = envs.REVERT_PR.get()
     if selects_nothing(value) and registry is None and "sglfix.toggling.env" not in sys.modules:
         return None
     from sglfix.toggling.env import maybe_revert_pr_fix as apply

@@ -3,7 +3,7 @@ bug they claim to guard (mutation testing where the mutant is the historical fix
 
 - ``pytest --sglfix-revert 26651,27460:sizing``: the reverts hold for the whole session, in
   this process through the start-up hook's machinery and in every child process (xdist workers,
-  engines a test starts) through ``SGLANG_DEBUG_REVERT_PR``.
+  engines a test starts) through ``REVERT_PR``.
 - ``@pytest.mark.fixed_by("26651:clamp", ...)``: the fixes a test claims to guard.
 - ``pytest --sglfix-check-fixes``: each marked test also runs once per claimed fix with that fix
   reverted (in this process and, through the variable, in the processes the test starts), then
@@ -16,7 +16,7 @@ bug they claim to guard (mutation testing where the mutant is the historical fix
   "ERROR" when the revert could not be applied (the session fails). The run with the fix reverted
   differs from the run with it in place by the revert alone: it runs first with the revert in this
   process and the environment as the other run has it; only a test that passes so runs again with
-  the revert in ``SGLANG_DEBUG_REVERT_PR`` too (for the processes it starts), and where the run
+  the revert in ``REVERT_PR`` too (for the processes it starts), and where the run
   with the fix in place has the variable unset, that failure counts only if the test passes with
   the variable set to ``0`` (nothing reverted): a test that fails whenever the variable is set is
   "NOT caught", and says so. The variable set in the environment of a session that checks claims
@@ -31,7 +31,7 @@ bug they claim to guard (mutation testing where the mutant is the historical fix
   summary too; ``SGLFIX_CHECK_REPORT`` names a JSON file for them, ``{nodeid: [{id, outcome,
   detail, fixed, reverted}]}`` (``outcome`` a ``Claim``, ``fixed``/``reverted`` the two runs'
   outcomes).
-- With ``SGLANG_DEBUG_REVERT_PR`` (or ``--sglfix-revert``) in effect, the start-up hook's finders
+- With ``REVERT_PR`` (or ``--sglfix-revert``) in effect, the start-up hook's finders
   are kept in front of pytest's assertion rewriter, and every selected target whose module is
   imported by collection's end or a test's setup is reverted, whichever loader imported it; one
   that cannot be is a usage error (``RevertGuard``).
@@ -50,7 +50,7 @@ import pytest
 
 from sglfix.common.environ import envs
 
-ENV_VAR = envs.SGLANG_DEBUG_REVERT_PR.name
+ENV_VAR = envs.REVERT_PR.name
 MARK = "fixed_by"
 PROPERTY = "sglfix-check-fixes"
 
@@ -92,7 +92,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 class RevertGuard:
-    """While the start-up hook applies SGLANG_DEBUG_REVERT_PR (the variable, or
+    """While the start-up hook applies REVERT_PR (the variable, or
     ``--sglfix-revert``): its finders stay in front of pytest's assertion rewriter, and before
     collection ends and before each test every selected target whose module is imported by then
     is reverted, whichever loader imported it; one that cannot be is an error, never a silent
@@ -129,7 +129,7 @@ class SglfixPlugin:
         self.check = check
         self.results: dict[str, list[dict]] = {}
         self.revert_value = None
-        self.old_env = envs.SGLANG_DEBUG_REVERT_PR.get()
+        self.old_env = envs.REVERT_PR.get()
         self.armed_here = False
         from sglfix.toggling import selects_nothing
 
@@ -170,7 +170,7 @@ class SglfixPlugin:
             raise _usage(exc) from None
         self.armed_here = was is None
         self.revert_value = value.strip()
-        envs.SGLANG_DEBUG_REVERT_PR.set(self.revert_value)  # xdist workers and every child process
+        envs.REVERT_PR.set(self.revert_value)  # xdist workers and every child process
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         lines = []
@@ -187,7 +187,7 @@ class SglfixPlugin:
 
         if self.armed_here:
             hook.disarm()
-        envs.SGLANG_DEBUG_REVERT_PR.set(self.old_env)  # None: unset, as it was
+        envs.REVERT_PR.set(self.old_env)  # None: unset, as it was
 
     # -- --sglfix-check-fixes -------------------------------------------------------------------
 
@@ -277,7 +277,7 @@ class SglfixPlugin:
             children = self._run_with(item, runtestprotocol, env=",".join(filter(None, [self.revert_value, rid])))
         finally:
             held.restore()
-        if children[0] != "failed" or envs.SGLANG_DEBUG_REVERT_PR.get():
+        if children[0] != "failed" or envs.REVERT_PR.get():
             return children
         alone = self._run_with(item, runtestprotocol, env="0")
         if alone[0] == "passed":
@@ -288,15 +288,15 @@ class SglfixPlugin:
         )
 
     def _run_with(self, item: pytest.Item, runtestprotocol: Any, *, env: str | None) -> tuple[str, str]:
-        """One run of the test, with ``SGLANG_DEBUG_REVERT_PR`` set to ``env`` for it (None: as
+        """One run of the test, with ``REVERT_PR`` set to ``env`` for it (None: as
         it is), torn down to the parent: module and session fixtures stay for the ordinary run."""
-        old = envs.SGLANG_DEBUG_REVERT_PR.get()
+        old = envs.REVERT_PR.get()
         if env is not None:
-            envs.SGLANG_DEBUG_REVERT_PR.set(env)
+            envs.REVERT_PR.set(env)
         try:
             return _run_outcome(runtestprotocol(item, nextitem=item.parent, log=False))
         finally:
-            envs.SGLANG_DEBUG_REVERT_PR.set(old)  # None: unset, as it was
+            envs.REVERT_PR.set(old)  # None: unset, as it was
 
     @pytest.hookimpl(trylast=True)  # the test's own report first, everywhere; then its claims'
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

@@ -245,7 +245,7 @@ def _write_ci_reports(
         results=[cells.results[k] for k in keys],
         cell_ids=[f"{set_label(t)}::{n}" for t, n in keys],
         wall_s=report["wall_s"],
-        env_revert=envs.SGLANG_DEBUG_REVERT_PR.get(),
+        env_revert=envs.REVERT_PR.get(),
     )
     ci.update({k: report[k] for k in ("candidates", "runs", "masking_runs", "sets_run", "culprits", "masking")})
     write_outputs(ci, Outputs(junit=junit, markdown=markdown), gate=False)

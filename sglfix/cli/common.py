@@ -204,7 +204,7 @@ def judge_ran(
         results=ran.results,
         cell_ids=[c.id for c in ran.plan.cells],
         wall_s=ran.wall,
-        env_revert=envs.SGLANG_DEBUG_REVERT_PR.get(),
+        env_revert=envs.REVERT_PR.get(),
     )
     if ran.shard is not None:
         report["shard"] = str(ran.shard)
@@ -422,7 +422,7 @@ def header(*, what: str, info: dict, env: Sequence[str], wall: float, cells: int
     if report is not None:
         text += f"; code base: {codebase_label(report)}"
     if env:
-        text += f"; {envs.SGLANG_DEBUG_REVERT_PR.name}={','.join(env)} applied to every cell"
+        text += f"; {envs.REVERT_PR.name}={','.join(env)} applied to every cell"
     return text
 
 

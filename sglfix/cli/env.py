@@ -1,4 +1,4 @@
-"""``sglfix env``: what SGLANG_DEBUG_REVERT_PR selects now, under which profile, and whether the
+"""``sglfix env``: what the revert variable (``envs.REVERT_PR``) selects now, under which profile, and whether the
 start-up hook that applies it in every Python process is installed."""
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from sglfix.common.environ import envs
 
 
 def env_cmd(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Show what SGLANG_DEBUG_REVERT_PR selects now."""
     from sglfix.toggling.env import ENV_VAR, selected_from_env
 
     opts = options(ctx)
-    value = envs.SGLANG_DEBUG_REVERT_PR.get()
+    value = envs.REVERT_PR.get()
     profile, why = _profile(opts)
     explicit = opts.toggles is not None or envs.SGLFIX_TOGGLES_DIR.get()
     registry = opts.registry(None if explicit else profile.toggles_dir)
@@ -99,4 +98,6 @@ def _installed_hook() -> str | None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("env")(env_cmd)
+    from sglfix.common.environ import envs
+
+    app.command("env", help=f"Show what {envs.REVERT_PR.name} selects now.")(env_cmd)

@@ -137,7 +137,7 @@ EnvBaseline = Annotated[
     bool,
     typer.Option(
         "--env-baseline",
-        help=f"Judge against the set {envs.SGLANG_DEBUG_REVERT_PR.name} selects as the baseline (otherwise a set variable is "
+        help=f"Judge against the set {envs.REVERT_PR.name} selects as the baseline (otherwise a set variable is "
         "refused: the baseline must be the code as installed); the header and the gate name it, and no "
         "expectation is checked.",
     ),
@@ -257,7 +257,7 @@ def _reverts(help: str) -> Any:
 
 
 Revert = _reverts(
-    f"Revert this toggle or part (repeatable; comma lists too); added to what {envs.SGLANG_DEBUG_REVERT_PR.name} selects."
+    f"Revert this toggle or part (repeatable; comma lists too); added to what {envs.REVERT_PR.name} selects."
 )
 Candidates = _reverts("Candidate toggles or parts (repeatable; comma lists too); default every registered part.")
 Parts = Annotated[

@@ -108,8 +108,7 @@ def check_release_bisect(opts: Options, given: dict[str, Any]) -> tuple[str, lis
     args = _run_args(opts, given, candidates=list(dict.fromkeys(candidates)))
     if env:
         err.print(
-            f"bisect: {envs.SGLANG_DEBUG_REVERT_PR.name}={','.join(env)} (--env-baseline): "
-            "every release runs with it reverted",
+            f"bisect: {envs.REVERT_PR.name}={','.join(env)} (--env-baseline): every release runs with it reverted",
             highlight=False,
             markup=False,
         )
@@ -191,13 +190,13 @@ def _check_run_settings(given: dict[str, Any]) -> None:
 
 
 def _env_reverts(registry: Any, *, accepted: bool) -> tuple[str, ...]:
-    """SGLANG_DEBUG_REVERT_PR's reverts, which each release's run inherits: refused unless
+    """REVERT_PR's reverts, which each release's run inherits: refused unless
     --env-baseline says they are the baseline, as for a bisect of reverts."""
     from sglfix.execution.runner import check_env_baseline
     from sglfix.toggling import selects_nothing
     from sglfix.toggling.envvalue import parse_env_value
 
-    value = envs.SGLANG_DEBUG_REVERT_PR.get()
+    value = envs.REVERT_PR.get()
     parse_env_value(value, registry=registry)
     env = () if selects_nothing(value) else tuple(t.strip() for t in value.split(","))
     check_env_baseline(env, accepted, what="bisect")

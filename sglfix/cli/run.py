@@ -39,8 +39,7 @@ RUN_OPTIONS = (
 
 @takes(*RUN_OPTIONS)
 def run_cmd(ctx: typer.Context, **given: Any) -> None:
-    """Run scenarios with the given fixes reverted (through SGLANG_DEBUG_REVERT_PR in the workers); with
-    --apply, each cell also with a candidate fix applied, beside the same cell without it."""
+    # The help (register) names the engine's variable from its declaration.
     from sglfix.execution.known import known_of
     from sglfix.execution.planner import plan_run
     from sglfix.execution.settings import Settings
@@ -92,7 +91,13 @@ def run_cmd(ctx: typer.Context, **given: Any) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("run")(run_cmd)
+    from sglfix.common.environ import envs
+
+    app.command(
+        "run",
+        help=f"Run scenarios with the given fixes reverted (through {envs.REVERT_PR.name} in the workers); "
+        "with --apply, each cell also with a candidate fix applied, beside the same cell without it.",
+    )(run_cmd)
 
 
 def _reach_targets(path: str | None) -> tuple[str, ...]:

@@ -65,7 +65,7 @@ class Profile:
     versions: str | None = None  # the versions it covers, PEP 440 specifiers (default: ==version)
     # How to install it, for the one-line refusal.
     install_hint: str = ""
-    # The engine's own reader of SGLANG_DEBUG_REVERT_PR. While sglfix applies the variable in a
+    # The engine's own reader of REVERT_PR. While sglfix applies the variable in a
     # process, that function must neither apply its own (possibly dead) reverts again nor choke
     # on a comma list: its code is replaced, so callers that bound it by name get the new code.
     engine_toggle: str | None = None

@@ -2,7 +2,7 @@
 default and what it does.
 
 Code reads and writes a variable only through its declaration here (``envs.SGLFIX_PROFILE.get()``,
-``envs.SGLANG_DEBUG_REVERT_PR.set(...)``), and a message names it by ``envs.X.name``, so a name is
+``envs.REVERT_PR.set(...)``), and a message names it by ``envs.X.name``, so a name is
 spelled in one place (tests/test_environ_home.py holds it). Values are read when asked for, never at
 import: a worker gets its settings from the environment its parent gives it, and a test sets one
 for a block with ``override``.
@@ -29,13 +29,13 @@ __all__ = ["Envs", "Flag", "Name", "Number", "Path", "Text", "Var", "envs"]
 class Var:
     """One variable: a field of ``Envs`` whose attribute name is the variable's name."""
 
-    def __init__(self, default: Any, *, doc: str) -> None:
-        self.name = ""
+    def __init__(self, default: Any, *, doc: str, name: str = "") -> None:
+        self.name = name
         self.default = default
         self.doc = doc
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
+        self.name = self.name or name
 
     def raw(self, *, env: Mapping[str, str] | None = None) -> str | None:
         """The value as set in ``env`` (default: this process's environment), None when unset."""
@@ -164,8 +164,11 @@ class Envs:
     """The variables; ``envs``, the one instance, is what code reads them through."""
 
     # -- what is reverted and applied, in every process (the start-up hook reads these)
-    SGLANG_DEBUG_REVERT_PR = Text(
-        None, doc="Toggle ids or parts to revert in every process (comma list); unset, empty or 0: none."
+    # The engine's own switch: its name is the engine's, spelled here alone; code says REVERT_PR.
+    REVERT_PR = Text(
+        None,
+        name="SGLANG_DEBUG_REVERT_PR",
+        doc="Toggle ids or parts to revert in every process (comma list); unset, empty or 0: none.",
     )
     SGLFIX_APPLY = Text(
         None, doc="Candidate fix files (unified diffs, os.pathsep between them) applied before the reverts."

@@ -39,7 +39,7 @@ class Plan:
     scenarios: list[Scenario]
     # Toggle sets in run order; the first is the baseline of this plan (the env selection, or ()).
     sets: list[tuple[str, ...]]
-    # What SGLANG_DEBUG_REVERT_PR selected in the caller's environment: part of every set.
+    # What REVERT_PR selected in the caller's environment: part of every set.
     env_ids: tuple[str, ...] = ()
     cells: list[PlannedCell] = field(default_factory=list)
 
@@ -65,7 +65,7 @@ def merge_sets(base: Sequence[str], extra: Sequence[str], *, registry: Registry,
 def plan_run(
     scenarios: Sequence[Scenario], *, revert: Sequence[str], env_ids: Sequence[str], registry: Registry
 ) -> Plan:
-    what = f"--revert with {envs.SGLANG_DEBUG_REVERT_PR.name}" if env_ids else "--revert"
+    what = f"--revert with {envs.REVERT_PR.name}" if env_ids else "--revert"
     ids = merge_sets(env_ids, revert, registry=registry, what=what)
     return Plan(scenarios=list(scenarios), sets=[ids], env_ids=tuple(env_ids))
 
@@ -97,9 +97,7 @@ def plan_matrix(
     merged = []
     for s in dict.fromkeys(sets):
         try:
-            merged.append(
-                merge_sets(env, s, registry=registry, what=f"{envs.SGLANG_DEBUG_REVERT_PR.name} with the matrix")
-            )
+            merged.append(merge_sets(env, s, registry=registry, what=f"{envs.REVERT_PR.name} with the matrix"))
         except ConfigError:
             continue  # the env already reverts (part of) this set: its cells equal the baseline's
     return Plan(scenarios=list(scenarios), sets=list(dict.fromkeys(merged)), env_ids=env)

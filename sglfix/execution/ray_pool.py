@@ -3,7 +3,7 @@
 Each actor owns one sglfix worker process and drives it with the same ``Worker`` handle the local
 pool uses, so isolation, timeouts and verdicts do not depend on where a cell ran: a segfault in
 the code under test is FAULT and the actor starts a fresh worker; a hang is TIMEOUT at the same
-limit; the worker applies each toggle set through ``SGLANG_DEBUG_REVERT_PR`` exactly as locally.
+limit; the worker applies each toggle set through ``REVERT_PR`` exactly as locally.
 An actor that itself dies (its node lost, its process killed) is FAULT for the cell it held and
 is replaced. Actors ask Ray for a share of a GPU on CUDA (of the ``--devices`` GPUs, else of those
 Ray sees; several actors to a GPU as the local pool does; Ray then sets ``CUDA_VISIBLE_DEVICES``,

@@ -647,11 +647,11 @@ def choose_scenarios(
 
 
 def env_ids(registry: Any) -> tuple[str, ...]:
-    """What SGLANG_DEBUG_REVERT_PR selects, as the ids the user wrote (validated: exit 2 if bad)."""
+    """What REVERT_PR selects, as the ids the user wrote (validated: exit 2 if bad)."""
     from sglfix.toggling import selects_nothing
     from sglfix.toggling.env import parse_env_value
 
-    value = envs.SGLANG_DEBUG_REVERT_PR.get()
+    value = envs.REVERT_PR.get()
     parse_env_value(value, registry=registry)
     if selects_nothing(value):
         return ()

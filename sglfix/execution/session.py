@@ -1,7 +1,7 @@
 """One worker's requests: switch toggle sets the way production does, run a cell, reply.
 
 Each request names a toggle set; the session applies it the way production does (it sets
-``SGLANG_DEBUG_REVERT_PR`` in its own environment and calls ``maybe_revert_pr_fix()``),
+``REVERT_PR`` in its own environment and calls ``maybe_revert_pr_fix()``),
 restoring the previous set first and checking that nothing of it stayed behind.
 """
 
@@ -169,7 +169,7 @@ class Session:
             return self._error(
                 rid, name, toggles, f"sglfix failed: {type(exc).__name__}: {first_line(exc)} [{_frame(exc)}]", exc
             )
-        result.revert_env = envs.SGLANG_DEBUG_REVERT_PR.get()
+        result.revert_env = envs.REVERT_PR.get()
         if switched is not None:
             result.timings_ms["switch"] = switched  # restore, state check, apply: before the cell
         if self.device == "cuda":
@@ -299,12 +299,12 @@ class Session:
         from sglfix.toggling.candidate import split_ids
 
         fixes, reverts = split_ids(toggles)
-        envs.SGLANG_DEBUG_REVERT_PR.set(",".join(reverts) if reverts else "0")
+        envs.REVERT_PR.set(",".join(reverts) if reverts else "0")
         try:
             envs.SGLFIX_APPLY.set(self.fixes.paths(fixes))
             self.held = maybe_revert_pr_fix(allowed_prefixes=self.allowed_prefixes, expected=self.fixes.sha256)
         except Exception as exc:
-            envs.SGLANG_DEBUG_REVERT_PR.set("0")
+            envs.REVERT_PR.set("0")
             envs.SGLFIX_APPLY.set("")
             lacking = _missing_dependency(exc)
             if lacking:
@@ -319,7 +319,7 @@ class Session:
     def _skip(self, rid: Any, name: str, toggles: list[str], message: str) -> dict:
         result = CellResult(scenario=name, toggles=toggles, device=self.device)
         result.add("SKIP", message)
-        result.revert_env = envs.SGLANG_DEBUG_REVERT_PR.get()
+        result.revert_env = envs.REVERT_PR.get()
         return {"id": rid, "result": result.finish().to_json()}
 
     def _error(self, rid: Any, name: str, toggles: list[str], message: str, exc: BaseException | None = None) -> dict:
@@ -332,7 +332,7 @@ class Session:
                 "traceback": "".join(traceback.format_exception(exc))[-4000:],
             }
         result.add("ERROR", message, **data)
-        result.revert_env = envs.SGLANG_DEBUG_REVERT_PR.get()
+        result.revert_env = envs.REVERT_PR.get()
         return {"id": rid, "result": result.finish().to_json()}
 
 

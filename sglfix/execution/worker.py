@@ -260,7 +260,7 @@ class Worker:
         self.started_env = dict(self.extra_env)  # what the running process got (extra_env may change)
         env = dict(os.environ)
         env.update(self.extra_env)
-        envs.SGLANG_DEBUG_REVERT_PR.unset(env=env)  # the worker sets it per toggle set
+        envs.REVERT_PR.unset(env=env)  # the worker sets it per toggle set
         envs.SGLFIX_APPLY.unset(env=env)  # and this one too
         if self.config.toggles_dir is not None:
             envs.SGLFIX_TOGGLES_DIR.set(self.config.toggles_dir, env=env)

@@ -23,7 +23,7 @@ class CellResult:
     findings: list[dict] = field(default_factory=list)
     error: dict | None = None
     timings_ms: dict = field(default_factory=dict)
-    revert_env: str | None = None  # SGLANG_DEBUG_REVERT_PR as the process that ran the cell saw it
+    revert_env: str | None = None  # REVERT_PR as the process that ran the cell saw it
     # Interpreted kernel launches of this cell and how many the launch memo answered (CPU only).
     kernels: dict | None = None
     # Which requested toggle targets the run entered (reachability); None when not recorded.

@@ -13,7 +13,7 @@ from sglfix.common.environ import envs
 
 __all__ = ["BASELINE", "ENV_VAR", "FIX_PREFIX", "CellMeaning", "Meaning", "set_label", "unpatched"]
 
-ENV_VAR = envs.SGLANG_DEBUG_REVERT_PR.name
+ENV_VAR = envs.REVERT_PR.name
 BASELINE = "baseline"
 FIX_PREFIX = "+"  # a candidate fix's id in a toggle set (sglfix.toggling.candidate)
 

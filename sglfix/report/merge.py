@@ -7,7 +7,7 @@
   several shards becomes one check over every scenario the shards ran, and the merged report's
   ``expectations``, ``stray``, ``not_run``/``not_checked``, ``known_divergences`` and each cell's
   meaning are exactly what the unsharded run's would be. Inputs judged against different
-  baselines (``SGLANG_DEBUG_REVERT_PR``) or of different code bases are refused.
+  baselines (``REVERT_PR``) or of different code bases are refused.
 - Shards (inputs with a ``shard``) of different plans are refused, in one line naming the first
   option that differs and its two values (``plan``, ``sglfix.execution.shards.plan_identity``):
   only shards of one command line make the whole run. A shard that records no plan (written
@@ -108,7 +108,7 @@ def merge_judged(
                 )
     merged_cells = [dict(c) for c in cells.values()]
     reports = [r for _, r in inputs]
-    _same(inputs, "baseline", _base_of, fix=f"merge reports run with the same {envs.SGLANG_DEBUG_REVERT_PR.name}")
+    _same(inputs, "baseline", _base_of, fix=f"merge reports run with the same {envs.REVERT_PR.name}")
     _same(inputs, "code base", codebase_identity, fix="merge reports of one code base and version")
     _same(inputs, "candidate fixes", _fixes_of, fix="merge reports run with the same --apply files")
     expects = list(dict.fromkeys(e for r in reports for e in _expects_of(r)))

@@ -68,7 +68,7 @@ class Rules:
     ``mode``: ``gate`` (matrix: expectations judge toggle cells; a verdict nothing explains is
     unexpected) or ``findings`` (run, bisect: every verdict that is not a pass fails unless it is
     a known divergence or its baseline's own). ``base``: the plan's baseline set (what
-    SGLANG_DEBUG_REVERT_PR selected; empty for the code as installed)."""
+    REVERT_PR selected; empty for the code as installed)."""
 
     mode: str = "gate"
     expects: tuple[Expect, ...] = ()

@@ -1,4 +1,4 @@
-"""Toggle files, the registry and SGLANG_DEBUG_REVERT_PR.
+"""Toggle files, the registry and the engine's revert variable (``envs.REVERT_PR``).
 
 The variable's "nothing selected" rule lives here, in the package itself, because engines check
 it in every process: reading it imports nothing else (no registry, YAML, pydantic or inspect).
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sglfix.common.environ import envs
 
-ENV_VAR = envs.SGLANG_DEBUG_REVERT_PR.name
+ENV_VAR = envs.REVERT_PR.name
 # Where a toggles directory other than the profile's is named (read by the start-up hook too).
 TOGGLES_ENV = envs.SGLFIX_TOGGLES_DIR.name
 # Candidate fixes (unified diffs, os.pathsep between files) applied in every process, before the

@@ -1,5 +1,5 @@
 """The start-up hook's view of a toggles directory, cached by content, so that a process started
-with ``SGLANG_DEBUG_REVERT_PR`` set validates the value and arms its import finder without YAML
+with ``REVERT_PR`` set validates the value and arms its import finder without YAML
 or pydantic: which parts each id selects and which functions each part reverts.
 
 An entry holds sglfix's version, Python's, the directory and every toggle file's name and bytes,

@@ -338,7 +338,7 @@ def caught_by_check(registry: Registry, *, root: str | Path, timeout: float = 36
     if claims:
         with tempfile.TemporaryDirectory(prefix="sglfix-caught-by-") as tmp:
             report = os.path.join(tmp, "report.json")
-            env = {k: v for k, v in os.environ.items() if k not in (envs.SGLANG_DEBUG_REVERT_PR.name, "PYTEST_ADDOPTS")}
+            env = {k: v for k, v in os.environ.items() if k not in (envs.REVERT_PR.name, "PYTEST_ADDOPTS")}
             envs.SGLFIX_CHECK_CLAIMS.set(json.dumps(claims), env=env)
             envs.SGLFIX_CHECK_REPORT.set(report, env=env)
             envs.SGLFIX_TOGGLES_DIR.set(registry.directory, env=env)

@@ -1,4 +1,4 @@
-"""``SGLANG_DEBUG_REVERT_PR``: the production switch, applied once per process.
+"""The engine's revert variable (``envs.REVERT_PR``): the production switch, applied once per process.
 
 The value is parsed strictly (``sglfix.toggling.envvalue``); a bad one is a one-line error and
 nothing is applied then.
@@ -27,7 +27,7 @@ def maybe_revert_pr_fix(
     allowed_prefixes: Iterable[str] | None = None,
     expected: dict[str, str] | None = None,
 ):
-    """Apply what ``SGLANG_DEBUG_REVERT_PR`` selects, once per process, on top of the candidate
+    """Apply what ``REVERT_PR`` selects, once per process, on top of the candidate
     fixes ``SGLFIX_APPLY`` names (``expected``: their ids and the sha256 the files must have).
 
     Calling it again with the same selection is a no-op (engines call it from several
@@ -41,7 +41,7 @@ def maybe_revert_pr_fix(
     if armed is not None:
         # The start-up hook applies the variable in this process: same value, then import and
         # revert now whatever is still waiting for its module; another value is an error.
-        hook.arm(envs.SGLANG_DEBUG_REVERT_PR.get())
+        hook.arm(envs.REVERT_PR.get())
         armed.apply_all(allowed_prefixes=allowed_prefixes)
         return armed.record
     selections = [*_candidates(expected), *selected_from_env(registry=registry)]

@@ -1,4 +1,4 @@
-"""What ``SGLANG_DEBUG_REVERT_PR`` selects, parsed strictly.
+"""What ``REVERT_PR`` selects, parsed strictly.
 
 One id, or a comma-separated list (``26651,27460:sizing``); empty or ``0`` selects nothing.
 Anything else is a one-line error naming the bad item and listing the registered ids; nothing
@@ -70,4 +70,4 @@ def parse_env_value(value: str | None, *, registry: Registry | None = None, what
 
 
 def selected_from_env(environ: dict | None = None, *, registry: Registry | None = None) -> list[Selection]:
-    return parse_env_value(envs.SGLANG_DEBUG_REVERT_PR.get(env=environ), registry=registry)
+    return parse_env_value(envs.REVERT_PR.get(env=environ), registry=registry)

@@ -1,4 +1,4 @@
-"""SGLANG_DEBUG_REVERT_PR in every Python process of an engine, with no program change.
+"""The engine's revert variable (``envs.REVERT_PR``) in every Python process of an engine, with no program change.
 
 Installing sglfix installs ``zz-sglfix-startup.pth``. Its one line checks the variable itself: unset,
 empty or ``0``, it imports nothing and returns. Otherwise it calls ``boot()``, which
@@ -112,7 +112,7 @@ def boot() -> None:
     if _STATE is not None or _is_sglfix_cli():
         return
     try:
-        arm(envs.SGLANG_DEBUG_REVERT_PR.get())
+        arm(envs.REVERT_PR.get())
     except Exception as exc:
         from sglfix.common.errors import SglfixError
 

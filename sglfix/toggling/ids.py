@@ -1,5 +1,5 @@
 """Toggle ids, the one grammar every reader of an id uses: ``27460`` (every part of PR 27460)
-or ``27460:sizing`` (one part). The registry, ``SGLANG_DEBUG_REVERT_PR``, the command line and
+or ``27460:sizing`` (one part). The registry, ``REVERT_PR``, the command line and
 a toggle file's ``expect[].revert`` all parse through ``ToggleId.parse``."""
 
 from __future__ import annotations

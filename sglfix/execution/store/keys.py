@@ -50,7 +50,7 @@ _ENV_PREFIXES = (
 # ... except where a cache lives, which device a worker is given, and what the cell's own toggle
 # set already says (the revert variable, the candidate fixes).
 _ENV_IGNORED = {
-    envs.SGLANG_DEBUG_REVERT_PR.name,
+    envs.REVERT_PR.name,
     envs.SGLFIX_APPLY.name,
     envs.SGLFIX_CACHE.name,
     envs.SGLFIX_CACHE_DIR.name,
