@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["BASELINE", "ENV_VAR", "FIX_PREFIX", "CellMeaning", "Meaning", "set_label", "unpatched"]
+__all__ = ["BASELINE", "ENV_VAR", "FIX_PREFIX", "CellMeaning", "Meaning", "cell_id", "set_label", "unpatched"]
 
 ENV_VAR = "SGLANG_DEBUG_REVERT_PR"
 BASELINE = "baseline"
@@ -63,7 +63,8 @@ def unpatched(toggles: Sequence[str]) -> tuple[str, ...]:
     return tuple(t for t in toggles if not str(t).startswith(FIX_PREFIX))
 
 
-def _cell_id(cell: dict) -> str:
+def cell_id(cell: dict) -> str:
+    """A cell dict's id: its own ``id``, else ``<toggle set>::<scenario>`` (as the planner names it)."""
     return cell.get("id") or f"{set_label(cell.get('toggles') or ())}::{cell['scenario']}"
 
 
