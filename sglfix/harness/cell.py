@@ -41,9 +41,9 @@ def not_reached_result(
 def _backends_dir() -> str:
     """The directory of the code under test, for frames shown relative to it."""
     from sglfix.codebases import active
-    from sglfix.common.codebase import _package_dirs
+    from sglfix.common.codebase import package_dirs
 
-    dirs = _package_dirs(active().package)
+    dirs = package_dirs(active().package)
     return dirs[0] if dirs else os.sep
 
 
