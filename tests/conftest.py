@@ -20,7 +20,7 @@ ALLOW = ("patch_fixtures",)
 
 @pytest.fixture(autouse=True)
 def _nothing_left_patched():
-    from sglfix.patching import patcher
+    from sglfix.patching import state as patch_state
 
     yield
     from sglfix.toggling import hook, revert
@@ -31,8 +31,10 @@ def _nothing_left_patched():
     for held in reversed(revert._held()):
         if session is None or held is not session.record:
             held.restore()
-    leaked = [fn.__qualname__ for fn, stack in list(patcher._STACKS.items()) if any(id(s) not in kept for s in stack)]
-    for stack in list(patcher._STACKS.values()):
+    leaked = [
+        fn.__qualname__ for fn, stack in list(patch_state._STACKS.items()) if any(id(s) not in kept for s in stack)
+    ]
+    for stack in list(patch_state._STACKS.values()):
         for state in reversed(stack):
             if id(state) not in kept:
                 state.restore()

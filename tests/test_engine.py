@@ -11,7 +11,9 @@ from patch_fixtures import targets as T
 from sglfix import CodePatcher, EditSpec, PatchApplicationError, PatchSpec, apply_patches_from_config
 from sglfix.common.errors import ConfigError, PatchStateError, TargetError
 from sglfix.patching import patcher
+from sglfix.patching import state as patch_state
 from sglfix.patching.patcher import apply_specs, patch_function
+from sglfix.patching.source import source_block
 
 A = ("patch_fixtures",)
 M = "patch_fixtures.targets"
@@ -147,7 +149,7 @@ def test_atomic_failure_at_each_position_leaves_everything_as_it_was(monkeypatch
         apply_specs(specs, allowed_prefixes=A)
     assert [f.__code__ for f in fns] == codes
     assert all(f.__code__ is c for f, c in zip(fns, codes))
-    assert not patcher._STACKS
+    assert not patch_state._STACKS
 
 
 def test_a_bad_later_patch_applies_nothing():
@@ -380,13 +382,13 @@ def test_applying_again_reuses_the_work_and_gives_the_same_code(tmp_path, monkey
     code_a = a.twin.__code__
     first.restore()
     calls = {"source": 0, "compile": 0}
-    real_source, real_compile = patcher._source_block, patcher._compile_uncached
+    real_source, real_compile = patcher.source_block, patcher.compile_edited
     monkeypatch.setattr(
-        patcher, "_source_block", lambda fn: calls.__setitem__("source", calls["source"] + 1) or real_source(fn)
+        patcher, "source_block", lambda fn: calls.__setitem__("source", calls["source"] + 1) or real_source(fn)
     )
     monkeypatch.setattr(
         patcher,
-        "_compile_uncached",
+        "compile_edited",
         lambda **kw: calls.__setitem__("compile", calls["compile"] + 1) or real_compile(**kw),
     )
     again = patch_function(target=a.twin, edits=edit, allowed_prefixes=ALLOW)
@@ -418,7 +420,7 @@ def test_the_source_block_is_what_inspect_reads(tmp_path, monkeypatch):
     mod = importlib.import_module("layouts")
     for fn in (mod.decorated, mod.K.method, mod.K.one, mod.last, mod.deco):
         want = inspect.getsourcelines(fn)
-        got = patcher._source_block(fn)
+        got = source_block(fn)
         assert got is None or got == ("".join(want[0]), want[1]), fn
         assert patcher.current_source(fn) == ("".join(want[0]), want[1])
 

@@ -229,6 +229,104 @@ def test_imports_run_one_way():
     assert not bad, "\n".join(sorted(set(bad)))
 
 
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_names(path: Path) -> list[tuple[int, str]]:
+    """(line, what) for every ``_private`` name (a dunder is not one) that ``path`` takes from
+    another module of sglfix: imported by name (``from sglfix.a import _x``, relative imports
+    too), or read off a module or object imported from one (``a._x`` after ``from sglfix import
+    a``; a name the module also assigns is left alone, it may be a local of that name)."""
+    rel = path.relative_to(PACKAGE).with_suffix("").parts
+    package = ["sglfix", *rel[:-1]]
+    tree = ast.parse(path.read_text())
+    found: list[tuple[int, str]] = []
+    bound: dict[str, str] = {}  # a name this module binds by importing -> what it names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "sglfix" and alias.asname:
+                    bound[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            if base.split(".")[0] != "sglfix" or _module_file(base) == path:
+                continue
+            for alias in node.names:
+                if _is_private(alias.name):
+                    found.append((node.lineno, f"from {'.' * node.level}{node.module or ''} import {alias.name}"))
+                elif _module_file(f"{base}.{alias.name}") != path:
+                    bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+    assigned = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    assigned |= {a.arg for a in ast.walk(tree) if isinstance(a, ast.arg)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            owner = ast.unparse(node.value)
+            if owner in bound and owner not in assigned:
+                found.append((node.lineno, f"{owner}.{node.attr} ({bound[owner]}.{node.attr})"))
+            elif owner.startswith("sglfix.") and _module_file(owner) not in (None, path):
+                found.append((node.lineno, f"{owner}.{node.attr}"))
+    return sorted(found)
+
+
+def test_no_module_takes_a_private_name_from_another():
+    """A ``_private`` name is its module's own: a piece another module needs is that module's
+    interface (a public name saying what it promises), or it goes back to its one user."""
+    bad = [
+        f"{_shown(path)}:{line}: {what}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line, what in _private_names(path)
+    ]
+    assert not bad, f"{len(bad)} private name(s) taken across modules:\n" + "\n".join(bad)
+
+
+# Floors inside the harness, top first: the cell runner runs the adapters, which build their
+# cases with the scenario kits. A module imports nothing of a floor above its own.
+HARNESS_FLOORS = ("harness/cell.py", "harness/adapters", "harness/kits")
+# Leaves of the harness: names every floor takes, kept where no floor's imports can follow.
+HARNESS_LEAVES = {
+    "harness/unavailable.py": {"NoOutput", "Unavailable"},
+    "harness/codefault.py": {"BrokenContract", "CodeFault", "OutOfBounds"},
+}
+
+
+def _floor(path: Path) -> int | None:
+    rel = path.relative_to(PACKAGE).as_posix()
+    return next((i for i, f in enumerate(HARNESS_FLOORS) if rel == f or rel.startswith(f + "/")), None)
+
+
+def test_the_harness_imports_no_floor_above_and_its_leaves_stay_leaves():
+    bad = []
+    for path in sorted((PACKAGE / "harness").rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        mine = _floor(path)
+        for line, name in _imported(path):
+            target = _module_file(name)
+            if target is None or not target.is_relative_to(PACKAGE) or target == path:
+                continue
+            if rel in HARNESS_LEAVES:
+                bad.append(f"{_shown(path)}:{line} imports {name}: a leaf imports nothing of sglfix")
+            above = _floor(target)
+            if mine is not None and above is not None and above < mine:
+                bad.append(f"{_shown(path)}:{line} imports {name}, a floor above its own ({HARNESS_FLOORS[above]})")
+    # Each leaf's names are defined there alone (not again on a floor, where a circle would wait).
+    homes: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                homes.setdefault(node.name, []).append(path.relative_to(PACKAGE).as_posix())
+    for leaf, names in HARNESS_LEAVES.items():
+        for name in sorted(names):
+            if homes.get(name) != [leaf]:
+                bad.append(
+                    f"{name} is defined in {', '.join(homes.get(name) or ['no module'])}, not in sglfix/{leaf} alone"
+                )
+    assert not bad, "\n".join(bad)
+
+
 def test_cli_commands_do_not_import_torch_in_the_parent():
     code = (
         "import sys\nfrom sglfix.cli import main\n"

@@ -28,10 +28,10 @@ def _code(source: str) -> str:
 def _assert_exact(row: CatalogueRow, *, root: Path, package: str, registry) -> None:
     """The row's mutant, made again, turns the function into what the part's revert makes."""
     from sglfix.patching.editor import apply_edits
-    from sglfix.toggling.doctor import _locate_in
+    from sglfix.toggling.doctor import locate_in
 
     assert row.match == "exact" and row.mutant and row.operator, row
-    filename, source, first = _locate_in(root, row.function[len(package) + 1 :].split("."), row.function)
+    filename, source, first = locate_in(root, row.function[len(package) + 1 :].split("."), row.function)
     module = Path(filename).relative_to(root).with_suffix("").parts
     qualname = ".".join(row.function[len(package) + 1 :].split(".")[len(module) :])
     (m,) = [

@@ -295,7 +295,7 @@ class _MetadataOnly(AdapterBase):
         return None
 
     def run(self, prepared, backend, runner, *, scenario, on_metadata):
-        from sglfix.harness.cell import NoOutput
+        from sglfix.harness.unavailable import NoOutput
 
         on_metadata(backend, None, "eager")
         return NoOutput("no kernel here")

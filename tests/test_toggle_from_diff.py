@@ -18,7 +18,7 @@ from clihelp import assert_one_line_error, run_cli
 
 from sglfix.patching.editor import apply_edits
 from sglfix.toggling import fromdiff
-from sglfix.toggling.doctor import _locate_in
+from sglfix.toggling.doctor import locate_in
 from sglfix.toggling.registry import load_registry
 
 PACKAGE = "sglfix.backends"
@@ -28,7 +28,7 @@ PARTS = [rid for t in REGISTRY for rid in (t.ids[1:] if len(t.parts) > 1 else t.
 
 
 def _reverted(target: str, edits) -> str:
-    _, source, _ = _locate_in(ROOT, target[len(PACKAGE) + 1 :].split("."), target)
+    _, source, _ = locate_in(ROOT, target[len(PACKAGE) + 1 :].split("."), target)
     return apply_edits(source=source, edits=edits)
 
 
@@ -44,7 +44,7 @@ def _fix(rid: str) -> tuple[str, dict[str, str], dict[str, str]]:
     hand: dict[str, str] = {}
     for sel in REGISTRY.select(rid):
         for patch in sel.part.patches:
-            path, source, _ = _locate_in(ROOT, patch.target[len(PACKAGE) + 1 :].split("."), patch.target)
+            path, source, _ = locate_in(ROOT, patch.target[len(PACKAGE) + 1 :].split("."), patch.target)
             current = hand.get(patch.target, source)
             hand[patch.target] = apply_edits(source=current, edits=patch.edits)
             text = files.get(Path(path)) or Path(path).read_text()

@@ -17,7 +17,7 @@ from real_sglang import require_sglang
 
 from sglfix.patching.editor import apply_edits
 from sglfix.toggling import fromdiff
-from sglfix.toggling.doctor import _locate_in
+from sglfix.toggling.doctor import locate_in
 from sglfix.toggling.registry import load_registry
 
 PROFILE = Path(__file__).resolve().parent.parent / "profiles" / "sglang-0.5.23"
@@ -110,7 +110,7 @@ def _reverted(root: Path, patches) -> dict[str, list[str]]:
     out: dict[str, str] = {}  # target -> source
     for patch in patches:
         rel = patch.target.split(".")[1:]
-        source = out.get(patch.target) or _locate_in(root, rel, patch.target)[1]
+        source = out.get(patch.target) or locate_in(root, rel, patch.target)[1]
         out[patch.target] = apply_edits(source=source, edits=patch.edits)
     return {target: fromdiff.normalized(source) for target, source in out.items()}
 

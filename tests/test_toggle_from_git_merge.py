@@ -15,7 +15,7 @@ import yaml
 from clihelp import assert_one_line_error, run_cli
 from test_toggle_from_diff import REGISTRY, ROOT, _fix
 
-from sglfix.toggling.doctor import _locate_in
+from sglfix.toggling.doctor import locate_in
 
 REL = "srt/layers/attention/flashinfer_mla_backend.py"
 CLASS = "sglfix.backends.srt.layers.attention.flashinfer_mla_backend.FlashInferMLAMultiStepDraftBackend."
@@ -51,7 +51,7 @@ def _pre(*rids: str) -> str:
     for rid in rids:
         _, hand, _ = _fix(rid)
         for target, pre_function in hand.items():
-            _, post_function, _ = _locate_in(ROOT, target[len("sglfix.backends.") :].split("."), target)
+            _, post_function, _ = locate_in(ROOT, target[len("sglfix.backends.") :].split("."), target)
             assert text.count(post_function) == 1, target
             text = text.replace(post_function, pre_function)
     return text

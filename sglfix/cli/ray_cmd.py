@@ -18,14 +18,14 @@ def ray_workers_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """List (or stop) the sglfix workers kept warm in a Ray cluster by --ray-keep."""
-    from sglfix.execution.ray_pool import _ray, init_ray
+    from sglfix.execution.ray_pool import import_ray, init_ray
     from sglfix.execution.ray_probe import check_ray_address, quiet_ray_logs
 
     if stop_all and not stop:
         raise ConfigError("--all goes with --stop: give --stop --all to stop every kept worker")
     check_ray_address(ray_address)
     quiet_ray_logs()
-    ray = _ray()
+    ray = import_ray()
     init_ray(
         ray,
         shown=ray_address,

@@ -21,6 +21,7 @@ __all__ = [
     "active_package",
     "clear_package_dirs",
     "is_code_under_test",
+    "package_dirs",
     "set_active",
     "under",
 ]
@@ -69,7 +70,10 @@ def package_dir(package: str) -> str | None:
 
 
 @lru_cache(maxsize=8)
-def _package_dirs(package: str) -> tuple[str, ...]:
+def package_dirs(package: str) -> tuple[str, ...]:
+    """Every directory ``package``'s modules load from, as given and resolved, each ending in a
+    separator; found without importing it (its parents are), () when it is no package. Remembered until
+    ``clear_package_dirs``."""
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
@@ -85,7 +89,7 @@ def _package_dirs(package: str) -> tuple[str, ...]:
 
 def clear_package_dirs() -> None:
     """Forget where packages were found (``sys.path`` changed: a release put in front)."""
-    _package_dirs.cache_clear()
+    package_dirs.cache_clear()
 
 
 def _looks_like_path(text: str) -> bool:
@@ -107,4 +111,4 @@ def is_code_under_test(filename_or_module: str, *, package: str | None = None) -
     if not _looks_like_path(text):
         return under(text, package)
     path = os.path.abspath(text)
-    return any(path.startswith(d) for d in _package_dirs(package))
+    return any(path.startswith(d) for d in package_dirs(package))

@@ -35,7 +35,16 @@ from sglfix.execution.mps import LOG_ENV, PIPE_ENV, Daemon, users_daemon
 from sglfix.execution.worker import Event, Worker, WorkerConfig, WorkerStartError, raise_for_start, wait_fds
 from sglfix.harness.result import CellResult
 
-__all__ = ["Terminated", "WorkerConfig", "WorkerPool", "WorkerStartError", "signals_raise"]
+__all__ = [
+    "CellLine",
+    "Terminated",
+    "WorkerConfig",
+    "WorkerPool",
+    "WorkerStartError",
+    "check_pool_size",
+    "checked_reply",
+    "signals_raise",
+]
 
 # A worker that asks to be replaced (the set it held left state behind) is replaced by a fresh one
 # that runs the waiting cell first: nothing held, nothing to restore. A cell that even fresh
@@ -95,7 +104,7 @@ class _Queue:
         return i
 
 
-class _Line:
+class CellLine:
     """One ``run``'s cells in cell order, their results, and the queue of those still to run.
     ``settle`` records a result, tells ``on_result``, and adds whatever cells ``feed(cell,
     result)`` returns (they join the end of the line, their results the end of the list). A cell
@@ -140,6 +149,16 @@ class _Line:
 
     def finished(self) -> list[CellResult]:
         return [r for r in self.results if r is not None]
+
+
+def checked_reply(result: CellResult, *, cell: Any, key: tuple[str, ...]) -> CellResult:
+    """A worker's reply for ``cell`` (run with toggle set ``key``), trusted only when it names
+    that cell; else an ERROR of sglfix for the cell."""
+    if result.scenario == cell.scenario.name and tuple(result.toggles) == key:
+        return result
+    wrong = CellResult(scenario=cell.scenario.name, toggles=list(key), device=result.device)
+    wrong.add("ERROR", f"sglfix failed: the reply names {result.scenario} [{','.join(result.toggles)}], not this cell")
+    return wrong.finish()
 
 
 def check_pool_size(jobs: object) -> None:
@@ -276,7 +295,7 @@ class WorkerPool:
         ``feed(cell, result)``, called as each result arrives, may return more cells to run (they
         join the end of the line, and their results the end of the list)."""
         self._check_open()
-        line = _Line(cells, on_result=on_result, feed=feed)
+        line = CellLine(cells, on_result=on_result, feed=feed)
         cells, keys, queue = line.cells, line.keys, line.queue  # grown in place as ``feed`` adds
         running: dict[Worker, int] = {}
         first: set[Worker] = set()  # workers whose running cell is the first of their process
@@ -334,7 +353,7 @@ class WorkerPool:
                 x.extra_env[PIPE_ENV] = str(self._outside)
                 x.extra_env.pop(LOG_ENV, None)
 
-    def _run_alone(self, line: _Line, alone: list[tuple[int, str]]) -> None:
+    def _run_alone(self, line: CellLine, alone: list[tuple[int, str]]) -> None:
         """Each cell again, one at a time, the other workers idle with their cached memory given
         back; these results stand. A cell that lost its context under MPS runs outside MPS (in a
         worker started outside it, else one of its own); one that ran out of memory runs in any
@@ -346,15 +365,15 @@ class WorkerPool:
         for i, why in alone:
             cell, key = line.cells[i], line.keys[i]
             w = self._alone_worker(outside=self._faulted)
-            result = self._checked(
+            result = checked_reply(
                 w.run(
                     scenario_json=cell.scenario.to_json(),
                     scenario_name=cell.scenario.name,
                     toggles=key,
                     extra=getattr(cell, "extra", None),
                 ),
-                cell,
-                key,
+                cell=cell,
+                key=key,
             )
             label = f"{','.join(key) or 'baseline'}::{cell.scenario.name}"
             self.reran_alone.append(f"{label}: {why}; alone it gave {result.verdict}")
@@ -389,7 +408,7 @@ class WorkerPool:
             return result.finish()
         if event.kind == "lost":  # the worker ended after its reply: every later cell would fail
             w.retire()
-        return self._checked(w.result_for(event, scenario=cell.scenario.name, toggles=key), cell, key)
+        return checked_reply(w.result_for(event, scenario=cell.scenario.name, toggles=key), cell=cell, key=key)
 
     def _dispatch(
         self, queue: _Queue, cells: list, running: dict[Worker, int], *, reserved: dict[Worker, int], first: set[Worker]
@@ -419,17 +438,6 @@ class WorkerPool:
                 extra=getattr(cells[i], "extra", None),
             )
             running[w] = i
-
-    @staticmethod
-    def _checked(result: CellResult, cell: Any, key: tuple[str, ...]) -> CellResult:
-        """A reply is trusted only for the cell it names."""
-        if result.scenario == cell.scenario.name and tuple(result.toggles) == key:
-            return result
-        wrong = CellResult(scenario=cell.scenario.name, toggles=list(key), device=result.device)
-        wrong.add(
-            "ERROR", f"sglfix failed: the reply names {result.scenario} [{','.join(result.toggles)}], not this cell"
-        )
-        return wrong.finish()
 
     def _wait(self) -> list[tuple[Worker, Event]]:
         """Wait (at most one tick, or to the nearest deadline) and collect every worker's events."""

@@ -11,10 +11,10 @@ import os
 
 from sglfix.execution.worker import WorkerConfig
 
-__all__ = ["_CellActor"]
+__all__ = ["CellActor"]
 
 
-class _CellActor:
+class CellActor:
     """Lives in a Ray worker process: one sglfix worker behind the local ``Worker`` handle."""
 
     def __init__(self, config: WorkerConfig) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 
 import ray
 
-from sglfix.execution.ray_actor import _CellActor
+from sglfix.execution.ray_actor import CellActor
 from sglfix.execution.worker import WorkerConfig
 
 __all__ = [
@@ -145,8 +145,8 @@ def disk_state(config: WorkerConfig) -> str:
     return _digest(roots, content=False)
 
 
-class KeptActor(_CellActor):
-    """A ``_CellActor`` that a run claims, gives back, and that exits on its own once idle."""
+class KeptActor(CellActor):
+    """A ``CellActor`` that a run claims, gives back, and that exits on its own once idle."""
 
     def __init__(self, config: WorkerConfig, *, key: str, resources: dict, keep_s: float, owner: str) -> None:
         # Taken before the worker imports anything: an edit made after shows as a change.

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sglfix.common.errors import ConfigError
-from sglfix.execution.pool import WorkerPool, _Line, check_pool_size
-from sglfix.execution.ray_actor import _CellActor
+from sglfix.execution.pool import CellLine, check_pool_size, checked_reply
+from sglfix.execution.ray_actor import CellActor
 from sglfix.execution.worker import WorkerConfig
 from sglfix.harness.result import CellResult
 
@@ -38,7 +38,8 @@ MAX_BATCH = 8
 MAX_KEEP_S = 86400.0  # --ray-keep's documented limit (sglfix.execution.ray_keep): a day
 
 
-def _ray():
+def import_ray():
+    """Ray, imported; where it is not installed, one line saying how to install it."""
     try:
         import ray
     except ImportError:
@@ -86,7 +87,7 @@ class RayPool:
         check_pool_size(jobs)
         if keep is not None and address is None:
             raise ConfigError("--ray-keep keeps actors in a running cluster: give --ray-address with it")
-        ray = _ray()
+        ray = import_ray()
         self.config = config
         self.replacements: list[str] = []
         self._closed = False
@@ -125,7 +126,7 @@ class RayPool:
             self.actors = self._keeper.claim(size)
             self._keeper.make_room(size - len(self.actors))
         else:
-            self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0, **resources)(_CellActor)
+            self._actor_cls = ray.remote(max_restarts=0, max_task_retries=0, **resources)(CellActor)
         self.actors += [self._new_actor() for _ in range(size - len(self.actors))]
         self._info: dict | None = None
         self._boots = [a.boot.remote() for a in self.actors]
@@ -144,7 +145,7 @@ class RayPool:
     @property
     def info(self) -> dict:
         if self._info is None:
-            ray = _ray()
+            ray = import_ray()
             first = ray.get(self._boots[0])
             self._info = {
                 k: first.get(k) for k in ("device", "device_name", "torch", "triton", "interpreter", "codebase")
@@ -156,7 +157,7 @@ class RayPool:
 
     @property
     def pids(self) -> list[int]:
-        ray = _ray()
+        ray = import_ray()
         out: list[int] = []
         for a in self.actors:
             try:
@@ -184,10 +185,10 @@ class RayPool:
         """
         if self._closed:
             raise RuntimeError("this RayPool is closed; make a new one")
-        return _Dispatch(self, _Line(cells, on_result=on_result, feed=feed)).run()
+        return _Dispatch(self, CellLine(cells, on_result=on_result, feed=feed)).run()
 
     def _replace(self, slot: int, why: str) -> None:
-        ray = _ray()
+        ray = import_ray()
         try:
             ray.kill(self.actors[slot], no_restart=True)
         except Exception:
@@ -208,7 +209,7 @@ class RayPool:
         if self._closed:
             return
         self._closed = True
-        ray = _ray()
+        ray = import_ray()
         actors = self.actors
         if self._keeper is not None and keep:
             try:
@@ -238,8 +239,8 @@ class RayPool:
 class _Dispatch:
     """One ``RayPool.run``: which calls each actor holds, and what a lost actor costs."""
 
-    def __init__(self, pool: RayPool, line: _Line) -> None:
-        self.ray = _ray()
+    def __init__(self, pool: RayPool, line: CellLine) -> None:
+        self.ray = import_ray()
         self.pool = pool
         self.line = line
         self.cells, self.keys, self.queue = line.cells, line.keys, line.queue  # grown in place as ``feed`` adds
@@ -307,7 +308,7 @@ class _Dispatch:
 
     def _finish(self, ref: Any, batch: list[int]) -> None:
         for i, value in zip(batch, self.ray.get(ref)):
-            self.line.settle(i, WorkerPool._checked(CellResult.from_json(value), self.cells[i], self.keys[i]))
+            self.line.settle(i, checked_reply(CellResult.from_json(value), cell=self.cells[i], key=self.keys[i]))
 
     def _lose(self, slot: int, why: str) -> None:
         """Settle a lost actor's calls (see ``RayPool.run``) and give its slot a fresh actor."""

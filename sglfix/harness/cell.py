@@ -16,19 +16,10 @@ from typing import Any
 from sglfix.common.codebase import is_code_under_test
 from sglfix.harness.misfit import innermost_owner, misfit
 from sglfix.harness.result import CellResult
+from sglfix.harness.unavailable import NoOutput, Unavailable
 from sglfix.scenario import Scenario
 
-__all__ = ["NoOutput", "not_reached_result", "run_cell"]
-
-
-@dataclass(frozen=True)
-class NoOutput:
-    """What an adapter's ``run`` returns when no attention output can be produced here (a kernel
-    this machine lacks): the cell then judges metadata only (invariants, guard zones and the
-    adapter's ``check_metadata(prepared, backend) -> [(verdict, message)]``, PASS rows naming
-    what was checked) and says why the output was not compared; nothing checked is a SKIP."""
-
-    reason: str
+__all__ = ["not_reached_result", "run_cell"]
 
 
 def not_reached_result(
@@ -50,9 +41,9 @@ def not_reached_result(
 def _backends_dir() -> str:
     """The directory of the code under test, for frames shown relative to it."""
     from sglfix.codebases import active
-    from sglfix.common.codebase import _package_dirs
+    from sglfix.common.codebase import package_dirs
 
-    dirs = _package_dirs(active().package)
+    dirs = package_dirs(active().package)
     return dirs[0] if dirs else os.sep
 
 
@@ -124,8 +115,6 @@ def run_cell(scenario: Scenario, *, device: str, toggles: list[str] | None = Non
         return _run(scenario, device=device, result=result, stage_box=["setup"])
     except _Staged as staged:  # _run wraps every exception with the stage it was raised in
         exc, stage = staged.exc, staged.stage
-    from sglfix.harness.adapters.base import Unavailable
-
     if isinstance(exc, Unavailable):
         result.add("SKIP", str(exc), stage=stage)
         return result.finish()

@@ -124,10 +124,10 @@ def _new_lines(fixed: list[str], reverted: list[str]) -> list[str]:
 def locate_function(target: str, package: str, source_root: Path) -> tuple[Path, str, str, int]:
     """(file, qualname, function source, its first line) of ``target`` under ``source_root``,
     found as ``doctor --source`` finds a toggle's target."""
-    from sglfix.toggling.doctor import _locate_in
+    from sglfix.toggling.doctor import locate_in
 
     rel = target[len(package) + 1 :].split(".")
-    filename, source, first = _locate_in(source_root, rel, target)
+    filename, source, first = locate_in(source_root, rel, target)
     path = Path(filename)
     module = list(path.relative_to(source_root).with_suffix("").parts)
     if module and module[-1] == "__init__":

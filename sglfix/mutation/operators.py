@@ -968,11 +968,11 @@ def _anchored(lines: list[str], i: int, new_lines: list[str], n: int, current: s
     """Whether ``--apply`` can place the change: the candidate-fix planner anchors it by the
     smallest context that occurs once in the function, and refuses a change in code repeated
     line for line beyond its widest anchor."""
-    from sglfix.toggling.diffedits import _anchor
+    from sglfix.toggling.diffedits import anchored_edit
     from sglfix.toggling.diffread import Change
 
     change = Change(at=i, post=lines[i : i + n], pre=new_lines, hunk="")
-    return _anchor(lines, i, change, floor=0, current=current) is not None
+    return anchored_edit(lines, i, change, floor=0, current=current) is not None
 
 
 def mutants_of_function(

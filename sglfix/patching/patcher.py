@@ -33,17 +33,18 @@ from typing import Any
 
 from sglfix.common.errors import TargetError
 from sglfix.patching.editor import SourceOrigin, apply_edits
-from sglfix.patching.recompile import _compile_uncached
-from sglfix.patching.shown import _show, _shown_file, _shown_name, real_filename
-from sglfix.patching.source import _indent, _source_block
+from sglfix.patching.recompile import compile_edited
+from sglfix.patching.shown import real_filename, show, shown_file, shown_name
+from sglfix.patching.source import source_block
 from sglfix.patching.state import (
-    _LOCK,
-    _STACKS,
+    LOCK,
     PatchState,
     PreparedPatch,
     blocking_state,
     is_patched,
+    push,
     restore_all,
+    stack_of,
 )
 from sglfix.patching.targets import ResolvedTarget, resolve_target
 from sglfix.patching.types import EditSpec, PatchConfig, PatchSpec, parse_patch_config
@@ -83,18 +84,18 @@ def _remember(cache: dict, key: Any, value: Any) -> Any:
 def _origin(fn: types.FunctionType) -> tuple[str, int, str]:
     """The unpatched function's file, how many lines its source spans there, and the indentation
     the edited (dedented) text must get back to read as the file does."""
-    stack = _STACKS.get(fn)
+    stack = stack_of(fn)
     if stack:
         filename, text = stack[0].original_code.co_filename, stack[0].source_before
     else:
         filename, text = fn.__code__.co_filename, current_source(fn)[0]
     first = text.split("\n", 1)[0]
-    return filename, len(text.splitlines()), first[: _indent(first)]
+    return filename, len(text.splitlines()), first[: len(first) - len(first.lstrip())]
 
 
 def current_source(fn: types.FunctionType) -> tuple[str, int]:
     """The function's effective source (patched text if patched) and its first file line."""
-    stack = _STACKS.get(fn)
+    stack = stack_of(fn)
     if stack:
         return stack[-1].source_after, stack[0].original_code.co_firstlineno
     # Code objects compare by value, not by file: the file is part of the key.
@@ -102,7 +103,7 @@ def current_source(fn: types.FunctionType) -> tuple[str, int]:
     known = _SOURCES.get(key)
     if known is not None:
         return known
-    fast = _source_block(fn)
+    fast = source_block(fn)
     if fast is not None:
         return _remember(_SOURCES, key, fast)
     try:
@@ -135,7 +136,7 @@ def _compile_function(
         code = _remember(
             _COMPILED,
             key,
-            _compile_uncached(
+            compile_edited(
                 fn=fn,
                 target=target,
                 source=source,
@@ -169,8 +170,8 @@ def _prepare_one(
         edited = apply_edits(source=source, edits=spec.edits, origin=origin)
         known = _remember(_EDITED, key, textwrap.dedent(edited))
     dedented = known
-    shown = _shown_file(fn=fn, filename=filename, first_lineno=first_lineno, span=span, text=dedented, margin=margin)
-    name = _shown_name(
+    shown = shown_file(fn=fn, filename=filename, first_lineno=first_lineno, span=span, text=dedented, margin=margin)
+    name = shown_name(
         filename=filename,
         labels=[*labels, label],
         qualname=fn.__qualname__,
@@ -219,7 +220,7 @@ def prepare_specs(
             source, first_lineno, below = pending[fn]
         else:
             source, first_lineno = current_source(fn)
-            below = [s.label for s in _STACKS.get(fn, [])]
+            below = [s.label for s in stack_of(fn)]
         item = _prepare_one(
             spec=spec,
             resolved=resolved,
@@ -247,15 +248,15 @@ def _install(item: PreparedPatch) -> PatchState:
         label=item.label,
     )
     fn.__code__ = item.new_code
-    _STACKS.setdefault(fn, []).append(state)
+    push(state)
     if item.shown_lines:
-        _show(item.new_code.co_filename, item.shown_lines)
+        show(item.new_code.co_filename, item.shown_lines)
     return state
 
 
 def install_prepared(prepared: Sequence[PreparedPatch]) -> list[PatchState]:
     """Install all or nothing: on a failure, everything installed so far is restored."""
-    with _LOCK:
+    with LOCK:
         states: list[PatchState] = []
         try:
             for item in prepared:
@@ -273,7 +274,7 @@ def apply_specs(
     allowed_prefixes: Iterable[str] | None = None,
     labels: Sequence[str] | None = None,
 ) -> list[PatchState]:
-    with _LOCK:
+    with LOCK:
         return install_prepared(prepare_specs(specs, allowed_prefixes=allowed_prefixes, labels=labels))
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from sglfix.common.errors import PatchApplicationError
 
+__all__ = ["compile_edited"]
+
 _FUTURE_FLAGS = 0
 for _name in _future.all_feature_names:
     _FUTURE_FLAGS |= getattr(_future, _name).compiler_flag
@@ -63,7 +65,7 @@ def _insert_preamble(node: ast.FunctionDef | ast.AsyncFunctionDef, preamble: str
         ast.fix_missing_locations(stmt)
 
 
-def _compile_uncached(
+def compile_edited(
     *,
     fn: types.FunctionType,
     target: str,
@@ -73,6 +75,10 @@ def _compile_uncached(
     filename: str | None = None,
     margin: str = "",
 ) -> types.CodeType:
+    """``source`` (``fn`` edited, dedented) compiled into a code object that can replace
+    ``fn.__code__``: its lines at their place in the file (from ``first_lineno``, indented by
+    ``margin``), shown as ``filename``, with ``preamble`` run first and ``fn``'s name, flags and
+    closure shape; a PatchApplicationError naming ``target`` when it cannot be one. Not cached."""
     original = fn.__code__
     dedented = source  # the caller dedented it (it is also the patch's source_after)
     try:

@@ -19,7 +19,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["real_filename"]
+__all__ = ["real_filename", "show", "shown_file", "shown_name", "unshow"]
 
 # name -> [linecache entry, live patches using it].
 _SHOWN: dict[str, list] = {}
@@ -36,9 +36,11 @@ def real_filename(filename: str) -> str:
     return os.path.join(parent, tail) if tag.startswith(_TAG) and tag.endswith("]") else filename
 
 
-def _shown_file(
+def shown_file(
     *, fn: types.FunctionType, filename: str, first_lineno: int, span: int, text: str, margin: str
 ) -> list[str]:
+    """The lines of ``filename`` with the ``span`` lines of ``fn`` from ``first_lineno`` replaced by
+    ``text`` indented by ``margin``: the file as a code object compiled from ``text`` shows it."""
     lines = linecache.getlines(filename, fn.__globals__)
     before = lines[: first_lineno - 1]
     before += ["\n"] * (first_lineno - 1 - len(before))  # no file text: the lines still count
@@ -48,7 +50,7 @@ def _shown_file(
     return before + body + lines[first_lineno - 1 + span :]
 
 
-def _shown_name(
+def shown_name(
     *, filename: str, labels: Sequence[str], qualname: str, lines: list[str], claimed: dict[str, list[str]]
 ) -> str:
     """``<dir>/[sglfix revert A + revert B]/<file>``: the patches in the code, oldest first. The
@@ -88,7 +90,9 @@ def _print_exception(exc_type: Any, exc: Any, tb: Any) -> None:
         sys.__excepthook__(exc_type, exc, tb)
 
 
-def _show(name: str, lines: list[str]) -> None:
+def show(name: str, lines: list[str]) -> None:
+    """Register ``lines`` in ``linecache`` as the file ``name`` for one more live patch (until its
+    ``unshow``), so that tracebacks, ``inspect`` and debuggers quote them."""
     if sys.version_info < (3, 13) and sys.excepthook is sys.__excepthook__:
         # An uncaught exception would otherwise quote no line of the code that raised it.
         sys.excepthook = _print_exception
@@ -101,7 +105,9 @@ def _show(name: str, lines: list[str]) -> None:
     _reshow()
 
 
-def _unshow(name: str) -> None:
+def unshow(name: str) -> None:
+    """One live patch less shows ``name``; the lines stay registered while idle (a traceback kept
+    from a restored run still quotes what ran), the oldest idle ones dropped past a limit."""
     held = _SHOWN.get(name)
     if held is not None:
         held[1] -= 1

@@ -8,6 +8,8 @@ import inspect
 import textwrap
 import types
 
+__all__ = ["source_block"]
+
 
 def _last_code_line(code: types.CodeType) -> int:
     last = code.co_firstlineno
@@ -25,7 +27,7 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
-def _source_block(fn: types.FunctionType) -> tuple[str, int] | None:
+def source_block(fn: types.FunctionType) -> tuple[str, int] | None:
     """What ``inspect.getsourcelines`` returns, without Python's tokenizer (most of a first
     apply's time on a long function): the lines from the def (decorators included) past the
     last line its bytecode covers, up to the next line indented no deeper than the def, parsed

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import threading
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from sglfix.common.errors import PatchStateError
-from sglfix.patching.shown import _unshow
+from sglfix.patching.shown import unshow
 from sglfix.patching.targets import ResolvedTarget
 from sglfix.patching.types import PatchSpec
 
-__all__ = ["PatchState", "PreparedPatch", "blocking_state", "is_patched", "restore_all"]
+__all__ = ["LOCK", "PatchState", "PreparedPatch", "blocking_state", "is_patched", "push", "restore_all", "stack_of"]
 
-_LOCK = threading.RLock()
+# Held by every install and restore: the stacks change under it alone.
+LOCK = threading.RLock()
 # function -> states applied to it, oldest first. The top's source_after is the text the
 # next patch edits, because inspect.getsource would return the file's (unpatched) text.
 _STACKS: dict[types.FunctionType, list[PatchState]] = {}
@@ -35,7 +36,7 @@ class PatchState:
     restored: bool = field(default=False)
 
     def restore(self) -> None:
-        with _LOCK:
+        with LOCK:
             if self.restored:
                 return
             stack = _STACKS.get(self.target_fn, [])
@@ -50,7 +51,7 @@ class PatchState:
             if not stack:
                 del _STACKS[self.target_fn]
             self.restored = True
-            _unshow(self.new_code.co_filename)
+            unshow(self.new_code.co_filename)
 
     def describe(self) -> str:
         return f"{self.label} on {self.target}" if self.label else f"the patch on {self.target}"
@@ -74,10 +75,20 @@ def is_patched(fn: types.FunctionType) -> bool:
     return bool(_STACKS.get(fn))
 
 
+def stack_of(fn: types.FunctionType) -> Sequence[PatchState]:
+    """The patches installed on ``fn``, oldest first (empty when none); not to be changed."""
+    return _STACKS.get(fn, ())
+
+
+def push(state: PatchState) -> None:
+    """Record ``state``, whose code its function now runs, as the newest patch on it (under ``LOCK``)."""
+    _STACKS.setdefault(state.target_fn, []).append(state)
+
+
 def blocking_state(states: Iterable[PatchState]) -> PatchState | None:
     """The newest patch, not one of ``states``, stacked on a function that ``states`` patch:
     restoring ``states`` would stop at it. None when every one of them can be restored now."""
-    with _LOCK:
+    with LOCK:
         mine = [s for s in states if not s.restored]
         ids = {id(s) for s in mine}
         for fn in dict.fromkeys(s.target_fn for s in mine):
@@ -92,7 +103,7 @@ def restore_all(states: Iterable[PatchState]) -> None:
     """Restore ``states`` (applied in this order) newest first, all or none: when another patch
     sits on top of one of them, raise before touching anything."""
     states = list(states)
-    with _LOCK:
+    with LOCK:
         blocker = blocking_state(states)
         if blocker is not None:
             blocked = next(s for s in states if s.target_fn is blocker.target_fn)

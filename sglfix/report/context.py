@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from sglfix.report.expectations import Expect
 
+__all__ = ["base_of", "expects_of", "key_figure", "mode_of"]
 
-def _key_figure(cell: dict) -> str:
+
+def key_figure(cell: dict) -> str:
+    """The message of the cell's first finding with its verdict ('' where none has it)."""
     return next(
         (
             str(f.get("message", ""))
@@ -18,7 +21,9 @@ def _key_figure(cell: dict) -> str:
     )
 
 
-def _base_of(report: dict) -> tuple[str, ...]:
+def base_of(report: dict) -> tuple[str, ...]:
+    """The toggle set the report's cells were judged against: its ``judged`` baseline, else its
+    ``SGLANG_DEBUG_REVERT_PR`` (an older report); () for no toggle."""
     judged = report.get("judged")
     if isinstance(judged, dict) and isinstance(judged.get("baseline"), list):
         return tuple(judged["baseline"])
@@ -28,7 +33,8 @@ def _base_of(report: dict) -> tuple[str, ...]:
     return tuple(t.strip() for t in str(env).split(",") if t.strip())
 
 
-def _mode_of(report: dict) -> str:
+def mode_of(report: dict) -> str:
+    """``gate`` or ``findings``: as the report was judged, else as its command implies."""
     judged = report.get("judged")
     if isinstance(judged, dict) and judged.get("mode") in ("gate", "findings"):
         return judged["mode"]
@@ -40,7 +46,7 @@ def _mode_of(report: dict) -> str:
     return "gate" if (report.get("expectations") or report.get("stray") or report.get("not_run")) else "findings"
 
 
-def _expects_of(report: dict) -> list[Expect]:
+def expects_of(report: dict) -> list[Expect]:
     """The report's expectation rows: ``expect`` (written since the judgement has a home), else
     the rows its checks name (an older report: the unchecked ones are then only its ``not_run``)."""
     rows = report.get("expect")

@@ -21,7 +21,7 @@ from sglfix.common.errors import ConfigError
 from sglfix.report.grid import key_figure, set_label
 from sglfix.report.output import check_output_file, write_atomic
 
-__all__ = ["SUFFIXES", "build_junit", "check_junit_path", "junit_xml", "write_junit"]
+__all__ = ["SUFFIXES", "build_junit", "check_junit_path", "junit_xml", "write_junit", "xml_text"]
 
 SUFFIXES = (".xml",)
 # Not judged: the tool, the worker or the clock failed, not the code under test.
@@ -30,7 +30,8 @@ UNJUDGED = frozenset({"ERROR", "FAULT", "TIMEOUT"})
 _NOT_XML = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
-def _xml_text(text: object) -> str:
+def xml_text(text: object) -> str:
+    """``text`` as XML 1.0 can carry it: each character it cannot, U+FFFD."""
     return _NOT_XML.sub("\ufffd", str(text))
 
 
@@ -54,7 +55,7 @@ def _details(cell: dict, why: str | None = None) -> str:
         lines.append("error sizes: " + ", ".join(f"{k}={v}" for k, v in cell["error"].items()))
     if cell.get("timings_ms"):
         lines.append("timings ms: " + ", ".join(f"{k}={v}" for k, v in cell["timings_ms"].items()))
-    return _xml_text("\n".join(lines))
+    return xml_text("\n".join(lines))
 
 
 def build_junit(report: dict, *, gate: bool | None = None, judgement=None):
@@ -72,23 +73,23 @@ def build_junit(report: dict, *, gate: bool | None = None, judgement=None):
         label = set_label(cell.get("toggles") or ())
         suite = suites.get(label)
         if suite is None:
-            suite = suites[label] = TestSuite(_xml_text(label))
+            suite = suites[label] = TestSuite(xml_text(label))
             if report.get("date"):
                 suite.timestamp = report["date"]
             if report.get("host"):
-                suite.hostname = _xml_text(report["host"])
+                suite.hostname = xml_text(report["host"])
             for key in ("command", "device", "device_name", "env_revert"):
                 if report.get(key) is not None:
-                    suite.add_property(key, _xml_text(report[key]))
-            suite.add_property("codebase", _xml_text(codebase_label(report)))
-            suite.add_property("baseline", _xml_text(baseline))
+                    suite.add_property(key, xml_text(report[key]))
+            suite.add_property("codebase", xml_text(codebase_label(report)))
+            suite.add_property("baseline", xml_text(baseline))
         verdict = cell.get("verdict", "?")
         case = TestCase(
-            _xml_text(cell["scenario"]),
-            _xml_text(label),
+            xml_text(cell["scenario"]),
+            xml_text(label),
             round(float((cell.get("timings_ms") or {}).get("total", 0.0)) / 1000, 6),
         )
-        figure = _xml_text(key_figure(cell) or verdict)
+        figure = xml_text(key_figure(cell) or verdict)
         meaning = judgement.of(cell.get("id"))
         fails = meaning is not None and meaning.meaning.fails
         if verdict in ("SKIP", "NOT_REACHED") and not fails:
@@ -100,14 +101,14 @@ def build_junit(report: dict, *, gate: bool | None = None, judgement=None):
         elif verdict != "PASS":
             what = meaning.meaning.value if meaning is not None else "expected"
             why = f" ({meaning.why})" if meaning is not None else ""
-            case.system_out = _xml_text(f"{what} {verdict}: {figure}{why}")
+            case.system_out = xml_text(f"{what} {verdict}: {figure}{why}")
         suite.add_testcase(case)
     if judgement.drifted:
         # A revert that no longer applies to the code is a failed check of its own, with no cell.
         suite = suites.setdefault("drifted", TestSuite("reverts that no longer apply"))
         for rid, why in judgement.drifted.items():
-            case = TestCase(_xml_text(rid), "drifted")
-            case.result = [Failure(_xml_text(why), "DRIFTED")]
+            case = TestCase(xml_text(rid), "drifted")
+            case.result = [Failure(xml_text(why), "DRIFTED")]
             suite.add_testcase(case)
     xml = JUnitXml("sglfix")
     for suite in suites.values():

@@ -18,6 +18,8 @@ __all__ = [
     "SUFFIXES",
     "append_step_summary",
     "check_markdown_path",
+    "code_span",
+    "escape",
     "render_markdown",
     "write_markdown",
 ]
@@ -34,12 +36,14 @@ def check_markdown_path(path: str | None, *, option: str = "--markdown") -> None
     check_output_file(path, option=option, suffixes=SUFFIXES)
 
 
-def _esc(text: object) -> str:
-    """Plain text: no Markdown or HTML read into it, one line."""
+def escape(text: object) -> str:
+    """``text`` as plain Markdown text: no Markdown or HTML read into it, one line."""
     return re.sub(r"([\\`*_{}\[\]<>#+!|~])", r"\\\1", " ".join(str(text).split()))
 
 
-def _code(text: object, *, in_table: bool = False) -> str:
+def code_span(text: object, *, in_table: bool = False) -> str:
+    """``text`` as one line of inline code, whatever backticks it holds (``in_table``: its ``|``
+    escaped, as a table's cell needs)."""
     text = " ".join(str(text).split())
     ticks = "`" * (max((len(m) for m in re.findall("`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
@@ -86,14 +90,14 @@ def _summary_line(report: dict, judgement) -> str:
     took = f" in {float(wall):.1f} s" if isinstance(wall, (int, float)) else ""
     counts = _counts(report) or "no cells"
     env = (
-        f"; SGLANG\\_DEBUG\\_REVERT\\_PR={_esc(report['env_revert'])} in every cell"
+        f"; SGLANG\\_DEBUG\\_REVERT\\_PR={escape(report['env_revert'])} in every cell"
         if report.get("env_revert") not in (None, "", "0")
         else ""
     )
     base = judgement.baseline_note()
     return (
-        f"**{cells} cell{'s' * (cells != 1)}** of {_esc(codebase_label(report))} on {_esc(where)}{took}: "
-        f"{counts}{env}" + (f"; {_esc(base)}" if base else "")
+        f"**{cells} cell{'s' * (cells != 1)}** of {escape(codebase_label(report))} on {escape(where)}{took}: "
+        f"{counts}{env}" + (f"; {escape(base)}" if base else "")
     )
 
 
@@ -107,7 +111,7 @@ def _grid_lines(grid: Grid) -> list[str]:
     if not grid.columns:
         return []
     full = len(grid.columns) <= FULL_COLUMNS_UP_TO
-    heads = [_code(c, in_table=True) for c in grid.columns] if full else [f"t{i}" for i in range(len(grid.columns))]
+    heads = [code_span(c, in_table=True) for c in grid.columns] if full else [f"t{i}" for i in range(len(grid.columns))]
     grouped = len(grid.rows) > GROUP_ROWS_OVER
     lines = [
         "| " + " | ".join(["scenario group" if grouped else "scenario", *heads]) + " |",
@@ -115,7 +119,7 @@ def _grid_lines(grid: Grid) -> list[str]:
     ]
     if grouped:
         for group, rows in grid.groups:
-            label = _code(group + ("@*" if any("@" in r for r in rows) else ""), in_table=True) + f" ({len(rows)})"
+            label = code_span(group + ("@*" if any("@" in r for r in rows) else ""), in_table=True) + f" ({len(rows)})"
             marks = []
             for col in grid.columns:
                 verdicts = [grid.verdict(col, s) for s in rows]
@@ -138,9 +142,11 @@ def _grid_lines(grid: Grid) -> list[str]:
     else:
         for s in grid.rows:
             lines.append(
-                "| " + " | ".join([_code(s, in_table=True), *(_mark(grid.verdict(c, s)) for c in grid.columns)]) + " |"
+                "| "
+                + " | ".join([code_span(s, in_table=True), *(_mark(grid.verdict(c, s)) for c in grid.columns)])
+                + " |"
             )
-    legend = f"{_code(letter_of('PASS'))} PASS" + (
+    legend = f"{code_span(letter_of('PASS'))} PASS" + (
         ", a group cell: the worst verdict and how many of its scenarios showed it "
         "or another failing verdict, then how many were not reached"
         if grouped
@@ -148,7 +154,7 @@ def _grid_lines(grid: Grid) -> list[str]:
     )
     lines += ["", legend + "."]
     if not full:
-        lines.append("Columns: " + ", ".join(f"t{i} {_code(c)}" for i, c in enumerate(grid.columns)) + ".")
+        lines.append("Columns: " + ", ".join(f"t{i} {code_span(c)}" for i, c in enumerate(grid.columns)) + ".")
     return lines
 
 
@@ -166,14 +172,14 @@ def _gate_lines(report: dict, judgement) -> list[str]:
     lines = [
         f"**Gate: {'passed' if not judgement.failed else 'FAILED'}**: {len(checks) - len(judgement.unmet)}/"
         f"{len(checks)} expectations met, {len(stray)} unexpected verdict(s), {len(errors)} ERROR cell(s), "
-        f"{_esc(not_checked)}{_drift_count(judgement)}."
+        f"{escape(not_checked)}{_drift_count(judgement)}."
     ]
     if unmet:
         lines += ["", "Unmet expectations:", ""]
         lines += _capped(
             [
-                f"- revert {_code(','.join(c.expect.revert))} on {_code(c.expect.scenario)}: wanted "
-                f"{_esc('|'.join(c.expect.wanted))}, got {_esc(', '.join(sorted(set(c.got.values()))))}"
+                f"- revert {code_span(','.join(c.expect.revert))} on {code_span(c.expect.scenario)}: wanted "
+                f"{escape('|'.join(c.expect.wanted))}, got {escape(', '.join(sorted(set(c.got.values()))))}"
                 for c in unmet
             ]
         )
@@ -181,17 +187,17 @@ def _gate_lines(report: dict, judgement) -> list[str]:
         lines += ["", "Unexpected verdicts:", ""]
         lines += _capped(
             [
-                f"- {_code(','.join(s.get('toggles') or ()) or 'baseline')} on {_code(s.get('scenario'))}: "
-                f"{_esc(s.get('verdict'))} ({_esc(s.get('why', ''))})"
+                f"- {code_span(','.join(s.get('toggles') or ()) or 'baseline')} on {code_span(s.get('scenario'))}: "
+                f"{escape(s.get('verdict'))} ({escape(s.get('why', ''))})"
                 for s in stray
             ]
         )
     if errors:
         lines += ["", "ERROR cells (sglfix could not judge them):", ""]
-        lines += _capped([f"- {_code(c.id)}: {_esc(c.key_figure)}" for c in errors])
+        lines += _capped([f"- {code_span(c.id)}: {escape(c.key_figure)}" for c in errors])
     if judgement.not_checked:
         lines += ["", "Expectations not checked:", ""]
-        lines += _capped([f"- {_code(n.expect.text)}: {_esc(n.reason)}" for n in judgement.not_checked])
+        lines += _capped([f"- {code_span(n.expect.text)}: {escape(n.reason)}" for n in judgement.not_checked])
     return lines + _drift_lines(judgement) + _known_lines(judgement)
 
 
@@ -205,7 +211,7 @@ def _drift_lines(judgement) -> list[str]:
     if not judgement.drifted:
         return []
     lines = ["", "Reverts that no longer apply here (their sets did not run):", ""]
-    return lines + _capped([f"- {_code(rid)}: {_esc(why)}" for rid, why in judgement.drifted.items()])
+    return lines + _capped([f"- {code_span(rid)}: {escape(why)}" for rid, why in judgement.drifted.items()])
 
 
 def _known_lines(judgement) -> list[str]:
@@ -215,9 +221,9 @@ def _known_lines(judgement) -> list[str]:
     for hit in judgement.known:
         k = hit.known
         lines.append(
-            f"- {_code(k.scenario)} -> {_esc('|'.join(k.verdict))}: {_esc(hit.status)}"
+            f"- {code_span(k.scenario)} -> {escape('|'.join(k.verdict))}: {escape(hit.status)}"
             + (f" on {len(hit.seen_on)} baseline cell(s)" if hit.seen_on else "")
-            + f"; reproduce: {_code(k.reproduce)}"
+            + f"; reproduce: {code_span(k.reproduce)}"
         )
     return lines
 
@@ -231,14 +237,14 @@ def _failing_lines(report: dict, judgement) -> list[str]:
             "",
             "Not passing:",
             "",
-            *_capped([f"- {_code(c.id)}: **{_esc(c.verdict)}** {_esc(c.key_figure)}" for c in bad]),
+            *_capped([f"- {code_span(c.id)}: **{escape(c.verdict)}** {escape(c.key_figure)}" for c in bad]),
         ]
     if explained:
         lines += [
             "",
             "Not passing, and failing nothing:",
             "",
-            *_capped([f"- {_code(c.id)}: {_esc(c.verdict)}: {_esc(c.why)}" for c in explained]),
+            *_capped([f"- {code_span(c.id)}: {escape(c.verdict)}: {escape(c.why)}" for c in explained]),
         ]
     return lines
 
@@ -254,9 +260,9 @@ def _bisect_lines(report: dict) -> list[str]:
     if culprits:
         lines += ["| group | culprit | verdict | scenarios | key figure |", "|---|---|---|---|---|"]
         lines += [
-            f"| {_code(c.get('group'), in_table=True)} | {_code(','.join(c.get('ids') or ()), in_table=True)} | "
-            f"{_esc(c.get('verdict'))} | {len(c.get('scenarios') or ())} | "
-            f"{_esc(c.get('key_figure', ''))} |"
+            f"| {code_span(c.get('group'), in_table=True)} | {code_span(','.join(c.get('ids') or ()), in_table=True)} | "
+            f"{escape(c.get('verdict'))} | {len(c.get('scenarios') or ())} | "
+            f"{escape(c.get('key_figure', ''))} |"
             for c in culprits
         ]
         lines.append("")
@@ -264,8 +270,8 @@ def _bisect_lines(report: dict) -> list[str]:
         lines += ["Masking:", ""]
         lines += _capped(
             [
-                f"- in {_code(m.get('group'))}: {_code(m.get('culprit'))} fails alone but passes reverted together "
-                f"with {_code(m.get('masked_by'))} on {'all' if m.get('all') else len(m.get('scenarios') or ())} "
+                f"- in {code_span(m.get('group'))}: {code_span(m.get('culprit'))} fails alone but passes reverted together "
+                f"with {code_span(m.get('masked_by'))} on {'all' if m.get('all') else len(m.get('scenarios') or ())} "
                 f"of the scenarios it fails"
                 for m in masking
             ]
@@ -276,10 +282,10 @@ def _bisect_lines(report: dict) -> list[str]:
 
 def _fix_lines(judgement: Any) -> list[str]:
     """With --apply: what the candidate fixes clear and break, cell by cell."""
-    out = [f"**Candidate fix** {_esc(judgement.fix_summary())}", ""]
+    out = [f"**Candidate fix** {escape(judgement.fix_summary())}", ""]
     for meaning, what in ((Meaning.FIXED, "clears"), (Meaning.BROKEN, "BREAKS"), (Meaning.CHANGED, "changes")):
         for c in judgement.with_meaning(meaning):
-            out.append(f"- {what} {_code(c.id)}: {_esc(c.why)}")
+            out.append(f"- {what} {code_span(c.id)}: {escape(c.why)}")
     return out
 
 
@@ -292,7 +298,7 @@ def render_markdown(report: dict, *, gate: bool | None = None, judgement=None) -
     if judgement is None:
         judgement = judge(report, mode=None if gate is None else "gate" if gate else "findings")
     gate = judgement.mode == "gate"
-    lines = [f"### {_esc(_command(report))}", "", _summary_line(report, judgement), ""]
+    lines = [f"### {escape(_command(report))}", "", _summary_line(report, judgement), ""]
     if judgement.rules.fixes:
         lines += _fix_lines(judgement) + [""]
     bisect = "culprits" in report

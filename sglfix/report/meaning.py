@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from sglfix.common.environ import envs
 
-__all__ = ["BASELINE", "ENV_VAR", "FIX_PREFIX", "CellMeaning", "Meaning", "set_label", "unpatched"]
+__all__ = ["BASELINE", "ENV_VAR", "FIX_PREFIX", "CellMeaning", "Meaning", "cell_id", "set_label", "unpatched"]
 
 ENV_VAR = envs.REVERT_PR.name
 BASELINE = "baseline"
@@ -65,7 +65,8 @@ def unpatched(toggles: Sequence[str]) -> tuple[str, ...]:
     return tuple(t for t in toggles if not str(t).startswith(FIX_PREFIX))
 
 
-def _cell_id(cell: dict) -> str:
+def cell_id(cell: dict) -> str:
+    """A cell dict's id: its own ``id``, else ``<toggle set>::<scenario>`` (as the planner names it)."""
     return cell.get("id") or f"{set_label(cell.get('toggles') or ())}::{cell['scenario']}"
 
 

@@ -31,7 +31,7 @@ from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 from sglfix.report.jsonreport import SCHEMA
 from sglfix.report.load import cell_id, cell_key, count_verdicts, describe
-from sglfix.report.outcome import Judgement, Known, _base_of, _expects_of, _mode_of, codebase_identity, judge
+from sglfix.report.outcome import Judgement, Known, base_of, codebase_identity, expects_of, judge, mode_of
 
 __all__ = ["ENV_FIELDS", "MIXED", "PLAN_OPTIONS", "merge_judged", "merge_reports", "no_plan", "one_plan"]
 
@@ -108,12 +108,12 @@ def merge_judged(
                 )
     merged_cells = [dict(c) for c in cells.values()]
     reports = [r for _, r in inputs]
-    _same(inputs, "baseline", _base_of, fix=f"merge reports run with the same {envs.REVERT_PR.name}")
+    _same(inputs, "baseline", base_of, fix=f"merge reports run with the same {envs.REVERT_PR.name}")
     _same(inputs, "code base", codebase_identity, fix="merge reports of one code base and version")
     _same(inputs, "candidate fixes", _fixes_of, fix="merge reports run with the same --apply files")
-    expects = list(dict.fromkeys(e for r in reports for e in _expects_of(r)))
+    expects = list(dict.fromkeys(e for r in reports for e in expects_of(r)))
     known = list(dict.fromkeys(Known.from_json(k) for r in reports for k in r.get("known_divergences", [])))
-    mode = "gate" if gate or any(_mode_of(r) == "gate" for r in reports) else "findings"
+    mode = "gate" if gate or any(mode_of(r) == "gate" for r in reports) else "findings"
     walls = [r["wall_s"] for r in reports if isinstance(r.get("wall_s"), (int, float))]
     out: dict[str, Any] = {
         "tool": "sglfix",
@@ -145,7 +145,7 @@ def merge_judged(
         # Every shard applied the same fixes (checked above); their conflicts together.
         conflicts = {d["set"]: d for a in applied for d in a.get("conflicts") or []}
         out["apply"] = {**applied[0], "conflicts": list(conflicts.values())}
-    judgement = judge(out, mode=mode, expects=expects, known=known, base=_base_of(reports[0]))
+    judgement = judge(out, mode=mode, expects=expects, known=known, base=base_of(reports[0]))
     judgement.annotate(out)
     return out, judgement
 

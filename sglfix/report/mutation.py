@@ -45,11 +45,11 @@ from sglfix.report.schema import (
     Duration,
     SglfixSource,
     StoreUse,
-    _at,
-    _dotted,
-    _keys,
-    _model_at,
-    _problem,
+    dotted,
+    model_at,
+    model_keys,
+    problem_words,
+    value_at,
 )
 
 __all__ = [
@@ -699,16 +699,16 @@ def _explain(exc: ValidationError, data: Any) -> str:
     cause = (err.get("ctx") or {}).get("error")
     if isinstance(cause, Damaged) and cause.whole:
         return cause.text
-    field_ = _dotted(loc)
+    field_ = dotted(loc)
     if err["type"] == "missing":
         return f'"{field_}" is missing'
     if err["type"] == "extra_forbidden":
-        owner, key = _dotted(loc[:-1]), str(loc[-1])
-        holder = _model_at(MutationReport, loc[:-1])
-        hint_ = nearest(key, _keys(holder)) if holder else ""
+        owner, key = dotted(loc[:-1]), str(loc[-1])
+        holder = model_at(MutationReport, loc[:-1])
+        hint_ = nearest(key, model_keys(holder)) if holder else ""
         return f'"{owner}" has an unknown key {key!r}{hint_}' if owner else f"an unknown key {key!r} at the top{hint_}"
-    value = _at(data, loc)
-    problem = cause.text if isinstance(cause, Damaged) else _problem(err, value)
+    value = value_at(data, loc)
+    problem = cause.text if isinstance(cause, Damaged) else problem_words(err, value)
     return f'"{field_}" is {show(value)}, {problem}'
 
 

@@ -10,8 +10,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from sglfix.report.junit import _xml_text
-from sglfix.report.markdown import LIST_AT_MOST, _code, _esc
+from sglfix.report.junit import xml_text
+from sglfix.report.markdown import LIST_AT_MOST, code_span, escape
 from sglfix.report.mutation import ORDER, Status
 from sglfix.report.output import write_atomic
 
@@ -216,7 +216,7 @@ def _capped(rows: list[str], *, what: str = "rows") -> list[str]:
 
 
 def _details(summary: str, lines: list[str]) -> list[str]:
-    return ["", "<details>", f"<summary>{_esc(summary)}</summary>", "", *lines, "", "</details>"]
+    return ["", "<details>", f"<summary>{escape(summary)}</summary>", "", *lines, "", "</details>"]
 
 
 def _md_scores(rows: list[tuple[str, dict]], first: str) -> list[str]:
@@ -235,8 +235,13 @@ def render_markdown(report: dict) -> str:
     cb = report.get("codebase") or {}
     on = " ".join(str(x) for x in (cb.get("distribution") or cb.get("name"), cb.get("version")) if x)
     where = ", ".join(x for x in (on, report.get("device")) if x)
-    lines = ["### sglfix mutate", "", f"**{_esc(summary_line(report))}**" + (f" ({_esc(where)})" if where else ""), ""]
-    families = [(_code(k, in_table=True), v) for k, v in scores.get("families", {}).items()]
+    lines = [
+        "### sglfix mutate",
+        "",
+        f"**{escape(summary_line(report))}**" + (f" ({escape(where)})" if where else ""),
+        "",
+    ]
+    families = [(code_span(k, in_table=True), v) for k, v in scores.get("families", {}).items()]
     lines += _md_scores([*families, ("**overall**", scores["overall"])], "family")
     survivors = _of(report, Status.SURVIVED)
     if survivors:
@@ -244,9 +249,9 @@ def render_markdown(report: dict) -> str:
         lines += ["| where | operator | change | reached by | hint |", "|---|---|---|---|---|"]
         lines += _capped(
             [
-                f"| {_code(_where(m), in_table=True)} | {_esc(m['operator'])} | "
-                f"{_code(_line(m['original']), in_table=True)} → {_code(_line(m['mutated']), in_table=True)} | "
-                f"{_esc(_reached(m))} | {_esc(m.get('hint', ''))} |"
+                f"| {code_span(_where(m), in_table=True)} | {escape(m['operator'])} | "
+                f"{code_span(_line(m['original']), in_table=True)} → {code_span(_line(m['mutated']), in_table=True)} | "
+                f"{escape(_reached(m))} | {escape(m.get('hint', ''))} |"
                 for m in survivors
             ],
             what="survivors",
@@ -254,34 +259,35 @@ def render_markdown(report: dict) -> str:
     unreached = _of(report, Status.NOT_REACHED)
     if unreached:
         rows = [
-            f"- {_code(fn)}: {len(ms)} mutant(s), lines {', '.join(str(m['line']) for m in ms)}: "
-            f"{_esc(ms[0].get('hint', ''))}"
+            f"- {code_span(fn)}: {len(ms)} mutant(s), lines {', '.join(str(m['line']) for m in ms)}: "
+            f"{escape(ms[0].get('hint', ''))}"
             for fn, ms in _by_function(unreached).items()
         ]
         lines += _details(f"{len(unreached)} not reached (no selected cell runs their function)", _capped(rows))
     unjudged = _of(report, Status.ERROR) + _of(report, Status.TIMEOUT)
     if unjudged:
         rows = [
-            f"- {m['status']} {_code(_where(m))} {_esc(m['description'])}: {_esc(_not_judged(m))}" for m in unjudged
+            f"- {m['status']} {code_span(_where(m))} {escape(m['description'])}: {escape(_not_judged(m))}"
+            for m in unjudged
         ]
         lines += _details(f"{len(unjudged)} not judged (ERROR or TIMEOUT, never counted as killed)", _capped(rows))
     equivalent = _of(report, Status.EQUIVALENT)
     if equivalent:
-        rows = [f"- {_code(_where(m))} {_esc(m['description'])}: {_esc(_evidence(m))}" for m in equivalent]
+        rows = [f"- {code_span(_where(m))} {escape(m['description'])}: {escape(_evidence(m))}" for m in equivalent]
         lines += _details(f"{len(equivalent)} suspected equivalent (not scored)", _capped(rows))
     killed = _of(report, Status.KILLED)
     if killed:
-        rows = [f"- {_code(_where(m))} {_esc(m['description'])}: {_esc(_killers(m))}" for m in killed]
+        rows = [f"- {code_span(_where(m))} {escape(m['description'])}: {escape(_killers(m))}" for m in killed]
         lines += _details(f"{len(killed)} killed", _capped(rows))
     catalogue = report.get("catalogue") or []
     if catalogue:
         rows = [
-            f"- {_esc(r['toggle'])} {r['match']}: {_esc(r.get('change', ''))}"
-            + (f" ({_code(r['mutant'])}, {_esc(r.get('operator') or '')})" if r.get("mutant") else "")
+            f"- {escape(r['toggle'])} {r['match']}: {escape(r.get('change', ''))}"
+            + (f" ({code_span(r['mutant'])}, {escape(r.get('operator') or '')})" if r.get("mutant") else "")
             for r in catalogue
         ]
         lines += _details(f"the catalogue as a check of the operators: {_catalogue_counts(catalogue)}", _capped(rows))
-    functions = [(_code(k, in_table=True), v) for k, v in scores.get("functions", {}).items()]
+    functions = [(code_span(k, in_table=True), v) for k, v in scores.get("functions", {}).items()]
     if functions:
         lines += _details("scores per function", _md_scores(functions, "function"))
     return "\n".join(lines).rstrip("\n") + "\n"
@@ -307,28 +313,28 @@ def build_junit(report: dict):
         family = m.get("family", "common")
         suite = suites.get(family)
         if suite is None:
-            suite = suites[family] = TestSuite(_xml_text(f"mutate {family}"))
+            suite = suites[family] = TestSuite(xml_text(f"mutate {family}"))
             if report.get("date"):
                 suite.timestamp = report["date"]
             for key in ("command", "device", "profile"):
                 if report.get(key) is not None:
-                    suite.add_property(key, _xml_text(report[key]))
-        case = TestCase(_xml_text(f"{m['id']} {m['description']}"), _xml_text(m["function"]))
+                    suite.add_property(key, xml_text(report[key]))
+        case = TestCase(xml_text(f"{m['id']} {m['description']}"), xml_text(m["function"]))
         where = f"{_where(m)} [{m['operator']}]: {_line(m['original'])} -> {_line(m['mutated'])}"
         status = m["status"]
         if status == Status.KILLED:
-            case.system_out = _xml_text(f"{where}\nkilled by {_killers(m)}")
+            case.system_out = xml_text(f"{where}\nkilled by {_killers(m)}")
         elif status == Status.SURVIVED:
-            failure = Failure(_xml_text(m.get("hint") or "survived"), "SURVIVED")
-            failure.text = _xml_text(f"{where}\nreached by {', '.join(m.get('reached_by') or ())}")
+            failure = Failure(xml_text(m.get("hint") or "survived"), "SURVIVED")
+            failure.text = xml_text(f"{where}\nreached by {', '.join(m.get('reached_by') or ())}")
             case.result = [failure]
         elif status == Status.NOT_REACHED:
-            case.result = [Skipped(_xml_text(f"not reached: {m.get('hint') or 'no selected cell runs its function'}"))]
+            case.result = [Skipped(xml_text(f"not reached: {m.get('hint') or 'no selected cell runs its function'}"))]
         elif status == Status.EQUIVALENT:
-            case.result = [Skipped(_xml_text(f"suspected equivalent: {_evidence(m)}"))]
+            case.result = [Skipped(xml_text(f"suspected equivalent: {_evidence(m)}"))]
         else:
-            error = Error(_xml_text(f"{status}: {_not_judged(m)}"), status.upper())
-            error.text = _xml_text(where)
+            error = Error(xml_text(f"{status}: {_not_judged(m)}"), status.upper())
+            error.text = xml_text(where)
             case.result = [error]
         suite.add_testcase(case)
     xml = JUnitXml("sglfix mutate")

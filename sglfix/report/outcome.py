@@ -28,9 +28,9 @@ from sglfix.common.verdicts import NOT_REACHED, stands_for
 # Its own parts (tests/test_judgement.py holds them all to importing only sglfix.common and each other).
 from sglfix.report.claim import TEST_OUTCOMES, Claim, judge_claim
 from sglfix.report.codebase import codebase_identity, codebase_label
-from sglfix.report.context import _base_of, _expects_of, _key_figure, _mode_of
+from sglfix.report.context import base_of, expects_of, key_figure, mode_of
 from sglfix.report.expectations import Check, Expect, Known, KnownHit, NotChecked
-from sglfix.report.meaning import BASELINE, ENV_VAR, FIX_PREFIX, CellMeaning, Meaning, _cell_id, set_label, unpatched
+from sglfix.report.meaning import BASELINE, ENV_VAR, FIX_PREFIX, CellMeaning, Meaning, cell_id, set_label, unpatched
 
 __all__ = [
     "BASELINE",
@@ -47,11 +47,14 @@ __all__ = [
     "Meaning",
     "NotChecked",
     "Rules",
+    "base_of",
     "codebase_identity",
     "codebase_label",
     "effective",
+    "expects_of",
     "judge",
     "judge_claim",
+    "mode_of",
     "set_label",
 ]
 
@@ -392,7 +395,7 @@ class Judgement:
         """``report`` with the judgement's keys and each cell's meaning (in place; returned)."""
         report.update(self.to_report())
         for cell in report.get("cells") or ():
-            m = self.by_id.get(_cell_id(cell))
+            m = self.by_id.get(cell_id(cell))
             if m is not None:
                 cell["meaning"] = m.meaning.value
                 cell["why"] = m.why
@@ -414,10 +417,10 @@ def judge(
     cells = list(report.get("cells") or ())
     applied = _fixes_of(report)
     rules = Rules(
-        mode=mode or _mode_of(report),
-        expects=tuple(expects if expects is not None else _expects_of(report)),
+        mode=mode or mode_of(report),
+        expects=tuple(expects if expects is not None else expects_of(report)),
         known=tuple(Known.of(known if known is not None else report.get("known_divergences") or ())),
-        base=tuple(base if base is not None else _base_of(report)),
+        base=tuple(base if base is not None else base_of(report)),
         fixes=tuple(fixes if fixes is not None else applied.fixes),
         expect_fixes=tuple(expect_fixes if expect_fixes is not None else applied.expect_fixes),
     )
@@ -436,14 +439,14 @@ def judge(
         meaning, why = rules.meaning(c, None if base_cell is c else base_cell, unfixed)
         meanings.append(
             CellMeaning(
-                id=_cell_id(c),
+                id=cell_id(c),
                 toggles=tuple(c.get("toggles") or ()),
                 scenario=c["scenario"],
                 verdict=c.get("verdict"),
                 stands_for=effective(c),
                 meaning=meaning,
                 why=why,
-                key_figure=_key_figure(c),
+                key_figure=key_figure(c),
             )
         )
     drifted = {d["id"]: d["why"] for d in report.get("drifted") or () if isinstance(d, dict)}

@@ -34,7 +34,19 @@ from sglfix.common.verdicts import MARKS
 from sglfix.report.jsonreport import SCHEMA
 from sglfix.report.outcome import BASELINE, Meaning
 
-__all__ = ["MIXED", "Cell", "Damaged", "Report", "cell_label", "check_report"]
+__all__ = [
+    "MIXED",
+    "Cell",
+    "Damaged",
+    "Report",
+    "cell_label",
+    "check_report",
+    "dotted",
+    "model_at",
+    "model_keys",
+    "problem_words",
+    "value_at",
+]
 
 # What ``report merge`` writes for a field its inputs disagree on (sglfix.report.merge.MIXED).
 MIXED = "mixed"
@@ -514,7 +526,8 @@ _BOUNDS = {
 }
 
 
-def _problem(err: dict, value: Any) -> str:
+def problem_words(err: dict, value: Any) -> str:
+    """What is wrong with ``value``, in words, as one pydantic error (``err``) of it says."""
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind in _PROBLEMS:
         return _PROBLEMS[kind]
@@ -528,7 +541,7 @@ def _problem(err: dict, value: Any) -> str:
     return str(err["msg"]).removeprefix("Value error, ")
 
 
-def _at(data: Any, loc: tuple) -> Any:
+def value_at(data: Any, loc: tuple) -> Any:
     """The value at ``loc`` in ``data`` (None where there is none)."""
     node = data
     for key in loc:
@@ -541,7 +554,8 @@ def _at(data: Any, loc: tuple) -> Any:
     return node
 
 
-def _dotted(loc: tuple) -> str:
+def dotted(loc: tuple) -> str:
+    """A pydantic error's location as the field's path: ``mutants[3].line``."""
     out = ""
     for key in loc:
         out += f"[{key}]" if isinstance(key, int) else (f".{key}" if out else str(key))
@@ -558,40 +572,41 @@ def _explain(exc: ValidationError, data: Any) -> str:
     loc = tuple(err["loc"])
     cell, model, node = None, Report, data
     if len(loc) >= 2 and loc[0] == "cells" and isinstance(loc[1], int):
-        node = _at(data, loc[:2])
+        node = value_at(data, loc[:2])
         scenario = node.get("scenario") if isinstance(node, dict) else None
         cell = f"cell {loc[1]}" + (f" ({scenario})" if isinstance(scenario, str) and scenario else "")
         loc, model = loc[2:], Cell
-    value = _at(node, loc)
+    value = value_at(node, loc)
     cause = (err.get("ctx") or {}).get("error")
     if isinstance(cause, Damaged) and cause.whole:
         return f"{cell} {cause.text}" if cell else cause.text
     if cell is not None and not loc:
         return f"{cell} is {show(value)}, not an object"
-    field = _dotted(loc)
+    field = dotted(loc)
     if err["type"] == "missing":
         return f"{cell} has no {field}" if cell else f'"{field}" is missing'
     if err["type"] == "extra_forbidden":
-        owner, key = _dotted(loc[:-1]), str(loc[-1])
-        holder = _model_at(model, loc[:-1])
-        hint = nearest(key, _keys(holder)) if holder else ""
+        owner, key = dotted(loc[:-1]), str(loc[-1])
+        holder = model_at(model, loc[:-1])
+        hint = nearest(key, model_keys(holder)) if holder else ""
         if cell:
             return f"{cell} has an unknown key {key!r}" + (f" in {owner}" if owner else "") + hint
         return f'"{owner}" has an unknown key {key!r}{hint}' if owner else f"an unknown key {key!r} at the top{hint}"
-    problem = cause.text if isinstance(cause, Damaged) else _problem(err, value)
+    problem = cause.text if isinstance(cause, Damaged) else problem_words(err, value)
     if loc and loc[-1] == "[key]":
-        field, key = _dotted(loc[:-2]), show(loc[-2])
+        field, key = dotted(loc[:-2]), show(loc[-2])
         return (
             f"{cell} has {field} with the key {key}, {problem}" if cell else f'"{field}" has the key {key}, {problem}'
         )
     return f"{cell} has {field} {show(value)}, {problem}" if cell else f'"{field}" is {show(value)}, {problem}'
 
 
-def _keys(model: type[BaseModel]) -> list[str]:
+def model_keys(model: type[BaseModel]) -> list[str]:
+    """The keys ``model`` accepts (a field's alias where it has one)."""
     return [info.alias or name for name, info in model.model_fields.items()]
 
 
-def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+def model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     """The model whose keys are allowed at ``loc`` below ``model`` (None where no model is)."""
     for key in loc:
         if isinstance(key, int):

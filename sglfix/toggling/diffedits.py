@@ -13,7 +13,7 @@ from sglfix.patching.editor import apply_single_edit, find_match_positions
 from sglfix.patching.types import EditSpec
 from sglfix.toggling.diffread import Change
 
-__all__ = ["Function"]
+__all__ = ["Function", "NoAnchor", "anchored_edit", "defined_names", "enclosing", "functions_of", "revert_edits"]
 
 
 @dataclass
@@ -24,7 +24,7 @@ class Function:
     node: Any = None
 
 
-def _functions(tree: ast.Module) -> list[Function]:
+def functions_of(tree: ast.Module) -> list[Function]:
     """Every patchable function: module-level functions and methods of (nested) classes; a
     function nested inside another is part of its outer function's source."""
     out: list[Function] = []
@@ -41,14 +41,15 @@ def _functions(tree: ast.Module) -> list[Function]:
     return out
 
 
-def _enclosing(functions: list[Function], first: int, last: int) -> Function | None:
+def enclosing(functions: list[Function], first: int, last: int) -> Function | None:
+    """The first of ``functions`` whose lines hold ``first`` to ``last`` (0-based); None when none does."""
     for f in functions:
         if f.start <= first and last <= f.end:
             return f
     return None
 
 
-def _defined_names(tree: ast.Module) -> dict[str, tuple[int, int]]:
+def defined_names(tree: ast.Module) -> dict[str, tuple[int, int]]:
     """Top-level functions and classes: name -> (first, last) 0-based lines."""
     out = {}
     for node in tree.body:
@@ -58,11 +59,11 @@ def _defined_names(tree: ast.Module) -> dict[str, tuple[int, int]]:
     return out
 
 
-class _NoAnchor(Exception):
-    pass
+class NoAnchor(Exception):
+    """A change no context makes unique in its function: it cannot be reverted as an edit."""
 
 
-def _edits(func: Function, changes: list[Change], post: list[str]) -> tuple[list[EditSpec], str]:
+def revert_edits(func: Function, changes: list[Change], post: list[str]) -> tuple[list[EditSpec], str]:
     """The edits that turn ``func``'s post-fix source into its pre-fix one, in order, each
     anchored uniquely in the source as the previous edits left it; and that pre-fix source."""
     lines = post[func.start : func.end + 1]
@@ -78,9 +79,9 @@ def _edits(func: Function, changes: list[Change], post: list[str]) -> tuple[list
     taken_until = 0
     for c in sorted(changes, key=lambda c: c.at):
         i = c.at - base
-        edit = _anchor(lines, i, c, floor=taken_until, current=current)
+        edit = anchored_edit(lines, i, c, floor=taken_until, current=current)
         if edit is None:
-            raise _NoAnchor(
+            raise NoAnchor(
                 f"no anchor occurs once in the function for the change at line {c.at + 1} "
                 f"({c.hunk}); revert this function by hand"
             )
@@ -91,7 +92,7 @@ def _edits(func: Function, changes: list[Change], post: list[str]) -> tuple[list
     return edits, "\n".join(pre_lines) + "\n"
 
 
-def _anchor(lines: list[str], i: int, c: Change, *, floor: int, current: str) -> tuple[EditSpec, int] | None:
+def anchored_edit(lines: list[str], i: int, c: Change, *, floor: int, current: str) -> tuple[EditSpec, int] | None:
     """The edit for change ``c`` with the smallest (before, after) context widening that makes
     ``match`` occur exactly once in ``current`` and keeps the replacement's indentation base that
     of the match, and how many lines after the change its anchor took."""

@@ -13,8 +13,8 @@ from typing import Any
 
 from sglfix.common.errors import ConfigError
 from sglfix.patching.types import EditSpec
-from sglfix.toggling.diffedits import Function, _defined_names, _edits, _enclosing, _functions, _NoAnchor
-from sglfix.toggling.diffread import Change, PatchHeader, _changes, _hunk_name, _locate_hunk, parse_diff
+from sglfix.toggling.diffedits import Function, NoAnchor, defined_names, enclosing, functions_of, revert_edits
+from sglfix.toggling.diffread import Change, PatchHeader, hunk_changes, hunk_name, locate_hunk, parse_diff
 
 __all__ = ["FunctionRevert", "Note", "Plan", "plan"]
 
@@ -165,7 +165,7 @@ def _plan_file(
         return [], False
     said: list[Note] = []  # this file's notes, kept apart until it is known to change code
     st = _FileState(path=path, post=post, tree=tree, notes=said)
-    st.functions, st.top = _functions(tree), _defined_names(tree)
+    st.functions, st.top = functions_of(tree), defined_names(tree)
     placed = _place_hunks(pf, path=path, post=post, notes=said)
     st.post_code = _code("\n".join(post) + "\n")
     every = [c for _, changes in placed for c in changes]
@@ -188,8 +188,8 @@ def _place_hunks(pf: Any, *, path: str, post: list[str], notes: list[Note]) -> l
     there is a note that refuses the diff."""
     placed = []
     for hunk in pf:
-        name = _hunk_name(path, hunk)
-        start = _locate_hunk(hunk, post)
+        name = hunk_name(path, hunk)
+        start = locate_hunk(hunk, post)
         if start is None:
             notes.append(
                 Note(
@@ -200,7 +200,7 @@ def _place_hunks(pf: Any, *, path: str, post: list[str], notes: list[Note]) -> l
                 )
             )
             continue
-        placed.append((name, _changes(hunk, start, name)))
+        placed.append((name, hunk_changes(hunk, start, name)))
     return placed
 
 
@@ -212,7 +212,7 @@ def _sort_change(st: _FileState, name: str, change: Change) -> None:
     last = change.at + max(len(change.post), 1) - 1
     if not change.post:  # a pure deletion sits between two lines: inside a function if both are
         first, last = change.at - 1, change.at
-    func = _enclosing(st.functions, first, last)
+    func = enclosing(st.functions, first, last)
     if func is not None:
         if first <= func.node.body[0].lineno - 2:
             notes.append(
@@ -259,8 +259,8 @@ def _function_reverts(st: _FileState, *, module: str) -> list[FunctionRevert]:
             st.notes.append(Note(f"{st.path}: {qualname}", "changes only comments or docstrings: not reverted", False))
             continue
         try:
-            edits, pre_source = _edits(func, changes, st.post)
-        except _NoAnchor as exc:
+            edits, pre_source = revert_edits(func, changes, st.post)
+        except NoAnchor as exc:
             st.notes.append(Note(f"{st.path}: {qualname}", str(exc), True))
             continue
         reverts.append(

@@ -10,7 +10,17 @@ from typing import Any
 
 from sglfix.common.errors import ConfigError
 
-__all__ = ["DIFF_WANTED", "MAX_DIFF_BYTES", "Change", "PatchHeader", "commit_header", "parse_diff"]
+__all__ = [
+    "DIFF_WANTED",
+    "MAX_DIFF_BYTES",
+    "Change",
+    "PatchHeader",
+    "commit_header",
+    "hunk_changes",
+    "hunk_name",
+    "locate_hunk",
+    "parse_diff",
+]
 
 MAX_DIFF_BYTES = 4 * 1024 * 1024
 # What a refusal of a file that is not a diff asks for instead.
@@ -91,11 +101,12 @@ def commit_header(commit: str, subject: str, body: str) -> PatchHeader:
     return PatchHeader(title=subject.strip(), description=description, url=m.group(0) if m else "", commit=commit)
 
 
-def _hunk_name(path: str, hunk: Any) -> str:
+def hunk_name(path: str, hunk: Any) -> str:
+    """A hunk as messages name it: ``<path> @@ -a,b +c,d @@``."""
     return f"{path} @@ -{hunk.source_start},{hunk.source_length} +{hunk.target_start},{hunk.target_length} @@"
 
 
-def _locate_hunk(hunk: Any, post: list[str]) -> int | None:
+def locate_hunk(hunk: Any, post: list[str]) -> int | None:
     """Where the hunk's post-fix side (context and added lines) starts in the installed file: at
     the line it names, else the one place it occurs (a diff made against a slightly older tree)."""
     target = [line.value.rstrip("\n") for line in hunk if not line.is_removed]
@@ -109,7 +120,7 @@ def _locate_hunk(hunk: Any, post: list[str]) -> int | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def _changes(hunk: Any, start: int, name: str) -> list[Change]:
+def hunk_changes(hunk: Any, start: int, name: str) -> list[Change]:
     """The runs of removed/added lines of a hunk, placed in the installed file."""
     out: list[Change] = []
     at = start

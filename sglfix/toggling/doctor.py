@@ -27,7 +27,15 @@ from sglfix.toggling.registry import Registry, Selection, Toggle
 if TYPE_CHECKING:
     from sglfix.codebases import CodeBase
 
-__all__ = ["CheckResult", "check_source_layout", "live_check", "locate_source", "static_check"]
+__all__ = [
+    "CheckResult",
+    "check_source_layout",
+    "live_check",
+    "locate_in",
+    "locate_source",
+    "static_apply",
+    "static_check",
+]
 
 
 @dataclass
@@ -173,7 +181,10 @@ def _find_in_tree(path: Path, text: str, body: list, chain: list[str], target: s
     return str(path), "".join(lines), first
 
 
-def _static_apply(specs: list[PatchSpec], source_dir: Path) -> None:
+def static_apply(specs: list[PatchSpec], source_dir: Path) -> None:
+    """Apply ``specs`` to the source files under ``source_dir`` without importing them, in order
+    (a second spec on a function edits the first one's result): a SglfixError naming the target
+    of the first that does not match or leaves no single def that parses."""
     current: dict[str, tuple[str, str, int]] = {}
     for spec in specs:
         filename, source, first = current.get(spec.target) or locate_source(spec.target, source_dir)
@@ -215,7 +226,7 @@ def precheck_selections(selections: Iterable, *, package: str, allowed_prefixes:
             rel = patch.target[len(package) + 1 :].split(".")
             try:
                 if patch.target not in current:
-                    current[patch.target] = _locate_in(root, rel, patch.target)
+                    current[patch.target] = locate_in(root, rel, patch.target)
                 filename, source, first = current[patch.target]
                 edited = apply_edits(
                     source=source,
@@ -233,7 +244,9 @@ def precheck_selections(selections: Iterable, *, package: str, allowed_prefixes:
                 raise SglfixError(f"{label}: {str(exc).splitlines()[0]}") from None
 
 
-def _locate_in(root: Path, rel: list[str], target: str) -> tuple[str, str, int]:
+def locate_in(root: Path, rel: list[str], target: str) -> tuple[str, str, int]:
+    """(file, function source, first line) of ``target`` read under ``root``, its package's
+    folder, without importing it; ``rel``: the target's dotted path below the package, split."""
     for cut in range(len(rel) - 1, 0, -1):
         base = root.joinpath(*rel[:cut])
         for candidate in (base.with_suffix(".py"), base / "__init__.py"):
@@ -294,7 +307,7 @@ def static_check(registry: Registry, *, source_dir: str | Path) -> list[CheckRes
     check_source_layout(registry, root)
 
     def apply_to_source(specs: list[PatchSpec]) -> str:
-        _static_apply(specs, root)
+        static_apply(specs, root)
         return ""
 
     return _check_units(registry, apply_to_source)

@@ -51,13 +51,13 @@ def check(p: Plan, *, package: str, source_root: Path) -> list[str]:
 
     from sglfix.common.errors import SglfixError
     from sglfix.patching.editor import apply_edits
-    from sglfix.toggling.doctor import _locate_in
+    from sglfix.toggling.doctor import locate_in
 
     problems = []
     for r in p.reverts:
         rel = r.target[len(package) + 1 :].split(".")
         try:
-            _, source, _ = _locate_in(source_root, rel, r.target)
+            _, source, _ = locate_in(source_root, rel, r.target)
             result = apply_edits(source=source, edits=r.edits)
         except SglfixError as exc:
             problems.append(str(exc).splitlines()[0])

@@ -382,7 +382,7 @@ def disarm() -> None:
         from sglfix.toggling import revert as revert_mod
 
         for sel in state.selections:
-            revert_mod._ACTIVE.setdefault(sel.id, state.record)  # restore() drops every id it holds
+            revert_mod.register_reverted(sel.id, state.record, replace=False)  # restore() drops every id it holds
         state.record.restore()
 
 
@@ -510,7 +510,7 @@ class _EnvReverts:
         self.done.add(target)
         for sel in self._selections:
             if target in self.part_targets[sel.id] and self.part_targets[sel.id] <= self.done:
-                revert_mod._ACTIVE[sel.id] = self.record
+                revert_mod.register_reverted(sel.id, self.record)
                 done = "applied" if getattr(sel, "verb", "revert") == "apply" else "reverted"
                 _log(f"{done} {sel.id} ({', '.join(sorted(self.part_targets[sel.id]))})")
 

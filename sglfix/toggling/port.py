@@ -24,7 +24,7 @@ from pathlib import Path
 from sglfix.common.errors import SglfixError
 from sglfix.patching.editor import apply_single_edit, effective_replacement, find_match_positions
 from sglfix.patching.types import EditSpec, PatchSpec
-from sglfix.toggling.doctor import _static_apply, locate_source
+from sglfix.toggling.doctor import locate_source, static_apply
 from sglfix.toggling.registry import Part, Registry
 
 __all__ = ["PartPort", "port_part", "port_registry"]
@@ -66,7 +66,7 @@ def port_part(pid: str, part: Part, *, source_dir: Path) -> PartPort:
         if part.absent is not None:
             return PartPort(pid, "absent", why=part.absent, variant=part.variant)
         try:
-            _static_apply(list(part.patches), source_dir)
+            static_apply(list(part.patches), source_dir)
         except SglfixError as exc:
             return PartPort(
                 pid, "failed", why=f"its variant for {part.variant} does not apply: {str(exc).splitlines()[0]}"
@@ -75,7 +75,7 @@ def port_part(pid: str, part: Part, *, source_dir: Path) -> PartPort:
             pid, "applies", patches=part.patches, why=f"(its variant for {part.variant})", variant=part.variant
         )
     try:
-        _static_apply(list(part.patches), source_dir)
+        static_apply(list(part.patches), source_dir)
         return PartPort(pid, "applies", patches=part.patches)
     except SglfixError:
         pass
@@ -112,7 +112,7 @@ def port_part(pid: str, part: Part, *, source_dir: Path) -> PartPort:
         out.append(PatchSpec(target=spec.target, edits=tuple(edits), preamble=spec.preamble))
     patches = tuple(out)
     try:
-        _static_apply(list(patches), source_dir)
+        static_apply(list(patches), source_dir)
     except SglfixError as exc:
         return PartPort(pid, "failed", why=f"the ported edits do not apply: {str(exc).splitlines()[0]}")
     return PartPort(pid, "ported", patches=patches, changed=changed)

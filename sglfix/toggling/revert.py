@@ -19,7 +19,15 @@ from sglfix.toggling.ids import ToggleId
 from sglfix.toggling.modstate import ModuleSnapshot
 from sglfix.toggling.registry import Registry, Selection, load_registry, parse_toggle_ids
 
-__all__ = ["Reverted", "import_target_modules", "restore_everything", "revert", "reverted_ids", "target_code"]
+__all__ = [
+    "Reverted",
+    "import_target_modules",
+    "register_reverted",
+    "restore_everything",
+    "revert",
+    "reverted_ids",
+    "target_code",
+]
 
 _LOCK = threading.RLock()
 _ACTIVE: dict[str, Reverted] = {}  # part id -> the Reverted that holds it, oldest first
@@ -117,6 +125,16 @@ def revert(
         for sel in selections:
             _ACTIVE[sel.id] = result
         return result
+
+
+def register_reverted(part_id: str, record: Reverted, *, replace: bool = True) -> None:
+    """Count part ``part_id`` as held by ``record``, whose patches were installed without
+    ``revert`` (the import hook installs a set module by module): ``reverted_ids`` lists it and
+    ``record.restore()`` drops it. ``replace=False`` keeps a holder already counted."""
+    if replace:
+        _ACTIVE[part_id] = record
+    else:
+        _ACTIVE.setdefault(part_id, record)
 
 
 def reverted_ids() -> list[str]:

@@ -7,12 +7,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sglfix.harness.invariants import MetadataFields
+from sglfix.harness.unavailable import Unavailable
 
-__all__ = ["AdapterBase", "BackendAdapter", "MetadataHook", "Prepared", "Unavailable", "require_flashinfer"]
-
-
-class Unavailable(Exception):
-    """The cell cannot run on this machine (a SKIP with this reason, never a failure)."""
+__all__ = ["AdapterBase", "BackendAdapter", "MetadataHook", "Prepared", "require_flashinfer"]
 
 
 def require_flashinfer(device: str) -> None:
@@ -61,7 +58,7 @@ class BackendAdapter(Protocol):
 
     def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
         """The forward for the scenario's mode: eager, or a replay of ``runner``; returns the output
-        (or ``sglfix.harness.cell.NoOutput`` where no output can be produced here)."""
+        (or ``sglfix.harness.unavailable.NoOutput`` where no output can be produced here)."""
 
     def static_buffers(self, backend: Any) -> list:
         """Registered static buffers (with guard zones) after the run."""

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sglfix.harness.adapters.base import Unavailable
 from sglfix.harness.adapters.sglang.glue import glue_inputs
 from sglfix.harness.adapters.sglang.truth import GroundTruth, ground_truth, tree_visibility
 from sglfix.harness.kits import kit as _kit
+from sglfix.harness.unavailable import Unavailable
 
 __all__ = ["SglangCase", "build_case"]
 

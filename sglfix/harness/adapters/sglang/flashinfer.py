@@ -42,7 +42,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import AdapterBase, Prepared, Unavailable
+from sglfix.harness.adapters.base import AdapterBase, Prepared
 from sglfix.harness.adapters.sglang.draft_checks import (
     check_draft_metadata,
     check_planned_reads,
@@ -52,9 +52,9 @@ from sglfix.harness.adapters.sglang.draft_checks import (
     step_tables,
 )
 from sglfix.harness.adapters.sglang.draft_truth import attend_steps, draft_reference
-from sglfix.harness.cell import NoOutput
 from sglfix.harness.codefault import BrokenContract
 from sglfix.harness.invariants import MetadataFields
+from sglfix.harness.unavailable import NoOutput, Unavailable
 
 __all__ = ["ADAPTER", "FlashInferDraftAdapter"]
 

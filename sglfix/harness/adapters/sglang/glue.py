@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sglfix.harness.adapters.base import Unavailable
 from sglfix.harness.kits import kit as _kit
+from sglfix.harness.unavailable import Unavailable
 
 __all__ = ["GlueInputs", "glue_inputs", "run_glue"]
 

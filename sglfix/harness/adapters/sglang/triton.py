@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglfix.harness.adapters.base import AdapterBase, MetadataHook, Prepared, Unavailable
+from sglfix.harness.adapters.base import AdapterBase, MetadataHook, Prepared
 from sglfix.harness.adapters.sglang.case import build_case
 from sglfix.harness.adapters.sglang.glue import run_glue
 from sglfix.harness.adapters.sglang.guards import (
@@ -43,6 +43,7 @@ from sglfix.harness.adapters.sglang.guards import (
 from sglfix.harness.adapters.sglang.truth import reference
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.kits import kit as _kit
+from sglfix.harness.unavailable import Unavailable
 
 __all__ = ["ADAPTER", "SglangTritonAdapter"]
 

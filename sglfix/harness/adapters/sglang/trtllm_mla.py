@@ -27,9 +27,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import AdapterBase, Prepared, Unavailable
-from sglfix.harness.cell import NoOutput
+from sglfix.harness.adapters.base import AdapterBase, Prepared
 from sglfix.harness.invariants import MetadataFields
+from sglfix.harness.unavailable import NoOutput, Unavailable
 
 __all__ = ["ADAPTER", "TrtllmMLADraftExtendAdapter"]
 

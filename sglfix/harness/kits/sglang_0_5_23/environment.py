@@ -357,7 +357,7 @@ class FixtureTestCase:
         if "backend is not available" in reason:
             # The release's backend cannot be built on this device (0.5.21's DSv4 needs CUDA):
             # a backend the code base lacks here, SKIP with the reason.
-            from sglfix.harness.adapters.base import Unavailable
+            from sglfix.harness.unavailable import Unavailable
 
             raise Unavailable(f"this sglang's kit cannot build the backend here: {reason}")
         raise RuntimeError(f"the sglang kit gave up building the fixture: {reason}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import Unavailable
+from sglfix.harness.unavailable import Unavailable
 
 from .environment import bind_runner_slots
 
