@@ -180,7 +180,7 @@ def _use_release(
             )
         if not record.covers(version):
             others = [r.name for r in records if r.covers(version)]
-            pick = f"give --profile {others[0]}" if others else f"write a profile for {version} (README, Profiles)"
+            pick = f"give --profile {others[0]}" if others else f"write a profile for {version} (docs/how-to/add-a-profile.md)"
             raise ConfigError(
                 f"--release {version}: {why} is written for {engine} {record.versions or record.version}; {pick}"
             )
@@ -205,7 +205,7 @@ def _release_followed(version: str, records: list) -> None:
         raise ConfigError(
             f"--release {version}: no profile covers {oldest.distribution} {version} (the oldest, {oldest.name}, "
             f"covers {oldest.versions or oldest.version}); give a release it covers, or write a profile for "
-            f"{version} (README, Profiles)"
+            f"{version} (docs/how-to/add-a-profile.md)"
         )
 
 

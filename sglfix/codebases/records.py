@@ -365,7 +365,7 @@ def _follow_installed(asked: str, engine: list[Profile], *, what: str) -> Profil
             raise ConfigError(
                 f"{what} {asked}: {newest.package} {here.version} is installed ({here.path}), older than every "
                 f"profile (the oldest, {oldest.name}, covers {oldest.versions or oldest.version}); install a "
-                f"{oldest.distribution} it covers, or write a profile for it (README, Profiles)"
+                f"{oldest.distribution} it covers, or write a profile for it (docs/how-to/add-a-profile.md)"
             )
         chosen, beyond = newest, here.version
     followed = copy.copy(chosen)

@@ -52,7 +52,7 @@ MAX_NAME_CHARS = 200
 MAX_DESCRIPTION_CHARS = 4000
 MAX_SEED = 2**63 - 1
 
-LIMITS_HINT = "see 'Scenario limits' in the README"
+LIMITS_HINT = "see docs/reference/scenario-files.md, Scenario limits"
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ LIMITS: tuple[Limit, ...] = (
 
 
 def limits_markdown() -> str:
-    """The limits as a Markdown table, for the README."""
+    """The limits as a Markdown table, for docs/reference/scenario-files.md."""
     rows = ["| what | allowed | note |", "|---|---|---|"]
     rows += [f"| {lim.applies_to} | {lim.value} | {lim.why} |" for lim in LIMITS]
     return "\n".join(rows)
