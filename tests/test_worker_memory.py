@@ -10,7 +10,7 @@ import pytest
 import yaml
 from clihelp import run_cli
 
-from sglfix.execution.serve import MEMORY_ENV, memory_cap
+from sglfix.execution.devices import MEMORY_ENV, memory_cap
 
 TARGET = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata"
 GREEDY = "        __import__('torch').empty(3 << 30, dtype=__import__('torch').uint8)\n"  # 3 GiB, never touched

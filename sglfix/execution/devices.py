@@ -1,11 +1,13 @@
-"""Where cells may run and how many workers: the device, the GPUs of --devices and the worker
-count, checked in the parent before any worker starts (this process never imports torch)."""
+"""Where cells may run and how many workers: the device, the GPUs of --devices, the worker count
+and the memory a CPU worker may hold, checked in the parent before any worker starts (this process
+never imports torch)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
 
+from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 
 
@@ -195,3 +197,26 @@ def _cuda_device_count() -> int:
         raise ConfigError(
             f"--devices all: could not count the GPUs ({(probe.stderr or probe.stdout).strip()[-200:]})"
         ) from None
+
+
+MEMORY_ENV = envs.SGLFIX_WORKER_MEMORY_GB.name  # a CPU worker's address-space cap; 0 or off: none
+_MIN_CAP = 4 << 30  # a worker of real sglang peaks near 1.2 GiB of address space
+
+
+def memory_cap() -> int | None:
+    """Bytes of address space a CPU worker may hold: ``SGLFIX_WORKER_MEMORY_GB``, else 80 % of
+    the machine's memory shared by as many workers as it has cores (at least 4 GiB); None for
+    no cap."""
+    raw = (envs.SGLFIX_WORKER_MEMORY_GB.get() or "").strip().lower()
+    if raw in ("0", "off", "no", "none"):
+        return None
+    if raw:
+        try:
+            return int(float(raw) * (1 << 30)) or None
+        except ValueError:
+            return None
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return max(_MIN_CAP, int(total * 0.8) // max(1, os.cpu_count() or 1))

@@ -35,6 +35,7 @@ from typing import Any
 
 from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
+from sglfix.execution.devices import memory_cap
 from sglfix.execution.session import Session, first_line
 
 __all__ = ["SPEC_ENV", "serve"]
@@ -78,29 +79,6 @@ def _die_with_parent(parent: int) -> None:
             pass
     if os.getppid() != parent:  # the parent died before the request took hold
         os._exit(1)
-
-
-MEMORY_ENV = envs.SGLFIX_WORKER_MEMORY_GB.name  # a CPU worker's address-space cap; 0 or off: none
-_MIN_CAP = 4 << 30  # a worker of real sglang peaks near 1.2 GiB of address space
-
-
-def memory_cap() -> int | None:
-    """Bytes of address space a CPU worker may hold: ``SGLFIX_WORKER_MEMORY_GB``, else 80 % of
-    the machine's memory shared by as many workers as it has cores (at least 4 GiB); None for
-    no cap."""
-    raw = (envs.SGLFIX_WORKER_MEMORY_GB.get() or "").strip().lower()
-    if raw in ("0", "off", "no", "none"):
-        return None
-    if raw:
-        try:
-            return int(float(raw) * (1 << 30)) or None
-        except ValueError:
-            return None
-    try:
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-    return max(_MIN_CAP, int(total * 0.8) // max(1, os.cpu_count() or 1))
 
 
 def _cap_memory(device: str) -> None:

@@ -129,10 +129,10 @@ _ASKED = re.compile(r"tried to allocate (\d+) bytes")
 
 
 def _beyond_cap(message: str) -> bool:
-    """An allocation larger than a CPU worker's whole address-space cap (``serve.memory_cap``,
+    """An allocation larger than a CPU worker's whole address-space cap (``devices.memory_cap``,
     the same on every run of this machine and settings): refused every time, not for want of
     free memory now."""
-    from sglfix.execution.serve import memory_cap
+    from sglfix.execution.devices import memory_cap
 
     asked, cap = _ASKED.search(message), memory_cap()
     return asked is not None and cap is not None and int(asked.group(1)) > cap
