@@ -92,7 +92,7 @@ class _Queue:
 
     def take(self, *, held: tuple[str, ...] | None, elsewhere: set) -> int:
         """The set this worker holds; else a set no other worker holds; else the largest."""
-        key = held if held is not None else ()
+        key: tuple[str, ...] | None = held if held is not None else ()
         if key not in self.groups:
             key = next((k for k in self.groups if k not in elsewhere), None)
         if key is None:

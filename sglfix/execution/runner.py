@@ -334,7 +334,7 @@ class Runner:
         only for the others). ``cells``: how many the plan has, if known."""
         store = None
         if self.store_dir is not None and self.settings.record in ((), (EVERY_FUNCTION,)):
-            store = self._open_store()
+            store = self._open_store(self.store_dir)
         if store is None:
             with self.workers(cells=cells) as pool:
                 yield pool
@@ -452,7 +452,7 @@ class Runner:
         results: list,
         wall: float,
         replacements: list,
-        reran: list = (),
+        reran: Sequence[str] = (),
         store: Any = None,
     ) -> Ran:
         return Ran(
@@ -472,7 +472,7 @@ class Runner:
             store=store,
         )
 
-    def _open_store(self) -> Any:
+    def _open_store(self, directory: str) -> Any:
         """The result store for this run's context; None (one line said why) when the default
         folder cannot be used. A folder given with --cache was checked at start."""
         from sglfix.codebases import installed
@@ -489,7 +489,7 @@ class Runner:
             return None
         context, parts = context_key(device=device, codebase=cb, profile=self.target.profile, root=root)
         try:
-            return ResultStore(self.store_dir, context=context, parts=parts, top=os.path.dirname(root))
+            return ResultStore(directory, context=context, parts=parts, top=os.path.dirname(root))
         except Exception as exc:  # an unusable default folder: the run goes on without a store
             import sys
 
@@ -653,7 +653,7 @@ def env_ids(registry: Any) -> tuple[str, ...]:
 
     value = envs.REVERT_PR.get()
     parse_env_value(value, registry=registry)
-    if selects_nothing(value):
+    if value is None or selects_nothing(value):
         return ()
     return tuple(t.strip() for t in value.split(","))
 
