@@ -21,8 +21,7 @@ from sglfix.report.bisect import TOOL, BisectReport, Culprit, FixComparison, Fla
 from sglfix.report.schema import PlanIdentity, StoreUse
 
 if TYPE_CHECKING:
-    from sglfix.execution.planner import PlannedCell
-    from sglfix.execution.reach import RecordingCell
+    from sglfix.execution.pool import Cell
 
 # Progress of a search: silent for a quick one, then a line at most this often (every set: each).
 QUIET_S = 5.0
@@ -68,7 +67,7 @@ class CellCache:
         if todo:
             self.sets.add(ids)
             self._progress(ids, len(todo))
-            cells: list[PlannedCell] | list[RecordingCell]
+            cells: list[Cell]
             if record is None:
                 cells = [self._planned(self.by_name[n], toggles) for n in todo]
             else:
