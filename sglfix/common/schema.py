@@ -14,9 +14,9 @@ import difflib
 import reprlib
 import typing
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, dataclass_transform
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from sglfix.common.errors import ConfigError
 from sglfix.common.yamlio import LineDict, LineList, line_of
@@ -32,7 +32,18 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
 
 
-class _ConfigErrorOnCall(type(BaseModel)):  # type: ignore[misc]
+if TYPE_CHECKING:
+    # Named for the checker only: pydantic keeps its metaclass private, so at run time it is
+    # taken from BaseModel itself.
+    from pydantic._internal._model_construction import ModelMetaclass as _ModelMetaclass
+else:
+    _ModelMetaclass = type(BaseModel)
+
+
+# Repeated from pydantic's metaclass: a checker reads the fields of a model as its keyword
+# arguments only where the model's own metaclass says so.
+@dataclass_transform(kw_only_default=True, field_specifiers=(Field, PrivateAttr))
+class _ConfigErrorOnCall(_ModelMetaclass):
     # Only a call from Python passes here; nested validation never does, so a model inside
     # another still reports its error with the full path and line.
     def __call__(cls, /, *args: Any, **kwargs: Any) -> Any:

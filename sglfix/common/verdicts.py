@@ -131,7 +131,7 @@ def worst(verdicts: Iterable[str]) -> str:
     return min(ranked, key=lambda v: v.severity).value
 
 
-def stands_for(verdict: str, findings: Iterable[Any]) -> str:
+def stands_for(verdict: str, findings: Iterable[Any] | None) -> str:
     """The verdict a cell stands for: its own, or for NOT_REACHED its baseline's (the ``same_as``
     its mark carries; PASS when none). Expectations judge cells by it, in a run and in a merge."""
     if verdict != NOT_REACHED:

@@ -92,7 +92,8 @@ def locate_one(candidates: Sequence[str], fails: Callable[[Iterable[str]], bool]
     every = list(candidates)
     if not every:
         return None, []
-    region, waiting, last_failing = list(every), [], None
+    waiting: list[str] = []
+    region, last_failing = list(every), None
     while len(region) > 1:
         left, right = region[: len(region) // 2], region[len(region) // 2 :]
         if fails(left):
@@ -122,7 +123,8 @@ def find_culprits(
     candidates: Sequence[str], fails: Callable[[Iterable[str]], bool], *, max_culprits: int = 16
 ) -> list[list[str]]:
     """Minimal failing subsets, each removed in turn while the rest is not proven clean."""
-    remaining, culprits = list(candidates), []
+    remaining = list(candidates)
+    culprits: list[list[str]] = []
     while remaining and len(culprits) < max_culprits:
         found, unproven = locate_one(remaining, fails)
         if found is None:

@@ -15,10 +15,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglfix.report.bisect import TOOL, BisectReport, Culprit, FixComparison, FlatCulprit, Group, LeftOut, Masking, now
 from sglfix.report.schema import PlanIdentity, StoreUse
+
+if TYPE_CHECKING:
+    from sglfix.execution.pool import Cell
 
 # Progress of a search: silent for a quick one, then a line at most this often (every set: each).
 QUIET_S = 5.0
@@ -64,6 +67,7 @@ class CellCache:
         if todo:
             self.sets.add(ids)
             self._progress(ids, len(todo))
+            cells: list[Cell]
             if record is None:
                 cells = [self._planned(self.by_name[n], toggles) for n in todo]
             else:

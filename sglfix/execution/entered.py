@@ -118,7 +118,7 @@ NO_BOOT = object()
 
 
 def _free_tool_ids(n: int) -> list[int]:
-    mon = sys.monitoring
+    mon = sys.monitoring  # type: ignore[attr-defined]  # Python 3.12's; reached only there (``entered``)
     # 2 is the profiler's, 1 and 0 debuggers' and coverage's by convention
     return [tool for tool in (4, 3, 5, 1, 0) if mon.get_tool(tool) is None][:n]
 
@@ -126,7 +126,7 @@ def _free_tool_ids(n: int) -> list[int]:
 def _monitored(targets: set, call: Callable[[], Any], *, every: bool, apart: bool = False) -> Recorded:
     from sglfix.harness.tracing import Recorder, recording
 
-    mon = sys.monitoring
+    mon = sys.monitoring  # type: ignore[attr-defined]  # Python 3.12's; reached only there (``entered``)
     tools = _free_tool_ids(int(bool(targets)) + int(every))
     if len(tools) < int(bool(targets)) + int(every):  # six tools busy: the C profiler still works on 3.12
         return _profiled(targets, call, every=every, apart=apart)

@@ -12,7 +12,7 @@ import os
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from sglfix.common.errors import ConfigError
 from sglfix.report.finding import Finding
@@ -316,7 +316,11 @@ def _rerun(profile: Any, scenario: Any, toggles: list[str], device: str, progres
 
     registry = load_registry(profile.toggles_dir)
     target = Target(profile=profile, registry=registry, codebase=get_codebase(profile.name))
-    runner = Runner(Settings(device=device, record=(EVERY_FUNCTION,)), target, what="report finding")
+    runner = Runner(
+        Settings(device=cast(Literal["auto", "cpu", "cuda"], device), record=(EVERY_FUNCTION,)),
+        target,
+        what="report finding",
+    )
     plan = runner.plan(
         lambda chosen, *, registry, env_ids: plan_run(chosen, revert=toggles, env_ids=env_ids, registry=registry),
         chosen=[scenario],

@@ -283,7 +283,7 @@ def _sample(cells: list[Any], baseline_of: dict[str, Any], n: int) -> list[Any]:
         return list(cells)
 
     def cost(s: Any) -> float:
-        t = (baseline_of.get(s.name).timings_ms or {}) if s.name in baseline_of else {}
+        t = (baseline_of[s.name].timings_ms or {}) if s.name in baseline_of else {}
         return float(t.get("total") or t.get("run") or 1e9)
 
     groups: dict[tuple, list[Any]] = {}
@@ -303,7 +303,7 @@ def _moved(results: list[Any], baseline_of: dict[str, Any]) -> set[str]:
     a failure of sglfix or the machine aside (ERROR, TIMEOUT say nothing of the mutant)."""
     from sglfix.report.outcome import effective
 
-    out = set()
+    out: set[str] = set()
     for r in results:
         base = baseline_of.get(r.scenario)
         v = effective(r.to_json())
@@ -432,7 +432,9 @@ class _Mapped:
         rel = m.path[len(self.codebase.repo_prefix) :] if m.path.startswith(self.codebase.repo_prefix) else m.path
         if rel not in self.files:
             try:
-                self.files[rel] = hashlib.sha256((Path(self.root) / rel).read_bytes()).hexdigest()
+                self.files[rel] = (
+                    None if self.root is None else hashlib.sha256((Path(self.root) / rel).read_bytes()).hexdigest()
+                )
             except (OSError, TypeError):
                 self.files[rel] = None
         if self.files[rel] is None:

@@ -26,7 +26,7 @@ import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sglfix.common.errors import ConfigError
 from sglfix.common.signals import Terminated, signals_raise
@@ -35,8 +35,13 @@ from sglfix.execution.mps import LOG_ENV, PIPE_ENV, Daemon, users_daemon
 from sglfix.execution.worker import Event, Worker, WorkerConfig, WorkerStartError, raise_for_start, wait_fds
 from sglfix.harness.result import CellResult
 
+if TYPE_CHECKING:
+    from sglfix.scenario.models import Scenario
+
 __all__ = [
+    "Cell",
     "CellLine",
+    "Pool",
     "Terminated",
     "WorkerConfig",
     "WorkerPool",
@@ -53,6 +58,33 @@ __all__ = [
 MAX_REPLACEMENTS = 2
 _LOST = "its GPU context was lost under MPS"
 _TICK = 0.5  # longest poll wait: bounds how late a deadline is noticed without a pidfd
+
+
+class Cell(Protocol):
+    """A cell as the pool reads it (``PlannedCell``, ``RecordingCell``, ...): a scenario and a toggle
+    set. ``extra`` (what the worker is to record) and ``answer`` (a result known without a worker)
+    are read where a cell has them."""
+
+    @property
+    def scenario(self) -> Scenario: ...
+
+    @property
+    def toggles(self) -> Sequence[str]: ...
+
+
+class Pool(Protocol):
+    """What runs cells: ``WorkerPool``, ``RayPool``, and the result store's ``StoredPool`` around either."""
+
+    @property
+    def info(self) -> dict: ...
+
+    def run(
+        self,
+        cells: Iterable[Cell],
+        *,
+        on_result: Callable[[CellResult], None] | None = None,
+        feed: Callable[[Cell, CellResult], Iterable[Cell]] | None = None,
+    ) -> list[CellResult]: ...
 
 
 @contextlib.contextmanager
@@ -92,7 +124,7 @@ class _Queue:
 
     def take(self, *, held: tuple[str, ...] | None, elsewhere: set) -> int:
         """The set this worker holds; else a set no other worker holds; else the largest."""
-        key = held if held is not None else ()
+        key: tuple[str, ...] | None = held if held is not None else ()
         if key not in self.groups:
             key = next((k for k in self.groups if k not in elsewhere), None)
         if key is None:
@@ -112,10 +144,10 @@ class CellLine:
 
     def __init__(
         self,
-        cells: Iterable[Any],
+        cells: Iterable[Cell],
         *,
         on_result: Callable[[CellResult], None] | None,
-        feed: Callable[[Any, CellResult], Iterable[Any]] | None,
+        feed: Callable[[Cell, CellResult], Iterable[Cell]] | None,
     ) -> None:
         self.cells = list(cells)
         self.keys = [tuple(c.toggles) for c in self.cells]
@@ -123,14 +155,14 @@ class CellLine:
         self.results: list[CellResult | None] = [None] * len(self.cells)
         self.left = len(self.cells)  # cells without a result yet
         self._on_result, self._feed = on_result, feed
-        answered = []
+        answered: list[tuple[int, CellResult]] = []
         for i, cell in enumerate(self.cells):
-            if getattr(cell, "answer", None) is not None:
-                answered.append(i)
+            if (answer := getattr(cell, "answer", None)) is not None:
+                answered.append((i, answer))
             else:
                 self.queue.add(i, self.keys[i])
-        for i in answered:
-            self.settle(i, self.cells[i].answer)
+        for i, answer in answered:
+            self.settle(i, answer)
 
     def settle(self, i: int, result: CellResult) -> None:
         self.results[i] = result
@@ -142,8 +174,8 @@ class CellLine:
             self.keys.append(tuple(cell.toggles))
             self.results.append(None)
             self.left += 1
-            if getattr(cell, "answer", None) is not None:
-                self.settle(len(self.cells) - 1, cell.answer)
+            if (answer := getattr(cell, "answer", None)) is not None:
+                self.settle(len(self.cells) - 1, answer)
             else:
                 self.queue.add(len(self.cells) - 1, self.keys[-1])
 
@@ -151,7 +183,7 @@ class CellLine:
         return [r for r in self.results if r is not None]
 
 
-def checked_reply(result: CellResult, *, cell: Any, key: tuple[str, ...]) -> CellResult:
+def checked_reply(result: CellResult, *, cell: Cell, key: tuple[str, ...]) -> CellResult:
     """A worker's reply for ``cell`` (run with toggle set ``key``), trusted only when it names
     that cell; else an ERROR of sglfix for the cell."""
     if result.scenario == cell.scenario.name and tuple(result.toggles) == key:
@@ -286,10 +318,10 @@ class WorkerPool:
 
     def run(
         self,
-        cells: Iterable[Any],
+        cells: Iterable[Cell],
         *,
         on_result: Callable[[CellResult], None] | None = None,
-        feed: Callable[[Any, CellResult], Iterable[Any]] | None = None,
+        feed: Callable[[Cell, CellResult], Iterable[Cell]] | None = None,
     ) -> list[CellResult]:
         """Run every cell (``.scenario`` with ``.name``/``.to_json()``, ``.toggles``); results in cell order.
         ``feed(cell, result)``, called as each result arrives, may return more cells to run (they
@@ -390,7 +422,9 @@ class WorkerPool:
             self._solo = Worker(self.config, extra_env=env)
         return self._solo
 
-    def _outcome(self, w: Worker, event: Event, cell: Any, key: tuple[str, ...], *, replaced: int) -> CellResult | None:
+    def _outcome(
+        self, w: Worker, event: Event, cell: Cell, key: tuple[str, ...], *, replaced: int
+    ) -> CellResult | None:
         """The cell's result, or None when it never ran and goes back in line."""
         if event.kind == "died" and not event.data["pending"]:
             return None  # it died between cells

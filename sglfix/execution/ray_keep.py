@@ -117,7 +117,7 @@ def _digest(roots: list[str], *, content: bool) -> str:
 def identity(config: WorkerConfig, resources: dict) -> str:
     """What a kept actor must match to be claimed; the same on every node that has the same
     install (content, not paths or times)."""
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in _PACKAGES:
         try:
             versions[name] = importlib.metadata.version(name)

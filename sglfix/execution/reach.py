@@ -157,10 +157,10 @@ class _Reaching:
             if key not in self.probes:
                 self.probes[key] = None
                 out.append(self.send(unreached, j))
-            elif self.probes[key] is None:
+            elif (probe := self.probes[key]) is None:
                 self.held_back.setdefault(key, []).append((j, unreached))
-            elif self.probes[key].verdict == "NOT_REACHED":
-                out.append(self.send(_settled(self.probes[key], unreached), j))
+            elif probe.verdict == "NOT_REACHED":
+                out.append(self.send(_settled(probe, unreached), j))
             else:
                 out.append(self.send(unreached, j))
         return out

@@ -15,12 +15,27 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError
 from sglfix.execution.devices import check_device, check_jobs, has_cuda_device, parse_devices, uses_cuda
 from sglfix.execution.settings import EVERY_FUNCTION, Settings
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from sglfix.codebases import CodeBase, Profile
+    from sglfix.execution.planner import Plan
+    from sglfix.execution.pool import Cell, WorkerPool
+    from sglfix.execution.ray_pool import RayPool
+    from sglfix.execution.shards import Shard
+    from sglfix.execution.store import ResultStore
+    from sglfix.execution.store.layer import StoredPool
+    from sglfix.harness.result import CellResult
+    from sglfix.scenario.models import Scenario
+    from sglfix.toggling.candidate import Candidate
+    from sglfix.toggling.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -28,27 +43,27 @@ class Target:
     """The code base cells replay through and the toggles they revert, as the command resolved
     them (``--profile``, ``--toggles``, ``--allow-target``)."""
 
-    profile: Any  # sglfix.toggling.profiles.Profile
-    registry: Any  # sglfix.toggling.registry.Registry
-    codebase: Any  # sglfix.codebases.CodeBase
+    profile: Profile
+    registry: Registry
+    codebase: CodeBase
     allowed_prefixes: tuple[str, ...] | None = None
     toggles_dir: str | None = None  # given explicitly: every worker reads the same files
     # Candidate fixes (--apply, sglfix.toggling.candidate), checked against the code base; the
     # registry selects them by id.
-    candidates: tuple[Any, ...] = ()
+    candidates: tuple[Candidate, ...] = ()
 
 
 @dataclass
 class Ran:
     """A plan run through the workers, with what the report and the tables need."""
 
-    registry: Any
+    registry: Registry
     env: tuple[str, ...]
-    plan: Any
+    plan: Plan
     info: dict
-    results: list
+    results: list[CellResult]
     wall: float
-    shard: Any = None  # the Shard this run was, if --shard
+    shard: Shard | None = None  # the Shard this run was, if --shard
     replacements: list = field(default_factory=list)  # why each worker was replaced between sets
     reran_alone: list = field(default_factory=list)  # cells run again alone (sglfix.execution.pool), why
     drifted: dict = field(default_factory=dict)  # revert id -> why it no longer applies here
@@ -140,10 +155,10 @@ class Runner:
         self.drifted: dict[str, str] = {}  # revert id -> why it no longer applies (see ``precheck``)
         self.not_applicable: dict[str, str] = {}  # revert id -> why no revert exists at this version
         self.conflicts: dict[str, str] = {}  # set label -> why its fix and reverts cannot go together
-        self._booted: Any = None  # the pool ``booting`` started ahead, until ``workers`` takes it
+        self._booted: WorkerPool | None = None  # the pool ``booting`` started ahead, until ``workers`` takes it
         self.whole_cells: list[str] = []  # the ids of the plan ``plan`` built, before the shard
 
-    def scenarios(self) -> list:
+    def scenarios(self) -> list[Scenario]:
         """The scenarios the settings select, checked at load (sizes, memory, what the code base
         can run)."""
         s = self.settings
@@ -155,7 +170,7 @@ class Runner:
             memory_budget=s.memory_budget,
         )
 
-    def plan(self, build_plan: Callable[..., Any], chosen: Sequence[Any] | None = None) -> Any:
+    def plan(self, build_plan: Callable[..., Plan], chosen: Sequence[Scenario] | None = None) -> Plan:
         """``build_plan(scenarios, registry=, env_ids=)``'s plan, this shard of it, every revert
         of every set checked against the installed source (one line before any worker); with a
         profile followed beyond its range, the sets of reverts that no longer apply left out
@@ -170,7 +185,7 @@ class Runner:
             plan = shard_plan(plan, self.shard, timings=self.timings)
         return self.precheck(plan)
 
-    def precheck(self, plan: Any) -> Any:
+    def precheck(self, plan: Plan) -> Plan:
         """Each toggle set of ``plan`` applied on paper to the installed source of the code base:
         a revert that would fail in every worker (its match not in the code, its target not
         allowed, its replacement not Python) is one line before any worker starts; the plan.
@@ -270,7 +285,7 @@ class Runner:
         if s.executor != "local" or (self.store_dir is not None and not s.record):
             yield
             return
-        with signals_raise(), self._new_pool(self.jobs) as pool:
+        with signals_raise(), self._local_pool(self.jobs) as pool:
             self._booted = pool
             try:
                 yield
@@ -278,13 +293,14 @@ class Runner:
                 self._booted = None
 
     @contextmanager
-    def workers(self, *, cells: int | None = None) -> Iterator[Any]:
+    def workers(self, *, cells: int | None = None) -> Iterator[WorkerPool | RayPool]:
         """The pool of workers (never more than ``cells``: a worker costs a process start and its
         memory for nothing), SIGTERM turned into an exception while it is open."""
         from sglfix.execution.pool import signals_raise
 
         jobs = self.jobs if cells is None else max(1, min(self.jobs, cells))
         booted, self._booted = self._booted, None
+        pool: WorkerPool | RayPool
         if booted is not None:
             booted.trim(jobs)
             pool = booted
@@ -295,12 +311,16 @@ class Runner:
                 self._check_same_code(pool.info)
             yield pool
 
-    def _new_pool(self, jobs: int) -> Any:
+    def _new_pool(self, jobs: int) -> WorkerPool | RayPool:
         s = self.settings
         if s.executor == "ray":
             from sglfix.execution.ray_pool import RayPool
 
             return RayPool(self.config, jobs=jobs, devices=self.gpus, address=s.ray_address, keep=s.ray_keep)
+        return self._local_pool(jobs)
+
+    def _local_pool(self, jobs: int) -> WorkerPool:
+        s = self.settings
         from sglfix.execution.pool import WorkerPool
 
         return WorkerPool(
@@ -328,13 +348,13 @@ class Runner:
         )
 
     @contextmanager
-    def pool(self, *, cells: int | None = None) -> Iterator[Any]:
+    def pool(self, *, cells: int | None = None) -> Iterator[WorkerPool | RayPool | StoredPool]:
         """What cells run on: the workers (``workers``), through the result store when it is on
         (``sglfix.execution.store.layer``: the cells it holds are answered, the workers started
         only for the others). ``cells``: how many the plan has, if known."""
         store = None
         if self.store_dir is not None and self.settings.record in ((), (EVERY_FUNCTION,)):
-            store = self._open_store()
+            store = self._open_store(self.store_dir)
         if store is None:
             with self.workers(cells=cells) as pool:
                 yield pool
@@ -342,7 +362,7 @@ class Runner:
         from sglfix.execution.store.layer import StoredPool
 
         @contextmanager
-        def open_pool(size: int | None) -> Iterator[Any]:
+        def open_pool(size: int | None) -> Iterator[WorkerPool | RayPool]:
             with self.workers(cells=size) as pool:
                 store.keep_info(self._pool_info(pool))  # for a later run that starts none
                 yield pool
@@ -359,7 +379,9 @@ class Runner:
         ) as layer:
             yield layer
 
-    def run(self, plan: Any, *, progress: Callable[[Any], Any]) -> Ran:
+    def run(
+        self, plan: Plan, *, progress: Callable[[Plan], AbstractContextManager[Callable[[CellResult], None]]]
+    ) -> Ran:
         """Every cell of ``plan`` on a fresh pool (``pool``: through the result store when it is
         on, no worker at all when it holds every cell), through reachability when the settings
         ask for it. ``progress(plan)`` is a context manager giving the function each result is
@@ -371,37 +393,39 @@ class Runner:
         differ: list = []
         verify: list[int] = []
         with self.pool(cells=len(plan.cells)) as pool:
-            stored = isinstance(pool, StoredPool)
-            if not stored:
+            layer = pool if isinstance(pool, StoredPool) else None
+            if layer is None:
                 info = self._pool_info(pool)
                 start = time.perf_counter()  # the workers' boot is not the run's
             with progress(plan) as tick:
                 results = self._run_cells(pool, plan, on_result=tick)
-            if stored:
+            if layer is not None:
                 verify = _verify_sample(
                     [i for i, r in enumerate(results) if r.stored is not None], self.settings.verify_store
                 )
-                differ = self._verify(pool, plan, results, verify)
-                info = self._pool_info(pool.pool) if pool.pool is not None else pool.info
+                differ = self._verify(layer, plan, results, verify)
+                info = self._pool_info(layer.pool) if layer.pool is not None else layer.info
             replacements = list(getattr(pool, "replacements", []))
             reran = list(getattr(pool, "reran_alone", []))
             wall = time.perf_counter() - start
         said = None
-        if stored:
-            _fail_on(differ, checked=len(verify), where=pool.store.directory)
+        if layer is not None:
+            _fail_on(differ, checked=len(verify), where=layer.store.directory)
             wall = time.perf_counter() - start  # the store's last writes are the run's
             said = {
-                "path": pool.store.directory,
-                "served": pool.served,
-                "ran": len(plan.cells) - pool.served,
+                "path": layer.store.directory,
+                "served": layer.served,
+                "ran": len(plan.cells) - layer.served,
                 **({"verified": len(verify)} if verify else {}),
-                **({"failed": pool.store.failed} if pool.store.failed else {}),
+                **({"failed": layer.store.failed} if layer.store.failed else {}),
             }
         return self._ran(
             plan, info=info, results=results, wall=wall, replacements=replacements, reran=reran, store=said
         )
 
-    def _run_cells(self, pool: Any, plan: Any, *, on_result: Callable[[Any], None]) -> list:
+    def _run_cells(
+        self, pool: WorkerPool | RayPool | StoredPool, plan: Plan, *, on_result: Callable[[CellResult], None]
+    ) -> list[CellResult]:
         """The plan's cells on ``pool``, results in plan order: baselines first and only the cells
         they reach (reachability), or each cell recording what the settings ask, or as they are."""
         if self.settings.reachability and len(plan.sets) > 1:
@@ -410,7 +434,7 @@ class Runner:
             return run_reaching(
                 pool, plan.cells, base=tuple(plan.sets[0]), registry=self.target.registry, on_result=on_result
             )
-        cells = plan.cells
+        cells: Sequence[Cell] = plan.cells
         if self.settings.record:  # every function (mutate's baselines), or --reach-file's targets
             from sglfix.execution.reach import RecordingCell
 
@@ -452,7 +476,7 @@ class Runner:
         results: list,
         wall: float,
         replacements: list,
-        reran: list = (),
+        reran: Sequence[str] = (),
         store: Any = None,
     ) -> Ran:
         return Ran(
@@ -472,7 +496,7 @@ class Runner:
             store=store,
         )
 
-    def _open_store(self) -> Any:
+    def _open_store(self, directory: str) -> ResultStore | None:
         """The result store for this run's context; None (one line said why) when the default
         folder cannot be used. A folder given with --cache was checked at start."""
         from sglfix.codebases import installed
@@ -489,7 +513,7 @@ class Runner:
             return None
         context, parts = context_key(device=device, codebase=cb, profile=self.target.profile, root=root)
         try:
-            return ResultStore(self.store_dir, context=context, parts=parts, top=os.path.dirname(root))
+            return ResultStore(directory, context=context, parts=parts, top=os.path.dirname(root))
         except Exception as exc:  # an unusable default folder: the run goes on without a store
             import sys
 
@@ -653,7 +677,7 @@ def env_ids(registry: Any) -> tuple[str, ...]:
 
     value = envs.REVERT_PR.get()
     parse_env_value(value, registry=registry)
-    if selects_nothing(value):
+    if value is None or selects_nothing(value):
         return ()
     return tuple(t.strip() for t in value.split(","))
 

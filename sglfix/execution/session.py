@@ -426,7 +426,7 @@ def _missing_dependency(exc: BaseException) -> str | None:
     """The third-party module whose absence made a revert's target unimportable here (a CUDA
     library on a CPU box: 0.5.15's DeepSeek-V4 backend imports cutlass), else None: a module of
     the code base or of sglfix that is missing is a real failure."""
-    seen = exc
+    seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, ModuleNotFoundError) and seen.name:
             root = seen.name.split(".")[0]

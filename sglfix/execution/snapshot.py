@@ -137,9 +137,9 @@ def _print(module: types.ModuleType) -> tuple[list[int], list[int]]:
             out += (value.__code__, value.__defaults__, value.__kwdefaults__)
         elif isinstance(value, type):
             if value.__module__ == name:
-                members = list(vars(value).items())
-                out += chain.from_iterable(members)
-                for _, member in members:
+                attrs = list(vars(value).items())
+                out += chain.from_iterable(attrs)
+                for _, member in attrs:
                     if type(member) is _FUNCTION:
                         out += (member.__code__, member.__defaults__, member.__kwdefaults__)
                     elif isinstance(member, _METHOD_WRAPPERS):
@@ -261,7 +261,7 @@ class StateSnapshot:
                 if (isinstance(self.entries[p], _Contents) and self.entries[p].mapping is not None)
                 or (_unset(self.entries[p]) and isinstance(self.entries.get(p.rpartition(".")[0]), types.ModuleType))
             ]
-        self._known = set(self.entries)
+        self._known: set[str] = set(self.entries)
 
     def _owner(self, path: str) -> str:
         """The module a path belongs to: the longest module name it starts with."""
@@ -286,7 +286,7 @@ class StateSnapshot:
                 continue
             out[name] = module
             namespace = vars(module)
-            found: list = [] if codes is not None else None
+            found: list = []  # kept only when ``codes`` asks for it
             for key, value in list(namespace.items()):
                 self._add(out, f"{name}.{key}", value)
                 if isinstance(value, (dict, list, set)) and not key.startswith("__"):
@@ -295,7 +295,7 @@ class StateSnapshot:
                 if is_class:
                     for attr, member in list(vars(value).items()):
                         self._add(out, f"{name}.{key}.{attr}", member)
-                if found is not None:
+                if codes is not None:
                     for member in vars(value).values() if is_class else (value,):
                         _codes_of(member, namespace, found)
             if codes is not None:
@@ -304,9 +304,9 @@ class StateSnapshot:
             # A submodule's name is also its package's attribute: a whole walk writes the module
             # itself last there, so a walk of some modules must too.
             for path in list(out):
-                module = sys.modules.get(path)
-                if module is not None and (path == self.prefix or path.startswith(self.prefix + ".")):
-                    out[path] = module
+                owner = sys.modules.get(path)
+                if owner is not None and (path == self.prefix or path.startswith(self.prefix + ".")):
+                    out[path] = owner
         return out
 
     @staticmethod

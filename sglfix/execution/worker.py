@@ -58,6 +58,11 @@ _INLINE_CANDIDATES = 64 * 1024
 _CANDIDATE_FILES: dict[str, str] = {}
 
 
+def _remove_if_there(path: str) -> None:
+    if os.path.exists(path):
+        os.remove(path)
+
+
 def _candidates_spec(candidates: Any) -> dict:
     """The candidates as a worker's start-up spec holds them: inline, or the path of a file the
     parent keeps until it exits (one per set of candidates, shared by every worker of a pool)."""
@@ -76,7 +81,7 @@ def _candidates_spec(candidates: Any) -> dict:
         fd, path = tempfile.mkstemp(prefix="sglfix-candidates-", suffix=".json")
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        atexit.register(lambda p=path: os.path.exists(p) and os.remove(p))
+        atexit.register(_remove_if_there, path)
         _CANDIDATE_FILES[key] = path
     return {"candidates_file": path}
 
@@ -396,7 +401,7 @@ class Worker:
 
     def _read(self, fd: int) -> tuple[bytes, bool]:
         """What is there to read now, and whether the pipe reached EOF."""
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             try:
                 chunk = os.read(fd, 65536)
@@ -475,6 +480,7 @@ class Worker:
                     f"worker failed to start: no handshake within {STARTUP_TIMEOUT:g} s; {self._pins_said()}{_CHECK_HINT}",
                 )
             if self.state == "busy":
+                assert self.pending is not None  # busy: a request is in flight
                 limit = self.pending["timeout"]
                 self.restarts += 1
                 self.pending = None
@@ -497,6 +503,7 @@ class Worker:
 
     def _died(self) -> Event:
         self._pump()  # whatever it wrote before dying
+        assert self.proc is not None  # only a started worker dies
         code = self.proc.returncode
         tail = self.output_tail()
         was, pending = self.state, self.pending

@@ -121,9 +121,9 @@ def merge_judged(
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(command),
     }
-    for key in ENV_FIELDS:
-        values = {_hashable(r.get(key)) for r in reports}
-        out[key] = reports[0].get(key) if len(values) == 1 else MIXED
+    for name in ENV_FIELDS:
+        values = {_hashable(r.get(name)) for r in reports}
+        out[name] = reports[0].get(name) if len(values) == 1 else MIXED
     if plan is not None:
         out["plan"] = plan
     out.update(
@@ -179,9 +179,10 @@ def one_plan(inputs: Sequence[tuple[str, dict]], *, gate: bool, unchecked_plans:
                     f"in {first} but {_plan_value(plan.get(key))} in {path}; merge the shards of one command line "
                     "(only --shard I/N differs), or run the odd one again"
                 )
-    if any(p is None for p in plans):
+    given = [p for p in plans if p is not None]
+    if len(given) < len(plans):
         return None
-    common = [{**p, "shard_costs": None} for p in plans]
+    common = [{**p, "shard_costs": None} for p in given]
     return common[0] if all(p == common[0] for p in common) else None
 
 

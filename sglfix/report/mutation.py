@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -242,6 +242,7 @@ def classify(
             if worst_unjudged is not Status.ERROR:
                 worst_unjudged = unjudged
             continue
+        assert meaning is not None  # a cell without a meaning is not judged (above)
         if meaning.meaning in _MOVED:
             out.killed_by.append(_ref(cell, meaning, base))
         ran.append((cell, base))
@@ -382,7 +383,10 @@ def hint(
 
 # --- the schema -----------------------------------------------------------------------------------
 
-StatusName = Literal[tuple(s.value for s in Status)]
+if TYPE_CHECKING:
+    StatusName = str  # a Literal computed from Status, which a checker cannot read
+else:
+    StatusName = Literal[tuple(s.value for s in Status)]
 
 
 class _Closed(BaseModel):
@@ -472,7 +476,9 @@ class Score(_Closed):
     def _score_is_its_counts(self) -> Score:
         judged = self.killed + self.survived
         want = self.killed / judged if judged else None
-        if (want is None) != (self.score is None) or (want is not None and not math.isclose(want, self.score)):
+        if (want is None) != (self.score is None) or (
+            want is not None and self.score is not None and not math.isclose(want, self.score)
+        ):
             raise Damaged(f"its score is not its {self.killed} killed / ({self.killed} + {self.survived} survived)")
         return self
 
@@ -787,7 +793,7 @@ def merge_mutation_reports(reports: Sequence[Mapping[str, Any]], *, names: Seque
     if len(counts) != 1:
         raise ConfigError(f"shards of different counts ({', '.join(sorted(counts))}); merge the shards of one split")
     count = int(counts.pop())
-    seen = {}
+    seen: dict[str, str] = {}
     for s, name in shards:
         if s in seen:
             raise ConfigError(f"{name} and {seen[s]} are both shard {s}; give each shard once")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from sglfix.common.verdicts import NOT_REACHED, stands_for
 
@@ -61,7 +61,8 @@ __all__ = [
 
 def effective(cell: dict) -> str:
     """The verdict a cell stands for: its own, or for NOT_REACHED its baseline's."""
-    return stands_for(cell.get("verdict"), cell.get("findings"))
+    # A cell of a report always has a verdict (the report's schema says so).
+    return stands_for(cast(str, cell.get("verdict")), cell.get("findings"))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 import re
 import typing
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -93,10 +94,16 @@ def _or_mixed(value: Any, handler: Any) -> Any:
 
 Count = Annotated[int, Field(ge=0)]
 Duration = Annotated[float, BeforeValidator(_duration)]
-Verdict = Literal[MARKS]
+if TYPE_CHECKING:
+    # Literals built from the vocabularies at run time, where pydantic checks them; a checker
+    # cannot read a computed Literal and sees text.
+    Verdict = str
+    MeaningName = str
+else:
+    Verdict = Literal[MARKS]
+    MeaningName = Literal[tuple(m.value for m in Meaning)]
 Verdicts = Annotated[list[Verdict], Field(min_length=1)]
 Device = Literal["any", "cpu", "cuda"]
-MeaningName = Literal[tuple(m.value for m in Meaning)]
 ToggleIds = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
 Shard = Annotated[str, BeforeValidator(_shard)]
 
@@ -526,7 +533,7 @@ _BOUNDS = {
 }
 
 
-def problem_words(err: dict, value: Any) -> str:
+def problem_words(err: Mapping[str, Any], value: Any) -> str:
     """What is wrong with ``value``, in words, as one pydantic error (``err``) of it says."""
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind in _PROBLEMS:
@@ -570,7 +577,8 @@ def _explain(exc: ValidationError, data: Any) -> str:
     # A misspelt key shows as the key missing and an unknown one beside it: the unknown one says why.
     err = next((e for e in errors if e["type"] == "extra_forbidden" and e["loc"][:-1] == err["loc"][:-1]), err)
     loc = tuple(err["loc"])
-    cell, model, node = None, Report, data
+    model: type[BaseModel] = Report
+    cell, node = None, data
     if len(loc) >= 2 and loc[0] == "cells" and isinstance(loc[1], int):
         node = value_at(data, loc[:2])
         scenario = node.get("scenario") if isinstance(node, dict) else None

@@ -215,7 +215,8 @@ def load_candidate(path: str | os.PathLike, *, codebase: Any) -> Candidate:
         source_root=Path(root),
         header=header,
     )
-    notes, refusals = [], []
+    notes: list[str] = []
+    refusals: list[str] = []
     for note in mapped.notes:
         why, blocking = _words(note.why, note.blocking)
         (refusals if blocking else notes).append(f"{note.where}: {why}")

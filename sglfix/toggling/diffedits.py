@@ -33,7 +33,7 @@ def functions_of(tree: ast.Module) -> list[Function]:
         for node in body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 start = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
-                out.append(Function(prefix + node.name, start, node.end_lineno - 1, node))
+                out.append(Function(prefix + node.name, start, (node.end_lineno or node.lineno) - 1, node))
             elif isinstance(node, ast.ClassDef):
                 walk(node.body, prefix + node.name + ".")
 
@@ -51,11 +51,11 @@ def enclosing(functions: list[Function], first: int, last: int) -> Function | No
 
 def defined_names(tree: ast.Module) -> dict[str, tuple[int, int]]:
     """Top-level functions and classes: name -> (first, last) 0-based lines."""
-    out = {}
+    out: dict[str, tuple[int, int]] = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             start = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
-            out[node.name] = (start, node.end_lineno - 1)
+            out[node.name] = (start, (node.end_lineno or node.lineno) - 1)
     return out
 
 

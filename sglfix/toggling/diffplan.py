@@ -366,7 +366,7 @@ def _is_import(line: str) -> bool:
 
 def _outside_why(tree: ast.Module, line: int) -> str:
     for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.lineno - 1 <= line <= node.end_lineno - 1:
+        if isinstance(node, ast.ClassDef) and node.lineno - 1 <= line <= (node.end_lineno or node.lineno) - 1:
             return f"a class-level change in {node.name} (an attribute, not a method): not a function revert"
     return "a module-level change (outside any function): not a function revert"
 

@@ -28,7 +28,7 @@ def _show(token: str, limit: int = 40) -> str:
 def parse_env_value(value: str | None, *, registry: Registry | None = None, what: str = ENV_VAR) -> list[Selection]:
     """The selections ``value`` names; ``what`` is how the user gave it (the variable, or an
     option that carries the same list), for the one-line error."""
-    if selects_nothing(value):
+    if value is None or selects_nothing(value):
         return []
     stripped = value.strip()
     registry = registry or load_registry()

@@ -42,7 +42,7 @@ __all__ = ["VERBOSE_ENV", "arm", "armed", "boot", "disarm", "ensure_first", "set
 
 VERBOSE_ENV = envs.SGLFIX_VERBOSE.name
 _LOCK = _thread.RLock()
-_STATE: _EnvReverts | None = None
+_STATE: _EnvReverts | _Pending | None = None
 
 
 def armed() -> _EnvReverts | None:
@@ -147,8 +147,9 @@ def arm(value: str | None) -> _EnvReverts | None:
             errors = [_selections(value, p, chosen) for _, p in chosen.candidates]
             if all(isinstance(e, Exception) for e in errors):
                 raise errors[0]
-            _STATE = _Pending(value=value.strip(), choice=chosen)
-            sys.meta_path.insert(0, _Decider(_STATE))
+            pending = _Pending(value=value.strip(), choice=chosen)
+            _STATE = pending
+            sys.meta_path.insert(0, _Decider(pending))
             return None
         return _arm_with(value.strip(), chosen)
 
@@ -588,7 +589,8 @@ class _Finder:  # a meta path finder, duck-typed like _Decider
         finally:
             self._busy.name = None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _ThenRevert(spec.loader, self.state)
+            # A loader by what it does (the hook keeps its imports few), not by class.
+            spec.loader = _ThenRevert(spec.loader, self.state)  # type: ignore[assignment]
         return spec
 
     def invalidate_caches(self) -> None:

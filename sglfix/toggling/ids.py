@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from sglfix.common.errors import ConfigError
 
@@ -22,7 +23,7 @@ EXAMPLE = "27460 or 27460:sizing"
 CANDIDATE_PREFIX = "+"
 
 
-def is_candidate_id(token: object) -> bool:
+def is_candidate_id(token: object) -> TypeGuard[str]:
     return isinstance(token, str) and token.startswith(CANDIDATE_PREFIX)
 
 

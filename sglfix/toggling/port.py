@@ -172,8 +172,8 @@ def _reanchor(edit: EditSpec, lines: list[str]) -> EditSpec:
         for line in text_lines:
             key = line.strip()
             if key in renamed:
-                if renamed[key] is not None:
-                    out.append(line[: len(line) - len(line.lstrip())] + renamed[key])
+                if (new := renamed[key]) is not None:
+                    out.append(line[: len(line) - len(line.lstrip())] + new)
                 continue
             out.append(line)
         return out

@@ -196,9 +196,10 @@ class ToggleFile(StrictModel):
     @classmethod
     def _pr_matches_file_name(cls, pr: int, info: ValidationInfo) -> int:
         path = (info.context or {}).get("path")
-        stem = Path(path).stem if path else ""
-        if stem.isascii() and stem.isdigit() and int(stem) != pr:
-            raise NodeError(f"{pr} does not match the file name {Path(path).name}; rename one")
+        if path:
+            stem = Path(path).stem
+            if stem.isascii() and stem.isdigit() and int(stem) != pr:
+                raise NodeError(f"{pr} does not match the file name {Path(path).name}; rename one")
         return pr
 
     @model_validator(mode="after")
@@ -412,7 +413,7 @@ class Registry:
                 f"{what}: PR {rid.pr} is not registered{nearest(str(rid.pr), map(str, self.toggles))}; "
                 f"registered: {self.describe_ids()}"
             )
-        if rid.whole:
+        if rid.part is None:  # the whole toggle
             return [Selection(toggle, p) for p in toggle.parts.values()]
         part = toggle.parts.get(rid.part)
         if part is None:
@@ -446,7 +447,9 @@ def default_toggles_dir() -> str:
         return env
     from sglfix.toggling.profiles import resolve_profile
 
-    return resolve_profile().profile.toggles_dir
+    profile = resolve_profile().profile
+    assert profile is not None  # only the start-up hook's form leaves it to the first import
+    return profile.toggles_dir
 
 
 def _toggle_files(directory: str) -> list[Path]:

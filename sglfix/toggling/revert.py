@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 from sglfix.common.errors import PatchStateError
 from sglfix.patching.patcher import PatchState, blocking_state, install_prepared, prepare_specs, restore_all
@@ -18,6 +19,9 @@ from sglfix.patching.targets import effective_prefixes, resolve_target
 from sglfix.toggling.ids import ToggleId
 from sglfix.toggling.modstate import ModuleSnapshot
 from sglfix.toggling.registry import Registry, Selection, load_registry, parse_toggle_ids
+
+if TYPE_CHECKING:
+    from sglfix.toggling.candidate import CandidateSelection
 
 __all__ = [
     "Reverted",
@@ -37,7 +41,7 @@ _ACTIVE: dict[str, Reverted] = {}  # part id -> the Reverted that holds it, olde
 class Reverted:
     """A set of reverted parts; ``restore()`` puts every function and module back (LIFO)."""
 
-    selections: list[Selection]
+    selections: list[Selection | CandidateSelection]
     states: list[PatchState] = field(default_factory=list)
     snapshot: ModuleSnapshot = field(default_factory=lambda: ModuleSnapshot({}))
     restored: bool = False
@@ -95,7 +99,7 @@ def _next_newer(reverted: Reverted) -> Reverted | None:
 
 
 def revert(
-    ids: Iterable[str | ToggleId] | Sequence[Selection],
+    ids: Iterable[str | ToggleId] | Sequence[Selection | CandidateSelection],
     *,
     registry: Registry | None = None,
     allowed_prefixes: Iterable[str] | None = None,
@@ -104,10 +108,14 @@ def revert(
     """Apply the revert patches of ``ids`` (``27460``, ``27460:sizing``): all or nothing."""
     items = list(ids)
     # Selected parts, or candidate fixes (sglfix.toggling.candidate), which select as parts do.
+    selections: Sequence[Selection | CandidateSelection]
     if items and all(isinstance(i, Selection) or getattr(i, "verb", None) == "apply" for i in items):
-        selections = items
+        # Each one checked above: a Selection, or a candidate fix's (its verb "apply").
+        selections = cast("list[Selection | CandidateSelection]", items)
     else:
-        selections = parse_toggle_ids(items, registry=registry or load_registry(), what=what)
+        selections = parse_toggle_ids(
+            cast("list[str | ToggleId]", items), registry=registry or load_registry(), what=what
+        )
     allowed = effective_prefixes(allowed_prefixes)
     with _LOCK:
         for sel in selections:

@@ -56,7 +56,7 @@ import threading
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -268,7 +268,8 @@ def _read_row(text: str, *, scenario: str | None, toggles: Sequence[str] | None)
     verdicts = [f.get("verdict") for f in row.findings]
     if any(v not in MARKS or not isinstance(f.get("message"), str) for v, f in zip(verdicts, row.findings)):
         return None
-    if row.verdict != worst(verdicts) or row.verdict in NOT_STORED:
+    # Each one is a mark (checked above).
+    if row.verdict != worst(cast(list[str], verdicts)) or row.verdict in NOT_STORED:
         return None
     if scenario is not None and row.scenario != scenario:
         return None

@@ -63,7 +63,7 @@ def skeleton_digest(data: bytes, *, path: str = "<file>") -> str:
     return file_digests(data, path=path)["skeleton"]
 
 
-def _defs(body: list, prefix: str, out: dict[str, list[ast.AST]]) -> None:
+def _defs(body: list, prefix: str, out: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]) -> None:
     """Every function defined directly in ``body`` (through ``if``/``try``/``with``/loops, not
     into other functions), by qualified name as its code object names it."""
     for node in body:
@@ -88,7 +88,7 @@ def function_digests(tree: ast.Module) -> dict[str, list]:
     """Qualified name -> [digest, positioned digest, first line, last line] of every function of
     ``tree`` (two defs of one name, as under ``if``/``else``, are keyed together: the first line
     of the first, the last of the last). Positions are counted from the first line."""
-    found: dict[str, list[ast.AST]] = {}
+    found: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
     _defs(tree.body, "", found)
     out = {}
     for name, nodes in found.items():

@@ -18,10 +18,14 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglfix.execution.store import ResultStore
 from sglfix.harness.result import CellResult
+
+if TYPE_CHECKING:
+    from sglfix.execution.pool import Cell, Pool
+    from sglfix.toggling.registry import Registry
 
 __all__ = ["StoredPool"]
 
@@ -37,8 +41,8 @@ class StoredPool:
         self,
         store: ResultStore,
         *,
-        open_pool: Callable[[int | None], contextlib.AbstractContextManager[Any]],
-        registry: Any,
+        open_pool: Callable[[int | None], contextlib.AbstractContextManager[Pool]],
+        registry: Registry,
         reachability: bool,
         fingerprint: bool,
         served_info: Callable[[], dict],
@@ -49,7 +53,7 @@ class StoredPool:
         self._reachability, self._fingerprint = reachability, fingerprint
         self._served_info = served_info
         self._expected = expected
-        self.pool: Any = None  # the workers, once a cell missed
+        self.pool: Pool | None = None  # the workers, once a cell missed
         self.served = 0  # cells answered from the store
         self._stack = contextlib.ExitStack()
         self._keys: dict[tuple[str, tuple[str, ...]], str] = {}
@@ -87,24 +91,24 @@ class StoredPool:
 
     def run(
         self,
-        cells: Iterable[Any],
+        cells: Iterable[Cell],
         *,
         on_result: Callable[[CellResult], None] | None = None,
-        feed: Callable[[Any, CellResult], Iterable[Any]] | None = None,
+        feed: Callable[[Cell, CellResult], Iterable[Cell]] | None = None,
     ) -> list[CellResult]:
         """As ``WorkerPool.run``: every cell, results in cell order (those ``feed`` adds after);
         the store's answers given at once, the other cells run on the pool."""
         out: list[CellResult | None] = []
         places: dict[int, deque[int]] = {}  # id of a cell handed to the pool -> its places in ``out``
-        handed: list[Any] = []  # keeps every cell handed over alive, so that ids stay unique
+        handed: list[Cell] = []  # keeps every cell handed over alive, so that ids stay unique
 
-        def settle(i: int, cell: Any, result: CellResult) -> Iterable[Any]:
+        def settle(i: int, cell: Cell, result: CellResult) -> Iterable[Cell]:
             out[i] = result
             if on_result is not None:
                 on_result(result)
             return feed(cell, result) if feed is not None else ()
 
-        def take(batch: Iterable[Any]) -> list[Any]:
+        def take(batch: Iterable[Cell]) -> list[Cell]:
             """The cells of ``batch`` (and those their answers feed) the pool must run."""
             rest, todo = [], deque(batch)
             while todo:
@@ -112,8 +116,8 @@ class StoredPool:
                 i = len(out)
                 out.append(None)
                 answer = self._look_up(cell)
-                if answer is None and getattr(cell, "answer", None) is not None:
-                    answer = cell.answer
+                if answer is None and (carried := getattr(cell, "answer", None)) is not None:
+                    answer = carried
                     self._keep(cell, answer)
                 if answer is None:
                     places.setdefault(id(cell), deque()).append(i)
@@ -123,7 +127,7 @@ class StoredPool:
                 todo.extend(settle(i, cell, answer))
             return rest
 
-        def came_back(cell: Any, result: CellResult) -> list[Any]:
+        def came_back(cell: Cell, result: CellResult) -> list[Cell]:
             self._keep(cell, result)
             return take(settle(places[id(cell)].popleft(), cell, result))
 
@@ -132,7 +136,7 @@ class StoredPool:
             self._workers().run(rest, feed=came_back)
         return [r for r in out if r is not None]
 
-    def fresh(self, cells: list[Any]) -> list[CellResult]:
+    def fresh(self, cells: list[Cell]) -> list[CellResult]:
         """``cells`` run on the pool as they are, through no store (``--verify-store``)."""
         return self._workers(len(cells)).run(cells)
 
@@ -142,7 +146,7 @@ class StoredPool:
         if cell in self._served_from:
             self.store.drop(self._keys[cell], self._served_from.pop(cell))
 
-    def _workers(self, at_least: int = 0) -> Any:
+    def _workers(self, at_least: int = 0) -> Pool:
         if self.pool is None:
             cells = None if self._expected is None else max(1, at_least, self._expected - self.served)
             self.pool = self._stack.enter_context(self._open_pool(cells))
@@ -150,7 +154,7 @@ class StoredPool:
 
     # -- the store -----------------------------------------------------------------------------------
 
-    def _key(self, cell: Any) -> str:
+    def _key(self, cell: Cell) -> str:
         from sglfix.execution.store.keys import cell_key
 
         name = (cell.scenario.name, tuple(cell.toggles))
@@ -160,7 +164,7 @@ class StoredPool:
             )
         return self._keys[name]
 
-    def _look_up(self, cell: Any) -> CellResult | None:
+    def _look_up(self, cell: Cell) -> CellResult | None:
         """The store's answer for ``cell``, or None."""
         record = getattr(cell, "record", None)
         name = (cell.scenario.name, tuple(cell.toggles))
@@ -182,7 +186,7 @@ class StoredPool:
             self._base_deps[name[0]] = deps
         return result
 
-    def _keep(self, cell: Any, result: CellResult) -> None:
+    def _keep(self, cell: Cell, result: CellResult) -> None:
         """File a result that came back from a worker, or that a cell carried."""
         if result.stored is not None:
             return

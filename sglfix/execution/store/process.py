@@ -207,6 +207,7 @@ class ProcessRecord:
             if not isinstance(path, str) or (rel := self._rel(path)) is None:
                 continue
             if rel not in self._stat:
+                assert self.top is not None  # a path under root was found, so root is set
                 try:
                     st = os.stat(os.path.join(self.top, rel))
                 except OSError:

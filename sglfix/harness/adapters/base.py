@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.unavailable import Unavailable
+
+if TYPE_CHECKING:
+    import torch
+
+    from sglfix.harness.unavailable import NoOutput
+    from sglfix.scenario.models import Scenario
 
 __all__ = ["AdapterBase", "BackendAdapter", "MetadataHook", "Prepared", "require_flashinfer"]
 
@@ -47,16 +53,18 @@ class BackendAdapter(Protocol):
     def check_available(self, device: str) -> None:
         """Raise ``Unavailable`` when the cell cannot run on ``device`` here; before the build."""
 
-    def build(self, scenario: Any, *, device: str) -> Prepared:
+    def build(self, scenario: Scenario, *, device: str) -> Prepared:
         """Pools, cached K/V, new tokens and the forward batch; code under test may run here."""
 
     def make_backend(self, prepared: Prepared) -> Any:
         """A fresh backend over the case's pools."""
 
-    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
+    def capture(self, prepared: Prepared, backend: Any, *, scenario: Scenario, on_metadata: MetadataHook) -> Any:
         """A captured graph runner for graph scenarios, else None; runs outside the sync watch."""
 
-    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
+    def run(
+        self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Scenario, on_metadata: MetadataHook
+    ) -> torch.Tensor | NoOutput:
         """The forward for the scenario's mode: eager, or a replay of ``runner``; returns the output
         (or ``sglfix.harness.unavailable.NoOutput`` where no output can be produced here)."""
 
@@ -71,8 +79,8 @@ class BackendAdapter(Protocol):
         """(verdict, message) of the adapter's own metadata checks after the run, PASS rows naming
         what was checked; [] when it has none."""
 
-    def reference(self, prepared: Prepared) -> tuple[Any, Any]:
-        """(reference output, packed output -> padded layout) from the ground truth only."""
+    def reference(self, prepared: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
+        """(reference output, the rows to compare) from the ground truth only."""
 
 
 class AdapterBase:
