@@ -180,7 +180,11 @@ def _use_release(
             )
         if not record.covers(version):
             others = [r.name for r in records if r.covers(version)]
-            pick = f"give --profile {others[0]}" if others else f"write a profile for {version} (docs/how-to/add-a-profile.md)"
+            pick = (
+                f"give --profile {others[0]}"
+                if others
+                else f"write a profile for {version} (docs/how-to/add-a-profile.md)"
+            )
             raise ConfigError(
                 f"--release {version}: {why} is written for {engine} {record.versions or record.version}; {pick}"
             )
