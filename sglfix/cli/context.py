@@ -39,6 +39,9 @@ class Options:
     wheels: str | None = None  # --wheels DIR without --release: bisect --releases takes its releases there
     release: str | None = None  # --release VERSION: the release this command runs (fetched, first on the path)
     git_bisect: bool = False  # --git-bisect: exit 125 where the commit cannot be tested (sglfix.cli.app)
+    # sglfix's own options as the line gives them (before or after the command), by name; the
+    # fields above are set from them once the command that runs is parsed (sglfix.cli.app).
+    given: dict[str, Any] = field(default_factory=dict)
 
     def allowed_prefixes(self) -> tuple[str, ...] | None:
         if not self.allow:
