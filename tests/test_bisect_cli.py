@@ -27,6 +27,7 @@ def test_bisect_names_culprits_and_the_masking_pair(tmp_path):
         str(md),
         timeout=900,
         env={"GITHUB_STEP_SUMMARY": str(summary)},
+        subprocess=True,
     )
     assert r.code == 1, r.out[-2000:] + r.err[-2000:]  # culprits found: a failure for CI and git bisect
     data = json.loads(out.read_text())
@@ -73,6 +74,7 @@ def test_parts_that_mask_each_other_are_found_though_reverting_both_passes(tmp_p
         str(out),
         "--all",  # a progress line per toggle set: each set is run once
         timeout=900,
+        subprocess=True,
     )
     assert r.code == 1, r.out[-2000:] + r.err[-2000:]
     data = json.loads(out.read_text())
@@ -92,7 +94,7 @@ def test_bisect_refuses_unknown_ids_and_a_failing_baseline():
     env = {"SGLANG_DEBUG_REVERT_PR": "26651:clamp"}
     args = ("bisect", "-r", "26738:glue-constant", "-s", SCENARIOS, "--device", "cpu")
     assert_one_line_error(run_cli(*args, env=env), "SGLANG_DEBUG_REVERT_PR=26651:clamp", "--env-baseline")
-    r = run_cli(*args, "--env-baseline", env=env, timeout=600)
+    r = run_cli(*args, "--env-baseline", env=env, timeout=600, subprocess=True)
     assert r.code == 1 and "the baseline (SGLANG_DEBUG_REVERT_PR=26651:clamp) fails 2 scenario(s)" in r.err, r.err[
         -2000:
     ]
@@ -135,7 +137,18 @@ def test_one_culprit_among_16_in_log_time_and_unreachable_candidates_left_out(tm
     for flag in ((), ("--no-reachability",)):
         out = tmp_path / f"b{len(flag)}.json"
         r = run_cli(
-            "--toggles", str(toggles), "bisect", "-s", DECODE, "--device", "cpu", "--json", str(out), *flag, timeout=600
+            "--toggles",
+            str(toggles),
+            "bisect",
+            "-s",
+            DECODE,
+            "--device",
+            "cpu",
+            "--json",
+            str(out),
+            *flag,
+            timeout=600,
+            subprocess=True,
         )
         assert r.code == 1, r.err[-2000:]
         reports[bool(flag)] = json.loads(out.read_text())

@@ -135,7 +135,7 @@ def test_what_the_code_breaks_where_sglfix_plays_the_engine_is_its_crash(
     out = tmp_path / "run.json"
     r = run_cli(
         "--profile", "sglang-0.5.23", "run", "-s", scenario, "--apply", patch,
-        "--device", "cpu", "--no-cache", "--json", str(out),
+        "--device", "cpu", "--no-cache", "--json", str(out), subprocess=True,
     )  # fmt: skip
     assert r.code == 1, r.err
     (cell,) = [c for c in json.loads(out.read_text())["cells"] if c["toggles"]]

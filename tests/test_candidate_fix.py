@@ -58,7 +58,7 @@ def _breaking(tmp_path: Path) -> str:
 def test_a_fix_that_changes_nothing_passes_and_every_cell_stands_beside_its_unpatched_twin(tmp_path):
     fix = write_fix(tmp_path, "zeros.patch", *BENIGN)
     out = tmp_path / "r.json"
-    r = run_cli("run", *DECODE, "--apply", fix, "--json", str(out), timeout=600)
+    r = run_cli("run", *DECODE, "--apply", fix, "--json", str(out), timeout=600, subprocess=True)
     assert r.code == 0, r.out[-3000:] + r.err[-3000:]
     data = json.loads(out.read_text())
     cells = {c["id"]: c for c in data["cells"]}
@@ -74,7 +74,7 @@ def test_a_fix_that_changes_nothing_passes_and_every_cell_stands_beside_its_unpa
 def test_a_fix_that_breaks_a_cell_fails_the_run_and_composes_with_a_revert(tmp_path):
     fix = _breaking(tmp_path)
     out = tmp_path / "r.json"
-    r = run_cli("run", *DECODE, "--apply", fix, "-r", "26651:clamp", "--json", str(out), timeout=600)
+    r = run_cli("run", *DECODE, "--apply", fix, "-r", "26651:clamp", "--json", str(out), timeout=600, subprocess=True)
     assert r.code == 1, r.out[-3000:] + r.err[-3000:]
     data = json.loads(out.read_text())
     cells = {c["id"]: c for c in data["cells"]}
@@ -89,7 +89,7 @@ def test_a_fix_that_breaks_a_cell_fails_the_run_and_composes_with_a_revert(tmp_p
 
 def test_expect_fixes_fails_when_the_fix_clears_nothing(tmp_path):
     fix = write_fix(tmp_path, "zeros.patch", *BENIGN)
-    r = run_cli("run", *DECODE, "--apply", fix, "--expect-fixes", "triton-decode@*", timeout=600)
+    r = run_cli("run", *DECODE, "--apply", fix, "--expect-fixes", "triton-decode@*", timeout=600, subprocess=True)
     assert r.code == 1, r.out[-3000:] + r.err[-3000:]
     assert "--expect-fixes triton-decode@*: nothing to clear: it passes without the fix too" in r.out.splitlines()[-1]
 
@@ -103,7 +103,7 @@ def test_a_fix_and_a_revert_on_the_same_lines_are_not_built_together_and_the_res
         count=2,
     )
     out = tmp_path / "r.json"
-    r = run_cli("run", *DECODE, "--apply", fix, "-r", "26651:clamp", "--json", str(out), timeout=600)
+    r = run_cli("run", *DECODE, "--apply", fix, "-r", "26651:clamp", "--json", str(out), timeout=600, subprocess=True)
     assert r.code == 0, r.out[-3000:] + r.err[-3000:]
     data = json.loads(out.read_text())
     assert [c["id"] for c in data["cells"]] == [f"26651:clamp::{NAME}"]
@@ -224,7 +224,7 @@ def _new_file(tmp_path: Path) -> str:
 def test_matrix_and_bisect_with_a_fix_that_changes_nothing(tmp_path):
     fix = write_fix(tmp_path, "zeros.patch", *BENIGN)
     out = tmp_path / "m.json"
-    r = run_cli("matrix", *DECODE, "--apply", fix, "--json", str(out), timeout=900)
+    r = run_cli("matrix", *DECODE, "--apply", fix, "--json", str(out), timeout=900, subprocess=True)
     assert r.code == 0, r.out[-3000:] + r.err[-3000:]
     data = json.loads(out.read_text())
     sets = list(dict.fromkeys(c["id"].split("::")[0] for c in data["cells"]))
@@ -233,7 +233,18 @@ def test_matrix_and_bisect_with_a_fix_that_changes_nothing(tmp_path):
         sets[i + 1] == "+zeros," + sets[i] for i in range(2, len(sets), 2)
     ), sets
     assert "gate passed" in r.out.splitlines()[-1] and "breaks nothing" in r.out.splitlines()[-1]
-    b = run_cli("bisect", *DECODE, "-r", "26651,26738", "--apply", fix, "--json", str(tmp_path / "b.json"), timeout=900)
+    b = run_cli(
+        "bisect",
+        *DECODE,
+        "-r",
+        "26651,26738",
+        "--apply",
+        fix,
+        "--json",
+        str(tmp_path / "b.json"),
+        timeout=900,
+        subprocess=True,
+    )
     assert b.code == 0, b.out[-3000:] + b.err[-3000:]
     applied = json.loads((tmp_path / "b.json").read_text())["apply"]
     assert applied["same"] is True and not applied["only_without_fix"] and not applied["only_with_fix"]
@@ -290,7 +301,7 @@ def test_shards_of_a_run_with_a_fix_merge_into_the_same_judgement(tmp_path):
     for i in (1, 2):
         out = tmp_path / f"s{i}.json"
         run_cli("run", "-s", "triton-decode@cg=eager*", "--device", "cpu", "--apply", fix, "--shard", f"{i}/2",
-                "--json", str(out), timeout=600)  # fmt: skip
+                "--json", str(out), timeout=600, subprocess=True)  # fmt: skip
         parts.append(str(out))
     merged = tmp_path / "m.json"
     r = run_cli("report", "merge", *parts, "-o", str(merged), "--gate", timeout=120)

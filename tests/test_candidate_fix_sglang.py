@@ -24,7 +24,7 @@ def test_the_profiles_fix_clears_its_known_divergence_and_changes_nothing_else(t
     out = tmp_path / "r.json"
     r = run_cli(
         *PROBES, "--apply", FIX, "--expect-fixes", "probe-req-to-token-tree-ps1", "--json", str(out),
-        env=clean_env(), timeout=600,
+        env=clean_env(), timeout=600, subprocess=True,
     )  # fmt: skip
     assert r.code == 0, r.out[-3000:] + r.err[-3000:]
     cells = {c["id"]: c for c in json.loads(out.read_text())["cells"]}
@@ -47,7 +47,7 @@ def test_with_the_revert_of_the_widening_the_fix_cannot_clear_it_and_the_gate_sa
     out = tmp_path / "r.json"
     r = run_cli(
         *PROBES, "-r", "26972", "--apply", FIX, "--expect-fixes", "probe-req-to-token-tree-ps1", "--json", str(out),
-        env=clean_env(), timeout=600,
+        env=clean_env(), timeout=600, subprocess=True,
     )  # fmt: skip
     assert r.code == 1, r.out[-3000:] + r.err[-3000:]
     data = json.loads(out.read_text())
@@ -63,13 +63,13 @@ def test_a_fix_for_another_version_is_refused_before_any_cell(tmp_path):
     text = Path(FIX).read_text()
     stale.write_text(text.replace("SpeculativeAlgorithm.from_string(", "SpeculativeAlgorithm.parse("))
     assert stale.read_text() != text
-    r = run_cli(*PROBES, "--apply", str(stale), env=clean_env(), timeout=120)
+    r = run_cli(*PROBES, "--apply", str(stale), env=clean_env(), timeout=120, subprocess=True)
     assert_one_line_error(r, f"--apply {stale}", "does not apply to the installed code")
 
 
 def test_the_doctor_checks_the_profiles_fixes():
     require_sglang()
-    r = run_cli("--profile", "sglang-0.5.23", "doctor", env=clean_env(), timeout=600)
+    r = run_cli("--profile", "sglang-0.5.23", "doctor", env=clean_env(), timeout=600, subprocess=True)
     assert r.code == 0, r.out[-3000:] + r.err[-3000:]
     line = next(x for x in r.out.splitlines() if "req-to-token-headroom-ps1.patch" in x)
     assert line.startswith("ok") and "clears probe-req-to-token-tree-ps1" in line, line

@@ -116,9 +116,11 @@ def test_plan_cell_ids_are_stable_and_unique():
 
 def test_env_toggle_applies_in_run_cells():
     scen = "triton-target-verify@cg=eager,gpu_only=on"
-    plain = run_cli("run", "-s", scen, "--device", "cpu", "--json", "-")
+    plain = run_cli("run", "-s", scen, "--device", "cpu", "--json", "-", subprocess=True)
     assert plain.code == 0, plain.err
-    r = run_cli("run", "-s", scen, "--device", "cpu", "--json", "-", env={"SGLANG_DEBUG_REVERT_PR": "26738"})
+    r = run_cli(
+        "run", "-s", scen, "--device", "cpu", "--json", "-", env={"SGLANG_DEBUG_REVERT_PR": "26738"}, subprocess=True
+    )
     assert r.code == 1, r.err
     data = json.loads(r.out)
     assert [c["verdict"] for c in data["cells"]] == ["CRASH"]
@@ -141,11 +143,15 @@ def test_toggles_dir_reaches_the_workers(tmp_path):
     assert drifted != builtin.read_text()
     (d / "26651.yaml").write_text(drifted)
     scen = "triton-draft-extend-v2@cg=graph-padded,builder=glue,gpu_only=off"
-    r = run_cli("--toggles", str(d), "run", "-r", "77777:clamp", "-s", scen, "--device", "cpu", "--json", "-")
+    r = run_cli(
+        "--toggles", str(d), "run", "-r", "77777:clamp", "-s", scen, "--device", "cpu", "--json", "-", subprocess=True
+    )
     assert r.code in (0, 1), r.err
     assert json.loads(r.out)["cells"][0]["verdict"] == "INVARIANT", r.out[-2000:]
     # The drifted copy is what is used (the built-in one applies): refused before any worker.
-    r = run_cli("--toggles", str(d), "run", "-r", "26651", "-s", scen, "--device", "cpu", "--json", "-")
+    r = run_cli(
+        "--toggles", str(d), "run", "-r", "26651", "-s", scen, "--device", "cpu", "--json", "-", subprocess=True
+    )
     assert_one_line_error(r, "revert 26651:", "match text not found")
 
 
@@ -160,7 +166,9 @@ def test_allow_target_reaches_the_workers_of_run(tmp_path):
     }
     (d / "90011.yaml").write_text(yaml.safe_dump({"pr": 90011, "title": "outside the fence", "patches": [patch]}))
     scen = "triton-decode@cg=eager,gpu_only=off"
-    r = run_cli("--toggles", str(d), "run", "-r", "90011", "-s", scen, "--device", "cpu", "--json", "-")
+    r = run_cli(
+        "--toggles", str(d), "run", "-r", "90011", "-s", scen, "--device", "cpu", "--json", "-", subprocess=True
+    )
     assert_one_line_error(r, "revert 90011:main", "allowed module prefixes")  # before any worker
     r = run_cli(
         "--toggles",
@@ -176,6 +184,7 @@ def test_allow_target_reaches_the_workers_of_run(tmp_path):
         "cpu",
         "--json",
         "-",
+        subprocess=True,
     )
     assert r.code == 0, r.err
     assert json.loads(r.out)["cells"][0]["verdict"] == "PASS"
@@ -205,6 +214,7 @@ def test_matrix_with_an_error_cell_exits_1(tmp_path):
         "cpu",
         "--json",
         str(tmp_path / "m.json"),
+        subprocess=True,
     )
     data = json.loads((tmp_path / "m.json").read_text())
     assert [c["verdict"] for c in data["cells"]] == ["PASS", "ERROR"], data["cells"]
@@ -215,7 +225,7 @@ def test_matrix_with_an_error_cell_exits_1(tmp_path):
 def test_scenario_names_are_not_markup(tmp_path):
     f = tmp_path / "s.yaml"
     f.write_text("name: x[/red]\nmode: decode\nbatch: {prefix_lens: [5, 9]}\n")
-    r = run_cli("run", "--scenario-file", str(f), "--device", "cpu", "--all")
+    r = run_cli("run", "--scenario-file", str(f), "--device", "cpu", "--all", subprocess=True)
     assert r.code == 0, r.err
     assert "x[/red]" in r.out
 
@@ -231,6 +241,7 @@ def test_matrix_grid_is_readable_when_piped_and_narrow(tmp_path):
         "cpu",
         "--all",
         env={"COLUMNS": "60"},
+        subprocess=True,
     )
     assert r.code == 0, r.out + r.err
     for name in ("triton-decode@cg=eager,gpu_only=off", "triton-decode@cg=eager,gpu_only=on", "triton-extend"):
@@ -240,7 +251,7 @@ def test_matrix_grid_is_readable_when_piped_and_narrow(tmp_path):
 
 def test_json_report_is_written_atomically_and_complete(tmp_path):
     target = tmp_path / "r.json"
-    r = run_cli("run", "-s", FAST, "--device", "cpu", "--json", str(target))
+    r = run_cli("run", "-s", FAST, "--device", "cpu", "--json", str(target), subprocess=True)
     assert r.code == 0, r.err
     data = json.loads(target.read_text())
     assert data["cells"][0]["verdict"] == "PASS" and data["torch"] and data["device"] == "cpu"
@@ -348,6 +359,7 @@ def test_running_out_of_gpu_memory_is_an_error_of_sglfix_never_a_crash_of_the_co
             "cpu",
             "--json",
             str(out),
+            subprocess=True,
         )
         assert r.code == 1, r.err
         (cell,) = json.loads(out.read_text())["cells"]

@@ -74,7 +74,7 @@ def test_run_never_cuts_a_scenario_name_and_ends_with_a_summary_line(tmp_path, c
     names = [s.name for s in select_scenarios(load_scenarios(), globs=[LONG, "fimla-draft-overflow@*"])]
     report = tmp_path / "r.json"
     argv = ("run", *MIXED, "-r", "27460", "--device", "cpu", "--json", str(report), "--all")  # every row
-    r = run_cli(*argv, env={"COLUMNS": columns})
+    r = run_cli(*argv, env={"COLUMNS": columns}, subprocess=True)
     assert r.code == 1, r.out + r.err  # 27460 reverted: the overflow scenarios fail
     lines = r.out.splitlines()
     for name in names:
@@ -89,7 +89,7 @@ def test_run_never_cuts_a_scenario_name_and_ends_with_a_summary_line(tmp_path, c
 def test_a_matrix_too_wide_for_the_terminal_is_compact_with_every_name_whole(tmp_path, columns):
     from sglfix.common.verdicts import LOOKS
 
-    r = run_cli("matrix", *MIXED, "--device", "cpu", "--all", env={"COLUMNS": columns})
+    r = run_cli("matrix", *MIXED, "--device", "cpu", "--all", env={"COLUMNS": columns}, subprocess=True)
     assert r.code == 0, r.out + r.err
     lines = r.out.splitlines()
     rows = [line for line in lines if line and line[0] in {look.letter for look in LOOKS.values()} and "  " in line]
@@ -109,7 +109,7 @@ def test_the_matrix_summary_line_says_whether_the_gate_passed_and_why_not(tmp_pa
 
     from sglfix.toggling.profiles import get_profile
 
-    r = run_cli("matrix", "-s", "fimla-draft-overflow@cg=graph", "--device", "cpu")
+    r = run_cli("matrix", "-s", "fimla-draft-overflow@cg=graph", "--device", "cpu", subprocess=True)
     assert r.code == 0, r.out + r.err
     assert "gate passed (1 of 1 expectations met, " in r.out.splitlines()[-1], r.out
     # The same toggle told to expect a PASS where it diverges: the gate fails and the line says so.
@@ -122,7 +122,9 @@ def test_the_matrix_summary_line_says_whether_the_gate_passed_and_why_not(tmp_pa
             'scenario: "fimla-draft-overflow@*cg=graph*", verdict: [PASS]',
         )
     )
-    r = run_cli("--toggles", str(toggles), "matrix", "-s", "fimla-draft-overflow@cg=graph", "--device", "cpu")
+    r = run_cli(
+        "--toggles", str(toggles), "matrix", "-s", "fimla-draft-overflow@cg=graph", "--device", "cpu", subprocess=True
+    )
     assert r.code == 1, r.out + r.err
     assert r.out.splitlines()[-1].endswith("gate failed: 1 expectation(s) unmet"), r.out
 

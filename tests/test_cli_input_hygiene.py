@@ -82,7 +82,12 @@ def test_empty_paths_and_malformed_prefixes_are_refused(args, needle):
 def test_a_bad_kernel_memo_size_is_refused_in_the_parent():
     r = run_cli("run", "-s", FAST, "--device", "cpu", env={"SGLFIX_KERNEL_MEMO_MB": "abc"}, timeout=60)
     assert_one_line_error(r, "SGLFIX_KERNEL_MEMO_MB='abc'", "MiB")
-    assert run_cli("run", "-s", FAST, "--device", "cpu", env={"SGLFIX_KERNEL_MEMO_MB": "0"}, timeout=300).code == 0
+    assert (
+        run_cli(
+            "run", "-s", FAST, "--device", "cpu", env={"SGLFIX_KERNEL_MEMO_MB": "0"}, timeout=300, subprocess=True
+        ).code
+        == 0
+    )
 
 
 def test_a_bad_columns_value_is_ignored_not_a_traceback():
@@ -116,7 +121,7 @@ def test_a_users_script_named_sglfix_gets_the_revert(tmp_path):
     )
     assert r.returncode == 0 and r.stdout.strip() == "pre-fix", (r.stdout, r.stderr)
     # sglfix's own command line still reads the variable itself (and applies it in each cell).
-    own = run_cli("env", "--json", env={"SGLANG_DEBUG_REVERT_PR": "26738:overlap-guard"}, timeout=60)
+    own = run_cli("env", "--json", env={"SGLANG_DEBUG_REVERT_PR": "26738:overlap-guard"}, timeout=60, subprocess=True)
     assert own.code == 0, own.err
 
 

@@ -36,9 +36,10 @@ def test_another_sglang_version_is_one_line_naming_both_before_any_worker(tmp_pa
             "--device",
             "cpu" if command[0] != "doctor" else "",
             env={"PYTHONPATH": str(fake)},
+            subprocess=True,
         )
         if command[0] != "doctor"
-        else run_cli(*command, "--profile", "sglang-0.5.23", env={"PYTHONPATH": str(fake)})
+        else run_cli(*command, "--profile", "sglang-0.5.23", env={"PYTHONPATH": str(fake)}, subprocess=True)
     )
     line = assert_one_line_error(
         r, "sglang 0.5.23", "sglang 0.5.12 is installed", str(fake / "sglang"), "sglang==0.5.23"
@@ -49,7 +50,15 @@ def test_another_sglang_version_is_one_line_naming_both_before_any_worker(tmp_pa
 
 def test_the_variable_names_the_profile_too(tmp_path):
     fake = _fake_sglang(tmp_path / "site", "0.6.0")
-    r = run_cli("run", "-s", "*", "--device", "cpu", env={"PYTHONPATH": str(fake), "SGLFIX_PROFILE": "sglang-0.5.23"})
+    r = run_cli(
+        "run",
+        "-s",
+        "*",
+        "--device",
+        "cpu",
+        env={"PYTHONPATH": str(fake), "SGLFIX_PROFILE": "sglang-0.5.23"},
+        subprocess=True,
+    )
     assert_one_line_error(r, "SGLFIX_PROFILE=sglang-0.5.23", "sglang 0.6.0 is installed")
 
 
@@ -217,7 +226,17 @@ def test_a_cpu_run_refuses_a_triton_too_old_to_interpret_the_code_bases_kernels(
     meta.mkdir(parents=True)
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: triton\nVersion: 3.7.1\n")
     t0 = time.monotonic()
-    r = run_cli("--profile", "sglang-0.5.23", "run", "-s", "*", "--device", "cpu", env={"PYTHONPATH": str(site)})
+    r = run_cli(
+        "--profile",
+        "sglang-0.5.23",
+        "run",
+        "-s",
+        "*",
+        "--device",
+        "cpu",
+        env={"PYTHONPATH": str(site)},
+        subprocess=True,
+    )
     if installed(SGLANG_0_5_23) is None:  # without sglang the install check speaks first, as it should
         assert_one_line_error(r, "sglang==0.5.23")
     else:
@@ -234,7 +253,7 @@ def test_a_cpu_run_of_the_reproduction_refuses_triton_3_6_in_one_line(tmp_path):
     meta = site / "triton-3.6.0.dist-info"
     meta.mkdir(parents=True)
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: triton\nVersion: 3.6.0\n")
-    r = run_cli("matrix", "-s", "triton-extend", "--device", "cpu", env={"PYTHONPATH": str(site)})
+    r = run_cli("matrix", "-s", "triton-extend", "--device", "cpu", env={"PYTHONPATH": str(site)}, subprocess=True)
     assert_one_line_error(r, "triton >= 3.7", "installed: 3.6.0", "pip install 'triton>=3.7'", "--device cuda")
     check_interpreter(REPRODUCTION, what="x")  # what this box has (the CPU runs of this suite use it)
 
@@ -300,21 +319,29 @@ def test_a_checkout_of_unknown_version_asks_for_codebase_version(tmp_path):
     tree = _checkout(tmp_path / "sglang") / "python"
     env = {"PYTHONPATH": str(tree)}
     t0 = time.monotonic()
-    r = run_cli("--profile", "sglang", "run", "-s", "*", "--device", "cpu", env=env)
+    r = run_cli("--profile", "sglang", "run", "-s", "*", "--device", "cpu", env=env, subprocess=True)
     assert_one_line_error(r, "--profile sglang", str(tree / "sglang"), "cannot be read", "--codebase-version V")
     assert time.monotonic() - t0 < 60  # before any worker
-    pinned = run_cli("--profile", "sglang-0.5.23", "run", "-s", "*", "--device", "cpu", env=env)
+    pinned = run_cli("--profile", "sglang-0.5.23", "run", "-s", "*", "--device", "cpu", env=env, subprocess=True)
     assert_one_line_error(pinned, "--codebase-version V")
     # Given, it is the tree's version everywhere: the profile it picks, what the reports say.
     import json
 
-    given = run_cli("--profile", "sglang", "--codebase-version", "0.5.20", "env", "--json", env=env)
+    given = run_cli("--profile", "sglang", "--codebase-version", "0.5.20", "env", "--json", env=env, subprocess=True)
     assert given.code == 0, given.err
     data = json.loads(given.out)
     assert data["profile"] == "sglang-0.5.23" and data["codebase"]["version"] == "0.5.20", data
     # Where a build recorded the version, a different one given is refused; so is the reproduction.
     recorded = _fake_sglang(tmp_path / "site", "0.5.21")
-    wrong = run_cli("--profile", "sglang", "--codebase-version", "0.5.20", "list", env={"PYTHONPATH": str(recorded)})
+    wrong = run_cli(
+        "--profile",
+        "sglang",
+        "--codebase-version",
+        "0.5.20",
+        "list",
+        env={"PYTHONPATH": str(recorded)},
+        subprocess=True,
+    )
     assert_one_line_error(wrong, "--codebase-version 0.5.20", "records its version, 0.5.21")
     assert_one_line_error(run_cli("--codebase-version", "0.5.20", "list"), "--codebase-version", "reproduction")
     assert_one_line_error(run_cli("--codebase-version", "soon", "list"), "--codebase-version 'soon' is not a version")
@@ -346,7 +373,9 @@ def test_an_exact_pin_the_engine_cannot_import_beside_is_named_before_any_cell(t
         ["torch==0.0.1", "tokenizers==0.0.1", "transformers==0.0.1", "pytest==0.0.1; extra == 'test'"],
     )  # fmt: skip
     t0 = time.monotonic()
-    r = run_cli("--profile", "sglang", "run", "-s", "*", "--device", "cpu", env={"PYTHONPATH": str(site)})
+    r = run_cli(
+        "--profile", "sglang", "run", "-s", "*", "--device", "cpu", env={"PYTHONPATH": str(site)}, subprocess=True
+    )
     assert_one_line_error(r, f"sglang 0.5.13 pins transformers==0.0.1; {here} is installed", "--release 0.5.13")
     assert time.monotonic() - t0 < 60
     from sglfix.codebases.installed import Installed

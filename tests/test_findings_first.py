@@ -19,7 +19,7 @@ def _table_rows(text: str) -> list[str]:
 
 def test_run_lists_what_did_not_pass_and_all_lists_every_cell(tmp_path):
     out = tmp_path / "r.json"
-    r = run_cli("run", "-r", "27460", "-s", TOPK8, "--device", "cpu", "--json", str(out))
+    r = run_cli("run", "-r", "27460", "-s", TOPK8, "--device", "cpu", "--json", str(out), subprocess=True)
     assert r.code == 1, r.out + r.err
     rows = _table_rows(r.out)
     assert rows and all("INVARIANT" in row or "DIVERGE" in row or "CRASH" in row for row in rows), r.out
@@ -28,12 +28,12 @@ def test_run_lists_what_did_not_pass_and_all_lists_every_cell(tmp_path):
     cells = json.loads(out.read_text())["cells"]
     assert len(cells) > len(rows) and any(c["verdict"] == "PASS" for c in cells)  # the report keeps all
 
-    r = run_cli("run", "-r", "27460", "-s", TOPK8, "--device", "cpu", "--all")
+    r = run_cli("run", "-r", "27460", "-s", TOPK8, "--device", "cpu", "--all", subprocess=True)
     assert len(_table_rows(r.out)) == len(cells) and "not listed" not in r.out, r.out
 
 
 def test_a_run_where_every_cell_passes_prints_no_table():
-    r = run_cli("run", "-r", "26239", "-s", TOPK8, "--device", "cpu")
+    r = run_cli("run", "-r", "26239", "-s", TOPK8, "--device", "cpu", subprocess=True)
     assert r.code == 0, r.out + r.err
     assert not _table_rows(r.out) and "every cell passed, not listed" in r.out, r.out
     assert r.out.splitlines()[0].startswith("sglfix run on cpu"), r.out
@@ -41,7 +41,7 @@ def test_a_run_where_every_cell_passes_prints_no_table():
 
 def test_the_matrix_grid_shows_only_rows_and_columns_with_a_finding(tmp_path):
     out = tmp_path / "m.json"
-    r = run_cli("matrix", "-s", TOPK8, "--device", "cpu", "--json", str(out))
+    r = run_cli("matrix", "-s", TOPK8, "--device", "cpu", "--json", str(out), subprocess=True)
     assert r.code == 0, r.out + r.err
     report = json.loads(out.read_text())
     scenarios = sorted({c["scenario"] for c in report["cells"]})
@@ -54,28 +54,28 @@ def test_the_matrix_grid_shows_only_rows_and_columns_with_a_finding(tmp_path):
     assert "baseline" in header and "27460" in header and "26239" not in header, header
     assert "(--all shows the whole grid)" in r.out
 
-    r = run_cli("matrix", "-s", TOPK8, "--device", "cpu", "--all")
+    r = run_cli("matrix", "-s", TOPK8, "--device", "cpu", "--all", subprocess=True)
     assert len(_table_rows(r.out)) == len(scenarios) and "--all shows" not in r.out, r.out
 
 
 def test_a_toggle_sets_line_wraps_at_the_terminal_and_caps_its_names_by_default():
-    r = run_cli("matrix", "-s", EXTEND, "--device", "cpu", env={"COLUMNS": "80"})
+    r = run_cli("matrix", "-s", EXTEND, "--device", "cpu", env={"COLUMNS": "80"}, subprocess=True)
     assert r.code == 0, r.out + r.err
     lines = r.out.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("21987: differs on"))
     block = [lines[first]] + [line for line in lines[first + 1 :] if line.startswith("    ")][:20]
     assert len(block) > 1 and all(len(line) <= 80 for line in block), block
     assert "(--all lists them)" in " ".join(block), block
-    r = run_cli("matrix", "-s", EXTEND, "--device", "cpu", "--all", env={"COLUMNS": "80"})
+    r = run_cli("matrix", "-s", EXTEND, "--device", "cpu", "--all", env={"COLUMNS": "80"}, subprocess=True)
     assert "(--all lists them)" not in r.out
 
 
 def test_bisect_names_the_code_base_and_keeps_its_progress_short():
-    r = run_cli("bisect", "-s", TOPK8, "--device", "cpu")
+    r = run_cli("bisect", "-s", TOPK8, "--device", "cpu", subprocess=True)
     assert r.code == 1, r.out + r.err
     assert "code base: built-in reproduction" in r.out.splitlines()[0], r.out
     assert "reverted" not in r.err and len(r.err.splitlines()) <= 2, r.err
-    r = run_cli("bisect", "-s", TOPK8, "--device", "cpu", "--all")
+    r = run_cli("bisect", "-s", TOPK8, "--device", "cpu", "--all", subprocess=True)
     assert sum("reverted" in line for line in r.err.splitlines()) >= 3, r.err
 
 
@@ -139,5 +139,5 @@ def test_the_readmes_console_example_is_what_the_commands_print():
         command, _, expected = shown.partition("\n")
         argv = shlex.split(command)
         assert argv[0] == "sglfix", command
-        r = run_cli(*argv[1:], env={"COLUMNS": "100"})
+        r = run_cli(*argv[1:], env={"COLUMNS": "100"}, subprocess=True)
         assert timeless(r.out) == timeless(expected), (command, r.out)

@@ -117,9 +117,9 @@ def _cells(path):
 def test_a_matrix_slice_is_the_same_with_the_memo_on_and_off(tmp_path, monkeypatch):
     on, off = tmp_path / "on.json", tmp_path / "off.json"
     args = ("matrix", "--parts", "--device", "cpu", "-s", "triton-target-verify@*", "-s", "fi-draft-topk8@*")
-    r_on = run_cli(*args, "--json", str(on), timeout=1200)
+    r_on = run_cli(*args, "--json", str(on), timeout=1200, subprocess=True)
     monkeypatch.setenv("SGLFIX_KERNEL_MEMO", "0")
-    r_off = run_cli(*args, "--json", str(off), timeout=1200)
+    r_off = run_cli(*args, "--json", str(off), timeout=1200, subprocess=True)
     assert r_on.code == r_off.code == 0, r_on.err[-2000:] + r_off.err[-2000:]
     data_on, cells_on = _cells(on)
     data_off, cells_off = _cells(off)

@@ -219,7 +219,19 @@ def test_a_baseline_from_the_environment_is_refused_or_named_and_judged(tmp_path
         run_cli("bisect", "-s", GLUE, "--device", "cpu", env=env), "SGLANG_DEBUG_REVERT_PR", "--env-baseline"
     )
     out = tmp_path / "m.json"
-    r = run_cli("matrix", "-s", GLUE, "--device", "cpu", "--env-baseline", "--json", str(out), env=env, timeout=300)
+    r = run_cli(
+        "matrix",
+        "-s",
+        GLUE,
+        "--device",
+        "cpu",
+        "--env-baseline",
+        "--json",
+        str(out),
+        env=env,
+        timeout=300,
+        subprocess=True,
+    )
     # Its baseline crashes: the gate tested that and fails; it never passes on "0 of 0".
     assert r.code == 1, r.out[-3000:] + r.err[-3000:]
     last = r.out.strip().splitlines()[-1]
@@ -252,7 +264,7 @@ def test_a_bisect_culprits_figure_is_that_of_a_cell_with_its_verdict(tmp_path):
     out = tmp_path / "b.json"
     r = run_cli(
         "bisect", "-r", "21987:no-cpu-fast-path", "-s", "trtllm-draft-extend-gpu-only@*", "--device", "cpu",
-        "--json", str(out), timeout=600,
+        "--json", str(out), timeout=600, subprocess=True,
     )  # fmt: skip
     assert r.code == 1, r.out[-3000:] + r.err[-3000:]
     data = json.loads(out.read_text())
@@ -263,7 +275,7 @@ def test_a_bisect_culprits_figure_is_that_of_a_cell_with_its_verdict(tmp_path):
     run = tmp_path / "r.json"
     r = run_cli(
         "run", "-r", "21987:no-cpu-fast-path", "-s", "trtllm-draft-extend-gpu-only@*", "--device", "cpu",
-        "--json", str(run), timeout=600,
+        "--json", str(run), timeout=600, subprocess=True,
     )  # fmt: skip
     cells = {c["scenario"]: c for c in json.loads(run.read_text())["cells"]}
     assert "DIVERGE" in {c["verdict"] for c in cells.values()}
@@ -279,7 +291,7 @@ def test_run_applies_the_profiles_known_divergences_as_the_matrix_does(tmp_path)
     out = tmp_path / "r.json"
     r = run_cli(
         "--profile", "sglang-0.5.23", "run", "--revert", "26738", "-s", "probe-req-to-token-tree-ps1",
-        "--device", "cpu", "--json", str(out), env=clean_env(), timeout=600,
+        "--device", "cpu", "--json", str(out), env=clean_env(), timeout=600, subprocess=True,
     )  # fmt: skip
     assert r.code == 0, r.out[-3000:] + r.err[-3000:]
     data = json.loads(out.read_text())

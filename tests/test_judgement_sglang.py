@@ -17,7 +17,7 @@ def test_the_profile_matrix_summary_counts_cuda_only_expectations_and_names_skip
     out = tmp_path / "m.json"
     r = run_cli(
         "--profile", "sglang-0.5.23", "matrix", *SCENARIOS, "--device", "cpu", "--json", str(out),
-        env=clean_env(), timeout=900,
+        env=clean_env(), timeout=900, subprocess=True,
     )  # fmt: skip
     assert r.code == 0, r.out[-4000:] + r.err[-3000:]
     lines = r.out.splitlines()
@@ -43,7 +43,7 @@ def test_bisect_on_real_sglang_leaves_out_skip_scenarios_and_known_divergences(t
     out = tmp_path / "b.json"
     r = run_cli(
         "--profile", "sglang-0.5.23", "bisect", "-r", "26972", "-r", "26329", *SCENARIOS, "--device", "cpu",
-        "--json", str(out), env=clean_env(), timeout=900,
+        "--json", str(out), env=clean_env(), timeout=900, subprocess=True,
     )  # fmt: skip
     # It searches (no refusal of the baseline) and finds 26972 on the paged probe only.
     assert r.code == 1, r.out[-4000:] + r.err[-3000:]

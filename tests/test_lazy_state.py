@@ -246,6 +246,7 @@ def test_real_sglang_baseline_then_toggle_sets_on_one_worker_replaces_no_worker(
         "--json",
         str(out),
         timeout=600,
+        subprocess=True,
     )
     assert out.exists(), (r.code, r.err[-3000:])
     report = json.loads(out.read_text())

@@ -14,7 +14,9 @@ from sglfix.toggling.registry import load_registry
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
     out = tmp_path_factory.mktemp("matrix") / "m.json"
-    r = run_cli("matrix", "--parts", "--device", "cpu", "--json", str(out), "--no-reachability", timeout=1800)
+    r = run_cli(
+        "matrix", "--parts", "--device", "cpu", "--json", str(out), "--no-reachability", timeout=1800, subprocess=True
+    )
     return r, json.loads(out.read_text())
 
 
@@ -22,7 +24,7 @@ def matrix(tmp_path_factory):
 def reaching(tmp_path_factory):
     """The same matrix with reachability (the default): unreached cells are marked, not run."""
     out = tmp_path_factory.mktemp("matrix") / "reach.json"
-    r = run_cli("matrix", "--parts", "--device", "cpu", "--json", str(out), timeout=1800)
+    r = run_cli("matrix", "--parts", "--device", "cpu", "--json", str(out), timeout=1800, subprocess=True)
     return r, json.loads(out.read_text())
 
 

@@ -58,7 +58,9 @@ def _run(tmp_path, text: str, *args: str) -> dict:
     f = tmp_path / "mine.yaml"
     f.write_text(text)
     out = tmp_path / "r.json"
-    r = run_cli("run", "--scenario-file", str(f), "--device", "cpu", "--json", str(out), *args, timeout=600)
+    r = run_cli(
+        "run", "--scenario-file", str(f), "--device", "cpu", "--json", str(out), *args, timeout=600, subprocess=True
+    )
     assert r.code in (0, 1), (r.code, r.out[-2000:], r.err[-2000:])
     data = json.loads(out.read_text())
     return {c["scenario"]: c for c in data["cells"]}

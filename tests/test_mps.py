@@ -55,7 +55,7 @@ def test_on_where_it_cannot_be_is_refused_naming_why(kw, says):
 
 
 def test_the_cli_refuses_mps_on_for_a_cpu_run_in_one_line():
-    r = run_cli("matrix", "-s", SCEN, "--device", "cpu", "--mps", "on")
+    r = run_cli("matrix", "-s", SCEN, "--device", "cpu", "--mps", "on", subprocess=True)
     assert r.code == 2, r.err
     lines = [line for line in r.err.splitlines() if line.strip()]
     assert len(lines) == 1 and "--mps on: the cells run on the CPU" in lines[0], r.err

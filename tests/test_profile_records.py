@@ -84,16 +84,16 @@ def test_a_copied_profile_folder_and_kit_are_found_resolved_and_listed(tmp_path)
     builtin = run_cli("--profile", BUILTIN, "list", "--json")
     assert builtin.code == 0, builtin.err
     for args, extra in ((("list", "--profile", NEW), {}), (("list",), {"SGLFIX_PROFILE": NEW})):
-        r = run_cli(*args, "--json", env={**env, **extra})
+        r = run_cli(*args, "--json", env={**env, **extra}, subprocess=True)
         assert r.code == 0, r.err
         listed = json.loads(r.out)
         assert listed["directory"] == str(folder)
         assert [t["id"] for t in listed["toggles"]] == [t["id"] for t in json.loads(builtin.out)["toggles"]]
-    scen = run_cli("--profile", NEW, "scenarios", "--json", env=env)
+    scen = run_cli("--profile", NEW, "scenarios", "--json", env=env, subprocess=True)
     assert scen.code == 0, scen.err
     assert {s["name"] for s in json.loads(scen.out)["scenarios"]} >= {"probe-req-to-token-tree-ps1"}
     # A wrong name lists every profile found, the new one with them.
-    bad = run_cli("--profile", "sglang-0.5.9", "list", env=env)
+    bad = run_cli("--profile", "sglang-0.5.9", "list", env=env, subprocess=True)
     assert_one_line_error(bad, "no profile 'sglang-0.5.9'", f"{BUILTIN}, {NEW}", "SGLFIX_PROFILES_PATH")
     # The checkout's own profiles are untouched: the new one exists only where the newcomer put it.
     assert not (ROOT / "profiles" / NEW).exists()
@@ -129,7 +129,7 @@ def test_the_installed_version_picks_the_profile_whose_range_covers_it(tmp_path)
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "None {'sglang': 'sglang-0.5.99', 'sglfix.backends': 'reproduction'}"
-    refused = run_cli("--profile", BUILTIN, "run", "-s", "*", "--device", "cpu", env=env)
+    refused = run_cli("--profile", BUILTIN, "run", "-s", "*", "--device", "cpu", env=env, subprocess=True)
     assert_one_line_error(refused, "written for sglang 0.5.23", "sglang 0.5.99 is installed", f"pick profile {NEW}")
 
 
@@ -138,15 +138,17 @@ def test_a_bad_record_or_search_folder_is_one_line(tmp_path):
     record = tmp_path / "my-profiles" / NEW / "profile.toml"
     text = record.read_text()
     record.write_text(text.replace("install_hint =", "install_hnit ="))
-    assert_one_line_error(run_cli("--profile", NEW, "list", env=env), str(record), "install_hnit", "install_hint")
+    assert_one_line_error(
+        run_cli("--profile", NEW, "list", env=env, subprocess=True), str(record), "install_hnit", "install_hint"
+    )
     record.write_text(text.replace('standins = ["sgl_kernel", "torchvision"]', 'standins = "sgl_kernel"'))
-    assert_one_line_error(run_cli("list", env=env), str(record), "standins")
+    assert_one_line_error(run_cli("list", env=env, subprocess=True), str(record), "standins")
     record.write_text(text.replace(f'name = "{NEW}"', f'name = "{BUILTIN}"'))
-    assert_one_line_error(run_cli("list", env=env), f"profile {BUILTIN} is also")
+    assert_one_line_error(run_cli("list", env=env, subprocess=True), f"profile {BUILTIN} is also")
     record.write_text(text.replace('versions = ">=0.5.99"', 'versions = ">=0.6"'))
-    assert_one_line_error(run_cli("list", env=env), "does not cover version 0.5.99")
+    assert_one_line_error(run_cli("list", env=env, subprocess=True), "does not cover version 0.5.99")
     missing = {**env, "SGLFIX_PROFILES_PATH": str(tmp_path / "nowhere")}
-    assert_one_line_error(run_cli("list", env=missing), "SGLFIX_PROFILES_PATH", "is not a folder")
+    assert_one_line_error(run_cli("list", env=missing, subprocess=True), "SGLFIX_PROFILES_PATH", "is not a folder")
 
 
 def test_resolution_order_is_option_then_environment_then_the_reproduction(monkeypatch):

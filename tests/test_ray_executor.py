@@ -55,7 +55,7 @@ def _cells(report: dict) -> dict:
 
 
 def _run(*args: str, tag: str, timeout: float = 600):
-    return run_cli(*args, env={"SGLFIX_TEST_TAG": tag}, timeout=timeout)
+    return run_cli(*args, env={"SGLFIX_TEST_TAG": tag}, timeout=timeout, subprocess=True)
 
 
 def _failing_under_each_executor(tmp_path, *args: str, tag: str) -> dict:

@@ -36,20 +36,22 @@ def _matrix(head: str, tmp_path: Path, name: str, *pre: str, keep: str = "120"):
     path = tmp_path / f"{name}.json"
     r = run_cli(
         *pre, "matrix", "--parts", *SUBSET, "--device", "cpu", "--jobs", "2", "--executor", "ray", "--ray-address", head,
-        "--ray-keep", keep, "--json", str(path), env=ENV, timeout=600,
+        "--ray-keep", keep, "--json", str(path), env=ENV, timeout=600, subprocess=True,
     )  # fmt: skip
     assert r.code == 0, r.out[-2000:] + r.err[-3000:]
     return json.loads(path.read_text())
 
 
 def _kept(head: str) -> list[dict]:
-    r = run_cli("ray-workers", "--ray-address", head, "--json", env=ENV, timeout=120)
+    r = run_cli("ray-workers", "--ray-address", head, "--json", env=ENV, timeout=120, subprocess=True)
     assert r.code == 0, r.err[-2000:]
     return json.loads(r.out)
 
 
 def _stop_all(head: str) -> None:
-    r = run_cli("ray-workers", "--ray-address", head, "--stop", "--all", "--json", env=ENV, timeout=120)
+    r = run_cli(
+        "ray-workers", "--ray-address", head, "--stop", "--all", "--json", env=ENV, timeout=120, subprocess=True
+    )
     assert r.code == 0, r.err[-2000:]
     wait_gone([row["pid"] for row in json.loads(r.out) if "pid" in row], timeout=30)
 
@@ -115,7 +117,7 @@ def test_kept_actors_exit_after_their_keep_time_and_on_stop(head, tmp_path):
     assert _kept(head) == []
     _matrix(head, tmp_path, "long", keep="600")
     pids = [r["pid"] for r in _kept(head)]
-    r = run_cli("ray-workers", "--ray-address", head, "--stop", env=ENV, timeout=120)
+    r = run_cli("ray-workers", "--ray-address", head, "--stop", env=ENV, timeout=120, subprocess=True)
     assert r.code == 0 and r.out.count("-> stopped") == 2, r.out + r.err[-2000:]
     assert not wait_gone(pids, timeout=30)
     assert _kept(head) == []
@@ -159,12 +161,14 @@ def test_an_interrupted_run_keeps_nothing(head, tmp_path):
     ],
 )
 def test_bad_ray_keep_is_one_line_before_ray_is_joined(args, needle):
-    r = run_cli("matrix", "--parts", *SUBSET, "--device", "cpu", *args, env=ENV)
+    r = run_cli("matrix", "--parts", *SUBSET, "--device", "cpu", *args, env=ENV, subprocess=True)
     assert_one_line_error(r, needle)
 
 
 def test_ray_workers_all_without_stop_is_one_line():
-    assert_one_line_error(run_cli("ray-workers", "--ray-address", "auto", "--all"), "--all goes with --stop")
+    assert_one_line_error(
+        run_cli("ray-workers", "--ray-address", "auto", "--all", subprocess=True), "--all goes with --stop"
+    )
 
 
 def test_an_idle_worker_gives_its_cache_back_and_still_runs_cells():

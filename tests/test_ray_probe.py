@@ -124,7 +124,7 @@ def test_a_real_ray_head_is_accepted(head):
 
 
 def test_the_cli_joins_a_real_ray_head(head):
-    r = run_cli("ray-workers", "--ray-address", f"127.0.0.1:{head}", env=ENV, timeout=120)
+    r = run_cli("ray-workers", "--ray-address", f"127.0.0.1:{head}", env=ENV, timeout=120, subprocess=True)
     assert r.code == 0 and "no kept sglfix workers" in r.out, r.out + r.err
 
 
@@ -136,7 +136,7 @@ def test_the_cli_refuses_an_address_that_is_not_ray_in_one_line(request, server,
         ["run", "--executor", "ray", "--ray-address", address, "-s", FAST, "--device", "cpu"],
     ):
         t0 = time.monotonic()
-        r = run_cli(*argv, env=ENV, timeout=20)
+        r = run_cli(*argv, env=ENV, timeout=20, subprocess=True)
         took = time.monotonic() - t0
         assert_one_line_error(r, f"--ray-address {address} is not a Ray head", needle)
         assert took < 5, (argv, took)

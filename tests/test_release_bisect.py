@@ -96,7 +96,7 @@ def test_bad_ranges_are_one_line_before_anything_runs():
 def test_a_range_must_name_releases_the_wheels_hold(tmp_path):
     for v in ("0.5.21", "0.5.23"):
         (tmp_path / f"sglang-{v}-cp311-cp311-manylinux_2_34_x86_64.whl").write_bytes(b"")
-    r = run_cli("bisect", "--releases", "0.5.21..0.5.22", "--wheels", str(tmp_path))
+    r = run_cli("bisect", "--releases", "0.5.21..0.5.22", "--wheels", str(tmp_path), subprocess=True)
     assert_one_line_error(r, "sglang 0.5.22 is not in --wheels", "0.5.21, 0.5.23")
 
 

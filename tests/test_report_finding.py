@@ -25,10 +25,12 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 def test_a_reproduction_finding_names_the_scenario_the_command_and_the_code_it_ran(tmp_path):
     report = tmp_path / "r.json"
-    r = run_cli("run", "-s", NAME, "--device", "cpu", "-r", "26651:clamp", "--json", str(report), timeout=600)
+    r = run_cli(
+        "run", "-s", NAME, "--device", "cpu", "-r", "26651:clamp", "--json", str(report), timeout=600, subprocess=True
+    )
     assert r.code == 1, r.out[-2000:] + r.err[-2000:]
     md = tmp_path / "f.md"
-    f = run_cli("report", "finding", str(report), f"26651:clamp::{NAME}", "-o", str(md), timeout=600)
+    f = run_cli("report", "finding", str(report), f"26651:clamp::{NAME}", "-o", str(md), timeout=600, subprocess=True)
     assert f.code == 0, f.out[-2000:] + f.err[-2000:]
     text = md.read_text()
     assert text.startswith(f"# {NAME}: INVARIANT\n")
@@ -95,7 +97,19 @@ def test_a_cell_with_nothing_to_write_up_is_one_line_before_any_rerun(tmp_path):
 
 def _finding(tmp_path: Path, report: Path, cell: str, *args: str, env: dict | None = None) -> str:
     out = tmp_path / "f.md"
-    f = run_cli("report", "finding", str(report), cell, "-o", str(out), *args, env=env, cwd=str(tmp_path), timeout=600)
+    f = run_cli(
+        "report",
+        "finding",
+        str(report),
+        cell,
+        "-o",
+        str(out),
+        *args,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=600,
+        subprocess=True,
+    )
     assert f.code == 0, f.out[-2000:] + f.err[-2000:]
     return out.read_text()
 
@@ -211,9 +225,11 @@ def test_the_sglang_finding_carries_the_profiles_fix(tmp_path):
     env = clean_env()
     run_cli(
         "--profile", "sglang-0.5.23", "run", "-s", "probe-req-to-token-tree-ps1", "--device", "cpu", "--json",
-        str(report), env=env, timeout=600,
+        str(report), env=env, timeout=600, subprocess=True,
     )  # fmt: skip
-    f = run_cli("report", "finding", str(report), "baseline::probe-req-to-token-tree-ps1", env=env, timeout=600)
+    f = run_cli(
+        "report", "finding", str(report), "baseline::probe-req-to-token-tree-ps1", env=env, timeout=600, subprocess=True
+    )
     assert f.code == 0, f.err[-2000:]
     text = f.out
     assert "- code base: sglang 0.5.23" in text

@@ -52,6 +52,7 @@ def test_run_writes_junit_and_markdown_and_appends_to_the_step_summary(tmp_path)
         "--markdown",
         str(out["md"]),
         env={"GITHUB_STEP_SUMMARY": str(summary)},
+        subprocess=True,
     )
     assert r.code == 1, r.err
     report = json.loads(out["json"].read_text())
@@ -101,6 +102,7 @@ def test_matrix_junit_reflects_the_gate(tmp_path):
         "--heatmap",
         str(png),
         env={"GITHUB_STEP_SUMMARY": ""},
+        subprocess=True,
     )
     assert r.code == 1, r.err  # the stray verdict fails the gate
     cases = _junit(xml)
@@ -140,6 +142,7 @@ def test_an_error_cell_is_a_junit_error(tmp_path):
         "cpu",
         "--junit",
         str(xml),
+        subprocess=True,
     )
     assert r.code == 1, r.err
     (case,) = _junit(xml).values()
@@ -194,7 +197,15 @@ def test_missing_matplotlib_is_a_one_line_error_with_the_install_hint(tmp_path):
     hide.mkdir()
     (hide / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
     r = _bad(
-        "matrix", "-s", PASSING, "--device", "cpu", "--heatmap", str(tmp_path / "h.png"), env={"PYTHONPATH": str(hide)}
+        "matrix",
+        "-s",
+        PASSING,
+        "--device",
+        "cpu",
+        "--heatmap",
+        str(tmp_path / "h.png"),
+        env={"PYTHONPATH": str(hide)},
+        subprocess=True,
     )
     assert_one_line_error(r, "--heatmap", "pip install 'sglfix[plot]'")
 

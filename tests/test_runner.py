@@ -53,14 +53,16 @@ def test_bisect_shards_search_whole_groups_and_together_cover_every_group(tmp_pa
     reports = []
     for i in (1, 2):
         out = tmp_path / f"b{i}.json"
-        r = run_cli("bisect", "-s", "fimla-draft-*", "--shard", f"{i}/2", "--device", "cpu", "--json", str(out))
+        r = run_cli(
+            "bisect", "-s", "fimla-draft-*", "--shard", f"{i}/2", "--device", "cpu", "--json", str(out), subprocess=True
+        )
         assert r.code in (0, 1), r.err[-2000:]
         reports.append(json.loads(out.read_text()))
     assert [rep["shard"] for rep in reports] == ["1/2", "2/2"]
     groups = [{g["group"] for g in rep["groups"]} | {c["group"] for c in rep["culprits"]} for rep in reports]
     assert groups[0] and groups[1] and not groups[0] & groups[1], groups
     whole = tmp_path / "b.json"
-    r = run_cli("bisect", "-s", "fimla-draft-*", "--device", "cpu", "--json", str(whole))
+    r = run_cli("bisect", "-s", "fimla-draft-*", "--device", "cpu", "--json", str(whole), subprocess=True)
     found = json.loads(whole.read_text())
     culprits = sorted((c["group"], tuple(c["ids"])) for c in found["culprits"])
     assert culprits == sorted((c["group"], tuple(c["ids"])) for rep in reports for c in rep["culprits"])

@@ -146,13 +146,14 @@ def test_worker_fault_and_timeout_are_verdicts_and_the_worker_restarts(toggles_d
             "--json",
             str(out),
             timeout=300,
+            subprocess=True,
         )
         assert r.code == 1, r.out + r.err
         cells = {c["scenario"]: c for c in json.loads(out.read_text())["cells"]}
         assert cells[scen]["verdict"] == verdict, cells[scen]
         # The next cell ran in a restarted worker (with the same revert, so it fails the same way).
         assert cells["triton-extend"]["verdict"] == verdict
-    r = run_cli("run", "-s", scen, "--device", "cpu", "--json", str(out))
+    r = run_cli("run", "-s", scen, "--device", "cpu", "--json", str(out), subprocess=True)
     assert r.code == 0
 
 
@@ -160,6 +161,6 @@ def test_a_worker_that_cannot_start_stops_the_run_with_one_line(tmp_path):
     shadow = tmp_path / "torch"
     shadow.mkdir()
     (shadow / "__init__.py").write_text("raise ImportError('torch is broken here')\n")
-    r = run_cli("run", "-s", "triton-extend", "--device", "cpu", env={"PYTHONPATH": str(tmp_path)})
+    r = run_cli("run", "-s", "triton-extend", "--device", "cpu", env={"PYTHONPATH": str(tmp_path)}, subprocess=True)
     assert r.code == 2 and "worker failed to start" in r.err and "torch is broken here" in r.err
     assert len([line for line in r.err.splitlines() if line.strip()]) == 1

@@ -419,7 +419,7 @@ def test_a_scenario_file_written_by_someone_else_runs_unchanged(tmp_path):
     f = tmp_path / "mine.yaml"
     f.write_text(USER_FILE)
     out = tmp_path / "r.json"
-    r = run_cli("run", "--scenario-file", str(f), "--device", "cpu", "--json", str(out), timeout=600)
+    r = run_cli("run", "--scenario-file", str(f), "--device", "cpu", "--json", str(out), timeout=600, subprocess=True)
     assert r.code == 0, r.out + r.err
     data = json.loads(out.read_text())
     assert [c["scenario"] for c in data["cells"]] == ["my-verify-check"]
@@ -460,7 +460,7 @@ def test_zero_prefixes_lowercase_modes_and_40_requests_run_and_pass(tmp_path):
     f = tmp_path / "zero.yaml"
     f.write_text(ZERO_AND_WIDE)
     out = tmp_path / "r.json"
-    r = run_cli("run", "--scenario-file", str(f), "--device", "cpu", "--json", str(out), timeout=600)
+    r = run_cli("run", "--scenario-file", str(f), "--device", "cpu", "--json", str(out), timeout=600, subprocess=True)
     assert r.code == 0, r.out + r.err
     verdicts = {c["scenario"]: c["verdict"] for c in json.loads(out.read_text())["cells"]}
     assert verdicts == dict.fromkeys(

@@ -216,6 +216,7 @@ def test_the_draft_extend_view_finding_names_the_rows_and_its_fix_clears_it(runs
         str(fix),
         "--expect-fixes",
         "probe-draft-extend-view*",
+        subprocess=True,
     )
     assert r.code == 0, r.out[-3000:] + r.err[-3000:]
     assert "+draft-extend-view-bucket: fixes known divergence probe-draft-extend-view@" in r.out, r.out[-2000:]
@@ -439,7 +440,7 @@ def test_a_real_tree_the_probe_does_not_fit_is_an_error_and_its_known_divergence
     out = tmp_path / "run.json"
     r = run_cli(
         "--profile", "sglang-0.5.23", "run", "-s", "probe-req-to-token-tree-ps1", "--device", "cpu",
-        "--json", str(out), env={"PYTHONPATH": str(tree), "SGLFIX_STORE": "0"}, timeout=300,
+        "--json", str(out), env={"PYTHONPATH": str(tree), "SGLFIX_STORE": "0"}, timeout=300, subprocess=True,
     )  # fmt: skip
     assert r.code == 1, (r.code, r.out[-1500:], r.err[-1500:])
     report = json.loads(out.read_text())

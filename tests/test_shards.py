@@ -110,7 +110,7 @@ def _key(item) -> str:
 
 def test_merged_shards_equal_the_unsharded_matrix_cell_by_cell(tmp_path):
     whole = tmp_path / "whole.json"
-    r = run_cli("matrix", "--parts", *SUBSET, "--device", "cpu", "--json", str(whole), timeout=900)
+    r = run_cli("matrix", "--parts", *SUBSET, "--device", "cpu", "--json", str(whole), timeout=900, subprocess=True)
     assert r.code == 0, r.out[-2000:] + r.err[-2000:]
     expected = json.loads(whole.read_text())
     cells = {(",".join(c["toggles"]), c["scenario"]): _strip(c) for c in expected["cells"]}
@@ -132,6 +132,7 @@ def test_merged_shards_equal_the_unsharded_matrix_cell_by_cell(tmp_path):
                 "--jobs",
                 "1",
                 timeout=900,
+                subprocess=True,
             )
             assert r.code == 0, (n, i, r.out[-2000:], r.err[-2000:])
             assert json.loads(path.read_text())["shard"] == f"{i}/{n}"
@@ -156,7 +157,9 @@ ONE = "triton-extend-ps16-bf16"  # one scenario: shard 1/3 runs it, 2/3 and 3/3 
 
 def _shard(tmp_path, name: str, *args: str) -> str:
     path = tmp_path / f"{name}.json"
-    r = run_cli("matrix", "-s", ONE, "--device", "cpu", "--no-cache", "-j", "1", *args, "--json", str(path))
+    r = run_cli(
+        "matrix", "-s", ONE, "--device", "cpu", "--no-cache", "-j", "1", *args, "--json", str(path), subprocess=True
+    )
     assert r.code == 0, r.out[-2000:] + r.err[-2000:]
     return str(path)
 

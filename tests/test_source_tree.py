@@ -68,7 +68,7 @@ def test_a_source_tree_on_pythonpath_is_what_the_workers_run(tmp_path):
     env = {"PYTHONPATH": os.pathsep.join((str(tree), str(site)))}
     r = run_cli(
         "--profile", "sglang-0.5.23", "run", "-s", SCENARIO, "--device", "cpu", "--json", str(out),
-        env=env, cwd=str(tmp_path), timeout=300,
+        env=env, cwd=str(tmp_path), timeout=300, subprocess=True,
     )  # fmt: skip
     assert r.code == 1, (r.code, r.out[-2000:], r.err[-2000:])
     report = json.loads(out.read_text())
@@ -90,7 +90,7 @@ def test_a_checkout_newer_than_every_profile_runs_with_the_newest(tmp_path):
     env = {"PYTHONPATH": str(tree)}
     out = tmp_path / "run.json"
     r = run_cli(
-        "--profile", "sglang", "run", "-s", SCENARIO, "--device", "cpu", "--json", str(out), env=env, timeout=300
+        "--profile", "sglang", "run", "-s", SCENARIO, "--device", "cpu", "--json", str(out), env=env, timeout=300, subprocess=True
     )  # fmt: skip
     assert r.code == 0, (r.out[-1500:], r.err[-1500:])
     cb = json.loads(out.read_text())["codebase"]
@@ -99,10 +99,12 @@ def test_a_checkout_newer_than_every_profile_runs_with_the_newest(tmp_path):
     assert "following the installed sglang, newer than its range" in " ".join(r.out.split()), r.out[:800]
     # Pinned, the same tree is refused in one line naming both versions; so is a version older
     # than every profile when following.
-    pinned = run_cli("--profile", "sglang-0.5.23", "run", "-s", SCENARIO, "--device", "cpu", env=env)
+    pinned = run_cli("--profile", "sglang-0.5.23", "run", "-s", SCENARIO, "--device", "cpu", env=env, subprocess=True)
     assert_one_line_error(pinned, "written for sglang 0.5.23", "sglang 0.5.24.dev0 is installed")
     old = _tree(tmp_path / "old", version="0.5.10")
-    older = run_cli("--profile", "sglang", "run", "-s", SCENARIO, "--device", "cpu", env={"PYTHONPATH": str(old)})
+    older = run_cli(
+        "--profile", "sglang", "run", "-s", SCENARIO, "--device", "cpu", env={"PYTHONPATH": str(old)}, subprocess=True
+    )
     assert_one_line_error(older, "--profile sglang", "sglang 0.5.10 is installed", "older than every profile")
 
 
@@ -119,7 +121,7 @@ def test_a_revert_that_no_longer_applies_to_the_checkout_is_a_finding_not_a_refu
     out, junit, markdown = tmp_path / "m.json", tmp_path / "m.xml", tmp_path / "m.md"
     r = run_cli(
         "--profile", "sglang", "matrix", "-s", "probe-req-to-token*", "--device", "cpu", "--json", str(out),
-        "--junit", str(junit), "--markdown", str(markdown), env={"PYTHONPATH": str(tree)}, timeout=600,
+        "--junit", str(junit), "--markdown", str(markdown), env={"PYTHONPATH": str(tree)}, timeout=600, subprocess=True,
     )  # fmt: skip
     assert r.code == 1, (r.code, r.out[-1500:], r.err[-1500:])
     report = json.loads(out.read_text())
@@ -139,7 +141,7 @@ def test_a_revert_that_no_longer_applies_to_the_checkout_is_a_finding_not_a_refu
     assert "Reverts that no longer apply here" in markdown.read_text()
     # bisect has no plan to leave the set out of: it refuses the drifted candidate, naming it.
     bisect = run_cli("--profile", "sglang", "bisect", "-s", "probe-req-to-token*", "--device", "cpu",
-                     env={"PYTHONPATH": str(tree)})  # fmt: skip
+                     env={"PYTHONPATH": str(tree)}, subprocess=True)  # fmt: skip
     assert_one_line_error(bisect, "revert 26972", "without 26972")
     # On code its profile covers (0.5.23), the same edit is a broken profile: refused before any worker.
     pinned = _tree(tmp_path / "pinned")
@@ -148,6 +150,6 @@ def test_a_revert_that_no_longer_applies_to_the_checkout_is_a_finding_not_a_refu
     moved.write_text(sizing.read_text())
     refused = run_cli(
         "--profile", "sglang", "matrix", "-s", "probe-req-to-token*", "--device", "cpu",
-        env={"PYTHONPATH": str(pinned)},
+        env={"PYTHONPATH": str(pinned)}, subprocess=True,
     )  # fmt: skip
     assert_one_line_error(refused, "revert 26972", "get_req_to_token_extra_context_len")

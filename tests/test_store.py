@@ -34,7 +34,7 @@ def _matrix(
 ):
     r = run_cli(
         *pre, "matrix", *args, "--device", "cpu", "--json", str(out), env={**ON, **(env or {})}, cwd=cwd,
-        timeout=timeout,
+        timeout=timeout, subprocess=True,
     )  # fmt: skip
     assert r.code in (0, 1), (r.code, r.out[-2000:], r.err[-2000:])
     return json.loads(out.read_text())
@@ -231,7 +231,7 @@ def _run(site: Path, name: str, *args: str, store: Path | None, env: dict | None
     where = ("--cache", str(store)) if store is not None else ("--no-cache",)
     r = run_cli(
         "run", *args, "--device", "cpu", *where, "--json", str(out),
-        env={**ON, "PYTHONPATH": str(site), **(env or {})}, cwd=str(tmp), timeout=600,
+        env={**ON, "PYTHONPATH": str(site), **(env or {})}, cwd=str(tmp), timeout=600, subprocess=True,
     )  # fmt: skip
     assert r.code in (0, 1), (r.code, r.out[-2000:], r.err[-2000:])
     return _cells(out)
@@ -345,7 +345,9 @@ def test_installed_packages_are_keyed_by_their_files_and_only_those_imported(tmp
     args = ("run", "-s", "triton-decode*", "--device", "cpu", "--cache", str(store))
 
     def run(name: str) -> dict:
-        r = run_cli(*args, "--json", str(tmp_path / name), env={**ON, **env}, cwd=str(tmp_path), timeout=600)
+        r = run_cli(
+            *args, "--json", str(tmp_path / name), env={**ON, **env}, cwd=str(tmp_path), timeout=600, subprocess=True
+        )
         assert r.code in (0, 1), (r.code, r.err[-2000:])
         return _cells(tmp_path / name)
 
@@ -514,7 +516,7 @@ def test_damaged_rows_are_misses_and_verify_store_fails_loudly_on_a_wrong_answer
 
     r = run_cli(
         "run", *DECODE, "--device", "cpu", "--cache", str(store), "--verify-store", str(len(ids)),
-        env={**ON, "PYTHONPATH": str(site)}, cwd=str(tmp_path), timeout=600,
+        env={**ON, "PYTHONPATH": str(site)}, cwd=str(tmp_path), timeout=600, subprocess=True,
     )  # fmt: skip
     assert r.code == 1, (r.code, r.err[-2000:])
     assert "internal error" not in r.err and "Traceback" not in r.err

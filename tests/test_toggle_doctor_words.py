@@ -206,6 +206,8 @@ def test_doctor_caught_by_without_pytest_names_the_install(tmp_path):
         env={**os.environ, **env},
     )
     assert probe.returncode != 0 and "No module named pytest" in probe.stderr, probe.stderr
-    r = run_cli("doctor", "--caught-by", "--tests-root", str(REPO), env=env, cwd=str(REPO), timeout=120)
+    r = run_cli(
+        "doctor", "--caught-by", "--tests-root", str(REPO), env=env, cwd=str(REPO), timeout=120, subprocess=True
+    )
     line = assert_one_line_error(r, "--caught-by", "pytest", "pip install 'sglfix[test]'")
     assert "cannot import" in line

@@ -209,7 +209,18 @@ def test_generated_parts_give_the_same_verdicts_as_the_hand_written_ones(tmp_pat
         (toggles / f"{pr}.yaml").write_text(fromdiff.to_yaml(fromdiff.toggle_data(plan)))
         twin[str(pr)] = rid
     report = tmp_path / "m.json"
-    r = run_cli("--toggles", str(toggles), "matrix", "--parts", "--device", "cpu", "--json", str(report), timeout=1200)
+    r = run_cli(
+        "--toggles",
+        str(toggles),
+        "matrix",
+        "--parts",
+        "--device",
+        "cpu",
+        "--json",
+        str(report),
+        timeout=1200,
+        subprocess=True,
+    )
     assert report.exists(), r.out[-2000:] + r.err
     cells = {(",".join(c["toggles"]), c["scenario"]): c["verdict"] for c in json.loads(report.read_text())["cells"]}
     scenarios = {s for _, s in cells}

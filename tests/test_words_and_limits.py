@@ -27,7 +27,7 @@ def test_the_markdown_title_names_the_command_past_sglfixs_own_options():
 
 def test_the_code_base_is_named_in_the_header_markdown_and_junit(tmp_path):
     md, xml = tmp_path / "r.md", tmp_path / "r.xml"
-    r = run_cli("run", "-s", DECODE, "--device", "cpu", "--markdown", str(md), "--junit", str(xml))
+    r = run_cli("run", "-s", DECODE, "--device", "cpu", "--markdown", str(md), "--junit", str(xml), subprocess=True)
     assert r.code == 0, r.err
     assert "code base: built-in reproduction" in r.out.splitlines()[0], r.out
     assert "of built-in reproduction on cpu" in md.read_text()
@@ -39,7 +39,7 @@ def test_jobs_has_a_ceiling_and_never_more_workers_than_cells(tmp_path):
     assert "at most" in line
     # One cell with -j 4 starts one worker: the report's run is the same, only one process.
     out = tmp_path / "r.json"
-    r = run_cli("run", "-j", "4", "-s", DECODE, "--device", "cpu", "--json", str(out))
+    r = run_cli("run", "-j", "4", "-s", DECODE, "--device", "cpu", "--json", str(out), subprocess=True)
     assert r.code == 0, r.err
     data = json.loads(out.read_text())
     assert [c["verdict"] for c in data["cells"]] == ["PASS"] and data["workers"] == 1

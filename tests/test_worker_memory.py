@@ -25,7 +25,7 @@ def test_an_allocation_past_the_cap_fails_in_its_cell_and_none_without_one(tmp_p
     out = tmp_path / "run.json"
     r = run_cli(
         "--toggles", str(d), "run", "-r", "88821", "-s", "triton-decode@cg=eager,gpu_only=off",
-        "--device", "cpu", "--no-cache", "--json", str(out), env={MEMORY_ENV: cap},
+        "--device", "cpu", "--no-cache", "--json", str(out), env={MEMORY_ENV: cap}, subprocess=True,
     )  # fmt: skip
     assert r.code in (0, 1), r.err
     (cell,) = json.loads(out.read_text())["cells"]

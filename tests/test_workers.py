@@ -725,6 +725,7 @@ def test_a_replaced_worker_is_reported_on_the_console_and_in_the_json(tmp_path):
         "--json",
         str(out),
         timeout=600,
+        subprocess=True,
     )
     assert r.code in (0, 1), r.err
     lines = [line for line in r.err.splitlines() if "a worker was replaced" in line]
@@ -826,7 +827,7 @@ def test_a_cell_run_again_alone_is_reported_on_the_console_and_in_the_json(tmp_p
     out = tmp_path / "r.json"
     r = run_cli(
         "--toggles", str(d), "matrix", "-s", SCEN, "--device", "cpu", "--jobs", "2", "--no-reachability",
-        "--no-cache", "--json", str(out), timeout=600,
+        "--no-cache", "--json", str(out), timeout=600, subprocess=True,
     )  # fmt: skip
     assert r.code == 0, r.err
     assert f"sglfix: ran again alone: {OOM_ONCE}::{SCEN}: it ran out of GPU memory beside 1 other worker" in r.err

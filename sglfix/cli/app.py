@@ -7,18 +7,147 @@ anywhere on the line), 125 every cell was skipped ("cannot test this", for ``git
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
+from typer.main import get_command
 
 from sglfix.cli.complete import profile_names
 from sglfix.cli.context import Options, err, options
 from sglfix.common.environ import envs
 from sglfix.common.errors import ConfigError, SglfixError
 
+# Flags read from the whole line (they hold for every command, wherever they stand).
+LINE_FLAGS = ("--debug", "--git-bisect")
+
+# Global options accepted after the command too (``sglfix doctor --profile NAME``).
+_GLOBAL_WITH_VALUE = ("--profile", "--release", "--wheels", "--codebase-version")
+
+
+class SglfixGroup(TyperGroup):
+    """The root command. sglfix's own options are read wherever they stand on the line (each
+    command below takes them as hidden options); the callback records them, and the work they ask
+    for starts once the command that runs is parsed. Every way a command ends is one line on
+    stderr with its exit code, the same for the console script and for anything invoking the app
+    (``typer.testing.CliRunner``)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        for command in self.commands.values():
+            _take_line_options(command)
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        """Each level's callback in turn (the root's records the options), the command that runs
+        parsed before any of the work sglfix's own options ask for (a release fetched, a profile's
+        toggle files loaded): a typo anywhere on the line is one line, before any download."""
+        with contextlib.ExitStack() as stack:
+            level = stack.enter_context(ctx)
+            while True:
+                group = level.command
+                args = [*level._protected_args, *level.args]
+                level._protected_args, level.args = [], []
+                if not args:  # a group given bare: its help, once the options are checked
+                    if level is ctx:
+                        _run_callback(self, ctx)
+                    _settle(level, runs=False)
+                    if level is ctx:
+                        typer.echo(ctx.get_help())
+                        raise typer.Exit(0)
+                    return _run_callback(group, level)
+                name, command, args = group.resolve_command(level, args)
+                level.invoked_subcommand = name
+                _run_callback(group, level)
+                sub = stack.enter_context(command.make_context(name, args, parent=level))
+                if not isinstance(command, TyperGroup):
+                    _settle(sub, runs=True)
+                    return command.invoke(sub)
+                level = sub
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """Run the line; its exit code (``standalone_mode``: exit with it). ``--debug`` and
+        ``--git-bisect`` are read from the whole line first: they decide how even a line that
+        does not parse ends."""
+        line = list(sys.argv[1:] if args is None else args)
+        debug = LINE_FLAGS[0] in line or envs.SGLFIX_DEBUG.get()
+        git_bisect = LINE_FLAGS[1] in line
+        if not isinstance(extra.get("obj"), Options):
+            extra["obj"] = Options(debug=debug, argv=["sglfix", *_recorded(line)], git_bisect=git_bisect)
+        code = _ended(
+            lambda: super(SglfixGroup, self).main(
+                args=line,
+                prog_name=prog_name or "sglfix",
+                complete_var=complete_var,
+                standalone_mode=False,
+                windows_expand_args=windows_expand_args,
+                **extra,
+            ),
+            debug=debug,
+        )
+        code = _bisect_code(code or 0) if git_bisect else code or 0
+        if not standalone_mode:
+            return code
+        sys.exit(code)
+
+
+def _run_callback(group: TyperGroup, ctx: typer.Context) -> Any:
+    """``group``'s own callback, without running its subcommand."""
+    return super(TyperGroup, group).invoke(ctx)
+
+
+def _take_line_options(command: Any) -> None:
+    """Give ``command`` (and every command below it) sglfix's own options as hidden ones, so that
+    they parse wherever they stand on the line; what they say is recorded for the root."""
+    have = {name for p in command.params for name in (*p.opts, *p.secondary_opts)}
+    command.params.extend(p for p in _line_options() if not have & {*p.opts, *p.secondary_opts})
+    for sub in getattr(command, "commands", {}).values():
+        _take_line_options(sub)
+
+
+def _record(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> None:
+    if value is not None and not ctx.resilient_parsing:
+        options(ctx).given[param.name] = value
+
+
+def _anywhere(
+    profile: str | None = typer.Option(
+        None, "--profile", hidden=True, expose_value=False, callback=_record, autocompletion=profile_names
+    ),
+    release: str | None = typer.Option(None, "--release", hidden=True, expose_value=False, callback=_record),
+    wheels: str | None = typer.Option(None, "--wheels", hidden=True, expose_value=False, callback=_record),
+    codebase_version: str | None = typer.Option(
+        None, "--codebase-version", hidden=True, expose_value=False, callback=_record
+    ),
+    debug: bool = typer.Option(False, "--debug", hidden=True, expose_value=False),
+    git_bisect: bool = typer.Option(False, "--git-bisect", hidden=True, expose_value=False),
+) -> None:
+    """The options of the root that every command below it takes too (read by ``SglfixGroup.main``
+    and recorded by ``_record``; never passed to a command)."""
+
+
+def _line_options() -> list:
+    """Fresh parameters for ``_anywhere``'s options, made by typer as it makes any command's."""
+    carrier = typer.Typer(add_completion=False)
+    carrier.command()(_anywhere)
+    return list(get_command(carrier).params)
+
+
 app = typer.Typer(
+    cls=SglfixGroup,
+    name="sglfix",
     add_completion=True,
     no_args_is_help=False,
     help="Revert historical attention-metadata fixes and see which one causes which divergence. "
@@ -68,14 +197,37 @@ def _main(  # noqa: PLR0913 - typer reads the global options from this signature
         [], "--allow-target", metavar="PREFIX", help="Also allow patch targets under this module prefix (repeatable)."
     ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks (accepted anywhere on the line)."),
+    git_bisect: bool = typer.Option(False, "--git-bisect", hidden=True),
     version: bool = typer.Option(False, "--version", help="Print the version and exit."),
 ) -> None:
+    """Records the options given before the command; ``SglfixGroup`` acts on them (``_settle``)
+    once the command that runs is parsed."""
     opts = options(ctx)
     if version:
         from sglfix import __version__
 
         typer.echo(f"sglfix {__version__}")
         raise typer.Exit(0)
+    given = {"toggles": toggles, "profile": profile, "release": release, "wheels": wheels}
+    opts.given.update({name: value for name, value in given.items() if value is not None})
+    if codebase_version is not None:
+        opts.given["codebase_version"] = codebase_version
+    opts.given["allow_target"] = list(allow_target)
+    opts.debug = opts.debug or debug
+    opts.git_bisect = opts.git_bisect or git_bisect
+
+
+def _settle(ctx: typer.Context, *, runs: bool) -> None:
+    """Check and act on sglfix's own options, wherever on the line they were given, now that the
+    line is parsed (``ctx``: the command that runs, ``runs``; or a group given bare, whose help is
+    all that follows): a release fetched and put first on the path, the profile and its toggle
+    files loaded, before the command starts."""
+    opts = options(ctx)
+    given = opts.given
+    toggles, profile, release = given.get("toggles"), given.get("profile"), given.get("release")
+    wheels, codebase_version = given.get("wheels"), given.get("codebase_version")
+    allow_target: list[str] = list(given.get("allow_target", []))
+    command = [c.info_name or "" for c in _chain(ctx)]
     if toggles is not None and not toggles.strip():
         raise ConfigError("--toggles '': the directory is empty; give a toggle files directory (or leave it out)")
     for prefix in allow_target:
@@ -84,16 +236,15 @@ def _main(  # noqa: PLR0913 - typer reads the global options from this signature
                 f"--allow-target {prefix!r} is not a module prefix; give a dotted module name like mypkg.kernels"
             )
     if wheels is not None and release is None:
-        if ctx.invoked_subcommand != "bisect":
+        if command[:1] != ["bisect"]:
             raise ConfigError("--wheels DIR holds the wheels of --release VERSION: give --release with it")
         opts.wheels = wheels  # bisect --releases A..B takes its releases from there
     if codebase_version is not None:
         _given_version(codebase_version, release=release)
-    if release is not None and ctx.invoked_subcommand is None:
-        typer.echo(ctx.get_help())  # no command to run on it: nothing fetched
-        raise typer.Exit(0)
+    if release is not None and not runs:
+        return  # no command to run on it: its help, nothing fetched
     if release is not None:
-        profile = _use_release(ctx, release, wheels=wheels, profile=profile, toggles=toggles)
+        profile = _use_release(ctx, release, command=command, wheels=wheels, profile=profile, toggles=toggles)
         opts.release = release.strip()
     if profile is not None:
         from sglfix.toggling.profiles import get_profile
@@ -104,7 +255,6 @@ def _main(  # noqa: PLR0913 - typer reads the global options from this signature
         toggles = opts.profile.toggles_dir
     opts.toggles = toggles
     opts.allow = tuple(allow_target)
-    opts.debug = opts.debug or debug
     if codebase_version is not None:
         _check_given_version(opts, codebase_version)
     if toggles is not None:
@@ -112,9 +262,15 @@ def _main(  # noqa: PLR0913 - typer reads the global options from this signature
         from sglfix.toggling.registry import load_registry
 
         load_registry(toggles)
-    if ctx.invoked_subcommand is None:
-        typer.echo(ctx.get_help())
-        raise typer.Exit(0)
+
+
+def _chain(ctx: typer.Context) -> list[typer.Context]:
+    """The contexts from the root's command down to ``ctx`` (the root left out)."""
+    chain = []
+    while ctx.parent is not None:
+        chain.append(ctx)
+        ctx = ctx.parent
+    return chain[::-1]
 
 
 def _given_version(text: str, *, release: str | None) -> None:
@@ -147,9 +303,16 @@ def _check_given_version(opts: Options, given: str) -> None:
 
 
 def _use_release(
-    ctx: typer.Context, release: str, *, wheels: str | None, profile: str | None, toggles: str | None
+    ctx: typer.Context,
+    release: str,
+    *,
+    command: list[str],
+    wheels: str | None,
+    profile: str | None,
+    toggles: str | None,
 ) -> str | None:
-    """Check the release against the profiles and the rest of the line, then fetch it (unless
+    """Check the release against the profiles and the rest of the line (``ctx``: the command
+    that runs, ``command`` its names), then fetch it (unless
     cached) and put it in front of this process's and its workers' path; the profile to use: the
     one named, else the one following the engine. Nothing is downloaded for a line refused."""
     from sglfix.codebases import get_codebase, profiles
@@ -190,7 +353,7 @@ def _use_release(
             )
     else:
         _release_followed(version, records)
-    _parse_line(ctx, release=version)
+    _goes_with_release(ctx, command=command, release=version)
     use_release(fetch_release(engine, version, wheels=wheels, package=records[0].package))
     if profile is None and named is not None:
         return None  # SGLFIX_PROFILE names it: resolved from there, as without --release
@@ -213,28 +376,15 @@ def _release_followed(version: str, records: list) -> None:
         )
 
 
-def _parse_line(ctx: typer.Context, *, release: str) -> None:
-    """Parse the rest of the line as the command will (every option checked: a typo is one line
-    now, not after a download), and refuse what --release does not go with."""
-    argv = options(ctx).argv[1:]
-    if not argv or ctx.resilient_parsing:
-        return
-    group = ctx.command
-    probe = group.make_context(ctx.info_name or "sglfix", list(argv), obj=ctx.obj)
-    command: list[str] = []
-    current, rest = probe, [*probe._protected_args, *probe.args]
-    while rest and hasattr(current.command, "resolve_command"):
-        name, cmd, rest = current.command.resolve_command(current, rest)
-        command.append(name or "")
-        current = cmd.make_context(name, list(rest), parent=current)
-        rest = [*current._protected_args, *current.args]
-    if command[:1] == ["bisect"] and current.params.get("releases"):
+def _goes_with_release(ctx: typer.Context, *, command: list[str], release: str) -> None:
+    """Refuse what --release does not go with on the parsed line (``ctx``: the command that runs)."""
+    if command[:1] == ["bisect"] and ctx.params.get("releases"):
         raise ConfigError(
             f"--release {release} and bisect --releases both choose what runs: give bisect --releases A..B alone"
         )
-    if command == ["toggle", "port"] and current.params.get("source") is not None:
+    if command == ["toggle", "port"] and ctx.params.get("source") is not None:
         raise ConfigError(
-            f"--source {current.params['source']} and --release {release} both name the source to port onto: give one"
+            f"--source {ctx.params['source']} and --release {release} both name the source to port onto: give one"
         )
 
 
@@ -287,16 +437,10 @@ def _click_exception_type() -> type:
     return ClickException
 
 
-# Flags read from the whole line and removed before typer parses it (they hold for every command).
-LINE_FLAGS = ("--debug", "--git-bisect")
-
-# Global options accepted after the command too (``sglfix doctor --profile NAME``).
-_GLOBAL_WITH_VALUE = ("--profile", "--release", "--wheels", "--codebase-version")
-
-
-def _hoist_profile(args: list[str]) -> list[str]:
-    """``--profile NAME``, ``--release VERSION``, ``--wheels DIR`` and ``--codebase-version V`` are
-    global too: moved in front."""
+def _recorded(args: list[str]) -> list[str]:
+    """The line as a report records it: sglfix's own options first (``--profile NAME``,
+    ``--release VERSION``, ``--wheels DIR``, ``--codebase-version V`` wherever they were given),
+    ``--debug`` and ``--git-bisect`` left out (they change how sglfix answers, not what runs)."""
     front: list[str] = []
     rest: list[str] = []
     i = 0
@@ -305,6 +449,9 @@ def _hoist_profile(args: list[str]) -> list[str]:
         if arg == "--":
             rest += args[i:]
             break
+        if arg in LINE_FLAGS:
+            i += 1
+            continue
         if arg in _GLOBAL_WITH_VALUE and i + 1 < len(args):
             front += args[i : i + 2]
             i += 2
@@ -318,16 +465,8 @@ def _hoist_profile(args: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args or envs.SGLFIX_DEBUG.get()
-    # --debug is global: accepted after the command too, removed before typer parses the line.
-    args = [a for a in args if a != "--debug"]
-    # --git-bisect is global too: the exit codes `git bisect run` reads (see _bisect_code).
-    git_bisect = LINE_FLAGS[1] in args
-    args = _hoist_profile([a for a in args if a != "--git-bisect"])
-    opts = Options(debug=debug, argv=["sglfix", *args], git_bisect=git_bisect)
-    code = _invoke(args, opts=opts, debug=debug) or 0
-    sys.exit(_bisect_code(code) if git_bisect else code)
+    """The ``sglfix`` console script (``python -m sglfix``): exits with the line's exit code."""
+    app(args=argv, prog_name="sglfix")
 
 
 def _bisect_code(code: int) -> int:
@@ -338,9 +477,9 @@ def _bisect_code(code: int) -> int:
     return 125 if code == 2 else code
 
 
-def _invoke(args: list[str], *, opts: Options, debug: bool) -> int | None:
-    """The command's exit code; every way it can end is one line on stderr (``--debug``: and
-    the traceback)."""
+def _ended(run: Callable[[], Any], *, debug: bool) -> int | None:
+    """The exit code of ``run`` (the parsed line's command); every way it can end is one line on
+    stderr (``--debug``: and the traceback)."""
     from sglfix.common.signals import signals_raise
 
     usage_error = _click_exception_type()
@@ -348,7 +487,7 @@ def _invoke(args: list[str], *, opts: Options, debug: bool) -> int | None:
         # SIGTERM raises for the whole command, report writing included: a report file is whole
         # or absent, and the line below says so with exit 143.
         with signals_raise():
-            code = app(args=(["--debug"] if debug else []) + args, prog_name="sglfix", standalone_mode=False, obj=opts)
+            code = run()
         if code == 130:  # typer turns KeyboardInterrupt into exit code 130; the pool has unwound by now
             err.print("sglfix: interrupted; workers stopped")
         return code

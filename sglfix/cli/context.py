@@ -25,10 +25,55 @@ def _piped_width() -> int:
     return width if 20 <= width <= 10000 else 200
 
 
-_WIDTH = None if sys.stdout.isatty() else _piped_width()
-# markup=False everywhere user text is printed: scenario names, YAML and messages are data.
-out = Console(highlight=False, soft_wrap=True, width=_WIDTH, markup=False, emoji=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
+class _StreamConsole:
+    """The rich console of whatever ``sys.stdout`` (``sys.stderr``) is when it prints: made for
+    that stream (its width, whether it takes colour) and made again when the stream or COLUMNS
+    changes, so that output captured in-process (a test, ``typer.testing.CliRunner``) reads as
+    the console script's does."""
+
+    def __init__(self, *, stderr: bool) -> None:
+        self._stderr = stderr
+        self._made: tuple[object, str | None, Console] | None = None
+
+    def _console(self) -> Console:
+        stream = sys.stderr if self._stderr else sys.stdout
+        # A live display (a progress bar) proxies the stream it draws on while it runs: the same one.
+        stream = getattr(stream, "rich_proxied_file", stream)
+        columns = os.environ.get("COLUMNS")
+        made = self._made
+        if made is None or made[0] is not stream or made[1] != columns:
+            # markup=False everywhere user text is printed: scenario names, YAML and messages are data.
+            console = Console(
+                stderr=self._stderr,
+                width=None if self._stderr or _isatty(stream) else _piped_width(),
+                highlight=False,
+                soft_wrap=True,
+                markup=False,
+                emoji=False,
+            )
+            self._made = made = (stream, columns, console)
+        return made[2]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._console(), name)
+
+    # rich's Live holds the console in ``with`` blocks (a progress bar on stderr).
+    def __enter__(self) -> Console:
+        return self._console().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._console().__exit__(*exc)
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no such method, or closed
+        return False
+
+
+out: Console = _StreamConsole(stderr=False)  # type: ignore[assignment]
+err: Console = _StreamConsole(stderr=True)  # type: ignore[assignment]
 
 
 @dataclass
@@ -41,6 +86,9 @@ class Options:
     wheels: str | None = None  # --wheels DIR without --release: bisect --releases takes its releases there
     release: str | None = None  # --release VERSION: the release this command runs (fetched, first on the path)
     git_bisect: bool = False  # --git-bisect: exit 125 where the commit cannot be tested (sglfix.cli.app)
+    # sglfix's own options as the line gives them (before or after the command), by name; the
+    # fields above are set from them once the command that runs is parsed (sglfix.cli.app).
+    given: dict[str, Any] = field(default_factory=dict)
 
     def allowed_prefixes(self) -> tuple[str, ...] | None:
         if not self.allow:
