@@ -392,3 +392,18 @@ def test_junit_gate_and_run_modes_from_a_report_dict(tmp_path):
     md = render_markdown(report)
     assert "**Gate: FAILED**: 2/3 expectations met, 1 unexpected verdict(s), 1 ERROR cell(s)" in md
     assert "Unmet expectations:" in md and "wanted INVARIANT, got PASS" in md
+
+
+@pytest.mark.parametrize(
+    ("line", "shown"),
+    [
+        ("sglfix --release 0.5.13 matrix --parts", "sglfix matrix"),
+        ("sglfix --wheels w --release 0.5.13 --codebase-version 0.5.9 run -r 1", "sglfix run"),
+        ("sglfix --profile sglang-0.5.23 report merge a.json b.json", "sglfix report merge"),
+        ("sglfix --debug matrix", "sglfix matrix"),
+    ],
+)
+def test_the_markdown_names_the_command_past_every_global_option(line, shown):
+    from sglfix.report.markdown import _command
+
+    assert _command({"command": line}) == shown

@@ -52,7 +52,7 @@ def code_span(text: object, *, in_table: bool = False) -> str:
 
 
 # sglfix's own options before the command, and those that take a value (sglfix.cli.app).
-_GLOBAL_WITH_VALUE = ("--toggles", "--profile", "--allow-target")
+_GLOBAL_WITH_VALUE = ("--toggles", "--profile", "--release", "--wheels", "--codebase-version", "--allow-target")
 _GROUPS = ("report", "toggle")  # commands whose first argument is a subcommand
 
 
