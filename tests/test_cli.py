@@ -11,6 +11,7 @@ import time
 
 import pytest
 import yaml
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 from procs import alive
 
@@ -127,9 +128,7 @@ def test_env_toggle_applies_in_run_cells():
 
 
 def test_toggles_dir_reaches_the_workers(tmp_path):
-    from pathlib import Path
-
-    builtin = Path(__file__).resolve().parent.parent / "toggles" / "26651.yaml"
+    builtin = ROOT / "toggles" / "26651.yaml"
     d = tmp_path / "toggles"
     d.mkdir()
     # A toggle that exists only here, and a drifted copy of a built-in one: both must be what runs.

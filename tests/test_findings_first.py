@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+from builders import ROOT
 from clihelp import run_cli
 
 TOPK8 = "fimla-draft-topk8*"
@@ -125,9 +126,8 @@ def test_the_readmes_console_example_is_what_the_commands_print():
     same lines, timings aside."""
     import re
     import shlex
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     (block,) = re.findall(r"^```console\n(.*?)^```", readme, re.S | re.M)
     runs = re.split(r"^\$ ", block, flags=re.M)[1:]
     assert len(runs) >= 2

@@ -15,8 +15,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = "triton-decode@cg=eager,gpu_only=off"
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

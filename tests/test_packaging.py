@@ -10,8 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from builders import ROOT
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 from procs import RAY_ENV, alive, ray_head, wait_gone
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason=
 
 SUBSET = ["-s", "triton-decode@cg=eager*"]
 ENV = RAY_ENV
-TOGGLES = Path(__file__).resolve().parents[1] / "toggles"
+TOGGLES = ROOT / "toggles"
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,13 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from builders import ROOT
 
 from sglfix.cli.app import LINE_FLAGS
 
-ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"^```(\w*)\n(.*?)^```", README, re.S | re.M)
 

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 PASSING = "triton-decode@cg=eager,gpu_only=off"
 # Reverting 26651:clamp makes this one INVARIANT; under the whole-toggle matrix, 26651 DIVERGEs and
 # 26738 CRASHes there, both as their toggles' expectations say.

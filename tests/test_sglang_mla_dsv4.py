@@ -21,13 +21,12 @@ import subprocess
 import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
+from builders import ROOT
 
 from sglfix.harness.adapters.base import AdapterBase
 
-ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "profiles" / "sglang-0.5.23" / "scenarios" / "mla_dsv4.yaml"
 VERSION = "0.5.23"
 INSTALL = f"pip install torch==2.13.0 && pip install --no-deps sglang=={VERSION} && pip install -e '.[sglang]'"

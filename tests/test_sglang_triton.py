@@ -17,11 +17,10 @@ import os
 import subprocess
 import sys
 from functools import cache
-from pathlib import Path
 
 import pytest
+from builders import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "profiles" / "sglang-0.5.23" / "scenarios" / "triton.yaml"
 MARK = "SGLFIX-TEST-RESULT "
 DEV2 = "sglang-triton-draft-extend-v2@"

@@ -16,9 +16,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = "sglang-triton-decode@cg=eager,gpu_only=off"
 BACKEND = Path("srt") / "layers" / "attention" / "triton_backend.py"
 SHIPPED = "            layer.scaling,\n            k_descale,\n            v_descale,\n            logit_cap=logits_soft_cap,\n"

@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli, run_probe
 
 from sglfix.execution.store.fingerprint import skeleton_digest
 from sglfix.harness.result import CellResult
 
-ROOT = Path(__file__).resolve().parent.parent
 ON = {"SGLFIX_STORE": ""}  # the suite turns the store off (conftest); these tests name a folder
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from builders import ROOT as REPO
 from clihelp import assert_one_line_error, run_cli
 
 from sglfix.toggling import fromdiff
@@ -160,9 +161,6 @@ def test_a_commit_whose_diff_is_not_utf8_is_refused_naming_the_file(tmp_path):
 
 
 # --------------------------------------------------------------------------- 5. doctor --source layout
-
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("where", ["backends", "empty"])
