@@ -4,6 +4,9 @@ packages. Fixtures shared the same way are in conftest.py."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,3 +87,56 @@ def assert_matched(results, cells) -> None:
     for r, c in zip(results, cells):
         assert (r.scenario, tuple(r.toggles)) == (c.scenario.name, c.toggles), (r, c)
 
+
+# -- git ---------------------------------------------------------------------------------------
+
+
+def git(repo: Path, *args: str, date: str | None = None) -> str:
+    """``git args`` in ``repo`` as a fixed author (at ``date`` if given), reading no user or system
+    configuration; its output, stripped. A failure fails the test with git's words."""
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+    }
+    if date is not None:
+        env.update(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
+    r = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, (args, r.stdout + r.stderr)
+    return r.stdout.strip()
+
+
+def commit(repo: Path, message: str) -> str:
+    """Everything in ``repo`` committed; the new commit's hash."""
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+# -- venvs ---------------------------------------------------------------------------------------
+
+
+def venv_on_these_packages(venv: Path, *, with_pip: bool) -> Path:
+    """A fresh venv at ``venv`` whose heavy packages (torch, triton, ...) are this test
+    environment's, named by a .pth; its python. Never --system-site-packages: from inside a venv
+    that would inherit the *base* interpreter's packages, which a fresh machine does not have.
+    Without pip, this environment's pip installs into it (``pip --python``)."""
+    import sysconfig
+
+    subprocess.run(
+        [sys.executable, "-m", "venv", *(() if with_pip else ("--without-pip",)), str(venv)], check=True, timeout=300
+    )
+    py = venv / "bin" / "python"
+    new_site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    Path(new_site, "test-env-packages.pth").write_text("\n".join(sorted(ours)) + "\n")
+    return py
