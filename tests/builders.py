@@ -140,3 +140,52 @@ def venv_on_these_packages(venv: Path, *, with_pip: bool) -> Path:
     ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
     Path(new_site, "test-env-packages.pth").write_text("\n".join(sorted(ours)) + "\n")
     return py
+
+
+# -- a fix of the reproduction as its diff -------------------------------------------------------
+
+PACKAGE = "sglfix.backends"
+
+
+def backends() -> Path:
+    """The folder the reproduction (``sglfix.backends``) is imported from."""
+    import importlib.util
+
+    return Path(next(iter(importlib.util.find_spec(PACKAGE).submodule_search_locations)))
+
+
+def part_fix(registry, rid: str) -> tuple[str, dict[str, str], dict[str, str]]:
+    """A hand-written part ``rid`` of ``registry`` as its fix would show it: the diff (pre-fix: the
+    reproduction with the part reverted; post-fix: as shipped), each target's hand-reverted
+    source, and each changed file's pre-fix text by its path in the repository."""
+    import difflib
+
+    from sglfix.patching.editor import apply_edits
+    from sglfix.toggling.doctor import _locate_in
+
+    root = backends()
+    files: dict[Path, str] = {}
+    hand: dict[str, str] = {}
+    for sel in registry.select(rid):
+        for patch in sel.part.patches:
+            path, source, _ = _locate_in(root, patch.target[len(PACKAGE) + 1 :].split("."), patch.target)
+            current = hand.get(patch.target, source)
+            hand[patch.target] = apply_edits(source=current, edits=patch.edits)
+            text = files.get(Path(path)) or Path(path).read_text()
+            files[Path(path)] = text.replace(current, hand[patch.target], 1)
+    diff = ""
+    for path, pre in files.items():
+        rel = "backends/" + path.relative_to(root).as_posix()
+        post = path.read_text()
+        diff += "".join(difflib.unified_diff(pre.splitlines(True), post.splitlines(True), "a/" + rel, "b/" + rel))
+    return diff, hand, {"backends/" + path.relative_to(root).as_posix(): pre for path, pre in files.items()}
+
+
+# A toggle that applies and hands sglfix's guard check a buffer list it cannot read: sglfix cannot
+# judge the cell (ERROR).
+HARNESS_FAILS = (
+    "pr: 88888\ntitle: sglfix cannot judge this\npatches:\n"
+    "  - target: sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata\n"
+    '    preamble: "self.static_buffers = [object()]\\n"\n'
+    '    edits:\n      - match: "bs = forward_batch.batch_size\\n"\n        append: "pass\\n"\n'
+)

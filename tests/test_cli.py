@@ -11,7 +11,7 @@ import time
 
 import pytest
 import yaml
-from builders import ROOT
+from builders import HARNESS_FAILS, ROOT
 from clihelp import assert_one_line_error, run_cli
 from procs import alive
 
@@ -178,14 +178,6 @@ def test_allow_target_reaches_the_workers_of_run(tmp_path):
     )
     assert r.code == 0, r.err
     assert json.loads(r.out)["cells"][0]["verdict"] == "PASS"
-
-
-HARNESS_FAILS = (
-    "pr: 88888\ntitle: sglfix cannot judge this\npatches:\n"
-    "  - target: sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata\n"
-    '    preamble: "self.static_buffers = [object()]\\n"\n'
-    '    edits:\n      - match: "bs = forward_batch.batch_size\\n"\n        append: "pass\\n"\n'
-)
 
 
 def test_matrix_with_an_error_cell_exits_1(tmp_path):

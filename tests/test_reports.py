@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from builders import ROOT
+from builders import HARNESS_FAILS, ROOT
 from clihelp import assert_one_line_error, run_cli
 
 PASSING = "triton-decode@cg=eager,gpu_only=off"
@@ -120,8 +120,6 @@ def test_matrix_junit_reflects_the_gate(tmp_path):
 def test_an_error_cell_is_a_junit_error(tmp_path):
     # A toggle that applies and hands sglfix's guard check a buffer list it cannot read: sglfix
     # cannot judge the cell.
-    from test_cli import HARNESS_FAILS
-
     toggles = tmp_path / "toggles"
     toggles.mkdir()
     (toggles / "88888.yaml").write_text(HARNESS_FAILS)

@@ -588,13 +588,12 @@ def _insert(tree: Path, rel: Path, qualname: str, statement: str) -> None:
 
 
 def test_an_edit_to_sglang_reruns_exactly_the_cells_that_ran_the_function(tmp_path):
-    from real_sglang import require_sglang
-    from test_source_tree import _tree
+    from real_sglang import require_sglang, sglang_tree
 
     from sglfix.execution.store import stored_cells_naming
 
     require_sglang()
-    tree = _tree(tmp_path)
+    tree = sglang_tree(tmp_path)
     env = {"PYTHONPATH": str(tree)}
     store = tmp_path / "store"
     args = ("--profile", "sglang-0.5.23", *SCENARIOS, "--cache", str(store))

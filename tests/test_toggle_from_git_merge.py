@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from builders import git
+from builders import backends, git, part_fix
 from clihelp import assert_one_line_error, run_cli
-from test_toggle_from_diff import REGISTRY, ROOT, _fix
 
 from sglfix.toggling.doctor import _locate_in
+from sglfix.toggling.registry import load_registry
 
+ROOT = backends()
+REGISTRY = load_registry()
 REL = "srt/layers/attention/flashinfer_mla_backend.py"
 CLASS = "sglfix.backends.srt.layers.attention.flashinfer_mla_backend.FlashInferMLAMultiStepDraftBackend."
 F, G = "27460:sizing", "27460:assert"  # two fixes of two functions of one module
@@ -30,7 +32,7 @@ def _pre(*rids: str) -> str:
     """The module with the parts ``rids`` reverted (each part's function as before its fix)."""
     text = (ROOT / REL).read_text()
     for rid in rids:
-        _, hand, _ = _fix(rid)
+        _, hand, _ = part_fix(REGISTRY, rid)
         for target, pre_function in hand.items():
             _, post_function, _ = _locate_in(ROOT, target[len("sglfix.backends.") :].split("."), target)
             assert text.count(post_function) == 1, target
