@@ -189,3 +189,15 @@ HARNESS_FAILS = (
     '    preamble: "self.static_buffers = [object()]\\n"\n'
     '    edits:\n      - match: "bs = forward_batch.batch_size\\n"\n        append: "pass\\n"\n'
 )
+
+
+def toggle_patches(toggle_id: str) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The built-in toggle part's patches as (target, [(match, replacement), ...]), the form the
+    reproduction's tests revert by hand (tests/backends/conftest.py: ``reverted``)."""
+    from sglfix.toggling.registry import load_registry
+
+    out = []
+    for sel in load_registry().select(toggle_id):
+        for patch in sel.part.patches:
+            out.append((patch.target, [(e.match, e.replacement) for e in patch.edits]))
+    return out
