@@ -57,6 +57,19 @@ def allow():
     return ALLOW
 
 
+@pytest.fixture(scope="session")
+def shared_store(tmp_path_factory):
+    """A result store for the whole session, for CLI runs that may serve each other's cells (the
+    same built-in cells under the same options): a cell is run once and its result served again,
+    as ``--cache`` does between CI jobs. Only for a test whose point is what a command prints or
+    writes from results, never for one of how cells run: pass ``*shared_store.args`` to the
+    command and ``shared_store.env`` in its environment (the suite turns the store off)."""
+    from types import SimpleNamespace
+
+    folder = tmp_path_factory.mktemp("shared-store")
+    return SimpleNamespace(args=("--cache", str(folder)), env={"SGLFIX_STORE": ""})
+
+
 @pytest.fixture
 def toggles_dir(tmp_path, monkeypatch):
     """An empty toggles dir selected through the env, so CLI/env parsing sees only test toggles."""
