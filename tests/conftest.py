@@ -18,6 +18,10 @@ os.environ["SGLFIX_STORE"] = "0"
 
 ALLOW = ("patch_fixtures",)
 
+# Each file timed against its budget in tests/budgets.json, the files run fast first; pytester
+# for the tests of that plugin.
+pytest_plugins = ("budgets", "pytester")
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_collection():
