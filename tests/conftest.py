@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -16,6 +17,22 @@ sys.path.insert(0, str(FIXTURES))
 os.environ["SGLFIX_STORE"] = "0"
 
 ALLOW = ("patch_fixtures",)
+
+# Each file timed against its budget in tests/budgets.json, the files run fast first; pytester
+# for the tests of that plugin.
+pytest_plugins = ("budgets", "pytester")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection():
+    # Collection makes millions of short-lived AST nodes (assertion rewriting) beside a heap that
+    # holds torch: the cyclic collector's passes over that heap were a fifth of collection's time.
+    # What collection leaves in cycles is collected once it is back on.
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        gc.enable()
 
 
 @pytest.fixture(autouse=True)
@@ -44,6 +61,19 @@ def _nothing_left_patched():
 @pytest.fixture
 def allow():
     return ALLOW
+
+
+@pytest.fixture(scope="session")
+def shared_store(tmp_path_factory):
+    """A result store for the whole session, for CLI runs that may serve each other's cells (the
+    same built-in cells under the same options): a cell is run once and its result served again,
+    as ``--cache`` does between CI jobs. Only for a test whose point is what a command prints or
+    writes from results, never for one of how cells run: pass ``*shared_store.args`` to the
+    command and ``shared_store.env`` in its environment (the suite turns the store off)."""
+    from types import SimpleNamespace
+
+    folder = tmp_path_factory.mktemp("shared-store")
+    return SimpleNamespace(args=("--cache", str(folder)), env={"SGLFIX_STORE": ""})
 
 
 @pytest.fixture

@@ -8,9 +8,11 @@ install line, never a skip: these tests exist to prove sglfix works on the real 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +32,20 @@ def require_sglang() -> str:
             f"sglang {found.version} is installed ({found.path}); these tests need {VERSION}: {INSTALL}", pytrace=False
         )
     return found.path
+
+
+def sglang_tree(where: Path, *, version: str | None = None) -> Path:
+    """``where/tree/sglang``: links to the installed sglang's files, its generated version file
+    rewritten to ``version`` if given (what a checkout built at another version has)."""
+    sglang = Path(require_sglang())
+    tree = where / "tree"
+    shutil.copytree(sglang, tree / "sglang", copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
+    if version is not None:
+        generated = tree / "sglang" / "_version.py"
+        text = generated.read_text()
+        generated.unlink()
+        generated.write_text(text.replace(f"'{VERSION}'", repr(version)).replace("(0, 5, 23)", "(0, 0, 0)"))
+    return tree
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import yaml
+from builders import HARNESS_FAILS, ROOT
 from clihelp import assert_one_line_error, run_cli
 from procs import alive
 
@@ -129,9 +130,7 @@ def test_env_toggle_applies_in_run_cells():
 
 
 def test_toggles_dir_reaches_the_workers(tmp_path):
-    from pathlib import Path
-
-    builtin = Path(__file__).resolve().parent.parent / "toggles" / "26651.yaml"
+    builtin = ROOT / "toggles" / "26651.yaml"
     d = tmp_path / "toggles"
     d.mkdir()
     # A toggle that exists only here, and a drifted copy of a built-in one: both must be what runs.
@@ -188,14 +187,6 @@ def test_allow_target_reaches_the_workers_of_run(tmp_path):
     )
     assert r.code == 0, r.err
     assert json.loads(r.out)["cells"][0]["verdict"] == "PASS"
-
-
-HARNESS_FAILS = (
-    "pr: 88888\ntitle: sglfix cannot judge this\npatches:\n"
-    "  - target: sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata\n"
-    '    preamble: "self.static_buffers = [object()]\\n"\n'
-    '    edits:\n      - match: "bs = forward_batch.batch_size\\n"\n        append: "pass\\n"\n'
-)
 
 
 def test_matrix_with_an_error_cell_exits_1(tmp_path):

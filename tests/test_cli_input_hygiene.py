@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 FAST = "triton-decode@cg=eager,gpu_only=off"
 CPU_REPORT = ROOT / "bench" / "results" / "matrix-cpu.json"
 

@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import pytest
+from builders import git
 from clihelp import assert_one_line_error, run_cli
 
 from sglfix.codebases import CODEBASES, REPRODUCTION, CodeBase, check_installed, check_scenarios_runnable, installed
@@ -280,15 +281,6 @@ def _checkout(root, *, pyproject: str = '[project]\nname = "sglang"\ndynamic = [
     return root
 
 
-def _git(root, *args: str) -> str:
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    r = subprocess.run(
-        ["git", "-C", str(root), *args], capture_output=True, text=True, env={**env, "PATH": "/usr/bin:/bin"}
-    )
-    assert r.returncode == 0, r.stderr
-    return r.stdout.strip()
-
-
 def test_an_unbuilt_checkout_reads_its_version_as_its_build_would(tmp_path):
     """Not the fallback 0.0.0.dev0 (which followed the newest profile as a version newer than all
     of them, with every toggle variant of an older release left out): the nearest release tag, and
@@ -300,16 +292,16 @@ def test_an_unbuilt_checkout_reads_its_version_as_its_build_would(tmp_path):
     repo = _checkout(tmp_path / "sglang")
     python = str(repo / "python")
     assert version_of_tree(python, cb) is None  # no git history yet: unknown, never 0.0.0.dev0
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-q", "-m", "one")
-    _git(repo, "tag", "v0.5.20")
-    _git(repo, "tag", "gateway-v9.0.0")  # another project's tag in the same repository is not a release
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "one")
+    git(repo, "tag", "v0.5.20")
+    git(repo, "tag", "gateway-v9.0.0")  # another project's tag in the same repository is not a release
     assert version_of_tree(python, cb) == "0.5.20"
     (repo / "README").write_text("x\n")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-q", "-m", "two")
-    head = _git(repo, "rev-parse", "--short=7", "HEAD")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "two")
+    head = git(repo, "rev-parse", "--short=7", "HEAD")
     assert version_of_tree(python, cb) == f"0.5.21.dev1+g{head}"
     static = _checkout(tmp_path / "old", pyproject='[project]\nname = "sglang"\nversion = "0.5.19"\n')
     assert version_of_tree(str(static / "python"), cb) == "0.5.19"

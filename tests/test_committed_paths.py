@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("bench/results", "profiles")
 # The machine's own first folders, and a drive letter (C:\ or C:/); not a URL's path nor a relative one.
 MACHINE_PATH = re.compile(r"(?<![\w.~/-])/(?:work|root|home|tmp|opt|usr|var)/|(?<![\w\\])[A-Za-z]:[\\/](?=[\w.$~-])")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+from builders import ROOT
 from clihelp import run_cli
 
 TOPK8 = "fimla-draft-topk8*"
@@ -17,9 +18,22 @@ def _table_rows(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("│")]
 
 
-def test_run_lists_what_did_not_pass_and_all_lists_every_cell(tmp_path):
+def test_run_lists_what_did_not_pass_and_all_lists_every_cell(tmp_path, shared_store):
     out = tmp_path / "r.json"
-    r = run_cli("run", "-r", "27460", "-s", TOPK8, "--device", "cpu", "--json", str(out), subprocess=True)
+    r = run_cli(
+        "run",
+        "-r",
+        "27460",
+        "-s",
+        TOPK8,
+        "--device",
+        "cpu",
+        *shared_store.args,
+        "--json",
+        str(out),
+        env=shared_store.env,
+        subprocess=True,
+    )
     assert r.code == 1, r.out + r.err
     rows = _table_rows(r.out)
     assert rows and all("INVARIANT" in row or "DIVERGE" in row or "CRASH" in row for row in rows), r.out
@@ -28,20 +42,45 @@ def test_run_lists_what_did_not_pass_and_all_lists_every_cell(tmp_path):
     cells = json.loads(out.read_text())["cells"]
     assert len(cells) > len(rows) and any(c["verdict"] == "PASS" for c in cells)  # the report keeps all
 
-    r = run_cli("run", "-r", "27460", "-s", TOPK8, "--device", "cpu", "--all", subprocess=True)
+    r = run_cli(
+        "run",
+        "-r",
+        "27460",
+        "-s",
+        TOPK8,
+        "--device",
+        "cpu",
+        *shared_store.args,
+        "--all",
+        env=shared_store.env,
+        subprocess=True,
+    )
     assert len(_table_rows(r.out)) == len(cells) and "not listed" not in r.out, r.out
 
 
-def test_a_run_where_every_cell_passes_prints_no_table():
-    r = run_cli("run", "-r", "26239", "-s", TOPK8, "--device", "cpu", subprocess=True)
+def test_a_run_where_every_cell_passes_prints_no_table(shared_store):
+    r = run_cli(
+        "run", "-r", "26239", "-s", TOPK8, "--device", "cpu", *shared_store.args, env=shared_store.env, subprocess=True
+    )
     assert r.code == 0, r.out + r.err
     assert not _table_rows(r.out) and "every cell passed, not listed" in r.out, r.out
     assert r.out.splitlines()[0].startswith("sglfix run on cpu"), r.out
 
 
-def test_the_matrix_grid_shows_only_rows_and_columns_with_a_finding(tmp_path):
+def test_the_matrix_grid_shows_only_rows_and_columns_with_a_finding(tmp_path, shared_store):
     out = tmp_path / "m.json"
-    r = run_cli("matrix", "-s", TOPK8, "--device", "cpu", "--json", str(out), subprocess=True)
+    r = run_cli(
+        "matrix",
+        "-s",
+        TOPK8,
+        "--device",
+        "cpu",
+        *shared_store.args,
+        "--json",
+        str(out),
+        env=shared_store.env,
+        subprocess=True,
+    )
     assert r.code == 0, r.out + r.err
     report = json.loads(out.read_text())
     scenarios = sorted({c["scenario"] for c in report["cells"]})
@@ -54,19 +93,32 @@ def test_the_matrix_grid_shows_only_rows_and_columns_with_a_finding(tmp_path):
     assert "baseline" in header and "27460" in header and "26239" not in header, header
     assert "(--all shows the whole grid)" in r.out
 
-    r = run_cli("matrix", "-s", TOPK8, "--device", "cpu", "--all", subprocess=True)
+    r = run_cli(
+        "matrix", "-s", TOPK8, "--device", "cpu", *shared_store.args, "--all", env=shared_store.env, subprocess=True
+    )
     assert len(_table_rows(r.out)) == len(scenarios) and "--all shows" not in r.out, r.out
 
 
-def test_a_toggle_sets_line_wraps_at_the_terminal_and_caps_its_names_by_default():
-    r = run_cli("matrix", "-s", EXTEND, "--device", "cpu", env={"COLUMNS": "80"}, subprocess=True)
+def test_a_toggle_sets_line_wraps_at_the_terminal_and_caps_its_names_by_default(shared_store):
+    r = run_cli(
+        "matrix", "-s", EXTEND, "--device", "cpu", *shared_store.args, env={**shared_store.env, "COLUMNS": "80"}
+    )
     assert r.code == 0, r.out + r.err
     lines = r.out.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("21987: differs on"))
     block = [lines[first]] + [line for line in lines[first + 1 :] if line.startswith("    ")][:20]
     assert len(block) > 1 and all(len(line) <= 80 for line in block), block
     assert "(--all lists them)" in " ".join(block), block
-    r = run_cli("matrix", "-s", EXTEND, "--device", "cpu", "--all", env={"COLUMNS": "80"}, subprocess=True)
+    r = run_cli(
+        "matrix",
+        "-s",
+        EXTEND,
+        "--device",
+        "cpu",
+        *shared_store.args,
+        "--all",
+        env={**shared_store.env, "COLUMNS": "80"},
+    )
     assert "(--all lists them)" not in r.out
 
 
@@ -125,9 +177,8 @@ def test_the_readmes_console_example_is_what_the_commands_print():
     same lines, timings aside."""
     import re
     import shlex
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     (block,) = re.findall(r"^```console\n(.*?)^```", readme, re.S | re.M)
     runs = re.split(r"^\$ ", block, flags=re.M)[1:]
     assert len(runs) >= 2

@@ -11,34 +11,14 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
+from builders import ROOT, commit, git, venv_on_these_packages
 
-ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = "triton-decode@cg=eager,gpu_only=off"
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-
-
-def _git(repo: Path, *args: str) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t",
-    }
-    out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
-
-
-def _commit(repo: Path, message: str) -> str:
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", message)
-    return _git(repo, "rev-parse", "HEAD").strip()
 
 
 def _repo(tmp_path: Path) -> Path:
@@ -48,26 +28,16 @@ def _repo(tmp_path: Path) -> Path:
     archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True, timeout=300)
     subprocess.run(["tar", "-x", "-C", str(repo)], input=archive.stdout, check=True, timeout=300)
     shutil.rmtree(repo / "bench" / "results", ignore_errors=True)
-    _git(repo, "init", "-q")
+    git(repo, "init", "-q")
     return repo
 
 
 def _editable_venv(tmp_path: Path, repo: Path) -> tuple[Path, dict]:
-    """A fresh venv whose heavy packages (torch, triton, ...) come from this test environment
-    through a .pth, never --system-site-packages (that would inherit the base interpreter's).
-    --without-pip: the venv's own bundled setuptools would shadow this environment's (which
-    builds the editable install); this environment's pip installs into it (--python)."""
+    """A fresh venv on this test environment's heavy packages with ``repo`` installed editable.
+    Without pip: the venv's own bundled setuptools would shadow this environment's (which builds
+    the editable install)."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
-    py = venv / "bin" / "python"
-    new_site = subprocess.run(
-        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
-    Path(new_site, "test-env-packages.pth").write_text("\n".join(sorted(ours)) + "\n")
+    py = venv_on_these_packages(venv, with_pip=False)
     subprocess.run(
         [
             sys.executable,
@@ -110,13 +80,13 @@ def _rename_decode_scenarios(repo: Path, old: str, new: str) -> None:
 
 def test_git_bisect_run_names_the_breaking_commit(tmp_path):
     repo = _repo(tmp_path)
-    good = _commit(repo, "good")
+    good = commit(repo, "good")
     (repo / "NOTES.txt").write_text("harmless\n")
-    _commit(repo, "harmless before")
+    commit(repo, "harmless before")
     _break_decode(repo)
-    bad = _commit(repo, "break the decode scale")
+    bad = commit(repo, "break the decode scale")
     (repo / "NOTES.txt").write_text("harmless\nagain\n")
-    _commit(repo, "harmless after")
+    commit(repo, "harmless after")
 
     sglfix, env = _editable_venv(tmp_path, repo)
     check = subprocess.run(
@@ -128,7 +98,7 @@ def test_git_bisect_run_names_the_breaking_commit(tmp_path):
         timeout=600,
     )
     assert check.returncode == 1, check.stdout[-2000:] + check.stderr[-2000:]  # HEAD is bad
-    _git(repo, "bisect", "start", "HEAD", good)
+    git(repo, "bisect", "start", "HEAD", good)
     run = subprocess.run(
         ["git", "bisect", "run", str(sglfix), "run", "-s", SCENARIO, "--device", "cpu"],
         cwd=repo,
@@ -151,16 +121,16 @@ def test_the_readme_recipe_skips_commits_where_the_scenario_does_not_exist(tmp_p
     recipe = re.search(r"^git bisect run (sh -c '.*')$", guide, re.M)
     assert recipe, "docs/how-to/bisect.md shows the git bisect run recipe"
     repo = _repo(tmp_path)
-    good = _commit(repo, "good")
+    good = commit(repo, "good")
     _rename_decode_scenarios(repo, "triton-decode", "triton-decode-renamed")
-    untestable = _commit(repo, "rename the decode scenarios (the glob matches nothing here)")
+    untestable = commit(repo, "rename the decode scenarios (the glob matches nothing here)")
     _break_decode(repo)
-    bad = _commit(repo, "break the decode scale (still renamed)")
+    bad = commit(repo, "break the decode scale (still renamed)")
     _rename_decode_scenarios(repo, "triton-decode-renamed", "triton-decode")
-    _commit(repo, "rename them back")
+    commit(repo, "rename them back")
     sglfix, env = _editable_venv(tmp_path, repo)
     command = ["sh", "-c", recipe.group(1)[len("sh -c '") : -1]]
-    _git(repo, "bisect", "start", "HEAD", good)
+    git(repo, "bisect", "start", "HEAD", good)
     run = subprocess.run(
         ["git", "bisect", "run", *command], cwd=repo, env=env, capture_output=True, text=True, timeout=1200
     )
@@ -169,9 +139,9 @@ def test_the_readme_recipe_skips_commits_where_the_scenario_does_not_exist(tmp_p
     # them broke it, and says so instead of naming the rename.
     assert f"{untestable} is the first bad commit" not in log, log[-3000:]
     assert "only 'skip'ped commits left" in log and untestable in log and bad in log, log[-3000:]
-    _git(repo, "bisect", "reset")
+    git(repo, "bisect", "reset")
     # The same search without the mapping blames the rename: what the recipe prevents.
-    _git(repo, "bisect", "start", "HEAD", good)
+    git(repo, "bisect", "start", "HEAD", good)
     plain = subprocess.run(
         ["git", "bisect", "run", str(sglfix), "run", "-s", "triton-decode@*", "--device", "cpu"],
         cwd=repo,

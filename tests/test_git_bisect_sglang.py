@@ -17,17 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from builders import commit, git
 
 BACKEND = Path("srt") / "layers" / "attention" / "triton_backend.py"
 SHIPPED = "            layer.scaling,\n            k_descale,\n"
 PLANTED = "            layer.scaling * 0.5,\n            k_descale,\n"
 SCENARIO = "sglang-triton-decode@cg=eager,gpu_only=off"
-
-
-def _git(repo: Path, *args: str) -> str:
-    r = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
-    assert r.returncode == 0, (args, r.stderr)
-    return r.stdout
 
 
 def _links(src: Path, dest: Path) -> None:
@@ -42,12 +37,6 @@ def _set_version(tree: Path, version: str) -> None:
     (tree / "version.py").write_text(f'__version__ = "{version}"\n')
 
 
-def _commit(repo: Path, message: str) -> str:
-    _git(repo, "add", "-A")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message)
-    return _git(repo, "rev-parse", "HEAD").strip()
-
-
 def test_git_bisect_run_names_the_commit_that_planted_a_regression(tmp_path):
     from sglfix.codebases.releases import fetch_release
 
@@ -59,32 +48,32 @@ def test_git_bisect_run_names_the_commit_that_planted_a_regression(tmp_path):
     repo = tmp_path / "sglang"
     tree = repo / "python" / "sglang"
     tree.parent.mkdir(parents=True)
-    _git(repo, "init", "-q")
+    git(repo, "init", "-q")
     _links(older, tree)
-    good = _commit(repo, "release 0.5.22")
+    good = commit(repo, "release 0.5.22")
     _links(installed, tree)
-    _commit(repo, "release 0.5.23")
+    commit(repo, "release 0.5.23")
     text = (installed / BACKEND).read_text()
     assert text.count(SHIPPED) == 1, "the decode call this test edits has moved"
     (tree / BACKEND).unlink()
     (tree / BACKEND).write_text(text.replace(SHIPPED, PLANTED))
-    planted = _commit(repo, "planted: half the softmax scale in the Triton decode")
+    planted = commit(repo, "planted: half the softmax scale in the Triton decode")
     _set_version(tree, "0.5.10")
-    _commit(repo, "a version no profile covers")
+    commit(repo, "a version no profile covers")
     _set_version(tree, "0.5.24.dev0")
-    _commit(repo, "main moves on")
+    commit(repo, "main moves on")
 
     step = (
         f'PYTHONPATH=python {sys.executable} -m sglfix --git-bisect --profile sglang run -s "{SCENARIO}" --device cpu'
     )
-    _git(repo, "bisect", "start", "HEAD", good)
+    git(repo, "bisect", "start", "HEAD", good)
     r = subprocess.run(["git", "bisect", "run", "sh", "-c", step], cwd=repo, capture_output=True, text=True)
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-3000:]
     assert f"{planted} is the first bad commit" in log, log[-3000:]
-    _git(repo, "bisect", "reset")
+    git(repo, "bisect", "reset")
     # The commit no profile covers is refused in one line and read as "cannot be tested".
-    _git(repo, "checkout", "-q", "HEAD~1")
+    git(repo, "checkout", "-q", "HEAD~1")
     skip = subprocess.run(["sh", "-c", step], cwd=repo, capture_output=True, text=True)
     assert skip.returncode == 125, skip.stderr
     assert "older than every profile" in skip.stderr

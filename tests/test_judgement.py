@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 GLUE = "triton-draft-extend-v2@cg=eager,builder=glue,gpu_only=off"
 

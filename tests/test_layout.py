@@ -10,8 +10,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
 
 # Toggle-target modules that exist only in the reproduction, each with the reason (none today:

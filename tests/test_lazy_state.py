@@ -418,22 +418,13 @@ def test_the_real_pool_runs_the_waiting_cell_first_on_the_fresh_worker(tmp_path)
     """Real workers: a set that leaves class state behind costs a replacement, and the fresh
     worker's first cell is the one that waited for it, though a baseline cell is queued too (a
     fresh worker otherwise takes the baseline first)."""
-    from test_workers import BENIGN, LEAK_CLASS, SCEN, SCEN2, cell, write_toggle
+    from builders import BENIGN, LEAK_CLASS, SCEN, SCEN2, cell, write_class_leak
 
     from sglfix.execution.pool import WorkerConfig, WorkerPool
 
     d = tmp_path / "toggles"
     d.mkdir()
-    write_toggle(
-        d,
-        LEAK_CLASS,
-        preamble="""
-        def _leaked(*args, **kwargs):
-            raise RuntimeError("class state leaked from 90008")
-        type(self)._fill_kv_indices = _leaked
-    """,
-    )
-    write_toggle(d, BENIGN)
+    write_class_leak(d)
     leak, benign = cell(SCEN, str(LEAK_CLASS)), cell(SCEN, str(BENIGN))
     order: list[tuple[str, tuple[str, ...]]] = []
 

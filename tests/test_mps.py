@@ -16,9 +16,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from builders import SCEN, SCEN2, assert_matched, cell, write_toggle
 from clihelp import run_cli
 from procs import alive
-from test_workers import SCEN, SCEN2, assert_matched, cell, write_toggle
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.devices import has_cuda_device

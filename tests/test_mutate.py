@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 
 from sglfix.codebases import get_codebase
 from sglfix.common.codebase import package_dir
@@ -267,7 +268,7 @@ def test_the_readmes_mutant_id_is_one_of_todays_code():
 
     from sglfix.execution.mutate import mutants_on_surface
 
-    text = (Path(__file__).resolve().parent.parent / "docs" / "how-to" / "mutate.md").read_text()
+    text = (ROOT / "docs" / "how-to" / "mutate.md").read_text()
     shown = re.findall(r"sglfix mutate --show (m-[0-9a-f]+) --function (\S+)", text)
     assert shown
     for mid, function in shown:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from builders import ROOT, venv_on_these_packages
 
 
 @pytest.fixture(scope="module")
@@ -70,20 +68,8 @@ def _head() -> str:
 
 
 def _venv_with_wheel(venv: Path, wheel: Path) -> Path:
-    """A fresh venv with sglfix installed from ``wheel``. The running test environment's packages
-    stand in for the heavy wheels (torch, triton): a .pth names its site-packages. Never
-    --system-site-packages: from inside a venv that would inherit the *base* interpreter's
-    packages, which a fresh machine does not have."""
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    py = venv / "bin" / "python"
-    new_site = subprocess.run(
-        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
-    Path(new_site, "test-env-packages.pth").write_text("\n".join(sorted(ours)) + "\n")
+    """A fresh venv on this test environment's heavy packages with sglfix installed from ``wheel``."""
+    py = venv_on_these_packages(venv, with_pip=True)
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, timeout=600)
     return venv
 

@@ -8,15 +8,13 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
+from builders import ROOT
 
 from sglfix.common import codebase
 from sglfix.harness.poison import PATTERNS, poison_, poisoned, unwritten
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])

@@ -12,9 +12,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 BUILTIN = "sglang-0.5.23"
 NEW = "sglang-0.5.99"
 KIT_DIR = ROOT / "sglfix" / "harness" / "kits" / "sglang_0_5_23"

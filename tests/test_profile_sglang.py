@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import sglang_wheel as sw
 import yaml
+from builders import ROOT
 
 pytestmark = pytest.mark.network
 
-ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "profiles" / "sglang-0.5.23"
 SEED = {26651, 26738, 26239, 27460, 21987}
 SGLANG_OWN = {25015, 26329, 26972, 27360, 27338, 27460}

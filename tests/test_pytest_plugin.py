@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 
 USER_TESTS = textwrap.dedent("""
     import os, subprocess, sys
@@ -306,7 +307,7 @@ def test_doctor_caught_by_runs_each_toggles_tests_with_it_reverted(tmp_path):
     (tmp_path / "test_user.py").write_text(USER_TESTS)
     toggles = tmp_path / "toggles"
     toggles.mkdir()
-    src = Path(__file__).resolve().parent.parent / "toggles" / "26738.yaml"
+    src = ROOT / "toggles" / "26738.yaml"
     text = src.read_text()
     head, _, rest = text.partition("caught_by:")
     body = rest.split("\nparts:", 1)[1]
@@ -359,7 +360,7 @@ def test_doctor_caught_by_runs_each_toggles_tests_with_it_reverted(tmp_path):
 
 
 def test_the_projects_own_fixed_by_tests_catch_their_fixes():
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     env = {
         k: v
         for k, v in os.environ.items()

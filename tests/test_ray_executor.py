@@ -8,13 +8,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
+from builders import SCEN, SCEN2, write_toggle
 from clihelp import run_cli
 from procs import wait_untagged
 
-SCEN = "triton-decode@cg=eager,gpu_only=off"
-SCEN2 = "triton-extend"
-TARGET = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata"
 SEGV, KILL_ACTOR, HANG = 90101, 90102, 90103
 
 
@@ -26,24 +23,14 @@ def hostile(tmp_path_factory) -> Path:
         # The worker's parent is the actor's process: the actor dies mid-cell.
         (KILL_ACTOR, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(60)\n"),
     ):
-        patch = {
-            "target": TARGET,
-            "edits": [{"match": "bs = forward_batch.batch_size\n", "append": "pass\n"}],
-            "preamble": preamble,
-        }
-        (d / f"{pr}.yaml").write_text(yaml.safe_dump({"pr": pr, "title": f"hostile {pr}", "patches": [patch]}))
+        write_toggle(d, pr, preamble=preamble, title=f"hostile {pr}")
     return d
 
 
 @pytest.fixture(scope="module")
 def hanging(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("ray-hang")
-    patch = {
-        "target": TARGET,
-        "edits": [{"match": "bs = forward_batch.batch_size\n", "append": "pass\n"}],
-        "preamble": "import time\ntime.sleep(600)\n",
-    }
-    (d / f"{HANG}.yaml").write_text(yaml.safe_dump({"pr": HANG, "title": "hangs", "patches": [patch]}))
+    write_toggle(d, HANG, preamble="import time\ntime.sleep(600)\n", title="hangs")
     return d
 
 

@@ -5,6 +5,7 @@ when a run is interrupted; bad values are one line before Ray is joined."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -15,14 +16,16 @@ import time
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 from procs import RAY_ENV, alive, ray_head, wait_gone
 
-pytest.importorskip("ray", reason="the test extra installs ray")
+# Looked up, not imported: importing ray here took half a second of every session's collection.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="the test extra installs ray")
 
 SUBSET = ["-s", "triton-decode@cg=eager*"]
 ENV = RAY_ENV
-TOGGLES = Path(__file__).resolve().parents[1] / "toggles"
+TOGGLES = ROOT / "toggles"
 
 
 @pytest.fixture(scope="module")

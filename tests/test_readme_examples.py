@@ -7,14 +7,13 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from builders import ROOT
 
 from sglfix.cli.app import LINE_FLAGS
 
-ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCKS = [block for page in PAGES for block in re.findall(r"^```(\w*)\n(.*?)^```", page.read_text(), re.S | re.M)]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 from patch_fixtures import targets as T
 
@@ -220,9 +221,8 @@ def test_debug_shows_a_traceback(reg_dir):
 def test_builtin_caught_by_entries_name_real_tests():
     """A toggle's caught_by list must point at tests that exist, or it records nothing."""
     import ast
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     for toggle in load_registry(root / "toggles"):
         assert toggle.caught_by, f"{toggle.id} records no test that catches its revert"
         for item in toggle.caught_by:
@@ -512,11 +512,10 @@ def test_toggle_files_in_the_working_directory_that_differ_from_those_in_use_are
     a toggle edited in the checkout's ./toggles would be ignored. One line names each file that
     differs (edited, new, missing here) and --toggles; the same files say nothing."""
     import shutil
-    from pathlib import Path
 
     from sglfix.cli import context
 
-    root = Path(__file__).resolve().parent.parent / "toggles"
+    root = ROOT / "toggles"
     installed = tmp_path / "site-packages" / "sglfix" / "toggles"
     shutil.copytree(root, installed)
     checkout = tmp_path / "checkout"

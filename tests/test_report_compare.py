@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 
 from sglfix.common.errors import ConfigError
@@ -17,7 +18,6 @@ from sglfix.report.jsonreport import SCHEMA, build_report
 from sglfix.report.load import load_report
 from sglfix.report.merge import merge_reports
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 CPU = RESULTS / "matrix-cpu.json"
 CUDA = RESULTS / "matrix-cuda.json"

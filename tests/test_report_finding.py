@@ -12,11 +12,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 from real_sglang import clean_env, require_sglang
 
 NAME = "triton-draft-extend-v2@cg=graph,builder=kit,gpu_only=off"
-ROOT = Path(__file__).resolve().parent.parent
 FINDINGS = sorted((ROOT / "profiles").glob("*/findings/*"))
 # Folders of a machine: a committed file that names one cannot be followed anywhere else.
 MACHINE_FOLDER = re.compile(r"(?<![\w.~-])/(?:work|root|home|tmp|Users|var/folders|private|mnt|opt)/")

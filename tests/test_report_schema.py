@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 FAST = "triton-decode@cg=eager,gpu_only=off"
 # What sglfix.execution.ray_keep.Keeper.info records of a run's kept Ray actors.

@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from builders import HARNESS_FAILS, ROOT
 from clihelp import assert_one_line_error, run_cli
 
 from sglfix.common.verdicts import LOOKS
 
-ROOT = Path(__file__).resolve().parent.parent
 PASSING = "triton-decode@cg=eager,gpu_only=off"
 # Reverting 26651:clamp makes this one INVARIANT; under the whole-toggle matrix, 26651 DIVERGEs and
 # 26738 CRASHes there, both as their toggles' expectations say.
@@ -124,8 +124,6 @@ def test_matrix_junit_reflects_the_gate(tmp_path):
 def test_an_error_cell_is_a_junit_error(tmp_path):
     # A toggle that applies and hands sglfix's guard check a buffer list it cannot read: sglfix
     # cannot judge the cell.
-    from test_cli import HARNESS_FAILS
-
     toggles = tmp_path / "toggles"
     toggles.mkdir()
     (toggles / "88888.yaml").write_text(HARNESS_FAILS)

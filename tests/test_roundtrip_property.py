@@ -8,28 +8,31 @@ import sys
 import textwrap
 import uuid
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from sglfix.patching.patcher import apply_specs
 from sglfix.patching.types import EditSpec, PatchSpec
 
 OPS = ["+", "-", "*"]
 
 
-@st.composite
-def programs(draw):
-    n = draw(st.integers(min_value=1, max_value=8))
-    lines = []
-    for i in range(n):
-        a = draw(st.sampled_from(["x", "k"] + [f"v{j}" for j in range(i)]))
-        op = draw(st.sampled_from(OPS))
-        c = draw(st.integers(min_value=-9, max_value=9))
-        lines.append(f"v{i} = ({a} {op} {c}) % 1000003")
-    shape = draw(st.sampled_from(["function", "method", "static", "closure", "super"]))
-    target = draw(st.integers(min_value=0, max_value=n - 1))
-    new_c = draw(st.integers(min_value=10, max_value=99))
-    return lines, shape, target, new_c
+def _programs(st):
+    """Straight-line programs over x, k and the earlier values, in one of five shapes of function,
+    with the line to edit and the constant it gets."""
+
+    @st.composite
+    def programs(draw):
+        n = draw(st.integers(min_value=1, max_value=8))
+        lines = []
+        for i in range(n):
+            a = draw(st.sampled_from(["x", "k"] + [f"v{j}" for j in range(i)]))
+            op = draw(st.sampled_from(OPS))
+            c = draw(st.integers(min_value=-9, max_value=9))
+            lines.append(f"v{i} = ({a} {op} {c}) % 1000003")
+        shape = draw(st.sampled_from(["function", "method", "static", "closure", "super"]))
+        target = draw(st.integers(min_value=0, max_value=n - 1))
+        new_c = draw(st.integers(min_value=10, max_value=99))
+        return lines, shape, target, new_c
+
+    return programs()
 
 
 def _module_source(lines, shape):
@@ -63,9 +66,21 @@ def _eval(lines, x, k=3):
     return env[f"v{len(lines) - 1}"]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(programs(), st.integers(min_value=-50, max_value=50))
-def test_apply_restore_round_trip(tmp_path_factory, program, x):
+def test_apply_restore_round_trip(tmp_path_factory):
+    # hypothesis is imported here, not at the top of the file: imported (and assertion-rewritten)
+    # at collection it took a second of every session's startup, for this one test.
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=60, deadline=None)
+    @given(_programs(st), st.integers(min_value=-50, max_value=50))
+    def round_trip(program, x):
+        _round_trip(tmp_path_factory, program, x)
+
+    round_trip()
+
+
+def _round_trip(tmp_path_factory, program, x):
     lines, shape, target, new_c = program
     root = tmp_path_factory.mktemp("gen")
     name = f"genmod_{uuid.uuid4().hex[:12]}"

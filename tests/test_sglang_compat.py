@@ -32,13 +32,13 @@ from typing import Any
 
 import pytest
 import yaml
+from builders import ROOT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sglang_wheel as sw
 
 pytestmark = pytest.mark.network
 
-REPO = Path(__file__).resolve().parent.parent
 
 # What sglang 0.5.23's own engine does with its own registry.
 EXPECTED = {
@@ -274,7 +274,7 @@ def test_sglfix_is_atomic_where_sglang_is_not(extracted: sw.ExtractedWheel, fake
 
 def _doctor(extracted: sw.ExtractedWheel, sglang_toggles: Path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
         [
             sys.executable,
@@ -287,7 +287,7 @@ def _doctor(extracted: sw.ExtractedWheel, sglang_toggles: Path, *extra: str) -> 
             str(sglang_toggles),
             *extra,
         ],
-        cwd=REPO,
+        cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,

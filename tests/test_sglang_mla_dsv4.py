@@ -21,16 +21,14 @@ import subprocess
 import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
+from builders import ROOT
+from real_sglang import require_sglang
 
 from sglfix.harness.adapters.base import AdapterBase
 
-ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "profiles" / "sglang-0.5.23" / "scenarios" / "mla_dsv4.yaml"
-VERSION = "0.5.23"
-INSTALL = f"pip install torch==2.13.0 && pip install --no-deps sglang=={VERSION} && pip install -e '.[sglang]'"
 MARK = "CELL "
 
 DRIVER = textwrap.dedent("""
@@ -80,18 +78,6 @@ PROCESSES = [
 ]
 
 
-def _require_sglang() -> None:
-    from sglfix.codebases import CODEBASES, installed
-
-    found = installed(CODEBASES[f"sglang-{VERSION}"])
-    if found is None:
-        pytest.fail(f"real sglang is not importable here; these tests run the adapters on it: {INSTALL}", pytrace=False)
-    if found.version != VERSION:
-        pytest.fail(
-            f"sglang {found.version} is installed ({found.path}); these tests need {VERSION}: {INSTALL}", pytrace=False
-        )
-
-
 def _run(env_toggles: str, sets: list) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLFIX_", "PYTEST_", "SGLANG_DEBUG_REVERT_PR"))}
     env.update(
@@ -128,7 +114,7 @@ def _run(env_toggles: str, sets: list) -> dict:
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    _require_sglang()
+    require_sglang()
     with ThreadPoolExecutor(max_workers=len(PROCESSES)) as pool:
         futures = [pool.submit(_run, env, sets) for env, sets in PROCESSES]
         out: dict = {}
@@ -146,7 +132,7 @@ def _show(cell: dict) -> str:
 
 
 def test_sglang_is_installed_in_the_profiles_version():
-    _require_sglang()
+    require_sglang()
 
 
 def test_each_toggle_set_was_reverted_in_the_process(runs):

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 from real_sglang import STANDINS, VERSION, clean_env, require_sglang
 
@@ -24,7 +25,6 @@ from sglfix.common.errors import ConfigError
 from sglfix.scenario import load_scenario_file
 from sglfix.scenario.modes import PROBE_RULES, PROBES
 
-ROOT = Path(__file__).resolve().parent.parent
 PROBES_FILE = ROOT / "profiles" / "sglang-0.5.23" / "scenarios" / "probes.yaml"
 SGLANG = CODEBASES["sglang-0.5.23"]
 

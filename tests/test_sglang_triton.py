@@ -17,11 +17,11 @@ import os
 import subprocess
 import sys
 from functools import cache
-from pathlib import Path
 
 import pytest
+from builders import ROOT
+from real_sglang import require_sglang
 
-ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "profiles" / "sglang-0.5.23" / "scenarios" / "triton.yaml"
 MARK = "SGLFIX-TEST-RESULT "
 DEV2 = "sglang-triton-draft-extend-v2@"
@@ -69,17 +69,6 @@ print(args["mark"] + json.dumps({
 """
 
 
-def _require_sglang() -> None:
-    """sglang 0.5.23 must be importable here (checked without importing it)."""
-    from sglfix.codebases import check_installed, get_codebase
-    from sglfix.common.errors import ConfigError
-
-    try:
-        check_installed(get_codebase("sglang-0.5.23"), what="tests/test_sglang_triton.py")
-    except ConfigError as exc:
-        pytest.fail(str(exc), pytrace=False)
-
-
 @cache
 def _run(*, globs: tuple[str, ...], revert: str = "") -> dict:
     """The worker's report for the matching cells with ``revert`` applied (a fresh process)."""
@@ -122,7 +111,7 @@ def _scenario_names() -> list[str]:
 
 
 def test_every_builtin_scenario_passes_on_real_sglang():
-    _require_sglang()
+    require_sglang()
     cells = _cells(_run(globs=("*",)))
     assert sorted(cells) == sorted(_scenario_names()), "every built-in scenario runs"
     failed = {name: f"{c['verdict']}: {c['findings'][:2]}" for name, c in cells.items() if c["verdict"] != "PASS"}
@@ -136,7 +125,7 @@ def test_every_builtin_scenario_passes_on_real_sglang():
 
 
 def test_cells_run_sglangs_own_backend_batch_and_kit_not_the_reproduction():
-    _require_sglang()
+    require_sglang()
     import importlib.util
 
     report = _run(globs=(f"{DEV2}cg=eager,builder=glue,gpu_only=off", f"{VERIFY}cg=graph-padded,gpu_only=on"))
@@ -209,7 +198,7 @@ DETECTIONS = [
 
 @pytest.mark.parametrize("revert, expected", DETECTIONS)
 def test_toggle_part_is_detected_on_real_sglang(revert, expected):
-    _require_sglang()
+    require_sglang()
     cells = _cells(_run(globs=tuple(expected), revert=revert))
     got = {name: cells[name]["verdict"] for name in expected}
     assert got == expected, json.dumps({n: cells[n]["findings"][:2] for n in expected}, indent=1)

@@ -9,51 +9,28 @@ regression (half the softmax scale). The baseline must see it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 from pathlib import Path
 
-import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
+from real_sglang import require_sglang, sglang_tree
 
-ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = "sglang-triton-decode@cg=eager,gpu_only=off"
 BACKEND = Path("srt") / "layers" / "attention" / "triton_backend.py"
 SHIPPED = "            layer.scaling,\n            k_descale,\n            v_descale,\n            logit_cap=logits_soft_cap,\n"
 
 
-def _installed_sglang() -> Path:
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("sglang is not installed: pip install --no-deps sglang==0.5.23 (README)", pytrace=False)
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _tree(tmp_path: Path, *, version: str | None = None) -> Path:
-    """``tmp_path/tree/sglang``: links to the installed sglang's files, its generated version file
-    rewritten to ``version`` if given (what a checkout built at another version has)."""
-    sglang = _installed_sglang()
-    tree = tmp_path / "tree"
-    shutil.copytree(sglang, tree / "sglang", copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
-    if version is not None:
-        generated = tree / "sglang" / "_version.py"
-        text = generated.read_text()
-        generated.unlink()
-        generated.write_text(text.replace("'0.5.23'", repr(version)).replace("(0, 5, 23)", "(0, 0, 0)"))
-    return tree
-
-
 def _layout(tmp_path: Path) -> tuple[Path, Path]:
-    sglang = _installed_sglang()
+    sglang = Path(require_sglang())
     site = tmp_path / "site"
     site.mkdir()
     (site / "sglfix").symlink_to(ROOT / "sglfix")
     (site / "sglang").symlink_to(sglang)
     for info in sglang.parent.glob("sglang-*.dist-info"):
         (site / info.name).symlink_to(info)
-    tree = _tree(tmp_path)
+    tree = sglang_tree(tmp_path)
     planted = tree / "sglang" / BACKEND
     text = (sglang / BACKEND).read_text()
     assert text.count(SHIPPED) == 1, "the decode call this test edits has moved"
@@ -86,7 +63,7 @@ def test_profile_sglang_follows_the_installed_version():
 
 
 def test_a_checkout_newer_than_every_profile_runs_with_the_newest(tmp_path):
-    tree = _tree(tmp_path, version="0.5.24.dev0")
+    tree = sglang_tree(tmp_path, version="0.5.24.dev0")
     env = {"PYTHONPATH": str(tree)}
     out = tmp_path / "run.json"
     r = run_cli(
@@ -101,7 +78,7 @@ def test_a_checkout_newer_than_every_profile_runs_with_the_newest(tmp_path):
     # than every profile when following.
     pinned = run_cli("--profile", "sglang-0.5.23", "run", "-s", SCENARIO, "--device", "cpu", env=env, subprocess=True)
     assert_one_line_error(pinned, "written for sglang 0.5.23", "sglang 0.5.24.dev0 is installed")
-    old = _tree(tmp_path / "old", version="0.5.10")
+    old = sglang_tree(tmp_path / "old", version="0.5.10")
     older = run_cli(
         "--profile", "sglang", "run", "-s", SCENARIO, "--device", "cpu", env={"PYTHONPATH": str(old)}, subprocess=True
     )
@@ -111,7 +88,7 @@ def test_a_checkout_newer_than_every_profile_runs_with_the_newest(tmp_path):
 def test_a_revert_that_no_longer_applies_to_the_checkout_is_a_finding_not_a_refusal(tmp_path):
     """A checkout newer than every profile, where 26972's fixed line has been rewritten: the
     matrix runs every other set, names 26972 in the summary and the JSON, and fails its gate."""
-    tree = _tree(tmp_path, version="0.5.24.dev0")
+    tree = sglang_tree(tmp_path, version="0.5.24.dev0")
     sizing = tree / "sglang" / "srt" / "mem_cache" / "allocation_sizing.py"
     text = sizing.read_text()
     fixed = "extra = max(extra, get_alloc_reserve_per_decode() + page_size - 1)"
@@ -144,7 +121,7 @@ def test_a_revert_that_no_longer_applies_to_the_checkout_is_a_finding_not_a_refu
                      env={"PYTHONPATH": str(tree)}, subprocess=True)  # fmt: skip
     assert_one_line_error(bisect, "revert 26972", "without 26972")
     # On code its profile covers (0.5.23), the same edit is a broken profile: refused before any worker.
-    pinned = _tree(tmp_path / "pinned")
+    pinned = sglang_tree(tmp_path / "pinned")
     moved = pinned / "sglang" / "srt" / "mem_cache" / "allocation_sizing.py"
     moved.unlink()
     moved.write_text(sizing.read_text())

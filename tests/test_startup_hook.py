@@ -14,8 +14,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 OVERLAP = "sglfix.backends.srt.managers.overlap_utils"
 # The pre-fix decide_needs_cpu_seq_lens reads the flag on a None backend: AttributeError.
 PROBE = textwrap.dedent(f"""

@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli, run_probe
 
 from sglfix.execution.store.fingerprint import skeleton_digest
 from sglfix.harness.result import CellResult
 
-ROOT = Path(__file__).resolve().parent.parent
 ON = {"SGLFIX_STORE": ""}  # the suite turns the store off (conftest); these tests name a folder
 
 
@@ -590,13 +590,12 @@ def _insert(tree: Path, rel: Path, qualname: str, statement: str) -> None:
 
 
 def test_an_edit_to_sglang_reruns_exactly_the_cells_that_ran_the_function(tmp_path):
-    from real_sglang import require_sglang
-    from test_source_tree import _tree
+    from real_sglang import require_sglang, sglang_tree
 
     from sglfix.execution.store import stored_cells_naming
 
     require_sglang()
-    tree = _tree(tmp_path)
+    tree = sglang_tree(tmp_path)
     env = {"PYTHONPATH": str(tree)}
     store = tmp_path / "store"
     args = ("--profile", "sglang-0.5.23", *SCENARIOS, "--cache", str(store))

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from builders import ROOT as REPO
+from builders import commit, git
 from clihelp import assert_one_line_error, run_cli
 
 from sglfix.toggling import fromdiff
@@ -138,21 +140,10 @@ def test_a_commit_whose_diff_is_not_utf8_is_refused_naming_the_file(tmp_path):
     path.parent.mkdir(parents=True)
     # Before the fix the line held a Latin-1 byte: read as UTF-8 it would reach the toggle as U+FFFD.
     path.write_bytes(POST.encode().replace(CLAMP.encode(), b"                kv_lens = kv_lens  # caf\xe9\n", 1))
-
-    def git(*args: str) -> None:
-        env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
-        subprocess.run(
-            ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b", *args],
-            check=True,
-            capture_output=True,
-            env=env,
-        )
-
-    git("init", "-q")
-    git("add", ".")
-    git("commit", "-q", "-m", "before")
+    git(repo, "init", "-q")
+    commit(repo, "before")
     path.write_text(POST)
-    git("commit", "-q", "-am", "Clamp the draft kv lengths")
+    commit(repo, "Clamp the draft kv lengths")
     out = tmp_path / "t.yaml"
     r = run_cli("toggle", "from-git", "HEAD", "--repo", str(repo), "--pr", "90001", "-o", str(out), timeout=120)
     line = assert_one_line_error(r, f"backends/{REL}", "is not UTF-8 text", "byte 0xe9")
@@ -160,9 +151,6 @@ def test_a_commit_whose_diff_is_not_utf8_is_refused_naming_the_file(tmp_path):
 
 
 # --------------------------------------------------------------------------- 5. doctor --source layout
-
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("where", ["backends", "empty"])

@@ -7,13 +7,12 @@ files pass the schemas."""
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from builders import PACKAGE, backends, commit, git, part_fix
 from clihelp import assert_one_line_error, run_cli
 
 from sglfix.patching.editor import apply_edits
@@ -21,8 +20,7 @@ from sglfix.toggling import fromdiff
 from sglfix.toggling.doctor import locate_in
 from sglfix.toggling.registry import load_registry
 
-PACKAGE = "sglfix.backends"
-ROOT = Path(next(iter(importlib.util.find_spec(PACKAGE).submodule_search_locations)))
+ROOT = backends()
 REGISTRY = load_registry()
 PARTS = [rid for t in REGISTRY for rid in (t.ids[1:] if len(t.parts) > 1 else t.ids[:1])]
 
@@ -33,28 +31,9 @@ def _reverted(target: str, edits) -> str:
 
 
 def fix_diff(rid: str) -> tuple[str, dict[str, str]]:
-    """The diff of one hand-written part as its fix would show it (pre-fix: the backends with the
-    part reverted; post-fix: the backends as shipped) and each target's hand-reverted source."""
-    diff, hand, _ = _fix(rid)
+    """The diff of one hand-written part as its fix would show it and each target's hand-reverted source."""
+    diff, hand, _ = part_fix(REGISTRY, rid)
     return diff, hand
-
-
-def _fix(rid: str) -> tuple[str, dict[str, str], dict[str, str]]:
-    files: dict[Path, str] = {}
-    hand: dict[str, str] = {}
-    for sel in REGISTRY.select(rid):
-        for patch in sel.part.patches:
-            path, source, _ = locate_in(ROOT, patch.target[len(PACKAGE) + 1 :].split("."), patch.target)
-            current = hand.get(patch.target, source)
-            hand[patch.target] = apply_edits(source=current, edits=patch.edits)
-            text = files.get(Path(path)) or Path(path).read_text()
-            files[Path(path)] = text.replace(current, hand[patch.target], 1)
-    diff = ""
-    for path, pre in files.items():
-        rel = "backends/" + path.relative_to(ROOT).as_posix()
-        post = path.read_text()
-        diff += "".join(difflib.unified_diff(pre.splitlines(True), post.splitlines(True), "a/" + rel, "b/" + rel))
-    return diff, hand, {"backends/" + path.relative_to(ROOT).as_posix(): pre for path, pre in files.items()}
 
 
 def _plan(diff: str, pr: int = 90001) -> fromdiff.Plan:
@@ -105,22 +84,17 @@ def test_from_diff_writes_a_toggle_that_loads_and_reverts_like_the_hand_written_
 
 
 def test_from_git_reads_the_commit_of_a_checkout(tmp_path):
-    _, _, pre_files = _fix("27460:sizing")
+    _, _, pre_files = part_fix(REGISTRY, "27460:sizing")
     repo = tmp_path / "repo"
     ((rel, pre),) = pre_files.items()
     post = (ROOT / rel[len("backends/") :]).read_text()
     pre_file = repo / rel
     pre_file.parent.mkdir(parents=True)
     pre_file.write_text(pre)
-
-    def git(*args: str) -> None:
-        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
-
-    git("init", "-q")
-    git("-c", "user.name=a", "-c", "user.email=a@b", "add", ".")
-    git("-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "-m", "before")
+    git(repo, "init", "-q")
+    commit(repo, "before")
     pre_file.write_text(post)
-    git("-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "-am", "Size the draft row from the tree")
+    commit(repo, "Size the draft row from the tree")
     r = run_cli("toggle", "from-git", "HEAD", "--repo", str(repo), "--pr", "27460", "--force", timeout=120)
     assert r.code == 0, r.err
     data = yaml.safe_load(r.out)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import sglang_wheel as sw
+from builders import ROOT
 from clihelp import run_cli
 from real_sglang import require_sglang
 
@@ -20,7 +21,7 @@ from sglfix.toggling import fromdiff
 from sglfix.toggling.doctor import locate_in
 from sglfix.toggling.registry import load_registry
 
-PROFILE = Path(__file__).resolve().parent.parent / "profiles" / "sglang-0.5.23"
+PROFILE = ROOT / "profiles" / "sglang-0.5.23"
 ATTN = "srt/layers/attention/"
 
 # The parts whose fix lines are still in 0.5.23 as the wheels have them: 21987 and 26651 had their

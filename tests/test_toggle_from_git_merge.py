@@ -6,17 +6,18 @@ one line."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from builders import backends, git, part_fix
 from clihelp import assert_one_line_error, run_cli
-from test_toggle_from_diff import REGISTRY, ROOT, _fix
 
 from sglfix.toggling.doctor import locate_in
+from sglfix.toggling.registry import load_registry
 
+ROOT = backends()
+REGISTRY = load_registry()
 REL = "srt/layers/attention/flashinfer_mla_backend.py"
 CLASS = "sglfix.backends.srt.layers.attention.flashinfer_mla_backend.FlashInferMLAMultiStepDraftBackend."
 F, G = "27460:sizing", "27460:assert"  # two fixes of two functions of one module
@@ -27,29 +28,11 @@ MERGE_MESSAGE = (
 )
 
 
-def _git(repo: Path, *args: str, date: str = "2024-01-01T00:00:00+00:00") -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_DATE": date,
-        "GIT_COMMITTER_DATE": date,
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-    }
-    proc = subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b", *args],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    return proc.stdout.strip()
-
-
 def _pre(*rids: str) -> str:
     """The module with the parts ``rids`` reverted (each part's function as before its fix)."""
     text = (ROOT / REL).read_text()
     for rid in rids:
-        _, hand, _ = _fix(rid)
+        _, hand, _ = part_fix(REGISTRY, rid)
         for target, pre_function in hand.items():
             _, post_function, _ = locate_in(ROOT, target[len("sglfix.backends.") :].split("."), target)
             assert text.count(post_function) == 1, target
@@ -66,22 +49,22 @@ def _merge_repo(tmp_path: Path, *, newest: str) -> tuple[Path, Path]:
     path = repo / "backends" / REL
     path.parent.mkdir(parents=True)
     path.write_text(_pre(F, G))
-    _git(repo, "init", "-q", "-b", "main")
+    git(repo, "init", "-q", "-b", "main")
     # What a user's configuration could do to porcelain output must not reach the diff.
     for key, value in (("color.ui", "always"), ("diff.noprefix", "true"), ("core.pager", "false")):
-        _git(repo, "config", key, value)
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-q", "-m", "before both fixes", date="2024-01-01T00:00:00+00:00")
+        git(repo, "config", key, value)
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "before both fixes", date="2024-01-01T00:00:00+00:00")
     f_date, g_date = ("2024-01-03T00:00:00+00:00", "2024-01-02T00:00:00+00:00")
     if newest == "side":
         f_date, g_date = g_date, f_date
-    _git(repo, "checkout", "-q", "-b", "assert-fits")
+    git(repo, "checkout", "-q", "-b", "assert-fits")
     path.write_text(_pre(F))
-    _git(repo, "commit", "-q", "-am", "Assert the draft row fits", date=g_date)
-    _git(repo, "checkout", "-q", "main")
+    git(repo, "commit", "-q", "-am", "Assert the draft row fits", date=g_date)
+    git(repo, "checkout", "-q", "main")
     path.write_text(_pre(G))
-    _git(repo, "commit", "-q", "-am", "Fix the draft row size", date=f_date)
-    _git(repo, "merge", "-q", "--no-ff", "-m", MERGE_MESSAGE, "assert-fits", date="2024-01-04T00:00:00+00:00")
+    git(repo, "commit", "-q", "-am", "Fix the draft row size", date=f_date)
+    git(repo, "merge", "-q", "--no-ff", "-m", MERGE_MESSAGE, "assert-fits", date="2024-01-04T00:00:00+00:00")
     assert path.read_text() == (ROOT / REL).read_text()  # the merge is the installed code
     return repo, path
 
@@ -117,17 +100,17 @@ def test_a_merge_commit_gives_its_diff_against_its_first_parent_under_its_own_ti
 
 def test_what_has_no_first_parent_diff_or_is_no_commit_is_refused_in_one_line(tmp_path):
     repo, path = _merge_repo(tmp_path, newest="main")
-    root = _git(repo, "rev-list", "--max-parents=0", "HEAD")
+    root = git(repo, "rev-list", "--max-parents=0", "HEAD")
     line = assert_one_line_error(
         run_cli("toggle", "from-git", root, "--repo", str(repo), "--pr", "90027", timeout=60), root, "root commit"
     )
     assert "give the fix's own commit" in line
     # A merge that keeps its first parent's tree (-s ours) changes no file against it.
-    _git(repo, "checkout", "-q", "-b", "other", "HEAD~1")
+    git(repo, "checkout", "-q", "-b", "other", "HEAD~1")
     path.write_text(path.read_text() + "\n")
-    _git(repo, "commit", "-q", "-am", "Another change")
-    _git(repo, "checkout", "-q", "main")
-    _git(repo, "merge", "-q", "-s", "ours", "-m", "Merge other, keeping ours", "other")
+    git(repo, "commit", "-q", "-am", "Another change", date="2024-01-01T00:00:00+00:00")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "-s", "ours", "-m", "Merge other, keeping ours", "other", date="2024-01-01T00:00:00+00:00")
     assert_one_line_error(
         run_cli("toggle", "from-git", "HEAD", "--repo", str(repo), "--pr", "90027", timeout=60),
         "changes no file against its first parent",

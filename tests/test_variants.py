@@ -17,14 +17,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 
 from sglfix.common.errors import ConfigError
 from sglfix.patching.types import EditSpec, PatchSpec
 from sglfix.toggling.port import port_part
 from sglfix.toggling.registry import Part, parse_toggle
-
-ROOT = Path(__file__).resolve().parent.parent
 
 TOGGLE = """\
 pr: 4242

@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
 
 DECODE = "triton-decode@cg=eager,gpu_only=off"
@@ -46,9 +47,7 @@ def test_jobs_has_a_ceiling_and_never_more_workers_than_cells(tmp_path):
 
 
 def test_shard_costs_refuse_timings_that_are_not_durations(tmp_path):
-    from pathlib import Path
-
-    report = json.loads((Path(__file__).resolve().parent.parent / "bench/results/matrix-cpu.json").read_text())
+    report = json.loads((ROOT / "bench/results/matrix-cpu.json").read_text())
     for bad in ("NaN", "Infinity", "-5"):
         data = dict(report, cells=[dict(c) for c in report["cells"][:4]])
         data["cells"][1]["timings_ms"] = {"total": "@"}
@@ -87,9 +86,8 @@ def test_a_signal_while_a_report_is_written_leaves_no_temporary_file(tmp_path):
     not be."""
     import subprocess
     import sys
-    from pathlib import Path
 
-    report = Path(__file__).resolve().parent.parent / "bench" / "results" / "matrix-cpu-reach.json"
+    report = ROOT / "bench" / "results" / "matrix-cpu-reach.json"
     for suffix in (".check", ".tmp"):
         where = tmp_path / suffix.strip(".")
         where.mkdir()
@@ -114,9 +112,8 @@ def test_a_signal_while_a_report_is_written_leaves_no_temporary_file(tmp_path):
 def _sigterm_scripts() -> dict[str, str]:
     """The ways SIGTERM can come while a report is written, as bench/refusals.py sends them."""
     import sys
-    from pathlib import Path
 
-    bench = str(Path(__file__).resolve().parent.parent / "bench")
+    bench = str(ROOT / "bench")
     sys.path.insert(0, bench)
     try:
         from refusals import SIGTERM_SCRIPTS
@@ -134,9 +131,8 @@ def test_sigterm_delivered_to_another_thread_or_twice_leaves_no_temporary_file(t
     writing, or again while the temporary file is removed): exit 143, nothing left."""
     import subprocess
     import sys
-    from pathlib import Path
 
-    report = Path(__file__).resolve().parent.parent / "bench" / "results" / "matrix-cpu-reach.json"
+    report = ROOT / "bench" / "results" / "matrix-cpu-reach.json"
     out = tmp_path / "merged.json"
     code = (
         _SIGTERM_WHEN[when]
@@ -199,9 +195,7 @@ def test_repeated_sigterm_to_a_process_writing_reports_leaves_no_temporary_file(
 
 
 def test_a_new_toggle_beside_the_command_is_never_ignored_silently(tmp_path):
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     (tmp_path / "toggles").mkdir()
     text = (root / "toggles" / "27460.yaml").read_text().replace("27460", "27545")
     (tmp_path / "toggles" / "27545.yaml").write_text(text)
@@ -212,9 +206,7 @@ def test_a_new_toggle_beside_the_command_is_never_ignored_silently(tmp_path):
 
 
 def test_a_report_with_a_damaged_judgement_field_is_refused_and_nothing_is_written(tmp_path):
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     good = json.loads((root / "bench/results/matrix-sglang-cpu.json").read_text())
     known = good["known_divergences"][0]
     bad_cases = {

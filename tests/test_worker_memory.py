@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
+from builders import write_toggle
 from clihelp import run_cli
 
 from sglfix.execution.devices import MEMORY_ENV, memory_cap
 
-TARGET = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata"
 GREEDY = "        __import__('torch').empty(3 << 30, dtype=__import__('torch').uint8)\n"  # 3 GiB, never touched
 
 
@@ -20,8 +19,7 @@ GREEDY = "        __import__('torch').empty(3 << 30, dtype=__import__('torch').u
 def test_an_allocation_past_the_cap_fails_in_its_cell_and_none_without_one(tmp_path, cap, verdict):
     d = tmp_path / "toggles"
     d.mkdir()
-    patch = {"target": TARGET, "edits": [{"match": "bs = forward_batch.batch_size\n", "append": GREEDY}]}
-    (d / "88821.yaml").write_text(yaml.safe_dump({"pr": 88821, "title": "asks for 3 GiB", "patches": [patch]}))
+    write_toggle(d, 88821, append=GREEDY, title="asks for 3 GiB")
     out = tmp_path / "run.json"
     r = run_cli(
         "--toggles", str(d), "run", "-r", "88821", "-s", "triton-decode@cg=eager,gpu_only=off",

@@ -15,48 +15,18 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+from builders import BENIGN, LEAK_CLASS, SCEN, SCEN2, TARGET, Cell, assert_matched, cell, write_class_leak, write_toggle
 from procs import alive, wait_gone
 
 from sglfix.common.errors import ConfigError
 from sglfix.execution.pool import WorkerConfig, WorkerPool, WorkerStartError
 from sglfix.patching.targets import DEFAULT_ALLOWED_PREFIXES
 
-SCEN = "triton-decode@cg=eager,gpu_only=off"
-SCEN2 = "triton-extend"
-TARGET = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend.init_forward_metadata"
-ANCHOR = "bs = forward_batch.batch_size\n"
 TIMINGS: dict[str, float] = {}
-
-
-@dataclass(frozen=True)
-class Cell:
-    id: str
-    scenario: object
-    toggles: tuple[str, ...]
-
-
-_SCENARIOS: dict = {}
-
-
-def cell(name: str, *toggles: str) -> Cell:
-    if not _SCENARIOS:
-        from sglfix.scenario import load_scenarios
-
-        _SCENARIOS.update((s.name, s) for s in load_scenarios([], builtin=True))
-    return Cell(id=f"{name}|{','.join(toggles)}", scenario=_SCENARIOS[name], toggles=tuple(toggles))
-
-
-def write_toggle(directory: Path, pr: int, *, preamble: str = "", target: str = TARGET, match: str = ANCHOR) -> None:
-    patch = {"target": target, "edits": [{"match": match, "append": "pass\n"}]}
-    if preamble:
-        patch["preamble"] = textwrap.dedent(preamble).strip() + "\n"
-    text = yaml.safe_dump({"pr": pr, "title": f"test toggle {pr}", "patches": [patch]}, sort_keys=False)
-    (directory / f"{pr}.yaml").write_text(text)
 
 
 def note(key: str, seconds: float) -> None:
@@ -74,7 +44,7 @@ def _print_timings():
 # The hostile toggles
 # ---------------------------------------------------------------------------------------------
 
-SEGV, EXIT3, SIGKILL, HANG, CHILD_SEGV, FORGE, LEAK_MODULE, LEAK_CLASS, BENIGN, HARNESS, OUTSIDE = (
+SEGV, EXIT3, SIGKILL, HANG, CHILD_SEGV, FORGE, LEAK_MODULE, HARNESS, OUTSIDE = (
     90001,
     90002,
     90003,
@@ -82,8 +52,6 @@ SEGV, EXIT3, SIGKILL, HANG, CHILD_SEGV, FORGE, LEAK_MODULE, LEAK_CLASS, BENIGN, 
     90005,
     90006,
     90007,
-    90008,
-    90009,
     90010,
     90011,
 )
@@ -161,16 +129,7 @@ def tdir(tmp_path_factory, marks) -> Path:
         globals()["decode_attention_fwd"] = _leaked
     """,
     )
-    write_toggle(
-        d,
-        LEAK_CLASS,
-        preamble="""
-        def _leaked(*args, **kwargs):
-            raise RuntimeError("class state leaked from 90008")
-        type(self)._fill_kv_indices = _leaked
-    """,
-    )
-    write_toggle(d, BENIGN)
+    write_class_leak(d)
     # Closes its own output and hangs: nothing on any pipe tells the parent, only the deadline.
     write_toggle(d, MUTE_HANG, preamble="import os, time\nos.close(1)\nos.close(2)\ntime.sleep(600)")
     # A cell that finishes normally but leaves a child running.
@@ -244,12 +203,6 @@ def run_timed(pool: WorkerPool, cells: list[Cell]):
     seen: dict[tuple, float] = {}
     results = pool.run(cells, on_result=lambda r: seen.setdefault((r.scenario, tuple(r.toggles)), time.time()))
     return results, time.monotonic() - t0, seen
-
-
-def assert_matched(results, cells) -> None:
-    assert len(results) == len(cells)
-    for r, c in zip(results, cells):
-        assert (r.scenario, tuple(r.toggles)) == (c.scenario.name, c.toggles), (r, c)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -700,16 +653,7 @@ def test_a_replaced_worker_is_reported_on_the_console_and_in_the_json(tmp_path):
 
     d = tmp_path / "toggles"
     d.mkdir()
-    write_toggle(
-        d,
-        LEAK_CLASS,
-        preamble="""
-        def _leaked(*args, **kwargs):
-            raise RuntimeError("class state leaked from 90008")
-        type(self)._fill_kv_indices = _leaked
-    """,
-    )
-    write_toggle(d, BENIGN)
+    write_class_leak(d)
     out = tmp_path / "r.json"
     r = run_cli(
         "--toggles",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import toggle_patches
 
 from sglfix.backends.kernels.ops.attention.paged_wrappers import TorchDecodeWrapper
 from sglfix.backends.kernels.ops.speculative import generate_draft_decode_kv_indices
@@ -24,7 +25,6 @@ from sglfix.backends.test.kits.attention_unittest.attention_methods.draft_decode
 from sglfix.harness.guards import check_guards
 from sglfix.harness.invariants import check_metadata
 from sglfix.harness.reference import reference_attention
-from sglfix.toggling.registry import load_registry
 
 from sglfix.backends.test.kits.attention_unittest.attention_methods.dense_attention import default_device
 
@@ -39,15 +39,6 @@ SHAPES = {
 }
 TOLERANCE = {"mla": 2e-2, "gqa": 1e-2}
 TOGGLE = {"mla": 27460, "gqa": 27338}
-
-
-def _patches(toggle_id: str):
-    """A toggle part's YAML patches in the ``revert`` fixture's form."""
-    out = []
-    for sel in load_registry().select(toggle_id):
-        for patch in sel.part.patches:
-            out.append((patch.target, [(e.match, e.replacement) for e in patch.edits]))
-    return out
 
 
 def _draft_case(kind, *, topk=4, num_steps=3, prefix=PREFIX, capture_bs=(4,), seed=1):
@@ -241,7 +232,7 @@ def test_sizing_revert_corrupts_graph_rows_and_writes_past_the_buffer(kind, reve
             findings.extend(check_metadata(child.page_table, rows=fb.batch_size * backend.topk,
                                            num_slots=10**6, phase=f"{phase} step {i}"))
 
-    with revert(_patches(f"{TOGGLE[kind]}:sizing") + _patches(f"{TOGGLE[kind]}:assert")):
+    with revert(toggle_patches(f"{TOGGLE[kind]}:sizing") + toggle_patches(f"{TOGGLE[kind]}:assert")):
         case = _draft_case(kind)
         backend, out = _run_draft(case, graph_bs=[4], hook=hook)
         assert _max_error(case, out) > 0.5
@@ -258,7 +249,7 @@ def test_sizing_revert_corrupts_graph_rows_and_writes_past_the_buffer(kind, reve
 
 @pytest.mark.parametrize("kind", ["mla", "gqa"])
 def test_sizing_revert_alone_trips_the_assertion_naming_the_sizes(kind, revert):
-    with revert(_patches(f"{TOGGLE[kind]}:sizing")):
+    with revert(toggle_patches(f"{TOGGLE[kind]}:sizing")):
         case = _draft_case(kind)
         with pytest.raises(AssertionError, match=r"needs 580 entries \(seq_lens_sum=133, topk=4, num_steps=3\), "
                                                  r"row width 512"):
@@ -271,7 +262,7 @@ def test_sizing_revert_alone_trips_the_assertion_naming_the_sizes(kind, revert):
 
 @pytest.mark.parametrize("kind", ["mla", "gqa"])
 def test_assert_revert_alone_changes_nothing(kind, revert):
-    with revert(_patches(f"{TOGGLE[kind]}:assert")):
+    with revert(toggle_patches(f"{TOGGLE[kind]}:assert")):
         case = _draft_case(kind)
         backend, out = _run_draft(case, graph_bs=[4])
         assert _max_error(case, out) < TOLERANCE[kind]
@@ -294,7 +285,7 @@ def test_adapter_cell_passes_and_flags_the_reverted_sizing(kind, revert):
         spec=SpecShape(topk=4, num_steps=3), max_context_len=CTX, seed=1, tolerance=TOLERANCE[kind],
     )
     assert run_cell(scenario, device=str(DEVICE)).verdict == "PASS"
-    with revert(_patches(str(TOGGLE[kind]))):
+    with revert(toggle_patches(str(TOGGLE[kind]))):
         result = run_cell(scenario, device=str(DEVICE))
     verdicts = {f["verdict"] for f in result.findings}
     assert result.verdict == "INVARIANT" and "DIVERGE" in verdicts, result.findings

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from builders import toggle_patches
 
 from sglfix.backends.kernels.ops.attention.swa_decode import store_kv_at_locs, swa_decode_attention_fwd
 from sglfix.backends.srt.model_executor.cuda_graph_runner import make_runner_for_case, run_eager
@@ -26,7 +27,6 @@ from sglfix.backends.test.kits.attention_unittest.attention_methods.dsv4_draft i
 from sglfix.harness.guards import check_guards
 from sglfix.harness.invariants import MetadataFields, check_metadata
 from sglfix.harness.reference import compare_outputs, reference_attention
-from sglfix.toggling.registry import load_registry
 
 # The kernels run compiled on CUDA and interpreted on CPU: the tests use whichever is here.
 DEVICE = default_device()
@@ -35,15 +35,6 @@ DEVICE = default_device()
 PREFIX = [37, 254, 300]
 SHAPE = dict(num_heads=16, kv_lora_rank=512, qk_rope_head_dim=64, dtype="bfloat16")
 TOLERANCE = 2e-2
-
-
-def _patches(toggle_id: str):
-    """A toggle part's YAML patches in the ``revert`` fixture's form."""
-    out = []
-    for sel in load_registry().select(toggle_id):
-        for patch in sel.part.patches:
-            out.append((patch.target, [(e.match, e.replacement) for e in patch.edits]))
-    return out
 
 
 def _draft_case(num_steps, *, prefix=PREFIX, capture_bs=(4,), seed=1):
@@ -243,7 +234,7 @@ def test_locations_invariant_wants_one_slot_per_row_inside_the_pool():
 
 @pytest.mark.parametrize("num_steps", [2, 4])
 def test_backend_slice_revert_trips_the_eager_assertion_naming_the_shapes(num_steps, revert):
-    with revert(_patches("26239:backend-slice")):
+    with revert(toggle_patches("26239:backend-slice")):
         case = _draft_case(num_steps)
         with pytest.raises(AssertionError, match=rf"req_pool_indices.shape=torch.Size\(\[3\]\) "
                                                  rf"seq_lens.shape=torch.Size\(\[3\]\) "
@@ -265,7 +256,7 @@ def test_backend_slice_revert_trips_the_eager_assertion_naming_the_shapes(num_st
 
 def test_worker_helper_revert_changes_nothing(revert):
     """The worker's inline reshape is the helper's layout: a refactor, not a fix on its own."""
-    with revert(_patches("26239:worker-helper")):
+    with revert(toggle_patches("26239:worker-helper")):
         for graph_bs in (None, [4]):
             case = _draft_case(3)
             _, out = _run_draft(case, graph_bs=graph_bs)
@@ -291,7 +282,7 @@ def test_adapter_cell_passes_and_crashes_eagerly_without_the_slice(revert):
     for capture_bs in (None, (4,)):
         result = run_cell(scenario(capture_bs), device=str(DEVICE))
         assert result.verdict == "PASS", result.findings
-    with revert(_patches("26239")):
+    with revert(toggle_patches("26239")):
         eager = run_cell(scenario(None), device=str(DEVICE))
         graph = run_cell(scenario((4,)), device=str(DEVICE))
     assert eager.verdict == "CRASH", eager.findings
