@@ -5,7 +5,7 @@ loaded from their real files without importing sglang (``tests/sglang_wheel.py``
 that applies, both engines apply + restore it in turn (A B A B ...); the figures are the first
 apply + restore of each engine in this process ("cold": the source read and the compile included)
 and the median of the following ones ("warm": what a long-lived worker or a second engine process
-pays). Both engines produce equal code objects (``tests/test_sglang_compat.py``).
+pays). Both engines produce equal code objects (``tests/patching/test_sglang_compat.py``).
 
     python bench/engine_speed.py [--runs 50] [--json bench/results/engine-speed.json]
 """

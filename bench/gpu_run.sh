@@ -192,11 +192,11 @@ if [ "${ONLY:-}" = mps ]; then
   # The reproduction matrix (every cell, --no-cache) with default options (workers sharing the
   # GPU through sglfix's own MPS daemon) against --mps off, alternated, the GPU's peak memory
   # sampled and every run's verdicts compared with the committed CUDA matrix; the fault tests
-  # under MPS (tests/test_mps.py); a parent killed mid-run (SIGKILL, SIGTERM) must leave no worker
+  # under MPS (tests/execution/test_mps.py); a parent killed mid-run (SIGKILL, SIGTERM) must leave no worker
   # and no daemon; bench/mps_probe.py says what a fatal fault in one process does to the others.
   # MPS_JOBS="9 12" adds runs with --jobs N to each of MPS_ROUNDS (2) rounds, OFF_JOBS="6 8" runs
   # with --mps off --jobs N; MPS_OFF=0 leaves out the --mps off runs, MPS_PROBES=0 the kills and the
-  # fault probes, MPS_TESTS=0 tests/test_mps.py.
+  # fault probes, MPS_TESTS=0 tests/execution/test_mps.py.
   peakrun() {  # name, then the command: timed, with the GPU's peak memory
     local name=$1; shift
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 300 > "$OUT/$name.mem" 2>/dev/null &
@@ -209,7 +209,7 @@ if [ "${ONLY:-}" = mps ]; then
     python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('executor', r['executor'], 'reran alone', len(r.get('reran_alone') or []))" "$OUT/$name.json"
   }
   if [ "${MPS_TESTS:-1}" = 1 ]; then
-    python3 -m pytest -q -p no:cacheprovider tests/test_mps.py > "$OUT/pytest-mps.txt" 2>&1; echo "pytest tests/test_mps.py rc=$?"; tail -3 "$OUT/pytest-mps.txt"
+    python3 -m pytest -q -p no:cacheprovider tests/execution/test_mps.py > "$OUT/pytest-mps.txt" 2>&1; echo "pytest tests/execution/test_mps.py rc=$?"; tail -3 "$OUT/pytest-mps.txt"
   fi
   REPRO="python3 -m sglfix matrix --parts --no-reachability --device cuda --no-cache"
   for i in $(seq 1 ${MPS_ROUNDS:-2}); do

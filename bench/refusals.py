@@ -470,7 +470,7 @@ def _rows_34(tmp: Path, report: dict) -> list[Row]:
 
 
 # Python run before ``report merge`` in a process of its own: the SIGTERMs of cause 54.11 (also
-# tests/test_words_and_limits.py's).
+# tests/cli/test_words_and_limits.py's).
 SIGTERM_SCRIPTS = {
     # To a thread other than the writing one (Python runs the handler in the writing one anyway).
     "thread": (

@@ -13,7 +13,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 
 # Tests run cells to see them run: the result store stays off unless a test names a folder
-# (--cache DIR); tests/test_store.py is about the store itself.
+# (--cache DIR); tests/execution/store/test_store.py is about the store itself.
 os.environ["SGLFIX_STORE"] = "0"
 
 ALLOW = ("patch_fixtures",)

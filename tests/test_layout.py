@@ -337,3 +337,15 @@ def test_cli_commands_do_not_import_torch_in_the_parent():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_test_folders_mirror_the_package():
+    """A test of ``sglfix/execution/store`` lives in ``tests/execution/store``: each folder of tests
+    is a package of sglfix (``backends`` is the reproduction, installed as ``sglfix.backends``)."""
+    tests = ROOT / "tests"
+    for folder in sorted(p for p in tests.rglob("*") if p.is_dir()):
+        rel = folder.relative_to(tests)
+        if rel.parts[0] in ("fixtures", "backends") or "__pycache__" in rel.parts:
+            continue
+        assert (ROOT / "sglfix" / rel / "__init__.py").is_file(), f"tests/{rel.as_posix()} mirrors no package of sglfix"
+        assert any(folder.glob("test_*.py")), f"tests/{rel.as_posix()} holds no test file"

@@ -3,7 +3,7 @@ default and what it does.
 
 Code reads and writes a variable only through its declaration here (``envs.SGLFIX_PROFILE.get()``,
 ``envs.REVERT_PR.set(...)``), and a message names it by ``envs.X.name``, so a name is
-spelled in one place (tests/test_environ_home.py holds it). Values are read when asked for, never at
+spelled in one place (tests/common/test_environ_home.py holds it). Values are read when asked for, never at
 import: a worker gets its settings from the environment its parent gives it, and a test sets one
 for a block with ``override``.
 

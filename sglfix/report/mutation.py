@@ -152,7 +152,7 @@ def mode_of(function: str) -> tuple[tuple[str, ...], bool]:
 class Mutant(Protocol):
     """What is read of a ``sglfix.mutation.model.Mutant`` here (this package stands on
     ``sglfix.common`` alone, so it names the model's fields instead of importing it;
-    ``MutantResult`` repeats them, and tests/test_mutation_report.py holds the two to one list)."""
+    ``MutantResult`` repeats them, and tests/report/test_mutation_report.py holds the two to one list)."""
 
     id: str
     function: str

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, cast
 
 from sglfix.common.verdicts import NOT_REACHED, stands_for
 
-# Its own parts (tests/test_judgement.py holds them all to importing only sglfix.common and each other).
+# Its own parts (tests/report/test_judgement.py holds them all to importing only sglfix.common and each other).
 from sglfix.report.claim import TEST_OUTCOMES, Claim, judge_claim
 from sglfix.report.codebase import codebase_identity, codebase_label
 from sglfix.report.context import base_of, expects_of, key_figure, mode_of

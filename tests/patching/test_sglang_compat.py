@@ -14,7 +14,7 @@ For every registered PR, both engines run on the same YAML and the same function
 - sglfix restores the very original code object, and leaves nothing patched on a refusal;
 - ``sglfix doctor`` reports exactly the two drifted reverts, statically.
 
-Run: ``python -m pytest tests/test_sglang_compat.py -q`` (network on first run: ~39 MB,
+Run: ``python -m pytest tests/patching/test_sglang_compat.py -q`` (network on first run: ~39 MB,
 cached in ``$SGLFIX_CACHE/wheels`` or ``~/.cache/sglfix/wheels``).
 """
 
@@ -34,7 +34,7 @@ import pytest
 import yaml
 from builders import ROOT
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sglang_wheel sits in tests/
 import sglang_wheel as sw
 
 pytestmark = pytest.mark.network

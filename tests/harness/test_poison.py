@@ -111,7 +111,7 @@ def test_rows_no_kernel_wrote_give_the_same_nan_every_run_on_real_sglang():
     from sglfix.common.errors import ConfigError
 
     try:
-        check_installed(get_codebase("sglang-0.5.23"), what="tests/test_poison.py")
+        check_installed(get_codebase("sglang-0.5.23"), what="tests/harness/test_poison.py")
     except ConfigError as exc:
         pytest.fail(str(exc), pytrace=False)
     env = {k: v for k, v in os.environ.items() if k not in ("SGLFIX_TOGGLES_DIR", "PYTHONPATH")}

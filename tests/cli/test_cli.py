@@ -265,7 +265,9 @@ def test_signals_mid_run_stop_every_worker(sig, code):
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (os.path.join(os.path.dirname(__file__), "fixtures"), env.get("PYTHONPATH", "")) if p
+        p
+        for p in (os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures"), env.get("PYTHONPATH", ""))
+        if p
     )
     # A suite started as a background job inherits SIGINT ignored; the command under test must see
     # the default disposition, as it would from a terminal.

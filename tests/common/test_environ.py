@@ -13,7 +13,7 @@ import pytest
 from sglfix.common import atomic, cachedir
 from sglfix.common.environ import Envs, envs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / "sglfix" / "common" / "environ.py"
 NAME = re.compile(r"\b(?:SGLFIX_[A-Z0-9_]+|SGLANG_DEBUG_REVERT_PR)\b")
 
