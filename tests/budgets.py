@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 BUDGETS = Path(__file__).with_name("budgets.json")
 HEADROOM = "max(2 x measured, measured + 20 s)"
+SLOWEST = 10  # the files the terminal summary names
 
 
 def headroom(measured: float) -> int:
@@ -261,6 +262,14 @@ class Timer:
         )
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        took = self.whole()
+        if len(took) > SLOWEST:
+            # CI's log quotes the files that cost most, beside --durations' slowest tests.
+            terminalreporter.section(f"slowest {SLOWEST} test files")
+            for name, seconds in sorted(took.items(), key=lambda kv: -kv[1])[:SLOWEST]:
+                entry = self.budgets.files.get(name)
+                budget = f" (budget {entry.budget_s:.0f} s)" if entry is not None else ""
+                terminalreporter.write_line(f"{seconds:8.1f} s  {name}{budget}")
         if self.wrote:
             terminalreporter.write_line(self.wrote)
         if self.lines:

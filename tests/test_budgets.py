@@ -158,3 +158,16 @@ def test_a_junit_xml_of_a_run_gives_each_files_time(two_files):
     took = from_junit(two_files.path / "run.xml", root=two_files.path)
     assert set(took) == {"test_slow.py", "test_fast.py", "test_cls.py"}
     assert 0.3 <= took["test_slow.py"] < 1 and took["test_fast.py"] < 0.3
+
+
+def test_the_summary_names_the_slowest_files_that_ran_whole(two_files, monkeypatch):
+    import budgets
+
+    monkeypatch.setattr(budgets, "SLOWEST", 1)
+    path = _budgets(two_files, {"test_slow.py": (0.3, 30), "test_fast.py": (0.0, 30)})
+    result = _run(two_files, path)
+    assert result.ret == pytest.ExitCode.OK
+    at = result.outlines.index(next(line for line in result.outlines if "slowest 1 test files" in line))
+    named = [line.split() for line in result.outlines[at + 1 :] if line.strip()][0]
+    assert named[1:] == ["s", "test_slow.py", "(budget", "30", "s)"] and float(named[0]) >= 0.3
+    assert not any("slowest" in line for line in _run(two_files, path, "-k", "quick").outlines)
