@@ -18,7 +18,6 @@ from sglfix.scenario import load_scenarios
 from sglfix.toggling.registry import load_registry
 
 SUBSET = ["-s", "triton-draft-extend-v2*", "-s", "triton-decode*", "-s", "flashinfer-mla-draft*"]
-STORE_ON = {"SGLFIX_STORE": ""}  # the suite turns the store off (conftest); a test names its folder
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +115,7 @@ def test_merged_shards_equal_the_unsharded_matrix_cell_by_cell(tmp_path):
     # twice here, not four times, and every way of dealing the plan is still merged and compared.
     store = ("--cache", str(tmp_path / "store"))
     whole = tmp_path / "whole.json"
-    r = run_cli(
-        "matrix", "--parts", *SUBSET, "--device", "cpu", "--json", str(whole), *store, env=STORE_ON, timeout=900
-    )
+    r = run_cli("matrix", "--parts", *SUBSET, "--device", "cpu", "--json", str(whole), *store, timeout=900)
     assert r.code == 0, r.out[-2000:] + r.err[-2000:]
     expected = json.loads(whole.read_text())
     cells = {(",".join(c["toggles"]), c["scenario"]): _strip(c) for c in expected["cells"]}
@@ -140,7 +137,6 @@ def test_merged_shards_equal_the_unsharded_matrix_cell_by_cell(tmp_path):
                 "--jobs",
                 "1",
                 *(store if n > 2 else ()),
-                env=STORE_ON if n > 2 else None,
                 timeout=900,
             )
             assert r.code == 0, (n, i, r.out[-2000:], r.err[-2000:])
