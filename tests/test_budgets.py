@@ -158,3 +158,18 @@ def test_a_junit_xml_of_a_run_gives_each_files_time(two_files):
     took = from_junit(two_files.path / "run.xml", root=two_files.path)
     assert set(took) == {"test_slow.py", "test_fast.py", "test_cls.py"}
     assert 0.3 <= took["test_slow.py"] < 1 and took["test_fast.py"] < 0.3
+
+
+def test_a_moved_test_file_keeps_its_measure(tmp_path):
+    from budgets import Budgets, Entry, follow_moves
+
+    (tmp_path / "tests" / "execution").mkdir(parents=True)
+    (tmp_path / "tests" / "execution" / "test_moved.py").write_text("")
+    (tmp_path / "tests" / "test_stays.py").write_text("")
+    budgets = Budgets(
+        measured="x",
+        files={name: Entry(measured_s=1, budget_s=21) for name in ("tests/test_moved.py", "tests/test_stays.py")}
+        | {"tests/test_gone.py": Entry(measured_s=2, budget_s=22)},
+    )
+    assert follow_moves(budgets, root=tmp_path) == ["tests/test_moved.py -> tests/execution/test_moved.py"]
+    assert list(budgets.files) == ["tests/execution/test_moved.py", "tests/test_gone.py", "tests/test_stays.py"]
