@@ -295,21 +295,53 @@ def from_junit(junit: Path, *, root: Path) -> dict[str, float]:
     return dict(took)
 
 
+def follow_moves(budgets: Budgets, *, root: Path) -> list[str]:
+    """Each file entry whose file is gone, renamed to the one test file of its name now under
+    tests/ (a test moved into a folder keeps its measure); what was renamed, as ``old -> new``."""
+    moved = []
+    files = {}
+    for name, entry in budgets.files.items():
+        if not (root / name).exists():
+            found = sorted((root / "tests").rglob(Path(name).name))
+            if len(found) == 1:
+                new = found[0].relative_to(root).as_posix()
+                moved.append(f"{name} -> {new}")
+                name = new
+        files[name] = entry
+    budgets.files = dict(sorted(files.items()))
+    return moved
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python tests/budgets.py RUN.xml --measured TEXT``: rewrite tests/budgets.json from the
-    JUnit XML of a whole run (``pytest --write-budgets`` does the same from the run itself, and
-    gives shared session fixtures their own budgets)."""
+    """Rewrite tests/budgets.json from the JUnit XML of a whole run (``--junit RUN.xml --measured
+    TEXT``; ``pytest --write-budgets`` does the same from the run itself and gives the shared
+    session fixtures their own budgets), or move the entries of test files moved into folders
+    (``--follow-moves``)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("junit", type=Path)
-    parser.add_argument("--measured", required=True, help="how and where the run was measured")
+    parser.add_argument("--junit", type=Path, help="the JUnit XML of a run of the whole suite")
+    parser.add_argument("--measured", help="how and where that run was measured")
+    parser.add_argument("--follow-moves", action="store_true", help="rename the entries of moved test files")
     parser.add_argument("--budgets", type=Path, default=BUDGETS)
     args = parser.parse_args(argv)
-    took = from_junit(args.junit, root=BUDGETS.parent.parent)
-    files = {name: Entry(measured_s=round(s, 1), budget_s=headroom(round(s, 1))) for name, s in sorted(took.items())}
-    save(args.budgets, Budgets(measured=args.measured, files=files, fixtures=load(args.budgets).fixtures))
-    print(f"wrote the budgets of {len(files)} files to {args.budgets}")
+    root = BUDGETS.parent.parent
+    if args.junit is not None:
+        if not args.measured:
+            parser.error("--junit needs --measured: how and where the run was measured")
+        took = from_junit(args.junit, root=root)
+        files = {
+            name: Entry(measured_s=round(s, 1), budget_s=headroom(round(s, 1))) for name, s in sorted(took.items())
+        }
+        save(args.budgets, Budgets(measured=args.measured, files=files, fixtures=load(args.budgets).fixtures))
+        print(f"wrote the budgets of {len(files)} files to {args.budgets}")
+    elif args.follow_moves:
+        budgets = load(args.budgets)
+        for line in follow_moves(budgets, root=root):
+            print(line)
+        save(args.budgets, budgets)
+    else:
+        parser.error("give --junit RUN.xml --measured TEXT, or --follow-moves")
     return 0
 
 

@@ -1,6 +1,8 @@
 """What several test files build the same way: the repository's root, the worker pool's test
-cells and toggles, git repositories and their commits, and venvs that borrow this environment's
-packages. Fixtures shared the same way are in conftest.py."""
+cells and toggles, git repositories and their commits, venvs that borrow this environment's
+packages, a built-in fix as its diff or its patches, and the toggle sglfix cannot judge. Plain
+helpers only, light to import (every test file's collection reads this module); fixtures shared
+the same way are in conftest.py, helpers for real sglang in real_sglang.py."""
 
 from __future__ import annotations
 

@@ -65,15 +65,12 @@ def allow():
 
 @pytest.fixture(scope="session")
 def shared_store(tmp_path_factory):
-    """A result store for the whole session, for CLI runs that may serve each other's cells (the
-    same built-in cells under the same options): a cell is run once and its result served again,
-    as ``--cache`` does between CI jobs. Only for a test whose point is what a command prints or
-    writes from results, never for one of how cells run: pass ``*shared_store.args`` to the
-    command and ``shared_store.env`` in its environment (the suite turns the store off)."""
-    from types import SimpleNamespace
-
-    folder = tmp_path_factory.mktemp("shared-store")
-    return SimpleNamespace(args=("--cache", str(folder)), env={"SGLFIX_STORE": ""})
+    """``--cache DIR`` of a result store for the whole session, for CLI runs that may serve each
+    other's cells (the same built-in cells under the same options): a cell is run once and its
+    result served again, as between CI jobs. Only for a test whose point is what a command
+    prints or writes from results, never for one of how cells run. (A named folder turns the
+    store on where the suite's SGLFIX_STORE=0 keeps it off.)"""
+    return ("--cache", str(tmp_path_factory.mktemp("shared-store")))
 
 
 @pytest.fixture

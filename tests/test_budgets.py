@@ -168,6 +168,21 @@ def test_the_summary_names_the_slowest_files_that_ran_whole(two_files, monkeypat
     result = _run(two_files, path)
     assert result.ret == pytest.ExitCode.OK
     at = result.outlines.index(next(line for line in result.outlines if "slowest 1 test files" in line))
-    named = [line.split() for line in result.outlines[at + 1 :] if line.strip()][0]
+    named = next(line.split() for line in result.outlines[at + 1 :] if line.strip())
     assert named[1:] == ["s", "test_slow.py", "(budget", "30", "s)"] and float(named[0]) >= 0.3
     assert not any("test files" in line for line in _run(two_files, path, "-k", "quick").outlines)
+
+
+def test_a_moved_test_file_keeps_its_measure(tmp_path):
+    from budgets import Budgets, Entry, follow_moves
+
+    (tmp_path / "tests" / "execution").mkdir(parents=True)
+    (tmp_path / "tests" / "execution" / "test_moved.py").write_text("")
+    (tmp_path / "tests" / "test_stays.py").write_text("")
+    budgets = Budgets(
+        measured="x",
+        files={name: Entry(measured_s=1, budget_s=21) for name in ("tests/test_moved.py", "tests/test_stays.py")}
+        | {"tests/test_gone.py": Entry(measured_s=2, budget_s=22)},
+    )
+    assert follow_moves(budgets, root=tmp_path) == ["tests/test_moved.py -> tests/execution/test_moved.py"]
+    assert list(budgets.files) == ["tests/execution/test_moved.py", "tests/test_gone.py", "tests/test_stays.py"]

@@ -28,10 +28,9 @@ def test_run_lists_what_did_not_pass_and_all_lists_every_cell(tmp_path, shared_s
         TOPK8,
         "--device",
         "cpu",
-        *shared_store.args,
+        *shared_store,
         "--json",
         str(out),
-        env=shared_store.env,
         subprocess=True,
     )
     assert r.code == 1, r.out + r.err
@@ -42,26 +41,12 @@ def test_run_lists_what_did_not_pass_and_all_lists_every_cell(tmp_path, shared_s
     cells = json.loads(out.read_text())["cells"]
     assert len(cells) > len(rows) and any(c["verdict"] == "PASS" for c in cells)  # the report keeps all
 
-    r = run_cli(
-        "run",
-        "-r",
-        "27460",
-        "-s",
-        TOPK8,
-        "--device",
-        "cpu",
-        *shared_store.args,
-        "--all",
-        env=shared_store.env,
-        subprocess=True,
-    )
+    r = run_cli("run", "-r", "27460", "-s", TOPK8, "--device", "cpu", *shared_store, "--all", subprocess=True)
     assert len(_table_rows(r.out)) == len(cells) and "not listed" not in r.out, r.out
 
 
 def test_a_run_where_every_cell_passes_prints_no_table(shared_store):
-    r = run_cli(
-        "run", "-r", "26239", "-s", TOPK8, "--device", "cpu", *shared_store.args, env=shared_store.env, subprocess=True
-    )
+    r = run_cli("run", "-r", "26239", "-s", TOPK8, "--device", "cpu", *shared_store, subprocess=True)
     assert r.code == 0, r.out + r.err
     assert not _table_rows(r.out) and "every cell passed, not listed" in r.out, r.out
     assert r.out.splitlines()[0].startswith("sglfix run on cpu"), r.out
@@ -69,18 +54,7 @@ def test_a_run_where_every_cell_passes_prints_no_table(shared_store):
 
 def test_the_matrix_grid_shows_only_rows_and_columns_with_a_finding(tmp_path, shared_store):
     out = tmp_path / "m.json"
-    r = run_cli(
-        "matrix",
-        "-s",
-        TOPK8,
-        "--device",
-        "cpu",
-        *shared_store.args,
-        "--json",
-        str(out),
-        env=shared_store.env,
-        subprocess=True,
-    )
+    r = run_cli("matrix", "-s", TOPK8, "--device", "cpu", *shared_store, "--json", str(out), subprocess=True)
     assert r.code == 0, r.out + r.err
     report = json.loads(out.read_text())
     scenarios = sorted({c["scenario"] for c in report["cells"]})
@@ -93,16 +67,12 @@ def test_the_matrix_grid_shows_only_rows_and_columns_with_a_finding(tmp_path, sh
     assert "baseline" in header and "27460" in header and "26239" not in header, header
     assert "(--all shows the whole grid)" in r.out
 
-    r = run_cli(
-        "matrix", "-s", TOPK8, "--device", "cpu", *shared_store.args, "--all", env=shared_store.env, subprocess=True
-    )
+    r = run_cli("matrix", "-s", TOPK8, "--device", "cpu", *shared_store, "--all", subprocess=True)
     assert len(_table_rows(r.out)) == len(scenarios) and "--all shows" not in r.out, r.out
 
 
 def test_a_toggle_sets_line_wraps_at_the_terminal_and_caps_its_names_by_default(shared_store):
-    r = run_cli(
-        "matrix", "-s", EXTEND, "--device", "cpu", *shared_store.args, env={**shared_store.env, "COLUMNS": "80"}
-    )
+    r = run_cli("matrix", "-s", EXTEND, "--device", "cpu", *shared_store, env={"COLUMNS": "80"}, subprocess=True)
     assert r.code == 0, r.out + r.err
     lines = r.out.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("21987: differs on"))
@@ -115,9 +85,10 @@ def test_a_toggle_sets_line_wraps_at_the_terminal_and_caps_its_names_by_default(
         EXTEND,
         "--device",
         "cpu",
-        *shared_store.args,
+        *shared_store,
         "--all",
-        env={**shared_store.env, "COLUMNS": "80"},
+        env={"COLUMNS": "80"},
+        subprocess=True,
     )
     assert "(--all lists them)" not in r.out
 

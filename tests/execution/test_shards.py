@@ -100,8 +100,9 @@ def test_shard_costs_needs_a_shard_and_a_readable_report(tmp_path):
 
 
 def _strip(cell: dict) -> dict:
-    # Timings and the kernel memo's counts depend on what a worker ran before; the rest may not.
-    return {k: v for k, v in cell.items() if k not in ("timings_ms", "kernels")}
+    # Timings and the kernel memo's counts depend on what a worker ran before, and when a served
+    # result was stored on the run that stored it; the rest may not.
+    return {k: v for k, v in cell.items() if k not in ("timings_ms", "kernels", "stored")}
 
 
 def _key(item) -> str:
@@ -109,8 +110,14 @@ def _key(item) -> str:
 
 
 def test_merged_shards_equal_the_unsharded_matrix_cell_by_cell(tmp_path):
+    # The two shards run their cells; the three and the seven are served them from the store the
+    # unsharded run filled (a served cell is a fresh run's: tests/test_store.py), so each cell runs
+    # twice here, not four times, and every way of dealing the plan is still merged and compared.
+    store = ("--cache", str(tmp_path / "store"))
     whole = tmp_path / "whole.json"
-    r = run_cli("matrix", "--parts", *SUBSET, "--device", "cpu", "--json", str(whole), timeout=900, subprocess=True)
+    r = run_cli(
+        "matrix", "--parts", *SUBSET, "--device", "cpu", "--json", str(whole), *store, timeout=900, subprocess=True
+    )
     assert r.code == 0, r.out[-2000:] + r.err[-2000:]
     expected = json.loads(whole.read_text())
     cells = {(",".join(c["toggles"]), c["scenario"]): _strip(c) for c in expected["cells"]}
@@ -131,6 +138,7 @@ def test_merged_shards_equal_the_unsharded_matrix_cell_by_cell(tmp_path):
                 str(path),
                 "--jobs",
                 "1",
+                *(store if n > 2 else ()),
                 timeout=900,
                 subprocess=True,
             )
