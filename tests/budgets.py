@@ -1,11 +1,14 @@
 """Each test file's time against the budget kept for it in tests/budgets.json, and the order the
-files run in: fast first, so a cheap test that breaks fails in the first minute, not the thirtieth.
+files run in: serially fast first, so a cheap test that breaks fails in the first minute, not the
+thirtieth; spread over workers (-n), slow first, so the longest file does not start last.
 
 A file is timed as the sum of its tests' setup, call and teardown. The time of a session-scoped
 fixture from a conftest.py is its own entry, not the first file that happens to ask for it, so a
 file costs the same run alone as in the whole suite. A file is checked only when every test of it
-ran: not under -k, -m, a node id, --lf, -x stopping early, or -n. A file or shared fixture with no
-budget fails the session as one over its budget does, so each new one gets a budget.
+ran: not under -k, -m, a node id, --lf, or -x stopping early. Under -n (pytest-xdist) each worker
+times what it ran and the controller adds the parts up, checks and writes. A file or shared
+fixture with no budget fails the session as one over its budget does, so each new one gets a
+budget.
 """
 
 from __future__ import annotations
@@ -81,10 +84,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     budgets = load(config.getoption("budgets"))
-    config.pluginmanager.register(Order(budgets), "budgets-order")
-    distributed = hasattr(config, "workerinput") or config.getoption("numprocesses", None)
-    if not distributed:
-        config.pluginmanager.register(Timer(config, budgets), "budgets-timer")
+    # Under -n each worker collects and runs its share and hands its times to the controller, which
+    # checks and writes them. Serially the files run fast first; spread over workers, slow first,
+    # so no long file starts last and holds the session while the other workers idle.
+    worker = hasattr(config, "workerinput")
+    distributed = worker or bool(config.getoption("numprocesses", None))
+    config.pluginmanager.register(Order(budgets, slow_first=distributed), "budgets-order")
+    if distributed and not worker and hasattr(config.option, "loadscopereorder"):
+        # --dist loadfile/loadscope hand out files in the collection's order, which is by time
+        # here, unless told to re-sort them by their number of tests.
+        config.option.loadscopereorder = False
+    config.pluginmanager.register(Timer(config, budgets, worker=worker), "budgets-timer")
 
 
 def _file(nodeid: str) -> str:
@@ -92,8 +102,9 @@ def _file(nodeid: str) -> str:
 
 
 class Order:
-    def __init__(self, budgets: Budgets) -> None:
+    def __init__(self, budgets: Budgets, *, slow_first: bool = False) -> None:
         self.budgets = budgets
+        self.slow_first = slow_first
 
     # Before the other plugins' hooks (a wrapper runs first), so --ff and --lf still put the
     # failures of the last run first.
@@ -108,16 +119,18 @@ class Order:
 
         def key(item: pytest.Item) -> tuple[float, int]:
             name = _file(item.nodeid)
-            return (files[name].measured_s if name in files else -1.0, first[name])
+            took = files[name].measured_s if name in files else -1.0
+            return (-took if self.slow_first else took, first[name])
 
         items.sort(key=key)
         return (yield)
 
 
 class Timer:
-    def __init__(self, config: pytest.Config, budgets: Budgets) -> None:
+    def __init__(self, config: pytest.Config, budgets: Budgets, *, worker: bool = False) -> None:
         self.config = config
         self.budgets = budgets
+        self.worker = worker
         self.collected: dict[str, set[str]] = defaultdict(set)
         self.ran: set[str] = set()
         self.spent: dict[str, float] = defaultdict(float)
@@ -169,6 +182,10 @@ class Timer:
         return f"{where.relative_to(self.config.rootpath).as_posix()}::{fixturedef.argname}"
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # The controller hears every worker's reports too; it counts the workers' own sums instead,
+        # as only they know what a shared fixture took out of a test's setup.
+        if not self.worker and self.config.getoption("numprocesses", None):
+            return
         self.spent[_file(report.nodeid)] += report.duration
         self.ran.add(report.nodeid)
 
@@ -194,8 +211,35 @@ class Timer:
             if name not in partial and ids <= self.ran
         }
 
+    # A worker's part, as plain data (it crosses to the controller), and the controller's merge of
+    # it: each file's time sums over the workers that ran its tests; a shared fixture is set up once
+    # per worker, so its cost is the dearest worker's.
+    def _part(self) -> dict:
+        return {
+            "collected": {name: sorted(ids) for name, ids in self.collected.items()},
+            "ran": sorted(self.ran),
+            "spent": dict(self.spent),
+            "shared": dict(self.shared),
+        }
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        part = getattr(node, "workeroutput", {}).get("budgets")
+        if part is None:  # a worker that crashed hands nothing back: its files did not run whole
+            return
+        for name, ids in part["collected"].items():
+            self.collected[name].update(ids)
+        self.ran.update(part["ran"])
+        for name, seconds in part["spent"].items():
+            self.spent[name] += seconds
+        for name, seconds in part["shared"].items():
+            self.shared[name] = max(self.shared.get(name, 0.0), seconds)
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.worker:
+            self.config.workeroutput["budgets"] = self._part()  # type: ignore[attr-defined]
+            return
         took = self.whole()
         if not took:
             return
@@ -262,6 +306,8 @@ class Timer:
         )
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.worker:
+            return
         took = self.whole()
         if len(took) > SLOWEST:
             # CI's log quotes the files that cost most, beside --durations' slowest tests.

@@ -55,6 +55,10 @@ def clean_env(**extra: str) -> dict[str, str]:
         for k, v in os.environ.items()
         if not k.startswith(("SGLFIX_", "PYTEST_", "SGLANG_DEBUG_REVERT_PR")) or k == "SGLFIX_STORE"
     }
+    # A terminal's size is the outer run's (pytest-xdist sets COLUMNS=80 in its workers), not the
+    # user's: it would squeeze the tables the tests read (clihelp gives its own width).
+    env.pop("COLUMNS", None)
+    env.pop("LINES", None)
     env.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     env.update(extra)
     return env

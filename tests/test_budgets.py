@@ -5,6 +5,8 @@ fixture is charged to itself, --write-budgets measures, and the files run fast f
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +27,9 @@ def _only_the_plugin(monkeypatch):
     # The installed plugins (sglfix's own, xdist, hypothesis) would load in every inner session
     # and take ten times what the session itself does.
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    # xdist's workers are processes of their own: they find the plugin on PYTHONPATH.
+    here = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
 
 
 def _budgets(pytester: pytest.Pytester, files: dict, fixtures: dict | None = None):
@@ -186,3 +191,58 @@ def test_a_moved_test_file_keeps_its_measure(tmp_path):
     )
     assert follow_moves(budgets, root=tmp_path) == ["tests/test_moved.py -> tests/execution/test_moved.py"]
     assert list(budgets.files) == ["tests/execution/test_moved.py", "tests/test_gone.py", "tests/test_stays.py"]
+
+
+def _run_spread(pytester: pytest.Pytester, path, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        "-p", "xdist.plugin", "-p", "budgets", "--budgets", str(path), "-p", "no:cacheprovider", *args
+    )
+
+
+def test_under_xdist_the_workers_times_are_added_up_and_checked_once(two_files):
+    two_files.makepyfile(test_other="import time\n\ndef test_other():\n    time.sleep(0.2)\n")
+    path = _budgets(two_files, {"test_slow.py": (0.1, 0.1), "test_fast.py": (0.0, 30), "test_other.py": (0.2, 20)})
+    result = _run_spread(two_files, path, "-n", "2")
+    result.assert_outcomes(passed=4)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    lines = _budget_lines(result)
+    assert len(lines) == 1 and lines[0].startswith("test_slow.py took 0.3 s, over its budget of 0.1 s"), result.outlines
+    # Spread test by test (--dist load), a file's time still adds up over the workers.
+    result = _run_spread(two_files, path, "-n", "2", "--dist", "load")
+    assert [line.split(",")[0] for line in _budget_lines(result)] == ["test_slow.py took 0.3 s"]
+    result = _run_spread(two_files, path, "-n", "2", "--write-budgets")
+    assert result.ret == pytest.ExitCode.OK
+    written = json.loads(path.read_text())["files"]
+    assert set(written) == {"test_slow.py", "test_fast.py", "test_other.py"}
+    assert 0.3 <= written["test_slow.py"]["measured_s"] < 1 and 0.2 <= written["test_other.py"]["measured_s"] < 1
+
+
+def test_under_xdist_a_shared_fixture_is_charged_once_per_worker_not_summed(pytester):
+    pytester.makeconftest("""
+        import time, pytest
+
+        @pytest.fixture(scope="session")
+        def shared():
+            time.sleep(0.4)
+            return 1
+    """)
+    pytester.makepyfile(test_a="def test_a(shared):\n    pass\n", test_b="def test_b(shared):\n    pass\n")
+    files = {"test_a.py": (0.0, 0.2), "test_b.py": (0.0, 0.2)}
+    # Both workers set it up, 0.4 s each: within a 0.7 s budget, which the sum would not be.
+    result = _run_spread(pytester, _budgets(pytester, files, {"conftest.py::shared": (0.4, 0.7)}), "-n", "2")
+    assert result.ret == pytest.ExitCode.OK, result.outlines
+    result = _run_spread(pytester, _budgets(pytester, files, {"conftest.py::shared": (0.1, 0.1)}), "-n", "2")
+    assert [line.split(",")[0] for line in _budget_lines(result)] == ["shared fixture conftest.py::shared took 0.4 s"]
+
+
+def test_under_xdist_the_files_run_slow_first(pytester):
+    many = "".join(f"def test_b{i}():\n    pass\n" for i in range(3))
+    pytester.makepyfile(test_a="def test_a():\n    pass\n", test_b=many, test_c="def test_c():\n    pass\n")
+    path = _budgets(pytester, {"test_a.py": (50.0, 100), "test_b.py": (3.0, 23), "test_c.py": (9.0, 29)})
+    # One worker runs them in the order handed out: by time, not re-sorted by number of tests
+    # (which --dist loadfile does unless told not to, and would put test_b.py first).
+    result = _run_spread(pytester, path, "-n", "1", "-v", "--dist", "loadfile")
+    order = [line.split()[-1] for line in result.outlines if " PASSED " in line]
+    assert order == ["test_a.py::test_a", "test_c.py::test_c", *(f"test_b.py::test_b{i}" for i in range(3))], (
+        result.outlines
+    )

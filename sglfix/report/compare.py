@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sglfix.common.errors import ConfigError
-from sglfix.report.load import cell_id, cell_key, describe, key_figure
+from sglfix.report.grid import key_figure
+from sglfix.report.load import cell_id, cell_key, describe
 from sglfix.report.outcome import codebase_identity, codebase_label, effective
 
 __all__ = ["Change", "Comparison", "check_codebases", "compare_reports"]

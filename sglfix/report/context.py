@@ -6,19 +6,7 @@ from __future__ import annotations
 
 from sglfix.report.expectations import Expect
 
-__all__ = ["base_of", "expects_of", "key_figure", "mode_of"]
-
-
-def key_figure(cell: dict) -> str:
-    """The message of the cell's first finding with its verdict ('' where none has it)."""
-    return next(
-        (
-            str(f.get("message", ""))
-            for f in cell.get("findings") or ()
-            if isinstance(f, dict) and f.get("verdict") == cell.get("verdict")
-        ),
-        "",
-    )
+__all__ = ["base_of", "expects_of", "mode_of"]
 
 
 def base_of(report: dict) -> tuple[str, ...]:

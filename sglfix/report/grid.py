@@ -25,9 +25,15 @@ def group_of(scenario: str) -> str:
 
 
 def key_figure(cell: dict) -> str:
-    """The first finding's message of the cell's verdict (as ``CellResult.key_figure``)."""
+    """The message of a report cell's first finding with the cell's verdict, as the tables show it
+    ('' where none has it: a PASS), as ``CellResult.key_figure`` gives it for a live cell."""
     return next(
-        (f.get("message", "") for f in cell.get("findings") or () if f.get("verdict") == cell.get("verdict")), ""
+        (
+            str(f.get("message", ""))
+            for f in cell.get("findings") or ()
+            if isinstance(f, dict) and f.get("verdict") == cell.get("verdict")
+        ),
+        "",
     )
 
 

@@ -25,7 +25,6 @@ __all__ = [
     "cell_key",
     "count_verdicts",
     "describe",
-    "key_figure",
     "load_report",
     "read_json_report",
 ]
@@ -40,14 +39,6 @@ def cell_key(cell: dict) -> tuple[str, str]:
 
 def cell_id(cell: dict) -> str:
     return cell_label(cell["toggles"], cell["scenario"])
-
-
-def key_figure(cell: dict) -> str:
-    """The message of the first finding with the cell's verdict ('' for PASS), as the tables show it."""
-    for f in cell.get("findings") or ():
-        if isinstance(f, dict) and f.get("verdict") == cell["verdict"]:
-            return str(f.get("message", ""))
-    return ""
 
 
 def _other_kind(data: object) -> str | None:

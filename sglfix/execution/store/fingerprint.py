@@ -22,7 +22,6 @@ parsed once per distinct content, across runs and machines sharing a store.
 from __future__ import annotations
 
 import ast
-import copy
 import hashlib
 import os
 from typing import Any
@@ -95,18 +94,27 @@ def function_digests(tree: ast.Module) -> dict[str, list]:
         plain, placed = hashlib.sha256(), hashlib.sha256()
         first = _first_line(nodes[0])
         for node in nodes:
-            plain.update(ast.dump(node, include_attributes=False).encode())
-            placed.update(_relative_dump(node, first).encode())
+            shape = ast.dump(node, include_attributes=False).encode()
+            plain.update(shape)
+            placed.update(shape + b"\0" + _positions(node, first) + b"\0")
         last = max(getattr(n, "end_lineno", None) or n.lineno for n in nodes)
         out[name] = [plain.hexdigest()[:32], placed.hexdigest()[:32], first, last]
     return out
 
 
-def _relative_dump(node: ast.AST, first: int) -> str:
-    """``node``'s dump with positions, its lines counted from ``first`` (the tree is not changed)."""
-    moved = copy.deepcopy(node)
-    ast.increment_lineno(moved, 1 - first)
-    return ast.dump(moved, include_attributes=True)
+def _positions(node: ast.AST, first: int) -> bytes:
+    """Every position in ``node``, in ``ast.walk``'s order, its lines counted from ``first``. With
+    the dump without positions (which fixes the tree's shape, hence that order) it says what a dump
+    with positions says, at a fraction of the cost: that dump was most of a cold store's time
+    spent fingerprinting a code base."""
+    out = []
+    for n in ast.walk(node):
+        line = getattr(n, "lineno", None)
+        if line is not None:  # a node with positions (expr, stmt, arg, keyword, ...)
+            end = getattr(n, "end_lineno", None)
+            col, end_col = getattr(n, "col_offset", None), getattr(n, "end_col_offset", None)
+            out.append((line - first, col, None if end is None else end - first, end_col))
+    return repr(out).encode()
 
 
 def file_digests(data: bytes, *, path: str = "<file>") -> dict:

@@ -47,7 +47,7 @@ __all__ = [
 
 # The layout of every file of the store (the SQLite tables and what a row means). Bump it when
 # any of them changes meaning: a folder written in another schema is emptied, never misread.
-SCHEMA = 3
+SCHEMA = 4  # 4: a function's positioned digest is its shape and positions, not a positioned dump
 RESULTS_FILE = "results.sqlite"
 MUTANT_MEMO = "mutants-mapped.json"  # sglfix.execution.mutate: mutants mapped onto the source
 MARKER = "sglfix-store.json"
