@@ -21,7 +21,17 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from sglfix.common.errors import ConfigError
 from sglfix.common.yamlio import LineDict, LineList, line_of
 
-__all__ = ["ConfigModel", "ModelT", "NodeError", "StrictModel", "describe_kind", "nearest", "show", "validate_node"]
+__all__ = [
+    "ClosedModel",
+    "ConfigModel",
+    "ModelT",
+    "NodeError",
+    "StrictModel",
+    "describe_kind",
+    "nearest",
+    "show",
+    "validate_node",
+]
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -30,6 +40,13 @@ class StrictModel(BaseModel):
     """Unknown keys are errors; values never change after validation."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+
+class ClosedModel(BaseModel):
+    """What sglfix writes and reads back (its reports): unknown keys are damage and no value is
+    converted (``"2"`` is not a number here)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 if TYPE_CHECKING:

@@ -14,8 +14,9 @@ import datetime
 from collections.abc import Sequence
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from sglfix.common.schema import ClosedModel
 from sglfix.report.schema import (
     CandidateRow,
     Codebase,
@@ -47,13 +48,7 @@ __all__ = [
 TOOL: Final = "sglfix bisect"
 
 
-class _Closed(BaseModel):
-    """Unknown keys are errors; no value is converted (as ``sglfix.report.schema``'s models)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class Culprit(_Closed):
+class Culprit(ClosedModel):
     """A minimal set of candidates that makes some of its group's scenarios fail reverted: the
     worst verdict they show, the scenarios, the key figure of a cell that gave that verdict, and
     whether the search or the masking sweep found it."""
@@ -72,7 +67,7 @@ class FlatCulprit(Culprit):
     group: str
 
 
-class Masking(_Closed):
+class Masking(ClosedModel):
     """A culprit that fails alone but passes reverted together with ``masked_by``, on
     ``scenarios`` (``all``: every scenario it fails alone)."""
 
@@ -83,7 +78,7 @@ class Masking(_Closed):
     all: bool
 
 
-class Group(_Closed):
+class Group(ClosedModel):
     """One scenario group's search (scenarios of one base name): its culprits, the candidates
     none of its baselines reaches (left out of the search), how many were searched, the distinct
     sets the search asked about and how many candidates the masking sweep ran alone."""
@@ -97,7 +92,7 @@ class Group(_Closed):
     swept: Count
 
 
-class LeftOut(_Closed):
+class LeftOut(ClosedModel):
     """Scenarios left out of the search: those that SKIP here, and those whose baseline shows a
     known divergence (that verdict is not counted against any set)."""
 
@@ -105,7 +100,7 @@ class LeftOut(_Closed):
     known: list[str]
 
 
-class CulpritRow(_Closed):
+class CulpritRow(ClosedModel):
     """A culprit as the comparison of two searches lists it."""
 
     group: str
@@ -113,7 +108,7 @@ class CulpritRow(_Closed):
     verdict: Verdict
 
 
-class FixComparison(_Closed):
+class FixComparison(ClosedModel):
     """``--apply``: the search without and with the candidate fixes. ``same`` is false when a
     culprit found without the fix is not found with it (the fix hides its regression)."""
 
@@ -127,7 +122,7 @@ class FixComparison(_Closed):
     only_with_fix: list[CulpritRow]
 
 
-class BisectReport(_Closed):
+class BisectReport(ClosedModel):
     """``sglfix bisect --json``."""
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
@@ -170,7 +165,7 @@ def now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
-class Answer(_Closed):
+class Answer(ClosedModel):
     """A search's answer as the comparison reads it: each group's culprits as (group, ids joined
     with ",", verdict), or why the search could not run (its baseline failed)."""
 

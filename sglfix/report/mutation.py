@@ -33,10 +33,10 @@ from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from sglfix.common.errors import ConfigError
-from sglfix.common.schema import nearest, show
+from sglfix.common.schema import ClosedModel, nearest, show
 from sglfix.report.meaning import FIX_PREFIX, CellMeaning, Meaning
 from sglfix.report.schema import (
     Codebase,
@@ -389,13 +389,7 @@ else:
     StatusName = Literal[tuple(s.value for s in Status)]
 
 
-class _Closed(BaseModel):
-    """Unknown keys are damage; no value is converted (as ``sglfix.report.schema``'s models)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class CellRef(_Closed):
+class CellRef(ClosedModel):
     """A mutant's cell: its id, scenario, verdict and its baseline's, and the key figure."""
 
     cell: str
@@ -405,7 +399,7 @@ class CellRef(_Closed):
     key_figure: str = ""
 
 
-class Evidence(_Closed):
+class Evidence(ClosedModel):
     """Why a mutant is a suspected equivalent: the cells whose built metadata was identical to
     their baseline's, and whether their outputs were too (None: outputs not fingerprinted)."""
 
@@ -413,7 +407,7 @@ class Evidence(_Closed):
     outputs_identical: bool | None
 
 
-class MutantResult(_Closed):
+class MutantResult(ClosedModel):
     """A mutant (every field of ``sglfix.mutation.model.Mutant``, as it names them) and what its
     cells said."""
 
@@ -461,7 +455,7 @@ class MutantResult(_Closed):
         return self
 
 
-class Score(_Closed):
+class Score(ClosedModel):
     """Counts of each status, and killed / (killed + survived) as a fraction (None: neither)."""
 
     killed: Count = 0
@@ -483,13 +477,13 @@ class Score(_Closed):
         return self
 
 
-class Scores(_Closed):
+class Scores(ClosedModel):
     overall: Score
     families: dict[str, Score] = {}
     functions: dict[str, Score] = {}
 
 
-class Selection(_Closed):
+class Selection(ClosedModel):
     """What chose the mutants, by the options' names: the scenario globs (``-s``), the
     ``--function`` patterns, the ``--operators``."""
 
@@ -498,7 +492,7 @@ class Selection(_Closed):
     operators: list[str] = []
 
 
-class Phases(_Closed):
+class Phases(ClosedModel):
     """Where the campaign's time and cells went."""
 
     baseline_s: Duration | None = None  # the baseline cells (with their reach and fingerprints)
@@ -509,7 +503,7 @@ class Phases(_Closed):
     served: Count = 0  # mutant cells the result store served
 
 
-class CatalogueEntry(_Closed):
+class CatalogueEntry(ClosedModel):
     """One function of one toggle part against the generated mutants (the fields of
     ``sglfix.mutation.catalogue.CatalogueRow``, as it names them)."""
 
@@ -522,7 +516,7 @@ class CatalogueEntry(_Closed):
     at: str | None = None
 
 
-class MutationReport(_Closed):
+class MutationReport(ClosedModel):
     """``sglfix mutate --json``: the campaign, every mutant (survivors first), the scores."""
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import ConfigDict, Field, model_serializer, model_validator
 
+from sglfix.common.schema import ClosedModel
 from sglfix.report.schema import Count, Duration, Verdict
 
 __all__ = [
@@ -29,13 +30,7 @@ __all__ = [
 TOOL: Final = "sglfix bisect --releases"
 
 
-class _Closed(BaseModel):
-    """Unknown keys are errors; no value is converted (as ``sglfix.report.schema``'s models)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class RunRow(_Closed):
+class RunRow(ClosedModel):
     """One release's run: its exit and time, where its package was, and its verdicts counted, or
     the line saying why it could not be tested."""
 
@@ -47,7 +42,7 @@ class RunRow(_Closed):
     summary: dict[Verdict, Count] | None = None
 
 
-class DifferingCell(_Closed):
+class DifferingCell(ClosedModel):
     """A cell whose verdict on the first release unlike the reference is not the reference's
     (None: that release's run has no such cell). Written as ``{"cell": ..., "reference": ...,
     "<release>": verdict}``: the release itself is the key of its verdict."""
@@ -75,7 +70,7 @@ class DifferingCell(_Closed):
         return {"cell": self.cell, "reference": self.reference, self.release: self.verdict}
 
 
-class ReleaseFound(_Closed):
+class ReleaseFound(ClosedModel):
     """What the search over the releases found: the releases (oldest first; the oldest is the
     reference), the runs it took and its budget, the first release unlike the reference (None:
     none) and the last like it, the releases between them that could not be tested and, when one
@@ -92,7 +87,7 @@ class ReleaseFound(_Closed):
     differing_cells: list[DifferingCell] | None = None
 
 
-class ChangedFunction(_Closed):
+class ChangedFunction(ClosedModel):
     """A changed function a differing cell reached: its file and first line in the first bad
     release, and the unified diff from the last good one."""
 
@@ -102,7 +97,7 @@ class ChangedFunction(_Closed):
     diff: str
 
 
-class ChangedReached(_Closed):
+class ChangedReached(ClosedModel):
     """The functions of the modules a worker imports that changed between the last good and the
     first bad release, and of those the ones the differing cells entered."""
 
@@ -111,7 +106,7 @@ class ChangedReached(_Closed):
     functions: list[ChangedFunction]
 
 
-class ReleaseBisectReport(_Closed):
+class ReleaseBisectReport(ClosedModel):
     """``sglfix bisect --releases A..B --json``: the header, what the search found (the fields of
     ``ReleaseFound``, in its order) and, when a release differs, what changed there."""
 

@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from sglfix.common.errors import ConfigError
-from sglfix.common.schema import nearest, show
+from sglfix.common.schema import ClosedModel, nearest, show
 from sglfix.common.verdicts import MARKS
 from sglfix.report.jsonreport import SCHEMA
 from sglfix.report.outcome import BASELINE, Meaning
@@ -108,12 +108,6 @@ ToggleIds = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_lengt
 Shard = Annotated[str, BeforeValidator(_shard)]
 
 
-class _Closed(BaseModel):
-    """Unknown keys are damage; no value is converted (``"2"`` is not a number here)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
 # --- a cell --------------------------------------------------------------------------------------
 
 
@@ -126,7 +120,7 @@ class Finding(BaseModel):
     message: str = ""
 
 
-class Comparison(_Closed):
+class Comparison(ClosedModel):
     """The output against the reference (sglfix.harness.reference.Comparison); NaN and infinite
     errors are results, not damage."""
 
@@ -140,7 +134,7 @@ class Comparison(_Closed):
     nonfinite: Count
 
 
-class Kernels(_Closed):
+class Kernels(ClosedModel):
     """Interpreted kernel launches of the cell and how many the launch memo answered."""
 
     launches: Count
@@ -171,7 +165,7 @@ def _timings(value: Any) -> Any:
     raise Damaged(f'has "timings_ms" that are not durations (finite, at least 0): {show(bad)}', whole=True)
 
 
-class Fingerprint(_Closed):
+class Fingerprint(ClosedModel):
     """Digests of the metadata a cell built and of its output (sglfix.harness.fingerprint)."""
 
     metadata: str | None = None  # None: nothing was built (the cell failed first, or a probe)
@@ -179,7 +173,7 @@ class Fingerprint(_Closed):
     views: int = 0
 
 
-class Cell(_Closed):
+class Cell(ClosedModel):
     """One cell: a toggle set on a scenario, its verdict and findings, and (schema 2, judged)
     what the verdict means. The fields that identify it are checked first, in the words that
     name them."""
@@ -214,7 +208,7 @@ class Cell(_Closed):
 # --- the judgement's keys ------------------------------------------------------------------------
 
 
-class ExpectRow(_Closed):
+class ExpectRow(ClosedModel):
     """An ``expect:`` row of a toggle file: what the judgement reads again from a saved report."""
 
     toggle: str | None = None
@@ -235,7 +229,7 @@ class NotChecked(ExpectRow):
     reason: str
 
 
-class Stray(_Closed):
+class Stray(ClosedModel):
     """A cell whose verdict nothing explains."""
 
     toggles: list[str]
@@ -244,7 +238,7 @@ class Stray(_Closed):
     why: str
 
 
-class KnownSeen(_Closed):
+class KnownSeen(ClosedModel):
     """A profile's known divergence and the baseline cells that showed it (``status`` since the
     judgement has a home)."""
 
@@ -258,7 +252,7 @@ class KnownSeen(_Closed):
     cleared_by: str = ""
 
 
-class FixCheckRow(_Closed):
+class FixCheckRow(ClosedModel):
     """One --expect-fixes pattern and whether the candidate fix cleared it."""
 
     pattern: str
@@ -268,7 +262,7 @@ class FixCheckRow(_Closed):
     fixed: list[str] = []
 
 
-class Judged(_Closed):
+class Judged(ClosedModel):
     mode: Literal["gate", "findings"]
     baseline: list[str]
     passed: bool
@@ -282,7 +276,7 @@ class Judged(_Closed):
     fix_summary: str = ""
 
 
-class CandidateRow(_Closed):
+class CandidateRow(ClosedModel):
     """A candidate fix a run applied (sglfix.toggling.candidate)."""
 
     id: str
@@ -294,12 +288,12 @@ class CandidateRow(_Closed):
     notes: list[str] = []
 
 
-class Conflict(_Closed):
+class Conflict(ClosedModel):
     set: str
     why: str
 
 
-class Applied(_Closed):
+class Applied(ClosedModel):
     """What --apply gave: the candidate fixes, the scenarios they must clear, and the sets whose
     fix and reverts change the same lines (not built)."""
 
@@ -312,7 +306,7 @@ class Applied(_Closed):
 # --- what ran where ------------------------------------------------------------------------------
 
 
-class Codebase(_Closed):
+class Codebase(ClosedModel):
     """The code the cells replayed through (a worker's boot, sglfix.execution.serve)."""
 
     name: str
@@ -329,7 +323,7 @@ class Codebase(_Closed):
     release: str | None = None  # fetched as --release VERSION into sglfix's cache (None: as installed)
 
 
-class SglfixSource(_Closed):
+class SglfixSource(ClosedModel):
     """The sglfix that wrote the report (sglfix.common.version.source): its version, the git
     commit of its source (None: not known), how many of its shipped files differed from that
     commit, and a public address of its repository (None: none recorded)."""
@@ -340,14 +334,14 @@ class SglfixSource(_Closed):
     url: str | None = None
 
 
-class Drifted(_Closed):
+class Drifted(ClosedModel):
     """A revert that no longer applies to the code followed beyond its profile's range."""
 
     id: str
     why: str
 
 
-class Kept(_Closed):
+class Kept(ClosedModel):
     """Kept Ray actors a run took warm and started (sglfix.execution.ray_keep)."""
 
     keep_s: float = Field(gt=0, allow_inf_nan=False)
@@ -358,13 +352,13 @@ class Kept(_Closed):
     evicted: Count
 
 
-class Executor(_Closed):
+class Executor(ClosedModel):
     name: Literal["local", "ray"]
     kept: Kept | None = None
     mps: bool = False  # the local workers shared their GPUs through an MPS daemon
 
 
-class KernelMemo(_Closed):
+class KernelMemo(ClosedModel):
     """Interpreted launches and memo hits over a CPU run."""
 
     memo: bool
@@ -372,7 +366,7 @@ class KernelMemo(_Closed):
     hits: Count
 
 
-class Shards(_Closed):
+class Shards(ClosedModel):
     """Which shards a merged report joined (sglfix.report.merge)."""
 
     count: Count
@@ -385,7 +379,7 @@ class Shards(_Closed):
     no_plan: list[str] = []
 
 
-class PlanIdentity(_Closed):
+class PlanIdentity(ClosedModel):
     """What makes a run's plan this plan (sglfix.execution.shards.plan_identity): what chose its
     cells and what they mean. ``report merge`` joins only shards whose plans agree, field by field
     (sglfix.report.merge.PLAN_OPTIONS names each as the command line does)."""
@@ -410,7 +404,7 @@ class PlanIdentity(_Closed):
     cells: str  # "N cells, digest": the whole plan's cell ids, before any shard took its part
 
 
-class MergedFrom(_Closed):
+class MergedFrom(ClosedModel):
     """One input of a merged report, as ``sglfix.report.load.describe`` records it."""
 
     file: str
@@ -425,7 +419,7 @@ class MergedFrom(_Closed):
     host: str | None = None
 
 
-class StoreUse(_Closed):
+class StoreUse(ClosedModel):
     """The result store a run read: its folder, the cells it served and the cells that ran (and,
     with --verify-store, how many served cells were run again and found the same)."""
 
@@ -436,7 +430,7 @@ class StoreUse(_Closed):
     failed: str | None = None
 
 
-class Report(_Closed):
+class Report(ClosedModel):
     """A run's, a matrix's or a merge's report. Only ``tool`` and ``cells`` are required:
     schema 1 and hand-made reports leave the rest out."""
 
