@@ -106,9 +106,8 @@ class ChangedReached(ClosedModel):
     functions: list[ChangedFunction]
 
 
-class ReleaseBisectReport(ClosedModel):
-    """``sglfix bisect --releases A..B --json``: the header, what the search found (the fields of
-    ``ReleaseFound``, in its order) and, when a release differs, what changed there."""
+class _Header(ClosedModel):
+    """What every ``--json`` report of a release bisect starts with."""
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
@@ -118,15 +117,16 @@ class ReleaseBisectReport(ClosedModel):
     date: str
     wall_s: Duration
     distribution: str
-    releases: list[str]
-    reference: str
-    runs: list[RunRow]
-    release_runs: Count
-    budget: Count
-    first_bad: str | None
-    last_good: str
-    untested_between: list[str]
-    differing_cells: list[DifferingCell] | None = None
+
+
+# ReleaseFound before _Header among the bases puts the header's fields first (pydantic lays the
+# fields out from the last base of the MRO to the first), then what was found, in its order.
+class ReleaseBisectReport(ReleaseFound, _Header):
+    """``sglfix bisect --releases A..B --json``: the header, what the search found (the fields of
+    ``ReleaseFound``, in its order) and, when a release differs, what changed there."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
     changed_reached: ChangedReached | None = None
 
     @classmethod
