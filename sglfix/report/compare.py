@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sglfix.common.errors import ConfigError
-from sglfix.report.grid import key_figure
+from sglfix.report.context import key_figure
 from sglfix.report.load import cell_id, cell_key, describe
 from sglfix.report.outcome import codebase_identity, codebase_label, effective
 

@@ -6,7 +6,20 @@ from __future__ import annotations
 
 from sglfix.report.expectations import Expect
 
-__all__ = ["base_of", "expects_of", "mode_of"]
+__all__ = ["base_of", "expects_of", "key_figure", "mode_of"]
+
+
+def key_figure(cell: dict) -> str:
+    """The message of a report cell's first finding with the cell's verdict, as the tables show it
+    ('' where none has it: a PASS), as ``CellResult.key_figure`` gives it for a live cell."""
+    return next(
+        (
+            str(f.get("message", ""))
+            for f in cell.get("findings") or ()
+            if isinstance(f, dict) and f.get("verdict") == cell.get("verdict")
+        ),
+        "",
+    )
 
 
 def base_of(report: dict) -> tuple[str, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["BASELINE", "Grid", "group_of", "key_figure", "set_label"]
+__all__ = ["BASELINE", "Grid", "group_of", "set_label"]
 
 BASELINE = "baseline"
 
@@ -22,19 +22,6 @@ def set_label(toggles: Sequence[str]) -> str:
 def group_of(scenario: str) -> str:
     """The scenario's base name: what comes before the first ``@`` of a grid-expanded name."""
     return scenario.split("@", 1)[0]
-
-
-def key_figure(cell: dict) -> str:
-    """The message of a report cell's first finding with the cell's verdict, as the tables show it
-    ('' where none has it: a PASS), as ``CellResult.key_figure`` gives it for a live cell."""
-    return next(
-        (
-            str(f.get("message", ""))
-            for f in cell.get("findings") or ()
-            if isinstance(f, dict) and f.get("verdict") == cell.get("verdict")
-        ),
-        "",
-    )
 
 
 @dataclass

@@ -18,7 +18,8 @@ import json
 import re
 
 from sglfix.common.errors import ConfigError
-from sglfix.report.grid import key_figure, set_label
+from sglfix.report.context import key_figure
+from sglfix.report.grid import set_label
 from sglfix.report.output import check_output_file, write_atomic
 
 __all__ = ["SUFFIXES", "build_junit", "check_junit_path", "junit_xml", "write_junit", "xml_text"]

@@ -28,9 +28,8 @@ from sglfix.common.verdicts import NOT_REACHED, stands_for
 # Its own parts (tests/report/test_judgement.py holds them all to importing only sglfix.common and each other).
 from sglfix.report.claim import TEST_OUTCOMES, Claim, judge_claim
 from sglfix.report.codebase import codebase_identity, codebase_label
-from sglfix.report.context import base_of, expects_of, mode_of
+from sglfix.report.context import base_of, expects_of, key_figure, mode_of
 from sglfix.report.expectations import Check, Expect, Known, KnownHit, NotChecked
-from sglfix.report.grid import key_figure
 from sglfix.report.meaning import BASELINE, ENV_VAR, FIX_PREFIX, CellMeaning, Meaning, cell_id, set_label, unpatched
 
 __all__ = [
