@@ -607,11 +607,11 @@ def test_an_edit_to_sglang_reruns_exactly_the_cells_that_ran_the_function(tmp_pa
 
     first = matrix("1.json")
     assert not any(c.get("stored") for c in first.values())
-    assert all(c.get("stored") for c in matrix("2.json").values())
 
     # A statement in TritonAttnBackend.forward_decode: the cells whose record names it run again
     # (the Triton decode scenario's: an unreached one stands on its baseline, which ran it); the
-    # FlashInfer draft cells are served.
+    # FlashInfer draft cells are served (so a run with nothing changed is served whole: no
+    # separate run for that).
     decode = "TritonAttnBackend.forward_decode"
     named = {
         f"{','.join(t) or 'baseline'}::{s}" for s, t in stored_cells_naming(str(store), [f"sglang/{TRITON}::{decode}"])
