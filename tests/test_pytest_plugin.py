@@ -51,8 +51,11 @@ def _pytest(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.C
         and k != "PYTEST_CURRENT_TEST"
     }
     full.update(STATE_FILE=str(tmp_path / "state"), **(env or {}))
+    # hypothesis's and anyio's plugins come with this suite's extras, not with a user's suite, and
+    # took a fifth of each inner session's start (in every xdist worker too).
+    quiet = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:anyio")
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "test_user.py", *args],
+        [sys.executable, "-m", "pytest", *quiet, "-q", "test_user.py", *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,
