@@ -95,7 +95,9 @@ def test_no_budgets_checks_nothing(two_files):
     assert result.ret == pytest.ExitCode.OK and _budget_lines(result) == []
 
 
-def test_a_shared_session_fixture_is_charged_to_itself_not_to_the_first_file_using_it(pytester):
+@pytest.fixture
+def sharing(pytester: pytest.Pytester) -> dict:
+    """Two files asking for one session fixture of 0.4 s; their budgets (measured, allowed)."""
     pytester.makeconftest("""
         import time, pytest
 
@@ -105,7 +107,11 @@ def test_a_shared_session_fixture_is_charged_to_itself_not_to_the_first_file_usi
             return 1
     """)
     pytester.makepyfile(test_a="def test_a(shared):\n    pass\n", test_b="def test_b(shared):\n    pass\n")
-    files = {"test_a.py": (0.0, 0.2), "test_b.py": (0.0, 0.2)}
+    return {"test_a.py": (0.0, 0.2), "test_b.py": (0.0, 0.2)}
+
+
+def test_a_shared_session_fixture_is_charged_to_itself_not_to_the_first_file_using_it(pytester, sharing):
+    files = sharing
     result = _run(pytester, _budgets(pytester, files, {"conftest.py::shared": (0.4, 20)}))
     assert result.ret == pytest.ExitCode.OK, result.outlines
     result = _run(pytester, _budgets(pytester, files, {"conftest.py::shared": (0.1, 0.1)}))
@@ -217,17 +223,8 @@ def test_under_xdist_the_workers_times_are_added_up_and_checked_once(two_files):
     assert 0.3 <= written["test_slow.py"]["measured_s"] < 1 and 0.2 <= written["test_other.py"]["measured_s"] < 1
 
 
-def test_under_xdist_a_shared_fixture_is_charged_once_per_worker_not_summed(pytester):
-    pytester.makeconftest("""
-        import time, pytest
-
-        @pytest.fixture(scope="session")
-        def shared():
-            time.sleep(0.4)
-            return 1
-    """)
-    pytester.makepyfile(test_a="def test_a(shared):\n    pass\n", test_b="def test_b(shared):\n    pass\n")
-    files = {"test_a.py": (0.0, 0.2), "test_b.py": (0.0, 0.2)}
+def test_under_xdist_a_shared_fixture_is_charged_once_per_worker_not_summed(pytester, sharing):
+    files = sharing
     # Both workers set it up, 0.4 s each: within a 0.7 s budget, which the sum would not be.
     result = _run_spread(pytester, _budgets(pytester, files, {"conftest.py::shared": (0.4, 0.7)}), "-n", "2")
     assert result.ret == pytest.ExitCode.OK, result.outlines
