@@ -185,7 +185,7 @@ install_sglang() {
   python3 -m compileall -q -j 0 /tmp/sgsite/sglang > /dev/null 2>&1
   python3 -m pip install -q --no-index --no-deps --target /tmp/sgsite .cache/sglang-gpu/wheels/*.whl 2>&1 | grep -v WARNING | tail -2
   export PYTHONPATH=/tmp/sgsite${PYTHONPATH:+:$PYTHONPATH}
-  python3 -m sglfix.execution.worker --check --device cuda --codebase sglang-0.5.23 > "$OUT/sglang-check.json" 2> "$OUT/sglang-check.err"
+  python3 -m sglfix.execution.serve --check --device cuda --codebase sglang-0.5.23 > "$OUT/sglang-check.json" 2> "$OUT/sglang-check.err"
   echo "worker check rc=$?"; tail -3 "$OUT/sglang-check.err"; head -c 600 "$OUT/sglang-check.json"; echo
 }
 if [ "${ONLY:-}" = mps ]; then
@@ -222,8 +222,8 @@ if [ "${ONLY:-}" = mps ]; then
   for sig in KILL TERM; do  # (a background job of a script ignores SIGINT)
     $REPRO --json /tmp/killed.json > /tmp/killed.txt 2>&1 & parent=$!
     sleep 7; kill -$sig $parent; wait $parent; rc=$?; sleep 3
-    echo "SIG$sig mid-run: rc=$rc, workers left: $(pgrep -f sglfix.execution.worker | wc -l), MPS processes left: $(pgrep -f nvidia-cuda-mps | wc -l)"
-    pkill -9 -f sglfix.execution.worker; pkill -9 -f nvidia-cuda-mps; sleep 1
+    echo "SIG$sig mid-run: rc=$rc, workers left: $(pgrep -f sglfix.execution.serve | wc -l), MPS processes left: $(pgrep -f nvidia-cuda-mps | wc -l)"
+    pkill -9 -f sglfix.execution.serve; pkill -9 -f nvidia-cuda-mps; sleep 1
   done
   python3 bench/mps_probe.py --json "$OUT/fault-no-mps.json" > /dev/null 2>&1; echo "fault probe without MPS rc=$?"
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log

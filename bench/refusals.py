@@ -1,7 +1,7 @@
 """Every refusal of bad input, timed as a user meets it: one ``sglfix`` (or ``python``/``pytest``)
 command per row, each in a fresh temporary folder, checked for what the README promises: the
 exit code (2 for bad input), one line on stderr naming the thing, no traceback, within 3 s,
-no worker started (a sampler watches for ``sglfix.execution.worker`` processes while the command
+no worker started (a sampler watches for ``sglfix.execution.serve`` processes while the command
 runs), nothing written where an output was asked for, and no process left behind.
 
 Rows follow the causes of the input-hygiene issue (1-12), the last bad inputs (34.8-34.14), the
@@ -715,7 +715,7 @@ def _workers_of(pid: int) -> set[int]:
         except OSError:
             continue
         parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-        if b"sglfix.execution.worker" in cmd:
+        if b"sglfix.execution.serve" in cmd:
             workers.add(int(entry))
     found = set()
     for w in workers:

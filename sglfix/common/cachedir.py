@@ -2,7 +2,8 @@
 
 The folder is ``SGLFIX_CACHE``, else ``~/.cache/sglfix``. In it: the result store (``results/``,
 unless ``SGLFIX_STORE`` names another folder), the releases fetched (``releases/``), the Triton
-key memo (``triton-key/``), the installed files' digests (``file-digests.sqlite``) and the start-up
+key memo (``triton-key/``), the installed files' digests (``file-digests.sqlite``), the code base files'
+parses (``parsed-digests.sqlite``) and the start-up
 hook's cache of toggle directories (``arm-*.json``; ``SGLFIX_CACHE_DIR`` names another folder for
 it). A leaf like ``sglfix.common.environ``: the start-up hook asks it for its folder.
 """
@@ -13,7 +14,7 @@ import os
 
 from sglfix.common.environ import envs
 
-__all__ = ["arm", "file_digests", "releases", "results", "root", "triton_key"]
+__all__ = ["arm", "file_digests", "parsed_digests", "releases", "results", "root", "triton_key"]
 
 
 def root() -> str:
@@ -39,6 +40,11 @@ def triton_key() -> str:
 def file_digests() -> str:
     """The file of the installed files' digests."""
     return os.path.join(root(), "file-digests.sqlite")
+
+
+def parsed_digests() -> str:
+    """The file of the code base files' function and skeleton digests, by content."""
+    return os.path.join(root(), "parsed-digests.sqlite")
 
 
 def arm() -> str:

@@ -1,6 +1,6 @@
 """The worker process: its channel to the parent, its boot, and its request loop.
 
-``python -P -m sglfix.execution.worker`` runs ``serve()``. The parent-side handle is
+``python -P -m sglfix.execution.serve`` runs ``serve()``. The parent-side handle is
 ``sglfix.execution.worker``; what one request does (switch toggle sets, run a cell) is
 ``sglfix.execution.session``; the snapshot that proves a toggle set left nothing behind is
 ``sglfix.execution.snapshot``.
@@ -236,7 +236,7 @@ def _boot(device: str, codebase: str = "reproduction", *, record: bool = False) 
 
 
 def _check(argv: list[str]) -> None:
-    """``python -m sglfix.execution.worker --check [--device D]``: boot once, print what it found."""
+    """``python -m sglfix.execution.serve --check [--device D]``: boot once, print what it found."""
     device = argv[argv.index("--device") + 1] if "--device" in argv[:-1] else "auto"
     codebase = argv[argv.index("--codebase") + 1] if "--codebase" in argv[:-1] else "reproduction"
     with _collector_held_for_boot():
@@ -313,7 +313,7 @@ def _profiler() -> _Profiled | None:
 
 
 def serve() -> None:
-    """The worker's loop (``python -P -m sglfix.execution.worker``)."""
+    """The worker's loop (``python -P -m sglfix.execution.serve``)."""
     global _CHANNEL
     raw = envs.SGLFIX_WORKER.unset()
     if raw is None:
@@ -362,3 +362,11 @@ def _candidates_of(spec: dict) -> list:
         with open(spec["candidates_file"], encoding="utf-8") as fh:
             return json.load(fh)
     return list(spec.get("candidates") or ())
+
+
+if __name__ == "__main__":
+    # Run with -m, this file is ``__main__``: a copy beside the module the rest of sglfix imports.
+    # The loop runs in that module, so the channel and the state live where they are looked up.
+    from sglfix.execution import serve as _module
+
+    _module.serve()

@@ -2,8 +2,8 @@
 
 A fresh process that imports torch and initialises CUDA costs seconds, so a worker runs many
 cells and is replaced only after a fault, a timeout, or when a toggle set left state behind.
-The process itself is ``sglfix.execution.serve`` (``python -P -m sglfix.execution.worker`` runs
-it); what it does with one request is ``sglfix.execution.session``.
+The process itself is ``sglfix.execution.serve`` (``python -P -m sglfix.execution.serve``); what
+it does with one request is ``sglfix.execution.session``.
 
 Channels. Requests and replies travel on two dedicated pipes whose fd numbers reach the worker
 in the environment; the worker makes them non-inheritable at once. The code under test may
@@ -45,7 +45,7 @@ DEVICES = ("auto", "cpu", "cuda")
 STARTUP_TIMEOUT = 300.0  # importing torch, initialising CUDA, importing the backends
 KILL_WAIT = 5.0  # after SIGKILL only a process stuck in the kernel outlives this
 TAIL_BYTES = 16384
-_CHECK_HINT = "check the install with: python -m sglfix.execution.worker --check"
+_CHECK_HINT = "check the install with: python -m sglfix.execution.serve --check"
 
 
 class WorkerStartError(SglfixError):
@@ -307,7 +307,7 @@ class Worker:
         out_r, out_w = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "sglfix.execution.worker"],
+                [sys.executable, "-P", "-m", "sglfix.execution.serve"],
                 stdin=subprocess.DEVNULL,
                 stdout=out_w,
                 stderr=out_w,
@@ -658,9 +658,3 @@ def wait_fds(fds: list[int], *, timeout: float) -> list[int]:
         return [fd for fd, _ in poller.poll(timeout * 1000.0)]
     except InterruptedError:
         return []
-
-
-if __name__ == "__main__":
-    from sglfix.execution.serve import serve
-
-    serve()

@@ -81,7 +81,7 @@ def _die(message: str) -> None:
 
 
 # The entry points that read the variable themselves: the command line and its workers.
-_SELF_READING_MODULES = ("sglfix", "sglfix.execution.worker")
+_SELF_READING_MODULES = ("sglfix", "sglfix.execution.serve")
 
 
 def _is_sglfix_cli() -> bool:

@@ -311,7 +311,7 @@ def _workers_of(parent: int) -> list[int]:
                 ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
         except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
             continue
-        if ppid == parent and b"sglfix.execution.worker" in cmd:
+        if ppid == parent and b"sglfix.execution.serve" in cmd:
             found.append(int(entry))
     return found
 

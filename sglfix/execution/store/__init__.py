@@ -65,6 +65,7 @@ from sglfix.common.errors import SglfixError
 from sglfix.common.verdicts import MARKS, worst
 from sglfix.execution.store.fingerprint import content_digest, file_digests
 from sglfix.execution.store.folder import RESULTS_FILE, SCHEMA, prepare_folder
+from sglfix.execution.store.parsed import ParsedMemo
 from sglfix.harness.result import CellResult
 
 __all__ = [
@@ -282,8 +283,8 @@ class _Files:
     """The code base's files below ``top`` as this run found them, each read once: content
     digest, size and modification time at that read, skeleton and function digests."""
 
-    def __init__(self, top: str, db: _Db) -> None:
-        self.top, self.db = top, db
+    def __init__(self, top: str, db: _Db, memo: ParsedMemo | None = None) -> None:
+        self.top, self.db, self.memo = top, db, memo
         self._read: dict[str, tuple[str, list[int]] | None] = {}
         self._parsed: dict[str, dict | None] = {}
         self._lock = threading.Lock()
@@ -318,6 +319,10 @@ class _Files:
         digests = None
         if whole is not None:
             digests = self.db.digests(whole)
+            if digests is None and self.memo is not None:
+                digests = self.memo.get(whole)  # parsed of the same bytes by another store here
+                if digests is not None:
+                    self.db.put_digests(whole, digests)
             if digests is None:
                 try:
                     with open(os.path.join(self.top, rel), "rb") as fh:
@@ -327,6 +332,8 @@ class _Files:
                 if data is not None and content_digest(data) == whole:
                     digests = file_digests(data, path=rel)
                     self.db.put_digests(whole, digests)
+                    if self.memo is not None:
+                        self.memo.put(whole, digests)
         with self._lock:
             return self._parsed.setdefault(rel, digests)
 
@@ -423,7 +430,8 @@ class ResultStore:
         self.context = context
         self.db = _Db(Path(self.directory) / _FILE)
         self.db.write("INSERT OR IGNORE INTO contexts VALUES (?, ?, NULL)", (context, json.dumps(parts)))
-        self.files = _Files(top, self.db)
+        self.parsed = ParsedMemo()
+        self.files = _Files(top, self.db, self.parsed)
         self.installed = Installed()
         self._holds: dict[tuple[str, str], bool] = {}  # (table, id) -> whether it holds now
         self._moved: dict[str, list] = {}  # ran id that holds -> the moves of the functions its result cites
@@ -733,3 +741,4 @@ class ResultStore:
             self._writer.join(timeout=10)
         self.db.close()
         self.installed.close()
+        self.parsed.close()

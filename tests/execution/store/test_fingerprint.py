@@ -63,3 +63,33 @@ def test_the_same_shape_at_other_positions_is_another_positioned_digest():
     one = _digests("def f():\n    return (1 +\n            2)\n")["f"]
     two = _digests("def f():\n    return (1\n            + 2)\n")["f"]
     assert one[0] == two[0] and one[1] != two[1]
+
+
+def test_a_fresh_store_takes_a_files_parse_from_the_machines_memo_and_parses_new_content(tmp_path, monkeypatch):
+    """A file parsed by one store is not parsed again by another store on the same machine (the
+    memo beside the other caches, by content); other bytes are parsed; a memo that cannot be
+    opened only costs the parse."""
+    import sglfix.execution.store as store
+
+    monkeypatch.setenv("SGLFIX_CACHE", str(tmp_path / "cache"))
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "m.py").write_text(SOURCE)
+    parsed: list[str] = []
+    real = store.file_digests
+    monkeypatch.setattr(store, "file_digests", lambda data, *, path: parsed.append(path) or real(data, path=path))
+
+    def parse_in_a_new_store(name: str) -> dict | None:
+        opened = store.ResultStore(str(tmp_path / name), context="c", parts={}, top=str(code))
+        try:
+            return opened.files.parsed("m.py")
+        finally:
+            opened.close()
+
+    first = parse_in_a_new_store("one")
+    assert parse_in_a_new_store("two") == first and parsed == ["m.py"]
+    (code / "m.py").write_text(SOURCE.replace("z = x + y", "z = x - y"))
+    assert parse_in_a_new_store("three") != first and parsed == ["m.py", "m.py"]
+    (tmp_path / "cache" / "parsed-digests.sqlite").unlink()
+    (tmp_path / "cache" / "parsed-digests.sqlite").mkdir()  # cannot be opened as a database
+    assert parse_in_a_new_store("four") is not None and len(parsed) == 3
