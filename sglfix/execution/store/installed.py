@@ -20,10 +20,23 @@ import sys
 import threading
 from collections.abc import Iterable
 
-__all__ = ["Installed"]
+__all__ = ["Installed", "open_memo"]
 
 # A file by device and inode (a link and its file are one), with its size, mtime and ctime then.
 _SCHEMA = "CREATE TABLE IF NOT EXISTS files (file TEXT PRIMARY KEY, stat TEXT NOT NULL, digest TEXT NOT NULL)"
+
+
+def open_memo(path: str, schema: str) -> sqlite3.Connection | None:
+    """A memo file beside sglfix's caches, shared by every process of the machine (WAL, autocommit,
+    waiting on a writer); None when it cannot be opened: a memo only saves time."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        conn = sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(schema)
+        return conn
+    except (sqlite3.Error, OSError):
+        return None
 
 
 def _memo_path() -> str:
@@ -53,16 +66,7 @@ class Installed:
         self._lock = threading.Lock()
         self._done: dict[tuple[str, ...], str | None] = {}
         self._known: dict[str, tuple[str, str]] | None = None  # the memo, read once
-        self._conn: sqlite3.Connection | None = None
-        try:
-            path = memo or _memo_path()
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            conn = sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(_SCHEMA)
-            self._conn = conn
-        except (sqlite3.Error, OSError):
-            self._conn = None
+        self._conn: sqlite3.Connection | None = open_memo(memo or _memo_path(), _SCHEMA)
 
     def close(self) -> None:
         with self._lock:

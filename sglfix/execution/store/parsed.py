@@ -9,7 +9,6 @@ they mean never reads another's. A memo that cannot be opened or written only co
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import threading
 
@@ -24,19 +23,11 @@ class ParsedMemo:
     def __init__(self, path: str | None = None) -> None:
         from sglfix.common import cachedir
         from sglfix.execution.store.folder import SCHEMA
+        from sglfix.execution.store.installed import open_memo
 
         self._prefix = f"{SCHEMA}:"
         self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
-        try:
-            path = path or cachedir.parsed_digests()
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            conn = sqlite3.connect(path, timeout=30, check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(_SCHEMA)
-            self._conn = conn
-        except (sqlite3.Error, OSError):
-            self._conn = None
+        self._conn: sqlite3.Connection | None = open_memo(path or cachedir.parsed_digests(), _SCHEMA)
 
     def get(self, content: str) -> dict | None:
         with self._lock:
