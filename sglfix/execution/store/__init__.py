@@ -63,7 +63,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from sglfix.common.environ import envs
 from sglfix.common.errors import SglfixError
 from sglfix.common.verdicts import MARKS, worst
-from sglfix.execution.store.fingerprint import content_digest, file_digests
+from sglfix.execution.store.fingerprint import content_digest, file_digests, read_digests
 from sglfix.execution.store.folder import RESULTS_FILE, SCHEMA, prepare_folder
 from sglfix.execution.store.parsed import ParsedMemo
 from sglfix.harness.result import CellResult
@@ -402,13 +402,7 @@ class _Db:
 
     def digests(self, content: str) -> dict | None:
         row = self.one("SELECT digests FROM files WHERE content = ?", (content,))
-        if row is None:
-            return None
-        try:
-            got = json.loads(row[0])
-            return got if isinstance(got, dict) and "skeleton" in got and "functions" in got else None
-        except ValueError:
-            return None
+        return read_digests(row[0]) if row is not None else None
 
     def put_digests(self, content: str, digests: dict) -> None:
         self.write("INSERT OR REPLACE INTO files VALUES (?, ?)", (content, json.dumps(digests)))

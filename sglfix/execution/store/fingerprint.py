@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import os
 from typing import Any
 
-__all__ = ["content_digest", "file_digests", "function_digests", "skeleton_digest"]
+__all__ = ["content_digest", "file_digests", "function_digests", "read_digests", "skeleton_digest"]
 
 # A function whose decorator names one of these is a kernel (or one of its helpers): the GPU
 # compiles its body from the source, so the body counts as import-time code.
@@ -131,3 +132,13 @@ def file_digests(data: bytes, *, path: str = "<file>") -> dict:
         "skeleton": hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest(),
         "functions": functions,
     }
+
+
+def read_digests(text: str) -> dict | None:
+    """``file_digests``'s value as kept in JSON (a store's files table, the machine's memo); None
+    for a row that is not one, which is then parsed again."""
+    try:
+        got = json.loads(text)
+    except ValueError:
+        return None
+    return got if isinstance(got, dict) and "skeleton" in got and "functions" in got else None

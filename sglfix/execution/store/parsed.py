@@ -12,6 +12,8 @@ import json
 import sqlite3
 import threading
 
+from sglfix.execution.store.fingerprint import read_digests
+
 __all__ = ["ParsedMemo"]
 
 _SCHEMA = "CREATE TABLE IF NOT EXISTS parsed (key TEXT PRIMARY KEY, digests TEXT NOT NULL)"
@@ -37,10 +39,9 @@ class ParsedMemo:
                 row = self._conn.execute(
                     "SELECT digests FROM parsed WHERE key = ?", (self._prefix + content,)
                 ).fetchone()
-                got = json.loads(row[0]) if row else None
-            except (sqlite3.Error, ValueError):
+            except sqlite3.Error:
                 return None
-        return got if isinstance(got, dict) and "skeleton" in got and "functions" in got else None
+        return read_digests(row[0]) if row else None
 
     def put(self, content: str, digests: dict) -> None:
         with self._lock:
