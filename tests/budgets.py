@@ -90,11 +90,12 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = hasattr(config, "workerinput")
     distributed = worker or bool(config.getoption("numprocesses", None))
     config.pluginmanager.register(Order(budgets, slow_first=distributed), "budgets-order")
-    if distributed and not worker and hasattr(config.option, "loadscopereorder"):
+    controller = distributed and not worker
+    if controller and hasattr(config.option, "loadscopereorder"):
         # --dist loadfile/loadscope hand out files in the collection's order, which is by time
         # here, unless told to re-sort them by their number of tests.
         config.option.loadscopereorder = False
-    config.pluginmanager.register(Timer(config, budgets, worker=worker), "budgets-timer")
+    config.pluginmanager.register(Timer(config, budgets, worker=worker, controller=controller), "budgets-timer")
 
 
 def _file(nodeid: str) -> str:
@@ -127,10 +128,13 @@ class Order:
 
 
 class Timer:
-    def __init__(self, config: pytest.Config, budgets: Budgets, *, worker: bool = False) -> None:
+    def __init__(
+        self, config: pytest.Config, budgets: Budgets, *, worker: bool = False, controller: bool = False
+    ) -> None:
         self.config = config
         self.budgets = budgets
-        self.worker = worker
+        self.worker = worker  # an xdist worker: times what it runs, hands it over
+        self.controller = controller  # xdist's controller: adds the workers' parts up, checks
         self.collected: dict[str, set[str]] = defaultdict(set)
         self.ran: set[str] = set()
         self.spent: dict[str, float] = defaultdict(float)
@@ -184,7 +188,7 @@ class Timer:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # The controller hears every worker's reports too; it counts the workers' own sums instead,
         # as only they know what a shared fixture took out of a test's setup.
-        if not self.worker and self.config.getoption("numprocesses", None):
+        if self.controller:
             return
         self.spent[_file(report.nodeid)] += report.duration
         self.ran.add(report.nodeid)
