@@ -62,10 +62,23 @@ Device = Annotated[
         case_sensitive=False,
     ),
 ]
+
+
+def _at_least_one(value: int | None) -> int | None:
+    # Said here, not by the runner's check, so that a value from SGLFIX_JOBS is named as such.
+    if value is not None and value < 1:
+        raise typer.BadParameter(f"{value} must be at least 1")
+    return value
+
+
 Jobs = Annotated[
     int | None,
     typer.Option(
-        "--jobs", "-j", help="Worker processes (default on a GPU: from its memory and the cores, up to 8; 2 on CPU)."
+        "--jobs",
+        "-j",
+        envvar=envs.SGLFIX_JOBS.name,
+        callback=_at_least_one,
+        help="Worker processes (default on a GPU: from its memory and the cores, up to 8; 2 on CPU).",
     ),
 ]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds per cell before TIMEOUT (finite, > 0).")]

@@ -195,6 +195,11 @@ class Envs:
     )
 
     # -- the cells and their workers
+    SGLFIX_JOBS = Text(
+        None,
+        doc="Worker processes where --jobs is not given (an integer, at least 1): e.g. 1 where other "
+        "processes already use the cores, as a test suite on several processes does.",
+    )
     SGLFIX_MEMORY_BUDGET = Text(
         None, doc="Refuse scenarios estimated to need more memory than this (e.g. 16G); unset: 8G."
     )

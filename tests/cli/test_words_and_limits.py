@@ -46,6 +46,24 @@ def test_jobs_has_a_ceiling_and_never_more_workers_than_cells(tmp_path):
     assert [c["verdict"] for c in data["cells"]] == ["PASS"] and data["workers"] == 1
 
 
+@pytest.mark.parametrize("value", ["x", "0", "-2"])
+def test_a_bad_jobs_variable_is_one_line_naming_it_before_any_cell(value):
+    line = assert_one_line_error(run_cli("run", "-s", DECODE, "--device", "cpu", env={"SGLFIX_JOBS": value}))
+    assert "SGLFIX_JOBS" in line and value in line, line
+
+
+def test_the_jobs_variable_is_the_default_and_the_option_wins(tmp_path, monkeypatch):
+    # Two cells: by default (2 on CPU) two workers; the variable says one; --jobs says two again.
+    monkeypatch.delenv("SGLFIX_JOBS", raising=False)  # the suite's own (tests/conftest.py)
+    two = ("-s", DECODE, "-s", "triton-decode@cg=graph,gpu_only=off")
+    for env, more, workers in (({}, (), 2), ({"SGLFIX_JOBS": "1"}, (), 1), ({"SGLFIX_JOBS": "1"}, ("-j", "2"), 2)):
+        out = tmp_path / "r.json"
+        r = run_cli("run", *two, "--device", "cpu", *more, "--json", str(out), env=env)
+        assert r.code == 0, r.err
+        data = json.loads(out.read_text())
+        assert len(data["cells"]) == 2 and data["workers"] == workers, (env, more, data["workers"])
+
+
 def test_shard_costs_refuse_timings_that_are_not_durations(tmp_path):
     report = json.loads((ROOT / "bench/results/matrix-cpu.json").read_text())
     for bad in ("NaN", "Infinity", "-5"):

@@ -47,10 +47,11 @@ _ENV_PREFIXES = (
     "MKL_",
     "KMP_",
 )
-# ... except where a cache lives, which device a worker is given, and what the cell's own toggle
-# set already says (the revert variable, the candidate fixes).
+# ... except where a cache lives, which device a worker is given, how many workers there are, and
+# what the cell's own toggle set already says (the revert variable, the candidate fixes).
 _ENV_IGNORED = {
     envs.REVERT_PR.name,
+    envs.SGLFIX_JOBS.name,
     envs.SGLFIX_APPLY.name,
     envs.SGLFIX_CACHE.name,
     envs.SGLFIX_CACHE_DIR.name,

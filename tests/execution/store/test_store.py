@@ -329,6 +329,25 @@ def test_interpreter_flags_are_in_the_key(tmp_path):
     assert _verdicts(second) == _verdicts(fresh) and set(_verdicts(fresh).values()) == {"PASS"}, _verdicts(second)
 
 
+def test_the_worker_count_is_not_in_the_key_and_what_cells_read_is(monkeypatch):
+    """How many workers ran a cell (SGLFIX_JOBS, as --jobs) does not change its result; a
+    variable the workers read (the kernel memo) is part of the key."""
+    from sglfix import codebases
+    from sglfix.execution.store.keys import context_key
+    from sglfix.toggling.profiles import get_profile
+
+    def key() -> str:
+        cb = codebases.get_codebase("reproduction")
+        return context_key(device="cpu", codebase=cb, profile=get_profile("reproduction"))[0]
+
+    monkeypatch.delenv("SGLFIX_JOBS", raising=False)
+    alone = key()
+    monkeypatch.setenv("SGLFIX_JOBS", "4")
+    assert key() == alone
+    monkeypatch.setenv("SGLFIX_KERNEL_MEMO", "0")
+    assert key() != alone
+
+
 def test_installed_packages_are_keyed_by_their_files_and_only_those_imported(tmp_path):
     """(e) Triton's own source edited in place at the same version re-runs the cells of every
     process that imported it; a package installed beside it that no worker imports (as pytest)
