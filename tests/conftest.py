@@ -15,6 +15,10 @@ sys.path.insert(0, str(FIXTURES))
 # Tests run cells to see them run: the result store stays off unless a test names a folder
 # (--cache DIR); tests/execution/store/test_store.py is about the store itself.
 os.environ["SGLFIX_STORE"] = "0"
+# One worker a run where the command line does not say (--jobs): the suite runs on several
+# processes (pytest -n 3), so a run's second worker would add a boot and no speed. The tests of
+# how workers are dealt give --jobs.
+os.environ["SGLFIX_JOBS"] = "1"
 
 ALLOW = ("patch_fixtures",)
 

@@ -53,7 +53,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("SGLFIX_", "PYTEST_", "SGLANG_DEBUG_REVERT_PR")) or k == "SGLFIX_STORE"
+        if not k.startswith(("SGLFIX_", "PYTEST_", "SGLANG_DEBUG_REVERT_PR")) or k in ("SGLFIX_STORE", "SGLFIX_JOBS")
     }
     # A terminal's size is the outer run's (pytest-xdist sets COLUMNS=80 in its workers), not the
     # user's: it would squeeze the tables the tests read (clihelp gives its own width).
