@@ -12,25 +12,41 @@ from sglfix.toggling.registry import load_registry
 
 
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
-    out = tmp_path_factory.mktemp("matrix") / "m.json"
+def store(tmp_path_factory):
+    return tmp_path_factory.mktemp("store")
+
+
+@pytest.fixture(scope="module")
+def reaching(tmp_path_factory, store):
+    """The matrix with reachability (the default): unreached cells are marked, not run. Into an
+    empty store: every cell it holds was run here."""
+    out = tmp_path_factory.mktemp("matrix") / "reach.json"
     r = run_cli(
-        "matrix", "--parts", "--device", "cpu", "--json", str(out), "--no-reachability", timeout=1800, subprocess=True
+        "matrix", "--parts", "--device", "cpu", "--json", str(out), "--cache", str(store), timeout=1800, subprocess=True
     )
     return r, json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")
-def reaching(tmp_path_factory):
-    """The same matrix with reachability (the default): unreached cells are marked, not run."""
-    out = tmp_path_factory.mktemp("matrix") / "reach.json"
-    r = run_cli("matrix", "--parts", "--device", "cpu", "--json", str(out), timeout=1800, subprocess=True)
+def matrix(tmp_path_factory, store, reaching):
+    """Every cell. The cells the reaching run ran are served from its store (a run of every cell
+    takes no NOT_REACHED mark from it: those cells run here), and VERIFIED of them, drawn at
+    random, run again fresh; a served cell that differs from its fresh run fails the run."""
+    out = tmp_path_factory.mktemp("matrix") / "m.json"
+    r = run_cli(
+        "matrix", "--parts", "--device", "cpu", "--json", str(out), "--no-reachability", "--cache", str(store),
+        "--verify-store", str(VERIFIED), timeout=1800, subprocess=True,
+    )  # fmt: skip
     return r, json.loads(out.read_text())
+
+
+VERIFIED = 40
 
 
 def test_reachability_changes_no_verdict(matrix, reaching):
     (r_all, everything), (r_reach, reached) = matrix, reaching
-    assert r_reach.code == r_all.code == 0, r_reach.err[-2000:]
+    assert r_reach.code == 0, r_reach.err[-2000:]
+    assert r_all.code == 0, r_all.err[-2000:]  # --verify-store: no served cell differs from its fresh run
     full = {c["id"]: c for c in everything["cells"]}
     marked = {c["id"]: c for c in reached["cells"]}
     assert marked.keys() == full.keys()
@@ -39,13 +55,16 @@ def test_reachability_changes_no_verdict(matrix, reaching):
     for cid, c in marked.items():
         if c["verdict"] == "NOT_REACHED":
             # Provably the baseline: run anyway, it gives the baseline's verdict and numbers.
+            assert not full[cid].get("stored"), cid  # run by the run of every cell, not served its mark
             same = c["findings"][0]["same_as"]
             base = full[f"baseline::{c['scenario']}"]
             assert full[cid]["verdict"] == same == base["verdict"], (cid, full[cid]["findings"])
             assert full[cid]["error"] == base["error"], cid
             assert c["revert_env"] == ",".join(c["toggles"])  # the set was applied: it would ERROR if it could not
         else:
-            assert c["verdict"] == full[cid]["verdict"], (cid, c["findings"], full[cid]["findings"])
+            # Run once, by the reaching run; VERIFIED of them ran again in the run of every cell.
+            assert full[cid].get("stored") and c["verdict"] == full[cid]["verdict"], cid
+    assert everything["store"]["verified"] == VERIFIED and everything["store"]["ran"] == len(unreached)
     assert [e["met"] for e in reached["expectations"]] == [e["met"] for e in everything["expectations"]]
     assert reached["stray"] == everything["stray"] == []
     baselines = [c for c in reached["cells"] if not c["toggles"]]
