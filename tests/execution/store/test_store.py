@@ -617,11 +617,12 @@ def test_an_edit_to_sglang_reruns_exactly_the_cells_that_ran_the_function(tmp_pa
     tree = sglang_tree(tmp_path)
     env = {"PYTHONPATH": str(tree)}
     store = tmp_path / "store"
-    args = ("--profile", "sglang-0.5.23", *SCENARIOS, "--cache", str(store))
+    # One worker: what is asserted is which cells run, not how they are dealt, and each real-sglang
+    # worker's boot costs more than the cells of a two-scenario matrix.
+    args = ("--profile", "sglang-0.5.23", *SCENARIOS, "--cache", str(store), "--jobs", "1")
 
-    def matrix(name: str, *more: str) -> dict[str, dict]:
-        run_args = args if "--no-cache" not in more else args[:-2]
-        _matrix(*run_args, *more, out=tmp_path / name, env=env, cwd=str(tmp_path))
+    def matrix(name: str) -> dict[str, dict]:
+        _matrix(*args, out=tmp_path / name, env=env, cwd=str(tmp_path))
         return _cells(tmp_path / name)
 
     first = matrix("1.json")
@@ -647,15 +648,13 @@ def test_an_edit_to_sglang_reruns_exactly_the_cells_that_ran_the_function(tmp_pa
     _edit(tree, TRTLLM, "\n        return ", "\n        # edited\n        return ")
     assert all(c.get("stored") for c in matrix("4.json").values())
 
-    # Its module level ran at import in every worker: everything runs again.
+    # Its module level ran at import in every worker: everything runs again. That run serves
+    # nothing, so it is the fresh run the partly served one is compared with.
     path = tree / "sglang" / TRTLLM
     path.write_text(path.read_text() + "\n_EDITED = 1\n")  # already a file of its own (above)
     fifth = matrix("5.json")
     assert not any(c.get("stored") for c in fifth.values())
-
-    fresh = matrix("fresh.json", "--no-cache")
-    assert {k: c["verdict"] for k, c in fifth.items()} == {k: c["verdict"] for k, c in fresh.items()}
-    assert {k: c["verdict"] for k, c in third.items()} == {k: c["verdict"] for k, c in fresh.items()}
+    assert {k: c["verdict"] for k, c in third.items()} == {k: c["verdict"] for k, c in fifth.items()}
 
 
 _LAZY_PROBE = r"""
