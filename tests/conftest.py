@@ -73,8 +73,12 @@ def shared_store(tmp_path_factory):
     other's cells (the same built-in cells under the same options): a cell is run once and its
     result served again, as between CI jobs. Only for a test whose point is what a command
     prints or writes from results, never for one of how cells run. (A named folder turns the
-    store on where the suite's SGLFIX_STORE=0 keeps it off.)"""
-    return ("--cache", str(tmp_path_factory.mktemp("shared-store")))
+    store on where the suite's SGLFIX_STORE=0 keeps it off.) Under pytest-xdist every worker
+    takes the same folder, as CI jobs share one (the store is one SQLite file in WAL mode)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-store"
+    folder.mkdir(exist_ok=True)
+    return ("--cache", str(folder))
 
 
 @pytest.fixture

@@ -68,12 +68,12 @@ MIXED = ["-s", LONG, "-s", "fimla-draft-overflow@*"]
 
 
 @pytest.mark.parametrize("columns", ["60", "80", "250"])
-def test_run_never_cuts_a_scenario_name_and_ends_with_a_summary_line(tmp_path, columns):
+def test_run_never_cuts_a_scenario_name_and_ends_with_a_summary_line(tmp_path, columns, shared_store):
     from sglfix.scenario import load_scenarios, select_scenarios
 
     names = [s.name for s in select_scenarios(load_scenarios(), globs=[LONG, "fimla-draft-overflow@*"])]
     report = tmp_path / "r.json"
-    argv = ("run", *MIXED, "-r", "27460", "--device", "cpu", "--json", str(report), "--all")  # every row
+    argv = ("run", *MIXED, "-r", "27460", "--device", "cpu", "--json", str(report), "--all", *shared_store)  # every row
     r = run_cli(*argv, env={"COLUMNS": columns}, subprocess=True)
     assert r.code == 1, r.out + r.err  # 27460 reverted: the overflow scenarios fail
     lines = r.out.splitlines()
@@ -86,10 +86,10 @@ def test_run_never_cuts_a_scenario_name_and_ends_with_a_summary_line(tmp_path, c
 
 
 @pytest.mark.parametrize("columns", ["60", "80"])
-def test_a_matrix_too_wide_for_the_terminal_is_compact_with_every_name_whole(tmp_path, columns):
+def test_a_matrix_too_wide_for_the_terminal_is_compact_with_every_name_whole(columns, shared_store):
     from sglfix.common.verdicts import LOOKS
 
-    r = run_cli("matrix", *MIXED, "--device", "cpu", "--all", env={"COLUMNS": columns}, subprocess=True)
+    r = run_cli("matrix", *MIXED, "--device", "cpu", "--all", *shared_store, env={"COLUMNS": columns}, subprocess=True)
     assert r.code == 0, r.out + r.err
     lines = r.out.splitlines()
     rows = [line for line in lines if line and line[0] in {look.letter for look in LOOKS.values()} and "  " in line]
@@ -104,12 +104,12 @@ def test_a_matrix_too_wide_for_the_terminal_is_compact_with_every_name_whole(tmp
     assert lines[-1].startswith("sglfix matrix: ") and "gate passed" in lines[-1], lines[-1]
 
 
-def test_the_matrix_summary_line_says_whether_the_gate_passed_and_why_not(tmp_path):
+def test_the_matrix_summary_line_says_whether_the_gate_passed_and_why_not(tmp_path, shared_store):
     import shutil
 
     from sglfix.toggling.profiles import get_profile
 
-    r = run_cli("matrix", "-s", "fimla-draft-overflow@cg=graph", "--device", "cpu", subprocess=True)
+    r = run_cli("matrix", "-s", "fimla-draft-overflow@cg=graph", "--device", "cpu", *shared_store, subprocess=True)
     assert r.code == 0, r.out + r.err
     assert "gate passed (1 of 1 expectations met, " in r.out.splitlines()[-1], r.out
     # The same toggle told to expect a PASS where it diverges: the gate fails and the line says so.
@@ -123,7 +123,15 @@ def test_the_matrix_summary_line_says_whether_the_gate_passed_and_why_not(tmp_pa
         )
     )
     r = run_cli(
-        "--toggles", str(toggles), "matrix", "-s", "fimla-draft-overflow@cg=graph", "--device", "cpu", subprocess=True
+        "--toggles",
+        str(toggles),
+        "matrix",
+        "-s",
+        "fimla-draft-overflow@cg=graph",
+        "--device",
+        "cpu",
+        *shared_store,
+        subprocess=True,
     )
     assert r.code == 1, r.out + r.err
     assert r.out.splitlines()[-1].endswith("gate failed: 1 expectation(s) unmet"), r.out
