@@ -157,7 +157,7 @@ _BACKEND_RULES = (
         gpu_only=True,
         sync_free=True,
         kernels="Triton kernels (compiled on CUDA, interpreted on CPU)",
-        sliding_window_modes=("EXTEND", "DRAFT_EXTEND_V2"),
+        sliding_window_modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND_V2"),
     ),
     BackendRule(
         "flashinfer",
