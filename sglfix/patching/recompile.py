@@ -6,6 +6,7 @@ from __future__ import annotations
 import __future__ as _future
 
 import ast
+import inspect
 import textwrap
 import types
 from typing import Any
@@ -27,6 +28,30 @@ def _function_node(tree: ast.Module, *, name: str, target: str) -> ast.FunctionD
             "an edit must stay inside the function body"
         )
     return nodes[0]
+
+
+def _check_parameters(node: ast.FunctionDef | ast.AsyncFunctionDef, fn: types.FunctionType, target: str) -> None:
+    # Only the code is swapped: the defaults stay those the module's own `def` evaluated, matched
+    # to parameters by position. An edit that adds, drops, renames or reorders a parameter, or
+    # gives one a default or takes it away, would bind them to the wrong names (or to none).
+    args, code = node.args, fn.__code__
+    named = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    keyword_defaults = {a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None}
+    same = (
+        named == list(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
+        and len(args.posonlyargs) == code.co_posonlyargcount
+        and len(args.kwonlyargs) == code.co_kwonlyargcount
+        and (args.vararg is not None) == bool(code.co_flags & inspect.CO_VARARGS)
+        and (args.kwarg is not None) == bool(code.co_flags & inspect.CO_VARKEYWORDS)
+        and len(args.defaults) == len(fn.__defaults__ or ())
+        and keyword_defaults == set(fn.__kwdefaults__ or {})
+    )
+    if not same:
+        raise PatchApplicationError(
+            f"{target}: the edit changes the function's parameters or which of them have defaults; "
+            "a patch replaces the body only (the function keeps the defaults its module gave it): "
+            "keep the signature and pass a new value from the callers instead"
+        )
 
 
 def _strip_signature_extras(node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
@@ -102,6 +127,7 @@ def compile_edited(
         # The code starts at the first decorator, as the original's does (co_firstlineno, and
         # so where inspect.getsource starts reading).
         node.lineno = node.decorator_list[0].lineno
+    _check_parameters(node, fn, target)
     _strip_signature_extras(node)
     if preamble.strip():
         _insert_preamble(node, preamble, target)

@@ -274,6 +274,26 @@ def test_edit_that_breaks_the_syntax_is_refused_with_a_file_line():
         apply_specs([spec("plain", "return total", "return (total")], allowed_prefixes=A)
 
 
+@pytest.mark.parametrize(
+    "match, replacement",
+    [
+        ("def plain(x: int, y: int = 2) -> int:", "def plain(x: int, y: int = 2, z: int = 0) -> int:"),  # added
+        ("def plain(x: int, y: int = 2) -> int:", "def plain(x: int, y: int) -> int:"),  # a default taken away
+        ("def plain(x: int, y: int = 2) -> int:", "def plain(x: int, *, y: int = 2) -> int:"),  # keyword-only now
+        ("def plain(x: int, y: int = 2) -> int:", "def plain(w: int, y: int = 2) -> int:"),  # renamed
+        ("def plain(x: int, y: int = 2) -> int:", "def plain(x: int, y: int = 2, *rest) -> int:"),  # *args
+    ],
+    ids=["added", "default-dropped", "keyword-only", "renamed", "varargs"],
+)
+def test_an_edit_of_the_parameters_is_refused_and_nothing_is_applied(match, replacement):
+    # The swapped code keeps the defaults the module's def made, matched by position: a new
+    # parameter with a default would shift them onto the wrong names.
+    before = T.plain.__code__
+    with pytest.raises(PatchApplicationError, match="changes the function's parameters"):
+        apply_specs([spec("plain", match, replacement)], allowed_prefixes=A)
+    assert T.plain.__code__ is before and T.plain(1) == 9
+
+
 def test_spec_validation_in_python():
     with pytest.raises(ConfigError, match="only one of"):
         EditSpec(match="a", replacement="b", append="c")
