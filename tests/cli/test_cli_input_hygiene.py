@@ -343,21 +343,29 @@ def test_report_compare_of_reports_with_no_cell_in_common_is_refused(tmp_path):
 
 
 def test_a_sliding_window_where_no_window_layer_runs_is_one_line_before_any_cell(tmp_path):
-    """model.sliding_window on the reproduction (it has no window layer), and on sglang's Triton
-    backend in DECODE (a window runs in EXTEND and DRAFT_EXTEND_V2 only)."""
-    for name, mode, extra, profile, needles in (
+    """model.sliding_window on the reproduction (it has no window layer), and on sglang's
+    FlashInfer backend in DECODE (a window runs on Triton only)."""
+    for name, backend, mode, extra, profile, needles in (
         (
             "extend",
+            "triton",
             "EXTEND",
             "      extend_lens: [5, 9]\n",
             (),
             ("backend triton on reproduction has no sliding-window layer",),
         ),
-        ("decode", "DECODE", "", ("--profile", "sglang-0.5.23"), ("sets model.sliding_window", "in mode DECODE")),
+        (
+            "decode",
+            "flashinfer",
+            "DECODE",
+            "",
+            ("--profile", "sglang-0.5.23"),
+            ("sets model.sliding_window", "with backend flashinfer in mode DECODE"),
+        ),
     ):
         path = tmp_path / f"{name}.yaml"
         path.write_text(
-            f"scenarios:\n  - name: window-{name}\n    backend: triton\n    mode: {mode}\n"
+            f"scenarios:\n  - name: window-{name}\n    backend: {backend}\n    mode: {mode}\n"
             f"    batch:\n      prefix_lens: [13, 37]\n{extra}    page_size: 1\n"
             "    model: {num_heads: 4, num_kv_heads: 2, head_dim: 64, dtype: float16, sliding_window: 8}\n"
         )
