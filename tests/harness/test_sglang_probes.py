@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from builders import ROOT
 from clihelp import assert_one_line_error, run_cli
-from real_sglang import STANDINS, VERSION, clean_env, require_sglang
+from real_sglang import STANDINS, clean_env, known_divergences, require_sglang
 
 from sglfix.codebases import CODEBASES, REPRODUCTION, check_scenarios_runnable
 from sglfix.common.errors import ConfigError
@@ -128,19 +128,8 @@ def runs(tmp_path_factory) -> dict:
 
 def _known() -> dict[str, str]:
     """Built-in probe scenarios the profile lists as known upstream divergences -> their verdict."""
-    import fnmatch
-
-    from sglfix.execution.known import load_known
-    from sglfix.toggling.profiles import PROFILES
-
-    # The entries that hold for the installed release (a bug fixed before it is not expected here).
-    known = [k for k in load_known(PROFILES["sglang-0.5.23"].known_file) if k.holds_for(VERSION)]
-    return {
-        s.name: k.verdict[0]
-        for s in load_scenario_file(PROBES_FILE)
-        for k in known
-        if fnmatch.fnmatchcase(s.name, k.scenario)
-    }
+    names = [s.name for s in load_scenario_file(PROBES_FILE)]
+    return {name: verdicts[0] for name, verdicts in known_divergences(names).items()}
 
 
 def test_every_probe_scenario_passes_with_the_fixes_in_place(runs):

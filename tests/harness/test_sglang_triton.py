@@ -20,7 +20,7 @@ from functools import cache
 
 import pytest
 from builders import ROOT
-from real_sglang import VERSION, require_sglang
+from real_sglang import known_divergences, require_sglang
 
 SCENARIOS = ROOT / "profiles" / "sglang-0.5.23" / "scenarios" / "triton.yaml"
 MARK = "SGLFIX-TEST-RESULT "
@@ -110,30 +110,13 @@ def _scenario_names() -> list[str]:
     return [s.name for s in load_scenario_file(SCENARIOS)]
 
 
-def _known() -> dict[str, list[str]]:
-    """Built-in Triton scenarios the profile lists as known upstream divergences on CPU at the
-    installed release -> the verdicts the entry allows."""
-    import fnmatch
-
-    from sglfix.execution.known import load_known
-    from sglfix.toggling.profiles import PROFILES
-
-    known = [k for k in load_known(PROFILES["sglang-0.5.23"].known_file) if k.holds_for(VERSION)]
-    return {
-        name: list(k.verdict)
-        for name in _scenario_names()
-        for k in known
-        if fnmatch.fnmatchcase(name, k.scenario) and k.device in ("any", "cpu")
-    }
-
-
 def test_every_builtin_scenario_passes_on_real_sglang():
     """Every built-in scenario passes, but for the profile's known upstream divergences, which
     show with their verdict (never hidden)."""
     require_sglang()
     cells = _cells(_run(globs=("*",)))
     assert sorted(cells) == sorted(_scenario_names()), "every built-in scenario runs"
-    known = _known()
+    known = known_divergences(_scenario_names())
     assert known, "the Triton decode window finding is built in, listed as a known divergence"
     assert all(cells[n]["verdict"] in allowed for n, allowed in known.items()), {n: cells[n]["verdict"] for n in known}
     failed = {
