@@ -10,6 +10,9 @@ from clihelp import run_cli
 
 from sglfix.toggling.registry import load_registry
 
+# Served cells the run of every cell runs again fresh (--verify-store), drawn at random.
+VERIFIED = 40
+
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
@@ -38,9 +41,6 @@ def matrix(tmp_path_factory, store, reaching):
         "--verify-store", str(VERIFIED), timeout=1800, subprocess=True,
     )  # fmt: skip
     return r, json.loads(out.read_text())
-
-
-VERIFIED = 40
 
 
 def test_reachability_changes_no_verdict(matrix, reaching):
