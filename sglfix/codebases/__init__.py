@@ -179,6 +179,13 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
             )
         if s.mode in cb.lacks_modes:
             raise ConfigError(f"{where}: mode {s.mode} cannot run on {cb.name}: {cb.lacks_modes[s.mode]}")
+        runs = cb.backend_modes.get(backend) if backend is not None else None
+        if runs is not None and s.mode not in runs:
+            others = [c.name for c in CODEBASES.values() if s.mode in c.backend_modes.get(backend, (s.mode,))]
+            raise ConfigError(
+                f"{where}: backend {backend} on {cb.name} runs {', '.join(runs)}, not {s.mode}"
+                + (f"; it runs on {' and '.join(others)} (pick that profile)" if others else "")
+            )
         model = getattr(s, "model", None)
         if getattr(model, "sliding_window", None) is not None and backend not in cb.sliding_window:
             others = [c.name for c in CODEBASES.values() if backend in c.sliding_window]

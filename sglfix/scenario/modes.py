@@ -159,17 +159,21 @@ _BACKEND_RULES = (
         kernels="Triton kernels (compiled on CUDA, interpreted on CPU)",
         sliding_window_modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND_V2"),
     ),
+    # Real sglang runs every mode of it (sglang.flashinfer_dense); the reproduction models the
+    # decode and the draft only (its profile's backend_modes).
     BackendRule(
         "flashinfer",
-        modes=("DECODE", "DRAFT_DECODE"),
+        modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND_V2", "DRAFT_DECODE"),
         mla=False,
         dtypes=_HALF,
         page_sizes=(1,),
+        # FlashInfer plans on the host: it keeps sglang's default needs_cpu_seq_lens, so spec v2
+        # publishes the CPU mirrors for it (gpu_only does not apply).
         gpu_only=False,
         head_dims=(64, 128, 256),
         max_group=4,
-        kernels="FlashInfer BatchDecodeWithPagedKVCacheWrapper on CUDA, a torch kernel on CPU; "
-        "draft kv_indices by the Triton kernel generate_draft_decode_kv_indices",
+        kernels="FlashInfer's paged decode / paged and ragged prefill wrappers on CUDA, torch kernels over "
+        "the same plans on CPU; draft kv_indices by the Triton kernel generate_draft_decode_kv_indices",
     ),
     BackendRule(
         "flashinfer_mla",

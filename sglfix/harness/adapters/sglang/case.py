@@ -273,12 +273,11 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
     case = kit.make_case(
         name=scenario.name,
         mode=mode,
-        num_heads=model.num_heads,
-        num_kv_heads=model.num_kv_heads,
+        model=model,
         page_size=scenario.page_size,
         prefix_lens=tuple(scenario.prefix_lens),
         extend_lens=tuple(scenario.extend_lens),
-        sliding_window=model.sliding_window,
+        backend=scenario.backend,
     )
     runner = kit.make_model_runner(
         case=case,

@@ -56,7 +56,7 @@ from sglfix.harness.codefault import BrokenContract
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.unavailable import NoOutput, Unavailable
 
-__all__ = ["ADAPTER", "FlashInferDraftAdapter"]
+__all__ = ["ADAPTER", "FlashInferAdapter", "FlashInferDraftAdapter"]
 
 
 _HOST_REASON = (
@@ -217,4 +217,51 @@ class _Owner:
         self.backend, self.case = backend, case
 
 
-ADAPTER = FlashInferDraftAdapter()
+class FlashInferAdapter(AdapterBase):
+    """``backend: flashinfer`` on real sglang: the multi-step draft (DRAFT_DECODE) through the draft
+    adapter above, every other mode through one layer of ``FlashInferAttnBackend``
+    (``sglang.flashinfer_dense``). Each call goes to the adapter that built the cell."""
+
+    name = "flashinfer"
+    metadata_fields = MetadataFields(
+        indptr=("kv_indptr", "qo_indptr", "mask_indptr"), indices={"kv_indices": "kv_indptr"}
+    )
+
+    def __init__(self) -> None:
+        from sglfix.harness.adapters.sglang.flashinfer_dense import SglangFlashInferAdapter
+
+        self.draft, self.dense = FlashInferDraftAdapter(), SglangFlashInferAdapter()
+
+    def _by_case(self, prepared: Prepared) -> Any:
+        return self.draft if getattr(prepared.case, "family", None) else self.dense
+
+    def _by_backend(self, backend: Any) -> Any:
+        draft = isinstance(backend, _Owner) or getattr(backend, "_sglfix_case", None) is not None
+        return self.draft if draft else self.dense
+
+    def build(self, scenario: Any, *, device: str) -> Prepared:
+        return (self.draft if scenario.mode == "DRAFT_DECODE" else self.dense).build(scenario, device=device)
+
+    def make_backend(self, prepared: Prepared) -> Any:
+        return self._by_case(prepared).make_backend(prepared)
+
+    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
+        return self._by_case(prepared).capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
+
+    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
+        return self._by_case(prepared).run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
+
+    def static_buffers(self, backend: Any) -> list:
+        return self._by_backend(backend).static_buffers(backend)
+
+    def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
+        return self._by_backend(backend).metadata_views(backend, forward_batch)
+
+    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
+        return self._by_case(prepared).check_metadata(prepared, backend)
+
+    def reference(self, prepared: Prepared) -> tuple[Any, Any]:
+        return self._by_case(prepared).reference(prepared)
+
+
+ADAPTER = FlashInferAdapter()

@@ -52,7 +52,9 @@ def guarded(backend: Any) -> list:
 
 
 def guard_buffers(backend: Any, attrs: tuple[str, ...]) -> None:
-    """Swap each of the backend's contiguous tensors ``attrs`` for a guarded copy."""
+    """Swap each of the backend's contiguous tensors ``attrs`` for a guarded copy; a list of
+    tensors (one per wrapper) element by element, in place, so that whoever holds the list
+    (FlashInfer's indices updaters) sees the guarded copies."""
     import torch
 
     for attr in attrs:
@@ -61,6 +63,11 @@ def guard_buffers(backend: Any, attrs: tuple[str, ...]) -> None:
             view, entry = _guarded_copy(t, name=attr)
             setattr(backend, attr, view)
             _registry(backend).append(entry)
+        elif isinstance(t, list):
+            for i, item in enumerate(t):
+                if isinstance(item, torch.Tensor) and item.is_contiguous():
+                    t[i], entry = _guarded_copy(item, name=f"{attr}[{i}]")
+                    _registry(backend).append(entry)
 
 
 def guard_verify_mask(backend: Any) -> None:

@@ -50,6 +50,10 @@ __all__ = ["ADAPTER", "SglangTritonAdapter"]
 
 class SglangTritonAdapter(AdapterBase):
     name = "triton"
+    # The backend's ATTENTION_BACKENDS name, its buffers that persist between metadata inits and
+    # its CUDA-graph state (``init_cuda_graph_state``), guarded before anything points into them.
+    registry_name = "triton"
+    persistent: tuple[str, ...] = PERSISTENT
     metadata_fields = MetadataFields(
         indptr=("kv_indptr", "qo_indptr", "mask_indptr", "window_kv_indptr"),
         lengths=("max_extend_len",),
@@ -66,8 +70,8 @@ class SglangTritonAdapter(AdapterBase):
         from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
         runner = prepared.case.runner
-        backend = ATTENTION_BACKENDS["triton"](runner)
-        guard_buffers(backend, PERSISTENT)
+        backend = ATTENTION_BACKENDS[self.registry_name](runner)
+        guard_buffers(backend, self.persistent)
         runner.attn_backend = backend
         return backend
 
@@ -80,12 +84,15 @@ class SglangTritonAdapter(AdapterBase):
         graphs = _kit("graphs")
 
         def guard(b: Any) -> None:
-            guard_buffers(b, graphs.GRAPH_STATE)
+            guard_buffers(b, self.graph_state(graphs))
             guard_verify_mask(b)
 
         return graphs.GraphRunner(
             case=prepared.case, backend=backend, capture_bs=list(scenario.capture_bs), guard=guard
         ).capture()
+
+    def graph_state(self, graphs: Any) -> tuple[str, ...]:
+        return tuple(graphs.GRAPH_STATE)
 
     def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
         case = prepared.case

@@ -80,23 +80,23 @@ def make_case(
     *,
     name: str,
     mode: Any,
-    num_heads: int,
-    num_kv_heads: int,
+    model: Any,
     page_size: int,
     prefix_lens: tuple[int, ...],
     extend_lens: tuple[int, ...],
-    sliding_window: int | None = None,
+    backend: str = "triton",
 ) -> Any:
-    """The kit's case record for a Triton batch (backend name ``triton``); with a sliding window,
-    the kit's model runner publishes it (``sliding_window_size``, read by the backend)."""
+    """The kit's case record for a batch of ``backend`` (the name its model runner publishes as the
+    attention backend) over ``model`` (a scenario's: heads, KV heads, window); with a sliding
+    window, the kit's model runner publishes it (``sliding_window_size``, read by the backend)."""
     dense = _module(DENSE)
-    window = {} if sliding_window is None else {"sliding_window_size": sliding_window}
+    window = {} if model.sliding_window is None else {"sliding_window_size": model.sliding_window}
     return dense.DenseAttentionCase(
         name=name,
-        backend="triton",
+        backend=backend,
         forward_mode=mode,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
+        num_heads=model.num_heads,
+        num_kv_heads=model.num_kv_heads,
         page_size=page_size,
         prefix_lens=tuple(prefix_lens),
         extend_lens=tuple(extend_lens),

@@ -113,6 +113,7 @@ class GraphRunner:
             seq_lens=torch.full((bs,), self.fill, dtype=torch.int64, device=dev),
             seq_lens_cpu=torch.full((bs,), self.fill, dtype=torch.int64),
             extend_seq_lens=torch.full((bs,), self.width, dtype=torch.int32, device=dev),
+            num_correct_drafts=torch.full((bs,), self.width, dtype=torch.int32, device=dev),
             num_accept_tokens=torch.full((bs,), self.width, dtype=torch.int32, device=dev),
             # Sized as the runners' buffers size it (0.5.16-0.5.23 alike): the backend copies it
             # into its own verify-mask buffer at capture, which 0.5.16 sizes tokens x context.
@@ -151,7 +152,7 @@ class GraphRunner:
         if self.case.scenario.mode == "DRAFT_EXTEND_V2":
             return EagleDraftExtendInput(
                 hidden_states=None,
-                num_correct_drafts=b.num_accept_tokens[:bs] - 1,
+                num_correct_drafts=b.num_correct_drafts[:bs],
                 num_accept_tokens=b.num_accept_tokens[:bs],
                 num_tokens_per_req=self.width,
                 num_tokens_for_logprob_per_req=1,
@@ -251,6 +252,7 @@ class GraphRunner:
             b.positions.zero_()
             b.req_pool_indices.zero_()
             b.extend_seq_lens.fill_(self.width)
+            b.num_correct_drafts.fill_(self.width)
             b.num_accept_tokens.fill_(self.width)
         b.input_ids[:raw_n].copy_(batch.input_ids)
         b.seq_lens[:raw_bs].copy_(batch.seq_lens)
@@ -292,11 +294,18 @@ class GraphRunner:
             b.extend_seq_lens[:raw_bs].copy_(batch.extend_seq_lens)
         else:
             b.extend_seq_lens[:raw_bs].fill_(self.width)
-        if batch.spec_info.num_accept_tokens is not None:
-            b.num_accept_tokens[:raw_bs].copy_(batch.spec_info.num_accept_tokens)
+        spec_info = batch.spec_info
+        if spec_info.num_correct_drafts is not None:
+            b.num_correct_drafts[:raw_bs].copy_(spec_info.num_correct_drafts)
+            b.num_accept_tokens[:raw_bs].copy_(spec_info.num_accept_tokens)
         lens_cpu = list(batch.extend_seq_lens_cpu) if batch.extend_seq_lens_cpu is not None else [self.width] * raw_bs
         batch.spec_info.extend_seq_lens_cpu = lens_cpu + [self.width] * (bs - raw_bs)
         batch.spec_info.extend_seq_lens_tensor = b.extend_seq_lens[:bs]
+        if bs != raw_bs:
+            # The runner hands a padded batch's spec input the buffers' rows of the bucket.
+            spec_info.positions = b.positions[:n]
+            spec_info.num_correct_drafts = b.num_correct_drafts[:bs]
+            spec_info.num_accept_tokens = b.num_accept_tokens[:bs]
         seq_lens_sum = batch.seq_lens_sum
         if seq_lens_sum is not None:
             seq_lens_sum = seq_lens_sum + (bs - raw_bs) * self.fill
