@@ -47,6 +47,10 @@ PASSTHROUGH = "__sglfix_passthrough__"
 _LAUNCH_FILES = tuple(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in ("interpreter.py", "tritonkey.py")
 )
+# sglfix's torch stand-ins of FlashInfer's wrappers (sglfix.harness.torchfi) are the kernel library
+# where FlashInfer cannot run: what they refuse or fail on is the caller's, as FlashInfer's own
+# refusals are on a GPU.
+_LIBRARY_DIRS = (os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchfi") + os.sep,)
 
 
 def innermost_owner(exc: BaseException, *, package: str | None = None) -> str | None:
@@ -64,6 +68,9 @@ def innermost_owner(exc: BaseException, *, package: str | None = None) -> str | 
         if is_code_under_test(filename, package=package):
             return "code"
         if forwarding or filename == _POISON_FILE or (in_library and os.path.abspath(filename) in _LAUNCH_FILES):
+            continue
+        if os.path.abspath(filename).startswith(_LIBRARY_DIRS):
+            in_library = True
             continue
         if os.path.abspath(filename).startswith(_SGLFIX_DIR):
             return "sglfix"

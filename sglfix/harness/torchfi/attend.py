@@ -129,6 +129,7 @@ def attend(
     lmax = int(batch.kv_lens.max()) if batch.kv_lens.numel() else 0
     if qmax == 0:
         return out, lse
+    lmax = max(lmax, 1)  # a batch of empty KV still launches: its rows come out 0, log2-sum-exp -inf
     qpos = torch.arange(qmax, dtype=torch.int64)
     q_valid = qpos[None, :] < q_lens[:, None]
     q_rows = torch.where(q_valid, batch.qo_indptr[:rows, None] + qpos[None, :], 0)

@@ -84,7 +84,13 @@ class FlashInferDraftAdapter(AdapterBase):
         kit = _kit("drafts")
 
         case = kit.build_flashinfer_draft(scenario, device=device, mla=self.mla)
-        case.host = not (device != "cpu" and kit.has_cuda() and kit.flashinfer_available())
+        real = device != "cpu" and kit.has_cuda() and kit.flashinfer_available()
+        # GQA step backends run anywhere: on FlashInfer's torch stand-ins where it is missing.
+        case.host = not real and (self.mla or device != "cpu")
+        if not real and not case.host:
+            from sglfix.harness.adapters.sglang.flashinfer_dense import flashinfer_module
+
+            flashinfer_module()
         recorded = kit.mla_steps_recorded(topk=case.topk) if self.mla and not case.host else None
         if recorded:
             case.host = True

@@ -1,0 +1,146 @@
+"""The torch stand-ins of FlashInfer's wrappers read what FlashInfer's kernels read: the device
+buffers at run time, the packed custom mask bit by bit, raw kv_indices memory, and they merge
+partial attentions as merge_state does. Each is checked against attention written out by hand."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+import torch
+
+from sglfix.harness import torchfi
+from sglfix.harness.torchfi import (
+    BatchDecodeWithPagedKVCacheWrapper,
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+    fast_decode_plan,
+    merge_state,
+)
+
+H, HKV, D, SLOTS = 4, 2, 16, 64
+
+
+def _by_hand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """q [Q, H, D] against k/v [L, HKV, D] where visible[Q, L]."""
+    group = q.shape[1] // k.shape[1]
+    kk, vv = k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,lhd->hql", q.float(), kk) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~visible[None], float("-inf"))
+    return torch.einsum("hql,lhd->qhd", torch.softmax(scores, -1), vv)
+
+
+@pytest.fixture
+def cache():
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(SLOTS, HKV, D, generator=gen), torch.randn(SLOTS, HKV, D, generator=gen)
+
+
+def _workspace() -> torch.Tensor:
+    return torch.empty(16, dtype=torch.uint8)
+
+
+def test_paged_prefill_reads_the_packed_custom_mask_of_each_request(cache):
+    k_cache, v_cache = cache
+    gen = torch.Generator().manual_seed(1)
+    q_lens, kv_lens = [3, 2], [7, 5]
+    slots = torch.randperm(SLOTS, generator=gen)[: sum(kv_lens)].to(torch.int32)
+    masks = [torch.rand(ql, kl, generator=gen) > 0.4 for ql, kl in zip(q_lens, kv_lens)]
+    for m in masks:
+        m[:, 0] = True  # every row sees something
+    q = torch.randn(sum(q_lens), H, D, generator=gen)
+    qo = torch.tensor([0, 3, 5], dtype=torch.int32)
+    kv = torch.tensor([0, 7, 12], dtype=torch.int32)
+    w = BatchPrefillWithPagedKVCacheWrapper(_workspace(), "NHD", backend="fa2")
+    w.plan(qo, kv, slots, torch.ones(2, dtype=torch.int32), H, HKV, D, 1,
+           custom_mask=torch.cat([m.reshape(-1) for m in masks]))  # fmt: skip
+    out = w.forward(q, (k_cache, v_cache), causal=True)
+    for r in range(len(q_lens)):
+        rows, keys = slice(int(qo[r]), int(qo[r + 1])), slots[int(kv[r]) : int(kv[r + 1])].long()
+        want = _by_hand(q[rows], k_cache[keys], v_cache[keys], masks[r])
+        torch.testing.assert_close(out[rows].float(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_graph_decode_after_fast_plan_reads_the_buffers_as_they_are_at_run_time(cache):
+    k_cache, v_cache = cache
+    indptr_buf = torch.zeros(3, dtype=torch.int32)
+    indices_buf = torch.zeros(32, dtype=torch.int32)
+    w = BatchDecodeWithPagedKVCacheWrapper(
+        _workspace(), "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=indptr_buf,
+        paged_kv_indices_buffer=indices_buf, paged_kv_last_page_len_buffer=torch.ones(2, dtype=torch.int32),
+    )  # fmt: skip
+    w.plan(torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([5, 6], dtype=torch.int32),
+           torch.ones(2, dtype=torch.int32), H, HKV, D, 1)  # fmt: skip
+    w.begin_forward = types.MethodType(fast_decode_plan, w)
+    # The caller writes the graph buffers itself; fast_decode_plan copies nothing.
+    indptr_buf.copy_(torch.tensor([0, 3, 5], dtype=torch.int32))
+    indices_buf[:5] = torch.tensor([10, 11, 12, 20, 21], dtype=torch.int32)
+    w.begin_forward(torch.zeros(3, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
+                    torch.ones(2, dtype=torch.int32), H, HKV, D, 1)  # fmt: skip
+    q = torch.randn(2, H, D)
+    out = w.forward(q, (k_cache, v_cache))
+    for r, keys in enumerate(([10, 11, 12], [20, 21])):
+        want = _by_hand(q[r : r + 1], k_cache[keys], v_cache[keys], torch.ones(1, len(keys), dtype=torch.bool))
+        torch.testing.assert_close(out[r : r + 1].float(), want, atol=1e-4, rtol=1e-4)
+    # A later write to the buffer changes what the next launch reads.
+    indices_buf[0] = 30
+    moved = w.forward(q, (k_cache, v_cache))
+    assert not torch.allclose(moved[0], out[0]) and torch.allclose(moved[1], out[1])
+
+
+def test_ragged_and_paged_parts_merge_into_attention_over_both(cache):
+    """EXTEND with a prefix: causal over the new tokens (ragged), all of the prefix (paged)."""
+    k_cache, v_cache = cache
+    gen = torch.Generator().manual_seed(2)
+    prefix, new = 6, 4
+    slots = torch.randperm(SLOTS, generator=gen)[:prefix].to(torch.int32)
+    q, k, v = (torch.randn(new, n, D, generator=gen) for n in (H, HKV, HKV))
+    qo = torch.tensor([0, new], dtype=torch.int32)
+    ragged = BatchPrefillWithRaggedKVCacheWrapper(_workspace(), "NHD")
+    ragged.begin_forward(qo, qo, H, HKV, D)
+    paged = BatchPrefillWithPagedKVCacheWrapper(_workspace(), "NHD")
+    paged.begin_forward(qo, torch.tensor([0, prefix], dtype=torch.int32), slots, torch.ones(1, dtype=torch.int32),
+                        H, HKV, D, 1)  # fmt: skip
+    o1, s1 = ragged.forward_return_lse(q, k, v, causal=True)
+    o2, s2 = paged.forward_return_lse(q, (k_cache, v_cache), causal=False)
+    merged, _ = merge_state(o1, s1, o2, s2)
+    keys = torch.cat([k_cache[slots.long()], k])
+    values = torch.cat([v_cache[slots.long()], v])
+    visible = torch.arange(prefix + new)[None, :] <= prefix + torch.arange(new)[:, None]
+    torch.testing.assert_close(merged.float(), _by_hand(q, keys, values, visible), atol=1e-4, rtol=1e-4)
+
+
+def test_a_row_too_narrow_reads_on_into_its_allocation_and_past_it_raises(cache):
+    k_cache, v_cache = cache
+    allocation = torch.tensor([1, 2, 3, 40, 41], dtype=torch.int32)
+    w = BatchDecodeWithPagedKVCacheWrapper(_workspace(), "NHD")
+    w.plan(torch.tensor([0, 5], dtype=torch.int32), allocation[:3], torch.ones(1, dtype=torch.int32), H, HKV, D, 1)
+    q = torch.randn(1, H, D)
+    keys = [1, 2, 3, 40, 41]  # two entries past the 3-entry view, as the kernel reads them
+    want = _by_hand(q, k_cache[keys], v_cache[keys], torch.ones(1, 5, dtype=torch.bool))
+    torch.testing.assert_close(w.forward(q, (k_cache, v_cache)).float(), want, atol=1e-4, rtol=1e-4)
+    w.plan(torch.tensor([0, 6], dtype=torch.int32), allocation, torch.ones(1, dtype=torch.int32), H, HKV, D, 1)
+    with pytest.raises(RuntimeError, match="past the end of its allocation"):
+        w.forward(q, (k_cache, v_cache))
+
+
+def test_a_graph_plan_refuses_another_batch_size():
+    w = BatchPrefillWithPagedKVCacheWrapper(
+        _workspace(), "NHD", use_cuda_graph=True, qo_indptr_buf=torch.zeros(3, dtype=torch.int32),
+        paged_kv_indptr_buf=torch.zeros(3, dtype=torch.int32), paged_kv_indices_buf=torch.zeros(8, dtype=torch.int32),
+        paged_kv_last_page_len_buf=torch.ones(2, dtype=torch.int32),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="batch size should be fixed"):
+        w.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
+               torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), H, HKV, D, 1)  # fmt: skip
+
+
+def test_install_binds_the_names_only_where_flashinfer_is_missing():
+    bare = types.ModuleType("bare")
+    assert torchfi.install(bare) and torchfi.installed(bare)
+    assert bare.fast_decode_plan is fast_decode_plan and bare._safe_merge_state is merge_state
+    real = types.ModuleType("real")
+    real.BatchDecodeWithPagedKVCacheWrapper = object
+    assert not torchfi.install(real)
+    assert real.BatchDecodeWithPagedKVCacheWrapper is object and not hasattr(real, "fast_decode_plan")
