@@ -14,6 +14,7 @@ __all__ = [
     "LIMITS",
     "LIMITS_HINT",
     "MAX_CAPTURE_SIZES",
+    "MAX_DCP_SIZE",
     "MAX_DESCRIPTION_CHARS",
     "MAX_DRAFT_TOKENS",
     "MAX_FILE_BYTES",
@@ -41,6 +42,8 @@ MAX_HEADS = 256
 MIN_HEAD_DIM = 16
 MAX_HEAD_DIM = 512
 MAX_PAGE_SIZE = 1024
+# Decode context-parallel ranks (sglang's --dcp-size): its allocator pages page_size * dcp_size.
+MAX_DCP_SIZE = 64
 MAX_TOPK = 16
 MAX_NUM_STEPS = 32
 MAX_DRAFT_TOKENS = 256
@@ -112,14 +115,21 @@ LIMITS: tuple[Limit, ...] = (
     Limit(
         "`model.sliding_window`",
         "1 .. 131,072",
-        "optional: a sliding-window layer (a query at position p sees keys p - window .. p); triton, EXTEND and "
-        "DRAFT_EXTEND_V2, on real sglang (the reproduction has no window)",
+        "optional: a sliding-window layer (a query at position p sees keys p - window .. p), on real sglang (the "
+        "reproduction has no window): triton in DECODE, EXTEND, TARGET_VERIFY and DRAFT_EXTEND_V2, flashinfer in "
+        "DECODE and EXTEND",
     ),
     Limit(
         "`page_size`",
         f"1 .. {MAX_PAGE_SIZE}",
         "engines use 1 to 256; flashinfer and flashinfer_mla: 1; "
         "trtllm_mla: 32 or 64 (default 64); deepseek_v4: 256 (the default)",
+    ),
+    Limit(
+        "`dcp_size`",
+        f"1 .. {MAX_DCP_SIZE}",
+        "decode context-parallel ranks (the allocator's page is page_size x dcp_size); probe req-to-token-headroom "
+        "only",
     ),
     Limit("`spec.topk`", f"1 .. {MAX_TOPK}", "TARGET_VERIFY, DRAFT_EXTEND, DRAFT_EXTEND_V2, and deepseek_v4: 1"),
     Limit(

@@ -38,6 +38,7 @@ _SHORT = {
     "spec.num_steps": "steps",
     "batch.accept_lens": "acc",
     "max_context_len": "ctx",
+    "dcp_size": "dcp",
     "mode": "mode",
 }
 _DTYPE_LABELS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}

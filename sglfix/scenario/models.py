@@ -27,6 +27,7 @@ from sglfix.common.schema import StrictModel, describe_kind, nearest, show, vali
 from sglfix.scenario.limits import (
     LIMITS_HINT,
     MAX_CAPTURE_SIZES,
+    MAX_DCP_SIZE,
     MAX_DESCRIPTION_CHARS,
     MAX_DRAFT_TOKENS,
     MAX_HEAD_DIM,
@@ -175,6 +176,7 @@ HeadDim = Annotated[bounded(MIN_HEAD_DIM, MAX_HEAD_DIM, f"{MAX_HEAD_DIM}"), Afte
 PageSize = bounded(1, MAX_PAGE_SIZE, f"{MAX_PAGE_SIZE} tokens per page")
 Seed = bounded(0, MAX_SEED, "2^63 - 1")
 ContextLen = bounded(1, MAX_TOKENS_PER_REQUEST, f"{MAX_TOKENS_PER_REQUEST} tokens per request")
+DcpSize = bounded(1, MAX_DCP_SIZE, f"{MAX_DCP_SIZE} ranks")
 # The only latent sizes FlashInfer's MLA kernels (and DeepSeek models) use.
 MLA_KV_LORA_RANK = 512
 MLA_ROPE_DIM = 64
@@ -292,6 +294,8 @@ class ScenarioNode(StrictModel):
     # The engine's context length: sizes req_to_token rows and the CUDA-graph buffers
     # (default: the longest request plus headroom, rounded up to 32).
     max_context_len: ContextLen | None = None
+    # Decode context-parallel ranks (sglang's --dcp-size): the KV allocator pages page_size x dcp_size.
+    dcp_size: DcpSize = 1
     # Expanded by the loader before a node is validated; listed so that it is a known key.
     grid: dict | None = None
 
@@ -337,6 +341,7 @@ class ScenarioNode(StrictModel):
             tolerance=self.tolerance if self.tolerance is not None else DEFAULT_TOLERANCE[self.model.dtype],
             builder=self.builder,
             max_context_len=self.max_context_len,
+            dcp_size=self.dcp_size,
             description=self.description,
             path=path,
             line=line,
@@ -369,6 +374,7 @@ class Scenario(StrictModel):
     tolerance: Tolerance = 1e-2
     builder: Builder = "kit"
     max_context_len: ContextLen | None = None
+    dcp_size: DcpSize = 1
     description: Text = ""
     path: str = ""
     line: int = 0

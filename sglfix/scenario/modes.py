@@ -174,6 +174,7 @@ _BACKEND_RULES = (
         max_group=4,
         kernels="FlashInfer's paged decode / paged and ragged prefill wrappers on CUDA, torch kernels over "
         "the same plans on CPU; draft kv_indices by the Triton kernel generate_draft_decode_kv_indices",
+        sliding_window_modes=("DECODE", "EXTEND"),
     ),
     BackendRule(
         "flashinfer_mla",
@@ -271,8 +272,9 @@ _PROBE_RULES = (
         judges="each request's spec-v2 decode allocation (page-aligned committed + decode reserve, and sglfix's "
         "own draft footprint) ends inside its req_to_token row of max_context_len + headroom, and the "
         "row write leaves the neighbour rows intact (INVARIANT otherwise); prefix_lens are the committed "
-        "lengths, max_context_len the model's context length (default: the longest prefix + 3)",
-        reads=("spec", "page_size", "max_context_len"),
+        "lengths, max_context_len the model's context length (default: the longest prefix + 3), dcp_size the decode "
+        "context-parallel ranks (the allocator's page is page_size x dcp_size)",
+        reads=("spec", "page_size", "max_context_len", "dcp_size"),
         # sglang admits a request of at most max_context_len - 2 tokens in all, so a decode step
         # sees a committed length of at most max_context_len - 3.
         prefix_margin=3,

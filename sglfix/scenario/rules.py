@@ -15,6 +15,7 @@ from sglfix.scenario.modes import (
     BACKEND_RULES,
     MODE_RULES,
     PROBE_COMMON_KEYS,
+    PROBE_RULES,
     ModeRule,
     backend_rule,
     probe_rule,
@@ -176,6 +177,12 @@ def check_node(node: Any) -> None:
     if node.probe is not None:
         _check_probe(node)
     else:
+        if node.dcp_size != 1:
+            raise NodeError(
+                f"uses backend {node.backend}; dcp_size applies to probe "
+                f"{' or '.join(r.name for r in PROBE_RULES.values() if 'dcp_size' in r.reads)} only; drop it",
+                at="dcp_size",
+            )
         _check_backend(node)
     rule = rule_for(node.mode, node.backend)
     if node.builder not in rule.builders:

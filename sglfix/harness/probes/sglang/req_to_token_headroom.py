@@ -77,16 +77,22 @@ class ReqToTokenHeadroom:
             from sglang.srt.speculative.triton_ops.cache_locs import assign_req_to_token_pool_func
         from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
-        spec, page = scenario.spec, scenario.page_size
+        spec = scenario.spec
+        dcp = int(getattr(scenario, "dcp_size", 1))
+        # Under decode context parallelism sglang's KV allocator pages page_size x dcp_size
+        # (kv_cache_configurator._build_token_to_kv_pool_allocator): a decode allocation is rounded
+        # up to that page, and so is sglfix's own expectation of it.
+        page = scenario.page_size * dcp
         committed = [int(p) for p in scenario.prefix_lens]
         bs = len(committed)
         context_len = scenario.max_context_len or max(committed) + 3
         args = dict(
-            page_size=page,
+            page_size=scenario.page_size,
             speculative_algorithm="EAGLE",
             speculative_eagle_topk=spec.topk,
             speculative_num_steps=spec.num_steps,
             speculative_num_draft_tokens=spec.num_draft_tokens,
+            **({"dcp_size": dcp, "tp_size": dcp} if dcp > 1 else {}),
         )
         from sglfix.harness.kits import kit
 
