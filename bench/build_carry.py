@@ -110,7 +110,7 @@ RAY_DROPPED = (
 # What each gpu_run.sh mode carries (besides the checkout's tracked files), as bench/README.md says.
 MODES = {
     "default (matrices, probe)": ["fi-xz", "pydeps-whl", "flashinfer-jit.tgz", "triton.tgz"],
-    "ONLY=sglang / fix / finding / speed": [
+    "ONLY=sglang / fix / finding / speed / flashinfer / mutate": [
         "fi-xz",
         "pydeps-whl",
         "sglang-gpu",

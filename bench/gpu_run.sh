@@ -22,7 +22,8 @@
 # once, then the reproduction): scores, survivors; a repeated campaign is served by the store.
 # ONLY=flashinfer runs real sglang's FlashInferAttnBackend scenarios (every mode, the window ones, the
 # GQA multi-step draft) with every part on CUDA (the CPU/GPU parity input), then a mutation campaign
-# over them (MUTATE_ARGS for fewer cells per mutant; FI_LIMIT seconds at most).
+# over them (MUTATE_ARGS for fewer cells per mutant or a --shard i/N; FI_LIMIT seconds at most;
+# FI_MATRIX=0 skips the matrix, for a later shard's call).
 # ONLY=finding writes the FlashInfer-MLA finding (report finding on the H100) and runs the Triton
 # draft-extend scenarios with every part (PR 27545's expectations on CUDA).
 # Everything lands in $OUT; a short table is printed last.
@@ -388,16 +389,19 @@ if [ "${ONLY:-}" = mutate ]; then
 fi
 if [ "${ONLY:-}" = flashinfer ]; then
   install_sglang
-  log "real sglang FlashInfer scenarios on CUDA, every part"
-  COLUMNS=250 timeout ${MATRIX_LIMIT:-240} python3 -m sglfix --profile sglang-0.5.23 matrix --parts --device cuda \
-    -s 'sglang-fi-*' -s 'fi-draft-*' --json "$OUT/matrix-fi-cuda.json" > "$OUT/matrix-fi-cuda.txt" 2>&1; echo "matrix rc=$?"
-  grep -E "^(UNMET|unexpected|sglfix matrix)" "$OUT/matrix-fi-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -15
+  if [ "${FI_MATRIX:-1}" != 0 ]; then
+    log "real sglang FlashInfer scenarios on CUDA, every part"
+    COLUMNS=250 timeout ${MATRIX_LIMIT:-240} python3 -m sglfix --profile sglang-0.5.23 matrix --parts --device cuda \
+      -s 'sglang-fi-*' -s 'fi-draft-*' --json "$OUT/matrix-fi-cuda.json" > "$OUT/matrix-fi-cuda.txt" 2>&1; echo "matrix rc=$?"
+    grep -E "^(UNMET|unexpected|sglfix matrix)" "$OUT/matrix-fi-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -15
+  fi
   log "mutate: real sglang FlashInferAttnBackend on CUDA"
   COLUMNS=250 timeout ${FI_LIMIT:-300} python3 -m sglfix --profile sglang-0.5.23 mutate --device cuda -s 'sglang-fi-*' \
     ${MUTATE_ARGS:-} --timeout 60 --json "$OUT/mutate-fi-cuda.json" --markdown "$OUT/mutate-fi-cuda.md" \
     > "$OUT/mutate-fi-cuda.txt" 2>&1; echo "mutate rc=$?"
   tail -2 "$OUT/mutate-fi-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g'
-  gzip -f "$OUT/mutate-fi-cuda.json"
+  [ -f "$OUT/mutate-fi-cuda.json" ] && gzip -f "$OUT/mutate-fi-cuda.json"
+  du -sh ~/.cache/flashinfer 2>/dev/null
   tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
   exit 0
 fi

@@ -1,8 +1,9 @@
 """Repack the FlashInfer wheel without the kernel sources sglfix never compiles.
 
 The device machine has no network and a checkout travels with at most 64 MiB, so the wheel is
-carried in ``.cache/``; the full 0.7.2 wheel alone is 62 MB. sglfix JIT-compiles only the paged
-decode and MLA kernels (csrc/batch_decode*, csrc/batch_mla*, include/, cutlass/include, cccl);
+carried in ``.cache/``; the full 0.7.2 wheel alone is 62 MB. sglfix JIT-compiles the paged
+decode, prefill (FA2, and FA3 on Hopper) and MLA kernels (csrc/batch_*, include/, cutlass/include,
+cutlass/tools/util, cccl);
 sources of unrelated kernel families (MoE, sampling, linear attention, Blackwell-only kernels)
 and bundled examples are dropped. Python modules are all kept, so ``import flashinfer`` is
 unchanged. RECORD is rewritten for the files that remain.
@@ -36,7 +37,10 @@ DROP_PREFIXES = tuple(
         "cutlass/examples",
         "cutlass/python",
         "cutlass/test",
-        "cutlass/tools",
+        # cutlass/tools/util stays: FlashInfer's Hopper (FA3) prefill kernels include its headers.
+        "cutlass/tools/library",
+        "cutlass/tools/profiler",
+        "cutlass/tools/copy_",
         "cutlass/media",
         "cccl/python",
         "cccl/docs",
