@@ -767,6 +767,17 @@ def fail_under(report: Mapping[str, Any], score: float) -> tuple[bool, str]:
     return ok, f"{figure} {'meets' if ok else 'is under'} {limit}{aside}"
 
 
+# What names a code base; the rest of its record (stand-ins, modules loaded) is what one shard's
+# workers saw, and a shard whose first worker reported late has none of it.
+_CODEBASE_IDENTITY = ("name", "distribution", "version", "path", "release")
+
+
+def _campaign_identity(key: str, value: Any) -> Any:
+    if key == "codebase" and isinstance(value, Mapping):
+        return {k: value.get(k) for k in _CODEBASE_IDENTITY}
+    return value
+
+
 def merge_mutation_reports(reports: Sequence[Mapping[str, Any]], *, names: Sequence[str]) -> dict:
     """The shards of one campaign as one report: every mutant once, the scores counted again, the
     phases and walls summed. Shards of different campaigns (another code base, device, selection
@@ -777,7 +788,7 @@ def merge_mutation_reports(reports: Sequence[Mapping[str, Any]], *, names: Seque
     shards = []
     for name, r in zip(names, reports):
         for key in ("codebase", "device", "selection", "profile"):
-            if r.get(key) != first.get(key):
+            if _campaign_identity(key, r.get(key)) != _campaign_identity(key, first.get(key)):
                 raise ConfigError(f"{name}: its {key} differs from {names[0]}'s; merge the shards of one campaign only")
         shard = r.get("shard")
         if shard is None:

@@ -144,3 +144,19 @@ def test_install_binds_the_names_only_where_flashinfer_is_missing():
     real.BatchDecodeWithPagedKVCacheWrapper = object
     assert not torchfi.install(real)
     assert real.BatchDecodeWithPagedKVCacheWrapper is object and not hasattr(real, "fast_decode_plan")
+
+
+def test_a_window_given_only_at_run_time_is_not_applied(cache):
+    """FlashInfer compiles the sliding-window mask into the variant plan() selects: a wrapper
+    planned without a window ignores one handed to forward, as the GPU kernel does."""
+    gen = torch.Generator().manual_seed(3)
+    n, window = 12, 4
+    q, k, v = (torch.randn(n, h, D, generator=gen) for h in (H, HKV, HKV))
+    qo = torch.tensor([0, n], dtype=torch.int32)
+    causal = torch.arange(n)[None, :] <= torch.arange(n)[:, None]
+    windowed = causal & (torch.arange(n)[None, :] >= torch.arange(n)[:, None] - window)
+    for planned, want in ((-1, causal), (window, windowed)):
+        w = BatchPrefillWithRaggedKVCacheWrapper(_workspace(), "NHD")
+        w.begin_forward(qo, qo, H, HKV, D, window_left=planned)
+        out = w.forward(q, k, v, causal=True, window_left=window)
+        torch.testing.assert_close(out.float(), _by_hand(q, k, v, want), atol=1e-4, rtol=1e-4)

@@ -114,6 +114,11 @@ class _Common:
         self._logits_soft_cap: float | None = None
         self._sm_scale: float | None = None
         self._block_tables = None
+        # What the kernel variant a full plan() picked was compiled with: FlashInfer selects its JIT
+        # module by window_left >= 0 and logits_soft_cap > 0 *at plan time*; a window or a cap
+        # given only at run time is not applied by a variant compiled without it.
+        self._compiled_window = False
+        self._compiled_soft_cap = False
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -124,8 +129,15 @@ class _Common:
             if key in options:
                 setattr(self, f"_{key}", options[key])
 
+    def _select_variant(self, window_left: int, logits_soft_cap: float | None) -> None:
+        self._compiled_window = window_left >= 0
+        self._compiled_soft_cap = logits_soft_cap is not None and logits_soft_cap > 0
+
     def _scaled(self, batch: Batch, k_scale: float | None, v_scale: float | None) -> Batch:
-        batch.sm_scale, batch.logits_soft_cap = self._sm_scale, self._logits_soft_cap
+        """The launch's scalars, as the compiled variant applies them."""
+        batch.sm_scale = self._sm_scale
+        batch.logits_soft_cap = self._logits_soft_cap if self._compiled_soft_cap else None
+        batch.window_left = self._window_left if self._compiled_window else -1
         batch.k_scale, batch.v_scale = k_scale, v_scale
         return batch
 
@@ -201,6 +213,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Common):
             self._paged_kv_indptr_buf = indptr.to(self.device)
             self._paged_kv_indices_buf = indices.to(self.device)
             self._paged_kv_last_page_len_buf = last_page_len.to(self.device)
+        self._select_variant(window_left, logits_soft_cap)
         self._finish_plan(indptr.to("cpu"), batch_size, page_size, window_left, logits_soft_cap, sm_scale)
 
     begin_forward = plan
@@ -436,6 +449,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Common):
             head_dim_vo or head_dim_qk, causal, window_left, -1, disable_split_kv, 0, 0,
         )  # fmt: skip
         self._page_size = page_size
+        self._select_variant(window_left, logits_soft_cap)
         self._set_run_options(
             causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale
         )
@@ -572,6 +586,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Common):
             self._float_workspace_buffer, self._int_workspace_buffer, self._pin_memory_int_workspace_buffer,
             qo_host, kv_host, kv_host[1:] - kv_host[:-1], int(qo_host[-1]), len(qo_host) - 1,
         )  # fmt: skip
+        self._select_variant(window_left, logits_soft_cap)
         self._set_run_options(
             causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale
         )
