@@ -70,5 +70,5 @@ def test_each_detection_names_builtin_scenarios():
 def test_static_only_parts_say_why():
     registry = load_registry(PROFILE.toggles_dir)
     marked = {f"{t.pr}:{n}": p.static_only for t in registry for n, p in t.parts.items() if p.static_only}
-    assert set(marked) == {"26239:worker-helper"}, marked
+    assert set(marked) == {"26239:worker-helper", "26513:window"}, marked
     assert all(len(reason.split()) > 8 for reason in marked.values())

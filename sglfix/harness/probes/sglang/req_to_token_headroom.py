@@ -29,6 +29,7 @@ from typing import Any
 
 from sglfix.harness.misfit import Standin
 from sglfix.harness.probes.sglang.common import ceil_to, published
+from sglfix.harness.unavailable import Unavailable
 
 __all__ = ["PROBE", "own_decode_reserve"]
 
@@ -58,6 +59,17 @@ def _decode_alloc_lens(
         cur, nxt, _needed = aligned(reqs, reserve=reserve, page_size=alloc_page)
         return [int(x) for x in cur], [int(x) for x in nxt]
     return list(committed), [max(c, ceil_to(c + reserve, page_size)) for c in committed]
+
+
+def _published_dcp() -> int | None:
+    """The decode context-parallel width sglang's sizing reads, as published (None: this release
+    has none: 0.5.13-0.5.15 keep no attention DCP width in a runtime context)."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+    except ImportError:
+        return None
+    width = getattr(get_parallel(), "attn_dcp_size", None)
+    return None if width is None else int(width)
 
 
 class ReqToTokenHeadroom:
@@ -98,6 +110,11 @@ class ReqToTokenHeadroom:
 
         with_server_args = kit("probes").with_server_args  # the release's calling convention
         with published(**args):
+            if dcp > 1 and _published_dcp() != dcp:
+                raise Unavailable(
+                    f"this release's runtime context publishes no decode context-parallel width "
+                    f"(get_parallel().attn_dcp_size) for its sizing to read; dcp_size {dcp} cannot be driven here"
+                )
             stage("forward")
             headroom = int(with_server_args(sizing.get_req_to_token_extra_context_len))  # under test
             width = context_len + headroom
