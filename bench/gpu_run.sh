@@ -23,7 +23,8 @@
 # ONLY=flashinfer runs real sglang's FlashInferAttnBackend scenarios (every mode, the window ones, the
 # GQA multi-step draft) with every part on CUDA (the CPU/GPU parity input), then a mutation campaign
 # over them (MUTATE_ARGS for fewer cells per mutant or a --shard i/N; FI_LIMIT seconds at most;
-# FI_MATRIX=0 skips the matrix, for a later shard's call).
+# FI_MATRIX=0 skips the matrix, for a later shard's call; FI_MUTATE=0 the campaign; FI_SCENARIOS replaces
+# the matrix's -s selection).
 # ONLY=finding writes the FlashInfer-MLA finding (report finding on the H100) and runs the Triton
 # draft-extend scenarios with every part (PR 27545's expectations on CUDA).
 # Everything lands in $OUT; a short table is printed last.
@@ -391,10 +392,14 @@ if [ "${ONLY:-}" = flashinfer ]; then
   install_sglang
   if [ "${FI_MATRIX:-1}" != 0 ]; then
     log "real sglang FlashInfer scenarios on CUDA, every part"
+    set -f  # the selection's globs are sglfix's, never the shell's
     COLUMNS=250 timeout ${MATRIX_LIMIT:-240} python3 -m sglfix --profile sglang-0.5.23 matrix --parts --device cuda \
-      -s 'sglang-fi-*' -s 'fi-draft-*' --json "$OUT/matrix-fi-cuda.json" > "$OUT/matrix-fi-cuda.txt" 2>&1; echo "matrix rc=$?"
+      ${FI_SCENARIOS:--s sglang-fi-* -s fi-draft-*} --json "$OUT/matrix-fi-cuda.json" > "$OUT/matrix-fi-cuda.txt" 2>&1
+    echo "matrix rc=$?"
+    set +f
     grep -E "^(UNMET|unexpected|sglfix matrix)" "$OUT/matrix-fi-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -15
   fi
+  if [ "${FI_MUTATE:-1}" = 0 ]; then exit 0; fi
   log "mutate: real sglang FlashInferAttnBackend on CUDA"
   COLUMNS=250 timeout ${FI_LIMIT:-300} python3 -m sglfix --profile sglang-0.5.23 mutate --device cuda -s 'sglang-fi-*' \
     ${MUTATE_ARGS:-} --timeout 60 --json "$OUT/mutate-fi-cuda.json" --markdown "$OUT/mutate-fi-cuda.md" \
