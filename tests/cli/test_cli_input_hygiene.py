@@ -344,7 +344,7 @@ def test_report_compare_of_reports_with_no_cell_in_common_is_refused(tmp_path):
 
 def test_a_sliding_window_where_no_window_layer_runs_is_one_line_before_any_cell(tmp_path):
     """model.sliding_window on the reproduction (it has no window layer), and on sglang's
-    FlashInfer backend in DECODE (a window runs on Triton only)."""
+    FlashInfer backend in TARGET_VERIFY (its window layer runs in DECODE and EXTEND)."""
     for name, backend, mode, extra, profile, needles in (
         (
             "extend",
@@ -355,12 +355,12 @@ def test_a_sliding_window_where_no_window_layer_runs_is_one_line_before_any_cell
             ("backend triton on reproduction has no sliding-window layer",),
         ),
         (
-            "decode",
+            "verify",
             "flashinfer",
-            "DECODE",
+            "TARGET_VERIFY",
             "",
             ("--profile", "sglang-0.5.23"),
-            ("sets model.sliding_window", "with backend flashinfer in mode DECODE"),
+            ("sets model.sliding_window", "with backend flashinfer in mode TARGET_VERIFY"),
         ),
     ):
         path = tmp_path / f"{name}.yaml"

@@ -137,15 +137,19 @@ def test_a_sliding_window_in_a_mode_without_one_is_refused_at_load(tmp_path):
     f.write_text(
         textwrap.dedent("""\
         scenarios:
-          - name: my-swa-decode
+          - name: my-swa-verify
             backend: flashinfer
-            mode: DECODE
+            mode: TARGET_VERIFY
             batch: {prefix_lens: [5]}
             model: {sliding_window: 8, dtype: float16}
     """)
     )
     r = run_cli("--profile", "sglang-0.5.23", "run", "--scenario-file", str(f), "--device", "cpu")
-    assert_one_line_error(r, "sliding-window layer runs on triton in DECODE, EXTEND, TARGET_VERIFY, DRAFT_EXTEND_V2")
+    assert_one_line_error(
+        r,
+        "sliding-window layer runs on triton in DECODE, EXTEND, TARGET_VERIFY, DRAFT_EXTEND_V2; "
+        "flashinfer in DECODE, EXTEND",
+    )
 
 
 def test_scenarios_lists_the_profiles_own_scenarios():

@@ -166,9 +166,16 @@ def test_baselines_pass_where_checked_and_skip_with_the_reason_elsewhere(runs):
         else:
             assert cell["verdict"] == "PASS", _show(cell)
             passes = _findings(cell, "PASS")
-            # Something was checked (never PASS for nothing), and the cell says the output was not.
+            # Something was checked (never PASS for nothing).
             assert any(m.startswith("metadata reference: ") for m in passes), _show(cell)
-            assert any(m.startswith("output not checked: ") for m in passes), _show(cell)
+            if name.startswith("fi-"):
+                # The GQA step backends run on CPU over FlashInfer's torch stand-ins: every draft
+                # step's output is compared with the reference.
+                assert not any(m.startswith("output not checked: ") for m in passes), _show(cell)
+                assert (cell.get("error") or {}).get("rows", 0) > 0, cell
+            else:
+                # MLA and DeepSeek-V4 step backends are recorded on CPU: the cell says the output was not checked.
+                assert any(m.startswith("output not checked: ") for m in passes), _show(cell)
 
 
 def test_dsv4_metadata_is_the_raw_decode_metadata_with_each_steps_own_slots(runs):
