@@ -114,6 +114,7 @@ class _Common:
         self._logits_soft_cap: float | None = None
         self._sm_scale: float | None = None
         self._block_tables = None
+        self._qo_indptr_last = 0
         # What the kernel variant a full plan() picked was compiled with: FlashInfer selects its JIT
         # module by window_left >= 0 and logits_soft_cap > 0 *at plan time*; a window or a cap
         # given only at run time is not applied by a variant compiled without it.
@@ -144,6 +145,14 @@ class _Common:
     def _require_plan(self, what: str) -> None:
         if self._plan_info is None:
             raise RuntimeError(f"{what}.run() called before plan()")
+
+    def _check_rows(self, q: torch.Tensor) -> None:
+        """FlashInfer's prefill run checks the query against the rows the plan counted (on the host)."""
+        if q.size(0) != self._qo_indptr_last:
+            raise ValueError(
+                f"q.shape[0] ({q.size(0)}) does not match qo_indptr[-1] ({self._qo_indptr_last}). For ragged "
+                "prefill, q must have shape [total_tokens, num_heads, head_dim] where total_tokens = qo_indptr[-1]."
+            )
 
 
 class BatchDecodeWithPagedKVCacheWrapper(_Common):
@@ -403,6 +412,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Common):
             packed_custom_mask, mask_indptr = segment_packbits(custom_mask.contiguous().view(-1), mask_indptr)
         qo_host = qo_indptr.to("cpu")
         total_rows = int(qo_host[-1])
+        self._qo_indptr_last = total_rows
         if self.is_cuda_graph_enabled:
             if self._max_total_num_rows is None:
                 self._max_total_num_rows = total_rows
@@ -508,6 +518,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Common):
         **unused: Any,
     ):
         self._require_plan("BatchPrefillWithPagedKVCacheWrapper")
+        self._check_rows(q)
         rows = self._planned_rows
         indptr = host_int64(self._paged_kv_indptr_buf[: rows + 1])  # type: ignore[index]
         last = host_int64(self._paged_kv_last_page_len_buf[:rows])  # type: ignore[index]
@@ -582,6 +593,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Common):
         if self._cached_module is None:
             self._cached_module = _HostPlanner(self)
         qo_host, kv_host = qo_indptr.to("cpu"), kv_indptr.to("cpu")
+        self._qo_indptr_last = int(qo_host[-1])
         self._plan_info = self._cached_module.plan(
             self._float_workspace_buffer, self._int_workspace_buffer, self._pin_memory_int_workspace_buffer,
             qo_host, kv_host, kv_host[1:] - kv_host[:-1], int(qo_host[-1]), len(qo_host) - 1,
@@ -640,6 +652,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Common):
         **unused: Any,
     ):
         self._require_plan("BatchPrefillWithRaggedKVCacheWrapper")
+        self._check_rows(q)
         rows = self._planned_rows
         kv = host_int64(self._kv_indptr_buf[: rows + 1])  # type: ignore[index]
         if int(kv[rows]) > k.shape[0]:
