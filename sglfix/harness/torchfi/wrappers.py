@@ -63,6 +63,23 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: to
     return v.to(v_a.dtype), torch.log2(total) + top
 
 
+# What FlashInfer's forward methods take besides the operands and ``causal``.
+_FORWARD_OPTIONS = frozenset(
+    {
+        "pos_encoding_mode",
+        "use_fp16_qk_reduction",
+        "q_scale",
+        "k_scale",
+        "v_scale",
+        "window_left",
+        "logits_soft_cap",
+        "sm_scale",
+        "rope_scale",
+        "rope_theta",
+    }
+)
+
+
 def _kv_lens(indptr: torch.Tensor, last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
     pages = indptr[1:] - indptr[:-1]
     return torch.where(pages > 0, (pages - 1) * page_size + last_page_len, 0)
@@ -141,6 +158,24 @@ class _Common:
         batch.window_left = self._window_left if self._compiled_window else -1
         batch.k_scale, batch.v_scale = k_scale, v_scale
         return batch
+
+    def _forward(self, operands: tuple, options: dict, *, causal: bool | None = None, return_lse: bool = False):
+        """FlashInfer's ``forward`` / ``forward_return_lse`` (sglang calls them with keywords): the
+        run options are set on the wrapper, then ``run`` (a window or a cap given here applies
+        only where the plan compiled one in)."""
+        unknown = set(options) - _FORWARD_OPTIONS
+        if unknown:
+            raise TypeError(f"forward() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+        self._set_run_options(
+            window_left=options.get("window_left", -1),
+            logits_soft_cap=options.get("logits_soft_cap"),
+            sm_scale=options.get("sm_scale"),
+            **({} if causal is None else {"causal": causal}),
+        )
+        scales = {key: options[key] for key in ("k_scale", "v_scale") if key in options}
+        if return_lse:
+            scales["return_lse"] = True
+        return self.run(*operands, **scales)
 
     def _require_plan(self, what: str) -> None:
         if self._plan_info is None:
@@ -246,22 +281,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_Common):
         self._logits_soft_cap = logits_soft_cap
         self._sm_scale = sm_scale
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        paged_kv_cache: Any,
-        pos_encoding_mode: str = "NONE",
-        q_scale: float | None = None,
-        k_scale: float | None = None,
-        v_scale: float | None = None,
-        window_left: int = -1,
-        logits_soft_cap: float | None = None,
-        sm_scale: float | None = None,
-        rope_scale: float | None = None,
-        rope_theta: float | None = None,
-    ) -> torch.Tensor:
-        self._set_run_options(window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
-        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+    def forward(self, q: torch.Tensor, paged_kv_cache: Any, **options: Any) -> torch.Tensor:
+        return self._forward((q, paged_kv_cache), options)
 
     def run(
         self,
@@ -466,45 +487,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_Common):
 
     begin_forward = plan
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        paged_kv_cache: Any,
-        causal: bool = False,
-        pos_encoding_mode: str = "NONE",
-        use_fp16_qk_reduction: bool = False,
-        k_scale: float | None = None,
-        v_scale: float | None = None,
-        window_left: int = -1,
-        logits_soft_cap: float | None = None,
-        sm_scale: float | None = None,
-        rope_scale: float | None = None,
-        rope_theta: float | None = None,
-    ) -> torch.Tensor:
-        self._set_run_options(
-            causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale
-        )
-        return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale)
+    def forward(self, q: torch.Tensor, paged_kv_cache: Any, causal: bool = False, **options: Any) -> torch.Tensor:
+        return self._forward((q, paged_kv_cache), options, causal=causal)
 
-    def forward_return_lse(
-        self,
-        q: torch.Tensor,
-        paged_kv_cache: Any,
-        causal: bool = False,
-        pos_encoding_mode: str = "NONE",
-        use_fp16_qk_reduction: bool = False,
-        k_scale: float | None = None,
-        v_scale: float | None = None,
-        window_left: int = -1,
-        logits_soft_cap: float | None = None,
-        sm_scale: float | None = None,
-        rope_scale: float | None = None,
-        rope_theta: float | None = None,
-    ):
-        self._set_run_options(
-            causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale
-        )
-        return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
+    def forward_return_lse(self, q: torch.Tensor, paged_kv_cache: Any, causal: bool = False, **options: Any):
+        return self._forward((q, paged_kv_cache), options, causal=causal, return_lse=True)
 
     def run(
         self,
@@ -605,41 +592,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Common):
 
     begin_forward = plan
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        causal: bool = False,
-        pos_encoding_mode: str = "NONE",
-        use_fp16_qk_reduction: bool = False,
-        window_left: int = -1,
-        logits_soft_cap: float | None = None,
-        sm_scale: float | None = None,
-        **unused: Any,
-    ):
-        self._set_run_options(
-            causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale
-        )
-        return self.run(q, k, v)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, **options: Any):
+        return self._forward((q, k, v), options, causal=causal)
 
     def forward_return_lse(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        causal: bool = False,
-        pos_encoding_mode: str = "NONE",
-        use_fp16_qk_reduction: bool = False,
-        window_left: int = -1,
-        logits_soft_cap: float | None = None,
-        sm_scale: float | None = None,
-        **unused: Any,
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, **options: Any
     ):
-        self._set_run_options(
-            causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale
-        )
-        return self.run(q, k, v, return_lse=True)
+        return self._forward((q, k, v), options, causal=causal, return_lse=True)
 
     def run(
         self,
