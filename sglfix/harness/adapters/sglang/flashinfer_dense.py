@@ -23,7 +23,7 @@ import contextlib
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import MetadataHook, Prepared
+from sglfix.harness.adapters.base import MetadataHook, Prepared, require_flashinfer
 from sglfix.harness.adapters.sglang.triton import SglangTritonAdapter
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.kits import kit as _kit
@@ -54,6 +54,12 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
         indptr=("kv_indptr", "qo_indptr", "mask_indptr"),
         indices={"kv_indices": "kv_indptr"},
     )
+
+    def build(self, scenario: Any, *, device: str) -> Prepared:
+        # On a GPU FlashInfer's own kernels run, or the cell is SKIP with the install hint; the
+        # torch stand-ins are for machines without CUDA.
+        require_flashinfer(device)
+        return super().build(scenario, device=device)
 
     def _placed(self) -> Any:
         """The backend's ``device="cuda"`` factory calls, on the CPU where there is no CUDA."""
