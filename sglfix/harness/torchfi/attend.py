@@ -126,10 +126,10 @@ def attend(
         return out, lse
     q_lens = (batch.qo_indptr[1 : rows + 1] - batch.qo_indptr[:rows]).clamp(min=0)
     qmax = int(q_lens.max())
-    lmax = int(batch.kv_lens.max()) if batch.kv_lens.numel() else 0
     if qmax == 0:
         return out, lse
-    lmax = max(lmax, 1)  # a batch of empty KV still launches: its rows come out 0, log2-sum-exp -inf
+    # A batch of empty KV still launches: its rows come out 0, log2-sum-exp -inf.
+    lmax = max(int(batch.kv_lens.max()) if batch.kv_lens.numel() else 0, 1)
     qpos = torch.arange(qmax, dtype=torch.int64)
     q_valid = qpos[None, :] < q_lens[:, None]
     q_rows = torch.where(q_valid, batch.qo_indptr[:rows, None] + qpos[None, :], 0)

@@ -80,6 +80,9 @@ _FORWARD_OPTIONS = frozenset(
 )
 
 
+_DECODE_TOO_LONG = "The size of indices should be less than or equal to the allocated buffer"
+
+
 def _kv_lens(indptr: torch.Tensor, last_page_len: torch.Tensor, page_size: int) -> torch.Tensor:
     pages = indptr[1:] - indptr[:-1]
     return torch.where(pages > 0, (pages - 1) * page_size + last_page_len, 0)
@@ -101,12 +104,8 @@ class _HostPlanner:
     def plan(self, *args: Any) -> tuple:
         # Prefill-style: (fws, iws, pws, qo_indptr, kv_indptr, kv_lens, total_rows, batch_size, ...);
         # decode: (fws, iws, pws, indptr, batch_size, ...).
-        if torch.is_tensor(args[4]):
-            rows, host = int(args[7]), (host_int64(args[3]), host_int64(args[4]), host_int64(args[5]))
-        else:
-            rows, host = int(args[4]), (None, host_int64(args[3]), None)
+        rows = int(args[7]) if torch.is_tensor(args[4]) else int(args[4])
         self._wrapper._planned_rows = rows
-        self._wrapper._host_plan = host
         return ("torch", rows)
 
 
@@ -118,14 +117,11 @@ class _Common:
         self.device = float_workspace_buffer.device
         self._int_workspace_buffer = torch.empty(0, dtype=torch.uint8, device=self.device)
         self._pin_memory_int_workspace_buffer = torch.empty(0, dtype=torch.uint8)
-        self._kv_layout = kv_layout
         self._use_cuda_graph = use_cuda_graph
-        self._requested_backend = backend
         self._backend = "fa2" if backend == "auto" else backend
         self._cached_module: _HostPlanner | None = None
         self._plan_info: Any = None
         self._planned_rows = 0
-        self._host_plan: tuple = (None, None, None)
         self._causal = False
         self._window_left = -1
         self._logits_soft_cap: float | None = None
@@ -152,7 +148,7 @@ class _Common:
         self._compiled_soft_cap = logits_soft_cap is not None and logits_soft_cap > 0
 
     def _scaled(self, batch: Batch, k_scale: float | None, v_scale: float | None) -> Batch:
-        """The launch's scalars, as the compiled variant applies them."""
+        """The launch's scalars and window, as the compiled variant applies them."""
         batch.sm_scale = self._sm_scale
         batch.logits_soft_cap = self._logits_soft_cap if self._compiled_soft_cap else None
         batch.window_left = self._window_left if self._compiled_window else -1
@@ -176,6 +172,23 @@ class _Common:
         if return_lse:
             scales["return_lse"] = True
         return self.run(*operands, **scales)
+
+    def _plan_on_host(self, *args: Any) -> None:
+        """The planner's host-side schedule (the module comes with the first plan)."""
+        if self._cached_module is None:
+            self._cached_module = _HostPlanner(self)
+        self._plan_info = self._cached_module.plan(*args)
+
+    def _check_graph_batch(self, batch_size: int, indices: torch.Tensor, *, too_long: str) -> None:
+        """FlashInfer's graph-mode refusals: another batch size than the graph's, indices longer
+        than the reserved buffer (``too_long``: the wrapper's own words)."""
+        if batch_size != self._fixed_batch_size:
+            raise ValueError(
+                f"The batch size should be fixed in cudagraph mode, the runtime batch size {batch_size} "
+                f"mismatches the batch size set during initialization {self._fixed_batch_size}"
+            )
+        if len(indices) > len(self._paged_kv_indices_buf):  # type: ignore[attr-defined]
+            raise ValueError(too_long)
 
     def _require_plan(self, what: str) -> None:
         if self._plan_info is None:
@@ -249,7 +262,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Common):
     ) -> None:
         batch_size = len(last_page_len)
         if self.is_cuda_graph_enabled:
-            self._check_graph_batch(batch_size, indices)
+            self._check_graph_batch(batch_size, indices, too_long=_DECODE_TOO_LONG)
             self._paged_kv_indptr_buf.copy_(indptr)  # type: ignore[union-attr]
             self._paged_kv_last_page_len_buf.copy_(last_page_len)  # type: ignore[union-attr]
             self._paged_kv_indices_buf[: len(indices)].copy_(indices)  # type: ignore[index]
@@ -262,24 +275,11 @@ class BatchDecodeWithPagedKVCacheWrapper(_Common):
 
     begin_forward = plan
 
-    def _check_graph_batch(self, batch_size: int, indices: torch.Tensor) -> None:
-        if batch_size != self._fixed_batch_size:
-            raise ValueError(
-                f"The batch size should be fixed in cudagraph mode, the runtime batch size {batch_size}  "
-                f"mismatches the batch size set during initialization {self._fixed_batch_size}"
-            )
-        if len(indices) > len(self._paged_kv_indices_buf):  # type: ignore[arg-type]
-            raise ValueError("The size of indices should be less than or equal to the allocated buffer")
-
     def _finish_plan(self, indptr_host, batch_size, page_size, window_left, logits_soft_cap, sm_scale) -> None:
-        if self._cached_module is None:
-            self._cached_module = _HostPlanner(self)
         ws = (self._float_workspace_buffer, self._int_workspace_buffer, self._pin_memory_int_workspace_buffer)
-        self._plan_info = self._cached_module.plan(*ws, indptr_host, batch_size)
+        self._plan_on_host(*ws, indptr_host, batch_size)
         self._page_size = page_size
-        self._window_left = window_left
-        self._logits_soft_cap = logits_soft_cap
-        self._sm_scale = sm_scale
+        self._set_run_options(window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
 
     def forward(self, q: torch.Tensor, paged_kv_cache: Any, **options: Any) -> torch.Tensor:
         return self._forward((q, paged_kv_cache), options)
@@ -304,7 +304,6 @@ class BatchDecodeWithPagedKVCacheWrapper(_Common):
             kv_starts=indptr[:rows],
             kv_lens=_kv_lens(indptr, last, self._page_size),
             causal=False,
-            window_left=self._window_left,
             kv_indices=self._paged_kv_indices_buf,
             page_size=self._page_size,
         )
@@ -341,7 +340,7 @@ def fast_decode_plan(
     host offsets from ``global_override_indptr_cpu`` when given; needs a prior ``plan``."""
     batch_size = len(last_page_len)
     if self.is_cuda_graph_enabled:
-        self._check_graph_batch(batch_size, indices)
+        self._check_graph_batch(batch_size, indices, too_long=_DECODE_TOO_LONG)
     else:
         self._paged_kv_indptr_buf = indptr
         self._paged_kv_indices_buf = indices
@@ -442,13 +441,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_Common):
                     f"qo_indptr[-1] ({total_rows}) exceeds the maximum total number of rows "
                     f"({self._max_total_num_rows}) of the first plan in cuda graph mode"
                 )
-            if batch_size != self._fixed_batch_size:
-                raise ValueError(
-                    f"The batch size should be fixed in cudagraph mode, the runtime batch size {batch_size} "
-                    f"mismatches the batch size set during initialization {self._fixed_batch_size}"
-                )
-            if len(paged_kv_indices) > len(self._paged_kv_indices_buf):  # type: ignore[arg-type]
-                raise ValueError("The length of paged_kv_indices exceeds the allocated buffer size.")
+            self._check_graph_batch(
+                batch_size,
+                paged_kv_indices,
+                too_long="The length of paged_kv_indices exceeds the allocated buffer size.",
+            )
             self._qo_indptr_buf.copy_(qo_indptr)  # type: ignore[union-attr]
             self._paged_kv_indptr_buf.copy_(paged_kv_indptr)  # type: ignore[union-attr]
             self._paged_kv_last_page_len_buf.copy_(paged_kv_last_page_len)  # type: ignore[union-attr]
@@ -471,9 +468,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Common):
                 self._mask_indptr_buf = None
         kv_host = paged_kv_indptr.to("cpu")
         lens_host = _kv_lens(host_int64(kv_host), host_int64(paged_kv_last_page_len), page_size)
-        if self._cached_module is None:
-            self._cached_module = _HostPlanner(self)
-        self._plan_info = self._cached_module.plan(
+        self._plan_on_host(
             self._float_workspace_buffer, self._int_workspace_buffer, self._pin_memory_int_workspace_buffer,
             qo_host, kv_host, lens_host, self._max_total_num_rows or total_rows, batch_size,
             num_qo_heads, num_kv_heads, page_size, self.is_cuda_graph_enabled, head_dim_qk,
@@ -516,7 +511,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_Common):
             kv_starts=indptr[:rows],
             kv_lens=_kv_lens(indptr, last, self._page_size),
             causal=self._causal,
-            window_left=self._window_left,
             kv_indices=self._paged_kv_indices_buf,
             page_size=self._page_size,
             mask=self._custom_mask_buf if masked else None,
@@ -577,11 +571,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Common):
         else:
             self._qo_indptr_buf = qo_indptr.to(self.device)
             self._kv_indptr_buf = kv_indptr.to(self.device)
-        if self._cached_module is None:
-            self._cached_module = _HostPlanner(self)
         qo_host, kv_host = qo_indptr.to("cpu"), kv_indptr.to("cpu")
         self._qo_indptr_last = int(qo_host[-1])
-        self._plan_info = self._cached_module.plan(
+        self._plan_on_host(
             self._float_workspace_buffer, self._int_workspace_buffer, self._pin_memory_int_workspace_buffer,
             qo_host, kv_host, kv_host[1:] - kv_host[:-1], int(qo_host[-1]), len(qo_host) - 1,
         )  # fmt: skip
@@ -622,7 +614,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_Common):
             kv_starts=kv[:rows],
             kv_lens=kv[1:] - kv[:-1],
             causal=self._causal,
-            window_left=self._window_left,
         )
         o, lse = attend(self._scaled(batch, None, None), q, k, v, out=out)
         return (o, lse) if return_lse else o
