@@ -311,6 +311,15 @@ _PROBE_RULES = (
         reads=("spec", "gpu_only", "cuda_graph"),
         needs_graph=True,
     ),
+    ProbeRule(
+        "draft-extend-idle",
+        modes=("DRAFT_EXTEND_V2",),
+        judges="an idle rank's spec-v2 draft extend (no requests, an EagleDraftExtendInput as spec_info) through the "
+        "production glue and the eager runner's metadata init on the Triton and FlashInfer backends: the metadata "
+        "describes zero requests (CRASH if the backend fails on it, INVARIANT if it plans requests); prefix_lens "
+        "only size the pools",
+        reads=("spec", "gpu_only"),
+    ),
 )
 PROBE_RULES: dict[str, ProbeRule] = {r.name: r for r in _PROBE_RULES}
 PROBES: tuple[str, ...] = tuple(PROBE_RULES)
