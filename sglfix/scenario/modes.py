@@ -320,6 +320,16 @@ _PROBE_RULES = (
         "only size the pools",
         reads=("spec", "gpu_only"),
     ),
+    ProbeRule(
+        "verify-mask-fits",
+        modes=("TARGET_VERIFY",),
+        judges="where the EAGLE verify-input builder has the tree kernel write the verify mask, the Triton backend's "
+        "graph state sized for one request fewer than the batch: the cells the kernel writes (FULL_MASK: "
+        "num_draft_tokens x (seq_len + num_draft_tokens) per request) fit the buffer it is handed, and the batch "
+        "of its first max_bs requests, which a graph replay takes, writes into the backend's buffer (INVARIANT "
+        "otherwise); prefix_lens are the committed lengths (at least two requests)",
+        reads=("spec", "gpu_only", "max_context_len"),
+    ),
 )
 PROBE_RULES: dict[str, ProbeRule] = {r.name: r for r in _PROBE_RULES}
 PROBES: tuple[str, ...] = tuple(PROBE_RULES)
