@@ -133,12 +133,15 @@ class VerifyMaskFits:
     name = "verify-mask-fits"
 
     def check_available(self, device: str) -> None:
+        import importlib
         import importlib.util
 
-        from sglang.srt.speculative import eagle_worker_common
-
-        if importlib.util.find_spec("sglang.srt.layers.attention.verify_mask") is None or not hasattr(
-            eagle_worker_common, "build_eagle_verify_input"
+        present = all(
+            importlib.util.find_spec(m) is not None
+            for m in ("sglang.srt.layers.attention.verify_mask", "sglang.srt.speculative.eagle_worker_common")
+        )
+        if not present or not hasattr(
+            importlib.import_module("sglang.srt.speculative.eagle_worker_common"), "build_eagle_verify_input"
         ):
             # Before 0.5.17 the worker takes the backend's graph mask buffer for every verify
             # (get_verify_buffers_to_fill_after_draft): no buffer choice to probe.
