@@ -44,7 +44,14 @@ EXPECT = {
     "26738:overlap-guard": {
         "probe-needs-cpu-seq-lens@gpu_only=on": "CRASH",
         "probe-needs-cpu-seq-lens@gpu_only=off": "CRASH",
+        "probe-draft-extend-idle@gpu_only=on": "CRASH",
     },
+    # The idle rank's draft extend: Triton reads the absent field; FlashInfer (kept off gpu_only
+    # batches by the scheduler) reads the absent pre-built indices.
+    "28221:triton": {"probe-draft-extend-idle@gpu_only=off": "CRASH", "probe-draft-extend-idle@gpu_only=on": "CRASH"},
+    "28221:flashinfer": {"probe-draft-extend-idle@gpu_only=off": "CRASH"},
+    # Long requests past the graph's max_bs overrun the FULL_MASK buffer; short ones fit by luck.
+    "33127": {"probe-verify-mask-long@gpu_only=off": "INVARIANT", "probe-verify-mask-long@gpu_only=on": "INVARIANT"},
 }
 DRAFT = ("probe-draft-positions-chain", "probe-draft-positions-tree")
 
@@ -183,6 +190,27 @@ def test_the_findings_name_what_went_wrong(runs):
     assert crash["stage"] == "forward", crash
     undeclared = cells["26738:overlap-guard"]["probe-needs-cpu-seq-lens@gpu_only=off"]["key"]
     assert "'UndeclaredAttnBackend' object has no attribute 'needs_cpu_seq_lens'" in undeclared, undeclared
+    idle = cells["28221:triton"]["probe-draft-extend-idle@gpu_only=off"]["findings"][0]
+    assert idle["type"] == "AttributeError" and "kv_indptr" in idle["message"], idle
+    assert idle["stage"] == "triton: idle metadata init" and idle["frame"].startswith(
+        "srt/layers/attention/triton_backend.py:"
+    )
+    stale = cells["28221:flashinfer"]["probe-draft-extend-idle@gpu_only=off"]["findings"][0]
+    assert stale["stage"] == "flashinfer: idle metadata init" and "kv_indices" in stale["message"], stale
+    overrun = cells["33127"]["probe-verify-mask-long@gpu_only=off"]["key"]
+    assert "past max_bs (3 requests, 747 cached tokens)" in overrun and "3036 FULL_MASK cells" in overrun, overrun
+    assert "the backend's buffer of 2080" in overrun, overrun
+
+
+def test_an_idle_pass_says_what_it_ran(runs):
+    base = runs[None]["cells"]
+    both = base["probe-draft-extend-idle@gpu_only=off"]["key"]
+    assert "padded to 8 tokens (2 rows of request row 0)" in both and "triton, flashinfer" in both, both
+    alone = base["probe-draft-extend-idle@gpu_only=on"]["key"]
+    assert "flashinfer not run (the scheduler keeps CPU seq_lens for it)" in alone, alone
+    fits = base["probe-verify-mask-short"]["key"]
+    assert "past max_bs (3 requests): 288 cells in its own allocation" in fits, fits
+    assert "within max_bs (2 requests): 140 cells in the backend's buffer" in fits, fits
 
 
 def test_the_draft_extend_view_finding_names_the_rows_and_its_fix_clears_it(runs):

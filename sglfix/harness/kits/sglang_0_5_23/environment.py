@@ -241,13 +241,22 @@ def draft_backend_factory(runner: Any, topk: int, num_steps: int) -> Any:
 
 
 def prepare_for_draft_extend(
-    *, num_accept_tokens: Any, batch: Any, predict: Any, num_draft_tokens: int, runner: Any, graph_runner: Any
+    *,
+    num_accept_tokens: Any,
+    batch: Any,
+    predict: Any,
+    num_draft_tokens: int,
+    runner: Any,
+    graph_runner: Any,
+    hidden_states: Any = None,
 ) -> Any:
     """sglang's spec-v2 draft-extend glue with the draft-extend input production builds:
     ``eagle_worker_common.prepare_for_draft_extend`` from 0.5.16 on (its hidden-state option off),
     ``EagleDraftWorkerBase``'s method of the same body in 0.5.14-0.5.15 (it reads nothing of the
     worker); in 0.5.13 the worker's ``EagleDraftInput`` prepares its own extend
-    (``prepare_for_extend_to_fill_draft_kvcache``), with no accept counts on it."""
+    (``prepare_for_extend_to_fill_draft_kvcache``), with no accept counts on it. ``hidden_states``:
+    the target's hidden states the input carries (None: a draft that reads none; the data-parallel
+    padding of 0.5.17-0.5.22 pads them whatever the draft)."""
     import inspect
 
     from sglang.srt.speculative import eagle_info
@@ -255,7 +264,7 @@ def prepare_for_draft_extend(
     ndt = num_draft_tokens
     if not hasattr(eagle_info.EagleDraftInput, "prepare_for_extend_to_fill_draft_kvcache"):
         draft_extend_input = eagle_info.EagleDraftExtendInput(
-            hidden_states=None,
+            hidden_states=hidden_states,
             num_correct_drafts=num_accept_tokens - 1,
             num_accept_tokens=num_accept_tokens,
             num_tokens_per_req=ndt,

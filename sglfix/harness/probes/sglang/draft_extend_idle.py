@@ -109,6 +109,15 @@ class DraftExtendIdle:
     def run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
         from sglfix.harness.kits import kit
 
+        # The backends' mock runners publish server args: put back what was published before.
+        try:
+            self._run(scenario, device=device, result=result, stage=stage)
+        finally:
+            kit("attention").restore_server_args()
+
+    def _run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
+        from sglfix.harness.kits import kit
+
         ndt = scenario.spec.num_draft_tokens
         # The busiest peer rank's draft extend: the idle rank pads to its token count.
         num_tokens = len(scenario.prefix_lens) * ndt
@@ -165,13 +174,18 @@ def _idle_step(
 
     idle = _idle_schedule_batch(runner=runner, gpu_only=gpu_only, device=device)
     stage("draft-extend glue")
+    import torch
+
+    # The target's hidden states of no tokens, as the worker hands them to an EAGLE draft.
+    hidden = torch.empty((0, runner.model_config.hidden_size), dtype=runner.dtype, device=device)
     forward_batch = kit("attention").prepare_for_draft_extend(
-        num_accept_tokens=idle.seq_lens.to(dtype=_int32()),
+        num_accept_tokens=idle.seq_lens.to(dtype=torch.int32),
         batch=idle,
         predict=idle.seq_lens,
         num_draft_tokens=ndt,
         runner=runner,
         graph_runner=None,
+        hidden_states=hidden,
     )
     stage("data-parallel padding")
     mode = getattr(forward_batch.forward_mode, "name", str(forward_batch.forward_mode))
@@ -197,12 +211,6 @@ def _judge(backend: Any, *, mode: str, bs: int, fill: int) -> list[str]:
         if values[: bs + 1] != expected:
             bad.append(f"{what} is {values[: bs + 1]}, the padded rows give {expected}")
     return bad
-
-
-def _int32() -> Any:
-    import torch
-
-    return torch.int32
 
 
 PROBE = DraftExtendIdle()

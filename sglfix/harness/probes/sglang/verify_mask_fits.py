@@ -34,6 +34,7 @@ from sglfix.harness.unavailable import Unavailable
 __all__ = ["PROBE"]
 
 _UTILS = "sglang.srt.speculative.eagle_utils"
+_LAUNCHES = ("build_tree_kernel_efficient_func", "sgl_build_tree_kernel_efficient")
 
 
 class _KernelBoundary:
@@ -42,21 +43,12 @@ class _KernelBoundary:
     def __init__(self) -> None:
         self.calls: list[dict] = []
 
-    def __call__(
-        self,
-        parent_list: Any,
-        top_scores_index: Any,
-        seq_lens: Any,
-        tree_mask: Any,
-        positions: Any,
-        retrieve_index: Any,
-        retrieve_next_token: Any,
-        retrieve_next_sibling: Any,
-        topk: int,
-        spec_steps: int,
-        num_verify_tokens: int,
-        tree_mask_mode: Any,
-    ) -> None:
+    def __call__(self, *args: Any) -> None:
+        # The launch's positional arguments (sglang's order since 0.5.17): parent_list,
+        # top_scores_index, seq_lens, tree_mask, positions, the three retrieve buffers, topk,
+        # spec_steps, num_verify_tokens, tree_mask_mode.
+        seq_lens, tree_mask, positions = args[2], args[3], args[4]
+        num_verify_tokens, tree_mask_mode = args[10], args[11]
         self.calls.append(
             {
                 "seq_lens": [int(x) for x in seq_lens.tolist()],
@@ -74,12 +66,20 @@ def _at_kernel_boundary(boundary: _KernelBoundary) -> Iterator[None]:
     import importlib
 
     utils = importlib.import_module(_UTILS)
-    real = utils.build_tree_kernel_efficient_func
-    utils.build_tree_kernel_efficient_func = boundary
+    # The launch build_tree_kernel_efficient makes on a GPU: sglang's dispatcher from 0.5.23 on,
+    # before that sgl_kernel's kernel under the module's own name (unbound without a GPU).
+    name = _LAUNCHES[0] if hasattr(utils, _LAUNCHES[0]) else _LAUNCHES[1]
+    names = vars(utils)
+    missing = object()
+    real = names.get(name, missing)
+    names[name] = boundary
     try:
         yield
     finally:
-        utils.build_tree_kernel_efficient_func = real
+        if real is missing:
+            del names[name]
+        else:
+            names[name] = real
 
 
 def _written(call: dict) -> int:
@@ -148,6 +148,15 @@ class VerifyMaskFits:
             raise Unavailable("this release has no VerifyMask: its worker hands every verify the graph mask buffer")
 
     def run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
+        from sglfix.harness.kits import kit
+
+        # The backends' mock runners publish server args: put back what was published before.
+        try:
+            self._run(scenario, device=device, result=result, stage=stage)
+        finally:
+            kit("attention").restore_server_args()
+
+    def _run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
         from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
         from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input
 
@@ -173,7 +182,9 @@ class VerifyMaskFits:
             boundary = _KernelBoundary()
             with _at_kernel_boundary(boundary):
                 verify_input = build_eagle_verify_input(
-                    _schedule_batch(runner=runner, rows=rows, seq_lens=batch_lens, gpu_only=scenario.gpu_only, device=device),
+                    _schedule_batch(
+                        runner=runner, rows=rows, seq_lens=batch_lens, gpu_only=scenario.gpu_only, device=device
+                    ),
                     Standin(bonus_tokens=bonus),
                     parent_list,
                     top_scores_index,
