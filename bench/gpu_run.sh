@@ -23,7 +23,8 @@
 # ONLY=flashinfer runs real sglang's FlashInferAttnBackend scenarios (every mode, the window ones, the
 # GQA multi-step draft) with every part on CUDA (the CPU/GPU parity input), then a mutation campaign
 # over them (MUTATE_ARGS for fewer cells per mutant or a --shard i/N; FI_LIMIT seconds at most;
-# FI_MATRIX=0 skips the matrix, for a later shard's call; FI_MUTATE=0 the campaign; FI_SCENARIOS replaces
+# FI_MATRIX=0 skips the matrix, for a later shard's call; FI_MUTATE=0 the campaign; FI_FIX=1 checks the
+# candidate window fix (fixes/flashinfer-swa-ragged-window.patch) over sglang-fi-*; FI_SCENARIOS replaces
 # the matrix's -s selection).
 # ONLY=finding writes the FlashInfer-MLA finding (report finding on the H100) and runs the Triton
 # draft-extend scenarios with every part (PR 27545's expectations on CUDA).
@@ -398,6 +399,12 @@ if [ "${ONLY:-}" = flashinfer ]; then
     echo "matrix rc=$?"
     set +f
     grep -E "^(UNMET|unexpected|sglfix matrix)" "$OUT/matrix-fi-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -15
+  fi
+  if [ "${FI_FIX:-0}" = 1 ]; then
+    log "the candidate window fix over the FlashInfer scenarios on CUDA, every part, with and without it"
+    COLUMNS=250 timeout ${FIX_LIMIT:-240} python3 bench/fix_check.py --profile sglang-0.5.23 \
+      --fix profiles/sglang-0.5.23/fixes/flashinfer-swa-ragged-window.patch --expect 'sglang-fi-extend-swa-long*' \
+      --parts -s 'sglang-fi-*' --device cuda --json "$OUT/fix-fi-window-cuda.json"; echo "fix rc=$?"
   fi
   if [ "${FI_MUTATE:-1}" = 0 ]; then exit 0; fi
   log "mutate: real sglang FlashInferAttnBackend on CUDA"
