@@ -51,7 +51,7 @@ EXPECT = {
     "28221:triton": {"probe-draft-extend-idle@gpu_only=off": "CRASH", "probe-draft-extend-idle@gpu_only=on": "CRASH"},
     "28221:flashinfer": {"probe-draft-extend-idle@gpu_only=off": "CRASH"},
     # Long requests past the graph's max_bs overrun the FULL_MASK buffer; short ones fit by luck.
-    "33127": {"probe-verify-mask-long@gpu_only=off": "INVARIANT", "probe-verify-mask-long@gpu_only=on": "INVARIANT"},
+    "33127:fits": {"probe-verify-mask-long@gpu_only=off": "INVARIANT", "probe-verify-mask-long@gpu_only=on": "INVARIANT"},
 }
 DRAFT = ("probe-draft-positions-chain", "probe-draft-positions-tree")
 
@@ -197,7 +197,7 @@ def test_the_findings_name_what_went_wrong(runs):
     )
     stale = cells["28221:flashinfer"]["probe-draft-extend-idle@gpu_only=off"]["findings"][0]
     assert stale["stage"] == "flashinfer: idle metadata init" and "kv_indices" in stale["message"], stale
-    overrun = cells["33127"]["probe-verify-mask-long@gpu_only=off"]["key"]
+    overrun = cells["33127:fits"]["probe-verify-mask-long@gpu_only=off"]["key"]
     assert "past max_bs (3 requests, 747 cached tokens)" in overrun and "3036 FULL_MASK cells" in overrun, overrun
     assert "the backend's buffer of 2080" in overrun, overrun
 
