@@ -51,7 +51,10 @@ EXPECT = {
     "28221:triton": {"probe-draft-extend-idle@gpu_only=off": "CRASH", "probe-draft-extend-idle@gpu_only=on": "CRASH"},
     "28221:flashinfer": {"probe-draft-extend-idle@gpu_only=off": "CRASH"},
     # Long requests past the graph's max_bs overrun the FULL_MASK buffer; short ones fit by luck.
-    "33127:fits": {"probe-verify-mask-long@gpu_only=off": "INVARIANT", "probe-verify-mask-long@gpu_only=on": "INVARIANT"},
+    "33127:fits": {
+        "probe-verify-mask-long@gpu_only=off": "INVARIANT",
+        "probe-verify-mask-long@gpu_only=on": "INVARIANT",
+    },
 }
 DRAFT = ("probe-draft-positions-chain", "probe-draft-positions-tree")
 

@@ -11,7 +11,7 @@ from typing import Any
 from sglfix.harness.kits import kit as _kit
 from sglfix.harness.unavailable import Unavailable
 
-__all__ = ["GlueInputs", "glue_inputs", "run_glue"]
+__all__ = ["GlueInputs", "glue_inputs", "make_schedule_batch", "run_glue"]
 
 # The draft model's vocabulary for the glue (it checks the window's token ids against it); the
 # kit's production draft-extend harness configures its runner the same way.
@@ -67,37 +67,61 @@ def _configure_draft_runner(runner: Any) -> None:
         runner.maybe_init_watermark_state()
 
 
-def glue_inputs(*, batch: Any, runner: Any, scenario: Any, device: str) -> GlueInputs:
-    """A real ScheduleBatch holding the pre-step state: the kit's slot layout and write slots,
-    ``seq_lens`` = prefix (the glue bumps it), CPU mirrors unless gpu_only."""
+def make_schedule_batch(
+    *,
+    runner: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    gpu_only: bool,
+    out_cache_loc: Any,
+    device: str,
+    idle: bool = False,
+) -> Any:
+    """A real EAGLE ScheduleBatch over ``runner``'s pools: ``seq_lens`` (host tensor) with its CPU
+    mirrors unless ``gpu_only``, mode DECODE, or IDLE for a rank with no requests."""
     import torch
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    prefix = torch.tensor(scenario.prefix_lens, dtype=torch.int64)
-    bs = len(scenario.prefix_lens)
-    _configure_draft_runner(runner)
-    schedule_batch = ScheduleBatch(
+    bs = int(seq_lens.shape[0])
+    return ScheduleBatch(
         reqs=[],
         req_to_token_pool=runner.req_to_token_pool,
         token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
         model_config=runner.model_config,
         device=device,
-        forward_mode=ForwardMode.DECODE,
-        req_pool_indices=batch.req_pool_indices.to(torch.int64),
-        seq_lens=prefix.to(device),
-        seq_lens_cpu=None if scenario.gpu_only else prefix.clone(),
-        seq_lens_sum=None if scenario.gpu_only else int(prefix.sum()),
-        out_cache_loc=batch.out_cache_loc,
+        forward_mode=ForwardMode.IDLE if idle else ForwardMode.DECODE,
+        req_pool_indices=req_pool_indices.to(torch.int64),
+        seq_lens=seq_lens.to(device),
+        seq_lens_cpu=None if gpu_only else seq_lens.clone(),
+        seq_lens_sum=None if gpu_only else int(seq_lens.sum()),
+        out_cache_loc=out_cache_loc,
         multimodal_inputs=[None] * bs,
         spec_algorithm=SpeculativeAlgorithm.EAGLE,
+    )
+
+
+def glue_inputs(*, batch: Any, runner: Any, scenario: Any, device: str) -> GlueInputs:
+    """A real ScheduleBatch holding the pre-step state: the kit's slot layout and write slots,
+    ``seq_lens`` = prefix (the glue bumps it), CPU mirrors unless gpu_only."""
+    import torch
+
+    prefix = torch.tensor(scenario.prefix_lens, dtype=torch.int64)
+    _configure_draft_runner(runner)
+    schedule_batch = make_schedule_batch(
+        runner=runner,
+        req_pool_indices=batch.req_pool_indices,
+        seq_lens=prefix,
+        gpu_only=scenario.gpu_only,
+        out_cache_loc=batch.out_cache_loc,
+        device=device,
     )
     ndt = scenario.spec.num_draft_tokens
     return GlueInputs(
         schedule_batch=schedule_batch,
         predict=batch.input_ids.to(torch.int64) % _VOCAB,
-        num_accept_tokens=torch.full((bs,), ndt, dtype=torch.int32, device=device),
+        num_accept_tokens=torch.full((len(scenario.prefix_lens),), ndt, dtype=torch.int32, device=device),
     )
 
 

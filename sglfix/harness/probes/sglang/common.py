@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["ceil_to", "published"]
+__all__ = ["ceil_to", "published", "runners_unpublished"]
 
 
 @contextlib.contextmanager
@@ -22,3 +22,15 @@ def published(**server_args: Any) -> Iterator[None]:
 
 def ceil_to(value: int, step: int) -> int:
     return -(-value // step) * step
+
+
+@contextlib.contextmanager
+def runners_unpublished() -> Iterator[None]:
+    """For a probe that builds backends the way the adapters do: their mock runners publish server
+    args, and what was published before is put back afterwards, whatever happens."""
+    from sglfix.harness.kits import kit
+
+    try:
+        yield
+    finally:
+        kit("attention").restore_server_args()

@@ -29,6 +29,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+from sglfix.harness.adapters.sglang.glue import make_schedule_batch
+from sglfix.harness.probes.sglang.common import runners_unpublished
 from sglfix.harness.unavailable import Unavailable
 
 __all__ = ["PROBE"]
@@ -46,31 +48,6 @@ def _adapter(name: str) -> Any:
     from sglfix.harness.adapters.sglang.triton import SglangTritonAdapter
 
     return SglangTritonAdapter()
-
-
-def _idle_schedule_batch(*, runner: Any, gpu_only: bool, device: str) -> Any:
-    """A real ScheduleBatch of an idle rank: no requests, mode IDLE (as ``prepare_for_idle`` leaves it)."""
-    import torch
-    from sglang.srt.managers.schedule_batch import ScheduleBatch
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    empty = torch.empty((0,), dtype=torch.int64, device=device)
-    return ScheduleBatch(
-        reqs=[],
-        req_to_token_pool=runner.req_to_token_pool,
-        token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
-        model_config=runner.model_config,
-        device=device,
-        forward_mode=ForwardMode.IDLE,
-        req_pool_indices=empty.clone(),
-        seq_lens=empty.clone(),
-        seq_lens_cpu=None if gpu_only else torch.empty((0,), dtype=torch.int64),
-        seq_lens_sum=None if gpu_only else 0,
-        out_cache_loc=empty.clone(),
-        multimodal_inputs=[],
-        spec_algorithm=SpeculativeAlgorithm.EAGLE,
-    )
 
 
 def _needs_init(forward_batch: Any) -> bool:
@@ -107,13 +84,8 @@ class DraftExtendIdle:
             raise Unavailable("this release's spec-v2 draft extend installs no EagleDraftExtendInput")
 
     def run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
-        from sglfix.harness.kits import kit
-
-        # The backends' mock runners publish server args: put back what was published before.
-        try:
+        with runners_unpublished():
             self._run(scenario, device=device, result=result, stage=stage)
-        finally:
-            kit("attention").restore_server_args()
 
     def _run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
         from sglfix.harness.kits import kit
@@ -170,12 +142,22 @@ def _idle_step(
     the data-parallel sync's padding to the peers' token count (``prepare_mlp_sync_batch``: one
     row per ``num_tokens_per_req`` tokens, ``_pad_inputs_to_size``), then the eager runner's idle
     step, which builds metadata for a padded batch."""
-    from sglfix.harness.kits import kit
-
-    idle = _idle_schedule_batch(runner=runner, gpu_only=gpu_only, device=device)
-    stage("draft-extend glue")
     import torch
 
+    from sglfix.harness.kits import kit
+
+    # An idle rank's batch: no requests, mode IDLE (as prepare_for_idle leaves it).
+    empty = torch.empty((0,), dtype=torch.int64)
+    idle = make_schedule_batch(
+        runner=runner,
+        req_pool_indices=empty,
+        seq_lens=empty,
+        gpu_only=gpu_only,
+        out_cache_loc=empty.to(device),
+        device=device,
+        idle=True,
+    )
+    stage("draft-extend glue")
     # The target's hidden states of no tokens, as the worker hands them to an EAGLE draft.
     hidden = torch.empty((0, runner.model_config.hidden_size), dtype=runner.dtype, device=device)
     forward_batch = kit("attention").prepare_for_draft_extend(

@@ -28,7 +28,9 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from sglfix.harness.adapters.sglang.glue import make_schedule_batch
 from sglfix.harness.misfit import Standin
+from sglfix.harness.probes.sglang.common import runners_unpublished
 from sglfix.harness.unavailable import Unavailable
 
 __all__ = ["PROBE"]
@@ -91,30 +93,6 @@ def _written(call: dict) -> int:
     return ndt * ndt * len(lens)
 
 
-def _schedule_batch(*, runner: Any, rows: Any, seq_lens: list[int], gpu_only: bool, device: str) -> Any:
-    import torch
-    from sglang.srt.managers.schedule_batch import ScheduleBatch
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    lens = torch.tensor(seq_lens, dtype=torch.int64)
-    return ScheduleBatch(
-        reqs=[],
-        req_to_token_pool=runner.req_to_token_pool,
-        token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
-        model_config=runner.model_config,
-        device=device,
-        forward_mode=ForwardMode.DECODE,
-        req_pool_indices=rows[: len(seq_lens)].to(torch.int64),
-        seq_lens=lens.to(device),
-        seq_lens_cpu=None if gpu_only else lens.clone(),
-        seq_lens_sum=None if gpu_only else int(lens.sum()),
-        out_cache_loc=None,
-        multimodal_inputs=[None] * len(seq_lens),
-        spec_algorithm=SpeculativeAlgorithm.EAGLE,
-    )
-
-
 def _draft_outputs(*, bs: int, spec: Any, device: str) -> tuple[Any, Any, Any, Any]:
     """What the draft loop hands the verify-input builder: the bonus tokens, the parent list, the
     selected node of each draft token and the draft tokens (the shapes draft_forward returns)."""
@@ -148,15 +126,11 @@ class VerifyMaskFits:
             raise Unavailable("this release has no VerifyMask: its worker hands every verify the graph mask buffer")
 
     def run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
-        from sglfix.harness.kits import kit
-
-        # The backends' mock runners publish server args: put back what was published before.
-        try:
+        with runners_unpublished():
             self._run(scenario, device=device, result=result, stage=stage)
-        finally:
-            kit("attention").restore_server_args()
 
     def _run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
+        import torch
         from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
         from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input
 
@@ -182,8 +156,13 @@ class VerifyMaskFits:
             boundary = _KernelBoundary()
             with _at_kernel_boundary(boundary):
                 verify_input = build_eagle_verify_input(
-                    _schedule_batch(
-                        runner=runner, rows=rows, seq_lens=batch_lens, gpu_only=scenario.gpu_only, device=device
+                    make_schedule_batch(
+                        runner=runner,
+                        req_pool_indices=rows[:n],
+                        seq_lens=torch.tensor(batch_lens, dtype=torch.int64),
+                        gpu_only=scenario.gpu_only,
+                        out_cache_loc=None,
+                        device=device,
                     ),
                     Standin(bonus_tokens=bonus),
                     parent_list,
