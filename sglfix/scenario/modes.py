@@ -330,6 +330,16 @@ _PROBE_RULES = (
         "otherwise); prefix_lens are the committed lengths (at least two requests)",
         reads=("spec", "gpu_only", "max_context_len"),
     ),
+    ProbeRule(
+        "trtllm-capture-fallback",
+        modes=("TARGET_VERIFY", "DRAFT_EXTEND_V2"),
+        judges="which attention path the TRT-LLM MLA backend's forward_extend takes for a batch of the mode captured "
+        "in a CUDA graph right after a prefill on cached prefixes that fell back to FlashInfer (chunked prefix "
+        "caching off): the trtllm-gen MLA kernel, never the FlashInfer prefill wrappers planned for that prefill "
+        "(INVARIANT otherwise); prefix_lens are the prefill's prefixes, each extended by num_draft_tokens",
+        reads=("spec", "model", "page_size", "max_context_len"),
+        page_sizes=(32, 64),
+    ),
 )
 PROBE_RULES: dict[str, ProbeRule] = {r.name: r for r in _PROBE_RULES}
 PROBES: tuple[str, ...] = tuple(PROBE_RULES)

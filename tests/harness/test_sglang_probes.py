@@ -50,6 +50,11 @@ EXPECT = {
     # batches by the scheduler) reads the absent pre-built indices.
     "28221:triton": {"probe-draft-extend-idle@gpu_only=off": "CRASH", "probe-draft-extend-idle@gpu_only=on": "CRASH"},
     "28221:flashinfer": {"probe-draft-extend-idle@gpu_only=off": "CRASH"},
+    # A captured verify or draft extend after a prefill that fell back to FlashInfer takes the fallback.
+    "32288:gate": {
+        "probe-trtllm-capture-fallback@mode=TARGET_VERIFY": "INVARIANT",
+        "probe-trtllm-capture-fallback@mode=DRAFT_EXTEND_V2": "INVARIANT",
+    },
     # Long requests past the graph's max_bs overrun the FULL_MASK buffer; short ones fit by luck.
     "33127:fits": {
         "probe-verify-mask-long@gpu_only=off": "INVARIANT",
@@ -203,6 +208,9 @@ def test_the_findings_name_what_went_wrong(runs):
     overrun = cells["33127:fits"]["probe-verify-mask-long@gpu_only=off"]["key"]
     assert "past max_bs (3 requests, 747 cached tokens)" in overrun and "3036 FULL_MASK cells" in overrun, overrun
     assert "the backend's buffer of 2080" in overrun, overrun
+    stale = cells["32288:gate"]["probe-trtllm-capture-fallback@mode=TARGET_VERIFY"]["key"]
+    assert "TARGET_VERIFY captured at 2 after a prefill on prefixes [40, 70]" in stale, stale
+    assert "reached FlashInfer MLA prefill fallback" in stale, stale
 
 
 def test_an_idle_pass_says_what_it_ran(runs):

@@ -6,12 +6,15 @@ sglang binds ``BatchDecodeWithPagedKVCacheWrapper``, ``BatchPrefillWithPagedKVCa
 ``BatchPrefillWithRaggedKVCacheWrapper``, ``fast_decode_plan``, ``merge_state`` and its own
 ``_safe_merge_state`` in ``flashinfer_backend`` only when FlashInfer is available; ``install`` binds
 the stand-ins to those names in a module that lacks them (and never replaces the real ones).
+``install_mla`` does the same for ``flashinfer_mla_backend`` (``BatchMLAPagedAttentionWrapper``,
+``sglfix.harness.torchfi.mla``, and the ragged wrapper).
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 
+from sglfix.harness.torchfi.mla import BatchMLAPagedAttentionWrapper
 from sglfix.harness.torchfi.wrappers import (
     BatchDecodeWithPagedKVCacheWrapper,
     BatchPrefillWithPagedKVCacheWrapper,
@@ -21,7 +24,7 @@ from sglfix.harness.torchfi.wrappers import (
     segment_packbits,
 )
 
-__all__ = ["STANDINS", "install", "installed"]
+__all__ = ["MLA_STANDINS", "STANDINS", "install", "install_mla", "installed"]
 
 STANDINS = {
     "BatchDecodeWithPagedKVCacheWrapper": BatchDecodeWithPagedKVCacheWrapper,
@@ -31,6 +34,11 @@ STANDINS = {
     "merge_state": merge_state,
     "_safe_merge_state": merge_state,
     "segment_packbits": segment_packbits,
+}
+# What sglang's FlashInfer-MLA backend module binds from FlashInfer (its TRT-LLM MLA subclass too).
+MLA_STANDINS = {
+    "BatchMLAPagedAttentionWrapper": BatchMLAPagedAttentionWrapper,
+    "BatchPrefillWithRaggedKVCacheWrapper": BatchPrefillWithRaggedKVCacheWrapper,
 }
 
 
@@ -48,3 +56,14 @@ def install(module: ModuleType) -> bool:
 def installed(module: ModuleType) -> bool:
     """Whether ``module``'s FlashInfer names are the stand-ins."""
     return vars(module).get("BatchDecodeWithPagedKVCacheWrapper") is BatchDecodeWithPagedKVCacheWrapper
+
+
+def install_mla(module: ModuleType) -> bool:
+    """``install`` for sglang's FlashInfer-MLA backend module (its wrappers are the MLA paged one and
+    the ragged one); True when the module now runs on the stand-ins."""
+    names = vars(module)
+    if "BatchMLAPagedAttentionWrapper" in names:
+        return names["BatchMLAPagedAttentionWrapper"] is BatchMLAPagedAttentionWrapper
+    for name, value in MLA_STANDINS.items():
+        names.setdefault(name, value)
+    return True

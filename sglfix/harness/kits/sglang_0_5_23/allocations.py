@@ -64,7 +64,7 @@ class CudaAllocations(TorchFunctionMode):
 
     * ``remap``: without CUDA, such a tensor is made on the CPU instead (sglang's multi-step draft
       backends hard-code ``device="cuda"`` for their kv_indices rows; everything else about the call
-      is unchanged).
+      is unchanged), and a pinned host tensor an ordinary one.
     * ``guard``: 2-D integer buffers (the per-step kv_indices rows) are carved from a larger flat
       allocation whose tail is sentinel bytes, so a write past the buffer's end is caught by the
       judge's guard check (``guarded``).
@@ -81,6 +81,9 @@ class CudaAllocations(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         kind = _FACTORIES.get(func)
+        if self.remap and kind is not None and kwargs.get("pin_memory") and not torch.cuda.is_available():
+            # Pinned host memory needs an accelerator; a plain host tensor holds the same values.
+            kwargs.pop("pin_memory")
         if kind is None or not _is_cuda(kwargs.get("device")):
             __sglfix_passthrough__ = True  # an error of func is its caller's: harness.misfit
             return func(*args, **kwargs)

@@ -49,10 +49,13 @@ __all__ = [
     "make_model_runner",
     "prepare_for_draft_extend",
     "prepare_target_verify_batch",
+    "publish_over",
+    "published_now",
     "restore_server_args",
     "server_args",
     "set_draft_extend_v2_prefix_lens",
     "single_rank_moe",
+    "track_published",
 ]
 
 KIT_VERSION = "0.5.23"
@@ -144,20 +147,36 @@ def make_model_runner(
         disable_cuda_graph=not graph,
         runner_batch_size=pool_rows,
     )
-    override = getattr(runner, "_server_args_override", None)  # 0.5.16 on
-    _published.append(
-        (override.restore if override is not None else lambda: publish_server_args(before), runner.server_args)
-    )
+    track_published(runner, before=before)
     if spec is not None and (spec[0] > 1 or spec[1] != spec[2] - 1):
         topk, num_steps, num_draft_tokens = spec
-        restore = publish_spec(
+        publish_over(
             runner,
             speculative_eagle_topk=topk,
             speculative_num_steps=num_steps,
             speculative_num_draft_tokens=num_draft_tokens,
         )
-        _published.append((restore, runner.server_args))
     return runner
+
+
+def published_now() -> Any:
+    """The server args published now (None: none)."""
+    return _published_now()
+
+
+def track_published(runner: Any, *, before: Any) -> None:
+    """Remember the server args a kit mock runner published over ``before``, for
+    ``restore_server_args``."""
+    override = getattr(runner, "_server_args_override", None)  # 0.5.16 on
+    _published.append(
+        (override.restore if override is not None else lambda: publish_server_args(before), runner.server_args)
+    )
+
+
+def publish_over(runner: Any, **fields: Any) -> None:
+    """``fields`` published over the runner's server args, put back by ``restore_server_args``."""
+    restore = publish_spec(runner, **fields)
+    _published.append((restore, runner.server_args))
 
 
 def _published_now() -> Any:

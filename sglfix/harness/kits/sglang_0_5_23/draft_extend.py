@@ -13,7 +13,7 @@ from .draft_cases import mla_runner, round_up, torch_dtype
 from .environment import bind_own_plan, prepare
 from .slots import PagedSlots
 
-__all__ = ["build_trtllm_draft_extend", "trtllm_capture_batch", "trtllm_replay_view"]
+__all__ = ["build_trtllm_draft_extend", "trtllm_capture_batch", "trtllm_prefill_case", "trtllm_replay_view"]
 
 
 def build_trtllm_draft_extend(scenario: Any, *, device: str) -> SimpleNamespace:
@@ -197,3 +197,55 @@ def trtllm_capture_batch(bs: int, *, n: int, fill: int, device: str, runner: Any
         num_tokens_for_logprob_per_req=1,
     )
     return batch
+
+
+def trtllm_prefill_case(
+    scenario: Any, *, model: Any, new_tokens: int, device: str, disable_chunked_prefix_cache: bool
+) -> tuple[Any, Any]:
+    """A TRT-LLM MLA prefill on cached prefixes (the kit's MLA EXTEND batch: each request of
+    ``scenario.prefix_lens`` extends ``new_tokens``) over the kit's MLA mock runner, with the
+    speculative sizes and ``disable_chunked_prefix_cache`` published over its server args (put back
+    by ``attention.restore_server_args``). Returns (the batch, the runner)."""
+    prepare()
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.test.kits.attention_unittest.attention_methods.mla_attention import (
+        MLAAttentionCase,
+        _make_forward_batch,
+    )
+
+    from .attention import publish_over, published_now, restore_server_args, track_published
+
+    prefix = tuple(scenario.prefix_lens)
+    bs, page = len(prefix), scenario.page_size
+    max_context_len = round_up(max(scenario.max_context_len or 0, max(prefix) + new_tokens + 1), page)
+    case = MLAAttentionCase(
+        name=scenario.name,
+        backend="trtllm_mla",
+        forward_mode=ForwardMode.EXTEND,
+        num_heads=model.num_heads,
+        page_size=page,
+        prefix_lens=prefix,
+        extend_lens=(new_tokens,) * bs,
+    )
+    restore_server_args()
+    before = published_now()
+    runner, _hidden = mla_runner(
+        case,
+        model,
+        dtype=torch_dtype(scenario.model.dtype),
+        device=device,
+        max_context_len=max_context_len,
+        graphs=True,
+        pool_bs=bs,
+    )
+    track_published(runner, before=before)
+    publish_over(
+        runner,
+        disable_chunked_prefix_cache=disable_chunked_prefix_cache,
+        speculative_algorithm="EAGLE",
+        speculative_eagle_topk=scenario.spec.topk,
+        speculative_num_steps=scenario.spec.num_steps,
+        speculative_num_draft_tokens=new_tokens,
+    )
+    batch = _make_forward_batch(case, runner, max_context_len=max_context_len, device=device)
+    return batch, runner
