@@ -92,7 +92,7 @@ def make_schedule_batch(
         model_config=runner.model_config,
         device=device,
         forward_mode=ForwardMode.IDLE if idle else ForwardMode.DECODE,
-        req_pool_indices=req_pool_indices.to(torch.int64),
+        req_pool_indices=req_pool_indices.to(device=device, dtype=torch.int64),
         seq_lens=seq_lens.to(device),
         seq_lens_cpu=None if gpu_only else seq_lens.clone(),
         seq_lens_sum=None if gpu_only else int(seq_lens.sum()),
