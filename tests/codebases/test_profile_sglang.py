@@ -25,7 +25,7 @@ PROFILE = ROOT / "profiles" / "sglang-0.5.23"
 SEED = {26651, 26738, 26239, 27460, 21987}
 SGLANG_OWN = {25015, 26329, 26972, 27360, 27338, 27460}
 # Merged fixes present in 0.5.23 that the profile adds (toggles sglfix writes, not sglang).
-ADDED = {27545, 26880, 29858, 26513, 35424}
+ADDED = {27545, 26880, 29858, 26513, 35424, 28221, 33127, 32288}
 AS_IS = {25015, 26329, 26972, 27360}
 
 

@@ -89,14 +89,26 @@ from sglfix.scenario import load_scenario_file
 args = json.loads(sys.argv[1])
 from sglang.srt.runtime_context import get_context
 from sglang.test.kits.attention_unittest.runner_modes import speculative_draft_runner as sdr
-before = (get_context()._server_args, sdr._seeded_rng, sys.modules.get("sglang.test.test_utils"))
+# The draft kit's one-time process set-up (a worker's first draft or MLA cell makes it: it imports
+# sglang.test.test_utils once) comes before the snapshot; a probe that replaces the module after is
+# still caught.
+from sglfix.harness.kits import kit
+kit("drafts").prepare()
+from sglang.srt.layers.attention import flashinfer_mla_backend as fimla, trtllm_mla_backend as trt
+from sglang.srt.speculative import eagle_utils
+# What the probes bind around the code under test (kernel launches, device queries) and must put back.
+def bound():
+    return (vars(trt).get("flashinfer"), trt._jit_fixup_module, trt.can_use_set_mla_kv_concat_q,
+            fimla.FlashInferMLAAttnBackend.__dict__["forward_extend"],
+            vars(eagle_utils).get("build_tree_kernel_efficient_func"), vars(eagle_utils).get("sgl_build_tree_kernel_efficient"))
+before = (get_context()._server_args, sdr._seeded_rng, sys.modules.get("sglang.test.test_utils"), *bound())
 for path in args["files"]:
     for s in load_scenario_file(path):
         if args["only"] is None or s.name in args["only"]:
             r = run_cell(s, device="cpu", toggles=args["toggles"])
             print("CELL " + json.dumps({"name": s.name, "verdict": r.verdict, "key": r.key_figure,
                                          "findings": r.findings, "ms": r.timings_ms.get("total")}))
-after = (get_context()._server_args, sdr._seeded_rng, sys.modules.get("sglang.test.test_utils"))
+after = (get_context()._server_args, sdr._seeded_rng, sys.modules.get("sglang.test.test_utils"), *bound())
 print("STATE " + json.dumps({"reverted": sglfix.reverted_ids(),
                              "clean": all(a is b for a, b in zip(before, after))}))
 """

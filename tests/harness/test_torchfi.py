@@ -160,3 +160,96 @@ def test_a_window_given_only_at_run_time_is_not_applied(cache):
         w.begin_forward(qo, qo, H, HKV, D, window_left=planned)
         out = w.forward(q, k, v, causal=True, window_left=window)
         torch.testing.assert_close(out.float(), _by_hand(q, k, v, want), atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------------------------ MLA (absorbed, paged latent cache)
+
+CKV, KPE, MLA_H, PAGE = 8, 4, 3, 4
+
+
+def _mla_by_hand(q_nope, q_pe, ckv, kpe, slots, *, causal: bool, scale: float) -> torch.Tensor:
+    """One request's query rows against the latent rows ``slots`` (value = the latent row)."""
+    kc, kp = ckv[slots].float(), kpe[slots].float()
+    scores = (torch.einsum("qhd,kd->hqk", q_nope.float(), kc) + torch.einsum("qhd,kd->hqk", q_pe.float(), kp)) * scale
+    if causal:
+        q_len, k_len = q_nope.shape[0], len(slots)
+        pos = torch.arange(q_len) + (k_len - q_len)
+        scores = scores.masked_fill(~(torch.arange(k_len)[None, :] <= pos[:, None])[None], float("-inf"))
+    return torch.einsum("hqk,kd->qhd", torch.softmax(scores, -1), kc)
+
+
+def test_mla_reads_each_request_s_pages_for_its_planned_length_causally():
+    gen = torch.Generator().manual_seed(3)
+    num_pages = 12
+    ckv_cache = torch.randn(num_pages, PAGE, CKV, generator=gen)
+    kpe_cache = torch.randn(num_pages, PAGE, KPE, generator=gen)
+    kv_lens = [6, 9]  # 2 and 3 pages of 4 (query rows: 2 and 3); the last page partly used
+    pages = torch.randperm(num_pages, generator=gen)[:5].to(torch.int32)
+    qo = torch.tensor([0, 2, 5], dtype=torch.int32)
+    kv_indptr = torch.tensor([0, 2, 5], dtype=torch.int32)
+    q_nope = torch.randn(5, MLA_H, CKV, generator=gen)
+    q_pe = torch.randn(5, MLA_H, KPE, generator=gen)
+    w = torchfi.BatchMLAPagedAttentionWrapper(_workspace())
+    w.plan(qo, kv_indptr, pages, torch.tensor(kv_lens, dtype=torch.int32), MLA_H, CKV, KPE, PAGE, True, 0.3,
+           torch.float32, torch.float32)  # fmt: skip
+    out, lse = w.run(q_nope, q_pe, ckv_cache, kpe_cache, return_lse=True)
+    flat_c, flat_p = ckv_cache.reshape(-1, CKV), kpe_cache.reshape(-1, KPE)
+    for r in range(2):
+        req_pages = pages[int(kv_indptr[r]) : int(kv_indptr[r + 1])].long()
+        slots = (req_pages[:, None] * PAGE + torch.arange(PAGE)[None, :]).reshape(-1)[: kv_lens[r]]
+        rows = slice(int(qo[r]), int(qo[r + 1]))
+        want = _mla_by_hand(q_nope[rows], q_pe[rows], flat_c, flat_p, slots, causal=True, scale=0.3)
+        assert torch.allclose(out[rows], want, atol=1e-5), r
+    assert torch.isfinite(lse).all() and lse.shape == (5, MLA_H)
+
+
+def test_mla_fast_plan_schedules_from_host_arrays_and_reads_the_graph_buffer_at_run_time():
+    """sglang's sync-free re-plan hands ``_cached_module.plan`` host arrays only; the kernel then
+    reads the graph's kv_indices buffer as it is when it runs, not as it was at plan time."""
+    gen = torch.Generator().manual_seed(4)
+    ckv_cache = torch.randn(8, PAGE, CKV, generator=gen)
+    kpe_cache = torch.randn(8, PAGE, KPE, generator=gen)
+    bufs = dict(
+        qo_indptr=torch.zeros(2, dtype=torch.int32),
+        kv_indptr=torch.zeros(2, dtype=torch.int32),
+        kv_indices=torch.zeros(4, dtype=torch.int32),
+        kv_len_arr=torch.zeros(1, dtype=torch.int32),
+    )
+    w = torchfi.BatchMLAPagedAttentionWrapper(_workspace(), use_cuda_graph=True, **bufs)
+    with pytest.raises(RuntimeError, match="before plan"):
+        w.run(torch.zeros(1, MLA_H, CKV), torch.zeros(1, MLA_H, KPE), ckv_cache, kpe_cache)
+    w.plan(torch.tensor([0, 1]), torch.tensor([0, 2]), torch.tensor([5, 6]), torch.tensor([7]), MLA_H, CKV, KPE,
+           PAGE, False, 1.0, torch.float32, torch.float32)  # fmt: skip
+    bufs["kv_indices"][:2] = torch.tensor([1, 2], dtype=torch.int32)  # rewritten after the plan
+    q_nope, q_pe = torch.randn(1, MLA_H, CKV, generator=gen), torch.randn(1, MLA_H, KPE, generator=gen)
+    out = w.run(q_nope, q_pe, ckv_cache, kpe_cache)
+    slots = torch.tensor([4, 5, 6, 7, 8, 9, 10])  # pages 1 and 2, 7 tokens
+    want = _mla_by_hand(
+        q_nope, q_pe, ckv_cache.reshape(-1, CKV), kpe_cache.reshape(-1, KPE), slots, causal=False, scale=1.0
+    )
+    assert torch.allclose(out, want, atol=1e-5)
+    with pytest.raises(ValueError, match="host memory"):
+        w._cached_module.plan(None, None, None, torch.tensor([0, 1]).to("meta"), torch.tensor([0, 2]), torch.tensor([7]),
+                              MLA_H, CKV, False)  # fmt: skip
+
+
+def test_mla_refuses_what_it_does_not_model_and_rows_the_plan_did_not_count():
+    w = torchfi.BatchMLAPagedAttentionWrapper(_workspace())
+    with pytest.raises(NotImplementedError, match="MLAPlanMetadata"):
+        w.plan(metadata=object())
+    with pytest.raises(TypeError, match="missing required arguments: sm_scale"):
+        w.plan(torch.tensor([0, 1]), torch.tensor([0, 1]), torch.tensor([0]), torch.tensor([1]), MLA_H, CKV, KPE,
+               PAGE, True)  # fmt: skip
+    w.plan(torch.tensor([0, 1]), torch.tensor([0, 1]), torch.tensor([0]), torch.tensor([1]), MLA_H, CKV, KPE, PAGE,
+           True, 1.0, torch.float32, torch.float32)  # fmt: skip
+    cache = torch.zeros(2, PAGE, CKV), torch.zeros(2, PAGE, KPE)
+    with pytest.raises(ValueError, match="the plan counted 1"):
+        w.run(torch.zeros(2, MLA_H, CKV), torch.zeros(2, MLA_H, KPE), *cache)
+
+
+def test_install_mla_binds_only_where_flashinfer_is_missing():
+    bare = types.ModuleType("bare")
+    assert torchfi.install_mla(bare) and bare.BatchMLAPagedAttentionWrapper is torchfi.BatchMLAPagedAttentionWrapper
+    real = types.ModuleType("real")
+    real.BatchMLAPagedAttentionWrapper = object
+    assert not torchfi.install_mla(real) and real.BatchMLAPagedAttentionWrapper is object

@@ -24,7 +24,7 @@ from sglfix.harness.torchfi.wrappers import (
     segment_packbits,
 )
 
-__all__ = ["MLA_STANDINS", "STANDINS", "install", "install_mla", "installed"]
+__all__ = ["MLA_STANDINS", "STANDINS", "BatchMLAPagedAttentionWrapper", "install", "install_mla", "installed"]
 
 STANDINS = {
     "BatchDecodeWithPagedKVCacheWrapper": BatchDecodeWithPagedKVCacheWrapper,

@@ -68,8 +68,8 @@ def _at_kernel_boundary(boundary: _KernelBoundary) -> Iterator[None]:
     import importlib
 
     utils = importlib.import_module(_UTILS)
-    # The launch build_tree_kernel_efficient makes on a GPU: sglang's dispatcher from 0.5.23 on,
-    # before that sgl_kernel's kernel under the module's own name (unbound without a GPU).
+    # The launch build_tree_kernel_efficient makes on a GPU: sglang's own dispatcher in the newer
+    # releases, sgl_kernel's kernel under the module's own name in the older (unbound without a GPU).
     name = _LAUNCHES[0] if hasattr(utils, _LAUNCHES[0]) else _LAUNCHES[1]
     names = vars(utils)
     missing = object()
