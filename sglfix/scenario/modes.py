@@ -174,7 +174,7 @@ _BACKEND_RULES = (
         max_group=4,
         kernels="FlashInfer's paged decode / paged and ragged prefill wrappers on CUDA, torch kernels over "
         "the same plans on CPU; draft kv_indices by the Triton kernel generate_draft_decode_kv_indices",
-        sliding_window_modes=("DECODE", "EXTEND"),
+        sliding_window_modes=("DECODE", "EXTEND", "TARGET_VERIFY"),
     ),
     BackendRule(
         "flashinfer_mla",
