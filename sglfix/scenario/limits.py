@@ -117,7 +117,7 @@ LIMITS: tuple[Limit, ...] = (
         "1 .. 131,072",
         "optional: a sliding-window layer (a query at position p sees keys p - window .. p), on real sglang (the "
         "reproduction has no window): triton in DECODE, EXTEND, TARGET_VERIFY and DRAFT_EXTEND_V2, flashinfer in "
-        "DECODE and EXTEND",
+        "DECODE, EXTEND and TARGET_VERIFY",
     ),
     Limit(
         "`page_size`",

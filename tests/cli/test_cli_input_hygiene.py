@@ -344,7 +344,7 @@ def test_report_compare_of_reports_with_no_cell_in_common_is_refused(tmp_path):
 
 def test_a_sliding_window_where_no_window_layer_runs_is_one_line_before_any_cell(tmp_path):
     """model.sliding_window on the reproduction (it has no window layer), and on sglang's
-    FlashInfer backend in TARGET_VERIFY (its window layer runs in DECODE and EXTEND)."""
+    FlashInfer backend in DRAFT_EXTEND_V2 (its window layer runs in DECODE, EXTEND and TARGET_VERIFY)."""
     for name, backend, mode, extra, profile, needles in (
         (
             "extend",
@@ -357,10 +357,10 @@ def test_a_sliding_window_where_no_window_layer_runs_is_one_line_before_any_cell
         (
             "verify",
             "flashinfer",
-            "TARGET_VERIFY",
+            "DRAFT_EXTEND_V2",
             "",
             ("--profile", "sglang-0.5.23"),
-            ("sets model.sliding_window", "with backend flashinfer in mode TARGET_VERIFY"),
+            ("sets model.sliding_window", "with backend flashinfer in mode DRAFT_EXTEND_V2"),
         ),
     ):
         path = tmp_path / f"{name}.yaml"

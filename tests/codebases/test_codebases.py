@@ -139,7 +139,7 @@ def test_a_sliding_window_in_a_mode_without_one_is_refused_at_load(tmp_path):
         scenarios:
           - name: my-swa-verify
             backend: flashinfer
-            mode: TARGET_VERIFY
+            mode: DRAFT_EXTEND_V2
             batch: {prefix_lens: [5]}
             model: {sliding_window: 8, dtype: float16}
     """)
@@ -148,7 +148,7 @@ def test_a_sliding_window_in_a_mode_without_one_is_refused_at_load(tmp_path):
     assert_one_line_error(
         r,
         "sliding-window layer runs on triton in DECODE, EXTEND, TARGET_VERIFY, DRAFT_EXTEND_V2; "
-        "flashinfer in DECODE, EXTEND",
+        "flashinfer in DECODE, EXTEND, TARGET_VERIFY",
     )
 
 
