@@ -136,7 +136,7 @@ def make_model_runner(
         context_len=max_context_len,
         **({} if case.sliding_window_size is None else {"sliding_window_size": case.sliding_window_size}),
     )
-    before = _published_now()
+    before = published_now()
     runner = dense.MockModelRunner(
         case=case,
         model_config=config,
@@ -159,11 +159,6 @@ def make_model_runner(
     return runner
 
 
-def published_now() -> Any:
-    """The server args published now (None: none)."""
-    return _published_now()
-
-
 def track_published(runner: Any, *, before: Any) -> None:
     """Remember the server args a kit mock runner published over ``before``, for
     ``restore_server_args``."""
@@ -179,7 +174,8 @@ def publish_over(runner: Any, **fields: Any) -> None:
     _published.append((restore, runner.server_args))
 
 
-def _published_now() -> Any:
+def published_now() -> Any:
+    """The server args published now (None: none)."""
     try:
         return server_args()
     except ValueError:  # nothing published
@@ -192,7 +188,7 @@ def restore_server_args() -> None:
     and restoring under it would bring back a state older than its own."""
     while _published:
         restore, args = _published.pop()
-        if _published_now() is args:
+        if published_now() is args:
             restore()
 
 

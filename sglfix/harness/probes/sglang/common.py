@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["ceil_to", "published", "runners_unpublished"]
+__all__ = ["bound", "ceil_to", "published", "runners_unpublished"]
 
 
 @contextlib.contextmanager
@@ -34,3 +34,24 @@ def runners_unpublished() -> Iterator[None]:
         yield
     finally:
         kit("attention").restore_server_args()
+
+
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def bound(target: Any, **values: Any) -> Iterator[None]:
+    """``values`` bound as attributes of ``target`` (a module or a class) for the block: what a
+    probe stands in for around the code under test (a kernel launch, a device query). The target's
+    own attributes are put back afterwards, and a name it did not have is removed again."""
+    saved = {name: vars(target).get(name, _ABSENT) for name in values}
+    try:
+        for name, value in values.items():
+            setattr(target, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is not _ABSENT:
+                setattr(target, name, value)
+            elif name in vars(target):
+                delattr(target, name)

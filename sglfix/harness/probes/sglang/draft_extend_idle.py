@@ -50,14 +50,6 @@ def _adapter(name: str) -> Any:
     return SglangTritonAdapter()
 
 
-def _needs_init(forward_batch: Any) -> bool:
-    """The eager runner's test for a metadata init (0.5.22 on: ``needs_forward_metadata_init``)."""
-    needs = getattr(forward_batch, "needs_forward_metadata_init", None)
-    if needs is not None:
-        return bool(needs())
-    return not getattr(forward_batch, "forward_metadata_ready", False)
-
-
 def _indptr_lists(backend: Any) -> list[tuple[str, Any]]:
     """The indptr arrays the live metadata hands the kernels: Triton's own, each FlashInfer
     decode wrapper's planned one."""

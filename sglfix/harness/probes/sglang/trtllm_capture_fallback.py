@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from sglfix.harness.adapters.base import require_flashinfer
 from sglfix.harness.misfit import Standin
-from sglfix.harness.probes.sglang.common import runners_unpublished
+from sglfix.harness.probes.sglang.common import bound, runners_unpublished
 from sglfix.harness.unavailable import Unavailable
 
 __all__ = ["PROBE"]
@@ -68,23 +69,6 @@ class _Launches:
         return torch.zeros((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), dtype=q.dtype, device=q.device)
 
 
-def _bound(module: Any, name: str, value: Any, saved: list) -> None:
-    names = vars(module)
-    saved.append((names, name, names.get(name, _MISSING)))
-    names[name] = value
-
-
-_MISSING = object()
-
-
-def _restore(saved: list) -> None:
-    for names, name, value in reversed(saved):
-        if value is _MISSING:
-            names.pop(name, None)
-        else:
-            names[name] = value
-
-
 def _sm_count(device: Any) -> int:
     return 132  # an H100/H200's; it only sizes the multi-CTA counter buffer
 
@@ -103,60 +87,34 @@ class _NoJit:
         raise Unavailable(f"sglang's JIT kernel {self._name} needs CUDA")
 
 
-@contextlib.contextmanager
-def _device_answers(trt: Any, launches: _Launches, *, cuda: bool) -> Iterator[None]:
-    """The trtllm-gen launch replaced by the recorder (on every device), and on CPU the device
-    queries answered as for a device without FlashInfer's and sglang's CUDA kernels."""
-    saved: list = []
+def _device_answers(trt: Any, launches: _Launches, *, cuda: bool) -> dict[str, Any]:
+    """What the probe binds in the TRT-LLM MLA module: the trtllm-gen launch replaced by the
+    recorder (on every device), and on CPU the device queries answered as for a device without
+    FlashInfer's and sglang's CUDA kernels."""
     real = vars(trt).get("flashinfer")
     utils = (
         real.utils
         if real is not None
         else SimpleNamespace(get_device_sm_count=_sm_count, get_trtllm_gen_multi_ctas_kv_counter_bytes=_counter_bytes)
     )
-    try:
-        _bound(
-            trt,
-            "flashinfer",
-            SimpleNamespace(utils=utils, decode=SimpleNamespace(trtllm_batch_decode_with_kv_cache_mla=launches.trtllm)),
-            saved,
+    values: dict[str, Any] = {
+        "flashinfer": SimpleNamespace(
+            utils=utils, decode=SimpleNamespace(trtllm_batch_decode_with_kv_cache_mla=launches.trtllm)
         )
-        if not cuda:
-            _bound(trt, "_jit_fixup_module", lambda dtype: _NoJit("fixup_zero_kv"), saved)
-            _bound(trt, "can_use_set_mla_kv_concat_q", lambda nope, rope: False, saved)
-        yield
-    finally:
-        _restore(saved)
-
-
-@contextlib.contextmanager
-def _fallback_recorded(fimla: Any, launches: _Launches) -> Iterator[None]:
-    cls = fimla.FlashInferMLAAttnBackend
-    real = cls.__dict__["forward_extend"]
-    cls.forward_extend = launches.fallback
-    try:
-        yield
-    finally:
-        cls.forward_extend = real
+    }
+    if not cuda:
+        values["_jit_fixup_module"] = lambda dtype: _NoJit("fixup_zero_kv")
+        values["can_use_set_mla_kv_concat_q"] = lambda nope, rope: False
+    return values
 
 
 class TrtllmCaptureFallback:
     name = "trtllm-capture-fallback"
 
     def check_available(self, device: str) -> None:
-        import torch
-
-        if torch.device(device).type == "cuda" and importlib.util.find_spec("flashinfer") is None:
-            raise Unavailable(
-                "TRTLLMMLABackend needs FlashInfer on a CUDA machine; pip install flashinfer-python==0.7.2.post1 "
-                "(or run with --device cpu)"
-            )
-        if (
-            "fallback_to_flashinfer_impl"
-            not in vars(importlib.import_module(_TRT))
-            .get("TRTLLMMLAPrefillMetadata", SimpleNamespace(__dataclass_fields__={}))
-            .__dataclass_fields__
-        ):
+        require_flashinfer(device)
+        metadata = getattr(importlib.import_module(_TRT), "TRTLLMMLAPrefillMetadata", None)
+        if "fallback_to_flashinfer_impl" not in getattr(metadata, "__dataclass_fields__", {}):
             raise Unavailable("this release's TRTLLMMLABackend has no FlashInfer prefill fallback")
 
     def run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
@@ -190,7 +148,7 @@ class TrtllmCaptureFallback:
         launches = _Launches(latent.kv_lora_rank)
         placed = contextlib.nullcontext() if cuda else drafts.CudaAllocations(remap=True, guard=False)
         bs = len(scenario.prefix_lens)
-        with placed, _device_answers(trt, launches, cuda=cuda):
+        with placed, bound(trt, **_device_answers(trt, launches, cuda=cuda)):
             backend = trt.TRTLLMMLABackend(runner)
             stage("prefill metadata")
             backend.init_forward_metadata(prefill)
@@ -227,7 +185,7 @@ class TrtllmCaptureFallback:
             q_rope = torch.randn((tokens, latent.num_heads, latent.qk_rope_head_dim), dtype=dtype, device=device)
             k = torch.randn((tokens, 1, latent.kv_lora_rank), dtype=dtype, device=device)
             k_rope = torch.randn((tokens, 1, latent.qk_rope_head_dim), dtype=dtype, device=device)
-            with _fallback_recorded(fimla, launches):
+            with bound(fimla.FlashInferMLAAttnBackend, forward_extend=launches.fallback):
                 backend.forward_extend(q, k, k, layer, batch, False, q_rope, k_rope)
         stage("judge")
         where = f"{scenario.mode} captured at {bs} after a prefill on prefixes {list(scenario.prefix_lens)}"

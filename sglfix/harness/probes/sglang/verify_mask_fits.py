@@ -24,18 +24,16 @@ the one the replay reads (INVARIANT otherwise).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from sglfix.harness.adapters.sglang.glue import make_schedule_batch
 from sglfix.harness.misfit import Standin
-from sglfix.harness.probes.sglang.common import runners_unpublished
+from sglfix.harness.probes.sglang.common import bound, runners_unpublished
 from sglfix.harness.unavailable import Unavailable
 
 __all__ = ["PROBE"]
 
-_UTILS = "sglang.srt.speculative.eagle_utils"
 _LAUNCHES = ("build_tree_kernel_efficient_func", "sgl_build_tree_kernel_efficient")
 
 
@@ -63,25 +61,10 @@ class _KernelBoundary:
         positions.zero_()
 
 
-@contextlib.contextmanager
-def _at_kernel_boundary(boundary: _KernelBoundary) -> Iterator[None]:
-    import importlib
-
-    utils = importlib.import_module(_UTILS)
-    # The launch build_tree_kernel_efficient makes on a GPU: sglang's own dispatcher in the newer
-    # releases, sgl_kernel's kernel under the module's own name in the older (unbound without a GPU).
-    name = _LAUNCHES[0] if hasattr(utils, _LAUNCHES[0]) else _LAUNCHES[1]
-    names = vars(utils)
-    missing = object()
-    real = names.get(name, missing)
-    names[name] = boundary
-    try:
-        yield
-    finally:
-        if real is missing:
-            del names[name]
-        else:
-            names[name] = real
+def _launch_name(utils: Any) -> str:
+    """The launch build_tree_kernel_efficient makes on a GPU: sglang's own dispatcher in the newer
+    releases, sgl_kernel's kernel under the module's own name in the older (unbound without a GPU)."""
+    return _LAUNCHES[0] if hasattr(utils, _LAUNCHES[0]) else _LAUNCHES[1]
 
 
 def _written(call: dict) -> int:
@@ -131,7 +114,7 @@ class VerifyMaskFits:
 
     def _run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
         import torch
-        from sglang.srt.speculative.eagle_utils import default_tree_mask_mode
+        from sglang.srt.speculative import eagle_utils as utils
         from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input
 
         from sglfix.harness.adapters.sglang.triton import SglangTritonAdapter
@@ -154,7 +137,7 @@ class VerifyMaskFits:
             n = len(batch_lens)
             bonus, parent_list, top_scores_index, draft_tokens = _draft_outputs(bs=n, spec=spec, device=device)
             boundary = _KernelBoundary()
-            with _at_kernel_boundary(boundary):
+            with bound(utils, **{_launch_name(utils): boundary}):
                 verify_input = build_eagle_verify_input(
                     make_schedule_batch(
                         runner=runner,
@@ -173,7 +156,7 @@ class VerifyMaskFits:
                     topk=spec.topk,
                     num_steps=spec.num_steps,
                     num_draft_tokens=spec.num_draft_tokens,
-                    tree_mask_mode=default_tree_mask_mode(),
+                    tree_mask_mode=utils.default_tree_mask_mode(),
                     device=device,
                 )
             stage(f"judge, {name}")
