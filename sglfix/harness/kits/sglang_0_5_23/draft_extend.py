@@ -25,35 +25,22 @@ def build_trtllm_draft_extend(scenario: Any, *, device: str) -> SimpleNamespace:
     prepare()
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
     from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
-    from sglang.test.kits.attention_unittest.attention_methods.mla_attention import MLAAttentionCase
 
-    model = scenario.model
     n = scenario.spec.num_draft_tokens
     prefix = tuple(scenario.prefix_lens)
     accept = tuple(scenario.accept_lens or (n - 1,) * len(prefix))
     bs = len(prefix)
-    dtype = torch_dtype(model.dtype)
+    dtype = torch_dtype(scenario.model.dtype)
     capture = tuple(scenario.capture_bs) if scenario.capture_bs else None
-    pool_bs = max(capture) if capture else bs
     page = scenario.page_size
-    max_context_len = round_up(max(scenario.max_context_len or 0, max(prefix) + n + 1), page)
-    case = MLAAttentionCase(
-        name=scenario.name,
-        backend="trtllm_mla",
-        forward_mode=ForwardMode.DRAFT_EXTEND_V2,
-        num_heads=model.num_heads,
-        page_size=page,
-        prefix_lens=prefix,
-        extend_lens=(n,) * bs,
-    )
-    runner, _hidden_size = mla_runner(
-        case,
-        model,
-        dtype=dtype,
-        device=device,
-        max_context_len=max_context_len,
+    case, runner, max_context_len = _trtllm_runner(
+        scenario,
+        model=scenario.model,
+        mode=ForwardMode.DRAFT_EXTEND_V2,
+        new_tokens=n,
         graphs=capture is not None,
-        pool_bs=pool_bs,
+        pool_bs=max(capture) if capture else bs,
+        device=device,
     )
     seq_lens = tuple(p + n for p in prefix)
     num_slots = int(runner.token_to_kv_pool.size)
@@ -208,35 +195,20 @@ def trtllm_prefill_case(
     by ``attention.restore_server_args``). Returns (the batch, the runner)."""
     prepare()
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.test.kits.attention_unittest.attention_methods.mla_attention import (
-        MLAAttentionCase,
-        _make_forward_batch,
-    )
+    from sglang.test.kits.attention_unittest.attention_methods.mla_attention import _make_forward_batch
 
     from .attention import publish_over, published_now, restore_server_args, track_published
 
-    prefix = tuple(scenario.prefix_lens)
-    bs, page = len(prefix), scenario.page_size
-    max_context_len = round_up(max(scenario.max_context_len or 0, max(prefix) + new_tokens + 1), page)
-    case = MLAAttentionCase(
-        name=scenario.name,
-        backend="trtllm_mla",
-        forward_mode=ForwardMode.EXTEND,
-        num_heads=model.num_heads,
-        page_size=page,
-        prefix_lens=prefix,
-        extend_lens=(new_tokens,) * bs,
-    )
     restore_server_args()
     before = published_now()
-    runner, _hidden = mla_runner(
-        case,
-        model,
-        dtype=torch_dtype(scenario.model.dtype),
-        device=device,
-        max_context_len=max_context_len,
+    case, runner, max_context_len = _trtllm_runner(
+        scenario,
+        model=model,
+        mode=ForwardMode.EXTEND,
+        new_tokens=new_tokens,
         graphs=True,
-        pool_bs=bs,
+        pool_bs=len(scenario.prefix_lens),
+        device=device,
     )
     track_published(runner, before=before)
     publish_over(
@@ -249,3 +221,34 @@ def trtllm_prefill_case(
     )
     batch = _make_forward_batch(case, runner, max_context_len=max_context_len, device=device)
     return batch, runner
+
+
+def _trtllm_runner(
+    scenario: Any, *, model: Any, mode: Any, new_tokens: int, graphs: bool, pool_bs: int, device: str
+) -> tuple[Any, Any, int]:
+    """The kit's MLA case of ``mode`` (each request of ``scenario.prefix_lens`` extends
+    ``new_tokens``) for the TRT-LLM MLA backend, its mock runner over ``model``'s latent sizes and
+    the context length the pools are sized for: (case, runner, max_context_len)."""
+    from sglang.test.kits.attention_unittest.attention_methods.mla_attention import MLAAttentionCase
+
+    prefix, page = tuple(scenario.prefix_lens), scenario.page_size
+    max_context_len = round_up(max(scenario.max_context_len or 0, max(prefix) + new_tokens + 1), page)
+    case = MLAAttentionCase(
+        name=scenario.name,
+        backend="trtllm_mla",
+        forward_mode=mode,
+        num_heads=model.num_heads,
+        page_size=page,
+        prefix_lens=prefix,
+        extend_lens=(new_tokens,) * len(prefix),
+    )
+    runner, _hidden_size = mla_runner(
+        case,
+        model,
+        dtype=torch_dtype(scenario.model.dtype),
+        device=device,
+        max_context_len=max_context_len,
+        graphs=graphs,
+        pool_bs=pool_bs,
+    )
+    return case, runner, max_context_len
