@@ -17,16 +17,14 @@ The flat CSR ``plan`` (positional or keyword, sglang's form) is the one modelled
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
-from sglfix.harness.torchfi.attend import raw_entries
+from sglfix.harness.torchfi.attend import Batch, attend, host_int64
 
 __all__ = ["BatchMLAPagedAttentionWrapper"]
 
-_LOG2E = 1.0 / math.log(2.0)
 _PLAN_ARGS = (
     "qo_indptr",
     "kv_indptr",
@@ -51,19 +49,13 @@ class _MLAHostPlanner:
 
     def plan(self, *args: Any) -> tuple:
         # FlashInfer's order: the float, int and pinned workspaces, qo_indptr, kv_indptr,
-        # kv_len_arr (host), num_heads, head_dim_ckv, causal.
-        qo_indptr, kv_indptr, kv_len_arr, num_heads, head_dim_ckv, causal = args[3:9]
+        # kv_len_arr (host), num_heads, head_dim_ckv, causal; the heads and width come with q.
+        qo_indptr, kv_indptr, kv_len_arr = args[3:6]
+        causal = args[8]
         for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_len_arr", kv_len_arr)):
             if not torch.is_tensor(t) or t.device.type != "cpu":
                 raise ValueError(f"the MLA host plan needs {name} in host memory")
-        schedule = (
-            [int(x) for x in qo_indptr.tolist()],
-            [int(x) for x in kv_indptr.tolist()],
-            [int(x) for x in kv_len_arr.tolist()],
-            int(num_heads),
-            int(head_dim_ckv),
-            bool(causal),
-        )
+        schedule = (host_int64(qo_indptr), host_int64(kv_indptr), host_int64(kv_len_arr), bool(causal))
         self._wrapper._schedule = schedule
         return schedule
 
@@ -161,40 +153,28 @@ class BatchMLAPagedAttentionWrapper:
             raise TypeError(f"run() got an unexpected keyword argument {sorted(unknown)[0]!r}")
         if self._schedule is None:
             raise RuntimeError("BatchMLAPagedAttentionWrapper.run() called before plan()")
-        qo, kv_indptr, kv_len, num_heads, _head_dim_ckv, causal = self._schedule
-        rows = q_nope.shape[0]
-        if rows != qo[-1]:
-            raise ValueError(f"q_nope has {rows} rows, the plan counted {qo[-1]}")
-        page = self._page_size
-        ckv = ckv_cache.reshape(-1, ckv_cache.shape[-1])
-        kpe = kpe_cache.reshape(-1, kpe_cache.shape[-1])
-        pages_needed = max((kv_indptr[r] + math.ceil(kv_len[r] / page) for r in range(len(kv_len))), default=0)
-        indices = raw_entries(self._kv_indices_buf, pages_needed, name="kv_indices")  # type: ignore[arg-type]
-        result = torch.zeros((rows, num_heads, ckv.shape[-1]), dtype=torch.float32, device=q_nope.device)
-        lse_out = torch.full((rows, num_heads), -math.inf, dtype=torch.float32, device=q_nope.device)
-        for r in range(len(kv_len)):
-            q0, q1, k_len = qo[r], qo[r + 1], kv_len[r]
-            if q1 == q0 or k_len == 0:
-                continue
-            n_pages = math.ceil(k_len / page)
-            pages = indices[kv_indptr[r] : kv_indptr[r] + n_pages].to(torch.int64)
-            slots = (pages[:, None] * page + torch.arange(page, device=pages.device)[None, :]).reshape(-1)[:k_len]
-            keys_c, keys_p = ckv[slots].float(), kpe[slots].float()
-            scores = torch.einsum("qhd,kd->qhk", q_nope[q0:q1].float(), keys_c)
-            scores = (scores + torch.einsum("qhd,kd->qhk", q_pe[q0:q1].float(), keys_p)) * self._sm_scale
-            if causal:
-                q_len = q1 - q0
-                pos = torch.arange(q_len, device=scores.device) + (k_len - q_len)
-                visible = torch.arange(k_len, device=scores.device)[None, :] <= pos[:, None]
-                scores = scores.masked_fill(~visible[:, None, :], -math.inf)
-            row_lse = torch.logsumexp(scores, dim=-1)
-            weights = torch.exp(scores - row_lse[..., None]).nan_to_num(0.0)
-            result[q0:q1] = torch.einsum("qhk,kd->qhd", weights, keys_c)
-            lse_out[q0:q1] = row_lse * _LOG2E
-        o = result.to(q_nope.dtype)
-        if out is not None:
-            out.copy_(o)
-            o = out
+        qo, kv_indptr, kv_len, causal = self._schedule
+        if q_nope.shape[0] != int(qo[-1]):
+            raise ValueError(f"q_nope has {q_nope.shape[0]} rows, the plan counted {int(qo[-1])}")
+        # Absorbed MLA is attention with one KV head whose key is the latent row and its rope part
+        # and whose value is the latent row: the stand-ins' one kernel computes it.
+        page, d_ckv = self._page_size, ckv_cache.shape[-1]
+        keys = torch.cat([ckv_cache, kpe_cache], dim=-1).reshape(-1, page, 1, d_ckv + kpe_cache.shape[-1])
+        batch = Batch(
+            rows=len(kv_len),
+            qo_indptr=qo,
+            kv_starts=kv_indptr[: len(kv_len)],
+            kv_lens=kv_len,
+            causal=causal,
+            kv_indices=self._kv_indices_buf,
+            page_size=page,
+            sm_scale=self._sm_scale,
+        )
+        if out is None:
+            out = torch.full((*q_nope.shape[:2], d_ckv), float("nan"), dtype=q_nope.dtype, device=q_nope.device)
+        o, lse_out = attend(
+            batch, torch.cat([q_nope, q_pe], dim=-1), keys, ckv_cache.reshape(-1, page, 1, d_ckv), out=out
+        )
         if lse is not None:
             lse.copy_(lse_out)
         return (o, lse_out) if return_lse else o
