@@ -176,16 +176,20 @@ _BACKEND_RULES = (
         "the same plans on CPU; draft kv_indices by the Triton kernel generate_draft_decode_kv_indices",
         sliding_window_modes=("DECODE", "EXTEND", "TARGET_VERIFY"),
     ),
+    # Real sglang runs every mode but the spec-v1 draft extend (sglang.flashinfer_mla_dense); the
+    # reproduction models the decode and the draft only (its profile's backend_modes).
     BackendRule(
         "flashinfer_mla",
-        modes=("DECODE", "DRAFT_DECODE"),
+        modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND_V2", "DRAFT_DECODE"),
         mla=True,
         dtypes=_HALF,
         page_sizes=(1,),
         gpu_only=False,
         num_heads=(16, 32, 64, 128),
-        kernels="FlashInfer BatchMLAPagedAttentionWrapper on CUDA, a torch kernel on CPU; "
-        "draft kv_indices by the Triton kernel generate_draft_decode_kv_indices",
+        # Its graph metadata captures DECODE and TARGET_VERIFY only.
+        mode_overrides=(("DRAFT_EXTEND_V2", replace(MODE_RULES["DRAFT_EXTEND_V2"], graph=False)),),
+        kernels="FlashInfer BatchMLAPagedAttentionWrapper on CUDA, a torch kernel over the same plans on "
+        "CPU; draft kv_indices by the Triton kernel generate_draft_decode_kv_indices",
     ),
     # Its CUDA graphs capture a padded window of num_draft_tokens rows per request: both
     # draft-extend modes extend that window, accept_lens only feed spec_info.accept_length.

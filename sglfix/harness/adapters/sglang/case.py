@@ -5,6 +5,10 @@ tree as the custom mask, DRAFT_EXTEND_V2 by the kit fixture) or, for ``builder: 
 inputs (``glue``), the layer, the new tokens and the ground truth (``truth``).
 
 ``gpu_only`` leaves the CPU mirrors None, as the spec-v2 overlap path does.
+
+An MLA scenario (``model.kv_lora_rank``) builds the kit's MLA case and runner instead: one latent
+KV head of ``kv_lora_rank + qk_rope_head_dim`` values (``MLATokenToKVPool``), the layer's value the
+latent part of its key (absorbed MLA), queries of the key's width; everything else is shared.
 """
 
 from __future__ import annotations
@@ -167,6 +171,11 @@ def _new_tokens(*, scenario: Any, dtype: Any, device: str, gen: Any) -> tuple[An
     def randn(*shape: int) -> Any:
         return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype).to(device)
 
+    if m.mla:
+        # Absorbed MLA: the key is the latent row and its rope part, the value the latent row.
+        width = m.kv_lora_rank + m.qk_rope_head_dim
+        q, k = randn(total, m.num_heads, width), randn(total, 1, width)
+        return q, k, k[..., : m.kv_lora_rank].clone()
     return (
         randn(total, m.num_heads, m.head_dim),
         randn(total, m.num_kv_heads, m.head_dim),
@@ -270,7 +279,7 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
     ctx = _max_context_len(scenario)
     bs = len(scenario.prefix_lens)
     rows = max(_MIN_POOL_ROWS, bs + 1, (scenario.graph_bs or 0) + 1)
-    case = kit.make_case(
+    shape = dict(
         name=scenario.name,
         mode=mode,
         model=model,
@@ -279,9 +288,7 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
         extend_lens=tuple(scenario.extend_lens),
         backend=scenario.backend,
     )
-    runner = kit.make_model_runner(
-        case=case,
-        head_dim=model.head_dim,
+    sizing = dict(
         dtype=dtype,
         device=device,
         max_context_len=ctx,
@@ -289,6 +296,13 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
         graph=scenario.cuda_graph,
         spec=_published_spec(scenario),
     )
+    if model.mla:
+        # sglang selects FlashInfer's MLA backend as "flashinfer" on an MLA model.
+        case = kit.make_mla_case(**{**shape, "backend": "flashinfer"})
+        runner = kit.make_mla_model_runner(case=case, model=model, **sizing)
+    else:
+        case = kit.make_case(**shape)
+        runner = kit.make_model_runner(case=case, head_dim=model.head_dim, **sizing)
     _fill_pool(runner=runner, gen=gen)
     totals = [p + e for p, e in zip(scenario.prefix_lens, scenario.extend_lens)]
     loc = _scatter_layout(
@@ -310,14 +324,24 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
     elif scenario.gpu_only:
         _null_cpu_mirrors(batch)
     truth = ground_truth(scenario=scenario, runner=runner, loc=loc, q=q, k=k, v=v, trees=trees)
-    layer = RadixAttention(
-        num_heads=model.num_heads,
-        head_dim=model.head_dim,
-        scaling=truth.sm_scale,
-        num_kv_heads=model.num_kv_heads,
-        layer_id=0,
-        sliding_window_size=-1 if model.sliding_window is None else model.sliding_window,
-    )
+    if model.mla:
+        layer = RadixAttention(
+            num_heads=model.num_heads,
+            head_dim=q.shape[-1],
+            scaling=truth.sm_scale,
+            num_kv_heads=1,
+            layer_id=0,
+            v_head_dim=model.kv_lora_rank,
+        )
+    else:
+        layer = RadixAttention(
+            num_heads=model.num_heads,
+            head_dim=model.head_dim,
+            scaling=truth.sm_scale,
+            num_kv_heads=model.num_kv_heads,
+            layer_id=0,
+            sliding_window_size=-1 if model.sliding_window is None else model.sliding_window,
+        )
     return SglangCase(
         scenario=scenario,
         mode=mode,

@@ -84,12 +84,16 @@ class SglangTritonAdapter(AdapterBase):
         graphs = _kit("graphs")
 
         def guard(b: Any) -> None:
-            guard_buffers(b, self.graph_state(graphs))
+            self.guard_graph_state(b, graphs)
             guard_verify_mask(b)
 
         return graphs.GraphRunner(
             case=prepared.case, backend=backend, capture_bs=list(scenario.capture_bs), guard=guard
         ).capture()
+
+    def guard_graph_state(self, backend: Any, graphs: Any) -> None:
+        """Guard zones after the backend's CUDA-graph state, right after ``init_cuda_graph_state``."""
+        guard_buffers(backend, self.graph_state(graphs))
 
     def graph_state(self, graphs: Any) -> tuple[str, ...]:
         return tuple(graphs.GRAPH_STATE)

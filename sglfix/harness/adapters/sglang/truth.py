@@ -14,7 +14,8 @@ __all__ = ["GroundTruth", "ground_truth", "reference", "tree_visibility"]
 
 @dataclass
 class GroundTruth:
-    """What each query must see, padded: q [bs, Q, H, D], k/v [bs, L, Hkv, D], visible [bs, Q, L]."""
+    """What each query must see, padded: q [bs, Q, H, D], k [bs, L, Hkv, D], v [bs, L, Hkv, Dv]
+    (Dv < D for absorbed MLA), visible [bs, Q, L]."""
 
     q_pad: Any
     k_pad: Any
@@ -54,7 +55,7 @@ def ground_truth(
     heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
     q_pad = q.new_zeros((bs, qmax, heads, dim))
     k_pad = k.new_zeros((bs, lmax, kv_heads, dim))
-    v_pad = torch.zeros_like(k_pad)
+    v_pad = v.new_zeros((bs, lmax, kv_heads, v.shape[2]))
     visible = torch.zeros((bs, qmax, lmax), dtype=torch.bool, device=q.device)
     q_valid = torch.zeros((bs, qmax), dtype=torch.bool, device=q.device)
     start = 0

@@ -13,7 +13,11 @@ What the adapter takes from the kit, and why:
   process is what runs;
 - ``_make_eagle_draft_extend_v2_input``: the fixture's spec input (``EagleDraftExtendInput`` with
   the per-request window lengths the Triton capture/replay reads);
-- ``_prepare_target_verify_batch``: the verify fixture (``seq_lens`` = cached tokens only).
+- ``_prepare_target_verify_batch``: the verify fixture (``seq_lens`` = cached tokens only);
+- ``MLAAttentionCase`` / ``MockMLAModelRunner`` and the MLA module's ``_make_forward_batch``: the
+  same for a latent (MLA) layer, one KV head of ``kv_lora_rank + qk_rope_head_dim`` values in a
+  real ``MLATokenToKVPool`` (the runner publishes ``flashinfer_mla_disable_ragged``: every extend
+  takes the paged MLA kernel, as the kit's own MLA tests run it).
 
 Nothing here judges: the kit's own references and asserts (``assert_close``,
 ``assert_cg_metadata_well_formed``) are never called; the judge stays sglfix's.
@@ -46,6 +50,8 @@ __all__ = [
     "make_case",
     "make_draft_extend_v2_input",
     "make_forward_batch",
+    "make_mla_case",
+    "make_mla_model_runner",
     "make_model_runner",
     "prepare_for_draft_extend",
     "prepare_target_verify_batch",
@@ -61,6 +67,7 @@ __all__ = [
 KIT_VERSION = "0.5.23"
 _KIT = "sglang.test.kits.attention_unittest"
 DENSE = f"{_KIT}.attention_methods.dense_attention"
+MLA = f"{_KIT}.attention_methods.mla_attention"
 DRAFT_EXTEND = f"{_KIT}.runner_modes.speculative_draft_extend_runner"
 TARGET_VERIFY = f"{_KIT}.runner_modes.speculative_target_verify_runner"
 
@@ -148,6 +155,59 @@ def make_model_runner(
         runner_batch_size=pool_rows,
     )
     track_published(runner, before=before)
+    _publish_spec_sizes(runner, spec)
+    return runner
+
+
+def make_mla_case(
+    *,
+    name: str,
+    mode: Any,
+    model: Any,
+    page_size: int,
+    prefix_lens: tuple[int, ...],
+    extend_lens: tuple[int, ...],
+    backend: str = "flashinfer",
+) -> Any:
+    """The kit's MLA case record (one latent KV head; ``backend`` is the name its runner publishes:
+    production selects FlashInfer's MLA backend as ``flashinfer`` on an MLA model)."""
+    return _module(MLA).MLAAttentionCase(
+        name=name,
+        backend=backend,
+        forward_mode=mode,
+        num_heads=model.num_heads,
+        page_size=page_size,
+        prefix_lens=tuple(prefix_lens),
+        extend_lens=tuple(extend_lens),
+    )
+
+
+def make_mla_model_runner(
+    *,
+    case: Any,
+    model: Any,
+    dtype: Any,
+    device: str,
+    max_context_len: int,
+    pool_rows: int,
+    graph: bool,
+    spec: tuple[int, int, int] | None = None,
+) -> Any:
+    """``make_model_runner`` for an MLA case: the kit's ``MockMLAModelRunner`` over ``model``'s
+    latent sizes, its server args tracked and the speculative sizes published alike."""
+    from .draft_cases import mla_runner
+
+    restore_server_args()
+    before = published_now()
+    runner, _hidden = mla_runner(
+        case, model, dtype=dtype, device=device, max_context_len=max_context_len, graphs=graph, pool_bs=pool_rows
+    )
+    track_published(runner, before=before)
+    _publish_spec_sizes(runner, spec)
+    return runner
+
+
+def _publish_spec_sizes(runner: Any, spec: tuple[int, int, int] | None) -> None:
     if spec is not None and (spec[0] > 1 or spec[1] != spec[2] - 1):
         topk, num_steps, num_draft_tokens = spec
         publish_over(
@@ -156,7 +216,6 @@ def make_model_runner(
             speculative_num_steps=num_steps,
             speculative_num_draft_tokens=num_draft_tokens,
         )
-    return runner
 
 
 def track_published(runner: Any, *, before: Any) -> None:
@@ -197,8 +256,8 @@ def make_forward_batch(
 ) -> Any:
     """The kit's ForwardBatch for ``case`` over the slot layout ``loc_fn(request, position)``:
     fills ``req_to_token`` rows 0..bs-1, sets ``out_cache_loc``/``positions`` and the CPU mirrors,
-    and binds the batch to its own KV plan."""
-    make = _kit_function(DENSE, "_make_forward_batch")
+    and binds the batch to its own KV plan (the MLA module's builder for an MLA case)."""
+    make = _kit_function(MLA if type(case).__name__ == "MLAAttentionCase" else DENSE, "_make_forward_batch")
     return make(case, runner, max_context_len=max_context_len, device=device, loc_fn=loc_fn)
 
 

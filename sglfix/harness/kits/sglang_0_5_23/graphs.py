@@ -104,7 +104,7 @@ class GraphRunner:
         import torch
 
         dev, n, bs = self.case.device, self.max_tokens, self.max_bs
-        q, k = self.case.q, self.case.k
+        q, k, v = self.case.q, self.case.k, self.case.v
         return SimpleNamespace(
             input_ids=torch.zeros((n,), dtype=torch.int64, device=dev),
             positions=torch.zeros((n,), dtype=torch.int64, device=dev),
@@ -121,7 +121,7 @@ class GraphRunner:
             mamba_track_indices=None,
             q=torch.zeros((n,) + tuple(q.shape[1:]), dtype=q.dtype, device=dev),
             k=torch.zeros((n,) + tuple(k.shape[1:]), dtype=k.dtype, device=dev),
-            v=torch.zeros((n,) + tuple(k.shape[1:]), dtype=k.dtype, device=dev),
+            v=torch.zeros((n,) + tuple(v.shape[1:]), dtype=v.dtype, device=dev),
         )
 
     # -- capture
