@@ -18,9 +18,9 @@ The kit's MLA runner publishes ``flashinfer_mla_disable_ragged``, as the kit's o
 every extend takes the paged MLA kernel (the ragged MHA prefill needs the model's decompressed
 per-head K/V, which an absorbed layer does not have).
 
-What the judge reads as metadata is what the kernel reads: every plan a wrapper receives is
-recorded (sglang's fast re-plans hand the schedule from host arrays that no device buffer holds),
-and a wrapper planned only at capture shows its own graph buffers.
+What the judge reads as metadata is what the kernel reads: the schedule of every plan a wrapper
+receives is recorded (sglang's fast re-plans hand it from host arrays that no device buffer holds;
+the kernel never reads the wrapper's device indptr buffers) with the wrapper's own ``kv_indices``.
 """
 
 from __future__ import annotations
@@ -46,23 +46,45 @@ _SHARED = {
 
 
 def flashinfer_mla_module() -> Any:
-    """sglang's FlashInfer-MLA backend module, on the torch stand-ins where FlashInfer is missing."""
+    """sglang's FlashInfer-MLA backend module, on the torch stand-ins where FlashInfer is missing,
+    its paged MLA wrappers recording their plans (``_observed_wrappers``)."""
     import importlib
 
     from sglfix.harness import torchfi
 
     module = importlib.import_module(_MODULE)
     torchfi.install_mla(module)
+    _observed_wrappers(module)
     return module
+
+
+def _observed_wrappers(module: Any) -> None:
+    """Bind, once per process, a subclass of the module's ``BatchMLAPagedAttentionWrapper`` whose
+    instances record every plan from construction on: the backend makes its graph wrappers inside
+    the capture's metadata init and plans them there."""
+    cls = module.BatchMLAPagedAttentionWrapper
+    if getattr(cls, "_sglfix_observed", False):
+        return
+
+    class BatchMLAPagedAttentionWrapper(cls):  # type: ignore[misc, valid-type]
+        _sglfix_observed = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            # What the constructor refuses is its caller's, as FlashInfer's own refusals are.
+            __sglfix_passthrough__ = True  # noqa: F841
+            super().__init__(*args, **kwargs)
+            _observe_plan(self)
+
+    module.BatchMLAPagedAttentionWrapper = BatchMLAPagedAttentionWrapper
 
 
 class SglangFlashInferMLAAdapter(SglangFlashInferAdapter):
     name = "flashinfer_mla"
     registry_name = "flashinfer"
     persistent = ("kv_indptr", "qo_indptr", "q_indptr_decode")
-    metadata_fields = MetadataFields(
-        indptr=("kv_indptr", "qo_indptr"), lengths=("kv_len",), indices={"kv_indices": "kv_indptr"}
-    )
+    # The kernel reads each row's keys as (start, length), not as a CSR: the invariant table takes
+    # the query offsets, the schedule reference below every row's read.
+    metadata_fields = MetadataFields(indptr=("qo_indptr",), lengths=("kv_len",))
 
     def build(self, scenario: Any, *, device: str) -> Prepared:
         if not scenario.model.mla:
@@ -73,6 +95,8 @@ class SglangFlashInferMLAAdapter(SglangFlashInferAdapter):
         flashinfer_mla_module()
         with self._placed():
             backend = SglangTritonAdapter.make_backend(self, prepared)
+        # The slot ground truth the schedule reference reads (the runner's, whatever the backend keeps).
+        backend._sglfix_req_to_token = prepared.case.runner.req_to_token_pool.req_to_token
         if type(backend).__name__ != "FlashInferMLAAttnBackend":
             raise Unavailable(f"sglang built {type(backend).__name__} for an MLA model, not FlashInferMLAAttnBackend")
         # The updaters took the backend's indptr buffers at construction: hand them the guarded ones.
@@ -81,8 +105,6 @@ class SglangFlashInferMLAAdapter(SglangFlashInferAdapter):
             for theirs, ours in names:
                 if owner is not None and hasattr(owner, theirs):
                     setattr(owner, theirs, getattr(backend, ours))
-        for wrapper in (backend.decode_wrapper, *_optional(backend, "prefill_wrapper_paged", "prefill_wrapper_verify")):
-            _observe_plan(wrapper)
         return backend
 
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
@@ -107,17 +129,34 @@ class SglangFlashInferMLAAdapter(SglangFlashInferAdapter):
         return ("cuda_graph_kv_indices", "cuda_graph_qo_indptr", "cuda_graph_kv_indptr", "cuda_graph_kv_lens")
 
     def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
-        """The live wrapper as its kernel reads it: its last plan, else its own buffers."""
+        """The live wrapper as its kernel reads it (``_planned``), judged against the batch of this
+        init as it is built (``_schedule_reference``)."""
         metadata = backend.forward_metadata
         wrapper = getattr(metadata, "decode_wrapper", None) or getattr(metadata, "prefill_wrapper", None)
-        if wrapper is None:
+        planned = None if wrapper is None else _planned(wrapper)
+        if planned is None:
             return []
         kind = "decode" if hasattr(metadata, "decode_wrapper") else "prefill"
-        return [(f"{kind} wrapper", _planned(wrapper), int(forward_batch.batch_size))]
+        reports = backend.__dict__.setdefault("_sglfix_schedule", [])
+        reports.append(_schedule_reference(planned, forward_batch, backend._sglfix_req_to_token))
+        return [(f"{kind} wrapper", planned, int(forward_batch.batch_size))]
 
-
-def _optional(backend: Any, *names: str) -> list:
-    return [getattr(backend, n) for n in names if getattr(backend, n, None) is not None]
+    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
+        """Every init's schedule against its batch: capture (whose metadata replay rebuilds, and
+        which the captured run computed with), replay and eager alike."""
+        reports = backend.__dict__.get("_sglfix_schedule", [])
+        wrong = [r for r in reports if r]
+        if wrong:
+            return [("DIVERGE", f"metadata reference: {wrong[0]}")]
+        if not reports:
+            return []
+        return [
+            (
+                "PASS",
+                f"metadata reference: the MLA schedule of {len(reports)} metadata init(s) (query rows, key "
+                "lengths, each row's kv_indices) is its batch's",
+            )
+        ]
 
 
 def _observe_plan(wrapper: Any) -> None:
@@ -129,7 +168,7 @@ def _observe_plan(wrapper: Any) -> None:
         # What fails from here on is the planning code's, which this only watches (sglfix.harness.misfit).
         __sglfix_passthrough__ = True  # noqa: F841
         wrapper._sglfix_plan = SimpleNamespace(
-            qo_indptr=qo_indptr.clone(), kv_indptr=kv_indptr.clone(), kv_indices=kv_indices, kv_len=kv_len_arr.clone()
+            qo_indptr=qo_indptr.clone(), kv_indptr=kv_indptr.clone(), kv_len=kv_len_arr.clone()
         )
         return original(qo_indptr, kv_indptr, kv_indices, kv_len_arr, *args, **kwargs)
 
@@ -137,12 +176,79 @@ def _observe_plan(wrapper: Any) -> None:
 
 
 def _planned(wrapper: Any) -> Any:
+    """What FlashInfer's MLA kernel reads: the schedule of the last plan (host offsets and lengths;
+    its device indptr buffers are never read) and the wrapper's own ``kv_indices`` buffer (a graph
+    wrapper's is the one bound at capture, whatever a fast re-plan is handed)."""
+    import torch
+
     plan = getattr(wrapper, "_sglfix_plan", None)
-    if plan is not None:
-        return plan
+    if plan is None:
+        return None
+    indices = getattr(wrapper, "_kv_indices_buf", None)
+    # Rows the kernel can read whole (a plan whose arrays disagree in length is the reference's to name).
+    rows = min(len(plan.kv_len), len(plan.kv_indptr))
+    starts = plan.kv_indptr[:rows].to("cpu", torch.int64)
+    ends = starts + plan.kv_len[:rows].to("cpu", torch.int64)
+    read = max(int(ends.max()), 0) if rows else 0
+    # Only the entries some row reads: what lies past them (an allocation's slack, a graph
+    # buffer's stale tail) is never read.
     return SimpleNamespace(
-        qo_indptr=getattr(wrapper, "_qo_indptr_buf", None),
-        kv_indptr=getattr(wrapper, "_kv_indptr_buf", None),
-        kv_indices=getattr(wrapper, "_kv_indices_buf", None),
-        kv_len=getattr(wrapper, "_kv_len_arr_buf", None),
+        qo_indptr=plan.qo_indptr,
+        kv_starts=starts,
+        kv_len=plan.kv_len,
+        kv_indices=None if indices is None else indices.reshape(-1)[:read],
     )
+
+
+def _schedule_reference(planned: Any, batch: Any, req_to_token: Any) -> str:
+    """'' when the schedule is the batch's, else what differs first: each row ``r`` reads
+    ``q_len(r)`` query rows and the first ``kv_len(r)`` slots of its ``req_to_token`` row from
+    where sglang's index builders packed them (after the rows before it), where
+    decode reads one query over ``seq_lens``, verify ``draft_token_num`` queries over ``seq_lens +
+    draft_token_num``, and an extend its new tokens over ``seq_lens``."""
+    import torch
+
+    bs = int(batch.batch_size)
+    mode, spec = batch.forward_mode, batch.spec_info
+    seq = batch.seq_lens[:bs].to("cpu", torch.int64).tolist()
+    rows = batch.req_pool_indices[:bs].to("cpu", torch.int64).tolist()
+    if mode.is_decode_or_idle():
+        q_len, kv_len = [1] * bs, seq
+    elif mode.is_target_verify():
+        ndt = int(spec.draft_token_num)
+        q_len, kv_len = [ndt] * bs, [s + ndt for s in seq]
+    else:
+        ext = batch.extend_seq_lens
+        q_len = [int(spec.num_tokens_per_req)] * bs if ext is None else ext[:bs].to("cpu", torch.int64).tolist()
+        kv_len = seq
+    qo = planned.qo_indptr.to("cpu", torch.int64).tolist()
+    got_len = planned.kv_len.to("cpu", torch.int64).tolist()
+    starts = planned.kv_starts.tolist()
+    if min(len(got_len), len(starts), len(qo) - 1) < bs:
+        return (
+            f"the plan schedules {len(got_len)} key length(s), {len(starts)} key offset(s) and "
+            f"{max(len(qo) - 1, 0)} query row(s) for a batch of {bs}"
+        )
+    for r in range(bs):
+        if qo[r + 1] - qo[r] != q_len[r]:
+            return f"row {r} is planned {qo[r + 1] - qo[r]} query row(s), its batch has {q_len[r]} (qo_indptr {qo[: bs + 1]})"
+        if got_len[r] != kv_len[r]:
+            return f"row {r} is planned {got_len[r]} key(s), its batch {kv_len[r]} (kv_len {got_len[:bs]})"
+        # sglang's index builders pack the rows' keys one after the other from entry 0.
+        if starts[r] != sum(got_len[:r]):
+            return (
+                f"row {r}'s keys are planned from kv_indices entry {starts[r]}, the index builder packs them "
+                f"from entry {sum(got_len[:r])} (kv_indptr {starts[:bs]})"
+            )
+    indices = planned.kv_indices.to("cpu", torch.int64) if planned.kv_indices is not None else None
+    table = req_to_token.to("cpu", torch.int64)
+    for r in range(bs):
+        want = table[rows[r], : kv_len[r]].tolist()
+        got = [] if indices is None else indices[starts[r] : starts[r] + kv_len[r]].tolist()
+        if got != want:
+            i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            return (
+                f"row {r} reads slot {got[i] if i < len(got) else None} as key {i}, its req_to_token row "
+                f"{rows[r]} holds {want[i] if i < len(want) else None} there"
+            )
+    return ""
