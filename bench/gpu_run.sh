@@ -25,7 +25,9 @@
 # over them (MUTATE_ARGS for fewer cells per mutant or a --shard i/N; FI_LIMIT seconds at most;
 # FI_MATRIX=0 skips the matrix, for a later shard's call; FI_MUTATE=0 the campaign; FI_FIX=1 checks the
 # candidate window fix (fixes/flashinfer-swa-ragged-window.patch) over sglang-fi-*; FI_SCENARIOS replaces
-# the matrix's -s selection).
+# the matrix's -s selection, FI_MUTATE_SCENARIOS the campaign's (default -s sglang-fi-*; the FlashInfer-MLA
+# family: -s sglang-fimla-* -s fimla-draft-*); FI_TIMEOUT the campaign's seconds per cell, for a machine
+# whose FlashInfer JIT cache is cold).
 # ONLY=finding writes the FlashInfer-MLA finding (report finding on the H100) and runs the Triton
 # draft-extend scenarios with every part (PR 27545's expectations on CUDA).
 # Everything lands in $OUT; a short table is printed last.
@@ -408,9 +410,11 @@ if [ "${ONLY:-}" = flashinfer ]; then
   fi
   if [ "${FI_MUTATE:-1}" = 0 ]; then exit 0; fi
   log "mutate: real sglang FlashInferAttnBackend on CUDA"
-  COLUMNS=250 timeout ${FI_LIMIT:-300} python3 -m sglfix --profile sglang-0.5.23 mutate --device cuda -s 'sglang-fi-*' \
-    ${MUTATE_ARGS:-} --timeout 60 --json "$OUT/mutate-fi-cuda.json" --markdown "$OUT/mutate-fi-cuda.md" \
+  set -f
+  COLUMNS=250 timeout ${FI_LIMIT:-300} python3 -m sglfix --profile sglang-0.5.23 mutate --device cuda ${FI_MUTATE_SCENARIOS:--s sglang-fi-*} \
+    ${MUTATE_ARGS:-} --timeout ${FI_TIMEOUT:-60} --json "$OUT/mutate-fi-cuda.json" --markdown "$OUT/mutate-fi-cuda.md" \
     > "$OUT/mutate-fi-cuda.txt" 2>&1; echo "mutate rc=$?"
+  set +f
   tail -2 "$OUT/mutate-fi-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g'
   [ -f "$OUT/mutate-fi-cuda.json" ] && gzip -f "$OUT/mutate-fi-cuda.json"
   du -sh ~/.cache/flashinfer 2>/dev/null
