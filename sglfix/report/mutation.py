@@ -112,6 +112,7 @@ FAMILIES: dict[str, str] = {
     "trtllm_mla_backend": "trtllm_mla",
     "deepseek_v4_backend": "deepseek_v4",
     "flashattention_backend": "fa3",
+    "torch_native_backend": "torch_native",
 }
 
 # Words of a function's name and the scenario mode they serve, the first that matches wins

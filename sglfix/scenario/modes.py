@@ -210,6 +210,18 @@ _BACKEND_RULES = (
         "on other GPUs, a torch kernel on CPU, both over the same block table, seq_lens_k and q "
         "layout",
     ),
+    # Real sglang only: its forward reads the batch request by request (no metadata, no graphs).
+    BackendRule(
+        "torch_native",
+        modes=("DECODE", "EXTEND"),
+        mla=False,
+        dtypes=("float16", "bfloat16", "float32"),
+        page_sizes=None,
+        gpu_only=False,
+        mode_overrides=(("DECODE", replace(MODE_RULES["DECODE"], graph=False, gpu_only=False)),),
+        kernels="torch's scaled_dot_product_attention per request, on any device",
+        sliding_window_modes=("DECODE", "EXTEND"),
+    ),
     # DSv4 pins page size 256 and topk <= 1; its draft layer attends a sliding window of 128.
     BackendRule(
         "deepseek_v4",
