@@ -145,9 +145,10 @@ class SglangFlashInferMLAAdapter(SglangFlashInferAdapter):
         """Every init's schedule against its batch: capture (whose metadata replay rebuilds, and
         which the captured run computed with), replay and eager alike."""
         reports = backend.__dict__.get("_sglfix_schedule", [])
-        wrong = [r for r in reports if r]
+        wrong = [(i, r) for i, r in enumerate(reports, 1) if r]
         if wrong:
-            return [("DIVERGE", f"metadata reference: {wrong[0]}")]
+            at, first = wrong[0]
+            return [("DIVERGE", f"metadata reference: metadata init {at} of {len(reports)}: {first}")]
         if not reports:
             return []
         return [

@@ -1,0 +1,114 @@
+"""Real sglang 0.5.23's FlashInfer-MLA backend in the modes besides the multi-step draft
+(``sglang.flashinfer_mla_dense``: DECODE, EXTEND, TARGET_VERIFY, DRAFT_EXTEND_V2, eager and graph)
+and its TorchNativeAttnBackend (``sglang.torch_native``), on CPU through the CLI a user runs: every
+built-in scenario passes, and each judge fails when the code under test is made wrong (a candidate
+fix that breaks it, applied with ``--apply``), including a fault that only exists while a graph is
+captured and that replay rebuilds.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from builders import ROOT
+from real_sglang import require_sglang
+
+ATTENTION = "python/sglang/srt/layers/attention"
+
+
+def _run(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / f"run-{len(list(tmp_path.glob('run-*.json')))}.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "PYTHONPATH")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglfix", "--profile", "sglang-0.5.23", "run", "--device", "cpu", "--no-cache",
+         "--json", str(out), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(ROOT),
+        timeout=600,
+    )
+    assert out.exists(), f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(out.read_text())
+
+
+def _breaking_patch(tmp_path: Path, module: str, old: str, new: str, *, occurrence: int = 1) -> Path:
+    """A unified diff of the installed sglang's ``module`` with its ``occurrence``-th ``old``
+    replaced by ``new``."""
+    source = Path(require_sglang()) / "srt" / "layers" / "attention" / f"{module}.py"
+    text = source.read_text()
+    assert text.count(old) >= occurrence, f"{module}.py no longer has {occurrence} x {old!r}"
+    at = -1
+    for _ in range(occurrence):
+        at = text.index(old, at + 1)
+    changed = text[:at] + new + text[at + len(old) :]
+    path = f"{ATTENTION}/{module}.py"
+    diff = difflib.unified_diff(
+        text.splitlines(keepends=True), changed.splitlines(keepends=True), fromfile=f"a/{path}", tofile=f"b/{path}"
+    )
+    patch = tmp_path / "broken.patch"
+    patch.write_text("".join(diff))
+    return patch
+
+
+def _patched(report: dict) -> dict[str, dict]:
+    return {c["scenario"]: c for c in report["cells"] if c.get("toggles")}
+
+
+def test_every_fimla_and_torch_native_scenario_passes_with_its_judges_named(tmp_path):
+    require_sglang()
+    report = _run(tmp_path, "-s", "sglang-fimla-*", "-s", "sglang-torch-*")
+    cells = {c["scenario"]: c for c in report["cells"]}
+    assert any(n.startswith("sglang-fimla-") for n in cells) and any(n.startswith("sglang-torch-") for n in cells)
+    failed = {n: (c["verdict"], c["findings"][:2]) for n, c in cells.items() if c["verdict"] != "PASS"}
+    assert not failed, failed
+    for name, c in cells.items():
+        assert c["error"]["rows"] > 0 and c["error"]["bad_rows"] == 0, (name, c["error"])
+        assert c["error"]["max_abs_err"] < (1.5e-2 if "fimla" in name else 2e-3), (name, c["error"])
+        if name.startswith("sglang-fimla-"):
+            # Every init's schedule was judged against its batch: capture and replay for graphs.
+            inits = 2 if "cg=graph" in name or "decode-full" in name else 1
+            refs = [f["message"] for f in c["findings"] if "metadata reference" in f["message"]]
+            assert refs == [
+                f"metadata reference: the MLA schedule of {inits} metadata init(s) (query rows, key lengths, "
+                "each row's kv_indices) is its batch's"
+            ], (name, c["findings"])
+
+
+def test_a_schedule_wrong_only_at_capture_is_seen_though_replay_rebuilds_it(tmp_path):
+    """One more key per request planned at capture only: the replayed output is right (replay
+    re-plans), the capture's schedule is not the capture batch's, and the cell says so."""
+    require_sglang()
+    patch = _breaking_patch(
+        tmp_path,
+        "flashinfer_mla_backend",
+        "self.fast_plan_kv_len_arr_cpu[:bs] = seq_lens_cpu[:bs] + ndt",
+        "self.fast_plan_kv_len_arr_cpu[:bs] = seq_lens_cpu[:bs] + ndt + int(in_capture)",
+    )
+    cells = _patched(_run(tmp_path, "-s", "sglang-fimla-target-verify@cg=graph", "--apply", str(patch)))
+    cell = cells["sglang-fimla-target-verify@cg=graph"]
+    assert cell["verdict"] == "DIVERGE", cell["findings"]
+    assert cell["error"]["bad_rows"] == 0, "the replayed output alone does not show it"
+    message = next(f["message"] for f in cell["findings"] if f["verdict"] == "DIVERGE")
+    assert message.startswith("metadata reference: metadata init 1 of 2: row 0 is planned"), message
+
+
+def test_torch_native_output_shows_a_request_reading_another_requests_rows(tmp_path):
+    require_sglang()
+    # The decode loop's (the second) read of a request's row: every request reads request 0's.
+    patch = _breaking_patch(
+        tmp_path,
+        "torch_native_backend",
+        "req_pool_idx = req_pool_indices[seq_idx]",
+        "req_pool_idx = req_pool_indices[0]",
+        occurrence=2,
+    )
+    cells = _patched(_run(tmp_path, "-s", "sglang-torch-decode@ps=1", "--apply", str(patch)))
+    cell = cells["sglang-torch-decode@ps=1"]
+    assert cell["verdict"] in ("DIVERGE", "CRASH"), cell["findings"]
+    assert cell["verdict"] == "CRASH" or cell["error"]["bad_rows"] >= 1, cell["error"]
