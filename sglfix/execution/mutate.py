@@ -278,7 +278,9 @@ def _phase(name: str, ran: Any) -> dict:
 
 def _sample(cells: list[Any], baseline_of: dict[str, Any], n: int) -> list[Any]:
     """Up to ``n`` of ``cells`` to try a mutant on first: the cheapest baseline of each (mode,
-    graph or not, page size) in turn, so that a few cells cover different paths."""
+    graph or not, page size) in turn, so that a few cells cover different paths; cells whose
+    baseline passes before those whose baseline already fails (a known divergence shows a mutant
+    only where the mutant changes that failure)."""
     if n <= 0 or len(cells) <= n:
         return list(cells)
 
@@ -286,8 +288,11 @@ def _sample(cells: list[Any], baseline_of: dict[str, Any], n: int) -> list[Any]:
         t = (baseline_of[s.name].timings_ms or {}) if s.name in baseline_of else {}
         return float(t.get("total") or t.get("run") or 1e9)
 
+    def failing(s: Any) -> bool:
+        return getattr(baseline_of.get(s.name), "verdict", "PASS") != "PASS"
+
     groups: dict[tuple, list[Any]] = {}
-    for s in sorted(cells, key=lambda s: (cost(s), s.name)):
+    for s in sorted(cells, key=lambda s: (failing(s), cost(s), s.name)):
         groups.setdefault((s.mode, s.capture_bs is not None, s.page_size), []).append(s)
     out: list[Any] = []
     lines = list(groups.values())

@@ -47,10 +47,14 @@ PASSTHROUGH = "__sglfix_passthrough__"
 _LAUNCH_FILES = tuple(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in ("interpreter.py", "tritonkey.py")
 )
-# sglfix's torch stand-ins of FlashInfer's wrappers (sglfix.harness.torchfi) are the kernel library
-# where FlashInfer cannot run: what they refuse or fail on is the caller's, as FlashInfer's own
-# refusals are on a GPU.
-_LIBRARY_DIRS = (os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchfi") + os.sep,)
+# sglfix's torch stand-ins of FlashInfer's wrappers (sglfix.harness.torchfi) and of FlashMLA's
+# kernel (sglfix.harness.flashmla) are the kernel library where the real one cannot run: what they
+# refuse or fail on is the caller's, as the real library's own refusals are on a GPU.
+_LIBRARY_DIRS = (
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchfi") + os.sep,
+    # FlashMLA's stand-in (its kernel and scheduler), likewise.
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "flashmla.py"),
+)
 
 
 def innermost_owner(exc: BaseException, *, package: str | None = None) -> str | None:

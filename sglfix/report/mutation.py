@@ -113,6 +113,7 @@ FAMILIES: dict[str, str] = {
     "deepseek_v4_backend": "deepseek_v4",
     "flashattention_backend": "fa3",
     "torch_native_backend": "torch_native",
+    "flashmla_backend": "flashmla",
 }
 
 # Words of a function's name and the scenario mode they serve, the first that matches wins

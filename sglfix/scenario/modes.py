@@ -210,6 +210,21 @@ _BACKEND_RULES = (
         "on other GPUs, a torch kernel on CPU, both over the same block table, seq_lens_k and q "
         "layout",
     ),
+    # Real sglang only: FlashMLA's decode kernel for decode, verify and the spec-v2 draft extend
+    # (page size 64, causal chains: no tree mask), its FlashInfer-MLA parent for the extend.
+    BackendRule(
+        "flashmla",
+        modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND_V2"),
+        mla=True,
+        dtypes=_HALF,
+        page_sizes=(64,),
+        default_page_size=64,
+        gpu_only=True,
+        num_heads=(16, 32, 64, 128),
+        kernels="FlashMLA's dense decode kernel and scheduler where flash_mla is installed, a torch "
+        "kernel over the same block table, lengths and schedule elsewhere; FlashInfer's MLA wrapper "
+        "(or its torch stand-in) for EXTEND",
+    ),
     # Real sglang only: its forward reads the batch request by request (no metadata, no graphs).
     BackendRule(
         "torch_native",

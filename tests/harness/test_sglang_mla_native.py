@@ -25,8 +25,20 @@ def _run(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / f"run-{len(list(tmp_path.glob('run-*.json')))}.json"
     env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "PYTHONPATH")}
     proc = subprocess.run(
-        [sys.executable, "-m", "sglfix", "--profile", "sglang-0.5.23", "run", "--device", "cpu", "--no-cache",
-         "--json", str(out), *args],
+        [
+            sys.executable,
+            "-m",
+            "sglfix",
+            "--profile",
+            "sglang-0.5.23",
+            "run",
+            "--device",
+            "cpu",
+            "--no-cache",
+            "--json",
+            str(out),
+            *args,
+        ],
         capture_output=True,
         text=True,
         env=env,

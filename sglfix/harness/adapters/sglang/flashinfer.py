@@ -85,12 +85,13 @@ class FlashInferDraftAdapter(AdapterBase):
 
         case = kit.build_flashinfer_draft(scenario, device=device, mla=self.mla)
         real = device != "cpu" and kit.has_cuda() and kit.flashinfer_available()
-        # GQA step backends run anywhere: on FlashInfer's torch stand-ins where it is missing.
-        case.host = not real and (self.mla or device != "cpu")
+        # The step backends run anywhere: on FlashInfer's torch stand-ins on CPU.
+        case.host = not real and device != "cpu"
         if not real and not case.host:
             from sglfix.harness.adapters.sglang.flashinfer_dense import flashinfer_module
+            from sglfix.harness.adapters.sglang.flashinfer_mla_dense import flashinfer_mla_module
 
-            flashinfer_module()
+            flashinfer_mla_module() if self.mla else flashinfer_module()
         recorded = kit.mla_steps_recorded(topk=case.topk) if self.mla and not case.host else None
         if recorded:
             case.host = True

@@ -91,14 +91,20 @@ class SglangFlashInferMLAAdapter(SglangFlashInferAdapter):
             raise Unavailable("the sglang flashinfer_mla adapter runs MLA layers (model.kv_lora_rank)")
         return super().build(scenario, device=device)
 
+    # The class sglang must build for this adapter's scenarios, and the modes its graphs capture.
+    backend_class = "FlashInferMLAAttnBackend"
+    # What the schedule reference compares, in the cell's words.
+    reference_reads = "query rows, key lengths, each row's kv_indices"
+    graph_modes: tuple[str, ...] = ("DECODE", "TARGET_VERIFY")
+
     def make_backend(self, prepared: Prepared) -> Any:
         flashinfer_mla_module()
         with self._placed():
             backend = SglangTritonAdapter.make_backend(self, prepared)
         # The slot ground truth the schedule reference reads (the runner's, whatever the backend keeps).
         backend._sglfix_req_to_token = prepared.case.runner.req_to_token_pool.req_to_token
-        if type(backend).__name__ != "FlashInferMLAAttnBackend":
-            raise Unavailable(f"sglang built {type(backend).__name__} for an MLA model, not FlashInferMLAAttnBackend")
+        if type(backend).__name__ != self.backend_class:
+            raise Unavailable(f"sglang built {type(backend).__name__} for an MLA model, not {self.backend_class}")
         # The updaters took the backend's indptr buffers at construction: hand them the guarded ones.
         for updater, names in _SHARED.items():
             owner = getattr(backend, updater, None)
@@ -108,8 +114,8 @@ class SglangFlashInferMLAAdapter(SglangFlashInferAdapter):
         return backend
 
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        if scenario.capture_bs and scenario.mode not in ("DECODE", "TARGET_VERIFY"):
-            raise Unavailable(f"FlashInferMLAAttnBackend captures DECODE and TARGET_VERIFY, not {scenario.mode}")
+        if scenario.capture_bs and scenario.mode not in self.graph_modes:
+            raise Unavailable(f"{self.backend_class} captures {' and '.join(self.graph_modes)}, not {scenario.mode}")
         runner = super().capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
         if runner is not None:
             # Replays re-plan the captured wrappers through sglang's fast plans, installed at capture.
@@ -154,8 +160,8 @@ class SglangFlashInferMLAAdapter(SglangFlashInferAdapter):
         return [
             (
                 "PASS",
-                f"metadata reference: the MLA schedule of {len(reports)} metadata init(s) (query rows, key "
-                "lengths, each row's kv_indices) is its batch's",
+                f"metadata reference: the MLA schedule of {len(reports)} metadata init(s) ({self.reference_reads}) "
+                "is its batch's",
             )
         ]
 

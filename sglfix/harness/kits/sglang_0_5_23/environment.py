@@ -298,6 +298,25 @@ def boot() -> None:
         import sglang.srt.runtime_context  # noqa: F401 - 0.5.14 on
     except ImportError:
         _single_rank_groups()
+    _load_flashmla()
+
+
+def _load_flashmla() -> None:
+    """sglang's FlashMLA backend imports the ``flash_mla`` package at module level, for kernels
+    only its forward calls. Where the package is missing the module is loaded once here over an
+    inert stand-in package, with sglfix's torch FlashMLA bound to the two names it calls
+    (``sglfix.harness.flashmla``), so that its toggles and mutants apply as any module's do and
+    its state is in the worker's snapshot. A release without the module is left as it is."""
+    import importlib
+
+    from sglfix.harness import flashmla
+
+    try:
+        with flashmla.import_without_flash_mla():
+            module = importlib.import_module("sglang.srt.layers.attention.flashmla_backend")
+    except ImportError:
+        return
+    flashmla.install(module)
 
 
 def _single_rank_groups() -> None:
