@@ -14,8 +14,11 @@ from types import SimpleNamespace
 
 import torch
 
-from sglfix.harness.adapters.sglang.flashinfer_mla import ADAPTER
+from sglfix.harness.adapters.sglang.flashinfer_mla import FlashInferMLADraftAdapter
 from sglfix.harness.kits.sglang_0_5_23.drafts import DraftSlots
+
+# The multi-step draft side of backend flashinfer_mla (the dense side is sglang.flashinfer_mla_dense).
+ADAPTER = FlashInferMLADraftAdapter()
 
 
 def _case(plans_of) -> SimpleNamespace:
