@@ -109,21 +109,21 @@ LIMITS: tuple[Limit, ...] = (
     Limit(
         "`model.kv_lora_rank`, `model.qk_rope_head_dim`",
         "512, 64",
-        "MLA backends only (flashinfer_mla, trtllm_mla, deepseek_v4): FlashInfer's MLA kernels; num_heads 16, 32, "
-        "64 or 128",
+        "MLA backends only (flashinfer_mla, flashmla, trtllm_mla, deepseek_v4): FlashInfer's MLA kernels; num_heads "
+        "16, 32, 64 or 128",
     ),
     Limit(
         "`model.sliding_window`",
         "1 .. 131,072",
         "optional: a sliding-window layer (a query at position p sees keys p - window .. p), on real sglang (the "
         "reproduction has no window): triton in DECODE, EXTEND, TARGET_VERIFY and DRAFT_EXTEND_V2, flashinfer in "
-        "DECODE, EXTEND and TARGET_VERIFY",
+        "DECODE, EXTEND and TARGET_VERIFY, torch_native in DECODE and EXTEND",
     ),
     Limit(
         "`page_size`",
         f"1 .. {MAX_PAGE_SIZE}",
         "engines use 1 to 256; flashinfer and flashinfer_mla: 1; "
-        "trtllm_mla: 32 or 64 (default 64); deepseek_v4: 256 (the default)",
+        "trtllm_mla: 32 or 64 (default 64); flashmla: 64; deepseek_v4: 256 (the default)",
     ),
     Limit(
         "`dcp_size`",
