@@ -154,8 +154,10 @@ def flash_mla_with_kvcache(  # noqa: PLR0913 - FlashMLA's own signature, as sgla
 def install(module: ModuleType) -> bool:
     """Bind the stand-ins over ``module``'s FlashMLA names when its ``flash_mla`` is a stand-in
     module (the package is missing); True when the module now runs on them."""
-    ours = module.__dict__.get("flash_mla_with_kvcache") is flash_mla_with_kvcache
-    if ours or _runs_on_standin(module):
+    current = module.__dict__.get("flash_mla_with_kvcache")
+    # 0.5.23 imports them from its FlashMLA interface over the flash_mla package; earlier releases
+    # from sgl_kernel, which is a stand-in where its CUDA wheel is missing.
+    if current is flash_mla_with_kvcache or _runs_on_standin(module) or hasattr(current, "_standin_path"):
         module.flash_mla_with_kvcache = flash_mla_with_kvcache
         module.get_mla_metadata = get_mla_metadata
         return True

@@ -69,11 +69,10 @@ def draft_layer(truth: SimpleNamespace) -> Any:
 
 
 def _write(pool: Any, layer: Any, loc: Any, k: Any, v: Any, *, mla: bool) -> None:
-    if mla:
-        rank = layer.v_head_dim
-        pool.set_mla_kv_buffer(layer, loc, k[..., :rank].contiguous(), k[..., rank:].contiguous())
-    else:
-        pool.set_kv_buffer(layer, loc, k, v)
+    # An MLA pool stores the whole latent + rope row its set_kv_buffer is handed (the value is
+    # its latent part); its set_mla_kv_buffer, a Triton kernel in older releases, is the model's
+    # write path, not the ground truth's.
+    pool.set_kv_buffer(layer, loc, k, v)
 
 
 def attend_steps(case: Any, backend: Any, view: Any, *, mla: bool) -> Any:
