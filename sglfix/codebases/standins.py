@@ -25,7 +25,7 @@ import importlib.util
 import sys
 import types
 
-__all__ = ["StandInCalled", "install", "used"]
+__all__ = ["StandInCalled", "install", "spec_for", "used"]
 
 
 class StandInCalled(RuntimeError):
@@ -88,13 +88,19 @@ class _Loader(importlib.abc.Loader):
         pass
 
 
+def spec_for(fullname: str) -> importlib.machinery.ModuleSpec:
+    """The module spec of a stand-in for ``fullname`` (a package: its submodules are stand-ins
+    too), for a finder of the caller's that stands in only for a while."""
+    return importlib.machinery.ModuleSpec(fullname, _Loader(), is_package=True)
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self, packages: tuple[str, ...]) -> None:
         self.packages = packages
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname.split(".")[0] in self.packages:
-            return importlib.machinery.ModuleSpec(fullname, _Loader(), is_package=True)
+            return spec_for(fullname)
         return None
 
 

@@ -21,8 +21,7 @@ Scores are ``q . k`` over the key's full width scaled by ``softmax_scale``, the 
 
 from __future__ import annotations
 
-import importlib
-import importlib.machinery
+import importlib.util
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,7 +30,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["PAGE", "SM_PARTS", "flash_mla_with_kvcache", "get_mla_metadata", "import_without_flash_mla", "install"]
+__all__ = [
+    "PAGE",
+    "SM_PARTS",
+    "covered_pages",
+    "flash_mla_with_kvcache",
+    "get_mla_metadata",
+    "import_without_flash_mla",
+    "in_ranges",
+    "install",
+]
 
 PAGE = 64
 # SM partitions the scheduler splits into (FlashMLA: the SM count over the KV heads and query
@@ -70,7 +78,7 @@ def get_mla_metadata(
     return meta.to(cache_seqlens.device), splits.to(cache_seqlens.device)
 
 
-def _covered(meta: torch.Tensor, bs: int) -> tuple[list[list[tuple[int, int | None]]], list[int]]:
+def covered_pages(meta: torch.Tensor, bs: int) -> tuple[list[list[tuple[int, int | None]]], list[int]]:
     """Each request's page ranges its runs cover (``(lo, None)``: from ``lo`` to its last page)
     and how many runs touch it."""
     ranges: list[list[tuple[int, int | None]]] = [[] for _ in range(bs)]
@@ -86,7 +94,7 @@ def _covered(meta: torch.Tensor, bs: int) -> tuple[list[list[tuple[int, int | No
     return ranges, touches
 
 
-def _in(ranges: list[tuple[int, int | None]], page: int) -> bool:
+def in_ranges(ranges: list[tuple[int, int | None]], page: int) -> bool:
     return any(lo <= page and (hi is None or page < hi) for lo, hi in ranges)
 
 
@@ -119,7 +127,7 @@ def flash_mla_with_kvcache(  # noqa: PLR0913 - FlashMLA's own signature, as sgla
         raise ValueError(
             f"cache_seqlens ({len(lens)}) and block_table ({block_table.shape[0]}) cover fewer than {bs} requests"
         )
-    covered, touches = _covered(tile_scheduler_metadata, bs)
+    covered, touches = covered_pages(tile_scheduler_metadata, bs)
     splits = num_splits.to("cpu", torch.int64).tolist()
     table = block_table.to("cpu", torch.int64)
     out = torch.zeros((bs, s_q, heads, head_dim_v), dtype=torch.float32, device=q.device)
@@ -131,7 +139,7 @@ def flash_mla_with_kvcache(  # noqa: PLR0913 - FlashMLA's own signature, as sgla
         n = lens[b]
         if n <= 0:
             continue
-        pos = [j for j in range(n) if _in(covered[b], j // PAGE)]
+        pos = [j for j in range(n) if in_ranges(covered[b], j // PAGE)]
         if not pos:
             continue
         blocks = table[b, [j // PAGE for j in pos]]
@@ -155,8 +163,8 @@ def install(module: ModuleType) -> bool:
     """Bind the stand-ins over ``module``'s FlashMLA names when its ``flash_mla`` is a stand-in
     module (the package is missing); True when the module now runs on them."""
     current = module.__dict__.get("flash_mla_with_kvcache")
-    # 0.5.23 imports them from its FlashMLA interface over the flash_mla package; earlier releases
-    # from sgl_kernel, which is a stand-in where its CUDA wheel is missing.
+    # Newer releases import them from sglang's FlashMLA interface over the flash_mla package,
+    # earlier ones from sgl_kernel, which is a stand-in where its CUDA wheel is missing.
     if current is flash_mla_with_kvcache or _runs_on_standin(module) or hasattr(current, "_standin_path"):
         module.flash_mla_with_kvcache = flash_mla_with_kvcache
         module.get_mla_metadata = get_mla_metadata
@@ -185,7 +193,7 @@ def import_without_flash_mla() -> Iterator[None]:
         @staticmethod
         def find_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
             if fullname.split(".")[0] == "flash_mla":
-                return importlib.machinery.ModuleSpec(fullname, standins._Loader(), is_package=True)
+                return standins.spec_for(fullname)
             return None
 
     sys.meta_path.append(_Finder)  # type: ignore[arg-type]

@@ -190,9 +190,9 @@ def _flashmla_view(backend: Any, metadata: Any, batch: Any) -> tuple[Any, str]:
         if not (isinstance(meta, torch.Tensor) and meta.dim() == 2 and meta.shape[1] >= 4) or splits is None:
             report = "the schedule (flashmla_metadata [parts, 8] and num_splits [bs + 1]) is missing or malformed"
         else:
-            ranges, touches = flashmla._covered(meta, bs)
+            ranges, touches = flashmla.covered_pages(meta, bs)
             for r in range(bs):
-                missing = [p for p in range(need[r]) if not flashmla._in(ranges[r], p)]
+                missing = [p for p in range(need[r]) if not flashmla.in_ranges(ranges[r], p)]
                 if missing:
                     report = f"the schedule leaves row {r}'s page(s) {missing[:3]} of {need[r]} unattended"
                     break
