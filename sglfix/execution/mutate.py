@@ -525,7 +525,9 @@ def _declared(codebase: Any, patterns: Sequence[str]) -> list[str]:
             if not f.endswith(".py"):
                 continue
             rel = os.path.relpath(os.path.join(folder, f), root)
-            module = ".".join([codebase.package, *rel[:-3].split(os.sep)])
+            parts = rel[:-3].split(os.sep)
+            # A package's functions live in its __init__.py: the module is the package itself.
+            module = ".".join([codebase.package, *(parts[:-1] if parts[-1] == "__init__" else parts)])
             if not any(_could_hold(module, g) for g in globs):
                 continue
             try:

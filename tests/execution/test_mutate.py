@@ -207,6 +207,22 @@ def test_show_prints_the_patch_apply_reads(tmp_path):
     assert [p.target for p in load_candidate(f, codebase=cb).part.patches] == [m.function]
 
 
+def test_a_function_of_a_packages_init_is_named_by_the_package():
+    """sglang defines a function in a package's own ``__init__.py`` (``qsa.__getattr__``): its
+    mutants carry ``package.function``, so that ``--show`` over the whole surface finds them (it
+    failed on ``qsa.__init__.__getattr__`` before)."""
+    from real_sglang import require_sglang
+
+    from sglfix.execution.mutate import mutants_on_surface
+
+    require_sglang()
+    found = mutants_on_surface(
+        codebase=get_codebase("sglang-0.5.23"), functions=("sglang.srt.layers.attention.qsa.__getattr__",)
+    )
+    assert found and {m.function for m in found} == {"sglang.srt.layers.attention.qsa.__getattr__"}
+    assert all(m.path.endswith("attention/qsa/__init__.py") for m in found), {m.path for m in found}
+
+
 def test_shards_share_the_mutants_and_merge_into_the_whole_campaign(tmp_path):
     """``--shard i/N`` runs a share of the mutants (each shard every baseline); ``--merge`` of all
     the shards' reports is the unsharded campaign, mutant by mutant; a missing shard is refused."""
