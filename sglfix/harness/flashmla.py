@@ -7,12 +7,13 @@ What FlashMLA reads, and so what this reads:
 * ``get_mla_metadata(cache_seqlens, q_tokens_per_head_k, num_heads_k)`` splits the batch's pages
   (request ``b`` has ``ceil(cache_seqlens[b] / 64)``) into at most ``SM_PARTS`` contiguous runs, one
   per SM partition: ``tile_scheduler_metadata[p] = (begin request, begin page, end request, end page,
-  0, 0, 0, 0)``, the end exclusive; ``num_splits[b + 1] - num_splits[b]`` is how many runs touch
-  request ``b`` (the combine step reads that many partial results).
+  0, 0, 0, 0)``, the end exclusive; ``num_splits[b]`` counts the runs of the requests before ``b``
+  and ``num_splits[b + 1] - num_splits[b]`` those that touch ``b`` (the combine step reads ``b``'s
+  partial results there).
 * ``flash_mla_with_kvcache`` attends, for request ``b``, the keys its scheduled runs cover and
   ``cache_seqlens[b]`` admits, read through ``block_table[b]`` from the paged latent cache; causal
   aligns query row ``i`` of ``s_q`` to position ``cache_seqlens[b] - s_q + i``. A request whose
-  ``num_splits`` disagree with its runs gets NaN (the combine would read other requests' partials),
+  ``num_splits`` disagree with the runs gets NaN (the combine would read other requests' partials),
   a block id outside the cache raises (on the GPU: an illegal address).
 
 Scores are ``q . k`` over the key's full width scaled by ``softmax_scale``, the value the first
@@ -133,7 +134,9 @@ def flash_mla_with_kvcache(  # noqa: PLR0913 - FlashMLA's own signature, as sgla
     out = torch.zeros((bs, s_q, heads, head_dim_v), dtype=torch.float32, device=q.device)
     lse = torch.full((bs, heads, s_q), float("-inf"), dtype=torch.float32, device=q.device)
     for b in range(bs):
-        if len(splits) < b + 2 or splits[b + 1] - splits[b] != touches[b]:
+        # The combine step reads request b's partial results at num_splits[b] .. num_splits[b + 1]
+        # of one array: offsets that are not the runs' running count read other requests' partials.
+        if len(splits) < b + 2 or splits[b] != sum(touches[:b]) or splits[b + 1] - splits[b] != touches[b]:
             out[b] = float("nan")
             continue
         n = lens[b]

@@ -200,6 +200,9 @@ def _flashmla_view(backend: Any, metadata: Any, batch: Any) -> tuple[Any, str]:
                     given = splits[r + 1] - splits[r] if len(splits) > r + 1 else None
                     report = f"num_splits gives row {r} {given} split(s), the schedule {touches[r]}"
                     break
+                if splits[r] != sum(touches[:r]):
+                    report = f"num_splits starts row {r}'s partial results at {splits[r]}, the runs before it are {sum(touches[:r])}"
+                    break
     view = SimpleNamespace(
         block_kv_indices=read,
         kv_len=torch.tensor(kv_len, dtype=torch.int64),
