@@ -29,7 +29,7 @@ from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.kits import kit as _kit
 from sglfix.harness.unavailable import Unavailable
 
-__all__ = ["SglangFlashInferAdapter", "flashinfer_module"]
+__all__ = ["SglangFlashInferAdapter", "captures_draft_extend_v2", "flashinfer_module"]
 
 _MODULE = "sglang.srt.layers.attention.flashinfer_backend"
 
@@ -75,7 +75,7 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
             return super().make_backend(prepared)
 
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
-        if scenario.capture_bs and scenario.mode == "DRAFT_EXTEND_V2" and not _captures_draft_extend_v2(backend):
+        if scenario.capture_bs and scenario.mode == "DRAFT_EXTEND_V2" and not captures_draft_extend_v2(backend):
             raise Unavailable("this release's FlashInferAttnBackend does not capture DRAFT_EXTEND_V2 in CUDA graphs")
         with self._placed():
             return super().capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
@@ -108,14 +108,14 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
         return views
 
 
-def _captures_draft_extend_v2(backend: Any) -> bool:
-    """Whether the backend's graph metadata knows the spec-v2 draft extend (0.5.14 on; 0.5.13's
-    captures the spec-v1 draft extend only). Read from its source file, which a mutant's or a
-    revert's swapped code object leaves as it is."""
+def captures_draft_extend_v2(backend: Any, method: str = "_prepare_cuda_graph_metadata") -> bool:
+    """Whether the backend's graph metadata (its ``method``) knows the spec-v2 draft extend (0.5.14
+    on; 0.5.13's captures the spec-v1 draft extend only). Read from its source file, which a
+    mutant's or a revert's swapped code object leaves as it is."""
     import inspect
 
     try:
-        source = inspect.getsource(type(backend)._prepare_cuda_graph_metadata)
+        source = inspect.getsource(getattr(type(backend), method))
     except (AttributeError, OSError, TypeError):
         return True
     return "is_draft_extend_v2" in source

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglfix.harness.adapters.base import Prepared
+from sglfix.harness.adapters.sglang.flashinfer_dense import captures_draft_extend_v2
 from sglfix.harness.adapters.sglang.flashinfer_mla_dense import SglangFlashInferMLAAdapter, flashinfer_mla_module
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.unavailable import Unavailable
@@ -85,7 +86,11 @@ class SglangFlashMLAAdapter(SglangFlashInferMLAAdapter):
         return backend
 
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        if scenario.capture_bs and scenario.mode == "DRAFT_EXTEND_V2" and not _captures_draft_extend_v2(backend):
+        if (
+            scenario.capture_bs
+            and scenario.mode == "DRAFT_EXTEND_V2"
+            and not captures_draft_extend_v2(backend, "init_forward_metadata_out_graph")
+        ):
             raise Unavailable("this release's FlashMLABackend does not capture DRAFT_EXTEND_V2 in CUDA graphs")
         with _device_answers():
             return super().capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
@@ -105,17 +110,6 @@ class SglangFlashMLAAdapter(SglangFlashInferMLAAdapter):
         view, report = _flashmla_view(backend, metadata, forward_batch)
         backend.__dict__.setdefault("_sglfix_schedule", []).append(report)
         return [("flashmla", view, int(forward_batch.batch_size))]
-
-
-def _captures_draft_extend_v2(backend: Any) -> bool:
-    """Whether the backend's graph metadata knows the spec-v2 draft extend, read from its source
-    file (which a mutant's or a revert's swapped code object leaves as it is)."""
-    import inspect
-
-    try:
-        return "is_draft_extend_v2" in inspect.getsource(type(backend).init_forward_metadata_out_graph)
-    except (OSError, TypeError):
-        return True
 
 
 def _host(t: Any) -> list[int] | None:

@@ -143,20 +143,19 @@ def make_model_runner(
         context_len=max_context_len,
         **({} if case.sliding_window_size is None else {"sliding_window_size": case.sliding_window_size}),
     )
-    before = published_now()
-    runner = dense.MockModelRunner(
-        case=case,
-        model_config=config,
-        dtype=dtype,
-        device=device,
-        max_context_len=max_context_len,
-        head_dim=head_dim,
-        disable_cuda_graph=not graph,
-        runner_batch_size=pool_rows,
+    return _tracked(
+        lambda: dense.MockModelRunner(
+            case=case,
+            model_config=config,
+            dtype=dtype,
+            device=device,
+            max_context_len=max_context_len,
+            head_dim=head_dim,
+            disable_cuda_graph=not graph,
+            runner_batch_size=pool_rows,
+        ),
+        spec,
     )
-    track_published(runner, before=before)
-    _publish_spec_sizes(runner, spec)
-    return runner
 
 
 def make_mla_case(
@@ -198,16 +197,21 @@ def make_mla_model_runner(
     from .draft_cases import mla_runner
 
     restore_server_args()
-    before = published_now()
-    runner, _hidden = mla_runner(
-        case, model, dtype=dtype, device=device, max_context_len=max_context_len, graphs=graph, pool_bs=pool_rows
+    return _tracked(
+        lambda: mla_runner(
+            case, model, dtype=dtype, device=device, max_context_len=max_context_len, graphs=graph, pool_bs=pool_rows
+        )[0],
+        spec,
     )
+
+
+def _tracked(build: Callable[[], Any], spec: tuple[int, int, int] | None) -> Any:
+    """A kit mock runner made by ``build``, the server args it publishes remembered for
+    ``restore_server_args``, and the speculative sizes published over them where they differ
+    from the kit's chain."""
+    before = published_now()
+    runner = build()
     track_published(runner, before=before)
-    _publish_spec_sizes(runner, spec)
-    return runner
-
-
-def _publish_spec_sizes(runner: Any, spec: tuple[int, int, int] | None) -> None:
     if spec is not None and (spec[0] > 1 or spec[1] != spec[2] - 1):
         topk, num_steps, num_draft_tokens = spec
         publish_over(
@@ -216,6 +220,7 @@ def _publish_spec_sizes(runner: Any, spec: tuple[int, int, int] | None) -> None:
             speculative_num_steps=num_steps,
             speculative_num_draft_tokens=num_draft_tokens,
         )
+    return runner
 
 
 def track_published(runner: Any, *, before: Any) -> None:
