@@ -18,7 +18,8 @@ Parts (each into ``.cache/``, replacing what was there):
 
 The compile caches are no registry's: a GPU run hands them back (``triton-cache.tgz``,
 ``flashinfer-jit.tgz``, and ``sglang-cache.tar.xz``: sglang's own Triton kernels and JIT modules,
-which it keeps under ``~/.cache/sglang``); put them in ``.cache/`` as ``triton.tgz``,
+which it keeps under ``~/.cache/sglang``, and FlashInfer's JIT build of every real-sglang run, which
+importing sglang redirects there); put them in ``.cache/`` as ``triton.tgz``,
 ``flashinfer-jit.tgz``, ``sglang-cache.tar.xz``. A run without them starts cold (a fresh machine's
 first real-sglang matrix pays ~60 s more without sglang's).
 

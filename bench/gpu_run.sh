@@ -195,6 +195,18 @@ install_sglang() {
   export PYTHONPATH=/tmp/sgsite${PYTHONPATH:+:$PYTHONPATH}
   python3 -m sglfix.execution.serve --check --device cuda --codebase sglang-0.5.23 > "$OUT/sglang-check.json" 2> "$OUT/sglang-check.err"
   echo "worker check rc=$?"; tail -3 "$OUT/sglang-check.err"; head -c 600 "$OUT/sglang-check.json"; echo
+  local fi_ops=(~/.cache/sglang/.cache/flashinfer/*/*/cached_ops/*/*.so)
+  echo "sglang's FlashInfer JIT cache at start: $([ -e "${fi_ops[0]}" ] && echo "${#fi_ops[@]} modules" || echo cold)" | tee -a "$OUT/jit-state.txt"
+}
+# Importing sglang points FlashInfer's JIT workspace, Triton and Inductor at its own cache folder
+# (sglang.srt.environ.redirect_third_party_caches: FLASHINFER_WORKSPACE_BASE=~/.cache/sglang), so
+# a real-sglang run compiles there and not under ~/.cache/flashinfer. The whole build folder goes
+# back (objects and ninja logs too: FlashInfer always runs ninja, which rebuilds what is missing);
+# carry it as .cache/sglang-cache.tar.xz and the next call starts warm.
+save_sglang_caches() {
+  du -sh ~/.cache/sglang ~/.cache/sglang/.cache/flashinfer 2>/dev/null
+  tar -cf - -C ~/.cache/sglang --exclude='*.lock' . 2>/dev/null | xz -T0 -6 > "$OUT/sglang-cache.tar.xz" || true
+  ls -la "$OUT/sglang-cache.tar.xz"
 }
 if [ "${ONLY:-}" = mps ]; then
   # The reproduction matrix (every cell, --no-cache) with default options (workers sharing the
@@ -417,8 +429,7 @@ if [ "${ONLY:-}" = flashinfer ]; then
   set +f
   tail -2 "$OUT/mutate-fi-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g'
   [ -f "$OUT/mutate-fi-cuda.json" ] && gzip -f "$OUT/mutate-fi-cuda.json"
-  du -sh ~/.cache/flashinfer 2>/dev/null
-  tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
+  save_sglang_caches
   exit 0
 fi
 if [ "${ONLY:-}" = finding ]; then
@@ -433,7 +444,7 @@ if [ "${ONLY:-}" = finding ]; then
   COLUMNS=250 timeout 400 python3 -m sglfix matrix --profile sglang-0.5.23 --parts -s 'sglang-triton-draft-extend-v2*' \
     --device cuda --json "$OUT/matrix-draft-extend-cuda.json" > "$OUT/matrix-draft-extend-cuda.txt" 2>&1; echo "matrix rc=$?"
   grep -E "^(UNMET|unexpected|27545|sglfix matrix)" "$OUT/matrix-draft-extend-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -12
-  tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
+  save_sglang_caches
   exit 0
 fi
 if [ "${ONLY:-}" = sglang ]; then
@@ -469,8 +480,7 @@ PY
   # Few files come back from a device call: the logs and the shards go as one tarball.
   (cd "$OUT" && tar -czf sglang-logs.tgz --remove-files sglang-check.* matrix-sglang-cuda-*.json matrix-sglang-cuda-*.txt \
     merge.txt parity-sglang.txt 2>/dev/null)
-  tar -czf "$OUT/flashinfer-jit.tgz" -C ~/.cache/flashinfer . 2>/dev/null || true
-  tar -czf "$OUT/triton-cache.tgz" -C ~/.triton . 2>/dev/null || true
+  save_sglang_caches
   exit 0
 fi
 if [ "${ONLY:-}" = runner ]; then
