@@ -67,8 +67,9 @@ FLASHINFER = "flashinfer-python==0.7.2.post1"
 TVM_FFI = "apache-tvm-ffi==0.1.15.post2"
 SGLANG = "sglang==0.5.23"
 # What sglang 0.5.23's modules import at module level that the GPU image does not have.
+# pydeps-whl (installed first by every gpu_run.sh mode) already brings pydantic and its own
+# dependencies: not twice in one carry, whose 64 MiB the sglang modes fill.
 SGLANG_DEPS = [
-    "annotated-types==0.8.0",
     "compressed-tensors==0.20.0",
     "dill==0.4.1",
     "distro==1.9.0",
@@ -82,14 +83,11 @@ SGLANG_DEPS = [
     "orjson==3.13.0",
     "partial-json-parser==0.2.1.1.post7",
     "pybase64==1.5.1",
-    "pydantic==2.14.4",
-    "pydantic-core==2.50.5",
     "pyzmq==27.3.0",
     "setproctitle==1.3.8",
     "sniffio==1.3.1",
     "starlette==1.10.0",
     "traitlets==5.16.1",
-    "typing-inspection==0.4.5",
     "uvicorn==0.54.0",
 ]
 RAY = "ray==2.52.1"
@@ -183,7 +181,10 @@ def build_sglang(tmp: Path) -> None:
     install(got, site)  # then without its Rust extension modules
     for so in site.glob("sglang/**/*.so"):
         so.unlink()
-    for extra in ("bin",):
+    # The diffusion engine (sglang.multimodal_gen: nothing of the LLM engine, its kit or its
+    # kernels imports it) would push the sglang modes' carry over 64 MiB once the compile caches
+    # ride along.
+    for extra in ("bin", "sglang/multimodal_gen"):
         shutil.rmtree(site / extra, ignore_errors=True)
     out = fresh(CACHE / "sglang-gpu")
     pack(site, out / "sglang-py.tar.xz")
