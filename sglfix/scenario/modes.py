@@ -237,6 +237,18 @@ _BACKEND_RULES = (
         kernels="torch's scaled_dot_product_attention per request, on any device",
         sliding_window_modes=("DECODE", "EXTEND"),
     ),
+    # Real sglang only: a full-attention set (its Triton backend) and a gated-delta-net set under
+    # one HybridLinearAttnBackend; it captures decode and target verify.
+    BackendRule(
+        "hybrid_linear",
+        modes=("DECODE", "EXTEND", "TARGET_VERIFY"),
+        mla=False,
+        dtypes=("float16", "bfloat16"),
+        page_sizes=None,
+        gpu_only=False,
+        kernels="the full-attention layers' Triton kernels (compiled on CUDA, interpreted on CPU); the "
+        "linear layers' metadata judged against the batch",
+    ),
     # DSv4 pins page size 256 and topk <= 1; its draft layer attends a sliding window of 128.
     BackendRule(
         "deepseek_v4",

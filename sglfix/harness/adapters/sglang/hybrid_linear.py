@@ -1,0 +1,250 @@
+"""Replays ``backend: hybrid_linear`` scenarios through the installed sglang's own
+``HybridLinearAttnBackend``: a full-attention layer set served by its ``TritonAttnBackend`` and a
+linear-attention layer set served by its ``GDNAttnBackend`` (Qwen3-Next's gated delta net), over
+a real ``HybridReqToTokenPool`` whose Mamba pool holds the linear layers' conv and SSM states.
+
+The hybrid backend is built as production wraps a hybrid model's backends
+(``HybridLinearAttnBackend(full, linear, full_attn_layers)``), and every metadata init goes through
+it: eager, capture and replay reach both sub-backends (``init_forward_metadata``,
+``init_cuda_graph_state``, ``init_forward_metadata_out_graph``). Modes: DECODE, EXTEND (with
+prefixes) and TARGET_VERIFY, eager and graph (decode and verify, the modes it captures).
+
+Two judges, one per layer set:
+- the full-attention layer's output against sglfix's reference, as for ``backend: triton`` (it runs
+  through the hybrid's dispatch, ``forward`` -> ``_is_full_attn``);
+- the linear layer set's metadata against what the batch implies (``_linear_reference``), after
+  every init, capture included: each row's Mamba state slot (the pool's mapping of its request
+  row; -1 for a padded row of a replayed graph, which the captured kernels skip) and the query
+  start offsets its kernels split the tokens by. The GDN kernels (sglang's Triton ``fla`` kernels)
+  do not run in the Triton interpreter, so on CPU these fields are judged directly rather than
+  through the linear layer's output.
+
+Everything else is the Triton adapter's (``sglang.triton``): the case over the kit's dense mock
+runner, the scattered slot layout, the ground truth, the kit's graph runner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglfix.harness.adapters.base import Prepared
+from sglfix.harness.adapters.sglang.guards import guard_buffers
+from sglfix.harness.adapters.sglang.triton import SglangTritonAdapter
+from sglfix.harness.unavailable import Unavailable
+
+__all__ = ["ADAPTER", "SglangHybridLinearAdapter"]
+
+# The layer ids of the two sets: the reference's attention layer is the kit's layer 0; the
+# linear layer set holds layer 1, as a hybrid model interleaves them.
+FULL_LAYER, LINEAR_LAYER = 0, 1
+# GDN's shapes: two key and value heads of 32 (the fla kernels' smallest tile), Qwen3-Next's
+# convolution width.
+GDN_HEADS, GDN_HEAD_DIM, GDN_CONV = 2, 32, 4
+_MODES = ("DECODE", "EXTEND", "TARGET_VERIFY")
+
+
+class SglangHybridLinearAdapter(SglangTritonAdapter):
+    name = "hybrid_linear"
+    registry_name = "triton"  # the full-attention sub-backend
+
+    def build(self, scenario: Any, *, device: str) -> Prepared:
+        if scenario.mode not in _MODES:
+            raise Unavailable(f"the hybrid linear-attention adapter runs {', '.join(_MODES)}, not {scenario.mode}")
+        if scenario.mode == "EXTEND" and scenario.capture_bs:
+            raise Unavailable("HybridLinearAttnBackend captures decode and target verify, not extend")
+        prepared = super().build(scenario.model_copy(update={"backend": self.registry_name}), device=device)
+        prepared.case.scenario = scenario
+        _hybrid_pool(prepared.case, seed=scenario.seed)
+        return prepared
+
+    def make_backend(self, prepared: Prepared) -> Any:
+        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+        from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+        from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+        from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
+
+        runner = prepared.case.runner
+        full = ATTENTION_BACKENDS[self.registry_name](runner)
+        guard_buffers(full, self.persistent)
+        # Production stamps the kernel choice on the runner (attn_backend_wrapper) before it
+        # builds the linear backend that reads it.
+        runner.linear_attn_backends = resolve_linear_attn_backends()
+        linear = GDNAttnBackend(runner)
+        backend = HybridLinearAttnBackend(full, linear, full_attn_layers=[FULL_LAYER])
+        backend._sglfix_real_bs = int(prepared.case.forward_batch.batch_size)
+        backend._sglfix_draft_tokens = _draft_tokens(prepared.case)
+        runner.attn_backend = backend
+        return backend
+
+    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
+        _mark_phases(backend)  # under the judge's hook, so the phase is known when it looks
+        return super().capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
+
+    def guard_graph_state(self, backend: Any, graphs: Any) -> None:
+        guard_buffers(backend.full_attn_backend, self.graph_state(graphs))
+
+    def static_buffers(self, backend: Any) -> list:
+        return super().static_buffers(backend.full_attn_backend)
+
+    def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
+        """The full-attention backend's metadata (the invariants' indptr and indices) and the
+        linear backend's, the latter judged against this init's batch as it is built."""
+        rows = int(forward_batch.batch_size)
+        linear = backend.linear_attn_backend.forward_metadata
+        reports = backend.__dict__.setdefault("_sglfix_linear", [])
+        reports.append(_linear_reference(linear, forward_batch, backend))
+        return [("", backend.full_attn_backend.forward_metadata, rows), ("linear", _linear_view(linear), rows)]
+
+    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
+        reports = backend.__dict__.get("_sglfix_linear", [])
+        wrong = [(i, r) for i, r in enumerate(reports, 1) if r]
+        if wrong:
+            at, first = wrong[0]
+            return [("DIVERGE", f"metadata reference: linear metadata init {at} of {len(reports)}: {first}")]
+        if not reports:
+            return []
+        return [
+            (
+                "PASS",
+                f"metadata reference: the linear layers' state slots and query offsets of {len(reports)} "
+                "metadata init(s) are their batch's",
+            )
+        ]
+
+
+def _mark_phases(backend: Any) -> None:
+    """Note on the backend which kind of init ran last (eager, capture, replay): a replay's batch
+    is padded to the captured size, a capture's rows are all the runner's own."""
+    eager, out_graph = backend.init_forward_metadata, backend.init_forward_metadata_out_graph
+
+    def init_forward_metadata(forward_batch: Any) -> Any:
+        backend._sglfix_phase = "eager"
+        return eager(forward_batch)
+
+    def init_forward_metadata_out_graph(forward_batch: Any, in_capture: bool = False) -> Any:
+        backend._sglfix_phase = "capture" if in_capture else "replay"
+        return out_graph(forward_batch, in_capture)
+
+    backend.init_forward_metadata = init_forward_metadata
+    backend.init_forward_metadata_out_graph = init_forward_metadata_out_graph
+
+
+def _draft_tokens(case: Any) -> int:
+    spec = getattr(case.forward_batch, "spec_info", None)
+    return int(getattr(spec, "draft_token_num", 0) or 0)
+
+
+def _hybrid_pool(case: Any, *, seed: int) -> None:
+    """Give the case's runner a ``HybridReqToTokenPool`` in place of its plain pool: the same
+    request rows and token slots, plus a Mamba pool for the linear layer set whose state slots are
+    dealt to the batch's request rows in a seeded order (so that a row read as a slot, or another
+    row's slot, shows)."""
+    import torch
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+    runner, batch = case.runner, case.forward_batch
+    old = runner.req_to_token_pool
+    rows, ctx = int(old.size), int(old.req_to_token.shape[1])
+    shape = Mamba2StateShape.create(
+        tp_world_size=1,
+        intermediate_size=GDN_HEADS * GDN_HEAD_DIM,
+        n_groups=GDN_HEADS,
+        num_heads=GDN_HEADS,
+        head_dim=GDN_HEAD_DIM,
+        state_size=GDN_HEAD_DIM,
+        conv_kernel=GDN_CONV,
+    )
+    params = Mamba2CacheParams(
+        shape=shape,
+        layers=[LINEAR_LAYER],
+        dtype=Mamba2StateDType(conv=case.q.dtype, temporal=torch.float32),
+    )
+    draft = _draft_tokens(case)
+    pool = HybridReqToTokenPool(
+        size=rows,
+        mamba_size=rows,
+        mamba_spec_state_size=rows,
+        max_context_len=ctx,
+        device=case.device,
+        enable_memory_saver=False,
+        cache_params=params,
+        mamba_layer_ids=[LINEAR_LAYER],
+        enable_mamba_extra_buffer=False,
+        speculative_num_draft_tokens=draft or None,
+        enable_overlap_schedule=False,
+    )
+    pool.req_to_token.copy_(old.req_to_token)
+    # Slot 0 is the padding slot (a padded row carries request row 0); the batch's rows get
+    # distinct slots 1..rows in a seeded order.
+    gen = torch.Generator(device="cpu").manual_seed(seed + 7)
+    req_rows = batch.req_pool_indices.to("cpu", torch.long) if batch is not None else torch.arange(1)
+    slots = 1 + torch.randperm(rows, generator=gen)[: len(req_rows)]
+    mapping = pool.req_index_to_mamba_index_mapping
+    mapping[req_rows.to(mapping.device)] = slots.to(mapping.device, mapping.dtype)
+    runner.req_to_token_pool = pool
+    if batch is not None and batch.forward_mode.is_extend() and getattr(batch, "extend_start_loc", None) is None:
+        # ForwardBatch.init_new sets it for every extend; the kit's dense batch leaves it to the
+        # Triton backend, which computes its own. The linear layers split their tokens by it.
+        lens = batch.extend_seq_lens
+        batch.extend_start_loc = torch.cumsum(lens, dim=0) - lens
+    if batch is not None and hasattr(batch, "req_to_token_pool"):
+        batch.req_to_token_pool = pool
+
+
+def _linear_view(metadata: Any) -> Any:
+    """The fields of the linear backend's metadata that its kernels read (for the digest)."""
+    from types import SimpleNamespace
+
+    if metadata is None:
+        return SimpleNamespace()
+    return SimpleNamespace(
+        query_start_loc=metadata.query_start_loc,
+        mamba_cache_indices=metadata.mamba_cache_indices,
+        retrieve_next_token=metadata.retrieve_next_token,
+        retrieve_next_sibling=metadata.retrieve_next_sibling,
+    )
+
+
+def _linear_reference(metadata: Any, batch: Any, backend: Any) -> str:
+    """What is wrong with the linear backend's metadata for ``batch`` ("" when nothing): each row's
+    state slot and the query start offsets, from the batch and the pool's mapping alone."""
+    import torch
+
+    if metadata is None:
+        return "no linear metadata was built"
+    bs = int(batch.batch_size)
+    mode = batch.forward_mode
+    # A replay pads the live batch to its captured size; a capture's rows are all its own.
+    real = min(bs, backend._sglfix_real_bs) if getattr(backend, "_sglfix_phase", "eager") == "replay" else bs
+    pool = backend.linear_attn_backend.req_to_token_pool
+    rows = batch.req_pool_indices[:real].to(torch.long)
+    want_slots = pool.req_index_to_mamba_index_mapping[rows].to("cpu", torch.long).tolist()
+    got = metadata.mamba_cache_indices
+    if got is None or got.numel() < bs:
+        return f"mamba_cache_indices holds {0 if got is None else got.numel()} entries for a batch of {bs}"
+    got_slots = got[:bs].to("cpu", torch.long).tolist()
+    if got_slots[:real] != want_slots:
+        return f"mamba_cache_indices[:{real}] = {got_slots[:real]}, the requests' state slots are {want_slots}"
+    if any(s != -1 for s in got_slots[real:]):
+        return f"padded rows {real}..{bs - 1} read state slots {got_slots[real:]} (a padded row's is -1)"
+    qsl = metadata.query_start_loc
+    if qsl is None:
+        return "query_start_loc is None"
+    qsl = qsl[: bs + 1].to("cpu", torch.long).tolist()
+    if mode.is_decode_or_idle():
+        want = list(range(real + 1)) + [real] * (bs - real)
+    elif mode.is_target_verify():
+        step = backend._sglfix_draft_tokens
+        want = [i * step for i in range(real + 1)] + [real * step] * (bs - real)
+    else:
+        lens = batch.extend_seq_lens[:bs].to("cpu", torch.long).tolist()
+        want = [0]
+        for n in lens:
+            want.append(want[-1] + n)
+    if qsl != want:
+        return f"query_start_loc = {qsl}, the batch's token offsets are {want}"
+    return ""
+
+
+ADAPTER = SglangHybridLinearAdapter()
