@@ -114,6 +114,8 @@ FAMILIES: dict[str, str] = {
     "flashattention_backend": "fa3",
     "torch_native_backend": "torch_native",
     "flashmla_backend": "flashmla",
+    "hybrid_linear_attn_backend": "hybrid_linear",
+    "gdn_backend": "hybrid_linear",
 }
 
 # Words of a function's name and the scenario mode they serve, the first that matches wins
