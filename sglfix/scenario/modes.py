@@ -150,7 +150,8 @@ _HALF = ("float16", "bfloat16")
 _BACKEND_RULES = (
     BackendRule(
         "triton",
-        modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_EXTEND_V2"),
+        # DRAFT_DECODE on real sglang only (its multi-step draft backend, sglang.triton_draft).
+        modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_EXTEND_V2", "DRAFT_DECODE"),
         mla=False,
         dtypes=("float16", "bfloat16", "float32"),
         page_sizes=None,

@@ -62,7 +62,7 @@ class DraftCase:
     """A multi-step draft case on real sglang: the kit's runner configured as an EAGLE draft worker,
     the slot ground truth, and the draft batch."""
 
-    family: str  # "dsv4", "flashinfer", "flashinfer_mla"
+    family: str  # "dsv4", "flashinfer", "flashinfer_mla", "triton"
     runner: Any
     slots: DraftSlots
     batch: Any
@@ -154,9 +154,10 @@ def build_dsv4_draft(scenario: Any, *, device: str) -> DraftCase:
     )
 
 
-def build_flashinfer_draft(scenario: Any, *, device: str, mla: bool) -> DraftCase:
+def build_flashinfer_draft(scenario: Any, *, device: str, mla: bool, backend: str = "flashinfer") -> DraftCase:
     """The kit's dense (GQA) or MLA mock runner, configured as an EAGLE draft worker whose decode
-    backend is ``flashinfer``; no target backend is built (FlashInfer's need CUDA)."""
+    backend is ``backend`` (``flashinfer``, or ``triton`` for a dense one); no target backend is
+    built."""
     prepare()
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.test.kits.attention_unittest.runner_modes.speculative_draft_runner import (
@@ -174,7 +175,7 @@ def build_flashinfer_draft(scenario: Any, *, device: str, mla: bool) -> DraftCas
     max_context_len = scenario.max_context_len or round_up(longest + 8, 32)
     common = dict(
         name=scenario.name,
-        backend="flashinfer",
+        backend=backend,
         forward_mode=ForwardMode.DECODE,
         num_heads=model.num_heads,
         page_size=1,
@@ -235,7 +236,7 @@ def build_flashinfer_draft(scenario: Any, *, device: str, mla: bool) -> DraftCas
     slots.fill_req_to_token(runner.req_to_token_pool.req_to_token)
     batch = make_draft_batch(slots, device=device, hidden_size=hidden_size, dtype=dtype, runner=runner)
     return DraftCase(
-        family="flashinfer_mla" if mla else "flashinfer",
+        family="flashinfer_mla" if mla else backend,
         runner=runner,
         slots=slots,
         batch=batch,
