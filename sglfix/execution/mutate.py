@@ -210,8 +210,11 @@ def run_campaign(
         if "+" + m.id in by_id
     }
     all_cells = choice.all_cells
+    from sglfix.report.mutation import family_of
+
+    family = {m.id: family_of(m.path) for m in campaign.mutants}
     first = {
-        mid: (cells if all_cells else _sample(cells, baseline_of, choice.first_cells))
+        mid: (cells if all_cells else _sample(cells, baseline_of, choice.first_cells, family=family[mid]))
         for mid, cells in reaching.items()
     }
     mutant_target = _with_candidates(target, candidates)
@@ -224,7 +227,7 @@ def run_campaign(
         for mid, cells in reaching.items():
             left = [s for s in cells if s not in first[mid]]
             if mid not in moved and left:
-                rest[mid] = _sample(left, baseline_of, choice.more_cells)
+                rest[mid] = _sample(left, baseline_of, choice.more_cells, family=family[mid])
         if rest:
             say(
                 f"{len(moved)} mutant(s) shown by their first cells; {len(rest)} tried on up to "
@@ -276,13 +279,22 @@ def _phase(name: str, ran: Any) -> dict:
     }
 
 
-def _sample(cells: list[Any], baseline_of: dict[str, Any], n: int) -> list[Any]:
+def _sample(cells: list[Any], baseline_of: dict[str, Any], n: int, *, family: str | None = None) -> list[Any]:
     """Up to ``n`` of ``cells`` to try a mutant on first: the cheapest baseline of each (mode,
     graph or not, page size) in turn, so that a few cells cover different paths; cells whose
     baseline passes before those whose baseline already fails (a known divergence shows a mutant
-    only where the mutant changes that failure)."""
+    only where the mutant changes that failure). A mutant of one backend's file (``family``) is
+    tried on that backend's scenarios first: others that merely construct the backend, or run
+    it as a sub-backend, judge less of what its metadata feeds."""
     if n <= 0 or len(cells) <= n:
         return list(cells)
+    if family is not None:
+        own = [s for s in cells if getattr(s, "backend", None) == family]
+        if own and len(own) < len(cells):
+            picked = _sample(own, baseline_of, n)
+            if len(picked) >= n:
+                return picked
+            return picked + _sample([s for s in cells if s not in picked], baseline_of, n - len(picked))
 
     def cost(s: Any) -> float:
         t = (baseline_of[s.name].timings_ms or {}) if s.name in baseline_of else {}

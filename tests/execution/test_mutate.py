@@ -339,3 +339,34 @@ def test_a_mutant_taken_from_the_mapped_memo_is_the_mutant_loaded_again(tmp_path
     ]
     entries = json.loads((tmp_path / "mutants-mapped.json").read_text())["entries"]
     assert len(entries) == len(mutants)
+
+
+def test_a_mutant_is_tried_on_its_own_backends_passing_cells_first():
+    """The first cells of a mutant of one backend's file are that backend's scenarios (cheapest
+    passing first, one per mode); other backends' cells come only after them, and a mutant of a
+    shared file is sampled over every cell alike."""
+    from types import SimpleNamespace
+
+    from sglfix.execution.mutate import _sample
+
+    def cell(name: str, backend: str, mode: str, ms: float) -> SimpleNamespace:
+        return SimpleNamespace(name=name, backend=backend, mode=mode, capture_bs=None, page_size=1, ms=ms)
+
+    cells = [
+        cell("probe-a", "probe", "DECODE", 1.0),
+        cell("probe-b", "probe", "EXTEND", 1.0),
+        cell("hybrid", "hybrid_linear", "DECODE", 2.0),
+        cell("tri-decode-slow", "triton", "DECODE", 9.0),
+        cell("tri-decode", "triton", "DECODE", 5.0),
+        cell("tri-extend-broken", "triton", "EXTEND", 3.0),
+        cell("tri-extend", "triton", "EXTEND", 4.0),
+    ]
+    baseline_of = {
+        c.name: SimpleNamespace(verdict="DIVERGE" if "broken" in c.name else "PASS", timings_ms={"total": c.ms})
+        for c in cells
+    }
+    names = lambda picked: [c.name for c in picked]  # noqa: E731
+    assert names(_sample(cells, baseline_of, 3, family="triton")) == ["tri-extend", "tri-decode", "tri-extend-broken"]
+    assert names(_sample(cells, baseline_of, 5, family="triton"))[4] in ("probe-a", "hybrid")
+    assert names(_sample(cells, baseline_of, 2, family="common")) == ["probe-a", "probe-b"]
+    assert names(_sample(cells, baseline_of, 2)) == ["probe-a", "probe-b"]
