@@ -116,3 +116,28 @@ def test_an_extend_split_at_the_wrong_offsets_is_seen(tmp_path):
     cell = next(c for c in cells if c.get("toggles"))
     assert cell["verdict"] == "DIVERGE", cell["findings"]
     assert "query_start_loc = [1, 6, 13, 21]" in _linear_message(cell), cell
+
+
+def test_a_replay_that_rewrites_the_batchs_rows_is_judged_by_the_rows_it_was_handed(tmp_path):
+    """The replay zeroes every request row, not only the padded ones, in the batch it was handed:
+    every row then reads the padding slot. The judge compares with the rows as handed, not with
+    the batch the code under test rewrote."""
+    require_sglang()
+    patch = _breaking_patch(tmp_path, "req_pool_indices[bs - num_padding :] = 0", "req_pool_indices[:] = 0")
+    cells = _run(tmp_path, "-s", "sglang-hybrid-decode@cg=graph", "--apply", str(patch))["cells"]
+    cell = next(c for c in cells if c.get("toggles"))
+    assert cell["verdict"] == "DIVERGE", cell["findings"]
+    assert _linear_message(cell).startswith("metadata reference: linear metadata init 2 of 2: mamba_cache_indices"), (
+        cell
+    )
+
+
+def test_a_chain_verify_handed_tree_links_is_seen(tmp_path):
+    require_sglang()
+    patch = _breaking_patch(
+        tmp_path, "if is_target_verify and self.topk > 1:", "if is_target_verify and self.topk > -1:"
+    )
+    cells = _run(tmp_path, "-s", "sglang-hybrid-target-verify@cg=graph", "--apply", str(patch))["cells"]
+    cell = next(c for c in cells if c.get("toggles"))
+    assert cell["verdict"] == "DIVERGE", cell["findings"]
+    assert "retrieve_next_token is set for a chain verify" in _linear_message(cell), cell

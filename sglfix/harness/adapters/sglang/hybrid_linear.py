@@ -73,6 +73,8 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         backend = HybridLinearAttnBackend(full, linear, full_attn_layers=[FULL_LAYER])
         backend._sglfix_real_bs = int(prepared.case.forward_batch.batch_size)
         backend._sglfix_draft_tokens = _draft_tokens(prepared.case)
+        spec = prepared.case.scenario.spec
+        backend._sglfix_topk = int(spec.topk) if spec is not None else 0
         runner.attn_backend = backend
         return backend
 
@@ -118,15 +120,25 @@ def _mark_phases(backend: Any) -> None:
     eager, out_graph = backend.init_forward_metadata, backend.init_forward_metadata_out_graph
 
     def init_forward_metadata(forward_batch: Any) -> Any:
-        backend._sglfix_phase = "eager"
+        _note(backend, forward_batch, "eager")
         return eager(forward_batch)
 
     def init_forward_metadata_out_graph(forward_batch: Any, in_capture: bool = False) -> Any:
-        backend._sglfix_phase = "capture" if in_capture else "replay"
+        _note(backend, forward_batch, "capture" if in_capture else "replay")
         return out_graph(forward_batch, in_capture)
 
     backend.init_forward_metadata = init_forward_metadata
     backend.init_forward_metadata_out_graph = init_forward_metadata_out_graph
+
+
+def _note(backend: Any, batch: Any, phase: str) -> None:
+    """The phase, and the batch's request rows and extend lengths as the caller handed them: the
+    reference must not read what the code under test wrote into the batch (the replay pads
+    ``req_pool_indices`` in place)."""
+    backend._sglfix_phase = phase
+    backend._sglfix_rows = batch.req_pool_indices.clone()
+    lens = getattr(batch, "extend_seq_lens", None)
+    backend._sglfix_extend = None if lens is None else lens.clone()
 
 
 def _draft_tokens(case: Any) -> int:
@@ -218,7 +230,7 @@ def _linear_reference(metadata: Any, batch: Any, backend: Any) -> str:
     # A replay pads the live batch to its captured size; a capture's rows are all its own.
     real = min(bs, backend._sglfix_real_bs) if getattr(backend, "_sglfix_phase", "eager") == "replay" else bs
     pool = backend.linear_attn_backend.req_to_token_pool
-    rows = batch.req_pool_indices[:real].to(torch.long)
+    rows = backend._sglfix_rows[:real].to(torch.long)
     want_slots = pool.req_index_to_mamba_index_mapping[rows].to("cpu", torch.long).tolist()
     got = metadata.mamba_cache_indices
     if got is None or got.numel() < bs:
@@ -231,19 +243,31 @@ def _linear_reference(metadata: Any, batch: Any, backend: Any) -> str:
     qsl = metadata.query_start_loc
     if qsl is None:
         return "query_start_loc is None"
-    qsl = qsl[: bs + 1].to("cpu", torch.long).tolist()
+    if qsl.numel() != bs + 1:
+        # The kernels take the number of sequences from its length.
+        return f"query_start_loc has {qsl.numel()} entries for a batch of {bs}"
+    qsl = qsl.to("cpu", torch.long).tolist()
     if mode.is_decode_or_idle():
         want = list(range(real + 1)) + [real] * (bs - real)
     elif mode.is_target_verify():
         step = backend._sglfix_draft_tokens
         want = [i * step for i in range(real + 1)] + [real * step] * (bs - real)
     else:
-        lens = batch.extend_seq_lens[:bs].to("cpu", torch.long).tolist()
+        lens = backend._sglfix_extend[:bs].to("cpu", torch.long).tolist()
         want = [0]
         for n in lens:
             want.append(want[-1] + n)
     if qsl != want:
         return f"query_start_loc = {qsl}, the batch's token offsets are {want}"
+    if mode.is_target_verify():
+        # A tree (topk > 1) hands the verify kernels its links; a chain hands none.
+        tree = backend._sglfix_topk > 1
+        for name in ("retrieve_next_token", "retrieve_next_sibling"):
+            got_links = getattr(metadata, name, None)
+            if not tree and got_links is not None:
+                return f"{name} is set for a chain verify (topk {backend._sglfix_topk}): its kernels would walk a tree"
+            if tree and got_links is None:
+                return f"{name} is None for a tree verify (topk {backend._sglfix_topk})"
     return ""
 
 
