@@ -52,6 +52,15 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
             raise Unavailable(f"the hybrid linear-attention adapter runs {', '.join(_MODES)}, not {scenario.mode}")
         if scenario.mode == "EXTEND" and scenario.capture_bs:
             raise Unavailable("HybridLinearAttnBackend captures decode and target verify, not extend")
+        from sglang.srt.layers.attention.linear import utils as linear_utils
+
+        if not hasattr(linear_utils, "resolve_linear_attn_backends"):
+            # Before, the GDN backend took its kernel choice from a process-wide config
+            # (initialize_linear_attn_config) and its pool's verify buffers from CUDA alone.
+            raise Unavailable(
+                "this release's GDNAttnBackend predates the per-runner kernel choice "
+                "(linear.utils.resolve_linear_attn_backends) that this adapter builds it with"
+            )
         prepared = super().build(scenario.model_copy(update={"backend": self.registry_name}), device=device)
         prepared.case.scenario = scenario
         _hybrid_pool(prepared.case, seed=scenario.seed)
