@@ -80,6 +80,9 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         runner.linear_attn_backends = resolve_linear_attn_backends()
         linear = GDNAttnBackend(runner)
         backend = HybridLinearAttnBackend(full, linear, full_attn_layers=[FULL_LAYER])
+        # The sub-backends as built, not as the hybrid keeps them: a judge that read them back
+        # through the code under test would fail with it.
+        backend._sglfix_full, backend._sglfix_linear = full, linear
         backend._sglfix_real_bs = int(prepared.case.forward_batch.batch_size)
         backend._sglfix_draft_tokens = _draft_tokens(prepared.case)
         spec = prepared.case.scenario.spec
@@ -92,22 +95,22 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         return super().capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
 
     def guard_graph_state(self, backend: Any, graphs: Any) -> None:
-        guard_buffers(backend.full_attn_backend, self.graph_state(graphs))
+        guard_buffers(backend._sglfix_full, self.graph_state(graphs))
 
     def static_buffers(self, backend: Any) -> list:
-        return super().static_buffers(backend.full_attn_backend)
+        return super().static_buffers(backend._sglfix_full)
 
     def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
         """The full-attention backend's metadata (the invariants' indptr and indices) and the
         linear backend's, the latter judged against this init's batch as it is built."""
         rows = int(forward_batch.batch_size)
-        linear = backend.linear_attn_backend.forward_metadata
-        reports = backend.__dict__.setdefault("_sglfix_linear", [])
+        linear = backend._sglfix_linear.forward_metadata
+        reports = backend.__dict__.setdefault("_sglfix_linear_reports", [])
         reports.append(_linear_reference(linear, forward_batch, backend))
-        return [("", backend.full_attn_backend.forward_metadata, rows), ("linear", _linear_view(linear), rows)]
+        return [("", backend._sglfix_full.forward_metadata, rows), ("linear", _linear_view(linear), rows)]
 
     def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
-        reports = backend.__dict__.get("_sglfix_linear", [])
+        reports = backend.__dict__.get("_sglfix_linear_reports", [])
         wrong = [(i, r) for i, r in enumerate(reports, 1) if r]
         if wrong:
             at, first = wrong[0]
@@ -238,7 +241,7 @@ def _linear_reference(metadata: Any, batch: Any, backend: Any) -> str:
     mode = batch.forward_mode
     # A replay pads the live batch to its captured size; a capture's rows are all its own.
     real = min(bs, backend._sglfix_real_bs) if getattr(backend, "_sglfix_phase", "eager") == "replay" else bs
-    pool = backend.linear_attn_backend.req_to_token_pool
+    pool = backend._sglfix_linear.req_to_token_pool
     rows = backend._sglfix_rows[:real].to(torch.long)
     want_slots = pool.req_index_to_mamba_index_mapping[rows].to("cpu", torch.long).tolist()
     got = metadata.mamba_cache_indices
