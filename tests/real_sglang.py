@@ -94,3 +94,46 @@ def known_divergences(names: list[str], *, device: str = "cpu") -> dict[str, tup
         for k in known
         if fnmatch.fnmatchcase(name, k.scenario) and k.device in ("any", device)
     }
+
+
+def run_cli(tmp_path: Path, *args: str) -> dict:
+    """``sglfix --profile sglang-0.5.23 run --device cpu --no-cache ARGS`` in a fresh process, as a
+    user runs it; its JSON report (the test fails with the output when none was written)."""
+    from builders import ROOT
+
+    out = tmp_path / f"run-{len(list(tmp_path.glob('run-*.json')))}.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "PYTHONPATH")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglfix", "--profile", f"sglang-{VERSION}", "run", "--device", "cpu", "--no-cache"]
+        + ["--json", str(out), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(ROOT),
+        timeout=600,
+    )
+    assert out.exists(), f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    import json
+
+    return json.loads(out.read_text())
+
+
+def breaking_patch(tmp_path: Path, module: str, old: str, new: str, *, occurrence: int = 1) -> Path:
+    """A unified diff of the installed sglang's attention module ``module`` with its
+    ``occurrence``-th ``old`` replaced by ``new``: a candidate fix that breaks it, for ``--apply``."""
+    import difflib
+
+    source = Path(require_sglang()) / "srt" / "layers" / "attention" / f"{module}.py"
+    text = source.read_text()
+    assert text.count(old) >= occurrence, f"{module}.py no longer has {occurrence} x {old!r}"
+    at = -1
+    for _ in range(occurrence):
+        at = text.index(old, at + 1)
+    changed = text[:at] + new + text[at + len(old) :]
+    path = f"python/sglang/srt/layers/attention/{module}.py"
+    diff = difflib.unified_diff(
+        text.splitlines(keepends=True), changed.splitlines(keepends=True), fromfile=f"a/{path}", tofile=f"b/{path}"
+    )
+    patch = tmp_path / "broken.patch"
+    patch.write_text("".join(diff))
+    return patch

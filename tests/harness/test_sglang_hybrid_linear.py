@@ -8,48 +8,20 @@ split the tokens at the wrong offsets.
 
 from __future__ import annotations
 
-import difflib
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from builders import ROOT
-from real_sglang import require_sglang
-
-ATTENTION = "python/sglang/srt/layers/attention"
+from real_sglang import breaking_patch, require_sglang, run_cli
 
 
 def _run(tmp_path: Path, *args: str) -> dict:
-    out = tmp_path / f"run-{len(list(tmp_path.glob('run-*.json')))}.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "PYTHONPATH")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "sglfix", "--profile", "sglang-0.5.23", "run", "--device", "cpu", "--no-cache"]
-        + ["--json", str(out), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=str(ROOT),
-        timeout=600,
-    )
-    assert out.exists(), f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(out.read_text())
+    return run_cli(tmp_path, *args)
 
 
 def _breaking_patch(tmp_path: Path, old: str, new: str) -> Path:
-    """A unified diff of the installed hybrid_linear_attn_backend.py with ``old`` (once) made ``new``."""
+    """The installed hybrid_linear_attn_backend.py with ``old`` (present once) made ``new``."""
     source = Path(require_sglang()) / "srt" / "layers" / "attention" / "hybrid_linear_attn_backend.py"
-    text = source.read_text()
-    assert text.count(old) == 1, f"hybrid_linear_attn_backend.py no longer has {old!r} once"
-    changed = text.replace(old, new)
-    path = f"{ATTENTION}/hybrid_linear_attn_backend.py"
-    diff = difflib.unified_diff(
-        text.splitlines(keepends=True), changed.splitlines(keepends=True), fromfile=f"a/{path}", tofile=f"b/{path}"
-    )
-    patch = tmp_path / "broken.patch"
-    patch.write_text("".join(diff))
-    return patch
+    assert source.read_text().count(old) == 1, f"hybrid_linear_attn_backend.py no longer has {old!r} once"
+    return breaking_patch(tmp_path, "hybrid_linear_attn_backend", old, new)
 
 
 def _linear_message(cell: dict) -> str:

@@ -8,64 +8,9 @@ captured and that replay rebuilds.
 
 from __future__ import annotations
 
-import difflib
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from real_sglang import breaking_patch, require_sglang, run_cli
 
-from builders import ROOT
-from real_sglang import require_sglang
-
-ATTENTION = "python/sglang/srt/layers/attention"
-
-
-def _run(tmp_path: Path, *args: str) -> dict:
-    out = tmp_path / f"run-{len(list(tmp_path.glob('run-*.json')))}.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "PYTHONPATH")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sglfix",
-            "--profile",
-            "sglang-0.5.23",
-            "run",
-            "--device",
-            "cpu",
-            "--no-cache",
-            "--json",
-            str(out),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=str(ROOT),
-        timeout=600,
-    )
-    assert out.exists(), f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(out.read_text())
-
-
-def _breaking_patch(tmp_path: Path, module: str, old: str, new: str, *, occurrence: int = 1) -> Path:
-    """A unified diff of the installed sglang's ``module`` with its ``occurrence``-th ``old``
-    replaced by ``new``."""
-    source = Path(require_sglang()) / "srt" / "layers" / "attention" / f"{module}.py"
-    text = source.read_text()
-    assert text.count(old) >= occurrence, f"{module}.py no longer has {occurrence} x {old!r}"
-    at = -1
-    for _ in range(occurrence):
-        at = text.index(old, at + 1)
-    changed = text[:at] + new + text[at + len(old) :]
-    path = f"{ATTENTION}/{module}.py"
-    diff = difflib.unified_diff(
-        text.splitlines(keepends=True), changed.splitlines(keepends=True), fromfile=f"a/{path}", tofile=f"b/{path}"
-    )
-    patch = tmp_path / "broken.patch"
-    patch.write_text("".join(diff))
-    return patch
+_run, _breaking_patch = run_cli, breaking_patch
 
 
 def _patched(report: dict) -> dict[str, dict]:

@@ -6,33 +6,11 @@ the page tables its captured steps read is caught.
 
 from __future__ import annotations
 
-import difflib
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from builders import ROOT
-from real_sglang import require_sglang
+from real_sglang import breaking_patch, require_sglang, run_cli
 
-ATTENTION = "python/sglang/srt/layers/attention"
-
-
-def _run(tmp_path: Path, *args: str) -> dict:
-    out = tmp_path / f"run-{len(list(tmp_path.glob('run-*.json')))}.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "PYTHONPATH")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "sglfix", "--profile", "sglang-0.5.23", "run", "--device", "cpu", "--no-cache"]
-        + ["--json", str(out), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=str(ROOT),
-        timeout=600,
-    )
-    assert out.exists(), f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(out.read_text())
+_run = run_cli
 
 
 def test_every_triton_draft_cell_passes_with_attention_run_and_page_tables_judged(tmp_path):
@@ -54,18 +32,9 @@ def test_every_triton_draft_cell_passes_with_attention_run_and_page_tables_judge
 def test_a_replay_that_leaves_the_captured_page_tables_stale_is_caught(tmp_path):
     require_sglang()
     source = Path(require_sglang()) / "srt" / "layers" / "attention" / "triton_backend.py"
-    text = source.read_text()
     old = "            self.common_template(forward_batch, None, None)\n"
-    assert text.count(old) == 1, "triton_backend.py no longer rebuilds the draft page tables this way"
-    path = f"{ATTENTION}/triton_backend.py"
-    diff = difflib.unified_diff(
-        text.splitlines(keepends=True),
-        text.replace(old, "            pass\n").splitlines(keepends=True),
-        fromfile=f"a/{path}",
-        tofile=f"b/{path}",
-    )
-    patch = tmp_path / "broken.patch"
-    patch.write_text("".join(diff))
+    assert source.read_text().count(old) == 1, "triton_backend.py no longer rebuilds the draft page tables this way"
+    patch = breaking_patch(tmp_path, "triton_backend", old, "            pass\n")
     report = _run(tmp_path, "-s", "sglang-triton-draft@*", "--apply", str(patch))
     patched = {c["scenario"]: c for c in report["cells"] if c.get("toggles")}
     for name, c in patched.items():
