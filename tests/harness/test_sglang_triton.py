@@ -50,8 +50,9 @@ make_backend = adapter.make_backend
 def recording_make_backend(prepared):
     backend = make_backend(prepared)
     case = prepared.case
-    for obj in (backend, case.runner, case.runner.token_to_kv_pool, case.runner.req_to_token_pool, case.layer,
-                case.forward_batch):
+    # A draft case (DRAFT_DECODE) has no single layer or forward batch of its own.
+    for obj in (backend, case.runner, case.runner.token_to_kv_pool, case.runner.req_to_token_pool,
+                getattr(case, "layer", None), getattr(case, "forward_batch", None)):
         if obj is not None:
             classes.add((type(obj).__module__ + "." + type(obj).__qualname__, inspect.getfile(type(obj))))
     return backend

@@ -39,33 +39,17 @@ adapter over them.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 from sglfix.harness.adapters.base import AdapterBase, Prepared
-from sglfix.harness.adapters.sglang.draft_checks import (
-    check_draft_metadata,
-    check_planned_reads,
-    observe_plan,
-    observe_steps,
-    planned_reads,
-    step_tables,
-)
-from sglfix.harness.adapters.sglang.draft_truth import attend_steps, draft_reference
-from sglfix.harness.codefault import BrokenContract
+from sglfix.harness.adapters.sglang.multistep import MultiStepDraftAdapter, Owner
 from sglfix.harness.invariants import MetadataFields
-from sglfix.harness.unavailable import NoOutput, Unavailable
+from sglfix.harness.unavailable import Unavailable
 
 __all__ = ["ADAPTER", "FlashInferAdapter", "FlashInferDraftAdapter"]
 
 
-_HOST_REASON = (
-    "FlashInfer is not available here (needs CUDA): the step backends' page tables were recorded "
-    "from sglang's own multi-step code, no attention ran"
-)
-
-
-class FlashInferDraftAdapter(AdapterBase):
+class FlashInferDraftAdapter(MultiStepDraftAdapter):
     name = "flashinfer"
     mla = False
     backend_module = "sglang.srt.layers.attention.flashinfer_backend"
@@ -104,125 +88,6 @@ class FlashInferDraftAdapter(AdapterBase):
         case.seed = scenario.seed
         return Prepared(case=case, num_slots=case.num_slots)
 
-    def make_backend(self, prepared: Prepared) -> Any:
-        import contextlib
-        import importlib
-
-        from sglfix.harness.kits import kit as _kit
-
-        kit = _kit("drafts")
-
-        case = prepared.case
-        with contextlib.ExitStack() as stack:
-            if case.host:
-                stack.enter_context(
-                    kit.host_step_children(importlib.import_module(self.backend_module), self.step_class)
-                )
-            if self.mla and case.topk > 1:
-                stack.enter_context(kit.lift_mla_topk_gate())
-                case.notes.append(kit.MLA_GATE_NOTE)
-            stack.enter_context(case.allocs)
-            backend = kit.draft_backend_factory(case.runner, case.topk, case.num_steps).create_decode_backend()
-        if backend is None:
-            raise BrokenContract(f"create_decode_backend built no draft backend for {case.num_steps} step(s)")
-        backend._sglfix_case = case  # for static_buffers: the guard zones of this backend's allocations
-        if not case.host:
-            observe_steps(backend, case.tables)
-            if self.mla:
-                for i, step in enumerate(backend.attn_backends):
-                    observe_plan(step.decode_wrapper, case.plans, i)
-        return backend
-
-    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        if not scenario.capture_bs:
-            return None
-        from sglfix.harness.kits import kit as _kit
-
-        kit = _kit("drafts")
-
-        case = prepared.case
-        max_bs = max(scenario.capture_bs)
-        with case.allocs:
-            backend.init_cuda_graph_state(max_bs, max_bs * case.topk)
-        fill = backend.attn_backends[0].get_cuda_graph_seq_len_fill_value()
-        for bs in scenario.capture_bs:
-            batch = kit.make_capture_batch(
-                bs,
-                topk=case.topk,
-                num_steps=case.num_steps,
-                fill=fill,
-                device=case.device,
-                hidden_size=case.hidden_size,
-                dtype=case.dtype,
-                runner=case.runner,
-            )
-            with case.allocs:
-                backend.init_forward_metadata_out_graph(batch, in_capture=True)
-            on_metadata(_Owner(backend, case), batch, f"capture bs={bs}")
-        if self.mla and not case.host:
-            # The captured wrappers re-plan on replay through sglang's fast plan (installed on
-            # each after its capture): record those plans, the ones the replayed kernel follows.
-            for i, step in enumerate(backend.attn_backends):
-                for wrapper in step.decode_cuda_graph_metadata.values():
-                    observe_plan(wrapper, case.plans, i)
-        return SimpleNamespace(bs=scenario.graph_bs, fill=fill)
-
-    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        from sglfix.harness.kits import kit as _kit
-
-        kit = _kit("drafts")
-
-        case = prepared.case
-        batch = case.batch
-        case.plans.clear()
-        if runner is None:
-            with case.allocs:
-                backend.init_forward_metadata(batch)
-            case.replayed = batch
-            on_metadata(_Owner(backend, case), batch, "eager")
-        else:
-            with case.allocs:
-                view = kit.replay_draft(backend, batch, case=case, capture_bs=scenario.capture_bs, fill=runner.fill)
-            case.replayed = view
-            on_metadata(_Owner(backend, case), view, f"replay bs={runner.bs}")
-        if case.host:
-            return NoOutput(_HOST_REASON)
-        return attend_steps(case, backend, case.replayed, mla=self.mla)
-
-    def static_buffers(self, backend: Any) -> list:
-        case = getattr(backend, "_sglfix_case", None)
-        return list(case.allocs.guarded) if case is not None else []
-
-    def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
-        owner = backend if isinstance(backend, _Owner) else None
-        if owner is None:
-            return []
-        tables = step_tables(owner.case, owner.backend)
-        rows = forward_batch.batch_size * owner.case.topk
-        return [(f"step {i}", tables.get(i), rows) for i in range(len(owner.backend.attn_backends))]
-
-    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
-        """Row width against the kernel's need, and each step's page table against the ground truth."""
-        return check_draft_metadata(prepared.case, backend, mla=self.mla)
-
-    # The planned-read checks, as the judge runs them for MLA (kept here for their tests).
-    def _planned_reads(self, case: Any, step: int) -> list[list[int]] | None:
-        return planned_reads(case, step)
-
-    def _check_planned_reads(self, case: Any) -> list[tuple[str, str]]:
-        return check_planned_reads(case)
-
-    def reference(self, prepared: Prepared) -> tuple[Any, Any]:
-        """Branch (b, j) at step i attends b's prefix, then its own draft tokens of steps 0..i."""
-        return draft_reference(prepared.case)
-
-
-class _Owner:
-    """The backend and its case, handed to the metadata hook (the hook's ``backend`` argument)."""
-
-    def __init__(self, backend: Any, case: Any) -> None:
-        self.backend, self.case = backend, case
-
 
 class FlashInferAdapter(AdapterBase):
     """``backend: flashinfer`` on real sglang: the multi-step draft (DRAFT_DECODE) through the draft
@@ -243,7 +108,7 @@ class FlashInferAdapter(AdapterBase):
         return self.draft if getattr(prepared.case, "family", None) else self.dense
 
     def _by_backend(self, backend: Any) -> Any:
-        draft = isinstance(backend, _Owner) or getattr(backend, "_sglfix_case", None) is not None
+        draft = isinstance(backend, Owner) or getattr(backend, "_sglfix_case", None) is not None
         return self.draft if draft else self.dense
 
     def build(self, scenario: Any, *, device: str) -> Prepared:

@@ -9,8 +9,8 @@ step's captured metadata reads them in place.
 
 The step backends are real ``TritonAttnBackend``s on every device (their kernels compiled on
 CUDA, interpreted on CPU), so every step's draft attention runs over the metadata just built and
-is compared with sglfix's reference. The judge is the FlashInfer draft adapter's
-(``sglang.flashinfer``): invariants and guard zones on each step's page table, the row width
+is compared with sglfix's reference. The judge is the multi-step draft adapters' own
+(``sglang.multistep``): invariants and guard zones on each step's page table, the row width
 against what the draft kernel writes, and each step's page table against the slot ground truth.
 The page table judged is the one the step's kernel reads (its ``forward_metadata``), which on a
 replay is the captured view of the rebuilt buffers, not a copy taken when a step was called.
@@ -22,14 +22,14 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglfix.harness.adapters.base import Prepared
-from sglfix.harness.adapters.sglang.flashinfer import FlashInferDraftAdapter
+from sglfix.harness.adapters.sglang.multistep import MultiStepDraftAdapter
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.unavailable import Unavailable
 
 __all__ = ["TritonDraftAdapter"]
 
 
-class TritonDraftAdapter(FlashInferDraftAdapter):
+class TritonDraftAdapter(MultiStepDraftAdapter):
     name = "triton"
     backend_module = "sglang.srt.layers.attention.triton_backend"
     step_class = "TritonAttnBackend"
