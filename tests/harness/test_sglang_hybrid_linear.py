@@ -12,9 +12,7 @@ from pathlib import Path
 
 from real_sglang import breaking_patch, require_sglang, run_cli
 
-
-def _run(tmp_path: Path, *args: str) -> dict:
-    return run_cli(tmp_path, *args)
+_run = run_cli
 
 
 def _breaking_patch(tmp_path: Path, old: str, new: str) -> Path:

@@ -41,8 +41,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglfix.harness.adapters.base import AdapterBase, Prepared
-from sglfix.harness.adapters.sglang.multistep import MultiStepDraftAdapter, Owner
+from sglfix.harness.adapters.base import Prepared
+from sglfix.harness.adapters.sglang.multistep import DraftOrDense, MultiStepDraftAdapter
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.unavailable import Unavailable
 
@@ -67,7 +67,7 @@ class FlashInferDraftAdapter(MultiStepDraftAdapter):
 
         kit = _kit("drafts")
 
-        case = kit.build_flashinfer_draft(scenario, device=device, mla=self.mla)
+        case = kit.build_draft(scenario, device=device, mla=self.mla)
         real = device != "cpu" and kit.has_cuda() and kit.flashinfer_available()
         # The step backends run anywhere: on FlashInfer's torch stand-ins on CPU.
         case.host = not real and device != "cpu"
@@ -80,16 +80,10 @@ class FlashInferDraftAdapter(MultiStepDraftAdapter):
         if recorded:
             case.host = True
             case.notes.append(recorded)
-        case.allocs = kit.CudaAllocations(remap=True)
-        case.tables = {}  # step -> the page table its step backend was handed last
-        case.plans = {}  # step -> what its MLA decode wrapper was planned to read last (CUDA)
-        case.output = None
-        case.replayed = None  # the batch (view) of the last metadata init
-        case.seed = scenario.seed
-        return Prepared(case=case, num_slots=case.num_slots)
+        return self.prepared(case, scenario)
 
 
-class FlashInferAdapter(AdapterBase):
+class FlashInferAdapter(DraftOrDense):
     """``backend: flashinfer`` on real sglang: the multi-step draft (DRAFT_DECODE) through the draft
     adapter above, every other mode through one layer of ``FlashInferAttnBackend``
     (``sglang.flashinfer_dense``). Each call goes to the adapter that built the cell."""
@@ -103,37 +97,6 @@ class FlashInferAdapter(AdapterBase):
         from sglfix.harness.adapters.sglang.flashinfer_dense import SglangFlashInferAdapter
 
         self.draft, self.dense = FlashInferDraftAdapter(), SglangFlashInferAdapter()
-
-    def _by_case(self, prepared: Prepared) -> Any:
-        return self.draft if getattr(prepared.case, "family", None) else self.dense
-
-    def _by_backend(self, backend: Any) -> Any:
-        draft = isinstance(backend, Owner) or getattr(backend, "_sglfix_case", None) is not None
-        return self.draft if draft else self.dense
-
-    def build(self, scenario: Any, *, device: str) -> Prepared:
-        return (self.draft if scenario.mode == "DRAFT_DECODE" else self.dense).build(scenario, device=device)
-
-    def make_backend(self, prepared: Prepared) -> Any:
-        return self._by_case(prepared).make_backend(prepared)
-
-    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        return self._by_case(prepared).capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
-
-    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        return self._by_case(prepared).run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
-
-    def static_buffers(self, backend: Any) -> list:
-        return self._by_backend(backend).static_buffers(backend)
-
-    def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
-        return self._by_backend(backend).metadata_views(backend, forward_batch)
-
-    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
-        return self._by_case(prepared).check_metadata(prepared, backend)
-
-    def reference(self, prepared: Prepared) -> tuple[Any, Any]:
-        return self._by_case(prepared).reference(prepared)
 
 
 ADAPTER = FlashInferAdapter()

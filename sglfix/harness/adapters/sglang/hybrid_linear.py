@@ -202,17 +202,17 @@ def _hybrid_pool(case: Any, *, seed: int) -> None:
     # Slot 0 is the padding slot (a padded row carries request row 0); the batch's rows get
     # distinct slots 1..rows in a seeded order.
     gen = torch.Generator(device="cpu").manual_seed(seed + 7)
-    req_rows = batch.req_pool_indices.to("cpu", torch.long) if batch is not None else torch.arange(1)
+    req_rows = batch.req_pool_indices.to("cpu", torch.long)
     slots = 1 + torch.randperm(rows, generator=gen)[: len(req_rows)]
     mapping = pool.req_index_to_mamba_index_mapping
     mapping[req_rows.to(mapping.device)] = slots.to(mapping.device, mapping.dtype)
     runner.req_to_token_pool = pool
-    if batch is not None and batch.forward_mode.is_extend() and getattr(batch, "extend_start_loc", None) is None:
+    if batch.forward_mode.is_extend() and getattr(batch, "extend_start_loc", None) is None:
         # ForwardBatch.init_new sets it for every extend; the kit's dense batch leaves it to the
         # Triton backend, which computes its own. The linear layers split their tokens by it.
         lens = batch.extend_seq_lens
         batch.extend_start_loc = torch.cumsum(lens, dim=0) - lens
-    if batch is not None and hasattr(batch, "req_to_token_pool"):
+    if hasattr(batch, "req_to_token_pool"):
         batch.req_to_token_pool = pool
 
 

@@ -25,7 +25,7 @@ from sglfix.harness.adapters.sglang.draft_truth import attend_steps, draft_refer
 from sglfix.harness.codefault import BrokenContract
 from sglfix.harness.unavailable import NoOutput
 
-__all__ = ["HOST_REASON", "MultiStepDraftAdapter", "Owner"]
+__all__ = ["HOST_REASON", "DraftOrDense", "MultiStepDraftAdapter", "Owner"]
 
 
 HOST_REASON = (
@@ -40,6 +40,19 @@ class MultiStepDraftAdapter(AdapterBase):
     mla = False
     backend_module = ""
     step_class = ""
+
+    def prepared(self, case: Any, scenario: Any) -> Prepared:
+        """A built draft case (its ``host`` decided) ready to run: its allocation guard and what
+        the judge records as the cell runs."""
+        from sglfix.harness.kits import kit as _kit
+
+        case.allocs = _kit("drafts").CudaAllocations(remap=True)
+        case.tables = {}  # step -> the page table its step backend was handed last
+        case.plans = {}  # step -> what its MLA decode wrapper was planned to read last (CUDA)
+        case.output = None
+        case.replayed = None  # the batch (view) of the last metadata init
+        case.seed = scenario.seed
+        return Prepared(case=case, num_slots=case.num_slots)
 
     def make_backend(self, prepared: Prepared) -> Any:
         import contextlib
@@ -64,11 +77,21 @@ class MultiStepDraftAdapter(AdapterBase):
             raise BrokenContract(f"create_decode_backend built no draft backend for {case.num_steps} step(s)")
         backend._sglfix_case = case  # for static_buffers: the guard zones of this backend's allocations
         if not case.host:
-            observe_steps(backend, case.tables)
+            self.watch_steps(backend, case)
             if self.mla:
                 for i, step in enumerate(backend.attn_backends):
                     observe_plan(step.decode_wrapper, case.plans, i)
         return backend
+
+    def watch_steps(self, backend: Any, case: Any) -> None:
+        """Record, from construction on, the page table each real step backend is handed at
+        each metadata init: what its kernel then reads."""
+        observe_steps(backend, case.tables)
+
+    def read_steps(self, backend: Any, case: Any, batch: Any) -> None:
+        """After each metadata init, before the judge looks at ``case.tables``: nothing more to
+        read where ``watch_steps`` recorded them (a backend whose replay calls no step reads its
+        steps' metadata here instead)."""
 
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
         if not scenario.capture_bs:
@@ -95,6 +118,7 @@ class MultiStepDraftAdapter(AdapterBase):
             )
             with case.allocs:
                 backend.init_forward_metadata_out_graph(batch, in_capture=True)
+            self.read_steps(backend, case, batch)
             on_metadata(Owner(backend, case), batch, f"capture bs={bs}")
         if self.mla and not case.host:
             # The captured wrappers re-plan on replay through sglang's fast plan (installed on
@@ -116,11 +140,13 @@ class MultiStepDraftAdapter(AdapterBase):
             with case.allocs:
                 backend.init_forward_metadata(batch)
             case.replayed = batch
+            self.read_steps(backend, case, batch)
             on_metadata(Owner(backend, case), batch, "eager")
         else:
             with case.allocs:
                 view = kit.replay_draft(backend, batch, case=case, capture_bs=scenario.capture_bs, fill=runner.fill)
             case.replayed = view
+            self.read_steps(backend, case, view)
             on_metadata(Owner(backend, case), view, f"replay bs={runner.bs}")
         if case.host:
             return NoOutput(HOST_REASON)
@@ -159,3 +185,43 @@ class Owner:
 
     def __init__(self, backend: Any, case: Any) -> None:
         self.backend, self.case = backend, case
+
+
+class DraftOrDense(AdapterBase):
+    """One ``backend:`` on real sglang whose multi-step draft (DRAFT_DECODE) has its own adapter
+    (``draft``) and every other mode the one-layer adapter (``dense``). Each call goes to the
+    adapter that built the cell: a draft case has a ``family``, a draft backend its case."""
+
+    draft: MultiStepDraftAdapter
+    dense: AdapterBase
+
+    def _by_case(self, prepared: Prepared) -> Any:
+        return self.draft if getattr(prepared.case, "family", None) else self.dense
+
+    def _by_backend(self, backend: Any) -> Any:
+        draft = isinstance(backend, Owner) or getattr(backend, "_sglfix_case", None) is not None
+        return self.draft if draft else self.dense
+
+    def build(self, scenario: Any, *, device: str) -> Prepared:
+        return (self.draft if scenario.mode == "DRAFT_DECODE" else self.dense).build(scenario, device=device)
+
+    def make_backend(self, prepared: Prepared) -> Any:
+        return self._by_case(prepared).make_backend(prepared)
+
+    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
+        return self._by_case(prepared).capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
+
+    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
+        return self._by_case(prepared).run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
+
+    def static_buffers(self, backend: Any) -> list:
+        return self._by_backend(backend).static_buffers(backend)
+
+    def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
+        return self._by_backend(backend).metadata_views(backend, forward_batch)
+
+    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
+        return self._by_case(prepared).check_metadata(prepared, backend)
+
+    def reference(self, prepared: Prepared) -> tuple[Any, Any]:
+        return self._by_case(prepared).reference(prepared)

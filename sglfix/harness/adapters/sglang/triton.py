@@ -40,6 +40,7 @@ from sglfix.harness.adapters.sglang.guards import (
     guarded,
     watch_metadata,
 )
+from sglfix.harness.adapters.sglang.multistep import DraftOrDense
 from sglfix.harness.adapters.sglang.truth import reference
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.kits import kit as _kit
@@ -122,55 +123,18 @@ class SglangTritonAdapter(AdapterBase):
         return reference(prepared.case.truth)
 
 
-class TritonAdapter(SglangTritonAdapter):
+class TritonAdapter(DraftOrDense):
     """``backend: triton`` on real sglang: the multi-step draft (DRAFT_DECODE) through
-    ``sglang.triton_draft``, every other mode through one layer of ``TritonAttnBackend`` (this
-    module). Each call goes to the adapter that built the cell."""
+    ``sglang.triton_draft``, every other mode through one layer of ``TritonAttnBackend`` (the
+    adapter above). Each call goes to the adapter that built the cell."""
+
+    name = "triton"
+    metadata_fields = SglangTritonAdapter.metadata_fields
 
     def __init__(self) -> None:
         from sglfix.harness.adapters.sglang.triton_draft import TritonDraftAdapter
 
-        self.draft = TritonDraftAdapter()
-
-    def _draft_case(self, prepared: Prepared) -> bool:
-        return getattr(prepared.case, "family", None) == "triton"
-
-    def _draft_backend(self, backend: Any) -> bool:
-        return hasattr(backend, "case") or getattr(backend, "_sglfix_case", None) is not None
-
-    def build(self, scenario: Any, *, device: str) -> Prepared:
-        if scenario.mode == "DRAFT_DECODE":
-            return self.draft.build(scenario, device=device)
-        return super().build(scenario, device=device)
-
-    def make_backend(self, prepared: Prepared) -> Any:
-        return self.draft.make_backend(prepared) if self._draft_case(prepared) else super().make_backend(prepared)
-
-    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
-        if self._draft_case(prepared):
-            return self.draft.capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
-        return super().capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
-
-    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
-        if self._draft_case(prepared):
-            return self.draft.run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
-        return super().run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
-
-    def static_buffers(self, backend: Any) -> list:
-        return self.draft.static_buffers(backend) if self._draft_backend(backend) else super().static_buffers(backend)
-
-    def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
-        if self._draft_backend(backend):
-            return self.draft.metadata_views(backend, forward_batch)
-        return super().metadata_views(backend, forward_batch)
-
-    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
-        if self._draft_case(prepared):
-            return self.draft.check_metadata(prepared, backend)
-        return super().check_metadata(prepared, backend)
-
-    def reference(self, prepared: Prepared) -> tuple[Any, Any]:
-        return self.draft.reference(prepared) if self._draft_case(prepared) else super().reference(prepared)
+        self.draft, self.dense = TritonDraftAdapter(), SglangTritonAdapter()
 
 
 ADAPTER = TritonAdapter()

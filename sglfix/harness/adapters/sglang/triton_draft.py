@@ -41,33 +41,15 @@ class TritonDraftAdapter(MultiStepDraftAdapter):
         from sglfix.harness.kits import kit as _kit
 
         kit = _kit("drafts")
-        case = kit.build_flashinfer_draft(scenario, device=device, mla=False, backend="triton")
+        case = kit.build_draft(scenario, device=device, mla=False, backend="triton")
         case.host = False  # Triton's step backends run on any device
-        case.allocs = kit.CudaAllocations(remap=True)
-        case.tables, case.plans = {}, {}
-        case.output = None
-        case.replayed = None
-        case.seed = scenario.seed
-        return Prepared(case=case, num_slots=case.num_slots)
+        return self.prepared(case, scenario)
 
-    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        # The kernels' own view of each step's page table, before the hook judges it.
-        case = prepared.case
+    def watch_steps(self, backend: Any, case: Any) -> None:
+        """Nothing at the call: a replay calls no step backend (``read_steps`` reads them)."""
 
-        def hook(owner: Any, batch: Any, phase: str) -> None:
-            _read_step_tables(backend, case, batch)
-            on_metadata(owner, batch, phase)
-
-        return super().run(prepared, backend, runner, scenario=scenario, on_metadata=hook)
-
-    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        case = prepared.case
-
-        def hook(owner: Any, batch: Any, phase: str) -> None:
-            _read_step_tables(backend, case, batch)
-            on_metadata(owner, batch, phase)
-
-        return super().capture(prepared, backend, scenario=scenario, on_metadata=hook)
+    def read_steps(self, backend: Any, case: Any, batch: Any) -> None:
+        _read_step_tables(backend, case, batch)
 
 
 def _read_step_tables(backend: Any, case: Any, batch: Any) -> None:

@@ -16,8 +16,8 @@ from .slots import DraftSlots
 __all__ = [
     "DSV4_PAGE_SIZE",
     "DraftCase",
+    "build_draft",
     "build_dsv4_draft",
-    "build_flashinfer_draft",
     "mla_runner",
     "round_up",
     "torch_dtype",
@@ -154,7 +154,7 @@ def build_dsv4_draft(scenario: Any, *, device: str) -> DraftCase:
     )
 
 
-def build_flashinfer_draft(scenario: Any, *, device: str, mla: bool, backend: str = "flashinfer") -> DraftCase:
+def build_draft(scenario: Any, *, device: str, mla: bool, backend: str = "flashinfer") -> DraftCase:
     """The kit's dense (GQA) or MLA mock runner, configured as an EAGLE draft worker whose decode
     backend is ``backend`` (``flashinfer``, or ``triton`` for a dense one); no target backend is
     built."""

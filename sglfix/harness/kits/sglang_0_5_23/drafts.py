@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from .allocations import SGLANG_ROOT, CudaAllocations, GuardedBuffer
 from .draft_batches import make_capture_batch, make_draft_batch
-from .draft_cases import DSV4_PAGE_SIZE, DraftCase, build_dsv4_draft, build_flashinfer_draft
+from .draft_cases import DSV4_PAGE_SIZE, DraftCase, build_draft, build_dsv4_draft
 from .draft_extend import build_trtllm_draft_extend, trtllm_capture_batch, trtllm_prefill_case, trtllm_replay_view
 from .draft_replay import replay_draft
 from .environment import draft_backend_factory, flash_mla_available, flashinfer_available, has_cuda, prepare
@@ -45,8 +45,8 @@ __all__ = [
     "GuardedBuffer",
     "HostStepRecorder",
     "PagedSlots",
+    "build_draft",
     "build_dsv4_draft",
-    "build_flashinfer_draft",
     "build_trtllm_draft_extend",
     "draft_backend_factory",
     "flash_mla_available",
