@@ -87,6 +87,20 @@ OPTIONS.update(
             ],
             60.0,
         ),
+        # A campaign's shard is a share of its mutants, not of its cells (every shard runs every
+        # baseline), so matrix's help and its --shard-costs do not apply.
+        "mutate_shard": (
+            Annotated[
+                str | None,
+                typer.Option(
+                    "--shard",
+                    metavar="I/N",
+                    help="Run only the i-th of N shares of the mutants (dealt by mutant id, the same on every "
+                    "machine; every shard runs every baseline); --merge joins the shards' JSON reports.",
+                ),
+            ],
+            None,
+        ),
         "more_cells": (
             Annotated[
                 int,
@@ -124,7 +138,7 @@ MUTATE_OPTIONS = (
     "more_cells",
     "fail_under",
     *(name if name != "timeout" else "mutate_timeout" for name in SELECT),
-    *SCALE,
+    *(name if name != "shard" else "mutate_shard" for name in SCALE if name != "shard_costs"),
     "cache",
     "no_cache",
 )
@@ -177,7 +191,7 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
 
     tgt = target(opts)
     _check_no_env(tgt.registry)
-    settings = Settings.of(given, env_baseline=False, timeout=given["mutate_timeout"])
+    settings = Settings.of(given, env_baseline=False, timeout=given["mutate_timeout"], shard=given["mutate_shard"])
 
     def say(line: str) -> None:
         err.print(f"sglfix: {line}", highlight=False, markup=False)
