@@ -782,10 +782,46 @@ def _campaign_identity(key: str, value: Any) -> Any:
     return value
 
 
+def _shard_key(spec: str) -> tuple[int, int]:
+    """Shards in the order of the first mutants they hold: 1/2 before 2/4 before 4/4."""
+    i, n = (int(x) for x in spec.split("/"))
+    return (i - 1, n)
+
+
+def _check_cover(shards: Sequence[tuple[str, str]]) -> None:
+    """Refuse shards (``(i/N, report name)``) that do not deal every mutant exactly once. A mutant
+    falls to shard ``i/N`` when its id hashes to ``i - 1`` modulo ``N`` (``execution.mutate._share``),
+    so over the least common multiple ``L`` of the counts, shard ``i/N`` holds the residues ``x`` with
+    ``x % N == i - 1``."""
+    parsed = [(*(int(x) for x in spec.split("/")), spec, name) for spec, name in shards]
+    lcm = math.lcm(*(n for _, n, _, _ in parsed))
+    if lcm > 4096:
+        counts = ", ".join(sorted({str(n) for _, n, _, _ in parsed}, key=int))
+        raise ConfigError(f"shards of counts {counts} do not nest; merge shards of splits that divide each other")
+    owner: dict[int, tuple[str, str]] = {}
+    for i, n, spec, name in parsed:
+        for x in range(i - 1, lcm, n):
+            if x in owner:
+                other_spec, other = owner[x]
+                if other_spec == spec:
+                    raise ConfigError(f"{name} and {other} are both shard {spec}; give each shard once")
+                raise ConfigError(
+                    f"{name} (shard {spec}) and {other} (shard {other_spec}) hold some mutants both; "
+                    "give shards that do not overlap"
+                )
+            owner[x] = (spec, name)
+    missing = [f"{x + 1}/{lcm}" for x in range(lcm) if x not in owner]
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise ConfigError(f"shard(s) {shown} missing; give shards that together cover every mutant")
+
+
 def merge_mutation_reports(reports: Sequence[Mapping[str, Any]], *, names: Sequence[str]) -> dict:
     """The shards of one campaign as one report: every mutant once, the scores counted again, the
-    phases and walls summed. Shards of different campaigns (another code base, device, selection
-    or shard count), a shard given twice or missing, are refused in one line naming them."""
+    phases and walls summed. Shards may be of different splits where they nest (a shard i/N is the
+    union of shards i/2N and (i+N)/2N, so a shard too long for its machine can be run again as
+    those two). Shards of different campaigns (another code base, device or selection), shards
+    that overlap or leave mutants out, are refused in one line naming them."""
     if not reports:
         raise ConfigError("give the shards' reports to merge")
     first = reports[0]
@@ -798,18 +834,7 @@ def merge_mutation_reports(reports: Sequence[Mapping[str, Any]], *, names: Seque
         if shard is None:
             raise ConfigError(f"{name}: not a shard of a campaign (no shard recorded); give the --shard i/N reports")
         shards.append((shard, name))
-    counts = {s.split("/")[1] for s, _ in shards}
-    if len(counts) != 1:
-        raise ConfigError(f"shards of different counts ({', '.join(sorted(counts))}); merge the shards of one split")
-    count = int(counts.pop())
-    seen: dict[str, str] = {}
-    for s, name in shards:
-        if s in seen:
-            raise ConfigError(f"{name} and {seen[s]} are both shard {s}; give each shard once")
-        seen[s] = name
-    missing = [f"{i}/{count}" for i in range(1, count + 1) if f"{i}/{count}" not in seen]
-    if missing:
-        raise ConfigError(f"shard(s) {', '.join(missing)} missing; give all {count} shards' reports")
+    _check_cover(shards)
     mutants = [m for r in reports for m in r["mutants"]]
     mutants.sort(key=lambda r: (_order(r["status"]), r["path"], r["line"], r["id"]))
     phases: dict[str, Any] = {}
@@ -824,7 +849,7 @@ def merge_mutation_reports(reports: Sequence[Mapping[str, Any]], *, names: Seque
         "notes": list(dict.fromkeys(n for r in reports for n in r.get("notes") or ())),
         "mutants": mutants,
         "scores": scores_of(mutants),
-        "merged_from": [s for s, _ in sorted(shards, key=lambda p: int(p[0].split("/")[0]))],
+        "merged_from": [s for s, _ in sorted(shards, key=lambda p: _shard_key(p[0]))],
     }
     check_mutation_report(data, where="the merged report")
     return data

@@ -277,6 +277,32 @@ def test_shards_share_the_mutants_and_merge_into_the_whole_campaign(tmp_path):
     )
     assert alone.returncode == 2 and "2/2 missing" in alone.stderr, alone.stderr
 
+    # A shard run again as two of a split twice as fine (2/2 = 2/4 + 4/4) merges with the others.
+    for i in (1, 2, 4):
+        r = run("--shard", f"{i}/4", "--json", str(tmp_path / f"q{i}.json"))
+        assert r.returncode in (0, 1), r.stderr
+
+    def merge(*names: str) -> subprocess.CompletedProcess:
+        args = [a for n in names for a in ("--merge", str(tmp_path / n))]
+        out = ["--json", str(tmp_path / "nested.json")]
+        return subprocess.run(
+            [sys.executable, "-m", "sglfix", "mutate", *args, *out],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+
+    nested = merge("s1.json", "q2.json", "q4.json")
+    assert nested.returncode in (0, 1), nested.stderr
+    n = json.loads((tmp_path / "nested.json").read_text())
+    assert {x["id"]: x["status"] for x in n["mutants"]} == {x["id"]: x["status"] for x in w["mutants"]}
+    assert n["scores"] == w["scores"] and n["merged_from"] == ["1/2", "2/4", "4/4"]
+    overlap = merge("s1.json", "q1.json", "s2.json")
+    assert overlap.returncode == 2 and "hold some mutants both" in overlap.stderr, overlap.stderr
+    short = merge("s1.json", "q2.json")
+    assert short.returncode == 2 and "4/4 missing" in short.stderr, short.stderr
+
 
 def test_the_readmes_mutant_id_is_one_of_todays_code():
     """The mutation guide's ``--show`` example names a mutant the operators make of the code as it is."""
