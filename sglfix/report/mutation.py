@@ -793,7 +793,10 @@ def _check_cover(shards: Sequence[tuple[str, str]]) -> None:
     falls to shard ``i/N`` when its id hashes to ``i - 1`` modulo ``N`` (``execution.mutate._share``),
     so over the least common multiple ``L`` of the counts, shard ``i/N`` holds the residues ``x`` with
     ``x % N == i - 1``."""
-    parsed = [(*(int(x) for x in spec.split("/")), spec, name) for spec, name in shards]
+    parsed: list[tuple[int, int, str, str]] = []
+    for spec, name in shards:
+        i, n = spec.split("/")
+        parsed.append((int(i), int(n), spec, name))
     lcm = math.lcm(*(n for _, n, _, _ in parsed))
     if lcm > 4096:
         counts = ", ".join(sorted({str(n) for _, n, _, _ in parsed}, key=int))
