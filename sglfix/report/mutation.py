@@ -795,8 +795,8 @@ def _check_cover(shards: Sequence[tuple[str, str]]) -> None:
     ``x % N == i - 1``."""
     parsed: list[tuple[int, int, str, str]] = []
     for spec, name in shards:
-        i, n = spec.split("/")
-        parsed.append((int(i), int(n), spec, name))
+        index, count = spec.split("/")
+        parsed.append((int(index), int(count), spec, name))
     lcm = math.lcm(*(n for _, n, _, _ in parsed))
     if lcm > 4096:
         counts = ", ".join(sorted({str(n) for _, n, _, _ in parsed}, key=int))

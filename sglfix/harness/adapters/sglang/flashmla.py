@@ -9,7 +9,9 @@ Where the ``flash_mla`` package is missing (on CPU, and on a GPU without it) sgl
 interface imports over an inert stand-in package and ``sglfix.harness.flashmla`` stands in for its
 two calls, reading what FlashMLA reads: the block table, the lengths handed to the kernel and the
 schedule, whose runs decide which pages are attended. On CPU the graph state's SM count is an
-H200's (132): the backend sizes its schedule buffer by it.
+H200's (132): the backend sizes its schedule buffer by it. The stand-in reads those on the host, so
+a GPU records no ``torch.cuda.CUDAGraph`` over it: the graph cells capture and replay the metadata
+as the runner does, and the stand-in runs over the replayed metadata, as on CPU.
 
 The judge: the output against sglfix's reference; every init's FlashMLA metadata against its batch
 (each row's block table is its request's pages up to its key length, the schedule covers those
@@ -94,6 +96,12 @@ class SglangFlashMLAAdapter(SglangFlashInferMLAAdapter):
             raise Unavailable("this release's FlashMLABackend does not capture DRAFT_EXTEND_V2 in CUDA graphs")
         with _device_answers():
             return super().capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
+
+    def records_graph(self, backend: Any) -> bool:
+        # The stand-in reads lengths and the schedule on the host, which a CUDA graph cannot
+        # record: on a GPU without flash_mla the graph cells capture and replay the metadata as
+        # the runner does and run the stand-in over it, as on CPU.
+        return not backend._sglfix_standin
 
     def graph_state(self, graphs: Any) -> tuple[str, ...]:
         return (

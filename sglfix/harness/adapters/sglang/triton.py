@@ -89,8 +89,16 @@ class SglangTritonAdapter(AdapterBase):
             guard_verify_mask(b)
 
         return graphs.GraphRunner(
-            case=prepared.case, backend=backend, capture_bs=list(scenario.capture_bs), guard=guard
+            case=prepared.case,
+            backend=backend,
+            capture_bs=list(scenario.capture_bs),
+            guard=guard,
+            record=self.records_graph(backend),
         ).capture()
+
+    def records_graph(self, backend: Any) -> bool:
+        """Whether a CUDA device records the layer into a CUDA graph (its kernels can be recorded)."""
+        return True
 
     def guard_graph_state(self, backend: Any, graphs: Any) -> None:
         """Guard zones after the backend's CUDA-graph state, right after ``init_cuda_graph_state``."""

@@ -65,7 +65,13 @@ class GraphRunner:
     (decode/verify: ``build_replay_fb_view``; draft extend: ``EAGLEDraftExtendCudaGraphRunner.execute``).
     """
 
-    def __init__(self, *, case: Any, backend: Any, capture_bs: list[int], guard: Callable[[Any], None]) -> None:
+    def __init__(
+        self, *, case: Any, backend: Any, capture_bs: list[int], guard: Callable[[Any], None], record: bool = True
+    ) -> None:
+        """``record``: on CUDA, record each size's body into a ``torch.cuda.CUDAGraph`` and replay
+        that. False where the layer's kernel cannot be recorded (a torch stand-in that reads its
+        lengths on the host): the body then runs as on CPU, at capture and again over each replay's
+        metadata, and the backend's capture and replay are the runner's all the same."""
         import torch
 
         self.case, self.backend = case, backend
@@ -75,6 +81,7 @@ class GraphRunner:
         self.max_tokens = self.max_bs * self.width
         self.fill = self._seq_len_fill_value()
         self.cuda = torch.device(case.device).type == "cuda"
+        self.record = record and self.cuda
         backend.init_cuda_graph_state(max_bs=self.max_bs, max_num_tokens=self.max_tokens)
         guard(backend)  # before anything points into the graph state
         self.buffers = self._static_buffers()
@@ -193,10 +200,11 @@ class GraphRunner:
         with forward_context(ForwardContext(attn_backend=self.backend)):
             self.backend.init_forward_metadata_out_graph(batch, in_capture=True)
         captured = _Captured(batch=batch, metadata=self.backend.forward_metadata)
-        if self.cuda:
+        if self.record:
             self._record_graph(captured, bs)
         else:
-            # No graph on CPU: the capture forward is the warm-up every runner performs first.
+            # No graph (CPU, or a kernel that cannot be recorded): the capture forward is the
+            # warm-up every runner performs first.
             self._forward(captured, bs)
         return captured
 
