@@ -7,7 +7,12 @@ A metadata view is digested field by field (tensors by dtype, shape and bytes; n
 and lists of them by value; other objects by type name only: a kernel wrapper's identity says
 nothing of what was built), in field-name order, after each init the adapter reports. Poisoned
 allocations (``sglfix.harness.poison``) hold a fixed pattern, so memory nothing wrote digests the
-same in every run."""
+same in every run.
+
+A probe (``sglfix.harness.probes``) builds no metadata view; it hands what the code under test
+built or returned to ``observe``, which digests it as an object graph (tensors, numbers, strings,
+containers and the attributes of plain objects, to a bounded depth), so that a probe cell too can
+show that a mutant built nothing different."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["Fingerprint", "active", "fingerprinting"]
+__all__ = ["Fingerprint", "active", "fingerprinting", "observe"]
 
 _active: list[Fingerprint] = []
 
@@ -43,6 +48,12 @@ class Fingerprint:
             for name, value in fields:
                 self.metadata.update(name.encode() + b"=")
                 self.metadata.update(_bytes(host.get(name, value)))
+
+    def add_object(self, label: str, obj: Any) -> None:
+        """Digest ``obj`` as an object graph (``_walk``)."""
+        self.views += 1
+        self.metadata.update(f"{label}|".encode())
+        _walk(obj, self.metadata, depth=_DEPTH, seen=set())
 
     def add_output(self, out: Any) -> None:
         self.output = hashlib.sha256(_bytes(out)).hexdigest()[:16]
@@ -81,6 +92,83 @@ def _bytes(value: Any) -> bytes:
     if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float, str, type(None))) for v in value):
         return repr(list(value)).encode()
     return f"<{type(value).__name__}>".encode()
+
+
+# How deep ``observe`` follows attributes: a backend -> its metadata -> a wrapper -> its plan arrays.
+_DEPTH = 4
+_MAX_ITEMS = 256
+_MAX_BYTES = 4 << 20
+# What a backend points back to that is not what it built: the runner (its model, server args and
+# pools) and the KV caches (data, gigabytes in a real pool).
+_NOT_FOLLOWED = ("ModelRunner", "KVPool", "KVCache", "TokenToKV")
+
+
+def _walk(value: Any, h: Any, *, depth: int, seen: set[int]) -> None:
+    """Feed ``value`` to ``h``: tensors, scalars and lists of them as ``_bytes`` does; containers
+    item by item; other objects field by field (``_fields``, private attributes included: a
+    wrapper keeps its plan there) while ``depth`` lasts, each object once (by identity). Modules,
+    functions, classes and the runner's torch modules are named, not followed."""
+    import inspect
+    import types
+
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.dtype == torch.uint64 or value.numel() * value.element_size() > _MAX_BYTES:
+            # Pointers (a pool's data_ptrs differ in every process) and bulk data (a KV cache):
+            # their shape, not their bytes.
+            h.update(f"{value.dtype}{tuple(value.shape)}".encode())
+        else:
+            h.update(_bytes(value))
+        return
+    if value is None or isinstance(value, (bool, int, float, str)):
+        h.update(_bytes(value))
+        return
+    if isinstance(value, (torch.device, torch.dtype)):
+        h.update(repr(value).encode())
+        return
+    if isinstance(value, (types.ModuleType, type, torch.nn.Module)) or inspect.isroutine(value):
+        h.update(f"<{type(value).__name__}>".encode())
+        return
+    if id(value) in seen or depth <= 0 or any(part in type(value).__name__ for part in _NOT_FOLLOWED):
+        h.update(f"<{type(value).__name__}>".encode())
+        return
+    seen.add(id(value))
+    if isinstance(value, dict):
+        items = sorted(((str(k), v) for k, v in value.items()), key=lambda kv: kv[0])[:_MAX_ITEMS]
+        for k, v in items:
+            h.update(k.encode() + b":")
+            _walk(v, h, depth=depth - 1, seen=seen)
+        return
+    if isinstance(value, (list, tuple, set, frozenset)):
+        seq = (
+            list(value)[:_MAX_ITEMS]
+            if not isinstance(value, (set, frozenset))
+            else sorted(value, key=repr)[:_MAX_ITEMS]
+        )
+        h.update(f"[{len(value)}".encode())
+        for v in seq:
+            _walk(v, h, depth=depth - 1, seen=seen)
+        return
+    h.update(f"<{type(value).__name__}>".encode())
+    for name, field in _fields(value):
+        if inspect.isroutine(field):
+            continue
+        h.update(name.encode() + b"=")
+        _walk(field, h, depth=depth - 1, seen=seen)
+
+
+def observe(label: str, *objects: Any) -> None:
+    """For a probe: digest what the code under test built or returned (``objects``) into the
+    running cell's fingerprint, when ``sglfix mutate`` asked for one (otherwise nothing)."""
+    fp = active()
+    if fp is None:
+        return
+    from sglfix.harness.syncwatch import suspended
+
+    with suspended():
+        for i, obj in enumerate(objects):
+            fp.add_object(f"{label}#{i}", obj)
 
 
 def active() -> Fingerprint | None:

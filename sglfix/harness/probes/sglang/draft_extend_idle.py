@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglfix.harness.adapters.sglang.glue import make_schedule_batch
+from sglfix.harness.fingerprint import observe
 from sglfix.harness.probes.sglang.common import runners_unpublished
 from sglfix.harness.unavailable import Unavailable
 
@@ -170,6 +171,7 @@ def _idle_step(
     if forward_batch.batch_size > 0:
         backend.init_forward_metadata(forward_batch)
     fill = int(forward_batch.seq_lens[0]) if bs else 0
+    observe("idle draft extend", getattr(backend, "forward_metadata", None), forward_batch)
     return {"mode": mode, "bs": bs, "fill": fill}
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from sglfix.harness.fingerprint import observe
 from sglfix.harness.misfit import Standin
 
 __all__ = ["PROBE", "ViewRecorder"]
@@ -108,9 +109,10 @@ class DraftExtendView:
         ):
             batch = _batch(scenario, width=width, device=device)
             stage("forward")
-            kit("probes").replay_draft_extend(
+            runner = kit("probes").replay_draft_extend(
                 recorder, batch, capture_bs=list(scenario.capture_bs), width=width, fill=fill, device=device
             )
+            observe("draft-extend replay", recorder.view, getattr(runner, "buffers", None), batch)
 
         stage("judge")
         view, raw_bs = recorder.view, len(scenario.prefix_lens)

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sglfix.harness.fingerprint import observe
+
 __all__ = ["PROBE"]
 
 
@@ -49,11 +51,13 @@ class DraftPositions:
 
             def recording_forward(forward_batch: Any) -> Any:
                 seen.append([int(x) for x in forward_batch.positions.cpu().tolist()])
+                observe(f"draft step {len(seen)}", forward_batch)
                 return model_forward(forward_batch)
 
             runner.forward = recording_forward
             stage("forward")
-            run_eagle_draft(setup)  # EagleDraftWorker.draft_forward, the function under test
+            drafted = run_eagle_draft(setup)  # EagleDraftWorker.draft_forward, the function under test
+            observe("draft output", drafted)
 
         stage("judge")
         steps = spec.num_steps - 1

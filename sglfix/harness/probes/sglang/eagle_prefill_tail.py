@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sglfix.harness.fingerprint import observe
+
 __all__ = ["PROBE", "VOCAB_SIZE"]
 
 VOCAB_SIZE = 4096  # prompt tokens in [0, VOCAB_SIZE / 2), sampled tokens in [VOCAB_SIZE / 2, VOCAB_SIZE)
@@ -88,6 +90,7 @@ class EaglePrefillTail:
 
         stage("forward")
         tails = _eagle_prefill_tail_tokens(batch, sampled)  # the function under test
+        observe("prefill tail", tails, sampled)
 
         stage("judge")
         got = [int(t) for t in tails.cpu().tolist()]

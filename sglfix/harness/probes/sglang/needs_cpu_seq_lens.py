@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sglfix.harness.fingerprint import observe
+
 __all__ = ["PROBE", "UndeclaredAttnBackend"]
 
 _UNSET = object()
@@ -71,6 +73,7 @@ class NeedsCpuSeqLens:
                 algorithm = str(server_args.speculative_algorithm or "")
             stage("forward")
             decided = kit("probes").decide_needs_cpu_seq_lens(slots)  # the function under test
+            observe("needs cpu seq_lens", decided, setup.target_backend, setup.draft_backend)
 
         stage("judge")
         names = ["unset" if b is None else type(b).__name__ for b in slots]

@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sglfix.harness.fingerprint import observe
 from sglfix.harness.misfit import Standin
 from sglfix.harness.probes.sglang.common import ceil_to, published
 from sglfix.harness.unavailable import Unavailable
@@ -146,6 +147,7 @@ class ReqToTokenHeadroom:
                 bs,
             )
             after = table.cpu()
+            observe("req_to_token sizing", headroom, reserve, cur, nxt, after)
 
         stage("judge")
         own = own_decode_reserve(

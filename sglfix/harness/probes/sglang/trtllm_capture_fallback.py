@@ -36,6 +36,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglfix.harness.adapters.base import require_flashinfer
+from sglfix.harness.fingerprint import observe
 from sglfix.harness.misfit import Standin
 from sglfix.harness.probes.sglang.common import bound, runners_unpublished
 from sglfix.harness.unavailable import Unavailable
@@ -54,11 +55,14 @@ class _Launches:
     def __init__(self, v_head_dim: int) -> None:
         self.v_head_dim = v_head_dim
         self.reached: list[str] = []
+        self.handed: list[Any] = []  # what each launch was handed (a fingerprint's evidence)
 
     def trtllm(self, **kwargs: Any) -> Any:
         import torch
 
         self.reached.append("trtllm-gen MLA kernel")
+        # The launch's metadata, not its data (the query is the probe's random input).
+        self.handed.append({k: v for k, v in kwargs.items() if k not in ("query", "kv_cache", "workspace_buffer")})
         query = kwargs["query"]
         return torch.zeros((*query.shape[:-1], self.v_head_dim), dtype=query.dtype, device=query.device)
 
@@ -66,6 +70,7 @@ class _Launches:
         import torch
 
         self.reached.append("FlashInfer MLA prefill fallback")
+        self.handed.append(forward_batch)
         return torch.zeros((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), dtype=q.dtype, device=q.device)
 
 
@@ -187,6 +192,7 @@ class TrtllmCaptureFallback:
             k_rope = torch.randn((tokens, 1, latent.qk_rope_head_dim), dtype=dtype, device=device)
             with bound(fimla.FlashInferMLAAttnBackend, forward_extend=launches.fallback):
                 backend.forward_extend(q, k, k, layer, batch, False, q_rope, k_rope)
+            observe("trtllm capture", backend, launches.handed)
         stage("judge")
         where = f"{scenario.mode} captured at {bs} after a prefill on prefixes {list(scenario.prefix_lens)}"
         if launches.reached == ["trtllm-gen MLA kernel"]:

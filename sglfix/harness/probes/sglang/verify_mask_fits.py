@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglfix.harness.adapters.sglang.glue import make_schedule_batch
+from sglfix.harness.fingerprint import observe
 from sglfix.harness.misfit import Standin
 from sglfix.harness.probes.sglang.common import bound, runners_unpublished
 from sglfix.harness.unavailable import Unavailable
@@ -159,6 +160,7 @@ class VerifyMaskFits:
                     tree_mask_mode=utils.default_tree_mask_mode(),
                     device=device,
                 )
+            observe(f"verify input, {name}", verify_input, boundary.calls)
             stage(f"judge, {name}")
             if not boundary.calls:
                 bad.append(f"{name}: the tree kernel was never launched")
