@@ -496,3 +496,43 @@ def test_a_real_tree_the_probe_does_not_fit_is_an_error_and_its_known_divergence
     assert "this probe does not support this code base: page_aligned_decode_alloc_lens" in message, message
     (known,) = [k for k in report["known_divergences"] if k["scenario"] == "probe-req-to-token-tree-ps1"]
     assert known["status"].startswith("not judged: 1 of its 1 cell(s) ran to no verdict (ERROR)"), known
+
+
+def test_a_probe_cell_shows_a_mutant_equivalent_or_changed(tmp_path):
+    """A probe digests what the engine code it runs built (``fingerprint.observe``): a mutant that
+    builds the same (``len(seq_lens - 1)`` in the FlashInfer-MLA prefill planning the TRT-LLM MLA
+    backend falls back to) is suspected equivalent with that evidence, while one whose change the
+    probe's judge does not look at but the built plan shows stays a survivor, never equivalent."""
+    require_sglang()
+    out = tmp_path / "m.json"
+    r = run_cli(
+        "--profile",
+        "sglang-0.5.23",
+        "mutate",
+        "--function",
+        "*FlashInferMLAIndicesUpdaterPrefill.call_begin_forward",
+        "--operators",
+        "off-by-one",
+        "-s",
+        "probe-trtllm-capture-fallback@mode=TARGET_VERIFY",
+        "--device",
+        "cpu",
+        "--jobs",
+        "2",
+        "--no-cache",
+        "--json",
+        str(out),
+        env=clean_env(),
+        subprocess=True,
+        timeout=600,
+    )
+    assert r.code in (0, 1), r.stderr[-3000:]
+    mutants = {m["id"]: m for m in json.loads(out.read_text())["mutants"]}
+    same = mutants["m-543c1df603"]  # bs = len((seq_lens - 1))
+    assert same["status"] == "equivalent" and same["evidence"]["cells"] == 1, same
+    by_status = {s: [m for m in mutants.values() if m["status"] == s] for s in ("survived", "error", "equivalent")}
+    assert not by_status["error"], by_status["error"][0]
+    # A ragged plan of shifted query lengths is not the same plan: seen, though this probe judges
+    # which launch the captured batch reaches, not the stale prefill plan.
+    shifted = mutants["m-1cc312e1ec"]  # qo_indptr from seq_lens - prefix_lens + 1
+    assert shifted["status"] == "survived" and shifted["evidence"] is None, shifted
