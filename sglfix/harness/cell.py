@@ -267,7 +267,7 @@ def _metadata_hook(
             found = check_metadata_views(views, fields=adapter.metadata_fields, num_slots=prepared.num_slots)
             fp = fingerprint.active()
             if fp is not None:
-                fp.add_views(views)
+                fp.add_views(views, reads=adapter.metadata_fields)
         for message in found:
             result.add("INVARIANT", message, phase=phase)
 

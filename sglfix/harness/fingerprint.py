@@ -32,7 +32,12 @@ class Fingerprint:
         self.output: str | None = None
         self.views = 0
 
-    def add_views(self, views: list[tuple[str, Any, int]]) -> None:
+    def add_views(self, views: list[tuple[str, Any, int]], *, reads: Any = None) -> None:
+        """Digest each view field by field. With ``reads`` (the adapter's ``MetadataFields``), the
+        fields whose read extent it declares are digested as far as the kernels read them: an
+        indptr's first ``rows + 1`` entries, a per-row length's first ``rows``, an indices array up
+        to where its indptr's rows end. What lies past (a buffer's slack, a slice one entry
+        longer) is never read, so a change there builds nothing different."""
         import torch
 
         from sglfix.harness.hostcopy import to_host
@@ -44,6 +49,8 @@ class Fingerprint:
             fields = _fields(metadata)
             tensors = [(name, v) for name, v in fields if isinstance(v, torch.Tensor)]
             host = dict(zip((n for n, _ in tensors), to_host([v for _, v in tensors])))
+            if reads is not None:
+                host = _read_extent(host, reads, rows)
             self.metadata.update(f"{phase}|{rows}|".encode())
             for name, value in fields:
                 self.metadata.update(name.encode() + b"=")
@@ -63,6 +70,27 @@ class Fingerprint:
         # digest of nothing, which would read as "the same metadata".
         metadata = self.metadata.hexdigest()[:16] if self.views else None
         return {"metadata": metadata, "output": self.output, "views": self.views}
+
+
+def _read_extent(host: dict[str, Any], reads: Any, rows: int) -> dict[str, Any]:
+    """``host`` (field -> host tensor) with each field ``reads`` declares cut to what is read."""
+    out = dict(host)
+    for name in reads.indptr:
+        t = out.get(name)
+        if t is not None and t.dim() == 1:
+            out[name] = t[: rows + 1]
+    for name in reads.lengths:
+        t = out.get(name)
+        if t is not None and t.dim() == 1:
+            out[name] = t[:rows]
+    for name, indptr_name in reads.indices.items():
+        t, indptr = out.get(name), out.get(indptr_name)
+        if t is None or indptr is None or t.dim() != 1 or indptr.dim() != 1 or not indptr.numel():
+            continue
+        # Rows read [indptr[b], indptr[b + 1]); up to the buffer's end when the indptr points past
+        # it (the invariants name that), never further.
+        out[name] = t[: max(0, min(int(indptr.max()), t.numel()))]
+    return out
 
 
 def _fields(metadata: Any) -> list[tuple[str, Any]]:

@@ -1,0 +1,75 @@
+"""What a cell's fingerprint digests (``sglfix.harness.fingerprint``): the metadata as far as the
+kernels read it, and, for a probe, the object graph the engine code built."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from sglfix.harness.fingerprint import Fingerprint, fingerprinting, observe
+from sglfix.harness.invariants import MetadataFields
+
+READS = MetadataFields(indptr=("kv_indptr",), lengths=("seq_lens",), indices={"kv_indices": "kv_indptr"})
+
+
+def _digest(view: SimpleNamespace, *, rows: int = 2, reads: MetadataFields | None = READS) -> str:
+    fp = Fingerprint()
+    fp.add_views([("eager", view, rows)], reads=reads)
+    return fp.to_json()["metadata"]
+
+
+def _view(**changes: object) -> SimpleNamespace:
+    base = dict(
+        kv_indptr=torch.tensor([0, 3, 5, 9], dtype=torch.int32),  # a third row the batch does not have
+        kv_indices=torch.tensor([7, 8, 9, 1, 2, 0, 0], dtype=torch.int32),
+        seq_lens=torch.tensor([3, 2, 4]),
+        max_extend_len=4,
+    )
+    return SimpleNamespace(**{**base, **changes})
+
+
+def test_what_no_kernel_reads_digests_the_same():
+    same = _digest(_view())
+    # A slice one entry longer, a buffer's slack, a row past the batch: never read.
+    assert _digest(_view(kv_indptr=torch.tensor([0, 3, 5, 11, 12], dtype=torch.int32))) == same
+    assert _digest(_view(kv_indices=torch.tensor([7, 8, 9, 1, 2, 5, 5, 5], dtype=torch.int32))) == same
+    assert _digest(_view(seq_lens=torch.tensor([3, 2, 9]))) == same
+
+
+def test_what_a_kernel_reads_digests_otherwise():
+    same = _digest(_view())
+    assert _digest(_view(kv_indptr=torch.tensor([0, 3, 4, 9], dtype=torch.int32))) != same
+    assert _digest(_view(kv_indptr=torch.tensor([0, 3], dtype=torch.int32))) != same  # a row short
+    assert _digest(_view(kv_indices=torch.tensor([7, 8, 9, 1, 3, 0, 0], dtype=torch.int32))) != same
+    assert _digest(_view(seq_lens=torch.tensor([3, 1, 4]))) != same
+    assert _digest(_view(max_extend_len=5)) != same
+    # Without declared read extents every byte counts.
+    assert _digest(_view(seq_lens=torch.tensor([3, 2, 9])), reads=None) != _digest(_view(), reads=None)
+
+
+def test_an_indptr_past_its_buffer_is_digested_to_the_buffer_end():
+    view = _view(kv_indptr=torch.tensor([0, 3, 40], dtype=torch.int32))
+    assert _digest(view) != _digest(_view())
+
+
+def test_a_probe_digests_the_object_graph_it_observes():
+    def digest(obj: object) -> str | None:
+        with fingerprinting() as fp:
+            observe("probe", obj)
+        return fp.to_json()["metadata"]
+
+    class Backend:
+        def __init__(self, lens: list[int], *, ptrs: int = 1) -> None:
+            self.metadata = SimpleNamespace(lens=torch.tensor(lens), plan={"rows": len(lens)})
+            self._plan = [torch.tensor(lens) * 2]
+            self.data_ptrs = torch.tensor([ptrs], dtype=torch.uint64)  # differs in every process
+            self.slack = torch.zeros(2 << 20, dtype=torch.float32)  # bulk data: shape only
+            self.runner = type("MockModelRunner", (), {})()
+
+    assert digest(Backend([3, 4])) == digest(Backend([3, 4], ptrs=99))
+    assert digest(Backend([3, 4])) != digest(Backend([3, 5]))
+    with fingerprinting() as fp:
+        pass
+    assert fp.to_json()["metadata"] is None  # observed nothing: no evidence, never "the same"
+    observe("outside a fingerprinted cell", Backend([1]))  # a no-op
