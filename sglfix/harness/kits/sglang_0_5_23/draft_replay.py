@@ -83,6 +83,10 @@ def replay_draft(backend: Any, batch: Any, *, case: Any, capture_bs: list[int], 
 
     def record(*args: Any) -> tuple:
         forward_batch = args[-1]
+        # The graph's launch re-runs what its capture recorded in-graph, before the steps.
+        in_graph = getattr(backend, "init_forward_metadata_in_graph", None)
+        if in_graph is not None:
+            in_graph(forward_batch)
         seen["batch"] = SimpleNamespace(**vars(forward_batch))
         runner.output_buffers = {forward_batch.batch_size: ()}
         return ()
