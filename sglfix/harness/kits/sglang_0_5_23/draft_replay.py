@@ -125,54 +125,52 @@ def replay_draft(backend: Any, batch: Any, *, case: Any, capture_bs: list[int], 
     return seen["batch"]
 
 
-def replay_draft_extend(recorder: Any, batch: Any, *, capture_bs: list[int], width: int, fill: int, device: str) -> Any:
+def replay_draft_extend(
+    recorder: Any,
+    batch: Any,
+    *,
+    capture_bs: list[int],
+    width: int,
+    fill: int,
+    device: str,
+    buffers: Any = None,
+    launch: Any = None,
+) -> Any:
     """Replay a spec-v2 draft-extend ``batch`` (``width`` tokens per request) through the installed
-    ``EAGLEDraftExtendCudaGraphRunner``'s own replay method, ``recorder`` standing in for its
-    draft-extend backend (it is handed the runner's batch view); return the runner.
+    ``EAGLEDraftExtendCudaGraphRunner``'s own replay method, ``recorder`` as its draft-extend
+    backend (a stand-in that keeps the batch view it is handed, or a real backend whose captured
+    metadata the replay refreshes); return the runner.
 
     Built like ``replay_draft``'s runner: static buffers as the constructor makes them (no hidden
-    states, no DP gather, no mamba tracks), the graph launch replaced by empty outputs."""
+    states, no DP gather, no mamba tracks) unless ``buffers`` gives the runner's own (a graph
+    runner's, whose slices its capture bound), and the graph launch replaced by ``launch`` (called
+    with the replayed batch) before empty outputs are returned."""
     import inspect
 
     from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
 
     buckets = sorted(capture_bs)
     max_bs = buckets[-1]
-    max_num_token = max_bs * width
-    with torch.device(device):
-        buffers = Standin(
-            input_ids=torch.zeros((max_num_token,), dtype=torch.int64),
-            req_pool_indices=torch.zeros((max_bs,), dtype=torch.int64),
-            mamba_track_indices=None,
-            out_cache_loc=torch.zeros((max_num_token,), dtype=torch.int64),
-            positions=torch.zeros((max_num_token,), dtype=torch.int64),
-            mrope_positions=torch.zeros((3, max_num_token), dtype=torch.int64),
-            hidden_states=None,
-            seq_lens=torch.full((max_bs,), fill, dtype=torch.int64),
-            extend_seq_lens=torch.full((max_bs,), width, dtype=torch.int32),
-            num_correct_drafts=torch.full((max_bs,), width, dtype=torch.int32),
-            num_accept_tokens=torch.full((max_bs,), width, dtype=torch.int32),
-            select_index=torch.arange(max_bs, dtype=torch.int64) * width,
-            global_num_tokens_gpu=None,
-            global_num_tokens_for_logprob_gpu=None,
-            dsa_seed_topk_capture=None,
-        )
-    buffers.seq_lens_cpu = torch.full((max_bs,), fill, dtype=torch.int64, device="cpu")
+    if buffers is None:
+        buffers = _extend_buffers(max_bs=max_bs, width=width, fill=fill, device=device)
+    ran = _launch_of(launch)
 
-    def launch(*_: Any) -> Any:
-        bs = runner.bs  # set by the replay method before it launches
+    def graph_launch(*args: Any) -> Any:
+        ran(args[-1])  # the replayed batch, as the captured graph would run on it
+        bs = max_bs  # an output of the largest bucket covers any replayed size's rows
         out = Standin(
             next_token_logits=torch.zeros((bs * width, 1), device=device),
             hidden_states=torch.zeros((bs * width, 1), device=device),
             topk_p=None,
             topk_index=None,
         )
-        runner.output_buffers = {runner.bs: out}
+        # Releases that read the output back by the replayed size (the replay sets it first).
+        runner.output_buffers = {getattr(runner, "bs", bs): out}
         return out
 
     runner, replay = _shell(
         EAGLEDraftExtendCudaGraphRunner,
-        launch,
+        graph_launch,
         buffers=buffers,
         device=device,
         device_module=torch.get_device_module(device),
@@ -198,3 +196,32 @@ def replay_draft_extend(recorder: Any, batch: Any, *, capture_bs: list[int], wid
     else:
         replay(batch)
     return runner
+
+
+def _extend_buffers(*, max_bs: int, width: int, fill: int, device: str) -> Any:
+    """The draft-extend runner's static buffers, as its constructor makes them."""
+    max_num_token = max_bs * width
+    with torch.device(device):
+        buffers = Standin(
+            input_ids=torch.zeros((max_num_token,), dtype=torch.int64),
+            req_pool_indices=torch.zeros((max_bs,), dtype=torch.int64),
+            mamba_track_indices=None,
+            out_cache_loc=torch.zeros((max_num_token,), dtype=torch.int64),
+            positions=torch.zeros((max_num_token,), dtype=torch.int64),
+            mrope_positions=torch.zeros((3, max_num_token), dtype=torch.int64),
+            hidden_states=None,
+            seq_lens=torch.full((max_bs,), fill, dtype=torch.int64),
+            extend_seq_lens=torch.full((max_bs,), width, dtype=torch.int32),
+            num_correct_drafts=torch.full((max_bs,), width, dtype=torch.int32),
+            num_accept_tokens=torch.full((max_bs,), width, dtype=torch.int32),
+            select_index=torch.arange(max_bs, dtype=torch.int64) * width,
+            global_num_tokens_gpu=None,
+            global_num_tokens_for_logprob_gpu=None,
+            dsa_seed_topk_capture=None,
+        )
+    buffers.seq_lens_cpu = torch.full((max_bs,), fill, dtype=torch.int64, device="cpu")
+    return buffers
+
+
+def _launch_of(launch: Any) -> Any:
+    return launch if launch is not None else (lambda _batch: None)

@@ -1,9 +1,11 @@
 """sglang 0.5.23's CUDA-graph runners, as the Triton adapter drives one attention layer through
 them: ``kit("graphs")`` of ``sglfix.harness.kits``.
 
-``GraphRunner`` emulates what ``CudaGraphRunner`` / ``EAGLEDraftExtendCudaGraphRunner`` do to the
-attention backend in this version: the static input buffers, the capture metadata per captured
-size, the padding of a replay and the view each runner hands ``init_forward_metadata_out_graph``.
+``GraphRunner`` drives the attention backend as ``CudaGraphRunner`` / ``EAGLEDraftExtendCudaGraphRunner``
+do in this version: the static input buffers, the capture metadata per captured size, the padding
+of a replay and the view each runner hands ``init_forward_metadata_out_graph`` (decode and verify
+through the decode runner's own ``build_replay_fb_view``; a draft extend through the draft-extend
+runner's own replay method, ``execute``, run on these buffers).
 On CUDA the forward is a captured ``torch.cuda.CUDAGraph``; on CPU the same capture/replay metadata
 code runs and the forward runs eagerly on the same static buffers. ``attend`` is one layer's
 forward as a model forward runs it (the backend published in the forward context).
@@ -204,8 +206,8 @@ class GraphRunner:
             self._record_graph(captured, bs)
         else:
             # No graph (CPU, or a kernel that cannot be recorded): the capture forward is the
-            # warm-up every runner performs first.
-            self._forward(captured, bs)
+            # warm-up every runner performs first; its output stands for the graph's buffer.
+            captured.output = self._forward(captured, bs)
         return captured
 
     def _forward(self, captured: _Captured, bs: int) -> Any:
@@ -295,66 +297,69 @@ class GraphRunner:
             **extra,
         )
 
-    def _draft_extend_view(self, batch: Any, *, raw_bs: int, bs: int) -> Any:
-        """Draft extend: what ``EAGLEDraftExtendCudaGraphRunner.execute`` hands the backend."""
-        b, n = self.buffers, raw_bs * self.width
-        if batch.extend_seq_lens is not None:
-            b.extend_seq_lens[:raw_bs].copy_(batch.extend_seq_lens)
-        else:
-            b.extend_seq_lens[:raw_bs].fill_(self.width)
-        spec_info = batch.spec_info
-        if spec_info.num_correct_drafts is not None:
-            b.num_correct_drafts[:raw_bs].copy_(spec_info.num_correct_drafts)
-            b.num_accept_tokens[:raw_bs].copy_(spec_info.num_accept_tokens)
-        lens_cpu = list(batch.extend_seq_lens_cpu) if batch.extend_seq_lens_cpu is not None else [self.width] * raw_bs
-        batch.spec_info.extend_seq_lens_cpu = lens_cpu + [self.width] * (bs - raw_bs)
-        batch.spec_info.extend_seq_lens_tensor = b.extend_seq_lens[:bs]
-        if bs != raw_bs:
-            # The runner hands a padded batch's spec input the buffers' rows of the bucket.
-            spec_info.positions = b.positions[:n]
-            spec_info.num_correct_drafts = b.num_correct_drafts[:bs]
-            spec_info.num_accept_tokens = b.num_accept_tokens[:bs]
-        seq_lens_sum = batch.seq_lens_sum
-        if seq_lens_sum is not None:
-            seq_lens_sum = seq_lens_sum + (bs - raw_bs) * self.fill
-        return SimpleNamespace(
-            batch_size=bs,
-            forward_mode=self.case.mode,
-            input_ids=batch.input_ids,
-            req_pool_indices=b.req_pool_indices,
-            seq_lens=b.seq_lens,
-            seq_lens_sum=seq_lens_sum,
-            seq_lens_cpu=None if batch.seq_lens_cpu is None else b.seq_lens_cpu,
-            max_seq_len_host=getattr(batch, "max_seq_len_host", None),
-            encoder_lens=None,
-            out_cache_loc=b.out_cache_loc[:n],
-            out_cache_loc_virtual=getattr(batch, "out_cache_loc_virtual", None),
-            kv_loc_plan=getattr(batch, "kv_loc_plan", None),
-            kv_loc_cols=getattr(batch, "kv_loc_cols", None),
-            out_cache_loc_dsv4=getattr(batch, "out_cache_loc_dsv4", None),
-            mamba_track_indices=None,
-            spec_info=batch.spec_info,
-        )
-
     def replay(self, batch: Any, *, q: Any, k: Any, v: Any) -> Any:
         """The replay of the smallest captured size that fits ``batch``; output of its real rows."""
         raw_bs = batch.batch_size
         bs = self._graph_bs(raw_bs)
         captured = self.captured[bs]
-        self._load(batch, raw_bs=raw_bs, bs=bs)
-        view_of = self._draft_extend_view if self.case.scenario.mode == "DRAFT_EXTEND_V2" else self._decode_view
-        view = view_of(batch, raw_bs=raw_bs, bs=bs)
-        # The graph's kernels read the metadata capture built for this size: put it back.
-        self.backend.forward_metadata = captured.metadata
-        self.backend.init_forward_metadata_out_graph(view)
         raw_n, n = q.shape[0], bs * self.width
         for name, src in (("q", q), ("k", k), ("v", v)):
             buf = getattr(self.buffers, name)
             buf[:raw_n].copy_(src)
             buf[raw_n:n].zero_()
+        # The graph's kernels read the metadata capture built for this size: put it back.
+        self.backend.forward_metadata = captured.metadata
+        if self.case.scenario.mode == "DRAFT_EXTEND_V2":
+            return self._execute_draft_extend(batch, captured=captured, bs=bs)[:raw_n].clone()
+        self._load(batch, raw_bs=raw_bs, bs=bs)
+        self.backend.init_forward_metadata_out_graph(self._decode_view(batch, raw_bs=raw_bs, bs=bs))
+        return self._launch(captured, bs)[:raw_n].clone()
+
+    def _launch(self, captured: _Captured, bs: int) -> Any:
         if captured.graph is not None:
             captured.graph.replay()
-            out = captured.output
-        else:
-            out = self._forward(captured, bs)
-        return out[:raw_n].clone()
+            return captured.output
+        return self._forward(captured, bs)
+
+    def _execute_draft_extend(self, batch: Any, *, captured: _Captured, bs: int) -> Any:
+        """Draft extend: the installed ``EAGLEDraftExtendCudaGraphRunner``'s own replay method
+        (``execute``) over these buffers, this backend its draft-extend backend: it pads the batch
+        into the buffers, hands the backend its batch view and launches the graph, which runs the
+        layer here."""
+        import torch
+
+        from sglfix.harness.kits.sglang_0_5_23.draft_replay import replay_draft_extend
+        from sglfix.harness.misfit import Standin
+
+        b, dev = self.buffers, self.case.device
+        buffers = Standin(
+            input_ids=b.input_ids,
+            req_pool_indices=b.req_pool_indices,
+            mamba_track_indices=None,
+            out_cache_loc=b.out_cache_loc,
+            positions=b.positions,
+            mrope_positions=torch.zeros((3, self.max_tokens), dtype=torch.int64, device=dev),
+            hidden_states=None,
+            seq_lens=b.seq_lens,
+            seq_lens_cpu=b.seq_lens_cpu,
+            extend_seq_lens=b.extend_seq_lens,
+            num_correct_drafts=b.num_correct_drafts,
+            num_accept_tokens=b.num_accept_tokens,
+            select_index=torch.arange(self.max_bs, dtype=torch.int64, device=dev) * self.width,
+            global_num_tokens_gpu=None,
+            global_num_tokens_for_logprob_gpu=None,
+            dsa_seed_topk_capture=None,
+        )
+        ran: list[Any] = []
+        replay_draft_extend(
+            self.backend,
+            batch,
+            capture_bs=self.capture_bs,
+            width=self.width,
+            fill=self.fill,
+            device=dev,
+            buffers=buffers,
+            launch=lambda _view: ran.append(self._launch(captured, bs)),
+        )
+        # A replay that launched nothing leaves the output buffer as the last run left it.
+        return ran[0] if ran else captured.output
