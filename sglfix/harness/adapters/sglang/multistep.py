@@ -119,9 +119,7 @@ class MultiStepDraftAdapter(AdapterBase):
             with case.allocs:
                 backend.init_forward_metadata_out_graph(batch, in_capture=True)
                 # The runner's captured body starts with the in-graph step (its replay re-runs it).
-                in_graph = getattr(backend, "init_forward_metadata_in_graph", None)
-                if in_graph is not None:
-                    in_graph(batch)
+                backend.init_forward_metadata_in_graph(batch)
             self.read_steps(backend, case, batch)
             on_metadata(Owner(backend, case), batch, f"capture bs={bs}")
         if self.mla and not case.host:

@@ -18,7 +18,7 @@ import torch
 
 from sglfix.harness.misfit import Standin
 
-__all__ = ["replay_draft", "replay_draft_extend"]
+__all__ = ["extend_buffers", "replay_draft", "replay_draft_extend"]
 
 # Every static buffer some release's runner reads; None where the feature is off, as the
 # constructor leaves them (token oracle, rejection sampling, DSA seeding, DP gather).
@@ -84,9 +84,7 @@ def replay_draft(backend: Any, batch: Any, *, case: Any, capture_bs: list[int], 
     def record(*args: Any) -> tuple:
         forward_batch = args[-1]
         # The graph's launch re-runs what its capture recorded in-graph, before the steps.
-        in_graph = getattr(backend, "init_forward_metadata_in_graph", None)
-        if in_graph is not None:
-            in_graph(forward_batch)
+        backend.init_forward_metadata_in_graph(forward_batch)
         seen["batch"] = SimpleNamespace(**vars(forward_batch))
         runner.output_buffers = {forward_batch.batch_size: ()}
         return ()
@@ -152,11 +150,11 @@ def replay_draft_extend(
     buckets = sorted(capture_bs)
     max_bs = buckets[-1]
     if buffers is None:
-        buffers = _extend_buffers(max_bs=max_bs, width=width, fill=fill, device=device)
-    ran = _launch_of(launch)
+        buffers = extend_buffers(max_bs=max_bs, width=width, fill=fill, device=device)
 
     def graph_launch(*args: Any) -> Any:
-        ran(args[-1])  # the replayed batch, as the captured graph would run on it
+        if launch is not None:
+            launch(args[-1])  # the replayed batch, as the captured graph would run on it
         bs = max_bs  # an output of the largest bucket covers any replayed size's rows
         out = Standin(
             next_token_logits=torch.zeros((bs * width, 1), device=device),
@@ -198,8 +196,9 @@ def replay_draft_extend(
     return runner
 
 
-def _extend_buffers(*, max_bs: int, width: int, fill: int, device: str) -> Any:
-    """The draft-extend runner's static buffers, as its constructor makes them."""
+def extend_buffers(*, max_bs: int, width: int, fill: int, device: str, **own: Any) -> Any:
+    """The draft-extend runner's static buffers, as its constructor makes them; ``own`` gives
+    some of them instead (a graph runner's, whose slices its capture bound)."""
     max_num_token = max_bs * width
     with torch.device(device):
         buffers = Standin(
@@ -220,8 +219,6 @@ def _extend_buffers(*, max_bs: int, width: int, fill: int, device: str) -> Any:
             dsa_seed_topk_capture=None,
         )
     buffers.seq_lens_cpu = torch.full((max_bs,), fill, dtype=torch.int64, device="cpu")
+    for name, value in own.items():
+        setattr(buffers, name, value)
     return buffers
-
-
-def _launch_of(launch: Any) -> Any:
-    return launch if launch is not None else (lambda _batch: None)

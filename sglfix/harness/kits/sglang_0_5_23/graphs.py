@@ -58,6 +58,20 @@ class _Captured:
     output: Any = None
 
 
+# The draft-extend runner's buffers that are this runner's own: the capture bound slices of them.
+_DRAFT_EXTEND_BUFFERS = (
+    "input_ids",
+    "req_pool_indices",
+    "out_cache_loc",
+    "positions",
+    "seq_lens",
+    "seq_lens_cpu",
+    "extend_seq_lens",
+    "num_correct_drafts",
+    "num_accept_tokens",
+)
+
+
 class GraphRunner:
     """Capture and replay of one attention layer, the way this version's graph runners drive
     the backend: static input buffers sized for the largest captured batch, the backend's
@@ -253,7 +267,8 @@ class GraphRunner:
         return next(bs for bs in self.capture_bs if bs >= raw_bs)
 
     def _load(self, batch: Any, *, raw_bs: int, bs: int) -> None:
-        """Copy the live batch into the buffers; padded rows as sglang pads them."""
+        """Decode / verify: copy the live batch into the buffers; padded rows as sglang pads them
+        (a draft extend's are the draft-extend runner's own, ``_execute_draft_extend``)."""
         b, raw_n = self.buffers, raw_bs * self.width
         if bs != raw_bs:
             b.seq_lens.fill_(self.fill)
@@ -261,9 +276,6 @@ class GraphRunner:
             b.out_cache_loc.zero_()
             b.positions.zero_()
             b.req_pool_indices.zero_()
-            b.extend_seq_lens.fill_(self.width)
-            b.num_correct_drafts.fill_(self.width)
-            b.num_accept_tokens.fill_(self.width)
         b.input_ids[:raw_n].copy_(batch.input_ids)
         b.seq_lens[:raw_bs].copy_(batch.seq_lens)
         b.out_cache_loc[:raw_n].copy_(batch.out_cache_loc)
@@ -326,30 +338,11 @@ class GraphRunner:
         (``execute``) over these buffers, this backend its draft-extend backend: it pads the batch
         into the buffers, hands the backend its batch view and launches the graph, which runs the
         layer here."""
-        import torch
-
-        from sglfix.harness.kits.sglang_0_5_23.draft_replay import replay_draft_extend
-        from sglfix.harness.misfit import Standin
+        from sglfix.harness.kits.sglang_0_5_23.draft_replay import extend_buffers, replay_draft_extend
 
         b, dev = self.buffers, self.case.device
-        buffers = Standin(
-            input_ids=b.input_ids,
-            req_pool_indices=b.req_pool_indices,
-            mamba_track_indices=None,
-            out_cache_loc=b.out_cache_loc,
-            positions=b.positions,
-            mrope_positions=torch.zeros((3, self.max_tokens), dtype=torch.int64, device=dev),
-            hidden_states=None,
-            seq_lens=b.seq_lens,
-            seq_lens_cpu=b.seq_lens_cpu,
-            extend_seq_lens=b.extend_seq_lens,
-            num_correct_drafts=b.num_correct_drafts,
-            num_accept_tokens=b.num_accept_tokens,
-            select_index=torch.arange(self.max_bs, dtype=torch.int64, device=dev) * self.width,
-            global_num_tokens_gpu=None,
-            global_num_tokens_for_logprob_gpu=None,
-            dsa_seed_topk_capture=None,
-        )
+        own = {name: getattr(b, name) for name in _DRAFT_EXTEND_BUFFERS}
+        buffers = extend_buffers(max_bs=self.max_bs, width=self.width, fill=self.fill, device=dev, **own)
         ran: list[Any] = []
         replay_draft_extend(
             self.backend,
