@@ -316,15 +316,19 @@ def _sample(cells: list[Any], baseline_of: dict[str, Any], n: int, *, family: st
 
 
 def _moved(results: list[Any], baseline_of: dict[str, Any]) -> set[str]:
-    """The mutants (ids) some cell of ``results`` showed: a verdict other than its baseline's,
-    a failure of sglfix or the machine aside (ERROR, TIMEOUT say nothing of the mutant)."""
-    from sglfix.report.outcome import effective
+    """The mutants (ids) some cell of ``results`` showed: a verdict other than its baseline's, or
+    its baseline's divergence on other rows (``divergence_moved``), a failure of sglfix or the
+    machine aside (ERROR, TIMEOUT say nothing of the mutant)."""
+    from sglfix.report.outcome import divergence_moved, effective
 
     out: set[str] = set()
     for r in results:
         base = baseline_of.get(r.scenario)
-        v = effective(r.to_json())
-        if base is None or v in ("ERROR", "TIMEOUT", "SKIP") or v == base.verdict:
+        cell = r.to_json()
+        v = effective(cell)
+        if base is None or v in ("ERROR", "TIMEOUT", "SKIP"):
+            continue
+        if v == base.verdict and divergence_moved(cell, base.to_json()) is None:
             continue
         out.update(t.lstrip("+") for t in r.toggles)
     return out

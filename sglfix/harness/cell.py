@@ -245,6 +245,12 @@ def _execute(scenario: Scenario, *, device: str, result: CellResult, stage: Call
         out = adapter.run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
     if is_cuda:
         torch.cuda.synchronize()
+    from sglfix.harness import fingerprint
+
+    fp = fingerprint.active()
+    if fp is not None:
+        # Known only now: which fields the launches of this run never read.
+        fp.mark_unread(adapter.unread_fields(prepared, backend))
     t2 = time.perf_counter()
     return _Ran(adapter, prepared, backend, out, syncs, views_checked, t0, t1, t2)
 

@@ -28,16 +28,25 @@ _active: list[Fingerprint] = []
 
 class Fingerprint:
     def __init__(self) -> None:
-        self.metadata = hashlib.sha256()
+        # What was digested, in order: (field name or None, digest of its part). A field the
+        # cell's kernels turn out never to read (``unread``, known only after the forward) is
+        # left out when the digest is made.
+        self._parts: list[tuple[str | None, bytes]] = []
         self.output: str | None = None
         self.views = 0
+        self.unread: dict[str, str] = {}
+
+    def _add(self, field: str | None, data: bytes) -> None:
+        self._parts.append((field, hashlib.sha256(data).digest()))
 
     def add_views(self, views: list[tuple[str, Any, int]], *, reads: Any = None) -> None:
         """Digest each view field by field. With ``reads`` (the adapter's ``MetadataFields``), the
         fields whose read extent it declares are digested as far as the kernels read them: an
         indptr's first ``rows + 1`` entries, a per-row length's first ``rows``, an indices array up
-        to where its indptr's rows end. What lies past (a buffer's slack, a slice one entry
-        longer) is never read, so a change there builds nothing different."""
+        to where its indptr's rows end, a scratch buffer (``scratch``: the kernels write it
+        before they read it) by its dtype, rank and row width only. What lies past (a buffer's
+        slack, a slice one entry longer) is never read, so a change there builds nothing
+        different."""
         import torch
 
         from sglfix.harness.hostcopy import to_host
@@ -47,29 +56,55 @@ class Fingerprint:
                 continue
             self.views += 1
             fields = _fields(metadata)
-            tensors = [(name, v) for name, v in fields if isinstance(v, torch.Tensor)]
+            scratch = set(getattr(reads, "scratch", ()) or ())
+            tensors = [(name, v) for name, v in fields if isinstance(v, torch.Tensor) and name not in scratch]
             host = dict(zip((n for n, _ in tensors), to_host([v for _, v in tensors])))
             if reads is not None:
                 host = _read_extent(host, reads, rows)
-            self.metadata.update(f"{phase}|{rows}|".encode())
+            self._add(None, f"{phase}|{rows}|".encode())
             for name, value in fields:
-                self.metadata.update(name.encode() + b"=")
-                self.metadata.update(_bytes(host.get(name, value)))
+                if name in scratch and isinstance(value, torch.Tensor):
+                    # Contents are the kernel's own (written before read); a longer row count,
+                    # more heads or splits than a launch uses is slack. The row width is kept:
+                    # a kernel may derive a dimension from it.
+                    data = f"scratch {value.dtype} rank {value.dim()} width {value.shape[-1] if value.dim() else 0}"
+                    self._add(name, name.encode() + b"=" + data.encode())
+                    continue
+                self._add(name, name.encode() + b"=" + _bytes(host.get(name, value)))
 
     def add_object(self, label: str, obj: Any) -> None:
         """Digest ``obj`` as an object graph (``_walk``)."""
         self.views += 1
-        self.metadata.update(f"{label}|".encode())
-        _walk(obj, self.metadata, depth=_DEPTH, seen=set())
+        h = hashlib.sha256()
+        h.update(f"{label}|".encode())
+        _walk(obj, h, depth=_DEPTH, seen=set())
+        self._parts.append((None, h.digest()))
+
+    def mark_unread(self, fields: dict[str, str]) -> None:
+        """Fields of the views that no kernel of this cell read (field -> why): left out of the
+        digest, and named beside it."""
+        self.unread.update(fields)
 
     def add_output(self, out: Any) -> None:
         self.output = hashlib.sha256(_bytes(out)).hexdigest()[:16]
+
+    @property
+    def metadata(self) -> Any:
+        """The digest of every part digested, less the fields declared unread."""
+        h = hashlib.sha256()
+        for field, part in self._parts:
+            if field is None or field not in self.unread:
+                h.update(part)
+        return h
 
     def to_json(self) -> dict:
         # A cell that built nothing (it failed first, or a probe) digests nothing: None, never the
         # digest of nothing, which would read as "the same metadata".
         metadata = self.metadata.hexdigest()[:16] if self.views else None
-        return {"metadata": metadata, "output": self.output, "views": self.views}
+        out = {"metadata": metadata, "output": self.output, "views": self.views}
+        if self.unread:
+            out["unread"] = dict(sorted(self.unread.items()))
+        return out
 
 
 def _read_extent(host: dict[str, Any], reads: Any, rows: int) -> dict[str, Any]:
@@ -83,12 +118,12 @@ def _read_extent(host: dict[str, Any], reads: Any, rows: int) -> dict[str, Any]:
         t = out.get(name)
         if t is not None and t.dim() == 1:
             out[name] = t[:rows]
-    for name, indptr_name in reads.indices.items():
+    for name, indptr_name in {**reads.indices, **getattr(reads, "read_to", {})}.items():
         t, indptr = out.get(name), out.get(indptr_name)
         if t is None or indptr is None or t.dim() != 1 or indptr.dim() != 1 or not indptr.numel():
             continue
         # Rows read [indptr[b], indptr[b + 1]); up to the buffer's end when the indptr points past
-        # it (the invariants name that), never further.
+        # it (the invariants name that), never further. (The indptr is already cut to its rows.)
         out[name] = t[: max(0, min(int(indptr.max()), t.numel()))]
     return out
 

@@ -33,6 +33,13 @@ class MetadataFields:
     block_tables: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     # 1-D tensors of pool slots, exactly one per row, each inside the pool
     locations: tuple[str, ...] = ()
+    # scratch buffers the kernels write before they read (split-K partials, a persistent grid's
+    # partial results): not checked; their contents and slack are no part of what was built
+    # (``sglfix.harness.fingerprint``)
+    scratch: tuple[str, ...] = ()
+    # flat buffers other than indices read through an indptr (a custom mask through its
+    # mask_indptr): field -> that indptr; read up to the last row's end (the fingerprint only)
+    read_to: Mapping[str, str] = field(default_factory=dict)
 
 
 # Every field name upstream's attention test kit checks; an adapter picks the ones its

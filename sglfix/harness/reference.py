@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BAD_ROW_RULE", "Comparison", "compare_outputs", "reference_attention", "reference_dtype"]
+__all__ = ["BAD_ROW_RULE", "Comparison", "compare_outputs", "reference_attention", "reference_dtype", "row_ranges"]
 
 
 def reference_dtype(device_type: str) -> str:
@@ -49,6 +49,9 @@ class Comparison:
     first_bad_request: int | None
     first_bad_row: int | None
     nonfinite: int
+    # The bad rows (packed query rows) as ranges, "0-2,5": which rows a divergence hits, so that
+    # a change that moves a divergence to other rows is told from one that leaves it as it was.
+    bad_at: str = ""
 
     @property
     def bad_fraction(self) -> float:
@@ -64,6 +67,7 @@ class Comparison:
             "first_bad_request": self.first_bad_request,
             "first_bad_row": self.first_bad_row,
             "nonfinite": self.nonfinite,
+            "bad_at": self.bad_at,
         }
 
 
@@ -99,4 +103,16 @@ def compare_outputs(*, out: torch.Tensor, ref: torch.Tensor, q_valid: torch.Tens
         first_bad_request=int(owner[first, 0]) if first is not None else None,
         first_bad_row=int(owner[first, 1]) if first is not None else None,
         nonfinite=nonfinite,
+        bad_at=row_ranges(bad.nonzero().flatten().tolist()),
     )
+
+
+def row_ranges(rows: list[int]) -> str:
+    """Sorted row numbers as ranges: [0, 1, 2, 5] -> "0-2,5"."""
+    spans: list[list[int]] = []
+    for r in rows:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)

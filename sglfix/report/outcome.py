@@ -50,6 +50,8 @@ __all__ = [
     "base_of",
     "codebase_identity",
     "codebase_label",
+    "divergence_moved",
+    "diverges_at",
     "effective",
     "expects_of",
     "judge",
@@ -57,6 +59,25 @@ __all__ = [
     "mode_of",
     "set_label",
 ]
+
+
+def diverges_at(cell: dict) -> str | None:
+    """The rows a DIVERGE cell's output is wrong at ("0-2,5", the comparison's ``bad_at``), or
+    None where the cell recorded none (another verdict, no output compared, an older report)."""
+    for f in cell.get("findings") or ():
+        if isinstance(f, dict) and f.get("verdict") == "DIVERGE" and f.get("bad_at"):
+            return str(f["bad_at"])
+    return None
+
+
+def divergence_moved(cell: dict, other: dict) -> str | None:
+    """Where two cells of one scenario both diverge, but at other rows: "rows A without, rows B
+    with" (``other`` first); None when either recorded no rows or the rows are the same. A change
+    that moves a known divergence onto rows it did not hit is a change the output shows."""
+    at, was = diverges_at(cell), diverges_at(other)
+    if at is None or was is None or at == was:
+        return None
+    return f"rows {was} without, rows {at} with"
 
 
 def effective(cell: dict) -> str:
@@ -154,6 +175,9 @@ class Rules:
         if v == was:
             if v == "PASS":
                 return Meaning.PASSED, f"passed, as without {fixes}{unreached}"
+            moved = divergence_moved(cell, unfixed)
+            if moved is not None:
+                return Meaning.CHANGED, f"{v} with and without {fixes}, on other rows: {moved}"
             k = self.known_for(cell, v)
             if k is not None:
                 return (

@@ -132,6 +132,7 @@ class Comparison(ClosedModel):
     first_bad_request: int | None
     first_bad_row: int | None
     nonfinite: Count
+    bad_at: str = ""  # the bad rows as ranges ("0-2,5"); absent from reports before it was kept
 
 
 class Kernels(ClosedModel):
@@ -171,6 +172,8 @@ class Fingerprint(ClosedModel):
     metadata: str | None = None  # None: nothing was built (the cell failed first, or a probe)
     output: str | None = None
     views: int = 0
+    # Metadata fields no kernel of the cell read (field -> why), left out of ``metadata``.
+    unread: dict[str, str] | None = None
 
 
 class Cell(ClosedModel):

@@ -94,7 +94,13 @@ _RULES = (
     ModeRule("DECODE", new_tokens="one", graph=True, gpu_only=True, max_topk=MAX_TOPK, builders=("kit",)),
     ModeRule("EXTEND", new_tokens="extend_lens", graph=False, gpu_only=False, max_topk=MAX_TOPK, builders=("kit",)),
     ModeRule(
-        "TARGET_VERIFY", new_tokens="draft", graph=True, gpu_only=True, max_topk=1, builders=("kit",), draft_tree=True
+        "TARGET_VERIFY",
+        new_tokens="draft",
+        graph=True,
+        gpu_only=True,
+        max_topk=MAX_TOPK,
+        builders=("kit",),
+        draft_tree=True,
     ),
     ModeRule(
         "DRAFT_EXTEND",

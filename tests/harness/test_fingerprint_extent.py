@@ -73,3 +73,63 @@ def test_a_probe_digests_the_object_graph_it_observes():
         pass
     assert fp.to_json()["metadata"] is None  # observed nothing: no evidence, never "the same"
     observe("outside a fingerprinted cell", Backend([1]))  # a no-op
+
+
+SCRATCH = MetadataFields(
+    indptr=("kv_indptr", "mask_indptr"),
+    indices={"kv_indices": "kv_indptr"},
+    scratch=("attn_logits",),
+    read_to={"custom_mask": "mask_indptr"},
+)
+
+
+def _scratch_view(**changes: object) -> SimpleNamespace:
+    base = dict(
+        kv_indptr=torch.tensor([0, 3, 5], dtype=torch.int32),
+        kv_indices=torch.tensor([7, 8, 9, 1, 2], dtype=torch.int32),
+        attn_logits=torch.zeros(2, 4, 8, 64),
+        mask_indptr=torch.tensor([0, 4, 6], dtype=torch.int32),
+        custom_mask=torch.tensor([1, 0, 1, 1, 0, 1, 1, 1], dtype=torch.uint8),
+        lean_Mp=torch.zeros(16, 16),
+    )
+    return SimpleNamespace(**{**base, **changes})
+
+
+def test_a_scratch_buffer_digests_by_dtype_and_row_width_only():
+    same = _digest(_scratch_view(), reads=SCRATCH)
+    # More rows, heads or splits than a launch uses, other contents: the kernels write it first.
+    assert _digest(_scratch_view(attn_logits=torch.ones(3, 5, 9, 64)), reads=SCRATCH) == same
+    # Another row width, dtype or rank is another layout for the kernel.
+    assert _digest(_scratch_view(attn_logits=torch.zeros(2, 4, 8, 65)), reads=SCRATCH) != same
+    assert _digest(_scratch_view(attn_logits=torch.zeros(2, 4, 8, 64, dtype=torch.float16)), reads=SCRATCH) != same
+    assert _digest(_scratch_view(attn_logits=None), reads=SCRATCH) != same
+
+
+def test_a_mask_is_digested_as_far_as_its_indptr_reads_it():
+    same = _digest(_scratch_view(), reads=SCRATCH)
+    assert (
+        _digest(_scratch_view(custom_mask=torch.tensor([1, 0, 1, 1, 0, 1, 0, 0], dtype=torch.uint8)), reads=SCRATCH)
+        == same
+    )
+    assert (
+        _digest(_scratch_view(custom_mask=torch.tensor([1, 0, 1, 1, 1, 1, 1, 1], dtype=torch.uint8)), reads=SCRATCH)
+        != same
+    )
+
+
+def test_fields_declared_unread_after_the_run_leave_the_digest():
+    def digest(view: SimpleNamespace, unread: dict[str, str]) -> dict:
+        fp = Fingerprint()
+        fp.add_views([("eager", view, 2)], reads=SCRATCH)
+        fp.mark_unread(unread)
+        return fp.to_json()
+
+    why = {"lean_Mp": "no launch asked for the Lean kernel"}
+    base = digest(_scratch_view(), why)
+    assert base["unread"] == why
+    assert digest(_scratch_view(lean_Mp=None), why)["metadata"] == base["metadata"]
+    assert digest(_scratch_view(lean_Mp=torch.zeros(17, 16)), why)["metadata"] == base["metadata"]
+    # Read (not declared unread): the same change is a change.
+    assert digest(_scratch_view(lean_Mp=None), {})["metadata"] != digest(_scratch_view(), {})["metadata"]
+    # A field that is read is never hidden by another's declaration.
+    assert digest(_scratch_view(kv_indices=torch.tensor([7, 8, 9, 1, 3])), why)["metadata"] != base["metadata"]

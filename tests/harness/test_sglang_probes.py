@@ -536,3 +536,53 @@ def test_a_probe_cell_shows_a_mutant_equivalent_or_changed(tmp_path):
     # which launch the captured batch reaches, not the stale prefill plan.
     shifted = mutants["m-1cc312e1ec"]  # qo_indptr from seq_lens - prefix_lens + 1
     assert shifted["status"] == "survived" and shifted["evidence"] is None, shifted
+
+
+def test_the_verify_input_check_derives_the_tree_from_its_parents_and_names_a_difference():
+    """The verify-mask probe's judge of what the tree kernel built: from the parent list alone,
+    every mask row, position, retrieve link and token; one cell, one position, one link off is
+    named."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from sglfix.harness.probes.sglang.verify_mask_fits import _check_tree, _draft_tree, _tree_facts
+
+    spec = SimpleNamespace(topk=4, num_steps=3, num_draft_tokens=8)
+    tree = _draft_tree(spec=spec, seed=0)
+    assert tree[0] == -1 and all(0 <= tree[i] < i for i in range(1, 8))
+    assert all(tree[i] <= tree[i + 1] for i in range(1, 7))  # breadth first
+    depth, seen, first_child, sibling = _tree_facts(tree)
+    lens = [5, 3]
+    rows = []
+    for s in lens:
+        for i in range(8):
+            rows += [1] * s + [int(x) for x in seen[i]]
+    good = dict(
+        custom_mask=torch.tensor(rows, dtype=torch.bool),
+        positions=torch.tensor([s + depth[i] for s in lens for i in range(8)]),
+        retrieve_index=torch.tensor([[b * 8 + i for i in range(8)] for b in range(2)]),
+        retrieve_next_token=torch.tensor([first_child] * 2),
+        retrieve_next_sibling=torch.tensor([sibling] * 2),
+        draft_token=torch.tensor([t for b in range(2) for t in [b + 1, *range(100, 107)]]),
+        draft_token_num=8,
+        topk=4,
+        spec_steps=3,
+    )
+    call = {"mode": "FULL_MASK", "ndt": 8}
+
+    def check(**changes):
+        return _check_tree(
+            SimpleNamespace(**{**good, **changes}), call=call, lens=lens, spec=spec, tree=tree, prefix_filled=True
+        )
+
+    assert check() is None
+    flipped = good["custom_mask"].clone()
+    flipped[5 + 8 + 5 + 7] = True  # request 0, draft token 1 would see draft token 7
+    assert "request 0 draft token 1 sees draft token 7" in check(custom_mask=flipped)
+    assert "positions" in check(positions=good["positions"] + 1)
+    linked = good["retrieve_next_sibling"].clone()
+    linked[1, 1] = -1
+    assert "retrieve_next_sibling" in check(retrieve_next_sibling=linked)
+    assert "topk is 5" in check(topk=5)
+    assert "custom_mask holds" in check(custom_mask=good["custom_mask"][:-1])

@@ -377,3 +377,42 @@ def test_a_candidate_fix_is_judged_cell_by_cell_against_the_same_cell_without_it
         expect_fixes=["ps1"],
     )
     assert not ok.failed, ok.outcome()
+
+
+def test_a_divergence_moved_to_other_rows_is_a_change_the_same_rows_are_not():
+    from sglfix.report.outcome import Known, Meaning, divergence_moved, judge
+
+    def diverging(scenario, toggles, at):
+        cell = _cell(scenario, toggles, "DIVERGE")
+        cell["findings"][0]["bad_at"] = at
+        return cell
+
+    report = _report(
+        diverging("swa", (), "1-2"),
+        diverging("swa", ("+m-moved",), "0-2"),
+        diverging("swa", ("+m-same",), "1-2"),
+        _cell("swa", ("+m-norows",), "DIVERGE"),  # an older report: no rows recorded
+    )
+    j = judge(report, mode="findings", known=[Known("swa", ("DIVERGE",))], fixes=["+m-moved", "+m-same", "+m-norows"])
+    m = {c.id: c for c in j.cells}
+    assert m["+m-moved::swa"].meaning is Meaning.CHANGED
+    assert "rows 1-2 without, rows 0-2 with" in m["+m-moved::swa"].why
+    assert m["+m-same::swa"].meaning is Meaning.KNOWN
+    assert m["+m-norows::swa"].meaning is Meaning.KNOWN
+    assert divergence_moved(report["cells"][1], report["cells"][0]) == "rows 1-2 without, rows 0-2 with"
+    assert divergence_moved(report["cells"][2], report["cells"][0]) is None
+
+
+def test_the_comparison_names_the_rows_it_found_wrong():
+    import torch
+
+    from sglfix.harness.reference import compare_outputs, row_ranges
+
+    assert row_ranges([]) == "" and row_ranges([0, 1, 2, 5]) == "0-2,5" and row_ranges([0, 2, 3, 4, 9]) == "0,2-4,9"
+    ref = torch.zeros(2, 3, 1, 4)
+    q_valid = torch.tensor([[True, True, True], [True, True, False]])
+    out = torch.zeros(5, 1, 4)
+    out[1] += 1.0
+    out[3:] += 1.0
+    cmp = compare_outputs(out=out, ref=ref, q_valid=q_valid, tolerance=1e-3)
+    assert cmp.bad_rows == 3 and cmp.to_json()["bad_at"] == "1,3-4"

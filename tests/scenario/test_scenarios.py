@@ -129,7 +129,11 @@ BAD = [
         "not captured in CUDA graphs",
     ),
     ("name: x\nmode: EXTEND\nbatch: {prefix_lens: [3], extend_lens: 1}\ngpu_only: true\n", 4, "gpu_only applies to"),
-    ("name: x\nmode: TARGET_VERIFY\nbatch: {prefix_lens: [3]}\nspec:\n  topk: 2\n", 5, "spec.topk 1 only"),
+    (
+        "name: x\nmode: DRAFT_EXTEND\nbatch: {prefix_lens: [3], accept_lens: [2]}\nspec:\n  topk: 2\n",
+        5,
+        "spec.topk 1 only",
+    ),
     ("name: x\nmode: DECODE\nbatch: {prefix_lens: [3]}\nbuilder: glue\n", 4, "applies to DRAFT_EXTEND_V2 only"),
     (
         "name: x\nmode: DRAFT_EXTEND\nbatch: {prefix_lens: [3], accept_lens: [4]}\nspec: {num_steps: 3, num_draft_tokens: 8}\n",

@@ -82,6 +82,10 @@ class BackendAdapter(Protocol):
     def reference(self, prepared: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
         """(reference output, the rows to compare) from the ground truth only."""
 
+    def unread_fields(self, prepared: Prepared, backend: Any) -> dict[str, str]:
+        """After the run: metadata fields no kernel of this cell read (field -> why), left out of
+        the cell's metadata digest (``sglfix.harness.fingerprint``)."""
+
 
 class AdapterBase:
     """What every adapter inherits: the documented defaults of the ``BackendAdapter`` methods an
@@ -93,3 +97,7 @@ class AdapterBase:
     def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
         """No checks beyond the invariant table and the guard zones."""
         return []
+
+    def unread_fields(self, prepared: Prepared, backend: Any) -> dict[str, str]:
+        """Every field digested: the adapter declares none unread."""
+        return {}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sglfix.harness.adapters.sglang.glue import glue_inputs
@@ -47,6 +47,9 @@ class SglangCase:
     v: Any
     truth: GroundTruth
     glue: Any = None  # for builder glue: the pre-step ScheduleBatch and the glue's inputs
+    # Per decode-kernel launch of the backend (recorded by the adapter): whether it asked for the
+    # Lean (persistent-grid) kernel, the only reader of the lean_* buffers.
+    lean_asked: list[bool] = field(default_factory=list)
 
     @property
     def num_slots(self) -> int:

@@ -80,6 +80,9 @@ def check_draft_metadata(case: Any, backend: Any, *, mla: bool) -> list[tuple[st
                 ("DIVERGE", f"metadata reference: step {i} kv_indptr[{r}] = {padded[r]}, expected {want_ptr[r]}")
             )
             continue
+        if table.kv_indices is None:
+            findings.append(("INVARIANT", f"step {i}: its metadata has kv_indptr but kv_indices is None"))
+            continue
         got_idx = table.kv_indices.to(torch.int64).cpu()[: len(want_idx)]
         want = torch.tensor(want_idx, dtype=torch.int64)
         if got_idx.numel() < want.numel():

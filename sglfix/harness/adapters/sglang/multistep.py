@@ -227,3 +227,6 @@ class DraftOrDense(AdapterBase):
 
     def reference(self, prepared: Prepared) -> tuple[Any, Any]:
         return self._by_case(prepared).reference(prepared)
+
+    def unread_fields(self, prepared: Prepared, backend: Any) -> dict[str, str]:
+        return self._by_case(prepared).unread_fields(prepared, backend)

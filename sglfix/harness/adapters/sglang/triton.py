@@ -59,6 +59,9 @@ class SglangTritonAdapter(AdapterBase):
         indptr=("kv_indptr", "qo_indptr", "mask_indptr", "window_kv_indptr"),
         lengths=("max_extend_len",),
         indices={"kv_indices": "kv_indptr", "window_kv_indices": "window_kv_indptr"},
+        # The split-K decode's partial results: stage 1 writes them, stage 2 reads them back.
+        scratch=("attn_logits", "attn_lse", "swa_attn_logits"),
+        read_to={"custom_mask": "mask_indptr"},
     )
 
     def build(self, scenario: Any, *, device: str) -> Prepared:
@@ -74,6 +77,7 @@ class SglangTritonAdapter(AdapterBase):
         backend = ATTENTION_BACKENDS[self.registry_name](runner)
         guard_buffers(backend, self.persistent)
         runner.attn_backend = backend
+        _record_lean_requests(backend, prepared.case.lean_asked)
         return backend
 
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
@@ -129,6 +133,54 @@ class SglangTritonAdapter(AdapterBase):
 
     def reference(self, prepared: Prepared) -> tuple[Any, Any]:
         return reference(prepared.case.truth)
+
+    def unread_fields(self, prepared: Prepared, backend: Any) -> dict[str, str]:
+        """The ForwardMetadata fields only some layers or devices read, where this cell has none
+        of them: its one layer, its decode launches, its device."""
+        import torch
+
+        layer = prepared.case.layer
+        out: dict[str, str] = {}
+        window = getattr(layer, "sliding_window_size", None)
+        if window is None or window <= -1:
+            out.update(dict.fromkeys(_WINDOW_FIELDS, "read by sliding-window layers only; this layer has no window"))
+        swa_v = getattr(backend, "swa_v_head_dim", None)
+        if swa_v is None or getattr(layer, "v_head_dim", None) != swa_v:
+            out["swa_attn_logits"] = "read by window layers whose value width differs from the full layers' only"
+        if not any(prepared.case.lean_asked):
+            out.update(
+                dict.fromkeys(_LEAN_FIELDS, "read by the Lean decode kernel only; no launch of this cell asked for it")
+            )
+        if getattr(torch.version, "hip", None) is None:
+            out["uneven_batch"] = "read by the decode kernels' batch rotation, which ROCm builds only"
+        return out
+
+
+# ForwardMetadata fields of the window layers, and of the Lean (persistent-grid) decode kernel.
+_WINDOW_FIELDS = (
+    "window_kv_indptr",
+    "window_kv_indices",
+    "window_num_kv_splits",
+    "window_kv_offsets",
+    "aligned_window_kv_indptr",
+    "aligned_window_kv_indices",
+)
+_LEAN_FIELDS = ("lean_Mp", "lean_Lp", "lean_Op", "lean_locks")
+
+
+def _record_lean_requests(backend: Any, asked: list[bool]) -> None:
+    """Note, per decode-kernel launch of ``backend``, whether it asked for the Lean kernel
+    (``enable_lean``); the launch itself is the backend's own, unchanged. A CUDA graph records
+    the launches its capture made, so capture is where a replayed graph's choice is seen."""
+    launch = getattr(backend, "decode_attention_fwd", None)
+    if launch is None:
+        return
+
+    def decode_attention_fwd(*args: Any, **kwargs: Any) -> Any:
+        asked.append(bool(kwargs.get("enable_lean")))
+        return launch(*args, **kwargs)
+
+    backend.decode_attention_fwd = decode_attention_fwd
 
 
 class TritonAdapter(DraftOrDense):

@@ -62,6 +62,11 @@ def _read_step_tables(backend: Any, case: Any, batch: Any) -> None:
         if md is None or getattr(md, "kv_indptr", None) is None:
             continue
         indices = md.kv_indices
+        if indices is None:
+            # No page table to read: the step's kernel gets None where it reads kv_indices,
+            # which the invariant table and the forward show (the code's failure, not sglfix's).
+            case.tables[i] = SimpleNamespace(kv_indptr=md.kv_indptr[: rows + 1].clone(), kv_indices=None)
+            continue
         if graph is not None and indices.data_ptr() == graph[i].data_ptr():
             # Captured at the capture batch's length, read to wherever the replayed kv_indptr
             # points: the kernel gets a pointer, and the whole row is what it can reach.

@@ -73,7 +73,9 @@ class NeedsCpuSeqLens:
                 algorithm = str(server_args.speculative_algorithm or "")
             stage("forward")
             decided = kit("probes").decide_needs_cpu_seq_lens(slots)  # the function under test
-            observe("needs cpu seq_lens", decided, setup.target_backend, setup.draft_backend)
+            # What the decision reads of the backends is the flag each declares; the rest of
+            # what their constructors built is judged by the cells that run them.
+            observe("needs cpu seq_lens", decided, [None if b is None else _declared(b) for b in slots])
 
         stage("judge")
         names = ["unset" if b is None else type(b).__name__ for b in slots]

@@ -14,12 +14,17 @@ host). The backend's graph state is sized for one request fewer than the batch: 
 eagerly past ``max_bs``, its first ``max_bs`` requests are a batch the graph takes.
 
 Real code run: the installed ``eagle_worker_common.build_eagle_verify_input`` (``fits``, the
-buffer choice, ``build_tree_kernel_efficient``'s allocation) over a real ``ScheduleBatch`` and the
-Triton backend's own ``VerifyMask`` (``init_cuda_graph_state``), both batches. The tree kernel is
-not launched: sglfix stands at its boundary (``build_tree_kernel_efficient_func``) and computes,
-from the lengths it is handed, the cells it writes. sglfix's expectation: those cells fit the
-buffer it is handed (INVARIANT otherwise), and a batch the graph takes gets the backend's buffer,
-the one the replay reads (INVARIANT otherwise).
+buffer choice, ``build_tree_kernel_efficient``) over a real ``ScheduleBatch`` and the Triton
+backend's own ``VerifyMask`` (``init_cuda_graph_state``), both batches, from the draft outputs of a
+seeded draft tree (``spec``'s shape, breadth first). sglfix stands at the tree kernel's launch
+(``build_tree_kernel_efficient_func``): it computes, from the lengths it is handed, the cells the
+kernel writes, and where they fit the buffer it launches sglang's own Triton build of the kernel
+there (sgl_kernel's CUDA kernel is on no machine here). sglfix's expectation: those cells fit the
+buffer it is handed (INVARIANT otherwise); a batch the graph takes gets the backend's buffer, the
+one the replay reads (INVARIANT otherwise); and the verify input holds what the tree gives, from
+its parent list alone (DIVERGE otherwise): each draft token's mask row sees the prefix and its
+ancestors and itself, its position is the prefix length plus its depth, the retrieve index and
+links (first child, next sibling) and the tokens are the tree's.
 """
 
 from __future__ import annotations
@@ -39,27 +44,75 @@ _LAUNCHES = ("build_tree_kernel_efficient_func", "sgl_build_tree_kernel_efficien
 
 
 class _KernelBoundary:
-    """Stands where the tree kernel is launched: keeps what it is handed, launches nothing."""
+    """Stands where the tree kernel is launched: keeps what it is handed and, where ``kernel`` is
+    given and the writes fit the mask it is handed, launches it there (an overflowing launch is
+    the finding, never run: it would write past the buffer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kernel: Callable[..., None] | None = None) -> None:
         self.calls: list[dict] = []
+        self.kernel = kernel
 
     def __call__(self, *args: Any) -> None:
+        # Reads only what the caller hands the launch, as the kernel would: what fails is the caller's.
+        __sglfix_passthrough__ = True  # noqa: F841
         # The launch's positional arguments (sglang's order since 0.5.17): parent_list,
         # top_scores_index, seq_lens, tree_mask, positions, the three retrieve buffers, topk,
         # spec_steps, num_verify_tokens, tree_mask_mode.
         seq_lens, tree_mask, positions = args[2], args[3], args[4]
         num_verify_tokens, tree_mask_mode = args[10], args[11]
-        self.calls.append(
-            {
-                "seq_lens": [int(x) for x in seq_lens.tolist()],
-                "numel": int(tree_mask.numel()),
-                "ptr": int(tree_mask.data_ptr()),
-                "ndt": int(num_verify_tokens),
-                "mode": getattr(tree_mask_mode, "name", str(tree_mask_mode)),
-            }
+        call = {
+            "seq_lens": [int(x) for x in seq_lens.tolist()],
+            "numel": int(tree_mask.numel()),
+            "ptr": int(tree_mask.data_ptr()),
+            "ndt": int(num_verify_tokens),
+            "mode": getattr(tree_mask_mode, "name", str(tree_mask_mode)),
+            "launched": False,
+        }
+        self.calls.append(call)
+        if self.kernel is not None and call["mode"] in ("FULL_MASK", "QLEN_ONLY") and _written(call) <= call["numel"]:
+            self.kernel(*args)
+            call["launched"] = True
+        else:
+            positions.zero_()
+
+
+def _tree_kernel() -> Callable[..., None] | None:
+    """sglang's own Triton build of the tree kernel (its XPU path), launched the way sglang's
+    launcher does, in place of sgl_kernel's CUDA kernel, which no machine here has; None where
+    the release has no such kernel."""
+    try:
+        from sglang.kernels.ops.speculative import spec_tree
+    except ImportError:
+        return None
+    jit = getattr(spec_tree, "sgl_build_tree_kernel_efficient_triton", None)
+    if jit is None:
+        return None
+
+    def launch(*args: Any) -> None:
+        __sglfix_passthrough__ = True  # noqa: F841  (what the kernel fails on is the caller's)
+        parent_list, selected, seq_lens, tree_mask, positions, r_index, r_next, r_sibling = args[:8]
+        topk, depth, ndt, mode = args[8:12]
+        bs = int(seq_lens.shape[0])
+        jit[(bs,)](
+            parent_list,
+            selected,
+            seq_lens,
+            seq_lens.cumsum(0) - seq_lens,
+            tree_mask,
+            positions,
+            r_index,
+            r_next,
+            r_sibling,
+            topk=topk,
+            depth=depth,
+            draft_token_num=ndt,
+            tree_mask_mode=int(mode),
+            batch_size=bs,
+            parent_list_stride=parent_list.stride(0) if parent_list.dim() > 1 else parent_list.shape[0],
+            selected_index_stride=selected.stride(0),
         )
-        positions.zero_()
+
+    return launch
 
 
 def _launch_name(utils: Any) -> str:
@@ -77,18 +130,145 @@ def _written(call: dict) -> int:
     return ndt * ndt * len(lens)
 
 
-def _draft_outputs(*, bs: int, spec: Any, device: str) -> tuple[Any, Any, Any, Any]:
-    """What the draft loop hands the verify-input builder: the bonus tokens, the parent list, the
-    selected node of each draft token and the draft tokens (the shapes draft_forward returns)."""
+def _draft_tree(*, spec: Any, seed: int) -> list[int]:
+    """A seeded draft tree of ``num_draft_tokens`` nodes, node 0 the verified token: each node's
+    parent (-1 for the root), at most ``topk`` children a node and ``num_steps`` deep, numbered
+    breadth first (parents never decrease), as the draft loop's sorted scores number them."""
+    import random
+
+    rng = random.Random(seed)
+    topk, steps, ndt = spec.topk, spec.num_steps, spec.num_draft_tokens
+    parents, depth, children = [-1], [0], [0]
+    q = 0
+    for i in range(1, ndt):
+
+        def full(node: int) -> bool:
+            return children[node] >= topk or depth[node] >= steps
+
+        # Move on when the node is full, or, once it has a child, by chance to the next one.
+        while full(q) or (children[q] and q + 1 < i and not full(q + 1) and rng.random() < 0.4):
+            q += 1
+        parents.append(q)
+        depth.append(depth[q] + 1)
+        children.append(0)
+        children[q] += 1
+    return parents
+
+
+def _draft_outputs(*, bs: int, spec: Any, device: str, tree: list[int]) -> tuple[Any, Any, Any, Any]:
+    """What the draft loop hands the verify-input builder for ``tree`` (the same for every
+    request): the bonus tokens, the parent list, the selected score of each draft token and the
+    draft tokens (the shapes draft_forward returns). A node's score index is its parent's number
+    times topk plus its rank among the parent's children; parent_list[q] holds node q's score
+    index, which is how the tree kernel finds a score's parent."""
     import torch
 
     topk, steps, ndt = spec.topk, spec.num_steps, spec.num_draft_tokens
-    parents = topk + max(steps - 1, 0) * topk * topk if topk > 1 else steps
+    width = topk + max(steps - 1, 0) * topk * topk if topk > 1 else steps
+    width = max(width, ndt)
+    rank: dict[int, int] = {}
+    selected: list[int] = []
+    for node in range(1, ndt):
+        q = tree[node]
+        rank[q] = rank.get(q, -1) + 1
+        selected.append(q * topk + rank[q])
+    parent_list = [0] * width
+    for q in range(1, ndt):
+        parent_list[q] = selected[q - 1]
     bonus = torch.arange(1, bs + 1, dtype=torch.int64, device=device)
-    parent_list = torch.zeros((bs, parents), dtype=torch.int64, device=device)
-    top_scores_index = torch.arange(ndt - 1, dtype=torch.int64, device=device).repeat(bs, 1)
-    draft_tokens = torch.ones((bs, ndt - 1), dtype=torch.int64, device=device)
-    return bonus, parent_list, top_scores_index, draft_tokens
+    plist = torch.tensor([parent_list] * bs, dtype=torch.int64, device=device)
+    top_scores_index = torch.tensor([selected] * bs, dtype=torch.int64, device=device)
+    draft_tokens = (torch.arange(ndt - 1, dtype=torch.int64, device=device) + 100).repeat(bs, 1)
+    return bonus, plist, top_scores_index, draft_tokens
+
+
+def _ints(value: Any) -> Any:
+    """A tensor's values as (nested) ints; anything else as it is, to be named in the finding."""
+    import torch
+
+    return value.to(torch.int64).cpu().tolist() if isinstance(value, torch.Tensor) else value
+
+
+def _tree_facts(tree: list[int]) -> tuple[list[int], list[list[bool]], list[int], list[int]]:
+    """Each node's depth, which nodes it sees (its ancestors and itself), its first child and its
+    next sibling (-1: none), from the parent list alone."""
+    ndt = len(tree)
+    depth = [0] * ndt
+    for i in range(1, ndt):
+        depth[i] = depth[tree[i]] + 1
+    seen = [[False] * ndt for _ in range(ndt)]
+    for i in range(ndt):
+        j = i
+        while j >= 0:
+            seen[i][j] = True
+            j = tree[j]
+    first_child = [next((c for c in range(1, ndt) if tree[c] == q), -1) for q in range(ndt)]
+    sibling = [-1] + [next((d for d in range(c + 1, ndt) if tree[d] == tree[c]), -1) for c in range(1, ndt)]
+    return depth, seen, first_child, sibling
+
+
+def _check_mask(mask: Any, *, full: bool, lens: list[int], seen: list[list[bool]], prefix_filled: bool) -> str | None:
+    """Each request's block of the flat mask: a draft token's row sees the whole prefix (FULL_MASK,
+    where the prefix is filled) and, of the tree, its ancestors and itself."""
+    import torch
+
+    ndt, at = len(seen), 0
+    for b, seq_len in enumerate(lens):
+        width = seq_len + ndt if full else ndt
+        block = mask[at : at + ndt * width].reshape(ndt, width)
+        at += ndt * width
+        for i in range(ndt):
+            if full and prefix_filled and not bool(block[i, :seq_len].all()):
+                k = int((block[i, :seq_len] == 0).nonzero()[0])
+                return f"mask: request {b} draft token {i} does not see prefix token {k}"
+            cols = block[i, seq_len:] if full else block[i]
+            want = torch.tensor(seen[i], dtype=torch.int64)
+            if not torch.equal(cols, want):
+                j = int((cols != want).nonzero()[0])
+                return f"mask: request {b} draft token {i} {'sees' if int(cols[j]) else 'does not see'} draft token {j}"
+    return None
+
+
+def _check_tree(
+    verify_input: Any, *, call: dict, lens: list[int], spec: Any, tree: list[int], prefix_filled: bool
+) -> str | None:
+    """What the verify input holds against the tree it was built from and the batch's lengths:
+    its sizes, the mask, the positions (prefix length plus depth), the retrieve index and links
+    (first child, next sibling) and the draft tokens; the first difference, or None."""
+    import torch
+
+    ndt = spec.num_draft_tokens
+    for name, want in (("draft_token_num", ndt), ("topk", spec.topk), ("spec_steps", spec.num_steps)):
+        have = _ints(getattr(verify_input, name, want))
+        if have != want:
+            return f"{name} is {have!r}, the draft was built with {want}"
+    depth, seen, first_child, sibling = _tree_facts(tree)
+    if not isinstance(verify_input.custom_mask, torch.Tensor):
+        return f"custom_mask is {verify_input.custom_mask!r}, not a mask"
+    mask = verify_input.custom_mask.reshape(-1).to(torch.int64).cpu()
+    full = call["mode"] == "FULL_MASK"
+    need = ndt * sum(lens) * full + ndt * ndt * len(lens)
+    if mask.numel() < need:
+        return f"custom_mask holds {mask.numel()} cells, the tree of {len(lens)} requests needs {need}"
+    wrong = _check_mask(mask, full=full, lens=lens, seen=seen, prefix_filled=prefix_filled)
+    if wrong is not None:
+        return f"{wrong} (tree parents {tree})"
+
+    def field(*names: str) -> Any:
+        return next((getattr(verify_input, n) for n in names if getattr(verify_input, n, None) is not None), None)
+
+    expected = {
+        ("positions",): [s + depth[i] for s in lens for i in range(ndt)],
+        ("retrieve_index", "retrive_index"): [[b * ndt + i for i in range(ndt)] for b in range(len(lens))],
+        ("retrieve_next_token", "retrive_next_token"): [first_child for _ in lens],
+        ("retrieve_next_sibling", "retrive_next_sibling"): [sibling for _ in lens],
+        ("draft_token",): [t for b in range(len(lens)) for t in [b + 1, *range(100, 100 + ndt - 1)]],
+    }
+    for names, want in expected.items():
+        have = _ints(field(*names))
+        if have != want:
+            return f"{names[0]} is {have}, the tree {tree} gives {want}"
+    return None
 
 
 class VerifyMaskFits:
@@ -132,12 +312,17 @@ class VerifyMaskFits:
         backend.init_cuda_graph_state(max_bs, max_bs * spec.num_draft_tokens)
         verify_mask = backend.verify_mask
         rows = prepared.case.forward_batch.req_pool_indices
+        tree = _draft_tree(spec=spec, seed=scenario.seed)
+        kernel = _tree_kernel()
+        built: list[str] = []
         bad, said = [], []
         for name, batch_lens in (("past max_bs", lens), ("within max_bs", lens[:max_bs])):
             stage(f"verify input, {name}")
             n = len(batch_lens)
-            bonus, parent_list, top_scores_index, draft_tokens = _draft_outputs(bs=n, spec=spec, device=device)
-            boundary = _KernelBoundary()
+            bonus, parent_list, top_scores_index, draft_tokens = _draft_outputs(
+                bs=n, spec=spec, device=device, tree=tree
+            )
+            boundary = _KernelBoundary(kernel)
             with bound(utils, **{_launch_name(utils): boundary}):
                 verify_input = build_eagle_verify_input(
                     make_schedule_batch(
@@ -183,11 +368,28 @@ class VerifyMaskFits:
                 bad.append(f"{name}: the verify input's custom_mask is not the buffer the tree kernel wrote")
             else:
                 said.append(f"{name} ({n} requests): {written} cells in {where} of {call['numel']}")
+                if call["launched"]:
+                    # The prefix columns are filled only where the backend reads them.
+                    filled = verify_mask is None or bool(getattr(verify_mask, "is_read", True))
+                    wrong = _check_tree(
+                        verify_input, call=call, lens=batch_lens, spec=spec, tree=tree, prefix_filled=filled
+                    )
+                    if wrong is not None:
+                        result.add("DIVERGE", f"verify input, {name}: {wrong}", tree=tree)
+                    else:
+                        built.append(name)
         figures = {"max_bs": max_bs, "mode": getattr(getattr(verify_mask, "mode", None), "name", None)}
         if bad:
             result.add("INVARIANT", "verify tree mask: " + "; ".join(bad), **figures)
         else:
             result.add("PASS", f"verify tree mask, graph state for {max_bs}: " + "; ".join(said), **figures)
+        if built:
+            result.add(
+                "PASS",
+                f"verify input of the tree {tree} (mask, positions, retrieve links, tokens) as the tree gives it: "
+                + ", ".join(built),
+                tree=tree,
+            )
 
 
 PROBE = VerifyMaskFits()
