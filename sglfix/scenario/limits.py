@@ -131,7 +131,7 @@ LIMITS: tuple[Limit, ...] = (
         "decode context-parallel ranks (the allocator's page is page_size x dcp_size); probe req-to-token-headroom "
         "only",
     ),
-    Limit("`spec.topk`", f"1 .. {MAX_TOPK}", "TARGET_VERIFY, DRAFT_EXTEND, DRAFT_EXTEND_V2, and deepseek_v4: 1"),
+    Limit("`spec.topk`", f"1 .. {MAX_TOPK}", "DRAFT_EXTEND and deepseek_v4: 1"),
     Limit(
         "`spec.num_steps`",
         f"1 .. {MAX_NUM_STEPS}",
