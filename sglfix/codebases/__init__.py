@@ -193,6 +193,12 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
                 f"{where}: model.sliding_window: backend {backend} on {cb.name} has no sliding-window layer"
                 + (f"; it runs on {' and '.join(others)} (pick that profile)" if others else "; drop the key")
             )
+        if getattr(s, "deterministic", False) and backend not in cb.deterministic:
+            others = [c.name for c in CODEBASES.values() if backend in c.deterministic]
+            raise ConfigError(
+                f"{where}: deterministic: backend {backend} on {cb.name} has no deterministic-inference path here"
+                + (f"; it runs on {' and '.join(others)} (pick that profile)" if others else "; drop the key")
+            )
         if backend is not None and backend not in cb.adapters:
             raise ConfigError(
                 f"{where}: backend {backend} has no adapter on {cb.name} (has: "

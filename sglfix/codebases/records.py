@@ -81,6 +81,8 @@ class Profile:
     lacks_modes: dict[str, str] = field(default_factory=dict)
     # Backends whose adapter builds a sliding-window layer (the scenario's model.sliding_window).
     sliding_window: tuple[str, ...] = ()
+    # Backends whose adapter publishes deterministic inference to the backend (``deterministic``).
+    deterministic: tuple[str, ...] = ()
     # backend -> the modes its adapter runs here, where fewer than the scenario format's table
     # (sglfix.scenario.modes.BACKEND_RULES) allows; a backend not named runs all of those.
     backend_modes: dict[str, tuple[str, ...]] = field(default_factory=dict)

@@ -39,6 +39,7 @@ _SHORT = {
     "batch.accept_lens": "acc",
     "max_context_len": "ctx",
     "dcp_size": "dcp",
+    "deterministic": "det",
     "mode": "mode",
 }
 _DTYPE_LABELS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}

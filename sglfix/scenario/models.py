@@ -296,6 +296,9 @@ class ScenarioNode(StrictModel):
     max_context_len: ContextLen | None = None
     # Decode context-parallel ranks (sglang's --dcp-size): the KV allocator pages page_size x dcp_size.
     dcp_size: DcpSize = 1
+    # sglang's --enable-deterministic-inference published for the backend: batch-invariant kernels
+    # (fixed-size decode splits, the one-stage unified extend).
+    deterministic: Flag = False
     # Expanded by the loader before a node is validated; listed so that it is a known key.
     grid: dict | None = None
 
@@ -342,6 +345,7 @@ class ScenarioNode(StrictModel):
             builder=self.builder,
             max_context_len=self.max_context_len,
             dcp_size=self.dcp_size,
+            deterministic=self.deterministic,
             description=self.description,
             path=path,
             line=line,
@@ -375,6 +379,7 @@ class Scenario(StrictModel):
     builder: Builder = "kit"
     max_context_len: ContextLen | None = None
     dcp_size: DcpSize = 1
+    deterministic: Flag = False
     description: Text = ""
     path: str = ""
     line: int = 0

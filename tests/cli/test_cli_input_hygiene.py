@@ -371,3 +371,29 @@ def test_a_sliding_window_where_no_window_layer_runs_is_one_line_before_any_cell
         )
         r = run_cli(*profile, "run", "--scenario-file", str(path), "--device", "cpu", timeout=60)
         assert_one_line_error(r, "model.sliding_window" if name == "extend" else str(path), *needles)
+
+
+def test_deterministic_where_no_backend_reads_it_is_one_line_before_any_cell(tmp_path):
+    """deterministic: true on the reproduction (nothing there reads the flag), on sglang's
+    FlashInfer backend (only its Triton backend has the path here) and on a probe (it reads no
+    such key)."""
+    body = "    batch:\n      prefix_lens: [13, 37]\n    deterministic: true\n"
+    for name, head, profile, needles in (
+        ("repro", "    backend: triton\n    mode: DECODE\n", (), ("backend triton on reproduction",)),
+        (
+            "fi",
+            "    backend: flashinfer\n    mode: DECODE\n",
+            ("--profile", "sglang-0.5.23"),
+            ("backend flashinfer on sglang-0.5.23", "deterministic-inference"),
+        ),
+        (
+            "probe",
+            "    probe: needs-cpu-seq-lens\n    mode: DECODE\n",
+            ("--profile", "sglang-0.5.23"),
+            ("does not read deterministic",),
+        ),
+    ):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"scenarios:\n  - name: det-{name}\n{head}{body}")
+        r = run_cli(*profile, "run", "--scenario-file", str(path), "--device", "cpu", timeout=60)
+        assert_one_line_error(r, "deterministic", *needles)

@@ -45,11 +45,16 @@ from sglfix.scenario.loader import load_scenario_file
 
 adapter = get_adapter("triton")
 classes = set()
+published = {}
 make_backend = adapter.make_backend
 
 def recording_make_backend(prepared):
     backend = make_backend(prepared)
     case = prepared.case
+    # What the backend read of the published server args when it was built.
+    published[case.scenario.name] = {
+        k: getattr(backend, k, None) for k in ("enable_deterministic", "num_draft_tokens", "split_tile_size")
+    }
     # A draft case (DRAFT_DECODE) has no single layer or forward batch of its own.
     for obj in (backend, case.runner, case.runner.token_to_kv_pool, case.runner.req_to_token_pool,
                 getattr(case, "layer", None), getattr(case, "forward_batch", None)):
@@ -63,7 +68,7 @@ for scenario in load_scenario_file(args["file"]):
     if any(fnmatch.fnmatchcase(scenario.name, g) for g in args["globs"]):
         cells.append(run_cell(scenario, device="cpu", toggles=args["toggles"]).to_json())
 print(args["mark"] + json.dumps({
-    "cells": cells, "classes": sorted(classes), "adapter": type(adapter).__module__,
+    "cells": cells, "classes": sorted(classes), "adapter": type(adapter).__module__, "published": published,
     "reproduction_modules": sorted(m for m in sys.modules if m.split(".")[:2] == ["sglfix", "backends"]),
     "revert_env": os.environ.get("SGLANG_DEBUG_REVERT_PR"),
 }))
@@ -226,3 +231,21 @@ def test_toggle_part_is_detected_on_real_sglang(revert, expected):
             assert crash["type"] == "TypeError", crash
             assert "srt/layers/attention/triton_backend.py" in crash["frame"], crash
             assert "init_forward_metadata" in crash["frame"], crash
+
+
+def test_deterministic_reaches_the_backend_beside_the_speculative_sizes():
+    """deterministic: true publishes --enable-deterministic-inference over the kit runner's server
+    args without dropping what was published before (a tree's speculative sizes): the backend
+    takes the fixed-tile decode splits and still sizes its verify mask for the tree."""
+    require_sglang()
+    report = _run(globs=("sglang-triton-target-verify-det@*", "sglang-triton-target-verify-tree@cg=graph"))
+    assert {c["scenario"]: c["verdict"] for c in report["cells"]} == {
+        "sglang-triton-target-verify-det@cg=eager": "PASS",
+        "sglang-triton-target-verify-det@cg=graph": "PASS",
+        "sglang-triton-target-verify-tree@cg=graph": "PASS",
+    }
+    seen = report["published"]
+    for name in ("sglang-triton-target-verify-det@cg=eager", "sglang-triton-target-verify-det@cg=graph"):
+        assert seen[name] == {"enable_deterministic": True, "num_draft_tokens": 8, "split_tile_size": 256}, seen[name]
+    assert seen["sglang-triton-target-verify-tree@cg=graph"]["enable_deterministic"] is False
+    assert seen["sglang-triton-target-verify-tree@cg=graph"]["num_draft_tokens"] == 8

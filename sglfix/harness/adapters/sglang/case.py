@@ -306,6 +306,9 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
     else:
         case = kit.make_case(**shape)
         runner = kit.make_model_runner(case=case, head_dim=model.head_dim, **sizing)
+    if scenario.deterministic:
+        # What --enable-deterministic-inference publishes; the backend reads it when it is built.
+        kit.publish_over(runner, enable_deterministic_inference=True)
     _fill_pool(runner=runner, gen=gen)
     totals = [p + e for p, e in zip(scenario.prefix_lens, scenario.extend_lens)]
     loc = _scatter_layout(

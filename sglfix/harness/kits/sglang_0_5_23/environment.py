@@ -194,9 +194,21 @@ def publish_spec(runner: Any, **fields: Any) -> Any:
     except ImportError:  # 0.5.13
         override = None
     if override is not None:
-        ov = override(**fields)
+        # An override publishes a fresh ServerArgs of its fields alone: carry what the runner
+        # published before (the kit's own fields, an earlier publication) under the new ones.
+        before = getattr(runner, "_sglfix_published", None)
+        if before is None:
+            before = dict(getattr(getattr(runner, "_server_args_override", None), "_fields", None) or {})
+        merged = {**before, **fields}
+        ov = override(**merged)
         runner.server_args = ov.install()
-        return ov.restore
+        runner._sglfix_published = merged
+
+        def restore_override() -> None:
+            ov.restore()
+            runner._sglfix_published = before
+
+        return restore_override
     args = runner.server_args
     before = {name: getattr(args, name) for name in fields}
     for name, value in fields.items():
