@@ -50,7 +50,11 @@ def test_the_protocol_declares_what_the_cell_calls():
     assert attributes == {"name", "metadata_fields"}
     assert {"check_available", "check_metadata", "build", "run", "reference"} <= set(methods)
     # The defaults come from the base and only there: everything else each adapter must define.
-    assert {n for n in methods if inspect.getattr_static(AdapterBase, n, None)} == {"check_available", "check_metadata"}
+    assert {n for n in methods if inspect.getattr_static(AdapterBase, n, None)} == {
+        "check_available",
+        "check_metadata",
+        "unread_fields",
+    }
 
 
 def test_a_class_missing_a_method_is_found():

@@ -51,10 +51,11 @@ make_backend = adapter.make_backend
 def recording_make_backend(prepared):
     backend = make_backend(prepared)
     case = prepared.case
-    # What the backend read of the published server args when it was built.
-    published[case.scenario.name] = {
-        k: getattr(backend, k, None) for k in ("enable_deterministic", "num_draft_tokens", "split_tile_size")
-    }
+    # What the backend read of the published server args when it was built (a dense case).
+    if hasattr(case, "scenario"):
+        published[case.scenario.name] = {
+            k: getattr(backend, k, None) for k in ("enable_deterministic", "num_draft_tokens", "split_tile_size")
+        }
     # A draft case (DRAFT_DECODE) has no single layer or forward batch of its own.
     for obj in (backend, case.runner, case.runner.token_to_kv_pool, case.runner.req_to_token_pool,
                 getattr(case, "layer", None), getattr(case, "forward_batch", None)):
