@@ -64,10 +64,17 @@ def recording_make_backend(prepared):
     return backend
 
 adapter.make_backend = recording_make_backend
+from contextlib import nullcontext
+from sglfix.harness.fingerprint import fingerprinting
+
 cells = []
 for scenario in load_scenario_file(args["file"]):
     if any(fnmatch.fnmatchcase(scenario.name, g) for g in args["globs"]):
-        cells.append(run_cell(scenario, device="cpu", toggles=args["toggles"]).to_json())
+        with fingerprinting() if args.get("fingerprint") else nullcontext() as fp:
+            cell = run_cell(scenario, device="cpu", toggles=args["toggles"]).to_json()
+        if fp is not None:
+            cell["fingerprint"] = fp.to_json()
+        cells.append(cell)
 print(args["mark"] + json.dumps({
     "cells": cells, "classes": sorted(classes), "adapter": type(adapter).__module__, "published": published,
     "reproduction_modules": sorted(m for m in sys.modules if m.split(".")[:2] == ["sglfix", "backends"]),
@@ -77,7 +84,7 @@ print(args["mark"] + json.dumps({
 
 
 @cache
-def _run(*, globs: tuple[str, ...], revert: str = "") -> dict:
+def _run(*, globs: tuple[str, ...], revert: str = "", fingerprint: bool = False) -> dict:
     """The worker's report for the matching cells with ``revert`` applied (a fresh process)."""
     env = {
         k: v for k, v in os.environ.items() if k not in ("SGLANG_DEBUG_REVERT_PR", "SGLFIX_TOGGLES_DIR", "PYTHONPATH")
@@ -89,7 +96,13 @@ def _run(*, globs: tuple[str, ...], revert: str = "") -> dict:
         CUDA_VISIBLE_DEVICES="",
         PYTHONWARNINGS="ignore",
     )
-    args = {"file": str(SCENARIOS), "globs": list(globs), "toggles": [t for t in revert.split(",") if t], "mark": MARK}
+    args = {
+        "file": str(SCENARIOS),
+        "globs": list(globs),
+        "toggles": [t for t in revert.split(",") if t],
+        "mark": MARK,
+        "fingerprint": fingerprint,
+    }
     proc = subprocess.run(
         [sys.executable, "-P", "-c", _WORKER, json.dumps(args)],
         capture_output=True,
@@ -250,3 +263,18 @@ def test_deterministic_reaches_the_backend_beside_the_speculative_sizes():
         assert seen[name] == {"enable_deterministic": True, "num_draft_tokens": 8, "split_tile_size": 256}, seen[name]
     assert seen["sglang-triton-target-verify-tree@cg=graph"]["enable_deterministic"] is False
     assert seen["sglang-triton-target-verify-tree@cg=graph"]["num_draft_tokens"] == 8
+
+
+def test_a_cells_fingerprint_leaves_out_what_no_kernel_of_it_read():
+    """The window fields are read by window layers only, the Lean buffers by the Lean kernel only
+    (no launch here asks for it), uneven_batch on ROCm only: left out of the digest and named;
+    a window layer's cell digests its window fields."""
+    require_sglang()
+    plain, window = "sglang-triton-decode@cg=eager,gpu_only=off", "sglang-triton-decode-swa@cg=eager,gpu_only=off"
+    cells = _cells(_run(globs=(plain, window), fingerprint=True))
+    unread = {name: set((cells[name]["fingerprint"].get("unread") or {})) for name in (plain, window)}
+    lean = {"lean_Mp", "lean_Lp", "lean_Op", "lean_locks"}
+    assert {"window_kv_indptr", "window_kv_indices", "uneven_batch", "swa_attn_logits"} | lean <= unread[plain]
+    assert lean | {"uneven_batch"} <= unread[window]
+    assert not {"window_kv_indptr", "window_kv_indices"} & unread[window]
+    assert cells[plain]["fingerprint"]["metadata"] and cells[window]["fingerprint"]["metadata"]
