@@ -272,7 +272,7 @@ def test_a_cells_fingerprint_leaves_out_what_no_kernel_of_it_read():
     require_sglang()
     plain, window = "sglang-triton-decode@cg=eager,gpu_only=off", "sglang-triton-decode-swa@cg=eager,gpu_only=off"
     cells = _cells(_run(globs=(plain, window), fingerprint=True))
-    unread = {name: set((cells[name]["fingerprint"].get("unread") or {})) for name in (plain, window)}
+    unread = {name: set(cells[name]["fingerprint"].get("unread") or {}) for name in (plain, window)}
     lean = {"lean_Mp", "lean_Lp", "lean_Op", "lean_locks"}
     assert {"window_kv_indptr", "window_kv_indices", "uneven_batch", "swa_attn_logits"} | lean <= unread[plain]
     assert lean | {"uneven_batch"} <= unread[window]
