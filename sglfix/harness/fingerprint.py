@@ -147,8 +147,9 @@ def _bytes(value: Any) -> bytes:
         t = value.detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        t = t.contiguous()
         head = f"{t.dtype}{tuple(t.shape)}".encode()
+        # Flat first: a 0-d tensor has no last dimension to view as bytes.
+        t = t.contiguous().reshape(-1)
         return head + (t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     if value is None or isinstance(value, (bool, int, float, str)):
         return repr(value).encode()

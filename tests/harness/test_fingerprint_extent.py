@@ -133,3 +133,12 @@ def test_fields_declared_unread_after_the_run_leave_the_digest():
     assert digest(_scratch_view(lean_Mp=None), {})["metadata"] != digest(_scratch_view(), {})["metadata"]
     # A field that is read is never hidden by another's declaration.
     assert digest(_scratch_view(kv_indices=torch.tensor([7, 8, 9, 1, 3])), why)["metadata"] != base["metadata"]
+
+
+def test_a_zero_dim_tensor_digests_by_its_value():
+    zero = SimpleNamespace(max_len=torch.tensor(4, dtype=torch.int32))
+    assert _digest(zero, reads=None) == _digest(SimpleNamespace(max_len=torch.tensor(4, dtype=torch.int32)), reads=None)
+    assert _digest(zero, reads=None) != _digest(SimpleNamespace(max_len=torch.tensor(5, dtype=torch.int32)), reads=None)
+    assert _digest(zero, reads=None) != _digest(
+        SimpleNamespace(max_len=torch.tensor([4], dtype=torch.int32)), reads=None
+    )

@@ -75,10 +75,14 @@ class DeepseekV4DraftAdapter(AdapterBase):
         return Prepared(case=case, num_slots=case.num_slots)
 
     def make_backend(self, prepared: Prepared) -> Any:
+        from sglfix.harness.codefault import BrokenContract
         from sglfix.harness.kits import kit
 
         case = prepared.case
-        return kit("drafts").draft_backend_factory(case.runner, case.topk, case.num_steps).create_decode_backend()
+        backend = kit("drafts").draft_backend_factory(case.runner, case.topk, case.num_steps).create_decode_backend()
+        if backend is None:
+            raise BrokenContract(f"create_decode_backend built no draft backend for {case.num_steps} step(s)")
+        return backend
 
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
         return None
@@ -113,7 +117,9 @@ class DeepseekV4DraftAdapter(AdapterBase):
         return list(backend.attn_backends[: backend.speculative_num_steps - 1])
 
     def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
-        rows = forward_batch.batch_size * backend.topk
+        # The rows the batch asks for: the backend's own topk may be what a change broke.
+        topk = backend.topk if isinstance(getattr(backend, "topk", None), int) else 1
+        rows = forward_batch.batch_size * topk
         return [(f"step {i}", _view(step.forward_metadata), rows) for i, step in enumerate(self._steps(backend))]
 
     def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:

@@ -121,6 +121,18 @@ class ReqToTokenHeadroom:
             width = context_len + headroom
             reserve = int(with_server_args(sizing.get_alloc_reserve_per_decode))
             cur, nxt = _decode_alloc_lens(sizing, committed, reserve=reserve, page_size=page)
+            shrunk = [b for b, (c, n) in enumerate(zip(cur, nxt)) if n < c]
+            if shrunk:
+                # Nothing to assign: the sizing asks a request to give back slots it holds.
+                b = shrunk[0]
+                result.add(
+                    "INVARIANT",
+                    f"page_aligned_decode_alloc_lens: request {b} is to grow from {cur[b]} to {nxt[b]} "
+                    f"tokens (fewer than it holds)",
+                    current=cur,
+                    next=nxt,
+                )
+                return
 
             # Request b in row 1 + b (row 0 is the pool's padding row); rows after the batch are
             # guards, enough of them that a spill of the last request stays inside the tensor.
