@@ -60,8 +60,6 @@ class _Launches:
     def trtllm(self, **kwargs: Any) -> Any:
         import torch
 
-        # Stands where the kernel is launched: what it fails on (a None query) is the caller's.
-        __sglfix_passthrough__ = True  # noqa: F841
         self.reached.append("trtllm-gen MLA kernel")
         # The launch's metadata, not its data (the query is the probe's random input).
         self.handed.append({k: v for k, v in kwargs.items() if k not in ("query", "kv_cache", "workspace_buffer")})
@@ -71,23 +69,16 @@ class _Launches:
     def fallback(self, q: Any, k: Any, v: Any, layer: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
         import torch
 
-        __sglfix_passthrough__ = True  # noqa: F841
         self.reached.append("FlashInfer MLA prefill fallback")
         self.handed.append(forward_batch)
         return torch.zeros((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), dtype=q.dtype, device=q.device)
 
 
-# FlashInfer's device queries as a device without its kernels answers them. They stand in for
-# the library: what they fail on (an argument the caller left None) is the caller's.
-
-
 def _sm_count(device: Any) -> int:
-    __sglfix_passthrough__ = True  # noqa: F841
     return 132  # an H100/H200's; it only sizes the multi-CTA counter buffer
 
 
 def _counter_bytes(batch_size: int, num_qo_heads: int, sm_count: int) -> int:
-    __sglfix_passthrough__ = True  # noqa: F841
     return -(-max(batch_size * num_qo_heads, sm_count) // _COUNTER_ALIGN) * _COUNTER_ALIGN * 4
 
 
@@ -188,18 +179,10 @@ class TrtllmCaptureFallback:
             stage(f"{scenario.mode} forward")
             layer = Standin(
                 tp_q_head_num=latent.num_heads,
-                tp_k_head_num=1,  # MLA: one latent KV head
-                tp_v_head_num=1,
                 v_head_dim=latent.kv_lora_rank,
                 head_dim=latent.kv_lora_rank + latent.qk_rope_head_dim,
                 layer_id=0,
                 scaling=1.0 / (latent.kv_lora_rank + latent.qk_rope_head_dim) ** 0.5,
-                # A RadixAttention without quantization carries these as None.
-                k_scale=None,
-                v_scale=None,
-                k_scale_float=None,
-                v_scale_float=None,
-                q_scale_float=None,
             )
             tokens = bs * ndt
             dtype = runner.dtype
@@ -209,15 +192,7 @@ class TrtllmCaptureFallback:
             k_rope = torch.randn((tokens, 1, latent.qk_rope_head_dim), dtype=dtype, device=device)
             with bound(fimla.FlashInferMLAAttnBackend, forward_extend=launches.fallback):
                 backend.forward_extend(q, k, k, layer, batch, False, q_rope, k_rope)
-            # What the captured batch's launch reads: its arguments and the metadata the capture
-            # left. Not the whole backend: its module-level multi-CTA counter buffer grows with
-            # whatever ran before in the process, which is no part of this capture.
-            observe(
-                "trtllm capture",
-                getattr(backend, "forward_decode_metadata", None),
-                getattr(backend, "forward_prefill_metadata", None),
-                launches.handed,
-            )
+            observe("trtllm capture", backend, launches.handed)
         stage("judge")
         where = f"{scenario.mode} captured at {bs} after a prefill on prefixes {list(scenario.prefix_lens)}"
         if launches.reached == ["trtllm-gen MLA kernel"]:
