@@ -121,13 +121,15 @@ def _launch_name(utils: Any) -> str:
     return _LAUNCHES[0] if hasattr(utils, _LAUNCHES[0]) else _LAUNCHES[1]
 
 
-def _written(call: dict) -> int:
-    """Cells the tree kernel writes: per request a ``ndt x (seq_len + ndt)`` block under FULL_MASK,
+def _mask_cells(*, ndt: int, lens: list[int], full: bool) -> int:
+    """Cells a tree mask takes: per request a ``ndt x (seq_len + ndt)`` block under FULL_MASK,
     ``ndt x ndt`` under QLEN_ONLY."""
-    ndt, lens = call["ndt"], call["seq_lens"]
-    if call["mode"] == "FULL_MASK":
-        return ndt * sum(lens) + ndt * ndt * len(lens)
-    return ndt * ndt * len(lens)
+    return ndt * sum(lens) * full + ndt * ndt * len(lens)
+
+
+def _written(call: dict) -> int:
+    """Cells the tree kernel writes for the lengths it is handed."""
+    return _mask_cells(ndt=call["ndt"], lens=call["seq_lens"], full=call["mode"] == "FULL_MASK")
 
 
 def _draft_tree(*, spec: Any, seed: int) -> list[int]:
@@ -140,11 +142,11 @@ def _draft_tree(*, spec: Any, seed: int) -> list[int]:
     topk, steps, ndt = spec.topk, spec.num_steps, spec.num_draft_tokens
     parents, depth, children = [-1], [0], [0]
     q = 0
+
+    def full(node: int) -> bool:
+        return children[node] >= topk or depth[node] >= steps
+
     for i in range(1, ndt):
-
-        def full(node: int) -> bool:
-            return children[node] >= topk or depth[node] >= steps
-
         # Move on when the node is full, or, once it has a child, by chance to the next one.
         while full(q) or (children[q] and q + 1 < i and not full(q + 1) and rng.random() < 0.4):
             q += 1
@@ -189,25 +191,22 @@ def _ints(value: Any) -> Any:
     return value.to(torch.int64).cpu().tolist() if isinstance(value, torch.Tensor) else value
 
 
-def _tree_facts(tree: list[int]) -> tuple[list[int], list[list[bool]], list[int], list[int]]:
-    """Each node's depth, which nodes it sees (its ancestors and itself), its first child and its
-    next sibling (-1: none), from the parent list alone."""
+def _tree_facts(tree: list[int]) -> tuple[list[int], Any, list[int], list[int]]:
+    """Each node's depth, which nodes it sees (``truth.tree_visibility``: its ancestors and
+    itself), its first child and its next sibling (-1: none), from the parent list alone."""
+    from sglfix.harness.adapters.sglang.truth import tree_visibility
+
     ndt = len(tree)
     depth = [0] * ndt
     for i in range(1, ndt):
         depth[i] = depth[tree[i]] + 1
-    seen = [[False] * ndt for _ in range(ndt)]
-    for i in range(ndt):
-        j = i
-        while j >= 0:
-            seen[i][j] = True
-            j = tree[j]
+    seen = tree_visibility(tree)
     first_child = [next((c for c in range(1, ndt) if tree[c] == q), -1) for q in range(ndt)]
     sibling = [-1] + [next((d for d in range(c + 1, ndt) if tree[d] == tree[c]), -1) for c in range(1, ndt)]
     return depth, seen, first_child, sibling
 
 
-def _check_mask(mask: Any, *, full: bool, lens: list[int], seen: list[list[bool]], prefix_filled: bool) -> str | None:
+def _check_mask(mask: Any, *, full: bool, lens: list[int], seen: Any, prefix_filled: bool) -> str | None:
     """Each request's block of the flat mask: a draft token's row sees the whole prefix (FULL_MASK,
     where the prefix is filled) and, of the tree, its ancestors and itself."""
     import torch
@@ -222,7 +221,7 @@ def _check_mask(mask: Any, *, full: bool, lens: list[int], seen: list[list[bool]
                 k = int((block[i, :seq_len] == 0).nonzero()[0])
                 return f"mask: request {b} draft token {i} does not see prefix token {k}"
             cols = block[i, seq_len:] if full else block[i]
-            want = torch.tensor(seen[i], dtype=torch.int64)
+            want = seen[i].to(torch.int64)
             if not torch.equal(cols, want):
                 j = int((cols != want).nonzero()[0])
                 return f"mask: request {b} draft token {i} {'sees' if int(cols[j]) else 'does not see'} draft token {j}"
@@ -247,7 +246,7 @@ def _check_tree(
         return f"custom_mask is {verify_input.custom_mask!r}, not a mask"
     mask = verify_input.custom_mask.reshape(-1).to(torch.int64).cpu()
     full = call["mode"] == "FULL_MASK"
-    need = ndt * sum(lens) * full + ndt * ndt * len(lens)
+    need = _mask_cells(ndt=ndt, lens=lens, full=full)
     if mask.numel() < need:
         return f"custom_mask holds {mask.numel()} cells, the tree of {len(lens)} requests needs {need}"
     wrong = _check_mask(mask, full=full, lens=lens, seen=seen, prefix_filled=prefix_filled)
