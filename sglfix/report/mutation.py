@@ -783,6 +783,12 @@ def _campaign_identity(key: str, value: Any) -> Any:
     return value
 
 
+def _sglfix_commit(report: Mapping[str, Any]) -> str | None:
+    """The short commit of the sglfix that wrote a report, None where it recorded none."""
+    commit = (report.get("sglfix_source") or {}).get("commit")
+    return commit[:10] if isinstance(commit, str) else None
+
+
 def _shard_key(spec: str) -> tuple[int, int]:
     """Shards in the order of the first mutants they hold: 1/2 before 2/4 before 4/4."""
     i, n = (int(x) for x in spec.split("/"))
@@ -825,7 +831,8 @@ def merge_mutation_reports(reports: Sequence[Mapping[str, Any]], *, names: Seque
     phases and walls summed. Shards may be of different splits where they nest (a shard i/N is the
     union of shards i/2N and (i+N)/2N, so a shard too long for its machine can be run again as
     those two). Shards of different campaigns (another code base, device or selection), shards
-    that overlap or leave mutants out, are refused in one line naming them."""
+    that overlap or leave mutants out, and shards another sglfix commit wrote, are refused in one
+    line naming them."""
     if not reports:
         raise ConfigError("give the shards' reports to merge")
     first = reports[0]
@@ -834,6 +841,13 @@ def merge_mutation_reports(reports: Sequence[Mapping[str, Any]], *, names: Seque
         for key in ("codebase", "device", "selection", "profile"):
             if _campaign_identity(key, r.get(key)) != _campaign_identity(key, first.get(key)):
                 raise ConfigError(f"{name}: its {key} differs from {names[0]}'s; merge the shards of one campaign only")
+        ours, theirs = _sglfix_commit(r), _sglfix_commit(first)
+        if ours != theirs:
+            # Another sglfix judges by other rules: its shards are another campaign's.
+            raise ConfigError(
+                f"{name}: written by sglfix {ours or 'of an unknown commit'}, {names[0]} by {theirs or 'an unknown commit'};"
+                " merge the shards one sglfix commit wrote (run the others again at it)"
+            )
         shard = r.get("shard")
         if shard is None:
             raise ConfigError(f"{name}: not a shard of a campaign (no shard recorded); give the --shard i/N reports")

@@ -302,6 +302,13 @@ def test_shards_share_the_mutants_and_merge_into_the_whole_campaign(tmp_path):
     assert overlap.returncode == 2 and "hold some mutants both" in overlap.stderr, overlap.stderr
     short = merge("s1.json", "q2.json")
     assert short.returncode == 2 and "4/4 missing" in short.stderr, short.stderr
+    # A shard another sglfix wrote is another campaign's: its rules of judgement may differ.
+    other = json.loads((tmp_path / "s2.json").read_text())
+    other["sglfix_source"] = {**other["sglfix_source"], "commit": "0123456789abcdef" * 2 + "01234567"}
+    (tmp_path / "s2-other.json").write_text(json.dumps(other))
+    mixed = merge("s1.json", "s2-other.json")
+    assert mixed.returncode == 2 and "0123456789" in mixed.stderr and "one sglfix commit" in mixed.stderr, mixed.stderr
+    assert "Traceback" not in mixed.stderr
 
 
 def test_the_readmes_mutant_id_is_one_of_todays_code():
