@@ -199,8 +199,37 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
                 f"{where}: deterministic: backend {backend} on {cb.name} has no deterministic-inference path here"
                 + (f"; it runs on {' and '.join(others)} (pick that profile)" if others else "; drop the key")
             )
+        if getattr(s, "mamba_track", None) and backend not in cb.mamba_track:
+            others = [c.name for c in CODEBASES.values() if backend in c.mamba_track]
+            raise ConfigError(
+                f"{where}: batch.mamba_track: backend {backend} on {cb.name} tracks no Mamba state here"
+                + (f"; it runs on {' and '.join(others)} (pick that profile)" if others else "; drop the key")
+            )
         if backend is not None and backend not in cb.adapters:
             raise ConfigError(
                 f"{where}: backend {backend} has no adapter on {cb.name} (has: "
                 f"{', '.join(sorted(cb.adapters))}); drop the scenario or pick another profile"
             )
+        if getattr(s, "env", None):
+            _check_engine_flags(s.env, cb, where=where)
+
+
+def _check_engine_flags(env: dict, cb: CodeBase, *, where: str) -> None:
+    """A scenario's ``env:`` against the flags the installed code base declares, where it is the
+    profile's own version: another release (``--release``, a version the profile also covers) may
+    lack a flag the profile's has, which its cells then report as a path that release does not
+    have (SKIP), not as a mistake in the scenario."""
+    import os
+
+    from sglfix.codebases.engine_flags import check_env
+
+    if not cb.engine_flags:
+        raise ConfigError(
+            f"{where}: env: {cb.name} reads no engine flags; drop the key (or pick a real-sglang profile)"
+        )
+    found = installed(cb)
+    if found is None or found.version != cb.version:
+        return
+    if not os.path.isfile(os.path.join(found.path, cb.engine_flags.partition(":")[0])):
+        return  # a tree without the flags' module: its cells say what they cannot switch
+    check_env(env, root=found.path, source=cb.engine_flags, where=where, what=f"{cb.package} {found.version}")

@@ -83,6 +83,11 @@ class Profile:
     sliding_window: tuple[str, ...] = ()
     # Backends whose adapter publishes deterministic inference to the backend (``deterministic``).
     deterministic: tuple[str, ...] = ()
+    # Backends whose adapter hands a prefill's Mamba state tracking to the backend (``batch.mamba_track``).
+    mamba_track: tuple[str, ...] = ()
+    # Where the code base declares its engine flags, ``path.py:Class`` in its package (a scenario's
+    # ``env:`` is checked against them); "" where it has none (the reproduction).
+    engine_flags: str = ""
     # backend -> the modes its adapter runs here, where fewer than the scenario format's table
     # (sglfix.scenario.modes.BACKEND_RULES) allows; a backend not named runs all of those.
     backend_modes: dict[str, tuple[str, ...]] = field(default_factory=dict)

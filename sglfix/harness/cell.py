@@ -6,10 +6,11 @@ Findings are collected, not raised: a cell gets the most severe verdict, its det
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,25 +175,43 @@ def _run(scenario: Scenario, *, device: str, result: CellResult, stage_box: list
 
     from sglfix.harness.poison import poisoned
 
-    if getattr(scenario, "probe", None) is not None:  # a probe instead of a backend (sglfix.harness.probes)
-        try:
-            from sglfix.harness.probes import run_probe
+    with _engine_flags(scenario):
+        if getattr(scenario, "probe", None) is not None:  # a probe instead of a backend (sglfix.harness.probes)
+            try:
+                from sglfix.harness.probes import run_probe
 
+                with poisoned():
+                    return run_probe(scenario, device=device, result=result, stage=stage).finish()
+            except _CELL_EXCEPTIONS as exc:
+                raise _Staged(exc, stage_box[0]) from exc
+        try:
             with poisoned():
-                return run_probe(scenario, device=device, result=result, stage=stage).finish()
+                ran = _execute(scenario, device=device, result=result, stage=stage)
         except _CELL_EXCEPTIONS as exc:
             raise _Staged(exc, stage_box[0]) from exc
-    try:
-        with poisoned():
-            ran = _execute(scenario, device=device, result=result, stage=stage)
-    except _CELL_EXCEPTIONS as exc:
-        raise _Staged(exc, stage_box[0]) from exc
-    try:
-        stage("judge")
-        _judge(ran, scenario=scenario, result=result)
-    except _CELL_EXCEPTIONS as exc:
-        raise _Staged(exc, "judge") from exc
+        try:
+            stage("judge")
+            _judge(ran, scenario=scenario, result=result)
+        except _CELL_EXCEPTIONS as exc:
+            raise _Staged(exc, "judge") from exc
     return result.finish()
+
+
+@contextlib.contextmanager
+def _engine_flags(scenario: Scenario) -> Iterator[None]:
+    """The scenario's engine flags (``env:``) for the whole cell, build to judge; none: nothing."""
+    env = getattr(scenario, "env", None)
+    if not env:
+        yield
+        return
+    from sglfix.harness.kits import kit
+
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(kit("attention").engine_flags(env))
+        except _CELL_EXCEPTIONS as exc:
+            raise _Staged(exc, "build") from exc
+        yield
 
 
 @dataclass

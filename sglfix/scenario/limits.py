@@ -92,6 +92,17 @@ LIMITS: tuple[Limit, ...] = (
         "0 .. num_draft_tokens - 1, fed to spec_info.accept_length)",
     ),
     Limit(
+        "`batch.mamba_track`",
+        "0, or 64 .. the request's extend",
+        "EXTEND only, real sglang `hybrid_linear`: the tokens of a request's extend its tracked Mamba state "
+        "covers (sglang's `mamba_track_seqlens` - prefix); at least one 64-token chunk (the page where "
+        "larger); an aligned length must be the whole extend (the scheduler asks for an earlier boundary "
+        "as boundary + 1)",
+    ),
+    Limit(
+        "`env`", "<= 16 `SGLANG_*` flags", "real sglang: flags its `srt/environ.py` declares, values its parser takes"
+    ),
+    Limit(
         "`max_context_len`",
         f"1 .. {MAX_TOKENS_PER_REQUEST:,}",
         "optional; at least every request's prefix + new tokens (DRAFT_DECODE: + topk * num_steps)",

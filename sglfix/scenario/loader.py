@@ -40,6 +40,8 @@ _SHORT = {
     "max_context_len": "ctx",
     "dcp_size": "dcp",
     "deterministic": "det",
+    "batch.mamba_track": "track",
+    "batch.mamba_track_host": "host",
     "mode": "mode",
 }
 _DTYPE_LABELS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}

@@ -152,6 +152,34 @@ def _flag(value: Any) -> bool:
     return value
 
 
+_ENV_NAME = re.compile(r"SGLANG_[A-Z0-9_]+")
+MAX_ENV_FLAGS = 16
+
+
+def _env(value: Any) -> dict[str, str]:
+    """Engine flags by name: each an ``SGLANG_*`` name, its value a scalar, kept as the text the
+    process environment holds (true/false for YAML's booleans)."""
+    if not isinstance(value, dict) or not value:
+        raise ValueError(
+            f"must be a non-empty mapping of SGLANG_* flag names to values, got {describe_kind(value)} {show(value)}"
+        )
+    if len(value) > MAX_ENV_FLAGS:
+        raise ValueError(f"has {len(value)} flags, over the limit of {MAX_ENV_FLAGS}")
+    out: dict[str, str] = {}
+    for name, v in value.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"{show(name)} is not an engine flag name (SGLANG_ then capitals, digits and _)")
+        if isinstance(v, bool):
+            out[name] = "true" if v else "false"
+        elif isinstance(v, (int, float, str)) and "\0" not in str(v):
+            out[name] = str(v)
+        else:
+            raise ValueError(
+                f"{name} must be a scalar (true/false, a number or text), got {describe_kind(v)} {show(v)}"
+            )
+    return dict(sorted(out.items()))
+
+
 def _tolerance(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
         raise ValueError(f"must be a number in (0, 1), got {show(value)}")
@@ -183,10 +211,24 @@ MLA_ROPE_DIM = 64
 PrefixList = Annotated[tuple[Tokens, ...], BeforeValidator(partial(_per_request, items="integers >= 0"))]
 NewTokenList = Annotated[tuple[NewTokens, ...], BeforeValidator(partial(_per_request, items="integers >= 1"))]
 AcceptList = Annotated[tuple[AcceptLen, ...], BeforeValidator(partial(_per_request, items="integers >= 0"))]
+TrackList = Annotated[tuple[Tokens, ...], BeforeValidator(partial(_per_request, items="integers >= 0"))]
 CaptureList = Annotated[tuple[BatchSize, ...], BeforeValidator(_capture_sizes)]
 Name = Annotated[str, BeforeValidator(_name)]
 Text = Annotated[str, BeforeValidator(_text)]
 Flag = Annotated[bool, BeforeValidator(_flag)]
+EnvMap = Annotated[
+    dict[str, str],
+    BeforeValidator(_env),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "minProperties": 1,
+            "maxProperties": MAX_ENV_FLAGS,
+            "propertyNames": {"pattern": "^SGLANG_[A-Z0-9_]+$"},
+            "additionalProperties": {"type": ["boolean", "number", "string"]},
+        }
+    ),
+]
 Tolerance = Annotated[float, BeforeValidator(_tolerance)]
 Mode = Annotated[str, BeforeValidator(partial(_choice, choices=MODES, canonical=lambda s: s.upper().replace("-", "_")))]
 DType = Annotated[
@@ -255,6 +297,12 @@ class BatchNode(StrictModel):
         ),
     ] = None
     accept_lens: AcceptList | None = None
+    # A prefill's Mamba state snapshot for prefix caching (sglang's mamba_track_*): per request, the
+    # tokens of its extend the tracked state covers (mamba_track_seqlens - prefix), 0 for none.
+    mamba_track: TrackList | None = None
+    # Whether the scheduler hands its host-side track plan with the batch (production's extend
+    # does); false: the device tensors alone, as a batch without host mirrors carries them.
+    mamba_track_host: Flag | None = None
 
     @field_validator("extend_lens", mode="wrap")
     @classmethod
@@ -299,6 +347,9 @@ class ScenarioNode(StrictModel):
     # sglang's --enable-deterministic-inference published for the backend: batch-invariant kernels
     # (fixed-size decode splits, the one-stage unified extend).
     deterministic: Flag = False
+    # Engine flags (sglang's SGLANG_* environment switches) set for the cell's whole run, for the
+    # paths the engine only takes behind a flag; checked against the code base's own flags.
+    env: EnvMap | None = None
     # Expanded by the loader before a node is validated; listed so that it is a known key.
     grid: dict | None = None
 
@@ -328,6 +379,8 @@ class ScenarioNode(StrictModel):
             prefix_lens=self.batch.prefix_lens,
             extend_lens=new_token_counts(self),
             accept_lens=self.batch.accept_lens,
+            mamba_track=self.batch.mamba_track,
+            mamba_track_host=self.batch.mamba_track_host is not False,
             backend=None if self.probe else self.backend,
             probe=self.probe,
             capture_bs=tuple(sorted(set(self.cuda_graph.capture_bs))) if self.cuda_graph else None,
@@ -346,6 +399,7 @@ class ScenarioNode(StrictModel):
             max_context_len=self.max_context_len,
             dcp_size=self.dcp_size,
             deterministic=self.deterministic,
+            env=self.env,
             description=self.description,
             path=path,
             line=line,
@@ -363,6 +417,8 @@ class Scenario(StrictModel):
     prefix_lens: PrefixList
     extend_lens: NewTokenList
     accept_lens: AcceptList | None = None
+    mamba_track: TrackList | None = None  # None: no Mamba state tracked
+    mamba_track_host: Flag = True
     # Exactly one of backend and probe (a probe scenario has no backend).
     backend: Backend | None = "triton"
     probe: ProbeName | None = None
@@ -380,6 +436,7 @@ class Scenario(StrictModel):
     max_context_len: ContextLen | None = None
     dcp_size: DcpSize = 1
     deterministic: Flag = False
+    env: EnvMap | None = None
     description: Text = ""
     path: str = ""
     line: int = 0
@@ -396,6 +453,8 @@ class Scenario(StrictModel):
             raise ValueError(f"extend_lens has {len(self.extend_lens)} items for {bs} requests")
         if self.accept_lens is not None and len(self.accept_lens) != bs:
             raise ValueError(f"accept_lens has {len(self.accept_lens)} items for {bs} requests")
+        if self.mamba_track is not None and len(self.mamba_track) != bs:
+            raise ValueError(f"mamba_track has {len(self.mamba_track)} items for {bs} requests")
         if self.capture_bs is not None:
             if list(self.capture_bs) != sorted(set(self.capture_bs)):
                 raise ValueError(f"capture_bs must be sorted and distinct, got {list(self.capture_bs)}")

@@ -193,6 +193,7 @@ def check_node(node: Any) -> None:
         )
     _check_accept_lens(node, rule)
     _check_extend_lens(node, rule)
+    _check_mamba_track(node, rule)
     _check_totals(node)
     bs = len(node.batch.prefix_lens)
     if node.cuda_graph is not None:
@@ -262,6 +263,53 @@ def _check_accept_lens(node: Any, rule: ModeRule) -> None:
             f"< spec.num_draft_tokens ({spec.num_draft_tokens}) and <= spec.num_steps ({spec.num_steps})",
             at=("batch", "accept_lens", worst),
         )
+
+
+# The granularity a prefill's Mamba state is snapshotted at (sglang's mamba_cache_chunk_size: the
+# gated-delta-net chunk, 64, or the page where that is larger).
+MAMBA_TRACK_CHUNK = 64
+
+
+def _check_mamba_track(node: Any, rule: ModeRule) -> None:
+    track, host = node.batch.mamba_track, node.batch.mamba_track_host
+    if track is None:
+        if host is not None:
+            raise NodeError(
+                "has batch.mamba_track_host without batch.mamba_track; drop it", at=("batch", "mamba_track_host")
+            )
+        return
+    if rule.name != "EXTEND":
+        raise NodeError(
+            f"is {rule.name}; batch.mamba_track applies to EXTEND only (a prefill's state snapshot); drop it",
+            at=("batch", "mamba_track"),
+        )
+    bs = len(node.batch.prefix_lens)
+    if len(track) != bs:
+        raise NodeError(f"has {len(track)} batch.mamba_track for {bs} requests", at=("batch", "mamba_track"))
+    if not any(track):
+        raise NodeError("tracks no request (every batch.mamba_track is 0); drop the key", at=("batch", "mamba_track"))
+    chunk = max(MAMBA_TRACK_CHUNK, node.effective_page_size)
+    extend = new_token_counts(node)
+    for i, n in enumerate(track):
+        if not n:
+            continue
+        at = ("batch", "mamba_track", i)
+        if n > extend[i]:
+            raise NodeError(f"has batch.mamba_track[{i}] = {n}, past its extend of {extend[i]} tokens", at=at)
+        if n < chunk:
+            raise NodeError(
+                f"has batch.mamba_track[{i}] = {n}; a tracked state covers at least one {chunk}-token chunk "
+                "(the scheduler tracks no shorter extend); raise it or write 0",
+                at=at,
+            )
+        if n % chunk == 0 and n < extend[i]:
+            # The state at an aligned boundary short of the end is in the chunk states, which the
+            # scheduler asks for by adding 1 (an aligned length means the extend's final state).
+            raise NodeError(
+                f"has batch.mamba_track[{i}] = {n}: an aligned length short of the extend's end is never "
+                f"scheduled (the scheduler adds 1 to reach that boundary's state); write {n + 1} or {extend[i]}",
+                at=at,
+            )
 
 
 def _check_extend_lens(node: Any, rule: ModeRule) -> None:

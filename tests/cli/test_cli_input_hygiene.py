@@ -397,3 +397,32 @@ def test_deterministic_where_no_backend_reads_it_is_one_line_before_any_cell(tmp
         path.write_text(f"scenarios:\n  - name: det-{name}\n{head}{body}")
         r = run_cli(*profile, "run", "--scenario-file", str(path), "--device", "cpu", timeout=60)
         assert_one_line_error(r, "deterministic", *needles)
+
+
+def test_a_mamba_track_the_scheduler_never_sends_is_one_line_before_any_cell(tmp_path):
+    """batch.mamba_track on a mode that snapshots no prefill, on a backend that tracks no Mamba
+    state, of a length the scheduler never asks for (shorter than a chunk, or aligned short of the
+    extend's end), and its host flag alone: each one line naming the key and the fix."""
+    hybrid = "    backend: hybrid_linear\n    mode: EXTEND\n"
+    for name, head, batch, needles in (
+        ("decode", "    backend: hybrid_linear\n    mode: DECODE\n", "mamba_track: [70]", ("EXTEND only",)),
+        (
+            "triton",
+            "    backend: triton\n    mode: EXTEND\n",
+            "mamba_track: [70]",
+            ("backend triton", "tracks no Mamba"),
+        ),
+        ("short", hybrid, "mamba_track: [40]", ("64-token chunk",)),
+        ("aligned", hybrid, "mamba_track: [64]", ("write 65 or 70",)),
+        ("past", hybrid, "mamba_track: [71]", ("past its extend",)),
+        ("host", hybrid, "mamba_track_host: false", ("without batch.mamba_track",)),
+    ):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(
+            f"scenarios:\n  - name: track-{name}\n{head}    batch:\n      prefix_lens: [5]\n"
+            f"      extend_lens: [70]\n      {batch}\n"
+        )
+        if name == "decode":
+            path.write_text(path.read_text().replace("      extend_lens: [70]\n", ""))
+        r = run_cli("--profile", "sglang-0.5.23", "run", "--scenario-file", str(path), "--device", "cpu", timeout=60)
+        assert_one_line_error(r, "mamba_track", *needles)

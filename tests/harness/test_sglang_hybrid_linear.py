@@ -29,7 +29,7 @@ def _linear_message(cell: dict) -> str:
 def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
     require_sglang()
     cells = {c["scenario"]: c for c in _run(tmp_path, "-s", "sglang-hybrid-*")["cells"]}
-    assert len(cells) == 7, sorted(cells)
+    assert len(cells) == 9, sorted(cells)
     failed = {n: (c["verdict"], c["findings"][:2]) for n, c in cells.items() if c["verdict"] != "PASS"}
     assert not failed, failed
     for name, c in cells.items():
@@ -37,8 +37,9 @@ def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
         assert c["error"]["rows"] > 0 and c["error"]["bad_rows"] == 0, (name, c["error"])
         # The linear layers' metadata of every init: capture and replay for graphs.
         inits = 2 if "cg=graph" in name else 1
+        tracked = " and the prefill's Mamba track plan" if "-track" in name else ""
         assert _linear_message(c) == (
-            f"metadata reference: the linear layers' state slots and query offsets of {inits} metadata "
+            f"metadata reference: the linear layers' state slots and query offsets{tracked} of {inits} metadata "
             "init(s) are their batch's"
         ), (name, c["findings"])
 
@@ -111,3 +112,37 @@ def test_a_chain_verify_handed_tree_links_is_seen(tmp_path):
     cell = next(c for c in cells if c.get("toggles"))
     assert cell["verdict"] == "DIVERGE", cell["findings"]
     assert "retrieve_next_token is set for a chain verify" in _linear_message(cell), cell
+
+
+def test_a_track_plan_that_snapshots_the_wrong_chunk_state_is_seen(tmp_path):
+    """The device-side plan (no host plan with the batch) takes each unaligned request's chunk
+    state one chunk late: the prefix cache would hold a state 64 tokens past the boundary it
+    names. Neither output nor the slot and offset checks can show it; the copy over marker
+    states does, naming the request."""
+    require_sglang()
+    patch = _breaking_patch(
+        tmp_path,
+        "track_ssm_src_offset[mamba_track_mask][not_aligned] + (",
+        "track_ssm_src_offset[mamba_track_mask][not_aligned] + 1 + (",
+    )
+    cells = _run(tmp_path, "-s", "sglang-hybrid-extend-track@*", "--apply", str(patch))["cells"]
+    patched = {c["scenario"]: c for c in cells if c.get("toggles")}
+    cell = patched["sglang-hybrid-extend-track@host=off"]
+    assert cell["verdict"] == "DIVERGE", cell["findings"]
+    assert cell["error"]["bad_rows"] == 0
+    message = _linear_message(cell)
+    assert "state copy from the chunk states leaves slot" in message and "request 0's destination" in message, message
+    # The host plan is another code path: the same edit leaves it as it was.
+    assert patched["sglang-hybrid-extend-track@host=on"]["verdict"] == "PASS"
+
+
+def test_a_host_plan_that_selects_the_wrong_snapshot_rows_is_seen(tmp_path):
+    """The host plan hands the aligned requests' rows where the kernel's snapshot rows of the
+    unaligned ones belong: the copy from the kernel's own snapshot fills the destinations with
+    other requests' states."""
+    require_sglang()
+    patch = _breaking_patch(tmp_path, "to_device(plan.unaligned_rows),", "to_device(plan.final_rows),")
+    cells = _run(tmp_path, "-s", "sglang-hybrid-extend-track@host=on", "--apply", str(patch))["cells"]
+    cell = next(c for c in cells if c.get("toggles"))
+    assert cell["verdict"] == "DIVERGE", cell["findings"]
+    assert "state copy from the kernel's snapshot" in _linear_message(cell), cell["findings"]

@@ -158,7 +158,7 @@ def test_each_toggle_set_was_reverted_in_the_process(runs):
 
 def test_baselines_pass_where_checked_and_skip_with_the_reason_elsewhere(runs):
     cells = runs[""]["cells"]
-    assert len(cells) == 28, sorted(cells)
+    assert len(cells) == 32, sorted(cells)
     for name, cell in cells.items():
         if name.startswith("trtllm-"):
             assert cell["verdict"] == "SKIP", _show(cell)

@@ -80,6 +80,22 @@ def check_draft_metadata(case: Any, backend: Any, *, mla: bool) -> list[tuple[st
                 ("DIVERGE", f"metadata reference: step {i} kv_indptr[{r}] = {padded[r]}, expected {want_ptr[r]}")
             )
             continue
+        host = getattr(table, "host_indptr", None)
+        if host is not None:
+            # The step's plan reads the host's indptr instead of the device's: the two must agree
+            # on every live row (padded rows may differ: their host lengths are the fill value).
+            got_host = host.to(torch.int64)[: raw_rows + 1].tolist()
+            if got_host != want_ptr:
+                padded = got_host + [None] * len(want_ptr)
+                r = next(k for k, (a, b) in enumerate(zip(padded, want_ptr)) if a != b)
+                findings.append(
+                    (
+                        "DIVERGE",
+                        f"metadata reference: step {i}'s host plan indptr[{r}] = {padded[r]}, expected "
+                        f"{want_ptr[r]} (the plan reads it in place of the device's kv_indptr)",
+                    )
+                )
+                continue
         if table.kv_indices is None:
             findings.append(("INVARIANT", f"step {i}: its metadata has kv_indptr but kv_indices is None"))
             continue
@@ -258,11 +274,24 @@ def observe_steps(backend: Any, tables: dict) -> None:
         for method in ("init_forward_metadata", "init_forward_metadata_out_graph"):
             original = getattr(step, method)
 
-            def observed(forward_batch: Any, *args: Any, _i: int = i, _original: Any = original, **kwargs: Any) -> Any:
+            def observed(
+                forward_batch: Any, *args: Any, _i: int = i, _original: Any = original, _step: Any = step, **kwargs: Any
+            ) -> Any:
                 # Reads only what the caller passed, as the step's own code would: what fails is the caller's.
                 __sglfix_passthrough__ = True  # noqa: F841
                 spec = forward_batch.spec_info
-                tables[_i] = SimpleNamespace(kv_indptr=spec.kv_indptr.clone(), kv_indices=spec.kv_indices.clone())
+                tables[_i] = SimpleNamespace(
+                    kv_indptr=spec.kv_indptr.clone(), kv_indices=spec.kv_indices.clone(), host_indptr=_host_plan(_step)
+                )
                 return _original(forward_batch, *args, **kwargs)
 
             setattr(step, method, observed)
+
+
+def _host_plan(step: Any) -> Any:
+    """The host plan published for ``step``'s call by its module (``kit.host_plan``)."""
+    import sys
+
+    from sglfix.harness.kits import kit
+
+    return kit("drafts").host_plan(sys.modules.get(type(step).__module__))

@@ -33,6 +33,7 @@ from typing import Any
 from .environment import (
     bind_own_plan,
     decide_needs_cpu_seq_lens,
+    engine_flags,
     prepare_for_draft_extend,
     publish_server_args,
     publish_spec,
@@ -47,6 +48,7 @@ __all__ = [
     "TARGET_VERIFY",
     "bind_own_plan",
     "decide_needs_cpu_seq_lens",
+    "engine_flags",
     "make_case",
     "make_draft_extend_v2_input",
     "make_forward_batch",

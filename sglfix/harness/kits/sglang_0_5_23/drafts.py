@@ -32,7 +32,14 @@ from .draft_cases import DSV4_PAGE_SIZE, DraftCase, build_draft, build_dsv4_draf
 from .draft_extend import build_trtllm_draft_extend, trtllm_capture_batch, trtllm_prefill_case, trtllm_replay_view
 from .draft_replay import replay_draft
 from .environment import draft_backend_factory, flash_mla_available, flashinfer_available, has_cuda, prepare
-from .host_steps import MLA_GATE_NOTE, HostStepRecorder, host_step_children, lift_mla_topk_gate, mla_steps_recorded
+from .host_steps import (
+    MLA_GATE_NOTE,
+    HostStepRecorder,
+    host_plan,
+    host_step_children,
+    lift_mla_topk_gate,
+    mla_steps_recorded,
+)
 from .slots import DraftSlots, PagedSlots
 
 __all__ = [
@@ -52,6 +59,7 @@ __all__ = [
     "flash_mla_available",
     "flashinfer_available",
     "has_cuda",
+    "host_plan",
     "host_step_children",
     "lift_mla_topk_gate",
     "make_capture_batch",

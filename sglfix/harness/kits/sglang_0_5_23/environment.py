@@ -18,6 +18,7 @@ __all__ = [
     "context_kept",
     "decide_needs_cpu_seq_lens",
     "draft_backend_factory",
+    "engine_flags",
     "flash_mla_available",
     "flashinfer_available",
     "has_cuda",
@@ -238,6 +239,31 @@ def decide_needs_cpu_seq_lens(backends: Any) -> bool:
     from sglang.srt.managers.overlap_utils import decide_needs_cpu_seq_lens as decide
 
     return with_server_args(decide, backends)
+
+
+@contextlib.contextmanager
+def engine_flags(env: dict[str, str]) -> Iterator[None]:
+    """A scenario's engine flags set in this process for the cell (sglang reads each when it
+    decides, through ``envs.NAME.get()``) and put back after: the worker runs other cells next.
+    A flag this sglang does not declare is a path it does not have (a release older than the
+    profile's): the cell cannot run here, said as such."""
+    from sglang.srt.environ import envs
+
+    from sglfix.harness.unavailable import Unavailable
+
+    missing = [name for name in env if not hasattr(type(envs), name)]
+    if missing:
+        raise Unavailable(f"this sglang declares no engine flag {missing[0]} (the path it switches is newer)")
+    before = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def draft_backend_factory(runner: Any, topk: int, num_steps: int) -> Any:

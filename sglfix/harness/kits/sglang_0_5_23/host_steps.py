@@ -12,7 +12,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["MLA_GATE_NOTE", "HostStepRecorder", "host_step_children", "lift_mla_topk_gate", "mla_steps_recorded"]
+__all__ = [
+    "MLA_GATE_NOTE",
+    "HostStepRecorder",
+    "host_plan",
+    "host_step_children",
+    "lift_mla_topk_gate",
+    "mla_steps_recorded",
+]
 
 
 class HostStepRecorder:
@@ -23,6 +30,8 @@ class HostStepRecorder:
     rows); each step's page table that it hands to its step backend (``spec_info.kv_indptr`` /
     ``spec_info.kv_indices``) is recorded here instead of being planned into FlashInfer. Nothing of
     FlashInfer runs: attention output is not computed."""
+
+    _module: Any = None  # the step backends' module (host_step_children binds it)
 
     def __init__(
         self,
@@ -51,7 +60,9 @@ class HostStepRecorder:
         # page table it is not handed fails there, the caller's (sglfix.harness.misfit).
         __sglfix_passthrough__ = True  # noqa: F841
         spec = forward_batch.spec_info
-        self.page_table = SimpleNamespace(kv_indptr=spec.kv_indptr.clone(), kv_indices=spec.kv_indices.clone())
+        self.page_table = SimpleNamespace(
+            kv_indptr=spec.kv_indptr.clone(), kv_indices=spec.kv_indices.clone(), host_indptr=host_plan(self._module)
+        )
         self.calls.append(how)
 
     def init_forward_metadata(self, forward_batch: Any) -> None:
@@ -65,12 +76,20 @@ class HostStepRecorder:
         pass
 
 
+def host_plan(module: Any) -> Any:
+    """The host-side indptr the multi-step backend publishes for the step it is calling (FlashInfer's
+    ``global_override_indptr_cpu``, which a step's plan reads instead of copying the device's),
+    a copy; None where it publishes none."""
+    plan = getattr(module, "global_override_indptr_cpu", None)
+    return plan.clone() if isinstance(plan, torch.Tensor) else None
+
+
 @contextlib.contextmanager
 def host_step_children(module: Any, class_name: str) -> Iterator[None]:
     """While the multi-step draft backend is constructed, its per-step FlashInfer backends are
     ``HostStepRecorder``s (restored at once afterwards)."""
     original = getattr(module, class_name)
-    setattr(module, class_name, HostStepRecorder)
+    setattr(module, class_name, type("HostStepRecorder", (HostStepRecorder,), {"_module": module}))
     try:
         yield
     finally:
