@@ -12,7 +12,8 @@
 # ONLY=memory records each cell's device memory in one process (bench/cell_profile.py --memory).
 # ONLY=scale runs only the scale-out benchmark (bench/scale_out.py; Ray from .cache/ray-whl).
 # ONLY=profile times where a cell's time goes (bench/cell_profile.py, the parent under cProfile).
-# ONLY=sglang runs the real-sglang matrix (--profile sglang-0.5.23; sglang from .cache/sglang-gpu).
+# ONLY=sglang runs the real-sglang matrix (--profile sglang-0.5.23; sglang from .cache/sglang-gpu);
+# with SG_SCENARIOS (-s globs) only those scenarios, every part, in one matrix.
 # ONLY=runner runs the matrix and bisect (--devices all, two shards) through the one runner.
 # ONLY=fix checks the profile's candidate fixes on real sglang (bench/fix_check.py): the FlashInfer
 # MLA one over the fimla scenarios, then over the whole matrix; the req_to_token one over the probes.
@@ -445,6 +446,20 @@ if [ "${ONLY:-}" = finding ]; then
     --device cuda --json "$OUT/matrix-draft-extend-cuda.json" > "$OUT/matrix-draft-extend-cuda.txt" 2>&1; echo "matrix rc=$?"
   grep -E "^(UNMET|unexpected|27545|sglfix matrix)" "$OUT/matrix-draft-extend-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -12
   save_sglang_caches
+  exit 0
+fi
+if [ "${ONLY:-}" = sglang ] && [ -n "${SG_SCENARIOS:-}" ]; then
+  # A chosen part of the real-sglang scenarios (SG_SCENARIOS, sglfix's -s globs), every toggle and
+  # part, in one matrix: the new scenarios' CUDA run, compared with the CPU matrix of the same
+  # selection afterwards (sglfix report compare).
+  install_sglang
+  log "real-sglang matrix on CUDA, every part: $SG_SCENARIOS"
+  set -f
+  COLUMNS=250 timeout ${SHARD_LIMIT:-420} python3 -m sglfix matrix --profile sglang-0.5.23 --parts --device cuda \
+    --jobs ${JOBS:-4} $SG_SCENARIOS --json "$OUT/matrix-sglang-sel-cuda.json" > "$OUT/matrix-sglang-sel-cuda.txt" 2>&1
+  echo "matrix rc=$?"
+  set +f
+  grep -E "^(UNMET|unexpected|sglfix matrix)" "$OUT/matrix-sglang-sel-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -15
   exit 0
 fi
 if [ "${ONLY:-}" = sglang ]; then
