@@ -404,12 +404,7 @@ class _Fixes:
         self._dir: str | None = None
         for cid, text, sha in candidates:
             if self._dir is None:
-                import atexit
-                import shutil
-                import tempfile
-
-                self._dir = tempfile.mkdtemp(prefix="sglfix-apply-")
-                atexit.register(shutil.rmtree, self._dir, True)
+                self._dir = _owned_folder("sglfix-apply-")
             path = os.path.join(self._dir, cid.lstrip("+") + ".patch")
             with open(path, "w", encoding="utf-8") as fh:
                 fh.write(text)
@@ -420,6 +415,23 @@ class _Fixes:
         if missing:
             raise ValueError(f"candidate fix {missing[0]} was not given to this worker")
         return os.pathsep.join(self.files[i] for i in ids)
+
+
+def _owned_folder(prefix: str) -> str:
+    """A temporary folder this worker holds (locked) for its life. A worker ends by SIGKILL to its
+    group, which runs no exit handler: the folder outlives it, and the next worker to make one
+    removes the folders whose holder is gone (``sweep_dead``)."""
+    import atexit
+    import contextlib
+    import tempfile
+
+    from sglfix.codebases.releases import owned_tempdir, sweep_dead
+
+    sweep_dead(tempfile.gettempdir(), prefix=prefix)
+    stack = contextlib.ExitStack()
+    folder = str(stack.enter_context(owned_tempdir(tempfile.gettempdir(), prefix=prefix)))
+    atexit.register(stack.close)
+    return folder
 
 
 def _missing_dependency(exc: BaseException) -> str | None:
