@@ -93,11 +93,11 @@ LIMITS: tuple[Limit, ...] = (
     ),
     Limit(
         "`batch.mamba_track`",
-        "0, or 64 .. the request's extend",
-        "EXTEND only, real sglang `hybrid_linear`: the tokens of a request's extend its tracked Mamba state "
+        "EXTEND: 0, or 64 .. the request's extend; DECODE: 0 or 1",
+        "real sglang `hybrid_linear`. EXTEND: the tokens of a request's extend its tracked Mamba state "
         "covers (sglang's `mamba_track_seqlens` - prefix); at least one 64-token chunk (the page where "
         "larger); an aligned length must be the whole extend (the scheduler asks for an earlier boundary "
-        "as boundary + 1)",
+        "as boundary + 1). DECODE: 1 where this step's state is snapshotted",
     ),
     Limit(
         "`env`", "<= 16 `SGLANG_*` flags", "real sglang: flags its `srt/environ.py` declares, values its parser takes"

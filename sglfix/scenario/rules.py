@@ -278,9 +278,10 @@ def _check_mamba_track(node: Any, rule: ModeRule) -> None:
                 "has batch.mamba_track_host without batch.mamba_track; drop it", at=("batch", "mamba_track_host")
             )
         return
-    if rule.name != "EXTEND":
+    if rule.name not in ("EXTEND", "DECODE"):
         raise NodeError(
-            f"is {rule.name}; batch.mamba_track applies to EXTEND only (a prefill's state snapshot); drop it",
+            f"is {rule.name}; batch.mamba_track applies to EXTEND (a prefill's state snapshot) and DECODE "
+            "(a decode step's) only; drop it",
             at=("batch", "mamba_track"),
         )
     bs = len(node.batch.prefix_lens)
@@ -288,6 +289,20 @@ def _check_mamba_track(node: Any, rule: ModeRule) -> None:
         raise NodeError(f"has {len(track)} batch.mamba_track for {bs} requests", at=("batch", "mamba_track"))
     if not any(track):
         raise NodeError("tracks no request (every batch.mamba_track is 0); drop the key", at=("batch", "mamba_track"))
+    if rule.name == "DECODE":
+        if host is not None:
+            raise NodeError(
+                "is DECODE, whose track has no host plan (batch.mamba_track_host is EXTEND's); drop it",
+                at=("batch", "mamba_track_host"),
+            )
+        for i, n in enumerate(track):
+            if n not in (0, 1):
+                raise NodeError(
+                    f"has batch.mamba_track[{i}] = {n}; in DECODE each request's entry is 1 (this step's "
+                    "state is snapshotted) or 0",
+                    at=("batch", "mamba_track", i),
+                )
+        return
     chunk = max(MAMBA_TRACK_CHUNK, node.effective_page_size)
     extend = new_token_counts(node)
     for i, n in enumerate(track):

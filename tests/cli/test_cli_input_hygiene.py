@@ -400,12 +400,24 @@ def test_deterministic_where_no_backend_reads_it_is_one_line_before_any_cell(tmp
 
 
 def test_a_mamba_track_the_scheduler_never_sends_is_one_line_before_any_cell(tmp_path):
-    """batch.mamba_track on a mode that snapshots no prefill, on a backend that tracks no Mamba
-    state, of a length the scheduler never asks for (shorter than a chunk, or aligned short of the
-    extend's end), and its host flag alone: each one line naming the key and the fix."""
+    """batch.mamba_track with a decode entry other than 0/1 or a decode host plan, on a backend that
+    tracks no Mamba state, of a length the scheduler never asks for (shorter than a chunk, or
+    aligned short of the extend's end), and its host flag alone: each one line naming the key and
+    the fix."""
     hybrid = "    backend: hybrid_linear\n    mode: EXTEND\n"
     for name, head, batch, needles in (
-        ("decode", "    backend: hybrid_linear\n    mode: DECODE\n", "mamba_track: [70]", ("EXTEND only",)),
+        (
+            "decode",
+            "    backend: hybrid_linear\n    mode: DECODE\n",
+            "mamba_track: [70]",
+            ("in DECODE each request's entry",),
+        ),
+        (
+            "decode-host",
+            "    backend: hybrid_linear\n    mode: DECODE\n",
+            "mamba_track: [1]\n      mamba_track_host: true",
+            ("track has no host plan",),
+        ),
         (
             "triton",
             "    backend: triton\n    mode: EXTEND\n",
@@ -422,7 +434,7 @@ def test_a_mamba_track_the_scheduler_never_sends_is_one_line_before_any_cell(tmp
             f"scenarios:\n  - name: track-{name}\n{head}    batch:\n      prefix_lens: [5]\n"
             f"      extend_lens: [70]\n      {batch}\n"
         )
-        if name == "decode":
+        if name.startswith("decode"):
             path.write_text(path.read_text().replace("      extend_lens: [70]\n", ""))
         r = run_cli("--profile", "sglang-0.5.23", "run", "--scenario-file", str(path), "--device", "cpu", timeout=60)
         assert_one_line_error(r, "mamba_track", *needles)

@@ -29,7 +29,7 @@ def _linear_message(cell: dict) -> str:
 def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
     require_sglang()
     cells = {c["scenario"]: c for c in _run(tmp_path, "-s", "sglang-hybrid-*")["cells"]}
-    assert len(cells) == 9, sorted(cells)
+    assert len(cells) == 12, sorted(cells)
     failed = {n: (c["verdict"], c["findings"][:2]) for n, c in cells.items() if c["verdict"] != "PASS"}
     assert not failed, failed
     for name, c in cells.items():
@@ -37,7 +37,8 @@ def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
         assert c["error"]["rows"] > 0 and c["error"]["bad_rows"] == 0, (name, c["error"])
         # The linear layers' metadata of every init: capture and replay for graphs.
         inits = 2 if "cg=graph" in name else 1
-        tracked = " and the prefill's Mamba track plan" if "-track" in name else ""
+        tracked = {"extend": " and the prefill's Mamba track plan", "decode": " and the decode step's Mamba track"}
+        tracked = next((t for k, t in tracked.items() if f"-{k}-track" in name), "")
         assert _linear_message(c) == (
             f"metadata reference: the linear layers' state slots and query offsets{tracked} of {inits} metadata "
             "init(s) are their batch's"
@@ -146,3 +147,22 @@ def test_a_host_plan_that_selects_the_wrong_snapshot_rows_is_seen(tmp_path):
     cell = next(c for c in cells if c.get("toggles"))
     assert cell["verdict"] == "DIVERGE", cell["findings"]
     assert "state copy from the kernel's snapshot" in _linear_message(cell), cell["findings"]
+
+
+def test_a_replay_that_keeps_a_stale_track_destination_is_seen(tmp_path):
+    """The replay refreshes its track buffer one row short: the last tracked request's decode
+    snapshot goes to whatever destination an earlier replay left there. Eagerly nothing is wrong;
+    the graph cells show it, naming the destinations."""
+    require_sglang()
+    patch = _breaking_patch(
+        tmp_path,
+        "track_buf.copy_(self._translate_mamba_indices(mamba_track_indices[:bs]))",
+        "track_buf[: bs - 1].copy_(self._translate_mamba_indices(mamba_track_indices[: bs - 1]))",
+    )
+    cells = _run(tmp_path, "-s", "sglang-hybrid-decode-track@*", "--apply", str(patch))["cells"]
+    patched = {c["scenario"]: c for c in cells if c.get("toggles")}
+    assert patched["sglang-hybrid-decode-track@cg=eager"]["verdict"] == "PASS"
+    cell = patched["sglang-hybrid-decode-track@cg=graph"]
+    assert cell["verdict"] == "DIVERGE", cell["findings"]
+    assert cell["error"]["bad_rows"] == 0, "the full-attention output cannot show it"
+    assert "mamba_track_indices = [" in _linear_message(cell), cell["findings"]

@@ -120,7 +120,9 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
             return [("DIVERGE", f"metadata reference: linear metadata init {at} of {len(reports)}: {first}")]
         if not reports:
             return []
-        tracked = " and the prefill's Mamba track plan" if getattr(backend, "_sglfix_track", None) else ""
+        plan = getattr(backend, "_sglfix_track", None)
+        whose = {"EXTEND": "the prefill's Mamba track plan", "DECODE": "the decode step's Mamba track"}
+        tracked = f" and {whose[plan.mode]}" if plan is not None else ""
         return [
             (
                 "PASS",
@@ -259,23 +261,27 @@ def _track_plan(case: Any, scenario: Any) -> Any:
 
     batch, device = case.forward_batch, case.device
     pool = case.runner.req_to_token_pool
-    chunk = max(MAMBA_TRACK_CHUNK, int(scenario.page_size))
-    # The snapshot grid is the model's chunk or the page (sglang's mamba_cache_chunk_size); the
-    # kit's model has no HF config to read it from, so it is seeded as sglang's own fixtures seed it.
-    get_server_args()._mamba_cache_chunk_size = chunk
     track = list(scenario.mamba_track)
-    prefix, extend = list(scenario.prefix_lens), list(scenario.extend_lens)
     taken = set(pool.req_index_to_mamba_index_mapping[batch.req_pool_indices.long()].tolist())
     free = [s for s in range(1, pool.mamba_pool.size + 1) if s not in taken]
     gen = torch.Generator(device="cpu").manual_seed(scenario.seed + 11)
     order = torch.randperm(len(free), generator=gen).tolist()
     dst = [free[order[i]] for i in range(len(track))]
     mask = [n > 0 for n in track]
+    batch.mamba_track_mask = torch.tensor(mask, dtype=torch.bool, device=device)
+    batch.mamba_track_indices = torch.tensor(dst, dtype=torch.int64, device=device)
+    if scenario.mode == "DECODE":
+        # A decode step snapshots the state it leaves in the request's slot; no lengths.
+        batch.mamba_track_seqlens = None
+        return SimpleNamespace(mode="DECODE", track=track, dst=dst, mask=mask)
+    chunk = max(MAMBA_TRACK_CHUNK, int(scenario.page_size))
+    # The snapshot grid is the model's chunk or the page (sglang's mamba_cache_chunk_size); the
+    # kit's model has no HF config to read it from, so it is seeded as sglang's own fixtures seed it.
+    get_server_args()._mamba_cache_chunk_size = chunk
+    prefix, extend = list(scenario.prefix_lens), list(scenario.extend_lens)
     seqlens = [p + n if n else -1 for p, n in zip(prefix, track)]
     batch.extend_prefix_lens = torch.tensor(prefix, dtype=torch.int32, device=device)
-    batch.mamba_track_mask = torch.tensor(mask, dtype=torch.bool, device=device)
     batch.mamba_track_seqlens = torch.tensor(seqlens, dtype=torch.int64, device=device)
-    batch.mamba_track_indices = torch.tensor(dst, dtype=torch.int64, device=device)
     if scenario.mamba_track_host:
         batch.mamba_prefill_track_mask_cpu = list(mask)
         batch.mamba_track_seqlens_cpu = list(seqlens)
@@ -284,7 +290,7 @@ def _track_plan(case: Any, scenario: Any) -> Any:
     else:
         batch.mamba_prefill_track_mask_cpu = None
         batch.mamba_track_seqlens_cpu = None
-    return SimpleNamespace(track=track, dst=dst, extend=extend, chunk=chunk)
+    return SimpleNamespace(mode="EXTEND", track=track, dst=dst, mask=mask, extend=extend, chunk=chunk)
 
 
 def _track_reference(metadata: Any, batch: Any, backend: Any, *, offsets: list[int]) -> str:
@@ -372,6 +378,66 @@ def _track_copies(metadata: Any, batch: Any, backend: Any, plan: Any, covered: d
     return ""
 
 
+def _decode_track_reference(metadata: Any, backend: Any, plan: Any, *, real: int, bs: int) -> str:
+    """A decode step's track ("" when right): each tracked request's destination as the batch
+    gives it (on a replay, the backend's own copy of the runner's slot), and the step's state
+    copy, per layer and for all layers at once (the fused launch at the last Mamba layer), over
+    marker states: each tracked request's destination holds its own slot's state after the
+    copy, nothing else changes."""
+    import torch
+
+    got = getattr(metadata, "mamba_track_indices", None)
+    shown = None if got is None else got.to("cpu", torch.long).tolist()
+    if shown is None or shown[:real] != plan.dst[:real]:
+        return f"mamba_track_indices = {shown}, the batch's track destinations are {plan.dst}"
+    linear = backend._sglfix_linear
+    mapping = linear.req_to_token_pool.req_index_to_mamba_index_mapping
+    slot_of = mapping[backend._sglfix_rows[:real].long()].to("cpu", torch.long).tolist()
+    dev = metadata.mamba_cache_indices.device
+    mask = torch.zeros(bs, dtype=torch.bool)
+    mask[:real] = torch.tensor(plan.mask[:real])
+    batch = SimpleNamespace(mamba_track_mask=mask.to(dev), batch_size=bs)
+    moves = {plan.dst[r]: slot_of[r] for r in range(real) if plan.mask[r]}
+    cache = linear.req_to_token_pool.mamba_pool.mamba_cache
+    conv_pool, ssm_pool = cache.conv[0], cache.temporal
+    for how, layer in (("per layer", None), ("for all layers", LINEAR_LAYER)):
+        saved = (conv_pool.clone(), ssm_pool.clone())
+        try:
+            markers = -(torch.arange(conv_pool.shape[1], device=dev, dtype=torch.float32) + 1)
+            conv_pool.copy_(markers.view(1, -1, *[1] * (conv_pool.dim() - 2)).expand_as(conv_pool))
+            ssm_pool.copy_((10 * markers).view(1, -1, *[1] * (ssm_pool.dim() - 2)).expand_as(ssm_pool))
+            want = [t[0].to("cpu", copy=True) for t in (conv_pool, ssm_pool)]
+            for d, s in moves.items():
+                for w in want:
+                    w[d] = w[s]
+            try:
+                linear._track_mamba_state_decode(
+                    batch, conv_pool[0], ssm_pool[0], metadata.mamba_cache_indices, layer_id=layer
+                )
+            except (IndexError, RuntimeError) as exc:
+                return f"the decode track's state copy ({how}) fails: {str(exc).splitlines()[0]}"
+            for name, w, t in (("conv", want[0], conv_pool), ("SSM", want[1], ssm_pool)):
+                t = t[0].cpu()
+                if not torch.equal(t, w):
+                    at = int((t != w).reshape(t.shape[0], -1).any(dim=1).nonzero()[0, 0])
+                    owner = next((r for r in range(real) if plan.mask[r] and plan.dst[r] == at), None)
+                    who = f"request {owner}'s destination" if owner is not None else "a slot no request tracks into"
+                    return (
+                        f"the decode track's {name} state copy ({how}) leaves slot {at} ({who}) holding slot "
+                        f"{_slot_marker(t[at], scale=10 if name == 'SSM' else 1)}'s state, want slot "
+                        f"{_slot_marker(w[at], scale=10 if name == 'SSM' else 1)}'s"
+                    )
+        finally:
+            conv_pool.copy_(saved[0])
+            ssm_pool.copy_(saved[1])
+    return ""
+
+
+def _slot_marker(row: Any, *, scale: int) -> int:
+    """The slot a marker state row names (-scale (s + 1) everywhere)."""
+    return round(-float(row.reshape(-1)[0]) / scale) - 1
+
+
 def _marker(value: float) -> str:
     """A marker state in words."""
     if value < 0:
@@ -424,6 +490,10 @@ def _linear_reference(metadata: Any, batch: Any, backend: Any) -> str:
         wrong = _track_reference(metadata, batch, backend, offsets=want)
         if wrong:
             return wrong
+    plan = getattr(backend, "_sglfix_track", None)
+    if mode.is_decode_or_idle() and plan is not None and getattr(backend, "_sglfix_phase", "eager") != "capture":
+        # A capture's batch tracks nothing (the runner's track slots are zero then).
+        return _decode_track_reference(metadata, backend, plan, real=real, bs=bs)
     if mode.is_target_verify():
         return _verify_links(metadata, backend)
     return ""

@@ -128,6 +128,7 @@ class GraphRunner:
 
         dev, n, bs = self.case.device, self.max_tokens, self.max_bs
         q, k, v = self.case.q, self.case.k, self.case.v
+        tracks = getattr(getattr(self.case, "forward_batch", None), "mamba_track_mask", None) is not None
         return SimpleNamespace(
             input_ids=torch.zeros((n,), dtype=torch.int64, device=dev),
             positions=torch.zeros((n,), dtype=torch.int64, device=dev),
@@ -141,7 +142,10 @@ class GraphRunner:
             # Sized as the runners' buffers size it (0.5.16-0.5.23 alike): the backend copies it
             # into its own verify-mask buffer at capture, which 0.5.16 sizes tokens x context.
             custom_mask=torch.ones(((bs * self.fill + n) * self.width,), dtype=torch.bool, device=dev),
-            mamba_track_indices=None,
+            # The decode runner's Mamba track slots, registered where the batch tracks states
+            # (zero-padded, as sglang pads its index buffers).
+            mamba_track_indices=torch.zeros((bs,), dtype=torch.int64, device=dev) if tracks else None,
+            mamba_track_mask=torch.zeros((bs,), dtype=torch.bool, device=dev) if tracks else None,
             q=torch.zeros((n,) + tuple(q.shape[1:]), dtype=q.dtype, device=dev),
             k=torch.zeros((n,) + tuple(k.shape[1:]), dtype=k.dtype, device=dev),
             v=torch.zeros((n,) + tuple(v.shape[1:]), dtype=v.dtype, device=dev),
@@ -201,6 +205,9 @@ class GraphRunner:
             extend_seq_lens_cpu=[self.width] * bs if draft_extend else None,
             spec_info=self._capture_spec_info(bs),
         )
+        if b.mamba_track_indices is not None:
+            batch.mamba_track_indices = b.mamba_track_indices[:bs]
+            batch.mamba_track_mask = b.mamba_track_mask[:bs]
         bind_runner_slots(self.case.runner, batch)
         return batch
 
@@ -283,6 +290,12 @@ class GraphRunner:
         b.req_pool_indices[:raw_bs].copy_(batch.req_pool_indices)
         if batch.seq_lens_cpu is not None:
             b.seq_lens_cpu[:raw_bs].copy_(batch.seq_lens_cpu)
+        if b.mamba_track_indices is not None:
+            if bs != raw_bs:
+                b.mamba_track_indices.zero_()
+                b.mamba_track_mask.zero_()
+            b.mamba_track_indices[:raw_bs].copy_(batch.mamba_track_indices)
+            b.mamba_track_mask[:raw_bs].copy_(batch.mamba_track_mask)
 
     def _decode_view(self, batch: Any, *, raw_bs: int, bs: int) -> Any:
         """Decode / verify: the decode graph runner's own replay view."""
