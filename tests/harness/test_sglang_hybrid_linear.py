@@ -22,6 +22,13 @@ def _breaking_patch(tmp_path: Path, old: str, new: str) -> Path:
     return breaking_patch(tmp_path, "hybrid_linear_attn_backend", old, new)
 
 
+def _patched_cells(tmp_path: Path, select: str, old: str, new: str) -> dict:
+    """The cells of ``select`` run with the installed backend's ``old`` made ``new``, by scenario."""
+    patch = _breaking_patch(tmp_path, old, new)
+    cells = _run(tmp_path, "-s", select, "--apply", str(patch))["cells"]
+    return {c["scenario"]: c for c in cells if c.get("toggles")}
+
+
 def _linear_message(cell: dict) -> str:
     return next(f["message"] for f in cell["findings"] if "linear" in f["message"])
 
@@ -121,13 +128,12 @@ def test_a_track_plan_that_snapshots_the_wrong_chunk_state_is_seen(tmp_path):
     names. Neither output nor the slot and offset checks can show it; the copy over marker
     states does, naming the request."""
     require_sglang()
-    patch = _breaking_patch(
+    patched = _patched_cells(
         tmp_path,
+        "sglang-hybrid-extend-track@*",
         "track_ssm_src_offset[mamba_track_mask][not_aligned] + (",
         "track_ssm_src_offset[mamba_track_mask][not_aligned] + 1 + (",
     )
-    cells = _run(tmp_path, "-s", "sglang-hybrid-extend-track@*", "--apply", str(patch))["cells"]
-    patched = {c["scenario"]: c for c in cells if c.get("toggles")}
     cell = patched["sglang-hybrid-extend-track@host=off"]
     assert cell["verdict"] == "DIVERGE", cell["findings"]
     assert cell["error"]["bad_rows"] == 0
@@ -154,13 +160,12 @@ def test_a_replay_that_keeps_a_stale_track_destination_is_seen(tmp_path):
     snapshot goes to whatever destination an earlier replay left there. Eagerly nothing is wrong;
     the graph cells show it, naming the destinations."""
     require_sglang()
-    patch = _breaking_patch(
+    patched = _patched_cells(
         tmp_path,
+        "sglang-hybrid-decode-track@*",
         "track_buf.copy_(self._translate_mamba_indices(mamba_track_indices[:bs]))",
         "track_buf[: bs - 1].copy_(self._translate_mamba_indices(mamba_track_indices[: bs - 1]))",
     )
-    cells = _run(tmp_path, "-s", "sglang-hybrid-decode-track@*", "--apply", str(patch))["cells"]
-    patched = {c["scenario"]: c for c in cells if c.get("toggles")}
     assert patched["sglang-hybrid-decode-track@cg=eager"]["verdict"] == "PASS"
     cell = patched["sglang-hybrid-decode-track@cg=graph"]
     assert cell["verdict"] == "DIVERGE", cell["findings"]
