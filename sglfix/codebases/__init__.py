@@ -187,23 +187,27 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
                 + (f"; it runs on {' and '.join(others)} (pick that profile)" if others else "")
             )
         model = getattr(s, "model", None)
-        if getattr(model, "sliding_window", None) is not None and backend not in cb.sliding_window:
-            others = [c.name for c in CODEBASES.values() if backend in c.sliding_window]
-            raise ConfigError(
-                f"{where}: model.sliding_window: backend {backend} on {cb.name} has no sliding-window layer"
-                + (f"; it runs on {' and '.join(others)} (pick that profile)" if others else "; drop the key")
+        if getattr(model, "sliding_window", None) is not None:
+            _refuse_unless_read(
+                cb,
+                backend,
+                "sliding_window",
+                where=where,
+                key="model.sliding_window",
+                lacks="has no sliding-window layer",
             )
-        if getattr(s, "deterministic", False) and backend not in cb.deterministic:
-            others = [c.name for c in CODEBASES.values() if backend in c.deterministic]
-            raise ConfigError(
-                f"{where}: deterministic: backend {backend} on {cb.name} has no deterministic-inference path here"
-                + (f"; it runs on {' and '.join(others)} (pick that profile)" if others else "; drop the key")
+        if getattr(s, "deterministic", False):
+            _refuse_unless_read(
+                cb,
+                backend,
+                "deterministic",
+                where=where,
+                key="deterministic",
+                lacks="has no deterministic-inference path here",
             )
-        if getattr(s, "mamba_track", None) and backend not in cb.mamba_track:
-            others = [c.name for c in CODEBASES.values() if backend in c.mamba_track]
-            raise ConfigError(
-                f"{where}: batch.mamba_track: backend {backend} on {cb.name} tracks no Mamba state here"
-                + (f"; it runs on {' and '.join(others)} (pick that profile)" if others else "; drop the key")
+        if getattr(s, "mamba_track", None):
+            _refuse_unless_read(
+                cb, backend, "mamba_track", where=where, key="batch.mamba_track", lacks="tracks no Mamba state here"
             )
         if backend is not None and backend not in cb.adapters:
             raise ConfigError(
@@ -212,6 +216,18 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
             )
         if getattr(s, "env", None):
             _check_engine_flags(s.env, cb, where=where)
+
+
+def _refuse_unless_read(cb: CodeBase, backend: Any, field: str, *, where: str, key: str, lacks: str) -> None:
+    """A scenario key only some backends' adapters hand on (the profile's ``field`` lists them):
+    one line where this one does not, naming the profiles whose backend does."""
+    if backend in getattr(cb, field):
+        return
+    others = [c.name for c in CODEBASES.values() if backend in getattr(c, field)]
+    raise ConfigError(
+        f"{where}: {key}: backend {backend} on {cb.name} {lacks}"
+        + (f"; it runs on {' and '.join(others)} (pick that profile)" if others else "; drop the key")
+    )
 
 
 def _check_engine_flags(env: dict, cb: CodeBase, *, where: str) -> None:

@@ -72,30 +72,25 @@ def check_draft_metadata(case: Any, backend: Any, *, mla: bool) -> list[tuple[st
             findings.append(("INVARIANT", f"step {i}: no page table was handed to the step backend"))
             continue
         want_ptr, want_idx = case.slots.step_page_table(i)
-        got_ptr = table.kv_indptr.to(torch.int64).cpu()[: raw_rows + 1].tolist()
-        if got_ptr != want_ptr:
-            padded = got_ptr + [None] * len(want_ptr)
-            r = next(k for k, (a, b) in enumerate(zip(padded, want_ptr)) if a != b)
+        wrong = _first_difference(table.kv_indptr, want_ptr)
+        if wrong is not None:
+            r, got = wrong
+            findings.append(("DIVERGE", f"metadata reference: step {i} kv_indptr[{r}] = {got}, expected {want_ptr[r]}"))
+            continue
+        # The step's plan may read the host's indptr instead of the device's: the two must agree
+        # on every live row (padded rows may differ: their host lengths are the fill value).
+        host = getattr(table, "host_indptr", None)
+        wrong = None if host is None else _first_difference(host, want_ptr)
+        if wrong is not None:
+            r, got = wrong
             findings.append(
-                ("DIVERGE", f"metadata reference: step {i} kv_indptr[{r}] = {padded[r]}, expected {want_ptr[r]}")
+                (
+                    "DIVERGE",
+                    f"metadata reference: step {i}'s host plan indptr[{r}] = {got}, expected "
+                    f"{want_ptr[r]} (the plan reads it in place of the device's kv_indptr)",
+                )
             )
             continue
-        host = getattr(table, "host_indptr", None)
-        if host is not None:
-            # The step's plan reads the host's indptr instead of the device's: the two must agree
-            # on every live row (padded rows may differ: their host lengths are the fill value).
-            got_host = host.to(torch.int64)[: raw_rows + 1].tolist()
-            if got_host != want_ptr:
-                padded = got_host + [None] * len(want_ptr)
-                r = next(k for k, (a, b) in enumerate(zip(padded, want_ptr)) if a != b)
-                findings.append(
-                    (
-                        "DIVERGE",
-                        f"metadata reference: step {i}'s host plan indptr[{r}] = {padded[r]}, expected "
-                        f"{want_ptr[r]} (the plan reads it in place of the device's kv_indptr)",
-                    )
-                )
-                continue
         if table.kv_indices is None:
             findings.append(("INVARIANT", f"step {i}: its metadata has kv_indptr but kv_indices is None"))
             continue
@@ -286,6 +281,19 @@ def observe_steps(backend: Any, tables: dict) -> None:
                 return _original(forward_batch, *args, **kwargs)
 
             setattr(step, method, observed)
+
+
+def _first_difference(got: Any, want: list[int]) -> tuple[int, int | None] | None:
+    """The first index where the indptr ``got`` (over ``want``'s rows) differs from ``want``, and
+    its value there (None: ``got`` ends first); None where they agree."""
+    import torch
+
+    given = got.to(torch.int64).cpu()[: len(want)].tolist()
+    if given == want:
+        return None
+    padded = given + [None] * len(want)
+    r = next(k for k, (a, b) in enumerate(zip(padded, want)) if a != b)
+    return r, padded[r]
 
 
 def _host_plan(step: Any) -> Any:

@@ -249,21 +249,16 @@ def engine_flags(env: dict[str, str]) -> Iterator[None]:
     profile's): the cell cannot run here, said as such."""
     from sglang.srt.environ import envs
 
+    from sglfix.common.environ import Text
     from sglfix.harness.unavailable import Unavailable
 
     missing = [name for name in env if not hasattr(type(envs), name)]
     if missing:
         raise Unavailable(f"this sglang declares no engine flag {missing[0]} (the path it switches is newer)")
-    before = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
+    with contextlib.ExitStack() as stack:
+        for name, value in env.items():
+            stack.enter_context(Text(None, doc="a scenario's engine flag", name=name).override(value))
         yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def draft_backend_factory(runner: Any, topk: int, num_steps: int) -> Any:
