@@ -186,29 +186,25 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
                 f"{where}: backend {backend} on {cb.name} runs {', '.join(runs)}, not {s.mode}"
                 + (f"; it runs on {' and '.join(others)} (pick that profile)" if others else "")
             )
-        model = getattr(s, "model", None)
-        if getattr(model, "sliding_window", None) is not None:
-            _refuse_unless_read(
-                cb,
-                backend,
+        # Keys only some backends' adapters hand on: (given, the profile's list, key, what is lacking).
+        read_by = (
+            (
+                getattr(getattr(s, "model", None), "sliding_window", None) is not None,
                 "sliding_window",
-                where=where,
-                key="model.sliding_window",
-                lacks="has no sliding-window layer",
-            )
-        if getattr(s, "deterministic", False):
-            _refuse_unless_read(
-                cb,
-                backend,
+                "model.sliding_window",
+                "has no sliding-window layer",
+            ),
+            (
+                bool(getattr(s, "deterministic", False)),
                 "deterministic",
-                where=where,
-                key="deterministic",
-                lacks="has no deterministic-inference path here",
-            )
-        if getattr(s, "mamba_track", None):
-            _refuse_unless_read(
-                cb, backend, "mamba_track", where=where, key="batch.mamba_track", lacks="tracks no Mamba state here"
-            )
+                "deterministic",
+                "has no deterministic-inference path here",
+            ),
+            (bool(getattr(s, "mamba_track", None)), "mamba_track", "batch.mamba_track", "tracks no Mamba state here"),
+        )
+        for given, field, key, lacks in read_by:
+            if given:
+                _refuse_unless_read(cb, backend, field, where=where, key=key, lacks=lacks)
         if backend is not None and backend not in cb.adapters:
             raise ConfigError(
                 f"{where}: backend {backend} has no adapter on {cb.name} (has: "
