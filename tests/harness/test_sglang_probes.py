@@ -232,8 +232,9 @@ def test_an_idle_pass_says_what_it_ran(runs):
     alone = base["probe-draft-extend-idle@gpu_only=on"]["key"]
     assert "flashinfer not run (the scheduler keeps CPU seq_lens for it)" in alone, alone
     fits = base["probe-verify-mask-short"]["key"]
-    assert "past max_bs (3 requests): 288 cells in its own allocation" in fits, fits
-    assert "within max_bs (2 requests): 140 cells in the backend's buffer" in fits, fits
+    assert "past max_bs (3 requests): 288 FULL_MASK cells in its own allocation" in fits, fits
+    assert "past max_bs, mask unread (3 requests): 48 QLEN_ONLY cells in its own allocation" in fits, fits
+    assert "within max_bs (2 requests): 140 FULL_MASK cells in the backend's buffer" in fits, fits
 
 
 def test_the_draft_extend_view_finding_names_the_rows_and_its_fix_clears_it(runs):
@@ -568,12 +569,22 @@ def test_the_verify_input_check_derives_the_tree_from_its_parents_and_names_a_di
         draft_token_num=8,
         topk=4,
         spec_steps=3,
+        num_tokens_per_req=8,
+        num_tokens_for_logprob_per_req=8,
+        prepared_out_cache_loc=None,
     )
     call = {"mode": "FULL_MASK", "ndt": 8}
+    slots = torch.arange(2 * 32).reshape(2, 32) + 1000
 
     def check(**changes):
         return _check_tree(
-            SimpleNamespace(**{**good, **changes}), call=call, lens=lens, spec=spec, tree=tree, prefix_filled=True
+            SimpleNamespace(**{**good, **changes}),
+            call=call,
+            lens=lens,
+            spec=spec,
+            tree=tree,
+            prefix_filled=True,
+            slots=slots,
         )
 
     assert check() is None
@@ -586,3 +597,63 @@ def test_the_verify_input_check_derives_the_tree_from_its_parents_and_names_a_di
     assert "retrieve_next_sibling" in check(retrieve_next_sibling=linked)
     assert "topk is 5" in check(topk=5)
     assert "custom_mask holds" in check(custom_mask=good["custom_mask"][:-1])
+    # The verify forward plans and keeps logits by these; a chain builder's write slots are the rows'.
+    assert "num_tokens_per_req is 9" in check(num_tokens_per_req=9)
+    assert "num_tokens_for_logprob_per_req is 7" in check(num_tokens_for_logprob_per_req=7)
+    written = torch.tensor([int(slots[b][s + i]) for b, s in enumerate(lens) for i in range(8)])
+    assert check(prepared_out_cache_loc=written) is None
+    assert "prepared_out_cache_loc" in check(prepared_out_cache_loc=written + 1)
+
+
+def test_the_verify_probe_judges_the_idle_input_and_the_mask_owner_layout():
+    """An idle rank's verify input keeps the draft's sizes and has no rows; a mask its backend
+    reads is FULL_MASK, one it never reads QLEN_ONLY, each with room for max_bs requests."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from sglfix.harness.probes.sglang.verify_mask_fits import _check_idle, _check_owner
+
+    spec = SimpleNamespace(topk=1, num_steps=3, num_draft_tokens=4)
+    empty = dict(
+        draft_token=torch.empty(0),
+        custom_mask=torch.empty(0),
+        positions=torch.empty(0),
+        retrieve_index=torch.empty(0, 4),
+        retrieve_next_token=torch.empty(0, 4),
+        retrieve_next_sibling=torch.empty(0, 4),
+        draft_token_num=4,
+        topk=1,
+        spec_steps=3,
+        num_tokens_per_req=4,
+        num_tokens_for_logprob_per_req=4,
+    )
+    assert _check_idle(SimpleNamespace(**empty), spec=spec) is None
+    assert "spec_steps is 4" in _check_idle(SimpleNamespace(**{**empty, "spec_steps": 4}), spec=spec)
+    assert "(0, 4)" in _check_idle(SimpleNamespace(**{**empty, "retrieve_index": torch.empty(0, 5)}), spec=spec)
+    assert "no rows" in _check_idle(SimpleNamespace(**{**empty, "positions": torch.zeros(1)}), spec=spec)
+
+    backend = SimpleNamespace(max_context_len=64)
+
+    def mask(mode, numel, *, is_read, max_bs=2):
+        return SimpleNamespace(
+            mode=SimpleNamespace(name=mode), buffer=torch.zeros(numel), is_read=is_read, max_bs=max_bs
+        )
+
+    full, qlen = 2 * 4 * (64 + 4), 2 * 4 * 4
+    assert (
+        _check_owner(mask("FULL_MASK", full, is_read=True), owner="read", max_bs=2, spec=spec, backend=backend) is None
+    )
+    assert (
+        _check_owner(mask("QLEN_ONLY", qlen, is_read=False), owner="unread", max_bs=2, spec=spec, backend=backend)
+        is None
+    )
+    assert "needs QLEN_ONLY" in _check_owner(
+        mask("FULL_MASK", full, is_read=False), owner="unread", max_bs=2, spec=spec, backend=backend
+    )
+    assert f"write {qlen}" in _check_owner(
+        mask("QLEN_ONLY", qlen - 1, is_read=False), owner="unread", max_bs=2, spec=spec, backend=backend
+    )
+    assert "max_bs 3" in _check_owner(
+        mask("FULL_MASK", full * 2, is_read=True, max_bs=3), owner="read", max_bs=2, spec=spec, backend=backend
+    )

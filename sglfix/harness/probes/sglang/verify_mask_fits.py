@@ -229,7 +229,7 @@ def _check_mask(mask: Any, *, full: bool, lens: list[int], seen: Any, prefix_fil
 
 
 def _check_tree(
-    verify_input: Any, *, call: dict, lens: list[int], spec: Any, tree: list[int], prefix_filled: bool
+    verify_input: Any, *, call: dict, lens: list[int], spec: Any, tree: list[int], prefix_filled: bool, slots: Any
 ) -> str | None:
     """What the verify input holds against the tree it was built from and the batch's lengths:
     its sizes, the mask, the positions (prefix length plus depth), the retrieve index and links
@@ -237,10 +237,9 @@ def _check_tree(
     import torch
 
     ndt = spec.num_draft_tokens
-    for name, want in (("draft_token_num", ndt), ("topk", spec.topk), ("spec_steps", spec.num_steps)):
-        have = _ints(getattr(verify_input, name, want))
-        if have != want:
-            return f"{name} is {have!r}, the draft was built with {want}"
+    wrong = _check_shape(verify_input, spec=spec)
+    if wrong is not None:
+        return wrong
     depth, seen, first_child, sibling = _tree_facts(tree)
     if not isinstance(verify_input.custom_mask, torch.Tensor):
         return f"custom_mask is {verify_input.custom_mask!r}, not a mask"
@@ -267,6 +266,67 @@ def _check_tree(
         have = _ints(field(*names))
         if have != want:
             return f"{names[0]} is {have}, the tree {tree} gives {want}"
+    return _check_prepared(verify_input, lens=lens, ndt=ndt, slots=slots)
+
+
+def _check_shape(verify_input: Any, *, spec: Any) -> str | None:
+    """The sizes a verify input carries for the target's verify forward: the draft's shape, and
+    ``num_tokens_per_req`` / ``num_tokens_for_logprob_per_req`` (the rows per request the verify
+    forward plans and pads by, and the logits it keeps), both the draft token count; and that it
+    says it is a verify input (``spec_input_type``)."""
+    ndt = spec.num_draft_tokens
+    sizes = (
+        ("draft_token_num", ndt),
+        ("topk", spec.topk),
+        ("spec_steps", spec.num_steps),
+        ("num_tokens_per_req", ndt),
+        ("num_tokens_for_logprob_per_req", ndt),
+    )
+    for name, want in sizes:
+        have = _ints(getattr(verify_input, name, want))
+        if have != want:
+            return f"{name} is {have!r}, the draft was built with {want} draft tokens ({spec.topk} x {spec.num_steps})"
+    is_verify = getattr(verify_input, "is_verify_input", None)
+    if callable(is_verify) and not is_verify():
+        return f"spec_input_type is {getattr(verify_input, 'spec_input_type', None)!r}, not a verify input"
+    return None
+
+
+def _check_prepared(verify_input: Any, *, lens: list[int], ndt: int, slots: Any) -> str | None:
+    """Where the chain builder (``build_chain_tree``: topk 1 on a GPU, mask unread) also hands the
+    verify forward its KV write slots: draft token ``i`` of a request writes the slot its request
+    row holds at ``seq_len + i``; without that builder there are none."""
+    prepared = getattr(verify_input, "prepared_out_cache_loc", None)
+    if prepared is None:
+        return None
+    want = [int(slots[b][s + i]) for b, s in enumerate(lens) for i in range(ndt)]
+    have = _ints(prepared)
+    if have != want:
+        return f"prepared_out_cache_loc is {have}, the requests' rows give {want}"
+    return None
+
+
+def _check_idle(verify_input: Any, *, spec: Any) -> str | None:
+    """An idle rank's verify input: the draft's sizes, and no rows in any tensor (a retrieve
+    buffer keeps its ``num_draft_tokens`` columns)."""
+    import torch
+
+    wrong = _check_shape(verify_input, spec=spec)
+    if wrong is not None:
+        return wrong
+    for name in (
+        "draft_token",
+        "custom_mask",
+        "positions",
+        "retrieve_index",
+        "retrieve_next_token",
+        "retrieve_next_sibling",
+    ):
+        value = getattr(verify_input, name, None)
+        if not isinstance(value, torch.Tensor) or value.shape[0] != 0:
+            return f"{name} is {getattr(value, 'shape', value)!r}, an idle batch has no rows"
+        if name.startswith("retrieve") and tuple(value.shape) != (0, spec.num_draft_tokens):
+            return f"{name} has shape {tuple(value.shape)}, an idle batch keeps (0, {spec.num_draft_tokens})"
     return None
 
 
@@ -293,102 +353,236 @@ class VerifyMaskFits:
             self._run(scenario, device=device, result=result, stage=stage)
 
     def _run(self, scenario: Any, *, device: str, result: Any, stage: Callable[[str], None]) -> None:
-        import torch
-        from sglang.srt.speculative import eagle_utils as utils
-        from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input
-
         from sglfix.harness.adapters.sglang.triton import SglangTritonAdapter
 
         stage("build")
         spec, lens = scenario.spec, [int(p) for p in scenario.prefix_lens]
-        bs = len(lens)
-        max_bs = bs - 1
+        max_bs = len(lens) - 1
         adapter = SglangTritonAdapter()
         sized = scenario.model_copy(update={"backend": "triton", "probe": None, "mode": "TARGET_VERIFY"})
         prepared = adapter.build(sized, device=device)
         backend = adapter.make_backend(prepared)
-        runner = prepared.case.runner
         backend.init_cuda_graph_state(max_bs, max_bs * spec.num_draft_tokens)
-        verify_mask = backend.verify_mask
-        rows = prepared.case.forward_batch.req_pool_indices
-        tree = _draft_tree(spec=spec, seed=scenario.seed)
-        kernel = _tree_kernel()
-        built: list[str] = []
-        bad, said = [], []
-        for name, batch_lens in (("past max_bs", lens), ("within max_bs", lens[:max_bs])):
-            stage(f"verify input, {name}")
-            n = len(batch_lens)
-            bonus, parent_list, top_scores_index, draft_tokens = _draft_outputs(
-                bs=n, spec=spec, device=device, tree=tree
-            )
-            boundary = _KernelBoundary(kernel)
-            with bound(utils, **{_launch_name(utils): boundary}):
-                verify_input = build_eagle_verify_input(
-                    make_schedule_batch(
-                        runner=runner,
-                        req_pool_indices=rows[:n],
-                        seq_lens=torch.tensor(batch_lens, dtype=torch.int64),
-                        gpu_only=scenario.gpu_only,
-                        out_cache_loc=None,
-                        device=device,
-                    ),
-                    Standin(bonus_tokens=bonus),
-                    parent_list,
-                    top_scores_index,
-                    draft_tokens,
-                    None,
-                    target_worker=Standin(model_runner=runner),
-                    topk=spec.topk,
-                    num_steps=spec.num_steps,
-                    num_draft_tokens=spec.num_draft_tokens,
-                    tree_mask_mode=utils.default_tree_mask_mode(),
-                    device=device,
-                )
-            observe(f"verify input, {name}", verify_input, boundary.calls)
-            stage(f"judge, {name}")
-            if not boundary.calls:
-                bad.append(f"{name}: the tree kernel was never launched")
-                continue
-            call = boundary.calls[-1]
-            written = _written(call)
-            own = verify_mask is not None and call["ptr"] == int(verify_mask.buffer.data_ptr())
-            where = "the backend's buffer" if own else "its own allocation"
-            if written > call["numel"]:
-                bad.append(
-                    f"{name} ({n} requests, {sum(batch_lens)} cached tokens): the tree kernel writes {written} "
-                    f"{call['mode']} cells into {where} of {call['numel']}"
-                )
-            elif n <= max_bs and verify_mask is not None and not own:
-                bad.append(
-                    f"{name} ({n} requests): the mask went to a fresh allocation, the replayed verify graph reads "
-                    "the backend's buffer"
-                )
-            elif verify_input.custom_mask is None or int(verify_input.custom_mask.data_ptr()) != call["ptr"]:
-                bad.append(f"{name}: the verify input's custom_mask is not the buffer the tree kernel wrote")
-            else:
-                said.append(f"{name} ({n} requests): {written} cells in {where} of {call['numel']}")
-                if call["launched"]:
-                    # The prefix columns are filled only where the backend reads them.
-                    filled = verify_mask is None or bool(getattr(verify_mask, "is_read", True))
-                    wrong = _check_tree(
-                        verify_input, call=call, lens=batch_lens, spec=spec, tree=tree, prefix_filled=filled
-                    )
-                    if wrong is not None:
-                        result.add("DIVERGE", f"verify input, {name}: {wrong}", tree=tree)
-                    else:
-                        built.append(name)
-        figures = {"max_bs": max_bs, "mode": getattr(getattr(verify_mask, "mode", None), "name", None)}
-        if bad:
-            result.add("INVARIANT", "verify tree mask: " + "; ".join(bad), **figures)
+        verify = _Verify(
+            scenario=scenario,
+            device=device,
+            runner=prepared.case.runner,
+            backend=backend,
+            rows=prepared.case.forward_batch.req_pool_indices,
+            tree=_draft_tree(spec=spec, seed=scenario.seed),
+            kernel=_tree_kernel(),
+        )
+        # The Triton backend reads the mask (FULL_MASK); a backend that never reads it (FlashMLA,
+        # TRT-LLM MLA, DeepSeek-V4) owns one from the same factory with is_read=False.
+        for owner, mask in (("read", backend.verify_mask), ("unread", _unread_mask(backend, spec, max_bs, device))):
+            backend._verify_mask = mask
+            verify.owner(owner, mask, max_bs=max_bs, stage=stage)
+        stage("verify input, idle")
+        verify.idle()
+        figures = {"max_bs": max_bs, "mode": getattr(getattr(backend.verify_mask, "mode", None), "name", None)}
+        if verify.bad:
+            result.add("INVARIANT", "verify tree mask: " + "; ".join(verify.bad), **figures)
         else:
-            result.add("PASS", f"verify tree mask, graph state for {max_bs}: " + "; ".join(said), **figures)
-        if built:
+            result.add("PASS", f"verify tree mask, graph state for {max_bs}: " + "; ".join(verify.said), **figures)
+        for wrong in verify.wrong:
+            result.add("DIVERGE", wrong, tree=verify.tree)
+        if verify.built and not verify.wrong:
             result.add(
                 "PASS",
-                f"verify input of the tree {tree} (mask, positions, retrieve links, tokens) as the tree gives it: "
-                + ", ".join(built),
-                tree=tree,
+                f"verify input of the tree {verify.tree} (mask, positions, retrieve links, tokens) as the tree "
+                "gives it: " + ", ".join(verify.built),
+                tree=verify.tree,
             )
+
+
+def _as_read(verify_input: Any, calls: list[dict]) -> Any:
+    """The verify input as the verify forward reads it: its fields, the mask cut to the cells the
+    tree kernel wrote (the attention kernels read no further; a larger allocation changes
+    nothing they see)."""
+    import torch
+
+    fields = dict(sorted(vars(verify_input).items()))
+    mask = fields.get("custom_mask")
+    if calls and isinstance(mask, torch.Tensor):
+        fields["custom_mask"] = mask.reshape(-1)[: _written(calls[-1])]
+    return fields
+
+
+def _unplaced(calls: list[dict]) -> list[dict]:
+    """The launches as the digest sees them: where the mask sits in memory differs from run to
+    run, and how large its allocation is beyond the cells written changes nothing a kernel reads
+    (both are judged: the backend's buffer or not, the writes within it)."""
+    return [{k: v for k, v in call.items() if k not in ("ptr", "numel")} for call in calls]
+
+
+def _unread_mask(backend: Any, spec: Any, max_bs: int, device: str) -> Any:
+    """The verify mask a backend that never reads it allocates for ``max_bs`` (sglang's own
+    factory, as FlashMLA's and TRT-LLM MLA's graph state call it)."""
+    from sglang.srt.layers.attention.verify_mask import maybe_create_verify_mask
+
+    return maybe_create_verify_mask(
+        is_draft_runner=False,
+        skip_prefill=False,
+        max_bs=max_bs,
+        max_context_len=backend.max_context_len,
+        num_draft_tokens=spec.num_draft_tokens,
+        device=device,
+        is_read=False,
+    )
+
+
+class _Verify:
+    """Builds verify inputs through the installed ``build_eagle_verify_input`` and judges them:
+    the mask owner's layout, where the tree kernel writes and what the input holds."""
+
+    def __init__(
+        self, *, scenario: Any, device: str, runner: Any, backend: Any, rows: Any, tree: list[int], kernel: Any
+    ) -> None:
+        self.scenario, self.device, self.runner, self.backend = scenario, device, runner, backend
+        self.rows, self.tree, self.kernel = rows, tree, kernel
+        self.slots = runner.req_to_token_pool.req_to_token[rows.to(runner.req_to_token_pool.req_to_token.device)].cpu()
+        self.bad: list[str] = []
+        self.said: list[str] = []
+        self.wrong: list[str] = []
+        self.built: list[str] = []
+
+    def build(self, batch_lens: list[int], *, idle: bool = False) -> tuple[Any, list[dict]]:
+        import torch
+        from sglang.srt.speculative import eagle_utils as utils
+        from sglang.srt.speculative.eagle_worker_common import build_eagle_verify_input
+
+        spec, n = self.scenario.spec, len(batch_lens)
+        bonus, parent_list, top_scores_index, draft_tokens = _draft_outputs(
+            bs=n, spec=spec, device=self.device, tree=self.tree
+        )
+        boundary = _KernelBoundary(self.kernel)
+        with bound(utils, **{_launch_name(utils): boundary}):
+            verify_input = build_eagle_verify_input(
+                make_schedule_batch(
+                    runner=self.runner,
+                    req_pool_indices=self.rows[:n],
+                    seq_lens=torch.tensor(batch_lens, dtype=torch.int64),
+                    gpu_only=self.scenario.gpu_only,
+                    out_cache_loc=None,
+                    device=self.device,
+                    idle=idle,
+                ),
+                Standin(bonus_tokens=bonus),
+                parent_list,
+                top_scores_index,
+                draft_tokens,
+                None,
+                target_worker=Standin(model_runner=self.runner),
+                topk=spec.topk,
+                num_steps=spec.num_steps,
+                num_draft_tokens=spec.num_draft_tokens,
+                tree_mask_mode=utils.default_tree_mask_mode(),
+                device=self.device,
+            )
+        return verify_input, boundary.calls
+
+    def owner(self, owner: str, verify_mask: Any, *, max_bs: int, stage: Callable[[str], None]) -> None:
+        """Both batches (past and within ``max_bs``) against one mask owner."""
+        wrong = _check_owner(verify_mask, owner=owner, max_bs=max_bs, spec=self.scenario.spec, backend=self.backend)
+        if wrong is not None:
+            self.bad.append(wrong)
+        lens = [int(p) for p in self.scenario.prefix_lens]
+        for batch, batch_lens in (("past max_bs", lens), ("within max_bs", lens[:max_bs])):
+            name = batch if owner == "read" else f"{batch}, mask unread"
+            stage(f"verify input, {name}")
+            verify_input, calls = self.build(batch_lens)
+            observe(f"verify input, {name}", _as_read(verify_input, calls), _unplaced(calls))
+            stage(f"judge, {name}")
+            self.judge(name, verify_input, calls, batch_lens=batch_lens, verify_mask=verify_mask, max_bs=max_bs)
+
+    def judge(
+        self, name: str, verify_input: Any, calls: list[dict], *, batch_lens: list[int], verify_mask: Any, max_bs: int
+    ) -> None:
+        n = len(batch_lens)
+        if not calls:
+            chain = getattr(verify_input, "prepared_out_cache_loc", None) is not None
+            if not chain:
+                self.bad.append(f"{name}: the tree kernel was never launched")
+                return
+            # The chain builder wrote the whole input itself, straight into the mask it was handed.
+            calls = [
+                {
+                    "mode": "QLEN_ONLY",
+                    "ndt": self.scenario.spec.num_draft_tokens,
+                    "seq_lens": batch_lens,
+                    "numel": int(verify_input.custom_mask.numel()),
+                    "ptr": int(verify_input.custom_mask.data_ptr()),
+                    "launched": True,
+                }
+            ]
+        call = calls[-1]
+        if call["mode"] not in ("FULL_MASK", "QLEN_ONLY"):
+            self.bad.append(f"{name}: the tree kernel was handed mask mode {call['mode']}, not the owner's layout")
+            return
+        written = _written(call)
+        own = verify_mask is not None and call["ptr"] == int(verify_mask.buffer.data_ptr())
+        where = "the backend's buffer" if own else "its own allocation"
+        if written > call["numel"]:
+            self.bad.append(
+                f"{name} ({n} requests, {sum(batch_lens)} cached tokens): the tree kernel writes {written} "
+                f"{call['mode']} cells into {where} of {call['numel']}"
+            )
+        elif n <= max_bs and verify_mask is not None and not own:
+            self.bad.append(
+                f"{name} ({n} requests): the mask went to a fresh allocation, the replayed verify graph reads "
+                "the backend's buffer"
+            )
+        elif verify_input.custom_mask is None or int(verify_input.custom_mask.data_ptr()) != call["ptr"]:
+            self.bad.append(f"{name}: the verify input's custom_mask is not the buffer the tree kernel wrote")
+        else:
+            self.said.append(f"{name} ({n} requests): {written} {call['mode']} cells in {where} of {call['numel']}")
+            if call["launched"]:
+                # The prefix columns are filled only where the backend reads them.
+                filled = verify_mask is None or bool(getattr(verify_mask, "is_read", True))
+                wrong = _check_tree(
+                    verify_input,
+                    call=call,
+                    lens=batch_lens,
+                    spec=self.scenario.spec,
+                    tree=self.tree,
+                    prefix_filled=filled,
+                    slots=self.slots,
+                )
+                if wrong is not None:
+                    self.wrong.append(f"verify input, {name}: {wrong}")
+                else:
+                    self.built.append(name)
+
+    def idle(self) -> None:
+        """A rank with no requests: the idle input, the draft's sizes and no rows."""
+        verify_input, calls = self.build([], idle=True)
+        observe("verify input, idle", verify_input, _unplaced(calls))
+        wrong = _check_idle(verify_input, spec=self.scenario.spec)
+        if calls:
+            self.bad.append("idle: the tree kernel was launched for a batch of no requests")
+        elif wrong is not None:
+            self.wrong.append(f"verify input, idle: {wrong}")
+        else:
+            self.built.append("idle")
+
+
+def _check_owner(verify_mask: Any, *, owner: str, max_bs: int, spec: Any, backend: Any) -> str | None:
+    """The graph state's mask as its owner needs it: FULL_MASK (every request's prefix columns,
+    the layout the Triton kernel reads) where the backend reads it, QLEN_ONLY where it does not
+    (kilobytes, not a max_context_len-wide buffer), with room for ``max_bs`` requests' writes."""
+    if verify_mask is None:
+        return f"{owner} mask: the graph state for {max_bs} owns no verify mask"
+    mode = getattr(verify_mask.mode, "name", str(verify_mask.mode))
+    want_mode = "FULL_MASK" if owner == "read" else "QLEN_ONLY"
+    if mode != want_mode or bool(verify_mask.is_read) != (owner == "read"):
+        return f"{owner} mask: {mode}, is_read={verify_mask.is_read}; a backend that {'reads' if owner == 'read' else 'never reads'} it needs {want_mode}"
+    if int(verify_mask.max_bs) != max_bs:
+        return f"{owner} mask: max_bs {verify_mask.max_bs}, the graph state was sized for {max_bs}"
+    ndt = spec.num_draft_tokens
+    need = _mask_cells(ndt=ndt, lens=[int(backend.max_context_len)] * max_bs, full=mode == "FULL_MASK")
+    if int(verify_mask.buffer.numel()) < need:
+        return f"{owner} mask: {verify_mask.buffer.numel()} cells, {max_bs} requests at the context limit write {need}"
+    return None
 
 
 PROBE = VerifyMaskFits()
