@@ -657,3 +657,44 @@ def test_the_verify_probe_judges_the_idle_input_and_the_mask_owner_layout():
     assert "max_bs 3" in _check_owner(
         mask("FULL_MASK", full * 2, is_read=True, max_bs=3), owner="read", max_bs=2, spec=spec, backend=backend
     )
+
+
+def test_the_draft_tree_judge_grows_the_tree_from_the_model_and_names_a_difference():
+    """The draft-positions probe's judge of draft_forward's output: from the first draft tokens and
+    each step's logits alone, the candidates, their path scores and tokens; a frontier that is not
+    a best topk, a token the model did not give, a wrong write slot and a short output are named."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from sglfix.harness.probes.sglang.draft_positions import _check_steps, _check_tree
+
+    spec = SimpleNamespace(topk=2, num_steps=3, num_draft_tokens=4)
+    # One request; step 0 runs the root's two children, step 1 the frontier (candidates 2 and 4).
+    start = {"p": torch.tensor([[0.6, 0.4]]), "tokens": torch.tensor([[7, 8]]), "slots": list(range(100, 106)), "bs": 1}
+    logits0 = torch.full((2, 16), -9.0)
+    logits0[0, 3], logits0[0, 4] = 4.0, 1.0  # child of 7: token 3 (p ~0.95), then 4
+    logits0[1, 5], logits0[1, 6] = 4.0, 3.9  # child of 8: tokens 5 and 6, nearly even
+    logits1 = torch.full((2, 16), -9.0)
+    logits1[0, 9], logits1[1, 10] = 5.0, 5.0
+    steps = [
+        {"input_ids": [7, 8], "out_cache_loc": [100, 103], "logits": logits0},
+        {"input_ids": [3, 5], "out_cache_loc": [101, 104], "logits": logits1},
+    ]
+    assert _check_steps(steps, start=start, spec=spec) is None
+    # Candidates: 0:7 (.6) 1:8 (.4) | 2:3 (.57) 3:4 (.03) 4:5 (.21) 5:6 (.19) | 6:9 (.57) 7 | 8:10 (.21) 9
+    good = (torch.tensor([[-1, 0, 1, 2, 4]]), torch.tensor([[0, 2, 6]]), torch.tensor([[7, 3, 9]]))
+    assert _check_tree(good, steps, start=start, spec=spec) is None
+    assert "draft tokens [7, 8, 4]" in _check_tree(
+        (good[0], good[1], torch.tensor([[7, 8, 4]])), steps, start=start, spec=spec
+    )
+    assert "not the 3 best-scored" in _check_tree(
+        (good[0], torch.tensor([[0, 1, 3]]), torch.tensor([[7, 8, 4]])), steps, start=start, spec=spec
+    )
+    assert "frontier [2, 3] is not a best 2" in _check_tree(
+        (torch.tensor([[-1, 0, 1, 2, 3]]), good[1], good[2]), steps, start=start, spec=spec
+    )
+    assert "has 0 rows for 1 requests" in _check_tree((good[0][:0], good[1], good[2]), steps, start=start, spec=spec)
+    moved = [dict(steps[0]), steps[1]]
+    moved[0]["out_cache_loc"] = [100, 104]
+    assert "request 0 branch 1 owns slot 103" in _check_steps(moved, start=start, spec=spec)
