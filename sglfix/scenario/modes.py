@@ -164,7 +164,7 @@ _BACKEND_RULES = (
         gpu_only=True,
         sync_free=True,
         kernels="Triton kernels (compiled on CUDA, interpreted on CPU)",
-        sliding_window_modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND_V2"),
+        sliding_window_modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND_V2", "DRAFT_DECODE"),
     ),
     # Real sglang runs every mode of it (sglang.flashinfer_dense); the reproduction models the
     # decode and the draft only (its profile's backend_modes).

@@ -52,6 +52,8 @@ def draft_truth(case: Any, scenario_seed: int, *, mla: bool) -> SimpleNamespace:
         dim=dim,
         dim_v=dim_v,
         scale=dim**-0.5,
+        # A sliding-window layer: the query at position p sees the keys at p - window .. p.
+        window=getattr(case.kit_case, "sliding_window_size", None),
     )
 
 
@@ -65,6 +67,7 @@ def draft_layer(truth: SimpleNamespace) -> Any:
         num_kv_heads=truth.kv_heads,
         layer_id=0,
         v_head_dim=truth.dim_v,
+        sliding_window_size=-1 if truth.window is None else truth.window,
     )
 
 
@@ -121,7 +124,8 @@ def attend_steps(case: Any, backend: Any, view: Any, *, mla: bool) -> Any:
 
 
 def draft_reference(case: Any) -> tuple[Any, Any]:
-    """Branch (b, j) at step i attends b's prefix, then its own draft tokens of steps 0..i."""
+    """Branch (b, j) at step i attends b's prefix, then its own draft tokens of steps 0..i; on a
+    sliding-window layer only those within the window of its position."""
     import torch
 
     from sglfix.harness.reference import reference_attention
@@ -142,7 +146,9 @@ def draft_reference(case: Any) -> tuple[Any, Any]:
             k_pad[r, :p], v_pad[r, :p] = truth.prefix_k[b], truth.prefix_v[b]
             k_pad[r, p : p + nq], v_pad[r, p : p + nq] = truth.draft_k[b, j, :nq], truth.draft_v[b, j, :nq]
             for i in range(nq):
-                mask[r, i, : p + i + 1] = True
+                # Step i's query is the depth-i draft token, at position p + i.
+                oldest = 0 if truth.window is None else max(0, p + i - truth.window)
+                mask[r, i, oldest : p + i + 1] = True
     q_pad = truth.q[:, :, :nq].reshape(rows, nq, truth.heads, truth.dim)
     ref = reference_attention(q_pad=q_pad, k_pad=k_pad, v_pad=v_pad, mask=mask, scale=truth.scale)
     return ref, torch.ones(rows, nq, dtype=torch.bool, device=dev)

@@ -201,7 +201,9 @@ def build_draft(scenario: Any, *, device: str, mla: bool, backend: str = "flashi
             TinyModelConfig,
         )
 
-        case = DenseAttentionCase(num_kv_heads=model.num_kv_heads, **common)
+        # A sliding-window model: the runner publishes its window (the draft backend's window rail).
+        window = {} if model.sliding_window is None else {"sliding_window_size": model.sliding_window}
+        case = DenseAttentionCase(num_kv_heads=model.num_kv_heads, **common, **window)
         hidden_size = model.num_heads * model.head_dim
         config = TinyModelConfig(
             num_heads=model.num_heads,
@@ -209,6 +211,7 @@ def build_draft(scenario: Any, *, device: str, mla: bool, backend: str = "flashi
             head_dim=model.head_dim,
             hidden_size=hidden_size,
             context_len=max_context_len,
+            **window,
         )
         runner = MockModelRunner(
             case=case,
