@@ -499,8 +499,8 @@ class _Verify:
         self, name: str, verify_input: Any, calls: list[dict], *, batch_lens: list[int], verify_mask: Any, max_bs: int
     ) -> None:
         n = len(batch_lens)
+        chain = not calls and getattr(verify_input, "prepared_out_cache_loc", None) is not None
         if not calls:
-            chain = getattr(verify_input, "prepared_out_cache_loc", None) is not None
             if not chain:
                 self.bad.append(f"{name}: the tree kernel was never launched")
                 return
@@ -535,7 +535,8 @@ class _Verify:
         elif verify_input.custom_mask is None or int(verify_input.custom_mask.data_ptr()) != call["ptr"]:
             self.bad.append(f"{name}: the verify input's custom_mask is not the buffer the tree kernel wrote")
         else:
-            self.said.append(f"{name} ({n} requests): {written} {call['mode']} cells in {where} of {call['numel']}")
+            by = " by the chain builder" if chain else ""
+            self.said.append(f"{name} ({n} requests): {written} {call['mode']} cells{by} in {where} of {call['numel']}")
             if call["launched"]:
                 # The prefix columns are filled only where the backend reads them.
                 filled = verify_mask is None or bool(getattr(verify_mask, "is_read", True))
