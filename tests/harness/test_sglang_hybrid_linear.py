@@ -36,7 +36,7 @@ def _linear_message(cell: dict) -> str:
 def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
     require_sglang()
     cells = {c["scenario"]: c for c in _run(tmp_path, "-s", "sglang-hybrid-*")["cells"]}
-    assert len(cells) == 12, sorted(cells)
+    assert len(cells) == 18, sorted(cells)
     failed = {n: (c["verdict"], c["findings"][:2]) for n, c in cells.items() if c["verdict"] != "PASS"}
     assert not failed, failed
     for name, c in cells.items():
@@ -120,6 +120,28 @@ def test_a_chain_verify_handed_tree_links_is_seen(tmp_path):
     cell = next(c for c in cells if c.get("toggles"))
     assert cell["verdict"] == "DIVERGE", cell["findings"]
     assert "retrieve_next_token is set for a chain verify" in _linear_message(cell), cell
+
+
+def test_the_overlap_plan_fix_up_must_leave_the_replayed_tree_links_right(tmp_path):
+    """Under the overlap plan stream the worker re-copies a tree verify's links into the replayed
+    graph's buffers after the join (update_verify_buffers_to_fill_after_draft). A fix-up that puts
+    the next-sibling links where the next-token ones go is seen in the graph cells that take it,
+    naming the link, and not where the worker never calls it (no plan stream)."""
+    require_sglang()
+    patched = _patched_cells(
+        tmp_path,
+        "sglang-hybrid-target-verify-tree*",
+        "self.retrieve_next_token_list[cuda_graph_bs - 1][:bs_without_pad].copy_(\n"
+        "            spec_info.retrieve_next_token",
+        "self.retrieve_next_token_list[cuda_graph_bs - 1][:bs_without_pad].copy_(\n"
+        "            spec_info.retrieve_next_sibling",
+    )
+    assert len(patched) == 6, sorted(patched)
+    for name, cell in patched.items():
+        fixed_up = "-plan@" in name and "cg=graph" in name
+        assert cell["verdict"] == ("DIVERGE" if fixed_up else "PASS"), (name, cell["findings"])
+        if fixed_up:
+            assert "retrieve_next_token[0] = " in _linear_message(cell), (name, cell["findings"])
 
 
 def test_a_track_plan_that_snapshots_the_wrong_chunk_state_is_seen(tmp_path):

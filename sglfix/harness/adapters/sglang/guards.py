@@ -94,7 +94,14 @@ def watch_metadata(backend: Any, on_metadata: MetadataHook) -> None:
 
     def init_forward_metadata_out_graph(forward_batch: Any, in_capture: bool = False) -> Any:
         result = out_graph(forward_batch, in_capture)
-        on_metadata(backend, forward_batch, "capture" if in_capture else "replay")
+        phase = "capture" if in_capture else "replay"
+        later = getattr(backend, "_sglfix_judge_later", None)
+        if later is not None:
+            # A verify planned on the overlap plan stream is complete only after the worker's
+            # fix-up (``after_plan_join``): the judge looks then.
+            later.append(lambda: on_metadata(backend, forward_batch, phase))
+        else:
+            on_metadata(backend, forward_batch, phase)
         return result
 
     backend.init_forward_metadata = init_forward_metadata

@@ -291,12 +291,16 @@ def _linear_reference(metadata: Any, batch: Any, backend: Any) -> str:
         # A capture's batch tracks nothing (the runner's track slots are zero then).
         return decode_track_reference(metadata, backend, plan, real=real, bs=bs, layer=LINEAR_LAYER)
     if mode.is_target_verify():
-        return _verify_links(metadata, backend)
+        return _verify_links(metadata, batch, backend, real=real)
     return ""
 
 
-def _verify_links(metadata: Any, backend: Any) -> str:
-    """A tree (topk > 1) hands the verify kernels its links; a chain hands none."""
+def _verify_links(metadata: Any, batch: Any, backend: Any, *, real: int) -> str:
+    """A tree (topk > 1) hands the verify kernels its links, each live row the links of its
+    request's draft tree (the verify input's, which sglfix built from the tree); a chain hands
+    none."""
+    import torch
+
     tree = backend._sglfix_topk > 1
     for name in ("retrieve_next_token", "retrieve_next_sibling"):
         got_links = getattr(metadata, name, None)
@@ -304,6 +308,17 @@ def _verify_links(metadata: Any, backend: Any) -> str:
             return f"{name} is set for a chain verify (topk {backend._sglfix_topk}): its kernels would walk a tree"
         if tree and got_links is None:
             return f"{name} is None for a tree verify (topk {backend._sglfix_topk})"
+        want = getattr(batch.spec_info, name, None) if tree else None
+        if want is None:
+            continue
+        have = got_links[:real].to("cpu", torch.long)
+        want = want[:real].to("cpu", torch.long)
+        if have.shape != want.shape or not torch.equal(have, want):
+            row = next((r for r in range(min(len(have), len(want))) if not torch.equal(have[r], want[r])), 0)
+            return (
+                f"{name}[{row}] = {have[row].tolist() if row < len(have) else None}, request {row}'s draft tree "
+                f"gives {want[row].tolist() if row < len(want) else None}"
+            )
     return ""
 
 

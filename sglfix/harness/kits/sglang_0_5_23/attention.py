@@ -31,6 +31,7 @@ from types import ModuleType
 from typing import Any
 
 from .environment import (
+    after_plan_join,
     bind_own_plan,
     decide_needs_cpu_seq_lens,
     engine_flags,
@@ -46,6 +47,7 @@ __all__ = [
     "DRAFT_EXTEND",
     "KIT_VERSION",
     "TARGET_VERIFY",
+    "after_plan_join",
     "bind_own_plan",
     "decide_needs_cpu_seq_lens",
     "engine_flags",

@@ -15,6 +15,7 @@ import torch
 
 __all__ = [
     "FixtureTestCase",
+    "after_plan_join",
     "context_kept",
     "decide_needs_cpu_seq_lens",
     "draft_backend_factory",
@@ -22,6 +23,7 @@ __all__ = [
     "flash_mla_available",
     "flashinfer_available",
     "has_cuda",
+    "plans_verify_early",
     "prepare",
     "prepare_for_draft_extend",
     "publish_server_args",
@@ -259,6 +261,25 @@ def engine_flags(env: dict[str, str]) -> Iterator[None]:
         for name, value in env.items():
             stack.enter_context(Text(None, doc="a scenario's engine flag", name=name).override(value))
         yield
+
+
+def plans_verify_early() -> bool:
+    """Whether this process plans a verify on sglang's overlap plan stream
+    (SGLANG_ENABLE_OVERLAP_PLAN_STREAM, a scenario's engine flag): the worker then calls the target
+    backend's ``update_verify_buffers_to_fill_after_draft`` once the plan stream has joined the
+    draft (``run_eagle_verify``). False where this sglang has no such flag."""
+    from sglang.srt.environ import envs
+
+    flag = getattr(envs, "SGLANG_ENABLE_OVERLAP_PLAN_STREAM", None)
+    return bool(flag.get()) if flag is not None else False
+
+
+def after_plan_join(backend: Any, batch: Any, cuda_graph_bs: int | None) -> None:
+    """What ``run_eagle_verify`` does after the plan stream joined the draft, for a verify batch:
+    the backend re-copies the draft-produced tree metadata (``cuda_graph_bs``: the replayed graph's
+    size, None when the verify runs eagerly). Nothing without the plan stream."""
+    if plans_verify_early() and batch.forward_mode.is_target_verify():
+        backend.update_verify_buffers_to_fill_after_draft(batch.spec_info, cuda_graph_bs)
 
 
 def draft_backend_factory(runner: Any, topk: int, num_steps: int) -> Any:
