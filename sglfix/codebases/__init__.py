@@ -201,6 +201,12 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
                 "has no deterministic-inference path here",
             ),
             (bool(getattr(s, "mamba_track", None)), "mamba_track", "batch.mamba_track", "tracks no Mamba state here"),
+            (
+                getattr(getattr(s, "model", None), "linear_attention", None) is not None,
+                "linear_attention",
+                "model.linear_attention",
+                "has no linear-attention layers",
+            ),
         )
         for given, field, key, lacks in read_by:
             if given:

@@ -85,6 +85,9 @@ class Profile:
     deterministic: tuple[str, ...] = ()
     # Backends whose adapter hands a prefill's Mamba state tracking to the backend (``batch.mamba_track``).
     mamba_track: tuple[str, ...] = ()
+    # Backends whose adapter builds the linear-attention layer set a scenario names
+    # (``model.linear_attention``: a hybrid model's gated delta net or Mamba2 mixer).
+    linear_attention: tuple[str, ...] = ()
     # Where the code base declares its engine flags, ``path.py:Class`` in its package (a scenario's
     # ``env:`` is checked against them); "" where it has none (the reproduction).
     engine_flags: str = ""

@@ -127,8 +127,14 @@ LIMITS: tuple[Limit, ...] = (
         "`model.sliding_window`",
         "1 .. 131,072",
         "optional: a sliding-window layer (a query at position p sees keys p - window .. p), on real sglang (the "
-        "reproduction has no window): triton in DECODE, EXTEND, TARGET_VERIFY and DRAFT_EXTEND_V2, flashinfer in "
-        "DECODE, EXTEND and TARGET_VERIFY, torch_native in DECODE and EXTEND",
+        "reproduction has no window): triton in DECODE, EXTEND, TARGET_VERIFY, DRAFT_EXTEND_V2 and DRAFT_DECODE, "
+        "flashinfer in DECODE, EXTEND and TARGET_VERIFY, torch_native in DECODE and EXTEND",
+    ),
+    Limit(
+        "`model.linear_attention`",
+        "gdn, mamba2",
+        "real sglang `hybrid_linear` only: the linear-attention layer set, Qwen3-Next's gated delta net "
+        "(GDNAttnBackend, the default) or a Mamba2 mixer (Mamba2AttnBackend)",
     ),
     Limit(
         "`page_size`",

@@ -42,6 +42,7 @@ _SHORT = {
     "deterministic": "det",
     "batch.mamba_track": "track",
     "batch.mamba_track_host": "host",
+    "model.linear_attention": "linear",
     "mode": "mode",
 }
 _DTYPE_LABELS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}

@@ -238,6 +238,7 @@ DType = Annotated[
     ),
 ]
 Backend = Annotated[str, BeforeValidator(partial(_choice, choices=BACKENDS, canonical=str.lower))]
+LinearAttention = Annotated[str, BeforeValidator(partial(_choice, choices=("gdn", "mamba2"), canonical=str.lower))]
 Builder = Annotated[str, BeforeValidator(partial(_choice, choices=BUILDERS, canonical=str.lower))]
 ProbeName = Annotated[
     str, BeforeValidator(partial(_choice, choices=PROBES, canonical=lambda s: s.lower().replace("_", "-")))
@@ -259,6 +260,9 @@ class ModelShape(StrictModel):
     qk_rope_head_dim: bounded(MIN_HEAD_DIM, MAX_HEAD_DIM, f"{MAX_HEAD_DIM}") | None = None
     # A sliding-window layer: a query at position p attends the keys at p - sliding_window .. p.
     sliding_window: bounded(1, MAX_TOKENS_PER_REQUEST, f"{MAX_TOKENS_PER_REQUEST} tokens per request") | None = None
+    # A hybrid model's linear-attention layer set (hybrid_linear): Qwen3-Next's gated delta net
+    # (gdn, the default there) or a Mamba2 mixer (NemotronH, Falcon-H1, Granite 4).
+    linear_attention: LinearAttention | None = None
 
     @property
     def mla(self) -> bool:

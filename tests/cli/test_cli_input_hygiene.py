@@ -438,3 +438,30 @@ def test_a_mamba_track_the_scheduler_never_sends_is_one_line_before_any_cell(tmp
             path.write_text(path.read_text().replace("      extend_lens: [70]\n", ""))
         r = run_cli("--profile", "sglang-0.5.23", "run", "--scenario-file", str(path), "--device", "cpu", timeout=60)
         assert_one_line_error(r, "mamba_track", *needles)
+
+
+def test_a_linear_attention_where_nothing_builds_one_is_one_line_before_any_cell(tmp_path):
+    """model.linear_attention on a backend without linear-attention layers (sglang's Triton), on
+    the reproduction, and a mixer that does not exist (with the nearest one): each one line."""
+    body = "    batch:\n      prefix_lens: [13, 37]\n    model: {linear_attention: %s}\n"
+    for name, head, mixer, profile, needles in (
+        (
+            "triton",
+            "    backend: triton\n    mode: DECODE\n",
+            "mamba2",
+            ("--profile", "sglang-0.5.23"),
+            ("model.linear_attention: backend triton on sglang-0.5.23 has no linear-attention layers",),
+        ),
+        ("repro", "    backend: triton\n    mode: DECODE\n", "gdn", (), ("backend triton on reproduction",)),
+        (
+            "typo",
+            "    backend: hybrid_linear\n    mode: DECODE\n",
+            "mamba3",
+            ("--profile", "sglang-0.5.23"),
+            ("'mamba3' is not one of gdn, mamba2", "did you mean 'mamba2'?"),
+        ),
+    ):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"scenarios:\n  - name: linear-{name}\n{head}{body % mixer}")
+        r = run_cli(*profile, "run", "--scenario-file", str(path), "--device", "cpu", timeout=60)
+        assert_one_line_error(r, *needles)

@@ -147,7 +147,7 @@ def test_a_sliding_window_in_a_mode_without_one_is_refused_at_load(tmp_path):
     r = run_cli("--profile", "sglang-0.5.23", "run", "--scenario-file", str(f), "--device", "cpu")
     assert_one_line_error(
         r,
-        "sliding-window layer runs on triton in DECODE, EXTEND, TARGET_VERIFY, DRAFT_EXTEND_V2; "
+        "sliding-window layer runs on triton in DECODE, EXTEND, TARGET_VERIFY, DRAFT_EXTEND_V2, DRAFT_DECODE; "
         "flashinfer in DECODE, EXTEND, TARGET_VERIFY",
     )
 

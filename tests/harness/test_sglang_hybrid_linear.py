@@ -36,7 +36,7 @@ def _linear_message(cell: dict) -> str:
 def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
     require_sglang()
     cells = {c["scenario"]: c for c in _run(tmp_path, "-s", "sglang-hybrid-*")["cells"]}
-    assert len(cells) == 18, sorted(cells)
+    assert len(cells) == 25, sorted(cells)
     failed = {n: (c["verdict"], c["findings"][:2]) for n, c in cells.items() if c["verdict"] != "PASS"}
     assert not failed, failed
     for name, c in cells.items():
@@ -46,9 +46,10 @@ def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
         inits = 2 if "cg=graph" in name else 1
         tracked = {"extend": " and the prefill's Mamba track plan", "decode": " and the decode step's Mamba track"}
         tracked = next((t for k, t in tracked.items() if f"-{k}-track" in name), "")
+        mamba2 = " and the Mamba2 metadata" if "-mamba2-" in name else ""
         assert _linear_message(c) == (
-            f"metadata reference: the linear layers' state slots and query offsets{tracked} of {inits} metadata "
-            "init(s) are their batch's"
+            f"metadata reference: the linear layers' state slots and query offsets{tracked}{mamba2} of {inits} "
+            "metadata init(s) are their batch's"
         ), (name, c["findings"])
 
 
@@ -142,6 +143,26 @@ def test_the_overlap_plan_fix_up_must_leave_the_replayed_tree_links_right(tmp_pa
         assert cell["verdict"] == ("DIVERGE" if fixed_up else "PASS"), (name, cell["findings"])
         if fixed_up:
             assert "retrieve_next_token[0] = " in _linear_message(cell), (name, cell["findings"])
+
+
+def test_a_mamba2_scan_that_loses_a_requests_chunk_offset_is_seen(tmp_path):
+    """Mamba2's chunked scan starts each request's first logical chunk at its offset in the
+    physical chunk; one that starts them all at 0 would mix the requests' states. Seen on the
+    prefill that has prefixes, naming the field; the decode and verify metadata never build it."""
+    require_sglang()
+    source = Path(require_sglang()) / "srt" / "layers" / "attention" / "mamba" / "mamba2_metadata.py"
+    old = "chunk_offsets[_s] = s % chunk_size"
+    assert source.read_text().count(old) == 1, f"mamba2_metadata.py no longer has {old!r} once"
+    patch = breaking_patch(tmp_path, "mamba/mamba2_metadata", old, "chunk_offsets[_s] = 0")
+    cells = _run(tmp_path, "-s", "sglang-hybrid-mamba2-*", "--apply", str(patch))["cells"]
+    patched = {c["scenario"]: c for c in cells if c.get("toggles")}
+    assert len(patched) == 7, sorted(patched)
+    for name, cell in patched.items():
+        if "-extend" in name:
+            assert cell["verdict"] == "DIVERGE", cell["findings"]
+            assert "Mamba2 chunk_offsets is " in _linear_message(cell), cell["findings"]
+        else:
+            assert cell["verdict"] in ("PASS", "NOT_REACHED"), (name, cell["verdict"])
 
 
 def test_a_track_plan_that_snapshots_the_wrong_chunk_state_is_seen(tmp_path):

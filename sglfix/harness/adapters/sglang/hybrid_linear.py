@@ -30,6 +30,7 @@ from typing import Any
 
 from sglfix.harness.adapters.base import Prepared
 from sglfix.harness.adapters.sglang.guards import guard_buffers
+from sglfix.harness.adapters.sglang.hybrid_mamba2 import mamba2_reference, mamba2_view
 from sglfix.harness.adapters.sglang.hybrid_track import (
     TRACK_FIELDS,
     decode_track_reference,
@@ -48,6 +49,8 @@ FULL_LAYER, LINEAR_LAYER = 0, 1
 # convolution width.
 GDN_HEADS, GDN_HEAD_DIM, GDN_CONV = 2, 32, 4
 _MODES = ("DECODE", "EXTEND", "TARGET_VERIFY")
+# A Mamba2 model's scan chunk (mamba_chunk_size; real models use 128 or 256).
+MAMBA2_CHUNK = 32
 
 
 class SglangHybridLinearAdapter(SglangTritonAdapter):
@@ -76,7 +79,7 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
 
     def make_backend(self, prepared: Prepared) -> Any:
         from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
-        from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+        from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend, Mamba2AttnBackend
         from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
         from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
 
@@ -86,8 +89,14 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         # Production stamps the kernel choice on the runner (attn_backend_wrapper) before it
         # builds the linear backend that reads it.
         runner.linear_attn_backends = resolve_linear_attn_backends()
-        linear = GDNAttnBackend(runner)
+        mixer = prepared.case.scenario.model.linear_attention or "gdn"
+        if mixer == "mamba2":
+            # The model's scan chunk (its config's mamba_chunk_size), small enough that a prefill
+            # crosses several: the logical chunks the scan walks are judged against it.
+            _set_config(runner, "mamba_chunk_size", MAMBA2_CHUNK)
+        linear = (Mamba2AttnBackend if mixer == "mamba2" else GDNAttnBackend)(runner)
         backend = HybridLinearAttnBackend(full, linear, full_attn_layers=[FULL_LAYER])
+        backend._sglfix_mamba2_chunk = MAMBA2_CHUNK if mixer == "mamba2" else None
         # The sub-backends as built, not as the hybrid keeps them: a judge that read them back
         # through the code under test would fail with it.
         backend._sglfix_full, backend._sglfix_linear = full, linear
@@ -129,13 +138,23 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         plan = getattr(backend, "_sglfix_track", None)
         whose = {"EXTEND": "the prefill's Mamba track plan", "DECODE": "the decode step's Mamba track"}
         tracked = f" and {whose[plan.mode]}" if plan is not None else ""
+        mamba2 = " and the Mamba2 metadata" if getattr(backend, "_sglfix_mamba2_chunk", None) else ""
         return [
             (
                 "PASS",
-                f"metadata reference: the linear layers' state slots and query offsets{tracked} of {len(reports)} "
-                "metadata init(s) are their batch's",
+                f"metadata reference: the linear layers' state slots and query offsets{tracked}{mamba2} of "
+                f"{len(reports)} metadata init(s) are their batch's",
             )
         ]
+
+
+def _set_config(runner: Any, name: str, value: Any) -> None:
+    """Set ``name`` on the runner's model config as a checkpoint's config carries it."""
+    config = runner.model_config
+    target = getattr(config, "hf_text_config", None)
+    if target is None:
+        target = config.hf_text_config = SimpleNamespace()
+    setattr(target, name, value)
 
 
 def _mark_phases(backend: Any) -> None:
@@ -226,6 +245,10 @@ def _hybrid_pool(case: Any, *, seed: int) -> None:
         batch.extend_start_loc = torch.cumsum(lens, dim=0) - lens
     if hasattr(batch, "req_to_token_pool"):
         batch.req_to_token_pool = pool
+    if batch.forward_mode.is_target_verify():
+        # ForwardBatch.init_new sets the extend fields for extend modes only; a verify batch has
+        # none (Mamba2's metadata tells a decode-like batch by it), whatever the kit's carries.
+        batch.extend_num_tokens = None
 
 
 def _linear_view(metadata: Any) -> Any:
@@ -238,6 +261,7 @@ def _linear_view(metadata: Any) -> Any:
         retrieve_next_token=metadata.retrieve_next_token,
         retrieve_next_sibling=metadata.retrieve_next_sibling,
         **{name: getattr(metadata, name, None) for name in TRACK_FIELDS},
+        **mamba2_view(metadata),
     )
 
 
@@ -282,10 +306,20 @@ def _linear_reference(metadata: Any, batch: Any, backend: Any) -> str:
             want.append(want[-1] + n)
     if qsl != want:
         return f"query_start_loc = {qsl}, the batch's token offsets are {want}"
+    return _by_mode(metadata, batch, backend, offsets=want, real=real, bs=bs)
+
+
+def _by_mode(metadata: Any, batch: Any, backend: Any, *, offsets: list[int], real: int, bs: int) -> str:
+    """What a mode adds to the slots and offsets: a Mamba2 layer set's own metadata, a prefill's
+    or a decode step's Mamba track, a tree verify's links."""
+    mode = batch.forward_mode
+    wrong = mamba2_reference(
+        metadata, batch, offsets=offsets, draft_tokens=backend._sglfix_draft_tokens, chunk=backend._sglfix_mamba2_chunk
+    )
+    if wrong:
+        return wrong
     if mode.is_extend() and not mode.is_target_verify():
-        wrong = track_reference(metadata, batch, backend, offsets=want, conv=GDN_CONV - 1)
-        if wrong:
-            return wrong
+        return track_reference(metadata, batch, backend, offsets=offsets, conv=GDN_CONV - 1) or ""
     plan = getattr(backend, "_sglfix_track", None)
     if mode.is_decode_or_idle() and plan is not None and getattr(backend, "_sglfix_phase", "eager") != "capture":
         # A capture's batch tracks nothing (the runner's track slots are zero then).
@@ -309,7 +343,7 @@ def _verify_links(metadata: Any, batch: Any, backend: Any, *, real: int) -> str:
         if tree and got_links is None:
             return f"{name} is None for a tree verify (topk {backend._sglfix_topk})"
         want = getattr(batch.spec_info, name, None) if tree else None
-        if want is None:
+        if want is None or got_links is None:
             continue
         have = got_links[:real].to("cpu", torch.long)
         want = want[:real].to("cpu", torch.long)
