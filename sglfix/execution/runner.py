@@ -387,8 +387,12 @@ class Runner:
         ask for it. ``progress(plan)`` is a context manager giving the function each result is
         passed to. With ``--verify-store N``, N served cells are run again fresh on the same
         pool and any difference fails the run (``StoreMismatch``, its entries dropped)."""
+        from sglfix.common.version import source
         from sglfix.execution.store.layer import StoredPool
 
+        # The sglfix that runs is the tree as the run starts (read once per process): a report
+        # written an hour later must not name a commit made meanwhile.
+        source()
         start = time.perf_counter()
         differ: list = []
         verify: list[int] = []
