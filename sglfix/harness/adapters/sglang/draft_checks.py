@@ -11,6 +11,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from sglfix.harness.adapters.sglang.truth import first_difference
+
 __all__ = [
     "attention_over",
     "check_draft_metadata",
@@ -289,11 +291,10 @@ def _first_difference(got: Any, want: list[int]) -> tuple[int, int | None] | Non
     import torch
 
     given = got.to(torch.int64).cpu()[: len(want)].tolist()
-    if given == want:
+    r = first_difference(given, want)
+    if r is None:
         return None
-    padded = given + [None] * len(want)
-    r = next(k for k, (a, b) in enumerate(zip(padded, want)) if a != b)
-    return r, padded[r]
+    return r, given[r] if r < len(given) else None
 
 
 def _host_plan(step: Any) -> Any:

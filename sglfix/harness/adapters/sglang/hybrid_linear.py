@@ -38,6 +38,7 @@ from sglfix.harness.adapters.sglang.hybrid_track import (
     track_reference,
 )
 from sglfix.harness.adapters.sglang.triton import SglangTritonAdapter
+from sglfix.harness.adapters.sglang.truth import first_difference
 from sglfix.harness.unavailable import Unavailable
 
 __all__ = ["ADAPTER", "SglangHybridLinearAdapter"]
@@ -345,13 +346,13 @@ def _verify_links(metadata: Any, batch: Any, backend: Any, *, real: int) -> str:
         want = getattr(batch.spec_info, name, None) if tree else None
         if want is None or got_links is None:
             continue
-        have = got_links[:real].to("cpu", torch.long)
-        want = want[:real].to("cpu", torch.long)
-        if have.shape != want.shape or not torch.equal(have, want):
-            row = next((r for r in range(min(len(have), len(want))) if not torch.equal(have[r], want[r])), 0)
+        have = got_links[:real].to("cpu", torch.long).tolist()
+        want = want[:real].to("cpu", torch.long).tolist()
+        row = first_difference(have, want)
+        if row is not None:
             return (
-                f"{name}[{row}] = {have[row].tolist() if row < len(have) else None}, request {row}'s draft tree "
-                f"gives {want[row].tolist() if row < len(want) else None}"
+                f"{name}[{row}] = {have[row] if row < len(have) else None}, request {row}'s draft tree "
+                f"gives {want[row] if row < len(want) else None}"
             )
     return ""
 

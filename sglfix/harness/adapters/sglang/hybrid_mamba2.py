@@ -13,6 +13,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from sglfix.harness.adapters.sglang.truth import first_difference
+
 __all__ = ["mamba2_reference", "mamba2_view"]
 
 _SCALARS = ("num_prefills", "num_prefill_tokens", "num_decodes", "is_target_verify", "draft_token_num")
@@ -130,8 +132,8 @@ def _mixed_reference(mixed: Any, *, lens: list[int], prefixes: list[int], chunk:
         return f"Mamba2 prep_initial_states is {mixed.prep_initial_states}, the prefixes {prefixes} give {any(initial)}"
     seq_idx = [r for r, n in enumerate(lens) for _ in range(n)]
     have = _ints(mixed.seq_idx)
-    if have != seq_idx:
-        at = next((i for i, (x, y) in enumerate(zip(have, seq_idx)) if x != y), min(len(have), len(seq_idx)))
+    at = first_difference(have, seq_idx)
+    if at is not None:
         return f"Mamba2 seq_idx names request {have[at] if at < len(have) else None} for token {at}, of request {seq_idx[at] if at < len(seq_idx) else None}"
     if any(initial):
         indices, chunk_offsets = logical_chunks(lens, chunk)

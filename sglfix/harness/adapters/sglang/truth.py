@@ -5,11 +5,11 @@ draft tree's visibility), padded, and the reference computed from it alone."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GroundTruth", "ground_truth", "reference", "tree_visibility"]
+__all__ = ["GroundTruth", "first_difference", "ground_truth", "reference", "tree_visibility"]
 
 
 @dataclass
@@ -23,6 +23,14 @@ class GroundTruth:
     visible: Any
     q_valid: Any
     sm_scale: float
+
+
+def first_difference(have: Sequence[Any], want: Sequence[Any]) -> int | None:
+    """The first index where ``have`` differs from ``want`` (where one ends first, its length),
+    None where the two are equal: what a judge names of a value the code under test built."""
+    if list(have) == list(want):
+        return None
+    return next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), min(len(have), len(want)))
 
 
 def tree_visibility(parents: list[int]) -> Any:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sglfix.harness.adapters.sglang.truth import first_difference
 from sglfix.harness.fingerprint import observe
 
 __all__ = ["PROBE"]
@@ -123,7 +124,7 @@ def _draft_start(batch: Any) -> dict:
     info = batch.spec_info
     return {
         "p": info.topk_p.detach().float().cpu(),
-        "tokens": info.topk_index.detach().cpu().to(dtype=__import__("torch").int64),
+        "tokens": info.topk_index.detach().cpu().long(),
         "slots": [int(x) for x in batch.out_cache_loc.cpu().tolist()],
         "bs": int(batch.batch_size),
     }
@@ -139,12 +140,8 @@ def _check_steps(steps: list[dict], *, start: dict, spec: Any) -> str | None:
         return f"the draft holds {len(slots)} write slots, {bs} requests x {topk} branches x {n} steps need {bs * topk * n}"
     for i, step in enumerate(steps):
         want = [slots[(b * topk + k) * n + i] for b in range(bs) for k in range(topk)]
-        if step["out_cache_loc"] != want:
-            j = (
-                next(j for j, (x, y) in enumerate(zip(step["out_cache_loc"], want)) if x != y)
-                if len(step["out_cache_loc"]) == len(want)
-                else 0
-            )
+        j = first_difference(step["out_cache_loc"], want)
+        if j is not None:
             return (
                 f"draft step {i} writes its KV at {step['out_cache_loc']}, request {j // topk} branch {j % topk} "
                 f"owns slot {want[j] if j < len(want) else None} there"
