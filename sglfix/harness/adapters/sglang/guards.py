@@ -87,21 +87,23 @@ def watch_metadata(backend: Any, on_metadata: MetadataHook) -> None:
     eager (``init_forward_metadata``), capture and replay (``init_forward_metadata_out_graph``)."""
     eager, out_graph = backend.init_forward_metadata, backend.init_forward_metadata_out_graph
 
+    def judge(forward_batch: Any, phase: str) -> None:
+        later = getattr(backend, "_sglfix_judge_later", None)
+        if later is not None:
+            # An init the worker completes with its post-join fix-up (``init_then_join``): the
+            # judge looks once that has run.
+            later.append(lambda: on_metadata(backend, forward_batch, phase))
+        else:
+            on_metadata(backend, forward_batch, phase)
+
     def init_forward_metadata(forward_batch: Any) -> Any:
         result = eager(forward_batch)
-        on_metadata(backend, forward_batch, "eager")
+        judge(forward_batch, "eager")
         return result
 
     def init_forward_metadata_out_graph(forward_batch: Any, in_capture: bool = False) -> Any:
         result = out_graph(forward_batch, in_capture)
-        phase = "capture" if in_capture else "replay"
-        later = getattr(backend, "_sglfix_judge_later", None)
-        if later is not None:
-            # A verify planned on the overlap plan stream is complete only after the worker's
-            # fix-up (``after_plan_join``): the judge looks then.
-            later.append(lambda: on_metadata(backend, forward_batch, phase))
-        else:
-            on_metadata(backend, forward_batch, phase)
+        judge(forward_batch, "capture" if in_capture else "replay")
         return result
 
     backend.init_forward_metadata = init_forward_metadata

@@ -118,8 +118,7 @@ class SglangTritonAdapter(AdapterBase):
             # The glue runs the eager metadata init itself unless the graph runner takes the batch.
             batch = case.forward_batch = run_glue(case=case, backend=backend, graph_runner=runner)
         elif runner is None:
-            backend.init_forward_metadata(batch)
-            _kit("attention").after_plan_join(backend, batch, None)
+            _kit("attention").init_then_join(backend, batch, None, lambda: backend.init_forward_metadata(batch))
         if runner is not None:
             if not runner.can_run_graph(batch):
                 raise Unavailable(f"no captured size fits a batch of {batch.batch_size}")

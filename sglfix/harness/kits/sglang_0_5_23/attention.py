@@ -31,10 +31,10 @@ from types import ModuleType
 from typing import Any
 
 from .environment import (
-    after_plan_join,
     bind_own_plan,
     decide_needs_cpu_seq_lens,
     engine_flags,
+    init_then_join,
     prepare_for_draft_extend,
     publish_server_args,
     publish_spec,
@@ -47,10 +47,10 @@ __all__ = [
     "DRAFT_EXTEND",
     "KIT_VERSION",
     "TARGET_VERIFY",
-    "after_plan_join",
     "bind_own_plan",
     "decide_needs_cpu_seq_lens",
     "engine_flags",
+    "init_then_join",
     "make_case",
     "make_draft_extend_v2_input",
     "make_forward_batch",

@@ -8,14 +8,13 @@ import contextlib
 import dataclasses
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 __all__ = [
     "FixtureTestCase",
-    "after_plan_join",
     "context_kept",
     "decide_needs_cpu_seq_lens",
     "draft_backend_factory",
@@ -23,6 +22,7 @@ __all__ = [
     "flash_mla_available",
     "flashinfer_available",
     "has_cuda",
+    "init_then_join",
     "plans_verify_early",
     "prepare",
     "prepare_for_draft_extend",
@@ -280,6 +280,21 @@ def after_plan_join(backend: Any, batch: Any, cuda_graph_bs: int | None) -> None
     size, None when the verify runs eagerly). Nothing without the plan stream."""
     if plans_verify_early() and batch.forward_mode.is_target_verify():
         backend.update_verify_buffers_to_fill_after_draft(batch.spec_info, cuda_graph_bs)
+
+
+def init_then_join(backend: Any, batch: Any, cuda_graph_bs: int | None, init: Callable[[], Any]) -> None:
+    """A metadata init as the worker completes it: ``init``, then ``after_plan_join``; the judge's
+    look at the init (``guards.watch_metadata``) is held until both have run, since the launch
+    reads what the fix-up left."""
+    later: list = []
+    backend._sglfix_judge_later = later
+    try:
+        init()
+    finally:
+        del backend._sglfix_judge_later
+    after_plan_join(backend, batch, cuda_graph_bs)
+    for judge in later:
+        judge()
 
 
 def draft_backend_factory(runner: Any, topk: int, num_steps: int) -> Any:

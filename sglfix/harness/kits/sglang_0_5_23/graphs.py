@@ -23,7 +23,7 @@ from typing import Any
 
 from sglfix.harness.unavailable import Unavailable
 
-from .environment import after_plan_join, bind_runner_slots
+from .environment import bind_runner_slots, init_then_join
 
 __all__ = ["GRAPH_STATE", "GraphRunner", "attend"]
 
@@ -337,17 +337,8 @@ class GraphRunner:
         if self.case.scenario.mode == "DRAFT_EXTEND_V2":
             return self._execute_draft_extend(batch, captured=captured, bs=bs)[:raw_n].clone()
         self._load(batch, raw_bs=raw_bs, bs=bs)
-        later: list = []
-        self.backend._sglfix_judge_later = later
-        try:
-            self.backend.init_forward_metadata_out_graph(self._decode_view(batch, raw_bs=raw_bs, bs=bs))
-        finally:
-            del self.backend._sglfix_judge_later
-        # Under the overlap plan stream the worker fixes the replay's tree metadata up after the
-        # join, before the launch (run_eagle_verify); the judge looks at what the launch reads.
-        after_plan_join(self.backend, batch, bs)
-        for judge in later:
-            judge()
+        view = self._decode_view(batch, raw_bs=raw_bs, bs=bs)
+        init_then_join(self.backend, batch, bs, lambda: self.backend.init_forward_metadata_out_graph(view))
         return self._launch(captured, bs)[:raw_n].clone()
 
     def _launch(self, captured: _Captured, bs: int) -> Any:
