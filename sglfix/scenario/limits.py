@@ -132,9 +132,10 @@ LIMITS: tuple[Limit, ...] = (
     ),
     Limit(
         "`model.linear_attention`",
-        "gdn, mamba2",
+        "gdn, mamba2, short_conv",
         "real sglang `hybrid_linear` only: the linear-attention layer set, Qwen3-Next's gated delta net "
-        "(GDNAttnBackend, the default) or a Mamba2 mixer (Mamba2AttnBackend)",
+        "(GDNAttnBackend, the default), a Mamba2 mixer (Mamba2AttnBackend) or LFM2's short convolution "
+        "(ShortConvAttnBackend, reached through the hybrid's conv_state_metadata)",
     ),
     Limit(
         "`page_size`",

@@ -238,7 +238,9 @@ DType = Annotated[
     ),
 ]
 Backend = Annotated[str, BeforeValidator(partial(_choice, choices=BACKENDS, canonical=str.lower))]
-LinearAttention = Annotated[str, BeforeValidator(partial(_choice, choices=("gdn", "mamba2"), canonical=str.lower))]
+LinearAttention = Annotated[
+    str, BeforeValidator(partial(_choice, choices=("gdn", "mamba2", "short_conv"), canonical=str.lower))
+]
 Builder = Annotated[str, BeforeValidator(partial(_choice, choices=BUILDERS, canonical=str.lower))]
 ProbeName = Annotated[
     str, BeforeValidator(partial(_choice, choices=PROBES, canonical=lambda s: s.lower().replace("_", "-")))

@@ -36,7 +36,7 @@ def _linear_message(cell: dict) -> str:
 def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
     require_sglang()
     cells = {c["scenario"]: c for c in _run(tmp_path, "-s", "sglang-hybrid-*")["cells"]}
-    assert len(cells) == 25, sorted(cells)
+    assert len(cells) == 32, sorted(cells)
     failed = {n: (c["verdict"], c["findings"][:2]) for n, c in cells.items() if c["verdict"] != "PASS"}
     assert not failed, failed
     for name, c in cells.items():
@@ -47,6 +47,7 @@ def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
         tracked = {"extend": " and the prefill's Mamba track plan", "decode": " and the decode step's Mamba track"}
         tracked = next((t for k, t in tracked.items() if f"-{k}-track" in name), "")
         mamba2 = " and the Mamba2 metadata" if "-mamba2-" in name else ""
+        mamba2 = " and the conv-state handle" if "-short-conv-" in name else mamba2
         assert _linear_message(c) == (
             f"metadata reference: the linear layers' state slots and query offsets{tracked}{mamba2} of {inits} "
             "metadata init(s) are their batch's"
@@ -163,6 +164,44 @@ def test_a_mamba2_scan_that_loses_a_requests_chunk_offset_is_seen(tmp_path):
             assert "Mamba2 chunk_offsets is " in _linear_message(cell), cell["findings"]
         else:
             assert cell["verdict"] in ("PASS", "NOT_REACHED"), (name, cell["verdict"])
+
+
+def _short_conv_patch(tmp_path: Path, old: str, new: str) -> Path:
+    source = Path(require_sglang()) / "srt" / "layers" / "attention" / "linear" / "short_conv_backend.py"
+    assert source.read_text().count(old) == 1, f"short_conv_backend.py no longer has {old!r} once"
+    return breaking_patch(tmp_path, "linear/short_conv_backend", old, new)
+
+
+def test_a_short_conv_replay_that_hands_its_slots_out_afresh_is_seen(tmp_path):
+    """The conv layers of a captured graph read the slots at the address the capture handed out;
+    a step that always casts afresh leaves them reading the capture's slots on every replay. The
+    slots' values are right, so only the address shows it, and only under a graph."""
+    require_sglang()
+    patch = _short_conv_patch(tmp_path, "elif buf is not None and idx.shape[0] <= buf.shape[0]:", "elif False:")
+    cells = _run(tmp_path, "-s", "sglang-hybrid-short-conv-decode@*", "--apply", str(patch))["cells"]
+    patched = {c["scenario"]: c for c in cells if c.get("toggles")}
+    assert len(patched) == 3, sorted(patched)
+    for name, cell in patched.items():
+        if "cg=graph" in name:
+            assert cell["verdict"] == "DIVERGE", (name, cell["findings"])
+            assert "hands the slots out at another address than the first capture's" in _linear_message(cell)
+        else:
+            assert cell["verdict"] == "PASS", (name, cell["findings"])
+
+
+def test_a_short_conv_prefill_that_loses_which_requests_resume_a_prefix_is_seen(tmp_path):
+    """The host loop of a conv model starts a request from its cached state by the handle's
+    has_prefix_cpu; one that says no request resumes one would restart them from zero."""
+    require_sglang()
+    old = "int(p) > 0 for p in forward_batch.extend_prefix_lens_cpu"
+    patch = _short_conv_patch(tmp_path, old, "False for p in forward_batch.extend_prefix_lens_cpu")
+    cells = _run(tmp_path, "-s", "sglang-hybrid-short-conv-*", "--apply", str(patch))["cells"]
+    patched = {c["scenario"]: c for c in cells if c.get("toggles")}
+    cell = patched["sglang-hybrid-short-conv-extend"]
+    assert cell["verdict"] == "DIVERGE", cell["findings"]
+    assert "has_prefix_cpu = [False, False, False], the prefixes [0, 37, 5] give [False, True, True]" in (
+        _linear_message(cell)
+    )
 
 
 def test_a_track_plan_that_snapshots_the_wrong_chunk_state_is_seen(tmp_path):

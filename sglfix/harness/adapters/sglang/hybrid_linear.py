@@ -19,6 +19,10 @@ Two judges, one per layer set:
   do not run in the Triton interpreter, so on CPU these fields are judged directly rather than
   through the linear layer's output.
 
+With ``model.linear_attention`` the linear set is a Mamba2 mixer (``Mamba2AttnBackend``) or a short
+convolution (``ShortConvAttnBackend`` under ``ShortConvHybridAttnBackend``, whose conv-state handle
+the model asks for per layer and which is judged after every init as well).
+
 Everything else is the Triton adapter's (``sglang.triton``): the case over the kit's dense mock
 runner, the scattered slot layout, the ground truth, the kit's graph runner.
 """
@@ -31,6 +35,7 @@ from typing import Any
 from sglfix.harness.adapters.base import Prepared
 from sglfix.harness.adapters.sglang.guards import guard_buffers
 from sglfix.harness.adapters.sglang.hybrid_mamba2 import mamba2_reference, mamba2_view
+from sglfix.harness.adapters.sglang.hybrid_short_conv import short_conv_reference, short_conv_view
 from sglfix.harness.adapters.sglang.hybrid_track import (
     TRACK_FIELDS,
     decode_track_reference,
@@ -79,8 +84,8 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         return prepared
 
     def make_backend(self, prepared: Prepared) -> Any:
+        from sglang.srt.layers.attention import hybrid_linear_attn_backend as hybrid
         from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
-        from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend, Mamba2AttnBackend
         from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
         from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
 
@@ -95,8 +100,15 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
             # The model's scan chunk (its config's mamba_chunk_size), small enough that a prefill
             # crosses several: the logical chunks the scan walks are judged against it.
             _set_config(runner, "mamba_chunk_size", MAMBA2_CHUNK)
-        linear = (Mamba2AttnBackend if mixer == "mamba2" else GDNAttnBackend)(runner)
-        backend = HybridLinearAttnBackend(full, linear, full_attn_layers=[FULL_LAYER])
+        if mixer == "short_conv":
+            from sglang.srt.layers.attention.linear.short_conv_backend import ShortConvAttnBackend
+
+            # The sidecar the model reaches through the hybrid's conv_state_metadata (LFM2, ZAYA1).
+            linear = ShortConvAttnBackend(runner)
+            backend = hybrid.ShortConvHybridAttnBackend(full, linear, full_attn_layers=[FULL_LAYER])
+        else:
+            linear = (hybrid.Mamba2AttnBackend if mixer == "mamba2" else GDNAttnBackend)(runner)
+            backend = hybrid.HybridLinearAttnBackend(full, linear, full_attn_layers=[FULL_LAYER])
         backend._sglfix_mamba2_chunk = MAMBA2_CHUNK if mixer == "mamba2" else None
         # The sub-backends as built, not as the hybrid keeps them: a judge that read them back
         # through the code under test would fail with it.
@@ -124,9 +136,15 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         linear backend's, the latter judged against this init's batch as it is built."""
         rows = int(forward_batch.batch_size)
         linear = backend._sglfix_linear.forward_metadata
+        # A short-conv layer set's model asks the hybrid for its conv-state handle per layer.
+        handle = backend.conv_state_metadata(LINEAR_LAYER, forward_batch) if _short_conv(backend) else None
         reports = backend.__dict__.setdefault("_sglfix_linear_reports", [])
-        reports.append(_linear_reference(linear, forward_batch, backend))
-        return [("", backend._sglfix_full.forward_metadata, rows), ("linear", _linear_view(linear), rows)]
+        reports.append(
+            _linear_reference(linear, forward_batch, backend) or _conv_reference(handle, forward_batch, backend)
+        )
+        view = _linear_view(linear)
+        view.__dict__.update(short_conv_view(handle))
+        return [("", backend._sglfix_full.forward_metadata, rows), ("linear", view, rows)]
 
     def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
         reports = backend.__dict__.get("_sglfix_linear_reports", [])
@@ -140,6 +158,8 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         whose = {"EXTEND": "the prefill's Mamba track plan", "DECODE": "the decode step's Mamba track"}
         tracked = f" and {whose[plan.mode]}" if plan is not None else ""
         mamba2 = " and the Mamba2 metadata" if getattr(backend, "_sglfix_mamba2_chunk", None) else ""
+        if _short_conv(backend):
+            mamba2 = " and the conv-state handle"
         return [
             (
                 "PASS",
@@ -147,6 +167,38 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
                 f"{len(reports)} metadata init(s) are their batch's",
             )
         ]
+
+
+def _short_conv(backend: Any) -> bool:
+    return type(backend._sglfix_linear).__name__ == "ShortConvAttnBackend"
+
+
+def _live(backend: Any, batch: Any) -> tuple[int, list[int]]:
+    """The batch's live rows (a replay pads past them) and their state slots, from the rows the
+    caller handed in and the pool's mapping."""
+    import torch
+
+    bs = int(batch.batch_size)
+    real = min(bs, backend._sglfix_real_bs) if getattr(backend, "_sglfix_phase", "eager") == "replay" else bs
+    pool = backend._sglfix_linear.req_to_token_pool
+    rows = backend._sglfix_rows[:real].to(torch.long)
+    return real, pool.req_index_to_mamba_index_mapping[rows].to("cpu", torch.long).tolist()
+
+
+def _conv_reference(handle: Any, batch: Any, backend: Any) -> str:
+    if not _short_conv(backend):
+        return ""
+    real, want_slots = _live(backend, batch)
+    return short_conv_reference(
+        handle,
+        batch,
+        linear=backend._sglfix_linear,
+        layer=LINEAR_LAYER,
+        want_slots=want_slots,
+        real=real,
+        phase=getattr(backend, "_sglfix_phase", "eager"),
+        seen=backend.__dict__.setdefault("_sglfix_conv_seen", {}),
+    )
 
 
 def _set_config(runner: Any, name: str, value: Any) -> None:
@@ -276,10 +328,7 @@ def _linear_reference(metadata: Any, batch: Any, backend: Any) -> str:
     bs = int(batch.batch_size)
     mode = batch.forward_mode
     # A replay pads the live batch to its captured size; a capture's rows are all its own.
-    real = min(bs, backend._sglfix_real_bs) if getattr(backend, "_sglfix_phase", "eager") == "replay" else bs
-    pool = backend._sglfix_linear.req_to_token_pool
-    rows = backend._sglfix_rows[:real].to(torch.long)
-    want_slots = pool.req_index_to_mamba_index_mapping[rows].to("cpu", torch.long).tolist()
+    real, want_slots = _live(backend, batch)
     got = metadata.mamba_cache_indices
     if got is None or got.numel() < bs:
         return f"mamba_cache_indices holds {0 if got is None else got.numel()} entries for a batch of {bs}"
