@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from sglfix.harness.codefault import OutOfBounds
+
 __all__ = [
     "PAGE",
     "SM_PARTS",
@@ -125,7 +127,9 @@ def flash_mla_with_kvcache(  # noqa: PLR0913 - FlashMLA's own signature, as sgla
     scale = softmax_scale if softmax_scale is not None else dim**-0.5
     lens = cache_seqlens.to("cpu", torch.int64).tolist()
     if len(lens) < bs or block_table.shape[0] < bs:
-        raise ValueError(
+        # The kernel would read rows past both tensors (on the GPU an illegal address): the
+        # caller's fault, not the stand-in's.
+        raise OutOfBounds(
             f"cache_seqlens ({len(lens)}) and block_table ({block_table.shape[0]}) cover fewer than {bs} requests"
         )
     covered, touches = covered_pages(tile_scheduler_metadata, bs)
@@ -147,7 +151,7 @@ def flash_mla_with_kvcache(  # noqa: PLR0913 - FlashMLA's own signature, as sgla
             continue
         blocks = table[b, [j // PAGE for j in pos]]
         if int(blocks.min()) < 0 or int(blocks.max()) >= k_cache.shape[0]:
-            raise RuntimeError(f"block_table row {b} names a block outside the cache ({k_cache.shape[0]} blocks)")
+            raise OutOfBounds(f"block_table row {b} names a block outside the cache ({k_cache.shape[0]} blocks)")
         offsets = torch.tensor([j % PAGE for j in pos])
         keys = k_cache[blocks.to(k_cache.device), offsets.to(k_cache.device), 0].float()  # [L, dim]
         qf = q[b].float()  # [s_q, heads, dim]

@@ -1,5 +1,6 @@
 """Replays ``backend: flashmla`` scenarios of one absorbed-MLA layer (DECODE, TARGET_VERIFY and
-DRAFT_EXTEND_V2 through FlashMLA's decode kernel, eager and CUDA graph; EXTEND through the
+DRAFT_EXTEND_V2 through FlashMLA's decode kernel; DRAFT_DECODE, the multi-step draft, in
+``sglang.flashmla_draft``, eager and CUDA graph; EXTEND through the
 FlashInfer-MLA parent) through the installed sglang's own ``FlashMLABackend``, built as production
 builds it (``ATTENTION_BACKENDS["flashmla"]``): its metadata code (the page tables
 ``create_flashmla_kv_indices_triton`` fills, the schedule ``get_mla_metadata`` makes, the graph
@@ -29,10 +30,11 @@ from typing import Any
 from sglfix.harness.adapters.base import Prepared
 from sglfix.harness.adapters.sglang.flashinfer_dense import captures_draft_extend_v2
 from sglfix.harness.adapters.sglang.flashinfer_mla_dense import SglangFlashInferMLAAdapter, flashinfer_mla_module
+from sglfix.harness.adapters.sglang.multistep import DraftOrDense
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.unavailable import Unavailable
 
-__all__ = ["ADAPTER", "SglangFlashMLAAdapter", "flashmla_module"]
+__all__ = ["ADAPTER", "FlashMLAAdapter", "SglangFlashMLAAdapter", "device_answers", "flashmla_module"]
 
 _MODULE = "sglang.srt.layers.attention.flashmla_backend"
 _H200_SMS = 132
@@ -53,7 +55,7 @@ def flashmla_module() -> Any:
 
 
 @contextlib.contextmanager
-def _device_answers() -> Iterator[None]:
+def device_answers() -> Iterator[None]:
     """Without CUDA, ``torch.cuda.get_device_properties`` answers an H200's SM count (the graph
     state sizes its schedule buffer by it); put back after."""
     import torch
@@ -94,7 +96,7 @@ class SglangFlashMLAAdapter(SglangFlashInferMLAAdapter):
             and not captures_draft_extend_v2(backend, "init_forward_metadata_out_graph")
         ):
             raise Unavailable("this release's FlashMLABackend does not capture DRAFT_EXTEND_V2 in CUDA graphs")
-        with _device_answers():
+        with device_answers():
             return super().capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
 
     def records_graph(self, backend: Any) -> bool:
@@ -215,4 +217,22 @@ def _flashmla_view(backend: Any, metadata: Any, batch: Any) -> tuple[Any, str]:
     return view, report
 
 
-ADAPTER = SglangFlashMLAAdapter()
+class FlashMLAAdapter(DraftOrDense):
+    """``backend: flashmla`` on real sglang: the multi-step draft (DRAFT_DECODE) through
+    ``sglang.flashmla_draft``, every other mode through one layer of ``FlashMLABackend`` (above)."""
+
+    name = "flashmla"
+    metadata_fields = MetadataFields(
+        indptr=("qo_indptr", "kv_indptr"),
+        lengths=("kv_len",),
+        indices={"kv_indices": "kv_indptr"},
+        block_tables={"block_kv_indices": ("kv_len", "page_size")},
+    )
+
+    def __init__(self) -> None:
+        from sglfix.harness.adapters.sglang.flashmla_draft import FlashMLADraftAdapter
+
+        self.draft, self.dense = FlashMLADraftAdapter(), SglangFlashMLAAdapter()
+
+
+ADAPTER = FlashMLAAdapter()

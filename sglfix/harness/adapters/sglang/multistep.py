@@ -38,6 +38,9 @@ class MultiStepDraftAdapter(AdapterBase):
     """Everything of a multi-step draft adapter but its case (``build``, the subclass's)."""
 
     mla = False
+    # Whether the MLA step backends plan a FlashInfer decode wrapper (whose planned reads are
+    # recorded and judged); FlashMLA's hand their kernel a block table instead.
+    wrapper_plans = True
     backend_module = ""
     step_class = ""
 
@@ -78,7 +81,7 @@ class MultiStepDraftAdapter(AdapterBase):
         backend._sglfix_case = case  # for static_buffers: the guard zones of this backend's allocations
         if not case.host:
             self.watch_steps(backend, case)
-            if self.mla:
+            if self.mla and self.wrapper_plans:
                 for i, step in enumerate(backend.attn_backends):
                     observe_plan(step.decode_wrapper, case.plans, i)
         return backend
@@ -122,7 +125,7 @@ class MultiStepDraftAdapter(AdapterBase):
                 backend.init_forward_metadata_in_graph(batch)
             self.read_steps(backend, case, batch)
             on_metadata(Owner(backend, case), batch, f"capture bs={bs}")
-        if self.mla and not case.host:
+        if self.mla and self.wrapper_plans and not case.host:
             # The captured wrappers re-plan on replay through sglang's fast plan (installed on
             # each after its capture): record those plans, the ones the replayed kernel follows.
             for i, step in enumerate(backend.attn_backends):
@@ -168,7 +171,7 @@ class MultiStepDraftAdapter(AdapterBase):
 
     def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
         """Row width against the kernel's need, and each step's page table against the ground truth."""
-        return check_draft_metadata(prepared.case, backend, mla=self.mla)
+        return check_draft_metadata(prepared.case, backend, mla=self.mla and self.wrapper_plans)
 
     # The planned-read checks, as the judge runs them for MLA (kept here for their tests).
     def _planned_reads(self, case: Any, step: int) -> list[list[int]] | None:

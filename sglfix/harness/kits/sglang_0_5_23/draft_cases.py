@@ -154,10 +154,13 @@ def build_dsv4_draft(scenario: Any, *, device: str) -> DraftCase:
     )
 
 
-def build_draft(scenario: Any, *, device: str, mla: bool, backend: str = "flashinfer") -> DraftCase:
+def build_draft(
+    scenario: Any, *, device: str, mla: bool, backend: str = "flashinfer", page_size: int = 1
+) -> DraftCase:
     """The kit's dense (GQA) or MLA mock runner, configured as an EAGLE draft worker whose decode
-    backend is ``backend`` (``flashinfer``, or ``triton`` for a dense one); no target backend is
-    built."""
+    backend is ``backend`` (``flashinfer``, ``flashmla`` for an MLA one at page size 64, or
+    ``triton`` for a dense one); no target backend is built. At a page size past 1 the draft is a
+    chain whose requests' tokens lie on their own pages."""
     prepare()
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.test.kits.attention_unittest.runner_modes.speculative_draft_runner import (
@@ -172,13 +175,13 @@ def build_draft(scenario: Any, *, device: str, mla: bool, backend: str = "flashi
     capture = tuple(scenario.capture_bs) if scenario.capture_bs else None
     pool_bs = max(capture) if capture else bs
     longest = max(prefix) + topk * num_steps
-    max_context_len = scenario.max_context_len or round_up(longest + 8, 32)
+    max_context_len = scenario.max_context_len or round_up(longest + 8, max(32, page_size))
     common = dict(
         name=scenario.name,
         backend=backend,
         forward_mode=ForwardMode.DECODE,
         num_heads=model.num_heads,
-        page_size=1,
+        page_size=page_size,
         prefix_lens=prefix,
     )
     if mla:
@@ -234,12 +237,19 @@ def build_draft(scenario: Any, *, device: str, mla: bool, backend: str = "flashi
     )
     _configure_runner_for_eagle_draft(runner, case, settings)
     num_slots = int(runner.token_to_kv_pool.size)
-    slots = DraftSlots.allocate(prefix, topk=topk, num_steps=num_steps, num_slots=num_slots, seed=scenario.seed)
+    if page_size > 1:
+        if topk != 1:
+            raise ValueError(f"a paged draft case is a chain (topk 1), not topk {topk}")
+        slots = DraftSlots.paged(
+            prefix, num_steps=num_steps, page_size=page_size, num_slots=num_slots, seed=scenario.seed
+        )
+    else:
+        slots = DraftSlots.allocate(prefix, topk=topk, num_steps=num_steps, num_slots=num_slots, seed=scenario.seed)
     runner.req_to_token_pool.req_to_token.zero_()
     slots.fill_req_to_token(runner.req_to_token_pool.req_to_token)
     batch = make_draft_batch(slots, device=device, hidden_size=hidden_size, dtype=dtype, runner=runner)
     return DraftCase(
-        family="flashinfer_mla" if mla else backend,
+        family="flashinfer_mla" if mla and backend == "flashinfer" else backend,
         runner=runner,
         slots=slots,
         batch=batch,

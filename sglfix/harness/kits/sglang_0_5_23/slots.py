@@ -40,6 +40,19 @@ class DraftSlots:
         draft = [[[next(it) for _ in range(num_steps)] for _ in range(topk)] for _ in prefix_lens]
         return cls(tuple(prefix_lens), topk, num_steps, prefix, draft)
 
+    @classmethod
+    def paged(
+        cls, prefix_lens: tuple[int, ...], *, num_steps: int, page_size: int, num_slots: int, seed: int
+    ) -> DraftSlots:
+        """A chain (topk 1) on a paged pool: each request's prefix and its draft tokens run on its
+        own pages, as a paged allocator lays a request's tokens out; the pages scattered."""
+        paged = PagedSlots.allocate(
+            tuple(p + num_steps for p in prefix_lens), page_size=page_size, num_slots=num_slots, seed=seed
+        )
+        prefix = [[paged.slot(b, pos) for pos in range(p)] for b, p in enumerate(prefix_lens)]
+        draft = [[[paged.slot(b, p + s) for s in range(num_steps)]] for b, p in enumerate(prefix_lens)]
+        return cls(tuple(prefix_lens), 1, num_steps, prefix, draft)
+
     @property
     def batch_size(self) -> int:
         return len(self.prefix_lens)
