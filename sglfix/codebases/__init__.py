@@ -207,6 +207,12 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
                 "model.linear_attention",
                 "has no linear-attention layers",
             ),
+            (
+                getattr(s, "encoder_lens", None) is not None,
+                "encoder_decoder",
+                "batch.encoder_lens",
+                "has no encoder-decoder (cross-attention) path here",
+            ),
         )
         for given, field, key, lacks in read_by:
             if given:

@@ -88,6 +88,9 @@ class Profile:
     # Backends whose adapter builds the linear-attention layer set a scenario names
     # (``model.linear_attention``: a hybrid model's gated delta net or Mamba2 mixer).
     linear_attention: tuple[str, ...] = ()
+    # Backends whose adapter builds an encoder-decoder batch and its cross-attention layer
+    # (``batch.encoder_lens``, ``model.cross_attention``).
+    encoder_decoder: tuple[str, ...] = ()
     # Where the code base declares its engine flags, ``path.py:Class`` in its package (a scenario's
     # ``env:`` is checked against them); "" where it has none (the reproduction).
     engine_flags: str = ""

@@ -73,7 +73,11 @@ LIMITS: tuple[Limit, ...] = (
         f"1 .. {MAX_REQUESTS}",
         "CUDA-graph batch sizes of engines stay in the hundreds",
     ),
-    Limit("tokens per request (prefix + new tokens)", f"<= {MAX_TOKENS_PER_REQUEST:,}", "a 128K context"),
+    Limit(
+        "tokens per request (prefix + new tokens)",
+        f"<= {MAX_TOKENS_PER_REQUEST:,}",
+        "a 128K context; an encoder-decoder batch's encoder tokens count too",
+    ),
     Limit(
         "tokens per batch (sum over requests)",
         f"<= {MAX_TOKENS_PER_BATCH:,}",
@@ -100,12 +104,21 @@ LIMITS: tuple[Limit, ...] = (
         "as boundary + 1). DECODE: 1 where this step's state is snapshotted",
     ),
     Limit(
+        "`batch.encoder_lens`",
+        f"1 .. {MAX_TOKENS_PER_REQUEST:,}, one per request",
+        "real sglang `flashinfer`, DECODE and EXTEND: an encoder-decoder model's (Mllama, Whisper) encoder "
+        "tokens, cached in each request's req_to_token row ahead of its decoder tokens (prefix_lens and "
+        "new tokens count the decoder's); they count in the request's tokens and `max_context_len`; no "
+        "`model.sliding_window` beside them",
+    ),
+    Limit(
         "`env`", "<= 16 `SGLANG_*` flags", "real sglang: flags its `srt/environ.py` declares, values its parser takes"
     ),
     Limit(
         "`max_context_len`",
         f"1 .. {MAX_TOKENS_PER_REQUEST:,}",
-        "optional; at least every request's prefix + new tokens (DRAFT_DECODE: + topk * num_steps)",
+        "optional; at least every request's prefix + new tokens (DRAFT_DECODE: + topk * num_steps; an "
+        "encoder-decoder batch: + its encoder tokens)",
     ),
     Limit(
         "`model.num_heads`, `model.num_kv_heads`",
@@ -135,7 +148,14 @@ LIMITS: tuple[Limit, ...] = (
         "gdn, mamba2, short_conv",
         "real sglang `hybrid_linear` only: the linear-attention layer set, Qwen3-Next's gated delta net "
         "(GDNAttnBackend, the default), a Mamba2 mixer (Mamba2AttnBackend) or LFM2's short convolution "
-        "(ShortConvAttnBackend, reached through the hybrid's conv_state_metadata)",
+        "(ShortConvAttnBackend, which the model reaches through the hybrid's `conv_state_metadata`)",
+    ),
+    Limit(
+        "`model.cross_attention`",
+        "true, false",
+        "with `batch.encoder_lens` only: true, the layer is the model's cross-attention layer (called with no "
+        "K/V of its own; each query sees its request's encoder tokens, all of them, and no decoder token); "
+        "false, its self-attention layer (the decoder's keys, after the encoder's in the row)",
     ),
     Limit(
         "`page_size`",
@@ -149,7 +169,7 @@ LIMITS: tuple[Limit, ...] = (
         "decode context-parallel ranks (the allocator's page is page_size x dcp_size); probe req-to-token-headroom "
         "only",
     ),
-    Limit("`spec.topk`", f"1 .. {MAX_TOPK}", "DRAFT_EXTEND and deepseek_v4: 1"),
+    Limit("`spec.topk`", f"1 .. {MAX_TOPK}", "DRAFT_EXTEND, deepseek_v4 and flashmla's DRAFT_DECODE: 1"),
     Limit(
         "`spec.num_steps`",
         f"1 .. {MAX_NUM_STEPS}",

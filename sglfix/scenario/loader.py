@@ -43,6 +43,8 @@ _SHORT = {
     "batch.mamba_track": "track",
     "batch.mamba_track_host": "host",
     "model.linear_attention": "linear",
+    "model.cross_attention": "cross",
+    "batch.encoder_lens": "enc",
     "mode": "mode",
 }
 _DTYPE_LABELS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}

@@ -73,7 +73,9 @@ def estimate_memory(scenario: Scenario) -> MemoryEstimate:
         kv_heads, dim = 1, s.model.kv_lora_rank + s.model.qk_rope_head_dim
     ndt = s.spec.num_draft_tokens
     bs = s.batch_size
-    totals = [p + e for p, e in zip(s.prefix_lens, s.extend_lens)]
+    # An encoder-decoder batch's encoder tokens sit in the request's row and the pool too.
+    encoder = s.encoder_lens or (0,) * bs
+    totals = [n + p + e for n, p, e in zip(encoder, s.prefix_lens, s.extend_lens)]
     tokens, qmax, lmax = sum(s.extend_lens), max(s.extend_lens), max(totals)
     if rule.new_tokens == "draft_steps":
         # Every branch queries once per attention step.

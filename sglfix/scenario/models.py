@@ -265,6 +265,9 @@ class ModelShape(StrictModel):
     # A hybrid model's linear-attention layer set (hybrid_linear): Qwen3-Next's gated delta net
     # (gdn, the default there) or a Mamba2 mixer (NemotronH, Falcon-H1, Granite 4).
     linear_attention: LinearAttention | None = None
+    # An encoder-decoder model's cross-attention layer (Mllama, Whisper; needs batch.encoder_lens):
+    # its queries see the request's cached encoder tokens, all of them, and no decoder token.
+    cross_attention: Flag = False
 
     @property
     def mla(self) -> bool:
@@ -309,6 +312,9 @@ class BatchNode(StrictModel):
     # Whether the scheduler hands its host-side track plan with the batch (production's extend
     # does); false: the device tensors alone, as a batch without host mirrors carries them.
     mamba_track_host: Flag | None = None
+    # An encoder-decoder model's batch (Mllama, Whisper): per request, the encoder tokens cached
+    # ahead of its decoder tokens in its req_to_token row (sglang's encoder_lens).
+    encoder_lens: NewTokenList | None = None
 
     @field_validator("extend_lens", mode="wrap")
     @classmethod
@@ -387,6 +393,7 @@ class ScenarioNode(StrictModel):
             accept_lens=self.batch.accept_lens,
             mamba_track=self.batch.mamba_track,
             mamba_track_host=self.batch.mamba_track_host is not False,
+            encoder_lens=self.batch.encoder_lens,
             backend=None if self.probe else self.backend,
             probe=self.probe,
             capture_bs=tuple(sorted(set(self.cuda_graph.capture_bs))) if self.cuda_graph else None,
@@ -425,6 +432,7 @@ class Scenario(StrictModel):
     accept_lens: AcceptList | None = None
     mamba_track: TrackList | None = None  # None: no Mamba state tracked
     mamba_track_host: Flag = True
+    encoder_lens: NewTokenList | None = None  # None: a decoder-only model
     # Exactly one of backend and probe (a probe scenario has no backend).
     backend: Backend | None = "triton"
     probe: ProbeName | None = None
@@ -461,6 +469,8 @@ class Scenario(StrictModel):
             raise ValueError(f"accept_lens has {len(self.accept_lens)} items for {bs} requests")
         if self.mamba_track is not None and len(self.mamba_track) != bs:
             raise ValueError(f"mamba_track has {len(self.mamba_track)} items for {bs} requests")
+        if self.encoder_lens is not None and len(self.encoder_lens) != bs:
+            raise ValueError(f"encoder_lens has {len(self.encoder_lens)} items for {bs} requests")
         if self.capture_bs is not None:
             if list(self.capture_bs) != sorted(set(self.capture_bs)):
                 raise ValueError(f"capture_bs must be sorted and distinct, got {list(self.capture_bs)}")

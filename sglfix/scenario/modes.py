@@ -150,6 +150,8 @@ class BackendRule:
     kernels: str = ""
     # Modes a sliding-window layer (model.sliding_window) runs in; () takes none.
     sliding_window_modes: tuple[str, ...] = ()
+    # Modes an encoder-decoder batch (batch.encoder_lens, model.cross_attention) runs in; () takes none.
+    encoder_decoder_modes: tuple[str, ...] = ()
 
 
 _HALF = ("float16", "bfloat16")
@@ -182,6 +184,9 @@ _BACKEND_RULES = (
         kernels="FlashInfer's paged decode / paged and ragged prefill wrappers on CUDA, torch kernels over "
         "the same plans on CPU; draft kv_indices by the Triton kernel generate_draft_decode_kv_indices",
         sliding_window_modes=("DECODE", "EXTEND", "TARGET_VERIFY"),
+        # Its cross-attention wrappers (real sglang only): the speculative inputs build their page
+        # tables without the encoder offset, so an encoder-decoder batch is DECODE or EXTEND.
+        encoder_decoder_modes=("DECODE", "EXTEND"),
     ),
     # Real sglang runs every mode but the spec-v1 draft extend (sglang.flashinfer_mla_dense); the
     # reproduction models the decode and the draft only (its profile's backend_modes).
@@ -217,17 +222,20 @@ _BACKEND_RULES = (
         "on other GPUs, a torch kernel on CPU, both over the same block table, seq_lens_k and q "
         "layout",
     ),
-    # Real sglang only: FlashMLA's decode kernel for decode, verify and the spec-v2 draft extend
-    # (page size 64, causal chains: no tree mask), its FlashInfer-MLA parent for the extend.
+    # Real sglang only: FlashMLA's decode kernel for decode, verify, the spec-v2 draft extend and
+    # the multi-step draft (page size 64, causal chains: no tree mask), its FlashInfer-MLA parent
+    # for the extend.
     BackendRule(
         "flashmla",
-        modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND_V2"),
+        modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND_V2", "DRAFT_DECODE"),
         mla=True,
         dtypes=_HALF,
         page_sizes=(64,),
         default_page_size=64,
         gpu_only=True,
         num_heads=(16, 32, 64, 128),
+        # Its multi-step draft backend refuses topk > 1 (a chain of pages).
+        mode_overrides=(("DRAFT_DECODE", replace(MODE_RULES["DRAFT_DECODE"], max_topk=1)),),
         kernels="FlashMLA's dense decode kernel and scheduler where flash_mla is installed, a torch "
         "kernel over the same block table, lengths and schedule elsewhere; FlashInfer's MLA wrapper "
         "(or its torch stand-in) for EXTEND",

@@ -85,6 +85,7 @@ def _check_backend(node: Any) -> None:
             at=("model", "num_heads"),
         )
     _check_window(node, brule)
+    _check_encoder(node, brule)
     if brule.mla:
         for key in ("num_kv_heads", "head_dim"):
             if key in given:
@@ -132,6 +133,46 @@ def _check_window(node: Any, brule: Any) -> None:
         )
 
 
+def _check_encoder(node: Any, brule: Any) -> None:
+    """An encoder-decoder batch (batch.encoder_lens; model.cross_attention needs one) on a backend
+    and mode that run one, one encoder length per request, no sliding window beside it."""
+    enc, model = node.batch.encoder_lens, node.model
+    if enc is None:
+        if model.cross_attention:
+            raise NodeError(
+                "sets model.cross_attention (an encoder-decoder model's cross layer) without batch.encoder_lens; "
+                "give the encoder tokens cached per request, batch.encoder_lens: [...]",
+                at=("model", "cross_attention"),
+            )
+        return
+    if node.mode not in brule.encoder_decoder_modes:
+        where = "; ".join(
+            f"{r.name} in {', '.join(r.encoder_decoder_modes)}"
+            for r in BACKEND_RULES.values()
+            if r.encoder_decoder_modes
+        )
+        raise NodeError(
+            f"sets batch.encoder_lens with backend {brule.name} in mode {node.mode}; an encoder-decoder batch "
+            f"runs on {where} only: drop the key or pick one of those",
+            at=("batch", "encoder_lens"),
+        )
+    bs = len(node.batch.prefix_lens)
+    if len(enc) != bs:
+        raise NodeError(f"has {len(enc)} batch.encoder_lens for {bs} requests", at=("batch", "encoder_lens"))
+    if model.sliding_window is not None:
+        raise NodeError(
+            "sets batch.encoder_lens and model.sliding_window; sglang runs no sliding window in an "
+            "encoder-decoder model (its FlashInfer backend asserts so): drop one",
+            at=("model", "sliding_window"),
+        )
+
+
+def _encoder_lens(node: Any) -> list[int]:
+    """Encoder tokens cached per request ahead of its decoder tokens (0 for a decoder-only model)."""
+    enc = node.batch.encoder_lens
+    return list(enc) if enc is not None else [0] * len(node.batch.prefix_lens)
+
+
 def _check_probe(node: Any) -> None:
     """A probe scenario names no backend, uses one of the probe's modes and only keys it reads."""
     prule, given = probe_rule(node.probe), node.model_fields_set
@@ -155,6 +196,16 @@ def _check_probe(node: Any) -> None:
         raise NodeError(
             f"uses probe {prule.name}, which builds no sliding-window layer; drop model.sliding_window",
             at=("model", "sliding_window"),
+        )
+    if "model" in given and node.model.cross_attention:
+        raise NodeError(
+            f"uses probe {prule.name}, which builds no cross-attention layer; drop model.cross_attention",
+            at=("model", "cross_attention"),
+        )
+    if node.batch.encoder_lens is not None:
+        raise NodeError(
+            f"uses probe {prule.name}, which builds no encoder-decoder batch; drop batch.encoder_lens",
+            at=("batch", "encoder_lens"),
         )
     if prule.page_sizes is not None and node.effective_page_size not in prule.page_sizes:
         raise NodeError(
@@ -349,30 +400,34 @@ def _check_extend_lens(node: Any, rule: ModeRule) -> None:
 
 
 def _check_context(node: Any) -> None:
-    """A given max_context_len must hold every request's prefix and new tokens."""
+    """A given max_context_len must hold every request's encoder tokens, prefix and new tokens."""
     if node.max_context_len is None:
         return
-    need = [p + e for p, e in zip(node.batch.prefix_lens, new_token_counts(node))]
+    enc = _encoder_lens(node)
+    need = [n + p + e for n, p, e in zip(enc, node.batch.prefix_lens, new_token_counts(node))]
     worst = max(range(len(need)), key=lambda i: need[i])
     if need[worst] > node.max_context_len:
+        prefix = node.batch.prefix_lens[worst]
+        encoder = f"encoder {enc[worst]} + " if enc[worst] else ""
         raise NodeError(
             f"has max_context_len {node.max_context_len}, but request {worst} needs {need[worst]} "
-            f"positions (prefix {node.batch.prefix_lens[worst]} + new {need[worst] - node.batch.prefix_lens[worst]}); "
+            f"positions ({encoder}prefix {prefix} + new {need[worst] - prefix - enc[worst]}); "
             f"raise it to at least {max(need)}",
             at="max_context_len",
         )
 
 
 def _check_totals(node: Any) -> None:
-    prefix, extend = node.batch.prefix_lens, new_token_counts(node)
-    for i, (p, e) in enumerate(zip(prefix, extend)):
-        if p + e > MAX_TOKENS_PER_REQUEST:
+    prefix, extend, enc = node.batch.prefix_lens, new_token_counts(node), _encoder_lens(node)
+    for i, (n, p, e) in enumerate(zip(enc, prefix, extend)):
+        if n + p + e > MAX_TOKENS_PER_REQUEST:
+            encoder = f"encoder {n} + " if n else ""
             raise NodeError(
-                f"has a request of {p + e} tokens (prefix {p} + new {e}), over the limit of "
+                f"has a request of {n + p + e} tokens ({encoder}prefix {p} + new {e}), over the limit of "
                 f"{MAX_TOKENS_PER_REQUEST} tokens per request ({LIMITS_HINT})",
                 at=("batch", "prefix_lens", i),
             )
-    total = sum(prefix) + sum(extend)
+    total = sum(enc) + sum(prefix) + sum(extend)
     if total > MAX_TOKENS_PER_BATCH:
         raise NodeError(
             f"has {total} tokens in its batch, over the limit of {MAX_TOKENS_PER_BATCH} tokens per "

@@ -465,3 +465,45 @@ def test_a_linear_attention_where_nothing_builds_one_is_one_line_before_any_cell
         path.write_text(f"scenarios:\n  - name: linear-{name}\n{head}{body % mixer}")
         r = run_cli(*profile, "run", "--scenario-file", str(path), "--device", "cpu", timeout=60)
         assert_one_line_error(r, *needles)
+
+
+def test_an_encoder_decoder_batch_where_nothing_runs_one_is_one_line_before_any_cell(tmp_path):
+    """batch.encoder_lens on a backend without cross-attention wrappers (sglang's Triton), in a
+    speculative mode, on the reproduction, and model.cross_attention without encoder lengths:
+    each one line naming the key and what to do."""
+    body = "    batch:\n      prefix_lens: [13, 37]\n      encoder_lens: [6, 17]\n"
+    sglang = ("--profile", "sglang-0.5.23")
+    for name, head, profile, needles in (
+        (
+            "triton",
+            "    backend: triton\n    mode: DECODE\n",
+            sglang,
+            ("sets batch.encoder_lens with backend triton in mode DECODE", "runs on flashinfer in DECODE, EXTEND"),
+        ),
+        (
+            "verify",
+            "    backend: flashinfer\n    mode: TARGET_VERIFY\n",
+            sglang,
+            ("sets batch.encoder_lens with backend flashinfer in mode TARGET_VERIFY",),
+        ),
+        (
+            "repro",
+            "    backend: flashinfer\n    mode: DECODE\n",
+            (),
+            (
+                "batch.encoder_lens: backend flashinfer on reproduction has no encoder-decoder (cross-attention) "
+                "path here; it runs on sglang-0.5.23 (pick that profile)",
+            ),
+        ),
+    ):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"scenarios:\n  - name: ed-{name}\n{head}{body}")
+        r = run_cli(*profile, "run", "--scenario-file", str(path), "--device", "cpu", timeout=60)
+        assert_one_line_error(r, *needles)
+    path = tmp_path / "alone.yaml"
+    path.write_text(
+        "scenarios:\n  - name: ed-alone\n    backend: flashinfer\n    mode: DECODE\n"
+        "    batch: {prefix_lens: [13]}\n    model: {cross_attention: true}\n"
+    )
+    r = run_cli(*sglang, "run", "--scenario-file", str(path), "--device", "cpu", timeout=60)
+    assert_one_line_error(r, "alone.yaml:6:", "without batch.encoder_lens; give the encoder tokens cached per request")

@@ -101,6 +101,63 @@ def test_grid_names_and_values(tmp_path):
     assert s.model.dtype == "bfloat16" and s.capture_bs == (4,) and s.graph_bs == 4 and s.padded
 
 
+def test_an_encoder_decoder_batch_is_read_and_counted(tmp_path):
+    """batch.encoder_lens and model.cross_attention (gridable: one scenario, self and cross cells);
+    the encoder tokens count in the context and the memory estimate."""
+    head = "name: ed\nbackend: flashinfer\nmode: DECODE\nbatch: {prefix_lens: [5, 6], encoder_lens: [%s]}\n"
+    got = {s.name: s for s in _load(tmp_path, head % "7, 30" + "grid: {model.cross_attention: [false, true]}\n")}
+    assert set(got) == {"ed@cross=off", "ed@cross=on"}
+    assert got["ed@cross=on"].model.cross_attention and not got["ed@cross=off"].model.cross_attention
+    assert got["ed@cross=on"].encoder_lens == (7, 30)
+    assert Scenario.from_json(json.loads(json.dumps(got["ed@cross=on"].to_json()))) == got["ed@cross=on"]
+    (plain,) = _load(tmp_path, head.replace(", encoder_lens: [%s]", ""))
+    assert plain.encoder_lens is None and not plain.model.cross_attention
+    pool = "KV pool (2x scattered pages)"
+    assert estimate_memory(got["ed@cross=off"]).parts[pool] > estimate_memory(plain).parts[pool]
+    # max_context_len holds the encoder tokens too (request 1: 30 + 6 + 1).
+    with pytest.raises(ConfigError, match=r"request 1 needs 37 positions \(encoder 30 \+ prefix 6 \+ new 1\)"):
+        _load(tmp_path, head % "7, 30" + "max_context_len: 36\n")
+    assert _load(tmp_path, head % "7, 30" + "max_context_len: 37\n")
+
+
+ENCODER_DECODER_BAD = [
+    ("prefix_lens: [5, 6], encoder_lens: [7]", "", "has 1 batch.encoder_lens for 2 requests"),
+    ("prefix_lens: [5, 6], encoder_lens: [7, 0]", "", ">= 1"),
+    ("prefix_lens: [5, 6]", "model: {cross_attention: true}", "model.cross_attention (an encoder-decoder"),
+    (
+        "prefix_lens: [5, 6], encoder_lens: [7, 8]",
+        "model: {sliding_window: 4}",
+        "sets batch.encoder_lens and model.sliding_window",
+    ),
+    ("prefix_lens: [5, 6], encoder_lens: [7, 8]", "model: {cross_attention: 1}", "must be true or false"),
+]
+
+
+@pytest.mark.parametrize("batch,extra,needle", ENCODER_DECODER_BAD, ids=[b[2][:24] for b in ENCODER_DECODER_BAD])
+def test_an_encoder_decoder_batch_is_refused_at_load_where_it_cannot_run(tmp_path, batch, extra, needle):
+    f = tmp_path / "bad.yaml"
+    f.write_text(f"name: x\nbackend: flashinfer\nmode: DECODE\nbatch: {{{batch}}}\n{extra}\n")
+    with pytest.raises(ConfigError) as info:
+        load_scenario_file(f)
+    msg = str(info.value)
+    assert needle in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize(
+    "backend,mode",
+    [("triton", "DECODE"), ("flashinfer", "TARGET_VERIFY"), ("flashinfer", "DRAFT_EXTEND_V2")],
+)
+def test_an_encoder_decoder_batch_runs_on_flashinfer_in_decode_and_extend_only(tmp_path, backend, mode):
+    f = tmp_path / "bad.yaml"
+    f.write_text(f"name: x\nbackend: {backend}\nmode: {mode}\nbatch:\n  prefix_lens: [5]\n  encoder_lens: [7]\n")
+    with pytest.raises(ConfigError) as info:
+        load_scenario_file(f)
+    msg = str(info.value)
+    assert "bad.yaml:6:" in msg, msg
+    assert f"sets batch.encoder_lens with backend {backend} in mode {mode}; an encoder-decoder batch runs on " in msg
+    assert "flashinfer in DECODE, EXTEND" in msg, msg
+
+
 BAD = [
     ("name: x\nmode: DECOD\nbatch: {prefix_lens: [3]}\n", 2, "did you mean 'DECODE'"),
     ("name: x\nmode: DECODE\nbatch: {prefix_len: [3]}\n", 3, "unknown key 'prefix_len'"),

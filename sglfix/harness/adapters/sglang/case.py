@@ -6,6 +6,14 @@ inputs (``glue``), the layer, the new tokens and the ground truth (``truth``).
 
 ``gpu_only`` leaves the CPU mirrors None, as the spec-v2 overlap path does.
 
+An encoder-decoder scenario (``batch.encoder_lens``) lays out each request's row as production's
+scheduler does: its encoder tokens' slots first (``req_to_token[r, :enc]``, scattered like the rest),
+its decoder tokens after them; ``seq_lens`` and positions count decoder tokens only, the batch
+carries ``encoder_lens`` (and its CPU mirror) and an empty ``encoder_out_cache_loc`` (the encoder is
+cached), the runner's model is an encoder-decoder one. The layer is the self-attention layer, or
+with ``model.cross_attention`` the cross layer, which the model calls with no K/V of its own
+(``k = v = None``: it writes nothing and reads the cached encoder).
+
 An MLA scenario (``model.kv_lora_rank``) builds the kit's MLA case and runner instead: one latent
 KV head of ``kv_lora_rank + qk_rope_head_dim`` values (``MLATokenToKVPool``), the layer's value the
 latent part of its key (absorbed MLA), queries of the key's width; everything else is shared.
@@ -19,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglfix.harness.adapters.sglang.glue import glue_inputs
-from sglfix.harness.adapters.sglang.truth import GroundTruth, ground_truth, tree_visibility
+from sglfix.harness.adapters.sglang.truth import GroundTruth, encoder_truth, ground_truth, tree_visibility
 from sglfix.harness.kits import kit as _kit
 from sglfix.harness.unavailable import Unavailable
 
@@ -43,7 +51,7 @@ class SglangCase:
     layer: Any  # sglang RadixAttention, layer 0
     forward_batch: Any  # the ForwardBatch; for builder glue, the one the glue built (after run)
     q: Any  # [T, H, D] packed in request order
-    k: Any  # [T, Hkv, D]
+    k: Any  # [T, Hkv, D]; None for a cross-attention layer (the cached encoder is its K/V)
     v: Any
     truth: GroundTruth
     glue: Any = None  # for builder glue: the pre-step ScheduleBatch and the glue's inputs
@@ -74,11 +82,42 @@ def _dtype(name: str) -> Any:
 
 
 def _max_context_len(scenario: Any) -> int:
-    """The engine's context length: the scenario's, else the longest request plus a draft window."""
+    """The engine's context length: the scenario's, else the longest request (its encoder tokens
+    included) plus a draft window."""
     if scenario.max_context_len:
         return scenario.max_context_len
-    longest = max(p + e for p, e in zip(scenario.prefix_lens, scenario.extend_lens))
+    longest = max(n + p + e for n, p, e in zip(_encoder_lens(scenario), scenario.prefix_lens, scenario.extend_lens))
     return max(64, 32 * math.ceil((longest + scenario.spec.num_draft_tokens) / 32))
+
+
+def _encoder_lens(scenario: Any) -> list[int]:
+    """Encoder tokens per request ahead of its decoder tokens (0 for a decoder-only model)."""
+    enc = getattr(scenario, "encoder_lens", None)
+    return list(enc) if enc is not None else [0] * len(scenario.prefix_lens)
+
+
+def _place_encoder(
+    *, runner: Any, batch: Any, encoder_lens: list[int], row_loc: Callable[[int, int], int]
+) -> list[list[int]]:
+    """An encoder-decoder batch's rows as production's scheduler leaves them: request b's row holds
+    its encoder tokens' slots at ``[0, enc)`` and its decoder tokens' after them (the kit wrote the
+    decoder's at ``[0, seq)``); ``encoder_lens`` and its CPU mirror on the batch, and no encoder
+    write (``encoder_out_cache_loc`` empty: the encoder is cached). Returns each request's encoder
+    slots, for the cross layer's truth."""
+    import torch
+
+    table = runner.req_to_token_pool.req_to_token
+    dev = batch.seq_lens.device
+    slots = []
+    for b, (n, seq) in enumerate(zip(encoder_lens, batch.seq_lens.tolist())):
+        row = [row_loc(b, j) for j in range(n + seq)]
+        table[b, : n + seq] = torch.tensor(row, dtype=table.dtype, device=table.device)
+        slots.append(row[:n])
+    batch.encoder_lens = torch.tensor(encoder_lens, dtype=torch.int64, device=dev)
+    batch.encoder_lens_cpu = list(encoder_lens)
+    batch.encoder_out_cache_loc = torch.zeros(0, dtype=torch.int64, device=dev)
+    _kit("attention").make_encoder_decoder(runner)
+    return slots
 
 
 def _scatter_layout(*, totals: list[int], page_size: int, num_pages: int, gen: Any) -> Callable[[int, int], int]:
@@ -310,14 +349,23 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
         # What --enable-deterministic-inference publishes; the backend reads it when it is built.
         kit.publish_over(runner, enable_deterministic_inference=True)
     _fill_pool(runner=runner, gen=gen)
-    totals = [p + e for p, e in zip(scenario.prefix_lens, scenario.extend_lens)]
-    loc = _scatter_layout(
+    # An encoder-decoder row: the encoder's tokens, then the decoder's (decoder position i at i + enc).
+    enc = _encoder_lens(scenario)
+    totals = [n + p + e for n, p, e in zip(enc, scenario.prefix_lens, scenario.extend_lens)]
+    row_loc = _scatter_layout(
         totals=totals,
         page_size=scenario.page_size,
         gen=gen,
         num_pages=runner.token_to_kv_pool.size // scenario.page_size,
     )
+
+    def loc(req: int, pos: int) -> int:
+        return row_loc(req, enc[req] + pos)
+
     batch = kit.make_forward_batch(case=case, runner=runner, max_context_len=ctx, device=device, loc_fn=loc)
+    encoder_slots = None
+    if scenario.encoder_lens is not None:
+        encoder_slots = _place_encoder(runner=runner, batch=batch, encoder_lens=enc, row_loc=row_loc)
     _move_request_rows(runner=runner, batch=batch, gen=gen)
     q, k, v = _new_tokens(scenario=scenario, dtype=dtype, device=device, gen=gen)
     trees, glue = None, None
@@ -329,7 +377,12 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
         _prepare_draft_extend_kit(batch=batch, case=case, scenario=scenario, device=device)
     elif scenario.gpu_only:
         _null_cpu_mirrors(batch)
-    truth = ground_truth(scenario=scenario, runner=runner, loc=loc, q=q, k=k, v=v, trees=trees)
+    if model.cross_attention:
+        # The cross layer brings no K/V: its queries see the cached encoder, all of it.
+        truth = encoder_truth(scenario=scenario, runner=runner, slots=encoder_slots, q=q)
+        k = v = None
+    else:
+        truth = ground_truth(scenario=scenario, runner=runner, loc=loc, q=q, k=k, v=v, trees=trees)
     if model.mla:
         layer = RadixAttention(
             num_heads=model.num_heads,
@@ -347,6 +400,7 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
             num_kv_heads=model.num_kv_heads,
             layer_id=0,
             sliding_window_size=-1 if model.sliding_window is None else model.sliding_window,
+            is_cross_attention=model.cross_attention,
         )
     return SglangCase(
         scenario=scenario,

@@ -2,7 +2,10 @@
 TARGET_VERIFY, DRAFT_EXTEND_V2; eager and CUDA graph) through the installed sglang's own
 ``FlashInferAttnBackend``: its ``init_forward_metadata*`` code, its indices updaters, the EAGLE
 verify / draft-extend input builders (``generate_attn_arg_prefill``) they call, its graph wrappers
-and sglang's sync-free re-plans (``fast_prefill_plan``, FlashInfer's ``fast_decode_plan``).
+and sglang's sync-free re-plans (``fast_prefill_plan``, FlashInfer's ``fast_decode_plan``). An
+encoder-decoder batch (``batch.encoder_lens``; DECODE and EXTEND) takes the updaters'
+``update_cross_attention``: the self layer's wrapper from each row's encoder end, the cross layer's
+(``model.cross_attention``) over the encoder.
 
 Everything but the backend is the Triton adapter's (``sglang.triton``): the case, the ground truth,
 the kit's graph runners, the judge's hooks. Where FlashInfer can run (CUDA with the package) its

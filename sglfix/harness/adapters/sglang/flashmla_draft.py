@@ -43,7 +43,9 @@ class FlashMLADraftAdapter(MultiStepDraftAdapter):
         from sglfix.harness import flashmla
         from sglfix.harness.kits import kit as _kit
 
-        case = _kit("drafts").build_draft(scenario, device=device, mla=True, backend="flashmla", page_size=flashmla.PAGE)
+        case = _kit("drafts").build_draft(
+            scenario, device=device, mla=True, backend="flashmla", page_size=flashmla.PAGE
+        )
         case.host = False  # the step backends' forward runs FlashMLA's kernel or its stand-in
         return self.prepared(case, scenario)
 

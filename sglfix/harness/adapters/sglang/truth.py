@@ -1,6 +1,7 @@
 """The ground truth of a ``backend: triton`` case on real sglang, sglfix's judge: what each query
 must see (the pool's prefix K/V read at the layout's slots, then the new tokens, causally or by the
-draft tree's visibility), padded, and the reference computed from it alone."""
+draft tree's visibility; an encoder-decoder model's cross layer, the request's cached encoder
+tokens), padded, and the reference computed from it alone."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GroundTruth", "first_difference", "ground_truth", "reference", "tree_visibility"]
+__all__ = ["GroundTruth", "encoder_truth", "first_difference", "ground_truth", "reference", "tree_visibility"]
 
 
 @dataclass
@@ -80,6 +81,35 @@ def ground_truth(
             # Query i sits at position p + i; it sees no key more than `window` positions back.
             pos_q = torch.arange(p, p + e, device=q.device)[:, None]
             visible[b, :e, : p + e] &= pos_q - torch.arange(p + e, device=q.device)[None, :] <= window
+        start += e
+    return GroundTruth(
+        q_pad=q_pad, k_pad=k_pad, v_pad=v_pad, visible=visible, q_valid=q_valid, sm_scale=1.0 / math.sqrt(dim)
+    )
+
+
+def encoder_truth(*, scenario: Any, runner: Any, slots: list[list[int]], q: Any) -> GroundTruth:
+    """The ground truth of an encoder-decoder model's cross-attention layer: every query of request
+    b sees its cached encoder tokens (the pool's K/V at ``slots[b]``, where the layout put them), all
+    of them, no mask, and no decoder token."""
+    import torch
+
+    ext, enc = list(scenario.extend_lens), [len(s) for s in slots]
+    bs, qmax, lmax = len(ext), max(ext), max(enc)
+    pool = runner.token_to_kv_pool
+    k_cache, v_cache = pool.get_key_buffer(0), pool.get_value_buffer(0)
+    heads, dim = q.shape[1], q.shape[2]
+    q_pad = q.new_zeros((bs, qmax, heads, dim))
+    k_pad = k_cache.new_zeros((bs, lmax) + tuple(k_cache.shape[1:]))
+    v_pad = v_cache.new_zeros((bs, lmax) + tuple(v_cache.shape[1:]))
+    visible = torch.zeros((bs, qmax, lmax), dtype=torch.bool, device=q.device)
+    q_valid = torch.zeros((bs, qmax), dtype=torch.bool, device=q.device)
+    start = 0
+    for b, (e, n) in enumerate(zip(ext, enc)):
+        at = torch.tensor(slots[b], dtype=torch.int64, device=k_cache.device)
+        k_pad[b, :n], v_pad[b, :n] = k_cache[at], v_cache[at]
+        q_pad[b, :e] = q[start : start + e]
+        q_valid[b, :e] = True
+        visible[b, :e, :n] = True
         start += e
     return GroundTruth(
         q_pad=q_pad, k_pad=k_pad, v_pad=v_pad, visible=visible, q_valid=q_valid, sm_scale=1.0 / math.sqrt(dim)

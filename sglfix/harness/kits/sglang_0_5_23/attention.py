@@ -53,6 +53,7 @@ __all__ = [
     "init_then_join",
     "make_case",
     "make_draft_extend_v2_input",
+    "make_encoder_decoder",
     "make_forward_batch",
     "make_mla_case",
     "make_mla_model_runner",
@@ -160,6 +161,17 @@ def make_model_runner(
         ),
         spec,
     )
+
+
+def make_encoder_decoder(runner: Any) -> None:
+    """The kit runner's model made an encoder-decoder one, as sglang's Mllama / Whisper configs
+    say: ``is_encoder_decoder`` (the FlashInfer backend then builds its self and cross wrappers,
+    the decode graph runner its ``encoder_lens`` buffer) and ``is_multimodal`` (production's
+    encoder-decoder models are multimodal: an extend plans the paged wrappers, never the ragged
+    one). Its ``hf_config`` is the kit's, without ``max_source_positions``, as Mllama's."""
+    config = runner.model_config
+    config.is_encoder_decoder = True
+    config.is_multimodal = True
 
 
 def make_mla_case(

@@ -154,9 +154,7 @@ def build_dsv4_draft(scenario: Any, *, device: str) -> DraftCase:
     )
 
 
-def build_draft(
-    scenario: Any, *, device: str, mla: bool, backend: str = "flashinfer", page_size: int = 1
-) -> DraftCase:
+def build_draft(scenario: Any, *, device: str, mla: bool, backend: str = "flashinfer", page_size: int = 1) -> DraftCase:
     """The kit's dense (GQA) or MLA mock runner, configured as an EAGLE draft worker whose decode
     backend is ``backend`` (``flashinfer``, ``flashmla`` for an MLA one at page size 64, or
     ``triton`` for a dense one); no target backend is built. At a page size past 1 the draft is a

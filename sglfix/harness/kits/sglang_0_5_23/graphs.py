@@ -4,8 +4,9 @@ them: ``kit("graphs")`` of ``sglfix.harness.kits``.
 ``GraphRunner`` drives the attention backend as ``CudaGraphRunner`` / ``EAGLEDraftExtendCudaGraphRunner``
 do in this version: the static input buffers, the capture metadata per captured size, the padding
 of a replay and the view each runner hands ``init_forward_metadata_out_graph`` (decode and verify
-through the decode runner's own ``build_replay_fb_view``; a draft extend through the draft-extend
-runner's own replay method, ``execute``, run on these buffers).
+through the decode runner's own ``build_replay_fb_view``, with its ``encoder_lens`` buffer for an
+encoder-decoder model; a draft extend through the draft-extend runner's own replay method,
+``execute``, run on these buffers).
 On CUDA the forward is a captured ``torch.cuda.CUDAGraph``; on CPU the same capture/replay metadata
 code runs and the forward runs eagerly on the same static buffers. ``attend`` is one layer's
 forward as a model forward runs it (the backend published in the forward context).
@@ -39,12 +40,17 @@ GRAPH_STATE = (
 
 def attend(*, backend: Any, layer: Any, batch: Any, q: Any, k: Any, v: Any) -> Any:
     """One attention layer through sglang's RadixAttention, the backend published in the forward
-    context as a model forward does; returns [tokens, H, D]."""
+    context as a model forward does; returns [tokens, H, D]. ``k = v = None``: a layer that brings
+    no K/V of its own (an encoder-decoder model's cross layer over its cached encoder), called with
+    None as Mllama's and Whisper's decoders call it."""
     import torch
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
+    def flat(t: Any) -> Any:
+        return None if t is None else t.reshape(t.shape[0], -1)
+
     with torch.no_grad(), forward_context(ForwardContext(attn_backend=backend)):
-        out = layer(q.reshape(q.shape[0], -1), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1), batch)
+        out = layer(flat(q), flat(k), flat(v), batch)
     return out.view(q.shape[0], q.shape[1], -1)
 
 
@@ -96,6 +102,14 @@ class GraphRunner:
         self.max_bs = self.capture_bs[-1]
         self.max_tokens = self.max_bs * self.width
         self.fill = self._seq_len_fill_value()
+        # The decode runner's encoder_lens buffer of an encoder-decoder model, filled once with
+        # hf_config.max_source_positions (0 where the config has none) and never reset: padded rows
+        # keep that fill, live rows are copied over it at each replay.
+        config = getattr(getattr(case, "runner", None), "model_config", None)
+        self.is_encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+        self.encoder_len_fill = (
+            getattr(getattr(config, "hf_config", None), "max_source_positions", 0) if self.is_encoder_decoder else 0
+        )
         self.cuda = torch.device(case.device).type == "cuda"
         self.record = record and self.cuda
         backend.init_cuda_graph_state(max_bs=self.max_bs, max_num_tokens=self.max_tokens)
@@ -129,6 +143,10 @@ class GraphRunner:
         dev, n, bs = self.case.device, self.max_tokens, self.max_bs
         q, k, v = self.case.q, self.case.k, self.case.v
         tracks = getattr(getattr(self.case, "forward_batch", None), "mamba_track_mask", None) is not None
+
+        def tokens(t: Any) -> Any:  # a static q/k/v buffer; none where the layer takes no K/V
+            return None if t is None else torch.zeros((n,) + tuple(t.shape[1:]), dtype=t.dtype, device=dev)
+
         return SimpleNamespace(
             input_ids=torch.zeros((n,), dtype=torch.int64, device=dev),
             positions=torch.zeros((n,), dtype=torch.int64, device=dev),
@@ -146,9 +164,15 @@ class GraphRunner:
             # (zero-padded, as sglang pads its index buffers).
             mamba_track_indices=torch.zeros((bs,), dtype=torch.int64, device=dev) if tracks else None,
             mamba_track_mask=torch.zeros((bs,), dtype=torch.bool, device=dev) if tracks else None,
-            q=torch.zeros((n,) + tuple(q.shape[1:]), dtype=q.dtype, device=dev),
-            k=torch.zeros((n,) + tuple(k.shape[1:]), dtype=k.dtype, device=dev),
-            v=torch.zeros((n,) + tuple(v.shape[1:]), dtype=v.dtype, device=dev),
+            # The decode runner's (DecodeInputBuffers, the registry's FILL_ONCE slot): int32.
+            encoder_lens=(
+                torch.full((bs,), self.encoder_len_fill, dtype=torch.int32, device=dev)
+                if self.is_encoder_decoder
+                else None
+            ),
+            q=tokens(q),
+            k=tokens(k),
+            v=tokens(v),
         )
 
     # -- capture
@@ -208,6 +232,8 @@ class GraphRunner:
         if b.mamba_track_indices is not None:
             batch.mamba_track_indices = b.mamba_track_indices[:bs]
             batch.mamba_track_mask = b.mamba_track_mask[:bs]
+        if b.encoder_lens is not None:
+            batch.encoder_lens = b.encoder_lens[:bs]
         bind_runner_slots(self.case.runner, batch)
         return batch
 
@@ -240,8 +266,8 @@ class GraphRunner:
             layer=self.case.layer,
             batch=captured.batch,
             q=self.buffers.q[:n],
-            k=self.buffers.k[:n],
-            v=self.buffers.v[:n],
+            k=None if self.buffers.k is None else self.buffers.k[:n],
+            v=None if self.buffers.v is None else self.buffers.v[:n],
         )
 
     def _record_graph(self, captured: _Captured, bs: int) -> None:
@@ -265,6 +291,9 @@ class GraphRunner:
         spec_info = forward_batch.spec_info
         width = getattr(spec_info, "num_tokens_per_req", -1) if spec_info is not None else -1
         if width > 0 and width != self.width:
+            return False
+        # The decode runner's: a batch with a request without encoder tokens runs eagerly.
+        if self.is_encoder_decoder and not bool((forward_batch.encoder_lens > 0).all()):
             return False
         return forward_batch.seq_lens.numel() <= self.max_bs
 
@@ -296,6 +325,8 @@ class GraphRunner:
                 b.mamba_track_mask.zero_()
             b.mamba_track_indices[:raw_bs].copy_(batch.mamba_track_indices)
             b.mamba_track_mask[:raw_bs].copy_(batch.mamba_track_mask)
+        if b.encoder_lens is not None:  # filled once: the padded rows keep the fill
+            b.encoder_lens[:raw_bs].copy_(batch.encoder_lens)
 
     def _decode_view(self, batch: Any, *, raw_bs: int, bs: int) -> Any:
         """Decode / verify: the decode graph runner's own replay view."""
@@ -318,7 +349,7 @@ class GraphRunner:
             num_tokens=n,
             seq_len_fill_value=self.fill,
             capture_forward_mode=self.case.mode,
-            is_encoder_decoder=False,
+            is_encoder_decoder=self.is_encoder_decoder,
             **extra,
         )
 
@@ -330,6 +361,8 @@ class GraphRunner:
         raw_n, n = q.shape[0], bs * self.width
         for name, src in (("q", q), ("k", k), ("v", v)):
             buf = getattr(self.buffers, name)
+            if buf is None:  # a layer that takes no K/V
+                continue
             buf[:raw_n].copy_(src)
             buf[raw_n:n].zero_()
         # The graph's kernels read the metadata capture built for this size: put it back.
