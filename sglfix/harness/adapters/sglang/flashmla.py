@@ -22,53 +22,18 @@ pages and its split counts agree, the draft extend's key lengths); the EXTEND pa
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 from sglfix.harness.adapters.base import Prepared
 from sglfix.harness.adapters.sglang.flashinfer_dense import captures_draft_extend_v2
-from sglfix.harness.adapters.sglang.flashinfer_mla_dense import SglangFlashInferMLAAdapter, flashinfer_mla_module
+from sglfix.harness.adapters.sglang.flashinfer_mla_dense import SglangFlashInferMLAAdapter
+from sglfix.harness.adapters.sglang.flashmla_module import device_answers, flashmla_module
 from sglfix.harness.adapters.sglang.multistep import DraftOrDense
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.unavailable import Unavailable
 
 __all__ = ["ADAPTER", "FlashMLAAdapter", "SglangFlashMLAAdapter", "device_answers", "flashmla_module"]
-
-_MODULE = "sglang.srt.layers.attention.flashmla_backend"
-_H200_SMS = 132
-
-
-def flashmla_module() -> Any:
-    """sglang's FlashMLA backend module, on sglfix's FlashMLA stand-in where ``flash_mla`` is missing
-    (and its FlashInfer-MLA parent on FlashInfer's where FlashInfer is)."""
-    import importlib
-
-    from sglfix.harness import flashmla
-
-    flashinfer_mla_module()
-    with flashmla.import_without_flash_mla():
-        module = importlib.import_module(_MODULE)
-    module._sglfix_standin = flashmla.install(module)
-    return module
-
-
-@contextlib.contextmanager
-def device_answers() -> Iterator[None]:
-    """Without CUDA, ``torch.cuda.get_device_properties`` answers an H200's SM count (the graph
-    state sizes its schedule buffer by it); put back after."""
-    import torch
-
-    if torch.cuda.is_available():
-        yield
-        return
-    original = torch.cuda.get_device_properties
-    torch.cuda.get_device_properties = lambda *a, **k: SimpleNamespace(multi_processor_count=_H200_SMS)
-    try:
-        yield
-    finally:
-        torch.cuda.get_device_properties = original
 
 
 class SglangFlashMLAAdapter(SglangFlashInferMLAAdapter):

@@ -11,8 +11,8 @@ lengths and schedule) elsewhere. The judge is the multi-step draft adapters' own
 against the slot ground truth (the prefix, then the draft tokens of steps 0..i), taken from what the
 step's kernel is handed: its block table, expanded to slots up to the key lengths the forward
 passes (the metadata's ``seq_lens_k`` where set, else ``forward_batch.seq_lens``), over the pages
-the schedule covers. sglang 0.5.23 builds every step from the committed lengths: a known
-divergence, cleared by ``fixes/flashmla-draft-step-lens.patch``.
+the schedule covers. The profile's sglang builds every step from the committed lengths: a known
+divergence, cleared by its ``fixes/flashmla-draft-step-lens.patch``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglfix.harness.adapters.base import Prepared
-from sglfix.harness.adapters.sglang.flashmla import device_answers, flashmla_module
+from sglfix.harness.adapters.sglang.flashmla_module import device_answers, flashmla_module
 from sglfix.harness.adapters.sglang.multistep import MultiStepDraftAdapter
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.unavailable import Unavailable
