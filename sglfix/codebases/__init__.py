@@ -213,6 +213,18 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
                 "batch.encoder_lens",
                 "has no encoder-decoder (cross-attention) path here",
             ),
+            (
+                getattr(s, "items", None) is not None,
+                "multi_item_scoring",
+                "batch.items",
+                "has no multi-item scoring path here",
+            ),
+            (
+                getattr(getattr(s, "model", None), "mha_chunk", None) is not None,
+                "mha_prefill",
+                "model.mha_chunk",
+                "has no MLA multi-head prefill path here",
+            ),
         )
         for given, field, key, lacks in read_by:
             if given:

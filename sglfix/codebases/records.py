@@ -91,6 +91,12 @@ class Profile:
     # Backends whose adapter builds an encoder-decoder batch and its cross-attention layer
     # (``batch.encoder_lens``, ``model.cross_attention``).
     encoder_decoder: tuple[str, ...] = ()
+    # Backends whose adapter builds a multi-item scoring batch (``batch.items``: sglang's
+    # --enable-mis, delimiter indices per request).
+    multi_item_scoring: tuple[str, ...] = ()
+    # Backends that run an MLA model's multi-head prefill through their chunk runner
+    # (``model.mha_chunk``).
+    mha_prefill: tuple[str, ...] = ()
     # Where the code base declares its engine flags, ``path.py:Class`` in its package (a scenario's
     # ``env:`` is checked against them); "" where it has none (the reproduction).
     engine_flags: str = ""

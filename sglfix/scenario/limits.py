@@ -112,6 +112,14 @@ LIMITS: tuple[Limit, ...] = (
         "`model.sliding_window` beside them",
     ),
     Limit(
+        "`batch.items`",
+        "per request: a list of item lengths (0 .. 131,072 each), or null",
+        "real sglang `flashinfer`, EXTEND, eager: a multi-item scoring batch (--enable-mis): each request's new "
+        "tokens are its query (at least one token), a delimiter before every item and one after the last; "
+        "null, a request without delimiters (every request null: a batch with no delimiter lists); no "
+        "`encoder_lens` or `model.sliding_window` beside it",
+    ),
+    Limit(
         "`env`", "<= 16 `SGLANG_*` flags", "real sglang: flags its `srt/environ.py` declares, values its parser takes"
     ),
     Limit(
@@ -158,6 +166,14 @@ LIMITS: tuple[Limit, ...] = (
         "false, its self-attention layer (the decoder's keys, after the encoder's in the row)",
     ),
     Limit(
+        "`model.mha_chunk`",
+        f"1 .. {MAX_TOKENS_PER_REQUEST:,}",
+        "real sglang `flashinfer_mla` in EXTEND, eager: the MLA model's multi-head prefill (DeepSeek's: the "
+        "latent decompressed per head by kv_b_proj, the cached prefix attended in chunks of this many tokens, "
+        "SGLANG_MAX_KV_CHUNK_CAPACITY, merged with the new tokens' causal attention; one shot where every "
+        "sequence of the batch fits), the method sglang's own dispatcher picks",
+    ),
+    Limit(
         "`page_size`",
         f"1 .. {MAX_PAGE_SIZE}",
         "engines use 1 to 256; flashinfer and flashinfer_mla: 1; "
@@ -183,7 +199,15 @@ LIMITS: tuple[Limit, ...] = (
     Limit(
         "`cuda_graph.capture_bs`",
         f"1 .. {MAX_REQUESTS} each, at most {MAX_CAPTURE_SIZES} sizes",
-        "one capture per size",
+        "one capture per size; an EXTEND graph's (real sglang `flashinfer`: sglang's full prefill graph) are "
+        "token counts, as sglang's prefill `bs`: the bucket its new tokens pad to must be at most twice them",
+    ),
+    Limit(
+        "`cuda_graph.full_prefill_max_req`",
+        f"1 .. {MAX_REQUESTS}",
+        "EXTEND graphs only, and required there: the request slots each prefill graph is captured with "
+        "(sglang's `full_prefill_max_req`), at least the batch's requests; the rest replay as zero-length "
+        "sentinels",
     ),
     Limit("`seed`", "0 .. 2^63 - 1", "torch.Generator.manual_seed"),
     Limit("`tolerance`", "0 < t < 1", "default 1e-2 fp16, 2e-2 bf16, 1e-4 fp32"),

@@ -45,6 +45,8 @@ _SHORT = {
     "model.linear_attention": "linear",
     "model.cross_attention": "cross",
     "batch.encoder_lens": "enc",
+    "batch.items": "items",
+    "model.mha_chunk": "mha",
     "mode": "mode",
 }
 _DTYPE_LABELS = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}

@@ -82,7 +82,7 @@ def estimate_memory(scenario: Scenario) -> MemoryEstimate:
         qmax = s.spec.topk * (s.spec.num_steps - 1)
         tokens = bs * qmax
     context = max(_kit_context_len(longest=lmax, num_draft_tokens=ndt), s.max_context_len or 0)
-    graph_bs = max(s.capture_bs) if s.capture_bs else 0
+    graph_bs = ((s.graph_bs or 0) if s.mode == "EXTEND" else max(s.capture_bs)) if s.capture_bs else 0
     pool_rows = _kit_req_pool_size(batch_size=bs, max_graph_bs=graph_bs)
     # Twice the pages the batch needs, plus spares, so that slots scatter.
     slots = (2 * sum(math.ceil(t / s.page_size) for t in totals) + 8) * s.page_size
@@ -108,7 +108,17 @@ def estimate_memory(scenario: Scenario) -> MemoryEstimate:
         # One kv_indices row per step, bs * topk * max_context_len wide (eager and graph).
         rows_bs = max(bs, graph_bs)
         parts["draft kv_indices rows"] = 2 * s.spec.num_steps * rows_bs * s.spec.topk * context * 4
-    if s.capture_bs:
+    if s.capture_bs and s.mode == "EXTEND":
+        # The prefill runner's token buffers and the full-graph wrappers' kv_indices and split-KV
+        # workspace (sized for the largest bucket, at most 128 query rows a tile, 132 SMs).
+        rows = max(s.capture_bs)
+        tiles = max(264 // kv_heads, -(-rows * (heads // kv_heads) // 16) + graph_bs)
+        parts["CUDA-graph static buffers"] = (
+            rows * (3 * 8 + (2 * heads + 2 * kv_heads) * dim * es)  # token slots, static q/k/v and output
+            + graph_bs * context * 4  # kv_indices
+            + heads * tiles * 128 * 4 * (dim + 1) * 5 // 4  # float workspace
+        )
+    elif s.capture_bs:
         rows = graph_bs * rule.graph_tokens_per_request(num_steps=s.spec.num_steps, num_draft_tokens=ndt)
         parts["CUDA-graph static buffers"] = (
             rows * heads * _KV_SPLITS * (dim + 1) * 4  # split-KV logits and lse

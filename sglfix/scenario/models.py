@@ -99,6 +99,20 @@ def _per_request(value: Any, *, items: str) -> Any:
     return value
 
 
+def _item_lengths(value: Any) -> Any:
+    # One request's items: a list of token counts; null: a request without multi-item structure.
+    if value is None:
+        return value
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(
+            f"must be a list of item lengths (or null for a request without items), got "
+            f"{describe_kind(value)} {show(value)}"
+        )
+    if len(value) > MAX_TOKENS_PER_REQUEST:
+        raise ValueError(f"has {len(value)} items, over the limit of {MAX_TOKENS_PER_REQUEST} tokens per request")
+    return value
+
+
 def _capture_sizes(value: Any) -> Any:
     if not isinstance(value, (list, tuple)) or not value:
         raise ValueError(f"must be a non-empty list of batch sizes, got {describe_kind(value)} {show(value)}")
@@ -212,6 +226,11 @@ PrefixList = Annotated[tuple[Tokens, ...], BeforeValidator(partial(_per_request,
 NewTokenList = Annotated[tuple[NewTokens, ...], BeforeValidator(partial(_per_request, items="integers >= 1"))]
 AcceptList = Annotated[tuple[AcceptLen, ...], BeforeValidator(partial(_per_request, items="integers >= 0"))]
 TrackList = Annotated[tuple[Tokens, ...], BeforeValidator(partial(_per_request, items="integers >= 0"))]
+# Multi-item scoring: per request its items' token counts (null: a request without delimiters).
+RequestItems = Annotated[tuple[Tokens, ...] | None, BeforeValidator(_item_lengths)]
+ItemsList = Annotated[
+    tuple[RequestItems, ...], BeforeValidator(partial(_per_request, items="lists of item lengths (or null)"))
+]
 CaptureList = Annotated[tuple[BatchSize, ...], BeforeValidator(_capture_sizes)]
 Name = Annotated[str, BeforeValidator(_name)]
 Text = Annotated[str, BeforeValidator(_text)]
@@ -268,6 +287,10 @@ class ModelShape(StrictModel):
     # An encoder-decoder model's cross-attention layer (Mllama, Whisper; needs batch.encoder_lens):
     # its queries see the request's cached encoder tokens, all of them, and no decoder token.
     cross_attention: Flag = False
+    # An MLA model's prefill through its multi-head path (DeepSeek's MHA prefill: the latent
+    # decompressed per head, the cached prefix attended in chunks of this many tokens, sglang's
+    # SGLANG_MAX_KV_CHUNK_CAPACITY; one shot where the whole batch fits).
+    mha_chunk: bounded(1, MAX_TOKENS_PER_REQUEST, f"{MAX_TOKENS_PER_REQUEST} tokens") | None = None
 
     @property
     def mla(self) -> bool:
@@ -315,6 +338,11 @@ class BatchNode(StrictModel):
     # An encoder-decoder model's batch (Mllama, Whisper): per request, the encoder tokens cached
     # ahead of its decoder tokens in its req_to_token row (sglang's encoder_lens).
     encoder_lens: NewTokenList | None = None
+    # A multi-item scoring batch (sglang's --enable-mis, the score API's packed prompts): per
+    # request, its items' token counts; its new tokens are the query, then a delimiter before every
+    # item and one after the last (null: a request without delimiters; every request null: a batch
+    # that carries no delimiter lists, a generate batch under --enable-mis).
+    items: ItemsList | None = None
 
     @field_validator("extend_lens", mode="wrap")
     @classmethod
@@ -327,7 +355,12 @@ class BatchNode(StrictModel):
 
 
 class CudaGraphNode(StrictModel):
+    # DECODE and the speculative modes: the batch sizes captured. EXTEND (sglang's full prefill
+    # graph): the token buckets captured, as sglang's prefill config takes them in its `bs`.
     capture_bs: CaptureList
+    # EXTEND only: the request slots every prefill graph is captured with (sglang's
+    # cuda_graph_config.prefill.full_prefill_max_req); required there.
+    full_prefill_max_req: BatchSize | None = None
 
 
 class ScenarioNode(StrictModel):
@@ -394,9 +427,11 @@ class ScenarioNode(StrictModel):
             mamba_track=self.batch.mamba_track,
             mamba_track_host=self.batch.mamba_track_host is not False,
             encoder_lens=self.batch.encoder_lens,
+            items=self.batch.items,
             backend=None if self.probe else self.backend,
             probe=self.probe,
             capture_bs=tuple(sorted(set(self.cuda_graph.capture_bs))) if self.cuda_graph else None,
+            full_prefill_max_req=self.cuda_graph.full_prefill_max_req if self.cuda_graph else None,
             gpu_only=self.gpu_only,
             sync_free=self.sync_free
             if self.sync_free is not None
@@ -433,10 +468,12 @@ class Scenario(StrictModel):
     mamba_track: TrackList | None = None  # None: no Mamba state tracked
     mamba_track_host: Flag = True
     encoder_lens: NewTokenList | None = None  # None: a decoder-only model
+    items: ItemsList | None = None  # None: no multi-item scoring
     # Exactly one of backend and probe (a probe scenario has no backend).
     backend: Backend | None = "triton"
     probe: ProbeName | None = None
-    capture_bs: CaptureList | None = None  # None: eager, no CUDA graph
+    capture_bs: CaptureList | None = None  # None: eager, no CUDA graph; EXTEND: token buckets
+    full_prefill_max_req: BatchSize | None = None  # EXTEND graphs: the request slots captured
     gpu_only: Flag = False
     # Declared free of device->host syncs; defaults to gpu_only, except spec-v1 DRAFT_EXTEND,
     # whose accept lengths are read on the host by design.
@@ -471,12 +508,23 @@ class Scenario(StrictModel):
             raise ValueError(f"mamba_track has {len(self.mamba_track)} items for {bs} requests")
         if self.encoder_lens is not None and len(self.encoder_lens) != bs:
             raise ValueError(f"encoder_lens has {len(self.encoder_lens)} items for {bs} requests")
+        if self.items is not None and len(self.items) != bs:
+            raise ValueError(f"items has {len(self.items)} entries for {bs} requests")
         if self.capture_bs is not None:
             if list(self.capture_bs) != sorted(set(self.capture_bs)):
                 raise ValueError(f"capture_bs must be sorted and distinct, got {list(self.capture_bs)}")
-            if self.capture_bs[-1] < bs:
-                raise ValueError(f"a batch of {bs} fits no captured size {list(self.capture_bs)}")
+            if self.capture_bs[-1] < self._graph_load:
+                what = f"{self._graph_load} new tokens" if self.mode == "EXTEND" else f"{bs}"
+                raise ValueError(f"a batch of {what} fits no captured size {list(self.capture_bs)}")
+            if self.full_prefill_max_req is not None and self.full_prefill_max_req < bs:
+                raise ValueError(f"a batch of {bs} requests fits no {self.full_prefill_max_req} captured request slots")
         return self
+
+    @property
+    def _graph_load(self) -> int:
+        """What a captured size must hold: the batch's requests, an EXTEND's new tokens (sglang's
+        prefill graphs are captured per token count)."""
+        return sum(self.extend_lens) if self.mode == "EXTEND" else self.batch_size
 
     @property
     def batch_size(self) -> int:
@@ -488,14 +536,27 @@ class Scenario(StrictModel):
 
     @property
     def padded(self) -> bool:
-        """A graph replay pads the raw batch up to the smallest captured size that fits."""
+        """A graph replay pads the raw batch up to the smallest captured size that fits (an
+        EXTEND: its tokens to the bucket, its requests to the slots)."""
+        if self.mode == "EXTEND":
+            return self.cuda_graph and (self.graph_tokens != sum(self.extend_lens) or self.graph_bs != self.batch_size)
         return self.cuda_graph and self.graph_bs != self.batch_size
 
     @property
     def graph_bs(self) -> int | None:
+        """The requests the replayed graph was captured with (an EXTEND: its request slots)."""
         if self.capture_bs is None:
             return None
+        if self.mode == "EXTEND":
+            return self.full_prefill_max_req
         return min(b for b in self.capture_bs if b >= self.batch_size)
+
+    @property
+    def graph_tokens(self) -> int | None:
+        """An EXTEND graph's token bucket: the smallest captured one that holds the new tokens."""
+        if self.capture_bs is None or self.mode != "EXTEND":
+            return None
+        return min(b for b in self.capture_bs if b >= self._graph_load)
 
     def to_json(self) -> dict:
         """Plain JSON data; ``Scenario.from_json`` rebuilds an equal scenario from it."""

@@ -152,6 +152,10 @@ class BackendRule:
     sliding_window_modes: tuple[str, ...] = ()
     # Modes an encoder-decoder batch (batch.encoder_lens, model.cross_attention) runs in; () takes none.
     encoder_decoder_modes: tuple[str, ...] = ()
+    # Modes an MLA model's multi-head prefill (model.mha_chunk) runs in; () takes none.
+    mha_prefill_modes: tuple[str, ...] = ()
+    # Modes a multi-item scoring batch (batch.items, sglang's --enable-mis) runs in; () takes none.
+    multi_item_modes: tuple[str, ...] = ()
 
 
 _HALF = ("float16", "bfloat16")
@@ -181,12 +185,18 @@ _BACKEND_RULES = (
         gpu_only=False,
         head_dims=(64, 128, 256),
         max_group=4,
+        # Real sglang only: a plain EXTEND captured by the prefill runner's full backend (its
+        # full-graph prefill wrappers); capture_bs are then its token buckets.
+        mode_overrides=(("EXTEND", replace(MODE_RULES["EXTEND"], graph=True)),),
         kernels="FlashInfer's paged decode / paged and ragged prefill wrappers on CUDA, torch kernels over "
         "the same plans on CPU; draft kv_indices by the Triton kernel generate_draft_decode_kv_indices",
         sliding_window_modes=("DECODE", "EXTEND", "TARGET_VERIFY"),
         # Its cross-attention wrappers (real sglang only): the speculative inputs build their page
         # tables without the encoder offset, so an encoder-decoder batch is DECODE or EXTEND.
         encoder_decoder_modes=("DECODE", "EXTEND"),
+        # Multi-item scoring (real sglang only): a prefill-only batch, its item mask handed to the
+        # paged prefill wrapper (_process_multi_item_scoring).
+        multi_item_modes=("EXTEND",),
     ),
     # Real sglang runs every mode but the spec-v1 draft extend (sglang.flashinfer_mla_dense); the
     # reproduction models the decode and the draft only (its profile's backend_modes).
@@ -200,6 +210,8 @@ _BACKEND_RULES = (
         num_heads=(16, 32, 64, 128),
         # Its graph metadata captures DECODE and TARGET_VERIFY only.
         mode_overrides=(("DRAFT_EXTEND_V2", replace(MODE_RULES["DRAFT_EXTEND_V2"], graph=False)),),
+        # Its chunk runner (FlashInferMhaChunkKVRunner) serves DeepSeek's MHA prefill, an extend.
+        mha_prefill_modes=("EXTEND",),
         kernels="FlashInfer BatchMLAPagedAttentionWrapper on CUDA, a torch kernel over the same plans on "
         "CPU; draft kv_indices by the Triton kernel generate_draft_decode_kv_indices",
     ),

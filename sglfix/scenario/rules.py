@@ -86,6 +86,7 @@ def _check_backend(node: Any) -> None:
         )
     _check_window(node, brule)
     _check_encoder(node, brule)
+    _check_mha(node, brule)
     if brule.mla:
         for key in ("num_kv_heads", "head_dim"):
             if key in given:
@@ -167,6 +168,28 @@ def _check_encoder(node: Any, brule: Any) -> None:
         )
 
 
+def _check_mha(node: Any, brule: Any) -> None:
+    """An MLA model's multi-head prefill (model.mha_chunk) on a backend and mode that run it,
+    eagerly (sglang captures no MHA prefill: its shapes follow the prefix)."""
+    if node.model.mha_chunk is None:
+        return
+    if node.mode not in brule.mha_prefill_modes:
+        where = "; ".join(
+            f"{r.name} in {', '.join(r.mha_prefill_modes)}" for r in BACKEND_RULES.values() if r.mha_prefill_modes
+        )
+        raise NodeError(
+            f"sets model.mha_chunk with backend {brule.name} in mode {node.mode}; an MLA model's multi-head "
+            f"prefill runs on {where} only: drop the key or pick one of those",
+            at=("model", "mha_chunk"),
+        )
+    if node.cuda_graph is not None:
+        raise NodeError(
+            "sets model.mha_chunk and cuda_graph; sglang runs the MLA model's multi-head prefill eagerly "
+            "(a captured prefill pins the absorbed path): drop cuda_graph",
+            at="cuda_graph",
+        )
+
+
 def _encoder_lens(node: Any) -> list[int]:
     """Encoder tokens cached per request ahead of its decoder tokens (0 for a decoder-only model)."""
     enc = node.batch.encoder_lens
@@ -207,6 +230,11 @@ def _check_probe(node: Any) -> None:
             f"uses probe {prule.name}, which builds no encoder-decoder batch; drop batch.encoder_lens",
             at=("batch", "encoder_lens"),
         )
+    if node.batch.items is not None:
+        raise NodeError(
+            f"uses probe {prule.name}, which builds no multi-item scoring batch; drop batch.items",
+            at=("batch", "items"),
+        )
     if prule.page_sizes is not None and node.effective_page_size not in prule.page_sizes:
         raise NodeError(
             f"uses probe {prule.name}, which takes page_size {' or '.join(map(str, prule.page_sizes))}", at="page_size"
@@ -245,6 +273,8 @@ def check_node(node: Any) -> None:
     _check_accept_lens(node, rule)
     _check_extend_lens(node, rule)
     _check_mamba_track(node, rule)
+    if node.probe is None:
+        _check_items(node)
     _check_totals(node)
     bs = len(node.batch.prefix_lens)
     if node.cuda_graph is not None:
@@ -252,12 +282,21 @@ def check_node(node: Any) -> None:
             raise NodeError(
                 f"is {rule.name}, which is not captured in CUDA graphs; set cuda_graph: false", at="cuda_graph"
             )
-        sizes = sorted(set(node.cuda_graph.capture_bs))
-        if sizes[-1] < bs:
-            raise NodeError(
-                f"has a batch of {bs} that fits no captured size {sizes}; add one >= {bs}",
-                at=("cuda_graph", "capture_bs"),
-            )
+        if rule.name == "EXTEND":
+            _check_prefill_graph(node)
+        else:
+            if node.cuda_graph.full_prefill_max_req is not None:
+                raise NodeError(
+                    f"is {rule.name}; cuda_graph.full_prefill_max_req applies to an EXTEND graph (sglang's "
+                    "full prefill graph) only: drop it",
+                    at=("cuda_graph", "full_prefill_max_req"),
+                )
+            sizes = sorted(set(node.cuda_graph.capture_bs))
+            if sizes[-1] < bs:
+                raise NodeError(
+                    f"has a batch of {bs} that fits no captured size {sizes}; add one >= {bs}",
+                    at=("cuda_graph", "capture_bs"),
+                )
     if node.gpu_only and not rule.gpu_only:
         raise NodeError(f"is {rule.name}; gpu_only applies to {_modes_where(lambda r: r.gpu_only)} only", at="gpu_only")
     spec = node.spec
@@ -280,6 +319,60 @@ def check_node(node: Any) -> None:
                 f"or raise num_steps",
                 at=("spec", "num_draft_tokens"),
             )
+
+
+# sglang's prefill runner replays a batch only where its bucket is at most this many times its
+# tokens (_MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR); a batch padded more runs eagerly.
+PREFILL_GRAPH_PADDING_FACTOR = 2
+
+
+def _check_prefill_graph(node: Any) -> None:
+    """An EXTEND graph is sglang's prefill runner under its full backend: capture_bs are token
+    buckets, full_prefill_max_req the request slots of each; the batch must be one it replays
+    (sglang runs any other eagerly), on a layer it captures."""
+    graph, bs = node.cuda_graph, len(node.batch.prefix_lens)
+    slots = graph.full_prefill_max_req
+    if slots is None:
+        raise NodeError(
+            "is an EXTEND graph (sglang's full prefill graph, capture_bs its token buckets), which needs the "
+            "request slots each graph is captured with: give cuda_graph.full_prefill_max_req",
+            at="cuda_graph",
+        )
+    if slots < bs:
+        raise NodeError(
+            f"has a batch of {bs} requests, more than cuda_graph.full_prefill_max_req {slots}: sglang runs it "
+            f"eagerly; raise it to at least {bs}",
+            at=("cuda_graph", "full_prefill_max_req"),
+        )
+    tokens = sum(new_token_counts(node))
+    buckets = sorted(set(graph.capture_bs))
+    fits = [n for n in buckets if n >= tokens]
+    if not fits:
+        raise NodeError(
+            f"has {tokens} new tokens, which fit no captured token bucket {buckets}; add one >= {tokens}",
+            at=("cuda_graph", "capture_bs"),
+        )
+    if fits[0] > PREFILL_GRAPH_PADDING_FACTOR * tokens:
+        raise NodeError(
+            f"pads its {tokens} new tokens to the bucket {fits[0]}, more than {PREFILL_GRAPH_PADDING_FACTOR}x: sglang "
+            f"runs it eagerly; add a bucket of {tokens} .. {PREFILL_GRAPH_PADDING_FACTOR * tokens}",
+            at=("cuda_graph", "capture_bs"),
+        )
+    for key, given, why in (
+        (
+            "batch.encoder_lens",
+            node.batch.encoder_lens is not None,
+            "its capture batch carries no encoder (sglang's prefill runner builds none)",
+        ),
+        (
+            "model.sliding_window",
+            node.model.sliding_window is not None,
+            "the backend's sliding-window write buffer is the decode graph runner's, which sglfix's prefill "
+            "runner does not build",
+        ),
+    ):
+        if given:
+            raise NodeError(f"sets {key} in an EXTEND graph; {why}: drop one", at=tuple(key.split(".")))
 
 
 def _check_accept_lens(node: Any, rule: ModeRule) -> None:
@@ -375,6 +468,55 @@ def _check_mamba_track(node: Any, rule: ModeRule) -> None:
                 f"has batch.mamba_track[{i}] = {n}: an aligned length short of the extend's end is never "
                 f"scheduled (the scheduler adds 1 to reach that boundary's state); write {n + 1} or {extend[i]}",
                 at=at,
+            )
+
+
+def _check_items(node: Any) -> None:
+    """A multi-item scoring batch (batch.items) where sglang runs one: a backend and mode that
+    take it, eager (--enable-mis disables CUDA graphs), a plain self-attention layer, and room in
+    every request's new tokens for its query (at least one token), a delimiter before each item,
+    the items and the closing delimiter."""
+    items, brule = node.batch.items, backend_rule(node.backend)
+    if items is None:
+        return
+    at = ("batch", "items")
+    if node.mode not in brule.multi_item_modes:
+        where = "; ".join(
+            f"{r.name} in {', '.join(r.multi_item_modes)}" for r in BACKEND_RULES.values() if r.multi_item_modes
+        )
+        raise NodeError(
+            f"sets batch.items with backend {brule.name} in mode {node.mode}; a multi-item scoring batch runs "
+            f"on {where} only: drop the key or pick one of those",
+            at=at,
+        )
+    bs = len(node.batch.prefix_lens)
+    if len(items) != bs:
+        raise NodeError(f"has {len(items)} batch.items entries for {bs} requests", at=at)
+    for key, given, why in (
+        ("cuda_graph", node.cuda_graph is not None, "sglang disables CUDA graphs under --enable-mis"),
+        (
+            "batch.encoder_lens",
+            node.batch.encoder_lens is not None,
+            "sglang scores items with a decoder-only model's prompts",
+        ),
+        (
+            "model.sliding_window",
+            node.model.sliding_window is not None,
+            "sglang drops a window layer's window under multi-item scoring (window_left -1)",
+        ),
+    ):
+        if given:
+            raise NodeError(f"sets batch.items and {key}; {why}: drop one", at=tuple(key.split(".")))
+    for i, (request, new) in enumerate(zip(items, new_token_counts(node))):
+        if request is None:
+            continue
+        packed = sum(request) + len(request) + 1
+        if new - packed < 1:
+            raise NodeError(
+                f"has batch.items[{i}] = {list(request)}: {sum(request)} item tokens and {len(request) + 1} "
+                f"delimiters need {packed + 1} new tokens with a query of one, request {i} has {new}; raise "
+                f"batch.extend_lens[{i}] or shorten its items",
+                at=("batch", "items", i),
             )
 
 

@@ -507,3 +507,38 @@ def test_an_encoder_decoder_batch_where_nothing_runs_one_is_one_line_before_any_
     )
     r = run_cli(*sglang, "run", "--scenario-file", str(path), "--device", "cpu", timeout=60)
     assert_one_line_error(r, "alone.yaml:6:", "without batch.encoder_lens; give the encoder tokens cached per request")
+
+
+def test_a_multi_item_batch_where_nothing_runs_one_is_one_line_before_any_cell(tmp_path):
+    """batch.items on a backend without the multi-item path (sglang's Triton), in a mode without
+    it, under CUDA graphs (which --enable-mis disables), and on the reproduction: each one line
+    naming the key and what to do."""
+    body = "    batch:\n      prefix_lens: [0, 5]\n      extend_lens: [9, 6]\n      items: [[2, 1], [3]]\n"
+    sglang = ("--profile", "sglang-0.5.23")
+    for name, head, tail, profile, needles in (
+        (
+            "triton",
+            "    backend: triton\n    mode: EXTEND\n",
+            "",
+            sglang,
+            ("sets batch.items with backend triton in mode EXTEND", "runs on flashinfer in EXTEND only"),
+        ),
+        (
+            "graph",
+            "    backend: flashinfer\n    mode: EXTEND\n",
+            "    cuda_graph: {capture_bs: [2]}\n",
+            sglang,
+            ("sets batch.items and cuda_graph; sglang disables CUDA graphs under --enable-mis: drop one",),
+        ),
+        (
+            "repro",
+            "    backend: flashinfer\n    mode: EXTEND\n",
+            "",
+            (),
+            ("backend flashinfer on reproduction runs DECODE, DRAFT_DECODE, not EXTEND; it runs on sglang-0.5.23",),
+        ),
+    ):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"scenarios:\n  - name: mis-{name}\n{head}{body}{tail}")
+        r = run_cli(*profile, "run", "--scenario-file", str(path), "--device", "cpu", timeout=60)
+        assert_one_line_error(r, *needles)

@@ -1,8 +1,9 @@
 """Real sglang 0.5.23's FlashInfer-MLA backend in the modes besides the multi-step draft
 (``sglang.flashinfer_mla_dense``: DECODE, EXTEND, TARGET_VERIFY, DRAFT_EXTEND_V2, eager and graph),
-its TorchNativeAttnBackend (``sglang.torch_native``) and the FlashInfer backend's encoder-decoder
-path (``update_cross_attention``: ``sglang-fi-cross-*``, the self and the cross layer), on CPU
-through the CLI a user runs: every built-in scenario passes, and each judge fails when the code
+its TorchNativeAttnBackend (``sglang.torch_native``), the FlashInfer backend's encoder-decoder
+path (``update_cross_attention``: ``sglang-fi-cross-*``, the self and the cross layer) and its
+multi-item scoring (``_process_multi_item_scoring``: ``sglang-fi-mis-*``, ``sglang-fi-mixed-mis``),
+on CPU through the CLI a user runs: every built-in scenario passes, and each judge fails when the code
 under test is made wrong (a candidate fix that breaks it, applied with ``--apply``), including a
 fault that only exists while a graph is captured and that replay rebuilds.
 """
@@ -22,7 +23,8 @@ def _patched(report: dict) -> dict[str, dict]:
 def test_every_fimla_and_torch_native_scenario_passes_with_its_judges_named(tmp_path):
     require_sglang()
     report = _run(tmp_path, "-s", "sglang-fimla-*", "-s", "sglang-torch-*")
-    cells = {c["scenario"]: c for c in report["cells"]}
+    # The multi-head prefill has its own judge and known divergence (test_sglang_mla_mha.py).
+    cells = {c["scenario"]: c for c in report["cells"] if "-mha-" not in c["scenario"]}
     assert any(n.startswith("sglang-fimla-") for n in cells) and any(n.startswith("sglang-torch-") for n in cells)
     failed = {n: (c["verdict"], c["findings"][:2]) for n, c in cells.items() if c["verdict"] != "PASS"}
     assert not failed, failed
@@ -171,3 +173,111 @@ def test_an_extend_planned_without_the_encoder_layout_is_seen(tmp_path, old, new
     assert _verdicts(cells) == {
         f"sglang-fi-cross-extend@cross={cross}": "DIVERGE" if cross == wrong else "PASS" for cross in ("off", "on")
     }, {n: c["findings"][:1] for n, c in cells.items()}
+
+
+# FlashInfer's multi-item scoring (--enable-mis): _process_multi_item_scoring.
+_SCORED = ("sglang-fi-mis-batch", "sglang-fi-mis-single", "sglang-fi-mis-edge", "sglang-fi-mis-long")
+_MIS_ROWS = dict(zip(_SCORED, (28, 14, 19, 209)), **{"sglang-fi-mis-unscored": 13})
+_MIS_FIX = "profiles/sglang-0.5.23/fixes/flashinfer-mis-itemless-request.patch"
+
+
+def test_every_multi_item_scenario_passes_and_a_request_without_items_is_the_known_divergence(tmp_path):
+    """Each item mask in the output (every row, delimiters too) and the positions and
+    max_item_len the backend leaves, judged; the batch with a request without delimiters shows
+    its shifted arrays (the last request's prefix length read past its allocation), and the
+    profile's candidate fix clears it and changes nothing else."""
+    from builders import ROOT
+
+    require_sglang()
+    report = _run(tmp_path, "-s", "sglang-fi-mis-*", "-s", "sglang-fi-mixed-mis", "--apply", str(ROOT / _MIS_FIX))
+    base = {c["scenario"]: c for c in report["cells"] if not c.get("toggles")}
+    fixed = _patched(report)
+    assert set(base) == set(fixed) == {*_MIS_ROWS, "sglang-fi-mixed-mis"}, sorted(base)
+    for name, rows in _MIS_ROWS.items():
+        for cell in (base[name], fixed[name]):
+            assert cell["verdict"] == "PASS", (name, cell["findings"][:2])
+            assert cell["error"]["rows"] == rows and cell["error"]["bad_rows"] == 0, (name, cell["error"])
+            assert any(f["message"].startswith("metadata reference: the positions of every")
+                       for f in cell["findings"]), (name, cell["findings"])  # fmt: skip
+    mixed = base["sglang-fi-mixed-mis"]
+    assert mixed["verdict"] == "CRASH", mixed["findings"][:2]
+    assert "prefix_len_ptr read past the end of its allocation: entry 1" in mixed["findings"][0]["message"]
+    assert fixed["sglang-fi-mixed-mis"]["verdict"] == "PASS", fixed["sglang-fi-mixed-mis"]["findings"][:2]
+    assert fixed["sglang-fi-mixed-mis"]["error"]["bad_rows"] == 0
+
+
+def _mis_cells(tmp_path, old: str, new: str) -> dict[str, dict]:
+    patch = _breaking_patch(tmp_path, "flashinfer_backend", old, new)
+    return _patched(_run(tmp_path, "-s", "sglang-fi-mis-*", "--apply", str(patch)))
+
+
+def test_an_item_mask_off_by_one_is_seen_in_every_output(tmp_path):
+    """Each token's position in its item one too high: an item's token also sees the delimiter
+    before it, a delimiter itself; every cell's output diverges, its positions still right."""
+    require_sglang()
+    cells = _mis_cells(
+        tmp_path,
+        "token_pos_in_items_ptr.append(pos_within_item.to(torch.uint16))",
+        "token_pos_in_items_ptr.append((pos_within_item + 1).to(torch.uint16))",
+    )
+    assert _verdicts(cells) == {n: "DIVERGE" if n in _SCORED else "PASS" for n in _MIS_ROWS}, sorted(cells)
+    for name in _SCORED:
+        assert cells[name]["error"]["bad_rows"] > 0, (name, cells[name]["error"])
+
+
+def test_a_prefix_length_without_the_cached_prefix_is_seen(tmp_path):
+    """prefix_len from the first delimiter alone (without extend_prefix_lens_cpu): every scenario
+    has a request on a cached prefix, whose mask then starts too early (reading its positions past
+    the array where the suffix outgrows it: the code's CRASH) and whose item tokens are placed
+    after the query's new tokens only."""
+    require_sglang()
+    cells = _mis_cells(tmp_path, "prefix_cache_lens[i] if prefix_cache_lens is not None else 0", "0")
+    assert set(cells) == set(_MIS_ROWS), sorted(cells)
+    for name, c in cells.items():
+        want = ("DIVERGE", "CRASH") if name in _SCORED else ("PASS",)
+        assert c["verdict"] in want, (name, c["verdict"], c["findings"][:1])
+    assert (
+        "token 165 (request 1, item 0 token 0) is at position 7, want 30"
+        in cells["sglang-fi-mis-long"]["findings"][0]["message"]
+    )
+
+
+def test_positions_rewritten_off_by_one_are_seen_by_the_metadata_reference(tmp_path):
+    """Every item token one position late: the output cannot show it (the layer has no rotary
+    embedding); the metadata reference does, naming the token."""
+    require_sglang()
+    cells = _mis_cells(tmp_path, "prefix_len + pos_within_item - 1", "prefix_len + pos_within_item")
+    assert _verdicts(cells) == {n: "DIVERGE" if n in _SCORED else "PASS" for n in _MIS_ROWS}, sorted(cells)
+    for name in _SCORED:
+        c = cells[name]
+        assert c["error"]["bad_rows"] == 0 and "is at position" in c["findings"][0]["message"], (name, c["findings"][0])
+    assert cells["sglang-fi-mis-batch"]["findings"][0]["message"].endswith(
+        "token 6 (request 0, item 0 token 0) is at position 6, want 5"
+    )
+
+
+@pytest.mark.parametrize(
+    "old,new,wrong",
+    [
+        (
+            "t.to(torch.int32).max().to(torch.uint16)",
+            "t.to(torch.int32).max().sub(1).to(torch.uint16)",
+            set(_SCORED),
+        ),
+        (
+            "token_pos_in_items_len=token_pos_in_items_len & 0xFFFFFFFF",
+            "token_pos_in_items_len=(token_pos_in_items_len - 1) & 0xFFFFFFFF",
+            {"sglang-fi-mis-batch", "sglang-fi-mis-edge", "sglang-fi-mis-long"},
+        ),
+    ],
+    ids=["max-item-len-short", "stride-one-short"],
+)
+def test_a_short_max_item_len_or_stride_is_seen(tmp_path, old, new, wrong):
+    """max_item_len one below the longest item (the kernel may skip key tiles an item token sees:
+    the metadata reference), and the positions' stride one short (every request after the first
+    reads its neighbour's: the output; one request has no neighbour)."""
+    require_sglang()
+    cells = _mis_cells(tmp_path, old, new)
+    assert _verdicts(cells) == {n: "DIVERGE" if n in wrong else "PASS" for n in _MIS_ROWS}, {
+        n: c["findings"][:1] for n, c in cells.items()
+    }

@@ -4,7 +4,9 @@ Each test starts a fresh Python process the way an sglfix worker of the ``sglang
 is set up (``TRITON_INTERPRET=1`` and no visible GPU before triton is imported, the code base
 activated before sglang is imported, ``SGLANG_DEBUG_REVERT_PR`` applied through
 ``maybe_revert_pr_fix``, the interpreter's launch memo installed) and replays cells of
-``profiles/sglang-0.5.23/scenarios/triton.yaml`` through ``run_cell``. A reverted fix can only be
+``profiles/sglang-0.5.23/scenarios/triton.yaml`` through ``run_cell``. The FlashInfer backend's
+plain EXTEND under sglang's full prefill graph (``sglang-fi-extend-graph``, the kit's graph runners
+as these cells use them) runs through the CLI a user runs, with candidate fixes that break it. A reverted fix can only be
 undone by a new process, hence one process per toggle set; each is independent of the others
 (pytest-xdist spreads them). sglang must be installed: a missing or wrong version is a failure
 that names the install command, never a skip (CI installs it).
@@ -20,7 +22,7 @@ from functools import cache
 
 import pytest
 from builders import ROOT
-from real_sglang import known_divergences, require_sglang
+from real_sglang import breaking_patch, known_divergences, require_sglang, run_cli
 
 SCENARIOS = ROOT / "profiles" / "sglang-0.5.23" / "scenarios" / "triton.yaml"
 MARK = "SGLFIX-TEST-RESULT "
@@ -278,3 +280,48 @@ def test_a_cells_fingerprint_leaves_out_what_no_kernel_of_it_read():
     assert lean | {"uneven_batch"} <= unread[window]
     assert not {"window_kv_indptr", "window_kv_indices"} & unread[window]
     assert cells[plain]["fingerprint"]["metadata"] and cells[window]["fingerprint"]["metadata"]
+
+
+# FlashInfer's plain EXTEND under sglang's full prefill CUDA graph (sglang-fi-extend-graph in
+# flashinfer.yaml): the kit's PrefillGraphRunner, the backend's _create_full_cg_prefill_wrappers
+# and the EXTEND branch of its init_forward_metadata_out_graph.
+_FI_EXTEND_GRAPH = "sglang-fi-extend-graph@"
+_FI_CELLS = ("cg=eager", "cg=graph", "cg=graph-padded")
+# The out-of-graph replay plan of a plain EXTEND (its first line is the branch's own).
+_FULL_CG_REPLAY = "prefill_wrappers=self.full_cg_prefill_wrappers,\n                use_ragged=False,"
+
+
+def test_flashinfer_extend_graph_replays_the_full_prefill_graph(tmp_path):
+    """Eager, graph and padded graph (a larger token bucket and a sentinel request slot) all match
+    the reference on every row."""
+    require_sglang()
+    cells = {c["scenario"]: c for c in run_cli(tmp_path, "-s", f"{_FI_EXTEND_GRAPH}*")["cells"]}
+    assert set(cells) == {_FI_EXTEND_GRAPH + cell for cell in _FI_CELLS}, sorted(cells)
+    for name, c in cells.items():
+        assert c["verdict"] == "PASS", (name, c["findings"][:2])
+        assert c["error"]["rows"] == 21 and c["error"]["bad_rows"] == 0, (name, c["error"])
+        assert ("capture" in c["timings_ms"]) == (not name.endswith("eager")), (name, c["timings_ms"])
+
+
+@pytest.mark.parametrize(
+    "old,new,verdict",
+    [
+        # The replay plans a ragged part the captured graph never runs: the new tokens' own keys
+        # are left out of the paged wrapper it does run.
+        (_FULL_CG_REPLAY, _FULL_CG_REPLAY.replace("use_ragged=False", "use_ragged=True"), "DIVERGE"),
+        # kv_indices sized by the bucket, not by the slots' context: a capture fits, a replay over
+        # cached prefixes does not.
+        ("(num_slots * self.max_context_len + 256,)", "(max_num_tokens + 256,)", "CRASH"),
+    ],
+    ids=["replay-plans-ragged", "kv-indices-by-bucket"],
+)
+def test_a_broken_full_prefill_graph_fails_its_graph_cells_alone(tmp_path, old, new, verdict):
+    require_sglang()
+    patch = breaking_patch(tmp_path, "flashinfer_backend", old, new)
+    report = run_cli(tmp_path, "-s", f"{_FI_EXTEND_GRAPH}*", "--apply", str(patch))
+    cells = {c["scenario"]: c for c in report["cells"] if c.get("toggles")}
+    assert {name: c["verdict"] for name, c in cells.items()} == {
+        _FI_EXTEND_GRAPH + "cg=eager": "PASS",
+        _FI_EXTEND_GRAPH + "cg=graph": verdict,
+        _FI_EXTEND_GRAPH + "cg=graph-padded": verdict,
+    }, {name: c["findings"][:1] for name, c in cells.items()}

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from sglfix.harness import torchfi
+from sglfix.harness.codefault import OutOfBounds
 from sglfix.harness.torchfi import (
     BatchDecodeWithPagedKVCacheWrapper,
     BatchPrefillWithPagedKVCacheWrapper,
@@ -160,6 +161,96 @@ def test_a_window_given_only_at_run_time_is_not_applied(cache):
         w.begin_forward(qo, qo, H, HKV, D, window_left=planned)
         out = w.forward(q, k, v, causal=True, window_left=window)
         torch.testing.assert_close(out.float(), _by_hand(q, k, v, want), atol=1e-4, rtol=1e-4)
+
+
+def _kernel_multi_item_rule(p: int, k: int, prefix: int, t: int) -> bool:
+    """prefill.cuh's logits_mask_multi_item_scoring for query position p and key k, as written
+    there: out of boundary past p (causal); a query before its prefix keeps every key; past it, a
+    key is kept when ``kv_idx < prefix_len | idx_in_original_seq < kv_idx + token_pos``."""
+    if k > p:
+        return False
+    return p < prefix or k < prefix or p < k + t
+
+
+def _multi_item_plan(*, q_lens, kv_lens, slots, prefix, positions, stride, longest):
+    w = BatchPrefillWithPagedKVCacheWrapper(_workspace(), "NHD", backend="fa2")
+    qo = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    kv = torch.tensor([0, *torch.tensor(kv_lens).cumsum(0).tolist()], dtype=torch.int32)
+    w.begin_forward(qo, kv, slots, torch.ones(len(q_lens), dtype=torch.int32), H, HKV, D, 1,
+                    prefix_len_ptr=prefix, token_pos_in_items_ptr=positions, token_pos_in_items_len=stride,
+                    max_item_len_ptr=longest)  # fmt: skip
+    return w, qo, kv
+
+
+def test_paged_prefill_applies_the_multi_item_mask_at_the_kernel_s_offsets(cache):
+    """FlashInfer's own example (items of 3, 2 and 4 tokens after a 3-token query, the positions
+    [0,1,2,3,0,1,2,0,1,2,3,4,0]) on a 5-token cached prefix, and a second request of one 2-token
+    item, both at a padded stride of 16: every row against the kernel's rule written out by hand;
+    the run's causal=False does not matter (the plan's prefix_len_ptr selects the mode)."""
+    k_cache, v_cache = cache
+    gen = torch.Generator().manual_seed(5)
+    first = [0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 0]
+    second = [0, 1, 2, 0]
+    stride = 16
+    q_lens = [3 + len(first), 2 + len(second)]
+    kv_lens = [5 + q_lens[0], q_lens[1]]
+    prefix = torch.tensor([5 + 3, 2], dtype=torch.uint32)
+    positions = torch.zeros(2 * stride, dtype=torch.uint16)
+    positions[: len(first)] = torch.tensor(first, dtype=torch.uint16)
+    positions[stride : stride + len(second)] = torch.tensor(second, dtype=torch.uint16)
+    longest = torch.tensor([4, 2], dtype=torch.uint16)
+    slots = torch.randperm(SLOTS, generator=gen)[: sum(kv_lens)].to(torch.int32)
+    q = torch.randn(sum(q_lens), H, D, generator=gen)
+    w, qo, kv = _multi_item_plan(
+        q_lens=q_lens, kv_lens=kv_lens, slots=slots, prefix=prefix, positions=positions, stride=stride, longest=longest
+    )
+    out = w.forward(q, (k_cache, v_cache), causal=False)
+    cut = [int(x) for x in prefix.to(torch.int64)]
+    for r, items in enumerate((first, second)):
+        rows, keys = slice(int(qo[r]), int(qo[r + 1])), slots[int(kv[r]) : int(kv[r + 1])].long()
+        start = kv_lens[r] - q_lens[r]
+        visible = torch.tensor(
+            [
+                [
+                    _kernel_multi_item_rule(p, key, cut[r], items[p - cut[r]] if p >= cut[r] else 0)
+                    for key in range(kv_lens[r])
+                ]
+                for p in range(start, kv_lens[r])
+            ]
+        )
+        if r == 0:
+            # The second item's second token (position 14) sees the prefix and query (keys 0-7)
+            # and its item's tokens 13 and 14, not the delimiter at 12 or any other item.
+            assert visible[14 - start].tolist() == [True] * 8 + [False] * 5 + [True] * 2 + [False] * 6
+        want = _by_hand(q[rows], k_cache[keys], v_cache[keys], visible)
+        torch.testing.assert_close(out[rows].float(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_multi_item_arrays_are_read_with_the_kernel_s_widths_and_bounds(cache):
+    """The kernel casts the arrays' pointers: positions handed as int32 are read as their uint16
+    halves (what the GPU reads), and a position array one request short is read past its end
+    (the code's fault: OutOfBounds, a CRASH)."""
+    k_cache, v_cache = cache
+    gen = torch.Generator().manual_seed(6)
+    items = [0, 1, 2, 0, 1, 0]
+    q_lens, kv_lens = [2 + len(items)] * 2, [2 + len(items)] * 2
+    slots = torch.randperm(SLOTS, generator=gen)[: sum(kv_lens)].to(torch.int32)
+    q = torch.randn(sum(q_lens), H, D, generator=gen)
+    plan = dict(q_lens=q_lens, kv_lens=kv_lens, slots=slots, stride=len(items))
+    prefix, longest = torch.tensor([2, 2], dtype=torch.uint32), torch.tensor([2, 1], dtype=torch.uint16)
+    right = torch.tensor(items * 2, dtype=torch.uint16)
+    w, _, _ = _multi_item_plan(prefix=prefix, positions=right, longest=longest, **plan)
+    want = w.forward(q, (k_cache, v_cache), causal=True)
+    # As int32 the first request's six positions are read from 12 bytes: 0, 0, 1, 0, 2, 0.
+    w, _, _ = _multi_item_plan(prefix=prefix, positions=right.to(torch.int32), longest=longest, **plan)
+    got = w.forward(q, (k_cache, v_cache), causal=True)
+    assert not torch.allclose(got.float(), want.float(), atol=1e-3)
+    w, _, _ = _multi_item_plan(prefix=prefix, positions=right[: len(items)].clone(), longest=longest, **plan)
+    with pytest.raises(OutOfBounds, match="token_pos_in_items_ptr read past the end of its allocation"):
+        w.forward(q, (k_cache, v_cache), causal=True)
+    w, _, _ = _multi_item_plan(prefix=prefix[:1].clone(), positions=right, longest=longest, **plan)
+    with pytest.raises(OutOfBounds, match="prefix_len_ptr read past the end of its allocation: entry 1"):
+        w.forward(q, (k_cache, v_cache), causal=True)
 
 
 # ------------------------------------------------------------------ MLA (absorbed, paged latent cache)

@@ -158,6 +158,166 @@ def test_an_encoder_decoder_batch_runs_on_flashinfer_in_decode_and_extend_only(t
     assert "flashinfer in DECODE, EXTEND" in msg, msg
 
 
+def test_a_multi_item_batch_is_read_round_trips_and_takes_items_of_any_length(tmp_path):
+    """batch.items: per request its item lengths (an empty list: the query and one delimiter; an
+    item of 0 tokens; null: a request without delimiters), the query what is left of extend_lens."""
+    text = (
+        "name: mis\nbackend: flashinfer\nmode: EXTEND\n"
+        "batch: {prefix_lens: [0, 5, 2, 0], extend_lens: [9, 3, 2, 4], items: [[2, 1], [0], [], null]}\n"
+    )
+    (got,) = _load(tmp_path, text)
+    assert got.items == ((2, 1), (0,), (), None) and got.extend_lens == (9, 3, 2, 4)
+    assert Scenario.from_json(json.loads(json.dumps(got.to_json()))) == got
+    (plain,) = _load(tmp_path, text.replace(", items: [[2, 1], [0], [], null]", ""))
+    assert plain.items is None
+
+
+MULTI_ITEM_BAD = [
+    ("extend_lens: [9, 4], items: [[2, 1]]", "", "has 1 batch.items entries for 2 requests"),
+    (
+        "extend_lens: [9, 4], items: [[2, 1], [1, 1]]",
+        "",
+        "has batch.items[1] = [1, 1]: 2 item tokens and 3 delimiters need 6 new tokens with a query of one, "
+        "request 1 has 4; raise batch.extend_lens[1] or shorten its items",
+    ),
+    ("extend_lens: [9, 4], items: [[2, -1], [1]]", "", "must be >= 0, got -1"),
+    (
+        "extend_lens: [9, 4], items: [3, [1]]",
+        "",
+        "must be a list of item lengths (or null for a request without items)",
+    ),
+    ("extend_lens: [9, 4], items: [[2, 1], [1]]", "cuda_graph: {capture_bs: [2]}", "sets batch.items and cuda_graph"),
+    (
+        "extend_lens: [9, 4], items: [[2, 1], [1]], encoder_lens: [3, 3]",
+        "",
+        "sets batch.items and batch.encoder_lens",
+    ),
+    (
+        "extend_lens: [9, 4], items: [[2, 1], [1]]",
+        "model: {sliding_window: 8}",
+        "sets batch.items and model.sliding_window",
+    ),
+    ("extend_lens: [9, 4], items: [[2, 1], [1]]", "gpu_only: true", "gpu_only applies to"),
+]
+
+
+@pytest.mark.parametrize("batch,extra,needle", MULTI_ITEM_BAD, ids=[b[2][:28] for b in MULTI_ITEM_BAD])
+def test_a_multi_item_batch_is_refused_at_load_where_it_cannot_run(tmp_path, batch, extra, needle):
+    f = tmp_path / "bad.yaml"
+    f.write_text(f"name: x\nbackend: flashinfer\nmode: EXTEND\nbatch: {{prefix_lens: [0, 5], {batch}}}\n{extra}\n")
+    with pytest.raises(ConfigError) as info:
+        load_scenario_file(f)
+    msg = str(info.value)
+    assert needle in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize(
+    "backend,mode,extend",
+    [
+        ("triton", "EXTEND", "extend_lens: [9]"),
+        ("flashinfer", "DECODE", ""),
+        ("flashinfer", "TARGET_VERIFY", ""),
+        ("flashinfer_mla", "EXTEND", "extend_lens: [9]\nmodel: {num_heads: 16}"),
+    ],
+)
+def test_a_multi_item_batch_runs_on_flashinfer_in_extend_only(tmp_path, backend, mode, extend):
+    f = tmp_path / "bad.yaml"
+    f.write_text(f"name: x\nbackend: {backend}\nmode: {mode}\nbatch:\n  prefix_lens: [5]\n  items: [[2]]\n  {extend}\n")
+    with pytest.raises(ConfigError) as info:
+        load_scenario_file(f)
+    msg = str(info.value)
+    assert "bad.yaml:6:" in msg, msg
+    assert f"sets batch.items with backend {backend} in mode {mode}; a multi-item scoring batch runs on " in msg
+    assert "flashinfer in EXTEND only" in msg, msg
+
+
+# A plain EXTEND as sglang's full prefill graph (flashinfer only): capture_bs its token buckets.
+PREFILL_GRAPH = (
+    "name: pg\nbackend: {backend}\nmode: EXTEND\nbatch: {{prefix_lens: [13, 0, 37], extend_lens: [5, 7, 9]{extra}}}\n"
+    "{model}cuda_graph: {graph}\n"
+)
+
+
+def _prefill_graph(backend="flashinfer", graph="{capture_bs: [21], full_prefill_max_req: 3}", extra="", model=""):
+    return PREFILL_GRAPH.format(backend=backend, graph=graph, extra=extra, model=model)
+
+
+def test_an_extend_graph_takes_token_buckets_and_request_slots(tmp_path):
+    """On flashinfer an EXTEND is captured as sglang's prefill runner captures it: one graph per
+    token bucket (capture_bs), each over full_prefill_max_req request slots; padded where the
+    tokens or the requests fall short of them."""
+    text = (
+        "name: pg\nbackend: flashinfer\nmode: EXTEND\nbatch: {prefix_lens: [13, 0, 37], extend_lens: [5, 7, 9]}\n"
+        "grid:\n  cuda_graph: [false, {capture_bs: [21], full_prefill_max_req: 3},"
+        " {capture_bs: [16, 32], full_prefill_max_req: 4}]\n  seed: [1, 2]\n"
+    )
+    got = {s.name: s for s in _load(tmp_path, text)}
+    shapes = {name: (s.graph_tokens, s.graph_bs, s.padded) for name, s in got.items() if name.endswith("seed=1")}
+    assert shapes == {
+        "pg@cg=eager,seed=1": (None, None, False),
+        "pg@cg=graph,seed=1": (21, 3, False),
+        "pg@cg=graph-padded,seed=1": (32, 4, True),
+    }, shapes
+    for s in got.values():
+        assert Scenario.from_json(json.loads(json.dumps(s.to_json()))) == s
+    padded = got["pg@cg=graph-padded,seed=2"]
+    assert padded.capture_bs == (16, 32) and padded.full_prefill_max_req == 4
+    # The requests alone padded: a bucket of the tokens, one slot more than the requests.
+    (slots,) = _load(tmp_path, _prefill_graph(graph="{capture_bs: [21], full_prefill_max_req: 4}"))
+    assert (slots.graph_tokens, slots.graph_bs, slots.padded) == (21, 4, True)
+    # The estimate counts the prefill runner's buffers and the full-graph wrappers' workspace.
+    assert "CUDA-graph static buffers" in estimate_memory(padded).parts
+
+
+PREFILL_GRAPH_BAD = [
+    ({"backend": "triton"}, "is EXTEND, which is not captured in CUDA graphs; set cuda_graph: false"),
+    ({"backend": "torch_native"}, "is EXTEND, which is not captured in CUDA graphs; set cuda_graph: false"),
+    ({"backend": "hybrid_linear"}, "is EXTEND, which is not captured in CUDA graphs; set cuda_graph: false"),
+    (
+        {"backend": "flashinfer_mla", "model": "model: {num_heads: 16}\n"},
+        "is EXTEND, which is not captured in CUDA graphs; set cuda_graph: false",
+    ),
+    ({"graph": "{capture_bs: [21]}"}, "needs the request slots each graph is captured with"),
+    (
+        {"graph": "{capture_bs: [21], full_prefill_max_req: 2}"},
+        "has a batch of 3 requests, more than cuda_graph.full_prefill_max_req 2: sglang runs it eagerly",
+    ),
+    ({"graph": "{capture_bs: [16], full_prefill_max_req: 3}"}, "has 21 new tokens, which fit no captured token"),
+    (
+        {"graph": "{capture_bs: [43], full_prefill_max_req: 3}"},
+        "pads its 21 new tokens to the bucket 43, more than 2x: sglang runs it eagerly",
+    ),
+    ({"extra": ", encoder_lens: [3, 3, 3]"}, "sets batch.encoder_lens in an EXTEND graph"),
+    ({"model": "model: {sliding_window: 8}\n"}, "sets model.sliding_window in an EXTEND graph"),
+]
+
+
+@pytest.mark.parametrize(
+    "parts,needle", PREFILL_GRAPH_BAD, ids=[f"{i}-{b[1][:24]}" for i, b in enumerate(PREFILL_GRAPH_BAD)]
+)
+def test_an_extend_graph_is_refused_where_sglang_would_not_replay_it(tmp_path, parts, needle):
+    """Every backend but flashinfer refuses an EXTEND graph in one line; on flashinfer, a batch the
+    prefill runner would run eagerly, or a layer it does not capture."""
+    f = tmp_path / "bad.yaml"
+    f.write_text(_prefill_graph(**parts))
+    with pytest.raises(ConfigError) as info:
+        load_scenario_file(f)
+    msg = str(info.value)
+    assert needle in msg and "\n" not in msg and "bad.yaml:" in msg, msg
+
+
+def test_full_prefill_max_req_is_an_extend_graphs_alone(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text(
+        "name: x\nbackend: flashinfer\nmode: DECODE\nbatch: {prefix_lens: [3]}\n"
+        "cuda_graph: {capture_bs: [2], full_prefill_max_req: 2}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_scenario_file(f)
+    msg = str(info.value)
+    assert "is DECODE; cuda_graph.full_prefill_max_req applies to an EXTEND graph" in msg and "\n" not in msg, msg
+
+
 BAD = [
     ("name: x\nmode: DECOD\nbatch: {prefix_lens: [3]}\n", 2, "did you mean 'DECODE'"),
     ("name: x\nmode: DECODE\nbatch: {prefix_len: [3]}\n", 3, "unknown key 'prefix_len'"),

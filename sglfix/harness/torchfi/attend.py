@@ -6,7 +6,9 @@ the ragged wrapper, the K/V rows ``kv_indptr[r] .. kv_indptr[r + 1]``), masked a
 them: causal aligned to the end of the KV (query row ``i`` of a ``q_len``-row request sits at
 position ``kv_len - q_len + i``), the sliding window ``window_left`` (a key ``k`` is seen from
 position ``p`` when ``p - window_left <= k``), or the packed custom mask read bit by bit from the
-byte offset ``mask_indptr[r]`` (little bit order, ``q * kv_len + k``) and the window on top.
+byte offset ``mask_indptr[r]`` (little bit order, ``q * kv_len + k``) and the window on top, or
+FlashInfer's multi-item scoring mask (``MaskMode::kMultiItemScoring``, set by ``prefix_len_ptr``;
+``_multi_item_mask``).
 
 Every offset, length and index is read from the buffers the kernel reads, on the device, when the
 kernel would run (not from the host plan): a stale buffer, a row written past its end or a mask
@@ -24,7 +26,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["Batch", "attend", "raw_entries"]
+from sglfix.harness.codefault import OutOfBounds
+
+__all__ = ["Batch", "attend", "raw_entries", "raw_unsigned"]
 
 _LOG2E = 1.0 / math.log(2.0)
 
@@ -39,6 +43,24 @@ def raw_entries(buffer: torch.Tensor, count: int, *, name: str) -> torch.Tensor:
             f"{available} exist there ({buffer.numel()} in the tensor)"
         )
     return torch.as_strided(buffer, (count,), (1,), buffer.storage_offset())
+
+
+def raw_unsigned(buffer: torch.Tensor, count: int, *, width: int, name: str) -> torch.Tensor:
+    """``count`` unsigned little-endian integers of ``width`` bytes (int64 on the host) from
+    ``buffer``'s first byte on, as a kernel that casts the tensor's pointer to ``uint16_t*`` or
+    ``uint32_t*`` reads them, whatever the tensor's own dtype: past a sliced view's end it reads
+    what follows in the allocation; past the allocation itself it raises ``OutOfBounds`` (on the
+    GPU: garbage or an illegal address), the code's fault."""
+    start = buffer.storage_offset() * buffer.element_size()
+    available = (buffer.untyped_storage().nbytes() - start) // width
+    if count > available:
+        raise OutOfBounds(
+            f"{name} read past the end of its allocation: entry {count - 1} ({width}-byte entries from the "
+            f"tensor's first byte), {available} exist there ({buffer.numel()} {buffer.dtype} elements in the tensor)"
+        )
+    raw = torch.empty(0, dtype=torch.uint8, device=buffer.device).set_(buffer.untyped_storage())
+    data = raw[start : start + count * width].to("cpu", torch.int64).view(count, width)
+    return (data << (8 * torch.arange(width, dtype=torch.int64))).sum(dim=1)
 
 
 @dataclass
@@ -60,6 +82,13 @@ class Batch:
     logits_soft_cap: float | None = None
     k_scale: float | None = None
     v_scale: float | None = None
+    # Multi-item scoring (FlashInfer's plan keeps them by reference; the kernel reads them as
+    # uint32 / uint16 / uint16 arrays): per request its prefix length, each suffix token's position
+    # in its item at request * token_pos_in_items_len, and its longest item.
+    prefix_len_ptr: torch.Tensor | None = None
+    token_pos_in_items_ptr: torch.Tensor | None = None
+    token_pos_in_items_len: int = 0
+    max_item_len_ptr: torch.Tensor | None = None
 
 
 def _keys(batch: Batch, lmax: int, num_pages: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -68,6 +97,9 @@ def _keys(batch: Batch, lmax: int, num_pages: int) -> tuple[torch.Tensor, torch.
     valid = pos[None, :] < batch.kv_lens[:, None]
     if batch.kv_indices is None:
         rows = torch.where(valid, batch.kv_starts[:, None] + pos[None, :], 0)
+        if bool((rows[valid] < 0).any()):
+            # The kernel reads before the K/V it was handed (on the GPU, another tensor's memory).
+            raise RuntimeError("kv_indptr points before the first K/V row")
         return rows, torch.zeros_like(rows), valid
     entry = batch.kv_starts[:, None] + pos[None, :] // batch.page_size
     count = int(entry[valid].max()) + 1 if bool(valid.any()) else 0
@@ -102,6 +134,40 @@ def _custom_mask(batch: Batch, q_lens: torch.Tensor, qmax: int, lmax: int) -> to
     return inside & (((values >> (bit % 8)) & 1) == 1)
 
 
+def _multi_item_mask(batch: Batch, position: torch.Tensor, q_valid: torch.Tensor, lmax: int) -> torch.Tensor:
+    """[rows, qmax, lmax]: FlashInfer's multi-item scoring mask (prefill.cuh,
+    ``logits_mask_multi_item_scoring``). Always causal; a query at position ``p`` below its
+    request's ``prefix_len`` sees keys as causal attention does; past it, with ``t`` its position in
+    its item (``token_pos_in_items[r * token_pos_in_items_len + p - prefix_len]``; 0 for a
+    delimiter), it sees the prefix (``k < prefix_len``) and the keys ``p - t < k <= p``: its item's
+    tokens up to itself, not the delimiter before them (a delimiter sees the prefix alone).
+
+    Each request's ``prefix_len`` and ``max_item_len`` are read (the kernel loads both for every
+    request: ``max_item_len`` only skips KV tiles no item token can see, so it changes nothing here
+    when it is at least every item's length), and each position of a query past its prefix, at the
+    kernel's offsets, through raw memory: a short or mistyped array reads what the kernel would."""
+    rows = batch.rows
+    assert batch.prefix_len_ptr is not None
+    prefix = raw_unsigned(batch.prefix_len_ptr, rows, width=4, name="prefix_len_ptr")  # [rows]
+    if batch.max_item_len_ptr is None:
+        raise OutOfBounds("max_item_len_ptr is None under multi-item scoring: the kernel dereferences it")
+    raw_unsigned(batch.max_item_len_ptr, rows, width=2, name="max_item_len_ptr")
+    suffix = q_valid & (position >= prefix[:, None])  # the queries that read their item position
+    stride = int(batch.token_pos_in_items_len) & 0xFFFFFFFF  # the kernel's uint32_t
+    entry = torch.arange(rows, dtype=torch.int64)[:, None] * stride + position - prefix[:, None]
+    t = torch.zeros_like(position)
+    if bool(suffix.any()):
+        if batch.token_pos_in_items_ptr is None:
+            raise OutOfBounds("token_pos_in_items_ptr is None under multi-item scoring: the kernel dereferences it")
+        count = int(entry[suffix].max()) + 1
+        items = raw_unsigned(batch.token_pos_in_items_ptr, count, width=2, name="token_pos_in_items_ptr")
+        t[suffix] = items[entry[suffix]]
+    key = torch.arange(lmax, dtype=torch.int64)[None, None, :]
+    p = position[:, :, None]
+    inside_item = (key < prefix[:, None, None]) | (key > p - t[:, :, None])
+    return (key <= p) & (~suffix[:, :, None] | inside_item)
+
+
 def attend(
     batch: Batch,
     q: torch.Tensor,
@@ -110,7 +176,7 @@ def attend(
     *,
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output [tokens, H, D] in q's dtype, log2-sum-exp [tokens, H] in float32) for ``q`` against
+    """(output [tokens, H, Dv] in q's dtype, log2-sum-exp [tokens, H] in float32) for ``q`` against
     the paged cache ``k_cache``/``v_cache`` ([pages, page_size, Hkv, D], or [slots, Hkv, D] as pages
     of one token) or, for a ragged batch, the K/V rows themselves. Rows no request covers are left
     as they are in ``out`` (a fresh output is NaN there: the kernel never writes them)."""
@@ -119,7 +185,8 @@ def attend(
     num_heads, dim = q.shape[1], q.shape[2]
     device = q.device
     if out is None:
-        out = torch.full_like(q, float("nan"))
+        # The value width may differ from the key's (an MLA model's multi-head prefill: 192 / 128).
+        out = q.new_full((q.shape[0], num_heads, v_cache.shape[-1]), float("nan"))
     lse = torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=device)
     rows = batch.rows
     if rows == 0:
@@ -153,7 +220,11 @@ def attend(
     position = batch.kv_lens[:, None] - q_lens[:, None] + qpos[None, :]  # [rows, qmax]
     key = torch.arange(lmax, dtype=torch.int64)[None, None, :]
     seen = k_valid[:, None, :] & q_valid[:, :, None]
-    if batch.mask is not None:
+    if batch.prefix_len_ptr is not None:
+        # FlashInfer's kernel runs MaskMode::kMultiItemScoring whenever a plan set prefix_len_ptr,
+        # over a custom mask and the run's causal alike.
+        seen = seen & _multi_item_mask(batch, position, q_valid, lmax)
+    elif batch.mask is not None:
         seen = seen & _custom_mask(batch, q_lens, qmax, lmax)
     elif batch.causal:
         seen = seen & (key <= position[:, :, None])

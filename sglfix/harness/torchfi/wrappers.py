@@ -6,9 +6,10 @@ and the private state sglang's own fast re-plans (``fast_prefill_plan``) reach i
 than the graph's, indices longer than the reserved buffer, a graph re-plan with more rows than the
 first), in CUDA-graph mode copies the metadata into the caller's reserved buffers (FlashInfer's
 graph staging), otherwise keeps references to the caller's device tensors, packs a boolean custom
-mask per request (``segment_packbits``, little bit order, at ``qo_len * kv_len`` per request), and
-hands the host copies of the offsets to its planner (``_cached_module.plan``), which fixes the
-batch the launch covers. ``fast_decode_plan`` is FlashInfer's: in graph mode it copies nothing (the
+mask per request (``segment_packbits``, little bit order, at ``qo_len * kv_len`` per request), keeps
+the multi-item scoring arrays (``prefix_len_ptr``, ``token_pos_in_items_ptr`` and its stride,
+``max_item_len_ptr``) by reference, and hands the host copies of the offsets to its planner
+(``_cached_module.plan``), which fixes the batch the launch covers. ``fast_decode_plan`` is FlashInfer's: in graph mode it copies nothing (the
 caller wrote the buffers), and its host offsets may come from ``global_override_indptr_cpu``.
 
 ``run`` computes ``sglfix.harness.torchfi.attend`` over the buffers as they are at run time.
@@ -392,6 +393,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_Common):
         self._mask_indptr_buf = mask_indptr_buf
         self._max_total_num_rows: int | None = None
         self._page_size = 1
+        self._prefix_len_ptr: torch.Tensor | None = None
+        self._token_pos_in_items_ptr: torch.Tensor | None = None
+        self._token_pos_in_items_len = 0
+        self._max_item_len_ptr: torch.Tensor | None = None
 
     def plan(
         self,
@@ -418,11 +423,21 @@ class BatchPrefillWithPagedKVCacheWrapper(_Common):
         kv_data_type: Any = None,
         o_data_type: Any = None,
         non_blocking: bool = True,
+        prefix_len_ptr: torch.Tensor | None = None,
+        token_pos_in_items_ptr: torch.Tensor | None = None,
+        token_pos_in_items_len: int = 0,
+        max_item_len_ptr: torch.Tensor | None = None,
         fixed_split_size: int | None = None,
         disable_split_kv: bool = False,
         **unused: Any,
     ) -> None:
         batch_size = len(qo_indptr) - 1
+        # Multi-item scoring: FlashInfer keeps the four by reference, on every plan (None clears
+        # them), and its run selects MaskMode::kMultiItemScoring whenever prefix_len_ptr is set.
+        self._prefix_len_ptr = prefix_len_ptr
+        self._token_pos_in_items_ptr = token_pos_in_items_ptr
+        self._token_pos_in_items_len = token_pos_in_items_len
+        self._max_item_len_ptr = max_item_len_ptr
         mask_indptr = None
         if custom_mask is not None or packed_custom_mask is not None:
             lengths = _kv_lens(paged_kv_indptr, paged_kv_last_page_len, page_size)
@@ -515,6 +530,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_Common):
             page_size=self._page_size,
             mask=self._custom_mask_buf if masked else None,
             mask_indptr=host_int64(self._mask_indptr_buf[:rows]) if masked else None,  # type: ignore[index]
+            prefix_len_ptr=self._prefix_len_ptr,
+            token_pos_in_items_ptr=self._token_pos_in_items_ptr,
+            token_pos_in_items_len=self._token_pos_in_items_len,
+            max_item_len_ptr=self._max_item_len_ptr,
         )
         k_cache, v_cache = paged_kv_cache if isinstance(paged_kv_cache, (tuple, list)) else paged_kv_cache.unbind(1)
         o, lse = attend(self._scaled(batch, k_scale, v_scale), q, k_cache, v_cache, out=out)

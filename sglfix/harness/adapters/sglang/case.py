@@ -14,6 +14,16 @@ cached), the runner's model is an encoder-decoder one. The layer is the self-att
 with ``model.cross_attention`` the cross layer, which the model calls with no K/V of its own
 (``k = v = None``: it writes nothing and reads the cached encoder).
 
+A multi-item scoring scenario (``batch.items``) is a batch as sglang's score API packs it under
+``--enable-mis`` (published over the runner's server args before the backend is built): each
+request's new tokens are its query, then a delimiter (token 9999) before every item and one after
+the last; the batch carries each request's delimiter offsets in its new tokens
+(``multi_item_delimiter_indices``, CPU int64, as ``ForwardBatch.init_new`` builds them; empty for a
+request given as null, and None for a batch whose requests are all null). The truth sees each item
+token the cached prefix, the query and its own item's tokens up to itself, a delimiter the prefix
+and query alone (``truth.item_visibility``); the positions the backend must leave in the batch come
+from the items alone (``MultiItemLayout``).
+
 An MLA scenario (``model.kv_lora_rank``) builds the kit's MLA case and runner instead: one latent
 KV head of ``kv_lora_rank + qk_rope_head_dim`` values (``MLATokenToKVPool``), the layer's value the
 latent part of its key (absorbed MLA), queries of the key's width; everything else is shared.
@@ -31,7 +41,7 @@ from sglfix.harness.adapters.sglang.truth import GroundTruth, encoder_truth, gro
 from sglfix.harness.kits import kit as _kit
 from sglfix.harness.unavailable import Unavailable
 
-__all__ = ["SglangCase", "build_case"]
+__all__ = ["MIS_DELIMITER", "MultiItemLayout", "SglangCase", "build_case", "multi_item_layout"]
 
 # A graph replay pads its batch with rows that write here: page 0 is never given to a request.
 _SINK_PAGE = 0
@@ -58,10 +68,78 @@ class SglangCase:
     # Per decode-kernel launch of the backend (recorded by the adapter): whether it asked for the
     # Lean (persistent-grid) kernel, the only reader of the lean_* buffers.
     lean_asked: list[bool] = field(default_factory=list)
+    # A multi-item scoring batch (batch.items): what the backend must make of it, from the items.
+    multi_item: MultiItemLayout | None = None
 
     @property
     def num_slots(self) -> int:
         return int(self.runner.token_to_kv_pool.get_key_buffer(0).shape[0])
+
+
+# sglang's MIS_DELIMITER_TOKEN_ID (srt/constants.py): the token the score API packs between items.
+MIS_DELIMITER = 9999
+
+
+@dataclass
+class MultiItemLayout:
+    """A multi-item scoring batch as the items alone say it must be: per new token (packed in
+    request order) the position the backend must leave in ``forward_batch.positions`` (None for a
+    delimiter: masked from every query, its position reaches no row anyone reads), and per request
+    its longest item (None: a request without delimiters)."""
+
+    positions: list[int | None]
+    longest: list[int | None]
+    delimiters: list[list[int]]  # per request: delimiter offsets in its new tokens
+    roles: list[str]  # per new token, what it is, for a finding
+
+
+def multi_item_layout(*, items: Any, prefix_lens: Any, extend_lens: Any) -> MultiItemLayout:
+    """Request b's new tokens: its query (``extend - sum(items) - len(items) - 1`` tokens, at
+    positions ``prefix + i``), then per item a delimiter and the item's tokens, then a closing
+    delimiter. Each item is placed as if it alone followed the query (single-item scoring): its
+    j-th token (from 1) at ``prefix + query + j - 1``. A null request keeps its positions."""
+    positions: list[int | None] = []
+    longest: list[int | None] = []
+    delimiters: list[list[int]] = []
+    roles: list[str] = []
+    for b, (request, p, e) in enumerate(zip(items, prefix_lens, extend_lens)):
+        if request is None:
+            positions += range(p, p + e)
+            roles += (f"request {b} (no items), token {i}" for i in range(e))
+            longest.append(None)
+            delimiters.append([])
+            continue
+        query = e - sum(request) - len(request) - 1
+        mine: list[int | None] = list(range(p, p + query))
+        roles += (f"request {b}, query token {i}" for i in range(query))
+        for m, length in enumerate(request):
+            mine.append(None)  # the delimiter before the item
+            mine += range(p + query, p + query + length)
+            roles.append(f"request {b}, delimiter {m}")
+            roles += (f"request {b}, item {m} token {j}" for j in range(length))
+        mine.append(None)  # the closing delimiter
+        roles.append(f"request {b}, closing delimiter")
+        positions += mine
+        longest.append(max(request, default=0))
+        delimiters.append([i for i, pos in enumerate(mine) if pos is None])
+    return MultiItemLayout(positions=positions, longest=longest, delimiters=delimiters, roles=roles)
+
+
+def _prepare_multi_item(*, batch: Any, layout: MultiItemLayout) -> None:
+    """The batch's multi-item scoring inputs as ``ForwardBatch.init_new`` sets them under
+    ``--enable-mis``: one CPU int64 tensor of delimiter offsets per request (empty for a request
+    without delimiters), the delimiter token in ``input_ids`` at those offsets; none at all (None)
+    where no request carries delimiters (init_new builds the list only when one does: a generate
+    batch under --enable-mis)."""
+    import torch
+
+    if not any(layout.delimiters):
+        batch.multi_item_delimiter_indices = None
+        return
+    batch.multi_item_delimiter_indices = [torch.tensor(at, dtype=torch.int64) for at in layout.delimiters]
+    ids = torch.arange(len(layout.positions), dtype=torch.int64) % MIS_DELIMITER
+    ids[torch.tensor([i for i, pos in enumerate(layout.positions) if pos is None], dtype=torch.int64)] = MIS_DELIMITER
+    batch.input_ids = ids.to(batch.input_ids.device)
 
 
 def _forward_mode(name: str) -> Any:
@@ -348,6 +426,14 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
     if scenario.deterministic:
         # What --enable-deterministic-inference publishes; the backend reads it when it is built.
         kit.publish_over(runner, enable_deterministic_inference=True)
+    if scenario.items is not None:
+        # What --enable-mis publishes; the backend reads it when it is built.
+        kit.publish_over(runner, enable_mis=True)
+    if scenario.mode == "EXTEND" and scenario.capture_bs:
+        # What a full prefill CUDA graph's --cuda-graph-config publishes (capture_bs: its token buckets).
+        _kit("graphs").publish_full_prefill(
+            runner, capture_tokens=list(scenario.capture_bs), req_slots=scenario.full_prefill_max_req
+        )
     _fill_pool(runner=runner, gen=gen)
     # An encoder-decoder row: the encoder's tokens, then the decoder's (decoder position i at i + enc).
     enc = _encoder_lens(scenario)
@@ -377,12 +463,20 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
         _prepare_draft_extend_kit(batch=batch, case=case, scenario=scenario, device=device)
     elif scenario.gpu_only:
         _null_cpu_mirrors(batch)
+    multi_item = None
+    if scenario.items is not None:
+        multi_item = multi_item_layout(
+            items=scenario.items, prefix_lens=scenario.prefix_lens, extend_lens=scenario.extend_lens
+        )
+        _prepare_multi_item(batch=batch, layout=multi_item)
     if model.cross_attention:
         # The cross layer brings no K/V: its queries see the cached encoder, all of it.
         truth = encoder_truth(scenario=scenario, runner=runner, slots=encoder_slots, q=q)
         k = v = None
     else:
-        truth = ground_truth(scenario=scenario, runner=runner, loc=loc, q=q, k=k, v=v, trees=trees)
+        truth = ground_truth(
+            scenario=scenario, runner=runner, loc=loc, q=q, k=k, v=v, trees=trees, items=scenario.items
+        )
     if model.mla:
         layer = RadixAttention(
             num_heads=model.num_heads,
@@ -415,4 +509,5 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
         v=v,
         truth=truth,
         glue=glue,
+        multi_item=multi_item,
     )

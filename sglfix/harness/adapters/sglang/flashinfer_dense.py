@@ -15,14 +15,29 @@ kernel that reads what FlashInfer's reads (the device buffers at run time, the p
 mask, raw ``kv_indices`` memory). The backend's ``device="cuda"`` allocations are placed on the
 CPU there.
 
+An EXTEND graph runs as sglang's prefill runner under its full backend (the kit's
+``PrefillGraphRunner``): the backend's full-graph prefill wrappers (``_create_full_cg_prefill_wrappers``,
+its workspace sized by the SM count ``torch.cuda.get_device_properties`` answers for an H200 without
+CUDA), planned paged only at each bucket's capture and over the runner's slot-padded view at replay.
+
 The judge sees the metadata as the kernel does: every wrapper of the live metadata, its planned
 ``qo_indptr`` / ``kv_indptr`` / ``kv_indices`` / ``mask_indptr`` (``metadata_views``), and guard
-zones after the backend's indptr buffers and its CUDA-graph state.
+zones after the backend's indptr buffers and its CUDA-graph state (the full-graph prefill wrappers'
+buffers as soon as the backend makes them: ``guard_full_cg_prefill``).
+
+A multi-item scoring batch (``batch.items``, ``--enable-mis``; EXTEND, eager) runs the backend's
+``_process_multi_item_scoring``: its item mask (``prefix_len_ptr``, ``token_pos_in_items_ptr`` and
+its stride) reaches the kernel through the paged wrapper's plan and is judged in the output. What
+the output cannot show is judged after each init against the items alone (``multi_item_reference``):
+the positions the backend rewrites in the batch (each item's tokens as if it alone followed the
+query; the query's unchanged), and the plan's ``max_item_len_ptr`` (the kernel skips KV tiles by it:
+below a request's longest item it may skip keys an item token sees, on the GPU's tile schedule).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -32,7 +47,7 @@ from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.kits import kit as _kit
 from sglfix.harness.unavailable import Unavailable
 
-__all__ = ["SglangFlashInferAdapter", "captures_draft_extend_v2", "flashinfer_module"]
+__all__ = ["SglangFlashInferAdapter", "captures_draft_extend_v2", "device_answers", "flashinfer_module"]
 
 _MODULE = "sglang.srt.layers.attention.flashinfer_backend"
 
@@ -75,16 +90,26 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
     def make_backend(self, prepared: Prepared) -> Any:
         flashinfer_module()
         with self._placed():
-            return super().make_backend(prepared)
+            backend = super().make_backend(prepared)
+        # The multi-item layout as the case built it from the items, for the metadata judge.
+        backend._sglfix_multi_item = getattr(prepared.case, "multi_item", None)
+        return backend
 
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
         if scenario.capture_bs and scenario.mode == "DRAFT_EXTEND_V2" and not captures_draft_extend_v2(backend):
             raise Unavailable("this release's FlashInferAttnBackend does not capture DRAFT_EXTEND_V2 in CUDA graphs")
-        with self._placed():
+        if scenario.capture_bs and scenario.mode == "EXTEND" and not hasattr(backend, FULL_CG_WRAPPERS):
+            raise Unavailable("this release's FlashInferAttnBackend has no full-graph prefill (plain EXTEND) wrappers")
+        # device_answers: the full-graph prefill workspace is sized by the device's SM count.
+        with self._placed(), device_answers():
             return super().capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
 
     def graph_state(self, graphs: Any) -> tuple[str, ...]:
         return ("cuda_graph_kv_indices", "cuda_graph_custom_mask", "cuda_graph_qk_indptr", "cuda_graph_qo_indptr")
+
+    def guard_graph_state(self, backend: Any, graphs: Any) -> None:
+        super().guard_graph_state(backend, graphs)
+        guard_full_cg_prefill(backend)
 
     def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
         with self._placed():
@@ -99,6 +124,11 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
         kind = "decode" if hasattr(metadata, "decode_wrappers") else "prefill"
         for i, w in enumerate(wrappers):
             views.append((f"{kind} wrapper {i}", _planned(w), rows))
+        layout = getattr(backend, "_sglfix_multi_item", None)
+        if layout is not None:
+            backend.__dict__.setdefault("_sglfix_multi_item_reports", []).append(
+                multi_item_reference(layout, forward_batch, wrappers)
+            )
         if getattr(metadata, "use_ragged", False) and not getattr(metadata, "extend_no_prefix", True):
             ragged = backend.prefill_wrapper_ragged
             views.append(
@@ -109,6 +139,121 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
                 )
             )
         return views
+
+    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
+        reports = backend.__dict__.get("_sglfix_multi_item_reports", [])
+        wrong = [(i, r) for i, r in enumerate(reports, 1) if r]
+        if wrong:
+            at, first = wrong[0]
+            return [
+                ("DIVERGE", f"metadata reference: multi-item scoring, metadata init {at} of {len(reports)}: {first}")
+            ]
+        if not reports:
+            return []
+        if all(longest is None for longest in backend._sglfix_multi_item.longest):
+            what = "the positions of every token (no request carries items: none rewritten, no item mask planned)"
+        else:
+            what = "the positions of every query and item token and each request's max_item_len in the plan"
+        return [("PASS", f"metadata reference: {what}, after {len(reports)} metadata init(s), are the items'")]
+
+
+def multi_item_reference(layout: Any, forward_batch: Any, wrappers: Any) -> str:
+    """What is wrong ("" for nothing) with what the backend made of a multi-item scoring batch,
+    against ``layout`` (``sglang.case.MultiItemLayout``, from the items alone): every query and item
+    token's position in ``forward_batch.positions`` (a delimiter's is not judged: masked from every
+    query, it reaches no row that is read), and the ``max_item_len_ptr`` the paged wrapper was
+    planned with, read as the kernel reads it (uint16 per request), at least the request's longest
+    item."""
+    from sglfix.harness.codefault import CodeFault
+    from sglfix.harness.torchfi.attend import raw_unsigned
+
+    have = forward_batch.positions.to("cpu").tolist()
+    if len(have) != len(layout.positions):
+        return f"the batch has {len(have)} positions for {len(layout.positions)} new tokens"
+    for i, (got, want) in enumerate(zip(have, layout.positions)):
+        if want is not None and got != want:
+            return f"token {i} ({layout.roles[i]}) is at position {got}, want {want}"
+    if all(longest is None for longest in layout.longest):
+        if wrappers and getattr(wrappers[0], "_prefix_len_ptr", None) is not None:
+            return "no request carries items, yet the paged prefill wrapper was planned with a multi-item mask"
+        return ""
+    if not wrappers:
+        return "no prefill wrapper in the live metadata"
+    wrapper = wrappers[0]
+    if getattr(wrapper, "_prefix_len_ptr", None) is None:
+        return "the paged prefill wrapper was planned without a multi-item mask (prefix_len_ptr None)"
+    bound = getattr(wrapper, "_max_item_len_ptr", None)
+    if bound is None:
+        return "the paged prefill wrapper was planned with a multi-item mask but no max_item_len_ptr"
+    for b, longest in enumerate(layout.longest):
+        if longest is None:
+            continue
+        try:
+            got = int(raw_unsigned(bound, b + 1, width=2, name="max_item_len_ptr")[b])
+        except CodeFault as exc:
+            return f"request {b}: {exc}"
+        if got < longest:
+            return (
+                f"request {b}: max_item_len_ptr[{b}] = {got}, below its longest item ({longest} tokens): the "
+                "kernel may skip key tiles its item tokens see"
+            )
+    return ""
+
+
+# What torch.cuda.get_device_properties answers without CUDA: an H200's SM count.
+_H200_SMS = 132
+
+
+@contextlib.contextmanager
+def device_answers() -> Iterator[None]:
+    """Without CUDA, ``torch.cuda.get_device_properties`` answers an H200's SM count (graph state
+    sized by it: FlashMLA's schedule buffer, FlashInfer's full-graph prefill workspace); put back
+    after."""
+    import torch
+
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.cuda.get_device_properties
+    torch.cuda.get_device_properties = lambda *a, **k: SimpleNamespace(multi_processor_count=_H200_SMS)
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_properties = original
+
+
+# The plain-EXTEND full-graph wrappers' maker, and the buffers it makes them over (one per wrapper).
+FULL_CG_WRAPPERS = "_create_full_cg_prefill_wrappers"
+FULL_CG_BUFFERS = ("full_cg_prefill_qo_indptr", "full_cg_prefill_kv_indptr", "full_cg_prefill_kv_indices")
+# Where a FlashInfer prefill wrapper keeps the buffers it was built over.
+_WRAPPER_BUFFERS = ("_qo_indptr_buf", "_paged_kv_indptr_buf", "_paged_kv_indices_buf")
+
+
+def guard_full_cg_prefill(backend: Any) -> None:
+    """Guard zones after the full-graph prefill wrappers' buffers (``FULL_CG_BUFFERS``), which the
+    backend makes at its first prefill capture (``_create_full_cg_prefill_wrappers``, the class's
+    own, looked up at each call): as soon as it has made them, before any plan writes into them,
+    each is swapped for a guarded copy and every wrapper built over it is pointed at the copy."""
+    from sglfix.harness.adapters.sglang.guards import guard_buffers
+
+    if not hasattr(type(backend), FULL_CG_WRAPPERS):
+        return
+
+    def create(*args: Any, **kwargs: Any) -> Any:
+        wrappers = getattr(type(backend), FULL_CG_WRAPPERS)(backend, *args, **kwargs)
+        made = {name: list(getattr(backend, name, None) or ()) for name in FULL_CG_BUFFERS}
+        guard_buffers(backend, FULL_CG_BUFFERS)
+        copies = {
+            id(old): new for name in FULL_CG_BUFFERS for old, new in zip(made[name], getattr(backend, name, None) or ())
+        }
+        for wrapper in wrappers or ():
+            for attr in _WRAPPER_BUFFERS:
+                copy = copies.get(id(getattr(wrapper, attr, None)))
+                if copy is not None:
+                    setattr(wrapper, attr, copy)
+        return wrappers
+
+    setattr(backend, FULL_CG_WRAPPERS, create)
 
 
 def captures_draft_extend_v2(backend: Any, method: str = "_prepare_cuda_graph_metadata") -> bool:

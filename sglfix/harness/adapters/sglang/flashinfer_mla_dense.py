@@ -31,6 +31,7 @@ from typing import Any
 from sglfix.harness.adapters.base import Prepared
 from sglfix.harness.adapters.sglang.flashinfer_dense import SglangFlashInferAdapter
 from sglfix.harness.adapters.sglang.guards import guard_buffers
+from sglfix.harness.adapters.sglang.mla_mha import mha_prepare, mha_run
 from sglfix.harness.adapters.sglang.triton import SglangTritonAdapter
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.unavailable import Unavailable
@@ -38,10 +39,13 @@ from sglfix.harness.unavailable import Unavailable
 __all__ = ["SglangFlashInferMLAAdapter", "flashinfer_mla_module"]
 
 _MODULE = "sglang.srt.layers.attention.flashinfer_mla_backend"
-# The backend's indptr buffers, shared with its two indices updaters (which keep their own names).
+# The backend's indptr buffers, shared with its indices updaters and its chunk runner (which keep
+# their own names).
 _SHARED = {
     "indices_updater_decode": (("kv_indptr", "kv_indptr"), ("q_indptr", "q_indptr_decode")),
     "indices_updater_prefill": (("kv_indptr", "kv_indptr"), ("qo_indptr", "qo_indptr")),
+    # The MHA prefill's chunk runner (where the chunked prefix cache is on).
+    "mha_chunk_kv_cache": (("kv_indptr", "kv_indptr"), ("qo_indptr", "qo_indptr")),
 }
 
 
@@ -89,7 +93,20 @@ class SglangFlashInferMLAAdapter(SglangFlashInferAdapter):
     def build(self, scenario: Any, *, device: str) -> Prepared:
         if not scenario.model.mla:
             raise Unavailable("the sglang flashinfer_mla adapter runs MLA layers (model.kv_lora_rank)")
-        return super().build(scenario, device=device)
+        prepared = super().build(scenario, device=device)
+        if scenario.model.mha_chunk is not None:
+            mha_prepare(prepared.case, seed=scenario.seed)
+        return prepared
+
+    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
+        if scenario.model.mha_chunk is None:
+            return super().run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
+        # The model's multi-head prefill over the metadata the runner initialised, as production
+        # runs it (eagerly: a captured prefill pins the absorbed path).
+        case = prepared.case
+        with self._placed():
+            backend.init_forward_metadata(case.forward_batch)
+            return mha_run(case, backend, case.forward_batch)
 
     # The class sglang must build for this adapter's scenarios, and the modes its graphs capture.
     backend_class = "FlashInferMLAAttnBackend"

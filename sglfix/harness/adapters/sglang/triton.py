@@ -19,7 +19,10 @@ spec-v2 overlap path does. Graph scenarios (``capture_bs``) go through the kit's
 capture metadata at every captured size, then a replay padded the way sglang's graph runners pad (padded rows: ``seq_lens`` = the backend's fill value,
 request row 0, write slot 0, draft-extend window = ``num_draft_tokens``). On CUDA the forward is
 a captured ``torch.cuda.CUDAGraph``; on CPU the same capture/replay metadata code runs and the
-forward runs eagerly on the same static buffers (Triton kernels under the interpreter).
+forward runs eagerly on the same static buffers (Triton kernels under the interpreter). An EXTEND
+graph (a backend that captures one: FlashInfer) goes through the kit's ``PrefillGraphRunner``, the
+prefill runner under its full backend: ``capture_bs`` are its token buckets, ``full_prefill_max_req``
+its request slots.
 
 Every process that imports this sets ``TRITON_INTERPRET=1`` on CPU before triton is imported and
 activates the profile's code base (``sglfix.codebases.activate``) before sglang is imported (the
@@ -92,6 +95,16 @@ class SglangTritonAdapter(AdapterBase):
             self.guard_graph_state(b, graphs)
             guard_verify_mask(b)
 
+        if scenario.mode == "EXTEND":
+            # The prefill runner under the full backend: capture_bs are its token buckets.
+            return graphs.PrefillGraphRunner(
+                case=prepared.case,
+                backend=backend,
+                capture_tokens=list(scenario.capture_bs),
+                req_slots=scenario.full_prefill_max_req,
+                guard=guard,
+                record=self.records_graph(backend),
+            ).capture()
         return graphs.GraphRunner(
             case=prepared.case,
             backend=backend,

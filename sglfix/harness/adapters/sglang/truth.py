@@ -1,7 +1,8 @@
 """The ground truth of a ``backend: triton`` case on real sglang, sglfix's judge: what each query
 must see (the pool's prefix K/V read at the layout's slots, then the new tokens, causally or by the
-draft tree's visibility; an encoder-decoder model's cross layer, the request's cached encoder
-tokens), padded, and the reference computed from it alone."""
+draft tree's visibility; a multi-item scoring request, its items' visibility; an encoder-decoder
+model's cross layer, the request's cached encoder tokens), padded, and the reference computed from
+it alone."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GroundTruth", "encoder_truth", "first_difference", "ground_truth", "reference", "tree_visibility"]
+__all__ = [
+    "GroundTruth",
+    "encoder_truth",
+    "first_difference",
+    "ground_truth",
+    "item_visibility",
+    "reference",
+    "tree_visibility",
+]
 
 
 @dataclass
@@ -48,12 +57,40 @@ def tree_visibility(parents: list[int]) -> Any:
     return vis
 
 
+def item_visibility(new: int, items: Sequence[int]) -> Any:
+    """visible[i, j] among one multi-item scoring request's ``new`` tokens (query, then a delimiter
+    before every item and one after the last): a query token sees the query up to itself; every
+    other token sees the whole query, and an item's token its own item's tokens up to itself, never
+    a delimiter (each item scored as if it alone followed the query). The cached prefix, before
+    them, is seen by all."""
+    import torch
+
+    query = new - sum(items) - len(items) - 1
+    vis = torch.zeros((new, new), dtype=torch.bool)
+    vis[:query, :query] = torch.tril(torch.ones((query, query), dtype=torch.bool))
+    vis[query:, :query] = True
+    start = query + 1  # the first item's first token, after its delimiter
+    for length in items:
+        vis[start : start + length, start : start + length] = torch.tril(torch.ones((length, length), dtype=torch.bool))
+        start += length + 1
+    return vis
+
+
 def ground_truth(
-    *, scenario: Any, runner: Any, loc: Callable[[int, int], int], q: Any, k: Any, v: Any, trees: list[Any] | None
+    *,
+    scenario: Any,
+    runner: Any,
+    loc: Callable[[int, int], int],
+    q: Any,
+    k: Any,
+    v: Any,
+    trees: list[Any] | None,
+    items: Sequence[Sequence[int] | None] | None = None,
 ) -> GroundTruth:
     """Padded ground truth from the pool's prefix K/V (read at the layout's slots) and the new
-    tokens; causal within the new tokens, or the draft tree's visibility for verify; a sliding-window
-    layer's query sees no key more than the window back."""
+    tokens; causal within the new tokens, the draft tree's visibility for verify, or a multi-item
+    scoring request's (``items``, per request; None: causal); a sliding-window layer's query sees no
+    key more than the window back."""
     import torch
 
     prefix, ext = list(scenario.prefix_lens), list(scenario.extend_lens)
@@ -75,7 +112,12 @@ def ground_truth(
         q_pad[b, :e] = q[start : start + e]
         q_valid[b, :e] = True
         visible[b, :e, :p] = True
-        new = trees[b] if trees is not None else torch.tril(torch.ones((e, e), dtype=torch.bool))
+        if trees is not None:
+            new = trees[b]
+        elif items is not None and items[b] is not None:
+            new = item_visibility(e, items[b])
+        else:
+            new = torch.tril(torch.ones((e, e), dtype=torch.bool))
         visible[b, :e, p : p + e] = new.to(q.device)
         if window is not None:
             # Query i sits at position p + i; it sees no key more than `window` positions back.

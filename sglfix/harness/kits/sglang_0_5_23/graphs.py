@@ -7,6 +7,9 @@ of a replay and the view each runner hands ``init_forward_metadata_out_graph`` (
 through the decode runner's own ``build_replay_fb_view``, with its ``encoder_lens`` buffer for an
 encoder-decoder model; a draft extend through the draft-extend runner's own replay method,
 ``execute``, run on these buffers).
+``PrefillGraphRunner`` does the same for a plain EXTEND as ``PrefillCudaGraphRunner`` under its full
+backend drives it: one graph per token bucket over a fixed number of request slots, the replay's
+slot-padded view built by the runner's own ``_prepare_forward_metadata_for_replay``.
 On CUDA the forward is a captured ``torch.cuda.CUDAGraph``; on CPU the same capture/replay metadata
 code runs and the forward runs eagerly on the same static buffers. ``attend`` is one layer's
 forward as a model forward runs it (the backend published in the forward context).
@@ -26,7 +29,7 @@ from sglfix.harness.unavailable import Unavailable
 
 from .environment import bind_runner_slots, init_then_join
 
-__all__ = ["GRAPH_STATE", "GraphRunner", "attend"]
+__all__ = ["GRAPH_STATE", "GraphRunner", "PrefillGraphRunner", "attend", "publish_full_prefill"]
 
 # TritonAttnBackend's CUDA-graph state (init_cuda_graph_state), guarded before capture.
 GRAPH_STATE = (
@@ -62,6 +65,8 @@ class _Captured:
     metadata: Any
     graph: Any = None
     output: Any = None
+    # A prefill capture: each wrapper's host-side row count its run() was checked against.
+    rows: Any = None
 
 
 # The draft-extend runner's buffers that are this runner's own: the capture bound slices of them.
@@ -276,9 +281,14 @@ class GraphRunner:
 
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
+        # After each warm-up the runner lets the backend reset what the warm-up mutated
+        # (sglang's capture_one post_warmup_hook), before the recorded run.
+        hook = getattr(self.backend, "on_after_cuda_graph_warmup", None)
         with torch.cuda.stream(stream):
             for _ in range(2):
                 self._forward(captured, bs)
+                if hook is not None:
+                    hook()
         torch.cuda.current_stream().wait_stream(stream)
         captured.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(captured.graph):
@@ -403,3 +413,346 @@ class GraphRunner:
         )
         # A replay that launched nothing leaves the output buffer as the last run left it.
         return ran[0] if ran else captured.output
+
+
+# -- the prefill runner under the full backend
+
+# The prefill runner's static per-request buffers (``_PREFILL_STATIC_FIELDS``, int64, one row per
+# request-pool row): a captured graph reads them at fixed addresses.
+_PREFILL_STATIC = (
+    "seq_lens",
+    "extend_seq_lens",
+    "extend_prefix_lens",
+    "extend_start_loc",
+    "req_pool_indices",
+    "orig_seq_lens",
+)
+
+
+def publish_full_prefill(runner: Any, *, capture_tokens: list[int], req_slots: int) -> None:
+    """What ``--cuda-graph-config '{"prefill": {"backend": "full", "bs": capture_tokens,
+    "full_prefill_max_req": req_slots}}'`` publishes over the kit runner's server args (its decode
+    phase kept), and the chunked-prefix cache off, as sglang's model runner turns it off for a
+    non-MLA model (``maybe_disable_chunked_prefix_cache``): the full prefill runner then captures
+    no chunked-prefix variant. Nothing where the release has no such config."""
+    from .attention import publish_over
+
+    try:
+        from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
+        from sglang.srt.runtime_context import get_exec
+    except ImportError:
+        return
+    decode = get_exec().graph.cuda_graph_config.decode
+    prefill = PhaseConfig(backend=Backend.FULL, bs=sorted(capture_tokens), full_prefill_max_req=req_slots)
+    publish_over(
+        runner, cuda_graph_config=CudaGraphConfig(decode=decode, prefill=prefill), disable_chunked_prefix_cache=True
+    )
+
+
+class PrefillGraphRunner:
+    """A plain EXTEND captured and replayed as sglang's ``PrefillCudaGraphRunner`` does under the
+    full backend (``cuda_graph_config.prefill.backend = "full"``), for one attention layer.
+
+    Capture, one graph per token bucket (``capture_tokens``, the config's prefill ``bs``: aggregate
+    token counts, largest first), each over ``req_slots`` request slots (``full_prefill_max_req``):
+    ``capture_prepare``'s batch (the bucket as the fewest requests of at most the context length,
+    then zero-length sentinel requests up to the slot count; no prefix; request rows 0..slots-1)
+    over the runner's static buffers, and ``init_forward_metadata_out_graph(batch,
+    in_capture=True)`` (the backend's capture-stable wrappers). The layer runs as the captured
+    body runs it: inside the runner's prefill graph scope (RadixAttention's full-graph attention,
+    the batch's ``global_num_token_non_padded_cpu`` rows).
+
+    Replay, ``load_batch``: the batch's tokens padded to the smallest bucket that holds them (the
+    token buffers' tail zeroed: input ids, positions, write slot 0), its requests copied into the
+    static request buffers, the slots past them sentinels (zero lengths, request row 0, start at
+    the end of the real tokens); then the runner's own ``_prepare_forward_metadata_for_replay``
+    (run on these buffers) hands the backend its slot-padded view. On CUDA the recorded graph
+    replays; on CPU the body runs again over the captured batch and the replay's plans.
+    """
+
+    def __init__(
+        self,
+        *,
+        case: Any,
+        backend: Any,
+        capture_tokens: list[int],
+        req_slots: int | None,
+        guard: Callable[[Any], None],
+        record: bool = True,
+    ) -> None:
+        import torch
+
+        if req_slots is None:
+            raise Unavailable(
+                "an EXTEND graph is captured over cuda_graph.full_prefill_max_req request slots; none given"
+            )
+        try:
+            from sglang.srt.model_executor.runner import prefill_cuda_graph_runner as module
+            from sglang.srt.model_executor.runner_utils import prefill_graph  # noqa: F401
+        except ImportError as exc:
+            raise Unavailable(
+                "this release has no prefill graph scope (sglang 0.5.23's full prefill runner); "
+                "sglfix replays its full prefill graphs from 0.5.23 on"
+            ) from exc
+        self.case, self.backend = case, backend
+        self.runner_class = module.PrefillCudaGraphRunner
+        tokens = getattr(module, "get_prefill_num_tokens_to_capture", sorted)(capture_tokens)
+        pool = case.runner.req_to_token_pool
+        self.max_bs = pool.size  # the runner's static request buffers span the request pool
+        # cuda_graph_setup: the slots capped by the pool, the buckets by what slots x context hold.
+        self.req_slots = min(req_slots, self.max_bs)
+        self.context_len = case.runner.model_config.context_len
+        self.capture_tokens = sorted(n for n in tokens if n <= self.req_slots * self.context_len)
+        if not self.capture_tokens:
+            raise Unavailable(f"no prefill bucket of {list(tokens)} fits {self.req_slots} slots of the context")
+        self.max_tokens = self.capture_tokens[-1]
+        self.padding_factor = getattr(module, "_MAX_PREFILL_CUDA_GRAPH_PADDING_FACTOR", 2)
+        self.cuda = torch.device(case.device).type == "cuda"
+        self.record = record and self.cuda
+        guard(backend)  # before the first capture makes the backend's full-graph wrappers
+        self.buffers = self._static_buffers()
+        self.captured: dict[int, _Captured] = {}
+
+    def _static_buffers(self) -> SimpleNamespace:
+        """The registry's token slots, the static request buffers and the slot-padded host
+        lengths, as the runner allocates them; q/k/v for the layer's inputs in the graph."""
+        import torch
+
+        dev, n = self.case.device, self.max_tokens
+
+        def tokens(t: Any) -> Any:
+            return None if t is None else torch.zeros((n,) + tuple(t.shape[1:]), dtype=t.dtype, device=dev)
+
+        return SimpleNamespace(
+            input_ids=torch.zeros((n,), dtype=torch.int64, device=dev),
+            positions=torch.zeros((n,), dtype=torch.int64, device=dev),
+            out_cache_loc=torch.zeros((n,), dtype=torch.int64, device=dev),
+            static={name: torch.zeros((self.max_bs,), dtype=torch.int64, device=dev) for name in _PREFILL_STATIC},
+            seq_lens_cpu=torch.zeros((self.req_slots,), dtype=torch.int64),
+            q=tokens(self.case.q),
+            k=tokens(self.case.k),
+            v=tokens(self.case.v),
+        )
+
+    # -- capture
+
+    def _capture_batch(self, n: int) -> Any:
+        """``capture_prepare``: the bucket as the fewest requests of at most the context length,
+        zero-length sentinels up to the slot count."""
+        import dataclasses
+
+        import torch
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+        b, s, dev = self.buffers, self.buffers.static, self.case.device
+        seq = [min(self.context_len, n - start) for start in range(0, n, self.context_len)]
+        seq += [0] * (self.req_slots - len(seq))
+        bs = len(seq)
+        starts = [0]
+        for length in seq[:-1]:
+            starts.append(starts[-1] + length)
+        lengths = torch.tensor(seq, dtype=torch.int64, device=dev)
+        s["seq_lens"][:bs].copy_(lengths)
+        s["extend_seq_lens"][:bs].copy_(lengths)
+        s["extend_prefix_lens"][:bs].zero_()
+        s["extend_start_loc"][:bs].copy_(torch.tensor(starts, dtype=torch.int64, device=dev))
+        s["req_pool_indices"][:bs].copy_(torch.arange(bs, device=dev))
+        s["orig_seq_lens"][:bs].copy_(lengths)
+        extra = {}
+        if "full_prefill_cuda_graph_capture" in {f.name for f in dataclasses.fields(ForwardBatch)}:
+            extra["full_prefill_cuda_graph_capture"] = True
+        batch = ForwardBatch(
+            forward_mode=ForwardMode.EXTEND,
+            batch_size=bs,
+            input_ids=b.input_ids[:n],
+            req_pool_indices=s["req_pool_indices"][:bs],
+            seq_lens=s["seq_lens"][:bs],
+            orig_seq_lens=s["orig_seq_lens"][:bs],
+            seq_lens_cpu=torch.tensor(seq),
+            out_cache_loc=b.out_cache_loc[:n],
+            seq_lens_sum=n,
+            return_logprob=False,
+            extend_num_tokens=n,
+            extend_seq_lens=s["extend_seq_lens"][:bs],
+            extend_prefix_lens=s["extend_prefix_lens"][:bs],
+            extend_start_loc=s["extend_start_loc"][:bs],
+            extend_prefix_lens_cpu=[0] * bs,
+            extend_seq_lens_cpu=list(seq),
+            extend_logprob_start_lens_cpu=list(seq),
+            positions=b.positions[:n],
+            global_num_token_non_padded_cpu=n,
+            global_forward_mode=ForwardMode.EXTEND,
+            **extra,
+        )
+        bind_runner_slots(self.case.runner, batch)
+        return batch
+
+    def capture(self) -> PrefillGraphRunner:
+        for n in reversed(self.capture_tokens):  # sglang captures the largest bucket first
+            self.captured[n] = self._capture_one(n)
+        return self
+
+    def _capture_one(self, n: int) -> _Captured:
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+        batch = self._capture_batch(n)
+        with forward_context(ForwardContext(attn_backend=self.backend)):
+            self.backend.init_forward_metadata_out_graph(batch, in_capture=True)
+        captured = _Captured(batch=batch, metadata=self.backend.forward_metadata)
+        # What FlashInfer's run() checks on the host, the query against the plan's rows, it checks
+        # at capture only: a replay launches what the capture recorded (see ``_launch``).
+        captured.rows = [getattr(w, "_qo_indptr_last", None) for w in _wrappers(captured.metadata)]
+        if self.record:
+            self._record_graph(captured, n)
+        else:
+            captured.output = self._forward(captured, n)
+        return captured
+
+    def _forward(self, captured: _Captured, n: int) -> Any:
+        """The captured body's attention: the layer in the runner's prefill graph scope (full graph)
+        over the captured batch and the static q/k/v rows of the bucket."""
+        from sglang.srt.model_executor.runner_utils.forward_batch import set_forward_batch
+        from sglang.srt.model_executor.runner_utils.prefill_graph import prefill_graph_scope
+
+        b = self.buffers
+        with set_forward_batch(captured.batch), prefill_graph_scope(full_graph=True):
+            return attend(
+                backend=self.backend,
+                layer=self.case.layer,
+                batch=captured.batch,
+                q=b.q[:n],
+                k=None if b.k is None else b.k[:n],
+                v=None if b.v is None else b.v[:n],
+            )
+
+    def _record_graph(self, captured: _Captured, n: int) -> None:
+        import torch
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        # The full backend's two warm-ups, each followed by the attention backend's reset of what
+        # it mutated (capture_one's post_warmup_hook), before the recorded run.
+        hook = getattr(self.backend, "on_after_cuda_graph_warmup", None)
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward(captured, n)
+                if hook is not None:
+                    hook()
+        torch.cuda.current_stream().wait_stream(stream)
+        captured.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured.graph):
+            captured.output = self._forward(captured, n)
+
+    # -- replay
+
+    def _bucket(self, num_tokens: int) -> int:
+        return int(self.runner_class._pad_to_bucket(num_tokens, self.capture_tokens))
+
+    def can_run_graph(self, forward_batch: Any) -> bool:
+        """``can_replay_locally``'s tests a plain EXTEND meets: no more requests than the slots, a
+        bucket that holds its tokens, at most twice the tokens once padded."""
+        num_tokens = len(forward_batch.input_ids)
+        if forward_batch.batch_size > self.req_slots or num_tokens > self.max_tokens:
+            return False
+        return self._bucket(num_tokens) <= num_tokens * self.padding_factor
+
+    can_run = can_run_graph
+
+    def _load(self, batch: Any, *, raw_n: int, n: int, q: Any, k: Any, v: Any) -> None:
+        """``load_batch``: the token slots' padded tail zeroed and the live rows copied (the
+        registry's ``fill_from``), then the request buffers and their sentinel tail."""
+        import torch
+
+        b = self.buffers
+        for name, src in (
+            ("input_ids", batch.input_ids),
+            ("positions", batch.positions),
+            ("out_cache_loc", batch.out_cache_loc),
+            ("q", q),
+            ("k", k),
+            ("v", v),
+        ):
+            buf = getattr(b, name)
+            if buf is None:  # a layer that takes no K/V
+                continue
+            buf[raw_n:n].zero_()
+            buf[:raw_n].copy_(src)
+        s, bs, r = b.static, batch.batch_size, self.req_slots
+        start_loc = batch.extend_start_loc
+        if start_loc is None:
+            # ForwardBatch.init_new sets it for every extend batch; the kit's fixture leaves it out.
+            lengths = batch.extend_seq_lens.to(torch.int64)
+            start_loc = torch.cumsum(lengths, 0) - lengths
+        s["seq_lens"][:bs].copy_(batch.seq_lens)
+        s["extend_seq_lens"][:bs].copy_(batch.extend_seq_lens)
+        s["extend_prefix_lens"][:bs].copy_(batch.extend_prefix_lens)
+        s["extend_start_loc"][:bs].copy_(start_loc)
+        s["req_pool_indices"][:bs].copy_(batch.req_pool_indices)
+        if batch.orig_seq_lens is not None:
+            s["orig_seq_lens"][:bs].copy_(batch.orig_seq_lens)
+        if bs < r:
+            s["seq_lens"][bs:r].zero_()
+            s["extend_seq_lens"][bs:r].zero_()
+            s["extend_prefix_lens"][bs:r].zero_()
+            s["extend_start_loc"][bs:r].fill_(raw_n)
+            s["req_pool_indices"][bs:r].zero_()
+            s["orig_seq_lens"][bs:r].zero_()
+
+    def _prepare_replay_metadata(self, batch: Any, n: int) -> None:
+        """The runner's own ``_prepare_forward_metadata_for_replay`` on these buffers (a runner
+        built without its constructor, which would capture a model): the slot-padded view it
+        hands ``init_forward_metadata_out_graph``."""
+        import inspect
+
+        from sglfix.harness.misfit import Standin
+
+        runner = object.__new__(self.runner_class)
+        runner.__dict__.update(
+            _is_full_backend=True,
+            _capture_req_slots=self.req_slots,
+            _prefill_static_buffers=self.buffers.static,
+            _full_cg_seq_lens_cpu=self.buffers.seq_lens_cpu,
+            use_captured_attn_metadata=False,
+            attn_metadata_buffers=None,
+            model_runner=Standin(attn_backend=self.backend),
+        )
+        key: Any = n
+        if "shape_key" in inspect.signature(runner._prepare_forward_metadata_for_replay).parameters:
+            from sglang.srt.model_executor.runner.shape_key import ShapeKey
+
+            key = ShapeKey(size=n)
+        static_batch = Standin(input_ids=self.buffers.input_ids[:n], max_seq_len_override=None)
+        runner._prepare_forward_metadata_for_replay(batch, static_batch, key)
+
+    def replay(self, batch: Any, *, q: Any, k: Any, v: Any) -> Any:
+        """The replay of the smallest bucket that holds the batch's tokens; its real rows' output."""
+        raw_n = q.shape[0]
+        n = self._bucket(raw_n)
+        captured = self.captured[n]
+        self._load(batch, raw_n=raw_n, n=n, q=q, k=k, v=v)
+        # The graph's kernels read the wrappers capture planned: put their metadata back.
+        self.backend.forward_metadata = captured.metadata
+        self._prepare_replay_metadata(batch, n)
+        return self._launch(captured, n)[:raw_n].clone()
+
+    def _launch(self, captured: _Captured, n: int) -> Any:
+        if captured.graph is not None:
+            captured.graph.replay()
+            return captured.output
+        # The body runs again here: the host-side row check of each wrapper's run() is the one
+        # its capture passed (``_qo_indptr_last``, FlashInfer's own name), not this replay's plan's.
+        wrappers = _wrappers(captured.metadata)
+        planned = [getattr(w, "_qo_indptr_last", None) for w in wrappers]
+        try:
+            for w, rows in zip(wrappers, captured.rows):
+                if rows is not None:
+                    w._qo_indptr_last = rows
+            return self._forward(captured, n)
+        finally:
+            for w, rows in zip(wrappers, planned):
+                if rows is not None:
+                    w._qo_indptr_last = rows
+
+
+def _wrappers(metadata: Any) -> list:
+    return list(getattr(metadata, "prefill_wrappers", None) or [])
