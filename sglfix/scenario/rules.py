@@ -122,15 +122,26 @@ def _check_backend(node: Any) -> None:
         )
 
 
+def _refuse_mode(node: Any, brule: Any, *, modes: str, at: tuple[str, str], what: str, tail: str = "") -> None:
+    """One line where ``node``'s mode is not among ``brule``'s ``modes`` (a BackendRule field):
+    which backends run ``what`` in which modes."""
+    if node.mode in getattr(brule, modes):
+        return
+    where = "; ".join(
+        f"{r.name} in {', '.join(getattr(r, modes))}" for r in BACKEND_RULES.values() if getattr(r, modes)
+    )
+    raise NodeError(
+        f"sets {'.'.join(at)} with backend {brule.name} in mode {node.mode}; {what} runs on {where}{tail}", at=at
+    )
+
+
+_PICK = " only: drop the key or pick one of those"
+
+
 def _check_window(node: Any, brule: Any) -> None:
-    if node.model.sliding_window is not None and node.mode not in brule.sliding_window_modes:
-        where = "; ".join(
-            f"{r.name} in {', '.join(r.sliding_window_modes)}" for r in BACKEND_RULES.values() if r.sliding_window_modes
-        )
-        raise NodeError(
-            f"sets model.sliding_window with backend {brule.name} in mode {node.mode}; a sliding-window "
-            f"layer runs on {where}",
-            at=("model", "sliding_window"),
+    if node.model.sliding_window is not None:
+        _refuse_mode(
+            node, brule, modes="sliding_window_modes", at=("model", "sliding_window"), what="a sliding-window layer"
         )
 
 
@@ -146,17 +157,14 @@ def _check_encoder(node: Any, brule: Any) -> None:
                 at=("model", "cross_attention"),
             )
         return
-    if node.mode not in brule.encoder_decoder_modes:
-        where = "; ".join(
-            f"{r.name} in {', '.join(r.encoder_decoder_modes)}"
-            for r in BACKEND_RULES.values()
-            if r.encoder_decoder_modes
-        )
-        raise NodeError(
-            f"sets batch.encoder_lens with backend {brule.name} in mode {node.mode}; an encoder-decoder batch "
-            f"runs on {where} only: drop the key or pick one of those",
-            at=("batch", "encoder_lens"),
-        )
+    _refuse_mode(
+        node,
+        brule,
+        modes="encoder_decoder_modes",
+        at=("batch", "encoder_lens"),
+        what="an encoder-decoder batch",
+        tail=_PICK,
+    )
     bs = len(node.batch.prefix_lens)
     if len(enc) != bs:
         raise NodeError(f"has {len(enc)} batch.encoder_lens for {bs} requests", at=("batch", "encoder_lens"))
@@ -173,15 +181,14 @@ def _check_mha(node: Any, brule: Any) -> None:
     eagerly (sglang captures no MHA prefill: its shapes follow the prefix)."""
     if node.model.mha_chunk is None:
         return
-    if node.mode not in brule.mha_prefill_modes:
-        where = "; ".join(
-            f"{r.name} in {', '.join(r.mha_prefill_modes)}" for r in BACKEND_RULES.values() if r.mha_prefill_modes
-        )
-        raise NodeError(
-            f"sets model.mha_chunk with backend {brule.name} in mode {node.mode}; an MLA model's multi-head "
-            f"prefill runs on {where} only: drop the key or pick one of those",
-            at=("model", "mha_chunk"),
-        )
+    _refuse_mode(
+        node,
+        brule,
+        modes="mha_prefill_modes",
+        at=("model", "mha_chunk"),
+        what="an MLA model's multi-head prefill",
+        tail=_PICK,
+    )
     if node.cuda_graph is not None:
         raise NodeError(
             "sets model.mha_chunk and cuda_graph; sglang runs the MLA model's multi-head prefill eagerly "
@@ -480,15 +487,7 @@ def _check_items(node: Any) -> None:
     if items is None:
         return
     at = ("batch", "items")
-    if node.mode not in brule.multi_item_modes:
-        where = "; ".join(
-            f"{r.name} in {', '.join(r.multi_item_modes)}" for r in BACKEND_RULES.values() if r.multi_item_modes
-        )
-        raise NodeError(
-            f"sets batch.items with backend {brule.name} in mode {node.mode}; a multi-item scoring batch runs "
-            f"on {where} only: drop the key or pick one of those",
-            at=at,
-        )
+    _refuse_mode(node, brule, modes="multi_item_modes", at=at, what="a multi-item scoring batch", tail=_PICK)
     bs = len(node.batch.prefix_lens)
     if len(items) != bs:
         raise NodeError(f"has {len(items)} batch.items entries for {bs} requests", at=at)
