@@ -83,6 +83,26 @@ _DRAFT_EXTEND_BUFFERS = (
 )
 
 
+def _record_cuda_graph(captured: _Captured, *, backend: Any, body: Any) -> None:
+    """CUDA: the capture's two warm-ups on a side stream, each followed by the backend's reset of
+    what the warm-up mutated (sglang's capture_one post_warmup_hook), then ``body`` recorded into a
+    torch.cuda.CUDAGraph, its output the graph's buffer."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    hook = getattr(backend, "on_after_cuda_graph_warmup", None)
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            body()
+            if hook is not None:
+                hook()
+    torch.cuda.current_stream().wait_stream(stream)
+    captured.graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured.graph):
+        captured.output = body()
+
+
 class GraphRunner:
     """Capture and replay of one attention layer, the way this version's graph runners drive
     the backend: static input buffers sized for the largest captured batch, the backend's
@@ -255,7 +275,7 @@ class GraphRunner:
             self.backend.init_forward_metadata_out_graph(batch, in_capture=True)
         captured = _Captured(batch=batch, metadata=self.backend.forward_metadata)
         if self.record:
-            self._record_graph(captured, bs)
+            _record_cuda_graph(captured, backend=self.backend, body=lambda: self._forward(captured, bs))
         else:
             # No graph (CPU, or a kernel that cannot be recorded): the capture forward is the
             # warm-up every runner performs first; its output stands for the graph's buffer.
@@ -274,25 +294,6 @@ class GraphRunner:
             k=None if self.buffers.k is None else self.buffers.k[:n],
             v=None if self.buffers.v is None else self.buffers.v[:n],
         )
-
-    def _record_graph(self, captured: _Captured, bs: int) -> None:
-        """CUDA: warm up on a side stream, then record the body into a torch.cuda.CUDAGraph."""
-        import torch
-
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        # After each warm-up the runner lets the backend reset what the warm-up mutated
-        # (sglang's capture_one post_warmup_hook), before the recorded run.
-        hook = getattr(self.backend, "on_after_cuda_graph_warmup", None)
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._forward(captured, bs)
-                if hook is not None:
-                    hook()
-        torch.cuda.current_stream().wait_stream(stream)
-        captured.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(captured.graph):
-            captured.output = self._forward(captured, bs)
 
     # -- replay
 
@@ -603,7 +604,7 @@ class PrefillGraphRunner:
         # at capture only: a replay launches what the capture recorded (see ``_launch``).
         captured.rows = [getattr(w, "_qo_indptr_last", None) for w in _wrappers(captured.metadata)]
         if self.record:
-            self._record_graph(captured, n)
+            _record_cuda_graph(captured, backend=self.backend, body=lambda: self._forward(captured, n))
         else:
             captured.output = self._forward(captured, n)
         return captured
@@ -624,24 +625,6 @@ class PrefillGraphRunner:
                 k=None if b.k is None else b.k[:n],
                 v=None if b.v is None else b.v[:n],
             )
-
-    def _record_graph(self, captured: _Captured, n: int) -> None:
-        import torch
-
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        # The full backend's two warm-ups, each followed by the attention backend's reset of what
-        # it mutated (capture_one's post_warmup_hook), before the recorded run.
-        hook = getattr(self.backend, "on_after_cuda_graph_warmup", None)
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._forward(captured, n)
-                if hook is not None:
-                    hook()
-        torch.cuda.current_stream().wait_stream(stream)
-        captured.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(captured.graph):
-            captured.output = self._forward(captured, n)
 
     # -- replay
 
