@@ -114,7 +114,9 @@ LIMITS: tuple[Limit, ...] = (
     Limit(
         "`batch.items`",
         "per request: a list of item lengths (0 .. 131,072 each), or null",
-        "real sglang `flashinfer`, EXTEND, eager: a multi-item scoring batch (--enable-mis): each request's new "
+        "real sglang `flashinfer` and `hybrid_linear` (GDN over FlashInfer, page size 1, no cached prefix, at "
+        "least one item per scored request), EXTEND, eager: a multi-item scoring batch (--enable-mis): each "
+        "request's new "
         "tokens are its query (at least one token), a delimiter before every item and one after the last; "
         "null, a request without delimiters (every request null: a batch with no delimiter lists); no "
         "`encoder_lens` or `model.sliding_window` beside it",

@@ -273,8 +273,12 @@ _BACKEND_RULES = (
         dtypes=("float16", "bfloat16"),
         page_sizes=None,
         gpu_only=False,
-        kernels="the full-attention layers' Triton kernels (compiled on CUDA, interpreted on CPU); the "
-        "linear layers' metadata judged against the batch",
+        kernels="the full-attention layers' Triton kernels (compiled on CUDA, interpreted on CPU), or "
+        "FlashInfer's under multi-item scoring; the linear layers' metadata judged against the batch",
+        # Multi-item scoring (real sglang only): GDN's query segments and item branches
+        # (build_gdn_mis_metadata), the full-attention layers over FlashInfer, the one backend
+        # sglang scores items with.
+        multi_item_modes=("EXTEND",),
     ),
     # DSv4 pins page size 256 and topk <= 1; its draft layer attends a sliding window of 128.
     BackendRule(

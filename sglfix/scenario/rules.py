@@ -506,6 +506,8 @@ def _check_items(node: Any) -> None:
     ):
         if given:
             raise NodeError(f"sets batch.items and {key}; {why}: drop one", at=tuple(key.split(".")))
+    if node.backend == "hybrid_linear":
+        _check_hybrid_items(node)
     for i, (request, new) in enumerate(zip(items, new_token_counts(node))):
         if request is None:
             continue
@@ -515,6 +517,42 @@ def _check_items(node: Any) -> None:
                 f"has batch.items[{i}] = {list(request)}: {sum(request)} item tokens and {len(request) + 1} "
                 f"delimiters need {packed + 1} new tokens with a query of one, request {i} has {new}; raise "
                 f"batch.extend_lens[{i}] or shorten its items",
+                at=("batch", "items", i),
+            )
+
+
+def _check_hybrid_items(node: Any) -> None:
+    """A hybrid model scores items with its full-attention layers on FlashInfer (sglang refuses
+    --enable-mis with another attention backend) and its linear layers on GDN, the one linear
+    backend that declares multi-item support; GDN splits each request at its delimiters."""
+    fi, model, at = BACKEND_RULES["flashinfer"], node.model, ("batch", "items")
+    why = "a hybrid model scores items over FlashInfer (sglang's --enable-mis takes no other attention backend)"
+    if node.model.linear_attention not in (None, "gdn"):
+        raise NodeError(
+            f"sets batch.items with model.linear_attention {node.model.linear_attention}; only the gated delta "
+            "net (gdn) declares multi-item support in sglang: drop one",
+            at=("model", "linear_attention"),
+        )
+    if node.effective_page_size not in fi.page_sizes:
+        raise NodeError(f"sets batch.items with page_size {node.effective_page_size}; {why}, page_size 1", at=at)
+    if model.head_dim not in fi.head_dims or model.num_heads // model.num_kv_heads > fi.max_group:
+        raise NodeError(
+            f"sets batch.items with model.head_dim {model.head_dim} and {model.num_heads // model.num_kv_heads} "
+            f"query heads per KV head; {why}: head_dim {', '.join(map(str, fi.head_dims))}, at most "
+            f"{fi.max_group} per KV head",
+            at=("model", "head_dim"),
+        )
+    for i, (request, prefix) in enumerate(zip(node.batch.items, node.batch.prefix_lens)):
+        if request is not None and prefix:
+            raise NodeError(
+                f"has batch.prefix_lens[{i}] = {prefix} for a scored request; GDN's multi-item scoring takes no "
+                "cached prefix (--enable-mis disables the radix cache and chunked prefill): set it to 0",
+                at=("batch", "prefix_lens", i),
+            )
+        if request is not None and not request:
+            raise NodeError(
+                f"has batch.items[{i}] = []; GDN's multi-item scoring needs at least one item per scored request "
+                "(two delimiters): add an item or write null (a request that scores nothing)",
                 at=("batch", "items", i),
             )
 

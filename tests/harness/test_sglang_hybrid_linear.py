@@ -36,7 +36,7 @@ def _linear_message(cell: dict) -> str:
 def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
     require_sglang()
     cells = {c["scenario"]: c for c in _run(tmp_path, "-s", "sglang-hybrid-*")["cells"]}
-    assert len(cells) == 32, sorted(cells)
+    assert len(cells) == 34, sorted(cells)
     failed = {n: (c["verdict"], c["findings"][:2]) for n, c in cells.items() if c["verdict"] != "PASS"}
     assert not failed, failed
     for name, c in cells.items():
@@ -48,6 +48,7 @@ def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
         tracked = next((t for k, t in tracked.items() if f"-{k}-track" in name), "")
         mamba2 = " and the Mamba2 metadata" if "-mamba2-" in name else ""
         mamba2 = " and the conv-state handle" if "-short-conv-" in name else mamba2
+        mamba2 = " and the multi-item query segments and item branches" if "-mis-batch" in name else mamba2
         assert _linear_message(c) == (
             f"metadata reference: the linear layers' state slots and query offsets{tracked}{mamba2} of {inits} "
             "metadata init(s) are their batch's"
@@ -253,3 +254,47 @@ def test_a_replay_that_keeps_a_stale_track_destination_is_seen(tmp_path):
     assert cell["verdict"] == "DIVERGE", cell["findings"]
     assert cell["error"]["bad_rows"] == 0, "the full-attention output cannot show it"
     assert "mamba_track_indices = [" in _linear_message(cell), cell["findings"]
+
+
+# Multi-item scoring on a hybrid model: GDN's query segments and item branches (mis_metadata),
+# the full-attention layers over FlashInfer.
+
+
+def test_a_hybrid_scores_items_with_flashinfers_mask_and_gdns_branches(tmp_path):
+    """Both judges of a scored batch name what they checked: FlashInfer's item plan and GDN's
+    segments; a generate batch under --enable-mis builds no segments."""
+    require_sglang()
+    cells = {c["scenario"]: c for c in _run(tmp_path, "-s", "sglang-hybrid-mis-*")["cells"]}
+    scored, plain = cells["sglang-hybrid-mis-batch"], cells["sglang-hybrid-mis-unscored"]
+    assert scored["verdict"] == plain["verdict"] == "PASS", (scored["findings"], plain["findings"])
+    messages = [f["message"] for f in scored["findings"]]
+    assert any("each request's max_item_len in the plan" in m for m in messages), messages
+    assert "the multi-item query segments and item branches" in _linear_message(scored)
+    assert "multi-item" not in _linear_message(plain)
+
+
+def test_an_item_branch_without_its_delimiter_is_seen(tmp_path):
+    """Each branch starts at its delimiter (the recurrence resumes from the query's state there);
+    one that starts a token late drops the delimiter from every branch, so the segments are short."""
+    require_sglang()
+    old = "range(request_start + branch_start, request_start + branch_end)"
+    patch = breaking_patch(tmp_path, "linear/gdn_backend", old, old.replace("+ branch_start,", "+ branch_start + 1,"))
+    cells = _run(tmp_path, "-s", "sglang-hybrid-mis-*", "--apply", str(patch))["cells"]
+    patched = {c["scenario"]: c for c in cells if c.get("toggles")}
+    cell = patched["sglang-hybrid-mis-batch"]
+    assert cell["verdict"] == "DIVERGE", cell["findings"]
+    assert "item_token_indices = [" in _linear_message(cell), cell["findings"]
+    # The full-attention output cannot show it: only the linear layers read the branches.
+    assert cell["error"]["bad_rows"] == 0, cell["error"]
+    assert patched["sglang-hybrid-mis-unscored"]["verdict"] in ("PASS", "NOT_REACHED")
+
+
+def test_segments_that_lose_their_dtype_are_seen(tmp_path):
+    """The branch offsets are int32 for the kernels; a build that hands int64 is caught."""
+    require_sglang()
+    old = "result = torch.zeros(len(lengths) + 1, dtype=torch.int32, device=device)"
+    patch = breaking_patch(tmp_path, "linear/gdn_backend", old, old.replace("int32", "int64"))
+    cells = _run(tmp_path, "-s", "sglang-hybrid-mis-batch", "--apply", str(patch))["cells"]
+    cell = next(c for c in cells if c.get("toggles"))
+    assert cell["verdict"] == "DIVERGE", cell["findings"]
+    assert "query_cu_seqlens is torch.int64, its kernels read torch.int32" in _linear_message(cell)

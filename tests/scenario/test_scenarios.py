@@ -228,7 +228,41 @@ def test_a_multi_item_batch_runs_on_flashinfer_in_extend_only(tmp_path, backend,
     msg = str(info.value)
     assert "bad.yaml:6:" in msg, msg
     assert f"sets batch.items with backend {backend} in mode {mode}; a multi-item scoring batch runs on " in msg
-    assert "flashinfer in EXTEND only" in msg, msg
+    assert "flashinfer in EXTEND; hybrid_linear in EXTEND only" in msg, msg
+
+
+HYBRID_ITEMS_BAD = [
+    ("prefix_lens: [0, 5], extend_lens: [9, 4], items: [[2, 1], [1]]", "", "has batch.prefix_lens[1] = 5 for a"),
+    ("prefix_lens: [0, 0], extend_lens: [9, 4], items: [[2, 1], []]", "", "has batch.items[1] = []; GDN's"),
+    (
+        "prefix_lens: [0, 0], extend_lens: [9, 4], items: [[2, 1], [1]]",
+        "page_size: 16",
+        "sets batch.items with page_size 16; a hybrid model scores items over FlashInfer",
+    ),
+    (
+        "prefix_lens: [0, 0], extend_lens: [9, 4], items: [[2, 1], [1]]",
+        "model: {linear_attention: mamba2}",
+        "sets batch.items with model.linear_attention mamba2; only the gated delta net",
+    ),
+    (
+        "prefix_lens: [0, 0], extend_lens: [9, 4], items: [[2, 1], [1]]",
+        "model: {head_dim: 32}",
+        "sets batch.items with model.head_dim 32",
+    ),
+]
+
+
+@pytest.mark.parametrize("batch,extra,needle", HYBRID_ITEMS_BAD, ids=[b[2][:30] for b in HYBRID_ITEMS_BAD])
+def test_a_hybrid_scores_items_only_as_sglang_does_gdn_over_flashinfer_without_prefixes(tmp_path, batch, extra, needle):
+    f = tmp_path / "bad.yaml"
+    f.write_text(f"name: x\nbackend: hybrid_linear\nmode: EXTEND\nbatch: {{{batch}}}\n{extra}\n")
+    with pytest.raises(ConfigError) as info:
+        load_scenario_file(f)
+    msg = str(info.value)
+    assert needle in msg and "\n" not in msg, msg
+    text = "name: x\nbackend: hybrid_linear\nmode: EXTEND\nbatch: {prefix_lens: [0, 0], extend_lens: [9, 4], "
+    (ok,) = _load(tmp_path, text + "items: [[2, 1], null]}\n", name="ok.yaml")
+    assert ok.items == ((2, 1), None)
 
 
 # A plain EXTEND as sglang's full prefill graph (flashinfer only): capture_bs its token buckets.

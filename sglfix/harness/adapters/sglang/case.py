@@ -133,6 +133,9 @@ def _prepare_multi_item(*, batch: Any, layout: MultiItemLayout) -> None:
     batch under --enable-mis)."""
     import torch
 
+    # A scoring request generates nothing; a batch of them only is a prefill-only batch, which
+    # GDN's multi-item path requires (a request without delimiters is a /generate one).
+    batch.is_prefill_only = all(layout.delimiters)
     if not any(layout.delimiters):
         batch.multi_item_delimiter_indices = None
         return

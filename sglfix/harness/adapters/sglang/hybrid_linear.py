@@ -23,6 +23,11 @@ With ``model.linear_attention`` the linear set is a Mamba2 mixer (``Mamba2AttnBa
 convolution (``ShortConvAttnBackend`` under ``ShortConvHybridAttnBackend``, whose conv-state handle
 the model asks for per layer and which is judged after every init as well).
 
+A multi-item scoring batch (``batch.items``, --enable-mis; EXTEND, eager) runs the hybrid over
+``FlashInferAttnBackend`` instead, the one attention backend sglang scores items with: its item mask
+is the FlashInfer adapter's to judge, and GDN's query segments and item branches (``mis_metadata``)
+are judged after the init against the items (``hybrid_mis``).
+
 Everything else is the Triton adapter's (``sglang.triton``): the case over the kit's dense mock
 runner, the scattered slot layout, the ground truth, the kit's graph runner.
 """
@@ -32,9 +37,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import Prepared
+from sglfix.harness.adapters.base import AdapterBase, Prepared
+from sglfix.harness.adapters.sglang.flashinfer_dense import SglangFlashInferAdapter, flashinfer_module
 from sglfix.harness.adapters.sglang.guards import guard_buffers
 from sglfix.harness.adapters.sglang.hybrid_mamba2 import mamba2_reference, mamba2_view
+from sglfix.harness.adapters.sglang.hybrid_mis import gdn_mis_reference
 from sglfix.harness.adapters.sglang.hybrid_short_conv import short_conv_reference, short_conv_view
 from sglfix.harness.adapters.sglang.hybrid_track import (
     TRACK_FIELDS,
@@ -46,7 +53,7 @@ from sglfix.harness.adapters.sglang.triton import SglangTritonAdapter
 from sglfix.harness.adapters.sglang.truth import first_difference
 from sglfix.harness.unavailable import Unavailable
 
-__all__ = ["ADAPTER", "SglangHybridLinearAdapter"]
+__all__ = ["ADAPTER", "HybridLinearAdapter", "SglangHybridFlashInferAdapter", "SglangHybridLinearAdapter"]
 
 # The layer ids of the two sets: the reference's attention layer is the kit's layer 0; the
 # linear layer set holds layer 1, as a hybrid model interleaves them.
@@ -85,13 +92,11 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
 
     def make_backend(self, prepared: Prepared) -> Any:
         from sglang.srt.layers.attention import hybrid_linear_attn_backend as hybrid
-        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
         from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
         from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
 
         runner = prepared.case.runner
-        full = ATTENTION_BACKENDS[self.registry_name](runner)
-        guard_buffers(full, self.persistent)
+        full = self._full_backend(prepared)
         # Production stamps the kernel choice on the runner (attn_backend_wrapper) before it
         # builds the linear backend that reads it.
         runner.linear_attn_backends = resolve_linear_attn_backends()
@@ -118,8 +123,19 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         spec = prepared.case.scenario.spec
         backend._sglfix_topk = int(spec.topk) if spec is not None else 0
         backend._sglfix_track = prepared.case.track
+        scenario = prepared.case.scenario
+        backend._sglfix_items = None if scenario.items is None else [scenario.items, list(scenario.extend_lens)]
         runner.attn_backend = backend
         return backend
+
+    def _full_backend(self, prepared: Prepared) -> Any:
+        """The full-attention layer set's backend, built as the registry builds it, its persistent
+        buffers guarded."""
+        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+        full = ATTENTION_BACKENDS[self.registry_name](prepared.case.runner)
+        guard_buffers(full, self.persistent)
+        return full
 
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
         _mark_phases(backend)  # under the judge's hook, so the phase is known when it looks
@@ -140,13 +156,20 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         handle = backend.conv_state_metadata(LINEAR_LAYER, forward_batch) if _short_conv(backend) else None
         reports = backend.__dict__.setdefault("_sglfix_linear_reports", [])
         reports.append(
-            _linear_reference(linear, forward_batch, backend) or _conv_reference(handle, forward_batch, backend)
+            _linear_reference(linear, forward_batch, backend)
+            or _conv_reference(handle, forward_batch, backend)
+            or _mis_reference(backend, forward_batch)
         )
         view = _linear_view(linear)
         view.__dict__.update(short_conv_view(handle))
-        return [("", backend._sglfix_full.forward_metadata, rows), ("linear", view, rows)]
+        view.__dict__.update(_mis_view(backend))
+        return [*super().metadata_views(backend._sglfix_full, forward_batch), ("linear", view, rows)]
 
     def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
+        # The full-attention layer set's own checks (FlashInfer's multi-item plan), then the linear set's.
+        return [*super().check_metadata(prepared, backend._sglfix_full), *self._check_linear(backend)]
+
+    def _check_linear(self, backend: Any) -> list[tuple[str, str]]:
         reports = backend.__dict__.get("_sglfix_linear_reports", [])
         wrong = [(i, r) for i, r in enumerate(reports, 1) if r]
         if wrong:
@@ -160,6 +183,8 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         mamba2 = " and the Mamba2 metadata" if getattr(backend, "_sglfix_mamba2_chunk", None) else ""
         if _short_conv(backend):
             mamba2 = " and the conv-state handle"
+        if _scored(backend):
+            mamba2 = " and the multi-item query segments and item branches"
         return [
             (
                 "PASS",
@@ -171,6 +196,38 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
 
 def _short_conv(backend: Any) -> bool:
     return type(backend._sglfix_linear).__name__ == "ShortConvAttnBackend"
+
+
+def _scored(backend: Any) -> bool:
+    """Whether the batch carries delimiters (some request scores items)."""
+    items = getattr(backend, "_sglfix_items", None)
+    return items is not None and any(request is not None for request in items[0])
+
+
+def _mis_reference(backend: Any, batch: Any) -> str:
+    if getattr(backend, "_sglfix_items", None) is None:
+        return ""
+    items, extend_lens = backend._sglfix_items
+    metadata = getattr(backend._sglfix_linear, "mis_metadata", None)
+    return gdn_mis_reference(metadata, items=items, extend_lens=extend_lens, device=batch.input_ids.device)
+
+
+def _mis_view(backend: Any) -> dict[str, Any]:
+    """GDN's multi-item segments, for the digest of what its forward reads."""
+    metadata = getattr(backend._sglfix_linear, "mis_metadata", None)
+    if metadata is None:
+        return {}
+    return {f"mis_{name}": getattr(metadata, name) for name in _MIS_FIELDS}
+
+
+_MIS_FIELDS = (
+    "query_token_indices",
+    "query_cu_seqlens",
+    "query_request_indices",
+    "item_token_indices",
+    "item_cu_seqlens",
+    "item_request_indices",
+)
 
 
 def _live(backend: Any, batch: Any) -> tuple[int, list[int]]:
@@ -406,4 +463,64 @@ def _verify_links(metadata: Any, batch: Any, backend: Any, *, real: int) -> str:
     return ""
 
 
-ADAPTER = SglangHybridLinearAdapter()
+class SglangHybridFlashInferAdapter(SglangHybridLinearAdapter, SglangFlashInferAdapter):
+    """The hybrid over ``FlashInferAttnBackend`` for its full-attention layer set: a multi-item
+    scoring batch's (sglang refuses --enable-mis with any other attention backend). Everything
+    not hybrid is the FlashInfer adapter's: its stand-ins where FlashInfer is missing, its
+    wrappers' planned views and its multi-item plan judge."""
+
+    registry_name = "flashinfer"
+
+    def _full_backend(self, prepared: Prepared) -> Any:
+        flashinfer_module()
+        with self._placed():
+            full = super()._full_backend(prepared)
+        full._sglfix_multi_item = getattr(prepared.case, "multi_item", None)
+        return full
+
+
+class HybridLinearAdapter(AdapterBase):
+    """``backend: hybrid_linear``: the hybrid over Triton, or over FlashInfer for a multi-item
+    scoring batch (``batch.items``). Each call goes to the adapter that built the cell."""
+
+    name = "hybrid_linear"
+    metadata_fields = SglangHybridLinearAdapter.metadata_fields
+
+    def __init__(self) -> None:
+        self.triton, self.flashinfer = SglangHybridLinearAdapter(), SglangHybridFlashInferAdapter()
+
+    def _by_case(self, prepared: Prepared) -> Any:
+        return self.flashinfer if getattr(prepared.case, "multi_item", None) is not None else self.triton
+
+    def _by_backend(self, backend: Any) -> Any:
+        return self.flashinfer if getattr(backend, "_sglfix_items", None) is not None else self.triton
+
+    def build(self, scenario: Any, *, device: str) -> Prepared:
+        return (self.triton if scenario.items is None else self.flashinfer).build(scenario, device=device)
+
+    def make_backend(self, prepared: Prepared) -> Any:
+        return self._by_case(prepared).make_backend(prepared)
+
+    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
+        return self._by_case(prepared).capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
+
+    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
+        return self._by_case(prepared).run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
+
+    def static_buffers(self, backend: Any) -> list:
+        return self._by_backend(backend).static_buffers(backend)
+
+    def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
+        return self._by_backend(backend).metadata_views(backend, forward_batch)
+
+    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
+        return self._by_case(prepared).check_metadata(prepared, backend)
+
+    def reference(self, prepared: Prepared) -> tuple[Any, Any]:
+        return self._by_case(prepared).reference(prepared)
+
+    def unread_fields(self, prepared: Prepared, backend: Any) -> dict[str, str]:
+        return self._by_case(prepared).unread_fields(prepared, backend)
+
+
+ADAPTER = HybridLinearAdapter()
