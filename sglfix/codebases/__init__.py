@@ -225,6 +225,12 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
                 "model.mha_chunk",
                 "has no MLA multi-head prefill path here",
             ),
+            (
+                getattr(s, "mode", None) == "TARGET_VERIFY" and getattr(s, "accept_lens", None) is not None,
+                "verify_commit",
+                "batch.accept_lens",
+                "runs no commit after a verify here",
+            ),
         )
         for given, field, key, lacks in read_by:
             if given:

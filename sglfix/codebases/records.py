@@ -97,6 +97,9 @@ class Profile:
     # Backends that run an MLA model's multi-head prefill through their chunk runner
     # (``model.mha_chunk``).
     mha_prefill: tuple[str, ...] = ()
+    # Backends whose adapter runs the worker's commit after a verify (a TARGET_VERIFY's
+    # ``batch.accept_lens``: each request's state at its last accepted step made its own).
+    verify_commit: tuple[str, ...] = ()
     # Where the code base declares its engine flags, ``path.py:Class`` in its package (a scenario's
     # ``env:`` is checked against them); "" where it has none (the reproduction).
     engine_flags: str = ""

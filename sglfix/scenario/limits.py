@@ -93,7 +93,8 @@ LIMITS: tuple[Limit, ...] = (
         "`batch.accept_lens`",
         "0 .. min(num_steps, num_draft_tokens - 1)",
         "DRAFT_EXTEND only; it extends accept_len + 1 tokens (trtllm_mla: both draft-extend modes, "
-        "0 .. num_draft_tokens - 1, fed to spec_info.accept_length)",
+        "0 .. num_draft_tokens - 1, fed to spec_info.accept_length; real sglang hybrid_linear: TARGET_VERIFY, "
+        "the worker's commit after the verify, a tree accepting along its first path that deep)",
     ),
     Limit(
         "`batch.mamba_track`",

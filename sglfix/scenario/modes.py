@@ -156,6 +156,9 @@ class BackendRule:
     mha_prefill_modes: tuple[str, ...] = ()
     # Modes a multi-item scoring batch (batch.items, sglang's --enable-mis) runs in; () takes none.
     multi_item_modes: tuple[str, ...] = ()
+    # Whether a TARGET_VERIFY takes batch.accept_lens: the worker's commit after the verify (a
+    # hybrid model's linear states at each request's last accepted step).
+    verify_commit: bool = False
 
 
 _HALF = ("float16", "bfloat16")
@@ -279,6 +282,8 @@ _BACKEND_RULES = (
         # (build_gdn_mis_metadata), the full-attention layers over FlashInfer, the one backend
         # sglang scores items with.
         multi_item_modes=("EXTEND",),
+        # The worker's post-verify commit (update_mamba_state_after_mtp_verify).
+        verify_commit=True,
     ),
     # DSv4 pins page size 256 and topk <= 1; its draft layer attends a sliding window of 128.
     BackendRule(

@@ -384,6 +384,9 @@ def _check_prefill_graph(node: Any) -> None:
 
 def _check_accept_lens(node: Any, rule: ModeRule) -> None:
     accept, bs, spec = node.batch.accept_lens, len(node.batch.prefix_lens), node.spec
+    if rule.name == "TARGET_VERIFY" and accept is not None and node.backend is not None:
+        _check_verify_commit(node, accept, bs)
+        return
     if not rule.takes_accept_lens:
         if accept is not None:
             raise NodeError(
@@ -519,6 +522,29 @@ def _check_items(node: Any) -> None:
                 f"batch.extend_lens[{i}] or shorten its items",
                 at=("batch", "items", i),
             )
+
+
+def _check_verify_commit(node: Any, accept: Any, bs: int) -> None:
+    """A verify's accept lengths: the worker's commit after it, where the backend has one (a
+    hybrid model's linear states); a tree accepts along its first children, at most its depth."""
+    at, spec = ("batch", "accept_lens"), node.spec
+    if not backend_rule(node.backend).verify_commit:
+        where = ", ".join(r.name for r in BACKEND_RULES.values() if r.verify_commit)
+        raise NodeError(
+            f"sets batch.accept_lens in TARGET_VERIFY with backend {node.backend}; the commit after a verify "
+            f"runs on {where} only (a hybrid model's linear states): drop it or pick that backend",
+            at=at,
+        )
+    if len(accept) != bs:
+        raise NodeError(f"has {len(accept)} batch.accept_lens for {bs} requests", at=at)
+    top = spec.num_draft_tokens - 1 if spec.topk <= 1 else min(spec.num_steps, spec.num_draft_tokens - 1)
+    worst = max(range(bs), key=lambda i: accept[i])
+    if accept[worst] > top:
+        raise NodeError(
+            f"has batch.accept_lens[{worst}] = {accept[worst]}; a verify of {spec.num_draft_tokens} draft tokens "
+            f"(topk {spec.topk}, {spec.num_steps} steps) accepts at most {top}",
+            at=("batch", "accept_lens", worst),
+        )
 
 
 def _check_hybrid_items(node: Any) -> None:

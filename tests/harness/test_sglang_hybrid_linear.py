@@ -36,7 +36,7 @@ def _linear_message(cell: dict) -> str:
 def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
     require_sglang()
     cells = {c["scenario"]: c for c in _run(tmp_path, "-s", "sglang-hybrid-*")["cells"]}
-    assert len(cells) == 34, sorted(cells)
+    assert len(cells) == 40, sorted(cells)
     failed = {n: (c["verdict"], c["findings"][:2]) for n, c in cells.items() if c["verdict"] != "PASS"}
     assert not failed, failed
     for name, c in cells.items():
@@ -53,6 +53,8 @@ def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
             f"metadata reference: the linear layers' state slots and query offsets{tracked}{mamba2} of {inits} "
             "metadata init(s) are their batch's"
         ), (name, c["findings"])
+        commits = [f["message"] for f in c["findings"] if f["message"].startswith("post-verify commit")]
+        assert len(commits) == ("-verify-commit" in name), (name, c["findings"])
 
 
 def test_a_padded_row_reading_a_live_state_slot_is_seen(tmp_path):
@@ -298,3 +300,38 @@ def test_segments_that_lose_their_dtype_are_seen(tmp_path):
     cell = next(c for c in cells if c.get("toggles"))
     assert cell["verdict"] == "DIVERGE", cell["findings"]
     assert "query_cu_seqlens is torch.int64, its kernels read torch.int32" in _linear_message(cell)
+
+
+# The worker's commit after a verify: update_mamba_state_after_mtp_verify.
+
+
+def test_a_commit_of_the_step_before_the_last_accepted_one_is_seen(tmp_path):
+    """Each request's slot must take the state after its last accepted step; one step short is a
+    state that misses the last accepted token (and a request that accepted nothing keeps its
+    state), eagerly and after a replay."""
+    require_sglang()
+    old = "            mamba_caches,\n            state_indices_tensor,\n            last_correct_step_indices,\n"
+    patched = _patched_cells(
+        tmp_path,
+        "sglang-hybrid-verify-commit@*",
+        old,
+        old.replace("last_correct_step_indices,", "last_correct_step_indices - 1,"),
+    )
+    assert len(patched) == 3, sorted(patched)
+    for name, cell in patched.items():
+        assert cell["verdict"] == "DIVERGE", (name, cell["findings"])
+        message = next(f["message"] for f in cell["findings"] if f["verdict"] == "DIVERGE")
+        assert message.startswith("post-verify commit: request 0's state slot "), message
+        assert "holds row 0's step 1 for its SSM state, its last accepted step is 2" in message, message
+
+
+def test_a_commit_into_the_request_rows_instead_of_the_state_slots_is_seen(tmp_path):
+    """The commit writes each request's state slot (the pool's mapping of its row); writing the row
+    numbers instead leaves the requests' slots stale and overwrites other slots."""
+    require_sglang()
+    old = "self.linear_attn_backend.forward_metadata.mamba_cache_indices[\n                    :request_number\n                ]"
+    patched = _patched_cells(tmp_path, "sglang-hybrid-verify-commit-tree@*", old, "req_pool_indices[:request_number]")
+    assert len(patched) == 3, sorted(patched)
+    for name, cell in patched.items():
+        assert cell["verdict"] == "DIVERGE", (name, cell["findings"])
+        assert any("post-verify commit: " in f["message"] for f in cell["findings"]), cell["findings"]

@@ -372,7 +372,24 @@ BAD = [
     ("name: x\nmode: DECODE\nbatch: {prefix_lens: [3]}\ntolerance: 2\n", 4, "tolerance"),
     ("name: x\nmode: DRAFT_EXTEND\nbatch: {prefix_lens: [3], accept_lens: [4]}\n", 3, "< spec.num_draft_tokens"),
     # The mode table: which modes take which keys, graphs, gpu_only, topk, builders.
-    ("name: x\nmode: TARGET_VERIFY\nbatch: {prefix_lens: [3], accept_lens: [1]}\n", 3, "takes no batch.accept_lens"),
+    (
+        "name: x\nmode: TARGET_VERIFY\nbatch: {prefix_lens: [3], accept_lens: [1]}\n",
+        3,
+        "the commit after a verify runs on hybrid_linear only",
+    ),
+    ("name: x\nmode: DECODE\nbatch: {prefix_lens: [3], accept_lens: [1]}\n", 3, "takes no batch.accept_lens"),
+    (
+        "name: x\nbackend: hybrid_linear\nmode: TARGET_VERIFY\nbatch: {prefix_lens: [3], accept_lens: [4]}\n"
+        "spec: {num_steps: 3, num_draft_tokens: 4}\n",
+        4,
+        "a verify of 4 draft tokens (topk 1, 3 steps) accepts at most 3",
+    ),
+    (
+        "name: x\nbackend: hybrid_linear\nmode: TARGET_VERIFY\nbatch: {prefix_lens: [3], accept_lens: [3]}\n"
+        "spec: {topk: 2, num_steps: 2, num_draft_tokens: 5}\n",
+        4,
+        "(topk 2, 2 steps) accepts at most 2",
+    ),
     ("name: x\nmode: DECODE\nbatch:\n  prefix_lens: [3]\n  extend_lens: 2\n", 5, "contradicts mode DECODE"),
     (
         "name: x\nmode: EXTEND\nbatch: {prefix_lens: [3], extend_lens: 1}\ncuda_graph: {capture_bs: [1]}\n",

@@ -40,6 +40,7 @@ from typing import Any
 from sglfix.harness.adapters.base import AdapterBase, Prepared
 from sglfix.harness.adapters.sglang.flashinfer_dense import SglangFlashInferAdapter, flashinfer_module
 from sglfix.harness.adapters.sglang.guards import guard_buffers
+from sglfix.harness.adapters.sglang.hybrid_commit import verify_commit
 from sglfix.harness.adapters.sglang.hybrid_mamba2 import mamba2_reference, mamba2_view
 from sglfix.harness.adapters.sglang.hybrid_mis import gdn_mis_reference
 from sglfix.harness.adapters.sglang.hybrid_short_conv import short_conv_reference, short_conv_view
@@ -119,6 +120,8 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         # through the code under test would fail with it.
         backend._sglfix_full, backend._sglfix_linear = full, linear
         backend._sglfix_real_bs = int(prepared.case.forward_batch.batch_size)
+        # The batch's request rows as built, before a replay pads them in place.
+        backend._sglfix_req_rows = prepared.case.forward_batch.req_pool_indices.clone()
         backend._sglfix_draft_tokens = _draft_tokens(prepared.case)
         spec = prepared.case.scenario.spec
         backend._sglfix_topk = int(spec.topk) if spec is not None else 0
@@ -144,6 +147,20 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
     def guard_graph_state(self, backend: Any, graphs: Any) -> None:
         guard_buffers(backend._sglfix_full, self.graph_state(graphs))
 
+    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
+        out = super().run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
+        if scenario.mode == "TARGET_VERIFY" and scenario.accept_lens is not None:
+            # The worker commits the accepted step's linear states after the verify's forward.
+            backend._sglfix_commit = verify_commit(
+                runner=prepared.case.runner,
+                backend=backend,
+                rows=backend._sglfix_req_rows,
+                accept=list(scenario.accept_lens),
+                spec_info=prepared.case.forward_batch.spec_info,
+                seed=scenario.seed,
+            )
+        return out
+
     def static_buffers(self, backend: Any) -> list:
         return super().static_buffers(backend._sglfix_full)
 
@@ -167,7 +184,11 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
 
     def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
         # The full-attention layer set's own checks (FlashInfer's multi-item plan), then the linear set's.
-        return [*super().check_metadata(prepared, backend._sglfix_full), *self._check_linear(backend)]
+        return [
+            *super().check_metadata(prepared, backend._sglfix_full),
+            *self._check_linear(backend),
+            *_check_commit(backend),
+        ]
 
     def _check_linear(self, backend: Any) -> list[tuple[str, str]]:
         reports = backend.__dict__.get("_sglfix_linear_reports", [])
@@ -196,6 +217,21 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
 
 def _short_conv(backend: Any) -> bool:
     return type(backend._sglfix_linear).__name__ == "ShortConvAttnBackend"
+
+
+def _check_commit(backend: Any) -> list[tuple[str, str]]:
+    if "_sglfix_commit" not in backend.__dict__:
+        return []
+    wrong = backend._sglfix_commit
+    if wrong:
+        return [("DIVERGE", f"post-verify commit: {wrong}")]
+    return [
+        (
+            "PASS",
+            "post-verify commit: each request's state slot holds its last accepted step's SSM state and conv "
+            "window, and no other slot changed",
+        )
+    ]
 
 
 def _scored(backend: Any) -> bool:
