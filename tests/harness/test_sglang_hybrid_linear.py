@@ -36,7 +36,7 @@ def _linear_message(cell: dict) -> str:
 def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
     require_sglang()
     cells = {c["scenario"]: c for c in _run(tmp_path, "-s", "sglang-hybrid-*")["cells"]}
-    assert len(cells) == 40, sorted(cells)
+    assert len(cells) == 43, sorted(cells)
     failed = {n: (c["verdict"], c["findings"][:2]) for n, c in cells.items() if c["verdict"] != "PASS"}
     assert not failed, failed
     for name, c in cells.items():
@@ -335,3 +335,19 @@ def test_a_commit_into_the_request_rows_instead_of_the_state_slots_is_seen(tmp_p
     for name, cell in patched.items():
         assert cell["verdict"] == "DIVERGE", (name, cell["findings"])
         assert any("post-verify commit: " in f["message"] for f in cell["findings"]), cell["findings"]
+
+
+def test_a_pipeline_parallel_commit_that_reads_the_batch_rows_is_seen(tmp_path):
+    """Under SGLANG_ENABLE_PP_SPEC the verify keeps each request's step states at its request row;
+    a commit that reads them at the batch rows commits another request's states (or untouched
+    rows'), and only the stable-rows scenario can tell."""
+    require_sglang()
+    old = "src_indices_raw = req_pool_indices[:request_number]"
+    patched = _patched_cells(tmp_path, "sglang-hybrid-verify-commit*", old, "src_indices_raw = None")
+    assert len(patched) == 9, sorted(patched)
+    for name, cell in patched.items():
+        if "-commit-pp@" in name:
+            assert cell["verdict"] == "DIVERGE", (name, cell["findings"])
+            assert any(f["message"].startswith("post-verify commit: ") for f in cell["findings"]), cell["findings"]
+        else:
+            assert cell["verdict"] in ("PASS", "NOT_REACHED"), (name, cell["verdict"])

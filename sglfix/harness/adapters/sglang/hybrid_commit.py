@@ -73,9 +73,13 @@ def _depth(down: list[int], across: list[int], node: int, n: int) -> int:
     return max((1 + _depth(down, across, c, n) for c in _children(down, across, node, n)), default=0)
 
 
-def verify_commit(*, runner: Any, backend: Any, rows: Any, accept: list[int], spec_info: Any, seed: int) -> str:
+def verify_commit(
+    *, runner: Any, backend: Any, rows: Any, accept: list[int], spec_info: Any, seed: int, stable_rows: bool
+) -> str:
     """Run the worker's commit for accept lengths ``accept`` over the batch rows ``rows`` and
-    judge the pool's states after it ("" when they are right)."""
+    judge the pool's states after it ("" when they are right). ``stable_rows``: the verify kept
+    each request's step states at its request row (pipeline-parallel speculation,
+    ``SGLANG_ENABLE_PP_SPEC``: a row of a delayed micro-batch stays put), else at its batch row."""
     import torch
     from sglang.srt.speculative.spec_utils import commit_mamba_states_after_verify
 
@@ -110,7 +114,8 @@ def verify_commit(*, runner: Any, backend: Any, rows: Any, accept: list[int], sp
         commit_mamba_states_after_verify(
             SimpleNamespace(model_runner=runner), batch, accept_lens.to(device), accept_index.to(device), dtn
         )
-    want = {slot: (b, path[-1]) for b, (slot, path) in enumerate(zip(slots, paths))}
+    source = rows.tolist() if stable_rows else list(range(bs))
+    want = {slot: (source[b], path[-1], b) for b, (slot, path) in enumerate(zip(slots, paths))}
     return _judge("SSM state", caches.temporal, temporal, steps, want) or next(
         (
             wrong
@@ -121,15 +126,16 @@ def verify_commit(*, runner: Any, backend: Any, rows: Any, accept: list[int], sp
     )
 
 
-def _judge(what: str, got: Any, before: Any, steps: Any, want: dict[int, tuple[int, int]]) -> str:
-    """``got[:, slot]`` for every slot: the step state ``want`` names, else unchanged."""
+def _judge(what: str, got: Any, before: Any, steps: Any, want: dict[int, tuple[int, int, int]]) -> str:
+    """``got[:, slot]`` for every slot: the step state ``want`` names (source row, step, request),
+    else unchanged."""
     import torch
 
     for slot in range(got.shape[1]):
         have = got[:, slot]
         if slot in want:
-            b, step = want[slot]
-            if torch.equal(have, steps[:, b, step]):
+            row, step, b = want[slot]
+            if torch.equal(have, steps[:, row, step]):
                 continue
             return f"request {b}'s state slot {slot} {_holds(have, before[:, slot], steps)} for its {what}, its last accepted step is {step}"
         if not torch.equal(have, before[:, slot]):

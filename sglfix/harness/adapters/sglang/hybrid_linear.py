@@ -158,6 +158,7 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
                 accept=list(scenario.accept_lens),
                 spec_info=prepared.case.forward_batch.spec_info,
                 seed=scenario.seed,
+                stable_rows=(scenario.env or {}).get("SGLANG_ENABLE_PP_SPEC", "").lower() in ("1", "true", "yes", "on"),
             )
         return out
 
