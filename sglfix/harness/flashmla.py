@@ -149,6 +149,11 @@ def flash_mla_with_kvcache(  # noqa: PLR0913 - FlashMLA's own signature, as sgla
         pos = [j for j in range(n) if in_ranges(covered[b], j // PAGE)]
         if not pos:
             continue
+        if pos[-1] // PAGE >= table.shape[1]:
+            # The kernel would read past the row (the next request's blocks, or past the table).
+            raise OutOfBounds(
+                f"block_table is {table.shape[1]} blocks wide; request {b}'s {n} keys need {pos[-1] // PAGE + 1}"
+            )
         blocks = table[b, [j // PAGE for j in pos]]
         if int(blocks.min()) < 0 or int(blocks.max()) >= k_cache.shape[0]:
             raise OutOfBounds(f"block_table row {b} names a block outside the cache ({k_cache.shape[0]} blocks)")

@@ -58,3 +58,25 @@ def test_a_replay_whose_steps_get_too_few_rows_crashes_the_code_not_sglfix(tmp_p
             assert cell["verdict"] == "CRASH", (name, cell["verdict"], cell["findings"][:2])
         else:
             assert cell["verdict"] == "DIVERGE", (name, cell["verdict"])
+
+
+def test_a_block_table_narrower_than_a_requests_keys_is_the_codes_crash():
+    """A block table sized for fewer pages than a request's keys (a max_seqlen_pad rounded to
+    the wrong page size): FlashMLA's kernel reads past the row; the stand-in reports the code's
+    OutOfBounds, never an IndexError of its own (sglfix's ERROR)."""
+    import pytest
+    import torch
+
+    from sglfix.harness import flashmla
+    from sglfix.harness.codefault import OutOfBounds
+
+    lens = torch.tensor([70, 10], dtype=torch.int32)
+    meta, splits = flashmla.get_mla_metadata(lens, 1, 1)
+    q = torch.randn(2, 1, 4, 8)
+    cache = torch.randn(4, flashmla.PAGE, 1, 8)
+    narrow = torch.tensor([[0], [1]], dtype=torch.int32)  # one page; request 0's 70 keys need two
+    with pytest.raises(OutOfBounds, match="block_table is 1 blocks wide; request 0's 70 keys need 2"):
+        flashmla.flash_mla_with_kvcache(q, cache, narrow, lens, 8, meta, splits)
+    wide = torch.tensor([[0, 2], [1, 3]], dtype=torch.int32)
+    out, _ = flashmla.flash_mla_with_kvcache(q, cache, wide, lens, 8, meta, splits)
+    assert out.shape == (2, 1, 4, 8) and torch.isfinite(out).all()

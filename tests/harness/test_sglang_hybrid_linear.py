@@ -351,3 +351,22 @@ def test_a_pipeline_parallel_commit_that_reads_the_batch_rows_is_seen(tmp_path):
             assert any(f["message"].startswith("post-verify commit: ") for f in cell["findings"]), cell["findings"]
         else:
             assert cell["verdict"] in ("PASS", "NOT_REACHED"), (name, cell["verdict"])
+
+
+def test_a_capture_that_hands_the_graph_another_link_buffer_is_seen_at_replay(tmp_path):
+    """A tree verify's capture that hands its kernels another size's link buffer: every replay
+    refills its own size's buffer, which the graph never reads. The replay's metadata is right;
+    only the address the capture handed out shows it."""
+    require_sglang()
+    old = "retrieve_next_token=self.retrieve_next_token_list[bs - 1],"
+    new = "retrieve_next_token=self.retrieve_next_token_list[(bs - 2) if in_capture else bs - 1],"
+    patch = breaking_patch(tmp_path, "hybrid_linear_attn_backend", old, new, occurrence=2)
+    cells = _run(tmp_path, "-s", "sglang-hybrid-target-verify-tree@*", "--apply", str(patch))["cells"]
+    patched = {c["scenario"]: c for c in cells if c.get("toggles")}
+    assert len(patched) == 3, sorted(patched)
+    for name, cell in patched.items():
+        if "cg=graph" in name:
+            assert cell["verdict"] == "DIVERGE", (name, cell["findings"])
+            assert "hands retrieve_next_token at another address than its capture did" in _linear_message(cell)
+        else:
+            assert cell["verdict"] in ("PASS", "NOT_REACHED"), (name, cell["verdict"])

@@ -450,7 +450,36 @@ def _linear_reference(metadata: Any, batch: Any, backend: Any) -> str:
             want.append(want[-1] + n)
     if qsl != want:
         return f"query_start_loc = {qsl}, the batch's token offsets are {want}"
-    return _by_mode(metadata, batch, backend, offsets=want, real=real, bs=bs)
+    return _by_mode(metadata, batch, backend, offsets=want, real=real, bs=bs) or _captured_addresses(
+        metadata, backend, bs=bs
+    )
+
+
+# The linear metadata a captured graph's kernels read by address: a replay must hand them the
+# buffers the capture of its size handed out, whatever it writes into them.
+_GRAPH_FIELDS = ("query_start_loc", "mamba_cache_indices", "retrieve_next_token", "retrieve_next_sibling")
+
+
+def _captured_addresses(metadata: Any, backend: Any, *, bs: int) -> str:
+    """A capture records where each graph-read field lives; a replay of that size must hand the
+    same buffers (a capture that handed another buffer leaves the graph reading it, stale, on
+    every replay, however right the replay's own metadata is)."""
+    phase = getattr(backend, "_sglfix_phase", "eager")
+    if phase == "eager":
+        return ""
+    seen = backend.__dict__.setdefault("_sglfix_graph_addresses", {}).setdefault(bs, {})
+    for name in _GRAPH_FIELDS:
+        value = getattr(metadata, name, None)
+        if value is None or not hasattr(value, "data_ptr"):
+            continue
+        if phase == "capture":
+            seen.setdefault(name, value.data_ptr())
+        elif name in seen and value.data_ptr() != seen[name]:
+            return (
+                f"a replay of size {bs} hands {name} at another address than its capture did: the "
+                "captured kernels read the capture's buffer, which the replay does not refill"
+            )
+    return ""
 
 
 def _by_mode(metadata: Any, batch: Any, backend: Any, *, offsets: list[int], real: int, bs: int) -> str:
