@@ -521,7 +521,10 @@ def test_a_multi_item_batch_where_nothing_runs_one_is_one_line_before_any_cell(t
             "    backend: triton\n    mode: EXTEND\n",
             "",
             sglang,
-            ("sets batch.items with backend triton in mode EXTEND", "runs on flashinfer in EXTEND only"),
+            (
+                "sets batch.items with backend triton in mode EXTEND",
+                "runs on flashinfer in EXTEND; hybrid_linear in EXTEND only",
+            ),
         ),
         (
             "graph",

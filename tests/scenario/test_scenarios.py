@@ -135,12 +135,17 @@ ENCODER_DECODER_BAD = [
 
 @pytest.mark.parametrize("batch,extra,needle", ENCODER_DECODER_BAD, ids=[b[2][:24] for b in ENCODER_DECODER_BAD])
 def test_an_encoder_decoder_batch_is_refused_at_load_where_it_cannot_run(tmp_path, batch, extra, needle):
+    msg = _refused(tmp_path, f"name: x\nbackend: flashinfer\nmode: DECODE\nbatch: {{{batch}}}\n{extra}\n")
+    assert needle in msg and "\n" not in msg, msg
+
+
+def _refused(tmp_path, text: str) -> str:
+    """The one-line error loading ``text`` as a scenario file raises."""
     f = tmp_path / "bad.yaml"
-    f.write_text(f"name: x\nbackend: flashinfer\nmode: DECODE\nbatch: {{{batch}}}\n{extra}\n")
+    f.write_text(text)
     with pytest.raises(ConfigError) as info:
         load_scenario_file(f)
-    msg = str(info.value)
-    assert needle in msg and "\n" not in msg, msg
+    return str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -254,11 +259,7 @@ HYBRID_ITEMS_BAD = [
 
 @pytest.mark.parametrize("batch,extra,needle", HYBRID_ITEMS_BAD, ids=[b[2][:30] for b in HYBRID_ITEMS_BAD])
 def test_a_hybrid_scores_items_only_as_sglang_does_gdn_over_flashinfer_without_prefixes(tmp_path, batch, extra, needle):
-    f = tmp_path / "bad.yaml"
-    f.write_text(f"name: x\nbackend: hybrid_linear\nmode: EXTEND\nbatch: {{{batch}}}\n{extra}\n")
-    with pytest.raises(ConfigError) as info:
-        load_scenario_file(f)
-    msg = str(info.value)
+    msg = _refused(tmp_path, f"name: x\nbackend: hybrid_linear\nmode: EXTEND\nbatch: {{{batch}}}\n{extra}\n")
     assert needle in msg and "\n" not in msg, msg
     text = "name: x\nbackend: hybrid_linear\nmode: EXTEND\nbatch: {prefix_lens: [0, 0], extend_lens: [9, 4], "
     (ok,) = _load(tmp_path, text + "items: [[2, 1], null]}\n", name="ok.yaml")

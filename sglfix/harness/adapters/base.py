@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from sglfix.harness.unavailable import NoOutput
     from sglfix.scenario.models import Scenario
 
-__all__ = ["AdapterBase", "BackendAdapter", "MetadataHook", "Prepared", "require_flashinfer"]
+__all__ = ["AdapterBase", "BackendAdapter", "Dispatch", "MetadataHook", "Prepared", "require_flashinfer"]
 
 
 def require_flashinfer(device: str) -> None:
@@ -101,3 +101,45 @@ class AdapterBase:
     def unread_fields(self, prepared: Prepared, backend: Any) -> dict[str, str]:
         """Every field digested: the adapter declares none unread."""
         return {}
+
+
+class Dispatch(AdapterBase):
+    """One ``backend:`` whose cells two adapters build, by the scenario: every call goes to the
+    adapter that built the cell, told by the scenario (``_for_scenario``), the case it built
+    (``_by_case``) or the backend it made (``_by_backend``)."""
+
+    def _for_scenario(self, scenario: Any) -> Any:
+        raise NotImplementedError
+
+    def _by_case(self, prepared: Prepared) -> Any:
+        raise NotImplementedError
+
+    def _by_backend(self, backend: Any) -> Any:
+        raise NotImplementedError
+
+    def build(self, scenario: Any, *, device: str) -> Prepared:
+        return self._for_scenario(scenario).build(scenario, device=device)
+
+    def make_backend(self, prepared: Prepared) -> Any:
+        return self._by_case(prepared).make_backend(prepared)
+
+    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
+        return self._by_case(prepared).capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
+
+    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
+        return self._by_case(prepared).run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
+
+    def static_buffers(self, backend: Any) -> list:
+        return self._by_backend(backend).static_buffers(backend)
+
+    def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
+        return self._by_backend(backend).metadata_views(backend, forward_batch)
+
+    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
+        return self._by_case(prepared).check_metadata(prepared, backend)
+
+    def reference(self, prepared: Prepared) -> tuple[Any, Any]:
+        return self._by_case(prepared).reference(prepared)
+
+    def unread_fields(self, prepared: Prepared, backend: Any) -> dict[str, str]:
+        return self._by_case(prepared).unread_fields(prepared, backend)

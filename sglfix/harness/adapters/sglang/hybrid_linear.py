@@ -37,7 +37,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import AdapterBase, Prepared
+from sglfix.harness.adapters.base import Dispatch, Prepared
 from sglfix.harness.adapters.sglang.flashinfer_dense import SglangFlashInferAdapter, flashinfer_module
 from sglfix.harness.adapters.sglang.guards import guard_buffers
 from sglfix.harness.adapters.sglang.hybrid_commit import verify_commit
@@ -545,7 +545,7 @@ class SglangHybridFlashInferAdapter(SglangHybridLinearAdapter, SglangFlashInferA
         return full
 
 
-class HybridLinearAdapter(AdapterBase):
+class HybridLinearAdapter(Dispatch):
     """``backend: hybrid_linear``: the hybrid over Triton, or over FlashInfer for a multi-item
     scoring batch (``batch.items``). Each call goes to the adapter that built the cell."""
 
@@ -561,32 +561,8 @@ class HybridLinearAdapter(AdapterBase):
     def _by_backend(self, backend: Any) -> Any:
         return self.flashinfer if getattr(backend, "_sglfix_items", None) is not None else self.triton
 
-    def build(self, scenario: Any, *, device: str) -> Prepared:
-        return (self.triton if scenario.items is None else self.flashinfer).build(scenario, device=device)
-
-    def make_backend(self, prepared: Prepared) -> Any:
-        return self._by_case(prepared).make_backend(prepared)
-
-    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        return self._by_case(prepared).capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
-
-    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        return self._by_case(prepared).run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
-
-    def static_buffers(self, backend: Any) -> list:
-        return self._by_backend(backend).static_buffers(backend)
-
-    def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
-        return self._by_backend(backend).metadata_views(backend, forward_batch)
-
-    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
-        return self._by_case(prepared).check_metadata(prepared, backend)
-
-    def reference(self, prepared: Prepared) -> tuple[Any, Any]:
-        return self._by_case(prepared).reference(prepared)
-
-    def unread_fields(self, prepared: Prepared, backend: Any) -> dict[str, str]:
-        return self._by_case(prepared).unread_fields(prepared, backend)
+    def _for_scenario(self, scenario: Any) -> Any:
+        return self.triton if scenario.items is None else self.flashinfer
 
 
 ADAPTER = HybridLinearAdapter()

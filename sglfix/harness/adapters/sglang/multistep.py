@@ -12,7 +12,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglfix.harness.adapters.base import AdapterBase, Prepared
+from sglfix.harness.adapters.base import AdapterBase, Dispatch, Prepared
 from sglfix.harness.adapters.sglang.draft_checks import (
     check_draft_metadata,
     check_planned_reads,
@@ -192,7 +192,7 @@ class Owner:
         self.backend, self.case = backend, case
 
 
-class DraftOrDense(AdapterBase):
+class DraftOrDense(Dispatch):
     """One ``backend:`` on real sglang whose multi-step draft (DRAFT_DECODE) has its own adapter
     (``draft``) and every other mode the one-layer adapter (``dense``). Each call goes to the
     adapter that built the cell: a draft case has a ``family``, a draft backend its case."""
@@ -207,29 +207,5 @@ class DraftOrDense(AdapterBase):
         draft = isinstance(backend, Owner) or getattr(backend, "_sglfix_case", None) is not None
         return self.draft if draft else self.dense
 
-    def build(self, scenario: Any, *, device: str) -> Prepared:
-        return (self.draft if scenario.mode == "DRAFT_DECODE" else self.dense).build(scenario, device=device)
-
-    def make_backend(self, prepared: Prepared) -> Any:
-        return self._by_case(prepared).make_backend(prepared)
-
-    def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        return self._by_case(prepared).capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
-
-    def run(self, prepared: Prepared, backend: Any, runner: Any, *, scenario: Any, on_metadata: Any) -> Any:
-        return self._by_case(prepared).run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
-
-    def static_buffers(self, backend: Any) -> list:
-        return self._by_backend(backend).static_buffers(backend)
-
-    def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
-        return self._by_backend(backend).metadata_views(backend, forward_batch)
-
-    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
-        return self._by_case(prepared).check_metadata(prepared, backend)
-
-    def reference(self, prepared: Prepared) -> tuple[Any, Any]:
-        return self._by_case(prepared).reference(prepared)
-
-    def unread_fields(self, prepared: Prepared, backend: Any) -> dict[str, str]:
-        return self._by_case(prepared).unread_fields(prepared, backend)
+    def _for_scenario(self, scenario: Any) -> Any:
+        return self.draft if scenario.mode == "DRAFT_DECODE" else self.dense
