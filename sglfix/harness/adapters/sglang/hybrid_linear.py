@@ -42,7 +42,7 @@ from sglfix.harness.adapters.sglang.flashinfer_dense import SglangFlashInferAdap
 from sglfix.harness.adapters.sglang.guards import guard_buffers
 from sglfix.harness.adapters.sglang.hybrid_commit import verify_commit
 from sglfix.harness.adapters.sglang.hybrid_mamba2 import mamba2_reference, mamba2_view
-from sglfix.harness.adapters.sglang.hybrid_mis import gdn_mis_reference
+from sglfix.harness.adapters.sglang.hybrid_mis import gdn_mis_reference, gdn_mis_view
 from sglfix.harness.adapters.sglang.hybrid_short_conv import short_conv_reference, short_conv_view
 from sglfix.harness.adapters.sglang.hybrid_track import (
     TRACK_FIELDS,
@@ -158,7 +158,7 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
                 accept=list(scenario.accept_lens),
                 spec_info=prepared.case.forward_batch.spec_info,
                 seed=scenario.seed,
-                stable_rows=(scenario.env or {}).get("SGLANG_ENABLE_PP_SPEC", "").lower() in ("1", "true", "yes", "on"),
+                stable_rows=_pp_spec(),
             )
         return out
 
@@ -250,21 +250,16 @@ def _mis_reference(backend: Any, batch: Any) -> str:
 
 
 def _mis_view(backend: Any) -> dict[str, Any]:
-    """GDN's multi-item segments, for the digest of what its forward reads."""
-    metadata = getattr(backend._sglfix_linear, "mis_metadata", None)
-    if metadata is None:
-        return {}
-    return {f"mis_{name}": getattr(metadata, name) for name in _MIS_FIELDS}
+    return gdn_mis_view(getattr(backend._sglfix_linear, "mis_metadata", None))
 
 
-_MIS_FIELDS = (
-    "query_token_indices",
-    "query_cu_seqlens",
-    "query_request_indices",
-    "item_token_indices",
-    "item_cu_seqlens",
-    "item_request_indices",
-)
+def _pp_spec() -> bool:
+    """Whether the engine runs pipeline-parallel speculation (step states at the request rows),
+    as sglang's own flag parser reads the cell's environment; False where it has no such flag."""
+    from sglang.srt.environ import envs
+
+    flag = getattr(envs, "SGLANG_ENABLE_PP_SPEC", None)
+    return bool(flag is not None and flag.get())
 
 
 def _live(backend: Any, batch: Any) -> tuple[int, list[int]]:

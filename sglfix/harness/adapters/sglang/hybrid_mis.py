@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["gdn_mis_reference", "gdn_mis_segments"]
+__all__ = ["gdn_mis_reference", "gdn_mis_segments", "gdn_mis_view"]
 
 # The fields, their dtype and the host list that mirrors each split.
 _INDEX = ("query_token_indices", "query_request_indices", "item_token_indices", "item_request_indices")
@@ -94,3 +94,10 @@ def _tensor(got: Any, name: str, want: list[int], dtype: Any, device: Any) -> st
         at = next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), min(len(have), len(want)))
         return f"{name} = {have} ({len(have)} entries), the batch's segments give {want} (first difference at {at})"
     return ""
+
+
+def gdn_mis_view(metadata: Any) -> dict[str, Any]:
+    """The segments GDN's multi-item forward reads, for the digest ({} without them)."""
+    if metadata is None:
+        return {}
+    return {f"mis_{name}": getattr(metadata, name) for name in (*_INDEX, *(cu for cu, _ in _CU))}
