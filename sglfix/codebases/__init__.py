@@ -231,6 +231,12 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
                 "batch.accept_lens",
                 "runs no commit after a verify here",
             ),
+            (
+                getattr(s, "dcp_size", 1) > 1 and getattr(s, "probe", None) is None,
+                "decode_context_parallel",
+                "dcp_size",
+                "builds no decode context-parallel metadata here",
+            ),
         )
         for given, field, key, lacks in read_by:
             if given:

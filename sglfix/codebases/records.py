@@ -100,6 +100,9 @@ class Profile:
     # Backends whose adapter runs the worker's commit after a verify (a TARGET_VERIFY's
     # ``batch.accept_lens``: each request's state at its last accepted step made its own).
     verify_commit: tuple[str, ...] = ()
+    # Backends whose adapter builds every rank's metadata of a decode context-parallel batch
+    # (a scenario's ``dcp_size`` > 1).
+    decode_context_parallel: tuple[str, ...] = ()
     # Where the code base declares its engine flags, ``path.py:Class`` in its package (a scenario's
     # ``env:`` is checked against them); "" where it has none (the reproduction).
     engine_flags: str = ""

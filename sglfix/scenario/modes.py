@@ -159,6 +159,8 @@ class BackendRule:
     # Whether a TARGET_VERIFY takes batch.accept_lens: the worker's commit after the verify (a
     # hybrid model's linear states at each request's last accepted step).
     verify_commit: bool = False
+    # Modes a decode context-parallel cell (dcp_size > 1: every rank's metadata, one process) runs in.
+    dcp_modes: tuple[str, ...] = ()
 
 
 _HALF = ("float16", "bfloat16")
@@ -174,6 +176,9 @@ _BACKEND_RULES = (
         sync_free=True,
         kernels="Triton kernels (compiled on CUDA, interpreted on CPU)",
         sliding_window_modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND_V2", "DRAFT_DECODE"),
+        # Real sglang only: TritonAttnBackend's per-rank KV indices (_dcp_kv_indices) for a decode
+        # (eager and graph) and a prefill's cached prefix.
+        dcp_modes=("DECODE", "EXTEND"),
     ),
     # Real sglang runs every mode of it (sglang.flashinfer_dense); the reproduction models the
     # decode and the draft only (its profile's backend_modes).

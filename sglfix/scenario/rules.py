@@ -263,13 +263,8 @@ def check_node(node: Any) -> None:
     if node.probe is not None:
         _check_probe(node)
     else:
-        if node.dcp_size != 1:
-            raise NodeError(
-                f"uses backend {node.backend}; dcp_size applies to probe "
-                f"{' or '.join(r.name for r in PROBE_RULES.values() if 'dcp_size' in r.reads)} only; drop it",
-                at="dcp_size",
-            )
         _check_backend(node)
+        _check_dcp(node)
     rule = rule_for(node.mode, node.backend)
     if node.builder not in rule.builders:
         raise NodeError(
@@ -522,6 +517,32 @@ def _check_items(node: Any) -> None:
                 f"batch.extend_lens[{i}] or shorten its items",
                 at=("batch", "items", i),
             )
+
+
+def _check_dcp(node: Any) -> None:
+    """Decode context parallelism (dcp_size > 1) where a backend builds every rank's metadata: its
+    modes, eager for a prefill (the prefill runner captures no DCP batch), and none of what sglang's
+    DCP paths refuse or the one-process cell cannot split by rank."""
+    if node.dcp_size == 1:
+        return
+    brule = backend_rule(node.backend)
+    if not brule.dcp_modes:
+        probes = " or ".join(r.name for r in PROBE_RULES.values() if "dcp_size" in r.reads)
+        raise NodeError(
+            f"uses backend {node.backend}; dcp_size applies to "
+            f"{_backends_where(lambda r: bool(r.dcp_modes))} and probe {probes} only; drop it",
+            at="dcp_size",
+        )
+    _refuse_mode(node, brule, modes="dcp_modes", at=("dcp_size",), what="decode context parallelism", tail=_PICK)
+    for given, key, why in (
+        (node.mode == "EXTEND" and node.cuda_graph is not None, "cuda_graph", "no prefill graph captures a DCP batch"),
+        (node.model.sliding_window is not None, "model.sliding_window", "sglang's DCP Triton paths take no window"),
+        (node.batch.encoder_lens is not None, "batch.encoder_lens", "sglang's DCP paths build no encoder offset"),
+        (node.batch.items is not None, "batch.items", "a scored batch runs on FlashInfer"),
+        (node.builder != "kit", "builder", "the glue's batch is a spec-v2 draft extend"),
+    ):
+        if given:
+            raise NodeError(f"sets dcp_size {node.dcp_size} and {key}; {why}: drop one", at="dcp_size")
 
 
 def _check_verify_commit(node: Any, accept: Any, bs: int) -> None:

@@ -441,11 +441,14 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
     # An encoder-decoder row: the encoder's tokens, then the decoder's (decoder position i at i + enc).
     enc = _encoder_lens(scenario)
     totals = [n + p + e for n, p, e in zip(enc, scenario.prefix_lens, scenario.extend_lens)]
+    # Under decode context parallelism sglang's allocator hands out pages of page_size x dcp_size
+    # slots, so that a position's slot modulo dcp_size is its owner rank's.
+    alloc_page = scenario.page_size * scenario.dcp_size
     row_loc = _scatter_layout(
         totals=totals,
-        page_size=scenario.page_size,
+        page_size=alloc_page,
         gen=gen,
-        num_pages=runner.token_to_kv_pool.size // scenario.page_size,
+        num_pages=runner.token_to_kv_pool.size // alloc_page,
     )
 
     def loc(req: int, pos: int) -> int:

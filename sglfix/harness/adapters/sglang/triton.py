@@ -198,16 +198,30 @@ def _record_lean_requests(backend: Any, asked: list[bool]) -> None:
 
 class TritonAdapter(DraftOrDense):
     """``backend: triton`` on real sglang: the multi-step draft (DRAFT_DECODE) through
-    ``sglang.triton_draft``, every other mode through one layer of ``TritonAttnBackend`` (the
-    adapter above). Each call goes to the adapter that built the cell."""
+    ``sglang.triton_draft``, decode context parallelism (``dcp_size`` > 1) through
+    ``sglang.triton_dcp``, every other mode through one layer of ``TritonAttnBackend`` (the adapter
+    above). Each call goes to the adapter that built the cell."""
 
     name = "triton"
     metadata_fields = SglangTritonAdapter.metadata_fields
 
     def __init__(self) -> None:
+        from sglfix.harness.adapters.sglang.triton_dcp import TritonDCPAdapter
         from sglfix.harness.adapters.sglang.triton_draft import TritonDraftAdapter
 
         self.draft, self.dense = TritonDraftAdapter(), SglangTritonAdapter()
+        self.dcp = TritonDCPAdapter(self.metadata_fields)
+
+    def _by_case(self, prepared: Prepared) -> Any:
+        from sglfix.harness.adapters.sglang.triton_dcp import DcpCase
+
+        return self.dcp if isinstance(prepared.case, DcpCase) else super()._by_case(prepared)
+
+    def _by_backend(self, backend: Any) -> Any:
+        return self.dcp if hasattr(backend, "_sglfix_rank") else super()._by_backend(backend)
+
+    def _for_scenario(self, scenario: Any) -> Any:
+        return self.dcp if scenario.dcp_size > 1 else super()._for_scenario(scenario)
 
 
 ADAPTER = TritonAdapter()
