@@ -185,8 +185,8 @@ LIMITS: tuple[Limit, ...] = (
     Limit(
         "`dcp_size`",
         f"1 .. {MAX_DCP_SIZE}",
-        "decode context-parallel ranks (the allocator's page is page_size x dcp_size); probe req-to-token-headroom "
-        "only",
+        "decode context-parallel ranks (the allocator's page is page_size x dcp_size); probe req-to-token-headroom, "
+        "and triton in DECODE and EXTEND on real sglang",
     ),
     Limit("`spec.topk`", f"1 .. {MAX_TOPK}", "DRAFT_EXTEND, deepseek_v4 and flashmla's DRAFT_DECODE: 1"),
     Limit(

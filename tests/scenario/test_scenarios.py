@@ -414,6 +414,18 @@ BAD = [
         6,
         "does not fit a draft tree",
     ),
+    # Decode context parallelism: where a backend builds every rank's metadata, in its modes.
+    ("name: x\nbackend: flashinfer\nmode: DECODE\nbatch: {prefix_lens: [3]}\ndcp_size: 2\n", 5, "dcp_size applies to"),
+    (
+        "name: x\nmode: TARGET_VERIFY\nbatch: {prefix_lens: [3]}\ndcp_size: 2\n",
+        4,
+        "decode context parallelism runs on triton in DECODE, EXTEND",
+    ),
+    (
+        "name: x\nmode: EXTEND\nbatch: {prefix_lens: [3], extend_lens: 1}\ndcp_size: 2\nmodel: {sliding_window: 4}\n",
+        4,
+        "sets dcp_size 2 and model.sliding_window",
+    ),
     # Names: printed and matched by glob; whitespace and control characters are refused.
     ("name: my scenario\nmode: DECODE\nbatch: {prefix_lens: [3]}\n", 1, "without spaces"),
     ('name: "a\\tb"\nmode: DECODE\nbatch: {prefix_lens: [3]}\n', 1, "control characters"),
