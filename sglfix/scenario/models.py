@@ -291,6 +291,10 @@ class ModelShape(StrictModel):
     # decompressed per head, the cached prefix attended in chunks of this many tokens, sglang's
     # SGLANG_MAX_KV_CHUNK_CAPACITY; one shot where the whole batch fits).
     mha_chunk: bounded(1, MAX_TOKENS_PER_REQUEST, f"{MAX_TOKENS_PER_REQUEST} tokens") | None = None
+    # A hybrid model with per-layer-embedding side states beside its linear layers' (Qwen4-Exp's PLE:
+    # a short-conv window and an N-gram context per request, in the hybrid pool's state slots); the
+    # commit after a verify (batch.accept_lens) rolls them forward with the linear states.
+    ple_states: Flag = False
 
     @property
     def mla(self) -> bool:

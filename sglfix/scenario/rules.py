@@ -265,6 +265,7 @@ def check_node(node: Any) -> None:
     else:
         _check_backend(node)
         _check_dcp(node)
+        _check_ple(node)
     rule = rule_for(node.mode, node.backend)
     if node.builder not in rule.builders:
         raise NodeError(
@@ -543,6 +544,21 @@ def _check_dcp(node: Any) -> None:
     ):
         if given:
             raise NodeError(f"sets dcp_size {node.dcp_size} and {key}; {why}: drop one", at="dcp_size")
+
+
+def _check_ple(node: Any) -> None:
+    """Per-layer-embedding side states: sglang's hybrid backend touches them in the commit after a
+    verify only, so a scenario asks for them where it runs that commit."""
+    if not node.model.ple_states:
+        return
+    commits = node.mode == "TARGET_VERIFY" and node.batch.accept_lens is not None
+    if not commits or not backend_rule(node.backend).verify_commit:
+        where = ", ".join(r.name for r in BACKEND_RULES.values() if r.verify_commit)
+        raise NodeError(
+            "sets model.ple_states; the side states are rolled forward by the commit after a verify only: "
+            f"give mode TARGET_VERIFY with batch.accept_lens on {where}, or drop it",
+            at=("model", "ple_states"),
+        )
 
 
 def _check_verify_commit(node: Any, accept: Any, bs: int) -> None:

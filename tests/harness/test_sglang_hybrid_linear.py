@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from real_sglang import breaking_patch, require_sglang, run_cli
 
 _run = run_cli
@@ -36,7 +37,7 @@ def _linear_message(cell: dict) -> str:
 def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
     require_sglang()
     cells = {c["scenario"]: c for c in _run(tmp_path, "-s", "sglang-hybrid-*")["cells"]}
-    assert len(cells) == 43, sorted(cells)
+    assert len(cells) == 49, sorted(cells)
     failed = {n: (c["verdict"], c["findings"][:2]) for n, c in cells.items() if c["verdict"] != "PASS"}
     assert not failed, failed
     for name, c in cells.items():
@@ -55,6 +56,10 @@ def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
         ), (name, c["findings"])
         commits = [f["message"] for f in c["findings"] if f["message"].startswith("post-verify commit")]
         assert len(commits) == ("-verify-commit" in name), (name, c["findings"])
+        if commits:
+            # A PLE model's side states are judged beside its linear states.
+            side = ", short-conv side state, N-gram context" if "-ple" in name else ""
+            assert f"conv window (conv state 0){side}, and no other slot changed" in commits[0], commits
 
 
 def test_a_padded_row_reading_a_live_state_slot_is_seen(tmp_path):
@@ -344,13 +349,46 @@ def test_a_pipeline_parallel_commit_that_reads_the_batch_rows_is_seen(tmp_path):
     require_sglang()
     old = "src_indices_raw = req_pool_indices[:request_number]"
     patched = _patched_cells(tmp_path, "sglang-hybrid-verify-commit*", old, "src_indices_raw = None")
-    assert len(patched) == 9, sorted(patched)
+    assert len(patched) == 15, sorted(patched)
     for name, cell in patched.items():
-        if "-commit-pp@" in name:
+        if "-pp@" in name:
             assert cell["verdict"] == "DIVERGE", (name, cell["findings"])
             assert any(f["message"].startswith("post-verify commit: ") for f in cell["findings"]), cell["findings"]
         else:
             assert cell["verdict"] in ("PASS", "NOT_REACHED"), (name, cell["verdict"])
+
+
+@pytest.mark.parametrize(
+    "old, new, needle",
+    [
+        # The side states committed one step short: the linear states are right, the side states not.
+        (
+            "                state_indices_tensor,\n                last_correct_step_indices,\n                src_indices_raw,\n",
+            "                state_indices_tensor,\n                last_correct_step_indices - 1,\n                src_indices_raw,\n",
+            "for its short-conv side state",
+        ),
+        # The N-gram context left out of the commit: each request keeps its old context.
+        (
+            "ngram_pool.intermediate_context is not None",
+            "ngram_pool.intermediate_context is None",
+            "kept its state (nothing committed) for its N-gram context",
+        ),
+    ],
+    ids=["side-states-one-step-short", "ngram-context-left-out"],
+)
+def test_a_commit_that_rolls_the_ple_side_states_wrong_is_seen(tmp_path, old, new, needle):
+    """A PLE model's side states are committed beside its linear states, by their own scatter; a
+    fault there leaves the linear states right, and only the PLE scenarios can tell."""
+    require_sglang()
+    patched = _patched_cells(tmp_path, "sglang-hybrid-verify-commit*", old, new)
+    assert len(patched) == 15, sorted(patched)
+    for name, cell in patched.items():
+        if "-ple" not in name:
+            assert cell["verdict"] == "PASS", (name, cell["verdict"], cell["findings"][:2])
+            continue
+        assert cell["verdict"] == "DIVERGE", (name, cell["findings"])
+        message = next(f["message"] for f in cell["findings"] if f["verdict"] == "DIVERGE")
+        assert message.startswith("post-verify commit: request ") and needle in message, message
 
 
 def test_a_capture_that_hands_the_graph_another_link_buffer_is_seen_at_replay(tmp_path):

@@ -426,6 +426,11 @@ BAD = [
         4,
         "sets dcp_size 2 and model.sliding_window",
     ),
+    (
+        "name: x\nbackend: hybrid_linear\nmode: DECODE\nbatch: {prefix_lens: [3]}\nmodel: {ple_states: true}\n",
+        5,
+        "the side states are rolled forward by the commit after a verify only",
+    ),
     # Names: printed and matched by glob; whitespace and control characters are refused.
     ("name: my scenario\nmode: DECODE\nbatch: {prefix_lens: [3]}\n", 1, "without spaces"),
     ('name: "a\\tb"\nmode: DECODE\nbatch: {prefix_lens: [3]}\n', 1, "control characters"),

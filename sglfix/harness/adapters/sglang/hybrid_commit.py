@@ -75,9 +75,10 @@ def _depth(down: list[int], across: list[int], node: int, n: int) -> int:
 
 def verify_commit(
     *, runner: Any, backend: Any, rows: Any, accept: list[int], spec_info: Any, seed: int, stable_rows: bool
-) -> str:
+) -> tuple[str, list[str]]:
     """Run the worker's commit for accept lengths ``accept`` over the batch rows ``rows`` and
-    judge the pool's states after it ("" when they are right). ``stable_rows``: the verify kept
+    judge the pool's states after it: (what is wrong, "" when all is right; the states judged).
+    ``stable_rows``: the verify kept
     each request's step states at its request row (pipeline-parallel speculation,
     ``SGLANG_ENABLE_PP_SPEC``: a row of a delayed micro-batch stays put), else at its batch row."""
     import torch
@@ -91,12 +92,17 @@ def verify_commit(
     slots = pool.req_index_to_mamba_index_mapping[rows.to(pool.req_index_to_mamba_index_mapping.device)]
     slots = slots.to("cpu", torch.long).tolist()
     gen = torch.Generator(device="cpu").manual_seed(seed + 11)
+    side = _side_states(pool)
     # Seeded values everywhere the commit reads or writes: every (row, step) its own.
     for t in (caches.temporal, caches.intermediate_ssm, *caches.conv, *_bases(caches.intermediate_conv_window)):
         t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+    for _, state, steps_of in side:
+        for t in (state, steps_of):
+            t.copy_(_seeded(t, gen))
     temporal, conv = caches.temporal.clone(), [c.clone() for c in caches.conv]
     steps = caches.intermediate_ssm.clone()
     windows = [w.clone() for w in caches.intermediate_conv_window]
+    side_before = [(what, state.clone(), steps_of.clone()) for what, state, steps_of in side]
 
     device = caches.temporal.device
     accept_index = torch.full((bs, max(len(p) for p in paths)), -1, dtype=torch.int32)
@@ -116,14 +122,37 @@ def verify_commit(
         )
     source = rows.tolist() if stable_rows else list(range(bs))
     want = {slot: (source[b], path[-1], b) for b, (slot, path) in enumerate(zip(slots, paths))}
-    return _judge("SSM state", caches.temporal, temporal, steps, want) or next(
-        (
-            wrong
-            for i, (c, before, w) in enumerate(zip(caches.conv, conv, windows))
-            if (wrong := _judge(f"conv window (conv state {i})", c, before, w, want))
-        ),
-        "",
-    )
+    judged = [("SSM state", caches.temporal, temporal, steps)]
+    judged += [
+        (f"conv window (conv state {i})", c, b, w) for i, (c, b, w) in enumerate(zip(caches.conv, conv, windows))
+    ]
+    judged += [(what, state, before, steps_of) for (what, state, _), (_, before, steps_of) in zip(side, side_before)]
+    wrong = next((wrong for what, got, before, of in judged if (wrong := _judge(what, got, before, of, want))), "")
+    return wrong, [what for what, *_ in judged]
+
+
+def _side_states(pool: Any) -> list[tuple[str, Any, Any]]:
+    """A model's per-layer-embedding side states (Qwen4-Exp's PLE) as (what, state, per-step
+    state), each with the slot at dim 1 and (row, step) at dims 1, 2 as the linear states have
+    them; none where the pool keeps none (a release without them, or a model without them)."""
+    out = []
+    conv = getattr(pool, "short_conv_pool", None)
+    if conv is not None and conv.conv_state is not None and conv.intermediate_conv_state is not None:
+        out.append(("short-conv side state", conv.conv_state, conv.intermediate_conv_state))
+    ngram = getattr(pool, "ngram_pool", None)
+    if ngram is not None and ngram.context is not None and ngram.intermediate_context is not None:
+        # No layer dim: the N-gram context is one per request (sglang unsqueezes it the same way).
+        out.append(("N-gram context", ngram.context.unsqueeze(0), ngram.intermediate_context.unsqueeze(0)))
+    return out
+
+
+def _seeded(t: Any, gen: Any) -> Any:
+    """Seeded values of ``t``'s shape and dtype: every entry its own (token ids for an integer state)."""
+    import torch
+
+    if t.dtype.is_floating_point:
+        return torch.randn(t.shape, generator=gen).to(t.dtype)
+    return torch.randint(1, 1 << 20, t.shape, generator=gen).to(t.dtype)
 
 
 def _judge(what: str, got: Any, before: Any, steps: Any, want: dict[int, tuple[int, int, int]]) -> str:

@@ -223,14 +223,14 @@ def _short_conv(backend: Any) -> bool:
 def _check_commit(backend: Any) -> list[tuple[str, str]]:
     if "_sglfix_commit" not in backend.__dict__:
         return []
-    wrong = backend._sglfix_commit
+    wrong, states = backend._sglfix_commit
     if wrong:
         return [("DIVERGE", f"post-verify commit: {wrong}")]
     return [
         (
             "PASS",
-            "post-verify commit: each request's state slot holds its last accepted step's SSM state and conv "
-            "window, and no other slot changed",
+            f"post-verify commit: each request's state slot holds its last accepted step's {', '.join(states)}, "
+            "and no other slot changed",
         )
     ]
 
@@ -370,6 +370,7 @@ def _hybrid_pool(case: Any, *, seed: int) -> None:
         enable_mamba_extra_buffer=False,
         speculative_num_draft_tokens=draft or None,
         enable_overlap_schedule=False,
+        **_ple_pools(case),
     )
     pool.req_to_token.copy_(old.req_to_token)
     # Slot 0 is the padding slot (a padded row carries request row 0); the batch's rows get
@@ -391,6 +392,29 @@ def _hybrid_pool(case: Any, *, seed: int) -> None:
         # ForwardBatch.init_new sets the extend fields for extend modes only; a verify batch has
         # none (Mamba2's metadata tells a decode-like batch by it), whatever the kit's carries.
         batch.extend_num_tokens = None
+
+
+# Qwen4-Exp's per-layer-embedding side states (model.ple_states): a short-conv window of this shape
+# on the linear layer, an N-gram context of this many tokens per request.
+PLE_CONV_SHAPE, PLE_NGRAM = (6, 3), 5
+
+
+def _ple_pools(case: Any) -> dict[str, Any]:
+    """The hybrid pool's arguments for a model with PLE side states, where the scenario has them."""
+    import inspect
+
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+    if not case.scenario.model.ple_states:
+        return {}
+    if "short_conv_layer_ids" not in inspect.signature(HybridReqToTokenPool.__init__).parameters:
+        raise Unavailable("this release's hybrid pool keeps no per-layer-embedding side states (model.ple_states)")
+    return dict(
+        short_conv_layer_ids=[LINEAR_LAYER],
+        short_conv_state_shape=PLE_CONV_SHAPE,
+        ngram_context_len=PLE_NGRAM,
+        ngram_eos_token_id=0,
+    )
 
 
 def _linear_view(metadata: Any) -> Any:

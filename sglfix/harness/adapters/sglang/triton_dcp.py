@@ -226,14 +226,23 @@ def _lengths(batch: Any, mode: Any) -> tuple[list[int], str]:
     return [int(x) for x in batch.extend_prefix_lens.to("cpu").tolist()], "extend_prefix_lens"
 
 
+# What a rank's kernels read of its metadata, whatever the mode.
+_READ = ("kv_indptr", "kv_indices")
+
+
 def _judge_rank(dcp: DcpCase, r: _Rank, *, metadata: Any, batch: Any, label: str) -> None:
     truth = dcp.truth
     bs = int(batch.batch_size)
     rows = [int(x) for x in batch.req_pool_indices.to("cpu").tolist()][:bs]
     lengths, what = _lengths(batch, batch.forward_mode)
     want = [truth.owned(row=row, length=n, rank=r.rank) for row, n in zip(rows, lengths[:bs])]
-    indptr = [int(x) for x in metadata.kv_indptr.to("cpu").tolist()[: bs + 1]]
     where = f"{label}: "
+    read = _READ + (("num_kv_splits",) if batch.forward_mode.is_decode_or_idle() else ())
+    missing = "metadata" if metadata is None else next((f for f in read if getattr(metadata, f, None) is None), None)
+    if missing is not None:
+        r.findings.append(("INVARIANT", f"{where}the rank's {missing} is None after the init; its kernels read it"))
+        return
+    indptr = [int(x) for x in metadata.kv_indptr.to("cpu").tolist()[: bs + 1]]
     if len(indptr) < bs + 1 or indptr[0] != 0:
         r.findings.append(("INVARIANT", f"{where}kv_indptr {indptr} does not open {bs} rows at 0"))
         return
