@@ -169,6 +169,13 @@ LIMITS: tuple[Limit, ...] = (
         "false, its self-attention layer (the decoder's keys, after the encoder's in the row)",
     ),
     Limit(
+        "`model.ple_states`",
+        "true, false",
+        "real sglang `hybrid_linear`, a TARGET_VERIFY with `batch.accept_lens` only: the model keeps "
+        "per-layer-embedding side states (Qwen4-Exp's PLE: a short-conv window and an N-gram context per "
+        "request) in the hybrid pool's state slots, which the commit after the verify rolls forward too",
+    ),
+    Limit(
         "`model.mha_chunk`",
         f"1 .. {MAX_TOKENS_PER_REQUEST:,}",
         "real sglang `flashinfer_mla` in EXTEND, eager: the MLA model's multi-head prefill (DeepSeek's: the "

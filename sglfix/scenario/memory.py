@@ -119,7 +119,9 @@ def estimate_memory(scenario: Scenario) -> MemoryEstimate:
             + heads * tiles * 128 * 4 * (dim + 1) * 5 // 4  # float workspace
         )
     elif s.capture_bs:
-        rows = graph_bs * rule.graph_tokens_per_request(num_steps=s.spec.num_steps, num_draft_tokens=ndt)
+        rows = graph_bs * rule.graph_tokens_per_request(
+            num_steps=s.spec.num_steps, num_draft_tokens=ndt, canvas=max(s.extend_lens or (1,))
+        )
         parts["CUDA-graph static buffers"] = (
             rows * heads * _KV_SPLITS * (dim + 1) * 4  # split-KV logits and lse
             + rows * context * 8  # kv_indices

@@ -50,6 +50,9 @@ class ModeRule:
     draft_tree: bool = False
     # batch.accept_lens: required (True) or refused (False).
     needs_accept_lens: bool = False
+    # Every request brings the same number of new tokens (a diffusion LM's canvas, its block size):
+    # a captured graph lays out that many query rows per request.
+    canvas: bool = False
 
     @property
     def takes_extend_lens(self) -> bool:
@@ -79,8 +82,11 @@ class ModeRule:
             return tuple(a + 1 for a in accept_lens or ())
         return tuple(extend_lens or ())
 
-    def graph_tokens_per_request(self, *, num_steps: int, num_draft_tokens: int) -> int:
-        """Query rows a captured graph lays out per request (the runner's num_tokens_per_bs)."""
+    def graph_tokens_per_request(self, *, num_steps: int, num_draft_tokens: int, canvas: int = 1) -> int:
+        """Query rows a captured graph lays out per request (the runner's num_tokens_per_bs);
+        ``canvas``: a canvas mode's width."""
+        if self.canvas:
+            return canvas
         if self.new_tokens == "one":
             return 1
         if self.new_tokens == "accept":
@@ -119,6 +125,18 @@ _RULES = (
     # step attending the prefix plus the branch's own draft path.
     ModeRule(
         "DRAFT_DECODE", new_tokens="draft_steps", graph=True, gpu_only=False, max_topk=MAX_TOPK, builders=("kit",)
+    ),
+    # A diffusion LM's block extend (sglang's DLLM_EXTEND, under --dllm-algorithm): each request
+    # denoises a canvas of block-size tokens, which attend the encoded context and each other
+    # (both ways); captured by the decode graph runner at that width.
+    ModeRule(
+        "DLLM_EXTEND",
+        new_tokens="extend_lens",
+        graph=True,
+        gpu_only=False,
+        max_topk=MAX_TOPK,
+        builders=("kit",),
+        canvas=True,
     ),
 )
 MODE_RULES: dict[str, ModeRule] = {r.name: r for r in _RULES}
@@ -167,8 +185,9 @@ _HALF = ("float16", "bfloat16")
 _BACKEND_RULES = (
     BackendRule(
         "triton",
-        # DRAFT_DECODE on real sglang only (its multi-step draft backend, sglang.triton_draft).
-        modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_EXTEND_V2", "DRAFT_DECODE"),
+        # DRAFT_DECODE (its multi-step draft backend, sglang.triton_draft) and DLLM_EXTEND (a
+        # diffusion LM's block extend) on real sglang only.
+        modes=("DECODE", "EXTEND", "TARGET_VERIFY", "DRAFT_EXTEND", "DRAFT_EXTEND_V2", "DRAFT_DECODE", "DLLM_EXTEND"),
         mla=False,
         dtypes=("float16", "bfloat16", "float32"),
         page_sizes=None,

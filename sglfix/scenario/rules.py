@@ -629,6 +629,8 @@ def _check_extend_lens(node: Any, rule: ModeRule) -> None:
             )
         if not isinstance(given, int) and len(given) != bs:
             raise NodeError(f"has {len(given)} batch.extend_lens for {bs} requests", at=("batch", "extend_lens"))
+        if rule.canvas:
+            _check_canvas(node, rule)
         return
     if given is not None:
         as_list = (given,) * bs if isinstance(given, int) else tuple(given)
@@ -639,6 +641,23 @@ def _check_extend_lens(node: Any, rule: ModeRule) -> None:
                 f"{list(derived)}); drop it",
                 at=("batch", "extend_lens"),
             )
+
+
+def _check_canvas(node: Any, rule: ModeRule) -> None:
+    """A diffusion LM's block extend: every request denoises one canvas of the model's block size,
+    attended both ways, which sglang's deterministic (causal) extend kernel does not serve."""
+    given = node.batch.extend_lens
+    if not isinstance(given, int) and len(set(given)) > 1:
+        raise NodeError(
+            f"is {rule.name} with batch.extend_lens {list(given)}; every request denoises one canvas of the model's "
+            "block size: give one integer",
+            at=("batch", "extend_lens"),
+        )
+    if node.deterministic:
+        raise NodeError(
+            f"is {rule.name} and sets deterministic; the unified deterministic extend is causal: drop it",
+            at="deterministic",
+        )
 
 
 def _check_context(node: Any) -> None:

@@ -150,6 +150,11 @@ def test_every_builtin_scenario_passes_on_real_sglang():
     for name, c in cells.items():
         if name in known:
             continue
+        if "-dcp-" in name:
+            # One process is one DCP rank: no output, every rank's metadata judged
+            # (tests/harness/test_sglang_triton_dcp.py).
+            assert c["error"] is None and any(f["message"].startswith("output not checked") for f in c["findings"])
+            continue
         # Errors of a right answer, below the tolerance (fp16 1e-2, bf16 2e-2, fp32 1e-4): bfloat16
         # keeps 8 mantissa bits, so its rounding alone is ~4e-3 of a value.
         bound = 1e-5 if "fp32" in name else 1.5e-2 if "bf16" in name else 2e-3

@@ -381,6 +381,15 @@ def _prepare_draft_extend_kit(*, batch: Any, case: Any, scenario: Any, device: s
         batch.spec_info.seq_lens_cpu = None
 
 
+def _serve_diffusion_lm(runner: Any, *, canvas: int) -> None:
+    """What serving a diffusion LM publishes (``--dllm-algorithm``; the backend then sizes its block
+    extend by the runner's ``decode_num_tokens_per_req``), and the block size the model's config
+    gives the runner (SDAR's 4, LLaDA2's 32: here the scenario's canvas)."""
+    kit = _kit("attention")
+    kit.publish_over(runner, dllm_algorithm="LowConfidence")
+    runner.decode_num_tokens_per_req = lambda **_: canvas
+
+
 def _published_spec(scenario: Any) -> tuple[int, int, int] | None:
     """The speculative sizes production publishes for a mode that lays out draft tokens (the
     runner publishes them over the kit's chain convention where they differ)."""
@@ -432,6 +441,8 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
     if scenario.items is not None:
         # What --enable-mis publishes; the backend reads it when it is built.
         kit.publish_over(runner, enable_mis=True)
+    if scenario.mode == "DLLM_EXTEND":
+        _serve_diffusion_lm(runner, canvas=scenario.extend_lens[0])
     if scenario.mode == "EXTEND" and scenario.capture_bs:
         # What a full prefill CUDA graph's --cuda-graph-config publishes (capture_bs: its token buckets).
         _kit("graphs").publish_full_prefill(
@@ -481,7 +492,15 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
         k = v = None
     else:
         truth = ground_truth(
-            scenario=scenario, runner=runner, loc=loc, q=q, k=k, v=v, trees=trees, items=scenario.items
+            scenario=scenario,
+            runner=runner,
+            loc=loc,
+            q=q,
+            k=k,
+            v=v,
+            trees=trees,
+            items=scenario.items,
+            bidirectional=scenario.mode == "DLLM_EXTEND",
         )
     if model.mla:
         layer = RadixAttention(
@@ -493,6 +512,8 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
             v_head_dim=model.kv_lora_rank,
         )
     else:
+        from sglang.srt.layers.radix_attention import AttentionType
+
         layer = RadixAttention(
             num_heads=model.num_heads,
             head_dim=model.head_dim,
@@ -501,6 +522,8 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
             layer_id=0,
             sliding_window_size=-1 if model.sliding_window is None else model.sliding_window,
             is_cross_attention=model.cross_attention,
+            # A diffusion LM's layer (SDAR's, LLaDA2's): no causal mask, the canvas attends both ways.
+            **({"attn_type": AttentionType.ENCODER_ONLY} if scenario.mode == "DLLM_EXTEND" else {}),
         )
     return SglangCase(
         scenario=scenario,

@@ -86,11 +86,13 @@ def ground_truth(
     v: Any,
     trees: list[Any] | None,
     items: Sequence[Sequence[int] | None] | None = None,
+    bidirectional: bool = False,
 ) -> GroundTruth:
     """Padded ground truth from the pool's prefix K/V (read at the layout's slots) and the new
-    tokens; causal within the new tokens, the draft tree's visibility for verify, or a multi-item
-    scoring request's (``items``, per request; None: causal); a sliding-window layer's query sees no
-    key more than the window back."""
+    tokens; causal within the new tokens, the draft tree's visibility for verify, a multi-item
+    scoring request's (``items``, per request; None: causal), or every new token of the request
+    (``bidirectional``: a diffusion LM's canvas); a sliding-window layer's query sees no key more
+    than the window back."""
     import torch
 
     prefix, ext = list(scenario.prefix_lens), list(scenario.extend_lens)
@@ -116,6 +118,8 @@ def ground_truth(
             new = trees[b]
         elif items is not None and items[b] is not None:
             new = item_visibility(e, items[b])
+        elif bidirectional:
+            new = torch.ones((e, e), dtype=torch.bool)
         else:
             new = torch.tril(torch.ones((e, e), dtype=torch.bool))
         visible[b, :e, p : p + e] = new.to(q.device)

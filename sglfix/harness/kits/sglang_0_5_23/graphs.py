@@ -148,6 +148,8 @@ class GraphRunner:
             return 1
         if mode in ("TARGET_VERIFY", "DRAFT_EXTEND_V2"):
             return self.case.scenario.spec.num_draft_tokens
+        if mode == "DLLM_EXTEND":  # the decode runner at the diffusion LM's block size
+            return self.case.scenario.extend_lens[0]
         raise Unavailable(f"sglang's graph runners do not capture {mode} for the Triton backend")
 
     def _seq_len_fill_value(self) -> int:
