@@ -492,15 +492,7 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
         k = v = None
     else:
         truth = ground_truth(
-            scenario=scenario,
-            runner=runner,
-            loc=loc,
-            q=q,
-            k=k,
-            v=v,
-            trees=trees,
-            items=scenario.items,
-            bidirectional=scenario.mode == "DLLM_EXTEND",
+            scenario=scenario, runner=runner, loc=loc, q=q, k=k, v=v, trees=trees, items=scenario.items
         )
     if model.mla:
         layer = RadixAttention(

@@ -86,17 +86,17 @@ def ground_truth(
     v: Any,
     trees: list[Any] | None,
     items: Sequence[Sequence[int] | None] | None = None,
-    bidirectional: bool = False,
 ) -> GroundTruth:
     """Padded ground truth from the pool's prefix K/V (read at the layout's slots) and the new
     tokens; causal within the new tokens, the draft tree's visibility for verify, a multi-item
     scoring request's (``items``, per request; None: causal), or every new token of the request
-    (``bidirectional``: a diffusion LM's canvas); a sliding-window layer's query sees no key more
+    (a diffusion LM's canvas, DLLM_EXTEND); a sliding-window layer's query sees no key more
     than the window back."""
     import torch
 
     prefix, ext = list(scenario.prefix_lens), list(scenario.extend_lens)
     window = scenario.model.sliding_window
+    bidirectional = scenario.mode == "DLLM_EXTEND"
     bs, qmax, lmax = len(prefix), max(ext), max(p + e for p, e in zip(prefix, ext))
     pool = runner.token_to_kv_pool
     k_cache, v_cache = pool.get_key_buffer(0), pool.get_value_buffer(0)
