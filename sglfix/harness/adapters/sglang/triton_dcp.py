@@ -194,7 +194,17 @@ class TritonDCPAdapter(AdapterBase):
         raise AssertionError("a decode context-parallel cell has no output to compare")  # run returns NoOutput
 
     def unread_fields(self, prepared: Prepared, backend: Any) -> dict[str, str]:
-        return {}
+        """Every field but the ones the rank judge reads: no kernel runs in this cell (the forward
+        needs the DCP group), so whatever else the metadata holds is judged by the cells that run
+        the forward, not here."""
+        import dataclasses
+
+        metadata = backend.forward_metadata
+        if metadata is None or not dataclasses.is_dataclass(metadata):
+            return {}
+        judged = {*_READ, "num_kv_splits"}
+        why = "no kernel runs in a decode context-parallel cell; its judge reads kv_indptr, kv_indices and splits"
+        return {f.name: why for f in dataclasses.fields(metadata) if f.name not in judged}
 
 
 def _rank_widths(n: int, rank: int) -> dict[str, int]:
