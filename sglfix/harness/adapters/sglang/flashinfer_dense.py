@@ -42,6 +42,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglfix.harness.adapters.base import MetadataHook, Prepared, require_flashinfer
+from sglfix.harness.adapters.sglang.flashinfer_plan import DecodePlanTruth, decode_plan_reference
 from sglfix.harness.adapters.sglang.triton import SglangTritonAdapter
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.kits import kit as _kit
@@ -93,6 +94,12 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
             backend = super().make_backend(prepared)
         # The multi-item layout as the case built it from the items, for the metadata judge.
         backend._sglfix_multi_item = getattr(prepared.case, "multi_item", None)
+        # The request rows as written, before any init, for the decode plans' judge.
+        case = prepared.case
+        backend._sglfix_decode_truth = DecodePlanTruth(
+            rows=case.runner.req_to_token_pool.req_to_token.to("cpu").tolist(),
+            window=case.scenario.model.sliding_window,
+        )
         return backend
 
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
@@ -124,6 +131,11 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
         kind = "decode" if hasattr(metadata, "decode_wrappers") else "prefill"
         for i, w in enumerate(wrappers):
             views.append((f"{kind} wrapper {i}", _planned(w), rows))
+        truth = getattr(backend, "_sglfix_decode_truth", None)
+        if truth is not None and kind == "decode" and forward_batch.spec_info is None:
+            backend.__dict__.setdefault("_sglfix_decode_reports", []).append(
+                decode_plan_reference(truth, forward_batch, wrappers)
+            )
         layout = getattr(backend, "_sglfix_multi_item", None)
         if layout is not None:
             backend.__dict__.setdefault("_sglfix_multi_item_reports", []).append(
@@ -141,20 +153,39 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
         return views
 
     def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
-        reports = backend.__dict__.get("_sglfix_multi_item_reports", [])
-        wrong = [(i, r) for i, r in enumerate(reports, 1) if r]
-        if wrong:
-            at, first = wrong[0]
-            return [
-                ("DIVERGE", f"metadata reference: multi-item scoring, metadata init {at} of {len(reports)}: {first}")
-            ]
-        if not reports:
-            return []
-        if all(longest is None for longest in backend._sglfix_multi_item.longest):
-            what = "the positions of every token (no request carries items: none rewritten, no item mask planned)"
-        else:
-            what = "the positions of every query and item token and each request's max_item_len in the plan"
-        return [("PASS", f"metadata reference: {what}, after {len(reports)} metadata init(s), are the items'")]
+        return _check_decode_plans(backend) + _check_multi_item(backend)
+
+
+def _check_decode_plans(backend: Any) -> list[tuple[str, str]]:
+    reports = backend.__dict__.get("_sglfix_decode_reports", [])
+    wrong = [(i, r) for i, r in enumerate(reports, 1) if r]
+    if wrong:
+        at, first = wrong[0]
+        return [("DIVERGE", f"metadata reference: decode plan, metadata init {at} of {len(reports)}: {first}")]
+    if not reports:
+        return []
+    return [
+        (
+            "PASS",
+            f"metadata reference: every decode wrapper's planned page table, at each of {len(reports)} metadata init(s), "
+            "reads the keys its rows imply",
+        )
+    ]
+
+
+def _check_multi_item(backend: Any) -> list[tuple[str, str]]:
+    reports = backend.__dict__.get("_sglfix_multi_item_reports", [])
+    wrong = [(i, r) for i, r in enumerate(reports, 1) if r]
+    if wrong:
+        at, first = wrong[0]
+        return [("DIVERGE", f"metadata reference: multi-item scoring, metadata init {at} of {len(reports)}: {first}")]
+    if not reports:
+        return []
+    if all(longest is None for longest in backend._sglfix_multi_item.longest):
+        what = "the positions of every token (no request carries items: none rewritten, no item mask planned)"
+    else:
+        what = "the positions of every query and item token and each request's max_item_len in the plan"
+    return [("PASS", f"metadata reference: {what}, after {len(reports)} metadata init(s), are the items'")]
 
 
 def multi_item_reference(layout: Any, forward_batch: Any, wrappers: Any) -> str:
