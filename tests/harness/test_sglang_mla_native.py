@@ -174,7 +174,7 @@ def test_a_decode_plan_wrong_only_at_capture_is_seen_though_replay_rebuilds_it(t
         assert c["verdict"] == "DIVERGE" and c["error"]["bad_rows"] == 0, (name, c["verdict"], c["error"])
         message = next(f["message"] for f in c["findings"] if f["verdict"] == "DIVERGE")
         assert message.startswith("metadata reference: decode plan, metadata init 1 of 2: wrapper 0 row 0"), message
-        assert "plans 2 keys, its layer reads 1" in message, message
+        assert "reads 2 keys, its layer reads 1" in message, message
 
 
 @pytest.mark.parametrize(

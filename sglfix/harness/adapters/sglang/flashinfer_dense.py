@@ -42,7 +42,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglfix.harness.adapters.base import MetadataHook, Prepared, require_flashinfer
-from sglfix.harness.adapters.sglang.flashinfer_plan import DecodePlanTruth, decode_plan_reference
+from sglfix.harness.adapters.sglang.decode_plan import (
+    DecodePlanTruth,
+    decode_plan_findings,
+    judge_decode,
+    wrapper_rails,
+)
 from sglfix.harness.adapters.sglang.triton import SglangTritonAdapter
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.kits import kit as _kit
@@ -131,11 +136,8 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
         kind = "decode" if hasattr(metadata, "decode_wrappers") else "prefill"
         for i, w in enumerate(wrappers):
             views.append((f"{kind} wrapper {i}", _planned(w), rows))
-        truth = getattr(backend, "_sglfix_decode_truth", None)
-        if truth is not None and kind == "decode" and forward_batch.spec_info is None:
-            backend.__dict__.setdefault("_sglfix_decode_reports", []).append(
-                decode_plan_reference(truth, forward_batch, wrappers)
-            )
+        if kind == "decode":
+            judge_decode(backend, forward_batch, wrapper_rails(wrappers))
         layout = getattr(backend, "_sglfix_multi_item", None)
         if layout is not None:
             backend.__dict__.setdefault("_sglfix_multi_item_reports", []).append(
@@ -153,24 +155,7 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
         return views
 
     def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
-        return _check_decode_plans(backend) + _check_multi_item(backend)
-
-
-def _check_decode_plans(backend: Any) -> list[tuple[str, str]]:
-    reports = backend.__dict__.get("_sglfix_decode_reports", [])
-    wrong = [(i, r) for i, r in enumerate(reports, 1) if r]
-    if wrong:
-        at, first = wrong[0]
-        return [("DIVERGE", f"metadata reference: decode plan, metadata init {at} of {len(reports)}: {first}")]
-    if not reports:
-        return []
-    return [
-        (
-            "PASS",
-            f"metadata reference: every decode wrapper's planned page table, at each of {len(reports)} metadata init(s), "
-            "reads the keys its rows imply",
-        )
-    ]
+        return decode_plan_findings(backend) + _check_multi_item(backend)
 
 
 def _check_multi_item(backend: Any) -> list[tuple[str, str]]:

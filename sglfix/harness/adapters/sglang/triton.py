@@ -35,6 +35,7 @@ from typing import Any
 
 from sglfix.harness.adapters.base import AdapterBase, MetadataHook, Prepared
 from sglfix.harness.adapters.sglang.case import build_case
+from sglfix.harness.adapters.sglang.decode_plan import DecodePlanTruth, Rail, decode_plan_findings, judge_decode
 from sglfix.harness.adapters.sglang.glue import run_glue
 from sglfix.harness.adapters.sglang.guards import (
     PERSISTENT,
@@ -81,6 +82,11 @@ class SglangTritonAdapter(AdapterBase):
         guard_buffers(backend, self.persistent)
         runner.attn_backend = backend
         _record_lean_requests(backend, prepared.case.lean_asked)
+        # The request rows as written, before any init, for the decode tables' judge: the full
+        # rail (a window layer's rail is judged through its output).
+        backend._sglfix_decode_truth = DecodePlanTruth(
+            rows=runner.req_to_token_pool.req_to_token.to("cpu").tolist(), window=None
+        )
         return backend
 
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: MetadataHook) -> Any:
@@ -142,7 +148,15 @@ class SglangTritonAdapter(AdapterBase):
         return guarded(backend)
 
     def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
-        return [("", backend.forward_metadata, int(forward_batch.batch_size))]
+        metadata = backend.forward_metadata
+        if metadata is not None:
+            judge_decode(
+                backend, forward_batch, [Rail("kv_indptr/kv_indices", metadata.kv_indptr, metadata.kv_indices)]
+            )
+        return [("", metadata, int(forward_batch.batch_size))]
+
+    def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
+        return decode_plan_findings(backend)
 
     def reference(self, prepared: Prepared) -> tuple[Any, Any]:
         return reference(prepared.case.truth)

@@ -257,6 +257,15 @@ def _judge_rank(dcp: DcpCase, r: _Rank, *, metadata: Any, batch: Any, label: str
         r.findings.append(("INVARIANT", f"{where}kv_indptr {indptr} does not open {bs} rows at 0"))
         return
     indices = metadata.kv_indices.to("cpu").tolist()
+    if len(indices) < indptr[bs]:
+        r.findings.append(
+            (
+                "INVARIANT",
+                f"{where}kv_indices holds {len(indices)} entries on dcp rank {r.rank}, its kv_indptr reads "
+                f"{indptr[bs]}: the rank's last rows are written and read past its end",
+            )
+        )
+        return
     for b, slots in enumerate(want):
         got_n = indptr[b + 1] - indptr[b]
         if got_n != len(slots):
