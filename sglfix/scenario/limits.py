@@ -176,6 +176,13 @@ LIMITS: tuple[Limit, ...] = (
         "request) in the hybrid pool's state slots, which the commit after the verify rolls forward too",
     ),
     Limit(
+        "`model.replayssm_ring`",
+        "2 .. 64",
+        "real sglang `hybrid_linear` (gated delta net) in DECODE only: ReplaySSM (--enable-linear-replayssm), a "
+        "ring of this many decode steps per state slot with a write cursor; its snapshot, flush (on the radix "
+        "track boundary, interval 8 here) and advance are judged after every init",
+    ),
+    Limit(
         "`model.mha_chunk`",
         f"1 .. {MAX_TOKENS_PER_REQUEST:,}",
         "real sglang `flashinfer_mla` in EXTEND, eager: the MLA model's multi-head prefill (DeepSeek's: the "

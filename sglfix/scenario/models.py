@@ -295,6 +295,9 @@ class ModelShape(StrictModel):
     # a short-conv window and an N-gram context per request, in the hybrid pool's state slots); the
     # commit after a verify (batch.accept_lens) rolls them forward with the linear states.
     ple_states: Flag = False
+    # A hybrid model's gated-delta-net layers under ReplaySSM (sglang's --enable-linear-replayssm):
+    # each state slot keeps a ring of its last this-many decode steps, a write cursor per slot.
+    replayssm_ring: bounded(2, 64, "64 steps") | None = None
 
     @property
     def mla(self) -> bool:

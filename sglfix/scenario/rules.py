@@ -266,6 +266,7 @@ def check_node(node: Any) -> None:
         _check_backend(node)
         _check_dcp(node)
         _check_ple(node)
+        _check_replayssm(node)
     rule = rule_for(node.mode, node.backend)
     if node.builder not in rule.builders:
         raise NodeError(
@@ -558,6 +559,18 @@ def _check_ple(node: Any) -> None:
             "sets model.ple_states; the side states are rolled forward by the commit after a verify only: "
             f"give mode TARGET_VERIFY with batch.accept_lens on {where}, or drop it",
             at=("model", "ple_states"),
+        )
+
+
+def _check_replayssm(node: Any) -> None:
+    """A ReplaySSM ring: the decode ring of a hybrid model's gated-delta-net layers."""
+    if node.model.replayssm_ring is None:
+        return
+    if node.backend != "hybrid_linear" or node.model.linear_attention not in (None, "gdn") or node.mode != "DECODE":
+        raise NodeError(
+            "sets model.replayssm_ring; ReplaySSM is the decode ring of a hybrid model's gated delta net: "
+            "give backend hybrid_linear (linear_attention gdn) in mode DECODE, or drop it",
+            at=("model", "replayssm_ring"),
         )
 
 

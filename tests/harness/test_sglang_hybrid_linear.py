@@ -37,7 +37,7 @@ def _linear_message(cell: dict) -> str:
 def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
     require_sglang()
     cells = {c["scenario"]: c for c in _run(tmp_path, "-s", "sglang-hybrid-*")["cells"]}
-    assert len(cells) == 49, sorted(cells)
+    assert len(cells) == 52, sorted(cells)
     failed = {n: (c["verdict"], c["findings"][:2]) for n, c in cells.items() if c["verdict"] != "PASS"}
     assert not failed, failed
     for name, c in cells.items():
@@ -50,6 +50,7 @@ def test_every_hybrid_scenario_passes_with_both_judges(tmp_path):
         mamba2 = " and the Mamba2 metadata" if "-mamba2-" in name else ""
         mamba2 = " and the conv-state handle" if "-short-conv-" in name else mamba2
         mamba2 = " and the multi-item query segments and item branches" if "-mis-batch" in name else mamba2
+        mamba2 = " and the ReplaySSM ring's cursors and flushes" if "-replayssm" in name else mamba2
         assert _linear_message(c) == (
             f"metadata reference: the linear layers' state slots and query offsets{tracked}{mamba2} of {inits} "
             "metadata init(s) are their batch's"
@@ -389,6 +390,42 @@ def test_a_commit_that_rolls_the_ple_side_states_wrong_is_seen(tmp_path, old, ne
         assert cell["verdict"] == "DIVERGE", (name, cell["findings"])
         message = next(f["message"] for f in cell["findings"] if f["verdict"] == "DIVERGE")
         assert message.startswith("post-verify commit: request ") and needle in message, message
+
+
+@pytest.mark.parametrize(
+    "old, new, where, needle",
+    [
+        # The eager step advances each cursor by two: its slots' next steps land on the wrong entry.
+        (
+            "(replayssm_write_pos + 1) % L",
+            "(replayssm_write_pos + 2) % L",
+            "cg=eager",
+            "has ReplaySSM cursor",
+        ),
+        # A replay advances each cursor by two (the eager step is right).
+        ("(cur_pos + 1) % L", "(cur_pos + 2) % L", "cg=graph", "has ReplaySSM cursor"),
+        # The flush one step past the radix track's boundary: the ring and the track drift apart.
+        (
+            "mask = (seq_lens_cpu[:bs].to(torch.int64) % interval) == 0",
+            "mask = (seq_lens_cpu[:bs].to(torch.int64) % interval) == 1",
+            "",
+            "row 0 (seq_lens 16) is handed force_flush 0; the radix track interval 8 makes it 1",
+        ),
+    ],
+    ids=["eager-advance", "replay-advance", "flush-off-the-boundary"],
+)
+def test_a_replayssm_ring_stepped_wrong_is_seen(tmp_path, old, new, where, needle):
+    """Each decode step snapshots a slot's ring cursor, flags a flush on the radix track boundary and
+    advances the cursor; a wrong step is seen in the cells that take it, eager or replayed."""
+    require_sglang()
+    patched = _patched_cells(tmp_path, "sglang-hybrid-decode-replayssm@*", old, new)
+    assert len(patched) == 3, sorted(patched)
+    for name, cell in patched.items():
+        if where not in name:
+            assert cell["verdict"] == "PASS", (name, cell["findings"][:2])
+            continue
+        assert cell["verdict"] == "DIVERGE", (name, cell["findings"][:2])
+        assert needle in _linear_message(cell), _linear_message(cell)
 
 
 def test_a_capture_that_hands_the_graph_another_link_buffer_is_seen_at_replay(tmp_path):

@@ -22,11 +22,12 @@ def _by_name(cells: list[dict], *, patched: bool = False) -> dict[str, dict]:
 def test_every_block_extend_cell_passes_with_its_output_checked(tmp_path: Path):
     require_sglang()
     cells = _by_name(run_cli(tmp_path, "-s", GLOB)["cells"])
-    assert len(cells) == 5, sorted(cells)
+    assert len(cells) == 7, sorted(cells)
+    rows = {"sglang-triton-dllm": 12, "sglang-triton-dllm-ps16": 16, "sglang-triton-dllm-wide": 129}
     for name, cell in cells.items():
         assert cell["verdict"] == "PASS", (name, cell["findings"])
-        # Every canvas row compared: 3 requests x 4, or 2 x 8.
-        assert cell["error"]["rows"] == (16 if "-ps16" in name else 12), (name, cell["error"])
+        # Every canvas row compared: 3 requests x 4, 2 x 8, 1 x 129.
+        assert cell["error"]["rows"] == rows[name.split("@")[0]], (name, cell["error"])
         assert cell["error"]["bad_rows"] == 0, (name, cell["error"])
 
 
@@ -50,7 +51,7 @@ def test_a_block_extend_graph_that_misreads_the_canvas_is_seen(tmp_path: Path, o
     require_sglang()
     patch = breaking_patch(tmp_path, "triton_backend", old, new)
     cells = _by_name(run_cli(tmp_path, "-s", GLOB, "--apply", str(patch))["cells"], patched=True)
-    assert len(cells) == 5, sorted(cells)
+    assert len(cells) == 7, sorted(cells)
     for name, cell in cells.items():
         if "cg=eager" in name:  # the eager block extend is an extend's metadata
             assert cell["verdict"] == "PASS", (name, cell["findings"][:2])

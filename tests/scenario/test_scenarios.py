@@ -440,6 +440,12 @@ BAD = [
         4,
         "is DLLM_EXTEND and sets deterministic",
     ),
+    (
+        "name: x\nbackend: hybrid_linear\nmode: EXTEND\nbatch: {prefix_lens: [0], extend_lens: 3}\n"
+        "model: {replayssm_ring: 4}\n",
+        5,
+        "ReplaySSM is the decode ring",
+    ),
     # Names: printed and matched by glob; whitespace and control characters are refused.
     ("name: my scenario\nmode: DECODE\nbatch: {prefix_lens: [3]}\n", 1, "without spaces"),
     ('name: "a\\tb"\nmode: DECODE\nbatch: {prefix_lens: [3]}\n', 1, "control characters"),

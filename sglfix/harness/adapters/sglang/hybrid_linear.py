@@ -43,6 +43,12 @@ from sglfix.harness.adapters.sglang.guards import guard_buffers
 from sglfix.harness.adapters.sglang.hybrid_commit import verify_commit
 from sglfix.harness.adapters.sglang.hybrid_mamba2 import mamba2_reference, mamba2_view
 from sglfix.harness.adapters.sglang.hybrid_mis import gdn_mis_reference, gdn_mis_view
+from sglfix.harness.adapters.sglang.hybrid_replayssm import (
+    TRACK_INTERVAL,
+    replayssm_pool_args,
+    replayssm_reference,
+    seed_cursors,
+)
 from sglfix.harness.adapters.sglang.hybrid_short_conv import short_conv_reference, short_conv_view
 from sglfix.harness.adapters.sglang.hybrid_track import (
     TRACK_FIELDS,
@@ -52,6 +58,7 @@ from sglfix.harness.adapters.sglang.hybrid_track import (
 )
 from sglfix.harness.adapters.sglang.triton import SglangTritonAdapter
 from sglfix.harness.adapters.sglang.truth import first_difference
+from sglfix.harness.kits import kit as _kit
 from sglfix.harness.unavailable import Unavailable
 
 __all__ = ["ADAPTER", "HybridLinearAdapter", "SglangHybridFlashInferAdapter", "SglangHybridLinearAdapter"]
@@ -128,6 +135,8 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         backend._sglfix_track = prepared.case.track
         scenario = prepared.case.scenario
         backend._sglfix_items = None if scenario.items is None else [scenario.items, list(scenario.extend_lens)]
+        # A ReplaySSM ring's cursors, seeded: the judge's first "before".
+        backend._sglfix_cursors = seed_cursors(runner.req_to_token_pool, seed=scenario.seed)
         runner.attn_backend = backend
         return backend
 
@@ -207,6 +216,8 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
             mamba2 = " and the conv-state handle"
         if _scored(backend):
             mamba2 = " and the multi-item query segments and item branches"
+        if getattr(backend, "_sglfix_cursors", None) is not None:
+            mamba2 = " and the ReplaySSM ring's cursors and flushes"
         return [
             (
                 "PASS",
@@ -371,6 +382,7 @@ def _hybrid_pool(case: Any, *, seed: int) -> None:
         speculative_num_draft_tokens=draft or None,
         enable_overlap_schedule=False,
         **_ple_pools(case),
+        **_replayssm_pool(case),
     )
     pool.req_to_token.copy_(old.req_to_token)
     # Slot 0 is the padding slot (a padded row carries request row 0); the batch's rows get
@@ -415,6 +427,22 @@ def _ple_pools(case: Any) -> dict[str, Any]:
         ngram_context_len=PLE_NGRAM,
         ngram_eos_token_id=0,
     )
+
+
+def _replayssm_pool(case: Any) -> dict[str, Any]:
+    """The hybrid pool's arguments for a ReplaySSM ring, where the scenario has one, and the radix
+    track interval its flushes follow, published."""
+    import inspect
+
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+    ring = case.scenario.model.replayssm_ring
+    if ring is None:
+        return {}
+    if "enable_linear_replayssm" not in inspect.signature(HybridReqToTokenPool.__init__).parameters:
+        raise Unavailable("this release's hybrid pool keeps no ReplaySSM ring (model.replayssm_ring)")
+    _kit("attention").publish_over(case.runner, mamba_track_interval=TRACK_INTERVAL)
+    return replayssm_pool_args(ring)
 
 
 def _linear_view(metadata: Any) -> Any:
@@ -469,14 +497,23 @@ def _linear_reference(metadata: Any, batch: Any, backend: Any) -> str:
             want.append(want[-1] + n)
     if qsl != want:
         return f"query_start_loc = {qsl}, the batch's token offsets are {want}"
-    return _by_mode(metadata, batch, backend, offsets=want, real=real, bs=bs) or _captured_addresses(
-        metadata, backend, bs=bs
+    return (
+        _by_mode(metadata, batch, backend, offsets=want, real=real, bs=bs)
+        or _captured_addresses(metadata, backend, bs=bs)
+        or replayssm_reference(metadata, batch, backend, real=real, slots=want_slots)
     )
 
 
 # The linear metadata a captured graph's kernels read by address: a replay must hand them the
 # buffers the capture of its size handed out, whatever it writes into them.
-_GRAPH_FIELDS = ("query_start_loc", "mamba_cache_indices", "retrieve_next_token", "retrieve_next_sibling")
+_GRAPH_FIELDS = (
+    "query_start_loc",
+    "mamba_cache_indices",
+    "retrieve_next_token",
+    "retrieve_next_sibling",
+    "replayssm_write_pos",
+    "replayssm_force_flush",
+)
 
 
 def _captured_addresses(metadata: Any, backend: Any, *, bs: int) -> str:
