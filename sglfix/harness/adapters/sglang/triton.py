@@ -95,6 +95,10 @@ class SglangTritonAdapter(AdapterBase):
         watch_metadata(backend, on_metadata)
         if not scenario.capture_bs:
             return None
+        if scenario.mode == "DLLM_EXTEND" and not hasattr(backend, "_update_dllm_buffers"):
+            raise Unavailable(
+                "this release's TritonAttnBackend builds no DLLM_EXTEND graph metadata (_update_dllm_buffers)"
+            )
         graphs = _kit("graphs")
 
         def guard(b: Any) -> None:
