@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sglfix.harness.adapters.sglang.reports import init_reports
+
 __all__ = ["DecodePlanTruth", "Rail", "decode_plan_findings", "decode_plan_reference", "judge_decode", "wrapper_rails"]
 
 
@@ -44,6 +46,10 @@ class DecodePlanTruth:
 def _ints(t: Any, n: int | None = None) -> list[int]:
     values = t.to("cpu").reshape(-1).tolist()
     return [int(x) for x in (values if n is None else values[:n])]
+
+
+# Where a backend keeps its decode tables' reports.
+_KEY = "_sglfix_decode_reports"
 
 
 @dataclass(frozen=True)
@@ -116,17 +122,12 @@ def judge_decode(backend: Any, forward_batch: Any, rails: list[Rail]) -> None:
 
 def decode_plan_findings(backend: Any) -> list[tuple[str, str]]:
     """The first wrong init's report (DIVERGE), or a PASS row naming how many were judged."""
-    reports = backend.__dict__.get("_sglfix_decode_reports", [])
-    wrong = [(i, r) for i, r in enumerate(reports, 1) if r]
-    if wrong:
-        at, first = wrong[0]
-        return [("DIVERGE", f"metadata reference: decode plan, metadata init {at} of {len(reports)}: {first}")]
-    if not reports:
-        return []
-    return [
-        (
-            "PASS",
-            f"metadata reference: every decode page table, at each of {len(reports)} metadata init(s), reads "
-            "the keys its rows imply",
-        )
-    ]
+    return init_reports(
+        backend,
+        _KEY,
+        what="decode plan, ",
+        passed=lambda n: (
+            f"metadata reference: every decode page table, at each of {n} metadata init(s), reads the keys its "
+            "rows imply"
+        ),
+    )

@@ -48,6 +48,7 @@ from sglfix.harness.adapters.sglang.decode_plan import (
     judge_decode,
     wrapper_rails,
 )
+from sglfix.harness.adapters.sglang.reports import init_reports, keep_report
 from sglfix.harness.adapters.sglang.triton import SglangTritonAdapter
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.kits import kit as _kit
@@ -140,9 +141,7 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
             judge_decode(backend, forward_batch, wrapper_rails(wrappers))
         layout = getattr(backend, "_sglfix_multi_item", None)
         if layout is not None:
-            backend.__dict__.setdefault("_sglfix_multi_item_reports", []).append(
-                multi_item_reference(layout, forward_batch, wrappers)
-            )
+            keep_report(backend, "_sglfix_multi_item_reports", multi_item_reference(layout, forward_batch, wrappers))
         if getattr(metadata, "use_ragged", False) and not getattr(metadata, "extend_no_prefix", True):
             ragged = backend.prefill_wrapper_ragged
             views.append(
@@ -159,18 +158,17 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
 
 
 def _check_multi_item(backend: Any) -> list[tuple[str, str]]:
-    reports = backend.__dict__.get("_sglfix_multi_item_reports", [])
-    wrong = [(i, r) for i, r in enumerate(reports, 1) if r]
-    if wrong:
-        at, first = wrong[0]
-        return [("DIVERGE", f"metadata reference: multi-item scoring, metadata init {at} of {len(reports)}: {first}")]
-    if not reports:
-        return []
-    if all(longest is None for longest in backend._sglfix_multi_item.longest):
+    layout = getattr(backend, "_sglfix_multi_item", None)
+    if layout is not None and all(longest is None for longest in layout.longest):
         what = "the positions of every token (no request carries items: none rewritten, no item mask planned)"
     else:
         what = "the positions of every query and item token and each request's max_item_len in the plan"
-    return [("PASS", f"metadata reference: {what}, after {len(reports)} metadata init(s), are the items'")]
+    return init_reports(
+        backend,
+        "_sglfix_multi_item_reports",
+        what="multi-item scoring, ",
+        passed=lambda n: f"metadata reference: {what}, after {n} metadata init(s), are the items'",
+    )
 
 
 def multi_item_reference(layout: Any, forward_batch: Any, wrappers: Any) -> str:

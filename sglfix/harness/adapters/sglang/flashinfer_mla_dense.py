@@ -32,6 +32,7 @@ from sglfix.harness.adapters.base import Prepared
 from sglfix.harness.adapters.sglang.flashinfer_dense import SglangFlashInferAdapter
 from sglfix.harness.adapters.sglang.guards import guard_buffers
 from sglfix.harness.adapters.sglang.mla_mha import mha_prepare, mha_run
+from sglfix.harness.adapters.sglang.reports import init_reports
 from sglfix.harness.adapters.sglang.triton import SglangTritonAdapter
 from sglfix.harness.invariants import MetadataFields
 from sglfix.harness.unavailable import Unavailable
@@ -167,20 +168,14 @@ class SglangFlashInferMLAAdapter(SglangFlashInferAdapter):
     def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
         """Every init's schedule against its batch: capture (whose metadata replay rebuilds, and
         which the captured run computed with), replay and eager alike."""
-        reports = backend.__dict__.get("_sglfix_schedule", [])
-        wrong = [(i, r) for i, r in enumerate(reports, 1) if r]
-        if wrong:
-            at, first = wrong[0]
-            return [("DIVERGE", f"metadata reference: metadata init {at} of {len(reports)}: {first}")]
-        if not reports:
-            return []
-        return [
-            (
-                "PASS",
-                f"metadata reference: the MLA schedule of {len(reports)} metadata init(s) ({self.reference_reads}) "
-                "is its batch's",
-            )
-        ]
+        return init_reports(
+            backend,
+            "_sglfix_schedule",
+            what="",
+            passed=lambda n: (
+                f"metadata reference: the MLA schedule of {n} metadata init(s) ({self.reference_reads}) is its batch's"
+            ),
+        )
 
 
 def _observe_plan(wrapper: Any) -> None:

@@ -56,6 +56,7 @@ from sglfix.harness.adapters.sglang.hybrid_track import (
     track_plan,
     track_reference,
 )
+from sglfix.harness.adapters.sglang.reports import init_reports, keep_report
 from sglfix.harness.adapters.sglang.triton import SglangTritonAdapter
 from sglfix.harness.adapters.sglang.truth import first_difference
 from sglfix.harness.kits import kit as _kit
@@ -181,11 +182,12 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         linear = backend._sglfix_linear.forward_metadata
         # A short-conv layer set's model asks the hybrid for its conv-state handle per layer.
         handle = backend.conv_state_metadata(LINEAR_LAYER, forward_batch) if _short_conv(backend) else None
-        reports = backend.__dict__.setdefault("_sglfix_linear_reports", [])
-        reports.append(
+        keep_report(
+            backend,
+            "_sglfix_linear_reports",
             _linear_reference(linear, forward_batch, backend)
             or _conv_reference(handle, forward_batch, backend)
-            or _mis_reference(backend, forward_batch)
+            or _mis_reference(backend, forward_batch),
         )
         view = _linear_view(linear)
         view.__dict__.update(short_conv_view(handle))
@@ -201,13 +203,6 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         ]
 
     def _check_linear(self, backend: Any) -> list[tuple[str, str]]:
-        reports = backend.__dict__.get("_sglfix_linear_reports", [])
-        wrong = [(i, r) for i, r in enumerate(reports, 1) if r]
-        if wrong:
-            at, first = wrong[0]
-            return [("DIVERGE", f"metadata reference: linear metadata init {at} of {len(reports)}: {first}")]
-        if not reports:
-            return []
         plan = getattr(backend, "_sglfix_track", None)
         whose = {"EXTEND": "the prefill's Mamba track plan", "DECODE": "the decode step's Mamba track"}
         tracked = f" and {whose[plan.mode]}" if plan is not None else ""
@@ -218,13 +213,15 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
             mamba2 = " and the multi-item query segments and item branches"
         if getattr(backend, "_sglfix_cursors", None) is not None:
             mamba2 = " and the ReplaySSM ring's cursors and flushes"
-        return [
-            (
-                "PASS",
-                f"metadata reference: the linear layers' state slots and query offsets{tracked}{mamba2} of "
-                f"{len(reports)} metadata init(s) are their batch's",
-            )
-        ]
+        return init_reports(
+            backend,
+            "_sglfix_linear_reports",
+            what="linear ",
+            passed=lambda n: (
+                f"metadata reference: the linear layers' state slots and query offsets{tracked}{mamba2} of {n} "
+                "metadata init(s) are their batch's"
+            ),
+        )
 
 
 def _short_conv(backend: Any) -> bool:
