@@ -52,7 +52,8 @@ make_backend = adapter.make_backend
 
 def recording_make_backend(prepared):
     backend = make_backend(prepared)
-    case = prepared.case
+    # A decode context-parallel case wraps the engine case its ranks share.
+    case = getattr(prepared.case, "case", prepared.case)
     # What the backend read of the published server args when it was built (a dense case).
     if hasattr(case, "scenario"):
         published[case.scenario.name] = {

@@ -23,7 +23,7 @@ def test_every_block_extend_cell_passes_with_its_output_checked(tmp_path: Path):
     require_sglang()
     cells = _by_name(run_cli(tmp_path, "-s", GLOB)["cells"])
     assert len(cells) == 7, sorted(cells)
-    rows = {"sglang-triton-dllm": 12, "sglang-triton-dllm-ps16": 16, "sglang-triton-dllm-wide": 129}
+    rows = {"sglang-triton-dllm": 12, "sglang-triton-dllm-ps16-bf16": 16, "sglang-triton-dllm-wide": 129}
     for name, cell in cells.items():
         assert cell["verdict"] == "PASS", (name, cell["findings"])
         # Every canvas row compared: 3 requests x 4, 2 x 8, 1 x 129.
