@@ -118,6 +118,12 @@ def run_cli(tmp_path: Path, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
+def by_scenario(cells: list[dict], *, patched: bool = False) -> dict[str, dict]:
+    """A report's cells by scenario: the baseline's, or (``patched``) those run with a toggle or
+    an applied patch."""
+    return {c["scenario"]: c for c in cells if bool(c.get("toggles")) == patched}
+
+
 def breaking_patch(tmp_path: Path, module: str, old: str, new: str, *, occurrence: int = 1) -> Path:
     """A unified diff of the installed sglang's attention module ``module`` with its
     ``occurrence``-th ``old`` replaced by ``new``: a candidate fix that breaks it, for ``--apply``."""

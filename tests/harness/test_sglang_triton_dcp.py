@@ -9,18 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from real_sglang import breaking_patch, require_sglang, run_cli
+from real_sglang import breaking_patch, by_scenario, require_sglang, run_cli
 
 GLOB = "sglang-triton-dcp-*"
 
 
-def _by_name(cells: list[dict], *, patched: bool = False) -> dict[str, dict]:
-    return {c["scenario"]: c for c in cells if bool(c.get("toggles")) == patched}
-
-
 def test_every_rank_of_every_cell_is_judged_and_passes(tmp_path: Path):
     require_sglang()
-    cells = _by_name(run_cli(tmp_path, "-s", GLOB)["cells"])
+    cells = by_scenario(run_cli(tmp_path, "-s", GLOB)["cells"])
     assert len(cells) == 10, sorted(cells)
     for name, cell in cells.items():
         assert cell["verdict"] == "PASS", (name, cell["findings"])
@@ -61,7 +57,7 @@ def test_every_rank_of_every_cell_is_judged_and_passes(tmp_path: Path):
 def test_a_rank_reading_what_it_does_not_own_is_seen_where_it_happens(tmp_path: Path, old, new, hit, needle):
     require_sglang()
     patch = breaking_patch(tmp_path, "triton_backend", old, new)
-    cells = _by_name(run_cli(tmp_path, "-s", GLOB, "--apply", str(patch))["cells"], patched=True)
+    cells = by_scenario(run_cli(tmp_path, "-s", GLOB, "--apply", str(patch))["cells"], patched=True)
     assert len(cells) == 10, sorted(cells)
     for name, cell in cells.items():
         if not hit(name):

@@ -10,18 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from real_sglang import breaking_patch, require_sglang, run_cli
+from real_sglang import breaking_patch, by_scenario, require_sglang, run_cli
 
 GLOB = "sglang-triton-dllm*"
 
 
-def _by_name(cells: list[dict], *, patched: bool = False) -> dict[str, dict]:
-    return {c["scenario"]: c for c in cells if bool(c.get("toggles")) == patched}
-
-
 def test_every_block_extend_cell_passes_with_its_output_checked(tmp_path: Path):
     require_sglang()
-    cells = _by_name(run_cli(tmp_path, "-s", GLOB)["cells"])
+    cells = by_scenario(run_cli(tmp_path, "-s", GLOB)["cells"])
     assert len(cells) == 7, sorted(cells)
     rows = {"sglang-triton-dllm": 12, "sglang-triton-dllm-ps16-bf16": 16, "sglang-triton-dllm-wide": 129}
     for name, cell in cells.items():
@@ -50,7 +46,7 @@ def test_every_block_extend_cell_passes_with_its_output_checked(tmp_path: Path):
 def test_a_block_extend_graph_that_misreads_the_canvas_is_seen(tmp_path: Path, old, new):
     require_sglang()
     patch = breaking_patch(tmp_path, "triton_backend", old, new)
-    cells = _by_name(run_cli(tmp_path, "-s", GLOB, "--apply", str(patch))["cells"], patched=True)
+    cells = by_scenario(run_cli(tmp_path, "-s", GLOB, "--apply", str(patch))["cells"], patched=True)
     assert len(cells) == 7, sorted(cells)
     for name, cell in cells.items():
         if "cg=eager" in name:  # the eager block extend is an extend's metadata

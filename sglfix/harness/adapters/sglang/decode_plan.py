@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sglfix.harness.adapters.sglang.reports import init_reports
+from sglfix.harness.adapters.sglang.reports import init_reports, keep_report
+from sglfix.harness.adapters.sglang.truth import first_difference, host_ints
 
 __all__ = ["DecodePlanTruth", "Rail", "decode_plan_findings", "decode_plan_reference", "judge_decode", "wrapper_rails"]
 
@@ -41,11 +42,6 @@ class DecodePlanTruth:
         if self.window is not None:
             return [(length - min(length, self.window + 1), length), (0, length)]
         return [(0, length)]
-
-
-def _ints(t: Any, n: int | None = None) -> list[int]:
-    values = t.to("cpu").reshape(-1).tolist()
-    return [int(x) for x in (values if n is None else values[:n])]
 
 
 # Where a backend keeps its decode tables' reports.
@@ -81,18 +77,18 @@ def decode_plan_reference(truth: DecodePlanTruth, forward_batch: Any, rails: lis
     """ "" when every table of this init reads exactly the keys its rows imply; else what the
     first wrong one reads."""
     bs = int(forward_batch.batch_size)
-    rows = _ints(forward_batch.req_pool_indices, bs)
-    lens = _ints(forward_batch.seq_lens, bs)
+    rows = host_ints(forward_batch.req_pool_indices, bs)
+    lens = host_ints(forward_batch.seq_lens, bs)
     enc = getattr(forward_batch, "encoder_lens", None)
-    encoder = _ints(enc, bs) if enc is not None else [None] * bs
+    encoder = host_ints(enc, bs) if enc is not None else [None] * bs
     spans = [truth.spans(row=r, length=n, encoder=e) for r, n, e in zip(rows, lens, encoder)]
     if len(rails) != len(spans[0]):
         return f"the init built {len(rails)} decode table(s), the layer reads {len(spans[0])}"
     for w, rail in enumerate(rails):
         if rail.indptr is None or rail.indices is None:
             return f"{rail.name} holds no page table"
-        ptr, flat = _ints(rail.indptr, bs + 1), _ints(rail.indices)
-        tails = _ints(rail.last_page_len, bs) if rail.last_page_len is not None else None
+        ptr, flat = host_ints(rail.indptr, bs + 1), host_ints(rail.indices)
+        tails = host_ints(rail.last_page_len, bs) if rail.last_page_len is not None else None
         if len(flat) < ptr[bs]:
             return f"{rail.name} holds {len(flat)} slots, its offsets read {ptr[bs]}"
         for b, (row, per_rail) in enumerate(zip(rows, spans)):
@@ -102,8 +98,8 @@ def decode_plan_reference(truth: DecodePlanTruth, forward_batch: Any, rails: lis
             where = f"{rail.name} row {b} (request row {row}, seq_lens {lens[b]})"
             if len(got) != len(want):
                 return f"{where} reads {len(got)} keys, its layer reads {len(want)} (positions {start}..{end - 1})"
-            if got != want:
-                i = next(i for i, (a, x) in enumerate(zip(got, want)) if a != x)
+            i = first_difference(got, want)
+            if i is not None:
                 return f"{where} reads slot {got[i]} for position {start + i}, which is at slot {want[i]}"
             if tails is not None and want and tails[b] != 1:
                 return f"{where} plans a last page of {tails[b]} slots; at page size 1 every page holds one"
@@ -117,7 +113,7 @@ def judge_decode(backend: Any, forward_batch: Any, rails: list[Rail]) -> None:
     truth = getattr(backend, "_sglfix_decode_truth", None)
     if truth is None or not forward_batch.forward_mode.is_decode_or_idle() or forward_batch.spec_info is not None:
         return
-    backend.__dict__.setdefault("_sglfix_decode_reports", []).append(decode_plan_reference(truth, forward_batch, rails))
+    keep_report(backend, _KEY, decode_plan_reference(truth, forward_batch, rails))
 
 
 def decode_plan_findings(backend: Any) -> list[tuple[str, str]]:

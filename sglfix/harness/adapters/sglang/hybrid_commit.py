@@ -78,9 +78,9 @@ def verify_commit(
 ) -> tuple[str, list[str]]:
     """Run the worker's commit for accept lengths ``accept`` over the batch rows ``rows`` and
     judge the pool's states after it: (what is wrong, "" when all is right; the states judged).
-    ``stable_rows``: the verify kept
-    each request's step states at its request row (pipeline-parallel speculation,
-    ``SGLANG_ENABLE_PP_SPEC``: a row of a delayed micro-batch stays put), else at its batch row."""
+    ``stable_rows``: the verify kept each request's step states at its request row (pipeline-parallel
+    speculation, ``SGLANG_ENABLE_PP_SPEC``: a row of a delayed micro-batch stays put), else at its
+    batch row."""
     import torch
     from sglang.srt.speculative.spec_utils import commit_mamba_states_after_verify
 
@@ -94,11 +94,9 @@ def verify_commit(
     gen = torch.Generator(device="cpu").manual_seed(seed + 11)
     side = _side_states(pool)
     # Seeded values everywhere the commit reads or writes: every (row, step) its own.
-    for t in (caches.temporal, caches.intermediate_ssm, *caches.conv, *_bases(caches.intermediate_conv_window)):
-        t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
-    for _, state, steps_of in side:
-        for t in (state, steps_of):
-            t.copy_(_seeded(t, gen))
+    seeded = [caches.temporal, caches.intermediate_ssm, *caches.conv, *_bases(caches.intermediate_conv_window)]
+    for t in seeded + [t for _, state, steps_of in side for t in (state, steps_of)]:
+        t.copy_(_seeded(t, gen))
     temporal, conv = caches.temporal.clone(), [c.clone() for c in caches.conv]
     steps = caches.intermediate_ssm.clone()
     windows = [w.clone() for w in caches.intermediate_conv_window]

@@ -408,16 +408,21 @@ def _hybrid_pool(case: Any, *, seed: int) -> None:
 PLE_CONV_SHAPE, PLE_NGRAM = (6, 3), 5
 
 
-def _ple_pools(case: Any) -> dict[str, Any]:
-    """The hybrid pool's arguments for a model with PLE side states, where the scenario has them."""
+def _pool_keeps(argument: str, *, what: str) -> None:
+    """SKIP where this release's hybrid pool takes no ``argument`` (it keeps no ``what``)."""
     import inspect
 
     from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
 
+    if argument not in inspect.signature(HybridReqToTokenPool.__init__).parameters:
+        raise Unavailable(f"this release's hybrid pool keeps no {what}")
+
+
+def _ple_pools(case: Any) -> dict[str, Any]:
+    """The hybrid pool's arguments for a model with PLE side states, where the scenario has them."""
     if not case.scenario.model.ple_states:
         return {}
-    if "short_conv_layer_ids" not in inspect.signature(HybridReqToTokenPool.__init__).parameters:
-        raise Unavailable("this release's hybrid pool keeps no per-layer-embedding side states (model.ple_states)")
+    _pool_keeps("short_conv_layer_ids", what="per-layer-embedding side states (model.ple_states)")
     return dict(
         short_conv_layer_ids=[LINEAR_LAYER],
         short_conv_state_shape=PLE_CONV_SHAPE,
@@ -429,15 +434,10 @@ def _ple_pools(case: Any) -> dict[str, Any]:
 def _replayssm_pool(case: Any) -> dict[str, Any]:
     """The hybrid pool's arguments for a ReplaySSM ring, where the scenario has one, and the radix
     track interval its flushes follow, published."""
-    import inspect
-
-    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
-
     ring = case.scenario.model.replayssm_ring
     if ring is None:
         return {}
-    if "enable_linear_replayssm" not in inspect.signature(HybridReqToTokenPool.__init__).parameters:
-        raise Unavailable("this release's hybrid pool keeps no ReplaySSM ring (model.replayssm_ring)")
+    _pool_keeps("enable_linear_replayssm", what="ReplaySSM ring (model.replayssm_ring)")
     _kit("attention").publish_over(case.runner, mamba_track_interval=TRACK_INTERVAL)
     return replayssm_pool_args(ring)
 

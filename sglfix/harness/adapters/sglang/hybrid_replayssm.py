@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sglfix.harness.adapters.sglang.truth import host_ints
+
 __all__ = ["TRACK_INTERVAL", "replayssm_pool_args", "replayssm_reference", "seed_cursors"]
 
 # The radix track interval published for a ReplaySSM cell (sglang's --mamba-track-interval): small,
@@ -48,10 +50,6 @@ def seed_cursors(pool: Any, *, seed: int) -> list[int] | None:
     return [int(x) for x in values.tolist()]
 
 
-def _ints(t: Any, n: int) -> list[int]:
-    return [int(x) for x in t.to("cpu").reshape(-1).tolist()[:n]]
-
-
 def replayssm_reference(metadata: Any, batch: Any, backend: Any, *, real: int, slots: list[int]) -> str:
     """ "" when this init's ring metadata and the pool's cursors after it are the batch's; else the
     first thing wrong. ``real`` live rows hold state slots ``slots``."""
@@ -60,7 +58,7 @@ def replayssm_reference(metadata: Any, batch: Any, backend: Any, *, real: int, s
         return ""
     mamba = backend._sglfix_linear.req_to_token_pool.mamba_pool
     ring = int(mamba.linear_replayssm_cache_len)
-    after = _ints(mamba.replayssm_write_pos, len(before))
+    after = host_ints(mamba.replayssm_write_pos, len(before))
     backend._sglfix_cursors = after  # the next init's "before", whatever this one did
     phase = getattr(backend, "_sglfix_phase", "eager")
     if not batch.forward_mode.is_decode_or_idle() or phase == "capture":
@@ -72,10 +70,10 @@ def replayssm_reference(metadata: Any, batch: Any, backend: Any, *, real: int, s
     wp, ff = metadata.replayssm_write_pos, metadata.replayssm_force_flush
     if wp is None or ff is None:
         return "a decode under ReplaySSM hands the layers no replayssm_write_pos / replayssm_force_flush"
-    lens = _ints(batch.seq_lens_cpu, real)
+    lens = host_ints(batch.seq_lens_cpu, real)
     want_wp = [before[s] for s in slots]
     want_ff = [int(n % TRACK_INTERVAL == 0) for n in lens]
-    got_wp, got_ff = _ints(wp, real), _ints(ff, real)
+    got_wp, got_ff = host_ints(wp, real), host_ints(ff, real)
     for b in range(real):
         if got_wp[b] != want_wp[b]:
             return f"row {b} (state slot {slots[b]}) is handed ReplaySSM cursor {got_wp[b]}, its slot's is {want_wp[b]}"

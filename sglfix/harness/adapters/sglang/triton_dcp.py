@@ -28,6 +28,7 @@ from typing import Any
 from sglfix.harness.adapters.base import AdapterBase, MetadataHook, Prepared
 from sglfix.harness.adapters.sglang.case import build_case
 from sglfix.harness.adapters.sglang.guards import PERSISTENT, guard_buffers, guarded, watch_metadata
+from sglfix.harness.adapters.sglang.truth import first_difference, host_ints
 from sglfix.harness.kits import kit as _kit
 from sglfix.harness.unavailable import NoOutput, Unavailable
 
@@ -232,8 +233,8 @@ def _lengths(batch: Any, mode: Any) -> tuple[list[int], str]:
     """Per row, the length each rank's indices cover: a decode's whole sequence, an extend's
     cached prefix (its new tokens are the forward's own K/V)."""
     if mode.is_decode_or_idle():
-        return [int(x) for x in batch.seq_lens.to("cpu").tolist()], "seq_lens"
-    return [int(x) for x in batch.extend_prefix_lens.to("cpu").tolist()], "extend_prefix_lens"
+        return host_ints(batch.seq_lens), "seq_lens"
+    return host_ints(batch.extend_prefix_lens), "extend_prefix_lens"
 
 
 # What a rank's kernels read of its metadata, whatever the mode.
@@ -243,7 +244,7 @@ _READ = ("kv_indptr", "kv_indices")
 def _judge_rank(dcp: DcpCase, r: _Rank, *, metadata: Any, batch: Any, label: str) -> None:
     truth = dcp.truth
     bs = int(batch.batch_size)
-    rows = [int(x) for x in batch.req_pool_indices.to("cpu").tolist()][:bs]
+    rows = host_ints(batch.req_pool_indices, bs)
     lengths, what = _lengths(batch, batch.forward_mode)
     want = [truth.owned(row=row, length=n, rank=r.rank) for row, n in zip(rows, lengths[:bs])]
     where = f"{label}: "
@@ -252,11 +253,11 @@ def _judge_rank(dcp: DcpCase, r: _Rank, *, metadata: Any, batch: Any, label: str
     if missing is not None:
         r.findings.append(("INVARIANT", f"{where}the rank's {missing} is None after the init; its kernels read it"))
         return
-    indptr = [int(x) for x in metadata.kv_indptr.to("cpu").tolist()[: bs + 1]]
+    indptr = host_ints(metadata.kv_indptr, bs + 1)
     if len(indptr) < bs + 1 or indptr[0] != 0:
         r.findings.append(("INVARIANT", f"{where}kv_indptr {indptr} does not open {bs} rows at 0"))
         return
-    indices = metadata.kv_indices.to("cpu").tolist()
+    indices = host_ints(metadata.kv_indices)
     if len(indices) < indptr[bs]:
         r.findings.append(
             (
@@ -277,9 +278,9 @@ def _judge_rank(dcp: DcpCase, r: _Rank, *, metadata: Any, batch: Any, label: str
                 )
             )
             return
-        got = [int(x) for x in indices[indptr[b] : indptr[b + 1]]]
-        if got != slots:
-            i = next(i for i, (a, w) in enumerate(zip(got, slots)) if a != w)
+        got = indices[indptr[b] : indptr[b + 1]]
+        i = first_difference(got, slots)
+        if i is not None:
             pos = r.rank + i * truth.size
             r.findings.append(
                 (
@@ -292,7 +293,7 @@ def _judge_rank(dcp: DcpCase, r: _Rank, *, metadata: Any, batch: Any, label: str
     splits = metadata.num_kv_splits
     if splits is not None:
         top = int(r.backend.max_kv_splits)
-        values = [int(x) for x in splits.to("cpu").tolist()[:bs]]
+        values = host_ints(splits, bs)
         bad = next((b for b, s in enumerate(values) if not 1 <= s <= top), None)
         if bad is not None:
             r.findings.append(

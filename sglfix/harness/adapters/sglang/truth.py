@@ -16,6 +16,7 @@ __all__ = [
     "encoder_truth",
     "first_difference",
     "ground_truth",
+    "host_ints",
     "item_visibility",
     "reference",
     "tree_visibility",
@@ -41,6 +42,12 @@ def first_difference(have: Sequence[Any], want: Sequence[Any]) -> int | None:
     if list(have) == list(want):
         return None
     return next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), min(len(have), len(want)))
+
+
+def host_ints(t: Any, n: int | None = None) -> list[int]:
+    """A tensor of the code under test as a flat list of ints on the host (its first ``n``)."""
+    values = t.to("cpu").reshape(-1).tolist()
+    return [int(x) for x in (values if n is None else values[:n])]
 
 
 def tree_visibility(parents: list[int]) -> Any:
