@@ -156,10 +156,11 @@ LIMITS: tuple[Limit, ...] = (
     ),
     Limit(
         "`model.linear_attention`",
-        "gdn, mamba2, short_conv",
+        "gdn, kda, mamba2, short_conv",
         "real sglang `hybrid_linear` only: the linear-attention layer set, Qwen3-Next's gated delta net "
-        "(GDNAttnBackend, the default), a Mamba2 mixer (Mamba2AttnBackend) or LFM2's short convolution "
-        "(ShortConvAttnBackend, which the model reaches through the hybrid's `conv_state_metadata`)",
+        "(GDNAttnBackend, the default), Kimi-Linear's delta attention (KDAAttnBackend), a Mamba2 mixer "
+        "(Mamba2AttnBackend) or LFM2's short convolution (ShortConvAttnBackend, which the model reaches through "
+        "the hybrid's `conv_state_metadata`)",
     ),
     Limit(
         "`model.cross_attention`",
@@ -222,9 +223,16 @@ LIMITS: tuple[Limit, ...] = (
     Limit(
         "`cuda_graph.full_prefill_max_req`",
         f"1 .. {MAX_REQUESTS}",
-        "EXTEND graphs only, and required there: the request slots each prefill graph is captured with "
-        "(sglang's `full_prefill_max_req`), at least the batch's requests; the rest replay as zero-length "
-        "sentinels",
+        "EXTEND graphs only, and required there (not with `breakable`): the request slots each prefill graph is "
+        "captured with (sglang's `full_prefill_max_req`), at least the batch's requests; the rest replay as "
+        "zero-length sentinels",
+    ),
+    Limit(
+        "`cuda_graph.breakable`",
+        "true / false",
+        "EXTEND graphs of `backend: hybrid_linear` with `model.linear_attention: kda` only (real sglang): sglang's "
+        "breakable prefill backend, no request slots; the delta-attention extend's per-bucket tables judged after "
+        "every capture and replay",
     ),
     Limit("`seed`", "0 .. 2^63 - 1", "torch.Generator.manual_seed"),
     Limit("`tolerance`", "0 < t < 1", "default 1e-2 fp16, 2e-2 bf16, 1e-4 fp32"),

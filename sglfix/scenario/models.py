@@ -258,7 +258,7 @@ DType = Annotated[
 ]
 Backend = Annotated[str, BeforeValidator(partial(_choice, choices=BACKENDS, canonical=str.lower))]
 LinearAttention = Annotated[
-    str, BeforeValidator(partial(_choice, choices=("gdn", "mamba2", "short_conv"), canonical=str.lower))
+    str, BeforeValidator(partial(_choice, choices=("gdn", "kda", "mamba2", "short_conv"), canonical=str.lower))
 ]
 Builder = Annotated[str, BeforeValidator(partial(_choice, choices=BUILDERS, canonical=str.lower))]
 ProbeName = Annotated[
@@ -282,7 +282,8 @@ class ModelShape(StrictModel):
     # A sliding-window layer: a query at position p attends the keys at p - sliding_window .. p.
     sliding_window: bounded(1, MAX_TOKENS_PER_REQUEST, f"{MAX_TOKENS_PER_REQUEST} tokens per request") | None = None
     # A hybrid model's linear-attention layer set (hybrid_linear): Qwen3-Next's gated delta net
-    # (gdn, the default there) or a Mamba2 mixer (NemotronH, Falcon-H1, Granite 4).
+    # (gdn, the default there), Kimi-Linear's delta attention (kda), a Mamba2 mixer (NemotronH,
+    # Falcon-H1, Granite 4) or a short convolution (LFM2).
     linear_attention: LinearAttention | None = None
     # An encoder-decoder model's cross-attention layer (Mllama, Whisper; needs batch.encoder_lens):
     # its queries see the request's cached encoder tokens, all of them, and no decoder token.
@@ -366,8 +367,13 @@ class CudaGraphNode(StrictModel):
     # graph): the token buckets captured, as sglang's prefill config takes them in its `bs`.
     capture_bs: CaptureList
     # EXTEND only: the request slots every prefill graph is captured with (sglang's
-    # cuda_graph_config.prefill.full_prefill_max_req); required there.
+    # cuda_graph_config.prefill.full_prefill_max_req); required there under the full backend.
     full_prefill_max_req: BatchSize | None = None
+    # EXTEND only: sglang's prefill graph backend (cuda_graph_config.prefill.backend). full: the
+    # whole prefill in one graph over fixed request slots; breakable: captured segments that break
+    # at attention, a Kimi-Linear hybrid's delta-attention extend kept inside on the per-bucket
+    # tables the backend captured (its captured-metadata contract).
+    breakable: Flag = False
 
 
 class ScenarioNode(StrictModel):
@@ -439,6 +445,7 @@ class ScenarioNode(StrictModel):
             probe=self.probe,
             capture_bs=tuple(sorted(set(self.cuda_graph.capture_bs))) if self.cuda_graph else None,
             full_prefill_max_req=self.cuda_graph.full_prefill_max_req if self.cuda_graph else None,
+            breakable_prefill=bool(self.cuda_graph and self.cuda_graph.breakable),
             gpu_only=self.gpu_only,
             sync_free=self.sync_free
             if self.sync_free is not None
@@ -481,6 +488,7 @@ class Scenario(StrictModel):
     probe: ProbeName | None = None
     capture_bs: CaptureList | None = None  # None: eager, no CUDA graph; EXTEND: token buckets
     full_prefill_max_req: BatchSize | None = None  # EXTEND graphs: the request slots captured
+    breakable_prefill: Flag = False  # EXTEND graphs: sglang's breakable prefill backend, not full
     gpu_only: Flag = False
     # Declared free of device->host syncs; defaults to gpu_only, except spec-v1 DRAFT_EXTEND,
     # whose accept lengths are read on the host by design.
@@ -555,7 +563,8 @@ class Scenario(StrictModel):
         if self.capture_bs is None:
             return None
         if self.mode == "EXTEND":
-            return self.full_prefill_max_req
+            # A breakable capture has no request slots: a replay hands the batch's own requests.
+            return self.batch_size if self.breakable_prefill else self.full_prefill_max_req
         return min(b for b in self.capture_bs if b >= self.batch_size)
 
     @property

@@ -292,7 +292,8 @@ _BACKEND_RULES = (
         sliding_window_modes=("DECODE", "EXTEND"),
     ),
     # Real sglang only: a full-attention set (its Triton backend) and a gated-delta-net set under
-    # one HybridLinearAttnBackend; it captures decode and target verify.
+    # one HybridLinearAttnBackend; it captures decode and target verify, and a Kimi-Linear prefill
+    # under breakable graphs.
     BackendRule(
         "hybrid_linear",
         modes=("DECODE", "EXTEND", "TARGET_VERIFY"),
@@ -308,6 +309,9 @@ _BACKEND_RULES = (
         multi_item_modes=("EXTEND",),
         # The worker's post-verify commit (update_mamba_state_after_mtp_verify).
         verify_commit=True,
+        # A plain EXTEND captured by the prefill runner's breakable backend, a Kimi-Linear hybrid's
+        # (cuda_graph.breakable): its delta-attention extend on the bucket tables it captured.
+        mode_overrides=(("EXTEND", replace(MODE_RULES["EXTEND"], graph=True)),),
     ),
     # DSv4 pins page size 256 and topk <= 1; its draft layer attends a sliding window of 128.
     BackendRule(

@@ -289,6 +289,12 @@ def check_node(node: Any) -> None:
         if rule.name == "EXTEND":
             _check_prefill_graph(node)
         else:
+            if node.cuda_graph.breakable:
+                raise NodeError(
+                    f"is {rule.name}; cuda_graph.breakable applies to an EXTEND graph (sglang's prefill graph "
+                    "backend) only: drop it",
+                    at=("cuda_graph", "breakable"),
+                )
             if node.cuda_graph.full_prefill_max_req is not None:
                 raise NodeError(
                     f"is {rule.name}; cuda_graph.full_prefill_max_req applies to an EXTEND graph (sglang's "
@@ -330,19 +336,45 @@ def check_node(node: Any) -> None:
 PREFILL_GRAPH_PADDING_FACTOR = 2
 
 
+def _check_breakable_prefill(node: Any) -> None:
+    """A breakable prefill graph is modelled where a backend keeps the tables it captured (the
+    runner's captured-metadata contract): a Kimi-Linear hybrid's delta-attention extend. It has no
+    request slots."""
+    if node.backend != "hybrid_linear" or node.model.linear_attention != "kda":
+        raise NodeError(
+            "sets cuda_graph.breakable, which sglfix models where the backend keeps the tables it captured "
+            "(backend hybrid_linear with model.linear_attention kda); drop it, or give that backend and mixer",
+            at=("cuda_graph", "breakable"),
+        )
+    if node.cuda_graph.full_prefill_max_req is not None:
+        raise NodeError(
+            "sets cuda_graph.full_prefill_max_req with cuda_graph.breakable: a breakable prefill graph is captured "
+            "over the batch's own requests, not request slots; drop it",
+            at=("cuda_graph", "full_prefill_max_req"),
+        )
+
+
 def _check_prefill_graph(node: Any) -> None:
     """An EXTEND graph is sglang's prefill runner under its full backend: capture_bs are token
     buckets, full_prefill_max_req the request slots of each; the batch must be one it replays
     (sglang runs any other eagerly), on a layer it captures."""
     graph, bs = node.cuda_graph, len(node.batch.prefix_lens)
     slots = graph.full_prefill_max_req
-    if slots is None:
+    if graph.breakable:
+        _check_breakable_prefill(node)
+    elif node.backend == "hybrid_linear":
+        raise NodeError(
+            "is an EXTEND graph of the hybrid backend, which sglang captures under breakable prefill graphs only "
+            "(a Kimi-Linear hybrid's): set cuda_graph.breakable with model.linear_attention kda, or cuda_graph: false",
+            at="cuda_graph",
+        )
+    elif slots is None:
         raise NodeError(
             "is an EXTEND graph (sglang's full prefill graph, capture_bs its token buckets), which needs the "
             "request slots each graph is captured with: give cuda_graph.full_prefill_max_req",
             at="cuda_graph",
         )
-    if slots < bs:
+    if slots is not None and slots < bs:
         raise NodeError(
             f"has a batch of {bs} requests, more than cuda_graph.full_prefill_max_req {slots}: sglang runs it "
             f"eagerly; raise it to at least {bs}",

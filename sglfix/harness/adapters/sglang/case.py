@@ -446,7 +446,10 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
     if scenario.mode == "EXTEND" and scenario.capture_bs:
         # What a full prefill CUDA graph's --cuda-graph-config publishes (capture_bs: its token buckets).
         _kit("graphs").publish_full_prefill(
-            runner, capture_tokens=list(scenario.capture_bs), req_slots=scenario.full_prefill_max_req
+            runner,
+            capture_tokens=list(scenario.capture_bs),
+            req_slots=scenario.full_prefill_max_req,
+            breakable=scenario.breakable_prefill,
         )
     _fill_pool(runner=runner, gen=gen)
     # An encoder-decoder row: the encoder's tokens, then the decoder's (decoder position i at i + enc).

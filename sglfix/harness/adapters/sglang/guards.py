@@ -108,3 +108,27 @@ def watch_metadata(backend: Any, on_metadata: MetadataHook) -> None:
 
     backend.init_forward_metadata = init_forward_metadata
     backend.init_forward_metadata_out_graph = init_forward_metadata_out_graph
+    if not hasattr(backend, "init_forward_metadata_for_breakable_cuda_graph_capture"):
+        return
+    # A breakable prefill graph's captured tables: built at capture, refreshed at every replay.
+    capture_tables = backend.init_forward_metadata_for_breakable_cuda_graph_capture
+    refresh_tables = backend.prepare_forward_metadata_for_breakable_cuda_graph_replay
+
+    def init_forward_metadata_for_breakable_cuda_graph_capture(forward_batch: Any) -> Any:
+        result = capture_tables(forward_batch)
+        judge(forward_batch, "capture")
+        return result
+
+    def prepare_forward_metadata_for_breakable_cuda_graph_replay(
+        capture_metadata: Any, forward_batch: Any, **kwargs: Any
+    ) -> Any:
+        result = refresh_tables(capture_metadata, forward_batch, **kwargs)
+        judge(forward_batch, "replay")
+        return result
+
+    backend.init_forward_metadata_for_breakable_cuda_graph_capture = (
+        init_forward_metadata_for_breakable_cuda_graph_capture
+    )
+    backend.prepare_forward_metadata_for_breakable_cuda_graph_replay = (
+        prepare_forward_metadata_for_breakable_cuda_graph_replay
+    )

@@ -39,8 +39,9 @@ from typing import Any
 
 from sglfix.harness.adapters.base import Dispatch, Prepared
 from sglfix.harness.adapters.sglang.flashinfer_dense import SglangFlashInferAdapter, flashinfer_module
-from sglfix.harness.adapters.sglang.guards import guard_buffers
+from sglfix.harness.adapters.sglang.guards import guard_buffers, watch_metadata
 from sglfix.harness.adapters.sglang.hybrid_commit import verify_commit
+from sglfix.harness.adapters.sglang.hybrid_kda import kda_graph_reference, kda_graph_view
 from sglfix.harness.adapters.sglang.hybrid_mamba2 import mamba2_reference, mamba2_view
 from sglfix.harness.adapters.sglang.hybrid_mis import gdn_mis_reference, gdn_mis_view
 from sglfix.harness.adapters.sglang.hybrid_replayssm import (
@@ -82,8 +83,16 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
     def build(self, scenario: Any, *, device: str) -> Prepared:
         if scenario.mode not in _MODES:
             raise Unavailable(f"the hybrid linear-attention adapter runs {', '.join(_MODES)}, not {scenario.mode}")
-        if scenario.mode == "EXTEND" and scenario.capture_bs:
-            raise Unavailable("HybridLinearAttnBackend captures decode and target verify, not extend")
+        if scenario.mode == "EXTEND" and scenario.capture_bs and not scenario.breakable_prefill:
+            raise Unavailable(
+                "HybridLinearAttnBackend captures decode and target verify, and a prefill only under breakable "
+                "graphs (cuda_graph.breakable)"
+            )
+        if scenario.breakable_prefill:
+            from importlib.util import find_spec
+
+            if find_spec("sglang.srt.layers.attention.linear.kda_prefill_graph") is None:
+                raise Unavailable("this release's KDA backend keeps no tables for breakable prefill graphs")
         from sglang.srt.layers.attention.linear import utils as linear_utils
 
         if not hasattr(linear_utils, "resolve_linear_attn_backends"):
@@ -120,6 +129,11 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
             # The sidecar the model reaches through the hybrid's conv_state_metadata (LFM2, ZAYA1).
             linear = ShortConvAttnBackend(runner)
             backend = hybrid.ShortConvHybridAttnBackend(full, linear, full_attn_layers=[FULL_LAYER])
+        elif mixer == "kda":
+            from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+
+            linear = KDAAttnBackend(runner)
+            backend = hybrid.HybridLinearAttnBackend(full, linear, full_attn_layers=[FULL_LAYER])
         else:
             linear = (hybrid.Mamba2AttnBackend if mixer == "mamba2" else GDNAttnBackend)(runner)
             backend = hybrid.HybridLinearAttnBackend(full, linear, full_attn_layers=[FULL_LAYER])
@@ -152,7 +166,16 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
 
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
         _mark_phases(backend)  # under the judge's hook, so the phase is known when it looks
-        return super().capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
+        if not scenario.breakable_prefill:
+            return super().capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
+        watch_metadata(backend, on_metadata)
+        graphs = _kit("graphs")
+        return graphs.BreakablePrefillGraphRunner(
+            case=prepared.case,
+            backend=backend,
+            capture_tokens=list(scenario.capture_bs),
+            guard=lambda b: self.guard_graph_state(b, graphs),
+        ).capture()
 
     def guard_graph_state(self, backend: Any, graphs: Any) -> None:
         guard_buffers(backend._sglfix_full, self.graph_state(graphs))
@@ -179,6 +202,18 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         """The full-attention backend's metadata (the invariants' indptr and indices) and the
         linear backend's, the latter judged against this init's batch as it is built."""
         rows = int(forward_batch.batch_size)
+        if getattr(backend, "_sglfix_breakable", False):
+            # A breakable prefill graph's capture or replay: the KDA extend reads the bucket's tables.
+            tables = getattr(backend._sglfix_linear, "prefill_graph_metadata", None)
+            keep_report(
+                backend,
+                "_sglfix_linear_reports",
+                kda_graph_reference(
+                    backend._sglfix_linear, forward_batch, backend, slots=_live(backend, forward_batch)[1]
+                ),
+            )
+            view = SimpleNamespace(**kda_graph_view(tables))
+            return [*super().metadata_views(backend._sglfix_full, forward_batch), ("linear", view, rows)]
         linear = backend._sglfix_linear.forward_metadata
         # A short-conv layer set's model asks the hybrid for its conv-state handle per layer.
         handle = backend.conv_state_metadata(LINEAR_LAYER, forward_batch) if _short_conv(backend) else None
@@ -213,6 +248,8 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
             mamba2 = " and the multi-item query segments and item branches"
         if getattr(backend, "_sglfix_cursors", None) is not None:
             mamba2 = " and the ReplaySSM ring's cursors and flushes"
+        if "_sglfix_kda_tables" in backend.__dict__:
+            mamba2 = " and the breakable prefill graph's bucket tables"
         return init_reports(
             backend,
             "_sglfix_linear_reports",
@@ -322,13 +359,32 @@ def _mark_phases(backend: Any) -> None:
 
     backend.init_forward_metadata = init_forward_metadata
     backend.init_forward_metadata_out_graph = init_forward_metadata_out_graph
+    capture_tables = backend.init_forward_metadata_for_breakable_cuda_graph_capture
+    refresh_tables = backend.prepare_forward_metadata_for_breakable_cuda_graph_replay
+
+    def init_forward_metadata_for_breakable_cuda_graph_capture(forward_batch: Any) -> Any:
+        _note(backend, forward_batch, "capture", breakable=True)
+        return capture_tables(forward_batch)
+
+    def prepare_forward_metadata_for_breakable_cuda_graph_replay(
+        capture_metadata: Any, forward_batch: Any, **kwargs: Any
+    ) -> Any:
+        _note(backend, forward_batch, "replay", breakable=True)
+        return refresh_tables(capture_metadata, forward_batch, **kwargs)
+
+    backend.init_forward_metadata_for_breakable_cuda_graph_capture = (
+        init_forward_metadata_for_breakable_cuda_graph_capture
+    )
+    backend.prepare_forward_metadata_for_breakable_cuda_graph_replay = (
+        prepare_forward_metadata_for_breakable_cuda_graph_replay
+    )
 
 
-def _note(backend: Any, batch: Any, phase: str) -> None:
-    """The phase, and the batch's request rows and extend lengths as the caller handed them: the
-    reference must not read what the code under test wrote into the batch (the replay pads
-    ``req_pool_indices`` in place)."""
-    backend._sglfix_phase = phase
+def _note(backend: Any, batch: Any, phase: str, *, breakable: bool = False) -> None:
+    """The phase (and whether a breakable prefill graph's), and the batch's request rows and extend
+    lengths as the caller handed them: the reference must not read what the code under test wrote
+    into the batch (the replay pads ``req_pool_indices`` in place)."""
+    backend._sglfix_phase, backend._sglfix_breakable = phase, breakable
     backend._sglfix_rows = batch.req_pool_indices.clone()
     lens = getattr(batch, "extend_seq_lens", None)
     backend._sglfix_extend = None if lens is None else lens.clone()
@@ -351,20 +407,26 @@ def _hybrid_pool(case: Any, *, seed: int) -> None:
     runner, batch = case.runner, case.forward_batch
     old = runner.req_to_token_pool
     rows, ctx = int(old.size), int(old.req_to_token.shape[1])
-    shape = Mamba2StateShape.create(
-        tp_world_size=1,
-        intermediate_size=GDN_HEADS * GDN_HEAD_DIM,
-        n_groups=GDN_HEADS,
-        num_heads=GDN_HEADS,
-        head_dim=GDN_HEAD_DIM,
-        state_size=GDN_HEAD_DIM,
-        conv_kernel=GDN_CONV,
-    )
-    params = Mamba2CacheParams(
-        shape=shape,
-        layers=[LINEAR_LAYER],
-        dtype=Mamba2StateDType(conv=case.q.dtype, temporal=torch.float32),
-    )
+    dtype = Mamba2StateDType(conv=case.q.dtype, temporal=torch.float32)
+    if case.scenario.model.linear_attention == "kda":
+        # Kimi-Linear's state: its conv window stored [kernel - 1, channels], a K x V state per head.
+        from sglang.srt.configs.mamba_utils import KimiLinearCacheParams, KimiLinearStateShape
+
+        kimi = KimiLinearStateShape.create(
+            tp_world_size=1, num_heads=GDN_HEADS, head_dim=GDN_HEAD_DIM, conv_kernel_size=GDN_CONV
+        )
+        params: Any = KimiLinearCacheParams(shape=kimi, layers=[LINEAR_LAYER], dtype=dtype)
+    else:
+        shape = Mamba2StateShape.create(
+            tp_world_size=1,
+            intermediate_size=GDN_HEADS * GDN_HEAD_DIM,
+            n_groups=GDN_HEADS,
+            num_heads=GDN_HEADS,
+            head_dim=GDN_HEAD_DIM,
+            state_size=GDN_HEAD_DIM,
+            conv_kernel=GDN_CONV,
+        )
+        params = Mamba2CacheParams(shape=shape, layers=[LINEAR_LAYER], dtype=dtype)
     draft = _draft_tokens(case)
     pool = HybridReqToTokenPool(
         size=rows,

@@ -432,12 +432,15 @@ _PREFILL_STATIC = (
 )
 
 
-def publish_full_prefill(runner: Any, *, capture_tokens: list[int], req_slots: int) -> None:
+def publish_full_prefill(
+    runner: Any, *, capture_tokens: list[int], req_slots: int | None, breakable: bool = False
+) -> None:
     """What ``--cuda-graph-config '{"prefill": {"backend": "full", "bs": capture_tokens,
     "full_prefill_max_req": req_slots}}'`` publishes over the kit runner's server args (its decode
     phase kept), and the chunked-prefix cache off, as sglang's model runner turns it off for a
     non-MLA model (``maybe_disable_chunked_prefix_cache``): the full prefill runner then captures
-    no chunked-prefix variant. Nothing where the release has no such config."""
+    no chunked-prefix variant. With ``breakable`` the prefill backend is "breakable" (no request
+    slots). Nothing where the release has no such config."""
     from .attention import publish_over
 
     try:
@@ -446,7 +449,10 @@ def publish_full_prefill(runner: Any, *, capture_tokens: list[int], req_slots: i
     except ImportError:
         return
     decode = get_exec().graph.cuda_graph_config.decode
-    prefill = PhaseConfig(backend=Backend.FULL, bs=sorted(capture_tokens), full_prefill_max_req=req_slots)
+    if breakable:
+        prefill = PhaseConfig(backend=Backend.BREAKABLE, bs=sorted(capture_tokens))
+    else:
+        prefill = PhaseConfig(backend=Backend.FULL, bs=sorted(capture_tokens), full_prefill_max_req=req_slots)
     publish_over(
         runner, cuda_graph_config=CudaGraphConfig(decode=decode, prefill=prefill), disable_chunked_prefix_cache=True
     )
@@ -741,3 +747,133 @@ class PrefillGraphRunner:
 
 def _wrappers(metadata: Any) -> list:
     return list(getattr(metadata, "prefill_wrappers", None) or [])
+
+
+# -- the prefill runner under the breakable backend
+
+
+class BreakablePrefillGraphRunner(PrefillGraphRunner):
+    """A plain EXTEND under sglang's breakable prefill backend (``cuda_graph_config.prefill.backend
+    = "breakable"``) over a backend that keeps the tables it captured
+    (``use_captured_forward_metadata_for_breakable_cuda_graph``: a Kimi-Linear hybrid, whose
+    delta-attention extend stays inside the graph on per-bucket tables).
+
+    Capture, one per token bucket, largest first: ``capture_prepare``'s batch under the breakable
+    backend (the bucket as the fewest requests of at most the context length, no sentinel slots,
+    request rows 0..n-1, over the runner's static buffers), then the runner's own
+    ``_init_forward_metadata_for_capture``, which asks the backend for the bucket's tables
+    (``init_forward_metadata_for_breakable_cuda_graph_capture``) and keeps them per bucket.
+
+    Replay, ``load_batch``: the token buffers padded to the bucket, the batch's requests copied into
+    the static request buffers (no sentinels), then the runner's own
+    ``_prepare_forward_metadata_for_replay``, which hands the backend the bucket's kept tables to
+    refresh in place for this batch (``prepare_forward_metadata_for_breakable_cuda_graph_replay``).
+    The attention layer is a break: it runs eagerly, over the bucket's token rows, on the metadata
+    this replay built; the graph segments around it hold no attention, so nothing is recorded.
+    """
+
+    def __init__(self, *, case: Any, backend: Any, capture_tokens: list[int], guard: Callable[[Any], None]) -> None:
+        if not getattr(backend, "use_captured_forward_metadata_for_breakable_cuda_graph", False):
+            raise Unavailable(
+                "this backend keeps no captured tables under breakable prefill graphs "
+                "(use_captured_forward_metadata_for_breakable_cuda_graph is off)"
+            )
+        pool = case.runner.req_to_token_pool
+        super().__init__(
+            case=case, backend=backend, capture_tokens=capture_tokens, req_slots=pool.size, guard=guard, record=False
+        )
+        from sglfix.harness.misfit import Standin
+
+        # The runner's own metadata steps, on a runner built without its constructor (which would
+        # capture a model), under the captured-metadata contract.
+        self.runner = object.__new__(self.runner_class)
+        self.runner.__dict__.update(
+            _is_full_backend=False,
+            use_captured_attn_metadata=True,
+            attn_metadata_buffers={},
+            model_runner=Standin(attn_backend=backend),
+        )
+
+    def _key(self, n: int) -> Any:
+        from sglang.srt.model_executor.runner.shape_key import ShapeKey
+
+        return ShapeKey(size=n)
+
+    def _capture_one(self, n: int) -> _Captured:
+        import dataclasses
+
+        # capture_prepare under the breakable backend: no zero-length sentinel requests.
+        slots, self.req_slots = self.req_slots, -(-n // self.context_len)
+        try:
+            batch = self._capture_batch(n)
+        finally:
+            self.req_slots = slots
+        if "full_prefill_cuda_graph_capture" in {f.name for f in dataclasses.fields(batch)}:
+            batch.full_prefill_cuda_graph_capture = False
+        with _HostPinning():
+            self.runner._init_forward_metadata_for_capture(batch, self._key(n))
+        return _Captured(batch=batch, metadata=self.runner.attn_metadata_buffers[self._key(n)])
+
+    def can_run_graph(self, forward_batch: Any) -> bool:
+        """``can_replay_locally``'s tests: a bucket that holds the tokens, at most twice them once
+        padded, and no more requests than the backend's tables hold (its
+        ``prefill_cuda_graph_max_batch_size``)."""
+        num_tokens = len(forward_batch.input_ids)
+        if num_tokens > self.max_tokens:
+            return False
+        limit = getattr(self.backend, "prefill_cuda_graph_max_batch_size", None)
+        if limit is not None and forward_batch.batch_size > limit:
+            return False
+        return self._bucket(num_tokens) <= num_tokens * self.padding_factor
+
+    can_run = can_run_graph
+
+    def replay(self, batch: Any, *, q: Any, k: Any, v: Any) -> Any:
+        """The bucket's tables refreshed for ``batch`` and the layer over the bucket's token rows;
+        the batch's rows of its output."""
+        import copy
+
+        raw_n = q.shape[0]
+        n = self._bucket(raw_n)
+        self._load(batch, raw_n=raw_n, n=n, q=q, k=k, v=v)
+        b = self.buffers
+        static = copy.copy(batch)
+        static.input_ids, static.positions, static.out_cache_loc = b.input_ids[:n], b.positions[:n], b.out_cache_loc[:n]
+        static.max_seq_len_override = None
+        with _HostPinning():
+            self.runner._prepare_forward_metadata_for_replay(batch, static, self._key(n))
+        out = attend(
+            backend=self.backend,
+            layer=self.case.layer,
+            batch=static,
+            q=b.q[:n],
+            k=None if b.k is None else b.k[:n],
+            v=None if b.v is None else b.v[:n],
+        )
+        return out[:raw_n].clone()
+
+
+class _HostPinning:
+    """Without an accelerator, ``Tensor.pin_memory()`` (the staging copy of a bucket's host tables,
+    which a CUDA host pins so that the copy is asynchronous) returns the tensor itself: a plain
+    host tensor holds the same values. Nothing changes where CUDA is available."""
+
+    def __enter__(self) -> Any:
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if func is torch.Tensor.pin_memory:
+                    return args[0]
+                __sglfix_passthrough__ = True  # noqa: F841  an error of func is its caller's
+                return func(*args, **(kwargs or {}))
+
+        self.mode = None if torch.cuda.is_available() else Mode()
+        if self.mode is not None:
+            self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.mode is not None:
+            self.mode.__exit__(*exc)

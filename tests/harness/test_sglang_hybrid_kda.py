@@ -1,0 +1,76 @@
+"""Real sglang 0.5.23's hybrid over Kimi-Linear's delta attention (``model.linear_attention: kda``)
+on CPU through the CLI a user runs: its state slots and query offsets are judged as the gated
+delta net's, and its prefill under breakable prefill graphs has the bucket tables it captured
+judged after every capture and replay, so a table built wrong, a padded row that points into a
+sequence or a replay that leaves the captured tables behind is seen where it happens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from real_sglang import breaking_patch, by_scenario, require_sglang, run_cli
+
+GLOB = "sglang-hybrid-kda*"
+# The breakable prefill graphs: every one captures a bucket whose tables hold sequence rows past
+# its capture batch's, and replays.
+BREAKABLE = (
+    "sglang-hybrid-kda-extend@cg=graph",
+    "sglang-hybrid-kda-extend@cg=graph-padded",
+    "sglang-hybrid-kda-extend-cap",
+)
+
+
+def test_every_cell_is_judged_and_passes(tmp_path: Path):
+    require_sglang()
+    cells = by_scenario(run_cli(tmp_path, "-s", GLOB)["cells"])
+    assert len(cells) == 10, sorted(cells)
+    for name, cell in cells.items():
+        assert cell["verdict"] == "PASS", (name, cell["findings"])
+        messages = [f["message"] for f in cell["findings"]]
+        tables = any("breakable prefill graph's bucket tables" in m for m in messages)
+        assert tables == (name in BREAKABLE), (name, messages)
+        if "target-verify" in name:
+            assert any(m.startswith("post-verify commit: ") for m in messages), messages
+
+
+@pytest.mark.parametrize(
+    "module, old, new, needle",
+    [
+        # Padded sequences start at 0 instead of at the batch's end: their empty rows overlap.
+        (
+            "linear/kda_prefill_graph",
+            "cu[bs + 1 :] = total",
+            "cu[bs + 1 :] = 0",
+            "cu_seqlens[",
+        ),
+        # A padded sequence's state slot is slot 0, not the pad slot: its kernels write a live state.
+        (
+            "linear/kda_prefill_graph",
+            "self.cache_indices[bs:].fill_(PAD_SLOT_ID)",
+            "self.cache_indices[bs:].fill_(0)",
+            "cache_indices[",
+        ),
+        # A replay rebuilds eager metadata instead of refreshing its bucket's captured tables.
+        (
+            "hybrid_linear_attn_backend",
+            "        if capture_metadata is not None:\n            self.linear_attn_backend.refresh_prefill_graph_metadata(",
+            "        if False:\n            self.linear_attn_backend.refresh_prefill_graph_metadata(",
+            "no bucket tables",
+        ),
+    ],
+    ids=["padded-offsets", "padded-slot", "replay-without-refresh"],
+)
+def test_a_wrong_bucket_table_is_seen_where_it_happens(tmp_path: Path, module, old, new, needle):
+    require_sglang()
+    patch = breaking_patch(tmp_path, module, old, new)
+    cells = by_scenario(run_cli(tmp_path, "-s", GLOB, "--apply", str(patch))["cells"], patched=True)
+    assert len(cells) == 10, sorted(cells)
+    for name, cell in cells.items():
+        if name not in BREAKABLE:
+            assert cell["verdict"] == "PASS", (name, cell["findings"][:2])
+            continue
+        assert cell["verdict"] == "DIVERGE", (name, cell["verdict"], cell["findings"][:2])
+        messages = [f["message"] for f in cell["findings"] if f["verdict"] == "DIVERGE"]
+        assert any(needle in m for m in messages), (name, messages[:3])
