@@ -309,7 +309,34 @@ def test_an_extend_graph_takes_token_buckets_and_request_slots(tmp_path):
 PREFILL_GRAPH_BAD = [
     ({"backend": "triton"}, "is EXTEND, which is not captured in CUDA graphs; set cuda_graph: false"),
     ({"backend": "torch_native"}, "is EXTEND, which is not captured in CUDA graphs; set cuda_graph: false"),
-    ({"backend": "hybrid_linear"}, "is EXTEND, which is not captured in CUDA graphs; set cuda_graph: false"),
+    (
+        {"backend": "hybrid_linear"},
+        "is an EXTEND graph of the hybrid backend, which sglang captures under breakable prefill graphs only",
+    ),
+    (
+        {"graph": "{capture_bs: [21], breakable: true}"},
+        "sets cuda_graph.breakable, which sglfix models where the backend keeps the tables it captured",
+    ),
+    (
+        {"backend": "hybrid_linear", "graph": "{capture_bs: [21], breakable: true}"},
+        "sets cuda_graph.breakable, which sglfix models where the backend keeps the tables it captured",
+    ),
+    (
+        {
+            "backend": "hybrid_linear",
+            "graph": "{capture_bs: [21], breakable: true, full_prefill_max_req: 3}",
+            "model": "model: {linear_attention: kda}\n",
+        },
+        "sets cuda_graph.full_prefill_max_req with cuda_graph.breakable",
+    ),
+    (
+        {
+            "backend": "hybrid_linear",
+            "graph": "{capture_bs: [64], breakable: true}",
+            "model": "model: {linear_attention: kda}\n",
+        },
+        "pads its 21 new tokens to the bucket 64, more than 2x: sglang runs it eagerly",
+    ),
     (
         {"backend": "flashinfer_mla", "model": "model: {num_heads: 16}\n"},
         "is EXTEND, which is not captured in CUDA graphs; set cuda_graph: false",
@@ -341,6 +368,32 @@ def test_an_extend_graph_is_refused_where_sglang_would_not_replay_it(tmp_path, p
         load_scenario_file(f)
     msg = str(info.value)
     assert needle in msg and "\n" not in msg and "bad.yaml:" in msg, msg
+
+
+def test_a_breakable_prefill_graph_has_no_request_slots(tmp_path):
+    """A Kimi-Linear hybrid's breakable prefill graph: token buckets, the batch's own requests."""
+    (graph,) = _load(
+        tmp_path,
+        _prefill_graph(
+            backend="hybrid_linear",
+            graph="{capture_bs: [16, 32], breakable: true}",
+            model="model: {linear_attention: kda}\n",
+        ),
+    )
+    assert (graph.graph_tokens, graph.graph_bs, graph.padded, graph.breakable_prefill) == (32, 3, True, True)
+    assert Scenario.from_json(json.loads(json.dumps(graph.to_json()))) == graph
+
+
+def test_breakable_is_an_extend_graphs_alone(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text(
+        "name: x\nbackend: hybrid_linear\nmode: DECODE\nbatch: {prefix_lens: [3]}\nmodel: {linear_attention: kda}\n"
+        "cuda_graph: {capture_bs: [2], breakable: true}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_scenario_file(f)
+    msg = str(info.value)
+    assert "is DECODE; cuda_graph.breakable applies to an EXTEND graph" in msg and "\n" not in msg, msg
 
 
 def test_full_prefill_max_req_is_an_extend_graphs_alone(tmp_path):
