@@ -617,14 +617,15 @@ class PrefillGraphRunner:
             captured.output = self._forward(captured, n)
         return captured
 
-    def _forward(self, captured: _Captured, n: int) -> Any:
-        """The captured body's attention: the layer in the runner's prefill graph scope (full graph)
-        over the captured batch and the static q/k/v rows of the bucket."""
+    def _forward(self, captured: _Captured, n: int, *, full_graph: bool = True) -> Any:
+        """The captured body's attention: the layer in the runner's prefill graph scope (a full
+        graph unless ``full_graph`` is off) over the captured batch and the static q/k/v rows of
+        the bucket."""
         from sglang.srt.model_executor.runner_utils.forward_batch import set_forward_batch
         from sglang.srt.model_executor.runner_utils.prefill_graph import prefill_graph_scope
 
         b = self.buffers
-        with set_forward_batch(captured.batch), prefill_graph_scope(full_graph=True):
+        with set_forward_batch(captured.batch), prefill_graph_scope(full_graph=full_graph):
             return attend(
                 backend=self.backend,
                 layer=self.case.layer,
@@ -812,7 +813,11 @@ class BreakablePrefillGraphRunner(PrefillGraphRunner):
             batch.full_prefill_cuda_graph_capture = False
         with _HostPinning():
             self.runner._init_forward_metadata_for_capture(batch, self._key(n))
-        return _Captured(batch=batch, metadata=self.runner.attn_metadata_buffers[self._key(n)])
+        captured = _Captured(batch=batch, metadata=self.runner.attn_metadata_buffers[self._key(n)])
+        # The capture's body runs its attention break eagerly over the capture batch (its output
+        # is the capture's, not kept): the layer must run on what the capture built.
+        captured.output = self._forward(captured, n, full_graph=False)
+        return captured
 
     def can_run_graph(self, forward_batch: Any) -> bool:
         """``can_replay_locally``'s tests: a bucket that holds the tokens, at most twice them once
@@ -842,15 +847,8 @@ class BreakablePrefillGraphRunner(PrefillGraphRunner):
         static.max_seq_len_override = None
         with _HostPinning():
             self.runner._prepare_forward_metadata_for_replay(batch, static, self._key(n))
-        out = attend(
-            backend=self.backend,
-            layer=self.case.layer,
-            batch=static,
-            q=b.q[:n],
-            k=None if b.k is None else b.k[:n],
-            v=None if b.v is None else b.v[:n],
-        )
-        return out[:raw_n].clone()
+        # The attention break runs eagerly, over the bucket's rows, on this replay's metadata.
+        return self._forward(_Captured(batch=static, metadata=None), n, full_graph=False)[:raw_n].clone()
 
 
 class _HostPinning:
