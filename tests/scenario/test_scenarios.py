@@ -384,28 +384,24 @@ def test_a_breakable_prefill_graph_has_no_request_slots(tmp_path):
     assert Scenario.from_json(json.loads(json.dumps(graph.to_json()))) == graph
 
 
-def test_breakable_is_an_extend_graphs_alone(tmp_path):
+@pytest.mark.parametrize(
+    "head, graph",
+    [
+        ("backend: hybrid_linear\nmodel: {linear_attention: kda}\n", "breakable: true"),
+        ("backend: flashinfer\n", "full_prefill_max_req: 2"),
+    ],
+    ids=["breakable", "full_prefill_max_req"],
+)
+def test_a_prefill_graph_key_is_an_extend_graphs_alone(tmp_path, head, graph):
     f = tmp_path / "bad.yaml"
     f.write_text(
-        "name: x\nbackend: hybrid_linear\nmode: DECODE\nbatch: {prefix_lens: [3]}\nmodel: {linear_attention: kda}\n"
-        "cuda_graph: {capture_bs: [2], breakable: true}\n"
+        f"name: x\n{head}mode: DECODE\nbatch: {{prefix_lens: [3]}}\ncuda_graph: {{capture_bs: [2], {graph}}}\n"
     )
     with pytest.raises(ConfigError) as info:
         load_scenario_file(f)
     msg = str(info.value)
-    assert "is DECODE; cuda_graph.breakable applies to an EXTEND graph" in msg and "\n" not in msg, msg
-
-
-def test_full_prefill_max_req_is_an_extend_graphs_alone(tmp_path):
-    f = tmp_path / "bad.yaml"
-    f.write_text(
-        "name: x\nbackend: flashinfer\nmode: DECODE\nbatch: {prefix_lens: [3]}\n"
-        "cuda_graph: {capture_bs: [2], full_prefill_max_req: 2}\n"
-    )
-    with pytest.raises(ConfigError) as info:
-        load_scenario_file(f)
-    msg = str(info.value)
-    assert "is DECODE; cuda_graph.full_prefill_max_req applies to an EXTEND graph" in msg and "\n" not in msg, msg
+    key = graph.split(":")[0]
+    assert f"is DECODE; cuda_graph.{key} applies to an EXTEND graph" in msg and "\n" not in msg, msg
 
 
 BAD = [
