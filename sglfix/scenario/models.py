@@ -424,7 +424,8 @@ class ScenarioNode(StrictModel):
         """The runnable scenario: new tokens per request spelled out, defaults filled in."""
         rule = rule_for(self.mode, self.backend)
         model = self.model
-        if backend_rule(self.backend).mla:
+        brule = backend_rule(self.backend)
+        if brule.mla or (brule.mla_child and {"kv_lora_rank", "qk_rope_head_dim"} & model.model_fields_set):
             model = model.model_copy(
                 update={
                     "kv_lora_rank": model.kv_lora_rank or MLA_KV_LORA_RANK,

@@ -177,6 +177,9 @@ class BackendRule:
     # Whether a TARGET_VERIFY takes batch.accept_lens: the worker's commit after the verify (a
     # hybrid model's linear states at each request's last accepted step).
     verify_commit: bool = False
+    # The MLA backend a hybrid builds for its full-attention layers where the model is MLA
+    # (model.kv_lora_rank: Kimi-Linear's); "" where it builds none.
+    mla_child: str = ""
     # Modes a decode context-parallel cell (dcp_size > 1: every rank's metadata, one process) runs in.
     dcp_modes: tuple[str, ...] = ()
 
@@ -309,6 +312,8 @@ _BACKEND_RULES = (
         multi_item_modes=("EXTEND",),
         # The worker's post-verify commit (update_mamba_state_after_mtp_verify).
         verify_commit=True,
+        # Kimi-Linear's full-attention layers are MLA: FlashInferMLAAttnBackend under the hybrid.
+        mla_child="flashinfer_mla",
         # A plain EXTEND captured by the prefill runner's breakable backend, a Kimi-Linear hybrid's
         # (cuda_graph.breakable): its delta-attention extend on the bucket tables it captured.
         mode_overrides=(("EXTEND", replace(MODE_RULES["EXTEND"], graph=True)),),

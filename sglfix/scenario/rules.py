@@ -84,10 +84,11 @@ def _check_backend(node: Any) -> None:
             f"uses backend {brule.name}, whose GPU kernels take model.num_heads {', '.join(map(str, brule.num_heads))}",
             at=("model", "num_heads"),
         )
+    child = _mla_child(node, brule)
     _check_window(node, brule)
     _check_encoder(node, brule)
-    _check_mha(node, brule)
-    if brule.mla:
+    _check_mha(node, brule if child is None else child)
+    if brule.mla or child is not None:
         for key in ("num_kv_heads", "head_dim"):
             if key in given:
                 raise NodeError(
@@ -106,7 +107,8 @@ def _check_backend(node: Any) -> None:
         if getattr(model, key) is not None:
             raise NodeError(
                 f"sets model.{key}, which applies to the MLA backends "
-                f"{_backends_where(lambda r: r.mla)} only; drop it (or set backend)",
+                f"{_backends_where(lambda r: r.mla)} (and the hybrids over one: "
+                f"{_backends_where(lambda r: r.mla_child)}) only; drop it (or set backend)",
                 at=("model", key),
             )
     if brule.head_dims is not None and model.head_dim not in brule.head_dims:
@@ -120,6 +122,29 @@ def _check_backend(node: Any) -> None:
             f"runs its decode kernel up to {brule.max_group} (more selects the prefill kernel)",
             at=("model", "num_heads"),
         )
+
+
+def _mla_child(node: Any, brule: Any) -> Any:
+    """The rule of the MLA backend a hybrid builds for its full-attention layers, where the scenario
+    gives an MLA model (model.kv_lora_rank or qk_rope_head_dim) and the backend builds one, its heads
+    and mixer checked (Kimi-Linear's: delta attention beside the MLA layers); else None."""
+    model = node.model
+    if not brule.mla_child or not {"kv_lora_rank", "qk_rope_head_dim"} & model.model_fields_set:
+        return None
+    child = backend_rule(brule.mla_child)
+    if child.num_heads is not None and model.num_heads not in child.num_heads:
+        raise NodeError(
+            f"has an MLA full-attention layer set ({child.name} under the hybrid), whose GPU kernels take "
+            f"model.num_heads {', '.join(map(str, child.num_heads))}",
+            at=("model", "num_heads"),
+        )
+    if model.linear_attention != "kda":
+        raise NodeError(
+            "has an MLA full-attention layer set (model.kv_lora_rank under backend hybrid_linear), Kimi-Linear's, "
+            "whose linear layers are delta attention: give model.linear_attention kda",
+            at=("model", "linear_attention"),
+        )
+    return child
 
 
 def _refuse_mode(node: Any, brule: Any, *, modes: str, at: tuple[str, str], what: str, tail: str = "") -> None:

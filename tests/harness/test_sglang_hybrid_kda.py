@@ -74,3 +74,46 @@ def test_a_wrong_bucket_table_is_seen_where_it_happens(tmp_path: Path, module, o
         assert cell["verdict"] == "DIVERGE", (name, cell["verdict"], cell["findings"][:2])
         messages = [f["message"] for f in cell["findings"] if f["verdict"] == "DIVERGE"]
         assert any(needle in m for m in messages), (name, messages[:3])
+
+
+KIMI = "sglang-hybrid-kimi*"
+# The chunked multi-head prefill's known upstream merge bug (known/divergences.yaml).
+KIMI_KNOWN = "sglang-hybrid-kimi-extend-mha@mha=24"
+
+
+def test_kimi_linear_cells_pass_but_the_known_chunked_merge(tmp_path: Path):
+    """Kimi-Linear's shape, MLA full attention under the hybrid: every cell passes, its MLA schedule
+    and its KDA metadata judged, the verify followed by the commit; the chunked multi-head prefill
+    shows the FlashInfer-MLA merge bug it shares with sglang-fimla-mha-extend@mha=24."""
+    require_sglang()
+    cells = by_scenario(run_cli(tmp_path, "-s", KIMI)["cells"])
+    assert len(cells) == 8, sorted(cells)
+    for name, cell in cells.items():
+        messages = [f["message"] for f in cell["findings"]]
+        assert any(m.startswith("metadata reference: the MLA schedule of ") for m in messages), (name, messages)
+        assert any(m.startswith("metadata reference: the linear layers' state slots") for m in messages), messages
+        if name == KIMI_KNOWN:
+            assert cell["verdict"] == "DIVERGE", (name, cell["findings"][:3])
+            continue
+        assert cell["verdict"] == "PASS", (name, cell["findings"])
+        if "target-verify" in name:
+            assert any(m.startswith("post-verify commit: ") for m in messages), messages
+
+
+def test_the_hybrid_hands_the_mla_prefill_its_chunk_metadata(tmp_path: Path):
+    """A hybrid that drops the MLA child's chunk metadata (init_mha_chunk_metadata not delegated)
+    leaves the multi-head prefill's ragged wrappers unplanned: both prefill cells fail."""
+    require_sglang()
+    patch = breaking_patch(
+        tmp_path,
+        "hybrid_linear_attn_backend",
+        "        if init is not None:\n            init(forward_batch, disable_flashinfer_ragged)",
+        "        if False:\n            init(forward_batch, disable_flashinfer_ragged)",
+    )
+    report = run_cli(tmp_path, "-s", "sglang-hybrid-kimi-extend-mha*", "--apply", str(patch))
+    cells = by_scenario(report["cells"], patched=True)
+    assert sorted(cells) == ["sglang-hybrid-kimi-extend-mha@mha=1024", KIMI_KNOWN], sorted(cells)
+    for name, cell in cells.items():
+        assert cell["verdict"] == "CRASH", (name, cell["verdict"], cell["findings"][:2])
+        messages = [f["message"] for f in cell["findings"]]
+        assert any("called before plan()" in m for m in messages), (name, messages[:2])

@@ -136,8 +136,10 @@ class SglangFlashInferMLAAdapter(SglangFlashInferAdapter):
             raise Unavailable(f"{self.backend_class} captures {' and '.join(self.graph_modes)}, not {scenario.mode}")
         runner = super().capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
         if runner is not None:
-            # Replays re-plan the captured wrappers through sglang's fast plans, installed at capture.
-            for table in (backend.decode_cuda_graph_metadata, backend.prefill_cuda_graph_metadata):
+            # Replays re-plan the captured wrappers through sglang's fast plans, installed at capture
+            # (the full-attention child's, under a hybrid).
+            full = getattr(backend, "_sglfix_full", backend)
+            for table in (full.decode_cuda_graph_metadata, full.prefill_cuda_graph_metadata):
                 for wrapper in table.values():
                     _observe_plan(wrapper)
         return runner

@@ -39,6 +39,7 @@ from typing import Any
 
 from sglfix.harness.adapters.base import Dispatch, Prepared
 from sglfix.harness.adapters.sglang.flashinfer_dense import SglangFlashInferAdapter, flashinfer_module
+from sglfix.harness.adapters.sglang.flashinfer_mla_dense import SglangFlashInferMLAAdapter
 from sglfix.harness.adapters.sglang.guards import guard_buffers, watch_metadata
 from sglfix.harness.adapters.sglang.hybrid_commit import verify_commit
 from sglfix.harness.adapters.sglang.hybrid_kda import kda_graph_reference, kda_graph_view
@@ -63,7 +64,13 @@ from sglfix.harness.adapters.sglang.truth import first_difference
 from sglfix.harness.kits import kit as _kit
 from sglfix.harness.unavailable import Unavailable
 
-__all__ = ["ADAPTER", "HybridLinearAdapter", "SglangHybridFlashInferAdapter", "SglangHybridLinearAdapter"]
+__all__ = [
+    "ADAPTER",
+    "HybridLinearAdapter",
+    "SglangHybridFlashInferAdapter",
+    "SglangHybridFlashInferMLAAdapter",
+    "SglangHybridLinearAdapter",
+]
 
 # The layer ids of the two sets: the reference's attention layer is the kit's layer 0; the
 # linear layer set holds layer 1, as a hybrid model interleaves them.
@@ -660,23 +667,57 @@ class SglangHybridFlashInferAdapter(SglangHybridLinearAdapter, SglangFlashInferA
         return full
 
 
+class SglangHybridFlashInferMLAAdapter(SglangHybridLinearAdapter, SglangFlashInferMLAAdapter):
+    """The hybrid over ``FlashInferMLAAttnBackend`` for its full-attention layer set: Kimi-Linear's
+    (MLA layers beside delta-attention ones, ``model.kv_lora_rank``). Everything not hybrid is the
+    FlashInfer-MLA adapter's: the latent case, its stand-in where FlashInfer is missing, its
+    schedule judge over the full child's plans, and the model's multi-head prefill
+    (``model.mha_chunk``), which reaches the child's chunk metadata through the hybrid
+    (``init_mha_chunk_metadata``), as a hybrid MLA model's forward does."""
+
+    registry_name = "flashinfer"
+
+    def build(self, scenario: Any, *, device: str) -> Prepared:
+        import torch
+
+        prepared = super().build(scenario, device=device)
+        runner = prepared.case.runner
+        if not hasattr(runner, "model"):
+            # The test kit's MLA runner holds no model; its dense one holds an empty module, which
+            # the worker's post-verify commit hands the backend (it reads no weights).
+            runner.model = torch.nn.Module()
+        return prepared
+
+    def _full_backend(self, prepared: Prepared) -> Any:
+        return SglangFlashInferMLAAdapter.make_backend(self, prepared)
+
+    def guard_graph_state(self, backend: Any, graphs: Any) -> None:
+        SglangFlashInferMLAAdapter.guard_graph_state(self, backend._sglfix_full, graphs)
+
+
 class HybridLinearAdapter(Dispatch):
-    """``backend: hybrid_linear``: the hybrid over Triton, or over FlashInfer for a multi-item
-    scoring batch (``batch.items``). Each call goes to the adapter that built the cell."""
+    """``backend: hybrid_linear``: the hybrid over Triton, over FlashInfer for a multi-item scoring
+    batch (``batch.items``), or over FlashInfer-MLA for an MLA model (Kimi-Linear's). Each call
+    goes to the adapter that built the cell."""
 
     name = "hybrid_linear"
     metadata_fields = SglangHybridLinearAdapter.metadata_fields
 
     def __init__(self) -> None:
         self.triton, self.flashinfer = SglangHybridLinearAdapter(), SglangHybridFlashInferAdapter()
+        self.mla = SglangHybridFlashInferMLAAdapter()
 
     def _by_case(self, prepared: Prepared) -> Any:
-        return self.flashinfer if getattr(prepared.case, "multi_item", None) is not None else self.triton
+        return self._for_scenario(prepared.case.scenario)
 
     def _by_backend(self, backend: Any) -> Any:
+        if type(getattr(backend, "_sglfix_full", None)).__name__ == self.mla.backend_class:
+            return self.mla
         return self.flashinfer if getattr(backend, "_sglfix_items", None) is not None else self.triton
 
     def _for_scenario(self, scenario: Any) -> Any:
+        if scenario.model.mla:
+            return self.mla
         return self.triton if scenario.items is None else self.flashinfer
 
 
