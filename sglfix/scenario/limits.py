@@ -144,8 +144,9 @@ LIMITS: tuple[Limit, ...] = (
     Limit(
         "`model.kv_lora_rank`, `model.qk_rope_head_dim`",
         "512, 64",
-        "MLA backends only (flashinfer_mla, flashmla, trtllm_mla, deepseek_v4): FlashInfer's MLA kernels; num_heads "
-        "16, 32, 64 or 128",
+        "MLA backends only (flashinfer_mla, flashmla, trtllm_mla, deepseek_v4), and real sglang `hybrid_linear` with "
+        "`model.linear_attention: kda` (Kimi-Linear: FlashInferMLAAttnBackend for the full-attention layers): "
+        "FlashInfer's MLA kernels; num_heads 16, 32, 64 or 128",
     ),
     Limit(
         "`model.sliding_window`",
@@ -186,7 +187,8 @@ LIMITS: tuple[Limit, ...] = (
     Limit(
         "`model.mha_chunk`",
         f"1 .. {MAX_TOKENS_PER_REQUEST:,}",
-        "real sglang `flashinfer_mla` in EXTEND, eager: the MLA model's multi-head prefill (DeepSeek's: the "
+        "real sglang `flashinfer_mla` (and a Kimi-Linear `hybrid_linear`) in EXTEND, eager: the MLA model's "
+        "multi-head prefill (DeepSeek's: the "
         "latent decompressed per head by kv_b_proj, the cached prefix attended in chunks of this many tokens, "
         "SGLANG_MAX_KV_CHUNK_CAPACITY, merged with the new tokens' causal attention; one shot where every "
         "sequence of the batch fits), the method sglang's own dispatcher picks",
