@@ -236,6 +236,13 @@ LIMITS: tuple[Limit, ...] = (
         "breakable prefill backend, no request slots; the delta-attention extend's per-bucket tables judged after "
         "every capture and replay",
     ),
+    Limit(
+        "`cuda_graph.cpu`",
+        "true / false",
+        "DECODE graphs of `backend: hybrid_linear` only (real sglang), CPU cells only: sglang's CPU graph runner over "
+        "its CPU attention backend (IntelAMXAttnBackend; a torch kernel over the same rows where sgl_kernel is not "
+        "the CPU build); no `batch.mamba_track`, `model.replayssm_ring`, `model.sliding_window` or MLA beside it",
+    ),
     Limit("`seed`", "0 .. 2^63 - 1", "torch.Generator.manual_seed"),
     Limit("`tolerance`", "0 < t < 1", "default 1e-2 fp16, 2e-2 bf16, 1e-4 fp32"),
     Limit(

@@ -374,6 +374,10 @@ class CudaGraphNode(StrictModel):
     # at attention, a Kimi-Linear hybrid's delta-attention extend kept inside on the per-bucket
     # tables the backend captured (its captured-metadata contract).
     breakable: Flag = False
+    # DECODE on a CPU device: sglang's CPU graph runner (CPUGraphRunner) over its CPU attention
+    # backend (IntelAMXAttnBackend) for the full-attention layers of a hybrid: the backend's CPU
+    # graph state and capture init, replays through the backend's eager init. A CPU cell only.
+    cpu: Flag = False
 
 
 class ScenarioNode(StrictModel):
@@ -447,6 +451,7 @@ class ScenarioNode(StrictModel):
             capture_bs=tuple(sorted(set(self.cuda_graph.capture_bs))) if self.cuda_graph else None,
             full_prefill_max_req=self.cuda_graph.full_prefill_max_req if self.cuda_graph else None,
             breakable_prefill=bool(self.cuda_graph and self.cuda_graph.breakable),
+            cpu_graph=bool(self.cuda_graph and self.cuda_graph.cpu),
             gpu_only=self.gpu_only,
             sync_free=self.sync_free
             if self.sync_free is not None
@@ -490,6 +495,7 @@ class Scenario(StrictModel):
     capture_bs: CaptureList | None = None  # None: eager, no CUDA graph; EXTEND: token buckets
     full_prefill_max_req: BatchSize | None = None  # EXTEND graphs: the request slots captured
     breakable_prefill: Flag = False  # EXTEND graphs: sglang's breakable prefill backend, not full
+    cpu_graph: Flag = False  # DECODE graphs: sglang's CPU graph runner over IntelAMXAttnBackend
     gpu_only: Flag = False
     # Declared free of device->host syncs; defaults to gpu_only, except spec-v1 DRAFT_EXTEND,
     # whose accept lengths are read on the host by design.

@@ -314,24 +314,7 @@ def check_node(node: Any) -> None:
         if rule.name == "EXTEND":
             _check_prefill_graph(node)
         else:
-            if node.cuda_graph.breakable:
-                raise NodeError(
-                    f"is {rule.name}; cuda_graph.breakable applies to an EXTEND graph (sglang's prefill graph "
-                    "backend) only: drop it",
-                    at=("cuda_graph", "breakable"),
-                )
-            if node.cuda_graph.full_prefill_max_req is not None:
-                raise NodeError(
-                    f"is {rule.name}; cuda_graph.full_prefill_max_req applies to an EXTEND graph (sglang's "
-                    "full prefill graph) only: drop it",
-                    at=("cuda_graph", "full_prefill_max_req"),
-                )
-            sizes = sorted(set(node.cuda_graph.capture_bs))
-            if sizes[-1] < bs:
-                raise NodeError(
-                    f"has a batch of {bs} that fits no captured size {sizes}; add one >= {bs}",
-                    at=("cuda_graph", "capture_bs"),
-                )
+            _check_batch_graph(node, rule, bs)
     if node.gpu_only and not rule.gpu_only:
         raise NodeError(f"is {rule.name}; gpu_only applies to {_modes_where(lambda r: r.gpu_only)} only", at="gpu_only")
     spec = node.spec
@@ -361,6 +344,51 @@ def check_node(node: Any) -> None:
 PREFILL_GRAPH_PADDING_FACTOR = 2
 
 
+def _check_batch_graph(node: Any, rule: Any, bs: int) -> None:
+    """A graph of every mode but EXTEND: captured per batch size, none of the prefill graph's keys."""
+    graph = node.cuda_graph
+    if graph.cpu:
+        _check_cpu_graph(node)
+    for key, given in (
+        ("breakable", graph.breakable),
+        ("full_prefill_max_req", graph.full_prefill_max_req is not None),
+    ):
+        if given:
+            raise NodeError(
+                f"is {rule.name}; cuda_graph.{key} applies to an EXTEND graph (sglang's prefill graph) only: drop it",
+                at=("cuda_graph", key),
+            )
+    sizes = sorted(set(graph.capture_bs))
+    if sizes[-1] < bs:
+        raise NodeError(
+            f"has a batch of {bs} that fits no captured size {sizes}; add one >= {bs}", at=("cuda_graph", "capture_bs")
+        )
+
+
+def _check_cpu_graph(node: Any) -> None:
+    """sglang's CPU graph runner captures decode only, without speculation, and sglfix models it
+    over a hybrid's CPU attention backend (IntelAMXAttnBackend for the full-attention layers)."""
+    if node.mode != "DECODE" or node.backend != "hybrid_linear":
+        raise NodeError(
+            f"sets cuda_graph.cpu with backend {node.backend} in mode {node.mode}; sglang's CPU graph runner captures "
+            "DECODE only, which sglfix models for backend hybrid_linear (IntelAMXAttnBackend beside the linear "
+            "layers): drop it, or give that backend and mode",
+            at=("cuda_graph", "cpu"),
+        )
+    for key, given in (
+        ("model.kv_lora_rank", node.model.kv_lora_rank is not None),
+        ("batch.mamba_track", node.batch.mamba_track is not None),
+        ("model.replayssm_ring", node.model.replayssm_ring is not None),
+        ("model.sliding_window", node.model.sliding_window is not None),
+    ):
+        if given:
+            raise NodeError(
+                f"sets {key} with cuda_graph.cpu; sglfix's CPU graph cells model a plain decode over the CPU "
+                "attention backend: drop one",
+                at=tuple(key.split(".")),
+            )
+
+
 def _check_breakable_prefill(node: Any) -> None:
     """A breakable prefill graph is modelled where a backend keeps the tables it captured (the
     runner's captured-metadata contract): a Kimi-Linear hybrid's delta-attention extend. It has no
@@ -385,6 +413,8 @@ def _check_prefill_graph(node: Any) -> None:
     (sglang runs any other eagerly), on a layer it captures."""
     graph, bs = node.cuda_graph, len(node.batch.prefix_lens)
     slots = graph.full_prefill_max_req
+    if graph.cpu:
+        _check_cpu_graph(node)
     if graph.breakable:
         _check_breakable_prefill(node)
     elif node.backend == "hybrid_linear":

@@ -404,6 +404,31 @@ def test_a_prefill_graph_key_is_an_extend_graphs_alone(tmp_path, head, graph):
     assert f"is DECODE; cuda_graph.{key} applies to an EXTEND graph" in msg and "\n" not in msg, msg
 
 
+CPU_GRAPH_BAD = [
+    ("backend: triton\nmode: DECODE\n", "", "sets cuda_graph.cpu with backend triton in mode DECODE"),
+    ("backend: hybrid_linear\nmode: TARGET_VERIFY\n", "", "sets cuda_graph.cpu with backend hybrid_linear in mode"),
+    (
+        "backend: hybrid_linear\nmode: DECODE\n",
+        ", mamba_track: [1, 0, 0]",
+        "sets batch.mamba_track with cuda_graph.cpu",
+    ),
+]
+
+
+@pytest.mark.parametrize("head, extra, needle", CPU_GRAPH_BAD, ids=["triton", "verify", "track"])
+def test_a_cpu_graph_is_a_hybrid_decode_alone(tmp_path, head, extra, needle):
+    """sglang's CPU graph runner captures decode only; sglfix models it over the hybrid's CPU
+    attention backend, for a plain decode."""
+    f = tmp_path / "bad.yaml"
+    f.write_text(
+        f"name: x\n{head}batch: {{prefix_lens: [13, 0, 37]{extra}}}\ncuda_graph: {{capture_bs: [4], cpu: true}}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_scenario_file(f)
+    msg = str(info.value)
+    assert needle in msg and "\n" not in msg and "bad.yaml:" in msg, msg
+
+
 BAD = [
     ("name: x\nmode: DECOD\nbatch: {prefix_lens: [3]}\n", 2, "did you mean 'DECODE'"),
     ("name: x\nmode: DECODE\nbatch: {prefix_len: [3]}\n", 3, "unknown key 'prefix_len'"),

@@ -67,6 +67,7 @@ from sglfix.harness.unavailable import Unavailable
 __all__ = [
     "ADAPTER",
     "HybridLinearAdapter",
+    "SglangHybridAMXAdapter",
     "SglangHybridFlashInferAdapter",
     "SglangHybridFlashInferMLAAdapter",
     "SglangHybridLinearAdapter",
@@ -173,10 +174,17 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
 
     def capture(self, prepared: Prepared, backend: Any, *, scenario: Any, on_metadata: Any) -> Any:
         _mark_phases(backend)  # under the judge's hook, so the phase is known when it looks
-        if not scenario.breakable_prefill:
+        if not (scenario.breakable_prefill or scenario.cpu_graph):
             return super().capture(prepared, backend, scenario=scenario, on_metadata=on_metadata)
         watch_metadata(backend, on_metadata)
         graphs = _kit("graphs")
+        if scenario.cpu_graph:
+            return graphs.CpuGraphRunner(
+                case=prepared.case,
+                backend=backend,
+                capture_bs=list(scenario.capture_bs),
+                on_capture=lambda batch: on_metadata(backend, batch, "capture"),
+            ).capture()
         return graphs.BreakablePrefillGraphRunner(
             case=prepared.case,
             backend=backend,
@@ -220,7 +228,7 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
                 ),
             )
             view = SimpleNamespace(**kda_graph_view(tables))
-            return [*super().metadata_views(backend._sglfix_full, forward_batch), ("linear", view, rows)]
+            return [*self._full_views(backend._sglfix_full, forward_batch), ("linear", view, rows)]
         linear = backend._sglfix_linear.forward_metadata
         # A short-conv layer set's model asks the hybrid for its conv-state handle per layer.
         handle = backend.conv_state_metadata(LINEAR_LAYER, forward_batch) if _short_conv(backend) else None
@@ -234,7 +242,11 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         view = _linear_view(linear)
         view.__dict__.update(short_conv_view(handle))
         view.__dict__.update(_mis_view(backend))
-        return [*super().metadata_views(backend._sglfix_full, forward_batch), ("linear", view, rows)]
+        return [*self._full_views(backend._sglfix_full, forward_batch), ("linear", view, rows)]
+
+    def _full_views(self, full: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
+        """The full-attention layer set's metadata views, its own adapter's."""
+        return super().metadata_views(full, forward_batch)
 
     def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
         # The full-attention layer set's own checks (FlashInfer's multi-item plan), then the linear set's.
@@ -379,6 +391,14 @@ def _mark_phases(backend: Any) -> None:
         _note(backend, forward_batch, "replay", breakable=True)
         return refresh_tables(capture_metadata, forward_batch, **kwargs)
 
+    capture_cpu = backend.init_forward_metadata_capture_cpu_graph
+
+    def init_forward_metadata_capture_cpu_graph(bs: int, num_tokens: int, req_pool_indices: Any, *args: Any) -> Any:
+        backend._sglfix_phase, backend._sglfix_breakable = "capture", False
+        backend._sglfix_rows, backend._sglfix_extend = req_pool_indices.clone(), None
+        return capture_cpu(bs, num_tokens, req_pool_indices, *args)
+
+    backend.init_forward_metadata_capture_cpu_graph = init_forward_metadata_capture_cpu_graph
     backend.init_forward_metadata_for_breakable_cuda_graph_capture = (
         init_forward_metadata_for_breakable_cuda_graph_capture
     )
@@ -695,6 +715,38 @@ class SglangHybridFlashInferMLAAdapter(SglangHybridLinearAdapter, SglangFlashInf
         SglangFlashInferMLAAdapter.guard_graph_state(self, backend._sglfix_full, graphs)
 
 
+class SglangHybridAMXAdapter(SglangHybridLinearAdapter):
+    """The hybrid over sglang's CPU attention backend (``IntelAMXAttnBackend``) for its
+    full-attention layer set, under sglang's CPU graph runner (``cuda_graph.cpu``): a CPU device's
+    decode graphs. Where sgl_kernel is not the CPU build, its decode kernel is the torch one of
+    ``sglfix.harness.amx`` over the same request rows, lengths and pool. The layer's output is judged
+    as for Triton, the linear layers' metadata after every capture (the pad slot in every row) and
+    every replay (the backend's eager init on the padded batch)."""
+
+    backend_class = "IntelAMXAttnBackend"
+
+    def _full_backend(self, prepared: Prepared) -> Any:
+        import torch
+        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+        from sglfix.harness import amx
+
+        if torch.device(prepared.case.device).type != "cpu":
+            raise Unavailable(
+                "sglang's CPU graph runner and its CPU attention backend (IntelAMXAttnBackend) serve a CPU device"
+            )
+        if "intel_amx" not in ATTENTION_BACKENDS:
+            raise Unavailable("this release registers no CPU attention backend (intel_amx)")
+        amx.install()
+        return ATTENTION_BACKENDS["intel_amx"](prepared.case.runner)
+
+    def _full_views(self, full: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
+        """The CPU backend's metadata: the decode kernel's split scratch (``attn_logits``)."""
+        metadata = full.forward_metadata
+        logits = metadata[0] if isinstance(metadata, tuple) else None
+        return [("amx", SimpleNamespace(attn_logits=logits), int(forward_batch.batch_size))]
+
+
 class HybridLinearAdapter(Dispatch):
     """``backend: hybrid_linear``: the hybrid over Triton, over FlashInfer for a multi-item scoring
     batch (``batch.items``), or over FlashInfer-MLA for an MLA model (Kimi-Linear's). Each call
@@ -705,19 +757,24 @@ class HybridLinearAdapter(Dispatch):
 
     def __init__(self) -> None:
         self.triton, self.flashinfer = SglangHybridLinearAdapter(), SglangHybridFlashInferAdapter()
-        self.mla = SglangHybridFlashInferMLAAdapter()
+        self.mla, self.amx = SglangHybridFlashInferMLAAdapter(), SglangHybridAMXAdapter()
 
     def _by_case(self, prepared: Prepared) -> Any:
         return self._for_scenario(prepared.case.scenario)
 
     def _by_backend(self, backend: Any) -> Any:
-        if type(getattr(backend, "_sglfix_full", None)).__name__ == self.mla.backend_class:
+        full = type(getattr(backend, "_sglfix_full", None)).__name__
+        if full == self.mla.backend_class:
             return self.mla
+        if full == self.amx.backend_class:
+            return self.amx
         return self.flashinfer if getattr(backend, "_sglfix_items", None) is not None else self.triton
 
     def _for_scenario(self, scenario: Any) -> Any:
         if scenario.model.mla:
             return self.mla
+        if scenario.cpu_graph:
+            return self.amx
         return self.triton if scenario.items is None else self.flashinfer
 
 

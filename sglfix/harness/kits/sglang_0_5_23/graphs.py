@@ -875,3 +875,127 @@ class _HostPinning:
     def __exit__(self, *exc: Any) -> None:
         if self.mode is not None:
             self.mode.__exit__(*exc)
+
+
+# -- the CPU graph runner
+
+
+class CpuGraphRunner:
+    """A DECODE captured and replayed as sglang's ``CPUGraphRunner`` does on a CPU device (its decode
+    graphs, torch.compile off: the same metadata steps, the body run eagerly), for one layer.
+
+    Capture, largest size first: the backend's CPU graph state for the largest size
+    (``init_cpu_graph_state``), then per size a decode batch over the runner's static buffers (request
+    rows 0, lengths the backend's fill value, write slot 0) and the backend's capture init
+    (``init_forward_metadata_capture_cpu_graph``), the layer run over it as the capture's warm-up
+    runs the model. ``on_capture(batch)`` is called after each capture init, with the batch it saw.
+
+    Replay: the installed ``CPUGraphRunner.prepare_replay`` (a runner built without its constructor,
+    which would compile a model): a captured size takes the batch itself, any other the captured
+    batch of the next size padded (fill lengths, request row 0, slot 0) with the batch's rows
+    copied in; both through the backend's eager ``init_forward_metadata``. The layer then runs over
+    the batch it returned.
+    """
+
+    def __init__(self, *, case: Any, backend: Any, capture_bs: list[int], on_capture: Callable[[Any], None]) -> None:
+        import torch
+
+        try:
+            from sglang.srt.model_executor import cpu_graph_runner as module
+        except ImportError as exc:
+            raise Unavailable("this release has no CPU graph runner (model_executor.cpu_graph_runner)") from exc
+        self.case, self.backend, self.module = case, backend, module
+        self.capture_bs = sorted(capture_bs)
+        self.max_bs = self.capture_bs[-1]
+        backend.init_cpu_graph_state(self.max_bs, self.max_bs)  # one token per request: decode only
+        self.fill = backend.get_cpu_graph_seq_len_fill_value()
+        self.on_capture = on_capture
+        dev, n = case.device, self.max_bs
+        self.buffers = SimpleNamespace(
+            input_ids=torch.zeros((n,), dtype=torch.int64, device=dev),
+            req_pool_indices=torch.zeros((n,), dtype=torch.int64, device=dev),
+            seq_lens=torch.full((n,), self.fill, dtype=torch.int64, device=dev),
+            out_cache_loc=torch.zeros((n,), dtype=torch.int64, device=dev),
+            positions=torch.zeros((n,), dtype=torch.int64, device=dev),
+            mrope_positions=torch.zeros((3, n), dtype=torch.int64, device=dev),
+            q=torch.zeros((n, *case.q.shape[1:]), dtype=case.q.dtype, device=dev),
+            k=torch.zeros((n, *case.k.shape[1:]), dtype=case.k.dtype, device=dev),
+            v=torch.zeros((n, *case.v.shape[1:]), dtype=case.v.dtype, device=dev),
+        )
+        self.captured: dict[int, Any] = {}
+
+    def capture(self) -> CpuGraphRunner:
+        for bs in reversed(self.capture_bs):
+            self.captured[bs] = self._capture_one(bs)
+        return self
+
+    def _capture_one(self, bs: int) -> Any:
+        import inspect
+
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+        b = self.buffers
+        batch = ForwardBatch(
+            forward_mode=ForwardMode.DECODE,
+            batch_size=bs,
+            input_ids=b.input_ids[:bs],
+            req_pool_indices=b.req_pool_indices[:bs],
+            seq_lens=b.seq_lens[:bs],
+            out_cache_loc=b.out_cache_loc[:bs],
+            seq_lens_sum=int(b.seq_lens[:bs].sum()),
+            return_logprob=False,
+            positions=b.positions[:bs],
+            mrope_positions=b.mrope_positions[:, :bs],
+            global_forward_mode=ForwardMode.DECODE,
+        )
+        bind_runner_slots(self.case.runner, batch)
+        # The write slots joined the capture init's arguments in 0.5.23 (the CPU backend translates them
+        # for its window pool); an older release takes none.
+        takes_loc = (
+            "out_cache_loc" in inspect.signature(type(self.backend).init_forward_metadata_capture_cpu_graph).parameters
+        )
+        loc = (batch.out_cache_loc,) if takes_loc else ()
+        with forward_context(ForwardContext(attn_backend=self.backend)):
+            self.backend.init_forward_metadata_capture_cpu_graph(
+                bs, bs, batch.req_pool_indices, batch.seq_lens, *loc, None, batch.forward_mode, None
+            )
+        self.on_capture(batch)
+        attend(backend=self.backend, layer=self.case.layer, batch=batch, q=b.q[:bs], k=b.k[:bs], v=b.v[:bs])
+        return batch
+
+    def can_run_graph(self, forward_batch: Any) -> bool:
+        return forward_batch.batch_size <= self.max_bs
+
+    can_run = can_run_graph
+
+    def replay(self, batch: Any, *, q: Any, k: Any, v: Any) -> Any:
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+        from sglfix.harness.misfit import Standin
+
+        b, raw_bs = self.buffers, batch.batch_size
+        runner = object.__new__(self.module.CPUGraphRunner)
+        runner.__dict__.update(
+            graphs=dict.fromkeys(self.captured, True),
+            graphs_cross={},
+            captured_forward_batches=self.captured,
+            captured_forward_batches_cross={},
+            capture_bs=self.capture_bs,
+            seq_len_fill_value=self.fill,
+            is_encoder_decoder=False,
+            mrope_positions=b.mrope_positions,
+            captured_req_width=1,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            model_runner=Standin(attn_backend=self.backend),
+        )
+        if getattr(batch, "capture_hidden_mode", None) is None:
+            batch.capture_hidden_mode = CaptureHiddenMode.NULL  # what ForwardBatch.init_new sets for a plain decode
+        replayed = runner.prepare_replay(batch, skip=True)
+        bs = replayed.batch_size
+        for name, src in (("q", q), ("k", k), ("v", v)):
+            buf = getattr(b, name)
+            buf[raw_bs:bs].zero_()
+            buf[:raw_bs].copy_(src)
+        out = attend(backend=self.backend, layer=self.case.layer, batch=replayed, q=b.q[:bs], k=b.k[:bs], v=b.v[:bs])
+        return out[:raw_bs].clone()
