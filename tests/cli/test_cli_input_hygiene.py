@@ -458,7 +458,7 @@ def test_a_linear_attention_where_nothing_builds_one_is_one_line_before_any_cell
             "    backend: hybrid_linear\n    mode: DECODE\n",
             "mamba3",
             ("--profile", "sglang-0.5.23"),
-            ("'mamba3' is not one of gdn, mamba2", "did you mean 'mamba2'?"),
+            ("'mamba3' is not one of gdn, kda, mamba2", "did you mean 'mamba2'?"),
         ),
     ):
         path = tmp_path / f"{name}.yaml"
