@@ -4,12 +4,13 @@ invariants see every init: eager, capture and replay."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sglfix.harness.adapters.base import MetadataHook
 
-__all__ = ["PERSISTENT", "GuardedBuffer", "guard_buffers", "guard_verify_mask", "guarded", "watch_metadata"]
+__all__ = ["PERSISTENT", "GuardedBuffer", "around", "guard_buffers", "guard_verify_mask", "guarded", "watch_metadata"]
 
 
 @dataclass
@@ -85,7 +86,6 @@ def guard_verify_mask(backend: Any) -> None:
 def watch_metadata(backend: Any, on_metadata: MetadataHook) -> None:
     """Wrap this backend instance's metadata inits so that the judge sees every one of them:
     eager (``init_forward_metadata``), capture and replay (``init_forward_metadata_out_graph``)."""
-    eager, out_graph = backend.init_forward_metadata, backend.init_forward_metadata_out_graph
 
     def judge(forward_batch: Any, phase: str) -> None:
         later = getattr(backend, "_sglfix_judge_later", None)
@@ -96,39 +96,40 @@ def watch_metadata(backend: Any, on_metadata: MetadataHook) -> None:
         else:
             on_metadata(backend, forward_batch, phase)
 
-    def init_forward_metadata(forward_batch: Any) -> Any:
-        result = eager(forward_batch)
-        judge(forward_batch, "eager")
-        return result
-
-    def init_forward_metadata_out_graph(forward_batch: Any, in_capture: bool = False) -> Any:
-        result = out_graph(forward_batch, in_capture)
-        judge(forward_batch, "capture" if in_capture else "replay")
-        return result
-
-    backend.init_forward_metadata = init_forward_metadata
-    backend.init_forward_metadata_out_graph = init_forward_metadata_out_graph
-    if not hasattr(backend, "init_forward_metadata_for_breakable_cuda_graph_capture"):
-        return
+    around(backend, "init_forward_metadata", after=lambda forward_batch: judge(forward_batch, "eager"))
+    around(
+        backend,
+        "init_forward_metadata_out_graph",
+        after=lambda forward_batch, in_capture=False: judge(forward_batch, "capture" if in_capture else "replay"),
+    )
     # A breakable prefill graph's captured tables: built at capture, refreshed at every replay.
-    capture_tables = backend.init_forward_metadata_for_breakable_cuda_graph_capture
-    refresh_tables = backend.prepare_forward_metadata_for_breakable_cuda_graph_replay
+    around(
+        backend,
+        "init_forward_metadata_for_breakable_cuda_graph_capture",
+        after=lambda forward_batch: judge(forward_batch, "capture"),
+    )
+    around(
+        backend,
+        "prepare_forward_metadata_for_breakable_cuda_graph_replay",
+        after=lambda capture_metadata, forward_batch, **_: judge(forward_batch, "replay"),
+    )
 
-    def init_forward_metadata_for_breakable_cuda_graph_capture(forward_batch: Any) -> Any:
-        result = capture_tables(forward_batch)
-        judge(forward_batch, "capture")
+
+def around(
+    backend: Any, name: str, *, before: Callable[..., None] | None = None, after: Callable[..., None] | None = None
+) -> None:
+    """Wrap this backend instance's method ``name`` (where it has one): ``before`` is called with the
+    call's arguments ahead of it, ``after`` with them once it returned."""
+    method = getattr(backend, name, None)
+    if method is None:
+        return
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if before is not None:
+            before(*args, **kwargs)
+        result = method(*args, **kwargs)
+        if after is not None:
+            after(*args, **kwargs)
         return result
 
-    def prepare_forward_metadata_for_breakable_cuda_graph_replay(
-        capture_metadata: Any, forward_batch: Any, **kwargs: Any
-    ) -> Any:
-        result = refresh_tables(capture_metadata, forward_batch, **kwargs)
-        judge(forward_batch, "replay")
-        return result
-
-    backend.init_forward_metadata_for_breakable_cuda_graph_capture = (
-        init_forward_metadata_for_breakable_cuda_graph_capture
-    )
-    backend.prepare_forward_metadata_for_breakable_cuda_graph_replay = (
-        prepare_forward_metadata_for_breakable_cuda_graph_replay
-    )
+    setattr(backend, name, wrapped)

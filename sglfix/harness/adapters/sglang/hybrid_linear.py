@@ -40,7 +40,7 @@ from typing import Any
 from sglfix.harness.adapters.base import Dispatch, Prepared
 from sglfix.harness.adapters.sglang.flashinfer_dense import SglangFlashInferAdapter, flashinfer_module
 from sglfix.harness.adapters.sglang.flashinfer_mla_dense import SglangFlashInferMLAAdapter
-from sglfix.harness.adapters.sglang.guards import guard_buffers, watch_metadata
+from sglfix.harness.adapters.sglang.guards import around, guard_buffers, watch_metadata
 from sglfix.harness.adapters.sglang.hybrid_commit import verify_commit
 from sglfix.harness.adapters.sglang.hybrid_kda import kda_graph_reference, kda_graph_view
 from sglfix.harness.adapters.sglang.hybrid_mamba2 import mamba2_reference, mamba2_view
@@ -366,44 +366,31 @@ def _set_config(runner: Any, name: str, value: Any) -> None:
 def _mark_phases(backend: Any) -> None:
     """Note on the backend which kind of init ran last (eager, capture, replay): a replay's batch
     is padded to the captured size, a capture's rows are all the runner's own."""
-    eager, out_graph = backend.init_forward_metadata, backend.init_forward_metadata_out_graph
-
-    def init_forward_metadata(forward_batch: Any) -> Any:
-        _note(backend, forward_batch, "eager")
-        return eager(forward_batch)
-
-    def init_forward_metadata_out_graph(forward_batch: Any, in_capture: bool = False) -> Any:
-        _note(backend, forward_batch, "capture" if in_capture else "replay")
-        return out_graph(forward_batch, in_capture)
-
-    backend.init_forward_metadata = init_forward_metadata
-    backend.init_forward_metadata_out_graph = init_forward_metadata_out_graph
-    capture_tables = backend.init_forward_metadata_for_breakable_cuda_graph_capture
-    refresh_tables = backend.prepare_forward_metadata_for_breakable_cuda_graph_replay
-
-    def init_forward_metadata_for_breakable_cuda_graph_capture(forward_batch: Any) -> Any:
-        _note(backend, forward_batch, "capture", breakable=True)
-        return capture_tables(forward_batch)
-
-    def prepare_forward_metadata_for_breakable_cuda_graph_replay(
-        capture_metadata: Any, forward_batch: Any, **kwargs: Any
-    ) -> Any:
-        _note(backend, forward_batch, "replay", breakable=True)
-        return refresh_tables(capture_metadata, forward_batch, **kwargs)
-
-    capture_cpu = backend.init_forward_metadata_capture_cpu_graph
-
-    def init_forward_metadata_capture_cpu_graph(bs: int, num_tokens: int, req_pool_indices: Any, *args: Any) -> Any:
-        backend._sglfix_phase, backend._sglfix_breakable = "capture", False
-        backend._sglfix_rows, backend._sglfix_extend = req_pool_indices.clone(), None
-        return capture_cpu(bs, num_tokens, req_pool_indices, *args)
-
-    backend.init_forward_metadata_capture_cpu_graph = init_forward_metadata_capture_cpu_graph
-    backend.init_forward_metadata_for_breakable_cuda_graph_capture = (
-        init_forward_metadata_for_breakable_cuda_graph_capture
+    around(backend, "init_forward_metadata", before=lambda forward_batch: _note(backend, forward_batch, "eager"))
+    around(
+        backend,
+        "init_forward_metadata_out_graph",
+        before=lambda forward_batch, in_capture=False: _note(
+            backend, forward_batch, "capture" if in_capture else "replay"
+        ),
     )
-    backend.prepare_forward_metadata_for_breakable_cuda_graph_replay = (
-        prepare_forward_metadata_for_breakable_cuda_graph_replay
+    around(
+        backend,
+        "init_forward_metadata_for_breakable_cuda_graph_capture",
+        before=lambda forward_batch: _note(backend, forward_batch, "capture", breakable=True),
+    )
+    around(
+        backend,
+        "prepare_forward_metadata_for_breakable_cuda_graph_replay",
+        before=lambda capture_metadata, forward_batch, **_: _note(backend, forward_batch, "replay", breakable=True),
+    )
+    # A CPU graph's capture init takes the capture's rows, not its batch.
+    around(
+        backend,
+        "init_forward_metadata_capture_cpu_graph",
+        before=lambda bs, num_tokens, req_pool_indices, *_: _note(
+            backend, SimpleNamespace(req_pool_indices=req_pool_indices), "capture"
+        ),
     )
 
 
@@ -720,8 +707,8 @@ class SglangHybridAMXAdapter(SglangHybridLinearAdapter):
     full-attention layer set, under sglang's CPU graph runner (``cuda_graph.cpu``): a CPU device's
     decode graphs. Where sgl_kernel is not the CPU build, its decode kernel is the torch one of
     ``sglfix.harness.amx`` over the same request rows, lengths and pool. The layer's output is judged
-    as for Triton, the linear layers' metadata after every capture (the pad slot in every row) and
-    every replay (the backend's eager init on the padded batch)."""
+    as for Triton, the linear layers' metadata after every capture (the state slots of the runner's
+    capture rows) and every replay (the backend's eager init on the padded batch)."""
 
     backend_class = "IntelAMXAttnBackend"
 
