@@ -19,13 +19,16 @@ BREAKABLE = (
     "sglang-hybrid-kda-extend@cg=graph",
     "sglang-hybrid-kda-extend@cg=graph-padded",
     "sglang-hybrid-kda-extend-cap",
+    "sglang-hybrid-kda-extend-track@cg=graph-padded,host=on",
+    "sglang-hybrid-kda-extend-track@cg=graph-padded,host=off",
 )
+TRACKED = BREAKABLE[3:]
 
 
 def test_every_cell_is_judged_and_passes(tmp_path: Path):
     require_sglang()
     cells = by_scenario(run_cli(tmp_path, "-s", GLOB)["cells"])
-    assert len(cells) == 10, sorted(cells)
+    assert len(cells) == 14, sorted(cells)
     for name, cell in cells.items():
         assert cell["verdict"] == "PASS", (name, cell["findings"])
         messages = [f["message"] for f in cell["findings"]]
@@ -36,13 +39,14 @@ def test_every_cell_is_judged_and_passes(tmp_path: Path):
 
 
 @pytest.mark.parametrize(
-    "module, old, new, needle",
+    "module, old, new, hit, needle",
     [
         # Padded sequences start at 0 instead of at the batch's end: their empty rows overlap.
         (
             "linear/kda_prefill_graph",
             "cu[bs + 1 :] = total",
             "cu[bs + 1 :] = 0",
+            BREAKABLE,
             "cu_seqlens[",
         ),
         # A padded sequence's state slot is slot 0, not the pad slot: its kernels write a live state.
@@ -50,6 +54,7 @@ def test_every_cell_is_judged_and_passes(tmp_path: Path):
             "linear/kda_prefill_graph",
             "self.cache_indices[bs:].fill_(PAD_SLOT_ID)",
             "self.cache_indices[bs:].fill_(0)",
+            BREAKABLE,
             "cache_indices[",
         ),
         # A replay rebuilds eager metadata instead of refreshing its bucket's captured tables.
@@ -57,18 +62,27 @@ def test_every_cell_is_judged_and_passes(tmp_path: Path):
             "hybrid_linear_attn_backend",
             "        if capture_metadata is not None:\n            self.linear_attn_backend.refresh_prefill_graph_metadata(",
             "        if False:\n            self.linear_attn_backend.refresh_prefill_graph_metadata(",
+            BREAKABLE,
             "no bucket tables",
         ),
+        # A final snapshot taken as a chunk state: the request's cached state is a chunk behind.
+        (
+            "linear/kda_prefill_graph",
+            "                track_mode[row] = TRACK_FINAL_STATE",
+            "                track_mode[row] = TRACK_CHUNK_STATE",
+            TRACKED,
+            "track_mode[",
+        ),
     ],
-    ids=["padded-offsets", "padded-slot", "replay-without-refresh"],
+    ids=["padded-offsets", "padded-slot", "replay-without-refresh", "final-as-chunk"],
 )
-def test_a_wrong_bucket_table_is_seen_where_it_happens(tmp_path: Path, module, old, new, needle):
+def test_a_wrong_bucket_table_is_seen_where_it_happens(tmp_path: Path, module, old, new, hit, needle):
     require_sglang()
     patch = breaking_patch(tmp_path, module, old, new)
     cells = by_scenario(run_cli(tmp_path, "-s", GLOB, "--apply", str(patch))["cells"], patched=True)
-    assert len(cells) == 10, sorted(cells)
+    assert len(cells) == 14, sorted(cells)
     for name, cell in cells.items():
-        if name not in BREAKABLE:
+        if name not in hit:
             assert cell["verdict"] == "PASS", (name, cell["findings"][:2])
             continue
         assert cell["verdict"] == "DIVERGE", (name, cell["verdict"], cell["findings"][:2])

@@ -113,6 +113,13 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
         prepared = super().build(scenario.model_copy(update={"backend": self.registry_name}), device=device)
         prepared.case.scenario = scenario
         _hybrid_pool(prepared.case, seed=scenario.seed)
+        if scenario.breakable_prefill and scenario.mamba_track:
+            # A prefill that snapshots states for the radix cache runs with its extra state buffer
+            # (its extra_buffer radix cache strategy): the bucket tables are captured with track rows.
+            # Published before the track plan, which seeds the published args' snapshot grid.
+            _kit("attention").publish_over(
+                prepared.case.runner, mamba_radix_cache_strategy="extra_buffer", disable_radix_cache=False
+            )
         prepared.case.track = track_plan(prepared.case, scenario) if scenario.mamba_track else None
         return prepared
 
@@ -224,7 +231,11 @@ class SglangHybridLinearAdapter(SglangTritonAdapter):
                 backend,
                 "_sglfix_linear_reports",
                 kda_graph_reference(
-                    backend._sglfix_linear, forward_batch, backend, slots=_live(backend, forward_batch)[1]
+                    backend._sglfix_linear,
+                    forward_batch,
+                    backend,
+                    slots=_live(backend, forward_batch)[1],
+                    track=getattr(backend, "_sglfix_track", None),
                 ),
             )
             view = SimpleNamespace(**kda_graph_view(tables))
