@@ -500,8 +500,8 @@ class PrefillGraphRunner:
             from sglang.srt.model_executor.runner_utils import prefill_graph  # noqa: F401
         except ImportError as exc:
             raise Unavailable(
-                "this release has no prefill graph scope (sglang 0.5.23's full prefill runner); "
-                "sglfix replays its full prefill graphs from 0.5.23 on"
+                "this release has no prefill graph scope (sglang 0.5.23's prefill runner); "
+                "sglfix replays its prefill graphs, full and breakable, from 0.5.23 on"
             ) from exc
         self.case, self.backend = case, backend
         self.runner_class = module.PrefillCudaGraphRunner
