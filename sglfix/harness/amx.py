@@ -49,8 +49,11 @@ def decode_attention_cpu(  # noqa: PLR0913 - the kernel's own signature, as sgla
 ) -> None:
     if sinks is not None:
         raise NotImplementedError("sglfix's decode_attention_cpu models no attention sinks")
-    for name, given in (("seq_lens", seq_lens), ("req_pool_indices", req_pool_indices), ("encoder_lens", encoder_lens)):
-        if given is None and (name != "encoder_lens" or is_cross):
+    needed = {"seq_lens": seq_lens, "req_pool_indices": req_pool_indices}
+    if is_cross:
+        needed["encoder_lens"] = encoder_lens
+    for name, given in needed.items():
+        if given is None:
             raise BrokenContract(f"decode_attention_cpu was handed no {name}")
     _check_scratch(attn_logits, requests=q.shape[0], heads=q.shape[1], v_dim=o.shape[-1])
     slots = k_buffer.shape[0]

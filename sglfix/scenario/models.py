@@ -429,7 +429,7 @@ class ScenarioNode(StrictModel):
         rule = rule_for(self.mode, self.backend)
         model = self.model
         brule = backend_rule(self.backend)
-        if brule.mla or (brule.mla_child and {"kv_lora_rank", "qk_rope_head_dim"} & model.model_fields_set):
+        if brule.mla or brule.has_mla_child(model):
             model = model.model_copy(
                 update={
                     "kv_lora_rank": model.kv_lora_rank or MLA_KV_LORA_RANK,

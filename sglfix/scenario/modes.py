@@ -11,6 +11,7 @@ and model shapes each backend takes.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sglfix.scenario.limits import MAX_TOPK
 
@@ -182,6 +183,11 @@ class BackendRule:
     mla_child: str = ""
     # Modes a decode context-parallel cell (dcp_size > 1: every rank's metadata, one process) runs in.
     dcp_modes: tuple[str, ...] = ()
+
+    def has_mla_child(self, model: Any) -> bool:
+        """Whether this backend builds an MLA child for ``model`` (a ModelShape as written): a
+        hybrid whose scenario gives the latent's shape (model.kv_lora_rank or qk_rope_head_dim)."""
+        return bool(self.mla_child) and bool({"kv_lora_rank", "qk_rope_head_dim"} & model.model_fields_set)
 
 
 _HALF = ("float16", "bfloat16")

@@ -129,7 +129,7 @@ def _mla_child(node: Any, brule: Any) -> Any:
     gives an MLA model (model.kv_lora_rank or qk_rope_head_dim) and the backend builds one, its heads
     and mixer checked (Kimi-Linear's: delta attention beside the MLA layers); else None."""
     model = node.model
-    if not brule.mla_child or not {"kv_lora_rank", "qk_rope_head_dim"} & model.model_fields_set:
+    if not brule.has_mla_child(model):
         return None
     child = backend_rule(brule.mla_child)
     if child.num_heads is not None and model.num_heads not in child.num_heads:

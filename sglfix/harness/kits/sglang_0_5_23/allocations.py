@@ -64,7 +64,8 @@ class CudaAllocations(TorchFunctionMode):
 
     * ``remap``: without CUDA, such a tensor is made on the CPU instead (sglang's multi-step draft
       backends hard-code ``device="cuda"`` for their kv_indices rows; everything else about the call
-      is unchanged), and a pinned host tensor an ordinary one.
+      is unchanged), and a pinned host tensor an ordinary one (``pin_memory=True`` at a factory, or
+      ``Tensor.pin_memory()``: a breakable prefill graph's table staging).
     * ``guard``: 2-D integer buffers (the per-step kv_indices rows) are carved from a larger flat
       allocation whose tail is sentinel bytes, so a write past the buffer's end is caught by the
       judge's guard check (``guarded``).
@@ -80,6 +81,8 @@ class CudaAllocations(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if self.remap and func is torch.Tensor.pin_memory and not torch.cuda.is_available():
+            return args[0]  # pinning a host tensor needs an accelerator; the tensor holds the same values
         kind = _FACTORIES.get(func)
         if self.remap and kind is not None and kwargs.get("pin_memory") and not torch.cuda.is_available():
             # Pinned host memory needs an accelerator; a plain host tensor holds the same values.

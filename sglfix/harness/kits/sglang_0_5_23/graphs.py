@@ -545,9 +545,9 @@ class PrefillGraphRunner:
 
     # -- capture
 
-    def _capture_batch(self, n: int) -> Any:
+    def _capture_batch(self, n: int, *, sentinels: bool = True) -> Any:
         """``capture_prepare``: the bucket as the fewest requests of at most the context length,
-        zero-length sentinels up to the slot count."""
+        then (under the full backend, ``sentinels``) zero-length sentinels up to the slot count."""
         import dataclasses
 
         import torch
@@ -555,7 +555,8 @@ class PrefillGraphRunner:
 
         b, s, dev = self.buffers, self.buffers.static, self.case.device
         seq = [min(self.context_len, n - start) for start in range(0, n, self.context_len)]
-        seq += [0] * (self.req_slots - len(seq))
+        if sentinels:
+            seq += [0] * (self.req_slots - len(seq))
         bs = len(seq)
         starts = [0]
         for length in seq[:-1]:
@@ -694,27 +695,31 @@ class PrefillGraphRunner:
         """The runner's own ``_prepare_forward_metadata_for_replay`` on these buffers (a runner
         built without its constructor, which would capture a model): the slot-padded view it
         hands ``init_forward_metadata_out_graph``."""
-        import inspect
-
         from sglfix.harness.misfit import Standin
 
-        runner = object.__new__(self.runner_class)
-        runner.__dict__.update(
+        runner = _bare_runner(
+            self.runner_class,
+            self.backend,
             _is_full_backend=True,
             _capture_req_slots=self.req_slots,
             _prefill_static_buffers=self.buffers.static,
             _full_cg_seq_lens_cpu=self.buffers.seq_lens_cpu,
             use_captured_attn_metadata=False,
             attn_metadata_buffers=None,
-            model_runner=Standin(attn_backend=self.backend),
         )
-        key: Any = n
-        if "shape_key" in inspect.signature(runner._prepare_forward_metadata_for_replay).parameters:
-            from sglang.srt.model_executor.runner.shape_key import ShapeKey
-
-            key = ShapeKey(size=n)
         static_batch = Standin(input_ids=self.buffers.input_ids[:n], max_seq_len_override=None)
-        runner._prepare_forward_metadata_for_replay(batch, static_batch, key)
+        runner._prepare_forward_metadata_for_replay(batch, static_batch, self._key(n))
+
+    def _key(self, n: int) -> Any:
+        """The runner's key of the ``n``-token bucket: a ShapeKey where its replay step takes one
+        (0.5.23), the token count before."""
+        import inspect
+
+        if "shape_key" not in inspect.signature(self.runner_class._prepare_forward_metadata_for_replay).parameters:
+            return n
+        from sglang.srt.model_executor.runner.shape_key import ShapeKey
+
+        return ShapeKey(size=n)
 
     def replay(self, batch: Any, *, q: Any, k: Any, v: Any) -> Any:
         """The replay of the smallest bucket that holds the batch's tokens; its real rows' output."""
@@ -783,35 +788,23 @@ class BreakablePrefillGraphRunner(PrefillGraphRunner):
         super().__init__(
             case=case, backend=backend, capture_tokens=capture_tokens, req_slots=pool.size, guard=guard, record=False
         )
-        from sglfix.harness.misfit import Standin
-
-        # The runner's own metadata steps, on a runner built without its constructor (which would
-        # capture a model), under the captured-metadata contract.
-        self.runner = object.__new__(self.runner_class)
-        self.runner.__dict__.update(
+        # The runner's own metadata steps under the captured-metadata contract.
+        self.runner = _bare_runner(
+            self.runner_class,
+            backend,
             _is_full_backend=False,
             use_captured_attn_metadata=True,
             attn_metadata_buffers={},
-            model_runner=Standin(attn_backend=backend),
         )
-
-    def _key(self, n: int) -> Any:
-        from sglang.srt.model_executor.runner.shape_key import ShapeKey
-
-        return ShapeKey(size=n)
 
     def _capture_one(self, n: int) -> _Captured:
         import dataclasses
 
         # capture_prepare under the breakable backend: no zero-length sentinel requests.
-        slots, self.req_slots = self.req_slots, -(-n // self.context_len)
-        try:
-            batch = self._capture_batch(n)
-        finally:
-            self.req_slots = slots
+        batch = self._capture_batch(n, sentinels=False)
         if "full_prefill_cuda_graph_capture" in {f.name for f in dataclasses.fields(batch)}:
             batch.full_prefill_cuda_graph_capture = False
-        with _HostPinning():
+        with _host_placed():
             self.runner._init_forward_metadata_for_capture(batch, self._key(n))
         captured = _Captured(batch=batch, metadata=self.runner.attn_metadata_buffers[self._key(n)])
         # The capture's body runs its attention break eagerly over the capture batch (its output
@@ -845,36 +838,33 @@ class BreakablePrefillGraphRunner(PrefillGraphRunner):
         static = copy.copy(batch)
         static.input_ids, static.positions, static.out_cache_loc = b.input_ids[:n], b.positions[:n], b.out_cache_loc[:n]
         static.max_seq_len_override = None
-        with _HostPinning():
+        with _host_placed():
             self.runner._prepare_forward_metadata_for_replay(batch, static, self._key(n))
         # The attention break runs eagerly, over the bucket's rows, on this replay's metadata.
         return self._forward(_Captured(batch=static, metadata=None), n, full_graph=False)[:raw_n].clone()
 
 
-class _HostPinning:
-    """Without an accelerator, ``Tensor.pin_memory()`` (the staging copy of a bucket's host tables,
-    which a CUDA host pins so that the copy is asynchronous) returns the tensor itself: a plain
-    host tensor holds the same values. Nothing changes where CUDA is available."""
+def _host_placed() -> Any:
+    """Without CUDA, the kit's placement of the code's CUDA-only allocations (``CudaAllocations``:
+    a pinned host tensor, such as a bucket's table staging, an ordinary one); nothing with CUDA."""
+    import contextlib
 
-    def __enter__(self) -> Any:
-        import torch
-        from torch.overrides import TorchFunctionMode
+    import torch
 
-        class Mode(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                if func is torch.Tensor.pin_memory:
-                    return args[0]
-                __sglfix_passthrough__ = True  # noqa: F841  an error of func is its caller's
-                return func(*args, **(kwargs or {}))
+    from .allocations import CudaAllocations
 
-        self.mode = None if torch.cuda.is_available() else Mode()
-        if self.mode is not None:
-            self.mode.__enter__()
-        return self
+    return contextlib.nullcontext() if torch.cuda.is_available() else CudaAllocations(remap=True, guard=False)
 
-    def __exit__(self, *exc: Any) -> None:
-        if self.mode is not None:
-            self.mode.__exit__(*exc)
+
+def _bare_runner(runner_class: Any, backend: Any, **state: Any) -> Any:
+    """A ``runner_class`` instance built without its constructor (which would capture or compile a
+    model), holding ``state`` and a model runner whose attention backend is ``backend``: the
+    runner's own metadata steps run on it."""
+    from sglfix.harness.misfit import Standin
+
+    runner = object.__new__(runner_class)
+    runner.__dict__.update(model_runner=Standin(attn_backend=backend), **state)
+    return runner
 
 
 # -- the CPU graph runner
@@ -972,11 +962,10 @@ class CpuGraphRunner:
     def replay(self, batch: Any, *, q: Any, k: Any, v: Any) -> Any:
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
-        from sglfix.harness.misfit import Standin
-
         b, raw_bs = self.buffers, batch.batch_size
-        runner = object.__new__(self.module.CPUGraphRunner)
-        runner.__dict__.update(
+        runner = _bare_runner(
+            self.module.CPUGraphRunner,
+            self.backend,
             graphs=dict.fromkeys(self.captured, True),
             graphs_cross={},
             captured_forward_batches=self.captured,
@@ -987,7 +976,6 @@ class CpuGraphRunner:
             mrope_positions=b.mrope_positions,
             captured_req_width=1,
             capture_hidden_mode=CaptureHiddenMode.NULL,
-            model_runner=Standin(attn_backend=self.backend),
         )
         if getattr(batch, "capture_hidden_mode", None) is None:
             batch.capture_hidden_mode = CaptureHiddenMode.NULL  # what ForwardBatch.init_new sets for a plain decode
