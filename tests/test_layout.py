@@ -73,10 +73,24 @@ def test_judge_is_not_under_backends_and_backends_never_import_the_tool():
 
 # Allowed arrows between sub-packages (importer -> importees); common is a leaf for everyone.
 ARROWS = {
-    "cli": {"execution", "harness", "report", "scenario", "toggling", "patching", "codebases", "mutation", "common"},
+    "cli": {
+        "execution",
+        "harness",
+        "report",
+        "scenario",
+        "toggling",
+        "patching",
+        "codebases",
+        "mutation",
+        "search",
+        "common",
+    },
     # The runner reads a saved report's cell timings (--shard-costs) and bisect judges its cells
     # through the one judgement (sglfix.report.outcome); report itself stands on common alone.
-    "execution": {"harness", "scenario", "toggling", "codebases", "report", "mutation", "common"},
+    "execution": {"harness", "scenario", "toggling", "codebases", "report", "mutation", "search", "common"},
+    # The search space is drawn from the scenario schema and the code base's record, the shrinker
+    # works on scenario nodes: nothing runs a cell there (execution runs them).
+    "search": {"scenario", "codebases", "common"},
     # Mutants are made from source text and checked by the toggles' own engine (a mutant is a
     # candidate fix): nothing of the code under test is imported.
     "mutation": {"toggling", "patching", "codebases", "common"},

@@ -592,3 +592,14 @@ class Scenario(StrictModel):
         return validate_node(
             cls, data, where="<scenario JSON>", what=f"scenario {name}" if isinstance(name, str) else "scenario"
         )
+
+
+# What a field's type is built of, by what each validator enforces: ``sglfix search`` reads a
+# field's bounds and choices off these (sglfix.search.schema_types) instead of restating them.
+VALIDATOR_KINDS: dict[Any, str] = {
+    _integer: "integer",
+    _choice: "choice",
+    _per_request: "per_request",
+    _flag: "flag",
+    _power_of_two: "power_of_two",
+}

@@ -1,0 +1,367 @@
+"""The search space of ``sglfix search``: scenarios drawn from the scenario schema, as a
+hypothesis strategy, kept only where the code base takes them.
+
+Nothing here restates the schema. Bounds and choices come from the pydantic field types
+(``schema_types``); which keys a scenario gives comes from the mode, backend and probe tables
+(``sglfix.scenario.modes``: a mode's new tokens, accept lengths and graphs, a backend's page sizes,
+dtypes, heads and window modes, a probe's modes and the keys it reads) and from the code base's
+record (its adapters, probes, the modes and features each adapter runs). A drawn node then passes
+the same validation, memory estimate and runnable check a scenario file passes, or is rejected.
+
+Sizes are drawn small and near the edges where metadata bugs live: a page boundary and one
+either side of it, the window, the context limit, a graph bucket one above the batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import strategies as st
+
+from sglfix.codebases import check_scenarios_runnable
+from sglfix.common.errors import ConfigError
+from sglfix.common.schema import nearest, validate_node
+from sglfix.scenario.memory import check_memory
+from sglfix.scenario.models import BatchNode, CudaGraphNode, ModelShape, Scenario, ScenarioNode, SpecShape
+from sglfix.scenario.modes import PROBE_COMMON_KEYS, backend_rule, probe_rule, rule_for
+from sglfix.scenario.rules import draft_tree_capacity
+from sglfix.search.schema_types import field_kind
+
+__all__ = ["Space", "examples", "kinds", "node_name", "scenario_nodes", "scenarios", "space_for", "to_scenario"]
+
+# The search's working sizes: far inside the schema's limits, where a cell takes a second.
+DEFAULT_MAX_REQUESTS = 4
+DEFAULT_MAX_PAGES = 4
+# Head shapes the search tries where a backend does not pin them (small: the metadata does not
+# scale with heads, the cell's time does).
+_SMALL_HEADS = (1, 2, 4, 8)
+_SMALL_HEAD_DIMS = (16, 32, 64)
+_SMALL_PAGES = (1, 2, 4, 16, 64)
+DRAWS_PER_EXAMPLE = 2
+
+
+@dataclass(frozen=True)
+class Space:
+    """What one search draws from: the backends and probes of a code base it may use (after
+    ``--family`` and ``--mode``) and the working sizes."""
+
+    codebase: Any
+    backends: tuple[str, ...]
+    probes: tuple[str, ...]
+    modes: tuple[str, ...] | None = None
+    max_requests: int = DEFAULT_MAX_REQUESTS
+    max_pages: int = DEFAULT_MAX_PAGES
+
+    def modes_of(self, backend: str) -> tuple[str, ...]:
+        """The modes ``backend``'s adapter runs on the code base, within ``--mode``."""
+        cb = self.codebase
+        runs = cb.backend_modes.get(backend, backend_rule(backend).modes)
+        return tuple(
+            m
+            for m in backend_rule(backend).modes
+            if m in runs and m not in cb.lacks_modes and (self.modes is None or m in self.modes)
+        )
+
+    def probe_modes(self, probe: str) -> tuple[str, ...]:
+        return tuple(
+            m
+            for m in probe_rule(probe).modes
+            if m not in self.codebase.lacks_modes and (self.modes is None or m in self.modes)
+        )
+
+
+def space_for(
+    codebase: Any,
+    *,
+    family: str | None = None,
+    mode: str | None = None,
+    max_requests: int = DEFAULT_MAX_REQUESTS,
+    max_pages: int = DEFAULT_MAX_PAGES,
+) -> Space:
+    """The space of ``codebase``: every backend it has an adapter for and every probe it has, or
+    only ``family`` (a backend, or ``probes``) and ``mode``; ConfigError naming a bad one."""
+    backends = tuple(b for b in field_kind(ScenarioNode, "backend").choices if b in codebase.adapters)
+    probes = tuple(p for p in field_kind(ScenarioNode, "probe").choices if p in codebase.probes)
+    if family is not None:
+        families = (*backends, "probes")
+        if family not in families:
+            raise ConfigError(
+                f"--family {family}: {codebase.name} has no such backend family{nearest(family, families)}; "
+                f"families: {', '.join(families)}"
+            )
+        backends, probes = ((), probes) if family == "probes" else ((family,), ())
+    modes = None
+    if mode is not None:
+        all_modes = field_kind(ScenarioNode, "mode").choices
+        canonical = mode.strip().upper().replace("-", "_")
+        if canonical not in all_modes:
+            raise ConfigError(
+                f"--mode {mode}: no such mode{nearest(canonical, all_modes)}; modes: {', '.join(all_modes)}"
+            )
+        modes = (canonical,)
+    space = Space(
+        codebase=codebase,
+        backends=backends,
+        probes=probes,
+        modes=modes,
+        max_requests=max_requests,
+        max_pages=max_pages,
+    )
+    if not any(space.modes_of(b) for b in backends) and not any(space.probe_modes(p) for p in probes):
+        raise ConfigError(
+            f"--mode {mode}: no {family or 'backend or probe'} of {codebase.name} runs it; drop --mode or pick another"
+        )
+    return space
+
+
+# ----------------------------------------------------------------------------- sizes near edges
+
+
+def _near(edges: list[int], *, low: int, high: int) -> st.SearchStrategy[int]:
+    """An edge, one below or one above it, or any size in [low, high]."""
+    edges = sorted({e for e in edges if low <= e <= high}) or [low]
+    at_edge = st.tuples(st.sampled_from(edges), st.sampled_from((-1, 0, 1))).map(
+        lambda t: min(high, max(low, t[0] + t[1]))
+    )
+    return st.one_of(at_edge, st.integers(low, high))
+
+
+def _tokens(draw: Any, *, page: int, space: Space, low: int, extra: list[int] = ()) -> int:
+    """A length near a page boundary (or an extra edge: the window, a bucket), within the space's pages."""
+    kind = field_kind(BatchNode, "prefix_lens")
+    high = min(kind.high, space.max_pages * page + 1)
+    edges = [k * page for k in range(space.max_pages + 1)] + list(extra)
+    return draw(_near(edges, low=max(low, kind.low), high=max(high, low)))
+
+
+def _page_size(allowed: tuple[int, ...] | None) -> st.SearchStrategy[int]:
+    kind = field_kind(ScenarioNode, "page_size")
+    choices = allowed or tuple(p for p in _SMALL_PAGES if kind.low <= p <= kind.high)
+    return st.sampled_from(choices)
+
+
+@st.composite
+def _spec(draw: Any, rule: Any) -> dict:
+    topk_kind, steps_kind, tokens_kind = (field_kind(SpecShape, n) for n in ("topk", "num_steps", "num_draft_tokens"))
+    topk = draw(st.integers(topk_kind.low, min(rule.max_topk, 4, topk_kind.high)))
+    # A multi-step draft runs num_steps - 1 attention steps: at least one.
+    low = max(steps_kind.low, 2 if rule.new_tokens == "draft_steps" else 1)
+    steps = draw(st.integers(low, min(5, steps_kind.high)))
+    room = draft_tree_capacity(topk=topk, num_steps=steps) if rule.draft_tree else 8
+    tokens = draw(st.integers(tokens_kind.low, max(tokens_kind.low, min(room, 8, tokens_kind.high))))
+    return {"topk": topk, "num_steps": steps, "num_draft_tokens": tokens}
+
+
+@st.composite
+def _model(draw: Any, brule: Any) -> dict:
+    dtypes = tuple(d for d in field_kind(ModelShape, "dtype").choices if d in brule.dtypes)
+    model: dict[str, Any] = {"dtype": draw(st.sampled_from(dtypes))}
+    if brule.mla:
+        # One latent KV head of the kernels' fixed shape: only the query heads are free.
+        model["num_heads"] = draw(st.sampled_from(brule.num_heads or _SMALL_HEADS))
+        return model
+    heads = draw(st.sampled_from(brule.num_heads or _SMALL_HEADS))
+    groups = [g for g in range(1, heads + 1) if heads % g == 0 and (brule.max_group is None or g <= brule.max_group)]
+    kv = heads // draw(st.sampled_from(groups))
+    dims = tuple(d for d in (brule.head_dims or _SMALL_HEAD_DIMS) if field_kind(ModelShape, "head_dim").low <= d)
+    model.update(num_heads=heads, num_kv_heads=kv, head_dim=draw(st.sampled_from(dims)))
+    return model
+
+
+@st.composite
+def _graph(draw: Any, *, rule: Any, bs: int, new_tokens: list[int], space: Space) -> dict | None:
+    """No graph, or captured sizes with the batch's own or a padded one (a prefill graph: token
+    buckets and request slots)."""
+    if not rule.graph or not draw(st.booleans()):
+        return None
+    high = field_kind(CudaGraphNode, "capture_bs").high
+    if rule.name == "EXTEND":
+        tokens = sum(new_tokens)
+        bucket = min(high, tokens + draw(st.integers(0, tokens)))
+        return {"capture_bs": [bucket], "full_prefill_max_req": min(high, bs + draw(st.integers(0, 2)))}
+    own = min(high, bs + draw(st.integers(0, 2)))
+    others = draw(st.lists(st.integers(1, space.max_requests + 2), max_size=2))
+    return {"capture_bs": sorted({own, *others})}
+
+
+# ----------------------------------------------------------------------------- nodes
+
+
+@st.composite
+def _backend_node(draw: Any, space: Space, backend: str, mode: str) -> dict:
+    brule, cb = backend_rule(backend), space.codebase
+    rule = rule_for(mode, backend)
+    page = draw(_page_size(brule.page_sizes))
+    spec = draw(_spec(rule))
+    bs = draw(st.integers(1, space.max_requests))
+    node: dict[str, Any] = {"backend": backend, "mode": mode, "page_size": page, "spec": spec}
+    model = draw(_model(brule))
+    window = None
+    if mode in brule.sliding_window_modes and backend in cb.sliding_window and draw(st.booleans()):
+        window = draw(_near([page, 2 * page], low=field_kind(ModelShape, "sliding_window").low, high=2 * page + 1))
+        model["sliding_window"] = window
+    node["model"] = model
+    edges = [window, window + 1] if window else []
+    batch: dict[str, Any] = {
+        "prefix_lens": [_tokens(draw, page=page, space=space, low=0, extra=edges) for _ in range(bs)]
+    }
+    if rule.takes_extend_lens:
+        low = field_kind(BatchNode, "extend_lens").low
+        if rule.canvas:
+            batch["extend_lens"] = _tokens(draw, page=page, space=space, low=low)
+        else:
+            batch["extend_lens"] = [_tokens(draw, page=page, space=space, low=low) for _ in range(bs)]
+    if rule.needs_accept_lens:
+        top = min(spec["num_steps"], spec["num_draft_tokens"] - 1)
+        batch["accept_lens"] = [draw(st.integers(0, max(0, top))) for _ in range(bs)]
+    node["batch"] = batch
+    new = _new_tokens(rule, batch, spec, bs)
+    graph = draw(_graph(rule=rule, bs=bs, new_tokens=new, space=space))
+    if graph is not None:
+        node["cuda_graph"] = graph
+    if rule.gpu_only and brule.gpu_only and draw(st.booleans()):
+        node["gpu_only"] = True
+    if draw(st.booleans()):
+        # The tightest context the batch fits, or a little above it: the headroom arithmetic's edge.
+        need = max(p + n for p, n in zip(batch["prefix_lens"], new))
+        node["max_context_len"] = need + draw(st.integers(0, 3))
+    return node
+
+
+def _new_tokens(rule: Any, batch: dict, spec: dict, bs: int) -> list[int]:
+    extend = batch.get("extend_lens")
+    return list(
+        rule.new_token_counts(
+            batch_size=bs,
+            extend_lens=(extend,) * bs if isinstance(extend, int) else tuple(extend) if extend else None,
+            accept_lens=tuple(batch["accept_lens"]) if batch.get("accept_lens") else None,
+            num_draft_tokens=spec["num_draft_tokens"],
+            topk=spec["topk"],
+            num_steps=spec["num_steps"],
+        )
+    )
+
+
+@st.composite
+def _probe_node(draw: Any, space: Space, probe: str, mode: str) -> dict:
+    prule = probe_rule(probe)
+    rule = rule_for(mode)
+    page = draw(_page_size(prule.page_sizes)) if "page_size" in prule.reads else 1
+    spec = draw(_spec(rule))
+    bs = draw(st.integers(1, space.max_requests))
+    node: dict[str, Any] = {"probe": probe, "mode": mode}
+    batch: dict[str, Any] = {"prefix_lens": [_tokens(draw, page=page, space=space, low=0) for _ in range(bs)]}
+    if rule.takes_extend_lens:
+        low = field_kind(BatchNode, "extend_lens").low
+        batch["extend_lens"] = [_tokens(draw, page=page, space=space, low=low) for _ in range(bs)]
+    if rule.needs_accept_lens:
+        batch["accept_lens"] = [
+            draw(st.integers(0, min(spec["num_steps"], spec["num_draft_tokens"] - 1))) for _ in range(bs)
+        ]
+    node["batch"] = batch
+    reads = set(prule.reads) - set(PROBE_COMMON_KEYS)
+    if "spec" in reads:
+        node["spec"] = spec
+    if "page_size" in reads:
+        node["page_size"] = page
+    if "gpu_only" in reads and rule.gpu_only and draw(st.booleans()):
+        node["gpu_only"] = True
+    if "cuda_graph" in reads and (prule.needs_graph or draw(st.booleans())):
+        new = _new_tokens(rule, batch, spec, bs)
+        graph = draw(_graph(rule=rule, bs=bs, new_tokens=new, space=space).filter(lambda g: g is not None))
+        node["cuda_graph"] = graph
+    if "dcp_size" in reads and draw(st.booleans()):
+        node["dcp_size"] = draw(st.sampled_from((2, 4)))
+    if "max_context_len" in reads and draw(st.booleans()):
+        margin = prule.prefix_margin or 0
+        new = _new_tokens(rule, batch, spec, bs)
+        need = max(max(p + margin for p in batch["prefix_lens"]), max(p + n for p, n in zip(batch["prefix_lens"], new)))
+        node["max_context_len"] = need + draw(st.integers(0, 3))
+    return node
+
+
+def node_name(node: dict) -> str:
+    """A stable name for a drawn node: what it runs, its mode, a digest of the rest."""
+    digest = hashlib.sha256(json.dumps(node, sort_keys=True).encode()).hexdigest()[:10]
+    what = node.get("probe") or node.get("backend")
+    return f"search-{what}-{str(node['mode']).lower().replace('_', '-')}-{digest}"
+
+
+def to_scenario(node: dict, *, codebase: Any, where: str = "<search>") -> Scenario:
+    """The runnable scenario of a drawn node, named for it; ConfigError where the schema, the
+    memory estimate or the code base refuses it."""
+    node = {"name": node_name(node), **node}
+    parsed = validate_node(ScenarioNode, node, where=where, what=f"scenario {node['name']}")
+    scenario = parsed.to_scenario(name=parsed.name, path=where, line=0)
+    check_memory([scenario])
+    check_scenarios_runnable([scenario], codebase)
+    return scenario
+
+
+def kinds(space: Space) -> list[tuple[str, str]]:
+    """What a scenario of the space runs, (backend or probe, mode), in the schema's order."""
+    out = [(b, m) for b in space.backends for m in space.modes_of(b)]
+    return out + [(p, m) for p in space.probes for m in space.probe_modes(p)]
+
+
+def scenario_nodes(space: Space, kind: tuple[str, str]) -> st.SearchStrategy[dict]:
+    """Nodes of one kind as a scenario file would spell them (before validation)."""
+    what, mode = kind
+    return _probe_node(space, what, mode) if what in space.probes else _backend_node(space, what, mode)
+
+
+@st.composite
+def scenarios(draw: Any, space: Space, kind: tuple[str, str]) -> tuple[dict, Scenario]:
+    """A drawn node and its runnable scenario; a node the code base refuses is rejected."""
+    node = draw(scenario_nodes(space, kind))
+    try:
+        return node, to_scenario(node, codebase=space.codebase)
+    except ConfigError:
+        from hypothesis import reject
+
+        reject()
+
+
+def examples(space: Space, *, count: int, seed: int) -> list[tuple[dict, Scenario]]:
+    """``count`` distinct valid examples (fewer where the space holds fewer), the same for the same
+    seed, every kind in turn (round robin): hypothesis draws each kind's share, nothing fails, so it
+    neither shrinks nor stores anything."""
+    every = kinds(space)
+    share = -(-count // len(every))
+    drawn = [_draw(space, kind, count=share, seed=_kind_seed(seed, kind)) for kind in every]
+    out: list[tuple[dict, Scenario]] = []
+    for i in range(share):
+        out += [d[i] for d in drawn if i < len(d)]
+    return out[:count]
+
+
+def _kind_seed(seed: int, kind: tuple[str, str]) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{kind[0]}:{kind[1]}".encode()).digest()[:8], "big")
+
+
+def _draw(space: Space, kind: tuple[str, str], *, count: int, seed: int) -> list[tuple[dict, Scenario]]:
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as fixed_seed
+
+    out: dict[str, tuple[dict, Scenario]] = {}
+
+    @fixed_seed(seed)
+    @settings(
+        # Hypothesis draws some examples twice: room for the distinct ones.
+        max_examples=DRAWS_PER_EXAMPLE * count,
+        phases=[Phase.generate],
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
+    @given(scenarios(space, kind))
+    def collect(example: tuple[dict, Scenario]) -> None:
+        if len(out) < count:
+            out.setdefault(example[1].name, example)
+
+    collect()
+    return list(out.values())

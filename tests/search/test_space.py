@@ -1,0 +1,113 @@
+"""The search space: drawn from the scenario schema (bounds and choices read from the pydantic
+types, keys from the mode, backend and probe tables), every example one the code base takes, the
+same examples for the same seed, and every backend mode and probe each code base runs within reach."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from sglfix.codebases import check_scenarios_runnable, get_codebase
+from sglfix.common.errors import ConfigError
+from sglfix.scenario.limits import MAX_DRAFT_TOKENS, MAX_PAGE_SIZE, MAX_TOKENS_PER_REQUEST
+from sglfix.scenario.models import DTYPES, BatchNode, ModelShape, ScenarioNode, SpecShape
+from sglfix.scenario.modes import BACKENDS, MODES, PROBES
+from sglfix.search.schema_types import field_kind
+from sglfix.search.space import examples, kinds, space_for, to_scenario
+
+PROFILES = ("reproduction", "sglang-0.5.23")
+
+
+def test_bounds_and_choices_are_the_schemas_own():
+    assert field_kind(ScenarioNode, "backend").choices == BACKENDS
+    assert field_kind(ScenarioNode, "mode").choices == MODES
+    assert field_kind(ScenarioNode, "probe").choices == PROBES
+    assert field_kind(ModelShape, "dtype").choices == DTYPES
+    page = field_kind(ScenarioNode, "page_size")
+    assert (page.low, page.high, page.optional) == (1, MAX_PAGE_SIZE, True)
+    prefix = field_kind(BatchNode, "prefix_lens")
+    assert (prefix.low, prefix.high, prefix.per_request) == (0, MAX_TOKENS_PER_REQUEST, True)
+    assert field_kind(BatchNode, "extend_lens").low == 1
+    assert field_kind(BatchNode, "accept_lens").high == MAX_DRAFT_TOKENS
+    assert field_kind(ModelShape, "head_dim").power_of_two
+    assert field_kind(ModelShape, "cross_attention").flag
+    assert not field_kind(SpecShape, "topk").optional
+
+
+@pytest.mark.parametrize("field", ["page_size", "dcp_size"])
+def test_a_bound_read_is_the_bound_validation_enforces(field):
+    # One past the bound read from the type is what the schema refuses, the bound itself it takes.
+    kind = field_kind(ScenarioNode, field)
+    base = {"name": "x", "mode": "DECODE", "batch": {"prefix_lens": [1]}}
+    with pytest.raises(Exception, match="over the limit"):
+        ScenarioNode.model_validate({**base, field: kind.high + 1})
+    with pytest.raises(Exception, match=f">= {kind.low}"):
+        ScenarioNode.model_validate({**base, field: kind.low - 1})
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_example_is_a_scenario_the_code_base_runs_and_the_seed_fixes_them(profile):
+    cb = get_codebase(profile)
+    space = space_for(cb)
+    drawn = examples(space, count=120, seed=5)
+    assert len(drawn) == 120
+    for node, scenario in drawn:
+        # As a scenario file: the same validation again, and runnable here.
+        assert to_scenario(node, codebase=cb) == scenario
+        check_scenarios_runnable([scenario], cb)
+    again = examples(space, count=120, seed=5)
+    assert [s.name for _, s in again] == [s.name for _, s in drawn]
+    other = examples(space, count=120, seed=6)
+    assert [s.name for _, s in other] != [s.name for _, s in drawn]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_mode_of_every_backend_and_every_probe_is_drawn_in_turn(profile):
+    cb = get_codebase(profile)
+    space = space_for(cb)
+    every = kinds(space)
+    # What the code base's adapters and probes run, the format's modes less what it lacks.
+    assert {b for b, _ in every} | {p for p, _ in every} == set(space.backends) | set(space.probes)
+    assert set(space.backends) == {b for b in BACKENDS if b in cb.adapters}
+    seen = collections.Counter((s.backend or s.probe, s.mode) for _, s in examples(space, count=2 * len(every), seed=0))
+    assert seen == dict.fromkeys(every, 2)
+
+
+def test_edges_are_drawn_graph_padding_and_page_boundaries():
+    cb = get_codebase("sglang-0.5.23")
+    drawn = [s for _, s in examples(space_for(cb, family="triton"), count=400, seed=2)]
+    assert any(s.padded for s in drawn)
+    assert any(s.cuda_graph and not s.padded for s in drawn)
+    assert any(
+        s.page_size > 1 and any(p % s.page_size in (0, 1, s.page_size - 1) and p > 0 for p in s.prefix_lens)
+        for s in drawn
+    )
+    assert any(s.model.sliding_window is not None for s in drawn)
+    assert any(s.max_context_len is not None for s in drawn)
+
+
+def test_family_and_mode_narrow_the_space():
+    cb = get_codebase("sglang-0.5.23")
+    drawn = [s for _, s in examples(space_for(cb, family="flashinfer", mode="target-verify"), count=30, seed=1)]
+    assert {(s.backend, s.mode) for s in drawn} == {("flashinfer", "TARGET_VERIFY")}
+    probes = [s for _, s in examples(space_for(cb, family="probes"), count=30, seed=1)]
+    assert all(s.probe is not None for s in probes)
+
+
+@pytest.mark.parametrize(
+    ("given", "needle"),
+    [
+        (
+            {"family": "flashinfr"},
+            "--family flashinfr: sglang-0.5.23 has no such backend family (did you mean 'flashinfer'?)",
+        ),
+        ({"mode": "decod"}, "--mode decod: no such mode (did you mean 'DECODE'?)"),
+        ({"family": "torch_native", "mode": "TARGET_VERIFY"}, "no torch_native of sglang-0.5.23 runs it"),
+    ],
+)
+def test_a_bad_family_or_mode_is_one_line_naming_it(given, needle):
+    with pytest.raises(ConfigError) as err:
+        space_for(get_codebase("sglang-0.5.23"), **given)
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
