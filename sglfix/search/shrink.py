@@ -1,0 +1,182 @@
+"""Shrinking a failing scenario: the single reductions of a scenario node and the loop that takes
+one while the scenario still fails the same way, until none does.
+
+A reduction makes a node smaller in one respect: a request fewer, a prefix or an extend shorter
+(to nothing, to half, to the page boundary below, by one), a page smaller, a speculative size one
+less, the CUDA graph or a captured size dropped, an optional key left out, fewer heads. Each round
+asks about every reduction of the current node at once (the caller runs them as cells in
+parallel) and takes the first, in the order listed, that still fails: the result is the same for
+the same failing node, and minimal over the reductions (no single one of them still fails).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Shrunk", "reductions", "shrink"]
+
+# Per-request lists of a batch: a request dropped is dropped from each.
+_PER_REQUEST = ("prefix_lens", "extend_lens", "accept_lens", "encoder_lens", "items", "mamba_track")
+# Keys a scenario may leave out, outermost first: (path, what it means in words).
+_OPTIONAL = (
+    (("max_context_len",), "the context limit"),
+    (("gpu_only",), "gpu_only"),
+    (("dcp_size",), "decode context parallelism"),
+    (("deterministic",), "deterministic inference"),
+    (("env",), "the engine flags"),
+    (("model", "sliding_window"), "the sliding window"),
+)
+
+
+def _shorter(value: int, *, page: int, low: int) -> list[int]:
+    """Shorter lengths than ``value`` (never below ``low``), biggest cut first."""
+    below = value - (value % page or page)
+    out = [low, value // 2, below, value - 1]
+    return list(dict.fromkeys(v for v in out if low <= v < value))
+
+
+Edit = Callable[[dict], None]
+
+
+def _fewer_requests(node: dict) -> Iterator[tuple[str, Edit]]:
+    bs = len(node.get("batch", {}).get("prefix_lens", ()))
+    for i in range(bs if bs > 1 else 0):
+
+        def drop(n: dict, i: int = i) -> None:
+            for key in _PER_REQUEST:
+                if isinstance(n["batch"].get(key), list):
+                    del n["batch"][key][i]
+
+        yield f"request {i} dropped", drop
+
+
+def _less_graph(node: dict) -> Iterator[tuple[str, Edit]]:
+    if "cuda_graph" not in node:
+        return
+    yield "eager (no CUDA graph)", lambda n: n.pop("cuda_graph")
+    sizes = node["cuda_graph"].get("capture_bs", [])
+    for size in sizes if len(sizes) > 1 else ():
+        kept = [s for s in sizes if s != size]
+        yield f"captured size {size} dropped", lambda n, kept=kept: n["cuda_graph"].__setitem__("capture_bs", kept)
+
+
+def _shorter_lengths(node: dict) -> Iterator[tuple[str, Edit]]:
+    batch, page = node.get("batch", {}), node.get("page_size") or 1
+    for key, low in (("prefix_lens", 0), ("extend_lens", 1), ("accept_lens", 0)):
+        value = batch.get(key)
+        if isinstance(value, int):
+            for v in _shorter(value, page=page, low=low):
+                yield f"batch.{key} {v}", lambda n, key=key, v=v: n["batch"].__setitem__(key, v)
+            continue
+        for i, length in enumerate(value or ()):
+            for v in _shorter(length, page=page, low=low):
+
+                def set_one(n: dict, key: str = key, i: int = i, v: int = v) -> None:
+                    n["batch"][key][i] = v
+
+                yield f"batch.{key}[{i}] {v}", set_one
+
+
+def _smaller_sizes(node: dict) -> Iterator[tuple[str, Edit]]:
+    page = node.get("page_size") or 1
+    if page > 1:
+        yield f"page_size {page // 2}", lambda n: n.__setitem__("page_size", page // 2)
+    for key in ("num_steps", "topk", "num_draft_tokens"):
+        value = node.get("spec", {}).get(key)
+        if value is not None and value > 1:
+            yield f"spec.{key} {value - 1}", lambda n, key=key, value=value: n["spec"].__setitem__(key, value - 1)
+    model = node.get("model", {})
+    if model.get("num_kv_heads") and model.get("num_heads", 0) > model["num_kv_heads"]:
+        yield "one query head per KV head", lambda n: n["model"].__setitem__("num_heads", model["num_kv_heads"])
+    if model.get("head_dim", 0) > 16:
+        half = model["head_dim"] // 2
+        yield f"model.head_dim {half}", lambda n: n["model"].__setitem__("head_dim", half)
+
+
+def _left_out(node: dict) -> Iterator[tuple[str, Edit]]:
+    for path, what in _OPTIONAL:
+        holder = node
+        for part in path[:-1]:
+            holder = holder.get(part, {})
+        if path[-1] in holder:
+
+            def leave_out(n: dict, path: tuple = path) -> None:
+                h = n
+                for part in path[:-1]:
+                    h = h[part]
+                del h[path[-1]]
+
+            yield f"{what} left out", leave_out
+
+
+# Biggest cuts first: a request, the graph, lengths, then sizes and optional keys.
+_REDUCERS = (_fewer_requests, _less_graph, _shorter_lengths, _smaller_sizes, _left_out)
+
+
+def reductions(node: dict) -> list[tuple[str, dict]]:
+    """Every single reduction of ``node`` as (what it does, the smaller node), in the order the
+    shrinker tries them; a reduction may give a node the schema refuses (the caller drops it)."""
+    out: list[tuple[str, dict]] = []
+    for reducer in _REDUCERS:
+        for what, edit in reducer(node):
+            smaller = copy.deepcopy(node)
+            edit(smaller)
+            if smaller != node:
+                out.append((what, smaller))
+    return out
+
+
+@dataclass
+class Shrunk:
+    """A shrink's outcome: the smallest node found, the reductions taken (in order), how many
+    candidate nodes were asked about and how many of those the schema refused."""
+
+    node: dict
+    steps: list[str] = field(default_factory=list)
+    asked: int = 0
+    refused: int = 0
+    rounds: int = 0
+
+
+def shrink(
+    node: dict,
+    *,
+    valid: Callable[[dict], bool],
+    still_fails: Callable[[Sequence[dict]], Sequence[bool]],
+    max_rounds: int = 200,
+) -> Shrunk:
+    """The smallest node the reductions reach from ``node`` that still fails.
+
+    ``valid(node)``: whether the schema and the code base take it; ``still_fails(nodes)``: for each
+    node, whether it fails the way the original did (asked once per round, for every valid
+    reduction, so the caller can run them together). Every distinct node is asked about once."""
+    result = Shrunk(node=copy.deepcopy(node))
+    known: dict[str, bool] = {_key(node): True}  # every node asked about (or refused): fails?
+    for _ in range(max_rounds):
+        result.rounds += 1
+        candidates = []
+        for what, smaller in reductions(result.node):
+            key = _key(smaller)
+            if key not in known and not valid(smaller):
+                known[key] = False
+                result.refused += 1
+            candidates.append((what, key, smaller))
+        ask = list({key: smaller for _, key, smaller in candidates if key not in known}.items())
+        if ask:
+            answers = list(still_fails([smaller for _, smaller in ask]))
+            result.asked += len(ask)
+            known.update((key, bool(fails)) for (key, _), fails in zip(ask, answers))
+        taken = next((c for c in candidates if known[c[1]]), None)
+        if taken is None:
+            break
+        result.node = taken[2]
+        result.steps.append(taken[0])
+    return result
+
+
+def _key(node: Any) -> str:
+    return json.dumps(node, sort_keys=True)
