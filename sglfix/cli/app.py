@@ -402,6 +402,7 @@ def _register_commands() -> None:
         run,
         scenarios,
         schema_cmd,
+        search_cmd,
         show,
         toggle_cmd,
     )
@@ -416,6 +417,7 @@ def _register_commands() -> None:
         matrix,
         bisect_cmd,
         mutate_cmd,
+        search_cmd,
         ray_cmd,
         report_cmd,
         toggle_cmd,

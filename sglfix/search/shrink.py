@@ -140,6 +140,8 @@ class Shrunk:
     asked: int = 0
     refused: int = 0
     rounds: int = 0
+    # No single reduction of ``node`` still fails (False where the round budget cut the shrink short).
+    minimal: bool = False
 
 
 def shrink(
@@ -172,6 +174,7 @@ def shrink(
             known.update((key, bool(fails)) for (key, _), fails in zip(ask, answers))
         taken = next((c for c in candidates if known[c[1]]), None)
         if taken is None:
+            result.minimal = True
             break
         result.node = taken[2]
         result.steps.append(taken[0])

@@ -1,0 +1,282 @@
+"""``sglfix search``: find a scenario no one wrote that shows a bug (on the code as it is) or a
+revert (with --revert), and shrink it to the smallest that still does. The space is
+``sglfix.search``'s, the run ``sglfix.execution.search``'s, the report ``sglfix.report.search``'s."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from sglfix.cli.common import revert_ids, target
+from sglfix.cli.context import err, options, out
+from sglfix.cli.options import OPTIONS, takes
+from sglfix.common.errors import ConfigError
+
+DEFAULT_EXAMPLES = 200
+
+# Options of search alone, declared where every option is (``OPTIONS``) so that ``takes`` finds them.
+OPTIONS.update(
+    {
+        "search_target": (
+            Annotated[
+                str,
+                typer.Option(
+                    "--target",
+                    metavar="WHAT",
+                    help="baseline: a cell that fails on the code as it is (a live bug; a known divergence is none). "
+                    "With --revert the target is the revert: a cell that fails with it and passes without.",
+                ),
+            ],
+            "baseline",
+        ),
+        "family": (
+            Annotated[
+                str | None,
+                typer.Option(
+                    "--family", metavar="F", help="Only this backend (triton, flashinfer, ...) or probes: the probes."
+                ),
+            ],
+            None,
+        ),
+        "mode": (
+            Annotated[str | None, typer.Option("--mode", metavar="M", help="Only scenarios of this forward mode.")],
+            None,
+        ),
+        "examples": (
+            Annotated[
+                int,
+                typer.Option("--examples", metavar="N", min=1, help="Try at most this many examples."),
+            ],
+            DEFAULT_EXAMPLES,
+        ),
+        "seconds": (
+            Annotated[
+                float | None,
+                typer.Option(
+                    "--time", metavar="S", min=1, help="Start no new batch of examples after this many seconds."
+                ),
+            ],
+            None,
+        ),
+        "seed": (
+            Annotated[
+                int,
+                typer.Option(
+                    "--seed", metavar="K", min=0, help="The examples drawn (the same seed, the same examples)."
+                ),
+            ],
+            0,
+        ),
+        "output": (
+            Annotated[
+                str | None,
+                typer.Option(
+                    "--output", "-o", metavar="FILE", help="Write the shrunk scenario here (a scenario YAML)."
+                ),
+            ],
+            None,
+        ),
+    }
+)
+
+SEARCH_OPTIONS = (
+    "search_target",
+    "revert",
+    "family",
+    "mode",
+    "examples",
+    "seconds",
+    "seed",
+    "output",
+    "device",
+    "jobs",
+    "timeout",
+    "json_file",
+    "memory_budget",
+    "devices",
+    "executor",
+    "ray_address",
+    "cache",
+    "no_cache",
+)
+
+
+@takes(*SEARCH_OPTIONS)
+def search_cmd(ctx: typer.Context, **given: Any) -> None:
+    import time
+
+    from sglfix.execution.known import known_of
+    from sglfix.execution.planner import Plan
+    from sglfix.execution.runner import Runner
+    from sglfix.execution.search import Budget, SearchTarget, run_search
+    from sglfix.execution.settings import Settings
+    from sglfix.report.outcome import Known, Rules
+    from sglfix.report.output import write_json
+    from sglfix.search.space import space_for
+
+    opts = options(ctx)
+    if given["search_target"] not in ("baseline", "revert"):
+        raise ConfigError(f"--target {given['search_target']}: give baseline, or --revert IDS for a revert")
+    ids = revert_ids(given["revert"])
+    if given["search_target"] == "revert" and not ids:
+        raise ConfigError("--target revert looks for what a revert shows: name it with --revert IDS")
+    _check_output(given["output"])
+    known = known_of(opts.active_profile())
+    scope = target(opts)
+    space = space_for(scope.codebase, family=given["family"], mode=given["mode"])
+    runner = Runner(Settings.of(given), scope, what="search")
+    base = tuple(runner.env)
+    goal = SearchTarget(base=base, revert=tuple(ids))
+    if ids:
+        from sglfix.execution.planner import merge_sets
+        from sglfix.search.space import examples
+
+        merge_sets(base, ids, registry=scope.registry, what="--revert")
+        # Every revert the search applies, checked against the installed source before any worker.
+        probe = examples(space, count=1, seed=given["seed"])
+        runner.precheck(Plan(scenarios=[s for _, s in probe], sets=goal.sets))
+        if runner.drifted:
+            rid, why = next(iter(runner.drifted.items()))
+            raise ConfigError(f"{why}; search for a revert that still applies (--revert without {rid})")
+    rules = Rules(mode="findings", known=tuple(Known.of(known)), base=base)
+
+    def say(line: str) -> None:
+        err.print(line, highlight=False, markup=False)
+
+    started = time.perf_counter()
+    outcome = run_search(
+        runner,
+        space=space,
+        target=goal,
+        rules=rules,
+        budget=Budget(count=given["examples"], seed=given["seed"], seconds=given["seconds"]),
+        say=say,
+    )
+    written = None
+    final = outcome.shrunk_failure or outcome.found
+    if final is not None and given["output"] is not None:
+        written = _write_scenario(given["output"], final)
+    report = _report(opts, given, outcome, goal=goal, runner=runner, written=written, started=started)
+    if given["json_file"] is not None:
+        write_json(given["json_file"], report.to_json())
+    shown = err if given["json_file"] == "-" else out
+    _show(report, shown)
+    if outcome.errors:
+        raise typer.Exit(1)
+    raise typer.Exit(1 if outcome.found is not None else 0)
+
+
+def _check_output(path: str | None) -> None:
+    if path is None:
+        return
+    from pathlib import Path
+
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise ConfigError(f"-o {path}: the folder {parent} does not exist; create it or write elsewhere")
+
+
+def _write_scenario(path: str, failure: Any) -> str:
+    """The failing scenario as a file the matrix runs (``--scenario-file``), named for it."""
+    import yaml
+
+    from sglfix.common.atomic import write_atomic
+
+    node = {"name": failure.scenario.name, "description": f"found by sglfix search: {failure.why}", **failure.node}
+    write_atomic(path, yaml.safe_dump(node, sort_keys=False))
+    return path
+
+
+def _found(failure: Any) -> Any:
+    from sglfix.execution.search import signature
+    from sglfix.report.search import FoundCell
+
+    if failure is None:
+        return None
+    verdict, check = signature(failure.cell)
+    figure = next((f.get("message", "") for f in failure.cell.get("findings") or () if f.get("verdict") == verdict), "")
+    return FoundCell(
+        name=failure.scenario.name,
+        node=failure.node,
+        verdict=verdict,
+        check=check,
+        key_figure=figure,
+        base_verdict=failure.base_cell.get("verdict") if failure.base_cell is not None else None,
+    )
+
+
+def _report(
+    opts: Any, given: dict, outcome: Any, *, goal: Any, runner: Any, written: str | None, started: float
+) -> Any:
+    from sglfix.report.bisect import now
+    from sglfix.report.search import SearchReport, ShrinkRecord
+
+    shrunk = outcome.shrunk
+    return SearchReport(
+        schema=1,
+        tool="sglfix search",
+        command=" ".join(opts.argv),
+        date=now(),
+        device=outcome.info.get("device") or runner.device,
+        codebase=runner.target.codebase.name,
+        target=goal.name,
+        revert=list(goal.revert),
+        base=list(goal.base),
+        family=given["family"],
+        mode=given["mode"],
+        seed=given["seed"],
+        examples=given["examples"],
+        tried=outcome.tried,
+        examples_per_s=round(outcome.tried / outcome.search_s, 2) if outcome.search_s else 0.0,
+        search_s=outcome.search_s,
+        wall_s=outcome.wall_s,
+        stopped=outcome.budget_hit,
+        skipped=outcome.skipped,
+        errors=[{"scenario": e.get("scenario"), "error": e.get("error")} for e in outcome.errors],
+        found=_found(outcome.found),
+        shrunk=_found(outcome.shrunk_failure),
+        shrink=None
+        if shrunk is None
+        else ShrinkRecord(
+            steps=shrunk.steps, asked=shrunk.asked, refused=shrunk.refused, rounds=shrunk.rounds, minimal=shrunk.minimal
+        ),
+        written=written,
+    )
+
+
+def _show(report: Any, console: Any) -> None:
+    said = f"sglfix search on {report.codebase} ({report.device}): {report.tried} examples in {report.search_s:.1f} s"
+    said += f" ({report.examples_per_s:.2f}/s)"
+    console.print(said, highlight=False, markup=False)
+    if report.errors:
+        console.print(
+            f"ERROR: sglfix itself failed on {len(report.errors)} cell(s), e.g. {report.errors[0]['scenario']}",
+            highlight=False,
+            markup=False,
+        )
+    if report.found is None:
+        console.print(f"nothing found: {report.stopped}", highlight=False, markup=False)
+        return
+    f, s = report.found, report.shrunk or report.found
+    console.print(f"found: {f.name}: {f.verdict} {f.key_figure}", highlight=False, markup=False)
+    if report.shrink is not None:
+        steps = ", ".join(report.shrink.steps) or "nothing smaller fails the same way"
+        console.print(
+            f"shrunk in {report.shrink.rounds} round(s), {report.shrink.asked} smaller scenario(s) run: {steps}",
+            highlight=False,
+            markup=False,
+        )
+    console.print(f"smallest: {s.name}: {s.verdict} {s.key_figure}", highlight=False, markup=False)
+    if report.written:
+        console.print(
+            f"written: {report.written} (sglfix run --scenario-file {report.written})", highlight=False, markup=False
+        )
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "search",
+        help="Find a scenario no one wrote that fails on the code as it is (--target baseline) or with a revert "
+        "(--revert IDS), drawn from the scenario schema, and shrink it to the smallest that still fails the same way.",
+    )(search_cmd)
