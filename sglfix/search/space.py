@@ -41,6 +41,9 @@ _SMALL_HEADS = (1, 2, 4, 8)
 _SMALL_HEAD_DIMS = (16, 32, 64)
 _SMALL_PAGES = (1, 2, 4, 16, 64)
 DRAWS_PER_EXAMPLE = 2
+# Examples of one kind drawn per hypothesis run; a kind's examples are these blocks in turn.
+BLOCK = 8
+MAX_BLOCKS = 10_000
 
 
 @dataclass(frozen=True)
@@ -327,19 +330,37 @@ def scenarios(draw: Any, space: Space, kind: tuple[str, str]) -> tuple[dict, Sce
 
 def examples(space: Space, *, count: int, seed: int) -> list[tuple[dict, Scenario]]:
     """``count`` distinct valid examples (fewer where the space holds fewer), the same for the same
-    seed, every kind in turn (round robin): hypothesis draws each kind's share, nothing fails, so it
+    seed, every kind in turn (round robin); a larger ``count`` gives these first and more after
+    them. Hypothesis draws each kind's share in blocks of its own seed; nothing fails, so it
     neither shrinks nor stores anything."""
     every = kinds(space)
     share = -(-count // len(every))
-    drawn = [_draw(space, kind, count=share, seed=_kind_seed(seed, kind)) for kind in every]
+    drawn = [_kind_examples(space, kind, count=share, seed=seed) for kind in every]
     out: list[tuple[dict, Scenario]] = []
     for i in range(share):
         out += [d[i] for d in drawn if i < len(d)]
     return out[:count]
 
 
-def _kind_seed(seed: int, kind: tuple[str, str]) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}:{kind[0]}:{kind[1]}".encode()).digest()[:8], "big")
+def _kind_examples(space: Space, kind: tuple[str, str], *, count: int, seed: int) -> list[tuple[dict, Scenario]]:
+    """The first ``count`` distinct examples of one kind: block after block, each drawn from its own
+    seed, so that what a block holds does not depend on how many are asked for."""
+    out: dict[str, tuple[dict, Scenario]] = {}
+    for block in range(MAX_BLOCKS):
+        if len(out) >= count:
+            break
+        fresh = 0
+        for example in _draw(space, kind, count=BLOCK, seed=_kind_seed(seed, kind, block)):
+            if example[1].name not in out:
+                out[example[1].name] = example
+                fresh += 1
+        if not fresh:
+            break  # the kind's space is spent
+    return list(out.values())[:count]
+
+
+def _kind_seed(seed: int, kind: tuple[str, str], block: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{kind[0]}:{kind[1]}:{block}".encode()).digest()[:8], "big")
 
 
 def _draw(space: Space, kind: tuple[str, str], *, count: int, seed: int) -> list[tuple[dict, Scenario]]:

@@ -1,0 +1,147 @@
+"""``sglfix search`` against what it must find: the live bugs a hand-written probe found, and a
+scenario for each toggle part of a catalogue, from the generic space alone (no built-in scenario is
+in it). Each search is a whole ``python -m sglfix search`` process, timed from outside; its report,
+the shrunk scenario it wrote, and whether that scenario fails again through ``sglfix run`` (with the
+revert) and passes without it (for a revert) are recorded.
+
+    python bench/search_bench.py --json bench/results/search-cpu.json [--bugs] [--reverts PROFILE ...]
+        [--examples N] [--device cpu|cuda] [--seed K]
+
+Exit 1 when a recorded shrunk scenario does not fail again as the search said.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from relpaths import relativize
+
+# name -> (the global options, the search options, what it must show)
+BUGS = {
+    "req-to-token-headroom-ps1-tree": (
+        ["--profile", "sglang-0.5.23"],
+        ["--family", "probes", "--mode", "DECODE"],
+        "the req_to_token headroom bug at page size 1 with tree drafting (topk > 1)",
+    ),
+    "draft-extend-view-bucket": (
+        ["--profile", "sglang-0.5.23"],
+        ["--family", "probes", "--mode", "DRAFT_EXTEND_V2"],
+        "the spec-v2 draft-extend replay view (padding rows of the bucket)",
+    ),
+}
+
+
+def sglfix(*args: str, cwd: str, timeout: float = 3600) -> tuple[int, str, str, float]:
+    start = time.perf_counter()
+    r = subprocess.run(
+        [sys.executable, "-m", "sglfix", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
+    return r.returncode, r.stdout, r.stderr, round(time.perf_counter() - start, 2)
+
+
+def one(name: str, glob: list[str], opts: list[str], *, revert: str | None, common: list[str], work: Path) -> dict:
+    out, report = work / f"{name}.yaml", work / f"{name}.json"
+    args = [*glob, "search", *opts, *(["-r", revert] if revert else []), *common, "-o", str(out), "--json", str(report)]
+    code, _, stderr, wall = sglfix(*args, cwd=str(work))
+    row: dict = {"command": "sglfix " + " ".join(args), "exit": code, "process_s": wall}
+    if not report.exists():
+        row["error"] = stderr.strip().splitlines()[-1:] or [f"exit {code}"]
+        return row
+    data = json.loads(report.read_text())
+    row.update({k: data[k] for k in ("tried", "examples_per_s", "search_s", "wall_s", "stopped", "errors")})
+    row["found"] = data["found"] and {k: data["found"][k] for k in ("name", "verdict", "key_figure")}
+    row["shrunk"] = data["shrunk"] and {
+        k: data["shrunk"][k] for k in ("name", "verdict", "check", "key_figure", "node")
+    }
+    row["shrink"] = data["shrink"]
+    if data["shrunk"] is not None:
+        device = common[common.index("--device") + 1]
+        again = [*glob, "run", "--scenario-file", str(out), "--device", device, "--no-cache"]
+        with_revert = sglfix(*again, *(["-r", revert] if revert else []), cwd=str(work))
+        row["replayed"] = {"fails": with_revert[0] == 1 and data["shrunk"]["verdict"] in with_revert[1]}
+        if revert:
+            without = sglfix(*again, cwd=str(work))
+            row["replayed"]["passes_without_revert"] = without[0] == 0
+    return row
+
+
+def parts_of(profile: str) -> list[str]:
+    """Every part id of every toggle of ``profile`` (a whole toggle where it has one part)."""
+    code, stdout, stderr, _ = sglfix("--profile", profile, "list", "--json", cwd=".")
+    if code != 0:
+        raise SystemExit(f"sglfix list failed: {stderr}")
+    ids = []
+    for toggle in json.loads(stdout)["toggles"]:
+        parts = toggle.get("parts") or []
+        ids += [f"{toggle['id']}:{p}" for p in parts] if len(parts) > 1 else [str(toggle["id"])]
+    return ids
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--bugs", action="store_true")
+    ap.add_argument("--reverts", nargs="*", default=[], metavar="PROFILE")
+    ap.add_argument("--examples", type=int, default=200)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    common = ["--device", args.device, "--examples", str(args.examples), "--seed", str(args.seed), "--no-cache"]
+    result: dict = {
+        "what": __doc__.split("\n\n")[0].replace("\n", " "),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": platform.machine(),
+        "device": args.device,
+        "examples_budget": args.examples,
+        "seed": args.seed,
+        "bugs": {},
+        "reverts": {},
+    }
+    bad = 0
+    with tempfile.TemporaryDirectory(prefix="sglfix-search-") as tmp:
+        work = Path(tmp)
+        if args.bugs:
+            for name, (glob, opts, what) in BUGS.items():
+                row = one(name, glob, opts, revert=None, common=common, work=work)
+                row["what"] = what
+                result["bugs"][name] = row
+                bad += bool(row.get("shrunk")) and not row["replayed"]["fails"]
+                print(name, "found" if row.get("found") else "not found", row.get("process_s"), flush=True)
+        for profile in args.reverts:
+            rows = {}
+            for rid in parts_of(profile):
+                row = one(
+                    f"{profile}-{rid.replace(':', '-')}",
+                    ["--profile", profile],
+                    [],
+                    revert=rid,
+                    common=common,
+                    work=work,
+                )
+                rows[rid] = row
+                if row.get("shrunk"):
+                    bad += not (row["replayed"]["fails"] and row["replayed"]["passes_without_revert"])
+                print(profile, rid, "found" if row.get("found") else "not found", row.get("process_s"), flush=True)
+            found = sum(1 for r in rows.values() if r.get("found"))
+            result["reverts"][profile] = {
+                "parts": len(rows),
+                "found": found,
+                "share": round(found / len(rows), 3) if rows else None,
+                "rows": rows,
+            }
+    Path(args.json).write_text(json.dumps(relativize(result), indent=1) + "\n")
+    _ = yaml  # the shrunk scenarios are read back by sglfix run itself
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
