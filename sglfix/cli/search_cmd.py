@@ -4,6 +4,7 @@ revert (with --revert), and shrink it to the smallest that still does. The space
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import typer
@@ -123,11 +124,18 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
         raise ConfigError("--target revert looks for what a revert shows: name it with --revert IDS")
     _check_output(given["output"])
     known = known_of(opts.active_profile())
-    scope = target(opts)
+    fixes = _known_fixes(opts, known) if not ids else {}
+    scope = target(opts, apply=list(fixes))
     space = space_for(scope.codebase, family=given["family"], mode=given["mode"])
     runner = Runner(Settings.of(given), scope, what="search")
     base = tuple(runner.env)
-    goal = SearchTarget(base=base, revert=tuple(ids))
+    goal = SearchTarget(
+        base=base,
+        revert=tuple(ids),
+        known_fixes=tuple(
+            (c.id, fixes[os.path.realpath(c.path)]) for c in scope.candidates if os.path.realpath(c.path) in fixes
+        ),
+    )
     if ids:
         from sglfix.execution.planner import merge_sets
         from sglfix.search.space import examples
@@ -165,6 +173,25 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
     if outcome.errors:
         raise typer.Exit(1)
     raise typer.Exit(1 if outcome.found is not None else 0)
+
+
+def _known_fixes(opts: Any, known: Any) -> dict[str, str]:
+    """path -> the known divergence it clears, for each candidate fix the profile keeps beside its
+    known divergences that applies to this code base (one that does not is left out)."""
+    from sglfix.execution.known import fix_path
+    from sglfix.toggling.candidate import load_candidate
+
+    profile, out = opts.active_profile(), {}
+    for k in known:
+        if not k.cleared_by:
+            continue
+        path = os.path.realpath(fix_path(profile, k.cleared_by))
+        try:
+            load_candidate(path, codebase=opts.codebase())
+        except ConfigError:
+            continue
+        out.setdefault(path, f"{k.scenario} ({k.cleared_by} clears it)")
+    return out
 
 
 def _check_output(path: str | None) -> None:
@@ -236,6 +263,7 @@ def _report(
         errors=[{"scenario": e.get("scenario"), "error": e.get("error")} for e in outcome.errors],
         found=_found(outcome.found),
         shrunk=_found(outcome.shrunk_failure),
+        known=outcome.known,
         shrink=None
         if shrunk is None
         else ShrinkRecord(
@@ -268,6 +296,9 @@ def _show(report: Any, console: Any) -> None:
             markup=False,
         )
     console.print(f"smallest: {s.name}: {s.verdict} {s.key_figure}", highlight=False, markup=False)
+    if report.target == "baseline":
+        said = f"known divergence {report.known}" if report.known else "new: no known divergence's fix clears it"
+        console.print(said, highlight=False, markup=False)
     if report.written:
         console.print(
             f"written: {report.written} (sglfix run --scenario-file {report.written})", highlight=False, markup=False

@@ -36,6 +36,9 @@ class SearchTarget:
 
     base: tuple[str, ...] = ()
     revert: tuple[str, ...] = ()
+    # A baseline search: (candidate fix id, the known divergence it clears) for each fix the
+    # profile keeps beside its known divergences; a find one of them clears is that divergence.
+    known_fixes: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
@@ -77,6 +80,8 @@ class SearchOutcome:
     errors: list[dict] = field(default_factory=list)  # cells sglfix itself failed on
     skipped: int = 0  # examples no cell could run here (SKIP)
     budget_hit: str | None = None  # why the search stopped without a find (examples or time)
+    # The known divergence the smallest find is (its candidate fix makes it pass), if any.
+    known: str | None = None
     info: dict = field(default_factory=dict)
 
 
@@ -168,9 +173,24 @@ def run_search(
         if outcome.found is not None:
             say(f"search: found {outcome.found.scenario.name}: {signature(outcome.found.cell)[0]}; shrinking")
             outcome.shrunk, outcome.shrunk_failure = _shrink(judge, outcome.found, space=space, say=say)
+            outcome.known = _known(pool, outcome.shrunk_failure or outcome.found, target=target)
         outcome.info = dict(getattr(pool, "info", {}) or outcome.info)
     outcome.wall_s = round(clock() - start, 2)
     return outcome
+
+
+def _known(pool: Any, failure: Failure, *, target: SearchTarget) -> str | None:
+    """The known divergence whose candidate fix makes ``failure``'s scenario pass, if any: the find
+    is then that bug (under a scenario no one wrote), not a new one."""
+    from sglfix.execution.planner import PlannedCell
+
+    if not target.known_fixes:
+        return None
+    cells = [PlannedCell(failure.scenario, (*target.base, fix)) for fix, _ in target.known_fixes]
+    for (_, what), result in zip(target.known_fixes, pool.run(cells)):
+        if result.verdict == "PASS":
+            return what
+    return None
 
 
 def _shrink(judge: _Judge, found: Failure, *, space: Space, say: Callable[[str], None]) -> tuple[Shrunk, Failure]:

@@ -62,6 +62,9 @@ class SearchReport(ClosedModel):
     found: FoundCell | None
     shrunk: FoundCell | None
     shrink: ShrinkRecord | None
+    # A baseline find that a known divergence's candidate fix clears is that divergence (its scenario
+    # glob and fix); None for a revert, or a find no known fix clears (a new bug).
+    known: str | None = None
     written: str | None  # the scenario file -o wrote
 
     def to_json(self) -> dict[str, Any]:

@@ -73,3 +73,19 @@ def test_a_budget_that_finds_nothing_says_so_and_exits_0(tmp_path):
 )
 def test_bad_input_is_one_line_before_any_cell(args, needles):
     assert_one_line_error(run_cli("search", "--device", "cpu", *args), *needles)
+
+
+def test_a_live_bug_is_found_on_real_sglang_and_named_for_the_known_divergence_its_fix_clears(tmp_path):
+    # From the generic space alone: the req_to_token headroom bug at page size 1 with tree drafting.
+    report = tmp_path / "search.json"
+    result = run_cli(
+        "--profile", "sglang-0.5.23", "search", "--family", "probes", "--mode", "DECODE", "--device", "cpu",
+        "--examples", "60", "--no-cache", "--json", str(report), subprocess=True, timeout=300,
+    )  # fmt: skip
+    assert result.code == 1, (result.out, result.err)
+    data = json.loads(report.read_text())
+    shrunk = data["shrunk"]
+    assert shrunk["verdict"] == "INVARIANT" and shrunk["node"]["probe"] == "req-to-token-headroom"
+    assert shrunk["node"]["page_size"] == 1 and shrunk["node"]["spec"]["topk"] > 1
+    assert data["known"] == "probe-req-to-token-tree-ps1 (fixes/req-to-token-headroom-ps1.patch clears it)"
+    assert "known divergence probe-req-to-token-tree-ps1" in result.out
