@@ -17,6 +17,7 @@ machine, a null read): both the code's faults, the cell's CRASH.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -110,4 +111,12 @@ def install() -> bool:
 
 
 def _extend_unmodelled(*args: Any, **kwargs: Any) -> None:
+    # The extend op takes the extend's lengths, offsets and masks besides what the decode kernel
+    # takes: a call shaped as the decode kernel's (a decode handed to the wrong op) is one the op
+    # refuses, the code's fault. Any other call is an extend sglfix does not model.
+    if len(args) + len(kwargs) == len(inspect.signature(decode_attention_cpu).parameters):
+        raise BrokenContract(
+            "sgl_kernel.extend_attention_cpu handed the decode kernel's arguments (the op takes the extend's "
+            "lengths and offsets too): the op refuses the call"
+        )
     raise NotImplementedError("sglfix models sgl_kernel's decode_attention_cpu only (CPU graphs are decode-only)")

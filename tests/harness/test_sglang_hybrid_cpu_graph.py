@@ -56,3 +56,20 @@ def test_a_wrong_cpu_graph_is_seen(tmp_path: Path, module, old, new, needle):
         assert cell["verdict"] == "DIVERGE", (name, cell["verdict"], cell["findings"][:2])
         messages = [f["message"] for f in cell["findings"] if f["verdict"] == "DIVERGE"]
         assert any(needle in m for m in messages), (name, messages[:3])
+
+
+def test_a_decode_handed_to_the_extend_kernel_is_the_codes_crash(tmp_path: Path):
+    # The decode's call made to sgl_kernel's extend op: the op refuses the decode's arguments, a CRASH
+    # of the code under test, never an ERROR of sglfix's (which models the decode kernel only).
+    require_sglang()
+    patch = breaking_patch(
+        tmp_path,
+        "intel_amx_backend",
+        "self.decode_attention_fwd = torch.ops.sgl_kernel.decode_attention_cpu",
+        "self.decode_attention_fwd = torch.ops.sgl_kernel.extend_attention_cpu",
+    )
+    cells = by_scenario(run_cli(tmp_path, "-s", GLOB, "--apply", str(patch))["cells"], patched=True)
+    assert len(cells) == 8, sorted(cells)
+    for name, cell in cells.items():
+        assert cell["verdict"] == "CRASH", (name, cell["verdict"], cell["findings"][:2])
+        assert "extend_attention_cpu handed the decode kernel's arguments" in cell["findings"][0]["message"]

@@ -66,3 +66,20 @@ def test_a_rank_reading_what_it_does_not_own_is_seen_where_it_happens(tmp_path: 
         assert cell["verdict"] == "INVARIANT", (name, cell["verdict"], cell["findings"][:2])
         messages = [f["message"] for f in cell["findings"] if f["verdict"] == "INVARIANT"]
         assert any(needle in m for m in messages), (name, messages[:3])
+
+
+def test_a_backend_built_without_its_rank_is_the_codes_crash(tmp_path: Path):
+    # A backend that never sets its rank fails where its own metadata code reads it: a CRASH of the
+    # code under test, not a release sglfix cannot drive (ERROR) nor one without DCP (SKIP).
+    require_sglang()
+    patch = breaking_patch(
+        tmp_path,
+        "triton_backend",
+        "            self.dcp_rank = get_parallel().attn_dcp_rank",
+        "            pass",
+    )
+    cells = by_scenario(run_cli(tmp_path, "-s", GLOB, "--apply", str(patch))["cells"], patched=True)
+    assert len(cells) == 10, sorted(cells)
+    for name, cell in cells.items():
+        assert cell["verdict"] == "CRASH", (name, cell["verdict"], cell["findings"][:2])
+        assert "no attribute 'dcp_rank'" in cell["findings"][0]["message"], cell["findings"][0]
