@@ -50,19 +50,19 @@ def test_a_bound_read_is_the_bound_validation_enforces(field):
 def test_every_example_is_a_scenario_the_code_base_runs_and_the_seed_fixes_them(profile):
     cb = get_codebase(profile)
     space = space_for(cb)
-    drawn = examples(space, count=120, seed=5)
-    assert len(drawn) == 120
+    drawn = examples(space, count=60, seed=5)
+    assert len(drawn) == 60
     for node, scenario in drawn:
         # As a scenario file: the same validation again, and runnable here.
         assert to_scenario(node, codebase=cb) == scenario
         check_scenarios_runnable([scenario], cb)
-    again = examples(space, count=120, seed=5)
+    again = examples(space, count=60, seed=5)
     assert [s.name for _, s in again] == [s.name for _, s in drawn]
-    other = examples(space, count=120, seed=6)
+    other = examples(space, count=60, seed=6)
     assert [s.name for _, s in other] != [s.name for _, s in drawn]
     # A larger budget tries these first: a find of a small search is a find of a larger one.
-    more = examples(space, count=200, seed=5)
-    assert [s.name for _, s in more[:120]] == [s.name for _, s in drawn]
+    more = examples(space, count=100, seed=5)
+    assert [s.name for _, s in more[:60]] == [s.name for _, s in drawn]
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -79,7 +79,7 @@ def test_every_mode_of_every_backend_and_every_probe_is_drawn_in_turn(profile):
 
 def test_edges_are_drawn_graph_padding_and_page_boundaries():
     cb = get_codebase("sglang-0.5.23")
-    drawn = [s for _, s in examples(space_for(cb, family="triton"), count=400, seed=2)]
+    drawn = [s for _, s in examples(space_for(cb, family="triton"), count=200, seed=2)]
     assert any(s.padded for s in drawn)
     assert any(s.cuda_graph and not s.padded for s in drawn)
     assert any(
