@@ -74,16 +74,24 @@ def one(name: str, glob: list[str], opts: list[str], *, revert: str | None, comm
     return row
 
 
-def parts_of(profile: str) -> list[str]:
-    """Every part id of every toggle of ``profile`` (a whole toggle where it has one part)."""
+def parts_of(profile: str) -> dict[str, bool]:
+    """Every part id of every toggle of ``profile`` (a whole toggle where it has one part) -> whether
+    the catalogue expects some scenario to show it reverted alone (a part whose every expectation
+    alone is PASS, a refactor or an assertion its sizing part keeps from firing, shows nothing by
+    design and is left out of the share)."""
     code, stdout, stderr, _ = sglfix("--profile", profile, "list", "--json", cwd=".")
     if code != 0:
         raise SystemExit(f"sglfix list failed: {stderr}")
-    ids = []
+    out: dict[str, bool] = {}
     for toggle in json.loads(stdout)["toggles"]:
         parts = toggle.get("parts") or []
-        ids += [f"{toggle['id']}:{p}" for p in parts] if len(parts) > 1 else [str(toggle["id"])]
-    return ids
+        ids = [f"{toggle['id']}:{p}" for p in parts] if len(parts) > 1 else [str(toggle["id"])]
+        code, shown, stderr, _ = sglfix("--profile", profile, "show", str(toggle["id"]), "--json", cwd=".")
+        expect = json.loads(shown).get("expect") or [] if code == 0 else []
+        for rid in ids:
+            alone = [e for e in expect if e.get("revert") in ([rid], [str(toggle["id"])] if len(ids) == 1 else [rid])]
+            out[rid] = any(e.get("verdict") != ["PASS"] for e in alone)
+    return out
 
 
 def main() -> int:

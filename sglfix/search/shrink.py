@@ -33,10 +33,16 @@ _OPTIONAL = (
 
 
 def _shorter(value: int, *, page: int, low: int) -> list[int]:
-    """Shorter lengths than ``value`` (never below ``low``), biggest cut first."""
+    """Shorter lengths than ``value`` (never below ``low``), biggest cut first: ``low``, half, the
+    page boundary below, and ``value`` less each power of two below it (so a length that must stay
+    long shrinks in a few rounds, not one position a round)."""
     below = value - (value % page or page)
-    out = [low, value // 2, below, value - 1]
-    return list(dict.fromkeys(v for v in out if low <= v < value))
+    steps = []
+    step = 1
+    while step < value - low:
+        steps.append(value - step)
+        step *= 2
+    return sorted({v for v in (low, value // 2, below, *steps) if low <= v < value})
 
 
 Edit = Callable[[dict], None]

@@ -35,6 +35,9 @@ __all__ = ["Space", "examples", "kinds", "node_name", "scenario_nodes", "scenari
 # The search's working sizes: far inside the schema's limits, where a cell takes a second.
 DEFAULT_MAX_REQUESTS = 4
 DEFAULT_MAX_PAGES = 4
+# Lengths reach this far whatever the page: a row, a buffer or a context sized for a few hundred
+# positions overflows only past them (a draft's topk x prefix, a graph's bs x context).
+DEFAULT_MAX_TOKENS = 160
 # Head shapes the search tries where a backend does not pin them (small: the metadata does not
 # scale with heads, the cell's time does).
 _SMALL_HEADS = (1, 2, 4, 8)
@@ -57,6 +60,7 @@ class Space:
     modes: tuple[str, ...] | None = None
     max_requests: int = DEFAULT_MAX_REQUESTS
     max_pages: int = DEFAULT_MAX_PAGES
+    max_tokens: int = DEFAULT_MAX_TOKENS
 
     def modes_of(self, backend: str) -> tuple[str, ...]:
         """The modes ``backend``'s adapter runs on the code base, within ``--mode``."""
@@ -133,10 +137,12 @@ def _near(edges: list[int], *, low: int, high: int) -> st.SearchStrategy[int]:
 
 
 def _tokens(draw: Any, *, page: int, space: Space, low: int, extra: list[int] = ()) -> int:
-    """A length near a page boundary (or an extra edge: the window, a bucket), within the space's pages."""
+    """A length near a page boundary, a power of two (or an extra edge: the window, a bucket), within
+    the space's pages and tokens."""
     kind = field_kind(BatchNode, "prefix_lens")
-    high = min(kind.high, space.max_pages * page + 1)
-    edges = [k * page for k in range(space.max_pages + 1)] + list(extra)
+    high = min(kind.high, max(space.max_pages * page + 1, space.max_tokens))
+    powers = [2**k for k in range(high.bit_length())]
+    edges = [k * page for k in range(space.max_pages + 1)] + powers + list(extra)
     return draw(_near(edges, low=max(low, kind.low), high=max(high, low)))
 
 
@@ -149,12 +155,12 @@ def _page_size(allowed: tuple[int, ...] | None) -> st.SearchStrategy[int]:
 @st.composite
 def _spec(draw: Any, rule: Any) -> dict:
     topk_kind, steps_kind, tokens_kind = (field_kind(SpecShape, n) for n in ("topk", "num_steps", "num_draft_tokens"))
-    topk = draw(st.integers(topk_kind.low, min(rule.max_topk, 4, topk_kind.high)))
+    topk = draw(st.integers(topk_kind.low, min(rule.max_topk, 8, topk_kind.high)))
     # A multi-step draft runs num_steps - 1 attention steps: at least one.
     low = max(steps_kind.low, 2 if rule.new_tokens == "draft_steps" else 1)
     steps = draw(st.integers(low, min(5, steps_kind.high)))
     room = draft_tree_capacity(topk=topk, num_steps=steps) if rule.draft_tree else 8
-    tokens = draw(st.integers(tokens_kind.low, max(tokens_kind.low, min(room, 8, tokens_kind.high))))
+    tokens = draw(st.integers(tokens_kind.low, max(tokens_kind.low, min(room, 16, tokens_kind.high))))
     return {"topk": topk, "num_steps": steps, "num_draft_tokens": tokens}
 
 
@@ -201,6 +207,10 @@ def _backend_node(draw: Any, space: Space, backend: str, mode: str) -> dict:
     spec = draw(_spec(rule))
     bs = draw(st.integers(1, space.max_requests))
     node: dict[str, Any] = {"backend": backend, "mode": mode, "page_size": page, "spec": spec}
+    builders = tuple(b for b in field_kind(ScenarioNode, "builder").choices if b in rule.builders)
+    if len(builders) > 1:
+        # The kit's batch or the production glue's (a spec-v2 draft extend): the glue's own bugs.
+        node["builder"] = draw(st.sampled_from(builders))
     model = draw(_model(brule))
     window = None
     if mode in brule.sliding_window_modes and backend in cb.sliding_window and draw(st.booleans()):

@@ -14,12 +14,12 @@ from sglfix.report.search import SearchReport
 from sglfix.search.shrink import reductions
 from sglfix.search.space import to_scenario
 
-FIND = ["search", "-r", "27460", "--family", "flashinfer_mla", "--device", "cpu", "--examples", "40", "--no-cache"]
+FIND = ["search", "-r", "27460", "--family", "flashinfer_mla", "--mode", "DRAFT_DECODE", "--device", "cpu", "--examples", "40"]
 
 
 def test_a_revert_is_found_and_shrunk_to_a_scenario_file_that_shows_it(tmp_path):
-    out, report = tmp_path / "found.yaml", tmp_path / "search.json"
-    result = run_cli(*FIND, "-o", str(out), "--json", str(report), subprocess=True, timeout=300)
+    out, report, store = tmp_path / "found.yaml", tmp_path / "search.json", str(tmp_path / "store")
+    result = run_cli(*FIND, "--cache", store, "-o", str(out), "--json", str(report), subprocess=True, timeout=300)
     assert result.code == 1, (result.out, result.err)
     data = SearchReport.model_validate(json.loads(report.read_text()))
     assert data.target == "revert" and data.revert == ["27460"] and data.found is not None
@@ -42,9 +42,9 @@ def test_a_revert_is_found_and_shrunk_to_a_scenario_file_that_shows_it(tmp_path)
     shrunk = {k: v for k, v in node.items() if k not in ("name", "description")}
     assert to_scenario(shrunk, codebase=cb).name == data.shrunk.name
     assert reductions(shrunk)
-    # The same seed, the same search.
+    # The same seed, the same search (its cells served by the result store the first one filled).
     again = tmp_path / "again.json"
-    run_cli(*FIND, "--json", str(again), subprocess=True, timeout=300)
+    run_cli(*FIND, "--cache", store, "--json", str(again), subprocess=True, timeout=300)
     assert json.loads(again.read_text())["shrunk"]["name"] == data.shrunk.name
 
 
