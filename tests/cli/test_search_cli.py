@@ -14,7 +14,8 @@ from sglfix.report.search import SearchReport
 from sglfix.search.shrink import reductions
 from sglfix.search.space import to_scenario
 
-FIND = ["search", "-r", "27460", "--family", "flashinfer_mla", "--mode", "DRAFT_DECODE", "--device", "cpu", "--examples", "40"]
+FIND = ["search", "-r", "27460", "--family", "flashinfer_mla", "--mode", "DRAFT_DECODE", "--device", "cpu"]
+FIND += ["--examples", "40"]
 
 
 def test_a_revert_is_found_and_shrunk_to_a_scenario_file_that_shows_it(tmp_path):
