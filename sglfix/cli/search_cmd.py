@@ -217,18 +217,18 @@ def _write_scenario(path: str, failure: Any) -> str:
 
 def _found(failure: Any) -> Any:
     from sglfix.execution.search import signature
+    from sglfix.report.context import key_figure
     from sglfix.report.search import FoundCell
 
     if failure is None:
         return None
     verdict, check = signature(failure.cell)
-    figure = next((f.get("message", "") for f in failure.cell.get("findings") or () if f.get("verdict") == verdict), "")
     return FoundCell(
         name=failure.scenario.name,
         node=failure.node,
         verdict=verdict,
         check=check,
-        key_figure=figure,
+        key_figure=key_figure(failure.cell),
         base_verdict=failure.base_cell.get("verdict") if failure.base_cell is not None else None,
     )
 

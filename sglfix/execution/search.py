@@ -52,9 +52,9 @@ class SearchTarget:
 def signature(cell: dict) -> tuple[str, str]:
     """The verdict and the check of a failing cell: its key finding's message with every number
     left out (a smaller batch fails the same check at other rows)."""
-    verdict = cell.get("verdict", "")
-    message = next((f.get("message", "") for f in cell.get("findings") or () if f.get("verdict") == verdict), "")
-    return verdict, re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "N", message)
+    from sglfix.report.context import key_figure
+
+    return cell.get("verdict", ""), re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "N", key_figure(cell))
 
 
 @dataclass
