@@ -563,9 +563,17 @@ def _declared(codebase: Any, patterns: Sequence[str]) -> list[str]:
 
 
 def _could_hold(module: str, glob: str) -> bool:
-    """Whether a function of ``module`` could match ``glob`` (a cheap filter before parsing)."""
-    head = glob.split("*", 1)[0]
-    return module.startswith(head.rsplit(".", 1)[0]) if "." in head else True
+    """Whether a function of ``module`` could match ``glob`` (a cheap filter before parsing): its
+    names are ``module.f`` and ``module.Class.f``, so a full dotted pattern's fixed head and
+    ``module.`` must be one a prefix of the other; a pattern that is not rooted at the package
+    matches as a name's tail (``_matches``), which any module could hold."""
+    head = glob.split("*", 1)[0].split("?", 1)[0]
+    if "." not in head:
+        return True
+    here = module + "."
+    if here.startswith(head) or head.startswith(here):
+        return True
+    return not head.startswith(module.split(".", 1)[0] + ".")
 
 
 def mutants_on_surface(*, codebase: Any, functions: Sequence[str] = (), operators: Any = None) -> list[Any]:

@@ -207,6 +207,19 @@ def test_show_prints_the_patch_apply_reads(tmp_path):
     assert [p.target for p in load_candidate(f, codebase=cb).part.patches] == [m.function]
 
 
+def test_function_patterns_name_a_method_by_its_full_or_its_tail_dotted_name():
+    """A method's full dotted name (as a campaign's report spells it) and a dotted tail of it find
+    its mutants, as its own name does (the full name found none: the file filter cut the class)."""
+    from sglfix.execution.mutate import mutants_on_surface
+
+    cb = get_codebase("reproduction")
+    full = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend._fill_kv_indices"
+    by_name = {m.id for m in mutants_on_surface(codebase=cb, functions=("_fill_kv_indices",))}
+    assert by_name
+    for pattern in (full, "triton_backend.TritonAttnBackend._fill_kv_indices", "*.TritonAttnBackend._fill_kv_*"):
+        assert {m.id for m in mutants_on_surface(codebase=cb, functions=(pattern,))} == by_name, pattern
+
+
 def test_a_function_of_a_packages_init_is_named_by_the_package():
     """sglang defines a function in a package's own ``__init__.py`` (``qsa.__getattr__``): its
     mutants carry ``package.function``, so that ``--show`` over the whole surface finds them (it
