@@ -5,7 +5,13 @@ the shrunk scenario it wrote, and whether that scenario fails again through ``sg
 revert) and passes without it (for a revert) are recorded.
 
     python bench/search_bench.py --json bench/results/search-cpu.json [--bugs] [--reverts PROFILE ...]
-        [--examples N] [--device cpu|cuda] [--seed K]
+        [--survivors MUTATE_REPORT.json --profile P] [--examples N] [--device cpu|cuda] [--seed K]
+
+With ``--survivors``, a campaign's committed survivors (``sglfix mutate``'s report, or a bench
+file with a ``survivors`` list) are each looked up by function, line, operator and change among
+the mutants of the installed code base, and searched for with ``--mutant`` (one shared result
+store: an example's base cell runs once for all); a kill is replayed as ``sglfix run
+--scenario-file FOUND --apply MUTANT.patch`` (``mutate --show``'s diff), which must break a cell.
 
 Exit 1 when a recorded shrunk scenario does not fail again as the search said.
 """
@@ -73,6 +79,72 @@ def one(name: str, glob: list[str], opts: list[str], *, revert: str | None, comm
     return row
 
 
+def survivor_ids(path: str, *, profile: str, skip_families: set[str]) -> list[dict]:
+    """The survivors of a campaign's report with their mutant ids on the installed code base (the
+    committed summary names them by function, line, operator and change, not by id)."""
+    from sglfix.execution.mutate import mutants_on_surface
+    from sglfix.toggling.profiles import resolve_profile
+
+    data = json.loads(Path(path).read_text())
+    rows = [r for r in data.get("survivors", data.get("mutants", [])) if r.get("status") == "survived"]
+    rows = [r for r in rows if r.get("family") not in skip_families]
+    codebase = resolve_profile(option=profile).profile
+    root = codebase.package + ".srt."
+    by_function: dict[str, list] = {}
+    out = []
+    for r in rows:
+        function = r["function"] if r["function"].startswith(codebase.package + ".") else root + r["function"]
+        if function not in by_function:
+            by_function[function] = mutants_on_surface(codebase=codebase, functions=(function,))
+        hits = [
+            m
+            for m in by_function[function]
+            if m.line == r["line"] and m.operator == r["operator"] and m.mutated.strip() == r["mutated"].strip()
+        ]
+        out.append({**r, "function": function, "id": hits[0].id if len(hits) == 1 else None, "matches": len(hits)})
+    return out
+
+
+def kill(row: dict, *, profile: str, common: list[str], store: Path, work: Path) -> dict:
+    """One survivor searched for with --mutant; a kill replayed through run --apply."""
+    mid, function = row["id"], row["function"]
+    out, report = work / f"{mid}.yaml", work / f"{mid}.json"
+    glob = ["--profile", profile]
+    args = [*glob, "search", "--mutant", mid, "--function", function, *common, "--cache", str(store)]
+    args += ["-o", str(out), "--json", str(report)]
+    code, _, stderr, wall = sglfix(*args, cwd=str(work))
+    keep = ("family", "function", "line", "operator", "mutated", "id")
+    res: dict = {**{k: row[k] for k in keep}, "exit": code, "process_s": wall}
+    if not report.exists():
+        res["error"] = stderr.strip().splitlines()[-1:] or [f"exit {code}"]
+        return res
+    data = json.loads(report.read_text())
+    res.update({k: data[k] for k in ("tried", "search_s", "stopped", "timeouts")})
+    res["errors"] = len(data["errors"])
+    final = data["shrunk"] or data["found"]
+    res["killed"] = final is not None
+    if final is not None:
+        res["by"] = {k: final[k] for k in ("name", "meaning", "said", "node")}
+        res["shrink"] = data["shrink"]
+        patch = work / f"{mid}.patch"
+        shown = sglfix(*glob, "mutate", "--show", mid, "--function", function, cwd=str(work))
+        patch.write_text(shown[1])
+        again = sglfix(
+            *glob,
+            "run",
+            "--scenario-file",
+            str(out),
+            "--apply",
+            str(patch),
+            "--device",
+            common[common.index("--device") + 1],
+            "--no-cache",
+            cwd=str(work),
+        )
+        res["replayed"] = {"exit": again[0], "breaks": again[0] == 1}
+    return res
+
+
 def parts_of(profile: str) -> dict[str, bool]:
     """Every part id of every toggle of ``profile`` (a whole toggle where it has one part) -> whether
     the catalogue expects some scenario to show it reverted alone (a part whose every expectation
@@ -116,6 +188,11 @@ def main() -> int:
     ap.add_argument("--examples", type=int, default=200)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--survivors", metavar="MUTATE_REPORT.json")
+    ap.add_argument("--profile", default="sglang-0.5.23")
+    ap.add_argument("--skip-family", action="append", default=[], help="families whose kernels cannot run here")
+    ap.add_argument("--time", type=float, default=None, help="each search's --time")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N survivors (a trial)")
     args = ap.parse_args()
     common = ["--device", args.device, "--examples", str(args.examples), "--seed", str(args.seed), "--no-cache"]
     result: dict = {
@@ -155,6 +232,43 @@ def main() -> int:
                     bad += not (row["replayed"]["fails"] and row["replayed"]["passes_without_revert"])
                 print(profile, rid, "found" if row.get("found") else "not found", row.get("process_s"), flush=True)
             result["reverts"][profile] = share_of(rows)
+        if args.survivors:
+            store = work / "store"
+            opts = [*common[:-1], *(["--time", str(args.time)] if args.time else [])]  # the store is shared
+            rows = survivor_ids(args.survivors, profile=args.profile, skip_families=set(args.skip_family))
+            killed = []
+            for row in rows[: args.limit]:
+                if row["id"] is None:
+                    killed.append({**row, "error": f"{row['matches']} mutants match it on the installed code"})
+                    continue
+                res = kill(row, profile=args.profile, common=opts, store=store, work=work)
+                killed.append(res)
+                bad += bool(res.get("killed")) and not res["replayed"]["breaks"]
+                print(
+                    row["family"],
+                    row["id"],
+                    "killed" if res.get("killed") else "survived",
+                    res.get("process_s"),
+                    flush=True,
+                )
+            n = len(killed)
+            k = sum(1 for r in killed if r.get("killed"))
+            result["survivors"] = {
+                "from": args.survivors,
+                "profile": args.profile,
+                "skipped_families": args.skip_family,
+                "searched": n,
+                "killed": k,
+                "share": round(k / n, 3) if n else None,
+                "by_family": {
+                    f: {
+                        "searched": sum(1 for r in killed if r["family"] == f),
+                        "killed": sum(1 for r in killed if r["family"] == f and r.get("killed")),
+                    }
+                    for f in sorted({r["family"] for r in killed})
+                },
+                "rows": killed,
+            }
     Path(args.json).write_text(json.dumps(relativize(result), indent=1) + "\n")
     return 1 if bad else 0
 

@@ -1,5 +1,6 @@
-"""``sglfix search``: find a scenario no one wrote that shows a bug (on the code as it is) or a
-revert (with --revert), and shrink it to the smallest that still does. The space is
+"""``sglfix search``: find a scenario no one wrote that shows a bug (on the code as it is), a
+revert (--revert), a patch's effect (--apply) or a mutant of ``sglfix mutate`` (--mutant, a kill),
+and shrink it to the smallest that still does. The space is
 ``sglfix.search``'s, the run ``sglfix.execution.search``'s, the report ``sglfix.report.search``'s."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+import sglfix.cli.mutate_cmd  # noqa: F401  (declares --function, which --mutant shares)
 from sglfix.cli.common import revert_ids, target
 from sglfix.cli.context import err, options, out
 from sglfix.cli.options import OPTIONS, takes
@@ -26,7 +28,8 @@ OPTIONS.update(
                     "--target",
                     metavar="WHAT",
                     help="baseline: a cell that fails on the code as it is (a live bug; a known divergence is none). "
-                    "With --revert the target is the revert: a cell that fails with it and passes without.",
+                    "revert (with --revert): a cell that fails with it and passes without. apply (with --apply) "
+                    "and mutant (with --mutant): a cell whose verdict the patch moves, as mutate kills a mutant.",
                 ),
             ],
             "baseline",
@@ -69,6 +72,30 @@ OPTIONS.update(
             ],
             0,
         ),
+        "mutant": (
+            Annotated[
+                str | None,
+                typer.Option(
+                    "--mutant",
+                    metavar="ID",
+                    help="Kill this mutant of sglfix mutate (an id of its report): a scenario whose verdict it "
+                    "moves. --function narrows where its id is looked up (faster).",
+                ),
+            ],
+            None,
+        ),
+        "resume": (
+            Annotated[
+                str | None,
+                typer.Option(
+                    "--resume",
+                    metavar="REPORT.json",
+                    help="Go on from an earlier search's --json report: the examples it tried are not run again "
+                    "(the same options, seed and code base).",
+                ),
+            ],
+            None,
+        ),
         "output": (
             Annotated[
                 str | None,
@@ -84,11 +111,15 @@ OPTIONS.update(
 SEARCH_OPTIONS = (
     "search_target",
     "revert",
+    "apply",
+    "mutant",
+    "function",
     "family",
     "mode",
     "examples",
     "seconds",
     "seed",
+    "resume",
     "output",
     "device",
     "jobs",
@@ -117,36 +148,44 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
     from sglfix.search.space import space_for
 
     opts = options(ctx)
-    if given["search_target"] not in ("baseline", "revert"):
-        raise ConfigError(f"--target {given['search_target']}: give baseline, or --revert IDS for a revert")
+    kind = _target_kind(given)
     ids = revert_ids(given["revert"])
-    if given["search_target"] == "revert" and not ids:
-        raise ConfigError("--target revert looks for what a revert shows: name it with --revert IDS")
     _check_output(given["output"])
+    resume = _resumed(given["resume"], given) if given["resume"] else []
     known = known_of(opts.active_profile())
-    fixes = _known_fixes(opts, known) if not ids else {}
-    scope = target(opts, apply=list(fixes))
-    space = space_for(scope.codebase, family=given["family"], mode=given["mode"])
+    fixes = _known_fixes(opts, known) if kind == "baseline" else {}
+    mutant = _mutant(opts, given["mutant"], functions=given["function"]) if kind == "mutant" else None
+    scope = target(opts, apply=list(fixes) or given["apply"])
+    if mutant is not None:
+        scope = _with_mutant(scope, mutant)
+    family = given["family"]
+    if family is None and mutant is not None:
+        family = _family_of(mutant, scope.codebase)
+    space = space_for(scope.codebase, family=family, mode=given["mode"])
     runner = Runner(Settings.of(given), scope, what="search")
     base = tuple(runner.env)
+    applied = tuple(c.id for c in scope.candidates) if kind in ("apply", "mutant") else ()
     goal = SearchTarget(
         base=base,
         revert=tuple(ids),
+        apply=applied,
+        kind=kind,
         known_fixes=tuple(
             (c.id, fixes[os.path.realpath(c.path)]) for c in scope.candidates if os.path.realpath(c.path) in fixes
         ),
     )
-    if ids:
+    if goal.change:
         from sglfix.execution.planner import merge_sets
         from sglfix.search.space import examples
 
-        merge_sets(base, ids, registry=scope.registry, what="--revert")
-        # Every revert the search applies, checked against the installed source before any worker.
+        if ids:
+            merge_sets(base, ids, registry=scope.registry, what="--revert")
+        # Every change the search applies, checked against the installed source before any worker.
         probe = examples(space, count=1, seed=given["seed"])
         runner.precheck(Plan(scenarios=[s for _, s in probe], sets=goal.sets))
         if runner.drifted:
             rid, why = next(iter(runner.drifted.items()))
-            raise ConfigError(f"{why}; search for a revert that still applies (--revert without {rid})")
+            raise ConfigError(f"{why}; search for a change that still applies (without {rid})")
     rules = Rules(mode="findings", known=tuple(Known.of(known)), base=base)
 
     def say(line: str) -> None:
@@ -160,12 +199,14 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
         rules=rules,
         budget=Budget(count=given["examples"], seed=given["seed"], seconds=given["seconds"]),
         say=say,
+        resume=resume,
     )
     written = None
     final = outcome.shrunk_failure or outcome.found
     if final is not None and given["output"] is not None:
         written = _write_scenario(given["output"], final)
     report = _report(opts, given, outcome, goal=goal, runner=runner, written=written, started=started)
+    report = report.model_copy(update={"family": family, "mutant": mutant.id if mutant is not None else None})
     if given["json_file"] is not None:
         write_json(given["json_file"], report.to_json())
     shown = err if given["json_file"] == "-" else out
@@ -175,13 +216,95 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
     raise typer.Exit(1 if outcome.found is not None else 0)
 
 
+_KINDS = ("baseline", "revert", "apply", "mutant")
+
+
+def _target_kind(given: dict) -> str:
+    """The target the options name: --revert, --apply or --mutant each name their own, one at a
+    time; --target, when given, must agree."""
+    named = [k for k, on in (("revert", given["revert"]), ("apply", given["apply"]), ("mutant", given["mutant"])) if on]
+    asked = given["search_target"]
+    if asked not in _KINDS:
+        raise ConfigError(f"--target {asked}: give one of {', '.join(_KINDS)}")
+    if len(named) > 1:
+        raise ConfigError(f"--{named[0]} and --{named[1]}: a search looks for one change at a time; give one")
+    if named and asked not in ("baseline", named[0]):
+        raise ConfigError(f"--target {asked} with --{named[0]}: leave --target out (--{named[0]} names the target)")
+    if not named and asked != "baseline":
+        option = {"revert": "--revert IDS", "apply": "--apply FIX.patch", "mutant": "--mutant ID"}[asked]
+        raise ConfigError(f"--target {asked} looks for what a change shows: name it with {option}")
+    if given["function"] and not given["mutant"]:
+        raise ConfigError("--function narrows where --mutant's id is looked up: give --mutant ID, or leave it out")
+    return named[0] if named else "baseline"
+
+
+def _mutant(opts: Any, mid: str, *, functions: Any) -> Any:
+    """Mutant ``mid`` of the installed code base (as ``mutate --show`` finds it)."""
+    from sglfix.common.schema import nearest
+    from sglfix.execution.mutate import check_function_patterns, mutants_on_surface
+
+    codebase = opts.codebase()
+    mid = mid.lstrip("+")
+    found = mutants_on_surface(codebase=codebase, functions=check_function_patterns(functions))
+    hit = next((m for m in found if m.id == mid), None)
+    if hit is None:
+        where = " of the functions --function names" if functions else ""
+        raise ConfigError(
+            f"--mutant {mid}: no mutant{where} of {codebase.package} has that id"
+            f"{nearest(mid, [m.id for m in found])}; give an id from a campaign's report (its code may have changed since)"
+        )
+    return hit
+
+
+def _with_mutant(scope: Any, mutant: Any) -> Any:
+    """``scope`` with the mutant's diff loaded as a candidate fix (what ``mutate`` runs)."""
+    import dataclasses
+    import tempfile
+
+    from sglfix.toggling.candidate import load_candidate
+
+    with tempfile.TemporaryDirectory(prefix="sglfix-mutant-") as folder:
+        path = os.path.join(folder, f"{mutant.id}.patch")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(mutant.diff)
+        try:
+            cand = load_candidate(path, codebase=scope.codebase)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace(path, f"{mutant.id}.patch")) from None
+    return dataclasses.replace(scope, registry=scope.registry.with_candidates([cand]), candidates=(cand,))
+
+
+def _family_of(mutant: Any, codebase: Any) -> str | None:
+    """The backend family a mutant's file is, where the code base has that backend (else the
+    whole space: common code serves every backend and the probes)."""
+    from sglfix.report.mutation import family_of
+
+    family = family_of(mutant.path)
+    return family if family in codebase.adapters else None
+
+
+def _resumed(path: str, given: dict) -> list[str]:
+    """The examples an earlier search (its --json report) tried, in order; refused where it
+    searched another target, space or seed."""
+    from sglfix.report.search import load_search_report
+
+    earlier = load_search_report(path, option="--resume")
+    for key, now in (("seed", given["seed"]), ("mode", given["mode"])):
+        if getattr(earlier, key) != now:
+            raise ConfigError(
+                f"--resume {path}: it searched with {key} {getattr(earlier, key)}, not {now}; give the same"
+            )
+    return list(earlier.record)
+
+
 def _known_fixes(opts: Any, known: Any) -> dict[str, str]:
     """path -> the known divergence it clears, for each candidate fix the profile keeps beside its
     known divergences that applies to this code base (one that does not is left out)."""
     from sglfix.execution.known import fix_path
     from sglfix.toggling.candidate import load_candidate
 
-    profile, out = opts.active_profile(), {}
+    profile = opts.active_profile()
+    out: dict[str, str] = {}
     for k in known:
         if not k.cleared_by:
             continue
@@ -216,20 +339,22 @@ def _write_scenario(path: str, failure: Any) -> str:
 
 
 def _found(failure: Any) -> Any:
-    from sglfix.execution.search import signature
     from sglfix.report.context import key_figure
     from sglfix.report.search import FoundCell
 
     if failure is None:
         return None
-    verdict, check = signature(failure.cell)
+    # A patch that clears a failure (FIXED) is shown by the failure it clears: its base cell's.
+    shown = failure.base_cell if failure.meaning == "FIXED" and failure.base_cell is not None else failure.cell
     return FoundCell(
         name=failure.scenario.name,
         node=failure.node,
-        verdict=verdict,
-        check=check,
-        key_figure=key_figure(failure.cell),
+        verdict=str(failure.cell.get("verdict", "")),
+        check=failure.same[1],
+        key_figure=key_figure(shown),
         base_verdict=failure.base_cell.get("verdict") if failure.base_cell is not None else None,
+        meaning=failure.meaning,
+        said=failure.said,
     )
 
 
@@ -270,6 +395,9 @@ def _report(
             steps=shrunk.steps, asked=shrunk.asked, refused=shrunk.refused, rounds=shrunk.rounds, minimal=shrunk.minimal
         ),
         written=written,
+        applied=list(goal.apply),
+        timeouts=outcome.timeouts,
+        record=list(outcome.record),
     )
 
 
@@ -288,6 +416,8 @@ def _show(report: Any, console: Any) -> None:
         return
     f, s = report.found, report.shrunk or report.found
     console.print(f"found: {f.name}: {f.verdict} {f.key_figure}", highlight=False, markup=False)
+    if f.said:
+        console.print(f"{f.meaning}: {f.said}", highlight=False, markup=False)
     if report.shrink is not None:
         steps = ", ".join(report.shrink.steps) or "nothing smaller fails the same way"
         console.print(

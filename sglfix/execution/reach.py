@@ -92,6 +92,7 @@ def run_reaching(
     base: tuple[str, ...],
     registry: Registry,
     on_result: Callable[[CellResult], None] | None = None,
+    record: tuple[str, ...] | None = None,
 ) -> list[CellResult]:
     """Results for ``cells`` in order: the ``base`` set's cells first (recording which targets
     they enter); as each baseline comes back its scenario's other cells join the line, each run
@@ -102,8 +103,10 @@ def run_reaching(
     goes to a worker, the others take its answer (``SettledCell``: one round trip per set, not
     per cell); where it did not answer NOT_REACHED, each of them goes to a worker and says for
     itself. Every cell, answered or run, goes through ``pool`` (the result store's layer answers
-    those it holds: a served baseline releases its scenario's other cells at once)."""
-    line = _Reaching(list(cells), base=base, registry=registry)
+    those it holds: a served baseline releases its scenario's other cells at once). ``record``:
+    what the baselines record instead of the other sets' targets (a superset: every function,
+    so that the result store serves a baseline to the next run whatever that one changes)."""
+    line = _Reaching(list(cells), base=base, registry=registry, record=record)
     pool.run(line.start(), on_result=on_result, feed=line.feed)
     return [r for r in line.results if r is not None]
 
@@ -111,10 +114,12 @@ def run_reaching(
 class _Reaching:
     """``run_reaching``'s line: which cell waits for which baseline, and the sets' probes."""
 
-    def __init__(self, cells: list[Any], *, base: tuple[str, ...], registry: Registry) -> None:
+    def __init__(
+        self, cells: list[Any], *, base: tuple[str, ...], registry: Registry, record: tuple[str, ...] | None = None
+    ) -> None:
         self.cells, self.base = cells, base
         self.extra = _reverted(cells, base=base, registry=registry)
-        self.record = _record_of(self.extra)
+        self.record = record if record is not None else _record_of(self.extra)
         self.results: list[CellResult | None] = [None] * len(cells)
         self.index: dict[int, int] = {}  # id of a cell sent to the pool -> its place in ``cells``
         self.sent: list[Any] = []  # keeps every sent cell alive, so that ids stay unique

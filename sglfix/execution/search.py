@@ -4,9 +4,16 @@ search's target, and the first that shows it shrunk to the smallest scenario tha
 
 Targets (``SearchTarget``): ``baseline`` finds a cell that fails on the code as it is (a live bug;
 a profile's known divergence is not one); ``revert`` finds a scenario where reverting the given
-toggle ids makes a cell fail that passes without them. A cell is "the same failure" while its
-verdict and its check (the key finding's message, numbers left out) stay the same. An ERROR (a
-failure of sglfix itself) is never a finding: it is counted and reported as what it is.
+toggle ids makes a cell fail that passes without them; ``apply`` (a candidate fix, or a mutant of
+``sglfix mutate`` loaded as one) finds a scenario where the change moves a verdict against the same
+cell without it, as ``mutate`` kills a mutant (``Rules.fix_meaning``: BROKEN, CHANGED or FIXED). A
+cell is "the same failure" while its verdict and its check (the key finding's message, numbers left
+out) stay the same, and for ``apply`` its meaning too. An ERROR (a failure of sglfix itself) is
+never a finding: it is counted and reported as what it is; a TIMEOUT says nothing either way.
+
+With a change (a revert or a patch), each example's base cell runs first and records which of the
+change's functions it enters; the changed cell runs only where it did (``run_reaching``): a change
+whose code an example never runs cannot show there.
 """
 
 from __future__ import annotations
@@ -22,7 +29,17 @@ from sglfix.scenario import Scenario
 from sglfix.search.shrink import Shrunk, shrink
 from sglfix.search.space import Space, examples, to_scenario
 
-__all__ = ["Budget", "Failure", "SearchOutcome", "SearchTarget", "run_search", "signature"]
+__all__ = [
+    "Budget",
+    "Failure",
+    "Search",
+    "SearchOutcome",
+    "SearchTarget",
+    "Shown",
+    "run_search",
+    "search_on",
+    "signature",
+]
 
 # Examples asked for at once: enough to keep every worker busy, few enough to stop soon after a find.
 BATCH_PER_JOB = 4
@@ -32,21 +49,36 @@ MIN_BATCH = 8
 @dataclass(frozen=True)
 class SearchTarget:
     """What a search looks for: ``base`` is the set every cell runs with (the environment's
-    reverts); ``revert`` the toggle ids whose effect it looks for (empty: the baseline itself)."""
+    reverts); ``revert`` the toggle ids whose effect it looks for, or ``apply`` the candidate
+    fix ids (a patch, a mutant) whose effect it looks for (neither: the baseline itself)."""
 
     base: tuple[str, ...] = ()
     revert: tuple[str, ...] = ()
+    apply: tuple[str, ...] = ()
     # A baseline search: (candidate fix id, the known divergence it clears) for each fix the
     # profile keeps beside its known divergences; a find one of them clears is that divergence.
     known_fixes: tuple[tuple[str, str], ...] = ()
+    # What the report calls an apply target: "mutant" (killing one) or "apply" (a patch).
+    kind: str = "apply"
+
+    def __post_init__(self) -> None:
+        if self.revert and self.apply:
+            raise ConfigError("search for one change at a time: --revert, or a patch (--apply / --mutant)")
+
+    @property
+    def change(self) -> tuple[str, ...]:
+        return self.revert or self.apply
 
     @property
     def name(self) -> str:
-        return "revert" if self.revert else "baseline"
+        return "revert" if self.revert else self.kind if self.apply else "baseline"
 
     @property
     def sets(self) -> list[tuple[str, ...]]:
-        return [self.base, (*self.base, *self.revert)] if self.revert else [self.base]
+        return [self.base, (*self.base, *self.change)] if self.change else [self.base]
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?(e[-+]?\d+)?")
 
 
 def signature(cell: dict) -> tuple[str, str]:
@@ -54,19 +86,28 @@ def signature(cell: dict) -> tuple[str, str]:
     left out (a smaller batch fails the same check at other rows)."""
     from sglfix.report.context import key_figure
 
-    return cell.get("verdict", ""), re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "N", key_figure(cell))
+    return cell.get("verdict", ""), _NUMBER.sub("N", key_figure(cell))
 
 
 @dataclass
 class Failure:
     """An example that shows the target: its node, its scenario, the failing cell (and the base
-    cell it is judged against, for a revert)."""
+    cell it is judged against, for a change), and for a patch what the change did there
+    (``meaning``: BROKEN, CHANGED or FIXED, and the judgement's sentence)."""
 
     node: dict
     scenario: Scenario
     cell: dict
     base_cell: dict | None
     why: str
+    meaning: str | None = None
+    said: str | None = None
+
+    @property
+    def same(self) -> tuple[str, ...]:
+        """What a smaller scenario must show to fail the same way."""
+        shown = self.cell if self.meaning != "FIXED" else (self.base_cell or self.cell)
+        return (*signature(shown), self.meaning or "")
 
 
 @dataclass
@@ -79,47 +120,111 @@ class SearchOutcome:
     shrunk_failure: Failure | None = None
     errors: list[dict] = field(default_factory=list)  # cells sglfix itself failed on
     skipped: int = 0  # examples no cell could run here (SKIP)
+    timeouts: int = 0  # examples whose cell ran out of time (says nothing of the target)
     budget_hit: str | None = None  # why the search stopped without a find (examples or time)
     # The known divergence the smallest find is (its candidate fix makes it pass), if any.
     known: str | None = None
     info: dict = field(default_factory=dict)
+    # The examples run, in order, up to the find: what a resumed search skips.
+    record: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Shown:
+    """An example's cells that show the target: the cell, its base cell (with a change), and for a
+    patch the judgement's meaning and sentence."""
+
+    cell: dict
+    base: dict | None
+    meaning: str | None = None
+    said: str | None = None
+
+    def failure(self, node: dict, scenario: Scenario) -> Failure:
+        f = Failure(node, scenario, self.cell, self.base, why="", meaning=self.meaning, said=self.said)
+        f.why = " ".join(x for x in f.same if x)
+        return f
+
+
+# What a patch must do to a cell to show: mutate's kill (``sglfix.report.mutation``).
+_MOVED = ("BROKEN", "CHANGED", "FIXED")
 
 
 class _Judge:
     """Runs examples' cells for the target and says which show it."""
 
-    def __init__(self, pool: Any, *, target: SearchTarget, rules: Any, outcome: SearchOutcome) -> None:
+    def __init__(
+        self, pool: Any, *, target: SearchTarget, rules: Any, outcome: SearchOutcome, registry: Any = None
+    ) -> None:
         from sglfix.execution.planner import PlannedCell
 
         self.pool, self.target, self.rules, self.outcome = pool, target, rules, outcome
+        self.registry = registry
         self._cell = PlannedCell
 
-    def run(self, scenarios: Sequence[Scenario]) -> list[tuple[dict, dict | None] | None]:
-        """For each scenario, (the target's cell, the base cell) where the target shows, else None."""
+    def run(self, scenarios: Sequence[Scenario]) -> list[Shown | None]:
+        """For each scenario, its cells where they show the target, else None."""
         cells = [self._cell(s, t) for t in self.target.sets for s in scenarios]
-        results = [r.to_json() for r in self.pool.run(cells)]
+        if self.target.change and self.registry is not None:
+            from sglfix.execution.reach import run_reaching
+            from sglfix.execution.settings import EVERY_FUNCTION
+
+            # Base cells record every function they enter: the result store then serves them to
+            # the next search of the same space whatever change it looks for (a campaign of
+            # mutants, one search each, runs each example's base cell once).
+            ran = run_reaching(
+                self.pool, cells, base=self.target.base, registry=self.registry, record=(EVERY_FUNCTION,)
+            )
+        else:
+            ran = self.pool.run(cells)
+        results = [r.to_json() for r in ran]
         n = len(scenarios)
-        out: list[tuple[dict, dict | None] | None] = []
+        out: list[Shown | None] = []
         for i in range(n):
             base = results[i]
-            top = results[n + i] if self.target.revert else base
-            out.append(self._shows(top, base if self.target.revert else None))
+            if not self.target.change:
+                out.append(self._fails(base))
+            elif self.target.apply:
+                out.append(self._moves(results[n + i], base))
+            else:
+                out.append(self._reverted(results[n + i], base))
         return out
 
-    def _shows(self, cell: dict, base: dict | None) -> tuple[dict, dict | None] | None:
+    def _unusable(self, *cells: dict) -> bool:
+        """A cell that says nothing of the target: ERROR (counted: sglfix failed), TIMEOUT, or SKIP."""
+        for c in cells:
+            if c.get("verdict") == "ERROR":
+                self.outcome.errors.append(c)
+                return True
+        if any(c.get("verdict") == "TIMEOUT" for c in cells):
+            self.outcome.timeouts += 1
+            return True
+        if any(c.get("verdict") == "SKIP" for c in cells):
+            self.outcome.skipped += 1
+            return True
+        return False
+
+    def _fails(self, cell: dict) -> Shown | None:
         from sglfix.report.meaning import Meaning
 
-        for c in (cell, base):
-            if c is not None and c.get("verdict") == "ERROR":
-                self.outcome.errors.append(c)
-                return None
-        if cell.get("verdict") == "SKIP":
-            self.outcome.skipped += 1
+        if self._unusable(cell):
             return None
-        if base is not None and self.rules.meaning(base, None)[0] is not Meaning.PASSED:
+        return Shown(cell, None) if self.rules.meaning(cell, None)[0] is Meaning.FAILED else None
+
+    def _reverted(self, cell: dict, base: dict) -> Shown | None:
+        from sglfix.report.meaning import Meaning
+
+        if self._unusable(cell, base):
+            return None
+        if self.rules.meaning(base, None)[0] is not Meaning.PASSED:
             return None  # a revert is judged where its baseline passes
-        meaning, _ = self.rules.meaning(cell, base)
-        return (cell, base) if meaning is Meaning.FAILED else None
+        return Shown(cell, base) if self.rules.meaning(cell, base)[0] is Meaning.FAILED else None
+
+    def _moves(self, cell: dict, base: dict) -> Shown | None:
+        if self._unusable(cell, base):
+            return None
+        meaning, said = self.rules.fix_meaning(cell, base)
+        name = getattr(meaning, "name", str(meaning))
+        return Shown(cell, base, name, said) if name in _MOVED else None
 
 
 @dataclass(frozen=True)
@@ -141,40 +246,98 @@ def run_search(
     budget: Budget,
     say: Callable[[str], None],
     clock: Callable[[], float] = time.perf_counter,
+    resume: Sequence[str] = (),
 ) -> SearchOutcome:
-    """Draw the budget's examples (deterministic from its seed), run them a batch at a time until
-    one shows the target or the budget is spent, then shrink that one."""
-    count, seconds, seed = budget.count, budget.seconds, budget.seed
+    """Draw the budget's examples (deterministic from its seed), run them a batch at a time on
+    ``runner``'s pool until one shows the target or the budget is spent, then shrink that one.
+    ``resume``: the names of the examples an earlier search of the same space and seed tried
+    (its report's record); they are not run again."""
     start = clock()
-    outcome = SearchOutcome()
-    drawn = examples(space, count=count, seed=seed)
+    drawn = _drawn(space, budget=budget, resume=resume)
+    with runner.pool() as pool:
+        search = Search(
+            space, target, rules, budget, registry=runner.target.registry, jobs=int(getattr(runner, "jobs", 1) or 1)
+        )
+        outcome = search_on(pool, drawn, search, say=say, clock=clock, start=start, resumed=len(resume))
+    outcome.record[:0] = list(resume)
+    return outcome
+
+
+def _drawn(space: Space, *, budget: Budget, resume: Sequence[str]) -> list[tuple[dict, Scenario]]:
+    drawn = examples(space, count=budget.count, seed=budget.seed)
     if not drawn:
         raise ConfigError("the search space holds no scenario the code base runs; widen --family / --mode")
-    with runner.pool() as pool:
-        outcome.info = dict(getattr(pool, "info", {}) or {})
-        judge = _Judge(pool, target=target, rules=rules, outcome=outcome)
-        batch = max(MIN_BATCH, BATCH_PER_JOB * int(getattr(runner, "jobs", 1) or 1))
-        for at in range(0, len(drawn), batch):
-            if seconds is not None and clock() - start >= seconds:
-                outcome.budget_hit = f"--time {seconds:g} s spent"
-                break
-            chunk = drawn[at : at + batch]
-            shown = judge.run([s for _, s in chunk])
-            outcome.tried += len(chunk)
-            say(f"search: {outcome.tried}/{len(drawn)} examples, {clock() - start:.0f} s")
-            hit = next(((ex, s) for ex, s in zip(chunk, shown) if s is not None), None)
-            if hit is not None:
-                (node, scenario), (cell, base) = hit
-                outcome.found = Failure(node, scenario, cell, base, why=" ".join(signature(cell)))
-                break
-        else:
-            outcome.budget_hit = f"--examples {count}: none showed the target"
-        outcome.search_s = round(clock() - start, 2)
-        if outcome.found is not None:
-            say(f"search: found {outcome.found.scenario.name}: {signature(outcome.found.cell)[0]}; shrinking")
-            outcome.shrunk, outcome.shrunk_failure = _shrink(judge, outcome.found, space=space, say=say)
-            outcome.known = _known(pool, outcome.shrunk_failure or outcome.found, target=target)
-        outcome.info = dict(getattr(pool, "info", {}) or outcome.info)
+    if resume:
+        names = [s.name for _, s in drawn[: len(resume)]]
+        if names != list(resume):
+            at = next((i for i, (a, b) in enumerate(zip(names, resume)) if a != b), len(names))
+            raise ConfigError(
+                f"--resume: the earlier search's example {at + 1} was {list(resume)[at] if at < len(resume) else '-'}"
+                f", this one draws {names[at] if at < len(names) else 'none there'}: not the same space, seed "
+                "and code base; resume with the options it ran with"
+            )
+    return drawn[len(resume) :]
+
+
+@dataclass(frozen=True)
+class Search:
+    """One search: where it draws, what it looks for, how cells are judged, its budget; the
+    registry the change's ids name (reachability reads their functions) and the workers' count
+    (a batch keeps each busy)."""
+
+    space: Space
+    target: SearchTarget
+    rules: Any
+    budget: Budget
+    registry: Any = None
+    jobs: int = 1
+
+
+def search_on(
+    pool: Any,
+    drawn: Sequence[tuple[dict, Scenario]],
+    search: Search,
+    *,
+    say: Callable[[str], None],
+    clock: Callable[[], float] = time.perf_counter,
+    start: float | None = None,
+    resumed: int = 0,
+) -> SearchOutcome:
+    """``run_search`` on an open pool (a campaign of searches shares one: its workers, its store).
+    ``resumed``: examples an earlier search tried, counted as tried."""
+    space, target, rules, budget = search.space, search.target, search.rules, search.budget
+    registry, jobs = search.registry, search.jobs
+    start = clock() if start is None else start
+    outcome = SearchOutcome(tried=resumed)
+    outcome.info = dict(getattr(pool, "info", {}) or {})
+    judge = _Judge(pool, target=target, rules=rules, outcome=outcome, registry=registry)
+    batch = max(MIN_BATCH, BATCH_PER_JOB * max(1, jobs))
+    total = resumed + len(drawn)
+    for at in range(0, len(drawn), batch):
+        if budget.seconds is not None and clock() - start >= budget.seconds:
+            outcome.budget_hit = f"--time {budget.seconds:g} s spent"
+            break
+        chunk = drawn[at : at + batch]
+        shown = judge.run([s for _, s in chunk])
+        for (_, scenario), cells in zip(chunk, shown):
+            outcome.record.append(scenario.name)
+            if cells is not None:
+                break  # the examples after a find were run, but are tried again by a resumed search
+        outcome.tried = resumed + len(outcome.record)
+        say(f"search: {outcome.tried}/{total} examples, {clock() - start:.0f} s")
+        hit = next(((ex, s) for ex, s in zip(chunk, shown) if s is not None), None)
+        if hit is not None:
+            (node, scenario), cells = hit
+            outcome.found = cells.failure(node, scenario)
+            break
+    else:
+        outcome.budget_hit = f"--examples {budget.count}: none showed the target"
+    outcome.search_s = round(clock() - start, 2)
+    if outcome.found is not None:
+        say(f"search: found {outcome.found.scenario.name}: {outcome.found.why}; shrinking")
+        outcome.shrunk, outcome.shrunk_failure = _shrink(judge, outcome.found, space=space, say=say)
+        outcome.known = _known(pool, outcome.shrunk_failure or outcome.found, target=target)
+    outcome.info = dict(getattr(pool, "info", {}) or outcome.info)
     outcome.wall_s = round(clock() - start, 2)
     return outcome
 
@@ -194,7 +357,7 @@ def _known(pool: Any, failure: Failure, *, target: SearchTarget) -> str | None:
 
 
 def _shrink(judge: _Judge, found: Failure, *, space: Space, say: Callable[[str], None]) -> tuple[Shrunk, Failure]:
-    wanted = signature(found.cell)
+    wanted = found.same
     last: dict[str, Failure] = {}
 
     def valid(node: dict) -> bool:
@@ -208,9 +371,10 @@ def _shrink(judge: _Judge, found: Failure, *, space: Space, say: Callable[[str],
         scenarios = [to_scenario(n, codebase=space.codebase) for n in nodes]
         out = []
         for node, scenario, shown in zip(nodes, scenarios, judge.run(scenarios)):
-            same = shown is not None and signature(shown[0]) == wanted
-            if same and shown is not None:
-                last[scenario.name] = Failure(node, scenario, shown[0], shown[1], why=" ".join(wanted))
+            failure = shown.failure(node, scenario) if shown is not None else None
+            same = failure is not None and failure.same == wanted
+            if failure is not None and same:
+                last[scenario.name] = failure
             out.append(same)
         say(f"search: shrinking, {sum(out)} of {len(out)} smaller scenarios still fail")
         return out

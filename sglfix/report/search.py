@@ -8,7 +8,7 @@ from pydantic import ConfigDict, Field
 
 from sglfix.common.schema import ClosedModel
 
-__all__ = ["FoundCell", "SearchReport", "ShrinkRecord"]
+__all__ = ["FoundCell", "SearchReport", "ShrinkRecord", "load_search_report"]
 
 
 class FoundCell(ClosedModel):
@@ -21,6 +21,10 @@ class FoundCell(ClosedModel):
     check: str
     key_figure: str
     base_verdict: str | None = None
+    # A patch's find (--apply, --mutant): what it did to the cell (BROKEN, CHANGED or FIXED, as
+    # mutate kills a mutant) and the judgement's sentence.
+    meaning: Literal["BROKEN", "CHANGED", "FIXED"] | None = None
+    said: str | None = None
 
 
 class ShrinkRecord(ClosedModel):
@@ -45,8 +49,10 @@ class SearchReport(ClosedModel):
     date: str
     device: str | None
     codebase: str
-    target: Literal["baseline", "revert"]
+    target: Literal["baseline", "revert", "apply", "mutant"]
     revert: list[str]
+    applied: list[str] = Field(default_factory=list)  # the patch's candidate id (--apply, --mutant)
+    mutant: str | None = None
     base: list[str]  # the environment's reverts every cell ran with
     family: str | None
     mode: str | None
@@ -66,6 +72,29 @@ class SearchReport(ClosedModel):
     # glob and fix); None for a revert, or a find no known fix clears (a new bug).
     known: str | None = None
     written: str | None  # the scenario file -o wrote
+    timeouts: int = Field(default=0, ge=0)  # examples whose cell ran out of time (no find either way)
+    # Every example run, in order, up to the find: what --resume skips (with the same seed, the
+    # space draws them again first).
+    record: list[str] = Field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
+
+
+def load_search_report(path: str, *, option: str) -> SearchReport:
+    """The search report in ``path``; a one-line ConfigError naming the file and the field else."""
+    from pydantic import ValidationError
+
+    from sglfix.common.errors import ConfigError
+    from sglfix.report.load import read_json_report
+
+    fix = "give a report sglfix search --json wrote"
+    data = read_json_report(path, kind="search report", fix=fix)
+    if not isinstance(data, dict) or data.get("tool") != "sglfix search":
+        raise ConfigError(f'{option} {path}: not a search report (no "tool": "sglfix search"); {fix}')
+    try:
+        return SearchReport.model_validate(data)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        where = ".".join(str(x) for x in e["loc"])
+        raise ConfigError(f"{option} {path}: {where}: {e['msg']}; {fix}") from None

@@ -1,6 +1,7 @@
 """``sglfix search`` end to end on the reproduction: a revert found from the generic space and
 shrunk to a scenario file the matrix runs (failing with the revert, passing without), the same for
-the same seed; a budget that finds nothing says so; bad input is one line before any cell."""
+the same seed; a mutant killed and a patch's effect found (replayed by ``run --apply``); a search
+resumed from its report; a budget that finds nothing says so; bad input is one line before any cell."""
 
 from __future__ import annotations
 
@@ -67,7 +68,13 @@ def test_a_budget_that_finds_nothing_says_so_and_exits_0(tmp_path):
         (["--family", "flashinfr"], ["--family flashinfr", "did you mean 'flashinfer'"]),
         (["--mode", "verify"], ["--mode verify: no such mode"]),
         (["--target", "revert"], ["--target revert", "--revert IDS"]),
-        (["--target", "mutant"], ["--target mutant: give baseline"]),
+        (["--target", "mutant"], ["--target mutant", "--mutant ID"]),
+        (["--target", "kill"], ["--target kill: give one of baseline, revert, apply, mutant"]),
+        (["-r", "27460", "--mutant", "m-0"], ["--revert and --mutant", "one change at a time"]),
+        (["--function", "_fill_kv_indices"], ["--function narrows", "--mutant ID"]),
+        (["--mutant", "m-00000000zz", "--function", "_fill_kv_indices"], ["--mutant m-00000000zz", "no mutant"]),
+        (["--apply", "/nonexistent.patch"], ["/nonexistent.patch"]),
+        (["--resume", "/nonexistent.json"], ["/nonexistent.json", "no such file"]),
         (["-r", "99999"], ["99999"]),
         (["-o", "/nonexistent-folder/x.yaml"], ["-o /nonexistent-folder/x.yaml", "does not exist"]),
     ],
@@ -90,3 +97,74 @@ def test_a_live_bug_is_found_on_real_sglang_and_named_for_the_known_divergence_i
     assert shrunk["node"]["page_size"] == 1 and shrunk["node"]["spec"]["topk"] > 1
     assert data["known"] == "probe-req-to-token-tree-ps1 (fixes/req-to-token-headroom-ps1.patch clears it)"
     assert "known divergence probe-req-to-token-tree-ps1" in result.out
+
+
+MUTANT_FUNCTION = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend._fill_kv_indices"
+
+
+def _mutant(description: str):
+    from sglfix.codebases import get_codebase
+    from sglfix.execution.mutate import mutants_on_surface
+
+    found = mutants_on_surface(codebase=get_codebase("reproduction"), functions=(MUTANT_FUNCTION,))
+    return next(m for m in found if m.description == description)
+
+
+def test_a_mutant_is_killed_and_the_kill_replays_through_run_apply(tmp_path):
+    """--mutant: a scenario whose verdict the mutant moves (mutate's kill), shrunk, written; ``run
+    --apply`` of the mutant's own diff (``mutate --show``) on that scenario breaks the cell."""
+    m = _mutant("+ 1 on kv_lens[:bs]")
+    out, report = tmp_path / "kill.yaml", tmp_path / "kill.json"
+    args = ["search", "--mutant", m.id, "--function", "_fill_kv_indices", "--device", "cpu", "--examples", "24"]
+    result = run_cli(*args, "--no-cache", "-o", str(out), "--json", str(report), subprocess=True, timeout=300)
+    assert result.code == 1, (result.out, result.err)
+    data = SearchReport.model_validate(json.loads(report.read_text()))
+    assert data.target == "mutant" and data.mutant == m.id and data.applied == ["+" + m.id]
+    assert data.family == "triton"  # the mutant's own family, where --family is not given
+    assert data.shrunk is not None and data.shrunk.meaning in ("BROKEN", "CHANGED", "FIXED")
+    assert data.record and data.record[-1] == data.found.name and len(data.record) == data.tried
+    patch = tmp_path / "m.patch"
+    shown = run_cli("mutate", "--show", m.id, "--function", "_fill_kv_indices", subprocess=True)
+    patch.write_text(shown.out)
+    replay = run_cli("run", "--scenario-file", str(out), "--apply", str(patch), "--device", "cpu", "--no-cache")
+    assert replay.code == 1, replay.out
+    # The same change as a patch file: --apply finds the same first example.
+    applied = tmp_path / "apply.json"
+    again = run_cli(
+        "search", "--apply", str(patch), "--family", "triton", "--device", "cpu", "--examples", "24", "--no-cache",
+        "--json", str(applied), subprocess=True, timeout=300,
+    )  # fmt: skip
+    assert again.code == 1, (again.out, again.err)
+    a = json.loads(applied.read_text())
+    assert a["target"] == "apply" and a["found"]["name"] == data.found.name
+
+
+def test_a_mutant_that_no_example_reaches_is_not_run_and_survives(tmp_path):
+    """An example whose base cell never enters the mutant's function cannot show it: only the base
+    cells run (reachability), and the search ends without a find."""
+    m = _mutant("+ 1 on kv_lens[:bs]")
+    report = tmp_path / "none.json"
+    result = run_cli(
+        "search", "--mutant", m.id, "--function", "_fill_kv_indices", "--family", "flashinfer", "--device", "cpu",
+        "--examples", "8", "--no-cache", "--json", str(report), subprocess=True, timeout=300,
+    )  # fmt: skip
+    assert result.code == 0, (result.out, result.err)
+    data = json.loads(report.read_text())
+    assert data["found"] is None and data["tried"] == 8 and data["errors"] == []
+
+
+def test_a_search_resumes_where_its_report_left_off(tmp_path):
+    """--resume REPORT: the examples the earlier search tried are not run again; the record goes on."""
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    base = ["search", "--family", "triton", "--mode", "DECODE", "--device", "cpu", "--no-cache"]
+    one = run_cli(*base, "--examples", "8", "--json", str(first), subprocess=True, timeout=300)
+    assert one.code == 0, one.err
+    two = run_cli(
+        *base, "--examples", "16", "--resume", str(first), "--json", str(second), subprocess=True, timeout=300
+    )
+    assert two.code == 0, two.err
+    a, b = json.loads(first.read_text()), json.loads(second.read_text())
+    assert b["tried"] == 16 and b["record"][:8] == a["record"] and len(set(b["record"])) == 16
+    assert "search: 16/16 examples" in two.err and "search: 8/16" not in two.err  # the first 8 not run again
+    other = run_cli(*base, "--examples", "16", "--seed", "3", "--resume", str(first))
+    assert_one_line_error(other, f"--resume {first}: it searched with seed 0, not 3")
