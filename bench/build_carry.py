@@ -6,7 +6,7 @@ no network), from the package registries, in one command:
 Parts (each into ``.cache/``, replacing what was there):
 
 * ``pydeps-whl/``: the wheels sglfix needs that the GPU image lacks (pydantic and its core,
-  junitparser, unidiff), for CPython 3.12 on x86-64 Linux.
+  junitparser, unidiff, hypothesis), for CPython 3.12 on x86-64 Linux.
 * ``fi-xz/fi-site.tar.xz``: FlashInfer 0.7.2.post1 slimmed (``bench/slim_flashinfer.py``) and
   apache-tvm-ffi, installed into one site folder and packed with xz (13 MB instead of 30).
 * ``sglang-gpu/``: sglang 0.5.23's Python files (``sglang-py.tar.xz``: the wheel installed
@@ -62,6 +62,9 @@ PYDEPS = [
     "typing-inspection==0.4.5",
     "junitparser==5.0.3",
     "unidiff==1.0.1",
+    # sglfix search draws its scenarios through hypothesis.
+    "hypothesis==6.170.17",
+    "sortedcontainers==2.4.0",
 ]
 FLASHINFER = "flashinfer-python==0.7.2.post1"
 TVM_FFI = "apache-tvm-ffi==0.1.15.post2"

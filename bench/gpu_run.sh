@@ -29,6 +29,8 @@
 # the matrix's -s selection, FI_MUTATE_SCENARIOS the campaign's (default -s sglang-fi-*; the FlashInfer-MLA
 # family: -s sglang-fimla-* -s fimla-draft-*); FI_TIMEOUT the campaign's seconds per cell, for a machine
 # whose FlashInfer JIT cache is cold).
+# ONLY=search runs sglfix search on real sglang with CUDA (the FlashInfer-MLA draft bug from the generic
+# space, replayed with and without its candidate fix; a live-bug search per SEARCH_FAMILIES).
 # ONLY=finding writes the FlashInfer-MLA finding (report finding on the H100) and runs the Triton
 # draft-extend scenarios with every part (PR 27545's expectations on CUDA).
 # Everything lands in $OUT; a short table is printed last.
@@ -445,6 +447,33 @@ if [ "${ONLY:-}" = finding ]; then
   COLUMNS=250 timeout 400 python3 -m sglfix matrix --profile sglang-0.5.23 --parts -s 'sglang-triton-draft-extend-v2*' \
     --device cuda --json "$OUT/matrix-draft-extend-cuda.json" > "$OUT/matrix-draft-extend-cuda.txt" 2>&1; echo "matrix rc=$?"
   grep -E "^(UNMET|unexpected|27545|sglfix matrix)" "$OUT/matrix-draft-extend-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g' | tail -12
+  save_sglang_caches
+  exit 0
+fi
+if [ "${ONLY:-}" = search ]; then
+  # sglfix search on real sglang and real kernels, from the generic space alone: the FlashInfer-MLA
+  # multi-step draft planned from seq_lens (the shrunk scenario replayed through run, failing, and
+  # with the profile's candidate fix, passing), then a live-bug search per family (SEARCH_FAMILIES)
+  # with every worker (FAMILY_TIME seconds of new examples each).
+  install_sglang
+  S="python3 -m sglfix --profile sglang-0.5.23"
+  log "search: FlashInfer-MLA draft decode on CUDA"
+  COLUMNS=250 timeout ${SEARCH_LIMIT:-300} $S search --family flashinfer_mla --mode DRAFT_DECODE --device cuda \
+    --examples ${SEARCH_EXAMPLES:-60} --no-cache --json "$OUT/search-fimla-cuda.json" -o "$OUT/search-fimla-cuda.yaml" 2>&1 \
+    | grep -v "^search: [0-9]" | tail -8; echo "search rc=${PIPESTATUS[0]}"
+  if [ -f "$OUT/search-fimla-cuda.yaml" ]; then
+    COLUMNS=250 $S run --scenario-file "$OUT/search-fimla-cuda.yaml" --device cuda --no-cache \
+      --json "$OUT/replay-fimla-cuda.json" 2>&1 | tail -3; echo "replay rc=${PIPESTATUS[0]}"
+    COLUMNS=250 $S run --scenario-file "$OUT/search-fimla-cuda.yaml" --device cuda --no-cache \
+      --apply profiles/sglang-0.5.23/fixes/fimla-draft-plan.patch --json "$OUT/replay-fimla-fix-cuda.json" 2>&1 | tail -3
+    echo "replay with the fix rc=${PIPESTATUS[0]}"
+  fi
+  for fam in ${SEARCH_FAMILIES:-flashinfer flashinfer_mla triton}; do
+    log "search: a live bug on real kernels, --family $fam"
+    COLUMNS=250 timeout ${FAMILY_LIMIT:-240} $S search --family "$fam" --device cuda --examples 1000 \
+      --time ${FAMILY_TIME:-90} --no-cache --json "$OUT/search-$fam-cuda.json" -o "$OUT/search-$fam-cuda.yaml" 2>&1 \
+      | grep -v "^search: [0-9]" | tail -8; echo "search $fam rc=${PIPESTATUS[0]}"
+  done
   save_sglang_caches
   exit 0
 fi

@@ -84,6 +84,18 @@ OPTIONS.update(
             ],
             None,
         ),
+        "where": (
+            Annotated[
+                list[str],
+                typer.Option(
+                    "--where",
+                    metavar="KEY=VALUE",
+                    help="Every drawn scenario holds this key at this value (a dotted key of the scenario "
+                    "schema, e.g. spec.topk=1; repeatable): look past a failure you know of.",
+                ),
+            ],
+            [],
+        ),
         "resume": (
             Annotated[
                 str | None,
@@ -119,6 +131,7 @@ SEARCH_OPTIONS = (
     "examples",
     "seconds",
     "seed",
+    "where",
     "resume",
     "output",
     "device",
@@ -145,12 +158,13 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
     from sglfix.execution.settings import Settings
     from sglfix.report.outcome import Known, Rules
     from sglfix.report.output import write_json
-    from sglfix.search.space import space_for
+    from sglfix.search.space import parse_pins, space_for
 
     opts = options(ctx)
     kind = _target_kind(given)
     ids = revert_ids(given["revert"])
     _check_output(given["output"])
+    pins = parse_pins(given["where"])
     resume = _resumed(given["resume"], given) if given["resume"] else []
     known = known_of(opts.active_profile())
     fixes = _known_fixes(opts, known) if kind == "baseline" else {}
@@ -161,7 +175,7 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
     family = given["family"]
     if family is None and mutant is not None:
         family = _family_of(mutant, scope.codebase)
-    space = space_for(scope.codebase, family=family, mode=given["mode"])
+    space = space_for(scope.codebase, family=family, mode=given["mode"], pins=pins)
     runner = Runner(Settings.of(given), scope, what="search")
     base = tuple(runner.env)
     applied = tuple(c.id for c in scope.candidates) if kind in ("apply", "mutant") else ()
@@ -206,7 +220,9 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
     if final is not None and given["output"] is not None:
         written = _write_scenario(given["output"], final)
     report = _report(opts, given, outcome, goal=goal, runner=runner, written=written, started=started)
-    report = report.model_copy(update={"family": family, "mutant": mutant.id if mutant is not None else None})
+    report = report.model_copy(
+        update={"family": family, "mutant": mutant.id if mutant is not None else None, "where": list(given["where"])}
+    )
     if given["json_file"] is not None:
         write_json(given["json_file"], report.to_json())
     shown = err if given["json_file"] == "-" else out
@@ -289,7 +305,7 @@ def _resumed(path: str, given: dict) -> list[str]:
     from sglfix.report.search import load_search_report
 
     earlier = load_search_report(path, option="--resume")
-    for key, now in (("seed", given["seed"]), ("mode", given["mode"])):
+    for key, now in (("seed", given["seed"]), ("mode", given["mode"]), ("where", list(given["where"]))):
         if getattr(earlier, key) != now:
             raise ConfigError(
                 f"--resume {path}: it searched with {key} {getattr(earlier, key)}, not {now}; give the same"
@@ -372,6 +388,7 @@ def _report(
         date=now(),
         device=outcome.info.get("device") or runner.device,
         codebase=runner.target.codebase.name,
+        installed=_installed(runner.target.codebase),
         target=goal.name,
         revert=list(goal.revert),
         base=list(goal.base),
@@ -401,8 +418,16 @@ def _report(
     )
 
 
+def _installed(codebase: Any) -> str | None:
+    from sglfix.codebases.installed import installed
+
+    found = installed(codebase)
+    return f"{found.distribution} {found.version}" if found is not None else None
+
+
 def _show(report: Any, console: Any) -> None:
-    said = f"sglfix search on {report.codebase} ({report.device}): {report.tried} examples in {report.search_s:.1f} s"
+    on = report.codebase if report.installed is None else f"{report.installed} (profile {report.codebase})"
+    said = f"sglfix search on {on} ({report.device}): {report.tried} examples in {report.search_s:.1f} s"
     said += f" ({report.examples_per_s:.2f}/s)"
     console.print(said, highlight=False, markup=False)
     if report.errors:

@@ -360,13 +360,6 @@ def _shrink(judge: _Judge, found: Failure, *, space: Space, say: Callable[[str],
     wanted = found.same
     last: dict[str, Failure] = {}
 
-    def valid(node: dict) -> bool:
-        try:
-            to_scenario(node, codebase=space.codebase)
-        except ConfigError:
-            return False
-        return True
-
     def still_fails(nodes: Sequence[dict]) -> list[bool]:
         scenarios = [to_scenario(n, codebase=space.codebase) for n in nodes]
         out = []
@@ -379,6 +372,6 @@ def _shrink(judge: _Judge, found: Failure, *, space: Space, say: Callable[[str],
         say(f"search: shrinking, {sum(out)} of {len(out)} smaller scenarios still fail")
         return out
 
-    shrunk = shrink(found.node, valid=valid, still_fails=still_fails)
+    shrunk = shrink(found.node, valid=space.admits, still_fails=still_fails)
     final = to_scenario(shrunk.node, codebase=space.codebase)
     return shrunk, last.get(final.name, found)

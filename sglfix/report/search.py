@@ -49,6 +49,7 @@ class SearchReport(ClosedModel):
     date: str
     device: str | None
     codebase: str
+    installed: str | None = None  # the code base as installed (distribution and version): a --release's
     target: Literal["baseline", "revert", "apply", "mutant"]
     revert: list[str]
     applied: list[str] = Field(default_factory=list)  # the patch's candidate id (--apply, --mutant)
@@ -56,6 +57,7 @@ class SearchReport(ClosedModel):
     base: list[str]  # the environment's reverts every cell ran with
     family: str | None
     mode: str | None
+    where: list[str] = Field(default_factory=list)  # --where KEY=VALUE pins every drawn scenario held
     seed: int
     examples: int = Field(ge=0)  # the budget asked for
     tried: int = Field(ge=0)

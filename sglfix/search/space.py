@@ -30,7 +30,17 @@ from sglfix.scenario.modes import PROBE_COMMON_KEYS, backend_rule, probe_rule, r
 from sglfix.scenario.rules import draft_tree_capacity
 from sglfix.search.schema_types import field_kind
 
-__all__ = ["Space", "examples", "kinds", "node_name", "scenario_nodes", "scenarios", "space_for", "to_scenario"]
+__all__ = [
+    "Space",
+    "examples",
+    "kinds",
+    "node_name",
+    "parse_pins",
+    "scenario_nodes",
+    "scenarios",
+    "space_for",
+    "to_scenario",
+]
 
 # The search's working sizes: far inside the schema's limits, where a cell takes a second.
 DEFAULT_MAX_REQUESTS = 4
@@ -61,6 +71,47 @@ class Space:
     max_requests: int = DEFAULT_MAX_REQUESTS
     max_pages: int = DEFAULT_MAX_PAGES
     max_tokens: int = DEFAULT_MAX_TOKENS
+    # --where: keys every drawn scenario holds at these values (a dotted path into the node).
+    pins: tuple[tuple[tuple[str, ...], Any], ...] = ()
+
+    def pinned(self, node: dict) -> dict:
+        """``node`` with the pinned keys set (a copy; the node itself where nothing is pinned)."""
+        if not self.pins:
+            return node
+        import copy
+
+        out = copy.deepcopy(node)
+        for path, value in self.pins:
+            at = out
+            for key in path[:-1]:
+                inner = at.get(key)
+                if not isinstance(inner, dict):
+                    inner = at[key] = {}
+                at = inner
+            at[path[-1]] = value
+        return out
+
+    def holds_pins(self, node: dict) -> bool:
+        for path, value in self.pins:
+            at: Any = node
+            for key in path:
+                if not isinstance(at, dict) or key not in at:
+                    return False
+                at = at[key]
+            if at != value:
+                return False
+        return True
+
+    def admits(self, node: dict) -> bool:
+        """Whether ``node`` is a scenario of this space: its pins held, and a scenario file with it
+        would load and run on the code base (what a shrinker's reduction must keep)."""
+        if not self.holds_pins(node):
+            return False
+        try:
+            to_scenario(node, codebase=self.codebase)
+        except ConfigError:
+            return False
+        return True
 
     def modes_of(self, backend: str) -> tuple[str, ...]:
         """The modes ``backend``'s adapter runs on the code base, within ``--mode``."""
@@ -87,9 +138,11 @@ def space_for(
     mode: str | None = None,
     max_requests: int = DEFAULT_MAX_REQUESTS,
     max_pages: int = DEFAULT_MAX_PAGES,
+    pins: tuple[tuple[tuple[str, ...], Any], ...] = (),
 ) -> Space:
     """The space of ``codebase``: every backend it has an adapter for and every probe it has, or
-    only ``family`` (a backend, or ``probes``) and ``mode``; ConfigError naming a bad one."""
+    only ``family`` (a backend, or ``probes``) and ``mode``, every scenario holding ``pins``
+    (``parse_pins``); ConfigError naming a bad one."""
     backends = tuple(b for b in field_kind(ScenarioNode, "backend").choices if b in codebase.adapters)
     probes = tuple(p for p in field_kind(ScenarioNode, "probe").choices if p in codebase.probes)
     if family is not None:
@@ -116,6 +169,7 @@ def space_for(
         modes=modes,
         max_requests=max_requests,
         max_pages=max_pages,
+        pins=pins,
     )
     if not any(space.modes_of(b) for b in backends) and not any(space.probe_modes(p) for p in probes):
         raise ConfigError(
@@ -328,8 +382,9 @@ def scenario_nodes(space: Space, kind: tuple[str, str]) -> st.SearchStrategy[dic
 
 @st.composite
 def scenarios(draw: Any, space: Space, kind: tuple[str, str]) -> tuple[dict, Scenario]:
-    """A drawn node and its runnable scenario; a node the code base refuses is rejected."""
-    node = draw(scenario_nodes(space, kind))
+    """A drawn node (with the space's pins set) and its runnable scenario; a node the code base
+    refuses is rejected."""
+    node = space.pinned(draw(scenario_nodes(space, kind)))
     try:
         return node, to_scenario(node, codebase=space.codebase)
     except ConfigError:
@@ -394,5 +449,55 @@ def _draw(space: Space, kind: tuple[str, str], *, count: int, seed: int) -> list
         if len(out) < count:
             out.setdefault(example[1].name, example)
 
-    collect()
+    from hypothesis.errors import Unsatisfiable
+
+    try:
+        collect()
+    except Unsatisfiable:
+        # Every draw refused (a kind whose scenarios cannot hold the --where pins): none here.
+        pass
     return list(out.values())
+
+
+def _model_of(annotation: Any) -> Any:
+    """The pydantic model a field holds (through Optional and Annotated), or None."""
+    import typing
+
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def parse_pins(given: Any, *, option: str = "--where") -> tuple[tuple[tuple[str, ...], Any], ...]:
+    """``KEY=VALUE`` items (a dotted key of the scenario schema, a YAML value) as the space's pins;
+    ConfigError naming a key the schema lacks (with the nearest) or an item without ``=``."""
+    import yaml
+
+    out = []
+    for item in given or ():
+        key, eq, text = str(item).partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"{option} {item}: give KEY=VALUE, e.g. {option} spec.topk=1")
+        path = tuple(key.strip().split("."))
+        model: Any = ScenarioNode
+        for i, part in enumerate(path):
+            fields = model.model_fields if model is not None else {}
+            if part not in fields:
+                known = [".".join((*path[:i], f)) for f in fields]
+                raise ConfigError(
+                    f"{option} {item}: the scenario schema has no key {'.'.join(path[: i + 1])}"
+                    f"{nearest('.'.join(path[: i + 1]), known)}; sglfix schema scenario lists them"
+                )
+            model = _model_of(fields[part].annotation) if i < len(path) - 1 else None
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ConfigError(f"{option} {item}: {text!r} is not a YAML value") from None
+        out.append((path, value))
+    return tuple(out)

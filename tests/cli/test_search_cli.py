@@ -75,6 +75,7 @@ def test_a_budget_that_finds_nothing_says_so_and_exits_0(tmp_path):
         (["--mutant", "m-00000000zz", "--function", "_fill_kv_indices"], ["--mutant m-00000000zz", "no mutant"]),
         (["--apply", "/nonexistent.patch"], ["/nonexistent.patch"]),
         (["--resume", "/nonexistent.json"], ["/nonexistent.json", "no such file"]),
+        (["--where", "spec.topkk=1"], ["--where spec.topkk=1", "did you mean 'spec.topk'"]),
         (["-r", "99999"], ["99999"]),
         (["-o", "/nonexistent-folder/x.yaml"], ["-o /nonexistent-folder/x.yaml", "does not exist"]),
     ],

@@ -114,3 +114,42 @@ def test_a_bad_family_or_mode_is_one_line_naming_it(given, needle):
         space_for(get_codebase("sglang-0.5.23"), **given)
     assert needle in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_where_pins_hold_in_every_example_and_the_shrinker_keeps_them():
+    """--where KEY=VALUE: every drawn scenario holds the pinned keys, and a reduction that would
+    change one (a smaller page, a smaller topk, the key left out) is not a scenario of the space."""
+    from sglfix.search.shrink import reductions
+    from sglfix.search.space import parse_pins
+
+    cb = get_codebase("sglang-0.5.23")
+    pins = parse_pins(["spec.topk=1", "page_size=16"])
+    space = space_for(cb, family="probes", mode="DECODE", pins=pins)
+    drawn = examples(space, count=16, seed=0)
+    assert drawn
+    for node, scenario in drawn:
+        assert node["spec"]["topk"] == 1 and node["page_size"] == 16, node
+        assert scenario.spec.topk == 1 and scenario.page_size == 16
+        assert space.admits(node)
+        for what, smaller in reductions(node):
+            if smaller.get("page_size") != 16 or smaller.get("spec", {}).get("topk") != 1:
+                assert not space.admits(smaller), what
+    free = examples(space_for(cb, family="probes", mode="DECODE"), count=16, seed=0)
+    assert {n["spec"]["topk"] for n, _ in free} != {1}  # without the pins the space draws others
+
+
+@pytest.mark.parametrize(
+    ("given", "needle"),
+    [
+        (["spec.topkk=1"], "no key spec.topkk (did you mean 'spec.topk'?)"),
+        (["pagesize=16"], "no key pagesize (did you mean 'page_size'?)"),
+        (["topk"], "--where topk: give KEY=VALUE"),
+        (["spec.topk=[1"], "not a YAML value"),
+    ],
+)
+def test_a_bad_pin_is_one_line_naming_it(given, needle):
+    from sglfix.search.space import parse_pins
+
+    with pytest.raises(ConfigError, match=None) as err:
+        parse_pins(given)
+    assert needle in str(err.value) and "\n" not in str(err.value)
