@@ -457,6 +457,14 @@ if [ "${ONLY:-}" = search ]; then
   # with every worker (FAMILY_TIME seconds of new examples each).
   install_sglang
   S="python3 -m sglfix --profile sglang-0.5.23"
+  for f in ${SEARCH_FILES:-}; do
+    # A scenario file a search wrote (or its variants), replayed on CUDA twice, nothing served.
+    for i in 1 2; do
+      COLUMNS=250 $S run --scenario-file "$f" --device cuda --no-cache --all --json "$OUT/replay-$(basename "$f" .yaml)-$i.json" 2>&1 \
+        | sed 's/\x1b\[[0-9;]*m//g' | grep -E "^│ [a-z]|^sglfix run" | cut -c1-220; echo "replay $f rc=${PIPESTATUS[0]}"
+    done
+  done
+  if [ "${SEARCH_FIMLA:-1}" = 1 ]; then
   log "search: FlashInfer-MLA draft decode on CUDA"
   COLUMNS=250 timeout ${SEARCH_LIMIT:-300} $S search --family flashinfer_mla --mode DRAFT_DECODE --device cuda \
     --examples ${SEARCH_EXAMPLES:-60} --no-cache --json "$OUT/search-fimla-cuda.json" -o "$OUT/search-fimla-cuda.yaml" 2>&1 \
@@ -468,13 +476,16 @@ if [ "${ONLY:-}" = search ]; then
       --apply profiles/sglang-0.5.23/fixes/fimla-draft-plan.patch --json "$OUT/replay-fimla-fix-cuda.json" 2>&1 | tail -3
     echo "replay with the fix rc=${PIPESTATUS[0]}"
   fi
+  fi
   for fam in ${SEARCH_FAMILIES:-flashinfer flashinfer_mla triton}; do
     log "search: a live bug on real kernels, --family $fam"
     COLUMNS=250 timeout ${FAMILY_LIMIT:-240} $S search --family "$fam" --device cuda --examples 1000 \
       --time ${FAMILY_TIME:-90} --no-cache --json "$OUT/search-$fam-cuda.json" -o "$OUT/search-$fam-cuda.yaml" 2>&1 \
       | grep -v "^search: [0-9]" | tail -8; echo "search $fam rc=${PIPESTATUS[0]}"
   done
-  save_sglang_caches
+  [ "${SAVE_CACHES:-1}" = 1 ] && save_sglang_caches
+  # One archive: a call hands back a few files only.
+  (cd "$OUT" && tar -czf search-out.tgz --remove-files ./*.json ./*.yaml sglang-check.* 2>/dev/null)
   exit 0
 fi
 if [ "${ONLY:-}" = sglang ] && [ -n "${SG_SCENARIOS:-}" ]; then

@@ -54,6 +54,11 @@ class ModeRule:
     # Every request brings the same number of new tokens (a diffusion LM's canvas, its block size):
     # a captured graph lays out that many query rows per request.
     canvas: bool = False
+    # The shortest prefix the engine runs this mode on: a decode, a verify or a draft follows the
+    # prompt's prefill, so a request has committed at least one token. The schema still takes 0
+    # (a kernel's layout case); ``sglfix search`` draws and shrinks only what the engine reaches
+    # (on CUDA, Triton's split heuristic gives a zero-length row no split: NaN, never served).
+    engine_min_prefix: int = 0
 
     @property
     def takes_extend_lens(self) -> bool:
@@ -98,7 +103,9 @@ class ModeRule:
 
 
 _RULES = (
-    ModeRule("DECODE", new_tokens="one", graph=True, gpu_only=True, max_topk=MAX_TOPK, builders=("kit",)),
+    ModeRule(
+        "DECODE", new_tokens="one", graph=True, gpu_only=True, max_topk=MAX_TOPK, builders=("kit",), engine_min_prefix=1
+    ),
     ModeRule("EXTEND", new_tokens="extend_lens", graph=False, gpu_only=False, max_topk=MAX_TOPK, builders=("kit",)),
     ModeRule(
         "TARGET_VERIFY",
@@ -108,6 +115,7 @@ _RULES = (
         max_topk=MAX_TOPK,
         builders=("kit",),
         draft_tree=True,
+        engine_min_prefix=1,
     ),
     ModeRule(
         "DRAFT_EXTEND",
@@ -118,14 +126,27 @@ _RULES = (
         builders=("kit",),
         host_reads=True,
         needs_accept_lens=True,
+        engine_min_prefix=1,
     ),
     ModeRule(
-        "DRAFT_EXTEND_V2", new_tokens="draft", graph=True, gpu_only=True, max_topk=MAX_TOPK, builders=("kit", "glue")
+        "DRAFT_EXTEND_V2",
+        new_tokens="draft",
+        graph=True,
+        gpu_only=True,
+        max_topk=MAX_TOPK,
+        builders=("kit", "glue"),
+        engine_min_prefix=1,
     ),
     # The multi-step EAGLE draft: num_steps - 1 decode steps, topk branches per request, each
     # step attending the prefix plus the branch's own draft path.
     ModeRule(
-        "DRAFT_DECODE", new_tokens="draft_steps", graph=True, gpu_only=False, max_topk=MAX_TOPK, builders=("kit",)
+        "DRAFT_DECODE",
+        new_tokens="draft_steps",
+        graph=True,
+        gpu_only=False,
+        max_topk=MAX_TOPK,
+        builders=("kit",),
+        engine_min_prefix=1,
     ),
     # A diffusion LM's block extend (sglang's DLLM_EXTEND, under --dllm-algorithm): each request
     # denoises a canvas of block-size tokens, which attend the encoded context and each other

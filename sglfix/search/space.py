@@ -26,7 +26,7 @@ from sglfix.common.errors import ConfigError
 from sglfix.common.schema import nearest, validate_node
 from sglfix.scenario.memory import check_memory
 from sglfix.scenario.models import BatchNode, CudaGraphNode, ModelShape, Scenario, ScenarioNode, SpecShape
-from sglfix.scenario.modes import PROBE_COMMON_KEYS, backend_rule, probe_rule, rule_for
+from sglfix.scenario.modes import MODE_RULES, PROBE_COMMON_KEYS, backend_rule, probe_rule, rule_for
 from sglfix.scenario.rules import draft_tree_capacity
 from sglfix.search.schema_types import field_kind
 
@@ -102,10 +102,16 @@ class Space:
                 return False
         return True
 
+    def reached_by_engine(self, node: dict) -> bool:
+        """Whether every request's prefix is one the engine runs the node's mode on
+        (``ModeRule.engine_min_prefix``)."""
+        low = rule_for(node.get("mode", "")).engine_min_prefix if node.get("mode") in MODE_RULES else 0
+        return all(p >= low for p in node.get("batch", {}).get("prefix_lens", ()))
+
     def admits(self, node: dict) -> bool:
         """Whether ``node`` is a scenario of this space: its pins held, and a scenario file with it
         would load and run on the code base (what a shrinker's reduction must keep)."""
-        if not self.holds_pins(node):
+        if not self.holds_pins(node) or not self.reached_by_engine(node):
             return False
         try:
             to_scenario(node, codebase=self.codebase)
@@ -272,8 +278,9 @@ def _backend_node(draw: Any, space: Space, backend: str, mode: str) -> dict:
         model["sliding_window"] = window
     node["model"] = model
     edges = [window, window + 1] if window else []
+    low = rule.engine_min_prefix
     batch: dict[str, Any] = {
-        "prefix_lens": [_tokens(draw, page=page, space=space, low=0, extra=edges) for _ in range(bs)]
+        "prefix_lens": [_tokens(draw, page=page, space=space, low=low, extra=edges) for _ in range(bs)]
     }
     if rule.takes_extend_lens:
         low = field_kind(BatchNode, "extend_lens").low
@@ -320,7 +327,8 @@ def _probe_node(draw: Any, space: Space, probe: str, mode: str) -> dict:
     spec = draw(_spec(rule))
     bs = draw(st.integers(1, space.max_requests))
     node: dict[str, Any] = {"probe": probe, "mode": mode}
-    batch: dict[str, Any] = {"prefix_lens": [_tokens(draw, page=page, space=space, low=0) for _ in range(bs)]}
+    low = rule.engine_min_prefix
+    batch: dict[str, Any] = {"prefix_lens": [_tokens(draw, page=page, space=space, low=low) for _ in range(bs)]}
     if rule.takes_extend_lens:
         low = field_kind(BatchNode, "extend_lens").low
         batch["extend_lens"] = [_tokens(draw, page=page, space=space, low=low) for _ in range(bs)]

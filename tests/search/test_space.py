@@ -153,3 +153,24 @@ def test_a_bad_pin_is_one_line_naming_it(given, needle):
     with pytest.raises(ConfigError, match=None) as err:
         parse_pins(given)
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_prefixes_are_ones_the_engine_runs_each_mode_on():
+    """A decode, a verify and a draft follow the prompt's prefill: the space never draws (nor the
+    shrinker reaches) an empty prefix there, which the schema still takes for a kernel's layout
+    case; an extend starts from nothing."""
+    from sglfix.scenario.modes import rule_for
+
+    cb = get_codebase("sglang-0.5.23")
+    space = space_for(cb)
+    drawn = examples(space, count=120, seed=1)
+    lows = collections.Counter()
+    for node, _ in drawn:
+        low = rule_for(node["mode"]).engine_min_prefix
+        assert min(node["batch"]["prefix_lens"]) >= low, node
+        lows[low] += 1
+        if low:
+            empty = {**node, "batch": {**node["batch"], "prefix_lens": [0] * len(node["batch"]["prefix_lens"])}}
+            assert not space.admits(empty)
+    assert lows[0] and lows[1]
+    assert rule_for("EXTEND").engine_min_prefix == 0 and rule_for("DRAFT_DECODE", "triton").engine_min_prefix == 1
