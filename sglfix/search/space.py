@@ -298,11 +298,57 @@ def _backend_node(draw: Any, space: Space, backend: str, mode: str) -> dict:
         node["cuda_graph"] = graph
     if rule.gpu_only and brule.gpu_only and draw(st.booleans()):
         node["gpu_only"] = True
+    _features(draw, node, space=space, brule=brule, rule=rule)
     if draw(st.booleans()):
         # The tightest context the batch fits, or a little above it: the headroom arithmetic's edge.
-        need = max(p + n for p, n in zip(batch["prefix_lens"], new))
+        new = _new_tokens(rule, node["batch"], spec, bs)
+        need = max(p + n for p, n in zip(node["batch"]["prefix_lens"], new))
         node["max_context_len"] = need + draw(st.integers(0, 3))
     return node
+
+
+def _sometimes(draw: Any) -> bool:
+    """A rarer feature is drawn one time in four: several at once are mostly refused together."""
+    return draw(st.integers(0, 3)) == 0
+
+
+def _features(draw: Any, node: dict, *, space: Space, brule: Any, rule: Any) -> None:
+    """The rarer keys, each where the code base's adapter for this backend builds it (its record's
+    feature lists) and the backend's mode table takes it: deterministic inference, a hybrid's
+    linear layer set and Mamba tracking, an encoder-decoder batch, a multi-item scoring batch,
+    decode context parallelism. What the schema then refuses is rejected like any other draw."""
+    cb, backend, mode, batch = space.codebase, node["backend"], node["mode"], node["batch"]
+    bs = len(batch["prefix_lens"])
+    if backend in cb.deterministic and _sometimes(draw):
+        node["deterministic"] = True
+    if backend in cb.linear_attention and _sometimes(draw):
+        node["model"]["linear_attention"] = draw(st.sampled_from(field_kind(ModelShape, "linear_attention").choices))
+    if backend in cb.mamba_track and mode in ("EXTEND", "DECODE") and _sometimes(draw):
+        if mode == "DECODE":
+            batch["mamba_track"] = [draw(st.integers(0, 1)) for _ in range(bs)]
+        else:
+            new = _new_tokens(rule, batch, node["spec"], bs)
+            # Tracked: the extend's end, or one past a 64-token chunk boundary inside it.
+            batch["mamba_track"] = [draw(st.sampled_from((0, n, min(n, 65)))) for n in new]
+            batch["mamba_track_host"] = draw(st.booleans())
+    if backend in cb.encoder_decoder and mode in brule.encoder_decoder_modes and _sometimes(draw):
+        node["model"]["cross_attention"] = draw(st.booleans())
+        batch["encoder_lens"] = [draw(st.integers(1, 2 * node.get("page_size", 1) + 1)) for _ in range(bs)]
+    if backend in cb.multi_item_scoring and mode in brule.multi_item_modes and _sometimes(draw):
+        items = []
+        for i in range(bs):
+            request = draw(st.none() | st.lists(st.integers(1, 6), min_size=1, max_size=3))
+            items.append(request)
+            if request is not None and isinstance(batch.get("extend_lens"), list):
+                # Room for a query, a delimiter before each item, the items and the closing one.
+                batch["extend_lens"][i] = max(batch["extend_lens"][i], sum(request) + len(request) + 2)
+        batch["items"] = items
+        if backend == "hybrid_linear":
+            batch["prefix_lens"] = [0] * bs  # the hybrid scores items with no cached prefix
+        node.pop("cuda_graph", None)
+        node["model"].pop("sliding_window", None)
+    if backend in cb.decode_context_parallel and mode in brule.dcp_modes and _sometimes(draw):
+        node["dcp_size"] = draw(st.sampled_from((2, 4)))
 
 
 def _new_tokens(rule: Any, batch: dict, spec: dict, bs: int) -> list[int]:
