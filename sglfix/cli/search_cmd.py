@@ -305,7 +305,14 @@ def _resumed(path: str, given: dict) -> list[str]:
     from sglfix.report.search import load_search_report
 
     earlier = load_search_report(path, option="--resume")
-    for key, now in (("seed", given["seed"]), ("mode", given["mode"]), ("where", list(given["where"]))):
+    same = (
+        ("seed", given["seed"]),
+        ("mode", given["mode"]),
+        ("where", list(given["where"])),
+        ("revert", list(given["revert"])),
+        ("mutant", given["mutant"].lstrip("+") if given["mutant"] else None),
+    )
+    for key, now in same:
         if getattr(earlier, key) != now:
             raise ConfigError(
                 f"--resume {path}: it searched with {key} {getattr(earlier, key)}, not {now}; give the same"
@@ -415,6 +422,7 @@ def _report(
         applied=list(goal.apply),
         timeouts=outcome.timeouts,
         record=list(outcome.record),
+        focus=list(outcome.focus),
     )
 
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sglfix.common.errors import ConfigError
 from sglfix.scenario import Scenario
 from sglfix.search.shrink import Shrunk, shrink
-from sglfix.search.space import Space, examples, to_scenario
+from sglfix.search.space import Space, examples, kinds, to_scenario
 
 __all__ = [
     "Budget",
@@ -127,6 +127,8 @@ class SearchOutcome:
     info: dict = field(default_factory=dict)
     # The examples run, in order, up to the find: what a resumed search skips.
     record: list[str] = field(default_factory=list)
+    # The kinds a change's search narrowed to (those whose examples entered its functions).
+    focus: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,13 @@ class _Judge:
         self.pool, self.target, self.rules, self.outcome = pool, target, rules, outcome
         self.registry = registry
         self._cell = PlannedCell
+        # The change's functions, and the kinds of the examples whose base cell entered one.
+        self.targets: frozenset[str] = frozenset()
+        if target.change and registry is not None:
+            from sglfix.execution.reach import targets_of
+
+            self.targets = targets_of(target.change, registry=registry)
+        self.reaching: set[tuple[str, str]] = set()
 
     def run(self, scenarios: Sequence[Scenario]) -> list[Shown | None]:
         """For each scenario, its cells where they show the target, else None."""
@@ -178,6 +187,9 @@ class _Judge:
             ran = self.pool.run(cells)
         results = [r.to_json() for r in ran]
         n = len(scenarios)
+        for scenario, base in zip(scenarios, results[:n]):
+            if self.targets & set(base.get("reached") or ()):
+                self.reaching.add((str(scenario.probe or scenario.backend), str(scenario.mode)))
         out: list[Shown | None] = []
         for i in range(n):
             base = results[i]
@@ -258,25 +270,18 @@ def run_search(
         search = Search(
             space, target, rules, budget, registry=runner.target.registry, jobs=int(getattr(runner, "jobs", 1) or 1)
         )
-        outcome = search_on(pool, drawn, search, say=say, clock=clock, start=start, resumed=len(resume))
+        outcome = search_on(pool, drawn, search, say=say, clock=clock, start=start, resumed=resume)
     outcome.record[:0] = list(resume)
     return outcome
 
 
 def _drawn(space: Space, *, budget: Budget, resume: Sequence[str]) -> list[tuple[dict, Scenario]]:
+    """The budget's examples less those an earlier search tried (``resume``: its record)."""
     drawn = examples(space, count=budget.count, seed=budget.seed)
     if not drawn:
         raise ConfigError("the search space holds no scenario the code base runs; widen --family / --mode")
-    if resume:
-        names = [s.name for _, s in drawn[: len(resume)]]
-        if names != list(resume):
-            at = next((i for i, (a, b) in enumerate(zip(names, resume)) if a != b), len(names))
-            raise ConfigError(
-                f"--resume: the earlier search's example {at + 1} was {list(resume)[at] if at < len(resume) else '-'}"
-                f", this one draws {names[at] if at < len(names) else 'none there'}: not the same space, seed "
-                "and code base; resume with the options it ran with"
-            )
-    return drawn[len(resume) :]
+    done = set(resume)
+    return [ex for ex in drawn if ex[1].name not in done]
 
 
 @dataclass(frozen=True)
@@ -301,37 +306,54 @@ def search_on(
     say: Callable[[str], None],
     clock: Callable[[], float] = time.perf_counter,
     start: float | None = None,
-    resumed: int = 0,
+    resumed: Sequence[str] = (),
 ) -> SearchOutcome:
     """``run_search`` on an open pool (a campaign of searches shares one: its workers, its store).
-    ``resumed``: examples an earlier search tried, counted as tried."""
+    ``resumed``: the examples an earlier search tried (counted as tried, never run again)."""
     space, target, rules, budget = search.space, search.target, search.rules, search.budget
     registry, jobs = search.registry, search.jobs
     start = clock() if start is None else start
-    outcome = SearchOutcome(tried=resumed)
+    outcome = SearchOutcome(tried=len(resumed))
     outcome.info = dict(getattr(pool, "info", {}) or {})
     judge = _Judge(pool, target=target, rules=rules, outcome=outcome, registry=registry)
     batch = max(MIN_BATCH, BATCH_PER_JOB * max(1, jobs))
-    total = resumed + len(drawn)
-    for at in range(0, len(drawn), batch):
+    queue = list(drawn)
+    left = budget.count - len(resumed)
+    first_round = len(kinds(space))
+    focused = False
+    while queue and left > 0:
         if budget.seconds is not None and clock() - start >= budget.seconds:
             outcome.budget_hit = f"--time {budget.seconds:g} s spent"
             break
-        chunk = drawn[at : at + batch]
+        chunk, queue = queue[: min(batch, left)], queue[min(batch, left) :]
         shown = judge.run([s for _, s in chunk])
         for (_, scenario), cells in zip(chunk, shown):
             outcome.record.append(scenario.name)
             if cells is not None:
                 break  # the examples after a find were run, but are tried again by a resumed search
-        outcome.tried = resumed + len(outcome.record)
-        say(f"search: {outcome.tried}/{total} examples, {clock() - start:.0f} s")
+        outcome.tried = len(resumed) + len(outcome.record)
+        left = budget.count - outcome.tried
+        say(f"search: {outcome.tried}/{budget.count} examples, {clock() - start:.0f} s")
         hit = next(((ex, s) for ex, s in zip(chunk, shown) if s is not None), None)
         if hit is not None:
             (node, scenario), cells = hit
             outcome.found = cells.failure(node, scenario)
             break
+        if judge.targets and not focused and judge.reaching and len(outcome.record) >= first_round:
+            # Every kind has been tried: the rest of the budget goes to the kinds whose examples
+            # enter the change's functions (a change elsewhere cannot show).
+            focused = True
+            done = {*resumed, *outcome.record}
+            more = examples(replace(space, only=tuple(sorted(judge.reaching))), count=budget.count, seed=budget.seed)
+            queue = [ex for ex in more if ex[1].name not in done]
+            outcome.focus = sorted(f"{w}/{m}" for w, m in judge.reaching)
+            say(f"search: {len(judge.reaching)} kind(s) enter the change's functions; the rest of the budget on them")
     else:
-        outcome.budget_hit = f"--examples {budget.count}: none showed the target"
+        outcome.budget_hit = (
+            f"--examples {budget.count}: none showed the target"
+            if left <= 0
+            else f"the space's {outcome.tried} example(s) tried: none showed the target"
+        )
     outcome.search_s = round(clock() - start, 2)
     if outcome.found is not None:
         say(f"search: found {outcome.found.scenario.name}: {outcome.found.why}; shrinking")

@@ -78,6 +78,9 @@ class SearchReport(ClosedModel):
     # Every example run, in order, up to the find: what --resume skips (with the same seed, the
     # space draws them again first).
     record: list[str] = Field(default_factory=list)
+    # A change's search: the kinds (backend or probe / mode) whose examples entered its functions,
+    # which the budget went to once every kind had been tried (empty: no focus).
+    focus: list[str] = Field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)

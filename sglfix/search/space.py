@@ -73,6 +73,9 @@ class Space:
     max_tokens: int = DEFAULT_MAX_TOKENS
     # --where: keys every drawn scenario holds at these values (a dotted path into the node).
     pins: tuple[tuple[tuple[str, ...], Any], ...] = ()
+    # Only these kinds, (backend or probe, mode) (None: every kind of the space): a search for a
+    # change narrowed to the kinds whose examples enter its functions.
+    only: tuple[tuple[str, str], ...] | None = None
 
     def pinned(self, node: dict) -> dict:
         """``node`` with the pinned keys set (a copy; the node itself where nothing is pinned)."""
@@ -425,7 +428,8 @@ def to_scenario(node: dict, *, codebase: Any, where: str = "<search>") -> Scenar
 def kinds(space: Space) -> list[tuple[str, str]]:
     """What a scenario of the space runs, (backend or probe, mode), in the schema's order."""
     out = [(b, m) for b in space.backends for m in space.modes_of(b)]
-    return out + [(p, m) for p in space.probes for m in space.probe_modes(p)]
+    out += [(p, m) for p in space.probes for m in space.probe_modes(p)]
+    return out if space.only is None else [k for k in out if k in space.only]
 
 
 def scenario_nodes(space: Space, kind: tuple[str, str]) -> st.SearchStrategy[dict]:

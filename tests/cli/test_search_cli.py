@@ -103,12 +103,34 @@ def test_a_live_bug_is_found_on_real_sglang_and_named_for_the_known_divergence_i
 MUTANT_FUNCTION = "sglfix.backends.srt.layers.attention.triton_backend.TritonAttnBackend._fill_kv_indices"
 
 
-def _mutant(description: str):
+def _mutant(description: str, function: str = MUTANT_FUNCTION):
     from sglfix.codebases import get_codebase
     from sglfix.execution.mutate import mutants_on_surface
 
-    found = mutants_on_surface(codebase=get_codebase("reproduction"), functions=(MUTANT_FUNCTION,))
+    found = mutants_on_surface(codebase=get_codebase("reproduction"), functions=(function,))
     return next(m for m in found if m.description == description)
+
+
+def test_a_change_search_spends_its_budget_on_the_kinds_that_enter_the_change(tmp_path):
+    """Once every kind has been tried, the rest of the budget goes to the kinds whose base cells
+    entered the mutant's function (the decode split heuristic: DECODE alone)."""
+    from sglfix.codebases import get_codebase
+    from sglfix.search.space import kinds, space_for
+
+    m = _mutant("- 1 on (seq_lens.to(torch.int32) + _KV_SPLIT_TILE - 1)...", "*TritonAttnBackend.get_num_kv_splits")
+    report = tmp_path / "focus.json"
+    result = run_cli(
+        "search", "--mutant", m.id, "--function", "get_num_kv_splits", "--device", "cpu", "--examples", "24",
+        "--no-cache", "--json", str(report), subprocess=True, timeout=300,
+    )  # fmt: skip
+    assert result.code in (0, 1), (result.out, result.err)
+    data = json.loads(report.read_text())
+    assert data["focus"] == ["triton/DECODE"], data["focus"]
+    # Round robin over the family's kinds first; once narrowed (after a batch), decode only.
+    assert len(kinds(space_for(get_codebase("reproduction"), family="triton"))) > 1
+    assert {n.split("-")[2] for n in data["record"][:3]} != {"decode"}
+    tail = data["record"][-8:]
+    assert data["tried"] == 24 and all(name.startswith("search-triton-decode-") for name in tail), tail
 
 
 def test_a_mutant_is_killed_and_the_kill_replays_through_run_apply(tmp_path):
