@@ -479,7 +479,8 @@ if [ "${ONLY:-}" = search ]; then
   fi
   for fam in ${SEARCH_FAMILIES:-flashinfer flashinfer_mla triton}; do
     log "search: a live bug on real kernels, --family $fam"
-    COLUMNS=250 timeout ${FAMILY_LIMIT:-240} $S search --family "$fam" --device cuda --examples 1000 \
+    # SEARCH_ARGS: more search options (e.g. --where model.head_dim=64: fewer kernels for a cold JIT).
+    COLUMNS=250 timeout ${FAMILY_LIMIT:-240} $S search --family "$fam" --device cuda --examples 1000 ${SEARCH_ARGS:-} \
       --time ${FAMILY_TIME:-90} --no-cache --json "$OUT/search-$fam-cuda.json" -o "$OUT/search-$fam-cuda.yaml" 2>&1 \
       | grep -v "^search: [0-9]" | tail -8; echo "search $fam rc=${PIPESTATUS[0]}"
   done
