@@ -109,3 +109,21 @@ def ray_head(*, num_cpus: int) -> Iterator[int]:
         except ProcessLookupError:
             pass
         proc.wait(10)
+
+
+def workers_of(parent: int) -> list[int]:
+    """The sglfix workers (``sglfix.execution.serve``) ``parent`` started, by pid."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmd = fh.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+        if ppid == parent and b"sglfix.execution.serve" in cmd:
+            found.append(int(entry))
+    return found

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from builders import HARNESS_FAILS, ROOT
 from clihelp import assert_one_line_error, run_cli
-from procs import alive
+from procs import alive, workers_of
 
 FAST = "triton-decode@cg=eager,gpu_only=off"
 
@@ -284,7 +284,7 @@ def test_signals_mid_run_stop_every_worker(sig, code):
         workers: list[int] = []
         while time.monotonic() < deadline and len(workers) < 2:
             time.sleep(0.5)
-            workers = _workers_of(proc.pid)
+            workers = workers_of(proc.pid)
         assert workers, "no worker started"
         time.sleep(2.0)
         proc.send_signal(getattr(signal, sig))
@@ -297,23 +297,6 @@ def test_signals_mid_run_stop_every_worker(sig, code):
     assert len(lines) == 1 and "workers stopped" in lines[0], err
     time.sleep(0.5)
     assert not [p for p in workers if alive(p)]
-
-
-def _workers_of(parent: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmd = fh.read().split(b"\0")
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-            continue
-        if ppid == parent and b"sglfix.execution.serve" in cmd:
-            found.append(int(entry))
-    return found
 
 
 def test_running_out_of_gpu_memory_is_an_error_of_sglfix_never_a_crash_of_the_code(tmp_path):

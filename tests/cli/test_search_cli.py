@@ -191,3 +191,47 @@ def test_a_search_resumes_where_its_report_left_off(tmp_path):
     assert "search: 16/16 examples" in two.err and "search: 8/16" not in two.err  # the first 8 not run again
     other = run_cli(*base, "--examples", "16", "--seed", "3", "--resume", str(first))
     assert_one_line_error(other, f"--resume {first}: it searched with seed 0, not 3")
+
+
+def test_ctrl_c_mid_search_stops_every_worker_and_writes_nothing(tmp_path):
+    """SIGINT while a search's examples run: exit 130, the workers stopped, no traceback, and
+    neither the report nor the scenario file half-written."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from procs import alive, workers_of
+
+    out, report = tmp_path / "found.yaml", tmp_path / "search.json"
+    # A search that finds nothing soon (the reproduction's triton baseline passes) keeps running.
+    args = ["search", "--family", "triton", "--device", "cpu", "--jobs", "2", "--examples", "400", "--no-cache"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglfix", *args, "-o", str(out), "--json", str(report)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        # A suite started in the background inherits SIGINT ignored; a terminal's command would not.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 90
+        workers: list[int] = []
+        while time.monotonic() < deadline and len(workers) < 2:
+            time.sleep(0.5)
+            workers = workers_of(proc.pid)
+        assert workers, "no worker started"
+        time.sleep(3.0)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    text = err.decode()
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text and text.strip().splitlines()[-1].endswith("workers stopped"), text[-2000:]
+    time.sleep(0.5)
+    assert not [p for p in workers if alive(p)]
+    assert not out.exists() and not report.exists()
+    assert not list(tmp_path.iterdir())
