@@ -159,11 +159,12 @@ def kill(row: dict, *, profile: str, common: list[str], store: Path, work: Path)
     return res
 
 
-def parts_of(profile: str) -> dict[str, bool]:
+def parts_of(profile: str, device: str = "cpu") -> dict[str, bool]:
     """Every part id of every toggle of ``profile`` (a whole toggle where it has one part) -> whether
-    the catalogue expects some scenario to show it reverted alone (a part whose every expectation
-    alone is PASS, a refactor or an assertion its sizing part keeps from firing, shows nothing by
-    design and is left out of the share)."""
+    the catalogue expects some scenario to show it reverted alone on ``device`` (a part whose every
+    expectation alone is PASS, a refactor or an assertion its sizing part keeps from firing, shows
+    nothing by design, and one shown only on another device, e.g. a CUDA-only kernel's, shows
+    nothing here: both are left out of the share)."""
     code, stdout, stderr, _ = sglfix("--profile", profile, "list", "--json", cwd=".")
     if code != 0:
         raise SystemExit(f"sglfix list failed: {stderr}")
@@ -175,7 +176,7 @@ def parts_of(profile: str) -> dict[str, bool]:
         expect = json.loads(shown).get("expect") or [] if code == 0 else []
         for rid in ids:
             alone = [e for e in expect if e.get("revert") in ([rid], [str(toggle["id"])] if len(ids) == 1 else [rid])]
-            out[rid] = any(e.get("verdict") != ["PASS"] for e in alone)
+            out[rid] = any(e.get("verdict") != ["PASS"] and e.get("device") in (None, "any", device) for e in alone)
     return out
 
 
@@ -189,7 +190,7 @@ def share_of(rows: dict) -> dict:
         "showable": len(showable),
         "found": found,
         "share": round(found / len(showable), 3) if showable else None,
-        "shows_nothing_by_design": sorted(set(rows) - set(showable)),
+        "shows_nothing_alone_here": sorted(set(rows) - set(showable)),
         "rows": rows,
     }
 
@@ -207,7 +208,18 @@ def main() -> int:
     ap.add_argument("--skip-family", action="append", default=[], help="families whose kernels cannot run here")
     ap.add_argument("--time", type=float, default=None, help="each search's --time")
     ap.add_argument("--limit", type=int, default=None, help="only the first N survivors (a trial)")
+    ap.add_argument("--rescore", metavar="JSON", help="recompute the catalogue shares of an earlier output")
     args = ap.parse_args()
+    if args.rescore:
+        data = json.loads(Path(args.rescore).read_text())
+        for profile, share in data["reverts"].items():
+            shows = parts_of(profile, data["device"])
+            rows = {
+                rid: {**row, "catalogue_expects_it_shown": shows.get(rid, False)} for rid, row in share["rows"].items()
+            }
+            data["reverts"][profile] = share_of(rows)
+        Path(args.json).write_text(json.dumps(relativize(data), indent=1) + "\n")
+        return 0
     common = ["--device", args.device, "--examples", str(args.examples), "--seed", str(args.seed), "--no-cache"]
     result: dict = {
         "what": __doc__.split("\n\n")[0].replace("\n", " "),
@@ -237,7 +249,7 @@ def main() -> int:
                 print(name, "found" if row.get("found") else "not found", row.get("process_s"), flush=True)
         for profile in args.reverts:
             rows = {}
-            for rid, shows in parts_of(profile).items():
+            for rid, shows in parts_of(profile, args.device).items():
                 row = one(
                     f"{profile}-{rid.replace(':', '-')}",
                     ["--profile", profile],
