@@ -159,6 +159,30 @@ def kill(row: dict, *, profile: str, common: list[str], store: Path, work: Path)
     return res
 
 
+def survivors_figure(killed: list[dict], *, args: argparse.Namespace, of: int) -> dict:
+    """The share of a campaign's survivors the searches killed, by family, with every row."""
+    n = len(killed)
+    k = sum(1 for r in killed if r.get("killed"))
+    return {
+        "from": args.survivors,
+        "profile": args.profile,
+        "skipped_families": args.skip_family,
+        "budget": {"examples": args.examples, "time_s": args.time},
+        "survivors": of,
+        "searched": n,
+        "killed": k,
+        "share": round(k / n, 3) if n else None,
+        "by_family": {
+            f: {
+                "searched": sum(1 for r in killed if r["family"] == f),
+                "killed": sum(1 for r in killed if r["family"] == f and r.get("killed")),
+            }
+            for f in sorted({r["family"] for r in killed})
+        },
+        "rows": killed,
+    }
+
+
 def parts_of(profile: str, device: str = "cpu") -> dict[str, bool]:
     """Every part id of every toggle of ``profile`` (a whole toggle where it has one part) -> whether
     the catalogue expects some scenario to show it reverted alone on ``device`` (a part whose every
@@ -276,6 +300,9 @@ def main() -> int:
                 res = kill(row, profile=args.profile, common=opts, store=store, work=work)
                 killed.append(res)
                 bad += bool(res.get("killed")) and not res["replayed"]["breaks"]
+                # Written after every mutant: a campaign cut short keeps what it measured.
+                result["survivors"] = survivors_figure(killed, args=args, of=len(rows[: args.limit]))
+                Path(args.json).write_text(json.dumps(relativize(result), indent=1) + "\n")
                 print(
                     row["family"],
                     row["id"],
@@ -283,24 +310,6 @@ def main() -> int:
                     res.get("process_s"),
                     flush=True,
                 )
-            n = len(killed)
-            k = sum(1 for r in killed if r.get("killed"))
-            result["survivors"] = {
-                "from": args.survivors,
-                "profile": args.profile,
-                "skipped_families": args.skip_family,
-                "searched": n,
-                "killed": k,
-                "share": round(k / n, 3) if n else None,
-                "by_family": {
-                    f: {
-                        "searched": sum(1 for r in killed if r["family"] == f),
-                        "killed": sum(1 for r in killed if r["family"] == f and r.get("killed")),
-                    }
-                    for f in sorted({r["family"] for r in killed})
-                },
-                "rows": killed,
-            }
     Path(args.json).write_text(json.dumps(relativize(result), indent=1) + "\n")
     return 1 if bad else 0
 
