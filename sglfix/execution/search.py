@@ -284,6 +284,48 @@ def _drawn(space: Space, *, budget: Budget, resume: Sequence[str]) -> list[tuple
     return [ex for ex in drawn if ex[1].name not in done]
 
 
+class _Lines:
+    """What a search runs next: the examples of every kind in turn and, once a change's search
+    knows which kinds enter its functions, those kinds' examples. Focused, every other example
+    comes from those kinds and the rest from every kind still: entering a change's code is not
+    showing it (a revert of a capture path that every graph mode enters shows in one of them), and
+    a kind whose first examples did not enter it (no graph drawn, no window) can still join them."""
+
+    EVERY = 2  # one example in this many from every kind, once focused
+
+    def __init__(self, drawn: Sequence[tuple[dict, Scenario]], *, space: Space, budget: Budget, done: set) -> None:
+        self.every: list[tuple[dict, Scenario]] = list(drawn)
+        self.focused: list[tuple[dict, Scenario]] = []
+        self.space, self.budget, self.done = space, budget, done
+        self.kinds: tuple[tuple[str, str], ...] = ()
+        self.taken = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.every or self.focused)
+
+    def focus(self, reaching: set[tuple[str, str]]) -> bool:
+        """Narrow to ``reaching`` (the kinds seen entering the change); whether it changed."""
+        now = tuple(sorted(reaching))
+        if now == self.kinds:
+            return False
+        self.kinds = now
+        self.focused = examples(replace(self.space, only=now), count=self.budget.count, seed=self.budget.seed)
+        return True
+
+    def take(self, n: int) -> list[tuple[dict, Scenario]]:
+        out: list[tuple[dict, Scenario]] = []
+        while len(out) < n and self:
+            from_every = not self.focused or (self.every and self.taken % self.EVERY == self.EVERY - 1)
+            line = self.every if from_every else self.focused
+            example = line.pop(0)
+            if example[1].name in self.done:
+                continue
+            self.done.add(example[1].name)
+            self.taken += 1
+            out.append(example)
+        return out
+
+
 @dataclass(frozen=True)
 class Search:
     """One search: where it draws, what it looks for, how cells are judged, its budget; the
@@ -317,15 +359,14 @@ def search_on(
     outcome.info = dict(getattr(pool, "info", {}) or {})
     judge = _Judge(pool, target=target, rules=rules, outcome=outcome, registry=registry)
     batch = max(MIN_BATCH, BATCH_PER_JOB * max(1, jobs))
-    queue = list(drawn)
+    lines = _Lines(drawn, space=space, budget=budget, done=set(resumed))
     left = budget.count - len(resumed)
     first_round = len(kinds(space))
-    focused = False
-    while queue and left > 0:
+    while lines and left > 0:
         if budget.seconds is not None and clock() - start >= budget.seconds:
             outcome.budget_hit = f"--time {budget.seconds:g} s spent"
             break
-        chunk, queue = queue[: min(batch, left)], queue[min(batch, left) :]
+        chunk = lines.take(min(batch, left))
         shown = judge.run([s for _, s in chunk])
         for (_, scenario), cells in zip(chunk, shown):
             outcome.record.append(scenario.name)
@@ -339,15 +380,9 @@ def search_on(
             (node, scenario), cells = hit
             outcome.found = cells.failure(node, scenario)
             break
-        if judge.targets and not focused and judge.reaching and len(outcome.record) >= first_round:
-            # Every kind has been tried: the rest of the budget goes to the kinds whose examples
-            # enter the change's functions (a change elsewhere cannot show).
-            focused = True
-            done = {*resumed, *outcome.record}
-            more = examples(replace(space, only=tuple(sorted(judge.reaching))), count=budget.count, seed=budget.seed)
-            queue = [ex for ex in more if ex[1].name not in done]
+        if judge.targets and judge.reaching and len(outcome.record) >= first_round and lines.focus(judge.reaching):
             outcome.focus = sorted(f"{w}/{m}" for w, m in judge.reaching)
-            say(f"search: {len(judge.reaching)} kind(s) enter the change's functions; the rest of the budget on them")
+            say(f"search: {len(judge.reaching)} kind(s) enter the change's functions; most of the budget on them")
     else:
         outcome.budget_hit = (
             f"--examples {budget.count}: none showed the target"

@@ -126,11 +126,13 @@ def test_a_change_search_spends_its_budget_on_the_kinds_that_enter_the_change(tm
     assert result.code in (0, 1), (result.out, result.err)
     data = json.loads(report.read_text())
     assert data["focus"] == ["triton/DECODE"], data["focus"]
-    # Round robin over the family's kinds first; once narrowed (after a batch), decode only.
-    assert len(kinds(space_for(get_codebase("reproduction"), family="triton"))) > 1
-    assert {n.split("-")[2] for n in data["record"][:3]} != {"decode"}
+    # Round robin over the family's kinds first; once narrowed (after a batch), every other
+    # example is decode's, the rest from every kind still.
+    every = len(kinds(space_for(get_codebase("reproduction"), family="triton")))
+    assert every > 1
+    assert {n.split("-")[2] for n in data["record"][:every]} != {"decode"}
     tail = data["record"][-8:]
-    assert data["tried"] == 24 and all(name.startswith("search-triton-decode-") for name in tail), tail
+    assert data["tried"] == 24 and sum(name.startswith("search-triton-decode-") for name in tail) >= 4, tail
 
 
 def test_a_mutant_is_killed_and_the_kill_replays_through_run_apply(tmp_path):
