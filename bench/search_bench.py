@@ -11,7 +11,8 @@ With ``--survivors``, a campaign's committed survivors (``sglfix mutate``'s repo
 file with a ``survivors`` list) are each looked up by function, line, operator and change among
 the mutants of the installed code base, and searched for with ``--mutant`` (one shared result
 store: an example's base cell runs once for all); a kill is replayed as ``sglfix run
---scenario-file FOUND --apply MUTANT.patch`` (``mutate --show``'s diff), which must break a cell.
+--scenario-file FOUND --apply MUTANT.patch`` (``mutate --show``'s diff), which must show the cell
+moved as the search said (broken, or for a mutant that makes a failing cell pass, cleared).
 
 Exit 1 when a recorded shrunk scenario does not fail again as the search said.
 """
@@ -119,6 +120,16 @@ def survivor_ids(path: str, *, profile: str, skip_families: set[str]) -> list[di
     return out
 
 
+def replayed(meaning: str, ran: tuple[int, str, str, float]) -> dict:
+    """Whether ``run --apply`` of the mutant on its shrunk scenario shows what the search said:
+    a BROKEN or CHANGED cell fails the gate (exit 1); a FIXED one (the mutant makes a failing
+    cell pass) breaks nothing (exit 0) and is named cleared."""
+    code, out, _, _ = ran
+    if meaning == "FIXED":
+        return {"exit": code, "shows": code == 0 and "clears" in out, "as": "cleared"}
+    return {"exit": code, "shows": code == 1, "as": "broken"}
+
+
 def kill(row: dict, *, profile: str, common: list[str], store: Path, work: Path) -> dict:
     """One survivor searched for with --mutant; a kill replayed through run --apply."""
     mid, function = row["id"], row["function"]
@@ -155,7 +166,7 @@ def kill(row: dict, *, profile: str, common: list[str], store: Path, work: Path)
             "--no-cache",
             cwd=str(work),
         )
-        res["replayed"] = {"exit": again[0], "breaks": again[0] == 1}
+        res["replayed"] = replayed(res["by"]["meaning"], again)
     return res
 
 
@@ -299,7 +310,7 @@ def main() -> int:
                     continue
                 res = kill(row, profile=args.profile, common=opts, store=store, work=work)
                 killed.append(res)
-                bad += bool(res.get("killed")) and not res["replayed"]["breaks"]
+                bad += bool(res.get("killed")) and not res["replayed"]["shows"]
                 # Written after every mutant: a campaign cut short keeps what it measured.
                 result["survivors"] = survivors_figure(killed, args=args, of=len(rows[: args.limit]))
                 Path(args.json).write_text(json.dumps(relativize(result), indent=1) + "\n")
