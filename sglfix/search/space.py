@@ -277,7 +277,10 @@ def _backend_node(draw: Any, space: Space, backend: str, mode: str) -> dict:
     model = draw(_model(brule))
     window = None
     if mode in brule.sliding_window_modes and backend in cb.sliding_window and draw(st.booleans()):
-        window = draw(_near([page, 2 * page], low=field_kind(ModelShape, "sliding_window").low, high=2 * page + 1))
+        # A window of a page or two, or of a few tokens to a few dozen whatever the page: prefixes
+        # and extends are drawn around it, shorter and longer.
+        sizes = [page, 2 * page, *(2**k for k in range(2, 6))]
+        window = draw(_near(sizes, low=field_kind(ModelShape, "sliding_window").low, high=max(2 * page + 1, 33)))
         model["sliding_window"] = window
     node["model"] = model
     edges = [window, window + 1] if window else []
@@ -290,7 +293,7 @@ def _backend_node(draw: Any, space: Space, backend: str, mode: str) -> dict:
         if rule.canvas:
             batch["extend_lens"] = _tokens(draw, page=page, space=space, low=low)
         else:
-            batch["extend_lens"] = [_tokens(draw, page=page, space=space, low=low) for _ in range(bs)]
+            batch["extend_lens"] = [_tokens(draw, page=page, space=space, low=low, extra=edges) for _ in range(bs)]
     if rule.needs_accept_lens:
         top = min(spec["num_steps"], spec["num_draft_tokens"] - 1)
         batch["accept_lens"] = [draw(st.integers(0, max(0, top))) for _ in range(bs)]
