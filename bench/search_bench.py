@@ -244,6 +244,7 @@ def main() -> int:
     ap.add_argument("--time", type=float, default=None, help="each search's --time")
     ap.add_argument("--limit", type=int, default=None, help="only the first N survivors (a trial)")
     ap.add_argument("--rescore", metavar="JSON", help="recompute the catalogue shares of an earlier output")
+    ap.add_argument("--only", nargs="*", default=None, metavar="PART", help="with --reverts: only these part ids")
     args = ap.parse_args()
     if args.rescore:
         data = json.loads(Path(args.rescore).read_text())
@@ -285,6 +286,8 @@ def main() -> int:
         for profile in args.reverts:
             rows = {}
             for rid, shows in parts_of(profile, args.device).items():
+                if args.only is not None and rid not in args.only:
+                    continue
                 row = one(
                     f"{profile}-{rid.replace(':', '-')}",
                     ["--profile", profile],
