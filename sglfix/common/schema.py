@@ -28,6 +28,7 @@ __all__ = [
     "NodeError",
     "StrictModel",
     "describe_kind",
+    "model_in",
     "nearest",
     "show",
     "validate_node",
@@ -134,7 +135,7 @@ def describe_kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
+def model_in(annotation: Any) -> type[BaseModel] | None:
     """The model class an annotation holds (directly, Optional, list[...] or dict[..., ...])."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
@@ -142,7 +143,7 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     if origin is None:
         return None
     for arg in typing.get_args(annotation):
-        found = _model_in(arg)
+        found = model_in(arg)
         if found is not None:
             return found
     return None
@@ -163,7 +164,7 @@ def _walk(model: type[BaseModel], node: Any, loc: tuple) -> tuple[type[BaseModel
         ):
             child = parent[key]
         if isinstance(key, str) and current_model is not None and key in current_model.model_fields:
-            current_model = _model_in(current_model.model_fields[key].annotation)
+            current_model = model_in(current_model.model_fields[key].annotation)
         elif not isinstance(key, int):
             # A dict key (a part name) keeps the model of the dict's values.
             pass

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import re
-import typing
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -30,7 +29,7 @@ from pydantic import (
 )
 
 from sglfix.common.errors import ConfigError
-from sglfix.common.schema import ClosedModel, nearest, show
+from sglfix.common.schema import ClosedModel, model_in, nearest, show
 from sglfix.common.verdicts import MARKS
 from sglfix.report.jsonreport import SCHEMA
 from sglfix.report.outcome import BASELINE, Meaning
@@ -617,18 +616,8 @@ def model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
         if isinstance(key, int):
             continue
         info = next((f for name, f in model.model_fields.items() if (f.alias or name) == key), None)
-        found = _model_in(info.annotation) if info is not None else None
+        found = model_in(info.annotation) if info is not None else None
         if found is None:
             return None
         model = found
     return model
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None

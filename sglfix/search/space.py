@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from sglfix.codebases import check_scenarios_runnable
 from sglfix.common.errors import ConfigError
-from sglfix.common.schema import nearest, validate_node
+from sglfix.common.schema import model_in, nearest, validate_node
 from sglfix.scenario.memory import check_memory
 from sglfix.scenario.models import BatchNode, CudaGraphNode, ModelShape, Scenario, ScenarioNode, SpecShape
 from sglfix.scenario.modes import MODE_RULES, PROBE_COMMON_KEYS, backend_rule, probe_rule, rule_for
@@ -520,21 +520,6 @@ def _draw(space: Space, kind: tuple[str, str], *, count: int, seed: int) -> list
     return list(out.values())
 
 
-def _model_of(annotation: Any) -> Any:
-    """The pydantic model a field holds (through Optional and Annotated), or None."""
-    import typing
-
-    from pydantic import BaseModel
-
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _model_of(arg)
-        if found is not None:
-            return found
-    return None
-
-
 def parse_pins(given: Any, *, option: str = "--where") -> tuple[tuple[tuple[str, ...], Any], ...]:
     """``KEY=VALUE`` items (a dotted key of the scenario schema, a YAML value) as the space's pins;
     ConfigError naming a key the schema lacks (with the nearest) or an item without ``=``."""
@@ -555,7 +540,7 @@ def parse_pins(given: Any, *, option: str = "--where") -> tuple[tuple[tuple[str,
                     f"{option} {item}: the scenario schema has no key {'.'.join(path[: i + 1])}"
                     f"{nearest('.'.join(path[: i + 1]), known)}; sglfix schema scenario lists them"
                 )
-            model = _model_of(fields[part].annotation) if i < len(path) - 1 else None
+            model = model_in(fields[part].annotation) if i < len(path) - 1 else None
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError:
