@@ -243,6 +243,13 @@ def main() -> int:
     ap.add_argument("--skip-family", action="append", default=[], help="families whose kernels cannot run here")
     ap.add_argument("--time", type=float, default=None, help="each search's --time")
     ap.add_argument("--limit", type=int, default=None, help="only the first N survivors (a trial)")
+    ap.add_argument("--family", action="append", default=[], help="with --survivors: only these families")
+    ap.add_argument("--match", default=None, help="with --survivors: only functions whose dotted name holds this")
+    ap.add_argument(
+        "--after",
+        metavar="JSON",
+        help="with --survivors: an earlier output of this bench; its rows are kept and their mutants not searched again",
+    )
     ap.add_argument("--rescore", metavar="JSON", help="recompute the catalogue shares of an earlier output")
     ap.add_argument("--only", nargs="*", default=None, metavar="PART", help="with --reverts: only these part ids")
     args = ap.parse_args()
@@ -306,7 +313,16 @@ def main() -> int:
             store = work / "store"
             opts = [*common[:-1], *(["--time", str(args.time)] if args.time else [])]  # the store is shared
             rows = survivor_ids(args.survivors, profile=args.profile, skip_families=set(args.skip_family))
-            killed = []
+            of = len(rows)
+            rows = [r for r in rows if not args.family or r["family"] in args.family]
+            rows = [r for r in rows if args.match is None or args.match in r["function"]]
+            killed = json.loads(Path(args.after).read_text())["survivors"]["rows"] if args.after else []
+            done = {(r["function"].split(".srt.")[-1], r["line"], r["operator"], r["mutated"]) for r in killed}
+            rows = [
+                r
+                for r in rows
+                if (r["function"].split(".srt.")[-1], r["line"], r["operator"], r["mutated"]) not in done
+            ]
             for row in rows[: args.limit]:
                 if row["id"] is None:
                     killed.append({**row, "error": f"{row['matches']} mutants match it on the installed code"})
@@ -315,7 +331,7 @@ def main() -> int:
                 killed.append(res)
                 bad += bool(res.get("killed")) and not res["replayed"]["shows"]
                 # Written after every mutant: a campaign cut short keeps what it measured.
-                result["survivors"] = survivors_figure(killed, args=args, of=len(rows[: args.limit]))
+                result["survivors"] = survivors_figure(killed, args=args, of=of)
                 Path(args.json).write_text(json.dumps(relativize(result), indent=1) + "\n")
                 print(
                     row["family"],

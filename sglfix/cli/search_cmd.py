@@ -149,7 +149,6 @@ SEARCH_OPTIONS = (
 
 @takes(*SEARCH_OPTIONS)
 def search_cmd(ctx: typer.Context, **given: Any) -> None:
-    import time
 
     from sglfix.execution.known import known_of
     from sglfix.execution.planner import Plan
@@ -205,7 +204,6 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
     def say(line: str) -> None:
         err.print(line, highlight=False, markup=False)
 
-    started = time.perf_counter()
     outcome = run_search(
         runner,
         space=space,
@@ -219,10 +217,7 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
     final = outcome.shrunk_failure or outcome.found
     if final is not None and given["output"] is not None:
         written = _write_scenario(given["output"], final)
-    report = _report(opts, given, outcome, goal=goal, runner=runner, written=written, started=started)
-    report = report.model_copy(
-        update={"family": family, "mutant": mutant.id if mutant is not None else None, "where": list(given["where"])}
-    )
+    report = _report(opts, given, outcome, goal=goal, runner=runner, written=written, family=family, mutant=mutant)
     if given["json_file"] is not None:
         write_json(given["json_file"], report.to_json())
     shown = err if given["json_file"] == "-" else out
@@ -275,18 +270,13 @@ def _mutant(opts: Any, mid: str, *, functions: Any) -> Any:
 def _with_mutant(scope: Any, mutant: Any) -> Any:
     """``scope`` with the mutant's diff loaded as a candidate fix (what ``mutate`` runs)."""
     import dataclasses
-    import tempfile
 
-    from sglfix.toggling.candidate import load_candidate
+    from sglfix.execution.mutate import load_mutants
 
-    with tempfile.TemporaryDirectory(prefix="sglfix-mutant-") as folder:
-        path = os.path.join(folder, f"{mutant.id}.patch")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(mutant.diff)
-        try:
-            cand = load_candidate(path, codebase=scope.codebase)
-        except ConfigError as exc:
-            raise ConfigError(str(exc).replace(path, f"{mutant.id}.patch")) from None
+    loaded, errors = load_mutants([mutant], codebase=scope.codebase)
+    if errors:
+        raise ConfigError(f"--mutant {mutant.id}: {errors[mutant.id]}")
+    (cand,) = loaded
     return dataclasses.replace(scope, registry=scope.registry.with_candidates([cand]), candidates=(cand,))
 
 
@@ -382,7 +372,15 @@ def _found(failure: Any) -> Any:
 
 
 def _report(
-    opts: Any, given: dict, outcome: Any, *, goal: Any, runner: Any, written: str | None, started: float
+    opts: Any,
+    given: dict,
+    outcome: Any,
+    *,
+    goal: Any,
+    runner: Any,
+    written: str | None,
+    family: str | None,
+    mutant: Any,
 ) -> Any:
     from sglfix.report.bisect import now
     from sglfix.report.search import SearchReport, ShrinkRecord
@@ -399,7 +397,9 @@ def _report(
         target=goal.name,
         revert=list(goal.revert),
         base=list(goal.base),
-        family=given["family"],
+        family=family,
+        mutant=mutant.id if mutant is not None else None,
+        where=list(given["where"]),
         mode=given["mode"],
         seed=given["seed"],
         examples=given["examples"],

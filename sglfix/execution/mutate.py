@@ -200,7 +200,7 @@ def run_campaign(
     # Only a mutant some cell will run is loaded (a diff checked against the source is the costly
     # step); the others are listed as they are, not reached.
     runnable = [m for m in campaign.mutants if campaign.reached.get(m.function)]
-    candidates, campaign.load_errors = _load(runnable, codebase=codebase, memo_dir=runner.store_dir)
+    candidates, campaign.load_errors = load_mutants(runnable, codebase=codebase, memo_dir=runner.store_dir)
     by_id = {c.id: c for c in candidates}
     scenario_of = {s.name: s for s in plan.scenarios}
     baseline_of = {r.scenario: r for r in ran.results}
@@ -384,7 +384,7 @@ def _generate(functions: Sequence[str], *, codebase: Any, operators: Any) -> lis
     return list(unique.values())
 
 
-def _load(mutants: Sequence[Any], *, codebase: Any, memo_dir: str | None = None) -> tuple[list[Any], dict[str, str]]:
+def load_mutants(mutants: Sequence[Any], *, codebase: Any, memo_dir: str | None = None) -> tuple[list[Any], dict[str, str]]:
     """Each mutant's diff loaded as a candidate fix (``--apply``'s loader, so that what runs is
     what ``mutate --show`` prints and ``--apply`` replays); one that cannot be loaded is an
     error of sglfix's operators, said per mutant, never dropped silently. With a result store
