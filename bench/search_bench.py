@@ -120,14 +120,15 @@ def survivor_ids(path: str, *, profile: str, skip_families: set[str]) -> list[di
     return out
 
 
-def replayed(meaning: str, ran: tuple[int, str, str, float]) -> dict:
+def replayed(meaning: str, ran: tuple[int, str, str, float], report: Path) -> dict:
     """Whether ``run --apply`` of the mutant on its shrunk scenario shows what the search said:
-    a BROKEN or CHANGED cell fails the gate (exit 1); a FIXED one (the mutant makes a failing
-    cell pass) breaks nothing (exit 0) and is named cleared."""
-    code, out, _, _ = ran
-    if meaning == "FIXED":
-        return {"exit": code, "shows": code == 0 and "clears" in out, "as": "cleared"}
-    return {"exit": code, "shows": code == 1, "as": "broken"}
+    its patched cell judged as the search judged it (BROKEN, CHANGED or FIXED), read from the
+    run's own report (its exit alone cannot tell: a CHANGED cell fails with and without the
+    mutant, and its baseline's failure exits 1 either way)."""
+    code = ran[0]
+    cells = json.loads(report.read_text())["cells"] if report.exists() else []
+    patched = [c.get("meaning") for c in cells if any(str(t).startswith("+") for t in c.get("toggles") or ())]
+    return {"exit": code, "patched": patched, "shows": meaning.lower() in patched, "as": meaning.lower()}
 
 
 def kill(row: dict, *, profile: str, common: list[str], store: Path, work: Path) -> dict:
@@ -164,9 +165,11 @@ def kill(row: dict, *, profile: str, common: list[str], store: Path, work: Path)
             "--device",
             common[common.index("--device") + 1],
             "--no-cache",
+            "--json",
+            str(work / f"{mid}-replay.json"),
             cwd=str(work),
         )
-        res["replayed"] = replayed(res["by"]["meaning"], again)
+        res["replayed"] = replayed(res["by"]["meaning"], again, work / f"{mid}-replay.json")
     return res
 
 

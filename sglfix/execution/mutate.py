@@ -317,9 +317,9 @@ def _sample(cells: list[Any], baseline_of: dict[str, Any], n: int, *, family: st
 
 def _moved(results: list[Any], baseline_of: dict[str, Any]) -> set[str]:
     """The mutants (ids) some cell of ``results`` showed: a verdict other than its baseline's, or
-    its baseline's divergence on other rows (``divergence_moved``), a failure of sglfix or the
-    machine aside (ERROR, TIMEOUT say nothing of the mutant)."""
-    from sglfix.report.outcome import divergence_moved, effective
+    its baseline's failure another way (``fails_otherwise``: other rows, another check), a failure
+    of sglfix or the machine aside (ERROR, TIMEOUT say nothing of the mutant)."""
+    from sglfix.report.outcome import effective, fails_otherwise
 
     out: set[str] = set()
     for r in results:
@@ -328,7 +328,7 @@ def _moved(results: list[Any], baseline_of: dict[str, Any]) -> set[str]:
         v = effective(cell)
         if base is None or v in ("ERROR", "TIMEOUT", "SKIP"):
             continue
-        if v == base.verdict and divergence_moved(cell, base.to_json()) is None:
+        if v == base.verdict and fails_otherwise(cell, base.to_json()) is None:
             continue
         out.update(t.lstrip("+") for t in r.toggles)
     return out
@@ -384,7 +384,9 @@ def _generate(functions: Sequence[str], *, codebase: Any, operators: Any) -> lis
     return list(unique.values())
 
 
-def load_mutants(mutants: Sequence[Any], *, codebase: Any, memo_dir: str | None = None) -> tuple[list[Any], dict[str, str]]:
+def load_mutants(
+    mutants: Sequence[Any], *, codebase: Any, memo_dir: str | None = None
+) -> tuple[list[Any], dict[str, str]]:
     """Each mutant's diff loaded as a candidate fix (``--apply``'s loader, so that what runs is
     what ``mutate --show`` prints and ``--apply`` replays); one that cannot be loaded is an
     error of sglfix's operators, said per mutant, never dropped silently. With a result store

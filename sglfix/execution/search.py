@@ -18,7 +18,6 @@ whose code an example never runs cannot show there.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,7 +26,7 @@ from typing import Any
 from sglfix.common.errors import ConfigError
 from sglfix.scenario import Scenario
 from sglfix.search.shrink import Shrunk, shrink
-from sglfix.search.space import Space, examples, kinds, to_scenario
+from sglfix.search.space import Space, examples, to_scenario
 
 __all__ = [
     "Budget",
@@ -78,15 +77,13 @@ class SearchTarget:
         return [self.base, (*self.base, *self.change)] if self.change else [self.base]
 
 
-_NUMBER = re.compile(r"-?\d+(\.\d+)?(e[-+]?\d+)?")
-
-
 def signature(cell: dict) -> tuple[str, str]:
     """The verdict and the check of a failing cell: its key finding's message with every number
     left out (a smaller batch fails the same check at other rows)."""
     from sglfix.report.context import key_figure
+    from sglfix.report.outcome import check_of
 
-    return cell.get("verdict", ""), _NUMBER.sub("N", key_figure(cell))
+    return cell.get("verdict", ""), check_of(key_figure(cell))
 
 
 @dataclass
@@ -285,8 +282,9 @@ def _drawn(space: Space, *, budget: Budget, resume: Sequence[str]) -> list[tuple
 
 
 class _Lines:
-    """What a search runs next: the examples of every kind in turn and, once a change's search
-    knows which kinds enter its functions, those kinds' examples. Focused, every other example
+    """What a search runs next: the examples of every kind in turn and, from the first batch in
+    which a change's search sees kinds enter its functions, those kinds' examples (the set grows
+    as more kinds are seen: a space of forty kinds is not waited round). Focused, every other example
     comes from those kinds and the rest from every kind still: entering a change's code is not
     showing it (a revert of a capture path that every graph mode enters shows in one of them), and
     a kind whose first examples did not enter it (no graph drawn, no window) can still join them."""
@@ -361,7 +359,6 @@ def search_on(
     batch = max(MIN_BATCH, BATCH_PER_JOB * max(1, jobs))
     lines = _Lines(drawn, space=space, budget=budget, done=set(resumed))
     left = budget.count - len(resumed)
-    first_round = len(kinds(space))
     while lines and left > 0:
         if budget.seconds is not None and clock() - start >= budget.seconds:
             outcome.budget_hit = f"--time {budget.seconds:g} s spent"
@@ -380,7 +377,7 @@ def search_on(
             (node, scenario), cells = hit
             outcome.found = cells.failure(node, scenario)
             break
-        if judge.targets and judge.reaching and len(outcome.record) >= first_round and lines.focus(judge.reaching):
+        if judge.targets and judge.reaching and lines.focus(judge.reaching):
             outcome.focus = sorted(f"{w}/{m}" for w, m in judge.reaching)
             say(f"search: {len(judge.reaching)} kind(s) enter the change's functions; most of the budget on them")
     else:

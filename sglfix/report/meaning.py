@@ -36,7 +36,7 @@ class Meaning(StrEnum):
     FIXED = "fixed"  # passes with the fix where it did not without (a known divergence included)
     BROKEN = "broken"  # the fix changes its verdict other than to PASS: what the fix breaks
     CLEARED = "cleared"  # a failure of the code without the fix, which the fix clears
-    CHANGED = "changed"  # fails with and without the fix, with another verdict (both fail)
+    CHANGED = "changed"  # fails with and without the fix, otherwise: another verdict, rows or check
 
     @property
     def fails(self) -> bool:

@@ -7,8 +7,9 @@ and each of its cells is judged against the same scenario's baseline cell
 (``Rules.fix_meaning``). Its status, by precedence:
 
 - ``killed``: some cell's verdict moved (BROKEN, CHANGED or FIXED) to a verdict of the code (FAULT
-  included: the worker died of the change), against a baseline that ran to one; a DIVERGE on
-  other rows than the baseline's DIVERGE is CHANGED (``outcome.divergence_moved``);
+  included: the worker died of the change), against a baseline that ran to one; a failure of
+  the baseline's verdict on other rows, or with a check more or less, is CHANGED
+  (``outcome.fails_otherwise``);
 - ``error``: no kill, and some cell is ERROR (its own, or its baseline's): sglfix failed, so what
   that cell would have said is unknown. Shown before ``timeout``: it is sglfix's failure to fix;
 - ``timeout``: no kill, and some cell (or its baseline) ran out of time;

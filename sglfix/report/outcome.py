@@ -19,11 +19,12 @@ taken from here. It works on cells as report dicts.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
-from sglfix.common.verdicts import NOT_REACHED, stands_for
+from sglfix.common.verdicts import FAILING, NOT_REACHED, stands_for
 
 # Its own parts (tests/report/test_judgement.py holds them all to importing only sglfix.common and each other).
 from sglfix.report.claim import TEST_OUTCOMES, Claim, judge_claim
@@ -48,12 +49,15 @@ __all__ = [
     "NotChecked",
     "Rules",
     "base_of",
+    "check_of",
     "codebase_identity",
     "codebase_label",
     "divergence_moved",
     "diverges_at",
     "effective",
     "expects_of",
+    "failed_checks",
+    "fails_otherwise",
     "judge",
     "judge_claim",
     "mode_of",
@@ -78,6 +82,44 @@ def divergence_moved(cell: dict, other: dict) -> str | None:
     if at is None or was is None or at == was:
         return None
     return f"rows {was} without, rows {at} with"
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?(e[-+]?\d+)?")
+
+
+def check_of(message: str) -> str:
+    """A finding's message as the check it names: every number left out (the same check failing
+    at other rows, sizes or errors is the same check)."""
+    return _NUMBER.sub("N", message)
+
+
+def failed_checks(cell: dict) -> frozenset[str]:
+    """The checks a cell fails: each failing finding's verdict and ``check_of`` its message."""
+    return frozenset(
+        f"{f['verdict']}: {check_of(str(f.get('message', '')))}"
+        for f in cell.get("findings") or ()
+        if isinstance(f, dict) and f.get("verdict") in FAILING
+    )
+
+
+def fails_otherwise(cell: dict, other: dict) -> str | None:
+    """Where two cells of one scenario fail with one verdict, how ``cell`` fails otherwise than
+    ``other``: its divergence on other rows (``divergence_moved``), or a check that fails in one
+    and not in the other; None where they fail alike. A change that makes a known bug's cell fail
+    a further check (an allocation now short as well as past its row) is a change the cell shows,
+    as much as one that moves the bug's rows. A NOT_REACHED cell records no check: it is
+    provably its baseline, and fails nothing otherwise."""
+    if NOT_REACHED in (cell.get("verdict"), other.get("verdict")):
+        return None
+    moved = divergence_moved(cell, other)
+    if moved is not None:
+        return f"on other rows: {moved}"
+    now, was = failed_checks(cell), failed_checks(other)
+    if now - was:
+        return f"another check fails: {min(now - was)}"
+    if was - now:
+        return f"a check no longer fails: {min(was - now)}"
+    return None
 
 
 def effective(cell: dict) -> str:
@@ -175,9 +217,9 @@ class Rules:
         if v == was:
             if v == "PASS":
                 return Meaning.PASSED, f"passed, as without {fixes}{unreached}"
-            moved = divergence_moved(cell, unfixed)
-            if moved is not None:
-                return Meaning.CHANGED, f"{v} with and without {fixes}, on other rows: {moved}"
+            otherwise = fails_otherwise(cell, unfixed)
+            if otherwise is not None:
+                return Meaning.CHANGED, f"{v} with and without {fixes}, {otherwise}"
             k = self.known_for(cell, v)
             if k is not None:
                 return (
@@ -330,7 +372,7 @@ class Judgement:
         parts.append(f"{unchanged} of {len(judged)} {which} unchanged")
         changed = self.count(Meaning.CHANGED)
         if changed:
-            parts.append(f"{changed} failing with and without it, with another verdict")
+            parts.append(f"{changed} failing with and without it, otherwise (another verdict, rows or check)")
         if self.conflicts:
             parts.append(f"{len(self.conflicts)} set(s) not built (the fix and a revert change the same lines)")
         for c in self.fix_checks:

@@ -402,11 +402,14 @@ def _probe_node(draw: Any, space: Space, probe: str, mode: str) -> dict:
         node["cuda_graph"] = graph
     if "dcp_size" in reads and draw(st.booleans()):
         node["dcp_size"] = draw(st.sampled_from((2, 4)))
-    if "max_context_len" in reads and draw(st.booleans()):
+    context = draw(st.sampled_from(("default", "tight", "roomy"))) if "max_context_len" in reads else "default"
+    if context != "default":
         margin = prule.prefix_margin or 0
         new = _new_tokens(rule, batch, spec, bs)
         need = max(max(p + margin for p in batch["prefix_lens"]), max(p + n for p, n in zip(batch["prefix_lens"], new)))
-        node["max_context_len"] = need + draw(st.integers(0, 3))
+        # Tight: the headroom arithmetic's edge. Roomy: far from any edge, where a sizing that is
+        # short (an allocation below what a step writes) shows apart from one that overflows a row.
+        node["max_context_len"] = need + (draw(st.integers(0, 3)) if context == "tight" else draw(st.integers(16, 256)))
     return node
 
 

@@ -403,6 +403,31 @@ def test_a_divergence_moved_to_other_rows_is_a_change_the_same_rows_are_not():
     assert divergence_moved(report["cells"][2], report["cells"][0]) is None
 
 
+def test_a_known_failure_that_fails_another_check_is_a_change_other_figures_are_not():
+    from sglfix.report.outcome import Known, Meaning, fails_otherwise, judge
+
+    past_row = "1/3 requests need KV positions past their req_to_token row: request 0 needs up to 277"
+    base = _cell("tree", (), "INVARIANT", figure=past_row)
+    more = _cell("tree", ("+m-short",), "INVARIANT", figure=past_row.replace("277", "265"))
+    more["findings"].append({"verdict": "INVARIANT", "message": "request 0's allocation ends at 265, short of 277"})
+    figures = _cell("tree", ("+m-figures",), "INVARIANT", figure=past_row.replace("277", "281"))
+    fewer = _cell("tree", ("+m-fewer",), "INVARIANT", figure="the decode write spilled past a row")
+    report = _report(base, more, figures, fewer)
+    j = judge(
+        report, mode="findings", known=[Known("tree", ("INVARIANT",))], fixes=["+m-short", "+m-figures", "+m-fewer"]
+    )
+    m = {c.id: c for c in j.cells}
+    assert m["+m-short::tree"].meaning is Meaning.CHANGED
+    assert "another check fails: INVARIANT: request N's allocation ends at N, short of N" in m["+m-short::tree"].why
+    # The same check at other figures is the same failure: the bug's cell, not the change's.
+    assert m["+m-figures::tree"].meaning is Meaning.KNOWN
+    assert m["+m-fewer::tree"].meaning is Meaning.CHANGED
+    assert fails_otherwise(figures, base) is None
+    assert fails_otherwise(base, more).startswith("a check no longer fails")
+    # Not reached: the cell is its baseline, whatever checks it did not record.
+    assert fails_otherwise(_cell("tree", ("+m-away",), "NOT_REACHED", same_as="INVARIANT"), base) is None
+
+
 def test_the_comparison_names_the_rows_it_found_wrong():
     import torch
 
