@@ -31,6 +31,8 @@
 # whose FlashInfer JIT cache is cold).
 # ONLY=search runs sglfix search on real sglang with CUDA (the FlashInfer-MLA draft bug from the generic
 # space, replayed with and without its candidate fix; a live-bug search per SEARCH_FAMILIES).
+# ONLY=survivors searches a mutation campaign's survivors (bench/search_bench.py --survivors) in
+# SURV_SHARDS processes side by side (SURV_REPORT, SURV_DEVICE, SURV_ARGS, SURV_LIMIT).
 # ONLY=finding writes the FlashInfer-MLA finding (report finding on the H100) and runs the Triton
 # draft-extend scenarios with every part (PR 27545's expectations on CUDA).
 # Everything lands in $OUT; a short table is printed last.
@@ -487,6 +489,24 @@ if [ "${ONLY:-}" = search ]; then
   [ "${SAVE_CACHES:-1}" = 1 ] && save_sglang_caches
   # One archive: a call hands back a few files only.
   (cd "$OUT" && tar -czf search-out.tgz --remove-files ./*.json ./*.yaml sglang-check.* 2>/dev/null)
+  exit 0
+fi
+if [ "${ONLY:-}" = survivors ]; then
+  # sglfix search --mutant over a campaign's survivors (SURV_REPORT, a mutate --json report or a
+  # bench/results summary), SURV_SHARDS bench processes side by side on this host's cores, each with
+  # SGLFIX_JOBS workers, on SURV_DEVICE (cpu: the campaign's own device); SURV_ARGS: more
+  # bench/search_bench.py options (--examples, --time, --after). Each shard writes its JSON after
+  # every mutant, so a shard cut short by SURV_LIMIT keeps what it measured.
+  install_sglang
+  export SGLFIX_JOBS=${SGLFIX_JOBS:-4}
+  n=${SURV_SHARDS:-4}
+  for i in $(seq 1 "$n"); do
+    timeout ${SURV_LIMIT:-500} python3 bench/search_bench.py --json "$OUT/survivors-$i.json" --survivors "$SURV_REPORT" \
+      --skip-family trtllm_mla --device ${SURV_DEVICE:-cpu} --shard "$i/$n" ${SURV_ARGS:-} > "$OUT/survivors-$i.log" 2>&1 &
+  done
+  wait
+  grep -c killed "$OUT"/survivors-*.log; tail -n 2 "$OUT"/survivors-*.log
+  (cd "$OUT" && tar -czf survivors-out.tgz --remove-files ./survivors-* 2>/dev/null)
   exit 0
 fi
 if [ "${ONLY:-}" = sglang ] && [ -n "${SG_SCENARIOS:-}" ]; then

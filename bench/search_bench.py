@@ -145,7 +145,7 @@ def kill(row: dict, *, profile: str, common: list[str], store: Path, work: Path)
         res["error"] = stderr.strip().splitlines()[-1:] or [f"exit {code}"]
         return res
     data = json.loads(report.read_text())
-    res.update({k: data[k] for k in ("tried", "search_s", "stopped", "timeouts")})
+    res.update({k: data[k] for k in ("tried", "search_s", "stopped", "timeouts", "focus", "device")})
     res["errors"] = len(data["errors"])
     final = data["shrunk"] or data["found"]
     res["killed"] = final is not None
@@ -249,6 +249,9 @@ def main() -> int:
     ap.add_argument("--family", action="append", default=[], help="with --survivors: only these families")
     ap.add_argument("--match", default=None, help="with --survivors: only functions whose dotted name holds this")
     ap.add_argument(
+        "--shard", default=None, metavar="I/N", help="with --survivors: every N-th survivor from the I-th (1-based)"
+    )
+    ap.add_argument(
         "--after",
         metavar="JSON",
         help="with --survivors: an earlier output of this bench; its rows are kept and their mutants not searched again",
@@ -326,6 +329,9 @@ def main() -> int:
                 for r in rows
                 if (r["function"].split(".srt.")[-1], r["line"], r["operator"], r["mutated"]) not in done
             ]
+            if args.shard:
+                i, n = (int(x) for x in args.shard.split("/"))
+                rows = rows[i - 1 :: n]
             for row in rows[: args.limit]:
                 if row["id"] is None:
                     killed.append({**row, "error": f"{row['matches']} mutants match it on the installed code"})
