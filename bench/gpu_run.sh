@@ -505,6 +505,7 @@ if [ "${ONLY:-}" = survivors ]; then
       --skip-family trtllm_mla --device ${SURV_DEVICE:-cpu} --shard "$i/$n" ${SURV_ARGS:-} > "$OUT/survivors-$i.log" 2>&1 &
   done
   wait
+  pkill -f "sglfix" 2>/dev/null || true  # a shard cut short leaves its search and workers behind
   grep -c killed "$OUT"/survivors-*.log; tail -n 2 "$OUT"/survivors-*.log
   (cd "$OUT" && tar -czf survivors-out.tgz --remove-files ./survivors-* 2>/dev/null)
   exit 0
