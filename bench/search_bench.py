@@ -249,6 +249,13 @@ def main() -> int:
     ap.add_argument("--family", action="append", default=[], help="with --survivors: only these families")
     ap.add_argument("--match", default=None, help="with --survivors: only functions whose dotted name holds this")
     ap.add_argument(
+        "--search-opt",
+        action="append",
+        default=[],
+        metavar="OPT",
+        help="with --survivors: one more option word for each search (--search-opt=--where --search-opt=K=V)",
+    )
+    ap.add_argument(
         "--shard", default=None, metavar="I/N", help="with --survivors: every N-th survivor from the I-th (1-based)"
     )
     ap.add_argument(
@@ -317,7 +324,7 @@ def main() -> int:
             result["reverts"][profile] = share_of(rows)
         if args.survivors:
             store = work / "store"
-            opts = [*common[:-1], *(["--time", str(args.time)] if args.time else [])]  # the store is shared
+            opts = [*common[:-1], *(["--time", str(args.time)] if args.time else []), *args.search_opt]  # store shared
             rows = survivor_ids(args.survivors, profile=args.profile, skip_families=set(args.skip_family))
             of = len(rows)
             rows = [r for r in rows if not args.family or r["family"] in args.family]

@@ -423,6 +423,7 @@ def _report(
         timeouts=outcome.timeouts,
         record=list(outcome.record),
         focus=list(outcome.focus),
+        flaky=list(outcome.flaky),
     )
 
 
@@ -441,6 +442,13 @@ def _show(report: Any, console: Any) -> None:
     if report.errors:
         console.print(
             f"ERROR: sglfix itself failed on {len(report.errors)} cell(s), e.g. {report.errors[0]['scenario']}",
+            highlight=False,
+            markup=False,
+        )
+    if report.flaky:
+        console.print(
+            f"{len(report.flaky)} example(s) showed it once and not when run again (cells that differ run to run), "
+            f"e.g. {report.flaky[0]}: no find",
             highlight=False,
             markup=False,
         )

@@ -126,6 +126,8 @@ class SearchOutcome:
     record: list[str] = field(default_factory=list)
     # The kinds a change's search narrowed to (those whose examples entered its functions).
     focus: list[str] = field(default_factory=list)
+    # Examples that showed the target once and not when run again (their cells differ run to run).
+    flaky: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -187,16 +189,24 @@ class _Judge:
         for scenario, base in zip(scenarios, results[:n]):
             if self.targets & set(base.get("reached") or ()):
                 self.reaching.add((str(scenario.probe or scenario.backend), str(scenario.mode)))
-        out: list[Shown | None] = []
-        for i in range(n):
-            base = results[i]
-            if not self.target.change:
-                out.append(self._fails(base))
-            elif self.target.apply:
-                out.append(self._moves(results[n + i], base))
-            else:
-                out.append(self._reverted(results[n + i], base))
-        return out
+        return [self._shown(results[i], results[n + i] if self.target.change else None) for i in range(n)]
+
+    def again(self, scenario: Scenario) -> Shown | None:
+        """The example's cells run once more on the workers, through no store: whether it shows
+        the target again. A verdict resting on memory nothing wrote (NAN one run, DIVERGE the next)
+        is no find: the change did not move it."""
+        cells = [self._cell(scenario, t) for t in self.target.sets]
+        fresh = getattr(self.pool, "fresh", None)
+        ran = [r.to_json() for r in (fresh(cells) if fresh is not None else self.pool.run(cells))]
+        return self._shown(ran[0], ran[1] if self.target.change else None)
+
+    def _shown(self, base: dict, changed: dict | None) -> Shown | None:
+        if not self.target.change:
+            return self._fails(base)
+        assert changed is not None
+        if self.target.apply:
+            return self._moves(changed, base)
+        return self._reverted(changed, base)
 
     def _unusable(self, *cells: dict) -> bool:
         """A cell that says nothing of the target: ERROR (counted: sglfix failed), TIMEOUT, or SKIP."""
@@ -365,17 +375,20 @@ def search_on(
             break
         chunk = lines.take(min(batch, left))
         shown = judge.run([s for _, s in chunk])
-        for (_, scenario), cells in zip(chunk, shown):
+        for (node, scenario), cells in zip(chunk, shown):
             outcome.record.append(scenario.name)
-            if cells is not None:
+            if cells is None:
+                continue
+            found = cells.failure(node, scenario)
+            if _again(judge, found):
+                outcome.found = found
                 break  # the examples after a find were run, but are tried again by a resumed search
+            outcome.flaky.append(scenario.name)
+            say(f"search: {scenario.name} showed it once, not when run again (its cells differ run to run)")
         outcome.tried = len(resumed) + len(outcome.record)
         left = budget.count - outcome.tried
         say(f"search: {outcome.tried}/{budget.count} examples, {clock() - start:.0f} s")
-        hit = next(((ex, s) for ex, s in zip(chunk, shown) if s is not None), None)
-        if hit is not None:
-            (node, scenario), cells = hit
-            outcome.found = cells.failure(node, scenario)
+        if outcome.found is not None:
             break
         if judge.targets and judge.reaching and lines.focus(judge.reaching):
             outcome.focus = sorted(f"{w}/{m}" for w, m in judge.reaching)
@@ -390,10 +403,21 @@ def search_on(
     if outcome.found is not None:
         say(f"search: found {outcome.found.scenario.name}: {outcome.found.why}; shrinking")
         outcome.shrunk, outcome.shrunk_failure = _shrink(judge, outcome.found, space=space, say=say)
+        if outcome.shrunk_failure is not outcome.found and not _again(judge, outcome.shrunk_failure):
+            # The smallest did not fail the same way again: the find as found is the answer.
+            say(f"search: {outcome.shrunk_failure.scenario.name} did not fail the same way again; keeping the find")
+            outcome.flaky.append(outcome.shrunk_failure.scenario.name)
+            outcome.shrunk, outcome.shrunk_failure = None, None
         outcome.known = _known(pool, outcome.shrunk_failure or outcome.found, target=target)
     outcome.info = dict(getattr(pool, "info", {}) or outcome.info)
     outcome.wall_s = round(clock() - start, 2)
     return outcome
+
+
+def _again(judge: _Judge, failure: Failure) -> bool:
+    """Whether ``failure``'s example, run once more through no store, fails the same way."""
+    again = judge.again(failure.scenario)
+    return again is not None and again.failure(failure.node, failure.scenario).same == failure.same
 
 
 def _known(pool: Any, failure: Failure, *, target: SearchTarget) -> str | None:

@@ -79,8 +79,11 @@ class SearchReport(ClosedModel):
     # space draws them again first).
     record: list[str] = Field(default_factory=list)
     # A change's search: the kinds (backend or probe / mode) whose examples entered its functions,
-    # which the budget went to once every kind had been tried (empty: no focus).
+    # which every other example went to once seen (empty: no focus).
     focus: list[str] = Field(default_factory=list)
+    # Examples that showed the target once and not when run again through no store (their cells
+    # differ run to run: memory nothing wrote): never a find.
+    flaky: list[str] = Field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
