@@ -247,7 +247,12 @@ def main() -> int:
     ap.add_argument("--time", type=float, default=None, help="each search's --time")
     ap.add_argument("--limit", type=int, default=None, help="only the first N survivors (a trial)")
     ap.add_argument("--family", action="append", default=[], help="with --survivors: only these families")
-    ap.add_argument("--match", default=None, help="with --survivors: only functions whose dotted name holds this")
+    ap.add_argument(
+        "--match",
+        action="append",
+        default=[],
+        help="with --survivors: only functions whose dotted name holds one of these",
+    )
     ap.add_argument(
         "--search-opt",
         action="append",
@@ -328,7 +333,7 @@ def main() -> int:
             rows = survivor_ids(args.survivors, profile=args.profile, skip_families=set(args.skip_family))
             of = len(rows)
             rows = [r for r in rows if not args.family or r["family"] in args.family]
-            rows = [r for r in rows if args.match is None or args.match in r["function"]]
+            rows = [r for r in rows if not args.match or any(m in r["function"] for m in args.match)]
             killed = json.loads(Path(args.after).read_text())["survivors"]["rows"] if args.after else []
             done = {(r["function"].split(".srt.")[-1], r["line"], r["operator"], r["mutated"]) for r in killed}
             rows = [
