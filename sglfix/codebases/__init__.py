@@ -40,6 +40,7 @@ __all__ = [
     "Profile",
     "activate",
     "active",
+    "check_engine_flags",
     "check_given_version",
     "check_installed",
     "check_interpreter",
@@ -247,7 +248,7 @@ def check_scenarios_runnable(scenarios, cb: CodeBase) -> None:
                 f"{', '.join(sorted(cb.adapters))}); drop the scenario or pick another profile"
             )
         if getattr(s, "env", None):
-            _check_engine_flags(s.env, cb, where=where)
+            check_engine_flags(s.env, cb, where=where)
 
 
 def _refuse_unless_read(cb: CodeBase, backend: Any, field: str, *, where: str, key: str, lacks: str) -> None:
@@ -262,7 +263,7 @@ def _refuse_unless_read(cb: CodeBase, backend: Any, field: str, *, where: str, k
     )
 
 
-def _check_engine_flags(env: dict, cb: CodeBase, *, where: str) -> None:
+def check_engine_flags(env: dict, cb: CodeBase, *, where: str) -> None:
     """A scenario's ``env:`` against the flags the installed code base declares, where it is the
     profile's own version: another release (``--release``, a version the profile also covers) may
     lack a flag the profile's has, which its cells then report as a path that release does not

@@ -106,6 +106,10 @@ class Profile:
     # Where the code base declares its engine flags, ``path.py:Class`` in its package (a scenario's
     # ``env:`` is checked against them); "" where it has none (the reproduction).
     engine_flags: str = ""
+    # backend -> boolean engine flags ``sglfix search`` may turn on in its drawn scenarios (one at a
+    # time, now and then): paths of the backend that run only under a flag (a host-side plan) are in
+    # the space as well. Each is checked against ``engine_flags`` as a scenario's ``env:`` is.
+    search_flags: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # backend -> the modes its adapter runs here, where fewer than the scenario format's table
     # (sglfix.scenario.modes.BACKEND_RULES) allows; a backend not named runs all of those.
     backend_modes: dict[str, tuple[str, ...]] = field(default_factory=dict)

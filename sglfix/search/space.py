@@ -21,7 +21,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from sglfix.codebases import check_scenarios_runnable
+from sglfix.codebases import check_engine_flags, check_scenarios_runnable
 from sglfix.common.errors import ConfigError
 from sglfix.common.schema import model_in, nearest, validate_node
 from sglfix.scenario.memory import check_memory
@@ -162,6 +162,10 @@ def space_for(
                 f"families: {', '.join(families)}"
             )
         backends, probes = ((), probes) if family == "probes" else ((family,), ())
+    for backend, flags in getattr(codebase, "search_flags", {}).items():
+        if backend in backends and flags:
+            # A flag the profile names wrongly would only make every draw holding it refused.
+            check_engine_flags(dict.fromkeys(flags, "true"), codebase, where=f"{codebase.name}: search_flags.{backend}")
     modes = None
     if mode is not None:
         all_modes = field_kind(ScenarioNode, "mode").choices
@@ -322,7 +326,8 @@ def _features(draw: Any, node: dict, *, space: Space, brule: Any, rule: Any) -> 
     """The rarer keys, each where the code base's adapter for this backend builds it (its record's
     feature lists) and the backend's mode table takes it: deterministic inference, a hybrid's
     linear layer set and Mamba tracking, an encoder-decoder batch, a multi-item scoring batch,
-    decode context parallelism. What the schema then refuses is rejected like any other draw."""
+    decode context parallelism, an engine flag the profile lets the search turn on
+    (``search_flags``). What the schema then refuses is rejected like any other draw."""
     cb, backend, mode, batch = space.codebase, node["backend"], node["mode"], node["batch"]
     bs = len(batch["prefix_lens"])
     if backend in cb.deterministic and _sometimes(draw):
@@ -355,6 +360,9 @@ def _features(draw: Any, node: dict, *, space: Space, brule: Any, rule: Any) -> 
         node["model"].pop("sliding_window", None)
     if backend in cb.decode_context_parallel and mode in brule.dcp_modes and _sometimes(draw):
         node["dcp_size"] = draw(st.sampled_from((2, 4)))
+    flags = tuple(cb.search_flags.get(backend, ()))
+    if flags and _sometimes(draw):
+        node["env"] = {draw(st.sampled_from(flags)): True}
 
 
 def _new_tokens(rule: Any, batch: dict, spec: dict, bs: int) -> list[int]:

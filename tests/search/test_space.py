@@ -174,3 +174,20 @@ def test_prefixes_are_ones_the_engine_runs_each_mode_on():
             assert not space.admits(empty)
     assert lows[0] and lows[1]
     assert rule_for("EXTEND").engine_min_prefix == 0 and rule_for("DRAFT_DECODE", "triton").engine_min_prefix == 1
+
+
+def test_engine_flags_the_profile_names_are_drawn_one_at_a_time_and_a_wrong_one_is_refused():
+    """Paths that run only under an engine flag (FlashInfer's host-side verify plan) are in the
+    space where the profile's search_flags name the flag for the backend, and only there."""
+    import dataclasses
+
+    cb = get_codebase("sglang-0.5.23")
+    drawn = [s for _, s in examples(space_for(cb, family="flashinfer"), count=80, seed=2)]
+    flagged = collections.Counter(name for s in drawn for name in (s.env or {}))
+    assert set(flagged) <= set(cb.search_flags["flashinfer"]) and len(flagged) >= 2, flagged
+    assert all(len(s.env) == 1 and set(s.env.values()) == {"true"} for s in drawn if s.env)
+    assert not any(s.env for _, s in examples(space_for(cb, family="triton"), count=40, seed=2))
+    typo = dataclasses.replace(cb, search_flags={"flashinfer": ("SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLN",)})
+    with pytest.raises(ConfigError) as err:
+        space_for(typo, family="flashinfer")
+    assert "search_flags.flashinfer" in str(err.value) and "SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN" in str(err.value)
