@@ -222,12 +222,23 @@ def _page_size(allowed: tuple[int, ...] | None) -> st.SearchStrategy[int]:
 @st.composite
 def _spec(draw: Any, rule: Any) -> dict:
     topk_kind, steps_kind, tokens_kind = (field_kind(SpecShape, n) for n in ("topk", "num_steps", "num_draft_tokens"))
-    topk = draw(st.integers(topk_kind.low, min(rule.max_topk, 8, topk_kind.high)))
+    top = min(rule.max_topk, 8, topk_kind.high)
+    # Chain drafting (topk 1) one time in three: the engine's commonest draft and a branch of its
+    # own in the sizing and the backends (a tree of one), not one value in eight.
+    topk = topk_kind.low if draw(st.integers(0, 2)) == 0 else draw(st.integers(topk_kind.low, top))
     # A multi-step draft runs num_steps - 1 attention steps: at least one.
     low = max(steps_kind.low, 2 if rule.new_tokens == "draft_steps" else 1)
     steps = draw(st.integers(low, min(5, steps_kind.high)))
     room = draft_tree_capacity(topk=topk, num_steps=steps) if rule.draft_tree else 8
-    tokens = draw(st.integers(tokens_kind.low, max(tokens_kind.low, min(room, 16, tokens_kind.high))))
+    high = max(tokens_kind.low, min(room, 16, tokens_kind.high))
+    # The count a server sets for the draft (a chain's steps + 1, a tree's full capacity) one time in
+    # three, where the schema takes it: sizes that take the larger of steps x topk and the draft
+    # tokens tip over there.
+    usual = steps + 1 if topk == 1 else high
+    if tokens_kind.low <= usual <= high and draw(st.integers(0, 2)) == 0:
+        tokens = usual
+    else:
+        tokens = draw(st.integers(tokens_kind.low, high))
     return {"topk": topk, "num_steps": steps, "num_draft_tokens": tokens}
 
 

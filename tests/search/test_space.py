@@ -88,6 +88,11 @@ def test_edges_are_drawn_graph_padding_and_page_boundaries():
     )
     assert any(s.model.sliding_window is not None for s in drawn)
     assert any(s.max_context_len is not None for s in drawn)
+    # Chain drafting, and the draft-token count a server sets (a chain's steps + 1), as edges.
+    specs = [s.spec for s in drawn if s.spec is not None]
+    chains = [sp for sp in specs if sp.topk == 1]
+    assert len(chains) >= len(specs) // 4, (len(chains), len(specs))
+    assert sum(sp.num_draft_tokens == sp.num_steps + 1 for sp in chains) >= len(chains) // 4
 
 
 def test_family_and_mode_narrow_the_space():
