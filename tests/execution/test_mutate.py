@@ -371,15 +371,15 @@ def test_a_mutant_taken_from_the_mapped_memo_is_the_mutant_loaded_again(tmp_path
     """A served campaign takes mutants' mapped patches from the store folder's memo: each must be
     the candidate loading its diff gives (the store keys its cells on the patches)."""
     from sglfix.codebases import activate, get_codebase
-    from sglfix.execution.mutate import _generate, _load
+    from sglfix.execution.mutate import _generate, load_mutants
 
     codebase = get_codebase("reproduction")
     activate(codebase)
     name = "sglfix.backends.srt.layers.attention.flashinfer_mla_backend.FlashInferMLAAttnBackend.init_forward_metadata"
     mutants = _generate([name], codebase=codebase, operators=None)
-    loaded, errors = _load(mutants, codebase=codebase, memo_dir=str(tmp_path))
+    loaded, errors = load_mutants(mutants, codebase=codebase, memo_dir=str(tmp_path))
     assert mutants and not errors and (tmp_path / "mutants-mapped.json").exists()
-    memo, _ = _load(mutants, codebase=codebase, memo_dir=str(tmp_path))
+    memo, _ = load_mutants(mutants, codebase=codebase, memo_dir=str(tmp_path))
     assert [(c.id, repr(c.part), c.notes, c.title, c.sha256) for c in memo] == [
         (c.id, repr(c.part), c.notes, c.title, c.sha256) for c in loaded
     ]
