@@ -223,9 +223,9 @@ def _page_size(allowed: tuple[int, ...] | None) -> st.SearchStrategy[int]:
 def _spec(draw: Any, rule: Any) -> dict:
     topk_kind, steps_kind, tokens_kind = (field_kind(SpecShape, n) for n in ("topk", "num_steps", "num_draft_tokens"))
     top = min(rule.max_topk, 8, topk_kind.high)
-    # Chain drafting (topk 1) one time in three: the engine's commonest draft and a branch of its
-    # own in the sizing and the backends (a tree of one), not one value in eight.
-    topk = topk_kind.low if draw(st.integers(0, 2)) == 0 else draw(st.integers(topk_kind.low, top))
+    # Chain drafting (topk 1) one time in four besides: the engine's commonest draft and a branch of
+    # its own in the sizing and the backends (a tree of one), not one value in eight.
+    topk = topk_kind.low if draw(st.integers(0, 3)) == 0 else draw(st.integers(topk_kind.low, top))
     # A multi-step draft runs num_steps - 1 attention steps: at least one.
     low = max(steps_kind.low, 2 if rule.new_tokens == "draft_steps" else 1)
     steps = draw(st.integers(low, min(5, steps_kind.high)))
@@ -421,7 +421,10 @@ def _probe_node(draw: Any, space: Space, probe: str, mode: str) -> dict:
         node["cuda_graph"] = graph
     if "dcp_size" in reads and draw(st.booleans()):
         node["dcp_size"] = draw(st.sampled_from((2, 4)))
-    context = draw(st.sampled_from(("default", "tight", "roomy"))) if "max_context_len" in reads else "default"
+    # Mostly at the edge (the default is the longest prefix + 3, tight the batch's need + 0-3), now
+    # and then far from it.
+    shares = ("default", "default", "tight", "tight", "tight", "roomy")
+    context = draw(st.sampled_from(shares)) if "max_context_len" in reads else "default"
     if context != "default":
         margin = prule.prefix_margin or 0
         new = _new_tokens(rule, batch, spec, bs)

@@ -89,7 +89,7 @@ def test_a_live_bug_is_found_on_real_sglang_and_named_for_the_known_divergence_i
     report = tmp_path / "search.json"
     result = run_cli(
         "--profile", "sglang-0.5.23", "search", "--family", "probes", "--mode", "DECODE", "--device", "cpu",
-        "--examples", "60", "--no-cache", "--json", str(report), subprocess=True, timeout=300,
+        "--examples", "120", "--no-cache", "--json", str(report), subprocess=True, timeout=300,
     )  # fmt: skip
     assert result.code == 1, (result.out, result.err)
     data = json.loads(report.read_text())
