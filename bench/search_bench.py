@@ -120,6 +120,12 @@ def survivor_ids(path: str, *, profile: str, skip_families: set[str]) -> list[di
     return out
 
 
+def _where(row: dict) -> tuple:
+    """A survivor as a campaign's summary names it (its function under the package's srt, line,
+    operator and change): how an earlier output's rows are matched to this campaign's."""
+    return row["function"].split(".srt.")[-1], row["line"], row["operator"], row["mutated"]
+
+
 def replayed(meaning: str, ran: tuple[int, str, str, float], report: Path) -> dict:
     """Whether ``run --apply`` of the mutant on its shrunk scenario shows what the search said:
     its patched cell judged as the search judged it (BROKEN, CHANGED or FIXED), read from the
@@ -335,12 +341,8 @@ def main() -> int:
             rows = [r for r in rows if not args.family or r["family"] in args.family]
             rows = [r for r in rows if not args.match or any(m in r["function"] for m in args.match)]
             killed = json.loads(Path(args.after).read_text())["survivors"]["rows"] if args.after else []
-            done = {(r["function"].split(".srt.")[-1], r["line"], r["operator"], r["mutated"]) for r in killed}
-            rows = [
-                r
-                for r in rows
-                if (r["function"].split(".srt.")[-1], r["line"], r["operator"], r["mutated"]) not in done
-            ]
+            done = {_where(r) for r in killed}
+            rows = [r for r in rows if _where(r) not in done]
             if args.shard:
                 i, n = (int(x) for x in args.shard.split("/"))
                 rows = rows[i - 1 :: n]

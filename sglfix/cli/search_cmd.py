@@ -149,7 +149,6 @@ SEARCH_OPTIONS = (
 
 @takes(*SEARCH_OPTIONS)
 def search_cmd(ctx: typer.Context, **given: Any) -> None:
-
     from sglfix.execution.known import known_of
     from sglfix.execution.planner import Plan
     from sglfix.execution.runner import Runner

@@ -392,7 +392,7 @@ def search_on(
             break
         if judge.targets and judge.reaching and lines.focus(judge.reaching):
             outcome.focus = sorted(f"{w}/{m}" for w, m in judge.reaching)
-            say(f"search: {len(judge.reaching)} kind(s) enter the change's functions; most of the budget on them")
+            say(f"search: {len(judge.reaching)} kind(s) enter the change's functions; every other example on them")
     else:
         outcome.budget_hit = (
             f"--examples {budget.count}: none showed the target"
