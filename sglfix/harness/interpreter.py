@@ -22,9 +22,11 @@ the worker dies of it or computes on garbage; on a GPU it is an illegal address.
 accesses are checked against its arguments' storages first, and such a launch raises
 ``OutOfBounds`` (the code's CRASH, ``sglfix.harness.codefault``) before it touches anything.
 
-One correction rides along: the interpreter's ``tl.dot`` multiplies bfloat16 operands as raw
-bits; ``install`` widens them to float32 first (what the GPU computes), so bfloat16 cells of
-real sglang mean on CPU what they mean on the GPU.
+One correction rides along: the interpreter stores bfloat16 as uint16 and computes on those raw
+bits (``tl.dot``, elementwise arithmetic, comparisons, ``tl.sum``/``tl.max`` and scans all treat
+them as integers); ``install`` widens bfloat16 operands to float32 and rounds a bfloat16 result
+back (what the GPU computes), so bfloat16 cells of real sglang mean on CPU what they mean on the
+GPU.
 
 Both are installed per worker process (``install``); ``SGLFIX_KERNEL_MEMO=0`` turns the memo
 off (``SGLFIX_KERNEL_MEMO_MB`` sizes it, default 256 MiB per worker). ``stats()`` counts hits.
@@ -534,6 +536,92 @@ def _fix_bfloat16_dot(interp: Any) -> None:
     cls.create_dot = create_dot
 
 
+# Float ops of the interpreter's builder that read their operands' values (``fabs`` and
+# ``select`` move bits only and are right as they are).
+_FLOAT_OPS = (
+    "create_fadd", "create_fsub", "create_fmul", "create_fdiv", "create_frem", "create_fneg",
+    "create_precise_divf", "create_approx_divf", "create_fma",
+    "create_minimumf", "create_minnumf", "create_maximumf", "create_maxnumf",
+    "create_fcmpOLT", "create_fcmpOGT", "create_fcmpOLE", "create_fcmpOGE", "create_fcmpOEQ",
+    "create_fcmpONE", "create_fcmpULT", "create_fcmpUGT", "create_fcmpULE", "create_fcmpUGE",
+    "create_fcmpUEQ", "create_fcmpUNE",
+    "create_exp", "create_exp2", "create_log", "create_log2", "create_sqrt", "create_precise_sqrt",
+    "create_rsqrt", "create_cos", "create_sin", "create_floor", "create_ceil", "create_erf",
+    "create_clampf",
+)  # fmt: skip
+
+
+class _Bfloat16:
+    """Moves interpreter values between bfloat16's uint16 storage and float32."""
+
+    def __init__(self, interp: Any) -> None:
+        self.interp, self.tl = interp, interp.tl
+        self.bf16, self.f32 = interp.tl.bfloat16, interp.tl.float32
+
+    def is_handle(self, x: Any) -> bool:
+        return isinstance(x, self.interp.TensorHandle) and x.dtype == self.bf16
+
+    def is_tensor(self, x: Any, dtype: Any) -> bool:
+        return isinstance(x, self.tl.core.tensor) and x.dtype == dtype
+
+    def widen(self, h: Any) -> Any:
+        import numpy as np
+
+        bits = np.ascontiguousarray(h.data).view(np.uint16).astype(np.uint32) << 16
+        return self.interp.TensorHandle(bits.view(np.float32), self.f32)
+
+    def narrow(self, h: Any) -> Any:
+        """Round to nearest even (torch's cast), as the GPU's bfloat16 units round."""
+        import numpy as np
+        import torch
+
+        data = np.ascontiguousarray(np.asarray(h.data, dtype=np.float32))
+        bits = torch.from_numpy(data).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        return self.interp.TensorHandle(bits.reshape(data.shape), self.bf16)
+
+    def retype(self, t: Any, handle: Any, dtype: Any) -> Any:
+        return self.tl.core.tensor(handle, t.type.with_element_ty(dtype) if t.type.is_block() else dtype)
+
+
+def _fix_bfloat16_arith(interp: Any) -> None:
+    """Elementwise float ops and the numpy fast paths of reductions and scans run on bfloat16's
+    uint16 storage as integers (``a * b`` of 1.5 and 2.0 gives 0), so a kernel that multiplies or
+    sums bfloat16 tiles (sglang 0.5.23's MHA decode kernel does: ``q * k`` before its float32
+    cast) reads NaN or garbage on CPU. Each such op computes on the float32 values here and a
+    bfloat16 result is rounded back."""
+    bf = _Bfloat16(interp)
+
+    def wrap_op(original: Any) -> Any:
+        def op(self: Any, *args: Any, **kw: Any) -> Any:
+            if not any(bf.is_handle(a) for a in args):
+                return original(self, *args, **kw)
+            out = original(self, *(bf.widen(a) if bf.is_handle(a) else a for a in args), **kw)
+            return bf.narrow(out) if isinstance(out, interp.TensorHandle) and out.dtype == bf.f32 else out
+
+        return op
+
+    for name in _FLOAT_OPS:
+        if hasattr(interp.InterpreterBuilder, name):
+            setattr(interp.InterpreterBuilder, name, wrap_op(getattr(interp.InterpreterBuilder, name)))
+
+    def narrow_tensor(t: Any) -> Any:
+        return bf.retype(t, bf.narrow(t.handle), bf.bf16) if bf.is_tensor(t, bf.f32) else t
+
+    def wrap_fast_path(original: Any) -> Any:
+        def fast(self: Any, input: Any, *args: Any, **kw: Any) -> Any:
+            if not bf.is_tensor(input, bf.bf16):
+                return original(self, input, *args, **kw)
+            out = original(self, bf.retype(input, bf.widen(input.handle), bf.f32), *args, **kw)
+            return type(out)(map(narrow_tensor, out)) if isinstance(out, (list, tuple)) else narrow_tensor(out)
+
+        return fast
+
+    for klass, names in ((interp.ReduceOps, ("sum", "min_max")), (interp.ScanOps, ("cumsum", "cumprod"))):
+        for name in names:
+            if hasattr(klass, name):
+                setattr(klass, name, wrap_fast_path(getattr(klass, name)))
+
+
 def install() -> bool:
     """Install both in this process (interpreter mode only). False when this Triton's
     interpreter does not have the shape relied on; then nothing is changed."""
@@ -568,6 +656,8 @@ def install() -> bool:
     _make_builder_hooks(interp)
     if hasattr(interp, "TensorHandle"):
         _fix_bfloat16_dot(interp)
+        if all(hasattr(interp, n) for n in ("ReduceOps", "ScanOps")):
+            _fix_bfloat16_arith(interp)
     _STATE["installed"] = True
     _STATE["memo"] = envs.SGLFIX_KERNEL_MEMO.get()
     return True

@@ -161,3 +161,51 @@ def test_a_bfloat16_dot_means_on_cpu_what_it_means_on_the_gpu():
         errors[mode] = float(r.stdout.split()[-1])
     # Triton 3.9's own interpreter gives errors of ~1e10 here ("plain"); the hooks must not.
     assert errors["hooks"] < 1e-4, errors
+
+
+def test_bfloat16_arithmetic_means_on_cpu_what_it_means_on_the_gpu():
+    """The interpreter computes elementwise bfloat16 ops, comparisons, sums, maxima and scans on
+    bfloat16's uint16 storage as integers (sglang 0.5.23's MHA decode kernel multiplies bfloat16
+    q and k tiles and read NaN on CPU); with the hooks installed each is the float one, rounded
+    to bfloat16 as the GPU rounds."""
+    code = textwrap.dedent("""
+        import sys, torch, triton, triton.language as tl
+        from sglfix.harness import interpreter as it
+        if sys.argv[1] == "hooks":
+            assert it.install()
+
+        @triton.jit
+        def ops(a_ptr, b_ptr, o_ptr, N: tl.constexpr):
+            r = tl.arange(0, N)
+            a = tl.load(a_ptr + r)
+            b = tl.load(b_ptr + r)
+            tl.store(o_ptr + r, (a * b).to(tl.float32))
+            tl.store(o_ptr + N + r, (a - b * a).to(tl.float32))
+            tl.store(o_ptr + 2 * N + r, tl.where(a < b, 1.0, 0.0))
+            tl.store(o_ptr + 3 * N + r, tl.cumsum(a, 0).to(tl.float32))
+            tl.store(o_ptr + 4 * N, tl.sum(a * b, 0).to(tl.float32))
+            tl.store(o_ptr + 4 * N + 1, tl.max(a, 0).to(tl.float32))
+            tl.store(o_ptr + 4 * N + 2, tl.min(-a, 0).to(tl.float32))
+
+        N = 16
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(N, generator=g).to(torch.bfloat16)
+        b = torch.randn(N, generator=g).to(torch.bfloat16)
+        out = torch.zeros(5 * N)
+        ops[(1,)](a, b, out, N=N)
+        ref = torch.zeros(5 * N)
+        ref[:N] = (a * b).float()
+        ref[N : 2 * N] = (a - b * a).float()
+        ref[2 * N : 3 * N] = (a < b).float()
+        ref[3 * N : 4 * N] = a.float().cumsum(0)
+        ref[4 * N] = (a * b).float().sum()
+        ref[4 * N + 1] = a.float().max()
+        ref[4 * N + 2] = (-a).float().min()
+        err = ((out - ref).abs() / (1 + ref.abs())).nan_to_num(nan=float("inf"))
+        print(err.max().item())
+    """)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-c", code, "hooks"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    # The elementwise results are exact; sums and scans are rounded once to bfloat16 (~2**-8).
+    assert float(r.stdout.split()[-1]) < 1e-2, r.stdout
