@@ -705,6 +705,18 @@ def _check_hybrid_items(node: Any) -> None:
             f"{fi.max_group} per KV head",
             at=("model", "head_dim"),
         )
+    # GDN builds its segments only for a prefill-only batch (build_gdn_mis_metadata raises
+    # otherwise), and a request without items is a generate one (sglang's ForwardBatch asserts
+    # that every request of a multi-item batch carries delimiters).
+    scored = [i for i, request in enumerate(node.batch.items) if request is not None]
+    generating = [i for i, request in enumerate(node.batch.items) if request is None]
+    if scored and generating:
+        raise NodeError(
+            f"has batch.items[{generating[0]}] = null beside scored requests; GDN's multi-item scoring runs a "
+            "prefill-only batch only (a request without items generates): give it items or drop the other "
+            "requests' items",
+            at=("batch", "items", generating[0]),
+        )
     for i, (request, prefix) in enumerate(zip(node.batch.items, node.batch.prefix_lens)):
         if request is not None and prefix:
             raise NodeError(
@@ -715,7 +727,7 @@ def _check_hybrid_items(node: Any) -> None:
         if request is not None and not request:
             raise NodeError(
                 f"has batch.items[{i}] = []; GDN's multi-item scoring needs at least one item per scored request "
-                "(two delimiters): add an item or write null (a request that scores nothing)",
+                "(two delimiters): add an item",
                 at=("batch", "items", i),
             )
 

@@ -358,8 +358,11 @@ def _features(draw: Any, node: dict, *, space: Space, brule: Any, rule: Any) -> 
         batch["encoder_lens"] = [draw(st.integers(1, 2 * node.get("page_size", 1) + 1)) for _ in range(bs)]
     if backend in cb.multi_item_scoring and mode in brule.multi_item_modes and _sometimes(draw):
         items = []
+        # A hybrid's batch scores every request or none (GDN's scoring is prefill-only).
+        everyone = backend == "hybrid_linear" and draw(st.booleans())
         for i in range(bs):
-            request = draw(st.none() | st.lists(st.integers(1, 6), min_size=1, max_size=3))
+            one = st.lists(st.integers(1, 6), min_size=1, max_size=3)
+            request = draw(one if everyone else st.none() if backend == "hybrid_linear" else st.none() | one)
             items.append(request)
             if request is not None and isinstance(batch.get("extend_lens"), list):
                 # Room for a query, a delimiter before each item, the items and the closing one.

@@ -241,6 +241,7 @@ def test_a_multi_item_batch_runs_on_flashinfer_in_extend_only(tmp_path, backend,
 HYBRID_ITEMS_BAD = [
     ("prefix_lens: [0, 5], extend_lens: [9, 4], items: [[2, 1], [1]]", "", "has batch.prefix_lens[1] = 5 for a"),
     ("prefix_lens: [0, 0], extend_lens: [9, 4], items: [[2, 1], []]", "", "has batch.items[1] = []; GDN's"),
+    ("prefix_lens: [0, 0], extend_lens: [9, 4], items: [[2, 1], null]", "", "has batch.items[1] = null beside scored"),
     (
         "prefix_lens: [0, 0], extend_lens: [9, 4], items: [[2, 1], [1]]",
         "page_size: 16",
@@ -264,8 +265,10 @@ def test_a_hybrid_scores_items_only_as_sglang_does_gdn_over_flashinfer_without_p
     msg = _refused(tmp_path, f"name: x\nbackend: hybrid_linear\nmode: EXTEND\nbatch: {{{batch}}}\n{extra}\n")
     assert needle in msg and "\n" not in msg, msg
     text = "name: x\nbackend: hybrid_linear\nmode: EXTEND\nbatch: {prefix_lens: [0, 0], extend_lens: [9, 4], "
-    (ok,) = _load(tmp_path, text + "items: [[2, 1], null]}\n", name="ok.yaml")
-    assert ok.items == ((2, 1), None)
+    (ok,) = _load(tmp_path, text + "items: [[2, 1], [1]]}\n", name="ok.yaml")
+    assert ok.items == ((2, 1), (1,))
+    (generate,) = _load(tmp_path, text + "items: [null, null]}\n", name="generate.yaml")  # no request scores
+    assert generate.items == (None, None)
 
 
 # A plain EXTEND as sglang's full prefill graph (flashinfer only): capture_bs its token buckets.
