@@ -698,3 +698,34 @@ def test_the_draft_tree_judge_grows_the_tree_from_the_model_and_names_a_differen
     moved = [dict(steps[0]), steps[1]]
     moved[0]["out_cache_loc"] = [100, 104]
     assert "request 0 branch 1 owns slot 103" in _check_steps(moved, start=start, spec=spec)
+
+
+def test_the_decode_allocation_is_judged_where_it_starts_and_where_it_ends(tmp_path):
+    """The req_to_token probe judges a decode allocation against the request's own state, not the
+    figures the code under test returned: one that starts off the request's allocated length (a
+    held position handed a fresh slot, or a position no slot backs) and one that holds more than
+    the draft can write are both failures; a list one entry longer than the batch builds nothing
+    the engine reads and stays a survivor."""
+    require_sglang()
+    out = tmp_path / "m.json"
+    r = run_cli(
+        *("--profile", "sglang-0.5.23", "mutate", "--function", "*allocation_sizing.page_aligned_decode_alloc_lens"),
+        *("--operators", "off-by-one", "-s", "probe-req-to-token-*", "--device", "cpu", "--jobs", "2"),
+        *("--no-cache", "--json", str(out)),
+        env=clean_env(),
+        subprocess=True,
+        timeout=600,
+    )
+    assert r.code in (0, 1), r.stderr[-3000:]
+    mutants = {m["mutated"].strip(): m for m in json.loads(out.read_text())["mutants"]}
+
+    def killed_saying(mutated: str) -> str:
+        m = mutants[mutated]
+        assert m["status"] == "killed", m
+        return json.dumps(m["killed_by"])
+
+    assert "starts at" in killed_saying("cur = (r.kv.kv_allocated_len - 1)")
+    assert "starts at" in killed_saying("cur = (r.kv.kv_allocated_len + 1)")
+    over = next(k for k in mutants if k.endswith("// page_size * page_size + 1),"))
+    assert "no draft writes" in killed_saying(over)
+    assert mutants["cur_kv_lens = [0] * (len(reqs) + 1)"]["status"] == "survived"

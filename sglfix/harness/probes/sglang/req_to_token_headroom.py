@@ -18,7 +18,10 @@ reserved region (the larger of the two); with pages > 1 and topk > 1 every branc
 fresh page holding a copy of the prefix's last partial page (up to page_size - 1 tokens), so a
 branch spans ceil((page_size - 1 + num_steps) / page_size) pages; overlap scheduling reads the
 committed length one step late, so two steps are reserved; the end is rounded up to a page.
-Judged (INVARIANT): that end, and the allocation's, lie inside the row; after the real write
+Judged (INVARIANT): that end, and the allocation's, lie inside the row; the allocation starts
+where the request's allocated KV ends (an earlier start hands a held position a fresh slot, a
+later one leaves a position no slot backs) and ends no later than that footprint (every position
+past it is KV memory held that no draft writes, taken from other requests); after the real write
 every row still holds its own prefix slots and the new slots, and no row past the batch changed.
 """
 
@@ -195,6 +198,31 @@ class ReqToTokenHeadroom:
                 "INVARIANT",
                 f"request {b}'s decode allocation ends at {nxt[b]}, short of the draft footprint "
                 f"sglfix expects ({ceil_to(committed[b] + own, page)}: reserve {own}, allocated {reserve})",
+                first_bad_request=b,
+                **figures,
+            )
+        moved = [b for b in range(bs) if cur[b] != committed[b]]
+        if moved:
+            b = moved[0]
+            what = (
+                "hands a position it holds a fresh slot" if cur[b] < committed[b] else "leaves positions no slot backs"
+            )
+            result.add(
+                "INVARIANT",
+                f"page_aligned_decode_alloc_lens: request {b}'s allocation starts at {cur[b]}, but it holds "
+                f"{committed[b]} allocated tokens: the decode write {what}",
+                first_bad_request=b,
+                **figures,
+            )
+        held = [b for b in range(bs) if nxt[b] > ceil_to(committed[b] + own, page)]
+        if held:
+            b = max(held, key=lambda i: nxt[i] - ceil_to(committed[i] + own, page))
+            end = ceil_to(committed[b] + own, page)
+            result.add(
+                "INVARIANT",
+                f"request {b}'s decode allocation ends at {nxt[b]}, past the draft footprint sglfix expects "
+                f"({end}: reserve {own}, allocated {reserve}): {nxt[b] - end} KV positions held that no draft "
+                f"writes ({len(held)}/{bs} requests)",
                 first_bad_request=b,
                 **figures,
             )
