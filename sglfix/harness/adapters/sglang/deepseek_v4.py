@@ -130,11 +130,27 @@ class DeepseekV4DraftAdapter(AdapterBase):
         slots = case.slots
         findings: list[tuple[str, str]] = []
         steps = self._steps(backend)
+        if len(steps) != case.num_steps - 1:
+            # A draft of num_steps steps runs num_steps - 1 attention steps, each on its own backend.
+            findings.append(
+                (
+                    "INVARIANT",
+                    f"the multi-step backend holds {len(steps)} draft step backend(s) for {case.num_steps} steps "
+                    f"({case.num_steps - 1} wanted)",
+                )
+            )
         for i, step in enumerate(steps):
             view = _view(step.forward_metadata)
             if view is None:
                 findings.append(("INVARIANT", f"step {i}: no metadata after init_forward_metadata"))
                 continue
+            # The fields every decode step's kernels read: a None in their place is metadata lost.
+            lost = [n for n in ("req_pool_indices", "seq_lens") if hasattr(view, n) and getattr(view, n) is None]
+            locations = [n for n in ("out_cache_loc", "raw_out_loc", "swa_out_cache_loc") if hasattr(view, n)]
+            if locations and all(getattr(view, n) is None for n in locations):
+                lost.append("/".join(locations))
+            if lost:
+                findings.append(("INVARIANT", f"step {i}: {', '.join(lost)} None after init_forward_metadata"))
             expected = torch.tensor(slots.step_slots(i), dtype=torch.int64)
             for name in ("out_cache_loc", "raw_out_loc", "swa_out_cache_loc"):
                 got = getattr(view, name, None)

@@ -160,7 +160,7 @@ class SglangTritonAdapter(AdapterBase):
         return [("", metadata, int(forward_batch.batch_size))]
 
     def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
-        return decode_plan_findings(backend)
+        return decode_plan_findings(backend) + _glue_findings(prepared.case)
 
     def reference(self, prepared: Prepared) -> tuple[Any, Any]:
         return reference(prepared.case.truth)
@@ -243,3 +243,32 @@ class TritonAdapter(DraftOrDense):
 
 
 ADAPTER = TritonAdapter()
+
+
+def _glue_findings(case: Any) -> list[tuple[str, str]]:
+    """What the draft-extend glue hands the draft model besides attention metadata: an EAGLE draft
+    reads the hidden state of every window row it extends (the next round gathers the accepted
+    rows' states), so the glue's forward batch captures them all (FULL); a standalone draft model
+    keeps none."""
+    batch = getattr(case, "forward_batch", None)
+    if case.glue is None or batch is None or getattr(batch, "capture_hidden_mode", None) is None:
+        return (
+            []
+            if case.glue is None or batch is None
+            else [
+                (
+                    "INVARIANT",
+                    "the draft-extend glue's forward batch captures no hidden states (capture_hidden_mode None)",
+                )
+            ]
+        )
+    mode = getattr(batch.capture_hidden_mode, "name", str(batch.capture_hidden_mode))
+    if mode != "FULL":
+        return [
+            (
+                "INVARIANT",
+                f"the draft-extend glue captures the {mode} hidden states of its {batch.batch_size} request(s); "
+                "an EAGLE draft reads every window row's (FULL)",
+            )
+        ]
+    return []

@@ -171,16 +171,29 @@ def _idle_step(
     if forward_batch.batch_size > 0:
         backend.init_forward_metadata(forward_batch)
     fill = int(forward_batch.seq_lens[0]) if bs else 0
+    # The spec input's per-request counts after the padding (EagleDraftExtendInput.pad_batch):
+    # the backends read them a row per request (FlashInfer's window draft extend subtracts
+    # num_accept_tokens[:bs] from seq_lens; others read them whole).
+    spec_rows = {
+        name: int(value.shape[0])
+        for name in ("num_correct_drafts", "num_accept_tokens")
+        if isinstance(value := getattr(forward_batch.spec_info, name, None), torch.Tensor)
+    }
     observe("idle draft extend", getattr(backend, "forward_metadata", None), forward_batch)
-    return {"mode": mode, "bs": bs, "fill": fill}
+    return {"mode": mode, "bs": bs, "fill": fill, "spec_rows": spec_rows}
 
 
-def _judge(backend: Any, *, mode: str, bs: int, fill: int) -> list[str]:
+def _judge(backend: Any, *, mode: str, bs: int, fill: int, spec_rows: dict[str, int]) -> list[str]:
     """What is wrong with the metadata of a padded idle batch: ``bs`` rows, each ``fill`` positions
-    of request row 0."""
+    of request row 0, and the spec input's per-request counts a row each."""
     bad = []
     if mode != "IDLE":
         bad.append(f"the glue turned the idle batch into {mode}")
+    bad += [
+        f"spec_info.{name} holds {rows} rows for the padded batch of {bs}"
+        for name, rows in spec_rows.items()
+        if rows != bs
+    ]
     expected = [i * fill for i in range(bs + 1)]
     for what, indptr in _indptr_lists(backend):
         values = [int(x) for x in indptr.reshape(-1)[: bs + 2].tolist()]

@@ -124,6 +124,17 @@ class ReqToTokenHeadroom:
             width = context_len + headroom
             reserve = int(with_server_args(sizing.get_alloc_reserve_per_decode))
             cur, nxt = _decode_alloc_lens(sizing, committed, reserve=reserve, page_size=page)
+            if len(cur) != bs or len(nxt) != bs:
+                # The engine hands these on per request (alloc_for_spec_decode zips them strictly
+                # with the batch's requests; the paged allocator takes its batch size from them).
+                result.add(
+                    "INVARIANT",
+                    f"page_aligned_decode_alloc_lens: {len(cur)} current and {len(nxt)} next lengths for "
+                    f"{bs} requests (one each)",
+                    current=cur,
+                    next=nxt,
+                )
+                return
             shrunk = [b for b, (c, n) in enumerate(zip(cur, nxt)) if n < c]
             if shrunk:
                 # Nothing to assign: the sizing asks a request to give back slots it holds.
