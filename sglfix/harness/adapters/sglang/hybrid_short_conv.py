@@ -53,7 +53,9 @@ def short_conv_reference(
     if handle.layer_cache is None or handle.layer_cache.conv[0].data_ptr() != want_cache.conv[0].data_ptr():
         return f"the handle's layer cache is not the pool's conv state of layer {layer}"
     idx = handle.cache_indices
-    if idx is None or idx.numel() < bs:
+    # One slot per row, no more: the conv kernels take the number of sequences from its length
+    # (a verify reshapes its tokens by it).
+    if idx is None or idx.numel() != bs:
         return f"the handle's cache_indices hold {0 if idx is None else idx.numel()} entries for a batch of {bs}"
     if idx.dtype != torch.int64:
         return f"the handle's cache_indices are {idx.dtype}; the conv kernels index the pool with int64"
