@@ -402,7 +402,13 @@ def _probe_node(draw: Any, space: Space, probe: str, mode: str) -> dict:
     bs = draw(st.integers(1, space.max_requests))
     node: dict[str, Any] = {"probe": probe, "mode": mode}
     low = rule.engine_min_prefix
-    batch: dict[str, Any] = {"prefix_lens": [_tokens(draw, page=page, space=space, low=low) for _ in range(bs)]}
+    # Prefixes whose end after what a draft step writes (its tokens, its tree, the doubled reserve
+    # an overlapped step holds) lands on a page edge: a sizing a token or two off rounds to another
+    # page there and only there.
+    ahead = _draft_footprints(spec) if "spec" in prule.reads and page > 1 else []
+    shifted = [k * page - f for f in ahead for k in range(1, space.max_tokens // page + 3)]
+    prefix_lens = [_tokens(draw, page=page, space=space, low=low, extra=shifted) for _ in range(bs)]
+    batch: dict[str, Any] = {"prefix_lens": prefix_lens}
     if rule.takes_extend_lens:
         low = field_kind(BatchNode, "extend_lens").low
         batch["extend_lens"] = [_tokens(draw, page=page, space=space, low=low) for _ in range(bs)]
@@ -436,6 +442,13 @@ def _probe_node(draw: Any, space: Space, probe: str, mode: str) -> dict:
         # short (an allocation below what a step writes) shows apart from one that overflows a row.
         node["max_context_len"] = need + (draw(st.integers(0, 3)) if context == "tight" else draw(st.integers(16, 256)))
     return node
+
+
+def _draft_footprints(spec: dict) -> list[int]:
+    """What one draft step may write past a request's committed length: its verify tokens, its tree
+    (topk x steps), and twice the larger (a step overlapped with the next holds two)."""
+    tree = spec["topk"] * spec["num_steps"]
+    return sorted({spec["num_draft_tokens"], tree, 2 * max(tree, spec["num_draft_tokens"])})
 
 
 def node_name(node: dict) -> str:
