@@ -72,6 +72,17 @@ OPTIONS.update(
             ],
             False,
         ),
+        "survivors_every_cell": (
+            Annotated[
+                bool,
+                typer.Option(
+                    "--survivors-every-cell",
+                    help="A mutant the sampled cells did not show but that built something different there "
+                    "tries every other cell that reaches it before it is called a survivor.",
+                ),
+            ],
+            False,
+        ),
         "first_cells": (
             Annotated[
                 int,
@@ -134,6 +145,7 @@ MUTATE_OPTIONS = (
     "merge",
     "list_operators",
     "all_cells",
+    "survivors_every_cell",
     "first_cells",
     "more_cells",
     "fail_under",
@@ -202,6 +214,7 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
         first_cells=given["first_cells"],
         more_cells=given["more_cells"],
         all_cells=given["all_cells"],
+        survivors_every_cell=given["survivors_every_cell"],
     )
     campaign = run_campaign(settings, tgt, choice=choice, progress=progress, say=say)
     from sglfix.execution.mutate import campaign_report, catalogue_rows

@@ -105,6 +105,10 @@ class Choice:
     # of the cells that reach it those were.
     more_cells: int = 9
     all_cells: bool = False  # every reaching cell of every mutant
+    # A mutant that its sampled cells did not show but that built something different there (a
+    # survivor so far) tries every other cell that reaches it: a survivor is then one no scenario
+    # shows, not one the sample missed. The suspected equivalents keep to the sample.
+    survivors_every_cell: bool = False
     # These mutants instead of the operators' (each of a function the scenarios run: a test
     # plants one).
     given: tuple[Any, ...] | None = None
@@ -221,19 +225,17 @@ def run_campaign(
     run_settings = settings.model_copy(update={"record": (), "fingerprint": True, "reachability": False})
     mrunner = Runner(run_settings, mutant_target, what="mutate")
     results = _run_round(mrunner, first, progress=progress, campaign=campaign, name="mutants")
-    moved = _moved(results, baseline_of)
-    if not all_cells and choice.more_cells:
-        rest = {}
-        for mid, cells in reaching.items():
-            left = [s for s in cells if s not in first[mid]]
-            if mid not in moved and left:
-                rest[mid] = _sample(left, baseline_of, choice.more_cells, family=family[mid])
-        if rest:
-            say(
-                f"{len(moved)} mutant(s) shown by their first cells; {len(rest)} tried on up to "
-                f"{choice.more_cells} more of the cells that reach them"
-            )
-            results += _run_round(mrunner, rest, progress=progress, campaign=campaign, name="survivors")
+    if not all_cells:
+        results += _later_rounds(
+            results,
+            choice=choice,
+            reaching=reaching,
+            first=first,
+            baseline_of=baseline_of,
+            family=family,
+            run=lambda cells, name: _run_round(mrunner, cells, progress=progress, campaign=campaign, name=name),
+            say=say,
+        )
     campaign.reaching = {mid: len(cells) for mid, cells in reaching.items()}
     campaign.cells = results
     campaign.wall = time.perf_counter() - start
@@ -331,6 +333,78 @@ def _moved(results: list[Any], baseline_of: dict[str, Any]) -> set[str]:
         if v == base.verdict and fails_otherwise(cell, base.to_json()) is None:
             continue
         out.update(t.lstrip("+") for t in r.toggles)
+    return out
+
+
+def _later_rounds(
+    results: list[Any],
+    *,
+    choice: Choice,
+    reaching: dict[str, list[Any]],
+    first: dict[str, list[Any]],
+    baseline_of: dict[str, Any],
+    family: dict[str, str],
+    run: Callable[[dict[str, list[Any]], str], list[Any]],
+    say: Callable[[str], None],
+) -> list[Any]:
+    """The cells after the first round: a few more for the mutants their first cells did not
+    show, then (``survivors_every_cell``) every other reaching cell for the survivors so far."""
+    more: list[Any] = []
+    moved = _moved(results, baseline_of)
+    if choice.more_cells:
+        rest = {}
+        for mid, cells in reaching.items():
+            left = [s for s in cells if s not in first[mid]]
+            if mid not in moved and left:
+                rest[mid] = _sample(left, baseline_of, choice.more_cells, family=family[mid])
+        if rest:
+            say(
+                f"{len(moved)} mutant(s) shown by their first cells; {len(rest)} tried on up to "
+                f"{choice.more_cells} more of the cells that reach them"
+            )
+            more += run(rest, "survivors")
+            moved = _moved(results + more, baseline_of)
+    if choice.survivors_every_cell:
+        last = _untried_of_survivors(results + more, reaching=reaching, moved=moved, baseline_of=baseline_of)
+        if last:
+            say(
+                f"{len(last)} survivor(s) so far tried on every other cell that reaches them "
+                f"({sum(map(len, last.values()))} cells)"
+            )
+            more += run(last, "every cell")
+    return more
+
+
+def _untried_of_survivors(
+    results: list[Any], *, reaching: dict[str, list[Any]], moved: set[str], baseline_of: dict[str, Any]
+) -> dict[str, list[Any]]:
+    """Each survivor so far (not moved, built something different) -> the reaching cells it has
+    not run yet."""
+    tried: dict[str, set[str]] = {}
+    for r in results:
+        for t in r.toggles:
+            tried.setdefault(t.removeprefix("+"), set()).add(r.scenario)
+    different = _built_different(results, baseline_of)
+    last = {
+        mid: [s for s in cells if s.name not in tried.get(mid, ())]
+        for mid, cells in reaching.items()
+        if mid not in moved and mid in different
+    }
+    return {mid: cells for mid, cells in last.items() if cells}
+
+
+def _built_different(results: list[Any], baseline_of: dict[str, Any]) -> set[str]:
+    """The mutants (ids) some cell of ``results`` built different metadata or output for than its
+    baseline (by their digests; ``sglfix.report.mutation.classify`` calls the others suspected
+    equivalents)."""
+    out: set[str] = set()
+    for r in results:
+        base = baseline_of.get(r.scenario)
+        if base is None:
+            continue
+        mine, theirs = r.to_json().get("fingerprint") or {}, base.to_json().get("fingerprint") or {}
+        if any(mine.get(k) != theirs.get(k) for k in ("metadata", "output")):
+            out.update(t.removeprefix("+") for t in r.toggles)
     return out
 
 

@@ -416,3 +416,25 @@ def test_a_mutant_is_tried_on_its_own_backends_passing_cells_first():
     assert names(_sample(cells, baseline_of, 5, family="triton"))[4] in ("probe-a", "hybrid")
     assert names(_sample(cells, baseline_of, 2, family="common")) == ["probe-a", "probe-b"]
     assert names(_sample(cells, baseline_of, 2)) == ["probe-a", "probe-b"]
+
+
+def test_only_a_mutant_that_built_something_different_tries_every_cell():
+    """``--survivors-every-cell`` sends a mutant on to every other reaching cell only where a
+    sampled cell built other metadata or another output than its baseline (a survivor so far); a
+    mutant whose cells built the same stays a suspected equivalent over its sample."""
+    from sglfix.execution.mutate import _built_different
+    from sglfix.harness.result import CellResult
+
+    def cell(scenario, toggles, metadata, output="o"):
+        return CellResult(scenario, toggles, "cpu", fingerprint={"metadata": metadata, "output": output})
+
+    baselines = {"a": cell("a", [], "m"), "b": cell("b", [], "m")}
+    results = [
+        cell("a", ["+m-same"], "m"),
+        cell("b", ["+m-same"], "m"),
+        cell("a", ["+m-meta"], "m"),
+        cell("b", ["+m-meta"], "other"),
+        cell("a", ["+m-out"], "m", output="p"),
+        cell("c", ["+m-nobase"], "x"),
+    ]
+    assert _built_different(results, baselines) == {"m-meta", "m-out"}
