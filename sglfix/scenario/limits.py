@@ -116,7 +116,8 @@ LIMITS: tuple[Limit, ...] = (
         "`batch.items`",
         "per request: a list of item lengths (0 .. 131,072 each), or null",
         "real sglang `flashinfer` and `hybrid_linear` (GDN over FlashInfer, page size 1, no cached prefix, at "
-        "least one item per scored request), EXTEND, eager: a multi-item scoring batch (--enable-mis): each "
+        "least one item per scored request, every request scored or none: GDN scores a prefill-only batch), "
+        "EXTEND, eager: a multi-item scoring batch (--enable-mis): each "
         "request's new "
         "tokens are its query (at least one token), a delimiter before every item and one after the last; "
         "null, a request without delimiters (every request null: a batch with no delimiter lists); no "
