@@ -20,7 +20,7 @@ ROWS, PREFIXED_ROWS = 21, 5 + 9
 
 
 def _cells(tmp_path: Path, *args: str) -> dict[str, dict]:
-    cells = run_cli(tmp_path, "-s", "sglang-fimla-mha-*", *args)["cells"]
+    cells = run_cli(tmp_path, "-s", "sglang-fimla-mha-extend@*", *args)["cells"]
     return {("+" if c.get("toggles") else "") + c["scenario"]: c for c in cells}
 
 
