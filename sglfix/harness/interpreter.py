@@ -586,7 +586,7 @@ class _Bfloat16:
 def _fix_bfloat16_arith(interp: Any) -> None:
     """Elementwise float ops and the numpy fast paths of reductions and scans run on bfloat16's
     uint16 storage as integers (``a * b`` of 1.5 and 2.0 gives 0), so a kernel that multiplies or
-    sums bfloat16 tiles (sglang 0.5.23's MHA decode kernel does: ``q * k`` before its float32
+    sums bfloat16 tiles (sglang's MHA decode kernel does: ``q * k`` before its float32
     cast) reads NaN or garbage on CPU. Each such op computes on the float32 values here and a
     bfloat16 result is rounded back."""
     bf = _Bfloat16(interp)

@@ -38,6 +38,7 @@ EXPECT = {
         "probe-req-to-token-chain-paged": "INVARIANT",
         "probe-req-to-token-chain-dcp": "INVARIANT",
         "probe-req-to-token-tree-dcp": "INVARIANT",
+        "probe-req-to-token-tree-aligned": "INVARIANT",
     },
     "26329": {"probe-eagle-prefill-tail": "DIVERGE"},
     "25015": {"probe-draft-positions-chain": "DIVERGE", "probe-draft-positions-tree": "DIVERGE"},
