@@ -394,16 +394,17 @@ def _untried_of_survivors(
 
 
 def _built_different(results: list[Any], baseline_of: dict[str, Any]) -> set[str]:
-    """The mutants (ids) some cell of ``results`` built different metadata or output for than its
-    baseline (by their digests; ``sglfix.report.mutation.classify`` calls the others suspected
-    equivalents)."""
+    """The mutants (ids) that ``sglfix.report.mutation.classify`` could not call suspected
+    equivalents from ``results``: some cell built other metadata than its baseline (or has no
+    metadata digest to tell), or another output."""
     out: set[str] = set()
     for r in results:
         base = baseline_of.get(r.scenario)
         if base is None:
             continue
         mine, theirs = r.to_json().get("fingerprint") or {}, base.to_json().get("fingerprint") or {}
-        if any(mine.get(k) != theirs.get(k) for k in ("metadata", "output")):
+        meta, output = mine.get("metadata"), mine.get("output")
+        if meta is None or meta != theirs.get("metadata") or (output and theirs.get("output") not in (None, output)):
             out.update(t.removeprefix("+") for t in r.toggles)
     return out
 

@@ -436,5 +436,6 @@ def test_only_a_mutant_that_built_something_different_tries_every_cell():
         cell("b", ["+m-meta"], "other"),
         cell("a", ["+m-out"], "m", output="p"),
         cell("c", ["+m-nobase"], "x"),
+        cell("a", ["+m-undigested"], None),  # nothing to tell it equivalent by: a survivor so far
     ]
-    assert _built_different(results, baselines) == {"m-meta", "m-out"}
+    assert _built_different(results, baselines) == {"m-meta", "m-out", "m-undigested"}
