@@ -518,17 +518,12 @@ def _fix_bfloat16_dot(interp: Any) -> None:
     bfloat16 as uint16 and converts only 8-bit floats before the product), so every bfloat16
     attention kernel of real sglang is wrong on CPU and right on the GPU. Widening bfloat16 to
     float32 first is exact and is what the GPU's tensor cores accumulate in."""
-    import numpy as np
-
     cls = interp.InterpreterBuilder
     original = cls.create_dot
-    bf16 = interp.tl.bfloat16
+    bf = _Bfloat16(interp)
 
     def widen(h: Any) -> Any:
-        if h.dtype != bf16:
-            return h
-        bits = np.ascontiguousarray(h.data).view(np.uint16).astype(np.uint32) << 16
-        return interp.TensorHandle(bits.view(np.float32), interp.tl.float32)
+        return bf.widen(h) if bf.is_handle(h) else h
 
     def create_dot(self: Any, a: Any, b: Any, d: Any, *rest: Any, **kw: Any) -> Any:
         return original(self, widen(a), widen(b), d, *rest, **kw)

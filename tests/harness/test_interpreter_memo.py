@@ -130,15 +130,29 @@ def test_a_matrix_slice_is_the_same_with_the_memo_on_and_off(tmp_path, monkeypat
     assert memo["memo"] is True and memo["hits"] > memo["launches"] // 2, memo
 
 
+# What both bfloat16 tests run first: the hooks installed or not (argv[1]: "hooks" or "plain").
+_BF16_HEADER = textwrap.dedent("""
+    import sys, torch, triton, triton.language as tl
+    from sglfix.harness import interpreter as it
+    if sys.argv[1] == "hooks":
+        assert it.install()
+""")
+
+
+def _error_printed(code: str, mode: str) -> float:
+    """The last number ``code`` prints, run under the interpreter after ``_BF16_HEADER``."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run(
+        [sys.executable, "-c", _BF16_HEADER + code, mode], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    return float(r.stdout.split()[-1])
+
+
 def test_a_bfloat16_dot_means_on_cpu_what_it_means_on_the_gpu():
     """The interpreter multiplies bfloat16 dot operands as raw bits (sglang's attention kernels
     dot bfloat16 directly); with the hooks installed the product is the float32 one."""
     code = textwrap.dedent("""
-        import sys, torch, triton, triton.language as tl
-        from sglfix.harness import interpreter as it
-        if sys.argv[1] == "hooks":
-            assert it.install()
-
         @triton.jit
         def mm(a_ptr, b_ptr, c_ptr, N: tl.constexpr):
             r = tl.arange(0, N)
@@ -153,27 +167,17 @@ def test_a_bfloat16_dot_means_on_cpu_what_it_means_on_the_gpu():
         mm[(1,)](a, b, c, N=16)
         print((c - a.float() @ b.float()).abs().max().item())
     """)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    errors = {}
-    for mode in ("plain", "hooks"):
-        r = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, env=env, timeout=120)
-        assert r.returncode == 0, r.stderr
-        errors[mode] = float(r.stdout.split()[-1])
+    errors = {mode: _error_printed(code, mode) for mode in ("plain", "hooks")}
     # Triton 3.9's own interpreter gives errors of ~1e10 here ("plain"); the hooks must not.
     assert errors["hooks"] < 1e-4, errors
 
 
 def test_bfloat16_arithmetic_means_on_cpu_what_it_means_on_the_gpu():
     """The interpreter computes elementwise bfloat16 ops, comparisons, sums, maxima and scans on
-    bfloat16's uint16 storage as integers (sglang 0.5.23's MHA decode kernel multiplies bfloat16
+    bfloat16's uint16 storage as integers (sglang's MHA decode kernel multiplies bfloat16
     q and k tiles and read NaN on CPU); with the hooks installed each is the float one, rounded
     to bfloat16 as the GPU rounds."""
     code = textwrap.dedent("""
-        import sys, torch, triton, triton.language as tl
-        from sglfix.harness import interpreter as it
-        if sys.argv[1] == "hooks":
-            assert it.install()
-
         @triton.jit
         def ops(a_ptr, b_ptr, o_ptr, N: tl.constexpr):
             r = tl.arange(0, N)
@@ -204,8 +208,5 @@ def test_bfloat16_arithmetic_means_on_cpu_what_it_means_on_the_gpu():
         err = ((out - ref).abs() / (1 + ref.abs())).nan_to_num(nan=float("inf"))
         print(err.max().item())
     """)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    r = subprocess.run([sys.executable, "-c", code, "hooks"], capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 0, r.stderr
     # The elementwise results are exact; sums and scans are rounded once to bfloat16 (~2**-8).
-    assert float(r.stdout.split()[-1]) < 1e-2, r.stdout
+    assert _error_printed(code, "hooks") < 1e-2
