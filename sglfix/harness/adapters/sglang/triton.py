@@ -251,18 +251,14 @@ def _glue_findings(case: Any) -> list[tuple[str, str]]:
     rows' states), so the glue's forward batch captures them all (FULL); a standalone draft model
     keeps none."""
     batch = getattr(case, "forward_batch", None)
-    if case.glue is None or batch is None or getattr(batch, "capture_hidden_mode", None) is None:
-        return (
-            []
-            if case.glue is None or batch is None
-            else [
-                (
-                    "INVARIANT",
-                    "the draft-extend glue's forward batch captures no hidden states (capture_hidden_mode None)",
-                )
-            ]
-        )
-    mode = getattr(batch.capture_hidden_mode, "name", str(batch.capture_hidden_mode))
+    if case.glue is None or batch is None:
+        return []
+    captured = getattr(batch, "capture_hidden_mode", None)
+    if captured is None:
+        return [
+            ("INVARIANT", "the draft-extend glue's forward batch captures no hidden states (capture_hidden_mode None)")
+        ]
+    mode = getattr(captured, "name", str(captured))
     if mode != "FULL":
         return [
             (

@@ -179,7 +179,8 @@ class ReqToTokenHeadroom:
         own = own_decode_reserve(
             page_size=page, topk=spec.topk, num_steps=spec.num_steps, num_draft_tokens=spec.num_draft_tokens
         )
-        need = [max(n, ceil_to(c + own, page)) for c, n in zip(committed, nxt)]
+        own_end = [ceil_to(c + own, page) for c in committed]  # where sglfix expects each allocation to end
+        need = [max(n, e) for e, n in zip(own_end, nxt)]
         worst = max(range(bs), key=lambda b: need[b])
         figures = dict(
             context_len=context_len,
@@ -188,7 +189,7 @@ class ReqToTokenHeadroom:
             reserve=reserve,
             own_reserve=own,
             alloc_end=nxt,
-            own_end=[ceil_to(c + own, page) for c in committed],
+            own_end=own_end,
             committed=committed,
         )
         over = [b for b in range(bs) if need[b] > width]
@@ -203,12 +204,12 @@ class ReqToTokenHeadroom:
                 first_bad_request=b,
                 **figures,
             )
-        if any(n < ceil_to(c + own, page) for c, n in zip(committed, nxt)):
-            b = next(i for i in range(bs) if nxt[i] < ceil_to(committed[i] + own, page))
+        if any(n < e for e, n in zip(own_end, nxt)):
+            b = next(i for i in range(bs) if nxt[i] < own_end[i])
             result.add(
                 "INVARIANT",
                 f"request {b}'s decode allocation ends at {nxt[b]}, short of the draft footprint "
-                f"sglfix expects ({ceil_to(committed[b] + own, page)}: reserve {own}, allocated {reserve})",
+                f"sglfix expects ({own_end[b]}: reserve {own}, allocated {reserve})",
                 first_bad_request=b,
                 **figures,
             )
@@ -225,10 +226,10 @@ class ReqToTokenHeadroom:
                 first_bad_request=b,
                 **figures,
             )
-        held = [b for b in range(bs) if nxt[b] > ceil_to(committed[b] + own, page)]
+        held = [b for b in range(bs) if nxt[b] > own_end[b]]
         if held:
-            b = max(held, key=lambda i: nxt[i] - ceil_to(committed[i] + own, page))
-            end = ceil_to(committed[b] + own, page)
+            b = max(held, key=lambda i: nxt[i] - own_end[i])
+            end = own_end[b]
             result.add(
                 "INVARIANT",
                 f"request {b}'s decode allocation ends at {nxt[b]}, past the draft footprint sglfix expects "
