@@ -395,16 +395,14 @@ def _untried_of_survivors(
 
 def _built_different(results: list[Any], baseline_of: dict[str, Any]) -> set[str]:
     """The mutants (ids) that ``sglfix.report.mutation.classify`` could not call suspected
-    equivalents from ``results``: some cell built other metadata than its baseline (or has no
-    metadata digest to tell), or another output."""
+    equivalents from ``results``: some cell did not build what its baseline built
+    (``built_same``)."""
+    from sglfix.report.mutation import built_same
+
     out: set[str] = set()
     for r in results:
         base = baseline_of.get(r.scenario)
-        if base is None:
-            continue
-        mine, theirs = r.to_json().get("fingerprint") or {}, base.to_json().get("fingerprint") or {}
-        meta, output = mine.get("metadata"), mine.get("output")
-        if meta is None or meta != theirs.get("metadata") or (output and theirs.get("output") not in (None, output)):
+        if base is not None and not built_same(r.to_json(), base.to_json()):
             out.update(t.removeprefix("+") for t in r.toggles)
     return out
 

@@ -213,6 +213,15 @@ def _digest(cell: dict | None, key: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def built_same(cell: dict, baseline: dict | None) -> bool:
+    """Whether ``cell`` built what its baseline built, by the digests (``fingerprint``): the same
+    metadata digest (one there to compare) and no output digest that differs. A mutant whose every
+    cell did is a suspected equivalent."""
+    meta = _digest(cell, "metadata")
+    out, was = _digest(cell, "output"), _digest(baseline, "output")
+    return meta is not None and meta == _digest(baseline, "metadata") and not (out and was and out != was)
+
+
 def classify(
     *,
     cells: Sequence[dict],
@@ -262,12 +271,9 @@ def classify(
         out.status = Status.NOT_REACHED
     else:
         out.status = Status.SURVIVED
-        same = all(
-            _digest(c, "metadata") is not None and _digest(c, "metadata") == _digest(b, "metadata") for c, b in ran
-        )
         outputs = [(_digest(c, "output"), _digest(b, "output")) for c, b in ran]
         out.output_changed = sum(o is not None and w is not None and o != w for o, w in outputs)
-        if same and not out.output_changed:
+        if all(built_same(c, b) for c, b in ran):
             identical = True if all(o is not None and o == w for o, w in outputs) else None
             out.status = Status.EQUIVALENT
             out.evidence = {"cells": len(ran), "outputs_identical": identical}
