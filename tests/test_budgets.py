@@ -199,6 +199,15 @@ def test_a_moved_test_file_keeps_its_measure(tmp_path):
     assert list(budgets.files) == ["tests/execution/test_moved.py", "tests/test_gone.py", "tests/test_stays.py"]
 
 
+def test_every_test_file_of_the_suite_has_a_budget():
+    # A file without one fails the whole suite's run only at its end (CI's exit 1 after twenty
+    # minutes); this says so when the file is added.
+    root = Path(__file__).parent.parent
+    budgets = json.loads((root / "tests" / "budgets.json").read_text())["files"]
+    files = sorted(str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py"))
+    assert [f for f in files if f not in budgets] == []
+
+
 def _run_spread(pytester: pytest.Pytester, path, *args: str) -> pytest.RunResult:
     return pytester.runpytest_subprocess(
         "-p", "xdist.plugin", "-p", "budgets", "--budgets", str(path), "-p", "no:cacheprovider", *args
