@@ -73,12 +73,12 @@ class Fingerprint:
                 self._add(name, name.encode() + b"=" + _bytes(host.get(name, value)))
 
     def add_object(self, label: str, obj: Any) -> None:
-        """Digest ``obj`` as an object graph (``_walk``)."""
+        """Digest ``obj`` as an object graph (``_walk``), named by ``label`` among the fields."""
         self.views += 1
         h = hashlib.sha256()
         h.update(f"{label}|".encode())
         _walk(obj, h, depth=_DEPTH, seen=set())
-        self._parts.append((None, h.digest()))
+        self._parts.append((f"{_OBJECT}{label}", h.digest()))
 
     def mark_unread(self, fields: dict[str, str]) -> None:
         """Fields of the views that no kernel of this cell read (field -> why): left out of the
@@ -87,6 +87,16 @@ class Fingerprint:
 
     def add_output(self, out: Any) -> None:
         self.output = hashlib.sha256(_bytes(out)).hexdigest()[:16]
+
+    def fields(self) -> dict[str, str]:
+        """A short digest per field (its parts over every view, in order), less the unread ones:
+        where two cells' metadata digests differ, the fields that differ say what was built
+        differently (a survivor's lead, ``sglfix.report.mutation``)."""
+        per: dict[str, Any] = {}
+        for field, part in self._parts:
+            if field is not None and field not in self.unread:
+                per.setdefault(field, hashlib.sha256()).update(part)
+        return {name: h.hexdigest()[:8] for name, h in sorted(per.items())}
 
     @property
     def metadata(self) -> Any:
@@ -102,6 +112,8 @@ class Fingerprint:
         # digest of nothing, which would read as "the same metadata".
         metadata = self.metadata.hexdigest()[:16] if self.views else None
         out = {"metadata": metadata, "output": self.output, "views": self.views}
+        if self.views:
+            out["fields"] = self.fields()
         if self.unread:
             out["unread"] = dict(sorted(self.unread.items()))
         return out
@@ -157,6 +169,9 @@ def _bytes(value: Any) -> bytes:
         return repr(list(value)).encode()
     return f"<{type(value).__name__}>".encode()
 
+
+# A probe's observed object among the fields: its label behind this mark (no metadata field has it).
+_OBJECT = "observed:"
 
 # How deep ``observe`` follows attributes: a backend -> its metadata -> a wrapper -> its plan arrays.
 _DEPTH = 4

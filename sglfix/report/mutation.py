@@ -195,6 +195,9 @@ class Classified:
     cells: int = 0
     evidence: dict | None = None  # equivalent: {"cells": N, "outputs_identical": bool | None}
     output_changed: int = 0  # cells whose output digest differs from the baseline's, no verdict moved
+    # A survivor: what it built differently from the baselines (``built_differently``), each with
+    # the number of its cells where it did.
+    built_different: dict[str, int] = field(default_factory=dict)
 
 
 def _ref(cell: dict, meaning: CellMeaning | None, baseline: dict | None) -> dict:
@@ -220,6 +223,38 @@ def built_same(cell: dict, baseline: dict | None) -> bool:
     meta = _digest(cell, "metadata")
     out, was = _digest(cell, "output"), _digest(baseline, "output")
     return meta is not None and meta == _digest(baseline, "metadata") and not (out and was and out != was)
+
+
+# What ``built_differently`` names where the digests say more than the fields do.
+NO_DIGEST = "(no metadata digest)"
+VIEWS = "(the views' phases or rows)"
+OUTPUT = "(output)"
+
+
+def built_differently(cell: dict, baseline: dict | None) -> list[str]:
+    """What ``cell`` built that its baseline did not, by the fingerprints' per-field digests: the
+    metadata fields (a probe's observed objects as ``observed:<label>``) whose digests differ,
+    ``(output)`` when the output digests differ, ``(no metadata digest)`` when either side has
+    none to compare, and ``(the views' phases or rows)`` when the metadata digests differ and no
+    field does. Empty: it built the same (``built_same``)."""
+    meta, was = _digest(cell, "metadata"), _digest(baseline, "metadata")
+    out: list[str] = []
+    if meta is None or was is None:
+        out.append(NO_DIGEST)
+    elif meta != was:
+        mine, theirs = _field_digests(cell), _field_digests(baseline)
+        named = sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
+        out.extend(named or [VIEWS])
+    o, w = _digest(cell, "output"), _digest(baseline, "output")
+    if o and w and o != w:
+        out.append(OUTPUT)
+    return out
+
+
+def _field_digests(cell: dict | None) -> dict[str, str]:
+    fp = (cell or {}).get("fingerprint")
+    fields = fp.get("fields") if isinstance(fp, dict) else None
+    return dict(fields) if isinstance(fields, dict) else {}
 
 
 def classify(
@@ -277,6 +312,10 @@ def classify(
             identical = True if all(o is not None and o == w for o, w in outputs) else None
             out.status = Status.EQUIVALENT
             out.evidence = {"cells": len(ran), "outputs_identical": identical}
+        else:
+            for c, b in ran:
+                for name in built_differently(c, b):
+                    out.built_different[name] = out.built_different.get(name, 0) + 1
     return out
 
 
@@ -343,6 +382,7 @@ def hint(
     selected: Sequence[ScenarioRun],
     skipped: Sequence[str] = (),
     output_changed: int = 0,
+    built_different: Mapping[str, int] | None = None,
 ) -> str:
     """One line for a survivor or a not-reached mutant: what scenario would reach or kill it.
     ``reached``: the selected scenarios whose cell ran it; ``selected``: every selected one;
@@ -364,6 +404,13 @@ def hint(
             if output_changed
             else ""
         )
+        fields = {k: n for k, n in (built_different or {}).items() if k not in (OUTPUT, NO_DIGEST)}
+        if fields:
+            top = sorted(fields.items(), key=lambda kv: (-kv[1], kv[0]))[:4]
+            named = ", ".join(f"{k} in {n}" for k, n in top) + (
+                f" and {len(fields) - 4} more" if len(fields) > 4 else ""
+            )
+            seen += f"; it built {named} cell(s) differently, which nothing judged: judge what reads them, or show they are unread"
         return (
             f"{by}, none changed: a scenario whose output or metadata depends on this change "
             f"({mutant.description}) would see it{also}{seen}"
@@ -447,6 +494,9 @@ class MutantResult(ClosedModel):
     killed_by: list[CellRef] = []
     not_judged: list[CellRef] = []
     evidence: Evidence | None = None
+    # A survivor: what it built differently from the baselines (metadata fields, ``(output)``, ...:
+    # ``built_differently``) -> the number of its cells where it did.
+    built_different: dict[str, Count] = {}
     hint: str = ""
 
     @model_validator(mode="after")
@@ -637,6 +687,7 @@ def build_mutation_report(
                 selected=scenarios,
                 skipped=c.skipped,
                 output_changed=c.output_changed,
+                built_different=c.built_different,
             )
         rows.append(
             {
@@ -650,6 +701,7 @@ def build_mutation_report(
                 "killed_by": list(c.killed_by),
                 "not_judged": list(c.not_judged),
                 "evidence": c.evidence,
+                "built_different": dict(sorted(c.built_different.items())),
                 "hint": said,
             }
         )

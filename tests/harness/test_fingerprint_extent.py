@@ -142,3 +142,19 @@ def test_a_zero_dim_tensor_digests_by_its_value():
     assert _digest(zero, reads=None) != _digest(
         SimpleNamespace(max_len=torch.tensor([4], dtype=torch.int32)), reads=None
     )
+
+
+def test_each_field_has_its_own_digest_so_a_difference_says_where():
+    def fields(view: SimpleNamespace) -> dict:
+        fp = Fingerprint()
+        fp.add_views([("eager", view, 2)], reads=READS)
+        fp.add_views([("replay", view, 2)], reads=READS)
+        return fp.to_json()["fields"]
+
+    same = fields(_view())
+    other = fields(_view(kv_indices=torch.tensor([7, 8, 9, 1, 3, 0, 0], dtype=torch.int32)))
+    assert sorted(k for k in same if same[k] != other[k]) == ["kv_indices"]
+    # A probe's objects are named by their labels.
+    with fingerprinting() as fp:
+        observe("sizing", [1, 2])
+    assert list(fp.to_json()["fields"]) == ["observed:sizing#0"]

@@ -11,10 +11,14 @@ import pytest
 from sglfix.common.errors import ConfigError
 from sglfix.mutation.model import Mutant, mutant_id
 from sglfix.report.mutation import (
+    NO_DIGEST,
+    OUTPUT,
+    VIEWS,
     MutantResult,
     ScenarioRun,
     Status,
     build_mutation_report,
+    built_differently,
     check_fail_under,
     check_mutation_report,
     classify_report,
@@ -194,6 +198,29 @@ def test_equivalent_only_with_matching_fingerprints_on_every_cell(report):
     for name in ("one_unprinted", "survived", "output_moved"):
         assert rows[name]["evidence"] is None, name
     assert "output changed in 1 cell(s)" in rows["output_moved"]["hint"]
+
+
+def test_a_survivor_names_what_it_built_differently_field_by_field():
+    m = _mutant("built_other_indices")
+    base_fp = {"metadata": "a1" * 8, "output": "b1" * 8, "fields": {"kv_indptr": "11", "kv_indices": "22"}}
+    other = {"metadata": "c1" * 8, "output": "d1" * 8, "fields": {"kv_indptr": "11", "kv_indices": "33"}}
+    unprinted = _cell("s3", "PASS", m)
+    base = {"s1": _cell("s1", "PASS", fingerprint=base_fp), "s3": _cell("s3", "PASS", fingerprint=FP3)}
+    cells = [_cell("s1", "PASS", m, fingerprint=other), unprinted]
+    report = {"tool": "sglfix", "cells": [*base.values(), *cells]}
+    (got,) = classify_report(report=report, mutants=[m]).values()
+    assert got.status is Status.SURVIVED
+    # The field that differs, the output, and the cell that has nothing to compare; never kv_indptr.
+    assert got.built_different == {"kv_indices": 1, OUTPUT: 1, NO_DIGEST: 1}
+    said = hint(
+        mutant=m, status=got.status, reached=SCENARIOS[:1], selected=SCENARIOS, built_different=got.built_different
+    )
+    assert "kv_indices in 1 cell(s) differently" in said and "kv_indptr" not in said
+    # Digests that differ with no field to say where: the views themselves.
+    assert built_differently(
+        {"fingerprint": {**other, "fields": base_fp["fields"], "output": "b1" * 8}}, base["s1"]
+    ) == [VIEWS]
+    assert built_differently(base["s1"], base["s1"]) == []
 
 
 def test_a_baseline_that_did_not_run_to_a_verdict_judges_nothing():
