@@ -57,6 +57,18 @@ OPTIONS.update(
             ],
             [],
         ),
+        "again": (
+            Annotated[
+                str | None,
+                typer.Option(
+                    "--again",
+                    metavar="REPORT",
+                    help="Run again only the survivors of this earlier campaign's JSON report (after a new "
+                    "judge or scenario), by mutant id on the code base as it is; --function narrows them.",
+                ),
+            ],
+            None,
+        ),
         "list_operators": (
             Annotated[bool, typer.Option("--list-operators", help="List the operators and exit.")],
             False,
@@ -143,6 +155,7 @@ MUTATE_OPTIONS = (
     "operators",
     "show",
     "merge",
+    "again",
     "list_operators",
     "all_cells",
     "survivors_every_cell",
@@ -199,6 +212,7 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
         report = merge_mutation_reports([load_mutation_report(p) for p in given["merge"]], names=given["merge"])
         _write_and_print(report, outputs, given)
         return
+    again = _survivors_of(opts, given["again"], functions=functions, operators=operators) if given["again"] else None
     from sglfix.cli.common import progress, target
 
     tgt = target(opts)
@@ -215,6 +229,7 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
         more_cells=given["more_cells"],
         all_cells=given["all_cells"],
         survivors_every_cell=given["survivors_every_cell"],
+        given=again,
     )
     campaign = run_campaign(settings, tgt, choice=choice, progress=progress, say=say)
     from sglfix.execution.mutate import campaign_report, catalogue_rows
@@ -230,6 +245,41 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
         catalogue=catalogue_rows(tgt, operators=operators),
     )
     _write_and_print(report, outputs, given)
+
+
+def _survivors_of(opts: Any, path: str, *, functions: Any, operators: Any) -> tuple[Any, ...]:
+    """The survivors of the mutation report at ``path`` as mutants of the installed code base
+    (``--function`` and ``--operators`` narrow them), each found again by its id: an id the code
+    base no longer yields (its line changed) is refused, naming it, before any cell runs."""
+    import fnmatch
+
+    from sglfix.execution.mutate import mutants_on_surface
+    from sglfix.report.mutation import Status, check_mutation_report, load_mutation_report
+
+    report = check_mutation_report(load_mutation_report(path), where=path)
+    rows = [m for m in report.mutants if m.status == Status.SURVIVED]
+    if functions:
+        rows = [
+            m
+            for m in rows
+            if any(fnmatch.fnmatchcase(m.function, f) or m.function.endswith("." + f) for f in functions)
+        ]
+    if operators:
+        rows = [m for m in rows if m.operator in operators]
+    if not rows:
+        narrowed = " that --function / --operators select" if functions or operators else ""
+        raise ConfigError(f"--again {path}: the report has no survivor{narrowed}; nothing to run again")
+    codebase = opts.codebase()
+    found = {m.id: m for m in mutants_on_surface(codebase=codebase, functions=sorted({m.function for m in rows}))}
+    missing = [m for m in rows if m.id not in found]
+    if missing:
+        first = missing[0]
+        raise ConfigError(
+            f"--again {path}: survivor {first.id} ({first.function.rsplit('.', 1)[-1]}, line {first.line}) "
+            f"is no mutant of {codebase.package} as installed{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: "
+            "its code changed since that campaign; run the campaign whole"
+        )
+    return tuple(found[m.id] for m in rows)
 
 
 def _write_and_print(report: dict, outputs: Outputs, given: dict) -> None:

@@ -166,7 +166,8 @@ def test_bad_input_is_one_line_before_any_cell(args, said, tmp_path):
 
 
 def test_fail_under_fails_and_passes_on_the_cli(tmp_path):
-    """The gate on a real campaign of one function: exit 1 under the score, 0 at or over it."""
+    """The gate on a real campaign of one function: exit 1 under the score, 0 at or over it; then
+    --again over its report."""
     import subprocess
     import sys
 
@@ -182,6 +183,25 @@ def test_fail_under_fails_and_passes_on_the_cli(tmp_path):
     over = subprocess.run([*base, "--fail-under", str(max(0.0, score - 1))], capture_output=True, text=True, env=env)
     assert under.returncode == (1 if score < 100 else 0), under.stdout + under.stderr
     assert over.returncode == 0, over.stdout + over.stderr
+
+    # --again: the survivors alone run again, by id; an id today's code does not yield is refused.
+    survivors = sorted(m["id"] for m in report["mutants"] if m["status"] == "survived")
+    assert survivors, "the campaign needs a survivor to run again"
+    again = subprocess.run(
+        [*base, "--again", str(tmp_path / "m.json"), "--json", str(tmp_path / "a.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert again.returncode in (0, 1), again.stderr
+    assert sorted(m["id"] for m in json.loads((tmp_path / "a.json").read_text())["mutants"]) == survivors
+    stale = dict(
+        report, mutants=[dict(m, id="m-0000000000") if m["id"] == survivors[0] else m for m in report["mutants"]]
+    )
+    (tmp_path / "stale.json").write_text(json.dumps(stale))
+    refused = subprocess.run([*base, "--again", str(tmp_path / "stale.json")], capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and "survivor m-0000000000" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr and "cell" not in refused.stdout
 
 
 def test_show_prints_the_patch_apply_reads(tmp_path):
