@@ -72,12 +72,13 @@ class Fingerprint:
                     continue
                 self._add(name, name.encode() + b"=" + _bytes(host.get(name, value)))
 
-    def add_object(self, label: str, obj: Any) -> None:
-        """Digest ``obj`` as an object graph (``_walk``), named by ``label`` among the fields."""
+    def add_object(self, label: str, obj: Any, *, unread: frozenset[int] = frozenset()) -> None:
+        """Digest ``obj`` as an object graph (``_walk``), named by ``label`` among the fields;
+        a tensor on a storage in ``unread`` (data pointers) by its dtype alone."""
         self.views += 1
         h = hashlib.sha256()
         h.update(f"{label}|".encode())
-        _walk(obj, h, depth=_DEPTH, seen=set())
+        _walk(obj, h, depth=_DEPTH, seen=set(), unread=unread)
         self._parts.append((f"{_OBJECT}{label}", h.digest()))
 
     def mark_unread(self, fields: dict[str, str]) -> None:
@@ -182,7 +183,7 @@ _MAX_BYTES = 4 << 20
 _NOT_FOLLOWED = ("ModelRunner", "KVPool", "KVCache", "TokenToKV")
 
 
-def _walk(value: Any, h: Any, *, depth: int, seen: set[int]) -> None:
+def _walk(value: Any, h: Any, *, depth: int, seen: set[int], unread: frozenset[int] = frozenset()) -> None:
     """Feed ``value`` to ``h``: tensors, scalars and lists of them as ``_bytes`` does; containers
     item by item; other objects field by field (``_fields``, private attributes included: a
     wrapper keeps its plan there) while ``depth`` lasts, each object once (by identity). Modules,
@@ -193,6 +194,11 @@ def _walk(value: Any, h: Any, *, depth: int, seen: set[int]) -> None:
     import torch
 
     if isinstance(value, torch.Tensor):
+        if unread and value.untyped_storage().data_ptr() in unread:
+            # A buffer the code under test declares no kernel reads: its size and contents are
+            # slack, whatever a view of it shows.
+            h.update(f"unread {value.dtype}".encode())
+            return
         if value.dtype == torch.uint64 or value.numel() * value.element_size() > _MAX_BYTES:
             # Pointers (a pool's data_ptrs differ in every process) and bulk data (a KV cache):
             # their shape, not their bytes.
@@ -217,7 +223,7 @@ def _walk(value: Any, h: Any, *, depth: int, seen: set[int]) -> None:
         items = sorted(((str(k), v) for k, v in value.items()), key=lambda kv: kv[0])[:_MAX_ITEMS]
         for k, v in items:
             h.update(k.encode() + b":")
-            _walk(v, h, depth=depth - 1, seen=seen)
+            _walk(v, h, depth=depth - 1, seen=seen, unread=unread)
         return
     if isinstance(value, (list, tuple, set, frozenset)):
         seq = (
@@ -227,27 +233,30 @@ def _walk(value: Any, h: Any, *, depth: int, seen: set[int]) -> None:
         )
         h.update(f"[{len(value)}".encode())
         for v in seq:
-            _walk(v, h, depth=depth - 1, seen=seen)
+            _walk(v, h, depth=depth - 1, seen=seen, unread=unread)
         return
     h.update(f"<{type(value).__name__}>".encode())
     for name, field in _fields(value):
         if inspect.isroutine(field):
             continue
         h.update(name.encode() + b"=")
-        _walk(field, h, depth=depth - 1, seen=seen)
+        _walk(field, h, depth=depth - 1, seen=seen, unread=unread)
 
 
-def observe(label: str, *objects: Any) -> None:
+def observe(label: str, *objects: Any, unread: Any = ()) -> None:
     """For a probe: digest what the code under test built or returned (``objects``) into the
-    running cell's fingerprint, when ``sglfix mutate`` asked for one (otherwise nothing)."""
+    running cell's fingerprint, when ``sglfix mutate`` asked for one (otherwise nothing).
+    ``unread``: tensors the code under test declares no kernel reads (a verify mask built with
+    ``is_read=False``); any view of their storage is digested by its dtype alone."""
     fp = active()
     if fp is None:
         return
     from sglfix.harness.syncwatch import suspended
 
     with suspended():
+        skip = frozenset(t.untyped_storage().data_ptr() for t in unread if t is not None and t.numel())
         for i, obj in enumerate(objects):
-            fp.add_object(f"{label}#{i}", obj)
+            fp.add_object(f"{label}#{i}", obj, unread=skip)
 
 
 def active() -> Fingerprint | None:

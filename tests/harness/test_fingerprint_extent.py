@@ -158,3 +158,15 @@ def test_each_field_has_its_own_digest_so_a_difference_says_where():
     with fingerprinting() as fp:
         observe("sizing", [1, 2])
     assert list(fp.to_json()["fields"]) == ["observed:sizing#0"]
+
+
+def test_a_buffer_declared_unread_is_slack_in_every_view_of_it():
+    def digest(size: int, *, declared: bool) -> str | None:
+        mask = torch.zeros(size, dtype=torch.bool)
+        holder = SimpleNamespace(mask=mask, view=mask[:4], lens=torch.tensor([3, 4]))
+        with fingerprinting() as fp:
+            observe("probe", holder, unread=[mask] if declared else [])
+        return fp.to_json()["metadata"]
+
+    assert digest(16, declared=True) == digest(20, declared=True)
+    assert digest(16, declared=False) != digest(20, declared=False)

@@ -192,10 +192,13 @@ class TrtllmCaptureFallback:
             k_rope = torch.randn((tokens, 1, latent.qk_rope_head_dim), dtype=dtype, device=device)
             with bound(fimla.FlashInferMLAAttnBackend, forward_extend=launches.fallback):
                 backend.forward_extend(q, k, k, layer, batch, False, q_rope, k_rope)
-            # The verify mask is left out: the backend declares it unread (is_read=False), and
-            # verify-mask-fits judges its layout and size.
+            # The verify mask is left out wherever it shows (the parent's wrappers hold views of
+            # it): the backend declares it unread (is_read=False), and verify-mask-fits judges
+            # its layout and size.
+            mask = backend._verify_mask
             built = {k: v for k, v in vars(backend).items() if k != "_verify_mask"}
-            observe("trtllm capture", built, launches.handed)
+            unread = [mask.buffer] if mask is not None and not mask.is_read else []
+            observe("trtllm capture", built, launches.handed, unread=unread)
         stage("judge")
         where = f"{scenario.mode} captured at {bs} after a prefill on prefixes {list(scenario.prefix_lens)}"
         if launches.reached == ["trtllm-gen MLA kernel"]:
