@@ -256,7 +256,12 @@ def observe(label: str, *objects: Any, unread: Any = ()) -> None:
     with suspended():
         skip = frozenset(t.untyped_storage().data_ptr() for t in unread if t is not None and t.numel())
         for i, obj in enumerate(objects):
-            fp.add_object(f"{label}#{i}", obj, unread=skip)
+            if isinstance(obj, dict):
+                # Item by item: a survivor's lead then names the attribute it built otherwise.
+                for key, value in sorted(obj.items(), key=lambda kv: str(kv[0])):
+                    fp.add_object(f"{label}#{i}.{key}", value, unread=skip)
+            else:
+                fp.add_object(f"{label}#{i}", obj, unread=skip)
 
 
 def active() -> Fingerprint | None:

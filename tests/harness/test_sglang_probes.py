@@ -501,10 +501,12 @@ def test_a_real_tree_the_probe_does_not_fit_is_an_error_and_its_known_divergence
 
 
 def test_a_probe_cell_shows_a_mutant_equivalent_or_changed(tmp_path):
-    """A probe digests what the engine code it runs built (``fingerprint.observe``): a mutant that
-    builds the same (``len(seq_lens - 1)`` in the FlashInfer-MLA prefill planning the TRT-LLM MLA
-    backend falls back to) is suspected equivalent with that evidence, while one whose change the
-    probe's judge does not look at but the built plan shows stays a survivor, never equivalent."""
+    """A probe digests what the engine code it runs built for the path it judges
+    (``fingerprint.observe``): a mutant that builds the same (``len(seq_lens - 1)`` in the
+    FlashInfer-MLA prefill planning the TRT-LLM MLA backend falls back to) is suspected equivalent
+    with that evidence, and so is one that changes only state no launch of the probe reads (the
+    parent's graph buffer, one slot larger); a change to the stale prefill plan itself is left to
+    the cells that run that plan's kernel, which kill it."""
     require_sglang()
     out = tmp_path / "m.json"
     r = run_cli(
@@ -513,10 +515,15 @@ def test_a_probe_cell_shows_a_mutant_equivalent_or_changed(tmp_path):
         "mutate",
         "--function",
         "*FlashInferMLAIndicesUpdaterPrefill.call_begin_forward",
+        "--function",
+        "*FlashInferMLAAttnBackend.init_cuda_graph_state",
         "--operators",
         "off-by-one",
         "-s",
         "probe-trtllm-capture-fallback@mode=TARGET_VERIFY",
+        "-s",
+        "sglang-fimla-extend",
+        "--all-cells",
         "--device",
         "cpu",
         "--jobs",
@@ -530,14 +537,16 @@ def test_a_probe_cell_shows_a_mutant_equivalent_or_changed(tmp_path):
     )
     assert r.code in (0, 1), r.stderr[-3000:]
     mutants = {m["id"]: m for m in json.loads(out.read_text())["mutants"]}
-    same = mutants["m-543c1df603"]  # bs = len((seq_lens - 1))
-    assert same["status"] == "equivalent" and same["evidence"]["cells"] == 1, same
     by_status = {s: [m for m in mutants.values() if m["status"] == s] for s in ("survived", "error", "equivalent")}
     assert not by_status["error"], by_status["error"][0]
-    # A ragged plan of shifted query lengths is not the same plan: seen, though this probe judges
-    # which launch the captured batch reaches, not the stale prefill plan.
+    same = mutants["m-543c1df603"]  # bs = len((seq_lens - 1))
+    assert same["status"] == "equivalent" and same["evidence"]["cells"] == 2, same
+    slack = mutants["m-06fa8d6192"]  # the parent's cuda_graph_kv_indices, max_bs * (max_context_len + 1)
+    assert slack["status"] == "equivalent" and slack["reached_by"] == [
+        "probe-trtllm-capture-fallback@mode=TARGET_VERIFY"
+    ]
     shifted = mutants["m-1cc312e1ec"]  # qo_indptr from seq_lens - prefix_lens + 1
-    assert shifted["status"] == "survived" and shifted["evidence"] is None, shifted
+    assert shifted["status"] == "killed" and {k["scenario"] for k in shifted["killed_by"]} == {"sglang-fimla-extend"}
 
 
 def test_the_verify_input_check_derives_the_tree_from_its_parents_and_names_a_difference():

@@ -45,6 +45,13 @@ __all__ = ["PROBE"]
 
 _TRT = "sglang.srt.layers.attention.trtllm_mla_backend"
 _FIMLA = "sglang.srt.layers.attention.flashinfer_mla_backend"
+# The TRT-LLM MLA backend's own capture state (not its FlashInfer-MLA parent's).
+_CAPTURE_STATE = (
+    "forward_prefill_metadata",
+    "forward_decode_metadata",
+    "decode_cuda_graph_metadata",
+    "decode_cuda_graph_kv_indices",
+)
 # FlashInfer's own sizing of the trtllm-gen multi-CTA counter (flashinfer.utils).
 _COUNTER_ALIGN = 8
 
@@ -192,13 +199,16 @@ class TrtllmCaptureFallback:
             k_rope = torch.randn((tokens, 1, latent.qk_rope_head_dim), dtype=dtype, device=device)
             with bound(fimla.FlashInferMLAAttnBackend, forward_extend=launches.fallback):
                 backend.forward_extend(q, k, k, layer, batch, False, q_rope, k_rope)
-            # The verify mask is left out wherever it shows (the parent's wrappers hold views of
-            # it): the backend declares it unread (is_read=False), and verify-mask-fits judges
-            # its layout and size.
+            # What the captured path reads: the launch it reached and what that was handed, and
+            # the backend's own capture metadata (the stale prefill flag, the decode metadata a
+            # replay reads). The FlashInfer-MLA parent's state (its wrappers, its graph buffers,
+            # its plan for the prefill) is read by no launch of this cell: its own cells judge it.
+            # The verify mask is left out wherever it shows: the backend declares it unread
+            # (is_read=False), and verify-mask-fits judges its layout and size.
             mask = backend._verify_mask
-            built = {k: v for k, v in vars(backend).items() if k != "_verify_mask"}
+            built = {k: getattr(backend, k, None) for k in _CAPTURE_STATE}
             unread = [mask.buffer] if mask is not None and not mask.is_read else []
-            observe("trtllm capture", built, launches.handed, unread=unread)
+            observe("trtllm capture", launches.reached, launches.handed, built, unread=unread)
         stage("judge")
         where = f"{scenario.mode} captured at {bs} after a prefill on prefixes {list(scenario.prefix_lens)}"
         if launches.reached == ["trtllm-gen MLA kernel"]:
