@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["Fingerprint", "active", "fingerprinting", "observe"]
+__all__ = ["Fingerprint", "active", "fields_of", "fingerprinting", "observe"]
 
 _active: list[Fingerprint] = []
 
@@ -35,6 +35,8 @@ class Fingerprint:
         self.output: str | None = None
         self.views = 0
         self.unread: dict[str, str] = {}
+        # Fields declared to choose only how the kernels split the work (``MetadataFields.schedule``).
+        self.schedule: set[str] = set()
 
     def _add(self, field: str | None, data: bytes) -> None:
         self._parts.append((field, hashlib.sha256(data).digest()))
@@ -56,6 +58,7 @@ class Fingerprint:
                 continue
             self.views += 1
             fields = _fields(metadata)
+            self.schedule.update(getattr(reads, "schedule", ()) or ())
             scratch = set(getattr(reads, "scratch", ()) or ())
             tensors = [(name, v) for name, v in fields if isinstance(v, torch.Tensor) and name not in scratch]
             host = dict(zip((n for n, _ in tensors), to_host([v for _, v in tensors])))
@@ -115,6 +118,8 @@ class Fingerprint:
         out = {"metadata": metadata, "output": self.output, "views": self.views}
         if self.views:
             out["fields"] = self.fields()
+            if self.schedule:
+                out["schedule"] = sorted(self.schedule)
         if self.unread:
             out["unread"] = dict(sorted(self.unread.items()))
         return out
@@ -139,6 +144,11 @@ def _read_extent(host: dict[str, Any], reads: Any, rows: int) -> dict[str, Any]:
         # it (the invariants name that), never further. (The indptr is already cut to its rows.)
         out[name] = t[: max(0, min(int(indptr.max()), t.numel()))]
     return out
+
+
+def fields_of(metadata: Any) -> dict[str, Any] | None:
+    """A metadata object's fields as a dict (for ``observe`` to digest and name one by one)."""
+    return None if metadata is None else dict(_fields(metadata))
 
 
 def _fields(metadata: Any) -> list[tuple[str, Any]]:
@@ -243,11 +253,13 @@ def _walk(value: Any, h: Any, *, depth: int, seen: set[int], unread: frozenset[i
         _walk(field, h, depth=depth - 1, seen=seen, unread=unread)
 
 
-def observe(label: str, *objects: Any, unread: Any = ()) -> None:
+def observe(label: str, *objects: Any, unread: Any = (), schedule: Any = ()) -> None:
     """For a probe: digest what the code under test built or returned (``objects``) into the
     running cell's fingerprint, when ``sglfix mutate`` asked for one (otherwise nothing).
     ``unread``: tensors the code under test declares no kernel reads (a verify mask built with
-    ``is_read=False``); any view of their storage is digested by its dtype alone."""
+    ``is_read=False``); any view of their storage is digested by its dtype alone. ``schedule``:
+    keys of an observed dict that only choose how the kernels split the work (as
+    ``MetadataFields.schedule``)."""
     fp = active()
     if fp is None:
         return
@@ -260,6 +272,8 @@ def observe(label: str, *objects: Any, unread: Any = ()) -> None:
                 # Item by item: a survivor's lead then names the attribute it built otherwise.
                 for key, value in sorted(obj.items(), key=lambda kv: str(kv[0])):
                     fp.add_object(f"{label}#{i}.{key}", value, unread=skip)
+                    if key in schedule:
+                        fp.schedule.add(f"{_OBJECT}{label}#{i}.{key}")
             else:
                 fp.add_object(f"{label}#{i}", obj, unread=skip)
 

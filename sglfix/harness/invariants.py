@@ -40,6 +40,11 @@ class MetadataFields:
     # flat buffers other than indices read through an indptr (a custom mask through its
     # mask_indptr): field -> that indptr; read up to the last row's end (the fingerprint only)
     read_to: Mapping[str, str] = field(default_factory=dict)
+    # fields that only choose how the kernels split the work (split-K counts, a launch's grid
+    # bound, a scratch sized by them): any value the kernels accept computes the same attention,
+    # summed in another order. A mutant that changes these alone, and no cell's verdict, is a
+    # suspected equivalent of its own kind (``sglfix.report.mutation``), never a survivor
+    schedule: tuple[str, ...] = ()
 
 
 # Every field name upstream's attention test kit checks; an adapter picks the ones its

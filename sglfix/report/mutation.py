@@ -17,7 +17,10 @@ and each of its cells is judged against the same scenario's baseline cell
 - ``equivalent`` (suspected): no cell moved, and every cell that ran built metadata whose digest
   (``fingerprint.metadata``) equals its baseline's, with no output digest differing: the change
   built nothing different, shown apart with that evidence. Without fingerprints on both sides of
-  every cell it cannot be shown, and the mutant is a survivor;
+  every cell it cannot be shown, and the mutant is a survivor. Also equivalent (by schedule, with
+  the fields as evidence): every difference of every cell in fields the adapter declares to
+  choose only how the kernels split the work (``MetadataFields.schedule``: a split-K count, a
+  grid bound) and in the output's rounding, no verdict moved;
 - ``survived``: it ran, no verdict moved, and it was not shown equivalent.
 
 Timeouts and errors are never kills. The score is killed / (killed + survived): not-reached,
@@ -251,6 +254,30 @@ def built_differently(cell: dict, baseline: dict | None) -> list[str]:
     return out
 
 
+def schedule_only(ran: Sequence[tuple[dict, dict | None]]) -> list[str] | None:
+    """The schedule fields a mutant changed, where those are all it changed in every cell that ran
+    (``ran``: its cells with their baselines; no verdict moved): fields both sides' fingerprints
+    declare to choose only how the kernels split the work (``MetadataFields.schedule``), and the
+    output, whose bits a split of the sums in another order rounds otherwise. None: some cell built
+    something else differently, or its output differs with no schedule change to explain it."""
+    changed: set[str] = set()
+    for cell, base in ran:
+        diff = set(built_differently(cell, base))
+        if not diff:
+            continue
+        declared = set(_declared_schedule(cell)) & set(_declared_schedule(base))
+        if diff - declared - {OUTPUT} or not diff & declared:
+            return None
+        changed |= diff & declared
+    return sorted(changed) if changed else None
+
+
+def _declared_schedule(cell: dict | None) -> list[str]:
+    fp = (cell or {}).get("fingerprint")
+    names = fp.get("schedule") if isinstance(fp, dict) else None
+    return [str(n) for n in names] if isinstance(names, list) else []
+
+
 def _field_digests(cell: dict | None) -> dict[str, str]:
     fp = (cell or {}).get("fingerprint")
     fields = fp.get("fields") if isinstance(fp, dict) else None
@@ -312,6 +339,10 @@ def classify(
             identical = True if all(o is not None and o == w for o, w in outputs) else None
             out.status = Status.EQUIVALENT
             out.evidence = {"cells": len(ran), "outputs_identical": identical}
+        elif (schedule := schedule_only(ran)) is not None:
+            identical = False if out.output_changed else True if all(o is not None for o, _ in outputs) else None
+            out.status = Status.EQUIVALENT
+            out.evidence = {"cells": len(ran), "outputs_identical": identical, "schedule": schedule}
         else:
             for c, b in ran:
                 for name in built_differently(c, b):
@@ -464,6 +495,9 @@ class Evidence(ClosedModel):
 
     cells: Annotated[int, Field(ge=1)]
     outputs_identical: bool | None
+    # Equivalent by schedule: the fields, declared to choose only how the kernels split the work,
+    # that it changed (its outputs then differ by rounding at most, and no verdict moved).
+    schedule: list[str] = []
 
 
 class MutantResult(ClosedModel):

@@ -66,6 +66,16 @@ def _reached(m: dict) -> str:
 def _evidence(m: dict) -> str:
     ev = m.get("evidence") or {}
     outputs = {True: "outputs identical too", False: "outputs differ", None: "outputs not fingerprinted"}
+    if ev.get("schedule"):
+        rounded = {
+            True: "outputs identical",
+            False: "outputs rounded otherwise, no verdict moved",
+            None: "no verdict moved",
+        }
+        return (
+            f"changed only how the kernels split the work ({', '.join(ev['schedule'])}) in {ev.get('cells', '?')} "
+            f"cell(s); {rounded[ev.get('outputs_identical')]}"
+        )
     return f"built metadata identical in {ev.get('cells', '?')} cell(s); {outputs[ev.get('outputs_identical')]}"
 
 

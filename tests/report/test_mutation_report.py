@@ -193,7 +193,7 @@ def test_a_kill_names_its_cell_and_both_verdicts(report):
 
 def test_equivalent_only_with_matching_fingerprints_on_every_cell(report):
     rows = _by_name(report)
-    assert rows["equivalent"]["evidence"] == {"cells": 2, "outputs_identical": True}
+    assert rows["equivalent"]["evidence"] == {"cells": 2, "outputs_identical": True, "schedule": []}
     assert rows["equivalent"]["reached_by"] == ["s1", "s3"]
     for name in ("one_unprinted", "survived", "output_moved"):
         assert rows[name]["evidence"] is None, name
@@ -221,6 +221,41 @@ def test_a_survivor_names_what_it_built_differently_field_by_field():
         {"fingerprint": {**other, "fields": base_fp["fields"], "output": "b1" * 8}}, base["s1"]
     ) == [VIEWS]
     assert built_differently(base["s1"], base["s1"]) == []
+
+
+def test_a_change_of_the_schedule_alone_is_an_equivalent_of_its_own_kind():
+    def fp(meta: str, out: str, splits: str, indptr: str = "11") -> dict:
+        fields = {"kv_indptr": indptr, "num_kv_splits": splits}
+        return {"metadata": meta, "output": out, "fields": fields, "schedule": ["num_kv_splits"]}
+
+    base = {
+        "s1": _cell("s1", "PASS", fingerprint=fp("a1", "b1", "22")),
+        "s3": _cell("s3", "PASS", fingerprint=fp("a3", "b3", "33")),
+    }
+
+    def status(*cells: dict) -> object:
+        m = cells[0]["_m"]
+        report = {
+            "tool": "sglfix",
+            "cells": [*base.values(), *({k: v for k, v in c.items() if k != "_m"} for c in cells)],
+        }
+        return classify_report(report=report, mutants=[m])[m.id]
+
+    m = _mutant("fewer_splits")
+    split = {**_cell("s1", "PASS", m, fingerprint=fp("c1", "d1", "99")), "_m": m}
+    same = {**_cell("s3", "PASS", m, fingerprint=fp("a3", "b3", "33")), "_m": m}
+    got = status(split, same)
+    assert got.status is Status.EQUIVALENT
+    assert got.evidence == {"cells": 2, "outputs_identical": False, "schedule": ["num_kv_splits"]}
+    # Another field changed too: a survivor, naming both.
+    m2 = _mutant("splits_and_indptr")
+    both = {**_cell("s1", "PASS", m2, fingerprint=fp("c1", "d1", "99", indptr="12")), "_m": m2}
+    got = status(both)
+    assert got.status is Status.SURVIVED and set(got.built_different) == {"kv_indptr", "num_kv_splits", OUTPUT}
+    # The output alone moved, the schedule did not: nothing explains it, a survivor.
+    m3 = _mutant("output_alone")
+    out_only = {**_cell("s1", "PASS", m3, fingerprint=fp("c1", "d1", "22")), "_m": m3}
+    assert status(out_only).status is Status.SURVIVED
 
 
 def test_a_baseline_that_did_not_run_to_a_verdict_judges_nothing():

@@ -66,6 +66,9 @@ class SglangTritonAdapter(AdapterBase):
         # The split-K decode's partial results: stage 1 writes them, stage 2 reads them back.
         scratch=("attn_logits", "attn_lse", "swa_attn_logits"),
         read_to={"custom_mask": "mask_indptr"},
+        # The split-K decode's split counts (and the partials' split capacity), the extend
+        # kernel's grid bound over query blocks: how the work is cut, not what is computed.
+        schedule=("num_kv_splits", "window_num_kv_splits", "attn_lse", "max_extend_len"),
     )
 
     def build(self, scenario: Any, *, device: str) -> Prepared:
