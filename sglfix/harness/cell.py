@@ -251,7 +251,7 @@ def _execute(scenario: Scenario, *, device: str, result: CellResult, stage: Call
     prepared = adapter.build(scenario, device=device)
     t1 = time.perf_counter()
     views_checked = [0]
-    on_metadata = _metadata_hook(adapter, prepared, result, views_checked)
+    on_metadata = _metadata_hook(adapter, prepared, result, views_checked, deterministic=scenario.deterministic)
     stage("forward")
     backend = adapter.make_backend(prepared)
     stage("capture")
@@ -275,10 +275,14 @@ def _execute(scenario: Scenario, *, device: str, result: CellResult, stage: Call
 
 
 def _metadata_hook(
-    adapter: Any, prepared: Any, result: CellResult, views_checked: list[int]
+    adapter: Any, prepared: Any, result: CellResult, views_checked: list[int], *, deterministic: bool = False
 ) -> Callable[[Any, Any, str], None]:
     """The hook an adapter calls after every metadata init: the invariant table over each of its
-    metadata views (outside the sync watch), each finding an INVARIANT; counts the views checked."""
+    metadata views (outside the sync watch), each finding an INVARIANT; counts the views checked.
+    Under deterministic inference the work's split is what the mode promises to fix (the same
+    split whatever the batch), so no field is declared schedule to the fingerprint there."""
+    import dataclasses
+
     from sglfix.harness import fingerprint
     from sglfix.harness.invariants import check_metadata_views
     from sglfix.harness.syncwatch import suspended
@@ -292,7 +296,10 @@ def _metadata_hook(
             found = check_metadata_views(views, fields=adapter.metadata_fields, num_slots=prepared.num_slots)
             fp = fingerprint.active()
             if fp is not None:
-                fp.add_views(views, reads=adapter.metadata_fields)
+                reads = adapter.metadata_fields
+                if deterministic and reads.schedule:
+                    reads = dataclasses.replace(reads, schedule=())
+                fp.add_views(views, reads=reads)
         for message in found:
             result.add("INVARIANT", message, phase=phase)
 

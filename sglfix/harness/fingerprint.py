@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["Fingerprint", "active", "fields_of", "fingerprinting", "observe"]
+__all__ = ["Fingerprint", "active", "fingerprinting", "observe", "observe_view"]
 
 _active: list[Fingerprint] = []
 
@@ -146,11 +146,6 @@ def _read_extent(host: dict[str, Any], reads: Any, rows: int) -> dict[str, Any]:
     return out
 
 
-def fields_of(metadata: Any) -> dict[str, Any] | None:
-    """A metadata object's fields as a dict (for ``observe`` to digest and name one by one)."""
-    return None if metadata is None else dict(_fields(metadata))
-
-
 def _fields(metadata: Any) -> list[tuple[str, Any]]:
     import dataclasses
 
@@ -253,13 +248,11 @@ def _walk(value: Any, h: Any, *, depth: int, seen: set[int], unread: frozenset[i
         _walk(field, h, depth=depth - 1, seen=seen, unread=unread)
 
 
-def observe(label: str, *objects: Any, unread: Any = (), schedule: Any = ()) -> None:
+def observe(label: str, *objects: Any, unread: Any = ()) -> None:
     """For a probe: digest what the code under test built or returned (``objects``) into the
     running cell's fingerprint, when ``sglfix mutate`` asked for one (otherwise nothing).
     ``unread``: tensors the code under test declares no kernel reads (a verify mask built with
-    ``is_read=False``); any view of their storage is digested by its dtype alone. ``schedule``:
-    keys of an observed dict that only choose how the kernels split the work (as
-    ``MetadataFields.schedule``)."""
+    ``is_read=False``); any view of their storage is digested by its dtype alone."""
     fp = active()
     if fp is None:
         return
@@ -272,10 +265,21 @@ def observe(label: str, *objects: Any, unread: Any = (), schedule: Any = ()) -> 
                 # Item by item: a survivor's lead then names the attribute it built otherwise.
                 for key, value in sorted(obj.items(), key=lambda kv: str(kv[0])):
                     fp.add_object(f"{label}#{i}.{key}", value, unread=skip)
-                    if key in schedule:
-                        fp.schedule.add(f"{_OBJECT}{label}#{i}.{key}")
             else:
                 fp.add_object(f"{label}#{i}", obj, unread=skip)
+
+
+def observe_view(label: str, metadata: Any, *, rows: int, reads: Any) -> None:
+    """For a probe that drives a backend's metadata init: digest the metadata as a backend cell's
+    view (``Fingerprint.add_views``: as far as the kernels read it, per the adapter's
+    ``MetadataFields``), when a fingerprint is asked for."""
+    fp = active()
+    if fp is None:
+        return
+    from sglfix.harness.syncwatch import suspended
+
+    with suspended():
+        fp.add_views([(label, metadata, rows)], reads=reads)
 
 
 def active() -> Fingerprint | None:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglfix.harness.adapters.sglang.glue import make_schedule_batch
-from sglfix.harness.fingerprint import fields_of, observe
+from sglfix.harness.fingerprint import observe, observe_view
 from sglfix.harness.probes.sglang.common import runners_unpublished
 from sglfix.harness.unavailable import Unavailable
 
@@ -111,7 +111,7 @@ class DraftExtendIdle:
                     num_tokens=num_tokens,
                     device=device,
                     stage=lambda what, n=name: stage(f"{n}: {what}"),
-                    schedule=adapter.metadata_fields.schedule,
+                    reads=adapter.metadata_fields,
                 )
             stage(f"{name}: judge")
             bad = _judge(backend, **figures)
@@ -138,7 +138,7 @@ def _idle_step(
     num_tokens: int,
     device: str,
     stage: Callable[[str], None],
-    schedule: tuple[str, ...] = (),
+    reads: Any = None,
 ) -> dict:
     """The idle rank's draft extend as production runs it: the worker's glue over an idle batch,
     the data-parallel sync's padding to the peers' token count (``prepare_mlp_sync_batch``: one
@@ -188,11 +188,10 @@ def _idle_step(
         for name in ("num_correct_drafts", "num_accept_tokens")
         if isinstance(value := getattr(forward_batch.spec_info, name, None), torch.Tensor)
     }
-    # Field by field, with the adapter's schedule fields named as such (a split count is no
-    # part of what an idle rank's padded rows hold).
-    observe(
-        "idle draft extend", fields_of(getattr(backend, "forward_metadata", None)), forward_batch, schedule=schedule
-    )
+    # The metadata as the backend's own cells digest it (as far as its kernels read it, its
+    # schedule fields declared), and the padded batch.
+    observe_view("idle draft extend", getattr(backend, "forward_metadata", None), rows=bs, reads=reads)
+    observe("idle draft extend", forward_batch)
     return {"mode": mode, "bs": bs, "fill": fill, "spec_rows": spec_rows}
 
 
