@@ -251,7 +251,15 @@ def _execute(scenario: Scenario, *, device: str, result: CellResult, stage: Call
     prepared = adapter.build(scenario, device=device)
     t1 = time.perf_counter()
     views_checked = [0]
-    on_metadata = _metadata_hook(adapter, prepared, result, views_checked, deterministic=scenario.deterministic)
+    # Under deterministic inference the split is the mode's promise: schedule fields stay schedule
+    # to the fingerprint only where the adapter judges that promise itself.
+    on_metadata = _metadata_hook(
+        adapter,
+        prepared,
+        result,
+        views_checked,
+        deterministic=scenario.deterministic and not adapter.judges_batch_invariance(scenario),
+    )
     stage("forward")
     backend = adapter.make_backend(prepared)
     stage("capture")
@@ -280,7 +288,8 @@ def _metadata_hook(
     """The hook an adapter calls after every metadata init: the invariant table over each of its
     metadata views (outside the sync watch), each finding an INVARIANT; counts the views checked.
     Under deterministic inference the work's split is what the mode promises to fix (the same
-    split whatever the batch), so no field is declared schedule to the fingerprint there."""
+    split whatever the batch), so no field is declared schedule to the fingerprint there
+    (``deterministic``: such a cell, whose adapter does not judge that promise itself)."""
     import dataclasses
 
     from sglfix.harness import fingerprint

@@ -102,6 +102,12 @@ class AdapterBase:
         """Every field digested: the adapter declares none unread."""
         return {}
 
+    def judges_batch_invariance(self, scenario: Any) -> bool:
+        """Whether this adapter's cell of ``scenario`` judges deterministic inference's promise
+        (a request's reduction order whatever the batch) itself: where it does, its schedule
+        fields stay schedule under deterministic inference (``MetadataFields.schedule``)."""
+        return False
+
 
 class Dispatch(AdapterBase):
     """One ``backend:`` whose cells two adapters build, by the scenario: every call goes to the
@@ -143,3 +149,6 @@ class Dispatch(AdapterBase):
 
     def unread_fields(self, prepared: Prepared, backend: Any) -> dict[str, str]:
         return self._by_case(prepared).unread_fields(prepared, backend)
+
+    def judges_batch_invariance(self, scenario: Any) -> bool:
+        return self._for_scenario(scenario).judges_batch_invariance(scenario)

@@ -128,6 +128,11 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
         with self._placed():
             return super().run(prepared, backend, runner, scenario=scenario, on_metadata=on_metadata)
 
+    def judges_batch_invariance(self, scenario: Any) -> bool:
+        """FlashInfer's own views, not Triton's: its decode splits are not judged against each
+        request alone."""
+        return False
+
     def metadata_views(self, backend: Any, forward_batch: Any) -> list[tuple[str, Any, int]]:
         """Each wrapper of the live metadata as its kernel reads it: the planned buffers."""
         metadata = backend.forward_metadata

@@ -160,10 +160,19 @@ class SglangTritonAdapter(AdapterBase):
             judge_decode(
                 backend, forward_batch, [Rail("kv_indptr/kv_indices", metadata.kv_indptr, metadata.kv_indices)]
             )
+            backend.__dict__.setdefault("_sglfix_invariance", []).extend(
+                batch_invariance_findings(backend, forward_batch, metadata)
+            )
         return [("", metadata, int(forward_batch.batch_size))]
 
+    def judges_batch_invariance(self, scenario: Any) -> bool:
+        """Its decode's splits are judged against each request's alone (``batch_invariance_findings``);
+        its other modes' schedule fields (the extend grid bound) decide no request's reduction order."""
+        return True
+
     def check_metadata(self, prepared: Prepared, backend: Any) -> list[tuple[str, str]]:
-        return decode_plan_findings(backend) + _glue_findings(prepared.case)
+        invariance = [("INVARIANT", m) for m in dict.fromkeys(getattr(backend, "_sglfix_invariance", ()))]
+        return decode_plan_findings(backend) + _glue_findings(prepared.case) + invariance
 
     def reference(self, prepared: Prepared) -> tuple[Any, Any]:
         return reference(prepared.case.truth)
@@ -188,6 +197,45 @@ class SglangTritonAdapter(AdapterBase):
         if getattr(torch.version, "hip", None) is None:
             out["uneven_batch"] = "read by the decode kernels' batch rotation, which ROCm builds only"
         return out
+
+
+def batch_invariance_findings(backend: Any, forward_batch: Any, metadata: Any) -> list[str]:
+    """Under deterministic inference, a decode's split of each request's KV (its reduction order)
+    must be the one it gets alone, whatever the batch: each request's split counts, full and
+    window, against the backend's own ``get_num_kv_splits`` over that request alone. (Sharded KV,
+    decode context parallelism, splits other lengths: not judged here.)"""
+    import torch
+
+    mode = forward_batch.forward_mode
+    if (
+        not getattr(backend, "enable_deterministic", False)
+        or not mode.is_decode()
+        or getattr(backend, "dcp_size", 1) > 1
+    ):
+        return []
+    bs = int(forward_batch.batch_size)
+    pairs = [("num_kv_splits", metadata.num_kv_splits, forward_batch.seq_lens[:bs])]
+    window_ptr, window_splits = (
+        getattr(metadata, "window_kv_indptr", None),
+        getattr(metadata, "window_num_kv_splits", None),
+    )
+    if window_ptr is not None and window_splits is not None:
+        pairs.append(("window_num_kv_splits", window_splits, window_ptr[1 : bs + 1] - window_ptr[:bs]))
+    found = []
+    for name, splits, lens in pairs:
+        if splits is None or splits.shape[0] < bs:
+            continue
+        for i in range(bs):
+            alone = torch.empty((1,), dtype=splits.dtype, device=splits.device)
+            backend.get_num_kv_splits(alone, lens[i : i + 1])
+            batched, own = int(splits[i]), int(alone[0])
+            if batched != own:
+                found.append(
+                    f"deterministic inference: request {i}'s {name} is {batched} in this batch of {bs} and {own} "
+                    "alone: the batch changes its reduction order"
+                )
+                break
+    return found
 
 
 # ForwardMetadata fields of the window layers, and of the Lean (persistent-grid) decode kernel.
