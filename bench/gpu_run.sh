@@ -29,6 +29,9 @@
 # the matrix's -s selection, FI_MUTATE_SCENARIOS the campaign's (default -s sglang-fi-*; the FlashInfer-MLA
 # family: -s sglang-fimla-* -s fimla-draft-*); FI_TIMEOUT the campaign's seconds per cell, for a machine
 # whose FlashInfer JIT cache is cold).
+# ONLY=again runs an earlier campaign's survivors again on real sglang with CUDA (sglfix mutate
+#   --again $AGAIN $MUTATE_ARGS --survivors-every-cell), then the judges' engine breaks on CUDA
+#   (tests/harness/test_sglang_judges.py's BREAKS through sglfix run --apply, $JUDGE_CELLS).
 # ONLY=search runs sglfix search on real sglang with CUDA (the FlashInfer-MLA draft bug from the generic
 # space, replayed with and without its candidate fix; a live-bug search per SEARCH_FAMILIES).
 # ONLY=survivors searches a mutation campaign's survivors (bench/search_bench.py --survivors) in
@@ -406,6 +409,26 @@ if [ "${ONLY:-}" = mutate ]; then
     > "$OUT/mutate-repro.txt" 2>&1; echo "mutate rc=$?"
   tail -2 "$OUT/mutate-repro.txt" | sed 's/\x1b\[[0-9;]*m//g'
   rm -rf "$OUT/store-sglang" "$OUT/store-repro"
+  exit 0
+fi
+if [ "${ONLY:-}" = again ]; then
+  install_sglang
+  log "mutate --again $AGAIN on CUDA"
+  set -f
+  COLUMNS=250 timeout ${SGLANG_LIMIT:-420} python3 -m sglfix --profile sglang-0.5.23 mutate --device cuda --again "$AGAIN" \
+    ${MUTATE_ARGS:-} --survivors-every-cell --timeout 120 --no-cache --json "$OUT/again-cuda.json" > "$OUT/again-cuda.txt" 2>&1
+  echo "mutate rc=$?"
+  set +f
+  tail -2 "$OUT/again-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g'
+  for patch in ${JUDGE_PATCHES:-}; do
+    log "judge break $patch on CUDA: $JUDGE_CELLS"
+    set -f
+    COLUMNS=250 timeout 120 python3 -m sglfix --profile sglang-0.5.23 run --device cuda --no-cache $JUDGE_CELLS \
+      --apply "$patch" --all --json "$OUT/judge-$(basename "$patch" .patch).json" > "$OUT/judge-$(basename "$patch" .patch).txt" 2>&1
+    echo "run rc=$?"
+    set +f
+    tail -3 "$OUT/judge-$(basename "$patch" .patch).txt" | sed 's/\x1b\[[0-9;]*m//g'
+  done
   exit 0
 fi
 if [ "${ONLY:-}" = flashinfer ]; then
