@@ -340,7 +340,8 @@ def classify(
             out.status = Status.EQUIVALENT
             out.evidence = {"cells": len(ran), "outputs_identical": identical}
         elif (schedule := schedule_only(ran)) is not None:
-            identical = False if out.output_changed else True if all(o is not None for o, _ in outputs) else None
+            compared = all(o is not None and w is not None for o, w in outputs)
+            identical = False if out.output_changed else True if compared else None
             out.status = Status.EQUIVALENT
             out.evidence = {"cells": len(ran), "outputs_identical": identical, "schedule": schedule}
         else:
