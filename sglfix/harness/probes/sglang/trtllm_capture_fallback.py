@@ -205,7 +205,7 @@ class TrtllmCaptureFallback:
             # its plan for the prefill) is read by no launch of this cell: its own cells judge it.
             # The verify mask is left out wherever it shows: the backend declares it unread
             # (is_read=False), and verify-mask-fits judges its layout and size.
-            mask = backend._verify_mask
+            mask = getattr(backend, "_verify_mask", None)  # releases before 0.5.16 build none
             built = {k: getattr(backend, k, None) for k in _CAPTURE_STATE}
             unread = [mask.buffer] if mask is not None and not mask.is_read else []
             observe("trtllm capture", launches.reached, launches.handed, built, unread=unread)
