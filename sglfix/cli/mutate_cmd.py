@@ -251,19 +251,13 @@ def _survivors_of(opts: Any, path: str, *, functions: Any, operators: Any) -> tu
     """The survivors of the mutation report at ``path`` as mutants of the installed code base
     (``--function`` and ``--operators`` narrow them), each found again by its id: an id the code
     base no longer yields (its line changed) is refused, naming it, before any cell runs."""
-    import fnmatch
-
-    from sglfix.execution.mutate import mutants_on_surface
+    from sglfix.execution.mutate import matches_function, mutants_on_surface
     from sglfix.report.mutation import Status, check_mutation_report, load_mutation_report
 
     report = check_mutation_report(load_mutation_report(path), where=path)
     rows = [m for m in report.mutants if m.status == Status.SURVIVED]
     if functions:
-        rows = [
-            m
-            for m in rows
-            if any(fnmatch.fnmatchcase(m.function, f) or m.function.endswith("." + f) for f in functions)
-        ]
+        rows = [m for m in rows if any(matches_function(m.function, f) for f in functions)]
     if operators:
         rows = [m for m in rows if m.operator in operators]
     if not rows:

@@ -78,7 +78,7 @@ def surface_of(names: Sequence[str], *, codebase: Any, patterns: Sequence[str] =
     out = []
     for name in names:
         if patterns:
-            if any(_matches(name, p) for p in patterns):
+            if any(matches_function(name, p) for p in patterns):
                 out.append(name)
         elif any(fnmatch.fnmatchcase(name, g) for g in codebase.mutate_surface) and not any(
             fnmatch.fnmatchcase(name, g) for g in codebase.mutate_exclude
@@ -87,7 +87,9 @@ def surface_of(names: Sequence[str], *, codebase: Any, patterns: Sequence[str] =
     return out
 
 
-def _matches(name: str, pattern: str) -> bool:
+def matches_function(name: str, pattern: str) -> bool:
+    """Whether the dotted function ``name`` is one a ``--function`` pattern names: a bare name its
+    last part, else a glob over the whole name or its dotted tail."""
     if "*" not in pattern and "?" not in pattern and "." not in pattern:
         return name.rsplit(".", 1)[-1] == pattern
     return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, "*." + pattern)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -254,15 +255,16 @@ def built_differently(cell: dict, baseline: dict | None) -> list[str]:
     return out
 
 
-def schedule_only(ran: Sequence[tuple[dict, dict | None]]) -> list[str] | None:
+def schedule_only(ran: Sequence[tuple[dict, dict | None]], diffs: Sequence[Sequence[str]]) -> list[str] | None:
     """The schedule fields a mutant changed, where those are all it changed in every cell that ran
-    (``ran``: its cells with their baselines; no verdict moved): fields both sides' fingerprints
-    declare to choose only how the kernels split the work (``MetadataFields.schedule``), and the
-    output, whose bits a split of the sums in another order rounds otherwise. None: some cell built
-    something else differently, or its output differs with no schedule change to explain it."""
+    (``ran``: its cells with their baselines, no verdict moved; ``diffs``: each one's
+    ``built_differently``): fields both sides' fingerprints declare to choose only how the kernels
+    split the work (``MetadataFields.schedule``), and the output, whose bits a split of the sums in
+    another order rounds otherwise. None: some cell built something else differently, or its
+    output differs with no schedule change to explain it."""
     changed: set[str] = set()
-    for cell, base in ran:
-        diff = set(built_differently(cell, base))
+    for (cell, base), named in zip(ran, diffs):
+        diff = set(named)
         if not diff:
             continue
         declared = set(_declared_schedule(cell)) & set(_declared_schedule(base))
@@ -339,15 +341,16 @@ def classify(
             identical = True if all(o is not None and o == w for o, w in outputs) else None
             out.status = Status.EQUIVALENT
             out.evidence = {"cells": len(ran), "outputs_identical": identical}
-        elif (schedule := schedule_only(ran)) is not None:
+            return out
+        diffs = [built_differently(c, b) for c, b in ran]
+        schedule = schedule_only(ran, diffs)
+        if schedule is not None:
             compared = all(o is not None and w is not None for o, w in outputs)
             identical = False if out.output_changed else True if compared else None
             out.status = Status.EQUIVALENT
             out.evidence = {"cells": len(ran), "outputs_identical": identical, "schedule": schedule}
         else:
-            for c, b in ran:
-                for name in built_differently(c, b):
-                    out.built_different[name] = out.built_different.get(name, 0) + 1
+            out.built_different = dict(Counter(name for named in diffs for name in named))
     return out
 
 
