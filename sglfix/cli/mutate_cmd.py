@@ -69,6 +69,22 @@ OPTIONS.update(
             ],
             None,
         ),
+        # A campaign atop candidate fixes judges its mutants on the fixed code: no cell is set beside
+        # one without the fix, so run's help does not apply.
+        "mutate_apply": (
+            Annotated[
+                list[str],
+                typer.Option(
+                    "--apply",
+                    metavar="FIX.patch",
+                    help="Run every cell, baselines included, atop this candidate fix (a unified diff in the "
+                    "code base's repository paths; repeatable: the files apply together), so that a path a "
+                    "live bug's known divergence masks can show a mutant. Mutants of lines it rewrites are "
+                    "not run.",
+                ),
+            ],
+            [],
+        ),
         "list_operators": (
             Annotated[bool, typer.Option("--list-operators", help="List the operators and exit.")],
             False,
@@ -151,6 +167,7 @@ OPTIONS.update(
 )
 
 MUTATE_OPTIONS = (
+    "mutate_apply",
     "function",
     "operators",
     "show",
@@ -187,7 +204,8 @@ def _operators(given: list[str]) -> tuple[str, ...] | None:
 def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
     """Mutate the attention-metadata code the selected scenarios run (the profile's surface, or
     --function) and run each mutant over the cells that reach it: which lines could break without
-    any scenario noticing. Survivors first, then what no scenario reaches, equivalents, scores."""
+    any scenario noticing. Survivors first, then what no scenario reaches, equivalents, scores.
+    With --apply every cell runs atop the candidate fixes: mutants judged on the fixed code."""
     from sglfix.execution.mutate import Choice, check_function_patterns, run_campaign
     from sglfix.execution.settings import Settings
 
@@ -215,7 +233,7 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
     again = _survivors_of(opts, given["again"], functions=functions, operators=operators) if given["again"] else None
     from sglfix.cli.common import progress, target
 
-    tgt = target(opts)
+    tgt = target(opts, apply=given["mutate_apply"])
     _check_no_env(tgt.registry)
     settings = Settings.of(given, env_baseline=False, timeout=given["mutate_timeout"], shard=given["mutate_shard"])
 
@@ -243,6 +261,7 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
             scenario=list(given["scenario"]), function=list(functions), operators=list(operators or ())
         ),
         catalogue=catalogue_rows(tgt, operators=operators),
+        applied=tgt.candidates,
     )
     _write_and_print(report, outputs, given)
 

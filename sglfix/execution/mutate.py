@@ -12,6 +12,11 @@ Three steps, each through the one runner (workers, ``--devices``, Ray, the resul
    per mutant (the cheapest, of different modes and graph settings), then the survivors over
    every reaching cell: a mutant stops costing once one cell shows it. ``--all-cells`` runs
    every reaching cell of every mutant.
+
+With candidate fixes (``--apply``) every cell, baselines included, runs atop them: a mutant is
+then judged against the code as the fixes make it, so that a path a live bug's known divergence
+masks (any output there already fails) can show a mutant. A mutant of a line a fix rewrites is
+not run (its diff is of code the fixes replace); the report says which.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ class Campaign:
     unreached_functions: list[str] = field(default_factory=list)
     elsewhere: int = 0
     elsewhere_files: int = 0
+    # The candidate fixes every cell ran atop (ids), and the mutants not run because a fix
+    # rewrites their line (mutant id -> why).
+    base: tuple[str, ...] = ()
+    replaced: dict[str, str] = field(default_factory=dict)
 
 
 def check_function_patterns(patterns: Sequence[str]) -> tuple[str, ...]:
@@ -140,11 +149,12 @@ def run_campaign(
             raise ConfigError("--shard-costs balances shards of cells: mutate shares mutants out; leave it out")
         shard = parse_shard(settings.shard)
         settings = settings.model_copy(update={"shard": None})
+    base = tuple(c.id for c in target.candidates)
     base_settings = settings.model_copy(update={"record": (EVERY_FUNCTION,), "fingerprint": True})
     runner = Runner(base_settings, target, what="mutate")
     with runner.booting():
         plan = runner.plan(
-            lambda chosen, *, registry, env_ids: plan_run(chosen, revert=(), env_ids=env_ids, registry=registry)
+            lambda chosen, *, registry, env_ids: plan_run(chosen, revert=base, env_ids=env_ids, registry=registry)
         )
         ran = runner.run(plan, progress=progress)
     campaign = Campaign(
@@ -155,6 +165,7 @@ def run_campaign(
         functions=[],
         scenarios=list(plan.scenarios),
         info=dict(ran.info),
+        base=base,
     )
     campaign.phases.append(_phase("baselines", ran))
     for r in ran.results:
@@ -207,6 +218,10 @@ def run_campaign(
     # step); the others are listed as they are, not reached.
     runnable = [m for m in campaign.mutants if campaign.reached.get(m.function)]
     candidates, campaign.load_errors = load_mutants(runnable, codebase=codebase, memo_dir=runner.store_dir)
+    if base:
+        campaign.replaced = replaced_by(target.candidates, candidates, codebase=codebase)
+        candidates = [c for c in candidates if c.id.removeprefix("+") not in campaign.replaced]
+        campaign.mutants = [m for m in campaign.mutants if m.id not in campaign.replaced]
     by_id = {c.id: c for c in candidates}
     scenario_of = {s.name: s for s in plan.scenarios}
     baseline_of = {r.scenario: r for r in ran.results}
@@ -242,6 +257,43 @@ def run_campaign(
     campaign.cells = results
     campaign.wall = time.perf_counter() - start
     return campaign
+
+
+def mutants_of(toggles: Sequence[str]) -> list[str]:
+    """The mutant ids of a mutant cell's toggles: its last (a campaign's candidate fixes, which
+    every cell runs atop, come first)."""
+    return [toggles[-1].removeprefix("+")] if toggles else []
+
+
+def replaced_by(fixes: Sequence[Any], mutants: Sequence[Any], *, codebase: Any) -> dict[str, str]:
+    """The mutants (id -> why) whose edits do not apply to their function as ``fixes`` rewrite it
+    (the same text edits the workers make, in the same order: the fixes first): a line the fixes
+    replace has no mutant atop them."""
+    from sglfix.common.codebase import package_dir
+    from sglfix.common.errors import PatchApplicationError, SglfixError
+    from sglfix.mutation.catalogue import locate_function
+    from sglfix.patching.editor import SourceOrigin, apply_edits
+
+    fixed: dict[str, list[Any]] = {}
+    for f in fixes:
+        for p in f.part.patches:
+            fixed.setdefault(p.target, []).append((f.id, p))
+    root = package_dir(codebase.package)
+    out: dict[str, str] = {}
+    for m in mutants:
+        for patch in m.part.patches:
+            if patch.target not in fixed or root is None:
+                continue
+            names = ", ".join(dict.fromkeys(fid for fid, _ in fixed[patch.target]))
+            try:
+                _path, _qual, source, first = locate_function(patch.target, codebase.package, Path(root))
+                origin = SourceOrigin(target=patch.target, first_lineno=first)
+                for _fid, p in fixed[patch.target]:
+                    source = apply_edits(source=source, edits=p.edits, origin=origin)
+                apply_edits(source=source, edits=patch.edits, origin=origin)
+            except (PatchApplicationError, SglfixError):
+                out[m.id.removeprefix("+")] = f"{names} rewrites its line in {patch.target.rsplit('.', 1)[-1]}"
+    return out
 
 
 def _unreached(chosen: Sequence[str], *, reached: Sequence[str], codebase: Any, functions: Sequence[str]) -> tuple:
@@ -334,7 +386,7 @@ def _moved(results: list[Any], baseline_of: dict[str, Any]) -> set[str]:
             continue
         if v == base.verdict and fails_otherwise(cell, base.to_json()) is None:
             continue
-        out.update(t.lstrip("+") for t in r.toggles)
+        out.update(mutants_of(r.toggles))
     return out
 
 
@@ -384,8 +436,8 @@ def _untried_of_survivors(
     not run yet."""
     tried: dict[str, set[str]] = {}
     for r in results:
-        for t in r.toggles:
-            tried.setdefault(t.removeprefix("+"), set()).add(r.scenario)
+        for mid in mutants_of(r.toggles):
+            tried.setdefault(mid, set()).add(r.scenario)
     different = _built_different(results, baseline_of)
     last = {
         mid: [s for s in cells if s.name not in tried.get(mid, ())]
@@ -405,7 +457,7 @@ def _built_different(results: list[Any], baseline_of: dict[str, Any]) -> set[str
     for r in results:
         base = baseline_of.get(r.scenario)
         if base is not None and not built_same(r.to_json(), base.to_json()):
-            out.update(t.removeprefix("+") for t in r.toggles)
+            out.update(mutants_of(r.toggles))
     return out
 
 
@@ -413,7 +465,7 @@ def _run_round(runner: Any, cells: dict[str, list[Any]], *, progress: Any, campa
     """One plan of mutant cells, mutant by mutant (a worker switches mutants as rarely as it can)."""
     from sglfix.execution.planner import Plan, PlannedCell
 
-    planned = [PlannedCell(s, ("+" + mid,)) for mid, scenarios in cells.items() for s in scenarios]
+    planned = [PlannedCell(s, (*campaign.base, "+" + mid)) for mid, scenarios in cells.items() for s in scenarios]
     if not planned:
         return []
     scenarios = list({c.scenario.name: c.scenario for c in planned}.values())
@@ -596,8 +648,11 @@ class _Mapped:
 def _with_candidates(target: Any, candidates: Sequence[Any]) -> Any:
     import dataclasses
 
+    # The target's own candidates (the fixes every cell runs atop) stay: the workers load them too.
     return dataclasses.replace(
-        target, registry=target.registry.with_candidates(candidates), candidates=tuple(candidates)
+        target,
+        registry=target.registry.with_candidates(candidates),
+        candidates=(*target.candidates, *candidates),
     )
 
 
@@ -680,16 +735,26 @@ def catalogue_rows(target: Any, *, operators: Any = None) -> list[dict]:
 
 
 def campaign_report(
-    campaign: Campaign, *, command: Any, profile: Any, selection: Selection, catalogue: Sequence[dict] = ()
+    campaign: Campaign,
+    *,
+    command: Any,
+    profile: Any,
+    selection: Selection,
+    catalogue: Sequence[dict] = (),
+    applied: Sequence[Any] = (),
 ) -> dict:
     """The mutation report of ``campaign`` (``sglfix.report.mutation``): its cells judged against
-    their baselines by the one judgement, each mutant's status, hint and the scores."""
+    their baselines by the one judgement, each mutant's status, hint and the scores. ``applied``:
+    the candidate fixes every cell ran atop (``sglfix.toggling.candidate.Candidate``)."""
     from sglfix.report.mutation import Classified, ScenarioRun, Status, build_mutation_report, classify_report
 
     cells = [r.to_json() for r in campaign.baselines] + [r.to_json() for r in campaign.cells]
     for c in cells:
         for key in ("reached", "reached_at", "deps"):
             c.pop(key, None)
+        # Every cell ran atop the candidate fixes: judged as a campaign on the fixed code, where a
+        # baseline is a cell with no mutant.
+        c["toggles"] = [t for t in c.get("toggles") or () if t not in campaign.base]
     loaded = [m for m in campaign.mutants if m.id not in campaign.load_errors]
     classified = classify_report(report={"cells": cells, "device": campaign.info.get("device")}, mutants=loaded)
     hints = {}
@@ -706,6 +771,13 @@ def campaign_report(
     notes = [
         f"baseline of {n} cannot judge a mutant ({why}): its cells were not run" for n, why in campaign.unusable.items()
     ]
+    if campaign.replaced:
+        shown = ", ".join(f"{mid} ({why})" for mid, why in sorted(campaign.replaced.items())[:5])
+        more = len(campaign.replaced) - 5
+        notes.append(
+            f"{len(campaign.replaced)} mutant(s) of lines the candidate fixes rewrite were not run: {shown}"
+            + (f" and {more} more" if more > 0 else "")
+        )
     if campaign.elsewhere:
         notes.append(
             f"{campaign.elsewhere} function(s) of the metadata surface in {campaign.elsewhere_files} file(s) that no "
@@ -730,6 +802,7 @@ def campaign_report(
         },
         "notes": notes,
         "catalogue": list(catalogue),
+        "applied": [{"id": c.id, "title": c.title, "sha256": c.sha256} for c in applied],
     }
     if campaign.shard is not None:
         facts["shard"] = campaign.shard

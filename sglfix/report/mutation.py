@@ -603,6 +603,14 @@ class Phases(ClosedModel):
     served: Count = 0  # mutant cells the result store served
 
 
+class AppliedFix(ClosedModel):
+    """A candidate fix (``--apply``) every cell of the campaign ran atop, baselines included."""
+
+    id: str
+    title: str | None = None
+    sha256: str
+
+
 class CatalogueEntry(ClosedModel):
     """One function of one toggle part against the generated mutants (the fields of
     ``sglfix.mutation.catalogue.CatalogueRow``, as it names them)."""
@@ -641,6 +649,8 @@ class MutationReport(ClosedModel):
     shard: str | None = None
     merged_from: list[str] = []  # the shards merged into this report
     notes: list[str] = []
+    # The candidate fixes every cell ran atop: the code judged is the code base with them applied.
+    applied: list[AppliedFix] = []
 
     @model_validator(mode="after")
     def _scores_are_the_mutants(self) -> MutationReport:
@@ -705,7 +715,7 @@ def build_mutation_report(
     """The mutation report as a dict, checked against ``MutationReport``. ``facts``: the campaign's
     own keys of the report (``command`` as text or words, ``wall_s``, and optionally ``date``,
     ``sglfix_source`` (default: this sglfix), ``codebase``, ``device``, ``device_name``,
-    ``profile``, ``selection``, ``phases``, ``store``, ``catalogue``, ``notes``). A mutant missing
+    ``profile``, ``selection``, ``phases``, ``store``, ``catalogue``, ``notes``, ``applied``). A mutant missing
     from ``classified`` is not reached. Each survivor's and not-reached mutant's hint is made from
     ``scenarios`` (every selected scenario; those in its ``reached_by`` reached it) unless
     ``hints`` gives one. Mutants are listed survivors first (``ORDER``), then by file and line."""
@@ -877,6 +887,8 @@ _CODEBASE_IDENTITY = ("name", "distribution", "version", "path", "release")
 def _campaign_identity(key: str, value: Any) -> Any:
     if key == "codebase" and isinstance(value, Mapping):
         return {k: value.get(k) for k in _CODEBASE_IDENTITY}
+    if key == "applied":
+        return value or []  # a report from before --apply ran atop none
     return value
 
 
@@ -935,7 +947,7 @@ def merge_mutation_reports(reports: Sequence[Mapping[str, Any]], *, names: Seque
     first = reports[0]
     shards = []
     for name, r in zip(names, reports):
-        for key in ("codebase", "device", "selection", "profile"):
+        for key in ("codebase", "device", "selection", "profile", "applied"):
             if _campaign_identity(key, r.get(key)) != _campaign_identity(key, first.get(key)):
                 raise ConfigError(f"{name}: its {key} differs from {names[0]}'s; merge the shards of one campaign only")
         ours, theirs = _sglfix_commit(r), _sglfix_commit(first)

@@ -459,3 +459,49 @@ def test_only_a_mutant_that_built_something_different_tries_every_cell():
         cell("a", ["+m-undigested"], None),  # nothing to tell it equivalent by: a survivor so far
     ]
     assert _built_different(results, baselines) == {"m-meta", "m-out", "m-undigested"}
+
+
+# A candidate fix nothing sees alone (one split per request: split-K merges the same softmax)
+# that makes the lower clamp load-bearing: EQUIVALENT's mutant (min=0) is then zero splits.
+ONE_SPLIT = (
+    "TritonAttnBackend.get_num_kv_splits",
+    "(seq_lens.to(torch.int32) + _KV_SPLIT_TILE - 1) // _KV_SPLIT_TILE,",
+    "(seq_lens.to(torch.int32) + _KV_SPLIT_TILE - 1) // _KV_SPLIT_TILE * 0,",
+)
+# A mutant of the very line the fix rewrites: no mutant of it exists atop the fix.
+OF_THE_FIXED_LINE = (
+    "TritonAttnBackend.get_num_kv_splits",
+    "(seq_lens.to(torch.int32) + _KV_SPLIT_TILE - 1) // _KV_SPLIT_TILE,",
+    "(seq_lens.to(torch.int32) + _KV_SPLIT_TILE) // _KV_SPLIT_TILE,",
+)
+
+
+def test_a_campaign_atop_a_fix_judges_its_mutants_on_the_fixed_code(tmp_path):
+    from sglfix.execution.mutate import Choice, campaign_report, run_campaign
+    from sglfix.execution.runner import Target
+    from sglfix.execution.settings import Settings
+    from sglfix.report.mutation import Selection, check_mutation_report
+    from sglfix.toggling.candidate import load_candidates
+    from sglfix.toggling.registry import load_registry
+
+    cb = get_codebase("reproduction")
+    fix_path = tmp_path / "one-split.patch"
+    fix_path.write_text(_plant(*ONE_SPLIT).diff)
+    fixes = load_candidates([str(fix_path)], codebase=cb)
+    target = Target(
+        profile=cb, registry=load_registry(cb.toggles_dir).with_candidates(fixes), codebase=cb, candidates=fixes
+    )
+    masked, rewritten = _plant(*EQUIVALENT), _plant(*OF_THE_FIXED_LINE)
+    settings = Settings(scenario=SELECT[:1], device="cpu", jobs=2, timeout=120, no_cache=True)
+    campaign = run_campaign(settings, target, choice=Choice(given=(masked, rewritten), all_cells=True), progress=_quiet)
+    report = campaign_report(campaign, command=["sglfix", "mutate"], profile=cb, selection=Selection(), applied=fixes)
+    check_mutation_report(report, where="the report")
+    # Every cell ran atop the fix, the baseline too: the baseline passes, and the clamp the fix
+    # leans on is what the mutant takes away (alone it is a suspected equivalent: the fixture).
+    assert [list(b.toggles) for b in campaign.baselines] == [[fixes[0].id]]
+    assert campaign.baselines[0].verdict == "PASS"
+    by_id = {m["id"]: m for m in report["mutants"]}
+    assert by_id[masked.id]["status"] == "killed", by_id[masked.id]
+    assert rewritten.id not in by_id
+    assert any(rewritten.id in n and "+one-split rewrites its line" in n for n in report["notes"]), report["notes"]
+    assert report["applied"] == [{"id": "+one-split", "title": fixes[0].title, "sha256": fixes[0].sha256}]
