@@ -79,7 +79,8 @@ OPTIONS.update(
                     "--mutant",
                     metavar="ID",
                     help="Kill this mutant of sglfix mutate (an id of its report): a scenario whose verdict it "
-                    "moves. --function narrows where its id is looked up (faster).",
+                    "moves. --function narrows where its id is looked up (faster); --apply FIX.patch beside it runs every "
+                    "cell atop that fix (a campaign of mutate --apply's survivors).",
                 ),
             ],
             None,
@@ -177,6 +178,10 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
     runner = Runner(Settings.of(given), scope, what="search")
     base = tuple(runner.env)
     applied = tuple(c.id for c in scope.candidates) if kind in ("apply", "mutant") else ()
+    if mutant is not None and len(applied) > 1:
+        # --apply beside --mutant: every cell runs atop those fixes (as mutate --apply runs its
+        # campaign), and the search looks for what the mutant alone moves there.
+        base, applied = (*base, *applied[:-1]), applied[-1:]
     goal = SearchTarget(
         base=base,
         revert=tuple(ids),
@@ -232,7 +237,9 @@ _KINDS = ("baseline", "revert", "apply", "mutant")
 def _target_kind(given: dict) -> str:
     """The target the options name: --revert, --apply or --mutant each name their own, one at a
     time; --target, when given, must agree."""
-    named = [k for k, on in (("revert", given["revert"]), ("apply", given["apply"]), ("mutant", given["mutant"])) if on]
+    # With --mutant, --apply names the fixes every cell runs atop, not a target of its own.
+    apply = given["apply"] and not given["mutant"]
+    named = [k for k, on in (("revert", given["revert"]), ("apply", apply), ("mutant", given["mutant"])) if on]
     asked = given["search_target"]
     if asked not in _KINDS:
         raise ConfigError(f"--target {asked}: give one of {', '.join(_KINDS)}")
@@ -276,7 +283,10 @@ def _with_mutant(scope: Any, mutant: Any) -> Any:
     if errors:
         raise ConfigError(f"--mutant {mutant.id}: {errors[mutant.id]}")
     (cand,) = loaded
-    return dataclasses.replace(scope, registry=scope.registry.with_candidates([cand]), candidates=(cand,))
+    # The mutant last: the fixes --apply gives (if any) are what every cell runs atop.
+    return dataclasses.replace(
+        scope, registry=scope.registry.with_candidates([cand]), candidates=(*scope.candidates, cand)
+    )
 
 
 def _family_of(mutant: Any, codebase: Any) -> str | None:

@@ -54,7 +54,7 @@ class SearchReport(ClosedModel):
     revert: list[str]
     applied: list[str] = Field(default_factory=list)  # the patch's candidate id (--apply, --mutant)
     mutant: str | None = None
-    base: list[str]  # the environment's reverts every cell ran with
+    base: list[str]  # the environment's reverts every cell ran with (and, with --mutant, the --apply fixes)
     family: str | None
     mode: str | None
     where: list[str] = Field(default_factory=list)  # --where KEY=VALUE pins every drawn scenario held
