@@ -13,6 +13,9 @@ the mutants of the installed code base, and searched for with ``--mutant`` (one 
 store: an example's base cell runs once for all); a kill is replayed as ``sglfix run
 --scenario-file FOUND --apply MUTANT.patch`` (``mutate --show``'s diff), which must show the cell
 moved as the search said (broken, or for a mutant that makes a failing cell pass, cleared).
+With ``--apply FIX`` (repeatable) every search runs atop those candidate fixes (``search --mutant
+ID --apply FIX``: the survivors of ``mutate --apply``), and a kill is replayed atop them too: the
+found scenario's cell with the fixes and the mutant must differ from its cell with the fixes alone.
 
 Exit 1 when a recorded shrunk scenario does not fail again as the search said.
 """
@@ -137,12 +140,29 @@ def replayed(meaning: str, ran: tuple[int, str, str, float], report: Path) -> di
     return {"exit": code, "patched": patched, "shows": meaning.lower() in patched, "as": meaning.lower()}
 
 
-def kill(row: dict, *, profile: str, common: list[str], store: Path, work: Path) -> dict:
-    """One survivor searched for with --mutant; a kill replayed through run --apply."""
+def replayed_atop(fixes: list[str], patch: Path, found: Path, *, glob: list[str], device: str, work: Path) -> dict:
+    """Whether the found scenario's cell atop ``fixes`` moves with the mutant as well: its
+    verdict or failing check with the fixes and the mutant against with the fixes alone (each
+    read from its run's own report: the patched cell)."""
+    seen = {}
+    for name, extra in (("fixes", []), ("mutant", ["--apply", str(patch)])):
+        rep = work / f"{patch.stem}-atop-{name}.json"
+        args = [*glob, "run", "--scenario-file", str(found), *(a for f in fixes for a in ("--apply", f)), *extra]
+        code = sglfix(*args, "--device", device, "--no-cache", "--json", str(rep), cwd=str(work))[0]
+        cells = json.loads(rep.read_text())["cells"] if rep.exists() else []
+        patched = [c for c in cells if any(str(t).startswith("+") for t in c.get("toggles") or ())]
+        seen[name] = {"exit": code, "cells": [(c.get("verdict"), c.get("key_figure")) for c in patched]}
+    shows = bool(seen["mutant"]["cells"]) and seen["mutant"]["cells"] != seen["fixes"]["cells"]
+    return {**seen, "shows": shows, "atop": len(fixes)}
+
+
+def kill(row: dict, *, profile: str, common: list[str], store: Path, work: Path, fixes: list[str] = ()) -> dict:
+    """One survivor searched for with --mutant (atop ``fixes``); a kill replayed through run --apply."""
     mid, function = row["id"], row["function"]
     out, report = work / f"{mid}.yaml", work / f"{mid}.json"
     glob = ["--profile", profile]
-    args = [*glob, "search", "--mutant", mid, "--function", function, *common, "--cache", str(store)]
+    atop = [a for f in fixes for a in ("--apply", f)]
+    args = [*glob, "search", "--mutant", mid, "--function", function, *atop, *common, "--cache", str(store)]
     args += ["-o", str(out), "--json", str(report)]
     code, _, stderr, wall = sglfix(*args, cwd=str(work))
     keep = ("family", "function", "line", "operator", "mutated", "id")
@@ -161,6 +181,10 @@ def kill(row: dict, *, profile: str, common: list[str], store: Path, work: Path)
         patch = work / f"{mid}.patch"
         shown = sglfix(*glob, "mutate", "--show", mid, "--function", function, cwd=str(work))
         patch.write_text(shown[1])
+        if fixes:
+            device = common[common.index("--device") + 1]
+            res["replayed"] = replayed_atop(list(fixes), patch, out, glob=glob, device=device, work=work)
+            return res
         again = sglfix(
             *glob,
             "run",
@@ -188,6 +212,7 @@ def survivors_figure(killed: list[dict], *, args: argparse.Namespace, of: int) -
         "profile": args.profile,
         "skipped_families": args.skip_family,
         "budget": {"examples": args.examples, "time_s": args.time},
+        "atop": [Path(f).name for f in args.apply],
         "survivors": of,
         "searched": n,
         "killed": k,
@@ -274,6 +299,13 @@ def main() -> int:
         metavar="JSON",
         help="with --survivors: an earlier output of this bench; its rows are kept and their mutants not searched again",
     )
+    ap.add_argument(
+        "--apply",
+        action="append",
+        default=[],
+        metavar="FIX",
+        help="with --survivors: every search (and its replay) atop this candidate fix (repeatable)",
+    )
     ap.add_argument("--rescore", metavar="JSON", help="recompute the catalogue shares of an earlier output")
     ap.add_argument("--only", nargs="*", default=None, metavar="PART", help="with --reverts: only these part ids")
     args = ap.parse_args()
@@ -350,7 +382,8 @@ def main() -> int:
                 if row["id"] is None:
                     killed.append({**row, "error": f"{row['matches']} mutants match it on the installed code"})
                     continue
-                res = kill(row, profile=args.profile, common=opts, store=store, work=work)
+                fixes = [str(Path(f).resolve()) for f in args.apply]
+                res = kill(row, profile=args.profile, common=opts, store=store, work=work, fixes=fixes)
                 killed.append(res)
                 bad += bool(res.get("killed")) and not res["replayed"]["shows"]
                 # Written after every mutant: a campaign cut short keeps what it measured.

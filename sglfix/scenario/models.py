@@ -281,6 +281,10 @@ class ModelShape(StrictModel):
     qk_rope_head_dim: bounded(MIN_HEAD_DIM, MAX_HEAD_DIM, f"{MAX_HEAD_DIM}") | None = None
     # A sliding-window layer: a query at position p attends the keys at p - sliding_window .. p.
     sliding_window: bounded(1, MAX_TOKENS_PER_REQUEST, f"{MAX_TOKENS_PER_REQUEST} tokens per request") | None = None
+    # A window model's full-attention layer (needs model.sliding_window): the backend holds the
+    # metadata of both kinds of layer (FlashInfer a wrapper each, Triton a window rail beside the
+    # full KV) and this runs the layer without a window, whose queries attend every cached key.
+    full_layer: Flag = False
     # A hybrid model's linear-attention layer set (hybrid_linear): Qwen3-Next's gated delta net
     # (gdn, the default there), Kimi-Linear's delta attention (kda), a Mamba2 mixer (NemotronH,
     # Falcon-H1, Granite 4) or a short convolution (LFM2).

@@ -22,7 +22,7 @@ from sglfix.scenario.modes import (
     rule_for,
 )
 
-__all__ = ["check_node", "draft_tree_capacity", "new_token_counts"]
+__all__ = ["FULL_LAYER_MODES", "check_node", "draft_tree_capacity", "new_token_counts"]
 
 
 def draft_tree_capacity(*, topk: int, num_steps: int) -> int:
@@ -163,10 +163,26 @@ def _refuse_mode(node: Any, brule: Any, *, modes: str, at: tuple[str, str], what
 _PICK = " only: drop the key or pick one of those"
 
 
+# Modes whose cell runs the scenario's own layer (a draft's runs the draft model's window layer).
+FULL_LAYER_MODES = ("DECODE", "EXTEND", "TARGET_VERIFY")
+
+
 def _check_window(node: Any, brule: Any) -> None:
     if node.model.sliding_window is not None:
         _refuse_mode(
             node, brule, modes="sliding_window_modes", at=("model", "sliding_window"), what="a sliding-window layer"
+        )
+    if node.model.full_layer and node.model.sliding_window is None:
+        raise NodeError(
+            "sets model.full_layer (a window model's full-attention layer) without model.sliding_window; "
+            "give the model's window, or drop model.full_layer (a model without one has only full layers)",
+            at=("model", "full_layer"),
+        )
+    if node.model.full_layer and node.mode not in FULL_LAYER_MODES:
+        raise NodeError(
+            f"sets model.full_layer in mode {node.mode}, whose cell runs the draft's own layer; "
+            f"give one of {', '.join(FULL_LAYER_MODES)} or drop model.full_layer",
+            at=("model", "full_layer"),
         )
 
 

@@ -28,6 +28,7 @@ _OPTIONAL = (
     (("dcp_size",), "decode context parallelism"),
     (("deterministic",), "deterministic inference"),
     (("env",), "the engine flags"),
+    (("model", "full_layer"), "the window model's full-attention layer"),
     (("model", "sliding_window"), "the sliding window"),
 )
 

@@ -27,7 +27,7 @@ from sglfix.common.schema import model_in, nearest, validate_node
 from sglfix.scenario.memory import check_memory
 from sglfix.scenario.models import BatchNode, CudaGraphNode, ModelShape, Scenario, ScenarioNode, SpecShape
 from sglfix.scenario.modes import MODE_RULES, PROBE_COMMON_KEYS, backend_rule, probe_rule, rule_for
-from sglfix.scenario.rules import draft_tree_capacity
+from sglfix.scenario.rules import FULL_LAYER_MODES, draft_tree_capacity
 from sglfix.search.schema_types import field_kind
 
 __all__ = [
@@ -297,6 +297,8 @@ def _backend_node(draw: Any, space: Space, backend: str, mode: str) -> dict:
         sizes = [page, 2 * page, *(2**k for k in range(2, 6))]
         window = draw(_near(sizes, low=field_kind(ModelShape, "sliding_window").low, high=max(2 * page + 1, 33)))
         model["sliding_window"] = window
+        if mode in FULL_LAYER_MODES and draw(st.booleans()):
+            model["full_layer"] = True  # the window model's other layer: its full-attention metadata
     node["model"] = model
     edges = [window, window + 1] if window else []
     low = rule.engine_min_prefix
@@ -372,6 +374,7 @@ def _features(draw: Any, node: dict, *, space: Space, brule: Any, rule: Any) -> 
             batch["prefix_lens"] = [0] * bs  # the hybrid scores items with no cached prefix
         node.pop("cuda_graph", None)
         node["model"].pop("sliding_window", None)
+        node["model"].pop("full_layer", None)
     if backend in cb.decode_context_parallel and mode in brule.dcp_modes and _sometimes(draw):
         node["dcp_size"] = draw(st.sampled_from((2, 4)))
     flags = tuple(cb.search_flags.get(backend, ()))

@@ -847,3 +847,18 @@ def test_zero_prefixes_lowercase_modes_and_40_requests_run_and_pass(tmp_path):
         ("zero-extend", "zero-decode", "zero-verify", "zero-draft-extend", "zero-draft-extend-v2", "wide-decode"),
         "PASS",
     ), verdicts
+
+
+def test_a_window_models_full_layer_is_read_and_refused_where_no_such_layer_runs(tmp_path):
+    """model.full_layer: the full-attention layer of a window model (its window kept for the
+    backend); without a window there is no other layer, and a draft mode runs the draft's own."""
+    head = "name: w\nbackend: %s\nmode: %s\nbatch: {prefix_lens: [20, 5]}\n"
+    (s,) = _load(tmp_path, head % ("flashinfer", "DECODE") + "model: {sliding_window: 8, full_layer: true}\n")
+    assert s.model.full_layer and s.model.sliding_window == 8
+    assert Scenario.from_json(json.loads(json.dumps(s.to_json()))) == s
+    (plain,) = _load(tmp_path, head % ("flashinfer", "DECODE") + "model: {sliding_window: 8}\n")
+    assert not plain.model.full_layer
+    msg = _refused(tmp_path, head % ("flashinfer", "DECODE") + "model: {full_layer: true}\n")
+    assert "model.full_layer" in msg and "without model.sliding_window" in msg and "\n" not in msg, msg
+    msg = _refused(tmp_path, head % ("triton", "DRAFT_DECODE") + "model: {sliding_window: 8, full_layer: true}\n")
+    assert "the draft's own layer" in msg and "\n" not in msg, msg

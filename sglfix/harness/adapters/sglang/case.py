@@ -515,7 +515,8 @@ def build_case(*, scenario: Any, device: str) -> SglangCase:
             scaling=truth.sm_scale,
             num_kv_heads=model.num_kv_heads,
             layer_id=0,
-            sliding_window_size=-1 if model.sliding_window is None else model.sliding_window,
+            # A window model's full-attention layer: the backend keeps the window, the layer none.
+            sliding_window_size=-1 if model.sliding_window is None or model.full_layer else model.sliding_window,
             is_cross_attention=model.cross_attention,
             # A diffusion LM's layer (SDAR's, LLaDA2's): no causal mask, the canvas attends both ways.
             **({"attn_type": AttentionType.ENCODER_ONLY} if scenario.mode == "DLLM_EXTEND" else {}),

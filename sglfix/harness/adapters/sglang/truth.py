@@ -102,7 +102,7 @@ def ground_truth(
     import torch
 
     prefix, ext = list(scenario.prefix_lens), list(scenario.extend_lens)
-    window = scenario.model.sliding_window
+    window = None if scenario.model.full_layer else scenario.model.sliding_window
     bidirectional = scenario.mode == "DLLM_EXTEND"
     bs, qmax, lmax = len(prefix), max(ext), max(p + e for p, e in zip(prefix, ext))
     pool = runner.token_to_kv_pool
