@@ -60,12 +60,17 @@ class Fingerprint:
             fields = _fields(metadata)
             self.schedule.update(getattr(reads, "schedule", ()) or ())
             scratch = set(getattr(reads, "scratch", ()) or ())
+            offsets = set(getattr(reads, "offsets", ()) or ())
             tensors = [(name, v) for name, v in fields if isinstance(v, torch.Tensor) and name not in scratch]
             host = dict(zip((n for n, _ in tensors), to_host([v for _, v in tensors])))
             if reads is not None:
                 host = _read_extent(host, reads, rows)
             self._add(None, f"{phase}|{rows}|".encode())
             for name, value in fields:
+                if name in offsets:
+                    # Where each row's data lies: what the rows read there is digested as its own field.
+                    self._add(name, name.encode() + b"=offsets")
+                    continue
                 if name in scratch and isinstance(value, torch.Tensor):
                     # Contents are the kernel's own (written before read); a longer row count,
                     # more heads or splits than a launch uses is slack. The row width is kept:

@@ -40,6 +40,10 @@ class MetadataFields:
     # flat buffers other than indices read through an indptr (a custom mask through its
     # mask_indptr): field -> that indptr; read up to the last row's end (the fingerprint only)
     read_to: Mapping[str, str] = field(default_factory=dict)
+    # offsets that only say where each row's data lies in a buffer the view also carries as the
+    # rows read it (FlashInfer's mask_indptr beside its custom_mask, the bits each row reads):
+    # checked as indptrs, but the fingerprint digests the data read, not where it lies
+    offsets: tuple[str, ...] = ()
     # fields that only choose how the kernels split the work (split-K counts, a launch's grid
     # bound, a scratch sized by them): any value the kernels accept computes the same attention,
     # summed in another order. A mutant that changes these alone, and no cell's verdict, is a

@@ -170,3 +170,58 @@ def test_a_buffer_declared_unread_is_slack_in_every_view_of_it():
 
     assert digest(16, declared=True) == digest(20, declared=True)
     assert digest(16, declared=False) != digest(20, declared=False)
+
+
+def _fi_wrapper(rows_bits: list[list[int]], *, gap: int) -> SimpleNamespace:
+    """A FlashInfer prefill wrapper's planned buffers (page size 1): one query row per request over
+    ``len(bits)`` keys, each request's bits packed (little bit order) from its own byte offset,
+    ``gap`` unused bytes after each."""
+    packed, offsets = [], []
+    for bits in rows_bits:
+        offsets.append(len(packed))
+        for i in range(0, len(bits), 8):
+            packed.append(sum(b << j for j, b in enumerate(bits[i : i + 8])))
+        packed += [0xFF] * gap  # slack: never read
+    kv = [0]
+    for bits in rows_bits:
+        kv.append(kv[-1] + len(bits))
+    return SimpleNamespace(
+        _custom_mask_buf=torch.tensor(packed, dtype=torch.uint8),
+        _mask_indptr_buf=torch.tensor([*offsets, len(packed)], dtype=torch.int32),
+        _qo_indptr_buf=torch.arange(len(rows_bits) + 1, dtype=torch.int32),
+        _paged_kv_indptr_buf=torch.tensor(kv, dtype=torch.int32),
+        _paged_kv_last_page_len_buf=torch.ones(len(rows_bits), dtype=torch.int32),
+        _paged_kv_indices_buf=torch.arange(kv[-1], dtype=torch.int32),
+    )
+
+
+def test_a_flashinfer_mask_is_digested_as_its_rows_read_it_wherever_it_lies():
+    """FlashInfer's mask_indptr only locates each row's bits: rows packed further apart digest the
+    same, a bit a row reads flipped does not (sglfix.harness.adapters.sglang.flashinfer_dense)."""
+    from sglfix.harness.adapters.sglang.flashinfer_dense import SglangFlashInferAdapter, _planned
+
+    reads = SglangFlashInferAdapter.metadata_fields
+    bits = [[1, 0, 1, 1, 0, 0, 1, 0, 1], [1, 1, 0]]
+
+    def digest(wrapper: SimpleNamespace) -> str:
+        return _digest(_planned(wrapper, rows=2, page_size=1), reads=reads)
+
+    tight = digest(_fi_wrapper(bits, gap=0))
+    assert digest(_fi_wrapper(bits, gap=3)) == tight
+    assert digest(_fi_wrapper([[1, 0, 1, 1, 0, 0, 1, 0, 0], [1, 1, 0]], gap=0)) != tight
+    assert digest(_fi_wrapper([bits[0], [1, 0, 0]], gap=3)) != tight
+    # Offsets that reach past the buffer are no bits at all: named, and digested otherwise.
+    short = _fi_wrapper(bits, gap=0)
+    short._mask_indptr_buf[1] = 40
+    assert "past" not in str(_planned(_fi_wrapper(bits, gap=0), rows=2, page_size=1).custom_mask)
+    assert "reach byte" in _planned(short, rows=2, page_size=1).custom_mask
+    assert digest(short) != tight
+
+
+def test_the_flashinfer_dispatch_reads_its_dense_backends_fields():
+    """The adapter a cell reaches (the dispatch, and the MLA one built on it) declares what the
+    dense backend's views hold, the mask's offsets among them."""
+    from sglfix.harness.adapters.sglang.flashinfer import FlashInferAdapter
+    from sglfix.harness.adapters.sglang.flashinfer_dense import SglangFlashInferAdapter
+
+    assert FlashInferAdapter.metadata_fields == SglangFlashInferAdapter.metadata_fields

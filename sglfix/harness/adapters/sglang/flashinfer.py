@@ -89,8 +89,12 @@ class FlashInferAdapter(DraftOrDense):
     (``sglang.flashinfer_dense``). Each call goes to the adapter that built the cell."""
 
     name = "flashinfer"
+    # The dense backend's (SglangFlashInferAdapter's; the draft's are a subset): its views hold
+    # every one of them, the mask's offsets beside the bits its rows read.
     metadata_fields = MetadataFields(
-        indptr=("kv_indptr", "qo_indptr", "mask_indptr"), indices={"kv_indices": "kv_indptr"}
+        indptr=("kv_indptr", "qo_indptr", "mask_indptr"),
+        indices={"kv_indices": "kv_indptr"},
+        offsets=("mask_indptr",),
     )
 
     def __init__(self) -> None:

@@ -78,6 +78,8 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
     metadata_fields = MetadataFields(
         indptr=("kv_indptr", "qo_indptr", "mask_indptr"),
         indices={"kv_indices": "kv_indptr"},
+        # The mask's byte offsets only locate each row's bits; the view carries the bits read.
+        offsets=("mask_indptr",),
     )
 
     def build(self, scenario: Any, *, device: str) -> Prepared:
@@ -141,7 +143,7 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
         wrappers = getattr(metadata, "decode_wrappers", None) or getattr(metadata, "prefill_wrappers", None) or []
         kind = "decode" if hasattr(metadata, "decode_wrappers") else "prefill"
         for i, w in enumerate(wrappers):
-            views.append((f"{kind} wrapper {i}", _planned(w), rows))
+            views.append((f"{kind} wrapper {i}", _planned(w, rows=rows, page_size=backend.page_size), rows))
         if kind == "decode":
             judge_decode(backend, forward_batch, wrapper_rails(wrappers))
         layout = getattr(backend, "_sglfix_multi_item", None)
@@ -288,12 +290,47 @@ def captures_draft_extend_v2(backend: Any, method: str = "_prepare_cuda_graph_me
     return "is_draft_extend_v2" in source
 
 
-def _planned(wrapper: Any) -> Any:
+def _planned(wrapper: Any, *, rows: int, page_size: int) -> Any:
     """A wrapper's planned metadata under the invariant table's names (FlashInfer's own private
-    buffers, which the stand-ins keep under the same names)."""
+    buffers, which the stand-ins keep under the same names), and the custom mask as its rows read
+    it (``custom_mask``)."""
     return SimpleNamespace(
         kv_indptr=getattr(wrapper, "_paged_kv_indptr_buf", None),
         kv_indices=getattr(wrapper, "_paged_kv_indices_buf", None),
         qo_indptr=getattr(wrapper, "_qo_indptr_buf", None),
         mask_indptr=getattr(wrapper, "_mask_indptr_buf", None),
+        custom_mask=_mask_as_read(wrapper, rows=rows, page_size=page_size),
     )
+
+
+def _mask_as_read(wrapper: Any, *, rows: int, page_size: int) -> Any:
+    """The packed custom mask's bits each planned row reads, row after row (request r's bit
+    ``q * kv_len + k`` from byte ``mask_indptr[r]``, little bit order, as FlashInfer's prefill
+    kernels read it); None for a wrapper with no mask. Where the offsets point past the buffer, a
+    sentence saying so (the kernel would read memory no mask holds)."""
+    import torch
+
+    mask, offsets = getattr(wrapper, "_custom_mask_buf", None), getattr(wrapper, "_mask_indptr_buf", None)
+    parts = [
+        getattr(wrapper, n, None) for n in ("_qo_indptr_buf", "_paged_kv_indptr_buf", "_paged_kv_last_page_len_buf")
+    ]
+    if mask is None or offsets is None or any(p is None for p in parts) or rows <= 0:
+        return None
+    qo, kv, last = (p.reshape(-1).to("cpu", torch.int64) for p in parts)
+    if qo.numel() < rows + 1 or kv.numel() < rows + 1 or last.numel() < rows or offsets.numel() < rows:
+        return None  # the invariants name a short indptr
+    pages = kv[1 : rows + 1] - kv[:rows]
+    kv_len = torch.where(pages > 0, (pages - 1) * page_size + last[:rows], 0)
+    bits = ((qo[1 : rows + 1] - qo[:rows]) * kv_len).clamp(min=0)
+    start = offsets.reshape(-1)[:rows].to("cpu", torch.int64)
+    end = int((start + (bits + 7) // 8).max())
+    flat = mask.reshape(-1)
+    if int(start.min()) < 0 or end > flat.numel():
+        return f"the rows' mask bits reach byte {end} of a {flat.numel()}-byte mask"
+    packed = flat[:end].to("cpu", torch.int64)
+    out = []
+    for r in range(rows):
+        n = int(bits[r])
+        chunk = packed[int(start[r]) : int(start[r]) + (n + 7) // 8]
+        out.append(((chunk[:, None] >> torch.arange(8)) & 1).reshape(-1)[:n])
+    return torch.cat(out).to(torch.uint8) if out else None
