@@ -141,19 +141,27 @@ def replayed(meaning: str, ran: tuple[int, str, str, float], report: Path) -> di
 
 
 def replayed_atop(fixes: list[str], patch: Path, found: Path, *, glob: list[str], device: str, work: Path) -> dict:
-    """Whether the found scenario's cell atop ``fixes`` moves with the mutant as well: its
-    verdict or failing check with the fixes and the mutant against with the fixes alone (each
-    read from its run's own report: the patched cell)."""
-    seen = {}
+    """Whether the found scenario's cell atop ``fixes`` moves with the mutant as well, judged as
+    mutate and search judge a mutant's cell against its base: another verdict, or (a cell that
+    fails either way) a failure on other rows or of another check (``fails_otherwise``). Each
+    cell is read from its run's own report (the patched cell)."""
+    from sglfix.report.context import key_figure
+    from sglfix.report.outcome import fails_otherwise
+
+    seen, cells = {}, {}
     for name, extra in (("fixes", []), ("mutant", ["--apply", str(patch)])):
         rep = work / f"{patch.stem}-atop-{name}.json"
         args = [*glob, "run", "--scenario-file", str(found), *(a for f in fixes for a in ("--apply", f)), *extra]
         code = sglfix(*args, "--device", device, "--no-cache", "--json", str(rep), cwd=str(work))[0]
-        cells = json.loads(rep.read_text())["cells"] if rep.exists() else []
-        patched = [c for c in cells if any(str(t).startswith("+") for t in c.get("toggles") or ())]
-        seen[name] = {"exit": code, "cells": [(c.get("verdict"), c.get("key_figure")) for c in patched]}
-    shows = bool(seen["mutant"]["cells"]) and seen["mutant"]["cells"] != seen["fixes"]["cells"]
-    return {**seen, "shows": shows, "atop": len(fixes)}
+        ran = json.loads(rep.read_text())["cells"] if rep.exists() else []
+        cells[name] = [c for c in ran if any(str(t).startswith("+") for t in c.get("toggles") or ())]
+        seen[name] = {"exit": code, "cells": [[c.get("verdict"), key_figure(c)] for c in cells[name]]}
+    pairs = list(zip(cells["mutant"], cells["fixes"]))
+    moved = [
+        m.get("verdict") != f.get("verdict") or (m.get("verdict") != "PASS" and fails_otherwise(m, f) is not None)
+        for m, f in pairs
+    ]
+    return {**seen, "shows": bool(pairs) and any(moved), "atop": len(fixes)}
 
 
 def kill(row: dict, *, profile: str, common: list[str], store: Path, work: Path, fixes: list[str] = ()) -> dict:
