@@ -157,6 +157,14 @@ LIMITS: tuple[Limit, ...] = (
         "flashinfer in DECODE, EXTEND and TARGET_VERIFY, torch_native in DECODE and EXTEND",
     ),
     Limit(
+        "`model.full_layer`",
+        "true / false",
+        "optional, needs `model.sliding_window`, DECODE, EXTEND and TARGET_VERIFY: the window model's "
+        "full-attention layer. The backend keeps the window and builds the metadata of both kinds of layer "
+        "(FlashInfer a wrapper each, Triton a window rail beside the full KV); the cell runs the layer without "
+        "a window, judged against attention over every cached key",
+    ),
+    Limit(
         "`model.linear_attention`",
         "gdn, kda, mamba2, short_conv",
         "real sglang `hybrid_linear` only: the linear-attention layer set, Qwen3-Next's gated delta net "
