@@ -219,6 +219,8 @@ def run_campaign(
     runnable = [m for m in campaign.mutants if campaign.reached.get(m.function)]
     candidates, campaign.load_errors = load_mutants(runnable, codebase=codebase, memo_dir=runner.store_dir)
     if base:
+        from sglfix.mutation.atop import replaced_by
+
         campaign.replaced = replaced_by(target.candidates, candidates, codebase=codebase)
         candidates = [c for c in candidates if c.id.removeprefix("+") not in campaign.replaced]
         campaign.mutants = [m for m in campaign.mutants if m.id not in campaign.replaced]
@@ -263,37 +265,6 @@ def mutants_of(toggles: Sequence[str]) -> list[str]:
     """The mutant ids of a mutant cell's toggles: its last (a campaign's candidate fixes, which
     every cell runs atop, come first)."""
     return [toggles[-1].removeprefix("+")] if toggles else []
-
-
-def replaced_by(fixes: Sequence[Any], mutants: Sequence[Any], *, codebase: Any) -> dict[str, str]:
-    """The mutants (id -> why) whose edits do not apply to their function as ``fixes`` rewrite it
-    (the same text edits the workers make, in the same order: the fixes first): a line the fixes
-    replace has no mutant atop them."""
-    from sglfix.common.codebase import package_dir
-    from sglfix.common.errors import PatchApplicationError, SglfixError
-    from sglfix.mutation.catalogue import locate_function
-    from sglfix.patching.editor import SourceOrigin, apply_edits
-
-    fixed: dict[str, list[Any]] = {}
-    for f in fixes:
-        for p in f.part.patches:
-            fixed.setdefault(p.target, []).append((f.id, p))
-    root = package_dir(codebase.package)
-    out: dict[str, str] = {}
-    for m in mutants:
-        for patch in m.part.patches:
-            if patch.target not in fixed or root is None:
-                continue
-            names = ", ".join(dict.fromkeys(fid for fid, _ in fixed[patch.target]))
-            try:
-                _path, _qual, source, first = locate_function(patch.target, codebase.package, Path(root))
-                origin = SourceOrigin(target=patch.target, first_lineno=first)
-                for _fid, p in fixed[patch.target]:
-                    source = apply_edits(source=source, edits=p.edits, origin=origin)
-                apply_edits(source=source, edits=patch.edits, origin=origin)
-            except (PatchApplicationError, SglfixError):
-                out[m.id.removeprefix("+")] = f"{names} rewrites its line in {patch.target.rsplit('.', 1)[-1]}"
-    return out
 
 
 def _unreached(chosen: Sequence[str], *, reached: Sequence[str], codebase: Any, functions: Sequence[str]) -> tuple:
