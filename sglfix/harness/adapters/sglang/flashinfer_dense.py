@@ -142,8 +142,11 @@ class SglangFlashInferAdapter(SglangTritonAdapter):
         views: list[tuple[str, Any, int]] = []
         wrappers = getattr(metadata, "decode_wrappers", None) or getattr(metadata, "prefill_wrappers", None) or []
         kind = "decode" if hasattr(metadata, "decode_wrappers") else "prefill"
+        # The backend's page (0.5.13 keeps none on the backend: its KV pool's).
+        pool = getattr(forward_batch, "token_to_kv_pool", None)
+        page_size = int(getattr(backend, "page_size", None) or getattr(pool, "page_size", None) or 1)
         for i, w in enumerate(wrappers):
-            views.append((f"{kind} wrapper {i}", _planned(w, rows=rows, page_size=backend.page_size), rows))
+            views.append((f"{kind} wrapper {i}", _planned(w, rows=rows, page_size=page_size), rows))
         if kind == "decode":
             judge_decode(backend, forward_batch, wrapper_rails(wrappers))
         layout = getattr(backend, "_sglfix_multi_item", None)
