@@ -105,6 +105,15 @@ def survivor_ids(path: str, *, profile: str, skip_families: set[str]) -> list[di
 
     data = json.loads(Path(path).read_text())
     rows = [r for r in data.get("survivors", data.get("mutants", [])) if r.get("status") == "survived"]
+    # A later run of the same campaign's survivors (an ``after_<commit>`` section, mutate --again
+    # on a newer sglfix) that no longer calls one a survivor supersedes the campaign's word.
+    since = {
+        mid: m.get("status")
+        for key, section in data.items()
+        if key.startswith("after_") and isinstance(section, dict)
+        for mid, m in (section.get("mutants") or {}).items()
+    }
+    rows = [r for r in rows if since.get(r.get("id"), "survived") == "survived"]
     rows = [r for r in rows if r.get("family") not in skip_families]
     codebase = resolve_profile(option=profile).profile
     root = codebase.package + ".srt."
@@ -119,6 +128,9 @@ def survivor_ids(path: str, *, profile: str, skip_families: set[str]) -> list[di
             for m in by_function[function]
             if m.line == r["line"] and m.operator == r["operator"] and m.mutated.strip() == r["mutated"].strip()
         ]
+        if len(hits) != 1 and r.get("id"):
+            # A change over several lines is kept shortened in a summary: its id then names it.
+            hits = [m for m in by_function[function] if m.id == r["id"]]
         out.append({**r, "function": function, "id": hits[0].id if len(hits) == 1 else None, "matches": len(hits)})
     return out
 
@@ -179,7 +191,12 @@ def kill(row: dict, *, profile: str, common: list[str], store: Path, work: Path,
         res["error"] = stderr.strip().splitlines()[-1:] or [f"exit {code}"]
         return res
     data = json.loads(report.read_text())
-    res.update({k: data[k] for k in ("tried", "search_s", "stopped", "timeouts", "focus", "device")})
+    res.update({k: data[k] for k in ("tried", "search_s", "stopped", "timeouts", "focus", "device", "skipped")})
+    res.update({k: data.get(k) for k in ("seeds", "alive", "neighbours", "origin")})
+    if data["tried"] and data["skipped"] == data["tried"]:
+        # Nothing ran here (a cell that cannot run on this machine): no search, no survivor.
+        res["error"] = [data["stopped"]]
+        return res
     res["errors"] = len(data["errors"])
     final = data["shrunk"] or data["found"]
     res["killed"] = final is not None
@@ -213,8 +230,9 @@ def kill(row: dict, *, profile: str, common: list[str], store: Path, work: Path,
 
 def survivors_figure(killed: list[dict], *, args: argparse.Namespace, of: int) -> dict:
     """The share of a campaign's survivors the searches killed, by family, with every row."""
-    n = len(killed)
-    k = sum(1 for r in killed if r.get("killed"))
+    searched = [r for r in killed if "error" not in r]
+    n = len(searched)
+    k = sum(1 for r in searched if r.get("killed"))
     return {
         "from": args.survivors,
         "profile": args.profile,
@@ -223,12 +241,13 @@ def survivors_figure(killed: list[dict], *, args: argparse.Namespace, of: int) -
         "atop": [Path(f).name for f in args.apply],
         "survivors": of,
         "searched": n,
+        "not_searched": len(killed) - n,
         "killed": k,
         "share": round(k / n, 3) if n else None,
         "by_family": {
             f: {
-                "searched": sum(1 for r in killed if r["family"] == f),
-                "killed": sum(1 for r in killed if r["family"] == f and r.get("killed")),
+                "searched": sum(1 for r in searched if r["family"] == f),
+                "killed": sum(1 for r in searched if r["family"] == f and r.get("killed")),
             }
             for f in sorted({r["family"] for r in killed})
         },

@@ -85,6 +85,19 @@ OPTIONS.update(
             ],
             None,
         ),
+        "seeds": (
+            Annotated[
+                str | None,
+                typer.Option(
+                    "--seeds",
+                    metavar="FROM",
+                    help="builtin: start from the code base's built-in scenarios of the space (the default with "
+                    "--mutant: a survivor is what no built-in scenario kills, so look next to them); none: the "
+                    "generic space alone (the default otherwise).",
+                ),
+            ],
+            None,
+        ),
         "where": (
             Annotated[
                 list[str],
@@ -132,6 +145,7 @@ SEARCH_OPTIONS = (
     "examples",
     "seconds",
     "seed",
+    "seeds",
     "where",
     "resume",
     "output",
@@ -153,7 +167,7 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
     from sglfix.execution.known import known_of
     from sglfix.execution.planner import Plan
     from sglfix.execution.runner import Runner
-    from sglfix.execution.search import Budget, SearchTarget, run_search
+    from sglfix.execution.search import Budget, Guide, SearchTarget, run_search
     from sglfix.execution.settings import Settings
     from sglfix.report.outcome import Known, Rules
     from sglfix.report.output import write_json
@@ -175,7 +189,11 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
     if family is None and mutant is not None:
         family = _family_of(mutant, scope.codebase)
     space = space_for(scope.codebase, family=family, mode=given["mode"], pins=pins)
-    runner = Runner(Settings.of(given), scope, what="search")
+    patch = kind in ("apply", "mutant")
+    seeds_from = _seeds_from(given["seeds"], kind=kind)
+    # A patch's cells digest what they built: where it is alive (built other metadata, moved no
+    # verdict) the search looks next (``sglfix.execution.search._Lines``).
+    runner = Runner(Settings.of(given, fingerprint=patch), scope, what="search")
     base = tuple(runner.env)
     applied = tuple(c.id for c in scope.candidates) if kind in ("apply", "mutant") else ()
     if mutant is not None and len(applied) > 1:
@@ -216,6 +234,7 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
         budget=Budget(count=given["examples"], seed=given["seed"], seconds=given["seconds"]),
         say=say,
         resume=resume,
+        guide=Guide(seeds=tuple(_seeds(runner, space)) if seeds_from == "builtin" else (), near=patch),
     )
     written = None
     final = outcome.shrunk_failure or outcome.found
@@ -232,6 +251,25 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
 
 
 _KINDS = ("baseline", "revert", "apply", "mutant")
+_SEEDS = ("builtin", "none")
+
+
+def _seeds_from(given: str | None, *, kind: str) -> str:
+    if given is None:
+        return "builtin" if kind == "mutant" else "none"
+    value = given.strip().lower()
+    if value not in _SEEDS:
+        from sglfix.common.schema import nearest
+
+        raise ConfigError(f"--seeds {given}: no such source{nearest(value, _SEEDS)}; give builtin or none")
+    return value
+
+
+def _seeds(runner: Any, space: Any) -> list:
+    """The built-in scenarios of the space's kinds, as nodes the search moves from."""
+    from sglfix.search.near import seeds
+
+    return seeds(runner.scenarios(), space=space)
 
 
 def _target_kind(given: dict) -> str:
@@ -433,6 +471,10 @@ def _report(
         record=list(outcome.record),
         focus=list(outcome.focus),
         flaky=list(outcome.flaky),
+        seeds=outcome.seeds,
+        neighbours=outcome.neighbours,
+        alive=outcome.alive,
+        origin=outcome.origin,
     )
 
 
@@ -448,6 +490,13 @@ def _show(report: Any, console: Any) -> None:
     said = f"sglfix search on {on} ({report.device}): {report.tried} examples in {report.search_s:.1f} s"
     said += f" ({report.examples_per_s:.2f}/s)"
     console.print(said, highlight=False, markup=False)
+    if report.seeds or report.neighbours:
+        console.print(
+            f"guided: {report.seeds} seed(s), {report.alive} example(s) where the change built something else and "
+            f"moved no verdict, {report.neighbours} neighbour(s) of them queued",
+            highlight=False,
+            markup=False,
+        )
     if report.errors:
         console.print(
             f"ERROR: sglfix itself failed on {len(report.errors)} cell(s), e.g. {report.errors[0]['scenario']}",
@@ -466,6 +515,8 @@ def _show(report: Any, console: Any) -> None:
         return
     f, s = report.found, report.shrunk or report.found
     console.print(f"found: {f.name}: {f.verdict} {f.key_figure}", highlight=False, markup=False)
+    if report.origin:
+        console.print(f"from: {report.origin}", highlight=False, markup=False)
     if f.said:
         console.print(f"{f.meaning}: {f.said}", highlight=False, markup=False)
     if report.shrink is not None:

@@ -18,6 +18,8 @@ whose code an example never runs cannot show there.
 
 from __future__ import annotations
 
+import heapq
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -25,12 +27,13 @@ from typing import Any
 
 from sglfix.common.errors import ConfigError
 from sglfix.scenario import Scenario
-from sglfix.search.shrink import Shrunk, shrink
+from sglfix.search.shrink import Shrunk, node_key, shrink
 from sglfix.search.space import Space, examples, to_scenario
 
 __all__ = [
     "Budget",
     "Failure",
+    "Guide",
     "Search",
     "SearchOutcome",
     "SearchTarget",
@@ -117,6 +120,7 @@ class SearchOutcome:
     shrunk_failure: Failure | None = None
     errors: list[dict] = field(default_factory=list)  # cells sglfix itself failed on
     skipped: int = 0  # examples no cell could run here (SKIP)
+    skip_why: str | None = None  # the first SKIP's reason
     timeouts: int = 0  # examples whose cell ran out of time (says nothing of the target)
     budget_hit: str | None = None  # why the search stopped without a find (examples or time)
     # The known divergence the smallest find is (its candidate fix makes it pass), if any.
@@ -128,6 +132,12 @@ class SearchOutcome:
     focus: list[str] = field(default_factory=list)
     # Examples that showed the target once and not when run again (their cells differ run to run).
     flaky: list[str] = field(default_factory=list)
+    # A patch's guided search: the seeds it started from, the neighbours it queued, the examples
+    # where the patch was alive, and where the find came from (None: drawn from the space).
+    seeds: int = 0
+    neighbours: int = 0
+    alive: int = 0
+    origin: str | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +154,20 @@ class Shown:
         f = Failure(node, scenario, self.cell, self.base, why="", meaning=self.meaning, said=self.said)
         f.why = " ".join(x for x in f.same if x)
         return f
+
+
+def alive(changed: dict, base: dict) -> int:
+    """How much a change built differently in a cell that ran it (0: nothing, or nothing to compare):
+    each metadata field whose digest moved counts one, an output that moved counts four (the
+    effect reached the kernel's answer, only not past the tolerance)."""
+    from sglfix.report.mutation import NO_DIGEST, OUTPUT, built_differently
+
+    if changed.get("verdict") in ("NOT_REACHED", "ERROR", "SKIP", "TIMEOUT"):
+        return 0
+    moved = built_differently(changed, base)
+    if NO_DIGEST in moved:
+        return 0
+    return sum(4 if m == OUTPUT else 1 for m in moved)
 
 
 # What a patch must do to a cell to show: mutate's kill (``sglfix.report.mutation``).
@@ -168,6 +192,9 @@ class _Judge:
 
             self.targets = targets_of(target.change, registry=registry)
         self.reaching: set[tuple[str, str]] = set()
+        # Examples (by scenario name) where the change ran and built something else than the base
+        # cell did without moving a verdict: how much it changed there (``alive``).
+        self.alive: dict[str, int] = {}
 
     def run(self, scenarios: Sequence[Scenario]) -> list[Shown | None]:
         """For each scenario, its cells where they show the target, else None."""
@@ -189,6 +216,11 @@ class _Judge:
         for scenario, base in zip(scenarios, results[:n]):
             if self.targets & set(base.get("reached") or ()):
                 self.reaching.add((str(scenario.probe or scenario.backend), str(scenario.mode)))
+        if self.target.change:
+            for scenario, base, changed in zip(scenarios, results[:n], results[n:]):
+                score = alive(changed, base)
+                if score:
+                    self.alive[scenario.name] = score
         return [self._shown(results[i], results[n + i] if self.target.change else None) for i in range(n)]
 
     def again(self, scenario: Scenario) -> Shown | None:
@@ -217,8 +249,13 @@ class _Judge:
         if any(c.get("verdict") == "TIMEOUT" for c in cells):
             self.outcome.timeouts += 1
             return True
-        if any(c.get("verdict") == "SKIP" for c in cells):
+        skips = [c for c in cells if c.get("verdict") == "SKIP"]
+        if skips:
             self.outcome.skipped += 1
+            if self.outcome.skip_why is None:
+                from sglfix.report.context import key_figure
+
+                self.outcome.skip_why = key_figure(skips[0]) or str(skips[0].get("error") or "")
             return True
         return False
 
@@ -247,6 +284,17 @@ class _Judge:
 
 
 @dataclass(frozen=True)
+class Guide:
+    """Where a patch's search looks besides the space: ``seeds`` (node, scenario, the built-in
+    scenario's name; ``sglfix.search.near.seeds``) run first, and with ``near`` the neighbours of
+    every example where the patch is alive (its cells digest what they built) come before the
+    space's other examples."""
+
+    seeds: tuple[tuple[dict, Scenario, str], ...] = ()
+    near: bool = False
+
+
+@dataclass(frozen=True)
 class Budget:
     """How much a search may try: ``count`` examples drawn from ``seed``, no new batch after
     ``seconds`` (None: no time limit)."""
@@ -264,18 +312,26 @@ def run_search(
     rules: Any,
     budget: Budget,
     say: Callable[[str], None],
-    clock: Callable[[], float] = time.perf_counter,
     resume: Sequence[str] = (),
+    guide: Guide | None = None,
 ) -> SearchOutcome:
     """Draw the budget's examples (deterministic from its seed), run them a batch at a time on
     ``runner``'s pool until one shows the target or the budget is spent, then shrink that one.
     ``resume``: the names of the examples an earlier search of the same space and seed tried
-    (its report's record); they are not run again."""
+    (its report's record); they are not run again. ``guide``: seeds to run first, and whether the
+    neighbours of the examples where a patch is alive run before the space's others (``_Lines``)."""
+    clock = time.perf_counter
     start = clock()
     drawn = _drawn(space, budget=budget, resume=resume)
     with runner.pool() as pool:
         search = Search(
-            space, target, rules, budget, registry=runner.target.registry, jobs=int(getattr(runner, "jobs", 1) or 1)
+            space,
+            target,
+            rules,
+            budget,
+            registry=runner.target.registry,
+            jobs=int(getattr(runner, "jobs", 1) or 1),
+            guide=guide or Guide(),
         )
         outcome = search_on(pool, drawn, search, say=say, clock=clock, start=start, resumed=resume)
     outcome.record[:0] = list(resume)
@@ -297,19 +353,43 @@ class _Lines:
     as more kinds are seen: a space of forty kinds is not waited round). Focused, every other example
     comes from those kinds and the rest from every kind still: entering a change's code is not
     showing it (a revert of a capture path that every graph mode enters shows in one of them), and
-    a kind whose first examples did not enter it (no graph drawn, no window) can still join them."""
+    a kind whose first examples did not enter it (no graph drawn, no window) can still join them.
+
+    A patch's search (a mutant, a fix) also starts from its seeds (the built-in scenarios, where
+    asked) and looks near every example where the patch is alive (``_Judge.alive``): neighbours of
+    the liveliest first, every other example while there are any (the space's own draws go on
+    beside them: a find at an edge the space draws near is no neighbour of a seed)."""
 
     EVERY = 2  # one example in this many from every kind, once focused
+    NEAR = 2  # of this many examples, all but one from the neighbours while there are any
+    PER_PARENT = 6  # neighbours drawn around each example where the change is alive
 
-    def __init__(self, drawn: Sequence[tuple[dict, Scenario]], *, space: Space, budget: Budget, done: set) -> None:
+    def __init__(
+        self,
+        drawn: Sequence[tuple[dict, Scenario]],
+        *,
+        space: Space,
+        budget: Budget,
+        done: set,
+        seeds: Sequence[tuple[dict, Scenario, str]] = (),
+    ) -> None:
         self.every: list[tuple[dict, Scenario]] = list(drawn)
         self.focused: list[tuple[dict, Scenario]] = []
+        self.seeds: list[tuple[dict, Scenario]] = [(node, s) for node, s, _ in seeds]
+        # (minus how alive the parent was, order drawn, node, scenario): the liveliest parent's first.
+        self.near: list[tuple[int, int, dict, Scenario]] = []
         self.space, self.budget, self.done = space, budget, done
         self.kinds: tuple[tuple[str, str], ...] = ()
         self.taken = 0
+        # Where each example that did not come from the generic space came from.
+        self.origin: dict[str, str] = {s.name: f"the built-in scenario {name}" for _, s, name in seeds}
+        self.nodes: dict[str, dict] = {}
+        self.known: set[str] = set()
+        self.grown = 0  # neighbours queued
+        self._rng = random.Random(budget.seed)
 
     def __bool__(self) -> bool:
-        return bool(self.every or self.focused)
+        return bool(self.every or self.focused or self.seeds or self.near)
 
     def focus(self, reaching: set[tuple[str, str]]) -> bool:
         """Narrow to ``reaching`` (the kinds seen entering the change); whether it changed."""
@@ -320,16 +400,47 @@ class _Lines:
         self.focused = examples(replace(self.space, only=now), count=self.budget.count, seed=self.budget.seed)
         return True
 
+    def grow(self, alive: dict[str, int]) -> int:
+        """Queue the neighbours of the examples newly seen alive (each example once); how many."""
+        from sglfix.search.near import neighbours
+
+        added = 0
+        for name, score in sorted(alive.items(), key=lambda kv: -kv[1]):
+            node = self.nodes.pop(name, None)
+            if node is None:
+                continue
+            for steps, near in neighbours(
+                node, count=self.PER_PARENT, rng=self._rng, admits=self.space.admits, known=self.known, key=node_key
+            ):
+                scenario = to_scenario(near, codebase=self.space.codebase)
+                if scenario.name in self.done:
+                    continue
+                seed = self.origin.get(name, "")
+                parent = f"{name} ({seed})" if seed.startswith("the built-in") else name
+                self.origin.setdefault(scenario.name, f"{parent} by {', '.join(steps)}")
+                heapq.heappush(self.near, (-score, self.grown, near, scenario))
+                self.grown += 1
+                added += 1
+        return added
+
     def take(self, n: int) -> list[tuple[dict, Scenario]]:
         out: list[tuple[dict, Scenario]] = []
         while len(out) < n and self:
-            from_every = not self.focused or (self.every and self.taken % self.EVERY == self.EVERY - 1)
-            line = self.every if from_every else self.focused
-            example = line.pop(0)
+            if self.seeds:
+                example = self.seeds.pop(0)
+            elif self.near and (self.taken % self.NEAR != self.NEAR - 1 or not (self.every or self.focused)):
+                _, _, node, scenario = heapq.heappop(self.near)
+                example = (node, scenario)
+            else:
+                from_every = not self.focused or (self.every and self.taken % self.EVERY == self.EVERY - 1)
+                line = self.every if from_every else self.focused
+                example = line.pop(0)
             if example[1].name in self.done:
                 continue
-            self.done.add(example[1].name)
             self.taken += 1
+            self.done.add(example[1].name)
+            self.known.add(node_key(example[0]))
+            self.nodes[example[1].name] = example[0]
             out.append(example)
         return out
 
@@ -346,6 +457,7 @@ class Search:
     budget: Budget
     registry: Any = None
     jobs: int = 1
+    guide: Guide = field(default_factory=lambda: Guide())
 
 
 def search_on(
@@ -367,7 +479,7 @@ def search_on(
     outcome.info = dict(getattr(pool, "info", {}) or {})
     judge = _Judge(pool, target=target, rules=rules, outcome=outcome, registry=registry)
     batch = max(MIN_BATCH, BATCH_PER_JOB * max(1, jobs))
-    lines = _Lines(drawn, space=space, budget=budget, done=set(resumed))
+    lines = _Lines(drawn, space=space, budget=budget, done=set(resumed), seeds=search.guide.seeds)
     left = budget.count - len(resumed)
     while lines and left > 0:
         if budget.seconds is not None and clock() - start >= budget.seconds:
@@ -390,6 +502,10 @@ def search_on(
         say(f"search: {outcome.tried}/{budget.count} examples, {clock() - start:.0f} s")
         if outcome.found is not None:
             break
+        if search.guide.near and judge.alive:
+            grown = lines.grow(judge.alive)
+            if grown:
+                say(f"search: {len(judge.alive)} example(s) where the change is alive; {grown} neighbour(s) queued")
         if judge.targets and judge.reaching and lines.focus(judge.reaching):
             outcome.focus = sorted(f"{w}/{m}" for w, m in judge.reaching)
             say(f"search: {len(judge.reaching)} kind(s) enter the change's functions; every other example on them")
@@ -399,8 +515,14 @@ def search_on(
             if left <= 0
             else f"the space's {outcome.tried} example(s) tried: none showed the target"
         )
+    ran = outcome.tried - len(resumed)
+    if outcome.found is None and ran and outcome.skipped == ran:
+        # Nothing ran: "none showed the target" would claim a search that never happened.
+        outcome.budget_hit = f"no example could run here: all {ran} SKIP ({outcome.skip_why or 'no reason given'})"
     outcome.search_s = round(clock() - start, 2)
+    outcome.seeds, outcome.neighbours, outcome.alive = len(search.guide.seeds), lines.grown, len(judge.alive)
     if outcome.found is not None:
+        outcome.origin = lines.origin.get(outcome.found.scenario.name)
         say(f"search: found {outcome.found.scenario.name}: {outcome.found.why}; shrinking")
         outcome.shrunk, outcome.shrunk_failure = _shrink(judge, outcome.found, space=space, say=say)
         if outcome.shrunk_failure is not outcome.found and not _again(judge, outcome.shrunk_failure):

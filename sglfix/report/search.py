@@ -84,6 +84,14 @@ class SearchReport(ClosedModel):
     # Examples that showed the target once and not when run again through no store (their cells
     # differ run to run: memory nothing wrote): never a find.
     flaky: list[str] = Field(default_factory=list)
+    # A patch's search (--apply, --mutant): the seeds it started from (--seeds builtin), the
+    # neighbours it queued around examples where the patch was alive (it built other metadata there
+    # and moved no verdict), how many such examples it saw, and where the find came from (None:
+    # drawn from the space; "the built-in scenario X"; "EXAMPLE by STEPS": a neighbour).
+    seeds: int = Field(default=0, ge=0)
+    neighbours: int = Field(default=0, ge=0)
+    alive: int = Field(default=0, ge=0)
+    origin: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)

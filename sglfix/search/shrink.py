@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Shrunk", "reductions", "shrink"]
+__all__ = ["Shrunk", "node_key", "reductions", "shrink"]
 
 # Per-request lists of a batch: a request dropped is dropped from each.
 _PER_REQUEST = ("prefix_lens", "extend_lens", "accept_lens", "encoder_lens", "items", "mamba_track")
@@ -164,12 +164,12 @@ def shrink(
     node, whether it fails the way the original did (asked once per round, for every valid
     reduction, so the caller can run them together). Every distinct node is asked about once."""
     result = Shrunk(node=copy.deepcopy(node))
-    known: dict[str, bool] = {_key(node): True}  # every node asked about (or refused): fails?
+    known: dict[str, bool] = {node_key(node): True}  # every node asked about (or refused): fails?
     for _ in range(max_rounds):
         result.rounds += 1
         candidates = []
         for what, smaller in reductions(result.node):
-            key = _key(smaller)
+            key = node_key(smaller)
             if key not in known and not valid(smaller):
                 known[key] = False
                 result.refused += 1
@@ -188,5 +188,6 @@ def shrink(
     return result
 
 
-def _key(node: Any) -> str:
+def node_key(node: Any) -> str:
+    """One string per distinct node (what a search and a shrink remember a node by)."""
     return json.dumps(node, sort_keys=True)

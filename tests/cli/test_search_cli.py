@@ -121,7 +121,7 @@ def test_a_change_search_spends_its_budget_on_the_kinds_that_enter_the_change(tm
     report = tmp_path / "focus.json"
     result = run_cli(
         "search", "--mutant", m.id, "--function", "get_num_kv_splits", "--device", "cpu", "--examples", "24",
-        "--no-cache", "--json", str(report), subprocess=True, timeout=300,
+        "--seeds", "none", "--no-cache", "--json", str(report), subprocess=True, timeout=300,
     )  # fmt: skip
     assert result.code in (0, 1), (result.out, result.err)
     data = json.loads(report.read_text())
@@ -153,11 +153,12 @@ def test_a_mutant_is_killed_and_the_kill_replays_through_run_apply(tmp_path):
     patch.write_text(shown.out)
     replay = run_cli("run", "--scenario-file", str(out), "--apply", str(patch), "--device", "cpu", "--no-cache")
     assert replay.code == 1, replay.out
-    # The same change as a patch file: --apply finds the same first example.
+    # The same change as a patch file, from the same seeds (the default of --mutant): --apply finds
+    # the same first example.
     applied = tmp_path / "apply.json"
     again = run_cli(
         "search", "--apply", str(patch), "--family", "triton", "--device", "cpu", "--examples", "24", "--no-cache",
-        "--json", str(applied), subprocess=True, timeout=300,
+        "--seeds", "builtin", "--json", str(applied), subprocess=True, timeout=300,
     )  # fmt: skip
     assert again.code == 1, (again.out, again.err)
     a = json.loads(applied.read_text())
