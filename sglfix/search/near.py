@@ -25,9 +25,9 @@ from sglfix.common.errors import ConfigError
 from sglfix.scenario.models import DEFAULT_TOLERANCE, BatchNode, Scenario
 from sglfix.scenario.modes import PROBE_COMMON_KEYS, probe_rule, rule_for
 from sglfix.search.schema_types import field_kind
-from sglfix.search.shrink import reductions
+from sglfix.search.shrink import reductions_by_kind
 
-__all__ = ["moves", "neighbours", "node_of", "seeds"]
+__all__ = ["moves", "moves_by_kind", "neighbours", "node_of", "seeds"]
 
 # Fields a scenario carries that are not the node's (its name and where it was written).
 _NOT_THE_NODE = {"name", "path", "line", "description"}
@@ -240,9 +240,28 @@ _GROWERS = (_longer_lengths, _more_requests, _larger_sizes, _graphs, _edges)
 def moves(node: dict) -> list[tuple[str, dict]]:
     """Every single step from ``node``: the shrinker's reductions and the growths above (some give
     a node the schema refuses: the caller drops it)."""
-    out = list(reductions(node))
-    for grower in _GROWERS:
-        out.extend((what, n) for what, n in grower(node) if n != node)
+    return [m for kind in moves_by_kind(node) for m in kind]
+
+
+def moves_by_kind(node: dict) -> list[list[tuple[str, dict]]]:
+    """``moves`` grouped by what they change (a request fewer or more, the graph, shorter or longer
+    lengths, smaller or larger sizes, optional keys, the edges), empty kinds left out: a step is
+    drawn kind first, so that a node with many lengths does not drown its one graph step."""
+    kinds = [*reductions_by_kind(node), *([(w, n) for w, n in grower(node) if n != node] for grower in _GROWERS)]
+    return [k for k in kinds if k]
+
+
+def _interleaved(kinds: list[list[tuple[str, dict]]], rng: random.Random) -> list[tuple[str, dict]]:
+    """Every step, each kind's in a random order, the kinds taken in turn (a random turn order)."""
+    lines = [list(k) for k in kinds]
+    for line in lines:
+        rng.shuffle(line)
+    rng.shuffle(lines)
+    out: list[tuple[str, dict]] = []
+    while any(lines):
+        for line in lines:
+            if line:
+                out.append(line.pop())
     return out
 
 
@@ -250,12 +269,11 @@ def neighbours(
     node: dict, *, count: int, rng: random.Random, admits: Any, known: set[str], key: Any
 ) -> list[tuple[list[str], dict]]:
     """Up to ``count`` distinct nodes near ``node`` that ``admits`` takes and whose ``key`` is not
-    in ``known`` (added to it), each with the steps taken: single steps first, in a random order
-    (the whole neighbourhood of a node is reached over its descendants), then one to ``MAX_STACK``
-    steps stacked."""
+    in ``known`` (added to it), each with the steps taken: single steps first, the kinds of step in
+    turn (the whole neighbourhood of a node is reached over its descendants), then two to
+    ``MAX_STACK`` steps stacked, each of a kind drawn first."""
     out: list[tuple[list[str], dict]] = []
-    single = moves(node)
-    rng.shuffle(single)
+    single = _interleaved(moves_by_kind(node), rng)
     stacked = (_stack(node, rng) for _ in range(20 * count))
     for steps, near in (*(([what], n) for what, n in single), *stacked):
         if len(out) >= count:
@@ -272,9 +290,10 @@ def neighbours(
 def _stack(node: dict, rng: random.Random) -> tuple[list[str], dict]:
     current, steps = node, []
     for _ in range(rng.randint(2, MAX_STACK)):
-        options = moves(current)
-        if not options:
+        kinds = moves_by_kind(current)
+        if not kinds:
             break
-        what, current = options[rng.randrange(len(options))]
+        kind = kinds[rng.randrange(len(kinds))]
+        what, current = kind[rng.randrange(len(kind))]
         steps.append(what)
     return steps, current

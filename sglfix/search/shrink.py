@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Shrunk", "node_key", "reductions", "shrink"]
+__all__ = ["Shrunk", "node_key", "reductions", "reductions_by_kind", "shrink"]
 
 # Per-request lists of a batch: a request dropped is dropped from each.
 _PER_REQUEST = ("prefix_lens", "extend_lens", "accept_lens", "encoder_lens", "items", "mamba_track")
@@ -127,13 +127,20 @@ _REDUCERS = (_fewer_requests, _less_graph, _shorter_lengths, _smaller_sizes, _le
 def reductions(node: dict) -> list[tuple[str, dict]]:
     """Every single reduction of ``node`` as (what it does, the smaller node), in the order the
     shrinker tries them; a reduction may give a node the schema refuses (the caller drops it)."""
-    out: list[tuple[str, dict]] = []
+    return [r for kind in reductions_by_kind(node) for r in kind]
+
+
+def reductions_by_kind(node: dict) -> list[list[tuple[str, dict]]]:
+    """``reductions`` grouped by what they cut (requests, the graph, lengths, sizes, optional keys)."""
+    out: list[list[tuple[str, dict]]] = []
     for reducer in _REDUCERS:
+        kind = []
         for what, edit in reducer(node):
             smaller = copy.deepcopy(node)
             edit(smaller)
             if smaller != node:
-                out.append((what, smaller))
+                kind.append((what, smaller))
+        out.append(kind)
     return out
 
 

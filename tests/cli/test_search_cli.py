@@ -76,6 +76,7 @@ def test_a_budget_that_finds_nothing_says_so_and_exits_0(tmp_path):
         (["--apply", "/nonexistent.patch"], ["/nonexistent.patch"]),
         (["--resume", "/nonexistent.json"], ["/nonexistent.json", "no such file"]),
         (["--where", "spec.topkk=1"], ["--where spec.topkk=1", "did you mean 'spec.topk'"]),
+        (["--seeds", "builtins"], ["--seeds builtins", "did you mean 'builtin'"]),
         (["-r", "99999"], ["99999"]),
         (["-o", "/nonexistent-folder/x.yaml"], ["-o /nonexistent-folder/x.yaml", "does not exist"]),
     ],

@@ -135,3 +135,18 @@ def test_neighbours_are_admitted_distinct_and_the_same_for_the_same_random_state
     assert all(space.admits(n) and 1 <= len(steps) <= 3 for steps, n in first)
     # Single steps come first: the first neighbours are each one move away.
     assert all(len(steps) == 1 for steps, _ in first[:6])
+
+
+class _Skipping(_Pool):
+    def run(self, cells, **kw: object) -> list[_Result]:
+        out = super().run(cells, **kw)
+        for r in out:
+            r.cell.update(verdict="SKIP", findings=[{"verdict": "SKIP", "message": "no CUDA device here"}])
+        return out
+
+
+def test_a_search_where_nothing_can_run_says_so_and_not_that_nothing_showed():
+    _, seed = _seed(37)
+    outcome = _search(_Skipping(alive_at=37), count=10, guide=Guide(seeds=(seed,), near=True))
+    assert outcome.found is None and outcome.skipped == outcome.tried == 10
+    assert outcome.budget_hit.startswith("no example could run here: all 10 SKIP"), outcome.budget_hit
