@@ -17,8 +17,7 @@ def replaced_by(fixes: Sequence[Any], mutants: Sequence[Any], *, codebase: Any) 
     replace has no mutant atop them."""
     from sglfix.common.codebase import package_dir
     from sglfix.common.errors import PatchApplicationError, SglfixError
-    from sglfix.mutation.catalogue import locate_function
-    from sglfix.patching.editor import SourceOrigin, apply_edits
+    from sglfix.mutation.catalogue import locate_function, patched_source
 
     fixed: dict[str, list[Any]] = {}
     for f in fixes:
@@ -32,11 +31,11 @@ def replaced_by(fixes: Sequence[Any], mutants: Sequence[Any], *, codebase: Any) 
                 continue
             names = ", ".join(dict.fromkeys(fid for fid, _ in fixed[patch.target]))
             try:
-                _path, _qual, source, first = locate_function(patch.target, codebase.package, Path(root))
-                origin = SourceOrigin(target=patch.target, first_lineno=first)
-                for _fid, p in fixed[patch.target]:
-                    source = apply_edits(source=source, edits=p.edits, origin=origin)
-                apply_edits(source=source, edits=patch.edits, origin=origin)
+                path, _qual, source, first = locate_function(patch.target, codebase.package, Path(root))
+                fixed_source = patched_source(
+                    source, [p for _, p in fixed[patch.target]], filename=str(path), first=first
+                )
+                patched_source(fixed_source, [patch], filename=str(path), first=first)
             except (PatchApplicationError, SglfixError):
                 out[m.id.removeprefix("+")] = f"{names} rewrites its line in {patch.target.rsplit('.', 1)[-1]}"
     return out

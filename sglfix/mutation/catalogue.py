@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from sglfix.common.errors import SglfixError
 from sglfix.mutation.model import Mutant
 
-__all__ = ["CatalogueRow", "catalogue_counts", "check_catalogue"]
+__all__ = ["CatalogueRow", "catalogue_counts", "check_catalogue", "locate_function", "patched_source"]
 
 Match = Literal["exact", "close", "none"]
 
@@ -135,7 +135,9 @@ def locate_function(target: str, package: str, source_root: Path) -> tuple[Path,
     return path, ".".join(rel[len(module) :]), source, first
 
 
-def _revert(source: str, patches: Sequence[Any], *, filename: str, first: int) -> str:
+def patched_source(source: str, patches: Sequence[Any], *, filename: str, first: int) -> str:
+    """``source`` (a function's, from line ``first`` of ``filename``) with each patch's text edits
+    made in order, as the workers make them; PatchApplicationError where one does not apply."""
     from sglfix.patching.editor import SourceOrigin, apply_edits
 
     for patch in patches:
@@ -170,7 +172,7 @@ def _row_for(
     try:
         path, qualname, source, first = locate_function(target, package, source_root)
         repo_path = repo_prefix + path.relative_to(source_root).as_posix()
-        reverted = _revert(source, patches, filename=repo_path, first=first)
+        reverted = patched_source(source, patches, filename=repo_path, first=first)
     except SglfixError as exc:
         # The file as the code base's repository names it, not where it lies on this machine.
         why = str(exc).splitlines()[0].replace(str(source_root) + os.sep, repo_prefix)
