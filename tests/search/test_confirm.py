@@ -4,20 +4,12 @@ The pool here stands in for the workers only: the search, the judgement and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from stand_in import Result
 
 from sglfix.codebases import get_codebase
 from sglfix.execution.search import Budget, Search, SearchTarget, search_on
 from sglfix.report.outcome import Rules
 from sglfix.search.space import examples, space_for
-
-
-@dataclass
-class _Result:
-    cell: dict
-
-    def to_json(self) -> dict:
-        return dict(self.cell)
 
 
 class _Pool:
@@ -26,17 +18,17 @@ class _Pool:
     def __init__(self, verdict_of) -> None:
         self.verdict_of, self.runs, self.fresh_runs = verdict_of, {}, 0
 
-    def run(self, cells, **_: object) -> list[_Result]:
+    def run(self, cells, **_: object) -> list[Result]:
         out = []
         for c in cells:
             name = c.scenario.name
             n = self.runs[name] = self.runs.get(name, 0) + 1
             verdict = self.verdict_of(name, n)
             findings = [] if verdict == "PASS" else [{"verdict": verdict, "message": f"{verdict.lower()} at row 3"}]
-            out.append(_Result({"scenario": name, "toggles": [], "verdict": verdict, "findings": findings}))
+            out.append(Result({"scenario": name, "toggles": [], "verdict": verdict, "findings": findings}))
         return out
 
-    def fresh(self, cells) -> list[_Result]:
+    def fresh(self, cells) -> list[Result]:
         self.fresh_runs += 1
         return self.run(cells)
 

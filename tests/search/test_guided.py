@@ -6,7 +6,8 @@ only: the search, the judgement, the space, the seeds and the moves are real."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+
+from stand_in import Result
 
 from sglfix.codebases import get_codebase
 from sglfix.execution.runner import choose_scenarios
@@ -20,14 +21,6 @@ from sglfix.toggling.profiles import get_profile
 MUTANT = "+m-0000000000"
 
 
-@dataclass
-class _Result:
-    cell: dict
-
-    def to_json(self) -> dict:
-        return dict(self.cell)
-
-
 class _Pool:
     """The patched cell builds other metadata (a field digest moves) wherever the batch's first
     prefix is ``alive_at``; it fails there (DIVERGE) only where the batch holds more than one
@@ -37,7 +30,7 @@ class _Pool:
         self.alive_at = alive_at
         self.ran: list[str] = []
 
-    def run(self, cells, **_: object) -> list[_Result]:
+    def run(self, cells, **_: object) -> list[Result]:
         out = []
         for c in cells:
             s, patched = c.scenario, MUTANT in c.toggles
@@ -49,7 +42,7 @@ class _Pool:
             findings = [{"verdict": verdict, "message": "diverges at row 1"}] if shows else []
             fp = {"metadata": "moved" if alive else "same", "fields": {"kv_indptr": "moved" if alive else "same"}}
             out.append(
-                _Result(
+                Result(
                     {
                         "scenario": s.name,
                         "toggles": list(c.toggles),
@@ -61,7 +54,7 @@ class _Pool:
             )
         return out
 
-    def fresh(self, cells) -> list[_Result]:
+    def fresh(self, cells) -> list[Result]:
         return self.run(cells)
 
 
@@ -138,7 +131,7 @@ def test_neighbours_are_admitted_distinct_and_the_same_for_the_same_random_state
 
 
 class _Skipping(_Pool):
-    def run(self, cells, **kw: object) -> list[_Result]:
+    def run(self, cells, **kw: object) -> list[Result]:
         out = super().run(cells, **kw)
         for r in out:
             r.cell.update(verdict="SKIP", findings=[{"verdict": "SKIP", "message": "no CUDA device here"}])
