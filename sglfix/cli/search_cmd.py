@@ -175,6 +175,7 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
 
     opts = options(ctx)
     kind = _target_kind(given)
+    seeds_from = _seeds_from(given["seeds"], kind=kind)  # refused before the mutant is looked up
     ids = revert_ids(given["revert"])
     _check_output(given["output"])
     pins = parse_pins(given["where"])
@@ -186,11 +187,13 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
     if mutant is not None:
         scope = _with_mutant(scope, mutant)
     family = given["family"]
-    if family is None and mutant is not None:
+    inferred = family is None and mutant is not None
+    if inferred:
         family = _family_of(mutant, scope.codebase)
-    space = space_for(scope.codebase, family=family, mode=given["mode"], pins=pins)
+    # A backend's file is run by the probes too (a verify probe builds its input on the backend's
+    # buffers): a mutant's own family is searched with them unless --family names one.
+    space = space_for(scope.codebase, family=family, mode=given["mode"], pins=pins, with_probes=inferred)
     patch = kind in ("apply", "mutant")
-    seeds_from = _seeds_from(given["seeds"], kind=kind)
     # A patch's cells digest what they built: where it is alive (built other metadata, moved no
     # verdict) the search looks next (``sglfix.execution.search._Lines``).
     runner = Runner(Settings.of(given, fingerprint=patch), scope, what="search")
@@ -248,6 +251,15 @@ def search_cmd(ctx: typer.Context, **given: Any) -> None:
     if outcome.errors:
         raise typer.Exit(1)
     raise typer.Exit(1 if outcome.found is not None else 0)
+
+
+def _said(error: Any) -> str:
+    """An ERROR cell's message in one line (a worker's error record or a finding's message)."""
+    if isinstance(error, dict):
+        text = str(error.get("message") or error.get("type") or error)
+    else:
+        text = str(error or "")
+    return " ".join(text.split())[:300] or "no message"
 
 
 _KINDS = ("baseline", "revert", "apply", "mutant")
@@ -430,6 +442,7 @@ def _report(
     mutant: Any,
 ) -> Any:
     from sglfix.report.bisect import now
+    from sglfix.report.context import key_figure
     from sglfix.report.search import SearchReport, ShrinkRecord
 
     shrunk = outcome.shrunk
@@ -445,6 +458,8 @@ def _report(
         revert=list(goal.revert),
         base=list(goal.base),
         family=family,
+        # A mutant's own family (no --family) is searched with the probes (``space_for``).
+        with_probes=given["family"] is None and mutant is not None and family is not None,
         mutant=mutant.id if mutant is not None else None,
         where=list(given["where"]),
         mode=given["mode"],
@@ -456,7 +471,10 @@ def _report(
         wall_s=outcome.wall_s,
         stopped=outcome.budget_hit,
         skipped=outcome.skipped,
-        errors=[{"scenario": e.get("scenario"), "error": e.get("error")} for e in outcome.errors],
+        errors=[
+            {"scenario": e.get("scenario"), "toggles": e.get("toggles"), "error": e.get("error") or key_figure(e)}
+            for e in outcome.errors
+        ],
         found=_found(outcome.found),
         shrunk=_found(outcome.shrunk_failure),
         known=outcome.known,
@@ -499,7 +517,8 @@ def _show(report: Any, console: Any) -> None:
         )
     if report.errors:
         console.print(
-            f"ERROR: sglfix itself failed on {len(report.errors)} cell(s), e.g. {report.errors[0]['scenario']}",
+            f"ERROR: sglfix itself failed on {len(report.errors)} cell(s), e.g. {report.errors[0]['scenario']}: "
+            f"{_said(report.errors[0]['error'])}",
             highlight=False,
             markup=False,
         )

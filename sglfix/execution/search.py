@@ -28,7 +28,7 @@ from typing import Any
 from sglfix.common.errors import ConfigError
 from sglfix.scenario import Scenario
 from sglfix.search.shrink import Shrunk, node_key, shrink
-from sglfix.search.space import Space, examples, to_scenario
+from sglfix.search.space import Space, examples, kind_of, to_scenario
 
 __all__ = [
     "Budget",
@@ -215,7 +215,7 @@ class _Judge:
         n = len(scenarios)
         for scenario, base in zip(scenarios, results[:n]):
             if self.targets & set(base.get("reached") or ()):
-                self.reaching.add((str(scenario.probe or scenario.backend), str(scenario.mode)))
+                self.reaching.add(kind_of(scenario))
         if self.target.change:
             for scenario, base, changed in zip(scenarios, results[:n], results[n:]):
                 score = alive(changed, base)
@@ -375,7 +375,8 @@ class _Lines:
     ) -> None:
         self.every: list[tuple[dict, Scenario]] = list(drawn)
         self.focused: list[tuple[dict, Scenario]] = []
-        self.seeds: list[tuple[dict, Scenario]] = [(node, s) for node, s, _ in seeds]
+        # One seed of each kind in turn: the first batch shows which kinds enter the change.
+        self.seeds: list[tuple[dict, Scenario]] = _by_kind_in_turn([(node, s) for node, s, _ in seeds])
         # (minus how alive the parent was, order drawn, node, scenario): the liveliest parent's first.
         self.near: list[tuple[int, int, dict, Scenario]] = []
         self.space, self.budget, self.done = space, budget, done
@@ -398,6 +399,10 @@ class _Lines:
             return False
         self.kinds = now
         self.focused = examples(replace(self.space, only=now), count=self.budget.count, seed=self.budget.seed)
+        # Seeds of kinds that enter the change first: a seed whose kind never enters it runs code
+        # the change is not in (the examples a survivor's search would spend there show nothing).
+        entering = set(now)
+        self.seeds.sort(key=lambda ex: kind_of(ex[1]) not in entering)
         return True
 
     def grow(self, alive: dict[str, int]) -> int:
@@ -443,6 +448,19 @@ class _Lines:
             self.nodes[example[1].name] = example[0]
             out.append(example)
         return out
+
+
+def _by_kind_in_turn(examples_: Sequence[tuple[dict, Scenario]]) -> list[tuple[dict, Scenario]]:
+    """``examples_`` dealt one of each kind in turn (each kind's own order kept)."""
+    lines: dict[tuple[str, str], list[tuple[dict, Scenario]]] = {}
+    for ex in examples_:
+        lines.setdefault(kind_of(ex[1]), []).append(ex)
+    out: list[tuple[dict, Scenario]] = []
+    queues = [list(reversed(line)) for line in lines.values()]
+    while queues:
+        out.extend(q.pop() for q in queues)
+        queues = [q for q in queues if q]
+    return out
 
 
 @dataclass(frozen=True)
@@ -524,7 +542,7 @@ def search_on(
     if outcome.found is not None:
         outcome.origin = lines.origin.get(outcome.found.scenario.name)
         say(f"search: found {outcome.found.scenario.name}: {outcome.found.why}; shrinking")
-        outcome.shrunk, outcome.shrunk_failure = _shrink(judge, outcome.found, space=space, say=say)
+        outcome.shrunk, outcome.shrunk_failure = _shrink(judge, outcome.found, space=space, say=say, jobs=jobs)
         if outcome.shrunk_failure is not outcome.found and not _again(judge, outcome.shrunk_failure):
             # The smallest did not fail the same way again: the find as found is the answer.
             say(f"search: {outcome.shrunk_failure.scenario.name} did not fail the same way again; keeping the find")
@@ -556,9 +574,12 @@ def _known(pool: Any, failure: Failure, *, target: SearchTarget) -> str | None:
     return None
 
 
-def _shrink(judge: _Judge, found: Failure, *, space: Space, say: Callable[[str], None]) -> tuple[Shrunk, Failure]:
+def _shrink(
+    judge: _Judge, found: Failure, *, space: Space, say: Callable[[str], None], jobs: int
+) -> tuple[Shrunk, Failure]:
     wanted = found.same
     last: dict[str, Failure] = {}
+    told = [0, 0]  # smaller scenarios run and still failing since the last line said
 
     def still_fails(nodes: Sequence[dict]) -> list[bool]:
         scenarios = [to_scenario(n, codebase=space.codebase) for n in nodes]
@@ -569,9 +590,15 @@ def _shrink(judge: _Judge, found: Failure, *, space: Space, say: Callable[[str],
             if failure is not None and same:
                 last[scenario.name] = failure
             out.append(same)
-        say(f"search: shrinking, {sum(out)} of {len(out)} smaller scenarios still fail")
+        told[0], told[1] = told[0] + len(out), told[1] + sum(out)
         return out
 
-    shrunk = shrink(found.node, valid=space.admits, still_fails=still_fails)
+    def round_over(shrunk: Shrunk) -> None:
+        say(f"search: shrinking, round {shrunk.rounds}: {told[1]} of {told[0]} smaller scenarios still fail")
+        told[0] = told[1] = 0
+
+    # As many smaller scenarios at once as the workers run together (two at the least, for the
+    # pool's turnaround): the first that still fails is taken without running the rest.
+    shrunk = shrink(found.node, valid=space.admits, still_fails=still_fails, chunk=max(2, jobs), on_round=round_over)
     final = to_scenario(shrunk.node, codebase=space.codebase)
     return shrunk, last.get(final.name, found)

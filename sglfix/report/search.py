@@ -56,6 +56,8 @@ class SearchReport(ClosedModel):
     mutant: str | None = None
     base: list[str]  # the environment's reverts every cell ran with (and, with --mutant, the --apply fixes)
     family: str | None
+    # The probes' kinds were searched beside ``family`` (a mutant's own backend, --family not given).
+    with_probes: bool = False
     mode: str | None
     where: list[str] = Field(default_factory=list)  # --where KEY=VALUE pins every drawn scenario held
     seed: int

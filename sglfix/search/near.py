@@ -95,12 +95,12 @@ def _same(a: Scenario, b: Scenario) -> bool:
 def seeds(scenarios: Sequence[Scenario], *, space: Any) -> list[tuple[dict, Scenario, str]]:
     """The scenarios of ``space``'s kinds as (node, its runnable scenario, the scenario's own name),
     each one whose node loads back to it on the code base and holds the space's pins."""
-    from sglfix.search.space import kinds, to_scenario
+    from sglfix.search.space import kind_of, kinds, to_scenario
 
     wanted = set(kinds(space))
     out: list[tuple[dict, Scenario, str]] = []
     for s in scenarios:
-        if (str(s.probe or s.backend), str(s.mode)) not in wanted:
+        if kind_of(s) not in wanted:
             continue
         node = node_of(s)
         if not space.admits(node):

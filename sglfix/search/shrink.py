@@ -2,11 +2,14 @@
 one while the scenario still fails the same way, until none does.
 
 A reduction makes a node smaller in one respect: a request fewer, a prefix or an extend shorter
-(to nothing, to half, to the page boundary below, by one), a page smaller, a speculative size one
-less, the CUDA graph or a captured size dropped, an optional key left out, fewer heads. Each round
+(to nothing, to half, to the page boundary below, by one), a page smaller, a speculative size
+smaller, the CUDA graph or a captured size dropped, an optional key left out, fewer heads. Each round
 asks about every reduction of the current node at once (the caller runs them as cells in
 parallel) and takes the first, in the order listed, that still fails: the result is the same for
-the same failing node, and minimal over the reductions (no single one of them still fails).
+the same failing node, and minimal over the reductions (no single one of them still fails). Asked
+in chunks (as many at once as there are workers), a round stops at the first chunk that holds a
+failing node: the same node is taken, and a round where most reductions still fail (the early
+ones, on the biggest scenarios) runs a chunk instead of all of them.
 """
 
 from __future__ import annotations
@@ -94,8 +97,9 @@ def _smaller_sizes(node: dict) -> Iterator[tuple[str, Edit]]:
         yield f"page_size {page // 2}", lambda n: n.__setitem__("page_size", page // 2)
     for key in ("num_steps", "topk", "num_draft_tokens"):
         value = node.get("spec", {}).get(key)
-        if value is not None and value > 1:
-            yield f"spec.{key} {value - 1}", lambda n, key=key, value=value: n["spec"].__setitem__(key, value - 1)
+        # The biggest cut first, as for lengths: a size that may drop to one gets there in one round.
+        for v in _shorter(value, page=1, low=1) if value is not None else ():
+            yield f"spec.{key} {v}", lambda n, key=key, v=v: n["spec"].__setitem__(key, v)
     model = node.get("model", {})
     if model.get("num_kv_heads") and model.get("num_heads", 0) > model["num_kv_heads"]:
         yield "one query head per KV head", lambda n: n["model"].__setitem__("num_heads", model["num_kv_heads"])
@@ -164,12 +168,16 @@ def shrink(
     valid: Callable[[dict], bool],
     still_fails: Callable[[Sequence[dict]], Sequence[bool]],
     max_rounds: int = 200,
+    chunk: int | None = None,
+    on_round: Callable[[Shrunk], None] | None = None,
 ) -> Shrunk:
     """The smallest node the reductions reach from ``node`` that still fails.
 
     ``valid(node)``: whether the schema and the code base take it; ``still_fails(nodes)``: for each
-    node, whether it fails the way the original did (asked once per round, for every valid
-    reduction, so the caller can run them together). Every distinct node is asked about once."""
+    node, whether it fails the way the original did (asked for the valid reductions in order,
+    ``chunk`` at a time, all at once without one, so the caller can run them together; a round
+    asks no further than the first chunk with a failing node). Every distinct node is asked about
+    once. ``on_round(result)`` is called as each round ends."""
     result = Shrunk(node=copy.deepcopy(node))
     known: dict[str, bool] = {node_key(node): True}  # every node asked about (or refused): fails?
     for _ in range(max_rounds):
@@ -181,17 +189,26 @@ def shrink(
                 known[key] = False
                 result.refused += 1
             candidates.append((what, key, smaller))
-        ask = list({key: smaller for _, key, smaller in candidates if key not in known}.items())
-        if ask:
-            answers = list(still_fails([smaller for _, smaller in ask]))
-            result.asked += len(ask)
-            known.update((key, bool(fails)) for (key, _), fails in zip(ask, answers))
-        taken = next((c for c in candidates if known[c[1]]), None)
+        unknown = list({key: smaller for _, key, smaller in candidates if key not in known}.items())
+        step = max(1, chunk) if chunk else max(1, len(unknown))
+        while True:
+            # The first reduction, in order, not known to pass: taken once it is known to fail.
+            taken = next((c for c in candidates if known.get(c[1]) is not False), None)
+            if taken is None or known.get(taken[1]):
+                break
+            part = [(key, smaller) for key, smaller in unknown if key not in known][:step]
+            answers = list(still_fails([smaller for _, smaller in part]))
+            result.asked += len(part)
+            known.update((key, bool(fails)) for (key, _), fails in zip(part, answers))
         if taken is None:
             result.minimal = True
+        else:
+            result.node = taken[2]
+            result.steps.append(taken[0])
+        if on_round is not None:
+            on_round(result)
+        if taken is None:
             break
-        result.node = taken[2]
-        result.steps.append(taken[0])
     return result
 
 

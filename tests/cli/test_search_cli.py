@@ -21,7 +21,7 @@ FIND += ["--examples", "40"]
 
 def test_a_revert_is_found_and_shrunk_to_a_scenario_file_that_shows_it(tmp_path):
     out, report, store = tmp_path / "found.yaml", tmp_path / "search.json", str(tmp_path / "store")
-    result = run_cli(*FIND, "--cache", store, "-o", str(out), "--json", str(report), subprocess=True, timeout=300)
+    result = run_cli(*FIND, "--cache", store, "-o", str(out), "--json", str(report), subprocess=True, timeout=600)
     assert result.code == 1, (result.out, result.err)
     data = SearchReport.model_validate(json.loads(report.read_text()))
     assert data.target == "revert" and data.revert == ["27460"] and data.found is not None
@@ -46,7 +46,7 @@ def test_a_revert_is_found_and_shrunk_to_a_scenario_file_that_shows_it(tmp_path)
     assert reductions(shrunk)
     # The same seed, the same search (its cells served by the result store the first one filled).
     again = tmp_path / "again.json"
-    run_cli(*FIND, "--cache", store, "--json", str(again), subprocess=True, timeout=300)
+    run_cli(*FIND, "--cache", store, "--json", str(again), subprocess=True, timeout=600)
     assert json.loads(again.read_text())["shrunk"]["name"] == data.shrunk.name
 
 

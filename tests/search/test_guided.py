@@ -143,3 +143,22 @@ def test_a_search_where_nothing_can_run_says_so_and_not_that_nothing_showed():
     outcome = _search(_Skipping(alive_at=37), count=10, guide=Guide(seeds=(seed,), near=True))
     assert outcome.found is None and outcome.skipped == outcome.tried == 10
     assert outcome.budget_hit.startswith("no example could run here: all 10 SKIP"), outcome.budget_hit
+
+
+def test_seeds_are_dealt_by_kind_and_those_of_kinds_entering_the_change_run_first():
+    from sglfix.execution.search import _Lines
+
+    space = space_for(get_codebase("reproduction"), family="triton")
+    made = []
+    for mode in ("DECODE", "EXTEND"):
+        for prefix in (20, 21, 22):
+            batch = {"prefix_lens": [prefix], **({"extend_lens": [3]} if mode == "EXTEND" else {})}
+            node = {"backend": "triton", "mode": mode, "page_size": 1, "batch": batch}
+            made.append((node, to_scenario(node, codebase=space.codebase), f"{mode}-{prefix}"))
+    lines = _Lines([], space=space, budget=Budget(count=50, seed=0), done=set(), seeds=made)
+    first = [s.mode for _, s in lines.take(2)]
+    assert sorted(map(str, first)) == ["DECODE", "EXTEND"], "the first batch should hold one seed of each kind"
+    # Only EXTEND was seen entering the change: its seeds go before the DECODE ones left.
+    assert lines.focus({("triton", "EXTEND")})
+    rest = [str(s.mode) for _, s in lines.take(4)]
+    assert rest == ["EXTEND", "EXTEND", "DECODE", "DECODE"], rest

@@ -95,3 +95,20 @@ def test_refused_reductions_are_never_asked_about():
     # Everything that can go went: one request, eager, empty prefix, smallest sizes.
     assert out.node["batch"]["prefix_lens"] == [0]
     assert "cuda_graph" not in out.node and "model" in out.node
+
+
+def test_asked_a_chunk_at_a_time_a_shrink_takes_the_same_steps_and_asks_less():
+    def pred(n):
+        return "cuda_graph" in n and n["spec"]["num_draft_tokens"] >= 2 and sum(n["batch"]["prefix_lens"]) > 20
+
+    whole = shrink(NODE, valid=valid, still_fails=_fails_when(pred)[0])
+    rounds: list[int] = []
+    still_fails, asked = _fails_when(pred)
+    chunked = shrink(NODE, valid=valid, still_fails=still_fails, chunk=2, on_round=lambda s: rounds.append(s.rounds))
+    assert chunked.node == whole.node and chunked.steps == whole.steps and chunked.minimal
+    assert chunked.asked == len(asked) < whole.asked
+    assert rounds == list(range(1, chunked.rounds + 1))
+    # The last round asked about every valid reduction left: the minimal claim rests on all of them.
+    assert all(not pred(s) for _, s in reductions(chunked.node) if valid(s))
+    # A size that may drop to one does so in one step, not one less a round.
+    assert chunked.node["spec"]["num_draft_tokens"] == 2
