@@ -110,6 +110,14 @@ class Profile:
     # time, now and then): paths of the backend that run only under a flag (a host-side plan) are in
     # the space as well. Each is checked against ``engine_flags`` as a scenario's ``env:`` is.
     search_flags: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # backend -> a flag of its ``search_flags`` -> the modes the flag makes free of device->host
+    # syncs (a host-side plan's flag: the plan reads host mirrors only). A drawn scenario turning
+    # the flag on in one of them is declared ``sync_free: cuda`` (only CUDA can tell a mirror's
+    # read from a device read).
+    sync_free_flags: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+    # Survivors of sglfix mutate a person read and found equivalent (a YAML file in the profile's
+    # folder, sglfix.mutation.reviewed): reported equivalent (reviewed), never survived.
+    equivalent_mutants: str = ""
     # backend -> the modes its adapter runs here, where fewer than the scenario format's table
     # (sglfix.scenario.modes.BACKEND_RULES) allows; a backend not named runs all of those.
     backend_modes: dict[str, tuple[str, ...]] = field(default_factory=dict)

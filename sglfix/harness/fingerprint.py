@@ -171,8 +171,12 @@ def _bytes(value: Any) -> bytes:
         if t.device.type != "cpu":
             t = t.cpu()
         head = f"{t.dtype}{tuple(t.shape)}".encode()
-        # Flat first: a 0-d tensor has no last dimension to view as bytes.
+        # Flat first: a 0-d tensor has no last dimension to view as bytes. One element counts as
+        # contiguous whatever its stride (a column of a [n, 2] tensor at n = 1), and view() refuses
+        # a stride other than 1: it is given one.
         t = t.contiguous().reshape(-1)
+        if t.numel() == 1:
+            t = t.as_strided((1,), (1,))
         return head + (t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     if value is None or isinstance(value, (bool, int, float, str)):
         return repr(value).encode()

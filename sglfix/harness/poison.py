@@ -67,9 +67,13 @@ def poison_(tensor: Any) -> Any:
 
 
 def unwritten(tensor: Any) -> Any:
-    """A boolean mask of ``tensor``'s elements that still hold the floating poison bits."""
+    """A boolean mask of ``tensor``'s elements that still hold the poison: the floating poison
+    bits, or a bool's byte that is neither 0 nor 1 (a store of a bool writes one of those two;
+    read as a bool, the ``0xA5`` poison is True, so a mask nobody filled looks all visible)."""
     import torch
 
+    if tensor.dtype == torch.bool:
+        return tensor.contiguous().view(torch.uint8) > 1
     name = str(tensor.dtype).removeprefix("torch.")
     if name not in PATTERNS:
         return torch.zeros(tensor.shape, dtype=torch.bool, device=tensor.device)

@@ -1,7 +1,9 @@
 """Detect device->host synchronisations inside a path declared sync-free.
 
 On CUDA, torch's own sync debug mode reports every synchronising call (warn mode, recorded
-rather than raised, so the cell still gets its other findings). Without CUDA the same code
+rather than raised, so the cell still gets its other findings), each kept only where a frame of
+the code under test made it: the harness builds ground truth and reads it back inside the watched
+forward, and that is not the engine's doing. Without CUDA the same code
 path runs on CPU tensors that stand in for device tensors; there, reading a tensor's value
 back into Python from the code under test is the equivalent event, so those calls are
 intercepted — but only when made from ``sglfix.backends`` (the Triton interpreter itself
@@ -15,6 +17,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -29,14 +32,20 @@ _TENSOR_METHODS = ("item", "tolist", "__bool__", "__int__", "__float__", "__inde
 _TORCH_FUNCS = ("nonzero", "masked_select", "unique", "argwhere")
 
 
-def _caller_under_test(depth: int = 2) -> str | None:
-    frame = sys._getframe(depth)
+def _caller_under_test(frame: Any, *, cuda: bool = False) -> str | None:
+    """The first frame of the code under test from ``frame`` outwards, past torch's frames and this
+    module's spies; on CUDA (a sync warning shown at ``frame``) also past the warning machinery
+    and the harness's pass-through frames (a factory mode that makes its caller's call). None
+    where the first other frame is the harness's own: its reads (the ground truth it builds and
+    reads back inside the watched forward) are not the engine's doing."""
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if is_code_under_test(module):
             return f"{module}:{frame.f_lineno} in {frame.f_code.co_name}"
-        # Torch's own frames and this module's spies stand between the read and its caller.
-        if not (module.startswith("torch") or module == __name__):
+        between = module.startswith("torch") or module == __name__
+        if cuda:
+            between = between or module == "warnings" or "__sglfix_passthrough__" in frame.f_code.co_varnames
+        if not between:
             return None
         frame = frame.f_back
     return None
@@ -52,7 +61,7 @@ def _cpu_watch(found: list[str]) -> Iterator[None]:
             return
 
         def spy(*args, **kwargs):
-            where = None if getattr(_PAUSED, "on", False) else _caller_under_test()
+            where = None if getattr(_PAUSED, "on", False) else _caller_under_test(sys._getframe(1))
             if where is not None:
                 found.append(f"host read {label} at {where}")
             __sglfix_passthrough__ = True  # noqa: F841 (what the read raises is its caller's: harness.misfit)
@@ -73,20 +82,36 @@ def _cpu_watch(found: list[str]) -> Iterator[None]:
             setattr(owner, name, original)
 
 
+def _sync_recorder(found: list[str]) -> Any:
+    """A ``warnings.showwarning`` that keeps torch's sync warnings the code under test raised
+    (``_caller_under_test``, from the stack as it is when the warning is shown) and drops the rest."""
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        text = str(message)
+        if "called a synchronizing" not in text or getattr(_PAUSED, "on", False):
+            return
+        where = _caller_under_test(sys._getframe(1), cuda=True)
+        if where is not None:
+            found.append(f"{text.splitlines()[0]} at {where}")
+
+    return show
+
+
 @contextlib.contextmanager
 def _cuda_watch(found: list[str]) -> Iterator[None]:
+    """torch's sync debug mode, each warning attributed as it is raised, from the Python stack
+    then live (the warning's own file and line name the innermost frame, which may be the
+    harness's allocation mode making the engine's call)."""
+
     previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = _sync_recorder(found)
         torch.cuda.set_sync_debug_mode("warn")
         try:
             yield
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-    for w in caught:
-        text = str(w.message)
-        if "called a synchronizing" in text:
-            found.append(f"{text.splitlines()[0]} ({w.filename}:{w.lineno})")
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -235,6 +235,18 @@ CaptureList = Annotated[tuple[BatchSize, ...], BeforeValidator(_capture_sizes)]
 Name = Annotated[str, BeforeValidator(_name)]
 Text = Annotated[str, BeforeValidator(_text)]
 Flag = Annotated[bool, BeforeValidator(_flag)]
+
+
+def _sync_free(value: Any) -> bool | str:
+    if value == "cuda" or isinstance(value, bool):
+        return value
+    raise ValueError(f"must be true, false or cuda, got {describe_kind(value)} {show(value)}")
+
+
+# true / false, or ``cuda``: declared sync-free where the device is CUDA only. On CPU every tensor
+# is a host tensor: the watch cannot tell a read of a host mirror (what a host-side plan is for)
+# from a read of a device value, so there the cell says the promise was not judged.
+SyncFree = Annotated[bool | Literal["cuda"], BeforeValidator(_sync_free)]
 EnvMap = Annotated[
     dict[str, str],
     BeforeValidator(_env),
@@ -397,7 +409,7 @@ class ScenarioNode(StrictModel):
     batch: BatchNode
     cuda_graph: Annotated[CudaGraphNode | None, BeforeValidator(_graph_or_false)] = None
     gpu_only: Flag = False
-    sync_free: Flag | None = None
+    sync_free: SyncFree | None = None
     # None: the backend's default (1; trtllm_mla 64; deepseek_v4 256).
     page_size: PageSize | None = None
     model: ModelShape = ModelShape()
@@ -502,8 +514,8 @@ class Scenario(StrictModel):
     cpu_graph: Flag = False  # DECODE graphs: sglang's CPU graph runner over IntelAMXAttnBackend
     gpu_only: Flag = False
     # Declared free of device->host syncs; defaults to gpu_only, except spec-v1 DRAFT_EXTEND,
-    # whose accept lengths are read on the host by design.
-    sync_free: Flag = False
+    # whose accept lengths are read on the host by design; "cuda": judged on CUDA only.
+    sync_free: SyncFree = False
     page_size: PageSize = 1
     model: ModelShape = ModelShape()
     spec: SpecShape = SpecShape()

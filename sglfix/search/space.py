@@ -148,10 +148,11 @@ def space_for(
     max_requests: int = DEFAULT_MAX_REQUESTS,
     max_pages: int = DEFAULT_MAX_PAGES,
     pins: tuple[tuple[tuple[str, ...], Any], ...] = (),
+    with_probes: bool = False,
 ) -> Space:
     """The space of ``codebase``: every backend it has an adapter for and every probe it has, or
-    only ``family`` (a backend, or ``probes``) and ``mode``, every scenario holding ``pins``
-    (``parse_pins``); ConfigError naming a bad one."""
+    only ``family`` (a backend, or ``probes``; ``with_probes``: a backend and every probe) and
+    ``mode``, every scenario holding ``pins`` (``parse_pins``); ConfigError naming a bad one."""
     backends = tuple(b for b in field_kind(ScenarioNode, "backend").choices if b in codebase.adapters)
     probes = tuple(p for p in field_kind(ScenarioNode, "probe").choices if p in codebase.probes)
     if family is not None:
@@ -161,11 +162,12 @@ def space_for(
                 f"--family {family}: {codebase.name} has no such backend family{nearest(family, families)}; "
                 f"families: {', '.join(families)}"
             )
-        backends, probes = ((), probes) if family == "probes" else ((family,), ())
+        backends, probes = ((), probes) if family == "probes" else ((family,), probes if with_probes else ())
     for backend, flags in getattr(codebase, "search_flags", {}).items():
         if backend in backends and flags:
             # A flag the profile names wrongly would only make every draw holding it refused.
             check_engine_flags(dict.fromkeys(flags, "true"), codebase, where=f"{codebase.name}: search_flags.{backend}")
+    _check_sync_free_flags(codebase)
     modes = None
     if mode is not None:
         all_modes = field_kind(ScenarioNode, "mode").choices
@@ -335,12 +337,25 @@ def _sometimes(draw: Any) -> bool:
     return draw(st.integers(0, 3)) == 0
 
 
+def _check_sync_free_flags(codebase: Any) -> None:
+    """A ``sync_free_flags`` entry names a flag the search draws for that backend, and modes."""
+    for backend, by_flag in codebase.sync_free_flags.items():
+        drawn = codebase.search_flags.get(backend, ())
+        for flag, modes in by_flag.items():
+            where = f"{codebase.name}: sync_free_flags.{backend}.{flag}"
+            if flag not in drawn:
+                raise ConfigError(f"{where}: not one of search_flags.{backend}{nearest(flag, drawn)}; add it there")
+            for m in modes:
+                if m not in backend_rule(backend).modes:
+                    raise ConfigError(f"{where}: {backend} runs no mode {m}{nearest(m, backend_rule(backend).modes)}")
+
+
 def _features(draw: Any, node: dict, *, space: Space, brule: Any, rule: Any) -> None:
     """The rarer keys, each where the code base's adapter for this backend builds it (its record's
     feature lists) and the backend's mode table takes it: deterministic inference, a hybrid's
     linear layer set and Mamba tracking, an encoder-decoder batch, a multi-item scoring batch,
     decode context parallelism, an engine flag the profile lets the search turn on
-    (``search_flags``). What the schema then refuses is rejected like any other draw."""
+    (``search_flags``; declared sync-free on CUDA where ``sync_free_flags`` says so). What the schema then refuses is rejected like any other draw."""
     cb, backend, mode, batch = space.codebase, node["backend"], node["mode"], node["batch"]
     bs = len(batch["prefix_lens"])
     if backend in cb.deterministic and _sometimes(draw):
@@ -379,7 +394,10 @@ def _features(draw: Any, node: dict, *, space: Space, brule: Any, rule: Any) -> 
         node["dcp_size"] = draw(st.sampled_from((2, 4)))
     flags = tuple(cb.search_flags.get(backend, ()))
     if flags and _sometimes(draw):
-        node["env"] = {draw(st.sampled_from(flags)): True}
+        flag = draw(st.sampled_from(flags))
+        node["env"] = {flag: True}
+        if mode in cb.sync_free_flags.get(backend, {}).get(flag, ()):
+            node["sync_free"] = "cuda"
 
 
 def _new_tokens(rule: Any, batch: dict, spec: dict, bs: int) -> list[int]:
@@ -470,6 +488,11 @@ def to_scenario(node: dict, *, codebase: Any, where: str = "<search>") -> Scenar
     check_memory([scenario])
     check_scenarios_runnable([scenario], codebase)
     return scenario
+
+
+def kind_of(scenario: Scenario) -> tuple[str, str]:
+    """The kind a scenario is, as ``kinds`` names them: (backend or probe, mode)."""
+    return (str(scenario.probe or scenario.backend), str(scenario.mode))
 
 
 def kinds(space: Space) -> list[tuple[str, str]]:

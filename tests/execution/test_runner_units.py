@@ -98,6 +98,57 @@ def test_cpu_sync_watch_sees_host_reads_from_the_code_under_test_only():
     assert torch.Tensor.item.__name__ == "item"  # restored
 
 
+def test_sync_free_cuda_is_judged_on_cuda_only_and_a_cpu_cell_says_it_was_not(tmp_path):
+    # The reproduction's FlashInfer stand-in plans on the host: declared sync-free everywhere, its
+    # CPU cell is SYNC; declared for CUDA only, the CPU cell passes and says the promise went unjudged.
+    node = (
+        "name: fi-sync-{how}\nbackend: flashinfer\nmode: DRAFT_DECODE\nbatch: {{prefix_lens: [37, 5]}}\n"
+        "model: {{num_heads: 4, num_kv_heads: 2, head_dim: 64, dtype: float16}}\nspec: {{topk: 1, num_steps: 3}}\n"
+        "sync_free: {how}\n"
+    )
+    verdicts = {}
+    for how in ("true", "cuda"):
+        path, report = tmp_path / f"{how}.yaml", tmp_path / f"{how}.json"
+        path.write_text(node.format(how=how))
+        run_cli("run", "--scenario-file", str(path), "--device", "cpu", "--no-cache", "--json", str(report))
+        (cell,) = json.loads(report.read_text())["cells"]
+        verdicts[how] = cell["verdict"], [f for f in cell["findings"] if f.get("syncs_checked") is False]
+    assert verdicts["true"][0] == "SYNC" and verdicts["true"][1] == []
+    assert verdicts["cuda"][0] == "PASS" and "declared for CUDA only" in verdicts["cuda"][1][0]["message"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(node.format(how="gpu"))
+    refused = run_cli("run", "--scenario-file", str(bad), "--device", "cpu", "--no-cache")
+    assert refused.code == 2 and "must be true, false or cuda" in refused.out + refused.err
+
+
+def test_a_cuda_sync_warning_counts_where_the_code_under_test_made_it_only():
+    """torch's sync warnings are attributed from the live stack: through the harness's pass-through
+    frames (its allocation mode makes the engine's call) to the engine's frame; a sync of the
+    harness's own (building or reading back the ground truth) is not the engine's."""
+    import warnings
+
+    from sglfix.harness.syncwatch import _sync_recorder
+
+    def passthrough(call):
+        __sglfix_passthrough__ = True  # noqa: F841
+        return call()
+
+    # A torch operation that synchronizes: the warning is raised in its frame.
+    op = {"__name__": "torch.fake", "warnings": warnings}
+    exec('def sync():\n    warnings.warn("called a synchronizing CUDA operation (at x.cpp:1.)", stacklevel=1)\n', op)
+    sync = op["sync"]
+    ns = {"__name__": "sglfix.backends.fake", "passthrough": passthrough, "sync": sync}
+    exec(compile("def engine():\n    return passthrough(sync)\n", "backend.py", "exec"), ns)
+    found: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = _sync_recorder(found)
+        ns["engine"]()
+        passthrough(sync)  # the harness's own: no engine frame on the stack
+        warnings.warn("another warning", stacklevel=1)
+    assert found == ["called a synchronizing CUDA operation (at x.cpp:1.) at sglfix.backends.fake:2 in engine"], found
+
+
 FAULT_TOGGLE = """\
 pr: 55555
 title: test-only toggle that makes the worker die or hang

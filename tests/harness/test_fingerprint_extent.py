@@ -225,3 +225,18 @@ def test_the_flashinfer_dispatch_reads_its_dense_backends_fields():
     from sglfix.harness.adapters.sglang.flashinfer_dense import SglangFlashInferAdapter
 
     assert FlashInferAdapter.metadata_fields == SglangFlashInferAdapter.metadata_fields
+
+
+def test_a_one_element_column_is_digested_by_its_value_whatever_its_stride():
+    # A column of a [1, k] tensor: one element, stride k, which torch calls contiguous; the
+    # draft's positions at batch size 1 are such a tensor.
+    pairs = torch.tensor([[5, 6]], dtype=torch.int64)
+    column = pairs[:, 1]
+    assert column.stride() == (2,) and column.is_contiguous()
+    with fingerprinting() as fp:
+        observe("step", SimpleNamespace(positions=column))
+    with fingerprinting() as same:
+        observe("step", SimpleNamespace(positions=torch.tensor([6])))
+    with fingerprinting() as other:
+        observe("step", SimpleNamespace(positions=torch.tensor([5])))
+    assert fp.to_json() == same.to_json() != other.to_json()

@@ -40,6 +40,16 @@ def test_bool_and_unsigned_poison_are_fixed_bytes():
     assert poison_(torch.zeros(4, dtype=torch.bool)).view(torch.uint8).tolist() == [0xA5] * 4
 
 
+def test_a_bool_nothing_wrote_is_told_from_a_written_true():
+    # Read as a bool, the poison is True: a mask no code filled would look all visible.
+    mask = poison_(torch.zeros(6, dtype=torch.bool))
+    assert bool(mask.all())
+    mask[:2] = True
+    mask[2] = False
+    assert unwritten(mask).tolist() == [False, False, False, True, True, True]
+    assert not unwritten(torch.ones(3, dtype=torch.bool)).any()
+
+
 def test_only_the_code_under_tests_allocations_are_poisoned(tmp_path, monkeypatch):
     """An allocation in a file of the code under test holds the poison; one in the caller (this
     test) does not; the patched factories are restored after the block, even after an error."""

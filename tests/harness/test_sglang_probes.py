@@ -607,6 +607,21 @@ def test_the_verify_input_check_derives_the_tree_from_its_parents_and_names_a_di
     assert "retrieve_next_sibling" in check(retrieve_next_sibling=linked)
     assert "topk is 5" in check(topk=5)
     assert "custom_mask holds" in check(custom_mask=good["custom_mask"][:-1])
+    # A prefix cell nothing wrote holds the poison, which reads as a bool True: named by its byte.
+    from sglfix.harness.poison import poison_
+
+    unfilled = good["custom_mask"].clone()
+    poison_(unfilled[5 + 8 + 2 : 5 + 8 + 3])  # request 0, draft token 1, prefix token 2
+    assert bool(unfilled.all() == good["custom_mask"].all())
+    assert "request 0 draft token 1, prefix token 2: a byte nothing wrote" in check(custom_mask=unfilled)
+    # The CUDA kernel writes a byte per cell whatever the buffer's dtype: a float32 buffer holds
+    # its cells in the bytes of its elements, which the verify kernel then reads as floats.
+    from sglfix.harness.probes.sglang.verify_mask_fits import _as_bytes
+
+    floats = torch.zeros(good["custom_mask"].numel(), dtype=torch.float32)
+    _as_bytes(floats)[: good["custom_mask"].numel()] = good["custom_mask"].view(torch.uint8)
+    assert "does not see prefix token" in check(custom_mask=floats)
+    assert _as_bytes(good["custom_mask"]) is good["custom_mask"]
     # The verify forward plans and keeps logits by these; a chain builder's write slots are the rows'.
     assert "num_tokens_per_req is 9" in check(num_tokens_per_req=9)
     assert "num_tokens_for_logprob_per_req is 7" in check(num_tokens_for_logprob_per_req=7)

@@ -42,3 +42,22 @@ def test_a_replay_that_leaves_the_captured_page_tables_stale_is_caught(tmp_path)
             assert c["verdict"] == "PASS", (name, c["findings"][:2])  # eager never replays
         else:
             assert c["verdict"] in ("DIVERGE", "INVARIANT"), (name, c["verdict"], c["findings"][:2])
+
+
+def test_a_capture_that_hands_its_steps_no_page_table_is_caught(tmp_path):
+    """Capture and replay bodies swapped: the replay still rebuilds every step's page table (the
+    replayed attention passes), but the captured draft forward ran its steps on none."""
+    require_sglang()
+    old = "        if in_capture:\n            inner_fb = build_inner_fb_view(\n"
+    patch = breaking_patch(
+        tmp_path, "triton_backend", old, "        if not in_capture:\n            inner_fb = build_inner_fb_view(\n"
+    )
+    report = _run(tmp_path, "-s", "sglang-triton-draft@*", "--apply", str(patch))
+    patched = {c["scenario"]: c for c in report["cells"] if c.get("toggles")}
+    assert len(patched) == 6, sorted(patched)
+    for name, c in patched.items():
+        if "cg=eager" in name:
+            assert c["verdict"] == "PASS", (name, c["findings"][:2])
+            continue
+        assert c["verdict"] == "INVARIANT", (name, c["verdict"], c["findings"][:2])
+        assert any("step 0 was handed no page table" in f["message"] for f in c["findings"]), c["findings"][:3]

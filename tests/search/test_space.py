@@ -196,3 +196,26 @@ def test_engine_flags_the_profile_names_are_drawn_one_at_a_time_and_a_wrong_one_
     with pytest.raises(ConfigError) as err:
         space_for(typo, family="flashinfer")
     assert "search_flags.flashinfer" in str(err.value) and "SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN" in str(err.value)
+
+
+def test_a_flag_that_makes_a_mode_sync_free_is_drawn_declared_so_for_cuda_and_nowhere_else():
+    """A flag of ``sync_free_flags`` turned on in one of its modes: the scenario is declared
+    sync-free on CUDA (only there can a mirror's read be told from a device read); the same flag in
+    another mode, or another flag, declares nothing; a wrong entry is refused before any draw."""
+    import dataclasses
+
+    cb = get_codebase("sglang-0.5.23")
+    declared = dict(cb.sync_free_flags["flashinfer"])
+    drawn = [s for _, s in examples(space_for(cb, family="flashinfer"), count=160, seed=3)]
+    flagged = [s for s in drawn if s.env]
+    by_flag = [(next(iter(s.env)), s.mode, s.sync_free) for s in flagged]
+    cuda = [(f, m) for f, m, sync in by_flag if sync == "cuda"]
+    assert cuda and all(m in declared.get(f, ()) for f, m in cuda)
+    assert all(sync == "cuda" for f, m, sync in by_flag if m in declared.get(f, ()))
+    for bad, says in (
+        ({"flashinfer": {"SGLANG_NOT_A_SEARCH_FLAG": ("DRAFT_DECODE",)}}, "not one of search_flags.flashinfer"),
+        ({"flashinfer": {"SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR": ("DRAFT_DECOD",)}}, "runs no mode DRAFT_DECOD"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            space_for(dataclasses.replace(cb, sync_free_flags=bad), family="flashinfer")
+        assert says in str(err.value) and "\n" not in str(err.value)

@@ -39,7 +39,10 @@ def check_draft_metadata(case: Any, backend: Any, *, mla: bool) -> list[tuple[st
     view = case.replayed
     if view is None:
         return []
-    findings: list[tuple[str, str]] = []
+    findings: list[tuple[str, str]] = [
+        ("INVARIANT", f"capture bs={bs}: step {i} was handed no page table (the captured draft forward reads none)")
+        for bs, i in case.unhanded
+    ]
     topk, steps = case.topk, case.num_steps
     bs = view.batch_size
     lens_sum = int(view.seq_lens.to(torch.int64).sum())

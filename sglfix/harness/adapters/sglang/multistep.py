@@ -54,6 +54,7 @@ class MultiStepDraftAdapter(AdapterBase):
         case.plans = {}  # step -> what its MLA decode wrapper was planned to read last (CUDA)
         case.output = None
         case.replayed = None  # the batch (view) of the last metadata init
+        case.unhanded = []  # (captured size, step): a step handed no page table at that capture
         case.seed = scenario.seed
         return Prepared(case=case, num_slots=case.num_slots)
 
@@ -119,11 +120,18 @@ class MultiStepDraftAdapter(AdapterBase):
                 dtype=case.dtype,
                 runner=case.runner,
             )
+            before = dict(step_tables(case, backend))
             with case.allocs:
                 backend.init_forward_metadata_out_graph(batch, in_capture=True)
                 # The runner's captured body starts with the in-graph step (its replay re-runs it).
                 backend.init_forward_metadata_in_graph(batch)
             self.read_steps(backend, case, batch)
+            # The captured draft forward runs every step but the last on what this capture handed
+            # it: a step handed nothing runs on no metadata (or the last capture's) in the graph.
+            after = step_tables(case, backend)
+            case.unhanded += [
+                (bs, i) for i in range(case.num_steps - 1) if after.get(i) is None or after.get(i) is before.get(i)
+            ]
             on_metadata(Owner(backend, case), batch, f"capture bs={bs}")
         if self.mla and self.wrapper_plans and not case.host:
             # The captured wrappers re-plan on replay through sglang's fast plan (installed on

@@ -98,7 +98,7 @@ def _tree_kernel() -> Callable[..., None] | None:
             selected,
             seq_lens,
             seq_lens.cumsum(0) - seq_lens,
-            tree_mask,
+            _as_bytes(tree_mask),
             positions,
             r_index,
             r_next,
@@ -113,6 +113,16 @@ def _tree_kernel() -> Callable[..., None] | None:
         )
 
     return launch
+
+
+def _as_bytes(tree_mask: Any) -> Any:
+    """The mask as the CUDA kernel writes it: a bool per byte through the buffer's data pointer,
+    whatever dtype the caller allocated (a float buffer gets its cells' bytes, not its elements)."""
+    import torch
+
+    if tree_mask.dtype in (torch.bool, torch.uint8) or not tree_mask.is_contiguous():
+        return tree_mask
+    return tree_mask.view(-1).view(torch.uint8)
 
 
 def _launch_name(utils: Any) -> str:
@@ -206,6 +216,21 @@ def _tree_facts(tree: list[int]) -> tuple[list[int], Any, list[int], list[int]]:
     return depth, seen, first_child, sibling
 
 
+# A mask cell holds 0 or 1 once written; the poison (``sglfix.harness.poison``) is any other byte.
+_UNWRITTEN = "the mask's memory was never filled: on a GPU it holds whatever was there"
+
+
+def _mask_bytes(mask: Any) -> Any:
+    """The mask's cells as integers, a one-byte mask (bool, uint8) by its raw bytes: a bool's
+    unwritten ``0xA5`` reads as True, and only its byte tells it from a written 1."""
+    import torch
+
+    flat = mask.reshape(-1)
+    if flat.dtype in (torch.bool, torch.uint8):
+        flat = flat.contiguous().view(torch.uint8)
+    return flat.to(torch.int64).cpu()
+
+
 def _check_mask(mask: Any, *, full: bool, lens: list[int], seen: Any, prefix_filled: bool) -> str | None:
     """Each request's block of the flat mask: a draft token's row sees the whole prefix (FULL_MASK,
     where the prefix is filled) and, of the tree, its ancestors and itself."""
@@ -217,10 +242,15 @@ def _check_mask(mask: Any, *, full: bool, lens: list[int], seen: Any, prefix_fil
         block = mask[at : at + ndt * width].reshape(ndt, width)
         at += ndt * width
         for i in range(ndt):
-            if full and prefix_filled and not bool(block[i, :seq_len].all()):
-                k = int((block[i, :seq_len] == 0).nonzero()[0])
+            if full and prefix_filled and not bool((block[i, :seq_len] == 1).all()):
+                k = int((block[i, :seq_len] != 1).nonzero()[0])
+                if int(block[i, k]) > 1:
+                    return f"mask: request {b} draft token {i}, prefix token {k}: a byte nothing wrote ({_UNWRITTEN})"
                 return f"mask: request {b} draft token {i} does not see prefix token {k}"
             cols = block[i, seq_len:] if full else block[i]
+            if bool((cols > 1).any()):
+                j = int((cols > 1).nonzero()[0])
+                return f"mask: request {b} draft token {i}, draft token {j}: a byte nothing wrote ({_UNWRITTEN})"
             want = seen[i].to(torch.int64)
             if not torch.equal(cols, want):
                 j = int((cols != want).nonzero()[0])
@@ -243,7 +273,7 @@ def _check_tree(
     depth, seen, first_child, sibling = _tree_facts(tree)
     if not isinstance(verify_input.custom_mask, torch.Tensor):
         return f"custom_mask is {verify_input.custom_mask!r}, not a mask"
-    mask = verify_input.custom_mask.reshape(-1).to(torch.int64).cpu()
+    mask = _mask_bytes(verify_input.custom_mask)
     full = call["mode"] == "FULL_MASK"
     need = _mask_cells(ndt=ndt, lens=lens, full=full)
     if mask.numel() < need:
