@@ -35,7 +35,7 @@ def test_wheel_holds_only_sglfix_with_its_yaml_data(wheel):
     assert zipfile.ZipFile(wheel).read("zz-sglfix-startup.pth") == (ROOT / "zz-sglfix-startup.pth").read_bytes()
     profiles = sorted(
         str(p.relative_to(ROOT / "profiles"))
-        for pattern in ("*/*.yaml", "*/scenarios/*.yaml", "*/known/*.yaml", "*/variants/*.yaml")
+        for pattern in ("*/*.yaml", "*/scenarios/*.yaml", "*/known/*.yaml", "*/variants/*.yaml", "*/mutants/*.yaml")
         for p in (ROOT / "profiles").glob(pattern)
     )
     assert (

@@ -186,6 +186,20 @@ MUTATE_OPTIONS = (
 )
 
 
+def _reviewed_marks(tgt: Any) -> tuple[dict, str | None]:
+    """The profile's reviewed equivalents that hold atop the applied fixes, read before any cell
+    (a bad file is one line, exit 2), and the file as the report names it (relative to the
+    profile's folder); ({}, None) where the profile names none."""
+    from sglfix.mutation.reviewed import load_marks, marks_file, marks_for
+
+    path = marks_file(tgt.codebase)
+    if path is None:
+        return {}, None
+    shown = f"{tgt.codebase.name}/{tgt.codebase.equivalent_mutants}"
+    marks = load_marks(path, shown=shown)
+    return marks_for(marks, applied=[c.id.removeprefix("+") for c in tgt.candidates]), shown
+
+
 def _operators(given: list[str]) -> tuple[str, ...] | None:
     from sglfix.common.schema import nearest
     from sglfix.mutation.operators import OPERATORS
@@ -235,6 +249,7 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
 
     tgt = target(opts, apply=given["mutate_apply"])
     _check_no_env(tgt.registry)
+    marks, marks_shown = _reviewed_marks(tgt)
     settings = Settings.of(given, env_baseline=False, timeout=given["mutate_timeout"], shard=given["mutate_shard"])
 
     def say(line: str) -> None:
@@ -262,6 +277,8 @@ def mutate_cmd(ctx: typer.Context, **given: Any) -> None:
         ),
         catalogue=catalogue_rows(tgt, operators=operators),
         applied=tgt.candidates,
+        marks=marks,
+        marks_file=marks_shown,
     )
     _write_and_print(report, outputs, given)
 
@@ -297,7 +314,8 @@ def _survivors_of(opts: Any, path: str, *, functions: Any, operators: Any) -> tu
 
 def _write_and_print(report: dict, outputs: Outputs, given: dict) -> None:
     """The report to every file asked for, the console's tables, then the gate: exit 1 under
-    --fail-under, or when a mutant is an error of sglfix's."""
+    --fail-under, when a mutant is an error of sglfix's, or when a kill contradicts a mark of the
+    profile's reviewed equivalents."""
     from sglfix.report.mutation import fail_under
     from sglfix.report.mutation_render import render_console, render_markdown, write_junit
 
@@ -320,6 +338,10 @@ def _write_and_print(report: dict, outputs: Outputs, given: dict) -> None:
         if not ok:
             raise typer.Exit(1)
     if any(m["status"] == "error" for m in report["mutants"]):
+        raise typer.Exit(1)
+    if (report.get("reviews") or {}).get("contradicted"):
+        # A mark a kill contradicts is a wrong claim in the profile: while it stays, the mutant
+        # would read as equivalent the day no scenario kills it.
         raise typer.Exit(1)
 
 

@@ -25,7 +25,7 @@ import fnmatch
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -713,11 +713,22 @@ def campaign_report(
     selection: Selection,
     catalogue: Sequence[dict] = (),
     applied: Sequence[Any] = (),
+    marks: Mapping[str, Any] | None = None,
+    marks_file: str | None = None,
 ) -> dict:
     """The mutation report of ``campaign`` (``sglfix.report.mutation``): its cells judged against
     their baselines by the one judgement, each mutant's status, hint and the scores. ``applied``:
-    the candidate fixes every cell ran atop (``sglfix.toggling.candidate.Candidate``)."""
-    from sglfix.report.mutation import Classified, ScenarioRun, Status, build_mutation_report, classify_report
+    the candidate fixes every cell ran atop (``sglfix.toggling.candidate.Candidate``); ``marks``:
+    the profile's reviewed equivalents that hold atop them (``sglfix.mutation.reviewed``), read
+    from ``marks_file`` (as the report names it)."""
+    from sglfix.report.mutation import (
+        Classified,
+        ScenarioRun,
+        Status,
+        apply_marks,
+        build_mutation_report,
+        classify_report,
+    )
 
     cells = [r.to_json() for r in campaign.baselines] + [r.to_json() for r in campaign.cells]
     for c in cells:
@@ -732,6 +743,12 @@ def campaign_report(
     for mid, why in campaign.load_errors.items():
         classified[mid] = Classified(status=Status.ERROR)
         hints[mid] = f"sglfix could not load the mutant's diff (a fault of its operator): {why}"
+    reviews = None
+    if marks_file is not None:
+        reviews = {
+            "file": marks_file,
+            **apply_marks(classified, mutants=loaded, marks=marks or {}, functions=campaign.functions),
+        }
     runs = [
         ScenarioRun(name=s.name, backend=s.backend, mode=str(s.mode), cuda_graph=s.capture_bs is not None)
         for s in campaign.scenarios
@@ -774,6 +791,7 @@ def campaign_report(
         "notes": notes,
         "catalogue": list(catalogue),
         "applied": [{"id": c.id, "title": c.title, "sha256": c.sha256} for c in applied],
+        "reviews": reviews,
     }
     if campaign.shard is not None:
         facts["shard"] = campaign.shard

@@ -32,10 +32,7 @@ def replaced_by(fixes: Sequence[Any], mutants: Sequence[Any], *, codebase: Any) 
             names = ", ".join(dict.fromkeys(fid for fid, _ in fixed[patch.target]))
             try:
                 path, _qual, source, first = locate_function(patch.target, codebase.package, Path(root))
-                fixed_source = patched_source(
-                    source, [p for _, p in fixed[patch.target]], filename=str(path), first=first
-                )
-                patched_source(fixed_source, [patch], filename=str(path), first=first)
+                patched_source(source, [*(p for _, p in fixed[patch.target]), patch], filename=str(path), first=first)
             except (PatchApplicationError, SglfixError):
                 out[m.id.removeprefix("+")] = f"{names} rewrites its line in {patch.target.rsplit('.', 1)[-1]}"
     return out

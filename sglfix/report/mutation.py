@@ -354,6 +354,36 @@ def classify(
     return out
 
 
+def apply_marks(
+    classified: dict[str, Classified], *, mutants: Sequence[Mutant], marks: Mapping[str, Any], functions: Sequence[str]
+) -> dict:
+    """The reviewed equivalents (``sglfix.mutation.reviewed.Mark`` by id) over a campaign's
+    statuses, in place: a marked survivor (or suspected equivalent) becomes equivalent with the
+    reviewer's reason as its evidence; a marked mutant a cell killed stays killed, and the mark is
+    contradicted; a mark of a function the campaign mutated whose mutant it did not make is
+    stale. Marks of functions the campaign did not mutate say nothing here. Returns the
+    ``Reviews`` fields but the file."""
+    made = {m.id for m in mutants}
+    mutated = set(functions)
+    marked, contradicted, stale = 0, [], []
+    for mid, mark in sorted(marks.items()):
+        row = {"id": mid, "function": mark.function, "why": mark.why}
+        if mid not in made:
+            if mark.function in mutated:
+                stale.append(row)
+            continue
+        c = classified.get(mid)
+        if c is None:
+            continue
+        if c.status is Status.KILLED:
+            contradicted.append({**row, "killed_by": [k["cell"] for k in c.killed_by]})
+        elif c.status in (Status.SURVIVED, Status.EQUIVALENT):
+            evidence = dict(c.evidence or {"cells": len(c.reached_by), "outputs_identical": None})
+            c.status, c.evidence = Status.EQUIVALENT, {**evidence, "reviewed": mark.why}
+            marked += 1
+    return {"marked": marked, "contradicted": contradicted, "stale": stale}
+
+
 def classify_report(*, report: dict, mutants: Sequence[Mutant], judgement: Any = None) -> dict[str, Classified]:
     """Every mutant's status from one report of baseline cells (no toggle) and mutant cells (toggle
     ``+<mutant id>``), judged here (``judge(mode="findings")`` with every mutant as a candidate fix)
@@ -502,6 +532,9 @@ class Evidence(ClosedModel):
     # Equivalent by schedule: the fields, declared to choose only how the kernels split the work,
     # that it changed (its outputs then differ by rounding at most, and no verdict moved).
     schedule: list[str] = []
+    # Equivalent by review: why a person found that no input can tell it (the profile's
+    # ``equivalent_mutants``, ``sglfix.mutation.reviewed``); the cells are those it survived.
+    reviewed: str | None = None
 
 
 class MutantResult(ClosedModel):
@@ -624,6 +657,26 @@ class CatalogueEntry(ClosedModel):
     at: str | None = None
 
 
+class ReviewedMark(ClosedModel):
+    """A mark of the profile's equivalent_mutants the campaign could not honour: killed (the
+    cells that killed it) or stale (its function was mutated, the mutant no longer made)."""
+
+    id: str
+    function: str
+    why: str
+    killed_by: list[str] = []
+
+
+class Reviews(ClosedModel):
+    """The profile's reviewed equivalents in this campaign: the file (relative to the profile's
+    folder), how many survivors it marked equivalent, the marks a kill contradicts and the stale."""
+
+    file: str
+    marked: Count = 0
+    contradicted: list[ReviewedMark] = []
+    stale: list[ReviewedMark] = []
+
+
 class MutationReport(ClosedModel):
     """``sglfix mutate --json``: the campaign, every mutant (survivors first), the scores."""
 
@@ -651,6 +704,8 @@ class MutationReport(ClosedModel):
     notes: list[str] = []
     # The candidate fixes every cell ran atop: the code judged is the code base with them applied.
     applied: list[AppliedFix] = []
+    # The profile's reviewed equivalents, where it has any (absent: none were read).
+    reviews: Reviews | None = None
 
     @model_validator(mode="after")
     def _scores_are_the_mutants(self) -> MutationReport:
@@ -864,7 +919,7 @@ def fail_under(report: Mapping[str, Any], score: float) -> tuple[bool, str]:
         f"{overall[key]} {word}"
         for key, word in (
             ("not_reached", "not reached"),
-            ("equivalent", "suspected equivalent"),
+            ("equivalent", "equivalent"),
             ("timeout", "timeout"),
             ("error", "error"),
         )
@@ -935,6 +990,25 @@ def _check_cover(shards: Sequence[tuple[str, str]]) -> None:
         raise ConfigError(f"shard(s) {shown} missing; give shards that together cover every mutant")
 
 
+def _merged_reviews(reports: Sequence[Mapping[str, Any]]) -> dict:
+    """The shards' reviews as one: marks counted over every shard, each contradicted mark once,
+    a mark stale only where no shard made its mutant (a shard makes its share of the mutants)."""
+    given = [r["reviews"] for r in reports if r.get("reviews")]
+    if not given:
+        return {}
+    made = {m["id"] for r in reports for m in r["mutants"]}
+    contradicted = {m["id"]: m for g in given for m in g.get("contradicted") or ()}
+    stale = {m["id"]: m for g in given for m in g.get("stale") or () if m["id"] not in made}
+    return {
+        "reviews": {
+            "file": given[0]["file"],
+            "marked": sum(g.get("marked", 0) for g in given),
+            "contradicted": [contradicted[k] for k in sorted(contradicted)],
+            "stale": [stale[k] for k in sorted(stale)],
+        }
+    }
+
+
 def merge_mutation_reports(reports: Sequence[Mapping[str, Any]], *, names: Sequence[str]) -> dict:
     """The shards of one campaign as one report: every mutant once, the scores counted again, the
     phases and walls summed. Shards may be of different splits where they nest (a shard i/N is the
@@ -970,7 +1044,12 @@ def merge_mutation_reports(reports: Sequence[Mapping[str, Any]], *, names: Seque
             if v is not None:
                 phases[k] = round(phases.get(k, 0) + v, 2) if isinstance(v, float) else phases.get(k, 0) + v
     data = {
-        **{k: v for k, v in first.items() if k not in ("mutants", "scores", "shard", "phases", "wall_s", "notes")},
+        **{
+            k: v
+            for k, v in first.items()
+            if k not in ("mutants", "scores", "shard", "phases", "wall_s", "notes", "reviews")
+        },
+        **_merged_reviews(reports),
         "wall_s": round(sum(r.get("wall_s", 0.0) for r in reports), 2),
         "phases": phases,
         "notes": list(dict.fromkeys(n for r in reports for n in r.get("notes") or ())),

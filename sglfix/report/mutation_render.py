@@ -65,6 +65,8 @@ def _reached(m: dict) -> str:
 
 def _evidence(m: dict) -> str:
     ev = m.get("evidence") or {}
+    if ev.get("reviewed"):
+        return f"reviewed: {ev['reviewed']}"
     outputs = {True: "outputs identical too", False: "outputs differ", None: "outputs not fingerprinted"}
     if ev.get("schedule"):
         rounded = {
@@ -99,7 +101,7 @@ def summary_line(report: dict) -> str:
         if judged
         else "no mutation score (no mutant was killed or survived)"
     )
-    words = dict(_COUNTS, equivalent="suspected equivalent")
+    words = dict(_COUNTS)
     rest = [f"{o[key]} {words[key]}" for key, _ in _COUNTS[1:] if o.get(key)]
     total = len(report.get("mutants") or ())
     wall = report.get("wall_s")
@@ -181,7 +183,7 @@ def render_console(report: dict) -> list[Any]:
     if equivalent:
         parts.append(
             _table(
-                f"{len(equivalent)} suspected equivalent (not scored)",
+                f"{_equivalent_title(equivalent)} (not scored)",
                 ("where", "operator", "change", "evidence"),
                 [(_where(m), m["operator"], m["description"], _evidence(m)) for m in equivalent],
             )
@@ -206,8 +208,35 @@ def render_console(report: dict) -> list[Any]:
                 ],
             )
         )
+    parts += [Text(line, style="bold red") for line in review_lines(report)]
     parts.append(Text(summary_line(report), style="bold"))
     return parts
+
+
+def _equivalent_title(equivalent: Sequence[dict]) -> str:
+    reviewed = sum(1 for m in equivalent if (m.get("evidence") or {}).get("reviewed"))
+    if not reviewed:
+        return f"{len(equivalent)} suspected equivalent"
+    return f"{len(equivalent)} equivalent ({reviewed} reviewed, {len(equivalent) - reviewed} suspected)"
+
+
+def review_lines(report: dict) -> list[str]:
+    """One line per reviewed-equivalent mark the campaign contradicts (a cell killed its mutant:
+    the mark is wrong) and one for the stale ones (their function no longer makes the mutant)."""
+    reviews = report.get("reviews") or {}
+    lines = [
+        f"{m['id']} is marked equivalent in {reviews['file']} but {', '.join(m['killed_by'][:3])} killed it: "
+        f"drop the mark (its reason: {m['why']})"
+        for m in reviews.get("contradicted") or ()
+    ]
+    stale = reviews.get("stale") or ()
+    if stale:
+        ids = ", ".join(m["id"] for m in stale[:5]) + (f" and {len(stale) - 5} more" if len(stale) > 5 else "")
+        lines.append(
+            f"{len(stale)} mark(s) of {reviews['file']} name a mutant the code no longer makes ({ids}): "
+            "its function changed; review it again and renew or drop the mark"
+        )
+    return lines
 
 
 def _catalogue_counts(rows: Sequence[dict]) -> str:
@@ -251,6 +280,7 @@ def render_markdown(report: dict) -> str:
         f"**{escape(summary_line(report))}**" + (f" ({escape(where)})" if where else ""),
         "",
     ]
+    lines += [f"- **{escape(line)}**" for line in review_lines(report)] + ([""] if review_lines(report) else [])
     families = [(code_span(k, in_table=True), v) for k, v in scores.get("families", {}).items()]
     lines += _md_scores([*families, ("**overall**", scores["overall"])], "family")
     survivors = _of(report, Status.SURVIVED)
@@ -284,7 +314,7 @@ def render_markdown(report: dict) -> str:
     equivalent = _of(report, Status.EQUIVALENT)
     if equivalent:
         rows = [f"- {code_span(_where(m))} {escape(m['description'])}: {escape(_evidence(m))}" for m in equivalent]
-        lines += _details(f"{len(equivalent)} suspected equivalent (not scored)", _capped(rows))
+        lines += _details(f"{_equivalent_title(equivalent)} (not scored)", _capped(rows))
     killed = _of(report, Status.KILLED)
     if killed:
         rows = [f"- {code_span(_where(m))} {escape(m['description'])}: {escape(_killers(m))}" for m in killed]
@@ -341,7 +371,10 @@ def build_junit(report: dict):
         elif status == Status.NOT_REACHED:
             case.result = [Skipped(xml_text(f"not reached: {m.get('hint') or 'no selected cell runs its function'}"))]
         elif status == Status.EQUIVALENT:
-            case.result = [Skipped(xml_text(f"suspected equivalent: {_evidence(m)}"))]
+            said = (
+                _evidence(m) if (m.get("evidence") or {}).get("reviewed") else f"suspected equivalent: {_evidence(m)}"
+            )
+            case.result = [Skipped(xml_text(said))]
         else:
             error = Error(xml_text(f"{status}: {_not_judged(m)}"), status.upper())
             error.text = xml_text(where)

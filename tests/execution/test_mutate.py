@@ -73,20 +73,78 @@ def _quiet(plan):
 
 
 @pytest.fixture(scope="module")
-def campaign_report(tmp_path_factory):
-    from sglfix.execution.mutate import Choice, campaign_report, run_campaign
+def campaign(tmp_path_factory):
+    from sglfix.execution.mutate import Choice, run_campaign
     from sglfix.execution.runner import Target
     from sglfix.execution.settings import Settings
-    from sglfix.report.mutation import Selection
     from sglfix.toggling.registry import load_registry
 
     cb = get_codebase("reproduction")
     target = Target(profile=cb, registry=load_registry(cb.toggles_dir), codebase=cb)
     planted = tuple(_plant(*p) for p in (KILLED, SURVIVOR, EQUIVALENT, FAULTING))
     settings = Settings(scenario=SELECT, device="cpu", jobs=2, timeout=120, no_cache=True)
-    campaign = run_campaign(settings, target, choice=Choice(given=planted, all_cells=True), progress=_quiet)
+    return run_campaign(settings, target, choice=Choice(given=planted, all_cells=True), progress=_quiet)
+
+
+@pytest.fixture(scope="module")
+def campaign_report(campaign):
+    from sglfix.execution.mutate import campaign_report
+    from sglfix.report.mutation import Selection
+
+    cb = get_codebase("reproduction")
     report = campaign_report(campaign, command=["sglfix", "mutate"], profile=cb, selection=Selection())
     return {m["description"]: m for m in report["mutants"]}, report
+
+
+def test_reviewed_marks_make_a_survivor_equivalent_and_a_kill_or_a_moved_function_says_the_mark_is_wrong(campaign):
+    """A mark of the profile's reviewed equivalents over a real campaign: the survivor it names is
+    equivalent (reviewed) with the reason and out of the score; the killed one it names stays
+    killed and the mark is contradicted (exit 1); a mark of a mutated function whose mutant was
+    not made is stale; a mark of a function the campaign did not mutate says nothing."""
+    import typer
+
+    from sglfix.cli.mutate_cmd import Outputs, _write_and_print
+    from sglfix.execution.mutate import campaign_report
+    from sglfix.mutation.reviewed import Mark
+    from sglfix.report.mutation import Selection, check_mutation_report
+    from sglfix.report.mutation_render import render_markdown, review_lines
+
+    cb = get_codebase("reproduction")
+    plain = {
+        m["description"]: m
+        for m in campaign_report(campaign, command="m", profile=cb, selection=Selection())["mutants"]
+    }
+    survivor, killed = _of(plain, SURVIVOR), _of(plain, KILLED)
+    why = "fewer splits merge the same softmax: a schedule, not a result"
+    marks = {
+        survivor["id"]: Mark(id=survivor["id"], function=survivor["function"], why=why),
+        killed["id"]: Mark(id=killed["id"], function=killed["function"], why="claimed equivalent, wrongly"),
+        "m-0123456789": Mark(id="m-0123456789", function=survivor["function"], why="a mutant its text no longer makes"),
+        "m-abcdef0123": Mark(id="m-abcdef0123", function="elsewhere.not_mutated", why="outside this campaign entirely"),
+    }
+    report = campaign_report(
+        campaign, command="m", profile=cb, selection=Selection(), marks=marks, marks_file="repro/mutants/eq.yaml"
+    )
+    check_mutation_report(report, where="test")
+    by = {m["id"]: m for m in report["mutants"]}
+    assert by[survivor["id"]]["status"] == "equivalent" and by[survivor["id"]]["evidence"]["reviewed"] == why
+    assert by[killed["id"]]["status"] == "killed"
+    reviews = report["reviews"]
+    assert reviews["marked"] == 1 and reviews["file"] == "repro/mutants/eq.yaml"
+    assert [m["id"] for m in reviews["contradicted"]] == [killed["id"]] and reviews["contradicted"][0]["killed_by"]
+    assert [m["id"] for m in reviews["stale"]] == ["m-0123456789"]
+    overall = report["scores"]["overall"]
+    assert overall["survived"] == 0 and overall["killed"] == 2
+    lines = review_lines(report)
+    assert len(lines) == 2 and killed["id"] in lines[0] and "drop the mark" in lines[0] and "m-0123456789" in lines[1]
+    assert "1 reviewed" in render_markdown(report)
+    with pytest.raises(typer.Exit) as gate:
+        _write_and_print(report, Outputs(json=None, junit=None, markdown=None), {"json_file": "-", "fail_under": None})
+    assert gate.value.exit_code == 1
+    # Without the contradicted mark the same campaign passes the gate.
+    del marks[killed["id"]]
+    fine = campaign_report(campaign, command="m", profile=cb, selection=Selection(), marks=marks, marks_file="f")
+    _write_and_print(fine, Outputs(json=None, junit=None, markdown=None), {"json_file": "-", "fail_under": None})
 
 
 def _of(mutants: dict, planted: tuple) -> dict:

@@ -193,7 +193,7 @@ def test_a_kill_names_its_cell_and_both_verdicts(report):
 
 def test_equivalent_only_with_matching_fingerprints_on_every_cell(report):
     rows = _by_name(report)
-    assert rows["equivalent"]["evidence"] == {"cells": 2, "outputs_identical": True, "schedule": []}
+    assert rows["equivalent"]["evidence"] == {"cells": 2, "outputs_identical": True, "schedule": [], "reviewed": None}
     assert rows["equivalent"]["reached_by"] == ["s1", "s3"]
     for name in ("one_unprinted", "survived", "output_moved"):
         assert rows[name]["evidence"] is None, name
@@ -299,7 +299,7 @@ def test_fail_under_passes_and_fails_on_the_exact_score(report):
     ok, line = fail_under(report, exact)
     assert ok and "meets --fail-under" in line
     assert f"({o['killed']} killed / {o['killed'] + o['survived']})" in line
-    assert "1 not reached, 1 suspected equivalent, 2 timeout, 1 error" in line
+    assert "1 not reached, 1 equivalent, 2 timeout, 1 error" in line
     ok, line = fail_under(report, exact + 0.01)
     assert not ok and "is under --fail-under" in line
     # The shown figure never contradicts the verdict (rounding up to the limit would).
