@@ -34,8 +34,12 @@
 #   (tests/harness/test_sglang_judges.py's BREAKS through sglfix run --apply, $JUDGE_CELLS).
 # ONLY=search runs sglfix search on real sglang with CUDA (the FlashInfer-MLA draft bug from the generic
 # space, replayed with and without its candidate fix; a live-bug search per SEARCH_FAMILIES).
+# ONLY=mutate-file runs the scenarios of MUT_FILE on real sglang with CUDA, then a mutation campaign
+# over them (MUTATE_ARGS, atop the fixes MUT_APPLY): a judge only CUDA has (a sync-free path); with
+# MUT_PATCHES (mutants as patches, sglfix mutate --show ID), each patch's cells atop the fixes instead.
 # ONLY=survivors searches a mutation campaign's survivors (bench/search_bench.py --survivors) in
-# SURV_SHARDS processes side by side (SURV_REPORT, SURV_DEVICE, SURV_ARGS, SURV_LIMIT).
+# SURV_SHARDS processes side by side (SURV_REPORT, SURV_DEVICE, SURV_ARGS, SURV_LIMIT; SURV_WARM: a
+# scenario file run once first, so the kernels' JIT is built before the searches' clocks start).
 # ONLY=finding writes the FlashInfer-MLA finding (report finding on the H100) and runs the Triton
 # draft-extend scenarios with every part (PR 27545's expectations on CUDA).
 # Everything lands in $OUT; a short table is printed last.
@@ -431,6 +435,33 @@ if [ "${ONLY:-}" = again ]; then
   done
   exit 0
 fi
+if [ "${ONLY:-}" = mutate-file ]; then
+  # A CUDA-only judge over real sglang (a sync-free path): the scenarios of $MUT_FILE at baseline,
+  # then a mutation campaign over them ($MUTATE_ARGS: --function, --operators), every cell atop the
+  # candidate fixes $MUT_APPLY (space-separated patch paths).
+  install_sglang
+  set -f
+  apply=""; for p in ${MUT_APPLY:-}; do apply="$apply --apply $p"; done
+  log "run --scenario-file $MUT_FILE on CUDA"
+  COLUMNS=250 timeout 240 python3 -m sglfix --profile sglang-0.5.23 run --device cuda --scenario-file "$MUT_FILE" $apply \
+    --all --no-cache --json "$OUT/file-run-cuda.json" > "$OUT/file-run-cuda.txt" 2>&1; echo "run rc=$?"
+  tail -12 "$OUT/file-run-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-300
+  for patch in ${MUT_PATCHES:-}; do
+    # One mutant as a patch atop the fixes (sglfix mutate --show ID's diff): its cells beside the base's.
+    name=$(basename "$patch" .patch)
+    COLUMNS=250 timeout 120 python3 -m sglfix --profile sglang-0.5.23 run --device cuda --scenario-file "$MUT_FILE" $apply \
+      --apply "$patch" --all --no-cache --json "$OUT/patch-$name.json" > "$OUT/patch-$name.txt" 2>&1; echo "$name rc=$?"
+    tail -1 "$OUT/patch-$name.txt" | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-200
+  done
+  if [ -n "${MUT_PATCHES:-}" ]; then set +f; exit 0; fi
+  log "mutate --scenario-file $MUT_FILE on CUDA"
+  COLUMNS=250 timeout ${SGLANG_LIMIT:-420} python3 -m sglfix --profile sglang-0.5.23 mutate --device cuda --scenario-file "$MUT_FILE" \
+    $apply ${MUTATE_ARGS:-} --timeout 120 --no-cache --json "$OUT/mutate-file-cuda.json" > "$OUT/mutate-file-cuda.txt" 2>&1
+  echo "mutate rc=$?"
+  set +f
+  tail -3 "$OUT/mutate-file-cuda.txt" | sed 's/\x1b\[[0-9;]*m//g'
+  exit 0
+fi
 if [ "${ONLY:-}" = flashinfer ]; then
   install_sglang
   if [ "${FI_MATRIX:-1}" != 0 ]; then
@@ -521,6 +552,14 @@ if [ "${ONLY:-}" = survivors ]; then
   # bench/search_bench.py options (--examples, --time, --after). Each shard writes its JSON after
   # every mutant, so a shard cut short by SURV_LIMIT keeps what it measured.
   install_sglang
+  if [ -n "${SURV_WARM:-}" ]; then
+    # One run of a scenario file first, at baseline, so FlashInfer's JIT builds once, not in every
+    # shard's first search (a cold shard spent its --time compiling: 12 examples in 60 s, not 21-30).
+    # It warms the kernel caches only: each search still draws from its own space.
+    log "warm-up: run --scenario-file $SURV_WARM on $SURV_DEVICE"
+    COLUMNS=250 timeout 240 python3 -m sglfix --profile sglang-0.5.23 run --device ${SURV_DEVICE:-cpu} \
+      --scenario-file "$SURV_WARM" --all --no-cache > "$OUT/warm.txt" 2>&1; echo "warm-up rc=$?"
+  fi
   export SGLFIX_JOBS=${SGLFIX_JOBS:-4}
   n=${SURV_SHARDS:-4}
   for i in $(seq 1 "$n"); do

@@ -312,6 +312,9 @@ def main() -> int:
         help="with --survivors: only functions whose dotted name holds one of these",
     )
     ap.add_argument(
+        "--id", action="append", default=[], metavar="MUTANT", help="with --survivors: only these mutants (repeatable)"
+    )
+    ap.add_argument(
         "--search-opt",
         action="append",
         default=[],
@@ -399,6 +402,7 @@ def main() -> int:
             of = len(rows)
             rows = [r for r in rows if not args.family or r["family"] in args.family]
             rows = [r for r in rows if not args.match or any(m in r["function"] for m in args.match)]
+            rows = [r for r in rows if not args.id or r["id"] in args.id]
             killed = json.loads(Path(args.after).read_text())["survivors"]["rows"] if args.after else []
             done = {_where(r) for r in killed}
             rows = [r for r in rows if _where(r) not in done]
