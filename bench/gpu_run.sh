@@ -557,7 +557,7 @@ if [ "${ONLY:-}" = survivors ]; then
     # shard's first search (a cold shard spent its --time compiling: 12 examples in 60 s, not 21-30).
     # It warms the kernel caches only: each search still draws from its own space.
     log "warm-up: run --scenario-file $SURV_WARM on $SURV_DEVICE"
-    COLUMNS=250 timeout 240 python3 -m sglfix --profile sglang-0.5.23 run --device ${SURV_DEVICE:-cpu} \
+    COLUMNS=250 timeout ${SURV_WARM_LIMIT:-150} python3 -m sglfix --profile sglang-0.5.23 run --device ${SURV_DEVICE:-cpu} \
       --scenario-file "$SURV_WARM" --all --no-cache > "$OUT/warm.txt" 2>&1; echo "warm-up rc=$?"
   fi
   export SGLFIX_JOBS=${SGLFIX_JOBS:-4}
