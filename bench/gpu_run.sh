@@ -37,6 +37,8 @@
 # ONLY=mutate-file runs the scenarios of MUT_FILE on real sglang with CUDA, then a mutation campaign
 # over them (MUTATE_ARGS, atop the fixes MUT_APPLY): a judge only CUDA has (a sync-free path); with
 # MUT_PATCHES (mutants as patches, sglfix mutate --show ID), each patch's cells atop the fixes instead.
+# ONLY=reverts searches every catalogue part shown alone (bench/search_bench.py --reverts --showable)
+# in REV_SHARDS processes side by side (REV_PROFILES, REV_DEVICE, REV_EXAMPLES, REV_LIMIT).
 # ONLY=survivors searches a mutation campaign's survivors (bench/search_bench.py --survivors) in
 # SURV_SHARDS processes side by side (SURV_REPORT, SURV_DEVICE, SURV_ARGS, SURV_LIMIT; SURV_WARM: a
 # scenario file run once first, so the kernels' JIT is built before the searches' clocks start).
@@ -543,6 +545,25 @@ if [ "${ONLY:-}" = search ]; then
   [ "${SAVE_CACHES:-1}" = 1 ] && save_sglang_caches
   # One archive: a call hands back a few files only.
   (cd "$OUT" && tar -czf search-out.tgz --remove-files ./*.json ./*.yaml sglang-check.* 2>/dev/null)
+  exit 0
+fi
+if [ "${ONLY:-}" = reverts ]; then
+  # search --revert over every part a catalogue expects shown on REV_DEVICE (bench/search_bench.py
+  # --reverts REV_PROFILES --showable), REV_SHARDS bench processes side by side, each with
+  # SGLFIX_JOBS workers and every REV_SHARDS-th part; each shard writes its JSON after every part
+  # (merge them with search_bench.py --merge). The searches are bounded by examples, not time, so
+  # a faster host gives the same rows sooner.
+  install_sglang
+  export SGLFIX_JOBS=${SGLFIX_JOBS:-2}
+  n=${REV_SHARDS:-4}
+  for i in $(seq 1 "$n"); do
+    timeout ${REV_LIMIT:-450} python3 bench/search_bench.py --json "$OUT/reverts-$i.json" --reverts ${REV_PROFILES:-sglang-0.5.23} \
+      --showable --device ${REV_DEVICE:-cpu} --examples ${REV_EXAMPLES:-200} --shard "$i/$n" > "$OUT/reverts-$i.log" 2>&1 &
+  done
+  wait
+  pkill -f "sglfix" 2>/dev/null || true  # a shard cut short leaves its search and workers behind
+  cat "$OUT"/reverts-*.log | grep -E "found|Traceback|Error" | head -60
+  (cd "$OUT" && tar -czf reverts-out.tgz --remove-files ./reverts-* 2>/dev/null)
   exit 0
 fi
 if [ "${ONLY:-}" = survivors ]; then

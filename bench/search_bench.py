@@ -322,7 +322,10 @@ def main() -> int:
         help="with --survivors: one more option word for each search (--search-opt=--where --search-opt=K=V)",
     )
     ap.add_argument(
-        "--shard", default=None, metavar="I/N", help="with --survivors: every N-th survivor from the I-th (1-based)"
+        "--shard",
+        default=None,
+        metavar="I/N",
+        help="with --survivors or --reverts: every N-th survivor or part from the I-th (1-based)",
     )
     ap.add_argument(
         "--after",
@@ -338,7 +341,24 @@ def main() -> int:
     )
     ap.add_argument("--rescore", metavar="JSON", help="recompute the catalogue shares of an earlier output")
     ap.add_argument("--only", nargs="*", default=None, metavar="PART", help="with --reverts: only these part ids")
+    ap.add_argument(
+        "--showable", action="store_true", help="with --reverts: only the parts the catalogue expects shown on --device"
+    )
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="combine the --reverts outputs of several shards (--shard I/N) into --json, one figure per catalogue",
+    )
     args = ap.parse_args()
+    if args.merge:
+        shards = [json.loads(Path(f).read_text()) for f in args.merge]
+        merged = {**shards[0], "reverts": {}, "merged_from": len(shards)}
+        for profile in {p for d in shards for p in d["reverts"]}:
+            rows = {rid: row for d in shards for rid, row in d["reverts"].get(profile, {}).get("rows", {}).items()}
+            merged["reverts"][profile] = share_of(dict(sorted(rows.items())))
+        Path(args.json).write_text(json.dumps(relativize(merged), indent=1) + "\n")
+        return 0
     if args.rescore:
         data = json.loads(Path(args.rescore).read_text())
         for profile, share in data["reverts"].items():
@@ -378,9 +398,15 @@ def main() -> int:
                 print(name, "found" if row.get("found") else "not found", row.get("process_s"), flush=True)
         for profile in args.reverts:
             rows = {}
-            for rid, shows in parts_of(profile, args.device).items():
-                if args.only is not None and rid not in args.only:
-                    continue
+            parts = parts_of(profile, args.device)
+            chosen = [
+                rid for rid in parts if (args.only is None or rid in args.only) and (parts[rid] or not args.showable)
+            ]
+            if args.shard:
+                i, n = (int(x) for x in args.shard.split("/"))
+                chosen = chosen[i - 1 :: n]
+            for rid in chosen:
+                shows = parts[rid]
                 row = one(
                     f"{profile}-{rid.replace(':', '-')}",
                     ["--profile", profile],
@@ -394,6 +420,9 @@ def main() -> int:
                 if row.get("shrunk"):
                     bad += not (row["replayed"]["fails"] and row["replayed"]["passes_without_revert"])
                 print(profile, rid, "found" if row.get("found") else "not found", row.get("process_s"), flush=True)
+                # Written after every part: a run cut short keeps what it measured.
+                result["reverts"][profile] = share_of(rows)
+                Path(args.json).write_text(json.dumps(relativize(result), indent=1) + "\n")
             result["reverts"][profile] = share_of(rows)
         if args.survivors:
             store = work / "store"
