@@ -37,6 +37,7 @@
 # ONLY=mutate-file runs the scenarios of MUT_FILE on real sglang with CUDA, then a mutation campaign
 # over them (MUTATE_ARGS, atop the fixes MUT_APPLY): a judge only CUDA has (a sync-free path); with
 # MUT_PATCHES (mutants as patches, sglfix mutate --show ID), each patch's cells atop the fixes instead.
+# ONLY=scale with SCALE_CAMPAIGN: a mutation campaign over real sglang on 1 GPU, every GPU and Ray.
 # ONLY=reverts searches every catalogue part shown alone (bench/search_bench.py --reverts --showable)
 # in REV_SHARDS processes side by side (REV_PROFILES, REV_DEVICE, REV_EXAMPLES, REV_LIMIT).
 # ONLY=survivors searches a mutation campaign's survivors (bench/search_bench.py --survivors) in
@@ -118,9 +119,9 @@ if [ "${ONLY:-}" = memory ]; then
     --json "$OUT/memory${TAG:-}.json" 2>&1 | tail -3; echo "memory rc=${PIPESTATUS[0]}"
   exit 0
 fi
-if [ "${ONLY:-}" = scale ]; then
-  # Scale-out: the full matrix on 1 GPU, on every GPU and through Ray (bench/scale_out.py).
-  # Ray: a slimmed wheel unpacked as an xz tarball plus jsonschema's wheels, in .cache/ray-whl.
+install_ray() {
+  # Ray: a slimmed wheel unpacked as an xz tarball plus jsonschema's wheels, in .cache/ray-whl;
+  # skip_ray is --skip-ray where it does not import.
   skip_ray=""
   if [ -f .cache/ray-whl/ray-slim.tar.xz ]; then
     mkdir -p /tmp/site && tar -xJf .cache/ray-whl/ray-slim.tar.xz -C /tmp/site
@@ -130,6 +131,10 @@ if [ "${ONLY:-}" = scale ]; then
   python3 -c "import ray; print('ray', ray.__version__)" 2>&1 | tail -1 | tee -a "$OUT/gpu.txt" || true
   python3 -c "import ray" 2>/dev/null || skip_ray=--skip-ray
   python3 -c "import torch; print('GPUs', torch.cuda.device_count())" | tee -a "$OUT/gpu.txt"
+}
+if [ "${ONLY:-}" = scale ] && [ -z "${SCALE_CAMPAIGN:-}" ]; then
+  # Scale-out: the full matrix on 1 GPU, on every GPU and through Ray (bench/scale_out.py).
+  install_ray
   # PROFILES=1: the workers of every run under cProfile, merged per run into scale-logs/profiles/runN.txt.
   python3 bench/scale_out.py --json "$OUT/scale-out.json" --logs "$OUT/scale-logs" --budget-s ${SCALE_BUDGET:-470} --plan ${SCALE_PLAN:-scale} --timelines "$OUT/scale-logs/timelines" ${PROFILES:+--profiles "$OUT/scale-logs/profiles"} $skip_ray ${SCALE_ARGS:-}; echo "scale rc=$?"
   for d in "$OUT"/scale-logs/timelines/run*; do [ -d "$d" ] && echo "$d" && python3 bench/worker_timeline.py "$d" | tail -2; done
@@ -564,6 +569,18 @@ if [ "${ONLY:-}" = reverts ]; then
   pkill -f "sglfix" 2>/dev/null || true  # a shard cut short leaves its search and workers behind
   cat "$OUT"/reverts-*.log | grep -E "found|Traceback|Error" | head -60
   (cd "$OUT" && tar -czf reverts-out.tgz --remove-files ./reverts-* 2>/dev/null)
+  exit 0
+fi
+if [ "${ONLY:-}" = scale ]; then
+  # Scale-out of a campaign (SCALE_CAMPAIGN: the sglfix command of a mutation campaign over real
+  # sglang, e.g. "--profile sglang-0.5.23 mutate --function GLOB"): on 1 GPU, on every GPU and
+  # through Ray on them, mutant by mutant compared (bench/scale_out.py --campaign).
+  install_ray
+  install_sglang
+  python3 bench/scale_out.py --json "$OUT/scale-out.json" --logs "$OUT/scale-logs" --budget-s ${SCALE_BUDGET:-470} \
+    --campaign "$SCALE_CAMPAIGN" $skip_ray ${SCALE_ARGS:-}; echo "scale rc=$?"
+  (cd "$OUT" && tar -czf scale-logs.tgz scale-logs && rm -rf scale-logs)
+  [ "${SAVE_CACHES:-0}" = 1 ] && save_sglang_caches
   exit 0
 fi
 if [ "${ONLY:-}" = survivors ]; then

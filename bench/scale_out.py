@@ -19,6 +19,7 @@ import argparse
 import datetime
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -48,9 +49,12 @@ def _matrix(
     every_cell: bool = True,
     timeout: float | None = None,
     env: dict | None = None,
+    campaign: list[str] | None = None,
 ) -> dict:
     reach = ["--no-reachability"] if every_cell else []
     cmd = [sys.executable, "-m", "sglfix", "matrix", "--parts", *reach, "--no-cache", *args, "--json", json_path]
+    if campaign is not None:  # sglfix [globals] mutate ... with the run's own options after it
+        cmd = [sys.executable, "-m", "sglfix", *campaign, "--device", "cuda", "--no-cache", *args, "--json", json_path]
     # GPU memory in use, sampled while the run lasts: its peak says how close the workers came
     # to filling the GPU.
     sampler = subprocess.Popen(
@@ -91,6 +95,19 @@ def _matrix(
     }
 
 
+def _outcomes(rep: dict) -> dict[str, str]:
+    """What a run decided, one entry per cell (a matrix) or per mutant (a campaign: its status and
+    the cells that showed it), compared run against run."""
+    if "mutants" in rep:
+        return {
+            m["id"]: f"{m['status']} over {m['cells']} cell(s)"
+            + "".join(sorted(f" {k['cell']}={k['verdict']}" for k in m["killed_by"]))
+            for m in rep["mutants"]
+        }
+    # A NOT_REACHED cell stands for its baseline's verdict: reachability must change none.
+    return {c["id"]: stands_for(c["verdict"], c.get("findings")) for c in rep["cells"]}
+
+
 def _ray_head(*, start: bool, cpus: int = 2) -> float:
     """``ray start --head`` (or ``ray stop``) on this machine; the seconds it took."""
     cmd = [sys.executable, "-m", "ray.scripts.scripts"]
@@ -124,6 +141,18 @@ def main() -> int:
         "number of workers per GPU (every cell, and with reachability) and 2 and 4 workers",
     )
     ap.add_argument("--workers", type=int, nargs="*", default=[4, 6, 8], help="workers plan: other worker counts")
+    ap.add_argument(
+        "--campaign",
+        default=None,
+        help="scale plan: each run is this sglfix command, a mutation campaign (one string: "
+        "'--profile sglang-0.5.23 mutate --function GLOB'), not the matrix; runs compare mutant by mutant",
+    )
+    ap.add_argument(
+        "--warm-shards",
+        type=int,
+        default=40,
+        help="with --campaign: the warm-up runs every baseline and one of this many shares of the mutants",
+    )
     ap.add_argument(
         "--skip-single",
         action="store_true",
@@ -176,6 +205,10 @@ def main() -> int:
         "per run (bench/worker_profile.py merges them); a diagnosis: the timings are not comparable then",
     )
     ns = ap.parse_args()
+    campaign = shlex.split(ns.campaign) if ns.campaign else None
+    if campaign is not None and ns.plan != "scale":
+        print("--campaign runs with --plan scale only", file=sys.stderr)
+        return 2
     logs = ns.logs or os.path.dirname(os.path.abspath(ns.json))
     os.makedirs(logs, exist_ok=True)
     sel = [a for g in ns.scenario for a in ("-s", g)]
@@ -189,7 +222,15 @@ def main() -> int:
     # The kernel caches come carried (gpu_run.sh); a reachability run loads them and compiles
     # whatever is missing, so no timed run pays for compiling.
     print("== warm-up (not timed)", flush=True)
-    warm = _matrix(["--devices", "0", *sel], f"{tmp}/warm.json", f"{logs}/scale-warm.txt", every_cell=False)
+    if campaign is None:
+        warm = _matrix(["--devices", "0", *sel], f"{tmp}/warm.json", f"{logs}/scale-warm.txt", every_cell=False)
+    else:  # every baseline and a few mutants: the campaign's kernels, each compiled once
+        warm = _matrix(
+            ["--devices", "0", "--shard", f"1/{ns.warm_shards}"],
+            f"{tmp}/warm.json",
+            f"{logs}/scale-warm.txt",
+            campaign=campaign,
+        )
 
     plan: list[tuple[str, list[str]]] = [] if ns.skip_single else [("local, 1 GPU", ["--devices", "0"])]
     missing: list[str] = []
@@ -257,6 +298,7 @@ def main() -> int:
         "gpus": gpus,
         "cpu_count": os.cpu_count(),
         "command": "ONLY=scale bash bench/gpu_run.sh  (python3 bench/scale_out.py --json ...)",
+        "workload": "matrix" if campaign is None else "sglfix " + " ".join(campaign),
         "scenarios": ns.scenario or ["*"],
         "warm_up": {"rc": warm["rc"], "process_wall_s": warm["process_wall_s"]},
         "runs": [],
@@ -288,12 +330,13 @@ def main() -> int:
         if ns.profiles:
             diagnose["SGLFIX_WORKER_PROFILE"] = os.path.join(os.path.abspath(ns.profiles), f"run{i}")
         r = _matrix(
-            [*args, *sel],
+            [*args, *sel] if campaign is None else args,
             f"{tmp}/run{i}.json",
             f"{logs}/scale-run{i}.txt",
             timeout=left,
             every_cell=label not in reach_labels,
             env=diagnose,
+            campaign=campaign,
         )
         following = plan[i + 1][0] if i + 1 < len(plan) else ""
         if "--ray-address" in args and not following.startswith(KEPT_NEXT):
@@ -312,14 +355,15 @@ def main() -> int:
                 error="cut by the time budget" if r["rc"] == 124 else "no report written",
             )
         else:
-            # A NOT_REACHED cell stands for its baseline's verdict: reachability must change none.
-            verdicts = {c["id"]: stands_for(c["verdict"], c.get("findings")) for c in rep["cells"]}
+            verdicts = _outcomes(rep)
             if i == 0:
                 base_verdicts = verdicts
             if i == 0 or label.startswith(f"{plan[0][0]} (round "):
                 base_wall = (r["process_wall_s"], rep["wall_s"])  # this round's 1-GPU run
             row.update(
-                cells=len(verdicts),
+                cells=len(verdicts) if campaign is None else sum(m["cells"] for m in rep["mutants"]),
+                mutants=None if campaign is None else len(verdicts),
+                scores=rep.get("scores") if campaign is not None else None,
                 cells_wall_s=rep.get("wall_s"),
                 workers=rep.get("workers"),
                 boot_s=rep.get("boot_s"),
