@@ -341,6 +341,8 @@ class WorkerPool:
                 continue
             self._dispatch(queue, cells, running, reserved=reserved, first=first)
             for w, event in self._wait():
+                if self._refused_by_mps(w, event):
+                    continue  # it starts again outside MPS at the next dispatch
                 raise_for_start(event)
                 i = running.pop(w, None) if event.kind in ("reply", "lost", "restart", "died", "timeout") else None
                 if i is None:
@@ -367,10 +369,26 @@ class WorkerPool:
         if event.kind == "lost" and self._under_mps(w):
             self._leave_mps(w)
             return f"{_LOST} ({event.data['why']}): a fault of any worker on that GPU reaches every one"
+        if event.kind in ("timeout", "died") and self._under_mps(w):
+            # A client that ends with work in flight can leave the daemon refusing new clients,
+            # and a kernel that never ends holds the SMs every client of that GPU shares.
+            self._leave_mps(w)
+            what = f"it timed out ({event.data:g} s)" if event.kind == "timeout" else "its worker died"
+            return f"{what} under MPS: a kernel left running there stalls or faults every worker on that GPU"
         if not any(f.get("out_of_memory") for f in result.findings if f["verdict"] == "ERROR"):
             return None
         beside = sum(1 for x in self.workers if _gpu(x) == _gpu(w)) - 1
         return f"it ran out of GPU memory beside {beside} other worker{'s' if beside > 1 else ''}" if beside else None
+
+    def _refused_by_mps(self, w: Worker, event: Event) -> bool:
+        """Whether ``event`` is a fresh worker under MPS that found no GPU after this pool's
+        workers had one: a daemon that refuses new clients after a fault, not the machine's
+        setup. Its GPU leaves MPS and the worker starts again outside it."""
+        if event.kind != "config_error" or self._info is None or not self._under_mps(w):
+            return False
+        self._leave_mps(w)
+        self.replacements.append(f"a fresh worker under MPS found no GPU ({event.data}); it started outside MPS")
+        return True
 
     def _under_mps(self, w: Worker) -> bool:
         """Whether ``w``'s process (as it was started) is a client of the MPS daemon."""

@@ -26,6 +26,7 @@ from sglfix.execution.mps import CONTROL, check_mps
 from sglfix.execution.pool import WorkerConfig, WorkerPool
 
 WILD = 90019
+SPIN = 90023
 
 
 def test_auto_takes_mps_only_for_local_workers_on_cuda(monkeypatch):
@@ -117,6 +118,56 @@ def test_a_fault_under_mps_is_only_ever_its_own_cells(tmp_path, mps):
         assert any(line.endswith("alone it gave CRASH") for line in p.reran_alone), p.reran_alone
     else:
         assert p.reran_alone == []
+    assert not any(alive(pid) for pid in pids)
+    assert _daemons() <= before, "an MPS daemon outlived its pool"
+
+
+def _spin_toggle(d: Path) -> None:
+    """A toggle whose kernel never ends (it waits for a flag nothing sets)."""
+    (d / "spin.py").write_text(
+        textwrap.dedent(
+            """
+            import torch, triton, triton.language as tl
+
+            @triton.jit
+            def _spin(p):
+                v = tl.load(p, volatile=True)
+                while v == 0:
+                    v = tl.load(p, volatile=True)
+
+            def spin():
+                x = torch.zeros(1, device="cuda", dtype=torch.int32)
+                _spin[(1,)](x)
+                torch.cuda.synchronize()
+            """
+        )
+    )
+    write_toggle(d, SPIN, preamble=f"import sys\nsys.path.insert(0, {str(d)!r})\nfrom spin import spin\nspin()")
+
+
+@_CUDA_MPS
+def test_a_cell_whose_kernel_never_ends_under_mps_times_out_alone_and_the_run_goes_on(tmp_path):
+    # Its worker is killed with the kernel in flight: the daemon may then refuse new clients, and
+    # the kernel held the SMs every worker there shared. The run must neither stop (a fresh worker
+    # finding no GPU is not the user's setup) nor blame the others.
+    d = tmp_path / "toggles"
+    d.mkdir()
+    _spin_toggle(d)
+    before = _daemons()
+    plain = [cell(name) for name in (SCEN, SCEN2) for _ in range(4)]
+    cells = [*plain[:3], cell(SCEN, str(SPIN)), *plain[3:]]
+    with WorkerPool(WorkerConfig(device="cuda", toggles_dir=str(d), timeout=20), jobs=3, mps=True) as p:
+        assert p.mps
+        results = p.run(cells)
+        pids = p.pids
+        after = p.run([cell(SCEN), cell(SCEN2)])  # the pool goes on
+    assert_matched(results, cells)
+    assert results[3].verdict == "TIMEOUT", results[3].findings
+    others = [r for i, r in enumerate(results) if i != 3]
+    assert [r.verdict for r in others] == ["PASS"] * 8, [(r.verdict, r.key_figure) for r in others]
+    assert [r.verdict for r in after] == ["PASS", "PASS"]
+    assert any("timed out" in line and "under MPS" in line for line in p.reran_alone), p.reran_alone
+    assert any(line.endswith("alone it gave TIMEOUT") for line in p.reran_alone), p.reran_alone
     assert not any(alive(pid) for pid in pids)
     assert _daemons() <= before, "an MPS daemon outlived its pool"
 
