@@ -448,3 +448,24 @@ def test_a_capture_that_hands_the_graph_another_link_buffer_is_seen_at_replay(tm
             assert "hands retrieve_next_token at another address than its capture did" in _linear_message(cell)
         else:
             assert cell["verdict"] in ("PASS", "NOT_REACHED"), (name, cell["verdict"])
+
+
+def test_a_replay_reads_its_own_sizes_metadata_whichever_size_was_captured_last(tmp_path):
+    # The runner captures the largest size first, so a bucket of 1 is captured last; a batch of 2
+    # replays the bucket of 4. A captured graph holds its own size's views: the hybrid's full
+    # backend must hand the replay the metadata of 4, not the last capture's (the decode kernel's
+    # assert on q rows against kv_indptr, in a search's scenario, before the kit put it back).
+    require_sglang()
+    path = tmp_path / "buckets.yaml"
+    path.write_text(
+        "scenarios:\n"
+        "  - name: hybrid-decode-buckets\n"
+        "    backend: hybrid_linear\n"
+        "    mode: DECODE\n"
+        "    batch: {prefix_lens: [13, 37], mamba_track: [1, 0]}\n"
+        "    model: {num_heads: 2, num_kv_heads: 2, head_dim: 64, dtype: bfloat16}\n"
+        "    cuda_graph: {capture_bs: [1, 4]}\n"
+    )
+    (cell,) = _run(tmp_path, "--scenario-file", str(path))["cells"]
+    assert cell["verdict"] == "PASS", cell["findings"][:2]
+    assert _linear_message(cell).endswith("of 3 metadata init(s) are their batch's"), cell["findings"]

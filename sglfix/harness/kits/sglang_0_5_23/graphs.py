@@ -67,6 +67,23 @@ class _Captured:
     output: Any = None
     # A prefill capture: each wrapper's host-side row count its run() was checked against.
     rows: Any = None
+    # A composite backend's parts (a hybrid's full and linear backends): each one's metadata as
+    # this size's capture left it.
+    parts: tuple[tuple[Any, Any], ...] = ()
+
+
+def _parts_metadata(backend: Any) -> tuple[tuple[Any, Any], ...]:
+    """The metadata each part of a composite backend holds now (none for a plain backend)."""
+    return tuple((b, getattr(b, "forward_metadata", None)) for b in getattr(backend, "attn_backend_list", ()))
+
+
+def _put_back(backend: Any, captured: _Captured) -> None:
+    """The metadata this size's capture built, back where the graph's kernels read it: a captured
+    graph holds its own size's views, so a replay never reads another size's, whichever size was
+    captured last; a composite backend's parts each hold theirs."""
+    backend.forward_metadata = captured.metadata
+    for part, metadata in captured.parts:
+        part.forward_metadata = metadata
 
 
 # The draft-extend runner's buffers that are this runner's own: the capture bound slices of them.
@@ -275,7 +292,7 @@ class GraphRunner:
         batch = self._capture_batch(bs)
         with forward_context(ForwardContext(attn_backend=self.backend)):
             self.backend.init_forward_metadata_out_graph(batch, in_capture=True)
-        captured = _Captured(batch=batch, metadata=self.backend.forward_metadata)
+        captured = _Captured(batch=batch, metadata=self.backend.forward_metadata, parts=_parts_metadata(self.backend))
         if self.record:
             _record_cuda_graph(captured, backend=self.backend, body=lambda: self._forward(captured, bs))
         else:
@@ -378,8 +395,7 @@ class GraphRunner:
                 continue
             buf[:raw_n].copy_(src)
             buf[raw_n:n].zero_()
-        # The graph's kernels read the metadata capture built for this size: put it back.
-        self.backend.forward_metadata = captured.metadata
+        _put_back(self.backend, captured)
         if self.case.scenario.mode == "DRAFT_EXTEND_V2":
             return self._execute_draft_extend(batch, captured=captured, bs=bs)[:raw_n].clone()
         self._load(batch, raw_bs=raw_bs, bs=bs)
