@@ -73,8 +73,12 @@ class _Captured:
 
 
 def _parts_metadata(backend: Any) -> tuple[tuple[Any, Any], ...]:
-    """The metadata each part of a composite backend holds now (none for a plain backend)."""
-    return tuple((b, getattr(b, "forward_metadata", None)) for b in getattr(backend, "attn_backend_list", ()))
+    """The metadata each part of a hybrid backend (its full and linear backends) holds now; none
+    for any other backend (every backend has an ``attn_backend_list``, None where it has no parts;
+    a multi-step draft's step backends are the multi-step runners' own)."""
+    if getattr(backend, "linear_attn_backend", None) is None:
+        return ()
+    return tuple((b, getattr(b, "forward_metadata", None)) for b in backend.attn_backend_list or ())
 
 
 def _put_back(backend: Any, captured: _Captured) -> None:
